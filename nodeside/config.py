@@ -1,0 +1,248 @@
+"""The daemon's configuration: one object holding every limit and default, read from YAML or TOML.
+
+Validation happens here, once, with messages that name the key and what was wrong, so that a
+typo in a ConfigMap is a clear error at start instead of a silent default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nodeside.protocol import MODES
+from nodeside.scheduler.pools import UNLIMITED, Pool
+
+DEFAULT_SOCKET = "/var/run/kiwi/scheduler.sock"
+DEFAULT_POOL = "default"
+DEFAULT_TQ = 30.0
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message says where and how."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    tq: float = DEFAULT_TQ
+    mode: str = "on"
+    #: Pools by name. Empty means one implicit pool, ``default``, guaranteed the whole GPU.
+    pools: Mapping[str, Pool] = field(default_factory=dict)
+    #: Per-GPU TQ overrides, by GPU index.
+    gpu_tq: Mapping[int, float] = field(default_factory=dict)
+    #: Seconds a holder has, after a drop request, before the GPU is taken from it. Giving the
+    #: GPU back may mean moving tens of GiB to host memory, so this is generous.
+    grace: float = 10.0
+    #: Seconds over which pool shares are measured; None: 50 quanta of the GPU's TQ, long
+    #: enough that one quantum moves a share by 0.02, short enough to forget last hour's burst.
+    window: float | None = None
+    #: Bytes of GPU memory kept free in auto mode, for the driver and the CUDA contexts.
+    memory_reserve: int = 512 * 1024**2
+    #: Group (name or gid) whose members may change mode and TQ, besides root and the daemon's uid.
+    admin_group: str | None = None
+    #: Group owning the socket; its members may connect. None: the daemon's group.
+    socket_group: str | None = None
+    socket_mode: int = 0o660
+
+    def share_window(self, tq: float) -> float:
+        return self.window if self.window is not None else 50 * tq
+
+    def tq_for(self, gpu: int) -> float:
+        return self.gpu_tq.get(gpu, self.tq)
+
+    def pool(self, name: str) -> Pool:
+        """The named pool; a name the config does not know gets guarantee 0, weight 1."""
+        if name in self.pools:
+            return self.pools[name]
+        if not self.pools and name == DEFAULT_POOL:
+            return Pool(DEFAULT_POOL, guarantee=1.0, weight=1.0, maximum=UNLIMITED)
+        return Pool(name, guarantee=0.0, weight=1.0, maximum=UNLIMITED)
+
+    def with_runtime(self, **changes: Any) -> SchedulerConfig:
+        return replace(self, **changes)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """``8GiB``, ``512MiB``, ``80GB`` or a plain byte count, as bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ConfigError(f"size must not be negative: {text}")
+        return text
+    match = _SIZE.match(str(text))
+    unit = (match.group(2) or "").upper() if match else None
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_tq(value: Any, where: str = "tq") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{where}: expected seconds, got {value!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{where}: expected seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{where}: must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def parse_mode(value: Any, where: str = "mode") -> str:
+    # YAML 1.1 reads a bare `on`/`off` as a boolean: take it back to the word the user wrote.
+    if value is True:
+        value = "on"
+    elif value is False:
+        value = "off"
+    if not isinstance(value, str) or value.lower() not in MODES:
+        raise ConfigError(f"{where}: must be one of {', '.join(MODES)}, got {value!r}")
+    return value.lower()
+
+
+_POOL_KEYS = ("guarantee", "weight", "maximum")
+_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
+             "admin_group", "socket_group", "socket_mode"}
+
+
+def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    number = float(value)
+    if allow_unlimited and number == -1:
+        return UNLIMITED
+    if not math.isfinite(number) or number < 0:
+        hint = " (or -1 for no maximum)" if allow_unlimited else ""
+        raise ConfigError(f"{where}: must be a non-negative number{hint}, got {value!r}")
+    return number
+
+
+def parse_pools(raw: Any) -> dict[str, Pool]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError("pools: expected a mapping of pool name to {guarantee, weight, maximum}")
+    pools: dict[str, Pool] = {}
+    for name, spec in raw.items():
+        where = f"pools.{name}"
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"pools: pool names must be non-empty strings, got {name!r}")
+        spec = spec or {}
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}: expected a mapping with guarantee, weight, maximum")
+        unknown = set(spec) - set(_POOL_KEYS)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                              f"a pool takes {', '.join(_POOL_KEYS)}")
+        guarantee = _fraction(spec.get("guarantee", 0.0), f"{where}.guarantee")
+        weight = _fraction(spec.get("weight", 1.0), f"{where}.weight")
+        maximum = _fraction(spec.get("maximum", UNLIMITED), f"{where}.maximum",
+                            allow_unlimited=True)
+        if guarantee > 1:
+            raise ConfigError(f"{where}.guarantee: {guarantee} is more than one GPU's time")
+        if maximum != UNLIMITED and maximum < guarantee:
+            raise ConfigError(f"{where}: maximum {maximum} is below guarantee {guarantee}")
+        pools[name] = Pool(name, guarantee, weight, maximum,
+                           complete=all(k in spec for k in _POOL_KEYS))
+    total = sum(p.guarantee for p in pools.values())
+    if total > 1 + 1e-9:
+        listing = ", ".join(f"{p.name} {p.guarantee:g}" for p in pools.values())
+        raise ConfigError(f"pools: guarantees add up to {total:g}, more than one GPU's time "
+                          f"({listing}); lower them so they sum to at most 1")
+    return pools
+
+
+def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) -> SchedulerConfig:
+    """Validate a parsed config file and lay it over ``base`` (the defaults)."""
+    config = base or SchedulerConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError("the config must be a mapping at the top level")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"known keys are {', '.join(sorted(_TOP_KEYS))}")
+    changes: dict[str, Any] = {}
+    if "tq" in raw:
+        changes["tq"] = parse_tq(raw["tq"])
+    if "mode" in raw:
+        changes["mode"] = parse_mode(raw["mode"])
+    if "pools" in raw:
+        changes["pools"] = parse_pools(raw["pools"])
+    if "gpus" in raw:
+        changes["gpu_tq"] = _parse_gpus(raw["gpus"])
+    if "grace" in raw:
+        changes["grace"] = parse_tq(raw["grace"], "grace")
+    if "window" in raw:
+        changes["window"] = parse_tq(raw["window"], "window")
+    if "memory_reserve" in raw:
+        changes["memory_reserve"] = parse_size(raw["memory_reserve"])
+    for key in ("admin_group", "socket_group"):
+        if key in raw:
+            changes[key] = None if raw[key] is None else str(raw[key])
+    if "socket_mode" in raw:
+        mode = raw["socket_mode"]
+        try:
+            changes["socket_mode"] = int(mode, 8) if isinstance(mode, str) else int(mode)
+        except ValueError:
+            raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
+                              f"got {mode!r}") from None
+    return replace(config, **changes)
+
+
+def _parse_gpus(raw: Any) -> dict[int, float]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("gpus: expected a mapping of GPU index to {tq: seconds}")
+    out: dict[int, float] = {}
+    for index, spec in raw.items():
+        try:
+            gpu = int(index)
+        except (TypeError, ValueError):
+            raise ConfigError(f"gpus: GPU index must be an integer, got {index!r}") from None
+        if not isinstance(spec, Mapping) or set(spec) - {"tq"}:
+            raise ConfigError(f"gpus.{index}: expected {{tq: seconds}}")
+        if "tq" in spec:
+            out[gpu] = parse_tq(spec["tq"], f"gpus.{index}.tq")
+    return out
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML or TOML file (by extension; YAML otherwise) into a mapping."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
+            return tomllib.loads(text)
+        import yaml
+
+        data = yaml.safe_load(text)
+    except Exception as exc:  # the parsers' own errors carry line and column
+        raise ConfigError(f"{path}: {exc}") from None
+    return data if data is not None else {}
+
+
+def load(path: str | os.PathLike[str] | None, base: SchedulerConfig | None = None
+         ) -> SchedulerConfig:
+    if path is None:
+        return base or SchedulerConfig()
+    try:
+        return from_mapping(read_file(path), base)
+    except ConfigError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise ConfigError(f"{path}: {exc}") from None

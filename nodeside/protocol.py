@@ -1,0 +1,186 @@
+"""The wire protocol between the node daemon and its clients: the one definition.
+
+Every message is one JSON object on one line of UTF-8, ended by ``\\n``, over a Unix stream
+socket. docs/protocol.md is the prose version of this file, written for someone implementing a
+client in another language (the CUDA shim speaks it from C); the two must agree.
+
+This module is sans-I/O: it turns bytes into messages and messages into bytes, and checks that a
+message is well formed. It never touches a socket.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+#: The protocol version spoken by this code. A peer announcing another one is refused.
+VERSION: Final = 1
+
+#: Largest line a client may send, newline included. Requests are small; anything larger is a
+#: broken or hostile peer, and the daemon must not buffer without bound for it.
+MAX_REQUEST_BYTES: Final = 64 * 1024
+
+#: Largest line the daemon may send. Status documents grow with the number of clients (about
+#: 300 bytes each), so replies get far more room than requests.
+MAX_REPLY_BYTES: Final = 16 * 1024 * 1024
+
+PRIORITIES: Final = ("HIGH", "NORMAL", "LOW")
+MODES: Final = ("on", "off", "auto")
+
+# Requests a client sends. Each may carry an integer "seq"; the reply to it carries the same
+# "seq", so a client can match replies to requests while events arrive in between.
+HELLO: Final = "hello"              # must come first: {"version": 1, "software": str?}
+REGISTER: Final = "register"        # become a scheduling client (name, pool, priority, gpu, ...)
+ACQUIRE: Final = "acquire"          # ask for the GPU; reply is "grant" or "waiting"
+RELEASE: Final = "release"          # give it back, or cancel a wait; reply is "released"
+WORKING_SET: Final = "working_set"  # {"bytes": int}: the GPU memory this client needs
+STATUS: Final = "status"            # reply "status" with {"status": the status document}
+SET_MODE: Final = "set_mode"        # {"mode": "on"|"off"|"auto"}; admin only
+SET_TQ: Final = "set_tq"            # {"tq": seconds, "gpu": int?}; admin only
+PING: Final = "ping"                # reply "pong"; liveness and benchmarks
+
+REQUESTS: Final = frozenset(
+    {HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, STATUS, SET_MODE, SET_TQ, PING}
+)
+
+# What the daemon sends: replies (carrying "seq" when the request had one) and events (no "seq").
+WELCOME: Final = "welcome"          # reply to hello
+REGISTERED: Final = "registered"    # reply to register: {"client": id, "gpu", "mode", "tq"}
+GRANT: Final = "grant"              # reply or event: the client now holds its GPU
+WAITING: Final = "waiting"          # reply to acquire: queued, {"position": 1-based}
+RELEASED: Final = "released"        # reply to release
+DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"}
+REVOKED: Final = "revoked"          # event: the daemon took the GPU back; stop using it
+MODE: Final = "mode"                # event to every connection: {"mode", "tq"} changed
+OK: Final = "ok"                    # reply to working_set, set_mode, set_tq
+PONG: Final = "pong"
+STATUS_REPLY: Final = "status"
+ERROR: Final = "error"              # {"code", "message"}; codes below
+
+# Error codes. The first four close the connection after the reply: the peer is not speaking
+# this protocol and nothing it sends next can be trusted. The others leave it open.
+E_MALFORMED: Final = "malformed"          # not JSON, not an object, missing or mistyped field
+E_TOO_LARGE: Final = "too_large"          # a line over MAX_REQUEST_BYTES
+E_UNKNOWN_OP: Final = "unknown_op"        # an "op" this version does not define
+E_VERSION: Final = "version"              # hello with another version, or a request before hello
+E_PERMISSION: Final = "permission"        # admin request from a peer that is not an admin
+E_INVALID: Final = "invalid"              # well formed, but a value out of range
+E_STATE: Final = "state"                  # not possible now (acquire before register, ...)
+FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSION})
+
+# Why a holder is asked to drop the GPU, in "drop" and "revoked" events.
+REASON_QUANTUM: Final = "quantum"    # its quantum ended and someone waits
+REASON_PREEMPT: Final = "preempt"    # a non-preemptible request of a pool below its guarantee
+REASON_MODE: Final = "mode"          # the scheduler was turned on while several held
+REASON_ROOM: Final = "room"          # auto mode: a newcomer's working set does not fit
+REASON_MAXIMUM: Final = "maximum"    # its pool reached its maximum share of the GPU's time
+REASON_GRACE: Final = "grace"        # (revoked) the holder ignored a drop past its grace period
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol. ``code`` is one of the E_* codes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def fatal(self) -> bool:
+        return self.code in FATAL_ERRORS
+
+
+def encode(op: str, **fields: Any) -> bytes:
+    """One message as the bytes of its line. ``None`` fields are left out."""
+    body = {"op": op}
+    body.update((k, v) for k, v in fields.items() if v is not None)
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def error(code: str, message: str, seq: int | None = None) -> bytes:
+    return encode(ERROR, code=code, message=message, seq=seq)
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one line (without its newline) into a message, or raise ProtocolError."""
+    try:
+        message = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(E_MALFORMED, f"not a JSON line: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(E_MALFORMED, "a message must be a JSON object")
+    op = message.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError(E_MALFORMED, 'a message needs a string "op"')
+    seq = message.get("seq")
+    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 0):
+        raise ProtocolError(E_MALFORMED, '"seq" must be a non-negative integer')
+    return message
+
+
+def check_request(message: dict[str, Any]) -> None:
+    """Validate a request's fields for its op; raise ProtocolError naming the bad field."""
+    op = message["op"]
+    if op not in REQUESTS:
+        raise ProtocolError(E_UNKNOWN_OP, f"unknown op {op!r}")
+    for name, kinds, required in _FIELDS.get(op, ()):
+        if name not in message:
+            if required:
+                raise ProtocolError(E_MALFORMED, f"{op}: missing field {name!r}")
+            continue
+        value = message[name]
+        if value is None and not required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            want = "/".join(k.__name__ for k in kinds)
+            raise ProtocolError(E_MALFORMED, f"{op}: field {name!r} must be {want}")
+
+
+_NUMBER = (int, float)
+# (field, accepted types, required) per request. Range checks (a known mode, a positive TQ) are
+# the daemon's business and answered with E_INVALID, which does not close the connection.
+_FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
+    HELLO: (("version", (int,), True), ("software", (str,), False)),
+    REGISTER: (
+        ("name", (str,), False),
+        ("pool", (str,), False),
+        ("priority", (str,), False),
+        ("gpu", (int,), False),
+        ("working_set", (int,), False),
+        ("kind", (str,), False),
+        ("labels", (dict,), False),
+    ),
+    WORKING_SET: (("bytes", (int,), True), ("evictable", (int,), False)),
+    SET_MODE: (("mode", (str,), True),),
+    SET_TQ: (("tq", _NUMBER, True), ("gpu", (int,), False)),
+}
+
+
+@dataclass
+class LineBuffer:
+    """Splits a byte stream into lines, refusing any line longer than ``limit``.
+
+    Feed it what the socket gave; take complete lines out. The limit counts the newline, so a
+    peer may not hold the daemon's memory hostage by never sending one.
+    """
+
+    limit: int = MAX_REQUEST_BYTES
+    _pending: bytearray | None = None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._pending is None:
+            self._pending = bytearray()
+        self._pending += data
+        lines: list[bytes] = []
+        while True:
+            end = self._pending.find(b"\n")
+            if end < 0:
+                break
+            if end + 1 > self.limit:
+                raise ProtocolError(E_TOO_LARGE, f"message over {self.limit} bytes")
+            lines.append(bytes(self._pending[:end]))
+            del self._pending[: end + 1]
+        if len(self._pending) >= self.limit:
+            raise ProtocolError(E_TOO_LARGE, f"message over {self.limit} bytes")
+        return lines

@@ -1,0 +1,559 @@
+"""The scheduler's rules, sans I/O: events and the current time in, actions out.
+
+One ``Scheduler`` arbitrates every GPU of a node. The asyncio shell (nodeside.daemon) calls a
+method for each thing that happens (a client registers, asks for its GPU, gives it back, goes
+away; an admin changes the mode or the TQ; time passes) and carries out the actions returned:
+grant, ask to drop, revoke. There are no sockets, clocks or threads here, so every rule can be
+tested to the millisecond with a fake clock.
+
+The rules, per GPU:
+
+* mode ``off``: every request is granted at once;
+* mode ``on``: one holder at a time, for a time quantum (TQ). When the quantum ends and someone
+  eligible waits, the holder is asked to drop the GPU; a holder that still wants it asks again and
+  joins the tail. When nobody waits it keeps the GPU for another quantum and hears nothing;
+* mode ``auto``: holders run side by side while their working sets fit in the GPU's memory; a
+  request that does not fit waits, and contenders are served by quanta as in mode ``on``.
+
+Who goes next is the pools' business (see ``pools``): the contending pool furthest below its
+entitlement, never a pool at its maximum; within a pool HIGH before NORMAL before LOW, then
+request order. A non-preemptible request of a pool below its guarantee makes a LOW holder drop
+at once; a LOW request never cuts a quantum short.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nodeside import protocol as p
+from nodeside.config import SchedulerConfig
+from nodeside.scheduler.pools import Pool, ShareMeter, entitlements, preemption_enabled
+
+PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+_EPS = 1e-9
+# A pool held back at its maximum is looked at again after this fraction of the share window.
+_MAX_RECHECK = 0.005
+
+
+class SchedulerError(Exception):
+    """A request the scheduler cannot honour; ``code`` is a protocol error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    client: str
+    gpu: int
+    quantum: float | None  # None in mode off: no quantum runs
+
+
+@dataclass(frozen=True)
+class Drop:
+    client: str
+    gpu: int
+    reason: str
+    evict: bool  # the next holder needs the room: move the working set out first
+    grace: float
+
+
+@dataclass(frozen=True)
+class Revoke:
+    client: str
+    gpu: int
+    reason: str
+    ignored_for: float
+
+
+@dataclass(frozen=True)
+class Released:
+    client: str
+    evict: bool
+
+
+Action = Grant | Drop | Revoke | Released
+
+
+# ---- state --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    index: int
+    name: str = "GPU"
+    uuid: str | None = None
+    memory_total: int | None = None
+
+
+@dataclass
+class Hold:
+    granted_at: float
+    quantum_start: float
+    drop_reason: str | None = None
+    drop_sent_at: float | None = None
+    drop_evict: bool = False
+
+
+@dataclass
+class Client:
+    id: str
+    name: str
+    gpu: int
+    pool: str
+    priority: str
+    pid: int | None = None
+    uid: int | None = None
+    kind: str = "client"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    working_set: int | None = None  # bytes; None while unknown, which counts as the whole GPU
+    evictable: int | None = None
+    registered_at: float = 0.0
+    state: str = "idle"  # idle | waiting | holding
+    request_order: int = 0  # global counter: request order, also across pools
+    requested_at: float | None = None
+    hold: Hold | None = None
+    gpu_seconds: float = 0.0  # closed holds only; see Scheduler.gpu_seconds
+
+    @property
+    def preemptible(self) -> bool:
+        return self.priority == "LOW"
+
+
+class GpuState:
+    def __init__(self, spec: GpuSpec, config: SchedulerConfig, now: float) -> None:
+        self.spec = spec
+        self.holders: dict[str, Client] = {}  # in grant order
+        self.waiters: dict[str, Client] = {}  # in request order
+        self.meter = ShareMeter(0.0, now)
+        self.tq_override: float | None = None
+
+
+# ---- the scheduler ------------------------------------------------------------------------
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
+        self.config = config
+        self.mode = config.mode
+        self.tq = config.tq
+        self.gpus: dict[int, GpuState] = {}
+        for spec in gpus:
+            self.gpus[spec.index] = GpuState(spec, config, now)
+            self.gpus[spec.index].tq_override = config.gpu_tq.get(spec.index)
+        self._resize_windows()
+        if not self.gpus:
+            raise ValueError("a scheduler needs at least one GPU")
+        self.clients: dict[str, Client] = {}
+        self._ids = itertools.count(1)
+        self._order = itertools.count(1)
+        # Counters for metrics; the shell reads them.
+        self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0}
+
+    # -- configuration --------------------------------------------------------------------
+
+    def tq_for(self, gpu: int) -> float:
+        override = self.gpus[gpu].tq_override
+        return self.tq if override is None else override
+
+    def pool(self, name: str) -> Pool:
+        return self.config.pool(name)
+
+    @property
+    def preemption(self) -> bool:
+        return preemption_enabled(self.config.pools)
+
+    def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
+        """Apply a reloaded config (SIGHUP) without dropping anyone."""
+        self.config = config
+        for gpu in self.gpus.values():
+            gpu.tq_override = config.gpu_tq.get(gpu.spec.index)
+        self._resize_windows()
+        return self._schedule_all(now)
+
+    def _resize_windows(self) -> None:
+        for index, gpu in self.gpus.items():
+            gpu.meter.window = self.config.share_window(self.tq_for(index))
+
+    # -- events ---------------------------------------------------------------------------
+
+    def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
+                 priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
+                 kind: str = "client", labels: Mapping[str, str] | None = None,
+                 working_set: int | None = None) -> Client:
+        if gpu not in self.gpus:
+            raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node "
+                                 f"(it has {', '.join(map(str, self.gpus))})")
+        if priority not in PRIORITY_RANK:
+            raise SchedulerError(p.E_INVALID, f"priority must be one of {', '.join(p.PRIORITIES)}")
+        if not pool:
+            raise SchedulerError(p.E_INVALID, "pool must be a non-empty name")
+        client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=pool,
+                        priority=priority, pid=pid, uid=uid, kind=kind,
+                        labels=dict(labels or {}), working_set=working_set,
+                        registered_at=now)
+        self.clients[client.id] = client
+        return client
+
+    def unregister(self, now: float, client_id: str) -> list[Action]:
+        """The client's connection is gone: free whatever it held or waited for, at once."""
+        client = self.clients.pop(client_id, None)
+        if client is None:
+            return []
+        gpu = self.gpus[client.gpu]
+        gpu.waiters.pop(client.id, None)
+        if client.id in gpu.holders:
+            self._end_hold(client, now)
+        return self._schedule(gpu, now)
+
+    def acquire(self, now: float, client_id: str) -> list[Action]:
+        client = self._client(client_id)
+        if client.state != "idle":
+            return [Grant(client.id, client.gpu, self._quantum(client.gpu))] \
+                if client.state == "holding" else []
+        gpu = self.gpus[client.gpu]
+        client.state = "waiting"
+        client.request_order = next(self._order)
+        client.requested_at = now
+        gpu.waiters[client.id] = client
+        return self._schedule(gpu, now)
+
+    def release(self, now: float, client_id: str) -> list[Action]:
+        """Give the GPU back, or cancel a wait. Only ever the caller's own hold."""
+        client = self._client(client_id)
+        gpu = self.gpus[client.gpu]
+        if client.state == "waiting":
+            del gpu.waiters[client.id]
+            client.state = "idle"
+            client.requested_at = None
+            return [Released(client.id, evict=False), *self._schedule(gpu, now)]
+        if client.state != "holding":
+            return [Released(client.id, evict=False)]
+        assert client.hold is not None
+        evict = client.hold.drop_evict if client.hold.drop_reason else self._evict_on_leave(
+            gpu, client, now)
+        self._end_hold(client, now)
+        return [Released(client.id, evict=evict), *self._schedule(gpu, now)]
+
+    def report_working_set(self, now: float, client_id: str, nbytes: int,
+                           evictable: int | None = None) -> list[Action]:
+        if nbytes < 0:
+            raise SchedulerError(p.E_INVALID, "working set must not be negative")
+        client = self._client(client_id)
+        client.working_set = nbytes
+        client.evictable = evictable
+        return self._schedule(self.gpus[client.gpu], now)
+
+    def set_mode(self, now: float, mode: str) -> list[Action]:
+        if mode not in p.MODES:
+            raise SchedulerError(p.E_INVALID, f"mode must be one of {', '.join(p.MODES)}")
+        previous, self.mode = self.mode, mode
+        actions: list[Action] = []
+        if mode != "off" and previous == "off":
+            # Running side by side ends now: every holder gets a fresh quantum measured from
+            # the switch, so none is dropped the instant the scheduler comes on.
+            for gpu in self.gpus.values():
+                for holder in gpu.holders.values():
+                    assert holder.hold is not None
+                    holder.hold.quantum_start = now
+        if mode == "on":
+            for gpu in self.gpus.values():
+                keeper, *others = gpu.holders.values() if gpu.holders else (None,)
+                for holder in others:
+                    actions.extend(self._drop(gpu, holder, p.REASON_MODE, now, incoming=keeper))
+        return actions + self._schedule_all(now)
+
+    def set_tq(self, now: float, seconds: float, gpu: int | None = None) -> list[Action]:
+        """A new TQ applies to running quanta too, measured from their start."""
+        if not seconds > 0:
+            raise SchedulerError(p.E_INVALID, "TQ must be a positive number of seconds")
+        if gpu is None:
+            self.tq = seconds
+            for state in self.gpus.values():
+                state.tq_override = None
+        elif gpu in self.gpus:
+            self.gpus[gpu].tq_override = seconds
+        else:
+            raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node")
+        self._resize_windows()
+        return self._schedule_all(now)
+
+    def tick(self, now: float) -> list[Action]:
+        """Time has passed: end quanta, revoke holders past their grace."""
+        return self._schedule_all(now)
+
+    def next_deadline(self, now: float) -> float | None:
+        """When ``tick`` must next be called, or None if nothing is due until the next event."""
+        deadlines: list[float] = []
+        for gpu in self.gpus.values():
+            if self.mode == "off":
+                continue
+            for holder in gpu.holders.values():
+                hold = holder.hold
+                assert hold is not None
+                if hold.drop_sent_at is not None:
+                    deadlines.append(hold.drop_sent_at + self.config.grace)
+                elif gpu.waiters or self._over_maximum(gpu, holder.pool, now):
+                    deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
+            if gpu.waiters and any(self._over_maximum(gpu, w.pool, now)
+                                   for w in gpu.waiters.values()):
+                deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
+        return min(deadlines) if deadlines else None
+
+    # -- queries --------------------------------------------------------------------------
+
+    def gpu_seconds(self, client: Client, now: float) -> float:
+        held = now - client.hold.granted_at if client.hold else 0.0
+        return client.gpu_seconds + held
+
+    def queue(self, gpu_index: int, now: float) -> list[Client]:
+        """Waiters in the order they are expected to be granted, next first."""
+        gpu = self.gpus[gpu_index]
+        if not gpu.waiters:
+            return []
+        by_pool: dict[str, list[Client]] = {}
+        for waiter in sorted(gpu.waiters.values(), key=_within_pool):
+            by_pool.setdefault(waiter.pool, []).append(waiter)
+        if len(by_pool) == 1:
+            return next(iter(by_pool.values()))
+        # Several pools: replay the pool choice, charging each pick one quantum of its pool's
+        # share, which is how the shares will move as the queue drains.
+        shares = self.shares(gpu_index, now)
+        contending = self._contending_pools(gpu)
+        ent = entitlements(self.pool(name) for name in contending)
+        step = self.tq_for(gpu_index) / max(gpu.meter.window, _EPS)
+        order: list[Client] = []
+        while by_pool:
+            name = max(by_pool, key=lambda n: (ent.get(n, 0.0) - shares.get(n, 0.0),
+                                                -by_pool[n][0].request_order))
+            order.append(by_pool[name].pop(0))
+            shares[name] = shares.get(name, 0.0) + step
+            if not by_pool[name]:
+                del by_pool[name]
+        return order
+
+    def queue_position(self, client_id: str, now: float) -> int | None:
+        client = self.clients.get(client_id)
+        if client is None or client.state != "waiting":
+            return None
+        ids = [c.id for c in self.queue(client.gpu, now)]
+        return ids.index(client.id) + 1
+
+    def shares(self, gpu_index: int, now: float) -> dict[str, float]:
+        gpu = self.gpus[gpu_index]
+        return gpu.meter.shares(now, self._contending_pools(gpu))
+
+    def quantum_remaining(self, gpu_index: int, now: float) -> float | None:
+        gpu = self.gpus[gpu_index]
+        if self.mode == "off" or not gpu.holders:
+            return None
+        first = next(iter(gpu.holders.values()))
+        assert first.hold is not None
+        return max(0.0, first.hold.quantum_start + self.tq_for(gpu_index) - now)
+
+    # -- the rules ------------------------------------------------------------------------
+
+    def _schedule_all(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for gpu in self.gpus.values():
+            actions.extend(self._schedule(gpu, now))
+        return actions
+
+    def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
+        actions: list[Action] = self._revoke_overdue(gpu, now)
+        if self.mode == "off":
+            for waiter in list(gpu.waiters.values()):
+                actions.append(self._grant(gpu, waiter, now))
+            return actions
+        # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
+        # the first waiter that does not fit stops the others, so a big request never starves
+        # behind a stream of small ones.
+        while gpu.waiters:
+            candidate = self._pick(gpu, gpu.waiters.values(), now)
+            if candidate is None:
+                break
+            if gpu.holders and (self.mode == "on" or not self._fits(gpu, [candidate])):
+                break
+            actions.append(self._grant(gpu, candidate, now))
+        actions.extend(self._preempt(gpu, now))
+        actions.extend(self._end_quanta(gpu, now))
+        return actions
+
+    def _pick(self, gpu: GpuState, candidates: Iterable[Client], now: float) -> Client | None:
+        """The next client to serve: pool furthest below entitlement, then priority, order."""
+        heads: dict[str, Client] = {}
+        for client in candidates:
+            best = heads.get(client.pool)
+            if best is None or _within_pool(client) < _within_pool(best):
+                heads[client.pool] = client
+        if not heads:
+            return None
+        shares = gpu.meter.shares(now, heads)
+        heads = {name: c for name, c in heads.items()
+                 if not self._over_maximum(gpu, name, now, shares)}
+        if not heads:
+            return None
+        if len(heads) == 1:
+            return next(iter(heads.values()))
+        ent = entitlements(self.pool(name) for name in self._contending_pools(gpu))
+
+        def urgency(c: Client) -> tuple[bool, float, int]:
+            # Guarantees come first: a non-preemptible request of a pool below its guarantee
+            # goes before any split by weight.
+            share = shares.get(c.pool, 0.0)
+            owed = not c.preemptible and share < self.pool(c.pool).guarantee - _EPS
+            return owed, ent.get(c.pool, 0.0) - share, -c.request_order
+
+        return max(heads.values(), key=urgency)
+
+    def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
+        if not self.preemption or self.mode == "off":
+            return []
+        victims = [h for h in gpu.holders.values() if h.preemptible and h.hold
+                   and h.hold.drop_reason is None]
+        if not victims:
+            return []
+        shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
+        claimants = sorted((w for w in gpu.waiters.values()
+                            if not w.preemptible
+                            and shares.get(w.pool, 0.0) < self.pool(w.pool).guarantee - _EPS
+                            and not self._over_maximum(gpu, w.pool, now, shares)),
+                           key=_within_pool)
+        actions: list[Action] = []
+        for claimant, victim in zip(claimants, victims):
+            self.counts["preemptions"] += 1
+            actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
+        return actions
+
+    def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
+        actions: list[Action] = []
+        tq = self.tq_for(gpu.spec.index)
+        for holder in list(gpu.holders.values()):
+            hold = holder.hold
+            assert hold is not None
+            if hold.drop_reason is not None or now < hold.quantum_start + tq - _EPS:
+                continue
+            # The holder competes as if it asked again now, at the tail; if it would win
+            # anyway it keeps the GPU and hears nothing.
+            contenders = list(gpu.waiters.values())
+            if self.mode == "auto":
+                blocked = self._pick(gpu, contenders, now)
+                if blocked is None or self._fits(gpu, [blocked]):
+                    hold.quantum_start = now
+                    continue
+                actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
+                continue
+            tail = _as_tail(holder, next(self._order))
+            winner = self._pick(gpu, [*contenders, tail], now)
+            if winner is None and self._over_maximum(gpu, holder.pool, now):
+                actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
+                continue
+            if winner is None or winner is tail:
+                hold.quantum_start = now
+                continue
+            actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
+        return actions
+
+    def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for holder in list(gpu.holders.values()):
+            hold = holder.hold
+            assert hold is not None
+            if hold.drop_sent_at is None or now < hold.drop_sent_at + self.config.grace - _EPS:
+                continue
+            self.counts["revocations"] += 1
+            self._end_hold(holder, now)
+            actions.append(Revoke(holder.id, gpu.spec.index, p.REASON_GRACE,
+                                  ignored_for=now - hold.drop_sent_at))
+        return actions
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
+        del gpu.waiters[client.id]
+        client.state = "holding"
+        client.requested_at = None
+        client.hold = Hold(granted_at=now, quantum_start=now)
+        gpu.holders[client.id] = client
+        gpu.meter.open(client.id, client.pool, now)
+        self.counts["grants"] += 1
+        return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
+
+    def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
+              incoming: Client | None) -> list[Action]:
+        hold = holder.hold
+        if hold is None or hold.drop_reason is not None:
+            return []
+        hold.drop_reason = reason
+        hold.drop_sent_at = now
+        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming)
+        self.counts["drops"] += 1
+        return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
+
+    def _end_hold(self, client: Client, now: float) -> None:
+        gpu = self.gpus[client.gpu]
+        gpu.holders.pop(client.id, None)
+        gpu.meter.close(client.id, now)
+        if client.hold is not None:
+            client.gpu_seconds += now - client.hold.granted_at
+        client.hold = None
+        client.state = "idle"
+
+    def _evict_on_leave(self, gpu: GpuState, leaving: Client, now: float,
+                        incoming: Client | None = None) -> bool:
+        """Must ``leaving`` move its memory out? Only when the next holder needs the room."""
+        if incoming is None:
+            incoming = self._pick(gpu, gpu.waiters.values(), now)
+        if incoming is None:
+            return False
+        staying = [h for h in gpu.holders.values() if h is not leaving and h is not incoming]
+        return not self._fits_together(gpu, [*staying, incoming, leaving])
+
+    def _fits(self, gpu: GpuState, newcomers: list[Client]) -> bool:
+        return self._fits_together(gpu, [*gpu.holders.values(), *newcomers])
+
+    def _fits_together(self, gpu: GpuState, clients: list[Client]) -> bool:
+        capacity = gpu.spec.memory_total
+        if capacity is None or any(c.working_set is None for c in clients):
+            return len(clients) <= 1
+        need = sum(c.working_set or 0 for c in clients)
+        return need <= capacity - self.config.memory_reserve
+
+    def _over_maximum(self, gpu: GpuState, pool: str, now: float,
+                      shares: Mapping[str, float] | None = None) -> bool:
+        cap = self.pool(pool).cap
+        if cap >= 1.0:
+            return False
+        if shares is None or pool not in shares:
+            shares = gpu.meter.shares(now, [pool])
+        return shares.get(pool, 0.0) >= cap - _EPS
+
+    def _contending_pools(self, gpu: GpuState) -> list[str]:
+        names = {c.pool for c in gpu.holders.values()} | {c.pool for c in gpu.waiters.values()}
+        return sorted(names)
+
+    def _quantum(self, gpu: int) -> float | None:
+        return None if self.mode == "off" else self.tq_for(gpu)
+
+    def _client(self, client_id: str) -> Client:
+        try:
+            return self.clients[client_id]
+        except KeyError:
+            raise SchedulerError(p.E_STATE, f"no client {client_id}") from None
+
+
+def _within_pool(client: Client) -> tuple[int, int]:
+    return PRIORITY_RANK[client.priority], client.request_order
+
+
+def _as_tail(holder: Client, order: int) -> Client:
+    """A stand-in for ``holder`` asking again now: same pool and priority, at the tail."""
+    return Client(id=holder.id, name=holder.name, gpu=holder.gpu, pool=holder.pool,
+                  priority=holder.priority, working_set=holder.working_set,
+                  request_order=order)

@@ -1,0 +1,106 @@
+"""Pools: how GPU time is divided between teams, after the KAI scheduler's rules.
+
+Quantities are fractions of one GPU's time. While pools contend for a GPU, each gets its
+guarantee first, the rest is divided by weight, and no pool passes its maximum; what a capped
+pool cannot take flows to the others. ``entitlements`` computes that division; ``ShareMeter``
+measures what each pool actually got over a sliding window, so the core can serve the pool
+furthest below its entitlement.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+UNLIMITED = -1.0
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    guarantee: float = 0.0
+    weight: float = 1.0
+    maximum: float = UNLIMITED
+    #: False when the config left out guarantee, weight or maximum. KAI turns preemption off for
+    #: every pool when any pool is partially configured; so do we.
+    complete: bool = True
+
+    @property
+    def cap(self) -> float:
+        return 1.0 if self.maximum < 0 else min(self.maximum, 1.0)
+
+
+def entitlements(pools: Iterable[Pool]) -> dict[str, float]:
+    """The fraction of one GPU's time each contending pool is entitled to.
+
+    Guarantees first (each clipped to its pool's cap), then the remainder by weight, water-filled
+    so that a pool reaching its maximum stops taking and its part goes to the others. With the
+    seed's pools (0.3/1/0.7 and 0.5/3/unlimited) this gives 0.35 and 0.65.
+    """
+    pools = list(pools)
+    share = {p.name: min(p.guarantee, p.cap) for p in pools}
+    remaining = 1.0 - sum(share.values())
+    open_pools = [p for p in pools if share[p.name] < p.cap - _EPS]
+    while remaining > _EPS and open_pools:
+        total_weight = sum(max(p.weight, 0.0) for p in open_pools)
+        if total_weight <= _EPS:
+            break
+        capped = []
+        for p in open_pools:
+            offer = remaining * max(p.weight, 0.0) / total_weight
+            if share[p.name] + offer >= p.cap - _EPS:
+                capped.append(p)
+        if not capped:
+            for p in open_pools:
+                share[p.name] += remaining * max(p.weight, 0.0) / total_weight
+            remaining = 0.0
+            break
+        for p in capped:
+            remaining -= p.cap - share[p.name]
+            share[p.name] = p.cap
+        open_pools = [p for p in open_pools if p not in capped]
+    return share
+
+
+class ShareMeter:
+    """GPU seconds per pool over the last ``window`` seconds of one GPU's time.
+
+    Holds closed hold intervals and the open ones; old intervals are trimmed as time goes. Shares
+    are measured against the window's length, or against the time observed so far while the
+    meter is younger than its window, so that the first quanta already count.
+    """
+
+    def __init__(self, window: float, started: float) -> None:
+        self.window = window
+        self.started = started
+        self._closed: deque[tuple[float, float, str]] = deque()
+        self._open: dict[object, tuple[float, str]] = {}
+
+    def open(self, key: object, pool: str, now: float) -> None:
+        self._open[key] = (now, pool)
+
+    def close(self, key: object, now: float) -> None:
+        opened = self._open.pop(key, None)
+        if opened is not None and now > opened[0]:
+            self._closed.append((opened[0], now, opened[1]))
+
+    def shares(self, now: float, pools: Iterable[str] = ()) -> dict[str, float]:
+        start = max(now - self.window, self.started)
+        while self._closed and self._closed[0][1] <= start:
+            self._closed.popleft()
+        seconds: dict[str, float] = dict.fromkeys(pools, 0.0)
+        spans = list(self._closed) + [(s, now, p) for s, p in self._open.values()]
+        for begin, end, pool in spans:
+            overlap = min(end, now) - max(begin, start)
+            if overlap > 0:
+                seconds[pool] = seconds.get(pool, 0.0) + overlap
+        span = now - start
+        if span <= _EPS:
+            return {pool: 0.0 for pool in seconds}
+        return {pool: s / span for pool, s in seconds.items()}
+
+
+def preemption_enabled(pools: Mapping[str, Pool]) -> bool:
+    return all(p.complete for p in pools.values())
