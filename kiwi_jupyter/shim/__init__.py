@@ -1,0 +1,136 @@
+"""The CUDA shim: a preloaded C library that gates a process's GPU work and pages its memory.
+
+The library (C sources beside this file, docs/shim.md) does its work by itself once it is in
+``LD_PRELOAD``. This module finds or builds it, and wraps the small C API the kernel hook calls:
+
+    from kiwi_jupyter.shim import Shim
+    shim = Shim.attach()          # None unless the library is preloaded in this process
+    if shim:
+        shim.cell_begin(); ...; shim.release()
+
+The C functions never need the GIL; ctypes releases it around each call, so a cell blocked in
+the shim never stops the kernel's other threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kiwi_jupyter.shim.build import LIBRARY_NAME, BuildError, compile_library, is_current
+
+__all__ = ["BuildError", "Shim", "ShimPolicyError", "cache_dir", "library_path"]
+
+_HERE = Path(__file__).resolve().parent
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kiwi-jupyter" / "shim"
+
+
+def library_path(*, build: bool = True) -> Path:
+    """The shim library for the sources installed now.
+
+    The wheel ships it built (hatch_build.py); an editable install builds it in place when it is
+    installed. When that copy is missing or older than the C sources, it is built on demand into
+    ``~/.cache/kiwi-jupyter/shim/<hash>/`` (``build=False`` raises instead).
+    """
+    packaged = _HERE / LIBRARY_NAME
+    if is_current(packaged):
+        return packaged
+    from kiwi_jupyter.shim.build import sources_hash
+
+    cached = cache_dir() / sources_hash()[:16] / LIBRARY_NAME
+    if is_current(cached):
+        return cached
+    if not build:
+        raise FileNotFoundError(f"the CUDA shim is not built for these sources ({packaged})")
+    return compile_library(cached)
+
+
+class ShimPolicyError(ValueError):
+    """A fail policy the shim does not accept (a negative timeout)."""
+
+
+class Shim:
+    """The C API of a shim library loaded in this process."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._lib = library
+        lib = library
+        lib.kiwi_shim_active.restype = ctypes.c_int
+        lib.kiwi_shim_active.argtypes = []
+        lib.kiwi_shim_cell_begin.restype = None
+        lib.kiwi_shim_cell_begin.argtypes = []
+        lib.kiwi_shim_acquire.restype = ctypes.c_int
+        lib.kiwi_shim_acquire.argtypes = [ctypes.c_double]
+        lib.kiwi_shim_release.restype = ctypes.c_int
+        lib.kiwi_shim_release.argtypes = []
+        lib.kiwi_shim_holding.restype = ctypes.c_int
+        lib.kiwi_shim_holding.argtypes = []
+        lib.kiwi_shim_set_policy.restype = ctypes.c_int
+        lib.kiwi_shim_set_policy.argtypes = [ctypes.c_int, ctypes.c_double]
+        lib.kiwi_shim_stats_json.restype = ctypes.c_int
+        lib.kiwi_shim_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+    @staticmethod
+    def loaded() -> bool:
+        """Is the shim preloaded into this process?"""
+        return Shim.attach() is not None
+
+    @classmethod
+    def attach(cls) -> Shim | None:
+        """The shim loaded in this process (by LD_PRELOAD), or None when there is none."""
+        process = ctypes.CDLL(None)
+        try:
+            process.kiwi_shim_active  # noqa: B018 - looking the symbol up is the test
+        except AttributeError:
+            return None
+        return cls(process)
+
+    def active(self) -> bool:
+        """True when the shim gates and pages GPU work (KIWI_SHIM is not 0)."""
+        return bool(self._lib.kiwi_shim_active())
+
+    def cell_begin(self) -> None:
+        """A cell starts: the cell's end, not an idle timer, gives the GPU back."""
+        self._lib.kiwi_shim_cell_begin()
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Wait until this process holds its GPU (eager mode). False on timeout.
+
+        Raises ConnectionError when the daemon is unreachable and the policy is closed.
+        """
+        result = self._lib.kiwi_shim_acquire(float(timeout or 0.0))
+        if result < 0:
+            raise ConnectionError("the Kiwi scheduler is unreachable and the fail policy is closed")
+        return result == 0
+
+    def release(self) -> None:
+        """A cell ends: synchronize, evict if the next holder needs the room, release."""
+        self._lib.kiwi_shim_release()
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._lib.kiwi_shim_holding())
+
+    def set_policy(self, *, fail_closed: bool, timeout: float) -> None:
+        """What to do while the daemon is unreachable, after ``timeout`` seconds of outage:
+        run GPU work unscheduled (fail open) or fail it (fail closed)."""
+        if self._lib.kiwi_shim_set_policy(int(fail_closed), float(timeout)) != 0:
+            raise ShimPolicyError(f"timeout must not be negative: {timeout}")
+
+    def stats(self) -> dict[str, Any]:
+        """State and counters: hold state, queue position, working set, bytes moved, ..."""
+        size = 1024
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            needed = self._lib.kiwi_shim_stats_json(buffer, size)
+            if needed < size:
+                result: dict[str, Any] = json.loads(buffer.value)
+                return result
+            size = needed + 1

@@ -1,0 +1,110 @@
+/* The C API the kernel hook calls through ctypes (docs/shim.md). Kept small on purpose: the
+ * hook says when a cell begins and ends, may ask for the GPU eagerly, and reads statistics;
+ * everything else the shim does by itself. Every function is safe to call from any thread,
+ * before or without any GPU work, and never needs the GIL.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+
+#include "shim.h"
+
+/* 1 when the shim gates and pages this process's GPU work (KIWI_SHIM is not 0). */
+KIWI_EXPORT int kiwi_shim_active(void)
+{
+    kiwi_init();
+    return kiwi_cfg.enabled ? 1 : 0;
+}
+
+/* A cell begins: until kiwi_shim_release, the idle release is off (the cell's end releases). */
+KIWI_EXPORT void kiwi_shim_cell_begin(void)
+{
+    kiwi_init();
+    kiwi_comm_cell_begin();
+}
+
+/* Eager acquisition: waits until this process holds its GPU. timeout in seconds, 0 = no limit.
+ * Returns 0 when GPU work may run (held, or the daemon is unreachable and the policy is open),
+ * 1 on timeout, -1 when the daemon is unreachable and the policy is closed. */
+KIWI_EXPORT int kiwi_shim_acquire(double timeout)
+{
+    kiwi_init();
+    return kiwi_comm_acquire(timeout);
+}
+
+/* A cell ends: admit no new GPU work, synchronize, evict if the daemon says the next holder
+ * needs the room, release; or cancel a pending request. Returns 0 when done. */
+KIWI_EXPORT int kiwi_shim_release(void)
+{
+    kiwi_init();
+    return kiwi_comm_release();
+}
+
+/* 1 while this process holds its GPU. */
+KIWI_EXPORT int kiwi_shim_holding(void)
+{
+    kiwi_init();
+    struct kiwi_stats stats;
+    kiwi_comm_stats(&stats);
+    return stats.hold == KIWI_HOLDING ? 1 : 0;
+}
+
+/* What the daemon cannot be reached: fail_closed 0 lets GPU work run unscheduled, 1 makes it
+ * fail with CUDA_ERROR_SYSTEM_NOT_READY; either applies after timeout seconds of outage. */
+KIWI_EXPORT int kiwi_shim_set_policy(int fail_closed, double timeout)
+{
+    kiwi_init();
+    if (timeout < 0)
+        return -1;
+    kiwi_comm_set_policy(fail_closed != 0, timeout);
+    return 0;
+}
+
+static const char *hold_name(enum kiwi_hold hold)
+{
+    switch (hold) {
+    case KIWI_WAITING:
+        return "waiting";
+    case KIWI_HOLDING:
+        return "holding";
+    case KIWI_RELEASING:
+        return "releasing";
+    default:
+        return "idle";
+    }
+}
+
+/* The shim's statistics as one JSON object, written like snprintf: returns the length the
+ * whole document needs (excluding the NUL), so a caller whose buffer was too small can retry. */
+KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
+{
+    kiwi_init();
+    struct kiwi_stats s;
+    kiwi_comm_stats(&s);
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    char client[40] = "null", mode[16] = "null";
+    if (s.client[0])
+        snprintf(client, sizeof client, "\"%s\"", s.client);
+    if (s.mode[0])
+        snprintf(mode, sizeof mode, "\"%s\"", s.mode);
+    return snprintf(
+        buffer, size,
+        "{\"version\":\"%s\",\"active\":%s,\"connected\":%s,\"failed_open\":%s,"
+        "\"failed_closed\":%s,\"state\":\"%s\",\"in_cell\":%s,\"client\":%s,\"mode\":%s,"
+        "\"queue_position\":%d,\"quantum\":%.3f,\"working_set\":%llu,\"evictable\":%llu,"
+        "\"allocations\":%llu,\"memory_limit\":%llu,\"evicted\":%s,\"grants\":%llu,"
+        "\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
+        "\"bytes_evicted\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
+        "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f}",
+        KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
+        s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
+        hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
+        s.quantum, (unsigned long long)ws.bytes, (unsigned long long)ws.evictable,
+        (unsigned long long)ws.allocations, (unsigned long long)kiwi_memory_limit(),
+        s.evicted ? "true" : "false", (unsigned long long)s.grants,
+        (unsigned long long)s.drops, (unsigned long long)s.revokes,
+        (unsigned long long)s.releases, (unsigned long long)s.evictions,
+        (unsigned long long)s.bytes_evicted, s.seconds_evicting,
+        (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
+        s.seconds_restoring, s.seconds_waiting);
+}

@@ -1,0 +1,97 @@
+"""Compiling the shim: the one place that knows its sources and flags.
+
+Used by the wheel build (hatch_build.py at the repository root loads this file by path, before
+the package is importable) and by :func:`kiwi_jupyter.shim.library_path`, which builds into a
+cache when the packaged library is missing or older than the sources (an editable install whose
+C files changed). Nothing here imports the rest of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LIBRARY_NAME = "libkiwishim.so"
+#: Written beside the library: the hash of the sources it was built from.
+STAMP_SUFFIX = ".sources-sha256"
+
+#: Hardened the way distributions build security-sensitive libraries: stack protector,
+#: fortified libc calls, full RELRO with immediate binding, a non-executable stack, and nothing
+#: exported but the driver entry points, dlsym and the kiwi_shim_* API.
+CFLAGS = [
+    "-std=c11",
+    "-O2",
+    "-g0",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-fstack-protector-strong",
+    "-fstack-clash-protection",
+    "-D_FORTIFY_SOURCE=2",
+    "-Wall",
+    "-Wextra",
+    "-Wformat=2",
+    "-Wformat-security",
+    "-Wshadow",
+    "-Wstrict-prototypes",
+]
+LDFLAGS = [
+    "-shared",
+    "-Wl,-z,relro",
+    "-Wl,-z,now",
+    "-Wl,-z,noexecstack",
+    "-Wl,--no-undefined",
+    "-Wl,--as-needed",
+]
+LIBS = ["-ldl", "-lpthread"]
+
+
+class BuildError(RuntimeError):
+    """The C compiler could not build the shim; the message carries its output."""
+
+
+def sources(directory: Path = HERE) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in (".c", ".h"))
+
+
+def sources_hash(directory: Path = HERE) -> str:
+    digest = hashlib.sha256()
+    for path in sources(directory):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(" ".join(CFLAGS + LDFLAGS + LIBS).encode())
+    return digest.hexdigest()
+
+
+def compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise BuildError("no C compiler found (install gcc, or set CC)")
+    return cc
+
+
+def compile_library(output: Path, directory: Path = HERE) -> Path:
+    """Build the shim from the C files in ``directory`` into ``output`` (atomically)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    c_files = [str(p) for p in sources(directory) if p.suffix == ".c"]
+    with tempfile.TemporaryDirectory(dir=output.parent) as scratch:
+        built = Path(scratch) / LIBRARY_NAME
+        command = [compiler(), *CFLAGS, *LDFLAGS, "-o", str(built), *c_files, *LIBS]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise BuildError(f"building the CUDA shim failed:\n{' '.join(command)}\n"
+                             f"{result.stdout}{result.stderr}")
+        os.replace(built, output)
+    Path(str(output) + STAMP_SUFFIX).write_text(sources_hash(directory) + "\n")
+    return output
+
+
+def is_current(library: Path, directory: Path = HERE) -> bool:
+    """Was ``library`` built from the sources now in ``directory``?"""
+    stamp = Path(str(library) + STAMP_SUFFIX)
+    if not library.is_file() or not stamp.is_file():
+        return False
+    return stamp.read_text().strip() == sources_hash(directory)

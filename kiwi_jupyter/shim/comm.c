@@ -1,0 +1,696 @@
+/* The daemon client: one thread of the shim's own, speaking docs/protocol.md.
+ *
+ * It has to be a thread of its own, and must never need Python: the thread that waits at the
+ * gate may be a notebook cell's, holding the GIL, and the grant that opens the gate has to
+ * arrive anyway. Everything that changes the hold happens here, in order: asking for the GPU
+ * when a gated call waits, opening the gate on a grant (after restoring the working set),
+ * and the release sequence on a drop, at a cell's end or after an idle spell. Other threads
+ * only set wishes under kiwi_lock and wake this one through a pipe.
+ *
+ * The release sequence, whatever asked for it:
+ *   1. close the gate (no new work), and wait for the calls already inside to return;
+ *   2. synchronize every context the process used;
+ *   3. when the daemon said the next holder needs the room, prefetch the working set to host
+ *      memory on the pager's streams, and wait for that;
+ *   4. send release.
+ * A release the process chose itself (cell end, idle) learns whether to evict only from the
+ * daemon's `released` reply; it then evicts right after, before any new grant is handled.
+ *
+ * When the daemon cannot be reached the client keeps retrying, with backoff, and registers
+ * again when it is back (client ids do not survive a restart). After KIWI_FAIL_TIMEOUT of
+ * outage the policy decides: open lets GPU work run ungated, closed makes gated calls fail
+ * with CUDA_ERROR_SYSTEM_NOT_READY. The process never exits because of the daemon.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+pthread_mutex_t kiwi_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t kiwi_changed = PTHREAD_COND_INITIALIZER;
+
+/* The hold and the wishes of other threads; all under kiwi_lock. */
+static struct {
+    struct kiwi_stats stats;
+    int waiters;             /* gated calls waiting at the closed gate */
+    bool acquire_wanted;     /* kiwi_shim_acquire: eager acquisition */
+    unsigned release_asked;  /* generations: kiwi_shim_release waits for done to catch up */
+    unsigned release_done;
+    double outage_since;
+    double granted_at;
+    bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
+    bool policy_closed;
+    double policy_timeout;
+} S;
+
+static atomic_bool started;
+static atomic_bool working_set_dirty;
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static int wake_pipe[2] = {-1, -1};
+
+/* The connection; only the comm thread touches these. */
+static int link_fd = -1;
+static char inbox[65536];
+static size_t inbox_length;
+static unsigned next_seq;
+static unsigned release_seq;
+
+static void wake(void)
+{
+    if (wake_pipe[1] >= 0) {
+        ssize_t ignored = write(wake_pipe[1], "!", 1);
+        (void)ignored; /* a full pipe already means "wake up" */
+    }
+}
+
+/* ---- the connection ------------------------------------------------------------------- */
+
+static void link_down(const char *why)
+{
+    if (link_fd >= 0) {
+        close(link_fd);
+        link_fd = -1;
+    }
+    inbox_length = 0;
+    pthread_mutex_lock(&kiwi_lock);
+    bool was_connected = S.stats.connected;
+    S.stats.connected = false;
+    S.outage_since = kiwi_now();
+    if (S.stats.hold != KIWI_IDLE) {
+        S.stats.hold = KIWI_IDLE;
+        kiwi_gate_close();
+    }
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    if (was_connected)
+        kiwi_warn("lost the scheduler at %s (%s); reconnecting", kiwi_cfg.socket_path, why);
+}
+
+static bool send_line(const char *line)
+{
+    if (link_fd < 0)
+        return false;
+    kiwi_log("-> %s", line);
+    char framed[1024];
+    int n = snprintf(framed, sizeof framed, "%s\n", line);
+    if (n < 0 || (size_t)n >= sizeof framed)
+        return false;
+    for (size_t sent = 0; sent < (size_t)n;) {
+        ssize_t k = send(link_fd, framed + sent, (size_t)n - sent, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            link_down(strerror(errno));
+            return false;
+        }
+        sent += (size_t)k;
+    }
+    return true;
+}
+
+static unsigned send_request(const char *op, const char *fields)
+{
+    char line[900];
+    unsigned seq = ++next_seq;
+    snprintf(line, sizeof line, "{\"op\":\"%s\",\"seq\":%u%s%s}", op, seq, *fields ? "," : "",
+             fields);
+    return send_line(line) ? seq : 0;
+}
+
+/* Takes the next complete line out of the inbox into line; false when there is none. */
+static bool pop_line(char *line, size_t size)
+{
+    char *end = memchr(inbox, '\n', inbox_length);
+    if (!end)
+        return false;
+    size_t length = (size_t)(end - inbox);
+    size_t kept = length < size ? length : size - 1;
+    memcpy(line, inbox, kept);
+    line[kept] = '\0';
+    inbox_length -= length + 1;
+    memmove(inbox, end + 1, inbox_length);
+    return true;
+}
+
+/* Reads what the socket has, waiting at most timeout seconds for it. */
+static bool fill(double timeout)
+{
+    struct pollfd p = {.fd = link_fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(timeout * 1000)) <= 0)
+        return false;
+    if (inbox_length == sizeof inbox) {
+        link_down("a line longer than the protocol allows");
+        return false;
+    }
+    ssize_t n = recv(link_fd, inbox + inbox_length, sizeof inbox - inbox_length, 0);
+    if (n <= 0) {
+        link_down(n == 0 ? "connection closed" : strerror(errno));
+        return false;
+    }
+    inbox_length += (size_t)n;
+    return true;
+}
+
+/* Waits up to timeout for the reply to seq (or, with seq 0, for a line whose op is op),
+ * handling events that arrive first. */
+static void handle_line(const char *line);
+
+static bool await_reply(const char *op, unsigned seq, char *line, size_t size, double timeout)
+{
+    double deadline = kiwi_now() + timeout;
+    while (link_fd >= 0) {
+        while (pop_line(line, size)) {
+            char got[32] = "";
+            double got_seq = -1;
+            kiwi_json_string(line, "op", got, sizeof got);
+            kiwi_json_number(line, "seq", &got_seq);
+            if ((seq && got_seq == (double)seq) || (!seq && strcmp(got, op) == 0))
+                return strcmp(got, op) == 0;
+            handle_line(line);
+        }
+        double left = deadline - kiwi_now();
+        if (left <= 0 || (!fill(left) && link_fd >= 0 && kiwi_now() >= deadline))
+            return false;
+    }
+    return false;
+}
+
+static bool connect_and_register(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    snprintf(address.sun_path, sizeof address.sun_path, "%s", kiwi_cfg.socket_path);
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+        close(fd);
+        return false;
+    }
+    link_fd = fd;
+    inbox_length = 0;
+    char line[1024];
+    send_line("{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-shim " KIWI_SHIM_VERSION
+              "\"}");
+    if (!await_reply("welcome", 0, line, sizeof line, 5.0)) {
+        link_down("no welcome from the daemon");
+        return false;
+    }
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    atomic_store(&working_set_dirty, false);
+    char fields[700] = "\"name\":";
+    kiwi_json_quote(fields, sizeof fields, kiwi_cfg.name);
+    strcat(fields, ",\"pool\":");
+    kiwi_json_quote(fields, sizeof fields, kiwi_cfg.pool);
+    strcat(fields, ",\"priority\":");
+    kiwi_json_quote(fields, sizeof fields, kiwi_cfg.priority);
+    size_t n = strlen(fields);
+    snprintf(fields + n, sizeof fields - n, ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu",
+             kiwi_cfg.gpu, (unsigned long long)ws.bytes);
+    unsigned seq = send_request("register", fields);
+    if (!seq || !await_reply("registered", seq, line, sizeof line, 5.0)) {
+        kiwi_warn("the daemon did not register this process: %s", link_fd >= 0 ? line : "");
+        link_down("registration refused");
+        return false;
+    }
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_json_string(line, "client", S.stats.client, sizeof S.stats.client);
+    kiwi_json_string(line, "mode", S.stats.mode, sizeof S.stats.mode);
+    bool was_failed_open = S.stats.failed_open;
+    S.stats.connected = true;
+    S.stats.failed_open = S.stats.failed_closed = false;
+    if (was_failed_open)
+        kiwi_gate_close(); /* from now on, work waits for a grant again */
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_log("registered as %s with %s", S.stats.client, kiwi_cfg.socket_path);
+    return true;
+}
+
+/* ---- the hold ------------------------------------------------------------------------- */
+
+static void evict_now(void)
+{
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    if (!ws.evictable)
+        return;
+    struct kiwi_transfer moved;
+    kiwi_pager_evict(&moved);
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.evicted = true;
+    S.stats.evictions++;
+    S.stats.bytes_evicted += moved.bytes;
+    S.stats.seconds_evicting += moved.seconds;
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+static void release_sequence(bool evict, const char *why)
+{
+    kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.hold = KIWI_RELEASING;
+    kiwi_gate_close();
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_gate_drain();
+    kiwi_pager_synchronize();
+    if (evict)
+        evict_now();
+    release_seq = send_request("release", "");
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.hold = KIWI_IDLE;
+    S.stats.releases++;
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+static void on_grant(const char *line)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool expected = S.stats.hold == KIWI_WAITING;
+    bool restore = S.stats.evicted;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (!expected)
+        return; /* a grant that crossed our release on the wire: the release ended it */
+    struct kiwi_transfer moved = {0};
+    if (restore)
+        kiwi_pager_restore(&moved);
+    pthread_mutex_lock(&kiwi_lock);
+    if (restore) {
+        S.stats.evicted = false;
+        S.stats.restores++;
+        S.stats.bytes_restored += moved.bytes;
+        S.stats.seconds_restoring += moved.seconds;
+    }
+    S.stats.hold = KIWI_HOLDING;
+    S.stats.grants++;
+    S.stats.queue_position = 0;
+    S.granted_at = kiwi_now();
+    S.acquire_wanted = false;
+    kiwi_json_number(line, "quantum", &S.stats.quantum);
+    kiwi_gate_open();
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+static void handle_line(const char *line)
+{
+    char op[32] = "";
+    kiwi_json_string(line, "op", op, sizeof op);
+    kiwi_log("<- %s", line);
+    if (strcmp(op, "grant") == 0) {
+        on_grant(line);
+    } else if (strcmp(op, "waiting") == 0) {
+        double position = 0;
+        kiwi_json_number(line, "position", &position);
+        pthread_mutex_lock(&kiwi_lock);
+        S.stats.queue_position = (int)position;
+        pthread_mutex_unlock(&kiwi_lock);
+    } else if (strcmp(op, "drop") == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        bool holding = S.stats.hold == KIWI_HOLDING;
+        if (holding)
+            S.stats.drops++;
+        pthread_mutex_unlock(&kiwi_lock);
+        if (holding)
+            release_sequence(kiwi_json_true(line, "evict"), "drop");
+    } else if (strcmp(op, "revoked") == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        if (S.stats.hold == KIWI_HOLDING) {
+            S.stats.hold = KIWI_IDLE;
+            S.stats.revokes++;
+            kiwi_gate_close();
+        }
+        pthread_cond_broadcast(&kiwi_changed);
+        pthread_mutex_unlock(&kiwi_lock);
+        kiwi_warn("the scheduler took the GPU back (the drop was not honoured in time)");
+    } else if (strcmp(op, "released") == 0) {
+        double seq = -1;
+        kiwi_json_number(line, "seq", &seq);
+        pthread_mutex_lock(&kiwi_lock);
+        bool evict = seq == (double)release_seq && kiwi_json_true(line, "evict") &&
+                     !S.stats.evicted && S.stats.hold != KIWI_HOLDING;
+        pthread_mutex_unlock(&kiwi_lock);
+        if (evict)
+            evict_now();
+    } else if (strcmp(op, "mode") == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_json_string(line, "mode", S.stats.mode, sizeof S.stats.mode);
+        pthread_mutex_unlock(&kiwi_lock);
+    } else if (strcmp(op, "error") == 0) {
+        char code[32] = "";
+        kiwi_json_string(line, "code", code, sizeof code);
+        kiwi_warn("the scheduler refused a request: %s", line);
+        if (strcmp(code, "permission") != 0 && strcmp(code, "invalid") != 0 &&
+            strcmp(code, "state") != 0)
+            link_down(code);
+    }
+}
+
+/* Acts on what other threads asked for since the last turn of the loop. */
+static void act(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    if (S.release_asked != S.release_done) {
+        unsigned asked = S.release_asked;
+        enum kiwi_hold hold = S.stats.hold;
+        if (hold == KIWI_HOLDING) {
+            pthread_mutex_unlock(&kiwi_lock);
+            release_sequence(false, "cell end");
+            pthread_mutex_lock(&kiwi_lock);
+        } else if (hold == KIWI_WAITING) {
+            S.stats.hold = KIWI_IDLE;
+            S.stats.queue_position = 0;
+            pthread_mutex_unlock(&kiwi_lock);
+            release_seq = send_request("release", "");
+            pthread_mutex_lock(&kiwi_lock);
+        }
+        S.release_done = asked;
+        pthread_cond_broadcast(&kiwi_changed);
+    }
+    bool want = S.waiters > 0 || S.acquire_wanted;
+    if (want && S.stats.hold == KIWI_IDLE && link_fd >= 0) {
+        S.stats.hold = KIWI_WAITING;
+        pthread_mutex_unlock(&kiwi_lock);
+        send_request("acquire", "");
+        pthread_mutex_lock(&kiwi_lock);
+    }
+    double idle_since = kiwi_gate_last_activity();
+    if (idle_since < S.granted_at)
+        idle_since = S.granted_at;
+    bool idle = S.stats.hold == KIWI_HOLDING && !S.stats.in_cell && kiwi_cfg.idle_release > 0 &&
+                !want && kiwi_gate_in_flight() == 0 &&
+                kiwi_now() - idle_since >= kiwi_cfg.idle_release;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (idle)
+        release_sequence(false, "idle");
+    if (link_fd >= 0 && atomic_exchange(&working_set_dirty, false)) {
+        struct kiwi_working_set ws;
+        kiwi_memory_working_set(&ws);
+        char fields[96];
+        snprintf(fields, sizeof fields, "\"bytes\":%llu,\"evictable\":%llu",
+                 (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
+        send_request("working_set", fields);
+    }
+}
+
+/* While the daemon is away: releases are trivially done, and after the policy's timeout
+ * work is let through (open) or refused (closed). Returns how long to sleep at most. */
+static double act_offline(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    S.release_done = S.release_asked;
+    double outage = kiwi_now() - S.outage_since;
+    double left = S.policy_timeout - outage;
+    if (left <= 0 && !S.stats.failed_open && !S.stats.failed_closed) {
+        if (S.policy_closed) {
+            S.stats.failed_closed = true;
+            kiwi_warn("no scheduler at %s: GPU work is refused until it is back (fail closed)",
+                      kiwi_cfg.socket_path);
+        } else {
+            S.stats.failed_open = true;
+            kiwi_gate_open();
+            kiwi_warn("no scheduler at %s: GPU work runs unscheduled until it is back "
+                      "(fail open)", kiwi_cfg.socket_path);
+        }
+    }
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    return left > 0 ? left : 1e9;
+}
+
+/* Sleeps until woken, the socket has data, or timeout seconds pass. */
+static void wait_for_news(double timeout)
+{
+    struct pollfd p[2] = {{.fd = wake_pipe[0], .events = POLLIN},
+                          {.fd = link_fd, .events = POLLIN}};
+    int ms = timeout > 3600 ? 3600000 : (int)(timeout * 1000) + 1;
+    if (poll(p, link_fd >= 0 ? 2 : 1, ms) <= 0)
+        return;
+    if (p[0].revents) {
+        char drained[64];
+        while (read(wake_pipe[0], drained, sizeof drained) > 0)
+            ;
+    }
+    if (link_fd >= 0 && p[1].revents && fill(0)) {
+        char line[1024];
+        while (link_fd >= 0 && pop_line(line, sizeof line))
+            handle_line(line);
+    }
+}
+
+static double next_idle_check(void)
+{
+    if (kiwi_cfg.idle_release <= 0)
+        return 1.0;
+    double since = kiwi_gate_last_activity();
+    pthread_mutex_lock(&kiwi_lock);
+    if (since < S.granted_at)
+        since = S.granted_at;
+    bool holding = S.stats.hold == KIWI_HOLDING;
+    pthread_mutex_unlock(&kiwi_lock);
+    double left = since + kiwi_cfg.idle_release - kiwi_now();
+    if (!holding || left > 1.0)
+        return 1.0;
+    return left > 0.001 ? left : 0.001;
+}
+
+static void *comm_main(void *unused)
+{
+    (void)unused;
+    double backoff = 0.05;
+    for (;;) {
+        if (link_fd < 0) {
+            if (connect_and_register()) {
+                backoff = 0.05;
+            } else {
+                double policy_left = act_offline();
+                wait_for_news(backoff < policy_left ? backoff : policy_left);
+                backoff = backoff * 2 < 2.0 ? backoff * 2 : 2.0;
+                continue;
+            }
+        }
+        act();
+        if (link_fd >= 0)
+            wait_for_news(next_idle_check());
+    }
+    return NULL;
+}
+
+/* ---- fork ------------------------------------------------------------------------------ */
+
+static void before_fork(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* The child has no comm thread and must not write on its parent's connection: it starts
+ * afresh, and its first GPU call registers it as a client of its own. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&kiwi_lock, NULL);
+    pthread_cond_init(&kiwi_changed, NULL);
+    pthread_mutex_init(&start_lock, NULL);
+    if (link_fd >= 0)
+        close(link_fd);
+    link_fd = -1;
+    inbox_length = 0;
+    for (int i = 0; i < 2; i++) {
+        if (wake_pipe[i] >= 0)
+            close(wake_pipe[i]);
+        wake_pipe[i] = -1;
+    }
+    bool policy_set = S.policy_set, closed = S.policy_closed;
+    double timeout = S.policy_timeout;
+    memset(&S, 0, sizeof S);
+    S.policy_set = policy_set;
+    S.policy_closed = closed;
+    S.policy_timeout = timeout;
+    atomic_store(&started, false);
+    atomic_store(&working_set_dirty, false);
+    if (!getenv("KIWI_CLIENT_NAME") || !*getenv("KIWI_CLIENT_NAME"))
+        snprintf(kiwi_cfg.name, sizeof kiwi_cfg.name, "%s-%d", program_invocation_short_name,
+                 (int)getpid());
+    kiwi_gate_after_fork();
+    kiwi_memory_after_fork();
+    kiwi_pager_after_fork();
+}
+
+static void register_fork_handlers(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* ---- for the other files ------------------------------------------------------------- */
+
+bool kiwi_comm_started(void)
+{
+    return atomic_load(&started);
+}
+
+void kiwi_comm_start(void)
+{
+    if (!kiwi_cfg.enabled || atomic_load(&started))
+        return;
+    pthread_once(&fork_once, register_fork_handlers);
+    pthread_mutex_lock(&start_lock);
+    if (!atomic_load(&started) && pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        S.outage_since = kiwi_now();
+        if (!S.policy_set) {
+            S.policy_closed = kiwi_cfg.fail_closed;
+            S.policy_timeout = kiwi_cfg.fail_timeout;
+        }
+        pthread_mutex_unlock(&kiwi_lock);
+        /* The thread blocks every signal: a notebook's SIGINT belongs to the main thread. */
+        sigset_t all, previous;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &previous);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_t thread;
+        if (pthread_create(&thread, &attr, comm_main, NULL) == 0)
+            atomic_store(&started, true);
+        else
+            kiwi_warn("could not start the scheduler client thread; GPU work runs unscheduled");
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &previous, NULL);
+        if (!atomic_load(&started)) {
+            pthread_mutex_lock(&kiwi_lock);
+            S.stats.failed_open = true;
+            kiwi_gate_open();
+            pthread_mutex_unlock(&kiwi_lock);
+        }
+    }
+    pthread_mutex_unlock(&start_lock);
+}
+
+void kiwi_comm_waiter(int delta)
+{
+    S.waiters += delta;
+    if (delta > 0)
+        wake();
+}
+
+bool kiwi_comm_refusing(void)
+{
+    return S.stats.failed_closed;
+}
+
+void kiwi_comm_working_set_changed(void)
+{
+    kiwi_comm_start();
+    if (!atomic_exchange(&working_set_dirty, true))
+        wake();
+}
+
+void kiwi_comm_add_waiting_time(double seconds)
+{
+    S.stats.seconds_waiting += seconds;
+}
+
+static void deadline_after(struct timespec *ts, double seconds)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    double whole = (double)ts->tv_nsec * 1e-9 + seconds;
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec = (long)((whole - (double)(time_t)whole) * 1e9);
+}
+
+void kiwi_comm_cell_begin(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.in_cell = true;
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+int kiwi_comm_acquire(double timeout)
+{
+    if (!kiwi_cfg.enabled)
+        return 0;
+    kiwi_comm_start();
+    kiwi_pager_note_context(NULL);
+    double deadline = timeout > 0 ? kiwi_now() + timeout : 0;
+    int result = 0;
+    pthread_mutex_lock(&kiwi_lock);
+    S.acquire_wanted = true;
+    wake();
+    while (S.stats.hold != KIWI_HOLDING && !S.stats.failed_open) {
+        if (S.stats.failed_closed) {
+            result = -1;
+            break;
+        }
+        double left = deadline ? deadline - kiwi_now() : 0.5;
+        if (left <= 0) {
+            result = 1;
+            break;
+        }
+        struct timespec until;
+        deadline_after(&until, left < 0.5 ? left : 0.5);
+        pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &until);
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+    return result;
+}
+
+int kiwi_comm_release(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.in_cell = false;
+    S.acquire_wanted = false;
+    if (!atomic_load(&started)) {
+        pthread_mutex_unlock(&kiwi_lock);
+        return 0;
+    }
+    unsigned asked = ++S.release_asked;
+    wake();
+    while ((int)(S.release_done - asked) < 0) {
+        struct timespec until;
+        deadline_after(&until, 0.5);
+        pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &until);
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+    return 0;
+}
+
+void kiwi_comm_stats(struct kiwi_stats *out)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    *out = S.stats;
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+void kiwi_comm_set_policy(bool fail_closed, double timeout)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    S.policy_set = true;
+    S.policy_closed = fail_closed;
+    S.policy_timeout = timeout > 0 ? timeout : 0;
+    /* A policy change during an outage applies at the next turn of the comm thread. */
+    if (S.stats.failed_open && fail_closed) {
+        S.stats.failed_open = false;
+        kiwi_gate_close();
+    } else if (S.stats.failed_closed && !fail_closed) {
+        S.stats.failed_closed = false;
+    }
+    wake();
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}

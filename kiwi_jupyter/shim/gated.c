@@ -1,0 +1,98 @@
+/* The driver calls that put work on the GPU: kernel launches, graph launches, copies and
+ * memsets. Each waits at the gate until this process holds its GPU, then calls the driver.
+ *
+ * Synchronization calls (cuCtxSynchronize, cuStreamSynchronize, events) are not gated: they
+ * start no work, and a thread waiting on its own earlier work must not be held up by the gate
+ * while the comm thread drains that same work.
+ */
+#include "shim.h"
+
+#define GATED(symbol, params, args)                                        \
+    KIWI_EXPORT CUresult symbol params;                                    \
+    KIWI_EXPORT CUresult symbol params                                     \
+    {                                                                      \
+        typedef CUresult(*real_fn) params;                                 \
+        kiwi_init();                                                       \
+        real_fn real = (real_fn)kiwi_real(HOOK_##symbol);                  \
+        if (!real)                                                         \
+            return CUDA_ERROR_NOT_INITIALIZED;                             \
+        CUresult refused = kiwi_gate_enter();                              \
+        if (refused != CUDA_SUCCESS)                                       \
+            return refused;                                                \
+        CUresult result = real args;                                       \
+        kiwi_gate_exit();                                                  \
+        return result;                                                     \
+    }
+
+/* Both default-stream flavours share one signature; _ptsz/_ptds name the per-thread one. */
+#define GATED2(symbol, suffix, params, args) \
+    GATED(symbol, params, args)              \
+    GATED(symbol##suffix, params, args)
+
+#define LAUNCH_PARAMS                                                               \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+     unsigned bz, unsigned shared, CUstream stream, void **params, void **extra)
+#define LAUNCH_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+#define COOPERATIVE_PARAMS                                                          \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
+     unsigned bz, unsigned shared, CUstream stream, void **params)
+#define COOPERATIVE_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params)
+
+GATED2(cuLaunchKernel, _ptsz, LAUNCH_PARAMS, LAUNCH_ARGS)
+GATED2(cuLaunchKernelEx, _ptsz,
+       (const void *config, CUfunction f, void **params, void **extra),
+       (config, f, params, extra))
+GATED2(cuLaunchCooperativeKernel, _ptsz, COOPERATIVE_PARAMS, COOPERATIVE_ARGS)
+GATED2(cuGraphLaunch, _ptsz, (CUgraphExec graph, CUstream stream), (graph, stream))
+
+GATED2(cuMemcpy, _ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))
+GATED2(cuMemcpyAsync, _ptsz, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s),
+       (dst, src, n, s))
+GATED2(cuMemcpyPeer, _ptds,
+       (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n),
+       (dst, dctx, src, sctx, n))
+GATED2(cuMemcpyPeerAsync, _ptsz,
+       (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n,
+        CUstream s),
+       (dst, dctx, src, sctx, n, s))
+GATED2(cuMemcpyHtoD_v2, _ptds, (CUdeviceptr dst, const void *src, size_t n), (dst, src, n))
+GATED2(cuMemcpyHtoDAsync_v2, _ptsz,
+       (CUdeviceptr dst, const void *src, size_t n, CUstream s), (dst, src, n, s))
+GATED2(cuMemcpyDtoH_v2, _ptds, (void *dst, CUdeviceptr src, size_t n), (dst, src, n))
+GATED2(cuMemcpyDtoHAsync_v2, _ptsz, (void *dst, CUdeviceptr src, size_t n, CUstream s),
+       (dst, src, n, s))
+GATED2(cuMemcpyDtoD_v2, _ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))
+GATED2(cuMemcpyDtoDAsync_v2, _ptsz,
+       (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s))
+GATED2(cuMemcpy2D_v2, _ptds, (const void *copy), (copy))
+GATED2(cuMemcpy2DUnaligned_v2, _ptds, (const void *copy), (copy))
+GATED2(cuMemcpy2DAsync_v2, _ptsz, (const void *copy, CUstream s), (copy, s))
+GATED2(cuMemcpy3D_v2, _ptds, (const void *copy), (copy))
+GATED2(cuMemcpy3DAsync_v2, _ptsz, (const void *copy, CUstream s), (copy, s))
+GATED2(cuMemcpy3DPeer, _ptds, (const void *copy), (copy))
+GATED2(cuMemcpy3DPeerAsync, _ptsz, (const void *copy, CUstream s), (copy, s))
+
+GATED2(cuMemsetD8_v2, _ptds, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))
+GATED2(cuMemsetD16_v2, _ptds, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n))
+GATED2(cuMemsetD32_v2, _ptds, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))
+GATED2(cuMemsetD2D8_v2, _ptds,
+       (CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h), (d, pitch, v, w, h))
+GATED2(cuMemsetD2D16_v2, _ptds,
+       (CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h), (d, pitch, v, w, h))
+GATED2(cuMemsetD2D32_v2, _ptds,
+       (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h), (d, pitch, v, w, h))
+GATED2(cuMemsetD8Async, _ptsz, (CUdeviceptr d, unsigned char v, size_t n, CUstream s),
+       (d, v, n, s))
+GATED2(cuMemsetD16Async, _ptsz, (CUdeviceptr d, unsigned short v, size_t n, CUstream s),
+       (d, v, n, s))
+GATED2(cuMemsetD32Async, _ptsz, (CUdeviceptr d, unsigned int v, size_t n, CUstream s),
+       (d, v, n, s))
+GATED2(cuMemsetD2D8Async, _ptsz,
+       (CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s),
+       (d, pitch, v, w, h, s))
+GATED2(cuMemsetD2D16Async, _ptsz,
+       (CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s),
+       (d, pitch, v, w, h, s))
+GATED2(cuMemsetD2D32Async, _ptsz,
+       (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s),
+       (d, pitch, v, w, h, s))

@@ -1,0 +1,110 @@
+/* Every driver entry point the shim replaces, in one list.
+ *
+ * X(symbol, base, version, per_thread):
+ *   symbol      the name libcuda exports, and the name of the shim's replacement;
+ *   base        the name a caller passes to cuGetProcAddress, which picks the variant by version;
+ *   version     the first CUDA version (1000 * major + 10 * minor) for which base means symbol;
+ *   per_thread  1 for the _ptsz/_ptds variant, handed out when the caller asks for the
+ *               per-thread default stream (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).
+ *
+ * base/version/per_thread are only a fallback: cuGetProcAddress answers are matched first by
+ * address against what dlsym finds for each symbol (see hook.c).
+ */
+#ifndef KIWI_SHIM_HOOKS_H
+#define KIWI_SHIM_HOOKS_H
+
+#define KIWI_PROC_HOOKS(X)                                                \
+    X(cuGetProcAddress, "cuGetProcAddress", 11030, 0)                     \
+    X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)
+
+#define KIWI_MEMORY_HOOKS(X)                                              \
+    X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                               \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                     \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0)                    \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0)                       \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1)                  \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0)       \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1)  \
+    X(cuMemFree_v2, "cuMemFree", 3020, 0)                                 \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0)                         \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                    \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                           \
+    X(cuMemCreate, "cuMemCreate", 10020, 0)                               \
+    X(cuMemRelease, "cuMemRelease", 10020, 0)
+
+/* Work that runs on the GPU: it waits at the gate until this process holds its GPU. */
+#define KIWI_GATED_HOOKS(X)                                               \
+    X(cuLaunchKernel, "cuLaunchKernel", 4000, 0)                          \
+    X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1)                     \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0)                     \
+    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                \
+    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)    \
+    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1) \
+    X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                           \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                      \
+    X(cuMemcpy, "cuMemcpy", 4000, 0)                                      \
+    X(cuMemcpy_ptds, "cuMemcpy", 7000, 1)                                 \
+    X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0)                            \
+    X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1)                       \
+    X(cuMemcpyPeer, "cuMemcpyPeer", 4000, 0)                              \
+    X(cuMemcpyPeer_ptds, "cuMemcpyPeer", 7000, 1)                         \
+    X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, 0)                    \
+    X(cuMemcpyPeerAsync_ptsz, "cuMemcpyPeerAsync", 7000, 1)               \
+    X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, 0)                           \
+    X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1)                      \
+    X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0)                 \
+    X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1)            \
+    X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 3020, 0)                           \
+    X(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", 7000, 1)                      \
+    X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", 3020, 0)                 \
+    X(cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync", 7000, 1)            \
+    X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                           \
+    X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1)                      \
+    X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, 0)                 \
+    X(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, 1)            \
+    X(cuMemcpy2D_v2, "cuMemcpy2D", 3020, 0)                               \
+    X(cuMemcpy2D_v2_ptds, "cuMemcpy2D", 7000, 1)                          \
+    X(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, 0)             \
+    X(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, 1)        \
+    X(cuMemcpy2DAsync_v2, "cuMemcpy2DAsync", 3020, 0)                     \
+    X(cuMemcpy2DAsync_v2_ptsz, "cuMemcpy2DAsync", 7000, 1)                \
+    X(cuMemcpy3D_v2, "cuMemcpy3D", 3020, 0)                               \
+    X(cuMemcpy3D_v2_ptds, "cuMemcpy3D", 7000, 1)                          \
+    X(cuMemcpy3DAsync_v2, "cuMemcpy3DAsync", 3020, 0)                     \
+    X(cuMemcpy3DAsync_v2_ptsz, "cuMemcpy3DAsync", 7000, 1)                \
+    X(cuMemcpy3DPeer, "cuMemcpy3DPeer", 4000, 0)                          \
+    X(cuMemcpy3DPeer_ptds, "cuMemcpy3DPeer", 7000, 1)                     \
+    X(cuMemcpy3DPeerAsync, "cuMemcpy3DPeerAsync", 4000, 0)                \
+    X(cuMemcpy3DPeerAsync_ptsz, "cuMemcpy3DPeerAsync", 7000, 1)           \
+    X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0)                               \
+    X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1)                          \
+    X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0)                             \
+    X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1)                        \
+    X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0)                             \
+    X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1)                        \
+    X(cuMemsetD2D8_v2, "cuMemsetD2D8", 3020, 0)                           \
+    X(cuMemsetD2D8_v2_ptds, "cuMemsetD2D8", 7000, 1)                      \
+    X(cuMemsetD2D16_v2, "cuMemsetD2D16", 3020, 0)                         \
+    X(cuMemsetD2D16_v2_ptds, "cuMemsetD2D16", 7000, 1)                    \
+    X(cuMemsetD2D32_v2, "cuMemsetD2D32", 3020, 0)                         \
+    X(cuMemsetD2D32_v2_ptds, "cuMemsetD2D32", 7000, 1)                    \
+    X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0)                        \
+    X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1)                   \
+    X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0)                      \
+    X(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, 1)                 \
+    X(cuMemsetD32Async, "cuMemsetD32Async", 3020, 0)                      \
+    X(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, 1)                 \
+    X(cuMemsetD2D8Async, "cuMemsetD2D8Async", 3020, 0)                    \
+    X(cuMemsetD2D8Async_ptsz, "cuMemsetD2D8Async", 7000, 1)               \
+    X(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, 0)                  \
+    X(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, 1)             \
+    X(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, 0)                  \
+    X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)
+
+#define KIWI_HOOKS(X) KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_GATED_HOOKS(X)
+
+#define KIWI_HOOK_ID(symbol, base, version, per_thread) HOOK_##symbol,
+enum kiwi_hook_id { KIWI_HOOKS(KIWI_HOOK_ID) KIWI_HOOK_COUNT };
+#undef KIWI_HOOK_ID
+
+#endif

@@ -1,0 +1,385 @@
+/* GPU memory: allocations become managed memory, and every one is counted.
+ *
+ * Managed memory (cuMemAllocManaged) is what lets each process see the whole GPU and still be
+ * paged out: its pages can live on the GPU or in host memory, and the pager moves them with
+ * prefetches when the GPU changes hands. A device pointer to managed memory works everywhere a
+ * device pointer does, so the process cannot tell the difference.
+ *
+ * The table of allocations is the working set the shim reports to the daemon (so that the
+ * daemon knows whether two holders fit side by side) and the list of ranges the pager moves.
+ * VMM allocations (cuMemCreate) cannot be converted: they are counted, and reported as not
+ * evictable.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+enum allocation_kind { MANAGED, VMM };
+
+struct allocation {
+    struct allocation *next;
+    uint64_t key; /* device pointer, or VMM handle */
+    size_t size;
+    enum allocation_kind kind;
+    CUcontext ctx;
+    CUdevice device;
+};
+
+#define BUCKETS 4096
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct allocation *table[BUCKETS];
+static uint64_t managed_bytes, vmm_bytes, allocation_count;
+static _Atomic uint64_t device_total; /* cached cuDeviceTotalMem of the first device seen */
+
+static size_t bucket(uint64_t key, enum allocation_kind kind)
+{
+    uint64_t h = (key ^ (uint64_t)kind) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 52) % BUCKETS;
+}
+
+/* ---- limit ---------------------------------------------------------------------------- */
+
+static uint64_t gpu_total(CUdevice device)
+{
+    if (device_total)
+        return device_total;
+    typedef CUresult (*total_fn)(size_t *, CUdevice);
+    total_fn total = (total_fn)kiwi_driver_sym("cuDeviceTotalMem_v2");
+    size_t bytes = 0;
+    if (total && device >= 0 && total(&bytes, device) == CUDA_SUCCESS)
+        device_total = bytes;
+    return device_total;
+}
+
+uint64_t kiwi_memory_limit(void)
+{
+    uint64_t total = device_total;
+    uint64_t limit = kiwi_cfg.memory_limit;
+    if (limit && (!total || limit < total))
+        return limit;
+    return total;
+}
+
+/* Reserves size bytes against the limit before the driver is asked, so that two threads
+ * allocating at once cannot both squeeze under it. */
+static bool reserve(size_t size, enum allocation_kind kind, CUdevice device)
+{
+    gpu_total(device);
+    pthread_mutex_lock(&table_lock);
+    uint64_t limit = kiwi_memory_limit();
+    uint64_t used = managed_bytes + vmm_bytes;
+    bool fits = !limit || (used <= limit && size <= limit - used);
+    if (fits) {
+        if (kind == MANAGED)
+            managed_bytes += size;
+        else
+            vmm_bytes += size;
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (!fits)
+        kiwi_log("allocation of %zu bytes refused: %llu of %llu in use", size,
+                 (unsigned long long)used, (unsigned long long)limit);
+    return fits;
+}
+
+static void unreserve(size_t size, enum allocation_kind kind)
+{
+    pthread_mutex_lock(&table_lock);
+    if (kind == MANAGED)
+        managed_bytes -= size;
+    else
+        vmm_bytes -= size;
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* ---- table ---------------------------------------------------------------------------- */
+
+static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                  CUdevice device)
+{
+    struct allocation *a = malloc(sizeof *a);
+    if (!a) {
+        /* The allocation still works; it is only missing from the pager's list. */
+        kiwi_warn("out of host memory tracking an allocation of %zu bytes", size);
+        return;
+    }
+    *a = (struct allocation){.key = key, .size = size, .kind = kind, .ctx = ctx,
+                             .device = device};
+    pthread_mutex_lock(&table_lock);
+    size_t b = bucket(key, kind);
+    a->next = table[b];
+    table[b] = a;
+    allocation_count++;
+    pthread_mutex_unlock(&table_lock);
+    kiwi_comm_working_set_changed();
+}
+
+/* Forgets an allocation; returns false when the shim never saw it. */
+static bool untrack(uint64_t key, enum allocation_kind kind)
+{
+    bool found = false;
+    pthread_mutex_lock(&table_lock);
+    for (struct allocation **p = &table[bucket(key, kind)]; *p; p = &(*p)->next) {
+        struct allocation *a = *p;
+        if (a->key != key || a->kind != kind)
+            continue;
+        *p = a->next;
+        if (kind == MANAGED)
+            managed_bytes -= a->size;
+        else
+            vmm_bytes -= a->size;
+        allocation_count--;
+        free(a);
+        found = true;
+        break;
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (found)
+        kiwi_comm_working_set_changed();
+    return found;
+}
+
+void kiwi_memory_working_set(struct kiwi_working_set *out)
+{
+    pthread_mutex_lock(&table_lock);
+    out->bytes = managed_bytes + vmm_bytes;
+    out->evictable = managed_bytes;
+    out->allocations = allocation_count;
+    pthread_mutex_unlock(&table_lock);
+}
+
+void kiwi_memory_each_managed(kiwi_allocation_fn fn, void *arg)
+{
+    pthread_mutex_lock(&table_lock);
+    for (size_t b = 0; b < BUCKETS; b++)
+        for (struct allocation *a = table[b]; a; a = a->next)
+            if (a->kind == MANAGED)
+                fn((CUdeviceptr)a->key, a->size, a->ctx, a->device, arg);
+    pthread_mutex_unlock(&table_lock);
+}
+
+void kiwi_memory_after_fork(void)
+{
+    /* A forked child cannot use its parent's CUDA context, so it owns none of these. */
+    pthread_mutex_init(&table_lock, NULL);
+    for (size_t b = 0; b < BUCKETS; b++) {
+        while (table[b]) {
+            struct allocation *a = table[b];
+            table[b] = a->next;
+            free(a);
+        }
+    }
+    managed_bytes = vmm_bytes = allocation_count = 0;
+}
+
+/* ---- allocation ----------------------------------------------------------------------- */
+
+typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned int);
+
+/* Allocates size bytes of managed memory in place of device memory, within the limit. */
+static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    alloc_managed_fn real = (alloc_managed_fn)kiwi_real(HOOK_cuMemAllocManaged);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    if (!reserve(size, MANAGED, device))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult result = real(dptr, size, flags);
+    if (result != CUDA_SUCCESS) {
+        unreserve(size, MANAGED);
+        return result;
+    }
+    track(*dptr, size, MANAGED, ctx, device);
+    kiwi_log("managed allocation of %zu bytes at 0x%llx", size, (unsigned long long)*dptr);
+    return CUDA_SUCCESS;
+}
+
+KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    kiwi_init();
+    if (!kiwi_cfg.enabled) {
+        alloc_managed_fn real = (alloc_managed_fn)kiwi_real(HOOK_cuMemAllocManaged);
+        return real ? real(dptr, size, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    return allocate_managed(dptr, size, flags);
+}
+
+KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    kiwi_init();
+    if (!kiwi_cfg.enabled) {
+        typedef CUresult (*fn)(CUdeviceptr *, size_t);
+        fn real = (fn)kiwi_real(HOOK_cuMemAlloc_v2);
+        return real ? real(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);
+}
+
+/* The driver pads pitched rows for texture hardware; 512 bytes satisfies every GPU's
+ * CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT. */
+#define PITCH_ALIGNMENT 512
+
+KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                        size_t height, unsigned int element_size)
+{
+    kiwi_init();
+    if (!kiwi_cfg.enabled) {
+        typedef CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+        fn real = (fn)kiwi_real(HOOK_cuMemAllocPitch_v2);
+        return real ? real(dptr, pitch, width, height, element_size)
+                    : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if (!dptr || !pitch || !width || !height ||
+        (element_size != 4 && element_size != 8 && element_size != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t row = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    if (height > SIZE_MAX / row)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult result = allocate_managed(dptr, row * height, CU_MEM_ATTACH_GLOBAL);
+    if (result == CUDA_SUCCESS)
+        *pitch = row;
+    return result;
+}
+
+/* Stream-ordered allocations: managed memory is usable at once, which is at least as early as
+ * the stream would have made it usable, so the stream is not needed to allocate. */
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+
+#define ALLOC_ASYNC(symbol)                                                    \
+    KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
+    {                                                                          \
+        kiwi_init();                                                           \
+        if (!kiwi_cfg.enabled) {                                               \
+            alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
+            return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
+        }                                                                      \
+        return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);             \
+    }
+#define ALLOC_FROM_POOL(symbol)                                                           \
+    KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,        \
+                                CUstream s)                                               \
+    {                                                                                     \
+        kiwi_init();                                                                      \
+        if (!kiwi_cfg.enabled) {                                                          \
+            alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
+            return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
+        }                                                                                 \
+        return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                        \
+    }
+
+ALLOC_ASYNC(cuMemAllocAsync)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
+ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
+
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+
+KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    kiwi_init();
+    free_fn real = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = real(dptr);
+    if (result == CUDA_SUCCESS)
+        untrack(dptr, MANAGED);
+    return result;
+}
+
+/* A stream-ordered free of memory the shim made managed: the stream's earlier work may still
+ * use it, so wait for the stream, then free at once. (The cost is one stream synchronization
+ * per free; PyTorch's and CuPy's caching allocators free rarely.) */
+#define FREE_ASYNC(symbol)                                                               \
+    KIWI_EXPORT CUresult symbol(CUdeviceptr dptr, CUstream s)                            \
+    {                                                                                    \
+        kiwi_init();                                                                     \
+        free_async_fn real = (free_async_fn)kiwi_real(HOOK_##symbol);                    \
+        free_fn free_now = (free_fn)kiwi_real(HOOK_cuMemFree_v2);                        \
+        if (!real || !free_now)                                                          \
+            return CUDA_ERROR_NOT_INITIALIZED;                                           \
+        if (!untrack(dptr, MANAGED))                                                     \
+            return real(dptr, s);                                                        \
+        typedef CUresult (*sync_fn)(CUstream);                                           \
+        sync_fn sync = (sync_fn)kiwi_driver_sym("cuStreamSynchronize");                  \
+        CUresult result = sync ? sync(s) : CUDA_ERROR_NOT_INITIALIZED;                   \
+        return result == CUDA_SUCCESS ? free_now(dptr) : result;                         \
+    }
+
+FREE_ASYNC(cuMemFreeAsync)
+FREE_ASYNC(cuMemFreeAsync_ptsz)
+
+/* What this process may use: the whole GPU, or KIWI_GPU_MEMORY_LIMIT, less what it already
+ * allocated. Memory other processes hold does not count: it is paged out when this process
+ * holds the GPU. */
+KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    kiwi_init();
+    typedef CUresult (*fn)(size_t *, size_t *);
+    fn real = (fn)kiwi_real(HOOK_cuMemGetInfo_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t real_free = 0, real_total = 0;
+    CUresult result = real(&real_free, &real_total);
+    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled) {
+        if (free_bytes)
+            *free_bytes = real_free;
+        if (total_bytes)
+            *total_bytes = real_total;
+        return result;
+    }
+    if (!device_total)
+        device_total = real_total;
+    struct kiwi_working_set used;
+    kiwi_memory_working_set(&used);
+    uint64_t total = kiwi_memory_limit();
+    if (free_bytes)
+        *free_bytes = used.bytes < total ? (size_t)(total - used.bytes) : 0;
+    if (total_bytes)
+        *total_bytes = (size_t)total;
+    return CUDA_SUCCESS;
+}
+
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const void *,
+                              unsigned long long);
+
+KIWI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                 const void *prop, unsigned long long flags)
+{
+    kiwi_init();
+    create_fn real = (create_fn)kiwi_real(HOOK_cuMemCreate);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!kiwi_cfg.enabled)
+        return real(handle, size, prop, flags);
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    if (!reserve(size, VMM, device))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult result = real(handle, size, prop, flags);
+    if (result != CUDA_SUCCESS) {
+        unreserve(size, VMM);
+        return result;
+    }
+    track(*handle, size, VMM, ctx, device);
+    return CUDA_SUCCESS;
+}
+
+KIWI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    kiwi_init();
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle);
+    fn real = (fn)kiwi_real(HOOK_cuMemRelease);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = real(handle);
+    if (result == CUDA_SUCCESS)
+        untrack(handle, VMM);
+    return result;
+}

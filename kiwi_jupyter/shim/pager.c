@@ -1,0 +1,196 @@
+/* Paging: giving the GPU's memory back, and taking it again.
+ *
+ * nvshare leaves this to page faults: the next holder faults its pages in one by one and the
+ * driver evicts the previous holder's pages to make room, at a fraction of the link's speed.
+ * The shim moves the whole working set with cuMemPrefetchAsync instead: out to host memory
+ * before it releases the GPU (only when the daemon says the next holder needs the room), and
+ * back to the GPU when a grant arrives, before any work resumes. Prefetches run on streams of
+ * the pager's own, one per context, so they never wait behind (or hold up) the process's
+ * streams, and they are bulk copies at link speed.
+ *
+ * All of this runs on the comm thread, which is not a thread CUDA knows: it makes each
+ * context current itself before it synchronizes or prefetches in it.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "shim.h"
+
+#define MAX_CONTEXTS 16
+
+struct context {
+    CUcontext ctx;
+    CUdevice device;
+    CUstream stream; /* the pager's own, created on first use */
+};
+
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct context contexts[MAX_CONTEXTS];
+static int context_count;
+
+typedef CUresult (*ctx_get_fn)(CUcontext *);
+typedef CUresult (*ctx_set_fn)(CUcontext);
+typedef CUresult (*ctx_device_fn)(CUdevice *);
+typedef CUresult (*sync_fn)(void);
+typedef CUresult (*stream_create_fn)(CUstream *, unsigned int);
+typedef CUresult (*stream_sync_fn)(CUstream);
+typedef CUresult (*prefetch_fn)(CUdeviceptr, size_t, CUdevice, CUstream);
+/* CUDA 12.2 added cuMemPrefetchAsync_v2, which names the destination with a CUmemLocation;
+ * CUDA 13 headers map cuMemPrefetchAsync to it. The driver exports both; v1 is preferred. */
+struct mem_location {
+    int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1, _HOST = 2 */
+    int id;
+};
+typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, struct mem_location, unsigned int,
+                                   CUstream);
+
+static struct {
+    ctx_get_fn ctx_get;
+    ctx_set_fn ctx_set;
+    ctx_device_fn ctx_device;
+    sync_fn ctx_sync;
+    stream_create_fn stream_create;
+    stream_sync_fn stream_sync;
+    prefetch_fn prefetch;
+    prefetch_v2_fn prefetch_v2;
+} driver;
+
+static bool resolve(void)
+{
+    if (!driver.ctx_get) {
+        driver.ctx_device = (ctx_device_fn)kiwi_driver_sym("cuCtxGetDevice");
+        driver.ctx_set = (ctx_set_fn)kiwi_driver_sym("cuCtxSetCurrent");
+        driver.ctx_sync = (sync_fn)kiwi_driver_sym("cuCtxSynchronize");
+        driver.stream_create = (stream_create_fn)kiwi_driver_sym("cuStreamCreate");
+        driver.stream_sync = (stream_sync_fn)kiwi_driver_sym("cuStreamSynchronize");
+        driver.prefetch = (prefetch_fn)kiwi_driver_sym("cuMemPrefetchAsync");
+        driver.prefetch_v2 = (prefetch_v2_fn)kiwi_driver_sym("cuMemPrefetchAsync_v2");
+        driver.ctx_get = (ctx_get_fn)kiwi_driver_sym("cuCtxGetCurrent");
+    }
+    return driver.ctx_get != NULL;
+}
+
+CUcontext kiwi_pager_note_context(CUdevice *device)
+{
+    if (!resolve())
+        return NULL;
+    CUcontext ctx = NULL;
+    if (driver.ctx_get(&ctx) != CUDA_SUCCESS || !ctx)
+        return NULL;
+    CUdevice dev = -1;
+    pthread_mutex_lock(&contexts_lock);
+    int i = 0;
+    while (i < context_count && contexts[i].ctx != ctx)
+        i++;
+    if (i < context_count) {
+        dev = contexts[i].device;
+    } else if (driver.ctx_device && driver.ctx_device(&dev) == CUDA_SUCCESS &&
+               context_count < MAX_CONTEXTS) {
+        contexts[context_count++] = (struct context){.ctx = ctx, .device = dev};
+    }
+    pthread_mutex_unlock(&contexts_lock);
+    if (device)
+        *device = dev;
+    return ctx;
+}
+
+void kiwi_pager_synchronize(void)
+{
+    if (!resolve() || !driver.ctx_set || !driver.ctx_sync)
+        return;
+    pthread_mutex_lock(&contexts_lock);
+    for (int i = 0; i < context_count; i++) {
+        if (driver.ctx_set(contexts[i].ctx) != CUDA_SUCCESS)
+            continue;
+        CUresult result = driver.ctx_sync();
+        if (result != CUDA_SUCCESS)
+            kiwi_warn("synchronizing before release failed: CUDA error %d", result);
+    }
+    pthread_mutex_unlock(&contexts_lock);
+}
+
+struct move {
+    bool to_host;
+    uint64_t bytes;
+    int failures;
+};
+
+static struct context *context_of(CUcontext ctx)
+{
+    for (int i = 0; i < context_count; i++)
+        if (contexts[i].ctx == ctx)
+            return &contexts[i];
+    return NULL;
+}
+
+static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream stream)
+{
+    if (driver.prefetch)
+        return driver.prefetch(ptr, size, device, stream);
+    if (driver.prefetch_v2) {
+        struct mem_location where = {device == CU_DEVICE_CPU ? 2 : 1,
+                                     device == CU_DEVICE_CPU ? 0 : device};
+        return driver.prefetch_v2(ptr, size, where, 0, stream);
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+static void move_one(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice device, void *arg)
+{
+    struct move *move = arg;
+    struct context *c = context_of(ctx);
+    if (!c || driver.ctx_set(c->ctx) != CUDA_SUCCESS) {
+        move->failures++;
+        return;
+    }
+    if (!c->stream && driver.stream_create(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        c->stream = NULL;
+        move->failures++;
+        return;
+    }
+    CUresult result = prefetch(ptr, size, move->to_host ? CU_DEVICE_CPU : device, c->stream);
+    if (result == CUDA_SUCCESS)
+        move->bytes += size;
+    else
+        move->failures++;
+}
+
+static void move_working_set(bool to_host, struct kiwi_transfer *moved)
+{
+    *moved = (struct kiwi_transfer){0};
+    if (!resolve() || !driver.ctx_set || !driver.stream_create || !driver.stream_sync)
+        return;
+    double started = kiwi_now();
+    struct move move = {.to_host = to_host};
+    pthread_mutex_lock(&contexts_lock);
+    kiwi_memory_each_managed(move_one, &move);
+    for (int i = 0; i < context_count; i++) {
+        if (contexts[i].stream && driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)
+            driver.stream_sync(contexts[i].stream);
+    }
+    pthread_mutex_unlock(&contexts_lock);
+    if (move.failures)
+        kiwi_warn("%d prefetches %s failed; those pages move on demand instead", move.failures,
+                  to_host ? "to host memory" : "to the GPU");
+    moved->bytes = move.bytes;
+    moved->seconds = kiwi_now() - started;
+    kiwi_log("moved %llu bytes %s in %.6f s", (unsigned long long)move.bytes,
+             to_host ? "to host memory" : "to the GPU", moved->seconds);
+}
+
+void kiwi_pager_evict(struct kiwi_transfer *moved)
+{
+    move_working_set(true, moved);
+}
+
+void kiwi_pager_restore(struct kiwi_transfer *moved)
+{
+    move_working_set(false, moved);
+}
+
+void kiwi_pager_after_fork(void)
+{
+    pthread_mutex_init(&contexts_lock, NULL);
+    memset(contexts, 0, sizeof contexts);
+    context_count = 0;
+}

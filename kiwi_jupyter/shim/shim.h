@@ -1,0 +1,173 @@
+/* What the shim's files share. Each .c file is one concern:
+ *
+ *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
+ *   memory.c  allocations become managed memory; accounting; the memory limit; cuMemGetInfo
+ *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
+ *   gate.c    the gate itself: work waits there until this process holds its GPU
+ *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
+ *   comm.c    the daemon client, on a thread of its own; the hold's state machine
+ *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
+ *   config.c  environment variables, read once
+ *   api.c     the small C API the kernel hook calls through ctypes
+ */
+#ifndef KIWI_SHIM_H
+#define KIWI_SHIM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "driver.h"
+#include "hooks.h"
+
+#define KIWI_EXPORT __attribute__((visibility("default")))
+#define KIWI_SHIM_VERSION "0.1.0"
+
+/* ---- config.c ---------------------------------------------------------------------------- */
+
+struct kiwi_config {
+    bool enabled;            /* KIWI_SHIM != 0 */
+    uint64_t memory_limit;   /* KIWI_GPU_MEMORY_LIMIT in bytes; 0 = the whole GPU */
+    double idle_release;     /* KIWI_IDLE_RELEASE seconds outside cells; 0 = never */
+    bool fail_closed;        /* KIWI_FAIL_POLICY=closed */
+    double fail_timeout;     /* KIWI_FAIL_TIMEOUT: an outage this long triggers the policy */
+    bool log;                /* KIWI_SHIM_LOG=1: say what the shim does on stderr */
+    int gpu;                 /* KIWI_GPU, else the first CUDA_VISIBLE_DEVICES index, else 0 */
+    char socket_path[108];   /* KIWI_SOCKET */
+    char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
+    char pool[64];           /* KIWI_POOL */
+    char priority[16];       /* KIWI_PRIORITY */
+};
+
+extern struct kiwi_config kiwi_cfg;
+
+/* Reads the environment once; every entry point calls it first. Cheap after the first call. */
+void kiwi_init(void);
+/* Parses "8GiB", "512MiB", "80GB" or a byte count; returns false when it is none of those. */
+bool kiwi_parse_size(const char *text, uint64_t *bytes);
+double kiwi_now(void); /* CLOCK_MONOTONIC seconds */
+void kiwi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void kiwi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- hook.c ------------------------------------------------------------------------------ */
+
+/* The driver's own function for a hooked symbol, or NULL when no driver is loaded. */
+void *kiwi_real(enum kiwi_hook_id id);
+/* The driver's function for any other symbol the shim calls itself (cuCtxSynchronize, ...). */
+void *kiwi_driver_sym(const char *symbol);
+
+/* ---- gate.c ------------------------------------------------------------------------------ */
+
+/* Around every gated call. enter returns CUDA_SUCCESS when the call may run, or the error the
+ * call must return instead (fail-closed policy while the daemon is unreachable). */
+CUresult kiwi_gate_enter(void);
+void kiwi_gate_exit(void);
+/* For the comm thread: open lets work through; close admits no new work; drain waits until
+ * the calls already inside have returned. */
+void kiwi_gate_open(void);
+void kiwi_gate_close(void);
+void kiwi_gate_drain(void);
+double kiwi_gate_last_activity(void);
+int kiwi_gate_in_flight(void);
+void kiwi_gate_after_fork(void);
+
+/* ---- memory.c ---------------------------------------------------------------------------- */
+
+struct kiwi_working_set {
+    uint64_t bytes;      /* everything this process allocated on the GPU through the driver */
+    uint64_t evictable;  /* the managed part, which can be paged out to host memory */
+    uint64_t allocations;
+};
+
+void kiwi_memory_working_set(struct kiwi_working_set *out);
+uint64_t kiwi_memory_limit(void); /* what this process may use; 0 while unknown */
+
+/* Calls fn for each managed allocation, under the allocation table's lock. */
+typedef void (*kiwi_allocation_fn)(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice device,
+                                   void *arg);
+void kiwi_memory_each_managed(kiwi_allocation_fn fn, void *arg);
+void kiwi_memory_after_fork(void);
+
+/* ---- pager.c ----------------------------------------------------------------------------- */
+
+struct kiwi_transfer {
+    uint64_t bytes;
+    double seconds;
+};
+
+/* Remembers the calling thread's current context, so that the comm thread can synchronize it
+ * and prefetch in it; returns it (NULL when none is current). */
+CUcontext kiwi_pager_note_context(CUdevice *device);
+/* Waits for all work this process queued on the GPU. */
+void kiwi_pager_synchronize(void);
+/* Moves the managed working set to host memory (evict) or back to its GPU (restore) with
+ * prefetches on the pager's own streams, and waits for them. */
+void kiwi_pager_evict(struct kiwi_transfer *moved);
+void kiwi_pager_restore(struct kiwi_transfer *moved);
+void kiwi_pager_after_fork(void);
+
+/* ---- comm.c ------------------------------------------------------------------------------ */
+
+enum kiwi_hold { KIWI_IDLE, KIWI_WAITING, KIWI_HOLDING, KIWI_RELEASING };
+
+struct kiwi_stats {
+    bool connected;
+    bool failed_open;        /* the daemon is unreachable and the policy lets work through */
+    bool failed_closed;      /* the daemon is unreachable and the policy refuses work */
+    bool in_cell;
+    bool evicted;            /* the working set is in host memory now */
+    enum kiwi_hold hold;
+    int queue_position;      /* 0 when not waiting */
+    char client[32];         /* the daemon's id for this process */
+    char mode[8];
+    double quantum;
+    uint64_t grants, drops, revokes, releases;
+    uint64_t evictions, bytes_evicted;
+    double seconds_evicting;
+    uint64_t restores, bytes_restored;
+    double seconds_restoring;
+    double seconds_waiting;  /* time gated calls spent waiting for the GPU */
+};
+
+/* The one lock around the hold's state; kiwi_changed is broadcast whenever it changes. */
+extern pthread_mutex_t kiwi_lock;
+extern pthread_cond_t kiwi_changed;
+
+/* Starts the daemon client's thread the first time the process does GPU work. */
+void kiwi_comm_start(void);
+bool kiwi_comm_started(void);
+/* Under kiwi_lock: a gated call starts or stops waiting for the GPU. */
+void kiwi_comm_waiter(int delta);
+/* Under kiwi_lock: is this call refused (fail-closed outage)? */
+bool kiwi_comm_refusing(void);
+/* The allocation totals changed: report them to the daemon soon. */
+void kiwi_comm_working_set_changed(void);
+void kiwi_comm_add_waiting_time(double seconds);
+
+/* For api.c. */
+void kiwi_comm_cell_begin(void);
+int kiwi_comm_acquire(double timeout);
+int kiwi_comm_release(void);
+void kiwi_comm_stats(struct kiwi_stats *out);
+void kiwi_comm_set_policy(bool fail_closed, double timeout);
+
+/* ---- wire.c ------------------------------------------------------------------------------ */
+
+/* A value of a flat JSON object: points into the line; strings are not unescaped. */
+struct kiwi_json_value {
+    const char *start;
+    size_t length;
+    char kind; /* 's' string (without quotes), 'n' number, 't' true, 'f' false, 'z' null,
+                  'o' object or array (skipped) */
+};
+
+bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *out);
+bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size);
+bool kiwi_json_number(const char *line, const char *key, double *out);
+bool kiwi_json_true(const char *line, const char *key);
+/* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */
+bool kiwi_json_quote(char *buf, size_t size, const char *text);
+
+#endif

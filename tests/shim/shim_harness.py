@@ -1,0 +1,151 @@
+"""Test-side helpers: build the fake libcuda, start shimmed workloads, read the fake's log."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def build_fake_cuda(directory: Path) -> Path:
+    """Compile tests/shim/fake_cuda.c into directory/libcuda.so.1."""
+    output = directory / "libcuda.so.1"
+    subprocess.run(
+        ["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror",
+         "-o", str(output), str(HERE / "fake_cuda.c"), "-lpthread"],
+        check=True, capture_output=True, text=True)
+    return output
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll until condition() is truthy; its value, or AssertionError after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class CudaLog:
+    """The fake libcuda's record of calls: one line per call, in order."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def lines(self) -> list[str]:
+        try:
+            return self.path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def calls(self, name: str) -> list[str]:
+        return [line for line in self.lines() if line.split(" ", 1)[0] == name]
+
+    def names(self) -> list[str]:
+        return [line.split(" ", 1)[0] for line in self.lines()]
+
+    def clear(self) -> None:
+        self.path.write_text("")
+
+
+class Pending:
+    def __init__(self, workload: Workload, request_id: int) -> None:
+        self.workload = workload
+        self.id = request_id
+
+    def done(self) -> bool:
+        return self.id in self.workload.replies
+
+    def result(self, timeout: float = 10.0) -> Any:
+        return self.workload.wait_reply(self.id, timeout)
+
+
+class Workload:
+    """A Python process with the shim preloaded, driving the fake libcuda (workload.py)."""
+
+    def __init__(self, shim: Path, fake_cuda: Path, log: Path, env: dict[str, str]) -> None:
+        self.log = CudaLog(log)
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
+        environment.update({
+            "LD_PRELOAD": str(shim),
+            "FAKE_CUDA_LOG": str(log),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]),
+            "PYTHONUNBUFFERED": "1",
+            "KIWI_IDLE_RELEASE": "0",
+        })
+        environment.update(env)
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "workload.py"), str(fake_cuda)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=environment)
+        self.replies: dict[int, dict[str, Any]] = {}
+        self._arrived: queue.Queue[int] = queue.Queue()
+        self._next_id = 0
+        self.stderr: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout
+        for line in self.process.stdout:
+            reply = json.loads(line)
+            self.replies[reply["id"]] = reply
+            self._arrived.put(reply["id"])
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr
+        for line in self.process.stderr:
+            self.stderr.append(line)
+
+    def _send(self, expr: str, background: bool) -> int:
+        self._next_id += 1
+        assert self.process.stdin
+        self.process.stdin.write(json.dumps(
+            {"id": self._next_id, "expr": expr, "background": background}) + "\n")
+        self.process.stdin.flush()
+        return self._next_id
+
+    def wait_reply(self, request_id: int, timeout: float) -> Any:
+        wait_for(lambda: request_id in self.replies or self.process.poll() is not None,
+                 timeout, f"the workload to answer request {request_id}")
+        if request_id not in self.replies:
+            raise AssertionError(f"the workload died ({self.process.returncode}):\n"
+                                 + "".join(self.stderr))
+        reply = self.replies[request_id]
+        if "error" in reply:
+            raise AssertionError(f"the workload raised {reply['error']}\n" + "".join(self.stderr))
+        return reply["result"]
+
+    def call(self, expr: str, timeout: float = 10.0) -> Any:
+        return self.wait_reply(self._send(expr, False), timeout)
+
+    def start(self, expr: str) -> Pending:
+        """Evaluate expr on a thread of the workload's own; the Pending tells when it ends."""
+        return Pending(self, self._send(expr, True))
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("shim.stats()")
+        return result
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin
+            self.process.stdin.close()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

@@ -1,0 +1,70 @@
+"""The shim library: built into the package, found by `python -m kiwi_jupyter.shim path`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from kiwi_jupyter.shim import build
+
+API = ["kiwi_shim_active", "kiwi_shim_cell_begin", "kiwi_shim_acquire", "kiwi_shim_release",
+       "kiwi_shim_holding", "kiwi_shim_set_policy", "kiwi_shim_stats_json"]
+
+
+def exported(library: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(library)], check=True,
+                         capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_path_command_prints_the_built_library() -> None:
+    out = subprocess.run([sys.executable, "-m", "kiwi_jupyter.shim", "path"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    library = Path(out)
+    assert library.is_file()
+    assert library.read_bytes()[:4] == b"\x7fELF"
+    assert build.is_current(library)
+
+
+def test_library_exports_the_api_the_driver_hooks_and_dlsym_only(shim_library: Path) -> None:
+    symbols = exported(shim_library)
+    assert set(API) <= symbols
+    assert {"dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2",
+            "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"} <= symbols
+    internal = {s for s in symbols if s.startswith("kiwi_") and s not in API}
+    assert not internal, f"internal functions leak out: {internal}"
+    assert all(s in API or s == "dlsym" or s.startswith("cu") for s in symbols)
+
+
+def test_library_is_hardened_and_needs_only_libc(shim_library: Path) -> None:
+    dynamic = subprocess.run(["readelf", "-d", "-W", str(shim_library)], check=True,
+                             capture_output=True, text=True).stdout
+    needed = {line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "NEEDED" in line}
+    assert needed <= {"libc.so.6", "libdl.so.2", "libpthread.so.0"}
+    assert "BIND_NOW" in dynamic or "NOW" in dynamic
+    segments = subprocess.run(["readelf", "-l", "-W", str(shim_library)], check=True,
+                              capture_output=True, text=True).stdout
+    assert "GNU_RELRO" in segments
+    stack = [line for line in segments.splitlines() if "GNU_STACK" in line]
+    assert stack and "RWE" not in stack[0]
+
+
+def test_sources_compile_without_a_single_warning(tmp_path: Path) -> None:
+    c_files = [str(p) for p in build.sources() if p.suffix == ".c"]
+    result = subprocess.run(
+        [build.compiler(), *build.CFLAGS, "-Werror", *build.LDFLAGS, "-o",
+         str(tmp_path / "strict.so"), *c_files, *build.LIBS],
+        capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_out_of_date_library_is_rebuilt_into_the_cache(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    import kiwi_jupyter.shim as shim_module
+
+    monkeypatch.setattr(shim_module, "is_current",
+                        lambda library: library.is_relative_to(tmp_path) and library.is_file())
+    library = shim_module.library_path()
+    assert library.is_relative_to(tmp_path / "kiwi-jupyter" / "shim")
+    assert library.is_file()

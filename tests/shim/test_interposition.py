@@ -1,0 +1,90 @@
+"""Every way a process finds driver functions lands on the shim: dlsym, cuGetProcAddress and
+cuGetProcAddress_v2, each default-stream flavour. Proven with the fail-closed policy and no
+daemon: a gated call that reaches the shim is refused (CUDA_ERROR_SYSTEM_NOT_READY) and never
+reaches the driver; one that bypassed the shim would reach the fake driver's log.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+NOT_READY = 802
+NO_DAEMON = {"KIWI_SOCKET": "/nonexistent/kiwi.sock", "KIWI_FAIL_POLICY": "closed",
+             "KIWI_FAIL_TIMEOUT": "0"}
+
+
+def test_dlsym_hands_out_the_hook_for_a_driver_allocation(workload) -> None:
+    w = workload()
+    w.call("d.alloc(1 << 20)")
+    assert w.log.calls("cuMemAllocManaged")
+    assert not w.log.calls("cuMemAlloc_v2")
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cuGetProcAddress", "cuGetProcAddress_v2"])
+def test_get_proc_address_hands_out_the_hook(workload, v2: bool) -> None:
+    w = workload()
+    w.call(f"d.alloc(1 << 20, via={'proc_v2' if v2 else 'proc'!r})")
+    assert w.log.calls("cuMemAllocManaged")
+    assert not w.log.calls("cuMemAlloc_v2")
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cuGetProcAddress", "cuGetProcAddress_v2"])
+def test_get_proc_address_fetched_through_itself_is_the_hook(workload, v2: bool) -> None:
+    w = workload()
+    # What a CUDA 12 runtime does: cuGetProcAddress from dlsym, then itself through itself.
+    expr = ("d.proc('cuGetProcAddress', version=12000, v2={v2}) is not None and "
+            "__import__('ctypes').cast(d.proc('cuGetProcAddress', version=12000, v2={v2}), "
+            "__import__('ctypes').c_void_p).value").format(v2=v2)
+    fetched = w.call(expr)
+    hooked_v2 = w.call("__import__('ctypes').cast(__import__('ctypes').CDLL(None)"
+                       ".cuGetProcAddress_v2, __import__('ctypes').c_void_p).value")
+    assert fetched == hooked_v2
+
+
+@pytest.mark.parametrize("via", ["dlsym", "proc", "proc_v2"])
+def test_a_launch_found_any_way_passes_the_gate(workload, via: str) -> None:
+    w = workload(**NO_DAEMON)
+    assert w.call(f"d.launch(via={via!r})") == NOT_READY
+    assert not w.log.calls("cuLaunchKernel")
+
+
+@pytest.mark.parametrize("via", ["dlsym", "proc", "proc_v2"])
+def test_the_per_thread_default_stream_launch_passes_the_gate(workload, via: str) -> None:
+    w = workload(**NO_DAEMON)
+    assert w.call(f"d.launch(via={via!r}, per_thread=True)") == NOT_READY
+    assert not w.log.calls("cuLaunchKernel_ptsz")
+
+
+@pytest.mark.parametrize("call", ["d.graph_launch()", "d.memset(d.alloc(64))",
+                                  "d.copy_to_device(d.alloc(64))"])
+def test_graph_launches_copies_and_memsets_pass_the_gate(workload, call: str) -> None:
+    w = workload(**NO_DAEMON)
+    assert w.call(call) == NOT_READY
+    names = w.log.names()
+    assert not {"cuGraphLaunch", "cuMemsetD8_v2", "cuMemcpyHtoD_v2"} & set(names)
+
+
+def test_an_internal_entry_point_is_hooked_by_name(workload) -> None:
+    # The fake driver answers "cuMemGetInfo" with a function dlsym cannot see; the shim must
+    # still hook it, so the limit shows.
+    w = workload(KIWI_GPU_MEMORY_LIMIT="3GiB")
+    assert w.call("d.mem_info(via='proc_v2')")[1] == 3 << 30
+
+
+def test_symbols_the_shim_does_not_hook_are_the_drivers_own(workload, fake_cuda) -> None:
+    w = workload()
+    ours = w.call("__import__('ctypes').cast(d.lib.cuCtxSynchronize, "
+                  "__import__('ctypes').c_void_p).value")
+    import ctypes
+
+    assert ours == ctypes.cast(ctypes.CDLL(str(fake_cuda)).cuCtxSynchronize,
+                               ctypes.c_void_p).value
+
+
+def test_shim_disabled_hands_out_the_driver_itself(workload) -> None:
+    w = workload(KIWI_SHIM="0")
+    assert w.call("shim.active()") is False
+    w.call("d.alloc(1 << 20)")
+    assert w.call("d.launch()") == 0
+    assert w.log.calls("cuMemAlloc_v2")
+    assert not w.log.calls("cuMemAllocManaged")

@@ -1,0 +1,210 @@
+"""The process under test: a Python that has the shim preloaded and drives the fake libcuda.
+
+Started by harness.Workload. It reads one JSON request per line on stdin, evaluates its
+expression with ``d`` (a Driver over the fake libcuda) and ``shim`` (kiwi_jupyter.shim.Shim)
+in scope, and answers one JSON line on stdout. A request with "background" runs on a thread
+of its own and answers when it finishes, so a test can start a GPU call that must block at the
+gate and see it finish later.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from kiwi_jupyter.shim import Shim
+
+CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
+c_ptr = ctypes.c_void_p
+c_u64 = ctypes.c_uint64
+
+
+class Driver:
+    """Calls into libcuda the ways real runtimes do: dlsym by name, or cuGetProcAddress."""
+
+    def __init__(self, path: str) -> None:
+        self.lib = ctypes.CDLL(path)  # dlopen by path, RTLD_LOCAL: only dlsym reaches it
+
+    # ---- finding entry points ----
+    def dlsym(self, name: str, *argtypes: Any) -> Any:
+        function = getattr(self.lib, name)  # ctypes looks the name up with dlsym(handle, name)
+        function.restype = ctypes.c_int
+        function.argtypes = list(argtypes)
+        return function
+
+    def proc(self, name: str, *argtypes: Any, version: int = 12000, per_thread: bool = False,
+             v2: bool = True) -> Any:
+        """An entry point fetched through cuGetProcAddress (v2 by default, as CUDA 12 does)."""
+        flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread else 0
+        pfn = c_ptr()
+        if v2:
+            get = self.dlsym("cuGetProcAddress_v2", ctypes.c_char_p, ctypes.POINTER(c_ptr),
+                             ctypes.c_int, c_u64, ctypes.POINTER(ctypes.c_int))
+            result = get(name.encode(), ctypes.byref(pfn), version, flags, None)
+        else:
+            get = self.dlsym("cuGetProcAddress", ctypes.c_char_p, ctypes.POINTER(c_ptr),
+                             ctypes.c_int, c_u64)
+            result = get(name.encode(), ctypes.byref(pfn), version, flags)
+        if result != 0:
+            raise LookupError(f"cuGetProcAddress({name}) = {result}")
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(pfn.value)
+
+    def entry(self, name: str, *argtypes: Any, via: str = "dlsym", **kw: Any) -> Any:
+        return self.dlsym(name, *argtypes) if via == "dlsym" else self.proc(
+            _base(name), *argtypes, v2=(via == "proc_v2"), **kw)
+
+    # ---- memory ----
+    def alloc(self, size: int, via: str = "dlsym") -> int:
+        ptr = c_u64()
+        fn = self.entry("cuMemAlloc_v2", ctypes.POINTER(c_u64), ctypes.c_size_t, via=via)
+        result = fn(ctypes.byref(ptr), size)
+        if result != 0:
+            raise MemoryError(result)
+        return ptr.value
+
+    def alloc_result(self, size: int) -> int:
+        ptr = c_u64()
+        return int(self.dlsym("cuMemAlloc_v2", ctypes.POINTER(c_u64), ctypes.c_size_t)(
+            ctypes.byref(ptr), size))
+
+    def alloc_pitch(self, width: int, height: int, element: int = 4) -> tuple[int, int]:
+        ptr, pitch = c_u64(), ctypes.c_size_t()
+        fn = self.dlsym("cuMemAllocPitch_v2", ctypes.POINTER(c_u64),
+                        ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t, ctypes.c_size_t,
+                        ctypes.c_uint)
+        result = fn(ctypes.byref(ptr), ctypes.byref(pitch), width, height, element)
+        if result != 0:
+            raise MemoryError(result)
+        return ptr.value, pitch.value
+
+    def alloc_async(self, size: int, stream: int = 0x77) -> int:
+        ptr = c_u64()
+        fn = self.dlsym("cuMemAllocAsync", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr)
+        if fn(ctypes.byref(ptr), size, stream) != 0:
+            raise MemoryError
+        return ptr.value
+
+    def alloc_from_pool(self, size: int, pool: int = 0x99, stream: int = 0x77) -> int:
+        ptr = c_u64()
+        fn = self.dlsym("cuMemAllocFromPoolAsync", ctypes.POINTER(c_u64), ctypes.c_size_t,
+                        c_ptr, c_ptr)
+        if fn(ctypes.byref(ptr), size, pool, stream) != 0:
+            raise MemoryError
+        return ptr.value
+
+    def alloc_vmm(self, size: int) -> int:
+        handle = c_u64()
+        fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr, c_u64)
+        if fn(ctypes.byref(handle), size, None, 0) != 0:
+            raise MemoryError
+        return handle.value
+
+    def release_vmm(self, handle: int) -> int:
+        return int(self.dlsym("cuMemRelease", c_u64)(handle))
+
+    def free(self, ptr: int) -> int:
+        return int(self.dlsym("cuMemFree_v2", c_u64)(ptr))
+
+    def free_async(self, ptr: int, stream: int = 0x77) -> int:
+        return int(self.dlsym("cuMemFreeAsync", c_u64, c_ptr)(ptr, stream))
+
+    def mem_info(self, via: str = "dlsym") -> tuple[int, int]:
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        fn = self.entry("cuMemGetInfo_v2", ctypes.POINTER(ctypes.c_size_t),
+                        ctypes.POINTER(ctypes.c_size_t), via=via)
+        if fn(ctypes.byref(free), ctypes.byref(total)) != 0:
+            raise RuntimeError
+        return free.value, total.value
+
+    # ---- work ----
+    def launch(self, via: str = "dlsym", per_thread: bool = False, grid: int = 1) -> int:
+        name = "cuLaunchKernel_ptsz" if per_thread and via == "dlsym" else "cuLaunchKernel"
+        u = ctypes.c_uint
+        fn = self.entry(name, c_ptr, u, u, u, u, u, u, u, c_ptr, c_ptr, c_ptr, via=via,
+                        **({"per_thread": per_thread} if via != "dlsym" else {}))
+        return int(fn(0xF00, grid, 1, 1, 32, 1, 1, 0, None, None, None))
+
+    def graph_launch(self) -> int:
+        return int(self.dlsym("cuGraphLaunch", c_ptr, c_ptr)(0x6A, None))
+
+    def memset(self, ptr: int, n: int = 16) -> int:
+        return int(self.dlsym("cuMemsetD8_v2", c_u64, ctypes.c_ubyte, ctypes.c_size_t)(ptr, 7, n))
+
+    def copy_to_device(self, ptr: int, n: int = 16) -> int:
+        data = ctypes.create_string_buffer(n)
+        return int(self.dlsym("cuMemcpyHtoD_v2", c_u64, c_ptr, ctypes.c_size_t)(ptr, data, n))
+
+
+def _base(name: str) -> str:
+    for suffix in ("_ptsz", "_ptds", "_v2"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def fork_and_launch() -> dict[str, Any]:
+    """Fork; the child launches one kernel (through the shim it inherited) and exits."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        code = d.launch()
+        os.write(write_end, json.dumps({"pid": os.getpid(), "launch": code}).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        report = json.loads(pipe.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    report["status"] = status
+    return report
+
+
+def launch_from_threads(count: int) -> list[int]:
+    """count threads launch at the same moment; the launch results, in thread order."""
+    results = [-1] * count
+    barrier = threading.Barrier(count)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        results[i] = d.launch(grid=i + 1)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+_out = threading.Lock()
+
+
+def _answer(request_id: int, **reply: Any) -> None:
+    with _out:
+        sys.stdout.write(json.dumps({"id": request_id, **reply}) + "\n")
+        sys.stdout.flush()
+
+
+def _evaluate(request: dict[str, Any], scope: dict[str, Any]) -> None:
+    try:
+        result = eval(request["expr"], scope)  # noqa: S307 - the test is the only client
+        _answer(request["id"], result=result)
+    except Exception as exc:  # the test reads the failure
+        _answer(request["id"], error=f"{type(exc).__name__}: {exc}")
+
+
+d = Driver(sys.argv[1])
+shim = Shim.attach()
+
+if __name__ == "__main__":
+    scope = dict(globals())
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("background"):
+            threading.Thread(target=_evaluate, args=(request, scope), daemon=True).start()
+        else:
+            _evaluate(request, scope)
