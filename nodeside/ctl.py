@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(format_status(document))
     except PermissionError as exc:
-        return _fail(f"Permission denied: {exc}")
+        return _fail(str(exc))
     except (ConnectionError, TimeoutError) as exc:
         return _fail(str(exc))
     except (KiwiError, ValueError) as exc:
