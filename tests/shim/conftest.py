@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from shim_harness import Workload, build_fake_cuda
+from support import DaemonProcess
 
 from kiwi_jupyter.shim import library_path
 
@@ -39,3 +39,10 @@ def workload(shim_library: Path, fake_cuda: Path, tmp_path: Path) -> Iterator[Wo
     yield start
     for w in started:
         w.close()
+
+
+@pytest.fixture
+def scheduler(start_daemon) -> DaemonProcess:
+    """The real daemon: a short quantum, one logical 8 GiB GPU, and a long grace, so a holder
+    that a test controls is never revoked behind its back."""
+    return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB", "--grace", "30")

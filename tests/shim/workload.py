@@ -146,6 +146,27 @@ def _base(name: str) -> str:
     return name
 
 
+def mapped_file(function: Any) -> str:
+    """The file whose mapping holds this function's code (/proc/self/maps)."""
+    address = ctypes.cast(function, c_ptr).value or 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end and len(fields) >= 6:
+                return os.path.basename(fields[5])
+    return ""
+
+
+def _err(function: Any) -> BaseException | None:
+    """The exception function() raises, or None."""
+    try:
+        function()
+    except BaseException as exc:  # the test inspects it
+        return exc
+    return None
+
+
 def fork_and_launch() -> dict[str, Any]:
     """Fork; the child launches one kernel (through the shim it inherited) and exits."""
     read_end, write_end = os.pipe()

@@ -1,0 +1,95 @@
+"""Allocations become managed memory; every one is counted; the limit holds."""
+
+from __future__ import annotations
+
+import re
+
+GiB = 1 << 30
+MiB = 1 << 20
+OUT_OF_MEMORY = 2
+
+
+def managed_sizes(w) -> list[int]:
+    return [int(re.search(r"size=(\d+)", line).group(1))
+            for line in w.log.calls("cuMemAllocManaged")]
+
+
+def test_device_allocations_of_every_kind_become_managed_memory(workload) -> None:
+    w = workload()
+    w.call("d.alloc(1 * 1024 * 1024)")
+    w.call("d.alloc_async(2 * 1024 * 1024)")
+    w.call("d.alloc_from_pool(3 * 1024 * 1024)")
+    assert managed_sizes(w) == [1 * MiB, 2 * MiB, 3 * MiB]
+    assert all("flags=1" in line for line in w.log.calls("cuMemAllocManaged"))
+    assert not {"cuMemAlloc_v2", "cuMemAllocAsync", "cuMemAllocFromPoolAsync"} & set(w.log.names())
+
+
+def test_a_pitched_allocation_gets_aligned_rows_of_managed_memory(workload) -> None:
+    w = workload()
+    ptr, pitch = w.call("d.alloc_pitch(1000, 3, 4)")
+    assert pitch == 1024 and pitch % 512 == 0
+    assert managed_sizes(w) == [1024 * 3]
+    assert ptr
+
+
+def test_the_working_set_counts_allocations_until_they_are_freed(workload) -> None:
+    w = workload()
+    a = w.call("d.alloc(100 * 1024 * 1024)")
+    w.call("d.alloc(50 * 1024 * 1024)")
+    stats = w.stats()
+    assert (stats["working_set"], stats["evictable"], stats["allocations"]) == (150 * MiB,
+                                                                                 150 * MiB, 2)
+    assert w.call(f"d.free({a})") == 0
+    stats = w.stats()
+    assert (stats["working_set"], stats["allocations"]) == (50 * MiB, 1)
+
+
+def test_vmm_allocations_count_but_are_not_evictable(workload) -> None:
+    w = workload()
+    handle = w.call("d.alloc_vmm(64 * 1024 * 1024)")
+    w.call("d.alloc(16 * 1024 * 1024)")
+    stats = w.stats()
+    assert (stats["working_set"], stats["evictable"]) == (80 * MiB, 16 * MiB)
+    assert w.call(f"d.release_vmm({handle})") == 0
+    assert w.stats()["working_set"] == 16 * MiB
+
+
+def test_a_stream_ordered_free_waits_for_its_stream_then_frees(workload) -> None:
+    w = workload()
+    ptr = w.call("d.alloc_async(1024)")
+    assert w.call(f"d.free_async({ptr}, 0x77)") == 0
+    names = w.log.names()
+    assert names[-2:] == ["cuStreamSynchronize", "cuMemFree_v2"]
+    assert w.log.calls("cuStreamSynchronize")[-1].endswith("stream=0x77")
+    assert "cuMemFreeAsync" not in names
+    assert w.stats()["working_set"] == 0
+
+
+def test_allocations_past_the_limit_fail_out_of_memory(workload) -> None:
+    w = workload(KIWI_GPU_MEMORY_LIMIT="1GiB")
+    w.call("d.alloc(768 * 1024 * 1024)")
+    assert w.call("d.alloc_result(512 * 1024 * 1024)") == OUT_OF_MEMORY
+    assert managed_sizes(w) == [768 * MiB]
+    assert w.call("d.alloc_result(256 * 1024 * 1024)") == 0
+
+
+def test_without_a_limit_a_process_may_allocate_the_whole_gpu_but_no_more(workload) -> None:
+    w = workload(FAKE_CUDA_TOTAL=str(4 * GiB))
+    assert w.call("d.alloc_result(4 * 1024 ** 3)") == 0
+    assert w.call("d.alloc_result(1)") == OUT_OF_MEMORY
+
+
+def test_mem_get_info_reports_the_limit_less_what_this_process_holds(workload) -> None:
+    w = workload(KIWI_GPU_MEMORY_LIMIT="2GiB", FAKE_CUDA_TOTAL=str(16 * GiB))
+    w.call("d.alloc(512 * 1024 * 1024)")
+    assert w.call("d.mem_info()") == [2 * GiB - 512 * MiB, 2 * GiB]
+
+
+def test_mem_get_info_reports_the_whole_gpu_without_a_limit(workload) -> None:
+    w = workload(FAKE_CUDA_TOTAL=str(16 * GiB))
+    assert w.call("d.mem_info()") == [16 * GiB, 16 * GiB]
+
+
+def test_a_limit_larger_than_the_gpu_is_the_gpu(workload) -> None:
+    w = workload(KIWI_GPU_MEMORY_LIMIT="64GiB", FAKE_CUDA_TOTAL=str(16 * GiB))
+    assert w.call("d.mem_info()")[1] == 16 * GiB
