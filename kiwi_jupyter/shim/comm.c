@@ -265,14 +265,17 @@ static void release_sequence(bool evict, const char *why)
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
     kiwi_pager_synchronize();
+    kiwi_memory_free_deferred();
     if (evict)
         evict_now();
-    release_seq = send_request("release", "");
+    /* Idle before the release leaves: once the daemon has it, the next holder may be running,
+     * and nothing here may still say this process holds the GPU. */
     pthread_mutex_lock(&kiwi_lock);
     S.stats.hold = KIWI_IDLE;
     S.stats.releases++;
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
+    release_seq = send_request("release", "");
 }
 
 static void on_grant(const char *line)

@@ -183,13 +183,17 @@ static void *hook_answer(const char *symbol, void *answer, int version, cuuint64
             return (void *)hooks[i].replacement;
         }
     }
+    /* A per-thread-stream caller gets the _ptsz/_ptds variant where one exists, and the plain
+     * function for entry points that have no such variant (cuMemAlloc, cuMemFree, ...). */
     int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     int best = -1;
     for (int i = 0; i < KIWI_HOOK_COUNT; i++) {
-        if (strcmp(hooks[i].base, symbol) != 0 || hooks[i].per_thread != per_thread ||
-            hooks[i].version > version)
+        if (strcmp(hooks[i].base, symbol) != 0 || hooks[i].version > version ||
+            (hooks[i].per_thread && !per_thread))
             continue;
-        if (best < 0 || hooks[i].version > hooks[best].version)
+        if (best < 0 || hooks[i].per_thread > hooks[best].per_thread ||
+            (hooks[i].per_thread == hooks[best].per_thread &&
+             hooks[i].version > hooks[best].version))
             best = i;
     }
     if (best < 0)

@@ -32,6 +32,10 @@ struct allocation {
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct allocation *table[BUCKETS];
 static uint64_t managed_bytes, vmm_bytes, allocation_count;
+/* Frees of managed memory made while their stream was captured into a graph (see FREE_ASYNC). */
+#define MAX_DEFERRED 1024
+static CUdeviceptr deferred[MAX_DEFERRED];
+static size_t deferred_count;
 static _Atomic uint64_t device_total; /* cached cuDeviceTotalMem of the first device seen */
 
 static size_t bucket(uint64_t key, enum allocation_kind kind)
@@ -173,6 +177,7 @@ void kiwi_memory_after_fork(void)
         }
     }
     managed_bytes = vmm_bytes = allocation_count = 0;
+    deferred_count = 0;
 }
 
 /* ---- allocation ----------------------------------------------------------------------- */
@@ -247,15 +252,33 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 }
 
 /* Stream-ordered allocations: managed memory is usable at once, which is at least as early as
- * the stream would have made it usable, so the stream is not needed to allocate. */
+ * the stream would have made it usable, so the stream is not needed to allocate.
+ *
+ * Except while the stream is being captured into a CUDA graph: then the allocation must become
+ * a node of the graph (it happens again at each replay), so it goes to the driver unchanged
+ * and stays out of the table. (PyTorch's cudaMallocAsync backend does this under CUDA graphs.)
+ */
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+
+static bool capturing(CUstream stream)
+{
+    typedef CUresult (*is_capturing_fn)(CUstream, int *);
+    static _Atomic(is_capturing_fn) is_capturing;
+    is_capturing_fn fn = atomic_load(&is_capturing);
+    if (!fn) {
+        fn = (is_capturing_fn)kiwi_driver_sym("cuStreamIsCapturing");
+        atomic_store(&is_capturing, fn);
+    }
+    int status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+    return fn && fn(stream, &status) == CUDA_SUCCESS && status != 0;
+}
 
 #define ALLOC_ASYNC(symbol)                                                    \
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
     {                                                                          \
         kiwi_init();                                                           \
-        if (!kiwi_cfg.enabled) {                                               \
+        if (!kiwi_cfg.enabled || capturing(s)) {                               \
             alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
             return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
         }                                                                      \
@@ -266,7 +289,7 @@ typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream)
                                 CUstream s)                                               \
     {                                                                                     \
         kiwi_init();                                                                      \
-        if (!kiwi_cfg.enabled) {                                                          \
+        if (!kiwi_cfg.enabled || capturing(s)) {                                          \
             alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
             return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
         }                                                                                 \
@@ -295,21 +318,55 @@ KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 /* A stream-ordered free of memory the shim made managed: the stream's earlier work may still
  * use it, so wait for the stream, then free at once. (The cost is one stream synchronization
- * per free; PyTorch's and CuPy's caching allocators free rarely.) */
+ * per free; PyTorch's and CuPy's caching allocators free rarely.) A stream being captured
+ * cannot be waited for; the free then waits for the next release, which synchronizes
+ * everything anyway. */
+static CUresult free_managed_after(CUdeviceptr dptr, CUstream s)
+{
+    free_fn free_now = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
+    if (!free_now)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (capturing(s)) {
+        pthread_mutex_lock(&table_lock);
+        bool kept = deferred_count < MAX_DEFERRED;
+        if (kept)
+            deferred[deferred_count++] = dptr;
+        pthread_mutex_unlock(&table_lock);
+        if (kept)
+            return CUDA_SUCCESS;
+        kiwi_warn("too many frees during graph capture; freeing 0x%llx at once",
+                  (unsigned long long)dptr);
+        return free_now(dptr);
+    }
+    typedef CUresult (*sync_fn)(CUstream);
+    sync_fn sync = (sync_fn)kiwi_driver_sym("cuStreamSynchronize");
+    CUresult result = sync ? sync(s) : CUDA_ERROR_NOT_INITIALIZED;
+    return result == CUDA_SUCCESS ? free_now(dptr) : result;
+}
+
+void kiwi_memory_free_deferred(void)
+{
+    free_fn free_now = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
+    pthread_mutex_lock(&table_lock);
+    size_t count = deferred_count;
+    CUdeviceptr pending[MAX_DEFERRED];
+    memcpy(pending, deferred, count * sizeof pending[0]);
+    deferred_count = 0;
+    pthread_mutex_unlock(&table_lock);
+    for (size_t i = 0; i < count && free_now; i++)
+        free_now(pending[i]);
+}
+
 #define FREE_ASYNC(symbol)                                                               \
     KIWI_EXPORT CUresult symbol(CUdeviceptr dptr, CUstream s)                            \
     {                                                                                    \
         kiwi_init();                                                                     \
         free_async_fn real = (free_async_fn)kiwi_real(HOOK_##symbol);                    \
-        free_fn free_now = (free_fn)kiwi_real(HOOK_cuMemFree_v2);                        \
-        if (!real || !free_now)                                                          \
+        if (!real)                                                                       \
             return CUDA_ERROR_NOT_INITIALIZED;                                           \
         if (!untrack(dptr, MANAGED))                                                     \
             return real(dptr, s);                                                        \
-        typedef CUresult (*sync_fn)(CUstream);                                           \
-        sync_fn sync = (sync_fn)kiwi_driver_sym("cuStreamSynchronize");                  \
-        CUresult result = sync ? sync(s) : CUDA_ERROR_NOT_INITIALIZED;                   \
-        return result == CUDA_SUCCESS ? free_now(dptr) : result;                         \
+        return free_managed_after(dptr, s);                                              \
     }
 
 FREE_ASYNC(cuMemFreeAsync)

@@ -89,6 +89,9 @@ typedef void (*kiwi_allocation_fn)(CUdeviceptr ptr, size_t size, CUcontext ctx, 
                                    void *arg);
 void kiwi_memory_each_managed(kiwi_allocation_fn fn, void *arg);
 void kiwi_memory_after_fork(void);
+/* Frees what graph capture kept from being freed; the comm thread calls it after it has
+ * synchronized every context. */
+void kiwi_memory_free_deferred(void);
 
 /* ---- pager.c ----------------------------------------------------------------------------- */
 

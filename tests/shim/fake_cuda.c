@@ -5,7 +5,7 @@
  * addresses handed out from a counter: nothing is allocated, so tests may "allocate" far more
  * than the machine has. FAKE_CUDA_TOTAL sets the GPU's memory (default 16 GiB);
  * FAKE_CUDA_LAUNCH_SECONDS makes each kernel launch take that long, like a synchronous call
- * that waits for the GPU.
+ * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with the exported functions, except "cuMemGetInfo", for which it hands out an
@@ -97,6 +97,14 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     record("cuStreamSynchronize stream=%p", stream);
+    return 0;
+}
+
+/* FAKE_CUDA_CAPTURING_STREAM names a stream (e.g. 0x66) that is being captured into a graph. */
+EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
+{
+    const char *text = getenv("FAKE_CUDA_CAPTURING_STREAM");
+    *status = text && (uintptr_t)stream == (uintptr_t)strtoull(text, NULL, 0) ? 1 : 0;
     return 0;
 }
 

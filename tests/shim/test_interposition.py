@@ -66,6 +66,8 @@ def test_an_internal_entry_point_is_hooked_by_name(workload) -> None:
     # still hook it, so the limit shows.
     w = workload(KIWI_GPU_MEMORY_LIMIT="3GiB")
     assert w.call("d.mem_info(via='proc_v2')")[1] == 3 << 30
+    # A per-thread-stream runtime asks with that flag even where no _ptds variant exists.
+    assert w.call("d.mem_info(via='proc_v2', per_thread=True)")[1] == 3 << 30
 
 
 def test_dlsym_answers_from_the_shim_for_hooked_symbols_only(workload) -> None:

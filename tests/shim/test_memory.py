@@ -93,3 +93,12 @@ def test_mem_get_info_reports_the_whole_gpu_without_a_limit(workload) -> None:
 def test_a_limit_larger_than_the_gpu_is_the_gpu(workload) -> None:
     w = workload(KIWI_GPU_MEMORY_LIMIT="64GiB", FAKE_CUDA_TOTAL=str(16 * GiB))
     assert w.call("d.mem_info()")[1] == 16 * GiB
+
+
+def test_an_allocation_on_a_stream_under_graph_capture_goes_to_the_driver(workload) -> None:
+    w = workload(FAKE_CUDA_CAPTURING_STREAM="0x66")
+    w.call("d.alloc_async(4096, stream=0x66)")
+    w.call("d.alloc_from_pool(4096, stream=0x66)")
+    assert w.log.calls("cuMemAllocAsync") and w.log.calls("cuMemAllocFromPoolAsync")
+    assert not w.log.calls("cuMemAllocManaged")
+    assert w.stats()["working_set"] == 0

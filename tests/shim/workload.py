@@ -112,10 +112,10 @@ class Driver:
     def free_async(self, ptr: int, stream: int = 0x77) -> int:
         return int(self.dlsym("cuMemFreeAsync", c_u64, c_ptr)(ptr, stream))
 
-    def mem_info(self, via: str = "dlsym") -> tuple[int, int]:
+    def mem_info(self, via: str = "dlsym", **kw: Any) -> tuple[int, int]:
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         fn = self.entry("cuMemGetInfo_v2", ctypes.POINTER(ctypes.c_size_t),
-                        ctypes.POINTER(ctypes.c_size_t), via=via)
+                        ctypes.POINTER(ctypes.c_size_t), via=via, **kw)
         if fn(ctypes.byref(free), ctypes.byref(total)) != 0:
             raise RuntimeError
         return free.value, total.value
