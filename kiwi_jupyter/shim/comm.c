@@ -282,7 +282,7 @@ static void on_grant(const char *line)
 {
     pthread_mutex_lock(&kiwi_lock);
     bool expected = S.stats.hold == KIWI_WAITING;
-    bool restore = S.stats.evicted;
+    bool restore = S.stats.evicted && !kiwi_cfg.restore_by_fault;
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release on the wire: the release ended it */
@@ -290,8 +290,8 @@ static void on_grant(const char *line)
     if (restore)
         kiwi_pager_restore(&moved);
     pthread_mutex_lock(&kiwi_lock);
+    S.stats.evicted = false; /* restored, or left to fault back in (KIWI_RESTORE=fault) */
     if (restore) {
-        S.stats.evicted = false;
         S.stats.restores++;
         S.stats.bytes_restored += moved.bytes;
         S.stats.seconds_restoring += moved.seconds;

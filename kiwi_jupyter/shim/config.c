@@ -96,6 +96,8 @@ static void load(void)
     kiwi_cfg.fail_closed = strcasecmp(policy, "closed") == 0;
     if (!kiwi_cfg.fail_closed && strcasecmp(policy, "open") != 0)
         kiwi_warn("KIWI_FAIL_POLICY=%s is neither open nor closed; failing open", policy);
+    /* Benchmarks compare restoring by prefetch with nvshare's demand paging, same workload. */
+    kiwi_cfg.restore_by_fault = strcasecmp(env("KIWI_RESTORE", "prefetch"), "fault") == 0;
     kiwi_cfg.gpu = visible_gpu();
     copy(kiwi_cfg.socket_path, sizeof kiwi_cfg.socket_path,
          env("KIWI_SOCKET", "/var/run/kiwi/scheduler.sock"));

@@ -264,3 +264,17 @@ def test_a_free_during_graph_capture_waits_for_the_next_release(scheduler, workl
     assert not w.log.calls("cuMemFree_v2")  # a capturing stream cannot be waited for
     w.call("shim.release()")
     assert after(w.log.names(), "cuLaunchKernel") == ["cuCtxSynchronize", "cuMemFree_v2"]
+
+
+def test_restore_by_fault_moves_nothing_back_on_a_grant(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_RESTORE="fault")
+    hold_with(w, scheduler, 6 * GiB)
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        next_holder.acquire(timeout=10)
+        w.log.clear()
+        launch = w.start("d.launch()")
+        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        next_holder.release()
+        assert launch.result() == 0
+    assert not w.log.calls("cuMemPrefetchAsync")
+    assert w.stats()["restores"] == 0
