@@ -131,11 +131,18 @@ class Client:
         """Give the GPU back, or cancel a pending request. A no-op when neither."""
         with self._cond:
             wanted, self._wanted = self._wanted, False
-            self._holding = False
+            held, self._holding = self._holding, False
             connected = self._connected
-        if wanted and connected:
-            with contextlib.suppress(ConnectionError):
-                self._request(p.RELEASE)
+        if not (wanted and connected):
+            return
+        with contextlib.suppress(ConnectionError):
+            if held:
+                # No answer to wait for: nothing the daemon sends can cross the release of a
+                # hold, and not waiting keeps this process off the CPU while the GPU changes
+                # hands. A cancelled wait is different: see _cancel.
+                self._send(p.encode(p.RELEASE))
+            else:
+                self._cancel()
 
     def report_working_set(self, nbytes: int, evictable: int | None = None) -> None:
         if nbytes < 0:
