@@ -134,8 +134,26 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write this parent queue and make every pool its child")
 
 
+#: Where the kiwi-scheduler pods see the ConfigMap (nodeside/deploy/scheduler-daemonset.yaml).
+POD_CONFIG = "/etc/kiwi/config.yaml"
+
+
+def add_export_parser(commands: Any) -> None:
+    """``pools export --kai``: the subcommand kiwictl offers (``commands`` is its pools
+    subparsers)."""
+    export = commands.add_parser(
+        "export", help="write the pools as another scheduler's objects",
+        description="Write the pools as KAI Scheduler Queue objects (YAML on stdout), from a "
+                    "config file, or else from the running daemon.")
+    export.add_argument("--kai", action="store_true", required=True,
+                        help="as KAI Scheduler Queues (scheduling.run.ai/v2)")
+    export.add_argument("--config", help=f"a Kiwi config file (default: {POD_CONFIG} where it "
+                                          f"exists, else the daemon's pools)")
+    add_export_arguments(export)
+
+
 def export(pools: Mapping[str, Pool], args: argparse.Namespace) -> int:
-    """Print the KAI Queues for ``pools`` on stdout (the body of ``pools export --kai``)."""
+    """Print the KAI Queues for ``pools`` on stdout."""
     try:
         text = to_yaml(queues(pools, gpus=args.gpus, parent=args.parent))
     except KaiExportError as exc:
@@ -148,6 +166,31 @@ def export(pools: Mapping[str, Pool], args: argparse.Namespace) -> int:
               file=sys.stderr)
     sys.stdout.write(text)
     return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Run ``pools export --kai`` (args from ``add_export_parser``, plus kiwictl's --socket)."""
+    from pathlib import Path
+
+    from nodeside.config import ConfigError, load, parse_pools
+
+    path = args.config or (POD_CONFIG if Path(POD_CONFIG).exists() else None)
+    try:
+        pools = (load(path).pools if path is not None
+                 else parse_pools(_pools_of_daemon(args.socket)))
+    except (ConfigError, ConnectionError, TimeoutError) as exc:
+        print(f"[ERROR] {exc}", file=sys.stderr)
+        return 1
+    return export(pools, args)
+
+
+def _pools_of_daemon(socket: str | None) -> dict[str, dict[str, float]]:
+    from nodeside.client import Client
+
+    with Client(socket, register=False, reconnect_timeout=3.0) as client:
+        document = client.status()
+    return {p["name"]: {k: p[k] for k in ("guarantee", "weight", "maximum")}
+            for p in document["pools"]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
