@@ -98,6 +98,8 @@ class PluginLifecycle:
                 self._stop.wait(self.poll)
         finally:
             self._stop_server()
+            # Leave no socket behind for the kubelet to dial after we are gone.
+            self.socket_path.unlink(missing_ok=True)
 
     def stop(self) -> None:
         self._stop.set()

@@ -182,9 +182,10 @@ def test_plugin_socket_wiped_by_the_kubelet_is_served_and_registered_again(kubel
     assert options.get_preferred_allocation_available
 
 
-def test_plugin_stops_cleanly_on_sigterm(kubelet, plugin: PluginProcess):
+def test_plugin_stops_cleanly_on_sigterm_and_removes_its_socket(kubelet, plugin: PluginProcess):
     assert plugin.stop() == 0
     assert "stopping" in plugin.log
+    assert not (kubelet.plugin_dir / "kiwi.sock").exists()
 
 
 def test_plugin_refuses_a_malformed_resource_name(start_plugin):
