@@ -1,0 +1,177 @@
+"""Shim paging benchmarks (GPU, PyTorch): ``python -m benchmarks.shim_paging [--gib 10]``.
+
+Each figure is a ratio against a floor measured in the same run on the same GPU:
+
+- eviction and restore bandwidth (the shim's prefetches, from its own statistics) against a
+  pinned-host cudaMemcpy of the same bytes in a process without the shim (target >= 0.8);
+- a handoff between two holders of N GiB each: from the waiting one's first GPU call until that
+  call has run (the other evicts N, it restores N), less one steady iteration, against
+  2 x N / measured memcpy bandwidth (out and back in: the floor of any handoff);
+- the time the new holder needs to reach full-speed iterations after a grant, restoring by
+  prefetch (the shim) against demand paging (KIWI_RESTORE=fault, nvshare's way), same workload.
+
+The daemon is told the GPU holds 1.5 x N, so two N working sets never fit and the holder is asked
+to evict; the real card must have 2 x N + a few GiB free (managed memory never oversubscribes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import report_row
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+
+
+def pinned_copy_bandwidth(nbytes: int) -> dict[str, float]:
+    """Bytes/s of a pinned host <-> device cudaMemcpy, in a process without the shim."""
+    code = f"""
+import json, torch
+n = {nbytes}
+host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+device = torch.empty(n, dtype=torch.uint8, device="cuda")
+def timed(copy):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    copy(); torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start.record(); copy(); end.record(); end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1000)
+    return n / best
+print(json.dumps({{"to_host": timed(lambda: host.copy_(device, non_blocking=True)),
+                   "to_device": timed(lambda: device.copy_(host, non_blocking=True))}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+class Worker:
+    def __init__(self, socket: str, shim: str, **env: str) -> None:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
+        environment.update({"LD_PRELOAD": shim, "KIWI_SOCKET": socket, "KIWI_IDLE_RELEASE": "0",
+                            "PYTHONPATH": str(REPO), **env})
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.shim_worker"],
+                                        cwd=REPO, env=environment, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def __call__(self, op: str, **fields: Any) -> Any:
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())["result"]
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        self.process.wait(60)
+
+
+def start_daemon(directory: str, gpu_memory: int) -> tuple[subprocess.Popen[bytes], str]:
+    socket = os.path.join(directory, "kiwi.sock")
+    daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", socket,
+                               "--tq", "0.05", "--grace", "120", "--gpus", "1",
+                               "--gpu-memory", str(gpu_memory)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while not os.path.exists(socket):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the daemon did not start")
+        time.sleep(0.05)
+    return daemon, socket
+
+
+def handoff_round(socket: str, shim: str, nbytes: int, restore: str) -> dict[str, Any]:
+    """Two shimmed workers with nbytes each take turns; they never fit together, so each
+    handoff evicts one and restores the other. Returns the handoff to A (B evicts, A restores),
+    measured as A's first iteration after asking minus a steady iteration, and A's iteration
+    times after the grant."""
+    a = Worker(socket, shim, KIWI_RESTORE=restore, KIWI_CLIENT_NAME="bench-a")
+    b = Worker(socket, shim, KIWI_RESTORE=restore, KIWI_CLIENT_NAME="bench-b")
+    try:
+        a("cell_begin")
+        a("allocate", bytes=nbytes)
+        steady = sorted(a("iterate", count=10))[5]
+        b("cell_begin")
+        b("allocate", bytes=nbytes)  # waits for A's drop: A evicts, B runs
+        b("iterate", count=3)
+        after_grant = a("iterate", count=20)  # waits for B's drop: B evicts, A restores
+        stats_a, stats_b = a("stats"), b("stats")
+        a("release")
+        b("release")
+    finally:
+        a.close()
+        b.close()
+    elapsed, to_full_speed = 0.0, None
+    for t in after_grant:
+        elapsed += t
+        if t <= 1.1 * steady:
+            to_full_speed = elapsed
+            break
+    return {"restorer": stats_a, "evicter": stats_b, "handoff": after_grant[0] - steady,
+            "steady": steady, "to_full_speed": to_full_speed, "after_grant": after_grant}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gib", type=float, default=10.0, help="working set size in GiB")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    import torch
+
+    from kiwi_jupyter.shim import library_path
+
+    nbytes = int(args.gib * GiB)
+    shim = str(library_path())
+    floor = pinned_copy_bandwidth(nbytes)
+    with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
+        daemon, socket = start_daemon(directory, int(nbytes * 1.5))
+        try:
+            prefetch = handoff_round(socket, shim, nbytes, "prefetch")
+            fault = handoff_round(socket, shim, nbytes, "fault")
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+    evicter, restorer = prefetch["evicter"], prefetch["restorer"]
+    evict_bw = evicter["bytes_evicted"] / evicter["seconds_evicting"]
+    restore_bw = restorer["bytes_restored"] / restorer["seconds_restoring"]
+    handoff_floor = 2 * nbytes / ((floor["to_host"] + floor["to_device"]) / 2)
+    results = {
+        "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
+        "working_set_gib": args.gib,
+        "memcpy_to_host_gbps": floor["to_host"] / 1e9,
+        "memcpy_to_device_gbps": floor["to_device"] / 1e9,
+        "evict_gbps": evict_bw / 1e9, "evict_ratio": evict_bw / floor["to_host"],
+        "restore_gbps": restore_bw / 1e9, "restore_ratio": restore_bw / floor["to_device"],
+        "handoff_s": prefetch["handoff"], "handoff_floor_s": handoff_floor,
+        "handoff_ratio": handoff_floor / prefetch["handoff"],
+        "full_speed_prefetch_s": prefetch["to_full_speed"],
+        "full_speed_fault_s": fault["to_full_speed"],
+        "steady_iteration_s": prefetch["steady"],
+    }
+    report_row("metric", "value", "floor", "ratio")
+    report_row("eviction GB/s", f"{results['evict_gbps']:.1f}",
+               f"{results['memcpy_to_host_gbps']:.1f}", f"{results['evict_ratio']:.2f}")
+    report_row("restore GB/s", f"{results['restore_gbps']:.1f}",
+               f"{results['memcpy_to_device_gbps']:.1f}", f"{results['restore_ratio']:.2f}")
+    report_row(f"handoff {args.gib:g} GiB (s)", f"{prefetch['handoff']:.3f}",
+               f"{handoff_floor:.3f}", f"{results['handoff_ratio']:.2f}")
+    report_row("to full speed after grant (s)", f"{prefetch['to_full_speed']}",
+               f"fault: {fault['to_full_speed']}", "")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
