@@ -12,6 +12,7 @@
  * context current itself before it synchronizes or prefetches in it.
  */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <string.h>
 
 #include "shim.h"
@@ -55,8 +56,15 @@ static struct {
     prefetch_v2_fn prefetch_v2;
 } driver;
 
+/* Resolved on first use, and again until the driver is loaded (a process may allocate
+ * through a driver it has not opened yet from the shim's point of view). */
 static bool resolve(void)
 {
+    static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+    static atomic_bool resolved;
+    if (atomic_load(&resolved))
+        return true;
+    pthread_mutex_lock(&resolve_lock);
     if (!driver.ctx_get) {
         driver.ctx_device = (ctx_device_fn)kiwi_driver_sym("cuCtxGetDevice");
         driver.ctx_set = (ctx_set_fn)kiwi_driver_sym("cuCtxSetCurrent");
@@ -67,7 +75,10 @@ static bool resolve(void)
         driver.prefetch_v2 = (prefetch_v2_fn)kiwi_driver_sym("cuMemPrefetchAsync_v2");
         driver.ctx_get = (ctx_get_fn)kiwi_driver_sym("cuCtxGetCurrent");
     }
-    return driver.ctx_get != NULL;
+    bool found = driver.ctx_get != NULL;
+    atomic_store(&resolved, found);
+    pthread_mutex_unlock(&resolve_lock);
+    return found;
 }
 
 CUcontext kiwi_pager_note_context(CUdevice *device)

@@ -68,3 +68,10 @@ def test_an_out_of_date_library_is_rebuilt_into_the_cache(tmp_path: Path, monkey
     library = shim_module.library_path()
     assert library.is_relative_to(tmp_path / "kiwi-jupyter" / "shim")
     assert library.is_file()
+
+
+def test_a_process_without_the_preload_has_no_shim() -> None:
+    from kiwi_jupyter.shim import Shim
+
+    assert Shim.attach() is None
+    assert Shim.loaded() is False

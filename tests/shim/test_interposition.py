@@ -52,13 +52,23 @@ def test_the_per_thread_default_stream_launch_passes_the_gate(workload, via: str
     assert not w.log.calls("cuLaunchKernel_ptsz")
 
 
-@pytest.mark.parametrize("call", ["d.graph_launch()", "d.memset(d.alloc(64))",
-                                  "d.copy_to_device(d.alloc(64))"])
-def test_graph_launches_copies_and_memsets_pass_the_gate(workload, call: str) -> None:
+@pytest.mark.parametrize("call", ["d.launch_ex()", "d.launch_cooperative()", "d.graph_launch()",
+                                  "d.memset(d.alloc(64))", "d.copy_to_device(d.alloc(64))"])
+def test_every_kind_of_gpu_work_passes_the_gate(workload, call: str) -> None:
     w = workload(**NO_DAEMON)
     assert w.call(call) == NOT_READY
     names = w.log.names()
-    assert not {"cuGraphLaunch", "cuMemsetD8_v2", "cuMemcpyHtoD_v2"} & set(names)
+    assert not {"cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+                "cuMemsetD8_v2", "cuMemcpyHtoD_v2"} & set(names)
+
+
+@pytest.mark.parametrize("call", ["d.launch_ex()", "d.launch_cooperative()", "d.graph_launch()",
+                                  "d.memset(d.alloc(64))", "d.copy_to_device(d.alloc(64))"])
+def test_gated_work_reaches_the_driver_once_allowed(workload, call: str) -> None:
+    w = workload(KIWI_SOCKET="/nonexistent/kiwi.sock", KIWI_FAIL_TIMEOUT="0")
+    assert w.call(call) == 0
+    assert {"cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+            "cuMemsetD8_v2", "cuMemcpyHtoD_v2"} & set(w.log.names())
 
 
 def test_an_internal_entry_point_is_hooked_by_name(workload) -> None:

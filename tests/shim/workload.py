@@ -128,6 +128,15 @@ class Driver:
                         **({"per_thread": per_thread} if via != "dlsym" else {}))
         return int(fn(0xF00, grid, 1, 1, 32, 1, 1, 0, None, None, None))
 
+    def launch_ex(self) -> int:
+        return int(self.dlsym("cuLaunchKernelEx", c_ptr, c_ptr, c_ptr, c_ptr)(
+            0xC0F, 0xF00, None, None))
+
+    def launch_cooperative(self) -> int:
+        u = ctypes.c_uint
+        fn = self.dlsym("cuLaunchCooperativeKernel", c_ptr, u, u, u, u, u, u, u, c_ptr, c_ptr)
+        return int(fn(0xF00, 1, 1, 1, 32, 1, 1, 0, None, None))
+
     def graph_launch(self) -> int:
         return int(self.dlsym("cuGraphLaunch", c_ptr, c_ptr)(0x6A, None))
 
