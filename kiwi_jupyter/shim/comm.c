@@ -102,7 +102,7 @@ static bool send_line(const char *line)
     if (link_fd < 0)
         return false;
     kiwi_log("-> %s", line);
-    char framed[1024];
+    char framed[2400];
     int n = snprintf(framed, sizeof framed, "%s\n", line);
     if (n < 0 || (size_t)n >= sizeof framed)
         return false;
@@ -121,7 +121,7 @@ static bool send_line(const char *line)
 
 static unsigned send_request(const char *op, const char *fields)
 {
-    char line[900];
+    char line[2200];
     unsigned seq = ++next_seq;
     snprintf(line, sizeof line, "{\"op\":\"%s\",\"seq\":%u%s%s}", op, seq, *fields ? "," : "",
              fields);
@@ -186,6 +186,12 @@ static bool await_reply(const char *op, unsigned seq, char *line, size_t size, d
     return false;
 }
 
+static void append(char *buf, size_t size, const char *text)
+{
+    size_t n = strlen(buf);
+    snprintf(buf + n, size - n, "%s", text);
+}
+
 static bool connect_and_register(void)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -209,12 +215,26 @@ static bool connect_and_register(void)
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     atomic_store(&working_set_dirty, false);
-    char fields[700] = "\"name\":";
+    char fields[2048] = "\"name\":";
     kiwi_json_quote(fields, sizeof fields, kiwi_cfg.name);
-    strcat(fields, ",\"pool\":");
+    append(fields, sizeof fields, ",\"pool\":");
     kiwi_json_quote(fields, sizeof fields, kiwi_cfg.pool);
-    strcat(fields, ",\"priority\":");
+    append(fields, sizeof fields, ",\"priority\":");
     kiwi_json_quote(fields, sizeof fields, kiwi_cfg.priority);
+    /* Pod and namespace label the client in the daemon's metrics, as nodeside.client does. */
+    const char *pod = getenv("KIWI_POD_NAME"), *namespace = getenv("KIWI_POD_NAMESPACE");
+    if ((pod && *pod) || (namespace && *namespace)) {
+        append(fields, sizeof fields, ",\"labels\":{");
+        if (pod && *pod) {
+            append(fields, sizeof fields, "\"pod\":");
+            kiwi_json_quote(fields, sizeof fields, pod);
+        }
+        if (namespace && *namespace) {
+            append(fields, sizeof fields, pod && *pod ? ",\"namespace\":" : "\"namespace\":");
+            kiwi_json_quote(fields, sizeof fields, namespace);
+        }
+        append(fields, sizeof fields, "}");
+    }
     size_t n = strlen(fields);
     snprintf(fields + n, sizeof fields - n, ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu",
              kiwi_cfg.gpu, (unsigned long long)ws.bytes);

@@ -278,3 +278,13 @@ def test_restore_by_fault_moves_nothing_back_on_a_grant(scheduler, workload) -> 
         assert launch.result() == 0
     assert not w.log.calls("cuMemPrefetchAsync")
     assert w.stats()["restores"] == 0
+
+
+def test_the_shim_registers_with_its_name_pool_priority_and_pod(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_CLIENT_NAME='kernel "quoted" \\ name',
+                 KIWI_POOL="training", KIWI_PRIORITY="LOW", KIWI_POD_NAME="jupyter-ann",
+                 KIWI_POD_NAMESPACE="team-a")
+    w.call("d.alloc(1024)")
+    client = wait_for(lambda: client_of(scheduler, w), what="the shim to register")
+    assert client["name"] == 'kernel "quoted" \\ name'
+    assert (client["pool"], client["priority"]) == ("training", "LOW")
