@@ -151,8 +151,9 @@ def parse_pools(raw: Any) -> dict[str, Pool]:
             raise ConfigError(f"{where}.guarantee: {guarantee} is more than one GPU's time")
         if maximum != UNLIMITED and maximum < guarantee:
             raise ConfigError(f"{where}: maximum {maximum} is below guarantee {guarantee}")
+        missing = tuple(k for k in _POOL_KEYS if k not in spec)
         pools[name] = Pool(name, guarantee, weight, maximum,
-                           complete=all(k in spec for k in _POOL_KEYS))
+                           complete=not missing, missing=missing)
     total = sum(p.guarantee for p in pools.values())
     if total > 1 + 1e-9:
         listing = ", ".join(f"{p.name} {p.guarantee:g}" for p in pools.values())
@@ -226,7 +227,7 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib  # type: ignore[no-redef,unused-ignore]
             return tomllib.loads(text)
         import yaml
 

@@ -248,7 +248,8 @@ class Scheduler:
         client = self._client(client_id)
         client.working_set = nbytes
         client.evictable = evictable
-        return self._schedule(self.gpus[client.gpu], now)
+        gpu = self.gpus[client.gpu]
+        return [*self._relieve_overcommit(gpu, client, now), *self._schedule(gpu, now)]
 
     def set_mode(self, now: float, mode: str) -> list[Action]:
         if mode not in p.MODES:
@@ -406,9 +407,8 @@ class Scheduler:
         def urgency(c: Client) -> tuple[bool, float, int]:
             # Guarantees come first: a non-preemptible request of a pool below its guarantee
             # goes before any split by weight.
-            share = shares.get(c.pool, 0.0)
-            owed = not c.preemptible and share < self.pool(c.pool).guarantee - _EPS
-            return owed, ent.get(c.pool, 0.0) - share, -c.request_order
+            owed = self._below_guarantee(gpu, c, now)
+            return owed, ent.get(c.pool, 0.0) - shares.get(c.pool, 0.0), -c.request_order
 
         return max(heads.values(), key=urgency)
 
@@ -421,15 +421,32 @@ class Scheduler:
             return []
         shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
         claimants = sorted((w for w in gpu.waiters.values()
-                            if not w.preemptible
-                            and shares.get(w.pool, 0.0) < self.pool(w.pool).guarantee - _EPS
+                            if self._below_guarantee(gpu, w, now)
                             and not self._over_maximum(gpu, w.pool, now, shares)),
                            key=_within_pool)
         actions: list[Action] = []
-        for claimant, victim in zip(claimants, victims):
-            self.counts["preemptions"] += 1
-            actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
+        for claimant in claimants:
+            # Holders already leaving count as gone: a claimant whose room is already being
+            # made must not cost a second preemptible holder its quantum.
+            leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
+            if self._room_after(gpu, claimant, leaving):
+                continue
+            chosen: list[Client] = []
+            while victims and not self._room_after(gpu, claimant, [*leaving, *chosen]):
+                chosen.append(victims.pop())  # the newest grant first: it has run the least
+            if not self._room_after(gpu, claimant, [*leaving, *chosen]):
+                break  # not even every preemptible holder together would make room
+            for victim in chosen:
+                self.counts["preemptions"] += 1
+                actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
         return actions
+
+    def _room_after(self, gpu: GpuState, claimant: Client, leaving: list[Client]) -> bool:
+        """Would ``claimant`` be granted once ``leaving`` are gone?"""
+        staying = [h for h in gpu.holders.values() if h not in leaving]
+        if self.mode == "on":
+            return not staying
+        return self._fits_together(gpu, [*staying, claimant])
 
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -444,7 +461,10 @@ class Scheduler:
             contenders = list(gpu.waiters.values())
             if self.mode == "auto":
                 blocked = self._pick(gpu, contenders, now)
-                if blocked is None or self._fits(gpu, [blocked]):
+                leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
+                if blocked is None or self._room_after(gpu, blocked, leaving):
+                    # Nobody is blocked, or those already leaving make the room: no need to
+                    # end this holder's turn as well.
                     hold.quantum_start = now
                     continue
                 actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
@@ -458,6 +478,27 @@ class Scheduler:
                 hold.quantum_start = now
                 continue
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
+        return actions
+
+    def _relieve_overcommit(self, gpu: GpuState, grown: Client, now: float) -> list[Action]:
+        """Mode auto: a holder's working set grew and the holders no longer fit together.
+
+        Side by side was granted on the sizes reported then; running on past the GPU's memory is
+        the thrashing Kiwi exists to prevent. The holder that grew keeps the GPU (it is the one
+        in the middle of allocating); the others leave, longest-running first, until the rest
+        fits, and must move their memory out, since the room is what is missing.
+        """
+        if self.mode != "auto" or grown.state != "holding":
+            return []
+        actions: list[Action] = []
+        for holder in list(gpu.holders.values()):
+            staying = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason is None]
+            if self._fits_together(gpu, staying):
+                break
+            if holder is grown or holder.hold is None or holder.hold.drop_reason is not None:
+                continue
+            actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=None,
+                                      evict=True))
         return actions
 
     def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
@@ -481,18 +522,19 @@ class Scheduler:
         client.requested_at = None
         client.hold = Hold(granted_at=now, quantum_start=now)
         gpu.holders[client.id] = client
-        gpu.meter.open(client.id, client.pool, now)
+        gpu.meter.open(client.id, client.pool, now, client.preemptible)
         self.counts["grants"] += 1
         return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
 
     def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-              incoming: Client | None) -> list[Action]:
+              incoming: Client | None, evict: bool | None = None) -> list[Action]:
         hold = holder.hold
         if hold is None or hold.drop_reason is not None:
             return []
         hold.drop_reason = reason
         hold.drop_sent_at = now
-        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming)
+        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming) \
+            if evict is None else evict
         self.counts["drops"] += 1
         return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
 
@@ -524,6 +566,17 @@ class Scheduler:
             return len(clients) <= 1
         need = sum(c.working_set or 0 for c in clients)
         return need <= capacity - self.config.memory_reserve
+
+    def _below_guarantee(self, gpu: GpuState, client: Client, now: float) -> bool:
+        """Is ``client`` a non-preemptible request of a pool below its guarantee?
+
+        As in KAI, the guarantee covers a pool's non-preemptible work: its LOW holds do not
+        count towards it, so a pool running only preemptible work is still owed its guarantee.
+        """
+        if client.preemptible:
+            return False
+        used = gpu.meter.shares(now, [client.pool], non_preemptible=True)[client.pool]
+        return used < self.pool(client.pool).guarantee - _EPS
 
     def _over_maximum(self, gpu: GpuState, pool: str, now: float,
                       shares: Mapping[str, float] | None = None) -> bool:
