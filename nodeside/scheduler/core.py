@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
-from nodeside.scheduler.pools import Pool, ShareMeter, entitlements, preemption_enabled
+from nodeside.scheduler.pools import (
+    Pool,
+    ShareMeter,
+    entitlements,
+    preemption_enabled,
+    preemption_off_reason,
+)
 
 PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
 _EPS = 1e-9
@@ -168,6 +174,11 @@ class Scheduler:
     @property
     def preemption(self) -> bool:
         return preemption_enabled(self.config.pools)
+
+    @property
+    def preemption_off_reason(self) -> str | None:
+        """Why preemption is off (for the start-up log, status and ``kiwictl pools``)."""
+        return preemption_off_reason(self.config.pools)
 
     def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
