@@ -105,6 +105,11 @@ class Hold:
     drop_reason: str | None = None
     drop_sent_at: float | None = None
     drop_evict: bool = False
+    #: Who the GPU was asked back for. The choice was made with this holder still contending
+    #: (as if it asked again at the tail); when it gives the GPU back, that choice stands.
+    #: Choosing afresh at that instant would leave the holder's pool out of the entitlements
+    #: for a moment and tilt every handoff towards the other pools.
+    drop_incoming: str | None = None
 
 
 @dataclass
@@ -139,6 +144,8 @@ class GpuState:
         self.waiters: dict[str, Client] = {}  # in request order
         self.meter = ShareMeter(0.0, now)
         self.tq_override: float | None = None
+        #: The waiter a leaving holder was dropped for; served first by the next schedule.
+        self.promised: str | None = None
 
 
 # ---- the scheduler ------------------------------------------------------------------------
@@ -279,6 +286,10 @@ class Scheduler:
                 keeper, *others = gpu.holders.values() if gpu.holders else (None,)
                 for holder in others:
                     actions.extend(self._drop(gpu, holder, p.REASON_MODE, now, incoming=keeper))
+        elif mode == "auto":
+            for gpu in self.gpus.values():
+                first = next(iter(gpu.holders.values()), None)
+                actions.extend(self._relieve_overcommit(gpu, first, now, p.REASON_MODE))
         return actions + self._schedule_all(now)
 
     def set_tq(self, now: float, seconds: float, gpu: int | None = None) -> list[Action]:
@@ -387,7 +398,7 @@ class Scheduler:
         # the first waiter that does not fit stops the others, so a big request never starves
         # behind a stream of small ones.
         while gpu.waiters:
-            candidate = self._pick(gpu, gpu.waiters.values(), now)
+            candidate = self._keep_promise(gpu, now) or self._pick(gpu, gpu.waiters.values(), now)
             if candidate is None:
                 break
             if gpu.holders and (self.mode == "on" or not self._fits(gpu, [candidate])):
@@ -491,25 +502,26 @@ class Scheduler:
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
         return actions
 
-    def _relieve_overcommit(self, gpu: GpuState, grown: Client, now: float) -> list[Action]:
-        """Mode auto: a holder's working set grew and the holders no longer fit together.
+    def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
+                            reason: str = p.REASON_ROOM) -> list[Action]:
+        """Mode auto: the holders no longer fit together; ask some to leave until they do.
 
-        Side by side was granted on the sizes reported then; running on past the GPU's memory is
-        the thrashing Kiwi exists to prevent. The holder that grew keeps the GPU (it is the one
-        in the middle of allocating); the others leave, longest-running first, until the rest
-        fits, and must move their memory out, since the room is what is missing.
+        It happens when a holder's working set grows (side by side was granted on the sizes
+        reported then) and when the mode turns auto while several hold. Running on past the
+        GPU's memory is the thrashing Kiwi exists to prevent. ``keep`` stays (the one in the
+        middle of allocating, or the first holder); the others leave, longest-running first,
+        until the rest fits, and must move their memory out, since the room is what is missing.
         """
-        if self.mode != "auto" or grown.state != "holding":
+        if self.mode != "auto" or keep is None or keep.state != "holding":
             return []
         actions: list[Action] = []
         for holder in list(gpu.holders.values()):
             staying = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason is None]
             if self._fits_together(gpu, staying):
                 break
-            if holder is grown or holder.hold is None or holder.hold.drop_reason is not None:
+            if holder is keep or holder.hold is None or holder.hold.drop_reason is not None:
                 continue
-            actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=None,
-                                      evict=True))
+            actions.extend(self._drop(gpu, holder, reason, now, incoming=None, evict=True))
         return actions
 
     def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
@@ -546,11 +558,21 @@ class Scheduler:
         hold.drop_sent_at = now
         hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming) \
             if evict is None else evict
+        hold.drop_incoming = incoming.id if incoming is not None else None
         self.counts["drops"] += 1
         return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
 
+    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
+        promised, gpu.promised = gpu.promised, None
+        client = gpu.waiters.get(promised) if promised is not None else None
+        if client is None or self._over_maximum(gpu, client.pool, now):
+            return None
+        return client
+
     def _end_hold(self, client: Client, now: float) -> None:
         gpu = self.gpus[client.gpu]
+        if client.hold is not None and client.hold.drop_incoming is not None:
+            gpu.promised = client.hold.drop_incoming
         gpu.holders.pop(client.id, None)
         gpu.meter.close(client.id, now)
         if client.hold is not None:

@@ -10,6 +10,7 @@ benchmark (benchmarks/fleet.py) replays notebook traces through it.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -182,7 +183,7 @@ class Replay:
                 self._open_spans[worker.id] = span
                 self._plan_finish(worker)
             elif isinstance(action, Drop) and worker.complies:
-                self.at(self.now + self.release_delay, lambda w=worker: self._give_back(w))
+                self.at(self.now + self.release_delay, functools.partial(self._give_back, worker))
             elif isinstance(action, Revoke):
                 self._account(worker)
                 if worker.remaining > 0:
