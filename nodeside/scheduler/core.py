@@ -146,6 +146,9 @@ class GpuState:
         self.tq_override: float | None = None
         #: The waiter a leaving holder was dropped for; served first by the next schedule.
         self.promised: str | None = None
+        #: GPU seconds of ended holds, by pool, since start: metrics count them as counters
+        #: that must not fall when a client goes away. See Scheduler.pool_gpu_seconds.
+        self.pool_seconds: dict[str, float] = {}
 
 
 # ---- the scheduler ------------------------------------------------------------------------
@@ -334,6 +337,15 @@ class Scheduler:
     def gpu_seconds(self, client: Client, now: float) -> float:
         held = now - client.hold.granted_at if client.hold else 0.0
         return client.gpu_seconds + held
+
+    def pool_gpu_seconds(self, gpu_index: int, now: float) -> dict[str, float]:
+        """GPU seconds each pool has held ``gpu_index`` for since start, open holds included."""
+        gpu = self.gpus[gpu_index]
+        seconds = dict(gpu.pool_seconds)
+        for holder in gpu.holders.values():
+            seconds[holder.pool] = seconds.get(holder.pool, 0.0) + self.gpu_seconds(holder, now) \
+                - holder.gpu_seconds
+        return seconds
 
     def queue(self, gpu_index: int, now: float) -> list[Client]:
         """Waiters in the order they are expected to be granted, next first."""
@@ -576,7 +588,9 @@ class Scheduler:
         gpu.holders.pop(client.id, None)
         gpu.meter.close(client.id, now)
         if client.hold is not None:
-            client.gpu_seconds += now - client.hold.granted_at
+            held = now - client.hold.granted_at
+            client.gpu_seconds += held
+            gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held
         client.hold = None
         client.state = "idle"
 
