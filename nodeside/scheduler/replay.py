@@ -61,11 +61,13 @@ class Replay:
         self.now = now
         self.release_delay = release_delay
         self.workers: dict[str, Worker] = {}
-        self.spans: list[Span] = []
+        self.spans: list[Span] = []  # holds
+        self.wait_spans: list[Span] = []  # from a request to its grant
         self.actions: list[tuple[float, Action]] = []
         #: Called after every batch of actions; tests hang invariant checks here.
         self.observers: list[Callable[[Replay, list[Action]], None]] = []
         self._open_spans: dict[str, Span] = {}
+        self._open_waits: dict[str, Span] = {}
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
 
@@ -96,6 +98,7 @@ class Replay:
         """The client's process dies: everything it held goes at once."""
         def gone() -> None:
             self._close_span(worker.id)
+            self._close_span(worker.id, self._open_waits)
             self.workers.pop(worker.id, None)
             self._apply(self.scheduler.unregister(self.now, worker.id))
         self.at(self.now if when is None else when, gone)
@@ -130,6 +133,9 @@ class Replay:
 
     def _request(self, worker: Worker) -> None:
         worker.requested_at = self.now
+        wait = Span(worker.id, worker.name, worker.pool, worker.gpu, self.now)
+        self.wait_spans.append(wait)
+        self._open_waits[worker.id] = wait
         self._apply(self.scheduler.acquire(self.now, worker.id))
 
     def _plan_finish(self, worker: Worker) -> None:
@@ -178,6 +184,7 @@ class Replay:
                     worker.waits.append(self.now - worker.requested_at)
                 worker.requested_at = None
                 worker.holding_since = self.now
+                self._close_span(worker.id, self._open_waits)
                 span = Span(worker.id, worker.name, worker.pool, action.gpu, self.now)
                 self.spans.append(span)
                 self._open_spans[worker.id] = span
@@ -193,8 +200,8 @@ class Replay:
         for observe in self.observers:
             observe(self, actions)
 
-    def _close_span(self, client: str) -> None:
-        span = self._open_spans.pop(client, None)
+    def _close_span(self, client: str, spans: dict[str, Span] | None = None) -> None:
+        span = (self._open_spans if spans is None else spans).pop(client, None)
         if span is not None:
             span.end = self.now
 
