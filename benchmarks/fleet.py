@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.common import percentile
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 from nodeside.scheduler.pools import entitlements
@@ -200,14 +201,6 @@ def _mu(median: float) -> float:
     return math.log(median)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
 def run(notebooks: int = 24, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         mode: str = "on", memory: int | None = None, tq: float = 30.0) -> dict:
     workload = Workload()
@@ -235,7 +228,7 @@ def run(notebooks: int = 24, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "utilization": busy / (duration * gpus),
         "held_gpu_seconds_per_gpu_second": held / (duration * gpus),
         "served_fraction": held / offered if offered else 1.0,
-        "wait_mean_s": statistics.fmean(waits), "wait_p95_s": percentile(waits, 0.95),
+        "wait_mean_s": statistics.fmean(waits), "wait_p95_s": percentile(waits, 95),
         "wait_mean_over_mean_burst": statistics.fmean(waits) / mean_burst,
         "slowdown_mean": statistics.fmean((c.wait + c.burst) / c.burst for c in finished),
         "share_error": share_error,

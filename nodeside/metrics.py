@@ -2,8 +2,11 @@
 
 Two parts. ``SchedulerCollector`` reads the scheduler's own state at scrape time (holders,
 queues, shares, GPU seconds, the core's counters), so nothing is counted twice and nothing can
-drift from what ``status`` shows. ``Metrics`` adds the one thing the state does not keep: a
-histogram of handoff latency, fed by the daemon with every batch of actions it carries out.
+drift from what ``status`` shows. ``Metrics`` adds what the state does not keep, two
+histograms the daemon feeds: ``kiwi_handoff_seconds``, the daemon's own time from a release
+arriving to the next grant being sent, and ``kiwi_drop_to_grant_seconds``, from asking a holder
+for the GPU back to granting it to the next client (what a waiting notebook feels: it includes
+the holder's time to finish and move its memory out).
 
 The scrape is served from the daemon's own asyncio loop (``serve``), not from
 prometheus_client's HTTP thread: the collector walks the scheduler's dicts, and only the loop
@@ -15,6 +18,7 @@ Names are prefixed ``kiwi_`` and use base units (seconds, bytes); counters end i
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -23,14 +27,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from nodeside.daemon.server import Daemon, DaemonError
 from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
 from nodeside.scheduler.pools import entitlements
+
+log = logging.getLogger("kiwi.metrics")
 
 CLIENT_LABELS = ("gpu", "pool", "client", "pod", "namespace")
 
 # Handoffs take from a few milliseconds (nothing to move) to tens of seconds (tens of GiB to
 # host memory over PCIe), so the buckets span that range.
 HANDOFF_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# The daemon's part of a handoff is a few hundred microseconds of Python.
+DAEMON_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
 class SchedulerCollector(Collector):
@@ -131,6 +140,10 @@ class Metrics:
         self.registry.register(SchedulerCollector(scheduler, clock))
         self.handoff = Histogram(
             "kiwi_handoff_seconds",
+            "The daemon's time from a release arriving to the next grant being sent.",
+            buckets=DAEMON_BUCKETS, registry=self.registry)
+        self.drop_to_grant = Histogram(
+            "kiwi_drop_to_grant_seconds",
             "From asking a holder to give its GPU back to granting the GPU to the next client.",
             ["gpu"], buckets=HANDOFF_BUCKETS, registry=self.registry)
         self._asked: dict[int, float] = {}  # gpu -> when the first pending drop was sent
@@ -141,7 +154,8 @@ class Metrics:
             if isinstance(action, (Drop, Revoke)):
                 self._asked.setdefault(action.gpu, now)
             elif isinstance(action, Grant) and action.gpu in self._asked:
-                self.handoff.labels(str(action.gpu)).observe(now - self._asked.pop(action.gpu))
+                self.drop_to_grant.labels(str(action.gpu)).observe(
+                    now - self._asked.pop(action.gpu))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -168,3 +182,18 @@ class Metrics:
             pass  # a scraper that hung up or sent garbage: nothing to answer
         finally:
             writer.close()
+
+
+async def serve_metrics(daemon: Daemon, port: int, address: str = "0.0.0.0") -> Metrics:
+    """Wire metrics into a daemon and serve them on ``address:port`` (``--metrics-port``)."""
+    metrics = Metrics(lambda: daemon.scheduler, clock=daemon.now)
+    daemon.handoff_observers.append(metrics.handoff.observe)
+    daemon.action_observers.append(metrics.observe)
+    try:
+        server = await metrics.serve(port, address)
+    except OSError as exc:
+        raise DaemonError(f"cannot serve metrics on {address}:{port}: {exc.strerror}") from None
+    bound = server.sockets[0].getsockname()[1] if server.sockets else port
+    log.info("Serving Prometheus metrics on http://%s:%d/metrics", address, bound)
+    daemon.closers.append(server.close)
+    return metrics

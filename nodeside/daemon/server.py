@@ -142,6 +142,10 @@ class Daemon:
         self.stopped = asyncio.Event()
         #: Called with the seconds between a release arriving and the next grant being sent.
         self.handoff_observers: list[Callable[[float], None]] = []
+        #: Called with every list of actions carried out and the time (metrics).
+        self.action_observers: list[Callable[[list[Action], float], None]] = []
+        #: Called on close (the metrics server).
+        self.closers: list[Callable[[], None]] = []
 
     def now(self) -> float:
         return self.loop.time()
@@ -193,6 +197,8 @@ class Daemon:
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        for close in self.closers:
+            close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -351,6 +357,9 @@ class Daemon:
     # -- carrying out ---------------------------------------------------------------------
 
     def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
+        if actions:
+            for notify in self.action_observers:
+                notify(actions, self.now())
         for action in actions:
             conn = self.by_client.get(action.client)
             if isinstance(action, Grant):

@@ -96,7 +96,7 @@ def test_working_set_gauge():
     assert got[("kiwi_gpu_memory_total_bytes", (("gpu", "0"),))] == 16 * GiB
 
 
-def test_handoff_histogram_measures_drop_to_next_grant():
+def test_drop_to_grant_histogram_measures_from_the_drop_to_the_next_grant():
     sched = make_scheduler({"tq": 1.0})
     metrics = Metrics(sched, clock=lambda: 2.0)
     a, b = (sched.register(0.0, name=n) for n in "ab")
@@ -105,8 +105,8 @@ def test_handoff_histogram_measures_drop_to_next_grant():
     metrics.observe(sched.tick(1.0), 1.0)  # drop to a
     metrics.observe(sched.release(1.25, a.id), 1.25)  # grant to b
     got = scrape(metrics)
-    assert got[("kiwi_handoff_seconds_count", (("gpu", "0"),))] == 1
-    assert got[("kiwi_handoff_seconds_sum", (("gpu", "0"),))] == pytest.approx(0.25)
+    assert got[("kiwi_drop_to_grant_seconds_count", (("gpu", "0"),))] == 1
+    assert got[("kiwi_drop_to_grant_seconds_sum", (("gpu", "0"),))] == pytest.approx(0.25)
 
 
 def test_metrics_are_served_over_http_from_the_loop():
