@@ -383,10 +383,24 @@ class Scheduler:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
                 elif gpu.waiters or self._over_maximum(gpu, holder.pool, now):
                     deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
-            if gpu.waiters and any(self._over_maximum(gpu, pool, now)
-                                   for pool in gpu.waiters.pools()):
+            if not gpu.waiters:
+                continue
+            if any(self._over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
                 deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
+            elif self._grantable(gpu, now):
+                # Shares fall while the GPU idles: a pool held back at its maximum may have
+                # become eligible since the last schedule with no event to say so. Asking for
+                # a tick now (not at the recheck armed earlier, which a caller re-arming from
+                # this answer would cancel) keeps that wake-up from being lost.
+                deadlines.append(now)
         return min(deadlines) if deadlines else None
+
+    def _grantable(self, gpu: GpuState, now: float) -> bool:
+        """Would a schedule now grant someone? (mode on or auto)"""
+        candidate = self._pick(gpu, now)
+        if candidate is None:
+            return False
+        return not gpu.holders or (self.mode == "auto" and self._fits(gpu, [candidate]))
 
     # -- queries --------------------------------------------------------------------------
 
@@ -633,6 +647,10 @@ class Scheduler:
         promised, gpu.promised = gpu.promised, None
         client = gpu.waiters.get(promised) if promised is not None else None
         if client is None or self._over_maximum(gpu, client.pool, now):
+            return None
+        # A request owed its guarantee that arrived during the handoff still goes first.
+        if not self._below_guarantee(gpu, client, now) and any(
+                self._below_guarantee(gpu, head, now) for head in gpu.waiters.heads().values()):
             return None
         return client
 

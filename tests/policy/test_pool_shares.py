@@ -89,3 +89,17 @@ def test_greedy_clients_of_one_pool_take_turns_round_robin():
     replay.run_until(9.5)
     grants = [a.client for _, a in replay.actions if isinstance(a, Grant)]
     assert grants[:9] == ids * 3
+
+
+def test_a_pool_held_at_its_maximum_is_served_again_once_its_share_falls():
+    # Both pools capped at 0.5: the GPU idles while both wait, and no event will come. The
+    # core must still ask to be woken when a share has fallen below its cap.
+    pools = {"p0": {"guarantee": 0.2, "weight": 1, "maximum": 0.5},
+             "p1": {"guarantee": 0.0, "weight": 1, "maximum": 0.5}}
+    replay = Replay(make_scheduler({"tq": 1.0, "pools": pools}))
+    greedy(replay, "a", "p0")
+    greedy(replay, "b", "p1")
+    replay.run_until(300.0)
+    used = replay.gpu_seconds_by_pool(100.0, 300.0)
+    assert used["p0"] / 200 == pytest.approx(0.5, abs=0.03)
+    assert used["p1"] / 200 == pytest.approx(0.5, abs=0.03)

@@ -116,3 +116,26 @@ def test_a_preempted_holder_that_asks_again_goes_after_the_claimant():
     holders = list(sched.gpus[0].holders)
     assert holders == [b_new.id]
     assert not any(isinstance(a, Grant) and a.client == a_low for a in sched.tick(10.5))
+
+
+def test_a_request_owed_its_guarantee_during_a_handoff_goes_before_the_one_promised():
+    sched = make_scheduler({"tq": 1.0, "window": 10.0, "pools": SEED_POOLS})
+    s1, s2 = (sched.register(0.0, name=n, pool="simulation") for n in ("s1", "s2"))
+    sched.acquire(0.0, s1.id)
+    sched.acquire(0.5, s2.id)
+    assert [(x.client, x.reason) for x in sched.tick(1.0)] == [(s1.id, "quantum")]
+    # While s1 hands over (promised to s2), training, below its guarantee, asks.
+    t = sched.register(1.1, name="t", pool="training")
+    sched.acquire(1.1, t.id)
+    assert kinds(sched.release(1.2, s1.id)) == [("Released", s1.id), ("Grant", t.id)]
+
+
+def test_the_promised_successor_gets_the_gpu_when_nobody_is_owed():
+    sched = make_scheduler({"tq": 1.0, "window": 10.0, "pools": SEED_POOLS})
+    s1, s2 = (sched.register(0.0, name=n, pool="simulation") for n in ("s1", "s2"))
+    sched.acquire(0.0, s1.id)
+    sched.acquire(0.5, s2.id)
+    sched.tick(1.0)
+    s3 = sched.register(1.1, name="s3", pool="simulation", priority="HIGH")
+    sched.acquire(1.1, s3.id)  # would win a fresh pick within the pool
+    assert kinds(sched.release(1.2, s1.id)) == [("Released", s1.id), ("Grant", s2.id)]
