@@ -99,6 +99,10 @@ def test_a_pool_held_at_its_maximum_is_served_again_once_its_share_falls():
     replay = Replay(make_scheduler({"tq": 1.0, "pools": pools}))
     greedy(replay, "a", "p0")
     greedy(replay, "b", "p1")
+    # Something happens every 0.1 s that changes nothing (a panel polling status, say): the
+    # shell asks for the next deadline after each event, and the wake-up must survive that.
+    for step in range(3000):
+        replay.call(lambda now: [], when=step * 0.1)
     replay.run_until(300.0)
     used = replay.gpu_seconds_by_pool(100.0, 300.0)
     assert used["p0"] / 200 == pytest.approx(0.5, abs=0.03)
