@@ -45,6 +45,40 @@ PINGPONG = textwrap.dedent("""
     print(json.dumps(samples))
 """)
 
+# The same path without any scheduling: A tells a relay process, the relay tells B, with A
+# pausing between rounds as a holder does. Three processes, two hops, cold wake-ups: what a
+# handoff through any daemon costs before the daemon does any work.
+RELAY = textwrap.dedent("""
+    import json, os, socket, sys, time
+    n, pause = int(sys.argv[1]), float(sys.argv[2])
+    a, r1 = socket.socketpair()
+    r2, b = socket.socketpair()
+    if os.fork() == 0:  # the relay
+        a.close(); b.close()
+        while True:
+            data = r1.recv(64)
+            if not data:
+                os._exit(0)
+            r2.sendall(data)
+    if os.fork() == 0:  # B: stamps each arrival
+        a.close(); r1.close(); r2.close()
+        stamps = []
+        for _ in range(n):
+            b.recv(64)
+            stamps.append(time.monotonic_ns())
+        os.write(1, (json.dumps(stamps) + "\\n").encode())
+        os._exit(0)
+    r1.close(); r2.close(); b.close()
+    sent = []
+    for _ in range(n):
+        time.sleep(pause)
+        sent.append(time.monotonic_ns())
+        a.sendall(b"x")
+    a.close()
+    os.wait(); os.wait()
+    print(json.dumps(sent))
+""")
+
 # Two contenders alternate: each holds briefly, releases and asks again at once. Every event is
 # stamped with CLOCK_MONOTONIC, which all processes on the machine share.
 CONTENDER = textwrap.dedent("""
@@ -117,6 +151,14 @@ def pingpong_floor(n: int = 5000) -> list[float]:
     return [x / 1e3 for x in json.loads(out)]  # microseconds
 
 
+def relay_floor(n: int = 2000, pause: float = 0.0005) -> list[float]:
+    """Microseconds for a byte to cross a relay process, after the sender paused."""
+    proc = subprocess.run([sys.executable, "-c", RELAY, str(n), str(pause)],
+                          capture_output=True, text=True, check=True)
+    received, sent = (json.loads(line) for line in proc.stdout.strip().splitlines())
+    return [(r - s) / 1e3 for s, r in zip(sent, received, strict=True)]
+
+
 def contend(sock: str, contenders: int, cycles: int, hold: float) -> list[list[tuple]]:
     procs = [subprocess.Popen([sys.executable, "-c", CONTENDER, f"bench-{i}", str(cycles),
                                str(hold)], env=_env(sock), stdin=subprocess.PIPE,
@@ -159,10 +201,15 @@ def main() -> None:
     floor = pingpong_floor()
     floor_p50 = statistics.median(floor)
     print(f"# Daemon benchmarks ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs)\n")
+    relay = relay_floor()
+    relay_p50 = statistics.median(relay)
     print(f"Floor: raw Unix-socket ping-pong between two Python processes, p50 "
-          f"{floor_p50:.1f} us, p99 {percentile(floor, 99):.1f} us\n")
-    print("| connected clients | handoff p50 (us) | p50 / floor | handoff p99 (us) |")
-    print("| --- | --- | --- | --- |")
+          f"{floor_p50:.1f} us, p99 {percentile(floor, 99):.1f} us")
+    print(f"Relay floor: one byte through a relay process after a 0.5 ms pause, p50 "
+          f"{relay_p50:.1f} us, p99 {percentile(relay, 99):.1f} us\n")
+    print("| connected clients | handoff p50 (us) | p50 / ping-pong | p50 / relay | "
+          "handoff p99 (us) |")
+    print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="kiwi-bench-", dir="/tmp") as tmp:
         for connected in (2, 64, 512):
             daemon, sock = start_daemon(Path(tmp), "--tq", "30")
@@ -175,8 +222,8 @@ def main() -> None:
                 daemon.terminate()
                 daemon.wait()
             p50 = statistics.median(samples)
-            report_row(connected, f"{p50:.1f}", f"{p50 / floor_p50:.2f}x",
-                       f"{percentile(samples, 99):.1f}")
+            report_row(connected, f"{p50:.1f}", f"{p50 / floor_p50:.1f}x",
+                       f"{p50 / relay_p50:.1f}x", f"{percentile(samples, 99):.1f}")
 
         daemon, sock = start_daemon(Path(tmp), "--tq", "30")
         try:

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from nodeside import kai
 from nodeside.client import Client, KiwiError
 from nodeside.config import DEFAULT_SOCKET, argument_type, parse_mode, parse_tq
 
@@ -35,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show the scheduler's state")
     status.add_argument("--json", action="store_true", help="print the status document")
     pools = commands.add_parser("pools", help="show each pool's share, guarantee, maximum, "
-                                "waiting clients and why a pool is stuck")
+                                "waiting clients and why a pool is stuck; `pools export` writes "
+                                "them for other schedulers")
     pools.add_argument("--json", action="store_true", help="print the status document's pools")
+    kai.add_export_parser(pools.add_subparsers(dest="pools_command"))
     return parser
 
 
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("kiwictl: error: say what to do: -S, -T, status or pools", file=sys.stderr)
         return 2
+    if args.command == "pools" and args.pools_command == "export":
+        return kai.export_command(args)
     try:
         with Client(args.socket, register=False, reconnect_timeout=3.0,
                     request_timeout=10.0) as client:
