@@ -422,9 +422,17 @@ class Scheduler:
         gpu = self.gpus[gpu_index]
         if not gpu.waiters:
             return []
+        order = self._predicted_order(gpu, now)
+        # A holder asked to drop for someone hands the GPU to that one: it is next.
+        promised = [order.pop(order.index(c)) for h in gpu.holders.values()
+                    if h.hold and (c := gpu.waiters.get(h.hold.drop_incoming or "")) in order]
+        return promised + order
+
+    def _predicted_order(self, gpu: GpuState, now: float) -> list[Client]:
+        gpu_index = gpu.spec.index
         by_pool = {pool: gpu.waiters.in_order(pool) for pool in gpu.waiters.pools()}
         if len(by_pool) == 1:
-            return next(iter(by_pool.values()))
+            return list(next(iter(by_pool.values())))
         # Several pools: replay the pool choice, charging each pick one quantum of its pool's
         # share, which is how the shares will move as the queue drains.
         shares = self.shares(gpu_index, now)

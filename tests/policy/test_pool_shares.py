@@ -107,3 +107,15 @@ def test_a_pool_held_at_its_maximum_is_served_again_once_its_share_falls():
     used = replay.gpu_seconds_by_pool(100.0, 300.0)
     assert used["p0"] / 200 == pytest.approx(0.5, abs=0.03)
     assert used["p1"] / 200 == pytest.approx(0.5, abs=0.03)
+
+
+def test_the_queue_shows_the_client_a_drop_was_sent_for_as_next():
+    sched = make_scheduler({"tq": 1.0, "pools": SEED_POOLS})
+    holder = sched.register(0.0, name="holder", pool="simulation")
+    first = sched.register(0.0, name="first", pool="simulation")
+    sched.acquire(0.0, holder.id)
+    sched.acquire(0.1, first.id)
+    sched.tick(1.0)  # quantum over: the holder is asked to drop for `first`
+    late = sched.register(1.1, name="late", pool="simulation", priority="HIGH")
+    sched.acquire(1.1, late.id)
+    assert [c.name for c in sched.queue(0, 1.2)] == ["first", "late"]
