@@ -453,10 +453,9 @@ class Daemon:
             log.error("Could not save runtime settings to %s: %s", self.state.path, exc)
 
     def _warn_about_pools(self) -> None:
-        partial = [p_.name for p_ in self.scheduler.config.pools.values() if not p_.complete]
-        if partial:
-            log.warning("Preemption is off: pool(s) %s lack guarantee, weight or maximum "
-                        "(every pool must set all three)", ", ".join(sorted(partial)))
+        reason = self.scheduler.preemption_off_reason
+        if reason:
+            log.warning("%s%s", reason[0].upper(), reason[1:])
 
 
 def _answers(path: Path) -> bool:

@@ -189,12 +189,12 @@ class WaitQueue:
 
 
 class GpuState:
-    def __init__(self, spec: GpuSpec, config: SchedulerConfig, now: float) -> None:
+    def __init__(self, spec: GpuSpec, tq_override: float | None, now: float) -> None:
         self.spec = spec
         self.holders: dict[str, Client] = {}  # in grant order
         self.waiters = WaitQueue()
         self.meter = ShareMeter(0.0, now)
-        self.tq_override: float | None = None
+        self.tq_override = tq_override
         #: The waiter a leaving holder was dropped for; served first by the next schedule.
         self.promised: str | None = None
         #: GPU seconds of ended holds, by pool, since start: metrics count them as counters
@@ -213,8 +213,7 @@ class Scheduler:
         self.tq = config.tq
         self.gpus: dict[int, GpuState] = {}
         for spec in gpus:
-            self.gpus[spec.index] = GpuState(spec, config, now)
-            self.gpus[spec.index].tq_override = config.gpu_tq.get(spec.index)
+            self.gpus[spec.index] = GpuState(spec, config.gpu_tq.get(spec.index), now)
         self._resize_windows()
         if not self.gpus:
             raise ValueError("a scheduler needs at least one GPU")
