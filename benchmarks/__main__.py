@@ -1,5 +1,6 @@
 """Run every benchmark that needs no GPU: ``python -m benchmarks``."""
 
-from benchmarks import daemon
+from benchmarks import daemon, fleet
 
 daemon.main()
+fleet.main([])
