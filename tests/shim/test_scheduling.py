@@ -288,3 +288,23 @@ def test_the_shim_registers_with_its_name_pool_priority_and_pod(scheduler, workl
     client = wait_for(lambda: client_of(scheduler, w), what="the shim to register")
     assert client["name"] == 'kernel "quoted" \\ name'
     assert (client["pool"], client["priority"]) == ("training", "LOW")
+
+
+@pytest.mark.slow
+def test_launches_from_many_threads_survive_repeated_handoffs(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_LAUNCH_SECONDS="0.002")
+    w.call("d.alloc(6 * 1024 ** 3)")
+    storm = w.start("launch_storm(8, 200)")
+    with other_client(scheduler, "rival", 6 * GiB) as rival:
+        handoffs = 0
+        while not storm.done():
+            rival.acquire(timeout=20)
+            rival.release()
+            handoffs += 1
+    assert storm.result(timeout=60) == []
+    assert handoffs >= 2
+    assert len(w.log.calls("cuLaunchKernel")) == 8 * 200
+    stats = w.stats()
+    assert stats["grants"] >= 2 and stats["drops"] >= 1
+    assert stats["evictions"] == stats["drops"]
+    assert stats["restores"] == stats["grants"] - 1

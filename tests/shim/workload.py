@@ -210,6 +210,24 @@ def launch_from_threads(count: int) -> list[int]:
     return results
 
 
+def launch_storm(threads: int, launches: int) -> list[int]:
+    """threads threads each launch launches kernels as fast as they can; the failures."""
+    failures: list[int] = []
+
+    def one(i: int) -> None:
+        for _ in range(launches):
+            code = d.launch(grid=i + 1)
+            if code:
+                failures.append(code)
+
+    workers = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return failures
+
+
 _out = threading.Lock()
 
 
