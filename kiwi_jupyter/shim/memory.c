@@ -16,7 +16,9 @@
 
 #include "shim.h"
 
-enum allocation_kind { MANAGED, VMM };
+/* MANAGED can be paged out; VMM (cuMemCreate) and DEVICE (plain device memory, where managed
+ * memory was refused) cannot. */
+enum allocation_kind { MANAGED, VMM, DEVICE };
 
 struct allocation {
     struct allocation *next;
@@ -31,7 +33,7 @@ struct allocation {
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct allocation *table[BUCKETS];
-static uint64_t managed_bytes, vmm_bytes, allocation_count;
+static uint64_t managed_bytes, vmm_bytes, allocation_count; /* vmm_bytes: VMM and DEVICE */
 /* Frees of managed memory made while their stream was captured into a graph (see FREE_ASYNC). */
 #define MAX_DEFERRED 1024
 static CUdeviceptr deferred[MAX_DEFERRED];
@@ -97,6 +99,11 @@ static void unreserve(size_t size, enum allocation_kind kind)
     else
         vmm_bytes -= size;
     pthread_mutex_unlock(&table_lock);
+}
+
+static bool capture_error(CUresult result)
+{
+    return result >= 900 && result <= 908; /* CUDA_ERROR_STREAM_CAPTURE_* */
 }
 
 /* ---- table ---------------------------------------------------------------------------- */
@@ -195,6 +202,23 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int fl
     if (!reserve(size, MANAGED, device))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult result = real(dptr, size, flags);
+    if (capture_error(result)) {
+        /* The driver refuses managed memory while a graph is being captured: give the caller
+         * device memory, counted but not evictable, rather than fail its allocation. */
+        typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+        alloc_fn device_alloc = (alloc_fn)kiwi_real(HOOK_cuMemAlloc_v2);
+        unreserve(size, MANAGED);
+        if (!device_alloc || !reserve(size, DEVICE, device))
+            return result;
+        result = device_alloc(dptr, size);
+        if (result != CUDA_SUCCESS) {
+            unreserve(size, DEVICE);
+            return result;
+        }
+        track(*dptr, size, DEVICE, ctx, device);
+        kiwi_log("device allocation of %zu bytes during graph capture", size);
+        return CUDA_SUCCESS;
+    }
     if (result != CUDA_SUCCESS) {
         unreserve(size, MANAGED);
         return result;
@@ -311,8 +335,8 @@ KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult result = real(dptr);
-    if (result == CUDA_SUCCESS)
-        untrack(dptr, MANAGED);
+    if (result == CUDA_SUCCESS && !untrack(dptr, MANAGED))
+        untrack(dptr, DEVICE);
     return result;
 }
 

@@ -5,7 +5,8 @@
  * addresses handed out from a counter: nothing is allocated, so tests may "allocate" far more
  * than the machine has. FAKE_CUDA_TOTAL sets the GPU's memory (default 16 GiB);
  * FAKE_CUDA_LAUNCH_SECONDS makes each kernel launch take that long, like a synchronous call
- * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture.
+ * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
+ * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with the exported functions, except "cuMemGetInfo", for which it hands out an
@@ -118,6 +119,11 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags
 {
     if (size > total_memory() * 4)
         return 2; /* CUDA_ERROR_OUT_OF_MEMORY: even managed memory has a bound */
+    const char *refuse = getenv("FAKE_CUDA_MANAGED_ERROR");
+    if (refuse) {
+        record("cuMemAllocManaged size=%zu refused=%s", size, refuse);
+        return atoi(refuse);
+    }
     *dptr = take_addresses(size);
     record("cuMemAllocManaged size=%zu flags=%u ptr=0x%llx", size, flags, *dptr);
     return 0;

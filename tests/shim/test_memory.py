@@ -102,3 +102,20 @@ def test_an_allocation_on_a_stream_under_graph_capture_goes_to_the_driver(worklo
     assert w.log.calls("cuMemAllocAsync") and w.log.calls("cuMemAllocFromPoolAsync")
     assert not w.log.calls("cuMemAllocManaged")
     assert w.stats()["working_set"] == 0
+
+
+def test_where_managed_memory_is_refused_during_capture_device_memory_is_counted(workload) -> None:
+    w = workload(FAKE_CUDA_MANAGED_ERROR="900")  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    ptr = w.call("d.alloc(8 * 1024 * 1024)")
+    assert w.log.calls("cuMemAlloc_v2")
+    stats = w.stats()
+    assert (stats["working_set"], stats["evictable"]) == (8 * MiB, 0)
+    assert w.call(f"d.free({ptr})") == 0
+    assert w.stats()["working_set"] == 0
+
+
+def test_other_managed_allocation_errors_reach_the_caller(workload) -> None:
+    w = workload(FAKE_CUDA_MANAGED_ERROR="2")
+    assert w.call("d.alloc_result(1024)") == OUT_OF_MEMORY
+    assert not w.log.calls("cuMemAlloc_v2")
+    assert w.stats()["working_set"] == 0
