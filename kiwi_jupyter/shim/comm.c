@@ -29,8 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,11 +57,6 @@ static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static int wake_pipe[2] = {-1, -1};
 
-/* The connection; only the comm thread touches these. */
-static int link_fd = -1;
-static char inbox[65536];
-static size_t inbox_length;
-static unsigned next_seq;
 static unsigned release_seq;
 
 static void wake(void)
@@ -74,21 +67,16 @@ static void wake(void)
     }
 }
 
-/* ---- the connection ------------------------------------------------------------------- */
+/* ---- the connection's news --------------------------------------------------------- */
 
-static void link_down(const char *why)
+void kiwi_comm_link_lost(const char *why)
 {
-    if (link_fd >= 0) {
-        close(link_fd);
-        link_fd = -1;
-    }
-    inbox_length = 0;
     pthread_mutex_lock(&kiwi_lock);
     bool was_connected = S.stats.connected;
     S.stats.connected = false;
     S.outage_since = kiwi_now();
     if (S.stats.hold != KIWI_IDLE) {
-        S.stats.hold = KIWI_IDLE;
+        S.stats.hold = KIWI_IDLE; /* whatever was held went with the connection */
         kiwi_gate_close();
     }
     pthread_cond_broadcast(&kiwi_changed);
@@ -97,153 +85,14 @@ static void link_down(const char *why)
         kiwi_warn("lost the scheduler at %s (%s); reconnecting", kiwi_cfg.socket_path, why);
 }
 
-static bool send_line(const char *line)
-{
-    if (link_fd < 0)
-        return false;
-    kiwi_log("-> %s", line);
-    char framed[2400];
-    int n = snprintf(framed, sizeof framed, "%s\n", line);
-    if (n < 0 || (size_t)n >= sizeof framed)
-        return false;
-    for (size_t sent = 0; sent < (size_t)n;) {
-        ssize_t k = send(link_fd, framed + sent, (size_t)n - sent, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            link_down(strerror(errno));
-            return false;
-        }
-        sent += (size_t)k;
-    }
-    return true;
-}
-
-static unsigned send_request(const char *op, const char *fields)
-{
-    char line[2200];
-    unsigned seq = ++next_seq;
-    snprintf(line, sizeof line, "{\"op\":\"%s\",\"seq\":%u%s%s}", op, seq, *fields ? "," : "",
-             fields);
-    return send_line(line) ? seq : 0;
-}
-
-/* Takes the next complete line out of the inbox into line; false when there is none. */
-static bool pop_line(char *line, size_t size)
-{
-    char *end = memchr(inbox, '\n', inbox_length);
-    if (!end)
-        return false;
-    size_t length = (size_t)(end - inbox);
-    size_t kept = length < size ? length : size - 1;
-    memcpy(line, inbox, kept);
-    line[kept] = '\0';
-    inbox_length -= length + 1;
-    memmove(inbox, end + 1, inbox_length);
-    return true;
-}
-
-/* Reads what the socket has, waiting at most timeout seconds for it. */
-static bool fill(double timeout)
-{
-    struct pollfd p = {.fd = link_fd, .events = POLLIN};
-    if (poll(&p, 1, (int)(timeout * 1000)) <= 0)
-        return false;
-    if (inbox_length == sizeof inbox) {
-        link_down("a line longer than the protocol allows");
-        return false;
-    }
-    ssize_t n = recv(link_fd, inbox + inbox_length, sizeof inbox - inbox_length, 0);
-    if (n <= 0) {
-        link_down(n == 0 ? "connection closed" : strerror(errno));
-        return false;
-    }
-    inbox_length += (size_t)n;
-    return true;
-}
-
-/* Waits up to timeout for the reply to seq (or, with seq 0, for a line whose op is op),
- * handling events that arrive first. */
-static void handle_line(const char *line);
-
-static bool await_reply(const char *op, unsigned seq, char *line, size_t size, double timeout)
-{
-    double deadline = kiwi_now() + timeout;
-    while (link_fd >= 0) {
-        while (pop_line(line, size)) {
-            char got[32] = "";
-            double got_seq = -1;
-            kiwi_json_string(line, "op", got, sizeof got);
-            kiwi_json_number(line, "seq", &got_seq);
-            if ((seq && got_seq == (double)seq) || (!seq && strcmp(got, op) == 0))
-                return strcmp(got, op) == 0;
-            handle_line(line);
-        }
-        double left = deadline - kiwi_now();
-        if (left <= 0 || (!fill(left) && link_fd >= 0 && kiwi_now() >= deadline))
-            return false;
-    }
-    return false;
-}
-
-static void append(char *buf, size_t size, const char *text)
-{
-    size_t n = strlen(buf);
-    snprintf(buf + n, size - n, "%s", text);
-}
-
 static bool connect_and_register(void)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    struct sockaddr_un address = {.sun_family = AF_UNIX};
-    snprintf(address.sun_path, sizeof address.sun_path, "%s", kiwi_cfg.socket_path);
-    if (connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
-        close(fd);
-        return false;
-    }
-    link_fd = fd;
-    inbox_length = 0;
-    char line[1024];
-    send_line("{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-shim " KIWI_SHIM_VERSION
-              "\"}");
-    if (!await_reply("welcome", 0, line, sizeof line, 5.0)) {
-        link_down("no welcome from the daemon");
-        return false;
-    }
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     atomic_store(&working_set_dirty, false);
-    char fields[2048] = "\"name\":";
-    kiwi_json_quote(fields, sizeof fields, kiwi_cfg.name);
-    append(fields, sizeof fields, ",\"pool\":");
-    kiwi_json_quote(fields, sizeof fields, kiwi_cfg.pool);
-    append(fields, sizeof fields, ",\"priority\":");
-    kiwi_json_quote(fields, sizeof fields, kiwi_cfg.priority);
-    /* Pod and namespace label the client in the daemon's metrics, as nodeside.client does. */
-    const char *pod = getenv("KIWI_POD_NAME"), *namespace = getenv("KIWI_POD_NAMESPACE");
-    if ((pod && *pod) || (namespace && *namespace)) {
-        append(fields, sizeof fields, ",\"labels\":{");
-        if (pod && *pod) {
-            append(fields, sizeof fields, "\"pod\":");
-            kiwi_json_quote(fields, sizeof fields, pod);
-        }
-        if (namespace && *namespace) {
-            append(fields, sizeof fields, pod && *pod ? ",\"namespace\":" : "\"namespace\":");
-            kiwi_json_quote(fields, sizeof fields, namespace);
-        }
-        append(fields, sizeof fields, "}");
-    }
-    size_t n = strlen(fields);
-    snprintf(fields + n, sizeof fields - n, ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu",
-             kiwi_cfg.gpu, (unsigned long long)ws.bytes);
-    unsigned seq = send_request("register", fields);
-    if (!seq || !await_reply("registered", seq, line, sizeof line, 5.0)) {
-        kiwi_warn("the daemon did not register this process: %s", link_fd >= 0 ? line : "");
-        link_down("registration refused");
+    char line[1024];
+    if (!kiwi_link_connect(ws.bytes, line, sizeof line))
         return false;
-    }
     pthread_mutex_lock(&kiwi_lock);
     kiwi_json_string(line, "client", S.stats.client, sizeof S.stats.client);
     kiwi_json_string(line, "mode", S.stats.mode, sizeof S.stats.mode);
@@ -295,7 +144,7 @@ static void release_sequence(bool evict, const char *why)
     S.stats.releases++;
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
-    release_seq = send_request("release", "");
+    release_seq = kiwi_link_request("release", "");
 }
 
 static void on_grant(const char *line)
@@ -327,7 +176,7 @@ static void on_grant(const char *line)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-static void handle_line(const char *line)
+void kiwi_comm_handle_line(const char *line)
 {
     char op[32] = "";
     kiwi_json_string(line, "op", op, sizeof op);
@@ -377,7 +226,7 @@ static void handle_line(const char *line)
         kiwi_warn("the scheduler refused a request: %s", line);
         if (strcmp(code, "permission") != 0 && strcmp(code, "invalid") != 0 &&
             strcmp(code, "state") != 0)
-            link_down(code);
+            kiwi_link_close(code);
     }
 }
 
@@ -396,17 +245,17 @@ static void act(void)
             S.stats.hold = KIWI_IDLE;
             S.stats.queue_position = 0;
             pthread_mutex_unlock(&kiwi_lock);
-            release_seq = send_request("release", "");
+            release_seq = kiwi_link_request("release", "");
             pthread_mutex_lock(&kiwi_lock);
         }
         S.release_done = asked;
         pthread_cond_broadcast(&kiwi_changed);
     }
     bool want = S.waiters > 0 || S.acquire_wanted;
-    if (want && S.stats.hold == KIWI_IDLE && link_fd >= 0) {
+    if (want && S.stats.hold == KIWI_IDLE && kiwi_link_up()) {
         S.stats.hold = KIWI_WAITING;
         pthread_mutex_unlock(&kiwi_lock);
-        send_request("acquire", "");
+        kiwi_link_request("acquire", "");
         pthread_mutex_lock(&kiwi_lock);
     }
     double idle_since = kiwi_gate_last_activity();
@@ -418,13 +267,13 @@ static void act(void)
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
         release_sequence(false, "idle");
-    if (link_fd >= 0 && atomic_exchange(&working_set_dirty, false)) {
+    if (kiwi_link_up() && atomic_exchange(&working_set_dirty, false)) {
         struct kiwi_working_set ws;
         kiwi_memory_working_set(&ws);
         char fields[96];
         snprintf(fields, sizeof fields, "\"bytes\":%llu,\"evictable\":%llu",
                  (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
-        send_request("working_set", fields);
+        kiwi_link_request("working_set", fields);
     }
 }
 
@@ -457,19 +306,19 @@ static double act_offline(void)
 static void wait_for_news(double timeout)
 {
     struct pollfd p[2] = {{.fd = wake_pipe[0], .events = POLLIN},
-                          {.fd = link_fd, .events = POLLIN}};
+                          {.fd = kiwi_link_fd(), .events = POLLIN}};
     int ms = timeout > 3600 ? 3600000 : (int)(timeout * 1000) + 1;
-    if (poll(p, link_fd >= 0 ? 2 : 1, ms) <= 0)
+    if (poll(p, kiwi_link_up() ? 2 : 1, ms) <= 0)
         return;
     if (p[0].revents) {
         char drained[64];
         while (read(wake_pipe[0], drained, sizeof drained) > 0)
             ;
     }
-    if (link_fd >= 0 && p[1].revents && fill(0)) {
+    if (kiwi_link_up() && p[1].revents && kiwi_link_fill(0)) {
         char line[1024];
-        while (link_fd >= 0 && pop_line(line, sizeof line))
-            handle_line(line);
+        while (kiwi_link_up() && kiwi_link_next_line(line, sizeof line))
+            kiwi_comm_handle_line(line);
     }
 }
 
@@ -494,7 +343,7 @@ static void *comm_main(void *unused)
     (void)unused;
     double backoff = 0.05;
     for (;;) {
-        if (link_fd < 0) {
+        if (!kiwi_link_up()) {
             if (connect_and_register()) {
                 backoff = 0.05;
             } else {
@@ -505,7 +354,7 @@ static void *comm_main(void *unused)
             }
         }
         act();
-        if (link_fd >= 0)
+        if (kiwi_link_up())
             wait_for_news(next_idle_check());
     }
     return NULL;
@@ -530,10 +379,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&kiwi_lock, NULL);
     pthread_cond_init(&kiwi_changed, NULL);
     pthread_mutex_init(&start_lock, NULL);
-    if (link_fd >= 0)
-        close(link_fd);
-    link_fd = -1;
-    inbox_length = 0;
+    kiwi_link_after_fork();
     for (int i = 0; i < 2; i++) {
         if (wake_pipe[i] >= 0)
             close(wake_pipe[i]);

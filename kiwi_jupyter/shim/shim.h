@@ -6,6 +6,7 @@
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
  *   comm.c    the daemon client, on a thread of its own; the hold's state machine
+ *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
  *   config.c  environment variables, read once
  *   api.c     the small C API the kernel hook calls through ctypes
@@ -156,6 +157,27 @@ int kiwi_comm_acquire(double timeout);
 int kiwi_comm_release(void);
 void kiwi_comm_stats(struct kiwi_stats *out);
 void kiwi_comm_set_policy(bool fail_closed, double timeout);
+
+/* For link.c: a line the daemon sent on its own while a reply was awaited, and the end of
+ * the connection. */
+void kiwi_comm_handle_line(const char *line);
+void kiwi_comm_link_lost(const char *why);
+
+/* ---- link.c ------------------------------------------------------------------------------ */
+
+/* Connects, says hello and registers (with the working set so far); the registered reply is
+ * left in registered. */
+bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size);
+bool kiwi_link_up(void);
+int kiwi_link_fd(void);
+/* Sends a request with the next seq; returns the seq, or 0 when the connection is gone. */
+unsigned kiwi_link_request(const char *op, const char *fields);
+/* Reads what the socket has, waiting at most timeout seconds; false when nothing came. */
+bool kiwi_link_fill(double timeout);
+bool kiwi_link_next_line(char *line, size_t size);
+/* Closes the connection and tells the comm thread why. */
+void kiwi_link_close(const char *why);
+void kiwi_link_after_fork(void);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 

@@ -1,0 +1,205 @@
+/* The connection to the daemon: a Unix socket speaking docs/protocol.md, one JSON object per
+ * line. Only the comm thread calls these. The register line is built here too, since it is
+ * the one request with fields that come from the user (names, pool, pod labels) and so the one
+ * that must be quoted and bounded with care.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+static int link_fd = -1;
+static char inbox[65536]; /* daemon lines other than status are under 1 KiB */
+static size_t inbox_length;
+static unsigned next_seq;
+
+bool kiwi_link_up(void)
+{
+    return link_fd >= 0;
+}
+
+int kiwi_link_fd(void)
+{
+    return link_fd;
+}
+
+void kiwi_link_close(const char *why)
+{
+    if (link_fd < 0)
+        return;
+    close(link_fd);
+    link_fd = -1;
+    inbox_length = 0;
+    kiwi_comm_link_lost(why);
+}
+
+void kiwi_link_after_fork(void)
+{
+    /* The child's copy of the socket is the parent's connection: close it without a word. */
+    if (link_fd >= 0)
+        close(link_fd);
+    link_fd = -1;
+    inbox_length = 0;
+}
+
+static bool send_line(const char *line)
+{
+    if (link_fd < 0)
+        return false;
+    kiwi_log("-> %s", line);
+    char framed[2400];
+    int n = snprintf(framed, sizeof framed, "%s\n", line);
+    if (n < 0 || (size_t)n >= sizeof framed)
+        return false;
+    for (size_t sent = 0; sent < (size_t)n;) {
+        /* MSG_NOSIGNAL: a daemon gone away must not SIGPIPE the notebook kernel. */
+        ssize_t k = send(link_fd, framed + sent, (size_t)n - sent, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            kiwi_link_close(strerror(errno));
+            return false;
+        }
+        sent += (size_t)k;
+    }
+    return true;
+}
+
+unsigned kiwi_link_request(const char *op, const char *fields)
+{
+    char line[2200];
+    unsigned seq = ++next_seq;
+    snprintf(line, sizeof line, "{\"op\":\"%s\",\"seq\":%u%s%s}", op, seq, *fields ? "," : "",
+             fields);
+    return send_line(line) ? seq : 0;
+}
+
+bool kiwi_link_next_line(char *line, size_t size)
+{
+    char *end = memchr(inbox, '\n', inbox_length);
+    if (!end)
+        return false;
+    size_t length = (size_t)(end - inbox);
+    size_t kept = length < size ? length : size - 1;
+    memcpy(line, inbox, kept);
+    line[kept] = '\0';
+    inbox_length -= length + 1;
+    memmove(inbox, end + 1, inbox_length);
+    return true;
+}
+
+bool kiwi_link_fill(double timeout)
+{
+    if (link_fd < 0)
+        return false;
+    struct pollfd p = {.fd = link_fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(timeout * 1000)) <= 0)
+        return false;
+    if (inbox_length == sizeof inbox) {
+        kiwi_link_close("a line longer than the protocol allows");
+        return false;
+    }
+    ssize_t n = recv(link_fd, inbox + inbox_length, sizeof inbox - inbox_length, 0);
+    if (n <= 0) {
+        kiwi_link_close(n == 0 ? "connection closed" : strerror(errno));
+        return false;
+    }
+    inbox_length += (size_t)n;
+    return true;
+}
+
+/* Waits up to timeout for the reply to seq (or, with seq 0, for a line whose op is op),
+ * handing events that arrive first to the comm thread. The reply is left in line. */
+static bool await_reply(const char *op, unsigned seq, char *line, size_t size, double timeout)
+{
+    double deadline = kiwi_now() + timeout;
+    while (link_fd >= 0) {
+        while (kiwi_link_next_line(line, size)) {
+            char got[32] = "";
+            double got_seq = -1;
+            kiwi_json_string(line, "op", got, sizeof got);
+            kiwi_json_number(line, "seq", &got_seq);
+            if ((seq && got_seq == (double)seq) || (!seq && strcmp(got, op) == 0))
+                return strcmp(got, op) == 0;
+            kiwi_comm_handle_line(line);
+        }
+        double left = deadline - kiwi_now();
+        if (left <= 0)
+            return false;
+        kiwi_link_fill(left);
+    }
+    return false;
+}
+
+static void append(char *buf, size_t size, const char *text)
+{
+    size_t n = strlen(buf);
+    snprintf(buf + n, size - n, "%s", text);
+}
+
+/* The register request's fields: the client's labels, quoted, and its working set. */
+static void register_fields(char *fields, size_t size, uint64_t working_set)
+{
+    snprintf(fields, size, "\"name\":");
+    kiwi_json_quote(fields, size, kiwi_cfg.name);
+    append(fields, size, ",\"pool\":");
+    kiwi_json_quote(fields, size, kiwi_cfg.pool);
+    append(fields, size, ",\"priority\":");
+    kiwi_json_quote(fields, size, kiwi_cfg.priority);
+    /* Pod and namespace label the client in the daemon's metrics, as nodeside.client does. */
+    const char *pod = getenv("KIWI_POD_NAME"), *namespace = getenv("KIWI_POD_NAMESPACE");
+    bool has_pod = pod && *pod, has_namespace = namespace && *namespace;
+    if (has_pod || has_namespace) {
+        append(fields, size, ",\"labels\":{");
+        if (has_pod) {
+            append(fields, size, "\"pod\":");
+            kiwi_json_quote(fields, size, pod);
+        }
+        if (has_namespace) {
+            append(fields, size, has_pod ? ",\"namespace\":" : "\"namespace\":");
+            kiwi_json_quote(fields, size, namespace);
+        }
+        append(fields, size, "}");
+    }
+    size_t n = strlen(fields);
+    snprintf(fields + n, size - n, ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu",
+             kiwi_cfg.gpu, (unsigned long long)working_set);
+}
+
+bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    snprintf(address.sun_path, sizeof address.sun_path, "%s", kiwi_cfg.socket_path);
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+        close(fd);
+        return false;
+    }
+    link_fd = fd;
+    inbox_length = 0;
+    send_line("{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-shim " KIWI_SHIM_VERSION
+              "\"}");
+    if (!await_reply("welcome", 0, registered, size, 5.0)) {
+        kiwi_link_close("no welcome from the daemon");
+        return false;
+    }
+    char fields[2048];
+    register_fields(fields, sizeof fields, working_set);
+    unsigned seq = kiwi_link_request("register", fields);
+    if (!seq || !await_reply("registered", seq, registered, size, 5.0)) {
+        kiwi_warn("the daemon did not register this process: %s",
+                  link_fd >= 0 ? registered : "connection lost");
+        kiwi_link_close("registration refused");
+        return false;
+    }
+    return true;
+}
