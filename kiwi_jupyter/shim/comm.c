@@ -198,15 +198,18 @@ void kiwi_comm_handle_line(const char *line)
         if (holding)
             release_sequence(kiwi_json_true(line, "evict"), "drop");
     } else if (strcmp(op, "revoked") == 0) {
+        /* Usually read after our own late release (the drain outlasted the grace period), so
+         * the hold may already be idle; it is counted either way, because the next holder
+         * may have started while this process still had work running. */
         pthread_mutex_lock(&kiwi_lock);
+        S.stats.revokes++;
         if (S.stats.hold == KIWI_HOLDING) {
             S.stats.hold = KIWI_IDLE;
-            S.stats.revokes++;
             kiwi_gate_close();
         }
         pthread_cond_broadcast(&kiwi_changed);
         pthread_mutex_unlock(&kiwi_lock);
-        kiwi_warn("the scheduler took the GPU back (the drop was not honoured in time)");
+        kiwi_warn("the scheduler took the GPU back: the release came after the grace period");
     } else if (strcmp(op, "released") == 0) {
         double seq = -1;
         kiwi_json_number(line, "seq", &seq);

@@ -308,3 +308,28 @@ def test_launches_from_many_threads_survive_repeated_handoffs(scheduler, workloa
     assert stats["grants"] >= 2 and stats["drops"] >= 1
     assert stats["evictions"] == stats["drops"]
     assert stats["restores"] == stats["grants"] - 1
+
+
+def test_a_mode_change_reaches_the_shim(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    w.call("d.alloc(1024)")
+    wait_for(lambda: w.stats()["mode"] == "on", what="the shim to register")
+    with Client(scheduler.socket, register=False) as admin:
+        admin.set_mode("off")
+    wait_for(lambda: w.stats()["mode"] == "off", what="the mode event")
+
+
+def test_a_release_later_than_the_grace_is_revoked_and_the_shim_carries_on(
+        start_daemon, workload) -> None:
+    scheduler = start_daemon("--tq", "0.05", "--gpus", "1", "--grace", "0.2")
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_LAUNCH_SECONDS="1.0")
+    assert w.call("d.launch()") == 0
+    slow = w.start("d.launch()")  # in flight for a second: the drain outlasts the grace
+    wait_for(lambda: w.stats()["in_flight"] == 1, what="the slow launch to be inside the gate")
+    with other_client(scheduler, "impatient") as impatient:
+        impatient.acquire(timeout=10)
+        impatient.release()
+    assert slow.result() == 0
+    wait_for(lambda: w.stats()["revokes"] == 1, what="the revoked event")
+    assert w.call("d.launch()") == 0
+    assert state_of(scheduler, w) == "holding"
