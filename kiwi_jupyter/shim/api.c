@@ -31,8 +31,9 @@ KIWI_EXPORT int kiwi_shim_acquire(double timeout)
     return kiwi_comm_acquire(timeout);
 }
 
-/* A cell ends: admit no new GPU work, synchronize, evict if the daemon says the next holder
- * needs the room, release; or cancel a pending request. Returns 0 when done. */
+/* A cell ends: admit no new GPU work, synchronize, release; or cancel a pending request.
+ * Returns 0 once the release is sent. When the daemon's reply says the next holder needs the
+ * room, the shim's thread evicts right after, before it handles any later grant. */
 KIWI_EXPORT int kiwi_shim_release(void)
 {
     kiwi_init();
