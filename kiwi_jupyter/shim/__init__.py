@@ -20,7 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kiwi_jupyter.shim.build import LIBRARY_NAME, BuildError, compile_library, is_current
+from kiwi_jupyter.shim.build import (
+    LIBRARY_NAME,
+    BuildError,
+    compile_library,
+    is_current,
+    sources_hash,
+)
 
 __all__ = ["BuildError", "Shim", "ShimPolicyError", "cache_dir", "library_path"]
 
@@ -42,8 +48,6 @@ def library_path(*, build: bool = True) -> Path:
     packaged = _HERE / LIBRARY_NAME
     if is_current(packaged):
         return packaged
-    from kiwi_jupyter.shim.build import sources_hash
-
     cached = cache_dir() / sources_hash()[:16] / LIBRARY_NAME
     if is_current(cached):
         return cached
