@@ -23,9 +23,11 @@
 
 #include "shim.h"
 
-static atomic_int gate_open;
-static atomic_int in_flight;
-static _Atomic double last_activity;
+/* Each on a cache line of its own: in_flight is written by every call, gate_open only read,
+ * and last_activity written rarely (see kiwi_gate_exit). */
+static _Alignas(64) atomic_int gate_open;
+static _Alignas(64) atomic_int in_flight;
+static _Alignas(64) _Atomic double last_activity;
 
 void kiwi_gate_open(void)
 {
@@ -113,7 +115,14 @@ void kiwi_gate_exit(void)
 {
     if (!kiwi_cfg.enabled)
         return;
-    atomic_store_explicit(&last_activity, kiwi_now(), memory_order_relaxed);
+    /* The idle timer needs milliseconds, not nanoseconds: the coarse clock costs a few
+     * nanoseconds, and storing only when it moved keeps threads launching at once from
+     * fighting over the cache line. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    if (atomic_load_explicit(&last_activity, memory_order_relaxed) != now)
+        atomic_store_explicit(&last_activity, now, memory_order_relaxed);
     leave(false);
 }
 
