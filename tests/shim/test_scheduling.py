@@ -165,7 +165,7 @@ def test_a_cell_end_waits_for_work_still_inside_the_gate(scheduler, workload) ->
     w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_LAUNCH_SECONDS="0.3")
     assert w.call("d.launch()") == 0
     slow = w.start("d.launch(grid=7)")
-    wait_for(lambda: w.call("shim.stats()")["state"] == "holding")
+    wait_for(lambda: w.stats()["in_flight"] == 1, what="the slow launch to be inside the gate")
     w.call("shim.release()")
     assert slow.result() == 0
     names = w.log.names()
