@@ -53,6 +53,8 @@ class SchedulerHandler(KiwiHandler):
             # The Jupyter authorizer said yes, but the daemon checks the server's own uid and
             # said no: an operator runs the node daemon for this node.
             raise web.HTTPError(403, f"the Kiwi daemon refused: {exc}") from exc
+        except ValueError as exc:  # the daemon's own range check (error "invalid")
+            raise web.HTTPError(400, str(exc)) from exc
         except DaemonUnavailable as exc:
             raise web.HTTPError(503, str(exc)) from exc
         self.finish(json.dumps(await self.link.status()))

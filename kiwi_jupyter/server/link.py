@@ -35,7 +35,7 @@ class DaemonLink:
         self.socket_path = socket_path
         self.max_age = max_age
         self.timeout = timeout
-        self._client_factory = client_factory or _unregistered_client
+        self._client_factory = client_factory or self._control_client
         self._client: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiwi-daemon-link")
         self._inflight: asyncio.Future[dict[str, Any]] | None = None
@@ -92,11 +92,16 @@ class DaemonLink:
             return getattr(self._client, method)(*args)
         except PermissionError:
             raise
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError) as exc:  # ConnectionError and TimeoutError among them
             # The daemon went away (or never was): forget the connection so the next call
             # connects afresh, which is also how a restarted daemon is picked up.
             self._drop_client()
             raise DaemonUnavailable(_describe(exc, self.socket_path)) from exc
+
+    def _control_client(self, socket_path: str) -> Client:
+        # register=False: the server observes and steers; it never holds a GPU, so it must not
+        # show up as a client in the status document it serves.
+        return Client(socket_path, register=False, request_timeout=self.timeout)
 
     def _drop_client(self) -> None:
         client, self._client = self._client, None
@@ -105,10 +110,6 @@ class DaemonLink:
                 client.close()
             except OSError:
                 pass
-
-
-def _unregistered_client(socket_path: str) -> Any:
-    return Client(socket_path)
 
 
 def _describe(exc: BaseException, socket_path: str) -> str:
