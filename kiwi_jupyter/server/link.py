@@ -9,6 +9,7 @@ poll, the daemon sees at most one status request per ``max_age`` seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -106,10 +107,8 @@ class DaemonLink:
     def _drop_client(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:
+            with contextlib.suppress(OSError):
                 client.close()
-            except OSError:
-                pass
 
 
 def _describe(exc: BaseException, socket_path: str) -> str:

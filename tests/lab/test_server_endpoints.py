@@ -66,7 +66,9 @@ async def test_the_server_itself_is_not_a_client_of_the_daemon(jp_fetch: Any) ->
     assert status["clients"] == []
 
 
-async def test_post_mode_changes_the_daemons_mode(jp_fetch: Any, kiwi_daemon: DaemonProcess) -> None:
+async def test_post_mode_changes_the_daemons_mode(
+    jp_fetch: Any, kiwi_daemon: DaemonProcess
+) -> None:
     response = await post_change(jp_fetch, {"mode": "off"})
     assert json.loads(response.body)["mode"] == "off"
     with Client(kiwi_daemon.socket, register=False) as observer:
@@ -88,7 +90,8 @@ async def test_post_mode_and_tq_together(jp_fetch: Any) -> None:
 @pytest.mark.parametrize(
     "body",
     [{}, [], {"mode": "sometimes"}, {"tq": 0}, {"tq": -1}, {"tq": "30"}, {"tq": True}],
-    ids=["empty", "not-an-object", "unknown-mode", "zero-tq", "negative-tq", "string-tq", "bool-tq"],
+    ids=["empty", "not-an-object", "unknown-mode", "zero-tq", "negative-tq", "string-tq",
+         "bool-tq"],
 )
 async def test_post_rejects_a_bad_change_with_400(jp_fetch: Any, body: Any) -> None:
     with pytest.raises(HTTPClientError) as refused:
