@@ -288,10 +288,11 @@ class Daemon:
         client_id = self._registered(conn)
         started = time.perf_counter()
         actions = self.scheduler.release(self.now(), client_id)
+        # The next holder hears first: it is the one waiting, the releaser has moved on.
+        self.apply(actions, handoff_started=started)
         for action in actions:
             if isinstance(action, Released):
                 conn.send(p.encode(p.RELEASED, seq=seq, evict=action.evict))
-        self.apply(actions, handoff_started=started)
 
     def _on_working_set(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
         client_id = self._registered(conn)

@@ -116,12 +116,18 @@ def kiwictl_as(uid: int, groups: list[int], *args: str) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(status), stderr
 
 
-@root_only
-def test_non_admin_is_refused_with_exit_1(start_daemon, scratch) -> None:
+def world_reachable_daemon(start_daemon, scratch, extra_config: str = "") -> DaemonProcess:
+    """A daemon whose socket other users can reach, so that permission is the daemon's call."""
     config = scratch / "kiwi.yaml"
-    config.write_text("socket_mode: '0666'\n")
+    config.write_text("socket_mode: '0666'\n" + extra_config)
     daemon = start_daemon("--config", str(config))
     os.chmod(daemon.directory, 0o755)
+    return daemon
+
+
+@root_only
+def test_non_admin_is_refused_with_exit_1(start_daemon, scratch) -> None:
+    daemon = world_reachable_daemon(start_daemon, scratch)
     code, stderr = kiwictl_as(NOBODY, [], "--socket", daemon.socket, "-S", "off")
     assert code == 1
     assert stderr.startswith("[ERROR] Permission denied") and stderr.count("\n") == 1
@@ -132,10 +138,7 @@ def test_non_admin_is_refused_with_exit_1(start_daemon, scratch) -> None:
 
 @root_only
 def test_admin_group_member_may_change_the_mode(start_daemon, scratch) -> None:
-    config = scratch / "kiwi.yaml"
-    config.write_text("socket_mode: '0666'\nadmin_group: '4242'\n")
-    daemon = start_daemon("--config", str(config))
-    os.chmod(daemon.directory, 0o755)
+    daemon = world_reachable_daemon(start_daemon, scratch, "admin_group: '4242'\n")
     code, stderr = kiwictl_as(NOBODY, [4242], "--socket", daemon.socket, "-S", "off")
     assert code == 0, stderr
     with Client(daemon.socket, register=False) as c:
