@@ -32,7 +32,7 @@ labextension/node_modules/.package-lock.json: labextension/package.json labexten
 
 $(LABEXT_BUILT): $(VENV)/.installed labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
 	cd labextension && PATH="$(abspath $(BIN)):$$PATH" npm run build:prod
-	$(BIN)/jupyter labextension develop --overwrite .
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
 	touch $@
 
 ## The panel's model logic (Jest).
