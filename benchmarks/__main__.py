@@ -1,5 +1,7 @@
 """Run every benchmark that needs no GPU: ``python -m benchmarks``."""
 
-from benchmarks import daemon
+from benchmarks import daemon, lab
 
 daemon.main()
+print()
+lab.main()

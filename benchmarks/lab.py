@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -63,7 +64,7 @@ def _answers(path: str) -> bool:
 def _start_daemon(directory: str) -> tuple[subprocess.Popen[bytes], str]:
     path = os.path.join(directory, "kiwi.sock")
     daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", path,
-                               "--tq", "600", "--log-level", "WARNING"])
+                               "--tq", "600", "--log-level", "WARN"])
     _wait(lambda: _answers(path), 15, "the daemon")
     return daemon, path
 
@@ -209,7 +210,7 @@ def grant_to_panel(rounds: int = 20) -> None:
                 page.wait_for_selector("#jp-kiwi-panel .jp-Kiwi-scheduler")
                 rtt = page.evaluate(FETCH_RTT, lab.url("kiwi/api/status"))
                 page.evaluate(OBSERVER)
-                delays = _alternate_holders(page, socket_path, rounds)
+                delays = _alternate_holders(page, socket_path, rounds, refresh_ms / 1000)
                 browser.close()
             floor = refresh_ms / 2 + percentile(rtt, 50)
             p50, p99 = percentile(delays, 50), percentile(delays, 99)
@@ -219,9 +220,14 @@ def grant_to_panel(rounds: int = 20) -> None:
             lab.stop()
 
 
-def _alternate_holders(page: Any, socket_path: str, rounds: int) -> list[float]:
+def _alternate_holders(page: Any, socket_path: str, rounds: int, interval: float) -> list[float]:
     """Hand the GPU back and forth between two clients; the delay of each handoff as seen in
-    the page, in milliseconds."""
+    the page, in milliseconds.
+
+    Each release waits a random part of the refresh interval first: seeing the queue in the
+    page means a poll has just landed, and releasing at once would always catch the poller at
+    the start of its interval (measuring the full interval rather than a grant at a random
+    moment, as grants happen in use)."""
     a, b = Client(socket_path, name="bench-a"), Client(socket_path, name="bench-b")
     delays = []
     try:
@@ -234,6 +240,7 @@ def _alternate_holders(page: Any, socket_path: str, rounds: int) -> list[float]:
                 " && window.__kiwiSeen.length && window.__kiwiSeen.at(-1)[0] === n",
                 arg=holder.name, timeout=30_000)
             seen_before = page.evaluate("window.__kiwiSeen.length")
+            time.sleep(random.uniform(0, interval))
             released_at = time.time() * 1000
             holder.release()
             page.wait_for_function(
