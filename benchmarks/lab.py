@@ -13,6 +13,7 @@ Run: ``python -m benchmarks.lab`` (``make bench`` runs it after the daemon's).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -152,10 +153,8 @@ def status_endpoint() -> None:
 
 
 def _quiet_acquire(client: Client) -> None:
-    try:
+    with contextlib.suppress(ConnectionError, TimeoutError):  # closed at the end
         client.acquire(timeout=600)
-    except (ConnectionError, TimeoutError):
-        pass  # closed at the end of the benchmark
 
 
 OBSERVER = """
