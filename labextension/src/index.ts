@@ -9,15 +9,14 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, ISessionContext } from '@jupyterlab/apputils';
-import { PathExt } from '@jupyterlab/coreutils';
+import { ICommandPalette } from '@jupyterlab/apputils';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
-import { LabIcon } from '@jupyterlab/ui-components';
-import { Widget } from '@lumino/widgets';
 
 import { canWriteKiwi, changeScheduler } from './api';
+import { followFocusedKernel, labelKernelsBySession } from './focus';
+import { kiwiIcon } from './icon';
 import { KiwiModel } from './model';
 import { KiwiPanel } from './panel';
 import { StatusPoller } from './poller';
@@ -25,22 +24,6 @@ import { KiwiStatusItem } from './statusbar';
 import { CommandIDs, DEFAULT_SETTINGS, IKiwiSettings, SchedulerMode } from './tokens';
 
 const PLUGIN_ID = 'kiwi-jupyter:plugin';
-
-const kiwiIcon = new LabIcon({
-  name: 'kiwi-jupyter:gpu',
-  svgstr:
-    '<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 16 16">' +
-    '<g class="jp-icon3" fill="#616161"><rect x="2" y="4" width="12" height="8" rx="1"/>' +
-    '<rect x="4" y="1" width="1.5" height="3"/><rect x="7.25" y="1" width="1.5" height="3"/>' +
-    '<rect x="10.5" y="1" width="1.5" height="3"/><rect x="4" y="12" width="1.5" height="3"/>' +
-    '<rect x="7.25" y="12" width="1.5" height="3"/><rect x="10.5" y="12" width="1.5" height="3"/></g></svg>'
-});
-
-/** The kernel of a main-area widget (notebook or console), if it has one. */
-function kernelIdOf(widget: Widget | null): string | null {
-  const context = (widget as { sessionContext?: ISessionContext } | null)?.sessionContext;
-  return context?.session?.kernel?.id ?? null;
-}
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
@@ -76,36 +59,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       () => (panel.canWrite = false)
     );
 
-    // Follow the notebook (or console) in focus and its kernel, which registers with the daemon
-    // under its Jupyter kernel id.
-    let watched: ISessionContext | null = null;
-    const followKernel = () => {
-      const widget = labShell?.currentWidget ?? null;
-      const context = (widget as { sessionContext?: ISessionContext } | null)?.sessionContext ?? null;
-      if (context !== watched) {
-        watched?.kernelChanged.disconnect(followKernel);
-        context?.kernelChanged.connect(followKernel);
-        watched = context;
-      }
-      model.kernelId = kernelIdOf(widget);
-    };
-    labShell?.currentChanged.connect(followKernel);
-    followKernel();
-
-    // Name kernels after their notebooks in the queue and timeline.
-    const sessions = app.serviceManager.sessions;
-    const labelKernels = () => {
-      const labels = new Map<string, string>();
-      for (const session of sessions.running()) {
-        if (session.kernel) {
-          labels.set(session.kernel.id, PathExt.basename(session.path));
-        }
-      }
-      model.setKernelLabels(labels);
-      followKernel();
-    };
-    sessions.runningChanged.connect(labelKernels);
-    labelKernels();
+    followFocusedKernel(model, labShell);
+    labelKernelsBySession(model, app.serviceManager.sessions);
 
     app.commands.addCommand(CommandIDs.openPanel, {
       label: trans.__('Show the Kiwi GPU panel'),
