@@ -7,28 +7,12 @@ autouse cleanup of a ServerApp) apply to these tests only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-from jupyter_server.auth.authorizer import Authorizer
+from kiwiserver import kiwi_config
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 from support import DaemonProcess, short_tmpdir
-
-
-class KiwiReadOnly(Authorizer):
-    """An authorizer that lets users see the Kiwi panel but not change the scheduler."""
-
-    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
-        return not (resource == "kiwi" and action == "write")
-
-
-class NoKiwi(Authorizer):
-    """An authorizer that keeps users away from every Kiwi endpoint."""
-
-    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
-        return resource != "kiwi"
 
 
 @pytest.fixture
@@ -45,28 +29,8 @@ def nowhere(monkeypatch: pytest.MonkeyPatch) -> str:
     return path
 
 
-def kiwi_config(**kiwi: Any) -> dict[str, Any]:
-    """Server config enabling the extension, with ``c.KiwiExtension`` options."""
-    return {
-        "ServerApp": {"jpserver_extensions": {"kiwi_jupyter": True}},
-        "KiwiExtension": kiwi,
-    }
-
-
 @pytest.fixture
-def jp_server_config(request: pytest.FixtureRequest, kiwi_daemon: DaemonProcess) -> dict:
+def jp_server_config(kiwi_daemon: DaemonProcess) -> dict:
     """By default: the extension talks to `kiwi_daemon`, no embedded scheduler. Tests that want
-    something else override this fixture or parametrize it indirectly."""
+    something else override this fixture."""
     return kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False)
-
-
-async def get_status(jp_fetch: Callable[..., Any]) -> dict[str, Any]:
-    response = await jp_fetch("kiwi", "api", "status")
-    assert response.code == 200
-    return json.loads(response.body)
-
-
-def kiwi_app(serverapp: Any) -> Any:
-    """The running KiwiExtension instance of a server."""
-    (app,) = serverapp.extension_manager.extension_apps["kiwi_jupyter"]
-    return app

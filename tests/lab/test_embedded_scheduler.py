@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import get_status, kiwi_app, kiwi_config
+from kiwiserver import get_status, kiwi_app, kiwi_config
 from support import DaemonProcess
 
 from kiwi_jupyter.server.embedded import daemon_answers

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import kiwi_app
+from kiwiserver import kiwi_app
 from tornado.httpclient import HTTPClientError
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

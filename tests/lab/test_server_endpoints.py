@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import KiwiReadOnly, NoKiwi, get_status, kiwi_config
+from kiwiserver import KiwiReadOnly, NoKiwi, get_status, kiwi_config
 from support import DaemonProcess
 from tornado.httpclient import HTTPClientError
 
