@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from labserver import CHROMIUM, CHROMIUM_ARGS, LabServer
 
-pytestmark = pytest.mark.browser
-
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
