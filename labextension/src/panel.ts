@@ -125,7 +125,9 @@ export class KiwiPanel extends Widget {
     section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
 
     const memoryText =
-      gpu.memoryTotal === null
+      gpu.memoryTotal === null && gpu.memoryUsed === null
+        ? this._trans.__('unknown (no NVML)')
+        : gpu.memoryTotal === null
         ? this._trans.__('%1 used, capacity unknown', formatBytes(gpu.memoryUsed))
         : this._trans.__('%1 of %2', formatBytes(gpu.memoryUsed), formatBytes(gpu.memoryTotal));
     section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
@@ -239,7 +241,7 @@ export class KiwiPanel extends Widget {
     tq.type = 'number';
     tq.min = '0.01';
     tq.step = 'any';
-    const setTq = el('button', 'jp-Kiwi-tqButton jp-mod-styled jp-mod-accept', this._trans.__('Set TQ'));
+    const setTq = el('button', 'jp-Kiwi-tqButton jp-mod-styled jp-mod-accept', this._trans.__('Set'));
     const submitTq = () => {
       const seconds = Number(tq.value);
       if (!(seconds > 0)) {
