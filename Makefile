@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+LAB_ARGS ?=
 
 .PHONY: install lab test lint bench clean labextension jstest
 
@@ -17,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 ## Start JupyterLab with Kiwi (embedded scheduler, no other setup).
 lab: install labextension
-	$(BIN)/jupyter lab
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 ## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
 ## from the venv's labextensions to the build so later builds (`npm run watch`) show at once.
