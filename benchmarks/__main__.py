@@ -1,6 +1,8 @@
 """Run every benchmark that needs no GPU: ``python -m benchmarks``."""
 
-from benchmarks import daemon, fleet
+from benchmarks import daemon, fleet, lab
 
 daemon.main()
 fleet.main([])
+print()
+lab.main()
