@@ -149,8 +149,10 @@ class Client:
     def report_working_set(self, nbytes: int, evictable: int | None = None) -> None:
         if nbytes < 0:
             raise ValueError("working set must not be negative")
-        self._working_set = nbytes
-        if self._connected:
+        with self._cond:  # against _connect: either it sends this, or we do
+            self._working_set = nbytes
+            connected = self._connected
+        if connected:
             self._request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable)
 
     def status(self) -> dict[str, Any]:
@@ -358,10 +360,11 @@ class Client:
                                   software=f"nodeside.client {__version__}"))
             welcome = reader.expect(p.WELCOME)
             if self._register:
+                registered_working_set = self._working_set
                 sock.sendall(p.encode(p.REGISTER, name=self.name, pool=self.pool,
                                       priority=self.priority, gpu=self.gpu, kind=self.kind,
                                       labels=self.labels or None,
-                                      working_set=self._working_set))
+                                      working_set=registered_working_set))
                 registered = reader.expect(p.REGISTERED)
             with self._cond:
                 asked = self._register and self._wanted
@@ -378,6 +381,10 @@ class Client:
             if self._register:
                 self.id = registered["client"]
                 self.tq = registered.get("tq", self.tq)
+                if self._working_set != registered_working_set:
+                    # Reported while we registered, when report_working_set saw no connection.
+                    sock.sendall(p.encode(p.WORKING_SET, seq=next(self._seq),
+                                          bytes=int(self._working_set or 0)))
             self._connected = True
             self._down_since = None
             self._generation += 1

@@ -44,10 +44,7 @@ def prefetch_devices(lines: list[str]) -> list[int]:
 def other_client(scheduler, name: str, working_set: int | None = None) -> Client:
     """A plain client, connected, with its working set known to the daemon."""
     client = Client(scheduler.socket, name=name)
-    wait_for(lambda: client.connected, what=f"{name} to connect")
     if working_set is not None:
-        # Reported only once connected: nodeside.client loses a report made while it is
-        # registering (see the report to the lead).
         client.report_working_set(working_set)
     return client
 
