@@ -93,6 +93,8 @@ static bool connect_and_register(void)
     char line[1024];
     if (!kiwi_link_connect(ws.bytes, line, sizeof line))
         return false;
+    if (ws.evictable)
+        atomic_store(&working_set_dirty, true); /* register has no field for the evictable part */
     pthread_mutex_lock(&kiwi_lock);
     kiwi_json_string(line, "client", S.stats.client, sizeof S.stats.client);
     kiwi_json_string(line, "mode", S.stats.mode, sizeof S.stats.mode);
