@@ -22,9 +22,38 @@ def build_fake_cuda(directory: Path) -> Path:
     output = directory / "libcuda.so.1"
     subprocess.run(
         ["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror",
-         "-o", str(output), str(HERE / "fake_cuda.c"), "-lpthread"],
+         "-Wl,-soname,libcuda.so.1", "-o", str(output), str(HERE / "fake_cuda.c"), "-lpthread"],
         check=True, capture_output=True, text=True)
+    (directory / "libcuda.so").symlink_to(output.name)  # what -lcuda links against
     return output
+
+
+#: A program linked against libcuda.so.1, as CuPy's driver module is: no dlsym, no
+#: cuGetProcAddress, only the dynamic linker's binding.
+DIRECT_PROGRAM = r"""
+#include <stdio.h>
+typedef unsigned long long CUdeviceptr;
+int cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shared, void *stream, void **params, void **extra);
+int main(void)
+{
+    CUdeviceptr ptr = 0;
+    int allocated = cuMemAlloc_v2(&ptr, 4096);
+    int launched = cuLaunchKernel((void *)1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
+    printf("%d %d\n", allocated, launched);
+    return 0;
+}
+"""
+
+
+def build_direct_program(directory: Path, fake_cuda: Path) -> Path:
+    source = directory / "direct.c"
+    source.write_text(DIRECT_PROGRAM)
+    program = directory / "direct"
+    subprocess.run(["gcc", "-o", str(program), str(source), f"-L{fake_cuda.parent}", "-lcuda",
+                    f"-Wl,-rpath,{fake_cuda.parent}"], check=True, capture_output=True, text=True)
+    return program
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -6,7 +6,11 @@ reaches the driver; one that bypassed the shim would reach the fake driver's log
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
+from shim_harness import CudaLog, build_direct_program
 
 NOT_READY = 802
 NO_DAEMON = {"KIWI_SOCKET": "/nonexistent/kiwi.sock", "KIWI_FAIL_POLICY": "closed",
@@ -96,3 +100,18 @@ def test_shim_disabled_hands_out_the_driver_itself(workload) -> None:
     assert w.call("d.launch()") == 0
     assert w.log.calls("cuMemAlloc_v2")
     assert not w.log.calls("cuMemAllocManaged")
+
+
+def test_a_program_linked_against_libcuda_is_interposed(shim_library, fake_cuda,
+                                                        tmp_path) -> None:
+    program = build_direct_program(tmp_path, fake_cuda)
+    log = CudaLog(tmp_path / "cuda.log")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KIWI_")},
+           "LD_PRELOAD": str(shim_library), "FAKE_CUDA_LOG": str(log.path),
+           "KIWI_SOCKET": "/nonexistent/kiwi.sock", "KIWI_FAIL_POLICY": "closed",
+           "KIWI_FAIL_TIMEOUT": "0"}
+    out = subprocess.run([str(program)], env=env, check=True, capture_output=True, text=True,
+                         timeout=30).stdout.split()
+    assert out == ["0", str(NOT_READY)]
+    assert log.calls("cuMemAllocManaged") and not log.calls("cuMemAlloc_v2")
+    assert not log.calls("cuLaunchKernel")
