@@ -1,0 +1,196 @@
+"""The IPython extension: ``%load_ext kiwi_jupyter``.
+
+Every cell the user runs gets the GPU before its code and gives it back after, whatever way the
+cell ends. Three IPython mechanisms make that happen:
+
+- ``pre_run_cell`` marks a user cell (IPython does not fire it for silent executions, the ones
+  frontends and comms make, so those never touch the GPU);
+- an AST transformer makes a call to ``gate()`` the cell's first statement. Waiting happens
+  there, inside the cell, and not in ``pre_run_cell``, because IPython catches whatever a hook
+  raises (KeyboardInterrupt included), prints it and runs the cell anyway: an interrupt while
+  waiting would run the cell without the GPU. Raised from the cell's first statement, the
+  interrupt ends the cell like any other, and ``fail_closed`` can fail a cell the same way;
+- ``post_run_cell``, which IPython fires after success, error and interrupt alike, gives the GPU
+  back and writes the cell's closing lines (how long it waited, a drop it honoured late).
+
+A cell made only of ``%kiwi`` lines is not gated: asking for the status must not wait for the GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import sys
+from typing import Any
+
+from kiwi_jupyter.kernel.config import KiwiKernelConfig
+from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter, LazyArbiter, load_shim
+from kiwi_jupyter.kernel.identity import current_kernel_id
+from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
+
+log = logging.getLogger("kiwi_jupyter")
+
+_loaded: KiwiExtension | None = None
+
+
+def gate() -> None:
+    """The first statement of every gated cell: take the GPU before the cell's own code."""
+    __tracebackhide__ = True  # noqa: F841 (IPython hides this frame from tracebacks)
+    if _loaded is not None:
+        _loaded.gate()
+
+
+class _GateInserter(ast.NodeTransformer):
+    """Puts ``gate()`` first in a cell's code, once per cell (not in %timeit's inner loops)."""
+
+    def __init__(self, extension: KiwiExtension) -> None:
+        self.extension = extension
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        if not self.extension.wants_gate_inserted() or not node.body:
+            return node
+        # `from __future__` imports must stay first in the module.
+        at = next((i for i, stmt in enumerate(node.body)
+                   if not (isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__")),
+                  len(node.body))
+        call = ast.parse(f"__import__({__name__!r}, fromlist=['gate']).gate()").body[0]
+        anchor = node.body[min(at, len(node.body) - 1)]
+        for part in ast.walk(call):
+            ast.copy_location(part, anchor)
+            if hasattr(part, "end_lineno"):
+                part.end_lineno, part.end_col_offset = anchor.lineno, anchor.col_offset
+        node.body.insert(at, call)
+        return node
+
+
+def only_kiwi_magics(cell: str) -> bool:
+    lines = [line.strip() for line in cell.splitlines()]
+    code = [line for line in lines if line and not line.startswith("#")]
+    return bool(code) and all(line.startswith("%kiwi") for line in code)
+
+
+class KiwiExtension:
+    """The extension's state in one kernel: settings, link to the daemon, the current mode."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.config = KiwiKernelConfig(parent=shell)
+        self.link = DaemonLink(current_kernel_id())
+        self.shim, self.shim_missing = load_shim()
+        self.arbiter: Arbiter = self._arbiter_for(self.config.mode or
+                                                  ("lazy" if self.shim else "eager"))
+        self._in_cell = False
+        self._armed = False      # this cell still needs its gate() call
+        self._inserted = False   # gate() is already in this cell's code
+        self._inserter = _GateInserter(self)
+
+    # ---- wiring -----------------------------------------------------------------------
+
+    def install(self) -> None:
+        from kiwi_jupyter.kernel.magics import KiwiMagics
+
+        events = self.shell.events
+        events.register("pre_run_cell", self.pre_run_cell)
+        events.register("post_run_cell", self.post_run_cell)
+        self.shell.ast_transformers.append(self._inserter)
+        self.shell.register_magics(KiwiMagics(self.shell, extension=self))
+        try:
+            self.link.client()  # register now, so the panel shows this kernel before its 1st cell
+        except SchedulerUnreachable as exc:
+            log.warning("kiwi: %s; will try again at the next cell", exc)
+
+    def uninstall(self) -> None:
+        events = self.shell.events
+        for event, hook in (("pre_run_cell", self.pre_run_cell),
+                            ("post_run_cell", self.post_run_cell)):
+            if hook in events.callbacks[event]:
+                events.unregister(event, hook)
+        if self._inserter in self.shell.ast_transformers:
+            self.shell.ast_transformers.remove(self._inserter)
+        magics = self.shell.magics_manager
+        magics.magics["line"].pop("kiwi", None)
+        magics.registry.pop("KiwiMagics", None)
+        self.arbiter.release()
+        self.arbiter.close()
+        self.link.close()
+
+    # ---- modes --------------------------------------------------------------------------
+
+    def _arbiter_for(self, mode: str) -> Arbiter:
+        if mode == "lazy":
+            if self.shim is not None:
+                return LazyArbiter(self.link, self.config, self.shim)
+            print(f"kiwi: lazy mode needs the CUDA shim, but {self.shim_missing}; "
+                  "using eager mode (the GPU is taken when a cell starts)", file=sys.stderr)
+            mode = "eager"
+        if mode == "eager":
+            return EagerArbiter(self.link, self.config)
+        return Arbiter(self.link, self.config)
+
+    @property
+    def mode(self) -> str:
+        return self.arbiter.mode
+
+    def set_mode(self, mode: str) -> str:
+        """Switch how cells get the GPU; return the mode now in force."""
+        if mode == self.arbiter.mode:
+            return mode
+        old, self.arbiter = self.arbiter, self._arbiter_for(mode)
+        self.arbiter.report = old.report
+        old.release()
+        old.close()
+        self.config.mode = self.arbiter.mode
+        return self.arbiter.mode
+
+    # ---- the cell's life ----------------------------------------------------------------
+
+    def wants_gate_inserted(self) -> bool:
+        if self._armed and not self._inserted:
+            self._inserted = True
+            return True
+        return False
+
+    def pre_run_cell(self, info: Any) -> None:
+        self._in_cell = True
+        self._armed = self.arbiter.mode == "eager" and not only_kiwi_magics(info.raw_cell)
+        self._inserted = False
+        self.arbiter.begin_cell()
+
+    def gate(self) -> None:
+        if self._armed:
+            self._armed = False
+            self.arbiter.gate()
+
+    def post_run_cell(self, result: Any) -> None:
+        self._armed = False
+        if not self._in_cell:
+            return  # an empty cell: IPython fires post_run_cell without pre_run_cell
+        self._in_cell = False
+        self._close_cell(self.arbiter.end_cell())
+
+    def _close_cell(self, report: CellReport) -> None:
+        if report.waited > self.config.waited_note_after:
+            print(f"kiwi: waited {report.waited:.1f} s for the GPU")
+        if report.drop_requested:
+            print("kiwi: the scheduler asked for the GPU back during this cell (its quantum "
+                  "ended with others waiting); it was given back when the cell ended")
+        elif report.lost:
+            print("kiwi: this cell lost the GPU before it ended (the scheduler took it back "
+                  "or went away)", file=sys.stderr)
+
+
+def load_ipython_extension(shell: Any) -> None:
+    global _loaded
+    if _loaded is not None:
+        return
+    extension = KiwiExtension(shell)
+    extension.install()
+    _loaded = extension
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    global _loaded
+    if _loaded is None:
+        return
+    extension, _loaded = _loaded, None
+    extension.uninstall()

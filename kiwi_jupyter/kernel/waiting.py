@@ -1,0 +1,150 @@
+"""The live line a cell shows while it waits for the GPU.
+
+One output, published with a display id and then updated in place (``update_display_data``), so
+a long wait is one line that changes rather than a stream of prints. It says where the kernel is
+in the queue, who holds the GPU and how long that holder's quantum has left, and it is blanked
+when the GPU is granted.
+
+The cell's own thread is blocked in ``Client.acquire`` while it waits, so a ``Watcher`` thread
+keeps the line fresh. It publishes into the waiting cell's output because it runs in a copy of
+that cell's context (ipykernel keeps the parent message in a context variable).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from IPython.display import DisplayHandle, display
+
+from kiwi_jupyter.kernel.status_view import client_names
+
+Document = dict[str, Any]
+
+#: Where this kernel stands, asked for while the line is shown: a status document, or None when
+#: the scheduler did not answer.
+StatusSource = Callable[[], "Document | None"]
+
+
+def describe_wait(document: Document | None, me: str | None, waited: float) -> str:
+    """The waiting line's text for one status document."""
+    prefix = f"kiwi: waiting for the GPU ({waited:.0f} s)"
+    if document is None:
+        return f"{prefix}, the scheduler did not say where this kernel is"
+    mine = next((c for c in document.get("clients", []) if c["id"] == me), None)
+    gpu_index = mine.get("gpu", 0) if mine else 0
+    gpu = next((g for g in document.get("gpus", []) if g.get("index") == gpu_index), None)
+    parts = [prefix]
+    position = mine.get("queue_position") if mine else None
+    queue = len(gpu.get("queue", [])) if gpu else 0
+    if position is not None:
+        parts.append(f"position {position} of {queue} in the queue")
+    names = client_names(document)
+    holders = [names.get(h, h) for h in gpu.get("holders", [])] if gpu else []
+    if holders:
+        held = f"held by {', '.join(holders)}"
+        left = gpu.get("quantum_remaining") if gpu else None
+        if left is not None:
+            held += f", {left:.1f} s left in its quantum"
+        parts.append(held)
+    else:
+        parts.append("the GPU is being handed over")
+    return " · ".join(parts)
+
+
+class WaitingLine:
+    """One updatable output line. Publish from one thread at a time."""
+
+    def __init__(self) -> None:
+        self._handle: DisplayHandle | None = None
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        bundle = {"text/plain": text}
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+        self.shown = True
+
+    def remove(self) -> None:
+        # A display cannot be deleted, only updated: an empty bundle renders as nothing.
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+            self._handle = None
+
+
+class Watcher:
+    """A thread that shows and refreshes the waiting line while a cell is blocked.
+
+    ``watch()`` starts a wait and ``stop()`` ends it. The line appears only after ``delay``,
+    so a cell whose GPU is free never flickers. ``stop()`` returns once the line is gone, and the
+    cell's own output comes after it.
+    """
+
+    def __init__(self, status: StatusSource, me: Callable[[], str | None], *,
+                 delay: float, refresh: float) -> None:
+        self._status = status
+        self._me = me
+        self.delay = delay
+        self.refresh = refresh
+        self._changed = threading.Condition()
+        self._publishing = threading.Lock()  # held while the thread touches the line
+        self._since: float | None = None     # monotonic start of the current wait
+        self._context: contextvars.Context | None = None
+        self._line: WaitingLine | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self) -> None:
+        with self._changed:
+            self._since = time.monotonic()
+            self._context = contextvars.copy_context()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kiwi-waiting-line",
+                                                daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def stop(self) -> float:
+        """End the wait, remove the line if it was shown; return how long the wait lasted."""
+        with self._changed:
+            since, self._since = self._since, None
+            self._changed.notify()
+        with self._publishing:
+            line, self._line = self._line, None
+            if line is not None:
+                line.remove()
+        return 0.0 if since is None else time.monotonic() - since
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._since = None
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._closed and self._since is None:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                since, context = self._since, self._context
+                due = since + self.delay if self._line is None else time.monotonic() + self.refresh
+                while not self._closed and self._since == since and time.monotonic() < due:
+                    self._changed.wait(due - time.monotonic())
+                if self._closed or self._since != since:
+                    continue
+            # Ask outside the locks: stop() must never wait for a round trip to the daemon.
+            document = self._status()
+            text = describe_wait(document, self._me(), time.monotonic() - since)
+            with self._publishing:
+                if self._since != since or context is None:
+                    continue  # granted meanwhile: the line must not come back
+                if self._line is None:
+                    self._line = WaitingLine()
+                context.run(self._line.show, text)
