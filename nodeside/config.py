@@ -6,13 +6,14 @@ typo in a ConfigMap is a clear error at start instead of a silent default.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nodeside.protocol import MODES
 from nodeside.scheduler.pools import UNLIMITED, Pool
@@ -20,6 +21,8 @@ from nodeside.scheduler.pools import UNLIMITED, Pool
 DEFAULT_SOCKET = "/var/run/kiwi/scheduler.sock"
 DEFAULT_POOL = "default"
 DEFAULT_TQ = 30.0
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -71,6 +74,16 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def argument_type(parse: Callable[[Any], T]) -> Callable[[str], T]:
+    """Adapt a parser of this module to argparse, so flags and files are checked alike."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
 
 
 def parse_size(text: str | int) -> int:
@@ -226,7 +239,7 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib  # type: ignore[no-redef,unused-ignore]
             return tomllib.loads(text)
         import yaml
 

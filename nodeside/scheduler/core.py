@@ -426,7 +426,7 @@ class Scheduler:
                             and not self._over_maximum(gpu, w.pool, now, shares)),
                            key=_within_pool)
         actions: list[Action] = []
-        for claimant, victim in zip(claimants, victims):
+        for claimant, victim in zip(claimants, victims, strict=False):
             self.counts["preemptions"] += 1
             actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
         return actions

@@ -1,0 +1,108 @@
+"""``kiwictl``: turn the scheduler on and off, set its TQ, and see what it is doing.
+
+Exit status: 0 done; 1 the daemon refused or could not be reached (one line on stderr);
+2 bad usage. The success lines are the ones the seed's operations guide shows admins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from nodeside.client import Client, KiwiError
+from nodeside.config import DEFAULT_SOCKET, argument_type, parse_mode, parse_tq
+
+_MODE_DONE = {
+    "on": "Successfully turned on the Kiwi scheduler.",
+    "off": "Successfully turned off the Kiwi scheduler.",
+    "auto": "Successfully set the Kiwi scheduler to auto mode.",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiwictl", description="Control the Kiwi scheduler.")
+    parser.add_argument("--socket", default=os.environ.get("KIWI_SOCKET", DEFAULT_SOCKET),
+                        help="the daemon's socket (default: $KIWI_SOCKET or %(default)s)")
+    parser.add_argument("-S", dest="mode", type=argument_type(parse_mode), metavar="on|off|auto",
+                        help="turn the scheduler on, off, or to auto mode")
+    parser.add_argument("-T", dest="tq", type=argument_type(parse_tq), metavar="SECONDS",
+                        help="set the time quantum")
+    parser.add_argument("--gpu", type=int, help="with -T: set the TQ of this GPU only")
+    commands = parser.add_subparsers(dest="command")
+    status = commands.add_parser("status", help="show the scheduler's state")
+    status.add_argument("--json", action="store_true", help="print the status document")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.mode is None and args.tq is None and args.command is None:
+        parser.print_usage(sys.stderr)
+        print("kiwictl: error: say what to do: -S, -T or status", file=sys.stderr)
+        return 2
+    try:
+        with Client(args.socket, register=False, reconnect_timeout=3.0,
+                    request_timeout=10.0) as client:
+            if args.mode is not None:
+                client.set_mode(args.mode)
+                _info(_MODE_DONE[args.mode])
+            if args.tq is not None:
+                client.set_tq(args.tq, args.gpu)
+                where = "" if args.gpu is None else f" on GPU {args.gpu}"
+                _info(f"Successfully set the Kiwi scheduler's TQ to {args.tq:g} seconds{where}.")
+            if args.command == "status":
+                document = client.status()
+                if args.json:
+                    print(json.dumps(document, indent=2))
+                else:
+                    print(format_status(document))
+    except PermissionError as exc:
+        return _fail(f"Permission denied: {exc}")
+    except (ConnectionError, TimeoutError) as exc:
+        return _fail(str(exc))
+    except (KiwiError, ValueError) as exc:
+        return _fail(f"The Kiwi scheduler refused: {exc}")
+    return 0
+
+
+def format_status(doc: dict[str, Any]) -> str:
+    """The status document as a short report for a terminal."""
+    names = {c["id"]: c["name"] for c in doc["clients"]}
+    lines = [f"Kiwi scheduler: mode {doc['mode'].upper()}, TQ {doc['tq']:g} s"]
+    for gpu in doc["gpus"]:
+        memory = _bytes(gpu["memory_used"]) + " / " + _bytes(gpu["memory_total"])
+        lines.append(f"GPU {gpu['index']} {gpu['name']} ({memory})")
+        holders = ", ".join(names.get(h, h) for h in gpu["holders"]) or "nobody"
+        left = gpu["quantum_remaining"]
+        lines.append(f"  holding: {holders}" + ("" if left is None else f" ({left:.1f} s left)"))
+        for position, client_id in enumerate(gpu["queue"], 1):
+            lines.append(f"  #{position} waiting: {names.get(client_id, client_id)}")
+    if doc["clients"]:
+        lines.append("")
+        lines.append(f"{'CLIENT':<28} {'ID':<6} {'POOL':<12} {'PRIORITY':<8} {'STATE':<8} "
+                     f"{'GPU s':>8}")
+        for c in doc["clients"]:
+            lines.append(f"{c['name'][:28]:<28} {c['id']:<6} {c['pool'][:12]:<12} "
+                         f"{c['priority']:<8} {c['state']:<8} {c['gpu_seconds']:>8.1f}")
+    return "\n".join(lines)
+
+
+def _bytes(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _info(message: str) -> None:
+    print(f"[INFO] {message}")
+
+
+def _fail(message: str) -> int:
+    print(f"[ERROR] {message}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from nodeside.daemon.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""``kiwi-scheduler``: the node daemon, in the foreground, logging to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+from nodeside import __version__
+from nodeside.config import (
+    DEFAULT_SOCKET,
+    ConfigError,
+    argument_type,
+    load,
+    parse_mode,
+    parse_size,
+    parse_tq,
+)
+from nodeside.daemon.gpus import discover
+from nodeside.daemon.server import Daemon, DaemonError, DaemonOptions
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kiwi-scheduler",
+        description="Arbitrate this node's GPUs between the processes that share them.")
+    parser.add_argument("--socket", default=os.environ.get("KIWI_SOCKET", DEFAULT_SOCKET),
+                        help="Unix socket to listen on (default: $KIWI_SOCKET or %(default)s)")
+    parser.add_argument("--tq", type=argument_type(parse_tq),
+                        help="time quantum in seconds (default 30)")
+    parser.add_argument("--mode", type=argument_type(parse_mode),
+                        help="on, off or auto (default on)")
+    parser.add_argument("--config", help="YAML or TOML file with tq, mode and pools")
+    parser.add_argument("--state-file", help="keep runtime changes (kiwictl -S/-T) here")
+    parser.add_argument("--gpus", type=int, help="number of GPUs to manage (default: all NVML "
+                        "finds, or 1 without NVML)")
+    parser.add_argument("--gpu-memory", type=argument_type(parse_size),
+                        help="GPU memory for scheduling, e.g. 80GiB (overrides NVML)")
+    parser.add_argument("--grace", type=argument_type(parse_tq),
+                        help="seconds a holder has to give the GPU back when asked (default 10)")
+    parser.add_argument("--admin-group", help="group whose members may change mode and TQ")
+    parser.add_argument("--socket-group", help="group that owns the socket")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-address", default="0.0.0.0",
+                        help="address for --metrics-port (default %(default)s)")
+    parser.add_argument("--log-level", default=os.environ.get("KIWI_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARN", "ERROR"])
+    parser.add_argument("--version", action="version", version=f"kiwi-scheduler {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    log = logging.getLogger("kiwi.daemon")
+    overrides: dict[str, Any] = {k: v for k, v in {
+        "tq": args.tq, "mode": args.mode, "grace": args.grace,
+        "admin_group": args.admin_group, "socket_group": args.socket_group,
+    }.items() if v is not None}
+    try:
+        config = load(args.config).with_runtime(**overrides)
+    except ConfigError as exc:
+        log.error("Bad configuration: %s", exc)
+        return 2
+    if args.gpus is not None and args.gpus < 1:
+        log.error("--gpus must be at least 1")
+        return 2
+    gpus, memory_used = discover(args.gpus, args.gpu_memory)
+    options = DaemonOptions(socket=args.socket, config=config, gpus=gpus,
+                            memory_used=memory_used, config_file=args.config,
+                            overrides=overrides, state_file=args.state_file)
+    try:
+        asyncio.run(_run(options, args))
+    except DaemonError as exc:
+        log.error("%s", exc)
+        return 1
+    except (PermissionError, ValueError) as exc:
+        log.error("Cannot start: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _run(options: DaemonOptions, args: argparse.Namespace) -> None:
+    daemon = Daemon(options)
+    if args.metrics_port is not None:
+        from nodeside.metrics import serve_metrics
+
+        serve_metrics(daemon, args.metrics_port, args.metrics_address)
+    await daemon.serve_forever()
+
+
+def setup_logging(level: str) -> None:
+    # The seed's operations guide tells admins to look for lines like
+    # "[INFO] Scheduler status changed to ON, broadcasting it ...": keep that shape.
+    logging.addLevelName(logging.WARNING, "WARN")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+    root = logging.getLogger("kiwi")
+    root.handlers[:] = [handler]
+    root.setLevel("WARNING" if level == "WARN" else level)
+    root.propagate = False

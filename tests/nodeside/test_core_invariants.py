@@ -1,0 +1,145 @@
+"""Invariants of mode on, checked by Hypothesis over random contention on the sans-I/O core.
+
+The machine plays clients that ask, give back, die, ignore drop requests, and an admin that
+flips the mode; time only moves through the scheduler's own deadlines, as the daemon's timer
+moves it. After every step: at most one holder while on; nothing granted to a dead client; and
+every waiter is served within (waiters ahead of it + 1) quanta, each plus the grace period.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nodeside.config import SchedulerConfig
+from nodeside.scheduler.core import Drop, GpuSpec, Grant, Revoke, Scheduler
+
+TQ = 1.0
+GRACE = 0.5
+
+
+class RoundRobin(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.s = Scheduler(SchedulerConfig(tq=TQ, grace=GRACE), [GpuSpec(0)], now=0.0)
+        self.alive: set[str] = set()
+        self.dead: set[str] = set()
+        self.stubborn: set[str] = set()  # ignore drop requests
+        self.deadline_for: dict[str, float] = {}  # waiter -> latest time it may be granted
+        self.pending_drops: list[str] = []
+
+    # -- clients ------------------------------------------------------------------------
+
+    @rule(stubborn=st.booleans())
+    def register(self, stubborn: bool) -> None:
+        client = self.s.register(self.now, name="x")
+        self.alive.add(client.id)
+        if stubborn:
+            self.stubborn.add(client.id)
+
+    @precondition(lambda self: self.idle_clients())
+    @rule(data=st.data())
+    def acquire(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.idle_clients())))
+        self.carry_out(self.s.acquire(self.now, client))
+        if self.s.clients[client].state == "waiting" and self.s.mode == "on":
+            ahead = self.s.queue_position(client, self.now) - 1
+            self.deadline_for[client] = self.now + (ahead + 1) * (TQ + GRACE) + 1e-6
+
+    @precondition(lambda self: self.holders())
+    @rule(data=st.data(), again=st.booleans())
+    def release(self, data: st.DataObject, again: bool) -> None:
+        client = data.draw(st.sampled_from(sorted(self.holders())))
+        self.carry_out(self.s.release(self.now, client))
+        if again:
+            self.acquire_now(client)
+
+    @precondition(lambda self: self.alive)
+    @rule(data=st.data())
+    def die(self, data: st.DataObject) -> None:
+        client = data.draw(st.sampled_from(sorted(self.alive)))
+        self.alive.discard(client)
+        self.dead.add(client)
+        self.deadline_for.pop(client, None)
+        self.carry_out(self.s.unregister(self.now, client))
+
+    @rule(dt=st.floats(min_value=0.0, max_value=3.0))
+    def time_passes(self, dt: float) -> None:
+        target = self.now + dt
+        while True:
+            deadline = self.s.next_deadline(self.now)
+            if deadline is None or deadline > target:
+                break
+            self.now = max(self.now, deadline)
+            self.carry_out(self.s.tick(self.now))
+        self.now = target
+
+    @rule(mode=st.sampled_from(["on", "off"]))
+    def admin_sets_mode(self, mode: str) -> None:
+        self.carry_out(self.s.set_mode(self.now, mode))
+        if mode == "off":
+            self.deadline_for.clear()
+        else:
+            for waiter in self.s.queue(0, self.now):
+                ahead = self.s.queue_position(waiter.id, self.now) - 1
+                # Everyone dropped by the switch may hold on for a grace period first.
+                self.deadline_for[waiter.id] = self.now + GRACE + (ahead + 1) * (TQ + GRACE)
+
+    # -- the clients' side of the actions ------------------------------------------------
+
+    def carry_out(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, Grant):
+                assert action.client in self.alive, "granted to a dead client"
+                self.deadline_for.pop(action.client, None)
+            elif isinstance(action, Drop) and action.client not in self.stubborn:
+                self.pending_drops.append(action.client)
+            elif isinstance(action, Revoke):
+                assert action.client in self.stubborn
+        while self.pending_drops:
+            client = self.pending_drops.pop()
+            if client in self.alive and self.s.clients[client].state == "holding":
+                self.carry_out(self.s.release(self.now, client))
+                self.acquire_now(client)
+
+    def acquire_now(self, client: str) -> None:
+        self.carry_out(self.s.acquire(self.now, client))
+        if self.s.clients[client].state == "waiting" and self.s.mode == "on":
+            ahead = self.s.queue_position(client, self.now) - 1
+            self.deadline_for[client] = self.now + (ahead + 1) * (TQ + GRACE) + 1e-6
+
+    def idle_clients(self) -> set[str]:
+        return {c for c in self.alive if self.s.clients[c].state == "idle"}
+
+    def holders(self) -> set[str]:
+        return {c for c in self.alive if self.s.clients[c].state == "holding"}
+
+    # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def at_most_one_holder_when_on(self) -> None:
+        if self.s.mode == "on":
+            undropped = [c for c in self.s.gpus[0].holders.values()
+                         if c.hold and c.hold.drop_reason is None]
+            assert len(undropped) <= 1
+            if not any(c.hold and c.hold.drop_reason == "mode"
+                       for c in self.s.gpus[0].holders.values()):
+                assert len(self.s.gpus[0].holders) <= 1
+
+    @invariant()
+    def nothing_belongs_to_the_dead(self) -> None:
+        gpu = self.s.gpus[0]
+        assert not (set(gpu.holders) | set(gpu.waiters)) & self.dead
+
+    @invariant()
+    def no_waiter_starves(self) -> None:
+        for client, deadline in self.deadline_for.items():
+            assert self.now <= deadline or self.s.clients[client].state != "waiting", (
+                f"{client} still waits at {self.now:.3f}, past its bound {deadline:.3f}")
+
+
+RoundRobin.TestCase.settings = settings(max_examples=150, stateful_step_count=60,
+                                        deadline=None)
+TestRoundRobinInvariants = RoundRobin.TestCase

@@ -1,0 +1,100 @@
+"""What the tests share: a real daemon process on a real socket, and waiting with a deadline."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01,
+             what: str = "condition") -> T:
+    """Poll until ``predicate()`` is truthy; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def short_tmpdir() -> Path:
+    """A directory whose socket paths fit the 108-byte limit, whatever the test is called."""
+    return Path(tempfile.mkdtemp(prefix="kiwi-", dir="/tmp"))
+
+
+def socket_answers(path: str | os.PathLike[str]) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+class DaemonProcess:
+    """``kiwi-scheduler`` started as a real process, its stderr kept in a file."""
+
+    def __init__(self, directory: Path, *args: str) -> None:
+        self.directory = directory
+        self.socket = str(directory / "kiwi.sock")
+        self.log_path = directory / "daemon.log"
+        self.args = list(args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> DaemonProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nodeside.daemon", "--socket", self.socket, *self.args],
+            stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        wait_for(lambda: socket_answers(self.socket) or self.process.poll() is not None,
+                 timeout, what="the daemon to listen")
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the daemon exited at start:\n{self.log()}")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def wait_log(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+        return wait_for(lambda: re.search(pattern, self.log()), timeout,
+                        what=f"log line /{pattern}/ in:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self) -> DaemonProcess:
+        self.kill()
+        return self.start()
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KIWI_SOCKET": self.socket}
+
+    def cleanup(self) -> None:
+        self.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
