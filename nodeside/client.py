@@ -118,6 +118,7 @@ class Client:
             if self._holding:
                 return
             self._wanted = True
+            self._asked_in = -1  # not asked on any connection yet
         try:
             self._wait_for_grant(deadline)
         except BaseException:

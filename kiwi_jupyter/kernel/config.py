@@ -49,6 +49,15 @@ class KiwiKernelConfig(Configurable):
         it fails with SchedulerUnavailable.""",
     )
 
+    restart_grace = Float(
+        5.0,
+        min=0.0,
+        config=True,
+        help="""Under 'fail_open': a cell already waiting for the GPU when the scheduler goes
+        away keeps its request for this long, in case the scheduler is only restarting, before
+        it runs without arbitration.""",
+    )
+
     reconnect_interval = Float(
         0.25,
         min=0.01,

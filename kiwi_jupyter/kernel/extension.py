@@ -19,16 +19,13 @@ A cell made only of ``%kiwi`` lines is not gated: asking for the status must not
 from __future__ import annotations
 
 import ast
-import logging
 import sys
 from typing import Any
 
-from kiwi_jupyter.kernel.config import KiwiKernelConfig
+from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter, LazyArbiter, load_shim
-from kiwi_jupyter.kernel.identity import current_kernel_id
-from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
-
-log = logging.getLogger("kiwi_jupyter")
+from kiwi_jupyter.kernel.identity import client_name
+from kiwi_jupyter.kernel.link import DaemonLink
 
 _loaded: KiwiExtension | None = None
 
@@ -75,7 +72,10 @@ class KiwiExtension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.config = KiwiKernelConfig(parent=shell)
-        self.link = DaemonLink(current_kernel_id())
+        self.link = DaemonLink(client_name(), reconnect_timeout=(
+            self.config.unreachable_timeout if self.config.failure_policy == FAIL_CLOSED
+            else self.config.restart_grace))
+        self.link.add_listener(self._on_event)
         self.shim, self.shim_missing = load_shim()
         self.arbiter: Arbiter = self._arbiter_for(self.config.mode or
                                                   ("lazy" if self.shim else "eager"))
@@ -94,10 +94,7 @@ class KiwiExtension:
         events.register("post_run_cell", self.post_run_cell)
         self.shell.ast_transformers.append(self._inserter)
         self.shell.register_magics(KiwiMagics(self.shell, extension=self))
-        try:
-            self.link.client()  # register now, so the panel shows this kernel before its 1st cell
-        except SchedulerUnreachable as exc:
-            log.warning("kiwi: %s; will try again at the next cell", exc)
+        self.link.client  # noqa: B018 - register now: the panel shows the kernel before a cell
 
     def uninstall(self) -> None:
         events = self.shell.events
@@ -168,15 +165,29 @@ class KiwiExtension:
         self._in_cell = False
         self._close_cell(self.arbiter.end_cell())
 
+    def _on_event(self, message: dict[str, Any]) -> None:
+        # On the client's thread: only note why the GPU was wanted back, for the closing line.
+        if message.get("op") in ("drop", "revoked") and self._in_cell:
+            self.arbiter.report.drop_reason = str(message.get("reason", ""))
+
     def _close_cell(self, report: CellReport) -> None:
         if report.waited > self.config.waited_note_after:
             print(f"kiwi: waited {report.waited:.1f} s for the GPU")
         if report.drop_requested:
-            print("kiwi: the scheduler asked for the GPU back during this cell (its quantum "
-                  "ended with others waiting); it was given back when the cell ended")
-        elif report.lost:
-            print("kiwi: this cell lost the GPU before it ended (the scheduler took it back "
-                  "or went away)", file=sys.stderr)
+            reason = report.drop_reason
+            why = _DROP_REASONS.get(reason or "",
+                                    f"the scheduler asked for the GPU back ({reason})")
+            print(f"kiwi: {why} during this cell; the GPU was given back when the cell ended")
+
+
+_DROP_REASONS = {
+    "quantum": "the scheduler asked for the GPU back (this kernel's quantum ended with others "
+               "waiting)",
+    "preempt": "the scheduler asked for the GPU back (preempted by a non-preemptible request)",
+    "grace": "the scheduler took the GPU back (asked earlier, not given back within the grace "
+             "period)",
+    "": "the connection to the scheduler was lost, and with it the GPU",
+}
 
 
 def load_ipython_extension(shell: Any) -> None:

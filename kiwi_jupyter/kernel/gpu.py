@@ -31,10 +31,10 @@ from typing import Any, Protocol
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
-from kiwi_jupyter.kernel.waiting import Document, Watcher, WaitingLine
+from kiwi_jupyter.kernel.waiting import Document, WaitingLine, Watcher
 
 
-class SchedulerUnavailable(ConnectionError):
+class SchedulerUnavailable(ConnectionError):  # noqa: N818 (a condition, named for users)
     """Under ``fail_closed``: the scheduler stayed unreachable, so the cell did not run."""
 
 
@@ -42,11 +42,12 @@ class SchedulerUnavailable(ConnectionError):
 class CellReport:
     """What happened to one cell's GPU access; the extension turns it into output lines."""
 
-    waited: float = 0.0          # seconds the cell waited for its grant
-    held: bool = False           # the cell held the GPU at some point
-    drop_requested: bool = False # the scheduler asked for the GPU back mid-cell
-    lost: bool = False           # the hold ended under the cell (revoked, daemon gone)
-    unarbitrated: str | None = None    # why the cell ran without arbitration (fail_open)
+    waited: float = 0.0            # seconds the cell waited for its grant
+    held: bool = False             # the cell held the GPU at some point
+    drop_requested: bool = False   # the scheduler wanted the GPU back before the cell ended
+    drop_reason: str | None = None # why: "quantum", "preempt", ... "grace" when revoked;
+                                   # None when the connection to the daemon was lost instead
+    unarbitrated: str | None = None  # why the cell ran without arbitration (fail_open)
 
 
 class ShimGate(Protocol):
@@ -115,60 +116,51 @@ class Arbiter:
         """Block until the kernel's client holds the GPU, showing the waiting line.
 
         Applies the failure policy when the scheduler cannot be reached. An interrupt while
-        waiting withdraws the request, so the kernel is not granted a GPU it no longer wants.
+        waiting withdraws the request (the client does that before the interrupt reaches us),
+        so the GPU is never granted to a kernel that stopped waiting.
         """
         started = time.monotonic()
         while True:
             try:
-                client = self.link.client()
-                if client.holding:
-                    return
-                self.watcher.watch()
-                try:
-                    client.acquire()
-                finally:
-                    self.report.waited += self.watcher.stop()
-                self.report.held = self._acquired = True
+                self.link.check()
+            except SchedulerUnreachable as unreachable:
+                if self._wait_for_scheduler(unreachable, started):
+                    continue
                 return
+            client = self.link.client
+            if client.holding:
+                return
+            self.watcher.watch()
+            try:
+                client.acquire()
             except KeyboardInterrupt:
-                self._withdraw()
                 raise KeyboardInterrupt("interrupted while waiting for the GPU; "
                                         "the request was withdrawn") from None
-            except (ConnectionError, EOFError) as exc:
-                self.link.forget()
-                unreachable = (exc if isinstance(exc, SchedulerUnreachable)
-                               else SchedulerUnreachable(self.link.socket_path, str(exc)))
-                if not self._wait_for_scheduler(unreachable, started):
-                    return
+            except ConnectionError as exc:
+                # The daemon went away while we waited and did not come back in time.
+                lost = SchedulerUnreachable(self.link.socket_path, str(exc))
+                if self._wait_for_scheduler(lost, started):
+                    continue
+                return
+            finally:
+                self.report.waited += self.watcher.stop()
+            self.report.held = self._acquired = True
+            return
 
     def release(self) -> None:
         """Give back the GPU if the kernel's client holds it; note a drop asked mid-cell."""
         client = self.link.current
+        acquired, self._acquired = self._acquired, False
         if client is None:
-            self._acquired = False
             return
-        if self._acquired:
-            self._acquired = False
-            if client.drop_requested.is_set():
-                self.report.drop_requested = True
-            if not client.holding:
-                self.report.lost = True
-        try:
-            client.release()
-        except (ConnectionError, EOFError):
-            self.link.forget()  # the daemon is gone, and with it the hold
+        if acquired and client.drop_requested.is_set():
+            self.report.drop_requested = True
+        client.release()  # the client ignores a daemon that is gone: so did the hold
 
     def close(self) -> None:
         self.watcher.close()
 
     # ---- internals ----------------------------------------------------------------------
-
-    def _withdraw(self) -> None:
-        self.watcher.stop()
-        try:
-            self.link.call(lambda c: c.release(), retry=False)
-        except ConnectionError:
-            self.link.forget()
 
     def _wait_for_scheduler(self, unreachable: SchedulerUnreachable, started: float) -> bool:
         """Apply the failure policy. True: try to acquire again; False: run unarbitrated."""
@@ -178,21 +170,18 @@ class Arbiter:
                   file=sys.stderr)
             return False
         line = WaitingLine()
+        deadline = started + self.config.unreachable_timeout
         try:
-            while True:
-                left = self.config.unreachable_timeout - (time.monotonic() - started)
+            while not self.link.client.connected:
+                left = deadline - time.monotonic()
                 if left <= 0:
                     raise SchedulerUnavailable(
-                        f"{unreachable}; gave up after {self.config.unreachable_timeout:.0f} s "
+                        f"{unreachable}; gave up after {self.config.unreachable_timeout:g} s "
                         "(fail_closed), so the cell did not run")
                 line.show(f"kiwi: waiting for the scheduler at {unreachable.socket_path} "
                           f"({unreachable.reason}); the cell fails in {left:.0f} s")
                 time.sleep(min(self.config.reconnect_interval, left))
-                try:
-                    self.link.client()
-                    return True
-                except SchedulerUnreachable as again:
-                    unreachable = again
+            return True
         finally:
             line.remove()
 
@@ -204,7 +193,7 @@ class Arbiter:
             return None
         try:
             return client.status()
-        except (ConnectionError, EOFError, TimeoutError, OSError):
+        except (ConnectionError, TimeoutError):
             return None
 
 

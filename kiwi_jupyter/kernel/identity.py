@@ -47,3 +47,8 @@ def current_kernel_id() -> str | None:
     if kernelapp is not None and kernelapp.IPKernelApp.initialized():
         return kernel_id_from_connection_file(kernelapp.IPKernelApp.instance().connection_file)
     return None
+
+
+def client_name() -> str:
+    """The name this kernel registers under: its kernel id when Jupyter gave it one."""
+    return current_kernel_id() or os.environ.get("KIWI_CLIENT_NAME") or f"ipython-{os.getpid()}"
