@@ -72,10 +72,10 @@ class KiwiExtension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.config = KiwiKernelConfig(parent=shell)
-        self.link = DaemonLink(client_name(), reconnect_timeout=(
-            self.config.unreachable_timeout if self.config.failure_policy == FAIL_CLOSED
-            else self.config.restart_grace))
+        self.link = DaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout())
         self.link.add_listener(self._on_event)
+        self.config.observe(self._policy_changed, names=["failure_policy", "unreachable_timeout",
+                                                         "restart_grace"])
         self.shim, self.shim_missing = load_shim()
         self.arbiter: Arbiter = self._arbiter_for(self.config.mode or
                                                   ("lazy" if self.shim else "eager"))
@@ -93,6 +93,7 @@ class KiwiExtension:
         events.register("pre_run_cell", self.pre_run_cell)
         events.register("post_run_cell", self.post_run_cell)
         self.shell.ast_transformers.append(self._inserter)
+        self.shell.configurables.append(self.config)  # so that %config KiwiKernelConfig works
         self.shell.register_magics(KiwiMagics(self.shell, extension=self))
         self.link.client  # noqa: B018 - register now: the panel shows the kernel before a cell
 
@@ -104,12 +105,23 @@ class KiwiExtension:
                 events.unregister(event, hook)
         if self._inserter in self.shell.ast_transformers:
             self.shell.ast_transformers.remove(self._inserter)
+        if self.config in self.shell.configurables:
+            self.shell.configurables.remove(self.config)
         magics = self.shell.magics_manager
         magics.magics["line"].pop("kiwi", None)
         magics.registry.pop("KiwiMagics", None)
         self.arbiter.release()
         self.arbiter.close()
         self.link.close()
+
+    def _reconnect_timeout(self) -> float:
+        """How long a waiting request outlives a vanished daemon, by failure policy."""
+        if self.config.failure_policy == FAIL_CLOSED:
+            return self.config.unreachable_timeout
+        return self.config.restart_grace
+
+    def _policy_changed(self, change: Any) -> None:
+        self.link.reconnect_timeout = self._reconnect_timeout()
 
     # ---- modes --------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ class DaemonLink:
         self.socket_path = socket_path or os.environ.get("KIWI_SOCKET") or DEFAULT_SOCKET
         self.pool: str | None = None      # None: KIWI_POOL, read by the Client
         self.priority: str | None = None  # None: KIWI_PRIORITY
-        self.reconnect_timeout = reconnect_timeout
+        self._reconnect_timeout = reconnect_timeout
         self._listeners: list[Listener] = []
         self._client: Client | None = None
         self._made_at = 0.0
@@ -57,11 +57,22 @@ class DaemonLink:
         if self._client is None:
             self._client = Client(self.socket_path, name=self.name, pool=self.pool,
                                   priority=self.priority, kind="kernel",
-                                  reconnect_timeout=self.reconnect_timeout)
+                                  reconnect_timeout=self._reconnect_timeout)
             self._made_at = time.monotonic()
             for listener in self._listeners:
                 self._client.add_listener(listener)
         return self._client
+
+    @property
+    def reconnect_timeout(self) -> float:
+        """How long a waiting ``acquire`` keeps its request while the daemon is away."""
+        return self._reconnect_timeout
+
+    @reconnect_timeout.setter
+    def reconnect_timeout(self, seconds: float) -> None:
+        self._reconnect_timeout = seconds
+        if self._client is not None:
+            self._client.reconnect_timeout = seconds
 
     @property
     def current(self) -> Client | None:

@@ -61,13 +61,14 @@ class StatusTable:
         names = client_names(self.document)
         lines = []
         for gpu in self.document.get("gpus", []):
-            holders = ", ".join(names.get(h, h) for h in gpu.get("holders", [])) or "nobody"
+            held = ", ".join(names.get(h, h) for h in gpu.get("holders", []))
+            holders = f"held by {held}" if held else "free"
             left = gpu.get("quantum_remaining")
             quantum = "" if left is None else f", {left:.1f} s left in the quantum"
             memory = human_bytes(gpu.get("memory_total"))
             lines.append(
                 f"GPU {gpu['index']} ({gpu.get('name') or 'unknown'}, {memory}): "
-                f"held by {holders}{quantum}; {len(gpu.get('queue', []))} waiting"
+                f"{holders}{quantum}; {len(gpu.get('queue', []))} waiting"
             )
         return lines
 
