@@ -186,20 +186,20 @@ class KiwiExtension:
         if report.waited > self.config.waited_note_after:
             print(f"kiwi: waited {report.waited:.1f} s for the GPU")
         if report.drop_requested:
-            reason = report.drop_reason
-            why = _DROP_REASONS.get(reason or "",
-                                    f"the scheduler asked for the GPU back ({reason})")
-            print(f"kiwi: {why} during this cell; the GPU was given back when the cell ended")
+            print(f"kiwi: {_drop_sentence(report.drop_reason)}")
 
 
-_DROP_REASONS = {
-    "quantum": "the scheduler asked for the GPU back (this kernel's quantum ended with others "
-               "waiting)",
-    "preempt": "the scheduler asked for the GPU back (preempted by a non-preemptible request)",
-    "grace": "the scheduler took the GPU back (asked earlier, not given back within the grace "
-             "period)",
-    "": "the connection to the scheduler was lost, and with it the GPU",
-}
+def _drop_sentence(reason: str | None) -> str:
+    """The closing line of a cell that kept the GPU past the scheduler's request for it."""
+    if reason is None or reason == "":
+        return "the connection to the scheduler was lost during this cell, and the GPU with it"
+    if reason == "grace":
+        return ("the scheduler took the GPU back during this cell: it had asked for it and "
+                "the cell kept it past the grace period")
+    why = {"quantum": "this kernel's quantum ended with others waiting",
+           "preempt": "preempted by a non-preemptible request"}.get(reason, reason)
+    return (f"the scheduler asked for the GPU back during this cell ({why}); it was given back "
+            "when the cell ended")
 
 
 def load_ipython_extension(shell: Any) -> None:

@@ -88,8 +88,8 @@ def test_a_cell_that_waited_over_a_second_says_how_long(contention: dict[str, An
 def test_a_drop_asked_mid_cell_is_honoured_at_cell_end_with_one_line(
         contention: dict[str, Any]) -> None:
     notes = [line for line in contention["a1"].stdout.splitlines() if "during this cell" in line]
-    assert notes == ["kiwi: the scheduler asked for the GPU back (this kernel's quantum ended "
-                     "with others waiting) during this cell; the GPU was given back when the "
+    assert notes == ["kiwi: the scheduler asked for the GPU back during this cell (this "
+                     "kernel's quantum ended with others waiting); it was given back when the "
                      "cell ended"]
     assert "during this cell" not in contention["a2"].stdout  # nobody waited behind it
 
