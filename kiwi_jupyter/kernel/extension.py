@@ -23,7 +23,15 @@ import sys
 from typing import Any
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
-from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter, LazyArbiter, load_shim
+from kiwi_jupyter.kernel.gpu import (
+    Arbiter,
+    CellReport,
+    EagerArbiter,
+    ShimArbiter,
+    ShimEagerArbiter,
+    ShimOffArbiter,
+    load_shim,
+)
 from kiwi_jupyter.kernel.identity import client_name
 from kiwi_jupyter.kernel.link import DaemonLink
 
@@ -72,11 +80,14 @@ class KiwiExtension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.config = KiwiKernelConfig(parent=shell)
-        self.link = DaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout())
+        self.shim, self.shim_missing = load_shim()
+        # With the shim loaded the shim is the kernel's scheduling client, and the kernel's own
+        # connection only reads status and sends admin requests.
+        self.link = DaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout(),
+                               register=self.shim is None)
         self.link.add_listener(self._on_event)
         self.config.observe(self._policy_changed, names=["failure_policy", "unreachable_timeout",
                                                          "restart_grace"])
-        self.shim, self.shim_missing = load_shim()
         self.arbiter: Arbiter = self._arbiter_for(self.config.mode or
                                                   ("lazy" if self.shim else "eager"))
         self._in_cell = False
@@ -126,9 +137,10 @@ class KiwiExtension:
     # ---- modes --------------------------------------------------------------------------
 
     def _arbiter_for(self, mode: str) -> Arbiter:
+        if self.shim is not None:
+            kinds = {"eager": ShimEagerArbiter, "lazy": ShimArbiter, "off": ShimOffArbiter}
+            return kinds[mode](self.link, self.config, self.shim)
         if mode == "lazy":
-            if self.shim is not None:
-                return LazyArbiter(self.link, self.config, self.shim)
             print(f"kiwi: lazy mode needs the CUDA shim, but {self.shim_missing}; "
                   "using eager mode (the GPU is taken when a cell starts)", file=sys.stderr)
             mode = "eager"

@@ -8,21 +8,23 @@ mode does at those moments:
 =========  ===========================  ==================================  ================
 mode       begin_cell                   gate                                end_cell
 =========  ===========================  ==================================  ================
-eager      note the cell                acquire with the kernel's client    release
+eager      note the cell                acquire                             release
 lazy       tell the shim a cell begins  nothing: the shim acquires at the   tell the shim to
                                         cell's first CUDA call              release now
 off        nothing                      nothing                             release a hold
                                                                             made by hand
 =========  ===========================  ==================================  ================
 
-The shim side is the small ctypes API of ``kiwi_jupyter.shim`` (``ShimGate`` below states what
-this module expects of it). Without a loaded shim (no GPU, or ``KIWI_SHIM=0``) lazy mode cannot
-work, and the extension falls back to eager and says so.
+Who acquires depends on the shim. Without it (no GPU, or ``KIWI_SHIM=0``) the kernel's own
+``Client`` does (``Arbiter``, ``EagerArbiter``), and lazy mode cannot work: the extension falls
+back to eager and says so. With the shim preloaded, the shim is the kernel's one scheduling
+client and every mode goes through its ctypes API (``ShimArbiter`` and its two siblings;
+``ShimGate`` states what they use of ``kiwi_jupyter.shim.Shim``): two clients for one kernel
+would queue behind each other.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from collections.abc import Mapping
@@ -51,36 +53,43 @@ class CellReport:
 
 
 class ShimGate(Protocol):
-    """What ``kiwi_jupyter.shim`` offers the kernel (module-level functions)."""
+    """What the kernel uses of ``kiwi_jupyter.shim.Shim``, the ctypes face of the CUDA shim."""
 
     def active(self) -> bool:
-        """The shim is preloaded in this process and talks to the scheduler."""
+        """The shim gates this process's GPU work (it is preloaded and KIWI_SHIM is not 0)."""
 
-    def cell_begins(self) -> None:
-        """A cell starts: the next CUDA call acquires the GPU (statistics restart)."""
+    def cell_begin(self) -> None:
+        """A cell starts: its end, not an idle timer, gives the GPU back."""
 
-    def release_now(self) -> None:
-        """The cell is over: give the GPU back now, not at the end of the quantum."""
+    def release(self) -> None:
+        """The cell is over: synchronize, evict if the next holder needs the room, release."""
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` for the GPU; False on timeout, the request still queued."""
+
+    @property
+    def holding(self) -> bool:
+        """This process holds its GPU."""
+
+    def set_policy(self, *, fail_closed: bool, timeout: float) -> None:
+        """What GPU calls do while the daemon is unreachable."""
 
     def stats(self) -> Mapping[str, Any]:
-        """Since ``cell_begins``: ``waited`` (s), ``held`` (bool), ``drop_requested`` (bool)."""
+        """Counters since the process started: ``seconds_waiting``, ``grants``, ``drops``..."""
 
 
 def load_shim() -> tuple[ShimGate | None, str]:
-    """The loaded shim, or None and the reason lazy mode cannot be used."""
+    """The shim preloaded in this kernel, or None and the reason lazy mode cannot be used."""
     try:
-        shim: Any = importlib.import_module("kiwi_jupyter.shim")
-    except ImportError as exc:
-        return None, f"the shim's Python glue is missing ({exc})"
-    missing = [f for f in ("active", "cell_begins", "release_now", "stats")
-               if not callable(getattr(shim, f, None))]
-    if missing:
-        return None, f"kiwi_jupyter.shim lacks {', '.join(missing)}"
-    try:
-        if not shim.active():
-            return None, "the CUDA shim is not loaded in this kernel (no GPU, or KIWI_SHIM=0)"
-    except OSError as exc:
-        return None, f"the CUDA shim does not answer ({exc})"
+        from kiwi_jupyter.shim import Shim
+    except ImportError:
+        return None, "the shim's Python glue (kiwi_jupyter.shim) is not installed"
+    shim = Shim.attach()
+    if shim is None:
+        return None, ("the CUDA shim is not preloaded in this kernel (it is, in the Kiwi kernel "
+                      "on a node with a CUDA driver)")
+    if not shim.active():
+        return None, "the CUDA shim is loaded but switched off (KIWI_SHIM=0)"
     return shim, ""
 
 
@@ -94,7 +103,7 @@ class Arbiter:
         self.config = config
         self.report = CellReport()
         self._acquired = False  # the kernel's client acquired and has not released yet
-        self.watcher = Watcher(self._status_for_line, lambda: self.link.client_id,
+        self.watcher = Watcher(self._status_for_line, self.my_client_id,
                                delay=config.waiting_line_delay,
                                refresh=config.waiting_line_refresh)
 
@@ -185,6 +194,15 @@ class Arbiter:
         finally:
             line.remove()
 
+    @property
+    def holding(self) -> bool:
+        client = self.link.current
+        return client is not None and client.holding
+
+    def my_client_id(self) -> str | None:
+        """The scheduler's id for whoever holds and waits on this kernel's behalf."""
+        return self.link.client_id
+
     def _status_for_line(self) -> Document | None:
         # Runs on the watcher thread while the cell's thread waits in acquire(): it must not
         # reconnect or forget the client under the cell's feet, only ask.
@@ -206,28 +224,95 @@ class EagerArbiter(Arbiter):
         self.acquire()
 
 
-class LazyArbiter(Arbiter):
-    """The shim takes the GPU at the cell's first CUDA call; the kernel only frames cells."""
+class ShimArbiter(Arbiter):
+    """Lazy mode: the shim takes the GPU at the cell's first CUDA call; the kernel frames cells.
+
+    With the shim loaded, the shim is this kernel's scheduling client (registered under the
+    kernel's id) and the kernel's own client only reads status and sends admin requests, so
+    every arbiter here goes through the shim. A drop asked mid-cell is the shim's to honour (it
+    gates the GPU work there and then), so a shim cell's closing lines are only about waiting.
+    """
 
     mode = "lazy"
+    #: Waiting happens in C; waiting in slices this long lets an interrupt reach Python.
+    SLICE = 0.2
 
     def __init__(self, link: DaemonLink, config: KiwiKernelConfig, shim: ShimGate) -> None:
         super().__init__(link, config)
         self.shim = shim
+        self._before: Mapping[str, Any] = {}
+        shim.set_policy(fail_closed=config.failure_policy == FAIL_CLOSED,
+                        timeout=config.unreachable_timeout)
 
     def begin_cell(self) -> None:
         super().begin_cell()
-        self.shim.cell_begins()
+        self.shim.cell_begin()
+        self._before = self.shim.stats()
 
     def end_cell(self) -> CellReport:
-        self.shim.release_now()
-        stats = self.shim.stats()
-        self.report.waited += float(stats.get("waited", 0.0))
-        # With the shim a drop is honoured mid-cell (it gates the GPU work), so only the wait
-        # is worth a line.
-        self.report.held = self.report.held or bool(stats.get("held", False))
-        return super().end_cell()
+        self.release()
+        after = self.shim.stats()
+        self.report.waited += _grew(self._before, after, "seconds_waiting")
+        self.report.held = self.report.held or _grew(self._before, after, "grants") > 0
+        return self.report
 
     def acquire(self) -> None:
-        print("kiwi: in lazy mode the CUDA shim acquires the GPU at the cell's first GPU call; "
-              "use `%kiwi mode eager` to take it by hand", file=sys.stderr)
+        """Take the GPU now through the shim (eager mode, ``%kiwi acquire``).
+
+        A timed-out slice keeps the shim's request queued, so slicing costs no queue position.
+        """
+        self.watcher.watch()
+        try:
+            while True:
+                if self.shim.acquire(self.SLICE):
+                    break
+        except KeyboardInterrupt:
+            self.shim.release()  # withdraws the queued request
+            raise KeyboardInterrupt("interrupted while waiting for the GPU; "
+                                    "the request was withdrawn") from None
+        except ConnectionError as exc:  # the shim's fail_closed timeout ran out
+            raise SchedulerUnavailable(str(exc)) from None
+        finally:
+            self.watcher.stop()
+        self._acquired = True
+
+    def release(self) -> None:
+        self._acquired = False
+        self.shim.release()
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.shim.holding)
+
+    def my_client_id(self) -> str | None:
+        client = self.shim.stats().get("client")
+        return client if isinstance(client, str) else None
+
+
+class ShimEagerArbiter(ShimArbiter):
+    """Eager mode with the shim loaded: the shim takes the GPU before the cell's code runs."""
+
+    mode = "eager"
+
+    def gate(self) -> None:
+        self.acquire()
+
+
+class ShimOffArbiter(ShimArbiter):
+    """Mode off with the shim loaded: cells are not framed; only a hold taken by hand ends."""
+
+    mode = "off"
+
+    def begin_cell(self) -> None:
+        self.report = CellReport()
+
+    def end_cell(self) -> CellReport:
+        if self._acquired:
+            self.release()
+        return self.report
+
+
+def _grew(before: Mapping[str, Any], after: Mapping[str, Any], counter: str) -> float:
+    """How much a shim counter grew during the cell."""
+    now, then = float(after.get(counter, 0.0)), float(before.get(counter, 0.0))
+    return now - then if now >= then else now  # the shim restarted its count at cell_begin

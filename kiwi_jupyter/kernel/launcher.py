@@ -21,7 +21,8 @@ relies on:
 - the cost is one more interpreter start (tens of milliseconds), paid only where a GPU exists.
 
 The preload is skipped, and the kernel starts at once, when ``KIWI_SHIM=0``, when the shim is not
-built, or when no CUDA driver can be loaded (no GPU: nothing to intercept). Processes the kernel
+built, or when no CUDA driver can be loaded (no GPU: nothing to intercept; ``KIWI_SHIM=1``
+preloads anyway). Processes the kernel
 starts (``!python train.py``) inherit ``LD_PRELOAD`` and so are arbitrated too, each as a client
 of its own under the kernel's name.
 """
@@ -29,9 +30,9 @@ of its own under the kernel's name.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from kiwi_jupyter.kernel.identity import (
@@ -40,21 +41,28 @@ from kiwi_jupyter.kernel.identity import (
     kernel_id_from_connection_file,
 )
 
+#: ``0``: never preload the shim; ``1``: preload it even where no CUDA driver is found (a driver
+#: mounted after start, or a test); unset: preload when the shim is built and a driver loads.
 SHIM_ENV = "KIWI_SHIM"
+#: A shim library to use instead of the one built into the package.
+SHIM_LIBRARY_ENV = "KIWI_SHIM_LIBRARY"
 #: The driver library the shim wraps; if it cannot be loaded there is no GPU to arbitrate.
 CUDA_DRIVER = "libcuda.so.1"
 
 
 def shim_library() -> Path | None:
-    """The built shim library, found without importing (and so loading) it."""
-    spec = importlib.util.find_spec("kiwi_jupyter.shim")
-    if spec is None or not spec.submodule_search_locations:
+    """The shim built for the installed sources; never builds it (that is install time's job).
+
+    ``kiwi_jupyter.shim`` only locates the library here; nothing is loaded before the exec.
+    """
+    try:
+        from kiwi_jupyter.shim import library_path
+    except ImportError:
+        return None  # a package without the shim's glue: nothing to preload
+    try:
+        return Path(library_path(build=False))
+    except OSError:  # FileNotFoundError: not built for these sources
         return None
-    for folder in spec.submodule_search_locations:
-        built = sorted(Path(folder).glob("*.so"))
-        if built:
-            return built[0]
-    return None
 
 
 def cuda_driver_present() -> bool:
@@ -65,21 +73,26 @@ def cuda_driver_present() -> bool:
     return True
 
 
-def preload_plan(environ: dict[str, str]) -> Path | None:
+def preload_plan(environ: Mapping[str, str]) -> Path | None:
     """The shim to preload by re-executing, or None to start the kernel as we are."""
-    if environ.get(SHIM_ENV, "1") == "0":
+    setting = environ.get(SHIM_ENV, "")
+    if setting == "0":
         return None
-    library = shim_library()
-    if library is None:
+    chosen = environ.get(SHIM_LIBRARY_ENV)
+    library = Path(chosen).resolve() if chosen else shim_library()
+    if library is None or not library.is_file():
+        if setting == "1":
+            print(f"kiwi: {SHIM_ENV}=1 but no shim library was found "
+                  f"({chosen or 'not built'}); starting without it", file=sys.stderr)
         return None
     if str(library) in environ.get("LD_PRELOAD", "").replace(":", " ").split():
         return None  # already preloaded: this is the second run
-    if not cuda_driver_present():
+    if setting != "1" and not cuda_driver_present():
         return None
     return library
 
 
-def _reexec_with(library: Path, environ: dict[str, str]) -> None:
+def _reexec_with(library: Path, environ: Mapping[str, str]) -> None:
     env = dict(environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [str(library), environ.get("LD_PRELOAD", "")]))
     # orig_argv keeps interpreter options (-X, -W) that sys.argv has lost.
@@ -98,9 +111,9 @@ def _name_this_kernel(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     _name_this_kernel(argv)
-    library = preload_plan(dict(os.environ))
+    library = preload_plan(os.environ)
     if library is not None:
-        _reexec_with(library, dict(os.environ))  # does not return
+        _reexec_with(library, os.environ)  # does not return
 
     # As ipykernel_launcher does: the notebook's folder must not shadow the kernel's own
     # modules while they load; IPython puts it back on sys.path for user code.

@@ -41,8 +41,9 @@ class DaemonLink:
     """The kernel's one scheduling client, registered under the kernel's name."""
 
     def __init__(self, name: str | None, *, socket_path: str | None = None,
-                 reconnect_timeout: float = 30.0) -> None:
+                 reconnect_timeout: float = 30.0, register: bool = True) -> None:
         self.name = name
+        self.register = register  # False: a control-only connection, holding nothing
         self.socket_path = socket_path or os.environ.get("KIWI_SOCKET") or DEFAULT_SOCKET
         self.pool: str | None = None      # None: KIWI_POOL, read by the Client
         self.priority: str | None = None  # None: KIWI_PRIORITY
@@ -56,7 +57,7 @@ class DaemonLink:
         """The client, made on first use. It connects in the background and never raises here."""
         if self._client is None:
             self._client = Client(self.socket_path, name=self.name, pool=self.pool,
-                                  priority=self.priority, kind="kernel",
+                                  priority=self.priority, kind="kernel", register=self.register,
                                   reconnect_timeout=self._reconnect_timeout)
             self._made_at = time.monotonic()
             for listener in self._listeners:

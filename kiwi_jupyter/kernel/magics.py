@@ -14,9 +14,8 @@ from kiwi_jupyter.kernel.link import SchedulerUnreachable
 from kiwi_jupyter.kernel.status_view import StatusTable
 
 if TYPE_CHECKING:
-    from nodeside.client import Client
-
     from kiwi_jupyter.kernel.extension import KiwiExtension
+    from nodeside.client import Client
 
 PRIORITIES = ("HIGH", "NORMAL", "LOW")
 
@@ -117,16 +116,15 @@ class KiwiMagics(Magics):
             return None
         if args == ["--json"]:
             return document
-        return StatusTable(document, me=self.extension.link.client_id)
+        return StatusTable(document, me=self.extension.arbiter.my_client_id())
 
     def _acquire(self) -> None:
         self.extension.arbiter.acquire()
-        if self.extension.link.current is not None and self.extension.link.current.holding:
+        if self.extension.arbiter.holding:
             say("this kernel holds the GPU until the end of the cell")
 
     def _release(self) -> None:
-        client = self.extension.link.current
-        if client is None or not client.holding:
+        if not self.extension.arbiter.holding:
             say("this kernel does not hold the GPU")
             return
         self.extension.arbiter.release()
@@ -141,9 +139,18 @@ class KiwiMagics(Magics):
         now = self.extension.set_mode(args[0].lower())
         say(f"this kernel's mode is {now}")
 
+    def _regroup_refused(self) -> bool:
+        if self.extension.shim is None:
+            return False
+        complain("with the CUDA shim loaded, the shim holds the GPU for this kernel and takes "
+                 "its pool and priority from KIWI_POOL and KIWI_PRIORITY when the kernel starts")
+        return True
+
     def _pool(self, args: list[str]) -> None:
         if len(args) != 1:
             raise UsageError("usage: %kiwi pool NAME")
+        if self._regroup_refused():
+            return
         self.extension.arbiter.release()
         self.extension.link.regroup(pool=args[0])
         if self._ask(lambda c: None, f"join pool {args[0]}")[0]:
@@ -153,6 +160,8 @@ class KiwiMagics(Magics):
         if len(args) != 1 or args[0].upper() not in PRIORITIES:
             raise UsageError(f"usage: %kiwi priority {'|'.join(PRIORITIES)}")
         priority = args[0].upper()
+        if self._regroup_refused():
+            return
         self.extension.arbiter.release()
         self.extension.link.regroup(priority=priority)
         if self._ask(lambda c: None, f"take priority {priority}")[0]:
