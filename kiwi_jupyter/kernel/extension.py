@@ -13,7 +13,8 @@ cell ends. Three IPython mechanisms make that happen:
 - ``post_run_cell``, which IPython fires after success, error and interrupt alike, gives the GPU
   back and writes the cell's closing lines (how long it waited, a drop it honoured late).
 
-A cell made only of ``%kiwi`` lines is not gated: asking for the status must not wait for the GPU.
+A cell made only of housekeeping magics (``%kiwi``, ``%config``, ``%pip``...) is not gated: asking
+for the status, or fixing the failure policy, must not wait for the GPU.
 """
 
 from __future__ import annotations
@@ -68,10 +69,22 @@ class _GateInserter(ast.NodeTransformer):
         return node
 
 
-def only_kiwi_magics(cell: str) -> bool:
+#: Line magics that configure or inspect the kernel and never run user code; a cell made only of
+#: these (and comments) is not gated. %time, %timeit and %run are not here: they run code.
+HOUSEKEEPING_MAGICS = frozenset({
+    "kiwi", "config", "load_ext", "unload_ext", "reload_ext", "pip", "conda", "cd", "pwd",
+    "env", "who", "whos", "who_ls", "lsmagic", "history", "magic",
+})
+
+
+def needs_no_gpu(cell: str) -> bool:
+    """A cell of housekeeping line magics: asking for the status must not wait for the GPU."""
     lines = [line.strip() for line in cell.splitlines()]
     code = [line for line in lines if line and not line.startswith("#")]
-    return bool(code) and all(line.startswith("%kiwi") for line in code)
+    return bool(code) and all(
+        line.startswith("%") and not line.startswith("%%")
+        and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS
+        for line in code)
 
 
 class KiwiExtension:
@@ -173,11 +186,12 @@ class KiwiExtension:
 
     def pre_run_cell(self, info: Any) -> None:
         self._in_cell = True
-        self._armed = self.arbiter.mode == "eager" and not only_kiwi_magics(info.raw_cell)
+        self._armed = self.arbiter.mode == "eager" and not needs_no_gpu(info.raw_cell)
         self._inserted = False
         self.arbiter.begin_cell()
 
     def gate(self) -> None:
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         if self._armed:
             self._armed = False
             self.arbiter.gate()

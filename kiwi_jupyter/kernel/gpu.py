@@ -117,6 +117,7 @@ class Arbiter:
 
     def end_cell(self) -> CellReport:
         self.release()
+        self.watcher.flush()
         return self.report
 
     # ---- by hand (%kiwi acquire / release), and eager's gate ------------------------------
@@ -128,6 +129,7 @@ class Arbiter:
         waiting withdraws the request (the client does that before the interrupt reaches us),
         so the GPU is never granted to a kernel that stopped waiting.
         """
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         started = time.monotonic()
         while True:
             try:
@@ -173,6 +175,7 @@ class Arbiter:
 
     def _wait_for_scheduler(self, unreachable: SchedulerUnreachable, started: float) -> bool:
         """Apply the failure policy. True: try to acquire again; False: run unarbitrated."""
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         if self.config.failure_policy != FAIL_CLOSED:
             self.report.unarbitrated = unreachable.reason
             print(f"kiwi: {unreachable}; this cell runs without GPU arbitration (fail_open)",
@@ -221,6 +224,7 @@ class EagerArbiter(Arbiter):
     mode = "eager"
 
     def gate(self) -> None:
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         self.acquire()
 
 
@@ -251,6 +255,7 @@ class ShimArbiter(Arbiter):
 
     def end_cell(self) -> CellReport:
         self.release()
+        self.watcher.flush()
         after = self.shim.stats()
         self.report.waited += _grew(self._before, after, "seconds_waiting")
         self.report.held = self.report.held or _grew(self._before, after, "grants") > 0
@@ -261,6 +266,7 @@ class ShimArbiter(Arbiter):
 
         A timed-out slice keeps the shim's request queued, so slicing costs no queue position.
         """
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         self.watcher.watch()
         try:
             while True:
@@ -309,6 +315,7 @@ class ShimOffArbiter(ShimArbiter):
     def end_cell(self) -> CellReport:
         if self._acquired:
             self.release()
+        self.watcher.flush()
         return self.report
 
 

@@ -60,9 +60,13 @@ class WaitingLine:
 
     def __init__(self) -> None:
         self._handle: DisplayHandle | None = None
+        self._text: str | None = None
         self.shown = False
 
     def show(self, text: str) -> None:
+        if text == self._text:
+            return  # an update per change, not per tick
+        self._text = text
         bundle = {"text/plain": text}
         if self._handle is None:
             self._handle = display(bundle, raw=True, display_id=True)
@@ -74,15 +78,18 @@ class WaitingLine:
         # A display cannot be deleted, only updated: an empty bundle renders as nothing.
         if self._handle is not None:
             self._handle.update({"text/plain": ""}, raw=True)
-            self._handle = None
+            self._handle = self._text = None
 
 
 class Watcher:
-    """A thread that shows and refreshes the waiting line while a cell is blocked.
+    """A thread that shows, refreshes and removes the waiting line while a cell is blocked.
 
-    ``watch()`` starts a wait and ``stop()`` ends it. The line appears only after ``delay``,
-    so a cell whose GPU is free never flickers. ``stop()`` returns once the line is gone, and the
-    cell's own output comes after it.
+    ``watch()`` starts a wait and ``stop()`` ends it. The line appears only after ``delay``, so
+    a cell whose GPU is free never flickers. Every display message comes from this thread:
+    ``stop()`` returns at once and the granted cell starts running while the line is blanked
+    behind it (an update finds its display wherever it is, so the order does not matter to a
+    frontend). ``flush()``, at the end of the cell, waits until the blanking is out, so it is
+    in the cell's output before the kernel goes idle.
     """
 
     def __init__(self, status: StatusSource, me: Callable[[], str | None], *,
@@ -92,10 +99,11 @@ class Watcher:
         self.delay = delay
         self.refresh = refresh
         self._changed = threading.Condition()
-        self._publishing = threading.Lock()  # held while the thread touches the line
         self._since: float | None = None     # monotonic start of the current wait
-        self._context: contextvars.Context | None = None
-        self._line: WaitingLine | None = None
+        self._context: contextvars.Context | None = None  # the waiting cell's
+        self._line: WaitingLine | None = None  # shown, in the context _line_context
+        self._line_context: contextvars.Context | None = None
+        self._busy = False                   # publishing right now
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -107,44 +115,70 @@ class Watcher:
                 self._thread = threading.Thread(target=self._run, name="kiwi-waiting-line",
                                                 daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            self._changed.notify_all()
 
     def stop(self) -> float:
-        """End the wait, remove the line if it was shown; return how long the wait lasted."""
+        """End the wait; return how long it lasted. A line shown is blanked soon after."""
         with self._changed:
             since, self._since = self._since, None
-            self._changed.notify()
-        with self._publishing:
-            line, self._line = self._line, None
-            if line is not None:
-                line.remove()
+            self._changed.notify_all()
         return 0.0 if since is None else time.monotonic() - since
+
+    def flush(self, timeout: float = 2.0) -> None:
+        """Wait until no line is left up (nor being drawn)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while (self._line is not None or self._busy) and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(left)
 
     def close(self) -> None:
         with self._changed:
             self._closed = True
             self._since = None
-            self._changed.notify()
+            self._changed.notify_all()
 
     def _run(self) -> None:
         while True:
             with self._changed:
-                while not self._closed and self._since is None:
+                while not self._closed and self._since is None and self._line is None:
                     self._changed.wait()
                 if self._closed:
                     return
-                since, context = self._since, self._context
-                due = since + self.delay if self._line is None else time.monotonic() + self.refresh
-                while not self._closed and self._since == since and time.monotonic() < due:
-                    self._changed.wait(due - time.monotonic())
-                if self._closed or self._since != since:
-                    continue
-            # Ask outside the locks: stop() must never wait for a round trip to the daemon.
-            document = self._status()
-            text = describe_wait(document, self._me(), time.monotonic() - since)
-            with self._publishing:
-                if self._since != since or context is None:
-                    continue  # granted meanwhile: the line must not come back
-                if self._line is None:
-                    self._line = WaitingLine()
-                context.run(self._line.show, text)
+                if self._since is None:
+                    line, context = self._line, self._line_context
+                    self._busy = True
+                else:
+                    line = None
+                    since, context = self._since, self._context
+                    due = since + self.delay if self._line is None else \
+                        time.monotonic() + self.refresh
+                    while not self._closed and self._since == since and time.monotonic() < due:
+                        self._changed.wait(due - time.monotonic())
+                    if self._closed or self._since != since:
+                        continue
+                    self._busy = True
+            try:
+                if line is not None and context is not None:
+                    context.run(line.remove)
+                    with self._changed:
+                        self._line = None
+                elif context is not None:
+                    self._refresh(since, context)
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
+
+    def _refresh(self, since: float, context: contextvars.Context) -> None:
+        # Ask outside the lock: stop() must never wait for a round trip to the daemon.
+        document = self._status()
+        if self._since != since and self._line is None:
+            return  # granted meanwhile: do not draw a line only to blank it
+        text = describe_wait(document, self._me(), time.monotonic() - since)
+        line = self._line or WaitingLine()
+        context.run(line.show, text)
+        with self._changed:
+            self._line, self._line_context = line, context

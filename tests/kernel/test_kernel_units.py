@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from kiwi_jupyter.kernel.extension import _drop_sentence, only_kiwi_magics
+from kiwi_jupyter.kernel.extension import _drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.identity import connection_file_from_argv, kernel_id_from_connection_file
 from kiwi_jupyter.kernel.status_view import StatusTable, human_bytes
 from kiwi_jupyter.kernel.waiting import describe_wait
@@ -48,10 +48,14 @@ def test_the_connection_file_is_found_in_every_spelling(argv: list[str]) -> None
     ("# look first\n\n%kiwi\n%kiwi tq 3", True),
     ("%kiwi status\nx = 1", False),
     ("", False),
+    ("%kiwi?", True),
+    ("%config KiwiKernelConfig.failure_policy = 'fail_closed'\n%pip install numpy", True),
     ("%time x = 1", False),
+    ("%run train.py", False),
+    ("%%bash\necho hi", False),
 ])
-def test_only_cells_made_of_kiwi_magics_skip_the_gpu(cell: str, only: bool) -> None:
-    assert only_kiwi_magics(cell) is only
+def test_only_cells_of_housekeeping_magics_skip_the_gpu(cell: str, only: bool) -> None:
+    assert needs_no_gpu(cell) is only
 
 
 def test_waiting_line_names_position_holder_and_time_left() -> None:
