@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +124,25 @@ def test_kiwi_shim_1_without_a_library_says_so(capsys: pytest.CaptureFixture[str
 @pytest.mark.skipif(cuda_driver_present(), reason="a CUDA driver is present here")
 def test_without_a_cuda_driver_the_shim_is_not_preloaded(preloadable: Path) -> None:
     assert preload_plan({"KIWI_SHIM_LIBRARY": str(preloadable)}) is None
+
+
+def documented_config_snippet() -> str:
+    """The ipython_kernel_config.py snippet docs/kernel.md gives for images."""
+    doc = (Path(__file__).parents[2] / "docs" / "kernel.md").read_text()
+    return textwrap.dedent(doc.split("```python\n", 1)[1].split("```", 1)[0])
+
+
+def test_the_documented_config_snippet_loads_the_extension_in_a_plain_kernel(
+        module_daemon: DaemonProcess, tmp_path: Path) -> None:
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text(documented_config_snippet())
+    (plain,) = start_kernels(module_daemon.directory, module_daemon.socket,
+                             kernel_name="python3", IPYTHONDIR=str(tmp_path / "ipython"))
+    try:
+        argv = plain.run("import sys; sys.argv[0]").value
+        assert "ipykernel" in argv, "not ipykernel's own kernel"
+        assert plain.run("'kiwi_jupyter' in get_ipython().extension_manager.loaded").value
+        assert entry(scheduler_status(module_daemon.socket), plain.kernel_id) is not None
+    finally:
+        plain.shutdown()
