@@ -67,15 +67,18 @@ def test_after_a_restart_the_kernel_registers_again_and_cells_are_arbitrated(
 
 def test_a_cell_holding_the_gpu_when_the_daemon_dies_finishes_and_says_so(
         kernel: KernelUnderTest, module_daemon: DaemonProcess, daemon_back: None) -> None:
-    running = kernel.submit("import time; time.sleep(0.5); 'finished'")
-    wait_for(lambda: holders(module_daemon.socket) == [kernel.kernel_id], what="a hold")
+    running = kernel.submit("import time; print('running', flush=True); time.sleep(0.5); "
+                            "'finished'")
+    # The cell's own output, not the daemon's view: the kernel must have seen its grant.
+    wait_for(lambda: kernel.seen(running, "stream"), what="the cell to run")
+    assert holders(module_daemon.socket) == [kernel.kernel_id]
 
     module_daemon.kill()
     cell = kernel.collect(running)
 
     assert cell.value == "finished"
-    assert cell.stdout == ("kiwi: the connection to the scheduler was lost during this cell, "
-                           "and the GPU with it\n")
+    assert cell.stdout == ("running\nkiwi: the connection to the scheduler was lost during "
+                           "this cell, and the GPU with it\n")
 
 
 def test_fail_closed_fails_the_cell_after_the_timeout_without_running_it(

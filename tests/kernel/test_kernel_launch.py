@@ -51,7 +51,8 @@ def kernel(module_daemon: DaemonProcess, prefix: Path,
     (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket,
                               kernel_name="python3",
                               kernel_dirs=[str(prefix / "share/jupyter/kernels")],
-                              KIWI_SHIM="1", KIWI_SHIM_LIBRARY=str(preloadable))
+                              KIWI_SHIM="1", KIWI_SHIM_LIBRARY=str(preloadable),
+                              KIWI_POOL="inference", KIWI_PRIORITY="HIGH")
     yield kernel
     kernel.shutdown()
 
@@ -89,6 +90,12 @@ def test_the_installed_kernelspec_launches_a_kernel_with_the_extension_loaded(
     assert kernel.run("'kiwi_jupyter' in get_ipython().extension_manager.loaded").value is True
     row = entry(scheduler_status(module_daemon.socket), kernel.kernel_id)
     assert row is not None, "the kernel did not register under its Jupyter kernel id"
+
+
+def test_the_kernel_takes_its_pool_and_priority_from_the_environment(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess) -> None:
+    row = entry(scheduler_status(module_daemon.socket), kernel.kernel_id)
+    assert (row["pool"], row["priority"]) == ("inference", "HIGH")
 
 
 def test_the_launcher_preloads_the_shim_by_reexecuting_in_place(
