@@ -55,13 +55,13 @@ class Client:
     """A connection to the node daemon that can hold one GPU.
 
     Arguments left as None come from the environment: ``KIWI_SOCKET``, ``KIWI_CLIENT_NAME``,
-    ``KIWI_POOL``, ``KIWI_PRIORITY``. ``register=False`` makes a control-only connection that
-    holds nothing (what ``kiwictl`` uses). ``reconnect_timeout`` bounds how long a call waits
-    for an unreachable daemon before it fails with ConnectionError.
+    ``KIWI_POOL``, ``KIWI_PRIORITY``, ``KIWI_GPU`` (default 0). ``register=False`` makes a
+    control-only connection that holds nothing (what ``kiwictl`` uses). ``reconnect_timeout``
+    bounds how long a call waits for an unreachable daemon before it fails with ConnectionError.
     """
 
     def __init__(self, socket_path: str | None = None, *, name: str | None = None,
-                 pool: str | None = None, priority: str | None = None, gpu: int = 0,
+                 pool: str | None = None, priority: str | None = None, gpu: int | None = None,
                  register: bool = True, kind: str = "client",
                  labels: dict[str, str] | None = None, reconnect_timeout: float = 30.0,
                  request_timeout: float = 10.0) -> None:
@@ -69,7 +69,9 @@ class Client:
         self.name = name or default_name()
         self.pool = pool or os.environ.get("KIWI_POOL") or DEFAULT_POOL
         self.priority = _env_priority(priority)
-        self.gpu = gpu
+        # In Kubernetes the device plugin sets KIWI_GPU to the host index of the pod's GPU
+        # (inside the container that GPU is CUDA device 0, but the node daemon counts host GPUs).
+        self.gpu = gpu if gpu is not None else int(os.environ.get("KIWI_GPU") or 0)
         self.kind = kind
         self.labels = labels if labels is not None else _pod_labels()
         self.reconnect_timeout = reconnect_timeout
@@ -131,11 +133,18 @@ class Client:
         """Give the GPU back, or cancel a pending request. A no-op when neither."""
         with self._cond:
             wanted, self._wanted = self._wanted, False
-            self._holding = False
+            held, self._holding = self._holding, False
             connected = self._connected
-        if wanted and connected:
-            with contextlib.suppress(ConnectionError):
-                self._request(p.RELEASE)
+        if not (wanted and connected):
+            return
+        with contextlib.suppress(ConnectionError):
+            if held:
+                # No answer to wait for: nothing the daemon sends can cross the release of a
+                # hold, and not waiting keeps this process off the CPU while the GPU changes
+                # hands. A cancelled wait is different: see _cancel.
+                self._send(p.encode(p.RELEASE))
+            else:
+                self._cancel()
 
     def report_working_set(self, nbytes: int, evictable: int | None = None) -> None:
         if nbytes < 0:

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from nodeside import kai
 from nodeside.client import Client, KiwiError
 from nodeside.config import DEFAULT_SOCKET, argument_type, parse_mode, parse_tq
 
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     status = commands.add_parser("status", help="show the scheduler's state")
     status.add_argument("--json", action="store_true", help="print the status document")
+    pools = commands.add_parser("pools", help="the pools, for other schedulers")
+    kai.add_export_parser(pools.add_subparsers(dest="pools_command", required=True))
     return parser
 
 
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("kiwictl: error: say what to do: -S, -T or status", file=sys.stderr)
         return 2
+    if args.command == "pools":
+        return kai.export_command(args)
     try:
         with Client(args.socket, register=False, reconnect_timeout=3.0,
                     request_timeout=10.0) as client:
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(format_status(document))
     except PermissionError as exc:
-        return _fail(f"Permission denied: {exc}")
+        return _fail(str(exc))
     except (ConnectionError, TimeoutError) as exc:
         return _fail(str(exc))
     except (KiwiError, ValueError) as exc:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import sys
 from typing import Any
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus is not None and args.gpus < 1:
         log.error("--gpus must be at least 1")
         return 2
+    _raise_open_file_limit()
     gpus, memory_used = discover(args.gpus, args.gpu_memory)
     options = DaemonOptions(socket=args.socket, config=config, gpus=gpus,
                             memory_used=memory_used, config_file=args.config,
@@ -84,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _raise_open_file_limit() -> None:
+    # One descriptor per client: a busy node has more kernels than the usual soft limit of 1024.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def _run(options: DaemonOptions, args: argparse.Namespace) -> None:

@@ -157,6 +157,10 @@ class Daemon:
             if _answers(path):
                 raise DaemonError(f"another kiwi-scheduler is already listening on {path}")
             path.unlink()
+        # Handlers first: a SIGHUP sent the moment the socket answers must reload, not kill.
+        for signum, handler in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop),
+                                (signal.SIGHUP, self.reload)):
+            self.loop.add_signal_handler(signum, handler)
         config = self.scheduler.config
         socket_gid = resolve_group(config.socket_group)
         # Bind under a tight umask so the socket is never reachable by others, not even for
@@ -170,9 +174,6 @@ class Daemon:
         os.chmod(path, config.socket_mode)
         if socket_gid is not None:
             os.chown(path, -1, socket_gid)
-        for signum, handler in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop),
-                                (signal.SIGHUP, self.reload)):
-            self.loop.add_signal_handler(signum, handler)
         gpus = ", ".join(f"{g.index} ({g.name}, {_size(g.memory_total)})"
                          for g in self.options.gpus)
         log.info("kiwi-scheduler %s listening on %s: mode %s, TQ %s seconds, GPUs %s",
@@ -287,10 +288,11 @@ class Daemon:
         client_id = self._registered(conn)
         started = time.perf_counter()
         actions = self.scheduler.release(self.now(), client_id)
+        # The next holder hears first: it is the one waiting, the releaser has moved on.
+        self.apply(actions, handoff_started=started)
         for action in actions:
             if isinstance(action, Released):
                 conn.send(p.encode(p.RELEASED, seq=seq, evict=action.evict))
-        self.apply(actions, handoff_started=started)
 
     def _on_working_set(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
         client_id = self._registered(conn)
@@ -402,7 +404,7 @@ class Daemon:
     def _require_admin(self, conn: Connection, what: str) -> None:
         if not is_admin(conn.peer, self.admin_gid):
             log.warning("Refused: uid %s may not %s [FD=%d]", conn.peer.uid, what, conn.peer.fd)
-            raise SchedulerError(p.E_PERMISSION, f"permission denied: only root, the "
+            raise SchedulerError(p.E_PERMISSION, f"Permission denied: only root, the "
                                  f"scheduler's user and the admin group may {what}")
 
     def _broadcast_mode(self) -> None:

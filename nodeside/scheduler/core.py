@@ -24,7 +24,7 @@ at once; a LOW request never cuts a quantum short.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from nodeside import protocol as p
@@ -126,11 +126,59 @@ class Client:
         return self.priority == "LOW"
 
 
+class WaitQueue:
+    """One GPU's waiters, indexed so that each pool's next client is found without a scan.
+
+    Clients sit in request order in one dict per (pool, priority): the head of a pool is the
+    first client of its highest non-empty priority. Handoffs stay O(pools), not O(waiters).
+    """
+
+    def __init__(self) -> None:
+        self._all: dict[str, Client] = {}
+        self._lanes: dict[str, list[dict[str, Client]]] = {}
+
+    def add(self, client: Client) -> None:
+        self._all[client.id] = client
+        lanes = self._lanes.setdefault(client.pool, [{} for _ in PRIORITY_RANK])
+        lanes[PRIORITY_RANK[client.priority]][client.id] = client
+
+    def remove(self, client: Client) -> None:
+        if self._all.pop(client.id, None) is None:
+            return
+        lanes = self._lanes[client.pool]
+        del lanes[PRIORITY_RANK[client.priority]][client.id]
+        if not any(lanes):
+            del self._lanes[client.pool]
+
+    def heads(self) -> dict[str, Client]:
+        return {pool: next(iter(next(lane for lane in lanes if lane).values()))
+                for pool, lanes in self._lanes.items()}
+
+    def pools(self) -> set[str]:
+        return set(self._lanes)
+
+    def in_order(self, pool: str) -> list[Client]:
+        """A pool's waiters in the order it serves them: priority, then request order."""
+        return [c for lane in self._lanes.get(pool, ()) for c in lane.values()]
+
+    def values(self) -> Iterable[Client]:
+        return self._all.values()
+
+    def __contains__(self, client_id: object) -> bool:
+        return client_id in self._all
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+
 class GpuState:
     def __init__(self, spec: GpuSpec, config: SchedulerConfig, now: float) -> None:
         self.spec = spec
         self.holders: dict[str, Client] = {}  # in grant order
-        self.waiters: dict[str, Client] = {}  # in request order
+        self.waiters = WaitQueue()
         self.meter = ShareMeter(0.0, now)
         self.tq_override: float | None = None
 
@@ -141,6 +189,7 @@ class GpuState:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
         self.config = config
+        self._pools: dict[str, Pool] = {}
         self.mode = config.mode
         self.tq = config.tq
         self.gpus: dict[int, GpuState] = {}
@@ -163,7 +212,10 @@ class Scheduler:
         return self.tq if override is None else override
 
     def pool(self, name: str) -> Pool:
-        return self.config.pool(name)
+        pool = self._pools.get(name)
+        if pool is None:
+            pool = self._pools[name] = self.config.pool(name)
+        return pool
 
     @property
     def preemption(self) -> bool:
@@ -172,6 +224,7 @@ class Scheduler:
     def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
         self.config = config
+        self._pools = {}
         for gpu in self.gpus.values():
             gpu.tq_override = config.gpu_tq.get(gpu.spec.index)
         self._resize_windows()
@@ -207,7 +260,7 @@ class Scheduler:
         if client is None:
             return []
         gpu = self.gpus[client.gpu]
-        gpu.waiters.pop(client.id, None)
+        gpu.waiters.remove(client)
         if client.id in gpu.holders:
             self._end_hold(client, now)
         return self._schedule(gpu, now)
@@ -221,7 +274,7 @@ class Scheduler:
         client.state = "waiting"
         client.request_order = next(self._order)
         client.requested_at = now
-        gpu.waiters[client.id] = client
+        gpu.waiters.add(client)
         return self._schedule(gpu, now)
 
     def release(self, now: float, client_id: str) -> list[Action]:
@@ -229,7 +282,7 @@ class Scheduler:
         client = self._client(client_id)
         gpu = self.gpus[client.gpu]
         if client.state == "waiting":
-            del gpu.waiters[client.id]
+            gpu.waiters.remove(client)
             client.state = "idle"
             client.requested_at = None
             return [Released(client.id, evict=False), *self._schedule(gpu, now)]
@@ -301,8 +354,8 @@ class Scheduler:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
                 elif gpu.waiters or self._over_maximum(gpu, holder.pool, now):
                     deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
-            if gpu.waiters and any(self._over_maximum(gpu, w.pool, now)
-                                   for w in gpu.waiters.values()):
+            if gpu.waiters and any(self._over_maximum(gpu, pool, now)
+                                   for pool in gpu.waiters.pools()):
                 deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
         return min(deadlines) if deadlines else None
 
@@ -317,9 +370,7 @@ class Scheduler:
         gpu = self.gpus[gpu_index]
         if not gpu.waiters:
             return []
-        by_pool: dict[str, list[Client]] = {}
-        for waiter in sorted(gpu.waiters.values(), key=_within_pool):
-            by_pool.setdefault(waiter.pool, []).append(waiter)
+        by_pool = {pool: gpu.waiters.in_order(pool) for pool in gpu.waiters.pools()}
         if len(by_pool) == 1:
             return next(iter(by_pool.values()))
         # Several pools: replay the pool choice, charging each pick one quantum of its pool's
@@ -374,33 +425,35 @@ class Scheduler:
         # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
         # the first waiter that does not fit stops the others, so a big request never starves
         # behind a stream of small ones.
-        while gpu.waiters:
-            candidate = self._pick(gpu, gpu.waiters.values(), now)
-            if candidate is None:
-                break
-            if gpu.holders and (self.mode == "on" or not self._fits(gpu, [candidate])):
+        while gpu.waiters and not (gpu.holders and self.mode == "on"):
+            candidate = self._pick(gpu, now)
+            if candidate is None or (gpu.holders and not self._fits(gpu, [candidate])):
                 break
             actions.append(self._grant(gpu, candidate, now))
         actions.extend(self._preempt(gpu, now))
         actions.extend(self._end_quanta(gpu, now))
         return actions
 
-    def _pick(self, gpu: GpuState, candidates: Iterable[Client], now: float) -> Client | None:
-        """The next client to serve: pool furthest below entitlement, then priority, order."""
-        heads: dict[str, Client] = {}
-        for client in candidates:
-            best = heads.get(client.pool)
-            if best is None or _within_pool(client) < _within_pool(best):
-                heads[client.pool] = client
+    def _pick(self, gpu: GpuState, now: float, tail: Client | None = None) -> Client | None:
+        """The next client to serve: pool furthest below entitlement, then priority, order.
+
+        ``tail`` is a holder whose quantum ended, competing as if it had just asked again.
+        """
+        heads = gpu.waiters.heads()
+        if tail is not None:
+            best = heads.get(tail.pool)
+            if best is None or _within_pool(tail) < _within_pool(best):
+                heads[tail.pool] = tail
+        if len(heads) == 1:  # the common case, and the hot path: no shares to measure
+            (name, only), = heads.items()
+            return None if self._over_maximum(gpu, name, now) else only
         if not heads:
             return None
         shares = gpu.meter.shares(now, heads)
         heads = {name: c for name, c in heads.items()
                  if not self._over_maximum(gpu, name, now, shares)}
-        if not heads:
-            return None
-        if len(heads) == 1:
-            return next(iter(heads.values()))
+        if len(heads) <= 1:
+            return next(iter(heads.values()), None)
         ent = entitlements(self.pool(name) for name in self._contending_pools(gpu))
 
         def urgency(c: Client) -> tuple[bool, float, int]:
@@ -413,7 +466,7 @@ class Scheduler:
         return max(heads.values(), key=urgency)
 
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        if not self.preemption or self.mode == "off":
+        if self.mode == "off" or not self.preemption:
             return []
         victims = [h for h in gpu.holders.values() if h.preemptible and h.hold
                    and h.hold.drop_reason is None]
@@ -441,16 +494,15 @@ class Scheduler:
                 continue
             # The holder competes as if it asked again now, at the tail; if it would win
             # anyway it keeps the GPU and hears nothing.
-            contenders = list(gpu.waiters.values())
             if self.mode == "auto":
-                blocked = self._pick(gpu, contenders, now)
+                blocked = self._pick(gpu, now)
                 if blocked is None or self._fits(gpu, [blocked]):
                     hold.quantum_start = now
                     continue
                 actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
                 continue
             tail = _as_tail(holder, next(self._order))
-            winner = self._pick(gpu, [*contenders, tail], now)
+            winner = self._pick(gpu, now, tail)
             if winner is None and self._over_maximum(gpu, holder.pool, now):
                 actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
                 continue
@@ -476,7 +528,7 @@ class Scheduler:
     # -- helpers --------------------------------------------------------------------------
 
     def _grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
-        del gpu.waiters[client.id]
+        gpu.waiters.remove(client)
         client.state = "holding"
         client.requested_at = None
         client.hold = Hold(granted_at=now, quantum_start=now)
@@ -509,7 +561,7 @@ class Scheduler:
                         incoming: Client | None = None) -> bool:
         """Must ``leaving`` move its memory out? Only when the next holder needs the room."""
         if incoming is None:
-            incoming = self._pick(gpu, gpu.waiters.values(), now)
+            incoming = self._pick(gpu, now)
         if incoming is None:
             return False
         staying = [h for h in gpu.holders.values() if h is not leaving and h is not incoming]
@@ -535,7 +587,7 @@ class Scheduler:
         return shares.get(pool, 0.0) >= cap - _EPS
 
     def _contending_pools(self, gpu: GpuState) -> list[str]:
-        names = {c.pool for c in gpu.holders.values()} | {c.pool for c in gpu.waiters.values()}
+        names = {c.pool for c in gpu.holders.values()} | gpu.waiters.pools()
         return sorted(names)
 
     def _quantum(self, gpu: int) -> float | None:

@@ -1,0 +1,5 @@
+"""Run every benchmark that needs no GPU: ``python -m benchmarks``."""
+
+from benchmarks import daemon
+
+daemon.main()

@@ -1,0 +1,5 @@
+import sys
+
+from nodeside.deviceplugin.main import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""Pools exported as KAI Scheduler Queues, and KAI priority classes mapped to Kiwi priorities."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from k8s_schemas import kai_queue_errors
+
+from nodeside import kai
+from nodeside.config import parse_pools
+
+REPO = Path(__file__).resolve().parents[2]
+# The pools of CONTRACT section 6 (the seed's Training and Simulation pools).
+SEED_POOLS = {"training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
+              "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
+
+
+def _gpu(queue: dict) -> dict:
+    return queue["spec"]["resources"]["gpu"]
+
+
+def test_exported_queues_validate_against_the_kai_queue_crd_schema():
+    queues = kai.queues(parse_pools(SEED_POOLS), gpus=100, parent="kiwi")
+    assert len(queues) == 3
+    for queue in queues:
+        assert kai_queue_errors(queue) == []
+        assert queue["apiVersion"] == "scheduling.run.ai/v2" and queue["kind"] == "Queue"
+
+
+def test_the_schema_check_catches_a_misspelt_field():
+    queue = kai.queue(parse_pools(SEED_POOLS)["training"])
+    _gpu(queue)["overQuotaWieght"] = _gpu(queue).pop("overQuotaWeight")
+    assert kai_queue_errors(queue) != []
+
+
+def test_seed_pools_on_100_gpus_become_the_seeds_queues():
+    training, simulation = kai.queues(parse_pools(SEED_POOLS), gpus=100)
+    assert training["metadata"]["name"] == "training"
+    assert _gpu(training) == {"quota": 30, "overQuotaWeight": 1, "limit": 70}
+    assert simulation["metadata"]["name"] == "simulation"
+    assert _gpu(simulation) == {"quota": 50, "overQuotaWeight": 3, "limit": -1}
+
+
+def test_without_gpus_the_quotas_are_fractions_of_one_gpu():
+    training = kai.queues(parse_pools(SEED_POOLS))[0]
+    assert _gpu(training) == {"quota": 0.3, "overQuotaWeight": 1, "limit": 0.7}
+
+
+def test_a_parent_queue_comes_first_and_every_pool_is_its_child():
+    parent, *children = kai.queues(parse_pools(SEED_POOLS), gpus=8, parent="kiwi")
+    assert parent["metadata"]["name"] == "kiwi"
+    assert "parentQueue" not in parent["spec"]
+    assert _gpu(parent) == {"quota": 8, "overQuotaWeight": 1, "limit": -1}
+    assert {c["spec"]["parentQueue"] for c in children} == {"kiwi"}
+
+
+def test_a_pool_name_that_cannot_be_a_queue_name_is_refused_with_the_reason():
+    with pytest.raises(kai.KaiExportError, match="Team_A"):
+        kai.queues(parse_pools({"Team_A": {"guarantee": 0.5}}))
+
+
+def test_no_gpus_is_refused():
+    with pytest.raises(kai.KaiExportError, match="positive"):
+        kai.queues(parse_pools(SEED_POOLS), gpus=0)
+
+
+@pytest.mark.parametrize(("kai_class", "kiwi"), [
+    ("train", "LOW"), ("build-preemptible", "LOW"), ("build", "NORMAL"),
+    ("inference", "HIGH"), (99, "LOW"), (100, "NORMAL"), ("124", "NORMAL"), (1000, "HIGH")])
+def test_kai_priority_classes_map_to_kiwi_priorities(kai_class, kiwi):
+    assert kai.priority_for(kai_class) == kiwi
+
+
+def test_an_unknown_priority_class_is_an_error_naming_the_known_ones():
+    with pytest.raises(kai.UnknownPriorityClass) as err:
+        kai.priority_for("urgent")
+    assert "train" in str(err.value) and "urgent" in str(err.value)
+
+
+def test_module_command_prints_queues_of_a_config_file(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"tq": 30, "pools": SEED_POOLS}, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "nodeside.kai", "queues", "--config",
+                           str(config), "--gpus", "10"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    queues = list(yaml.safe_load_all(done.stdout))
+    assert [q["metadata"]["name"] for q in queues] == ["training", "simulation"]
+    assert all(kai_queue_errors(q) == [] for q in queues)
+
+
+def test_partial_pools_are_exported_with_a_warning_about_preemption(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"pools": {"research": {"guarantee": 0.2}}}))
+    done = subprocess.run([sys.executable, "-m", "nodeside.kai", "queues", "--config",
+                           str(config)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "research" in done.stderr and "preemption" in done.stderr
+    assert _gpu(yaml.safe_load(done.stdout)) == {"quota": 0.2, "overQuotaWeight": 1,
+                                                 "limit": -1}
