@@ -192,12 +192,10 @@ def test_admin_subcommands_report_a_refusal_in_one_line() -> None:
                                text=True, timeout=60, env=kernel_env(daemon.socket))
     finally:
         daemon.cleanup()
-    assert shell.stderr.splitlines() == [
-        "kiwi: not allowed to turn the scheduler on: permission denied: only root, the "
-        "scheduler's user and the admin group may change the scheduler's mode",
-        "kiwi: not allowed to set the scheduler's TQ: permission denied: only root, the "
-        "scheduler's user and the admin group may change the TQ",
-    ]
+    on, tq = shell.stderr.splitlines()  # one line each, no traceback
+    assert on.startswith("kiwi: not allowed to turn the scheduler on: ")
+    assert tq.startswith("kiwi: not allowed to set the scheduler's TQ: ")
+    assert all("admin group" in line for line in (on, tq))  # the daemon's reason, passed on
 
 
 def test_unload_ext_leaves_no_hook_and_load_ext_restores_them(
