@@ -114,6 +114,7 @@ class KiwiExtension:
                                                          "restart_grace"])
         self.arbiter: Arbiter = self._arbiter_for(self.config.mode or
                                                   ("lazy" if self.shim else "eager"))
+        self.config.observe(lambda change: self.set_mode(change["new"]), names=["mode"])
         self._in_cell = False
         self._armed = False      # this cell still needs its gate() call
         self._inserted = False   # gate() is already in this cell's code

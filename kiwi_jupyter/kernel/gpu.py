@@ -111,6 +111,8 @@ class Arbiter:
 
     def begin_cell(self) -> None:
         self.report = CellReport()
+        self.watcher.delay = self.config.waiting_line_delay  # %config applies from this cell
+        self.watcher.refresh = self.config.waiting_line_refresh
 
     def gate(self) -> None:
         pass
@@ -132,31 +134,33 @@ class Arbiter:
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         started = time.monotonic()
         while True:
+            # The policy is applied outside the except blocks, so that a cell failed under
+            # fail_closed shows one error, not a chain of the client's.
+            unreachable: SchedulerUnreachable | None = None
             try:
                 self.link.check()
-            except SchedulerUnreachable as unreachable:
-                if self._wait_for_scheduler(unreachable, started):
-                    continue
+            except SchedulerUnreachable as exc:
+                unreachable = exc
+            if unreachable is None:
+                client = self.link.client
+                if client.holding:
+                    return
+                self.watcher.watch()
+                try:
+                    client.acquire()
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt("interrupted while waiting for the GPU; "
+                                            "the request was withdrawn") from None
+                except ConnectionError as exc:
+                    # The daemon went away while we waited and did not come back in time.
+                    unreachable = SchedulerUnreachable(self.link.socket_path, str(exc))
+                finally:
+                    self.report.waited += self.watcher.stop()
+                if unreachable is None:
+                    self.report.held = self._acquired = True
+                    return
+            if not self._wait_for_scheduler(unreachable, started):
                 return
-            client = self.link.client
-            if client.holding:
-                return
-            self.watcher.watch()
-            try:
-                client.acquire()
-            except KeyboardInterrupt:
-                raise KeyboardInterrupt("interrupted while waiting for the GPU; "
-                                        "the request was withdrawn") from None
-            except ConnectionError as exc:
-                # The daemon went away while we waited and did not come back in time.
-                lost = SchedulerUnreachable(self.link.socket_path, str(exc))
-                if self._wait_for_scheduler(lost, started):
-                    continue
-                return
-            finally:
-                self.report.waited += self.watcher.stop()
-            self.report.held = self._acquired = True
-            return
 
     def release(self) -> None:
         """Give back the GPU if the kernel's client holds it; note a drop asked mid-cell."""
@@ -310,7 +314,7 @@ class ShimOffArbiter(ShimArbiter):
     mode = "off"
 
     def begin_cell(self) -> None:
-        self.report = CellReport()
+        Arbiter.begin_cell(self)  # not the shim's: this mode does not frame cells
 
     def end_cell(self) -> CellReport:
         if self._acquired:

@@ -94,6 +94,15 @@ def test_off_mode_leaves_cells_unarbitrated(kernel: KernelUnderTest, restore_mod
     assert kernel.run(HOLDERS_NOW).value == []
 
 
+def test_the_mode_can_be_set_with_config_too(kernel: KernelUnderTest) -> None:
+    try:
+        kernel.run("%config KiwiKernelConfig.mode = 'off'")
+        assert kernel.run("%kiwi mode").stdout == "kiwi: this kernel's mode is off\n"
+        assert kernel.run(HOLDERS_NOW).value == []
+    finally:
+        kernel.run("%config KiwiKernelConfig.mode = 'eager'")
+
+
 def test_lazy_mode_without_the_shim_falls_back_to_eager_and_says_why(
         kernel: KernelUnderTest, restore_mode: None) -> None:
     switched = kernel.run("%kiwi mode lazy")
