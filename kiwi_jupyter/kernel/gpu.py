@@ -256,8 +256,11 @@ class ShimArbiter(Arbiter):
         super().begin_cell()
         self.shim.cell_begin()
         self._before = self.shim.stats()
+        # The shim waits inside a CUDA call, in C: follow the cell to show the waiting line.
+        self.watcher.watch(probe=self._shim_waits)
 
     def end_cell(self) -> CellReport:
+        self.watcher.stop()
         self.release()
         self.watcher.flush()
         after = self.shim.stats()
@@ -271,7 +274,9 @@ class ShimArbiter(Arbiter):
         A timed-out slice keeps the shim's request queued, so slicing costs no queue position.
         """
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
-        self.watcher.watch()
+        following = self.watcher.watching  # the cell's own watch shows this wait too
+        if not following:
+            self.watcher.watch(probe=self._shim_waits)
         try:
             while True:
                 if self.shim.acquire(self.SLICE):
@@ -283,7 +288,8 @@ class ShimArbiter(Arbiter):
         except ConnectionError as exc:  # the shim's fail_closed timeout ran out
             raise SchedulerUnavailable(str(exc)) from None
         finally:
-            self.watcher.stop()
+            if not following:
+                self.watcher.stop()
         self._acquired = True
 
     def release(self) -> None:
@@ -293,6 +299,9 @@ class ShimArbiter(Arbiter):
     @property
     def holding(self) -> bool:
         return bool(self.shim.holding)
+
+    def _shim_waits(self) -> bool:
+        return self.shim.stats().get("state") == "waiting"
 
     def my_client_id(self) -> str | None:
         client = self.shim.stats().get("client")

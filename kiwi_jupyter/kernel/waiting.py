@@ -90,6 +90,10 @@ class Watcher:
     behind it (an update finds its display wherever it is, so the order does not matter to a
     frontend). ``flush()``, at the end of the cell, waits until the blanking is out, so it is
     in the cell's output before the kernel goes idle.
+
+    ``watch(probe)`` follows a whole cell instead, for waits that happen out of Python's sight
+    (the CUDA shim blocks a GPU call in C): every ``delay`` it asks ``probe()`` whether the cell
+    waits right now, shows the line while it does and blanks it when it stops.
     """
 
     def __init__(self, status: StatusSource, me: Callable[[], str | None], *,
@@ -99,7 +103,10 @@ class Watcher:
         self.delay = delay
         self.refresh = refresh
         self._changed = threading.Condition()
-        self._since: float | None = None     # monotonic start of the current wait
+        self._since: float | None = None     # monotonic start of the watch
+        self._due = 0.0                      # when to look next
+        self._probe: Callable[[], bool] | None = None
+        self._wait_began: float | None = None  # following: when the probe first said waiting
         self._context: contextvars.Context | None = None  # the waiting cell's
         self._line: WaitingLine | None = None  # shown, in the context _line_context
         self._line_context: contextvars.Context | None = None
@@ -107,9 +114,11 @@ class Watcher:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def watch(self) -> None:
+    def watch(self, probe: Callable[[], bool] | None = None) -> None:
         with self._changed:
             self._since = time.monotonic()
+            self._due = self._since + self.delay
+            self._probe, self._wait_began = probe, None
             self._context = contextvars.copy_context()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kiwi-waiting-line",
@@ -117,8 +126,12 @@ class Watcher:
                 self._thread.start()
             self._changed.notify_all()
 
+    @property
+    def watching(self) -> bool:
+        return self._since is not None
+
     def stop(self) -> float:
-        """End the wait; return how long it lasted. A line shown is blanked soon after."""
+        """End the watch; return how long it lasted. A line shown is blanked soon after."""
         with self._changed:
             since, self._since = self._since, None
             self._changed.notify_all()
@@ -147,37 +160,47 @@ class Watcher:
                     self._changed.wait()
                 if self._closed:
                     return
-                if self._since is None:
-                    line, context = self._line, self._line_context
-                    self._busy = True
-                else:
-                    line = None
-                    since, context = self._since, self._context
-                    due = since + self.delay if self._line is None else \
-                        time.monotonic() + self.refresh
-                    while not self._closed and self._since == since and time.monotonic() < due:
-                        self._changed.wait(due - time.monotonic())
+                since, context = self._since, self._context
+                if since is not None:
+                    while (not self._closed and self._since == since
+                           and time.monotonic() < self._due):
+                        self._changed.wait(self._due - time.monotonic())
                     if self._closed or self._since != since:
                         continue
-                    self._busy = True
+                self._busy = True
             try:
-                if line is not None and context is not None:
-                    context.run(line.remove)
-                    with self._changed:
-                        self._line = None
+                if since is None:
+                    self._remove()
                 elif context is not None:
-                    self._refresh(since, context)
+                    self._look(since, context)
             finally:
                 with self._changed:
                     self._busy = False
                     self._changed.notify_all()
 
-    def _refresh(self, since: float, context: contextvars.Context) -> None:
+    def _remove(self) -> None:
+        line, context = self._line, self._line_context
+        if line is not None and context is not None:
+            context.run(line.remove)
+        with self._changed:
+            self._line = None
+
+    def _look(self, since: float, context: contextvars.Context) -> None:
         # Ask outside the lock: stop() must never wait for a round trip to the daemon.
+        probe = self._probe
+        if probe is not None and not probe():
+            self._wait_began = None
+            self._due = time.monotonic() + self.delay
+            if self._line is not None:
+                self._remove()
+            return
+        if self._wait_began is None:
+            self._wait_began = since if probe is None else time.monotonic() - self.delay / 2
+        self._due = time.monotonic() + self.refresh
         document = self._status()
         if self._since != since and self._line is None:
             return  # granted meanwhile: do not draw a line only to blank it
-        text = describe_wait(document, self._me(), time.monotonic() - since)
+        text = describe_wait(document, self._me(), time.monotonic() - self._wait_began)
         line = self._line or WaitingLine()
         context.run(line.show, text)
         with self._changed:
