@@ -153,7 +153,7 @@ class KiwiMagics(Magics):
             return
         self.extension.arbiter.release()
         self.extension.link.regroup(pool=args[0])
-        if self._ask(lambda c: None, f"join pool {args[0]}")[0]:
+        if self._ask(lambda c: self.extension.link.check(), f"join pool {args[0]}")[0]:
             say(f"this kernel is now in pool {args[0]}")
 
     def _priority(self, args: list[str]) -> None:
@@ -164,7 +164,7 @@ class KiwiMagics(Magics):
             return
         self.extension.arbiter.release()
         self.extension.link.regroup(priority=priority)
-        if self._ask(lambda c: None, f"take priority {priority}")[0]:
+        if self._ask(lambda c: self.extension.link.check(), f"take priority {priority}")[0]:
             say(f"this kernel's priority is now {priority}")
 
     def _set_scheduler_mode(self, mode: str) -> None:
