@@ -19,20 +19,13 @@ for the status, or fixing the failure policy, must not wait for the GPU.
 
 from __future__ import annotations
 
-import ast
 import sys
 from typing import Any
 
+from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
-from kiwi_jupyter.kernel.gpu import (
-    Arbiter,
-    CellReport,
-    EagerArbiter,
-    ShimArbiter,
-    ShimEagerArbiter,
-    ShimOffArbiter,
-    load_shim,
-)
+from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter
+from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffArbiter, load_shim
 from kiwi_jupyter.kernel.identity import client_name
 from kiwi_jupyter.kernel.link import DaemonLink
 
@@ -44,58 +37,6 @@ def gate() -> None:
     __tracebackhide__ = True  # noqa: F841 (IPython hides this frame from tracebacks)
     if _loaded is not None:
         _loaded.gate()
-
-
-class _GateInserter(ast.NodeTransformer):
-    """Puts ``gate()`` first in a cell's code, once per cell (not in %timeit's inner loops)."""
-
-    def __init__(self, extension: KiwiExtension) -> None:
-        self.extension = extension
-
-    def visit_Module(self, node: ast.Module) -> ast.Module:
-        if not self.extension.wants_gate_inserted() or not node.body:
-            return node
-        # `from __future__` imports must stay first in the module.
-        at = next((i for i, stmt in enumerate(node.body)
-                   if not (isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__")),
-                  len(node.body))
-        call = _gate_call(node.body[min(at, len(node.body) - 1)])
-        node.body.insert(at, call)
-        return node
-
-
-#: Line magics that configure or inspect the kernel and never run user code; a cell made only of
-#: these (and comments) is not gated. %time, %timeit and %run are not here: they run code.
-HOUSEKEEPING_MAGICS = frozenset({
-    "kiwi", "config", "load_ext", "unload_ext", "reload_ext", "pip", "conda", "cd", "pwd",
-    "env", "who", "whos", "who_ls", "lsmagic", "history", "magic",
-})
-
-
-def _gate_call(anchor: ast.stmt) -> ast.stmt:
-    """``__import__("kiwi_jupyter.kernel.extension", fromlist=["gate"]).gate()``, placed on the
-    anchor's line. Built node by node: parsing the text anew for every cell costs 10x more."""
-    where = {"lineno": anchor.lineno, "col_offset": anchor.col_offset,
-             "end_lineno": anchor.lineno, "end_col_offset": anchor.col_offset}
-    module = ast.Call(
-        func=ast.Name("__import__", ast.Load(), **where),
-        args=[ast.Constant(__name__, **where)],
-        keywords=[ast.keyword("fromlist", ast.List([ast.Constant("gate", **where)], ast.Load(),
-                                                   **where), **where)],
-        **where)
-    call = ast.Call(func=ast.Attribute(module, "gate", ast.Load(), **where), args=[],
-                    keywords=[], **where)
-    return ast.Expr(call, **where)
-
-
-def needs_no_gpu(cell: str) -> bool:
-    """A cell of housekeeping line magics: asking for the status must not wait for the GPU."""
-    lines = [line.strip() for line in cell.splitlines()]
-    code = [line for line in lines if line and not line.startswith("#")]
-    return bool(code) and all(
-        line.startswith("%") and not line.startswith("%%")
-        and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS
-        for line in code)
 
 
 class KiwiExtension:
@@ -118,7 +59,7 @@ class KiwiExtension:
         self._in_cell = False
         self._armed = False      # this cell still needs its gate() call
         self._inserted = False   # gate() is already in this cell's code
-        self._inserter = _GateInserter(self)
+        self._inserter = GateInserter(self)
 
     # ---- wiring -----------------------------------------------------------------------
 
@@ -224,20 +165,7 @@ class KiwiExtension:
         if report.waited > self.config.waited_note_after:
             print(f"kiwi: waited {report.waited:.1f} s for the GPU")
         if report.drop_requested:
-            print(f"kiwi: {_drop_sentence(report.drop_reason)}")
-
-
-def _drop_sentence(reason: str | None) -> str:
-    """The closing line of a cell that kept the GPU past the scheduler's request for it."""
-    if reason is None or reason == "":
-        return "the connection to the scheduler was lost during this cell, and the GPU with it"
-    if reason == "grace":
-        return ("the scheduler took the GPU back during this cell: it had asked for it and "
-                "the cell kept it past the grace period")
-    why = {"quantum": "this kernel's quantum ended with others waiting",
-           "preempt": "preempted by a non-preemptible request"}.get(reason, reason)
-    return (f"the scheduler asked for the GPU back during this cell ({why}); it was given back "
-            "when the cell ended")
+            print(f"kiwi: {drop_sentence(report.drop_reason)}")
 
 
 def load_ipython_extension(shell: Any) -> None:

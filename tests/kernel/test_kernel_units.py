@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from kiwi_jupyter.kernel.extension import _drop_sentence, needs_no_gpu
+from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.identity import connection_file_from_argv, kernel_id_from_connection_file
 from kiwi_jupyter.kernel.status_view import StatusTable, human_bytes
 from kiwi_jupyter.kernel.waiting import describe_wait
@@ -100,18 +100,16 @@ def test_human_bytes() -> None:
     ("room", "(room)"),
 ])
 def test_a_late_drop_is_explained_by_its_reason(reason: str | None, words: str) -> None:
-    assert words in _drop_sentence(reason)
+    assert words in drop_sentence(reason)
 
 
 def test_the_gate_goes_first_but_after_future_imports() -> None:
-    from kiwi_jupyter.kernel.extension import _GateInserter
-
     class Armed:
         def wants_gate_inserted(self) -> bool:
             return True
 
     tree = ast.parse("from __future__ import annotations\nx = 1\n")
-    _GateInserter(Armed()).visit(tree)  # type: ignore[arg-type]
+    GateInserter(Armed()).visit(tree)  # type: ignore[arg-type]
     body = [ast.unparse(stmt) for stmt in tree.body]
     assert body == ["from __future__ import annotations",
                     "__import__('kiwi_jupyter.kernel.extension', fromlist=['gate']).gate()",
