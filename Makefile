@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+LAB_ARGS ?=
 
-.PHONY: install lab test lint bench clean
+.PHONY: install lab test lint bench clean labextension jstest
 
 install: $(VENV)/.installed
 
@@ -16,11 +17,31 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 ## Start JupyterLab with Kiwi (embedded scheduler, no other setup).
-lab: install
-	$(BIN)/jupyter lab
+lab: install labextension
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
+## from the venv's labextensions to the build so later builds (`npm run watch`) show at once.
+LABEXT_BUILT := kiwi_jupyter/labextension/static/style.js
+LABEXT_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*)
+
+labextension: $(LABEXT_BUILT)
+
+labextension/node_modules/.package-lock.json: labextension/package.json labextension/package-lock.json
+	cd labextension && npm install --no-audit --no-fund
+	touch $@
+
+$(LABEXT_BUILT): $(VENV)/.installed labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
+	cd labextension && PATH="$(abspath $(BIN)):$$PATH" npm run build:prod
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
+	touch $@
+
+## The panel's model logic (Jest).
+jstest: labextension/node_modules/.package-lock.json
+	cd labextension && npm test
 
 ## The whole test suite: lint, types, then every test.
-test: install lint
+test: install lint labextension jstest
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
@@ -31,4 +52,4 @@ bench: install
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info labextension/node_modules labextension/lib kiwi_jupyter/labextension

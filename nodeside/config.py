@@ -164,8 +164,9 @@ def parse_pools(raw: Any) -> dict[str, Pool]:
             raise ConfigError(f"{where}.guarantee: {guarantee} is more than one GPU's time")
         if maximum != UNLIMITED and maximum < guarantee:
             raise ConfigError(f"{where}: maximum {maximum} is below guarantee {guarantee}")
+        missing = tuple(k for k in _POOL_KEYS if k not in spec)
         pools[name] = Pool(name, guarantee, weight, maximum,
-                           complete=all(k in spec for k in _POOL_KEYS))
+                           complete=not missing, missing=missing)
     total = sum(p.guarantee for p in pools.values())
     if total > 1 + 1e-9:
         listing = ", ".join(f"{p.name} {p.guarantee:g}" for p in pools.values())

@@ -35,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     status = commands.add_parser("status", help="show the scheduler's state")
     status.add_argument("--json", action="store_true", help="print the status document")
-    pools = commands.add_parser("pools", help="the pools, for other schedulers")
-    kai.add_export_parser(pools.add_subparsers(dest="pools_command", required=True))
+    pools = commands.add_parser("pools", help="show each pool's share, guarantee, maximum, "
+                                "waiting clients and why a pool is stuck; `pools export` writes "
+                                "them for other schedulers")
+    pools.add_argument("--json", action="store_true", help="print the status document's pools")
+    kai.add_export_parser(pools.add_subparsers(dest="pools_command"))
     return parser
 
 
@@ -45,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode is None and args.tq is None and args.command is None:
         parser.print_usage(sys.stderr)
-        print("kiwictl: error: say what to do: -S, -T or status", file=sys.stderr)
+        print("kiwictl: error: say what to do: -S, -T, status or pools", file=sys.stderr)
         return 2
-    if args.command == "pools":
+    if args.command == "pools" and args.pools_command == "export":
         return kai.export_command(args)
     try:
         with Client(args.socket, register=False, reconnect_timeout=3.0,
@@ -59,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
                 client.set_tq(args.tq, args.gpu)
                 where = "" if args.gpu is None else f" on GPU {args.gpu}"
                 _info(f"Successfully set the Kiwi scheduler's TQ to {args.tq:g} seconds{where}.")
+            if args.command == "pools":
+                document = client.status()
+                if args.json:
+                    print(json.dumps(document["pools"], indent=2))
+                else:
+                    print(format_pools(document))
             if args.command == "status":
                 document = client.status()
                 if args.json:
@@ -93,6 +102,25 @@ def format_status(doc: dict[str, Any]) -> str:
         for c in doc["clients"]:
             lines.append(f"{c['name'][:28]:<28} {c['id']:<6} {c['pool'][:12]:<12} "
                          f"{c['priority']:<8} {c['state']:<8} {c['gpu_seconds']:>8.1f}")
+    return "\n".join(lines)
+
+
+def format_pools(doc: dict[str, Any]) -> str:
+    """The pools report: shares against guarantee and maximum, who waits, and why."""
+    reason = doc.get("preemption_off_reason")
+    lines = ["Preemption: " + ("on" if doc.get("preemption", True) else "off")
+             + (f" ({reason})" if reason else "")]
+    lines.append(f"{'POOL':<16} {'SHARE':>6} {'GUARANTEE':>9} {'WEIGHT':>6} {'MAXIMUM':>7} "
+                 f"{'CLIENTS':>7} {'HOLDING':>7} {'WAITING':>7}")
+    for pool in doc["pools"]:
+        maximum = "none" if pool["maximum"] < 0 else f"{pool['maximum']:g}"
+        lines.append(f"{pool['name'][:16]:<16} {pool['share']:>6.2f} {pool['guarantee']:>9g} "
+                     f"{pool['weight']:>6g} {maximum:>7} {pool['clients']:>7} "
+                     f"{pool.get('holding', 0):>7} {pool.get('waiting', 0):>7}")
+        if pool.get("waiting_clients"):
+            lines.append(f"  waiting: {', '.join(pool['waiting_clients'])}")
+        if pool.get("stuck"):
+            lines.append(f"  stuck: {pool['stuck']}")
     return "\n".join(lines)
 
 

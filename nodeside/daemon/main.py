@@ -100,7 +100,7 @@ async def _run(options: DaemonOptions, args: argparse.Namespace) -> None:
     if args.metrics_port is not None:
         from nodeside.metrics import serve_metrics
 
-        serve_metrics(daemon, args.metrics_port, args.metrics_address)
+        await serve_metrics(daemon, args.metrics_port, args.metrics_address)
     await daemon.serve_forever()
 
 

@@ -142,6 +142,10 @@ class Daemon:
         self.stopped = asyncio.Event()
         #: Called with the seconds between a release arriving and the next grant being sent.
         self.handoff_observers: list[Callable[[float], None]] = []
+        #: Called with every list of actions carried out and the time (metrics).
+        self.action_observers: list[Callable[[list[Action], float], None]] = []
+        #: Called on close (the metrics server).
+        self.closers: list[Callable[[], None]] = []
 
     def now(self) -> float:
         return self.loop.time()
@@ -193,6 +197,8 @@ class Daemon:
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        for close in self.closers:
+            close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -352,6 +358,9 @@ class Daemon:
     # -- carrying out ---------------------------------------------------------------------
 
     def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
+        if actions:
+            for notify in self.action_observers:
+                notify(actions, self.now())
         for action in actions:
             conn = self.by_client.get(action.client)
             if isinstance(action, Grant):
@@ -444,10 +453,9 @@ class Daemon:
             log.error("Could not save runtime settings to %s: %s", self.state.path, exc)
 
     def _warn_about_pools(self) -> None:
-        partial = [p_.name for p_ in self.scheduler.config.pools.values() if not p_.complete]
-        if partial:
-            log.warning("Preemption is off: pool(s) %s lack guarantee, weight or maximum "
-                        "(every pool must set all three)", ", ".join(sorted(partial)))
+        reason = self.scheduler.preemption_off_reason
+        if reason:
+            log.warning("%s%s", reason[0].upper(), reason[1:])
 
 
 def _answers(path: Path) -> bool:

@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
-from nodeside.scheduler.pools import Pool, ShareMeter, entitlements, preemption_enabled
+from nodeside.scheduler.pools import (
+    Pool,
+    ShareMeter,
+    entitlements,
+    preemption_enabled,
+    preemption_off_reason,
+)
 
 PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
 _EPS = 1e-9
@@ -99,6 +105,11 @@ class Hold:
     drop_reason: str | None = None
     drop_sent_at: float | None = None
     drop_evict: bool = False
+    #: Who the GPU was asked back for. The choice was made with this holder still contending
+    #: (as if it asked again at the tail); when it gives the GPU back, that choice stands.
+    #: Choosing afresh at that instant would leave the holder's pool out of the entitlements
+    #: for a moment and tilt every handoff towards the other pools.
+    drop_incoming: str | None = None
 
 
 @dataclass
@@ -164,6 +175,9 @@ class WaitQueue:
     def values(self) -> Iterable[Client]:
         return self._all.values()
 
+    def get(self, client_id: str) -> Client | None:
+        return self._all.get(client_id)
+
     def __contains__(self, client_id: object) -> bool:
         return client_id in self._all
 
@@ -175,12 +189,17 @@ class WaitQueue:
 
 
 class GpuState:
-    def __init__(self, spec: GpuSpec, config: SchedulerConfig, now: float) -> None:
+    def __init__(self, spec: GpuSpec, tq_override: float | None, now: float) -> None:
         self.spec = spec
         self.holders: dict[str, Client] = {}  # in grant order
         self.waiters = WaitQueue()
         self.meter = ShareMeter(0.0, now)
-        self.tq_override: float | None = None
+        self.tq_override = tq_override
+        #: The waiter a leaving holder was dropped for; served first by the next schedule.
+        self.promised: str | None = None
+        #: GPU seconds of ended holds, by pool, since start: metrics count them as counters
+        #: that must not fall when a client goes away. See Scheduler.pool_gpu_seconds.
+        self.pool_seconds: dict[str, float] = {}
 
 
 # ---- the scheduler ------------------------------------------------------------------------
@@ -194,8 +213,7 @@ class Scheduler:
         self.tq = config.tq
         self.gpus: dict[int, GpuState] = {}
         for spec in gpus:
-            self.gpus[spec.index] = GpuState(spec, config, now)
-            self.gpus[spec.index].tq_override = config.gpu_tq.get(spec.index)
+            self.gpus[spec.index] = GpuState(spec, config.gpu_tq.get(spec.index), now)
         self._resize_windows()
         if not self.gpus:
             raise ValueError("a scheduler needs at least one GPU")
@@ -220,6 +238,11 @@ class Scheduler:
     @property
     def preemption(self) -> bool:
         return preemption_enabled(self.config.pools)
+
+    @property
+    def preemption_off_reason(self) -> str | None:
+        """Why preemption is off (for the start-up log, status and ``kiwictl pools``)."""
+        return preemption_off_reason(self.config.pools)
 
     def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
@@ -301,7 +324,8 @@ class Scheduler:
         client = self._client(client_id)
         client.working_set = nbytes
         client.evictable = evictable
-        return self._schedule(self.gpus[client.gpu], now)
+        gpu = self.gpus[client.gpu]
+        return [*self._relieve_overcommit(gpu, client, now), *self._schedule(gpu, now)]
 
     def set_mode(self, now: float, mode: str) -> list[Action]:
         if mode not in p.MODES:
@@ -320,6 +344,10 @@ class Scheduler:
                 keeper, *others = gpu.holders.values() if gpu.holders else (None,)
                 for holder in others:
                     actions.extend(self._drop(gpu, holder, p.REASON_MODE, now, incoming=keeper))
+        elif mode == "auto":
+            for gpu in self.gpus.values():
+                first = next(iter(gpu.holders.values()), None)
+                actions.extend(self._relieve_overcommit(gpu, first, now, p.REASON_MODE))
         return actions + self._schedule_all(now)
 
     def set_tq(self, now: float, seconds: float, gpu: int | None = None) -> list[Action]:
@@ -354,10 +382,24 @@ class Scheduler:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
                 elif gpu.waiters or self._over_maximum(gpu, holder.pool, now):
                     deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
-            if gpu.waiters and any(self._over_maximum(gpu, pool, now)
-                                   for pool in gpu.waiters.pools()):
+            if not gpu.waiters:
+                continue
+            if any(self._over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
                 deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
+            elif self._grantable(gpu, now):
+                # Shares fall while the GPU idles: a pool held back at its maximum may have
+                # become eligible since the last schedule with no event to say so. Asking for
+                # a tick now (not at the recheck armed earlier, which a caller re-arming from
+                # this answer would cancel) keeps that wake-up from being lost.
+                deadlines.append(now)
         return min(deadlines) if deadlines else None
+
+    def _grantable(self, gpu: GpuState, now: float) -> bool:
+        """Would a schedule now grant someone? (mode on or auto)"""
+        candidate = self._pick(gpu, now)
+        if candidate is None:
+            return False
+        return not gpu.holders or (self.mode == "auto" and self._fits(gpu, [candidate]))
 
     # -- queries --------------------------------------------------------------------------
 
@@ -365,14 +407,31 @@ class Scheduler:
         held = now - client.hold.granted_at if client.hold else 0.0
         return client.gpu_seconds + held
 
+    def pool_gpu_seconds(self, gpu_index: int, now: float) -> dict[str, float]:
+        """GPU seconds each pool has held ``gpu_index`` for since start, open holds included."""
+        gpu = self.gpus[gpu_index]
+        seconds = dict(gpu.pool_seconds)
+        for holder in gpu.holders.values():
+            seconds[holder.pool] = seconds.get(holder.pool, 0.0) + self.gpu_seconds(holder, now) \
+                - holder.gpu_seconds
+        return seconds
+
     def queue(self, gpu_index: int, now: float) -> list[Client]:
         """Waiters in the order they are expected to be granted, next first."""
         gpu = self.gpus[gpu_index]
         if not gpu.waiters:
             return []
+        order = self._predicted_order(gpu, now)
+        # A holder asked to drop for someone hands the GPU to that one: it is next.
+        promised = [order.pop(order.index(c)) for h in gpu.holders.values()
+                    if h.hold and (c := gpu.waiters.get(h.hold.drop_incoming or "")) in order]
+        return promised + order
+
+    def _predicted_order(self, gpu: GpuState, now: float) -> list[Client]:
+        gpu_index = gpu.spec.index
         by_pool = {pool: gpu.waiters.in_order(pool) for pool in gpu.waiters.pools()}
         if len(by_pool) == 1:
-            return next(iter(by_pool.values()))
+            return list(next(iter(by_pool.values())))
         # Several pools: replay the pool choice, charging each pick one quantum of its pool's
         # share, which is how the shares will move as the queue drains.
         shares = self.shares(gpu_index, now)
@@ -426,7 +485,7 @@ class Scheduler:
         # the first waiter that does not fit stops the others, so a big request never starves
         # behind a stream of small ones.
         while gpu.waiters and not (gpu.holders and self.mode == "on"):
-            candidate = self._pick(gpu, now)
+            candidate = self._keep_promise(gpu, now) or self._pick(gpu, now)
             if candidate is None or (gpu.holders and not self._fits(gpu, [candidate])):
                 break
             actions.append(self._grant(gpu, candidate, now))
@@ -459,9 +518,8 @@ class Scheduler:
         def urgency(c: Client) -> tuple[bool, float, int]:
             # Guarantees come first: a non-preemptible request of a pool below its guarantee
             # goes before any split by weight.
-            share = shares.get(c.pool, 0.0)
-            owed = not c.preemptible and share < self.pool(c.pool).guarantee - _EPS
-            return owed, ent.get(c.pool, 0.0) - share, -c.request_order
+            owed = self._below_guarantee(gpu, c, now)
+            return owed, ent.get(c.pool, 0.0) - shares.get(c.pool, 0.0), -c.request_order
 
         return max(heads.values(), key=urgency)
 
@@ -474,15 +532,32 @@ class Scheduler:
             return []
         shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
         claimants = sorted((w for w in gpu.waiters.values()
-                            if not w.preemptible
-                            and shares.get(w.pool, 0.0) < self.pool(w.pool).guarantee - _EPS
+                            if self._below_guarantee(gpu, w, now)
                             and not self._over_maximum(gpu, w.pool, now, shares)),
                            key=_within_pool)
         actions: list[Action] = []
-        for claimant, victim in zip(claimants, victims, strict=False):
-            self.counts["preemptions"] += 1
-            actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
+        for claimant in claimants:
+            # Holders already leaving count as gone: a claimant whose room is already being
+            # made must not cost a second preemptible holder its quantum.
+            leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
+            if self._room_after(gpu, claimant, leaving):
+                continue
+            chosen: list[Client] = []
+            while victims and not self._room_after(gpu, claimant, [*leaving, *chosen]):
+                chosen.append(victims.pop())  # the newest grant first: it has run the least
+            if not self._room_after(gpu, claimant, [*leaving, *chosen]):
+                break  # not even every preemptible holder together would make room
+            for victim in chosen:
+                self.counts["preemptions"] += 1
+                actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
         return actions
+
+    def _room_after(self, gpu: GpuState, claimant: Client, leaving: list[Client]) -> bool:
+        """Would ``claimant`` be granted once ``leaving`` are gone?"""
+        staying = [h for h in gpu.holders.values() if h not in leaving]
+        if self.mode == "on":
+            return not staying
+        return self._fits_together(gpu, [*staying, claimant])
 
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -496,7 +571,10 @@ class Scheduler:
             # anyway it keeps the GPU and hears nothing.
             if self.mode == "auto":
                 blocked = self._pick(gpu, now)
-                if blocked is None or self._fits(gpu, [blocked]):
+                leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
+                if blocked is None or self._room_after(gpu, blocked, leaving):
+                    # Nobody is blocked, or those already leaving make the room: no need to
+                    # end this holder's turn as well.
                     hold.quantum_start = now
                     continue
                 actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
@@ -510,6 +588,28 @@ class Scheduler:
                 hold.quantum_start = now
                 continue
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
+        return actions
+
+    def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
+                            reason: str = p.REASON_ROOM) -> list[Action]:
+        """Mode auto: the holders no longer fit together; ask some to leave until they do.
+
+        It happens when a holder's working set grows (side by side was granted on the sizes
+        reported then) and when the mode turns auto while several hold. Running on past the
+        GPU's memory is the thrashing Kiwi exists to prevent. ``keep`` stays (the one in the
+        middle of allocating, or the first holder); the others leave, longest-running first,
+        until the rest fits, and must move their memory out, since the room is what is missing.
+        """
+        if self.mode != "auto" or keep is None or keep.state != "holding":
+            return []
+        actions: list[Action] = []
+        for holder in list(gpu.holders.values()):
+            staying = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason is None]
+            if self._fits_together(gpu, staying):
+                break
+            if holder is keep or holder.hold is None or holder.hold.drop_reason is not None:
+                continue
+            actions.extend(self._drop(gpu, holder, reason, now, incoming=None, evict=True))
         return actions
 
     def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
@@ -533,27 +633,44 @@ class Scheduler:
         client.requested_at = None
         client.hold = Hold(granted_at=now, quantum_start=now)
         gpu.holders[client.id] = client
-        gpu.meter.open(client.id, client.pool, now)
+        gpu.meter.open(client.id, client.pool, now, client.preemptible)
         self.counts["grants"] += 1
         return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
 
     def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-              incoming: Client | None) -> list[Action]:
+              incoming: Client | None, evict: bool | None = None) -> list[Action]:
         hold = holder.hold
         if hold is None or hold.drop_reason is not None:
             return []
         hold.drop_reason = reason
         hold.drop_sent_at = now
-        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming)
+        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming) \
+            if evict is None else evict
+        hold.drop_incoming = incoming.id if incoming is not None else None
         self.counts["drops"] += 1
         return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
 
+    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
+        promised, gpu.promised = gpu.promised, None
+        client = gpu.waiters.get(promised) if promised is not None else None
+        if client is None or self._over_maximum(gpu, client.pool, now):
+            return None
+        # A request owed its guarantee that arrived during the handoff still goes first.
+        if not self._below_guarantee(gpu, client, now) and any(
+                self._below_guarantee(gpu, head, now) for head in gpu.waiters.heads().values()):
+            return None
+        return client
+
     def _end_hold(self, client: Client, now: float) -> None:
         gpu = self.gpus[client.gpu]
+        if client.hold is not None and client.hold.drop_incoming is not None:
+            gpu.promised = client.hold.drop_incoming
         gpu.holders.pop(client.id, None)
         gpu.meter.close(client.id, now)
         if client.hold is not None:
-            client.gpu_seconds += now - client.hold.granted_at
+            held = now - client.hold.granted_at
+            client.gpu_seconds += held
+            gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held
         client.hold = None
         client.state = "idle"
 
@@ -576,6 +693,17 @@ class Scheduler:
             return len(clients) <= 1
         need = sum(c.working_set or 0 for c in clients)
         return need <= capacity - self.config.memory_reserve
+
+    def _below_guarantee(self, gpu: GpuState, client: Client, now: float) -> bool:
+        """Is ``client`` a non-preemptible request of a pool below its guarantee?
+
+        As in KAI, the guarantee covers a pool's non-preemptible work: its LOW holds do not
+        count towards it, so a pool running only preemptible work is still owed its guarantee.
+        """
+        if client.preemptible:
+            return False
+        used = gpu.meter.shares(now, [client.pool], non_preemptible=True)[client.pool]
+        return used < self.pool(client.pool).guarantee - _EPS
 
     def _over_maximum(self, gpu: GpuState, pool: str, now: float,
                       shares: Mapping[str, float] | None = None) -> bool:

@@ -26,6 +26,8 @@ class Pool:
     #: False when the config left out guarantee, weight or maximum. KAI turns preemption off for
     #: every pool when any pool is partially configured; so do we.
     complete: bool = True
+    #: Which of guarantee, weight and maximum the config left out (for the reason shown to users).
+    missing: tuple[str, ...] = ()
 
     @property
     def cap(self) -> float:
@@ -70,29 +72,39 @@ class ShareMeter:
     Holds closed hold intervals and the open ones; old intervals are trimmed as time goes. Shares
     are measured against the window's length, or against the time observed so far while the
     meter is younger than its window, so that the first quanta already count.
+
+    Each interval remembers whether its holder was preemptible: in KAI a pool's guarantee covers
+    its non-preemptible work ("Pool A is below its guarantee (25/30 non-preemptible)"), so the
+    question "is this pool below its guarantee?" counts only non-preemptible GPU time, while
+    entitlements and maximums count all of it.
     """
 
     def __init__(self, window: float, started: float) -> None:
         self.window = window
         self.started = started
-        self._closed: deque[tuple[float, float, str]] = deque()
-        self._open: dict[object, tuple[float, str]] = {}
+        self._closed: deque[tuple[float, float, str, bool]] = deque()
+        self._open: dict[object, tuple[float, str, bool]] = {}
 
-    def open(self, key: object, pool: str, now: float) -> None:
-        self._open[key] = (now, pool)
+    def open(self, key: object, pool: str, now: float, preemptible: bool = False) -> None:
+        self._open[key] = (now, pool, preemptible)
 
     def close(self, key: object, now: float) -> None:
         opened = self._open.pop(key, None)
         if opened is not None and now > opened[0]:
-            self._closed.append((opened[0], now, opened[1]))
+            self._closed.append((opened[0], now, opened[1], opened[2]))
 
-    def shares(self, now: float, pools: Iterable[str] = ()) -> dict[str, float]:
+    def shares(self, now: float, pools: Iterable[str] = (), *,
+               non_preemptible: bool = False) -> dict[str, float]:
+        """Each pool's fraction of the window; only non-preemptible holds if so asked."""
         start = max(now - self.window, self.started)
         while self._closed and self._closed[0][1] <= start:
             self._closed.popleft()
         seconds: dict[str, float] = dict.fromkeys(pools, 0.0)
-        spans = list(self._closed) + [(s, now, p) for s, p in self._open.values()]
-        for begin, end, pool in spans:
+        spans = list(self._closed) + [(s, now, p, low) for s, p, low in self._open.values()]
+        for begin, end, pool, preemptible in spans:
+            if non_preemptible and preemptible:
+                seconds.setdefault(pool, 0.0)
+                continue
             overlap = min(end, now) - max(begin, start)
             if overlap > 0:
                 seconds[pool] = seconds.get(pool, 0.0) + overlap
@@ -104,3 +116,13 @@ class ShareMeter:
 
 def preemption_enabled(pools: Mapping[str, Pool]) -> bool:
     return all(p.complete for p in pools.values())
+
+
+def preemption_off_reason(pools: Mapping[str, Pool]) -> str | None:
+    """Why preemption is off, in the words of the KAI troubleshooting guide; None when it is on."""
+    partial = [p for p in pools.values() if not p.complete]
+    if not partial:
+        return None
+    lacking = "; ".join(f"{p.name} lacks {', '.join(p.missing) or 'a setting'}" for p in partial)
+    return (f"preemption is off: every pool must set guarantee, weight and maximum, "
+            f"and {lacking}")

@@ -12,6 +12,7 @@ from typing import Any
 
 from nodeside.scheduler.core import Client, Scheduler
 from nodeside.scheduler.pools import entitlements
+from nodeside.scheduler.report import pool_reports
 
 STATUS_VERSION = 1
 
@@ -49,6 +50,7 @@ def build_status(scheduler: Scheduler, now: float,
         "clients": clients,
         "pools": _pools(scheduler, now),
         "preemption": scheduler.preemption,
+        "preemption_off_reason": scheduler.preemption_off_reason,
     }
 
 
@@ -84,9 +86,11 @@ def _pools(scheduler: Scheduler, now: float) -> list[dict[str, Any]]:
             shares[name] = shares.get(name, 0.0) + share / len(scheduler.gpus)
     contending = {c.pool for c in scheduler.clients.values() if c.state != "idle"}
     ent = entitlements(scheduler.pool(n) for n in sorted(contending))
+    reports = {r.name: r for r in pool_reports(scheduler, now)}
     out = []
     for name in sorted(names):
         pool = scheduler.pool(name)
+        report = reports.get(name)
         members = [c for c in scheduler.clients.values() if c.pool == name]
         out.append({
             "name": name,
@@ -100,6 +104,11 @@ def _pools(scheduler: Scheduler, now: float) -> list[dict[str, Any]]:
             "holding": sum(1 for c in members if c.state == "holding"),
             "configured": name in scheduler.config.pools or not scheduler.config.pools,
             "complete": pool.complete,
+            # The pools report (``kiwictl pools``): who waits, and why a stuck pool is stuck.
+            "missing": list(pool.missing),
+            "waiting_clients": report.waiting if report else [],
+            "stuck": report.stuck if report else None,
+            "gpus": report.as_status()["gpus"] if report else [],
         })
     return out
 

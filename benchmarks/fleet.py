@@ -1,0 +1,319 @@
+"""A notebook fleet replayed through the real scheduler core, in simulated time.
+
+    python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
+
+Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
+burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
+the daemon would feed it (``nodeside.scheduler.replay``), with the seed's pools and a 30 s TQ,
+so the figures are the policy's, not a model of it. Time jumps from event to event: a working
+day of a fleet replays in seconds.
+
+The workload model (assumptions, chosen to be stated and varied, not measured here):
+
+* Think time between cells: lognormal, median 40 s, sigma 1.0 (mean about 66 s). Human think and
+  idle times in interactive systems are heavy-tailed and skewed to the right; the lognormal is
+  the usual fit for them, and the median matches reading an output and editing a cell.
+* A break: after any cell, with probability 0.04, the person is away for lognormal minutes
+  (median 15 min, sigma 0.8): meetings, lunch. This is what makes one GPU per notebook wasteful:
+  the analyses of shared GPU clusters (Microsoft's Philly traces, Jeon et al., USENIX ATC 2019;
+  Alibaba PAI, Weng et al., NSDI 2022) report low GPU utilization for interactive work.
+* 60 % of cells use the GPU. Burst length: lognormal, median 6 s, sigma 1.3, capped at 20 min:
+  most cells are a quick forward pass or a few training steps, a few are long training runs.
+  Job durations in those same traces are heavy-tailed and lognormal-like over orders of
+  magnitude; sigma 1.3 puts the 99th percentile near two minutes.
+* CPU-only cells last lognormal median 3 s.
+* Half the notebooks are in pool ``training`` (0.3 / 1 / 0.7), half in ``simulation``
+  (0.5 / 3 / unlimited), the seed's pools; a quarter of all notebooks run LOW (exploratory).
+* Giving the GPU back takes 0.2 s (pausing the work in flight; no working set is moved in mode
+  on when the next one fits, and the shim's eviction cost is not modelled).
+
+What it reports, each against a floor measured in the same run:
+
+* GPU utilization: the fraction of GPU time held, against the offered load (the GPU seconds the
+  fleet asked for over the GPU time there was): 1.0 means every request was served in the end.
+* Wait per GPU cell, mean and p95, in seconds and as slowdown against the floor of an exclusive
+  GPU (where a cell takes exactly its burst).
+* Each pool's share error: during sustained contention (both pools contending for a GPU for at
+  least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
+  (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
+* GPUs an exclusive one-GPU-per-notebook assignment needs for the same fleet (one each), and the
+  peak number of notebooks in a GPU burst at once (what even a perfect dynamic assignment of
+  whole GPUs would need).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.common import percentile
+from nodeside.config import from_mapping
+from nodeside.scheduler.core import Action, GpuSpec, Scheduler
+from nodeside.scheduler.pools import entitlements
+from nodeside.scheduler.replay import Replay, Worker
+
+POOLS = {
+    "training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
+    "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1},
+}
+GiB = 1024**3
+
+
+@dataclass
+class Workload:
+    think_median: float = 40.0
+    think_sigma: float = 1.0
+    away_probability: float = 0.04
+    away_median: float = 15 * 60.0
+    away_sigma: float = 0.8
+    gpu_cell_probability: float = 0.6
+    burst_median: float = 6.0
+    burst_sigma: float = 1.3
+    burst_cap: float = 20 * 60.0
+    cpu_cell_median: float = 3.0
+    release_delay: float = 0.2
+
+
+@dataclass
+class Cell:
+    notebook: str
+    pool: str
+    gpu: int
+    start: float
+    burst: float
+    end: float | None = None
+
+    @property
+    def wait(self) -> float:
+        assert self.end is not None
+        return max(0.0, self.end - self.start - self.burst)
+
+
+@dataclass
+class Contention:
+    """Per GPU, each pool's held seconds during sustained contention between pools.
+
+    An episode is a stretch of time during which more than one pool contends for a GPU. Only
+    episodes of at least ``min_quanta`` quanta count: the policy acts once per quantum, so a
+    notebook that waits ten seconds behind another's burst says nothing about shares.
+
+    The scheduler's state changes only when actions are applied, so between two calls of
+    ``observe`` it is what the earlier call saw: that snapshot is what the elapsed time is
+    charged to.
+    """
+
+    min_length: float
+    last: float = 0.0
+    held: dict[str, float] = field(default_factory=dict)  # sustained episodes, all GPUs
+    sustained: float = 0.0  # seconds of GPU time in sustained episodes
+    contended: float = 0.0  # seconds of GPU time in any episode
+    concurrent_peak: int = 0
+    _holding: dict[int, list[str]] = field(default_factory=dict)  # contended GPU -> pools held
+    _episodes: dict[int, tuple[float, dict[str, float]]] = field(default_factory=dict)
+
+    def observe(self, replay: Replay, _: list[Action]) -> None:
+        dt = replay.now - self.last
+        for index, pools in self._holding.items():
+            seconds = self._episodes.setdefault(index, (self.last, {}))[1]
+            for pool in pools:
+                seconds[pool] = seconds.get(pool, 0.0) + dt
+        self.last = replay.now
+        self._holding = {}
+        for index, gpu in replay.scheduler.gpus.items():
+            if len({c.pool for c in (*gpu.holders.values(), *gpu.waiters.values())}) > 1:
+                self._holding[index] = [h.pool for h in gpu.holders.values()]
+            elif index in self._episodes:
+                self._close(index, replay.now)
+        wanting = sum(len(g.holders) + len(g.waiters) for g in replay.scheduler.gpus.values())
+        self.concurrent_peak = max(self.concurrent_peak, wanting)
+
+    def finish(self, now: float) -> None:
+        for index in list(self._episodes):
+            self._close(index, now)
+
+    def _close(self, index: int, now: float) -> None:
+        began, seconds = self._episodes.pop(index)
+        self.contended += now - began
+        if now - began >= self.min_length:
+            self.sustained += now - began
+            for pool, value in seconds.items():
+                self.held[pool] = self.held.get(pool, 0.0) + value
+
+
+def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: str,
+                memory: int | None, tq: float) -> tuple[Replay, list[Cell], Contention]:
+    rng = random.Random(seed)
+    sizes = random.Random(seed + 1)  # its own stream: the same traces in every mode
+    config = from_mapping({"tq": tq, "mode": mode, "pools": POOLS})
+    sched = Scheduler(config, [GpuSpec(i, memory_total=memory) for i in range(gpus)], 0.0)
+    replay = Replay(sched, release_delay=workload.release_delay)
+    contention = Contention(min_length=10 * tq)
+    replay.observers.append(contention.observe)
+    cells: list[Cell] = []
+    for n in range(notebooks):
+        pool = "training" if n % 2 == 0 else "simulation"
+        priority = "LOW" if n % 8 in (6, 7) else "NORMAL"  # a quarter, in both pools
+        # Working sets: lognormal, median 4.5 GiB (a mid-sized model and its activations).
+        size = int(sizes.lognormvariate(1.5, 0.6) * GiB)
+        # Pools alternate, GPUs every two notebooks: each GPU gets notebooks of both pools.
+        worker = replay.add(f"nb{n:02d}", pool=pool, priority=priority, gpu=(n // 2) % gpus,
+                            working_set=size if memory else None)
+        _start_notebook(replay, worker, rng, workload, cells)
+    return replay, cells, contention
+
+
+def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workload,
+                    cells: list[Cell]) -> None:
+    current: list[Cell] = []
+
+    def next_cell(now: float) -> None:
+        start = now + rng.lognormvariate(_mu(w.think_median), w.think_sigma)
+        if rng.random() < w.away_probability:
+            start += rng.lognormvariate(_mu(w.away_median), w.away_sigma)
+        if rng.random() < w.gpu_cell_probability:
+            burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
+            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst)
+            current[:] = [cell]
+            cells.append(cell)
+            replay.burst(worker, burst, when=start)
+        else:
+            cpu = rng.lognormvariate(_mu(w.cpu_cell_median), 1.0)
+            replay.at(start + cpu, lambda: next_cell(replay.now))
+
+    def done(_: Worker, now: float) -> None:
+        if current:
+            current[0].end = now
+            current.clear()
+        next_cell(now)
+
+    worker.on_done = done
+    next_cell(rng.uniform(0, 120.0))  # people do not all start at nine sharp
+
+
+def _mu(median: float) -> float:
+    """The lognormal's mu for a given median."""
+    return math.log(median)
+
+
+def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
+        mode: str = "on", memory: int | None = None, tq: float = 30.0) -> dict:
+    workload = Workload()
+    duration = hours * 3600.0
+    started = time.perf_counter()
+    replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq)
+    replay.run_until(duration)
+    wall = time.perf_counter() - started
+    finished = [c for c in cells if c.end is not None and c.end <= duration]
+    offered = sum(c.burst for c in cells if c.start < duration)
+    held = sum(min(s.end if s.end is not None else duration, duration) - s.start
+               for s in replay.spans if s.start < duration)
+    busy = _busy_seconds(replay, duration)
+    waits = [c.wait for c in finished]
+    mean_burst = statistics.fmean(c.burst for c in finished)
+    contention.finish(duration)
+    ent = entitlements(replay.scheduler.pool(p) for p in POOLS)
+    total = sum(contention.held.values())
+    shares = {pool: contention.held.get(pool, 0.0) / total for pool in POOLS} if total else {}
+    share_error = {pool: abs(shares[pool] - ent[pool]) for pool in shares}
+    return {
+        "mode": mode, "notebooks": notebooks, "gpus": gpus, "hours": hours, "tq": tq,
+        "seed": seed, "cells": len(finished),
+        "offered_load": offered / (duration * gpus),
+        "utilization": busy / (duration * gpus),
+        "held_gpu_seconds_per_gpu_second": held / (duration * gpus),
+        "served_fraction": held / offered if offered else 1.0,
+        "wait_mean_s": statistics.fmean(waits), "wait_p95_s": percentile(waits, 95),
+        "wait_mean_over_mean_burst": statistics.fmean(waits) / mean_burst,
+        "slowdown_mean": statistics.fmean((c.wait + c.burst) / c.burst for c in finished),
+        "share_error": share_error, "shares_in_contention": shares,
+        "contended_fraction": contention.contended / (duration * gpus),
+        "sustained_fraction": contention.sustained / (duration * gpus),
+        "exclusive_gpus": notebooks, "peak_concurrent_bursts": contention.concurrent_peak,
+        "notebooks_per_gpu": notebooks / gpus,
+        "simulated_seconds_per_wall_second": duration / wall, "wall_s": wall,
+        "counts": dict(replay.scheduler.counts),
+        "_replay": replay,
+    }
+
+
+def _busy_seconds(replay: Replay, end: float) -> float:
+    """GPU seconds with at least one holder (side-by-side holds count once)."""
+    total = 0.0
+    for gpu in replay.scheduler.gpus:
+        spans = sorted((s.start, min(s.end if s.end is not None else end, end))
+                       for s in replay.spans if s.gpu == gpu and s.start < end)
+        covered_to = 0.0
+        for start, stop in spans:
+            start = max(start, covered_to)
+            if stop > start:
+                total += stop - start
+                covered_to = stop
+    return total
+
+
+def report(result: dict) -> str:
+    errors = ", ".join(f"{p} {e:.3f} (got {result['shares_in_contention'][p]:.2f})"
+                       for p, e in result["share_error"].items())
+    return "\n".join([
+        f"| mode {result['mode']}, {result['notebooks']} notebooks on {result['gpus']} GPUs, "
+        f"{result['hours']:g} h, TQ {result['tq']:g} s | |",
+        "| --- | --- |",
+        f"| GPU cells completed | {result['cells']} |",
+        f"| offered load (GPU s asked / GPU s there) | {result['offered_load']:.3f} |",
+        f"| GPU utilization (busy / GPU time) | {result['utilization']:.3f} |",
+        f"| served / offered | {result['served_fraction']:.3f} |",
+        f"| wait per GPU cell, mean / p95 | {result['wait_mean_s']:.1f} s / "
+        f"{result['wait_p95_s']:.1f} s |",
+        f"| mean wait / mean burst | {result['wait_mean_over_mean_burst']:.2f} |",
+        f"| mean slowdown vs an exclusive GPU (floor 1.0) | {result['slowdown_mean']:.2f} |",
+        f"| pool share error in sustained contention (>= 10 TQ) | {errors or 'none'} |",
+        f"| GPU time with both pools contending: any / sustained | "
+        f"{result['contended_fraction']:.2f} / {result['sustained_fraction']:.2f} |",
+        f"| GPUs for one-GPU-per-notebook | {result['exclusive_gpus']} "
+        f"({result['notebooks_per_gpu']:.0f}x the {result['gpus']} shared) |",
+        f"| peak notebooks in a GPU burst at once | {result['peak_concurrent_bursts']} |",
+        f"| simulated s per wall s | {result['simulated_seconds_per_wall_second']:.0f} |",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--notebooks", type=int, default=20)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--hours", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tq", type=float, default=30.0)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw docs/timeline.png and docs/fleet-timeline.png")
+    args = parser.parse_args(argv)
+    results = []
+    # The seed's default (mode on, TQ 30 s); a notebook-sized TQ; and mode auto on 40 GiB GPUs
+    # (side-by-side holds are modelled as running at full speed, which flatters auto mode: two
+    # kernels sharing the SMs each run slower in reality).
+    for mode, tq, memory in (("on", args.tq, None), ("on", 5.0, None),
+                             ("auto", args.tq, 40 * GiB)):
+        result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, memory, tq)
+        print(report(result), end="\n\n")
+        results.append(result)
+    if args.json:
+        args.json.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")}
+                                         for r in results], indent=2))
+    if args.plot:
+        from benchmarks.timeline import draw_fleet, draw_seed_example
+
+        docs = Path(__file__).resolve().parent.parent / "docs"
+        draw_seed_example(docs / "timeline.png")
+        draw_fleet(results[0]["_replay"], docs / "fleet-timeline.png", gpu=0,
+                   start=3600.0, end=3600.0 + 900.0)
+        print(f"wrote {docs / 'timeline.png'} and {docs / 'fleet-timeline.png'}")
+
+
+if __name__ == "__main__":
+    main()

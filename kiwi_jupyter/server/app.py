@@ -1,0 +1,174 @@
+"""The Kiwi server extension: its options, its endpoints and the embedded scheduler's lifetime.
+
+Enabled on install (jupyter-config/); configure with ``c.KiwiExtension.<option>`` in a Jupyter
+config file or ``--KiwiExtension.<option>=`` on the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Bool, Enum, Float, List, Unicode, default
+
+from kiwi_jupyter.server.embedded import EmbeddedScheduler, daemon_answers, default_command
+from kiwi_jupyter.server.handlers import SchedulerHandler, StatusHandler
+from kiwi_jupyter.server.link import DaemonLink
+from nodeside.config import DEFAULT_SOCKET
+from nodeside.protocol import MODES
+
+
+class KiwiExtension(ExtensionApp):
+    """Serves the Kiwi GPU panel's endpoints and, where no daemon runs, a scheduler of its own."""
+
+    name = "kiwi_jupyter"
+    # Nothing to open in a browser: the panel is a JupyterLab extension.
+    load_other_extensions = True
+
+    embedded_scheduler = Bool(
+        config=True,
+        help="""Start a kiwi-scheduler of this server's own when nothing answers at `socket`.
+        It listens on a socket private to this server; every kernel the server starts is given
+        its path in KIWI_SOCKET. Default: on, except inside Kubernetes (KUBERNETES_SERVICE_HOST
+        set), where the node's DaemonSet runs the scheduler.""",
+    )
+
+    @default("embedded_scheduler")
+    def _default_embedded(self) -> bool:
+        return "KUBERNETES_SERVICE_HOST" not in os.environ
+
+    socket = Unicode(
+        config=True,
+        help="""Path of the node daemon's Unix socket. Default: $KIWI_SOCKET, else
+        /var/run/kiwi/scheduler.sock.""",
+    )
+
+    @default("socket")
+    def _default_socket(self) -> str:
+        return os.environ.get("KIWI_SOCKET") or DEFAULT_SOCKET
+
+    tq = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="Time quantum in seconds for the embedded scheduler (--tq). None: its default, 30.",
+    )
+    mode = Enum(
+        list(MODES),
+        None,
+        allow_none=True,
+        config=True,
+        help="Mode of the embedded scheduler (--mode on|off|auto). None: its default, on.",
+    )
+    config_file = Unicode(
+        "",
+        config=True,
+        help="YAML or TOML file with tq, mode and pools for the embedded scheduler (--config).",
+    )
+    scheduler_command = List(
+        Unicode(),
+        config=True,
+        help="""Command that runs the scheduler; `--socket PATH` and the options above are
+        appended. Default: the kiwi-scheduler installed beside this Python.""",
+    )
+
+    @default("scheduler_command")
+    def _default_command(self) -> list[str]:
+        return default_command()
+
+    scheduler_args = List(
+        Unicode(),
+        config=True,
+        help="More arguments for the embedded scheduler, e.g. ['--gpu-memory', '16GiB'].",
+    )
+    watch_interval = Float(
+        0.5,
+        config=True,
+        help="Seconds between two checks that the embedded scheduler still runs.",
+    )
+    status_max_age = Float(
+        0.1,
+        config=True,
+        help="""Seconds a status document is reused across requests. However many browsers
+        poll (every 500 ms by default, the panel's refresh rate setting), the daemon sees at
+        most one status request per this interval.""",
+    )
+    daemon_timeout = Float(
+        5.0,
+        config=True,
+        help="Seconds to wait for the daemon's answer before reporting it unreachable.",
+    )
+
+    def initialize_settings(self) -> None:
+        self.embedded: EmbeddedScheduler | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._saved_socket_env = os.environ.get("KIWI_SOCKET")
+        socket_path = self.socket
+        if self.embedded_scheduler and not daemon_answers(socket_path):
+            self.embedded = EmbeddedScheduler(self.scheduler_command, self._scheduler_options())
+            self.embedded.start()
+            socket_path = self.embedded.socket_path
+            self.log.info("Kiwi: embedded scheduler listening on %s", socket_path)
+        else:
+            self.log.info("Kiwi: using the scheduler at %s", socket_path)
+        # Kernels inherit the server's environment: this is how every kernel this server
+        # starts finds the scheduler, embedded or not.
+        os.environ["KIWI_SOCKET"] = socket_path
+        self.link = DaemonLink(
+            socket_path, max_age=self.status_max_age, timeout=self.daemon_timeout
+        )
+        self.settings.update({"kiwi_link": self.link, "kiwi_extension": self})
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(
+            [
+                (r"/kiwi/api/status", StatusHandler),
+                (r"/kiwi/api/scheduler", SchedulerHandler),
+            ]
+        )
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if self.embedded is not None:
+            self._watcher = asyncio.ensure_future(self._watch_embedded())
+
+    async def stop_extension(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        self.link.close()
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
+            if self._saved_socket_env is None:
+                os.environ.pop("KIWI_SOCKET", None)
+            else:
+                os.environ["KIWI_SOCKET"] = self._saved_socket_env
+
+    async def _watch_embedded(self) -> None:
+        """Restart the embedded scheduler whenever it dies, backing off if it keeps dying."""
+        backoff = 0.0
+        while self.embedded is not None:
+            await asyncio.sleep(self.watch_interval + backoff)
+            try:
+                if await self.embedded.restart_if_dead():
+                    backoff = min(30.0, backoff * 2 or 1.0)
+                    self.log.info("Kiwi: embedded scheduler restarted (pid %s)", self.embedded.pid)
+                else:
+                    backoff = 0.0
+            except Exception:  # noqa: BLE001 - keep watching: the next round tries again
+                self.log.exception("Kiwi: could not restart the embedded scheduler")
+                backoff = min(30.0, backoff * 2 or 1.0)
+
+    def _scheduler_options(self) -> list[str]:
+        options: list[str] = []
+        if self.tq is not None:
+            options += ["--tq", repr(self.tq)]
+        if self.mode is not None:
+            options += ["--mode", self.mode]
+        if self.config_file:
+            options += ["--config", self.config_file]
+        return options + list(self.scheduler_args)

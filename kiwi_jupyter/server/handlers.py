@@ -1,0 +1,75 @@
+"""The endpoints of CONTRACT section 8. Each one needs the server's authentication; changing the
+scheduler needs the authorizer's leave to write resource ``kiwi``."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from tornado import web
+
+from kiwi_jupyter.server.link import DaemonLink, DaemonUnavailable
+from nodeside.protocol import MODES
+
+#: The resource the authorizer is asked about; GET is action "read", POST "write".
+AUTH_RESOURCE = "kiwi"
+
+
+class KiwiHandler(ExtensionHandlerMixin, APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def link(self) -> DaemonLink:
+        link: DaemonLink = self.settings["kiwi_link"]
+        return link
+
+
+class StatusHandler(KiwiHandler):
+    """``GET kiwi/api/status``: the status document plus ``reachable``."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(json.dumps(await self.link.status()))
+
+
+class SchedulerHandler(KiwiHandler):
+    """``POST kiwi/api/scheduler`` with ``{"mode": ...}`` and/or ``{"tq": ...}``: the new status."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        mode, tq = _parse_change(self.get_json_body())
+        try:
+            if mode is not None:
+                await self.link.set_mode(mode)
+            if tq is not None:
+                await self.link.set_tq(tq)
+        except PermissionError as exc:
+            # The Jupyter authorizer said yes, but the daemon checks the server's own uid and
+            # said no: an operator runs the node daemon for this node.
+            raise web.HTTPError(403, f"the Kiwi daemon refused: {exc}") from exc
+        except ValueError as exc:  # the daemon's own range check (error "invalid")
+            raise web.HTTPError(400, str(exc)) from exc
+        except DaemonUnavailable as exc:
+            raise web.HTTPError(503, str(exc)) from exc
+        self.finish(json.dumps(await self.link.status()))
+
+
+def _parse_change(body: Any) -> tuple[str | None, float | None]:
+    if not isinstance(body, dict) or not ({"mode", "tq"} & body.keys()):
+        raise web.HTTPError(400, 'send a JSON object with "mode" and/or "tq"')
+    mode, tq = body.get("mode"), body.get("tq")
+    if mode is not None and mode not in MODES:
+        raise web.HTTPError(400, f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if tq is not None:
+        if isinstance(tq, bool) or not isinstance(tq, (int, float)):
+            raise web.HTTPError(400, "tq must be a number of seconds")
+        if not (math.isfinite(tq) and tq > 0):
+            raise web.HTTPError(400, "tq must be a positive number of seconds")
+        tq = float(tq)
+    return mode, tq

@@ -1,0 +1,119 @@
+"""The server's line to the node daemon: `nodeside.client.Client` calls, run off the event loop.
+
+The Client is blocking by design (a kernel thread waits on it). Tornado must never wait on a
+socket, so every call runs on one worker thread; one thread also means one connection and
+requests that never interleave on it. Status requests are coalesced: however many browser tabs
+poll, the daemon sees at most one status request per ``max_age`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from nodeside.client import Client
+
+
+class DaemonUnavailable(Exception):
+    """The daemon could not be reached or did not answer in time; the message says which."""
+
+
+class DaemonLink:
+    """Asynchronous access to one daemon socket for the request handlers."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        max_age: float = 0.1,
+        timeout: float = 5.0,
+        client_factory: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self.max_age = max_age
+        self.timeout = timeout
+        self._client_factory = client_factory or self._control_client
+        self._client: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiwi-daemon-link")
+        self._inflight: asyncio.Future[dict[str, Any]] | None = None
+        self._cached: dict[str, Any] | None = None
+        self._cached_at = 0.0
+
+    async def status(self) -> dict[str, Any]:
+        """The status document with ``reachable`` (and ``reason`` when it is not)."""
+        if self._cached is not None and time.monotonic() - self._cached_at < self.max_age:
+            return self._cached
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._fetch_status())
+        # shield: a browser that goes away must not cancel the fetch other requests await.
+        return await asyncio.shield(self._inflight)
+
+    async def set_mode(self, mode: str) -> None:
+        """Raises PermissionError when the daemon refuses, DaemonUnavailable when it is gone."""
+        await self._call("set_mode", mode)
+        self._cached = None
+
+    async def set_tq(self, seconds: float) -> None:
+        await self._call("set_tq", seconds)
+        self._cached = None
+
+    def close(self) -> None:
+        self._executor.submit(self._drop_client)
+        self._executor.shutdown(wait=False, cancel_futures=False)
+
+    async def _fetch_status(self) -> dict[str, Any]:
+        try:
+            document = dict(await self._call("status"))
+            document["reachable"] = True
+        except DaemonUnavailable as exc:
+            document = {"reachable": False, "reason": str(exc)}
+        document["socket"] = self.socket_path
+        self._cached, self._cached_at = document, time.monotonic()
+        return document
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._call_in_thread, method, args)
+        try:
+            return await asyncio.wait_for(future, self.timeout)
+        except asyncio.TimeoutError:
+            raise DaemonUnavailable(
+                f"the Kiwi daemon at {self.socket_path} did not answer within {self.timeout:g} s"
+            ) from None
+
+    def _call_in_thread(self, method: str, args: tuple[Any, ...]) -> Any:
+        """Runs on the worker thread: (re)connect as needed and make one call."""
+        try:
+            if self._client is None:
+                self._client = self._client_factory(self.socket_path)
+            return getattr(self._client, method)(*args)
+        except PermissionError:
+            raise
+        except (OSError, EOFError) as exc:  # ConnectionError and TimeoutError among them
+            # The daemon went away (or never was): forget the connection so the next call
+            # connects afresh, which is also how a restarted daemon is picked up.
+            self._drop_client()
+            raise DaemonUnavailable(_describe(exc, self.socket_path)) from exc
+
+    def _control_client(self, socket_path: str) -> Client:
+        # register=False: the server observes and steers; it never holds a GPU, so it must not
+        # show up as a client in the status document it serves.
+        return Client(socket_path, register=False, request_timeout=self.timeout)
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(OSError):
+                client.close()
+
+
+def _describe(exc: BaseException, socket_path: str) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"no Kiwi daemon socket at {socket_path}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing listens at {socket_path} (connection refused)"
+    return f"lost the Kiwi daemon at {socket_path}: {exc or type(exc).__name__}"

@@ -1,0 +1,48 @@
+/**
+ * Which kernel is "this notebook's": the kernel of the main-area widget in focus (a notebook or
+ * a console), followed across focus and kernel changes; and readable names for kernel ids from
+ * the running sessions. Kernels register with the daemon under their Jupyter kernel id.
+ */
+
+import { ILabShell } from '@jupyterlab/application';
+import { ISessionContext } from '@jupyterlab/apputils';
+import { PathExt } from '@jupyterlab/coreutils';
+import { Session } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
+
+import { KiwiModel } from './model';
+
+function sessionContextOf(widget: Widget | null): ISessionContext | null {
+  return (widget as { sessionContext?: ISessionContext } | null)?.sessionContext ?? null;
+}
+
+/** Keep `model.kernelId` on the focused widget's kernel. */
+export function followFocusedKernel(model: KiwiModel, labShell: ILabShell | null): void {
+  let watched: ISessionContext | null = null;
+  const follow = () => {
+    const context = sessionContextOf(labShell?.currentWidget ?? null);
+    if (context !== watched) {
+      watched?.kernelChanged.disconnect(follow);
+      context?.kernelChanged.connect(follow);
+      watched = context;
+    }
+    model.kernelId = context?.session?.kernel?.id ?? null;
+  };
+  labShell?.currentChanged.connect(follow);
+  follow();
+}
+
+/** Name kernels after their notebooks (or consoles) in the queue and the timeline. */
+export function labelKernelsBySession(model: KiwiModel, sessions: Session.IManager): void {
+  const label = () => {
+    const labels = new Map<string, string>();
+    for (const session of sessions.running()) {
+      if (session.kernel) {
+        labels.set(session.kernel.id, PathExt.basename(session.path));
+      }
+    }
+    model.setKernelLabels(labels);
+  };
+  sessions.runningChanged.connect(label);
+  label();
+}

@@ -1,0 +1,342 @@
+/**
+ * The panel's model: the latest status document, turned into what the views show.
+ *
+ * Pure state and no I/O, so every rule here is tested with Jest by feeding documents and clock
+ * readings (seconds). The poller feeds it; the sidebar panel and the status bar item read it.
+ */
+
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  IClientStatus,
+  IGpuStatus,
+  IStatusDocument,
+  SchedulerMode
+} from './tokens';
+
+/** Where this notebook's kernel stands with the GPU. */
+export type KernelStanding =
+  | { kind: 'unreachable' }
+  | { kind: 'no-kernel' }
+  | { kind: 'idle' }
+  | { kind: 'holding' }
+  | { kind: 'waiting'; position: number };
+
+export interface IHolderView {
+  clientId: string;
+  label: string;
+  mine: boolean;
+}
+
+export interface IQueueEntry {
+  position: number;
+  clientId: string;
+  label: string;
+  mine: boolean;
+  pool: string;
+  priority: string;
+}
+
+export interface IGpuView {
+  index: number;
+  name: string;
+  memoryUsed: number | null;
+  memoryTotal: number | null;
+  /** used / total in [0, 1], or null when either is unknown. */
+  memoryFraction: number | null;
+  holders: IHolderView[];
+  /** Seconds left in the holder's quantum, counted down since the document arrived. */
+  quantumLeft: number | null;
+  queue: IQueueEntry[];
+}
+
+export interface IPoolView {
+  name: string;
+  share: number;
+  guarantee: number;
+  /** null: the pool has no maximum (-1 in the document). */
+  maximum: number | null;
+  clients: number;
+  /** Contending pools get their guarantee first; below it while others hold is worth a look. */
+  belowGuarantee: boolean;
+}
+
+/** One stretch of time during which a client held a GPU. */
+export interface ITimelineEntry {
+  gpu: number;
+  clientId: string;
+  label: string;
+  mine: boolean;
+  start: number;
+  /** null while it still holds. */
+  end: number | null;
+}
+
+export interface IKiwiModelOptions {
+  /** Seconds of holder history kept for the timeline. */
+  timelineWindow?: number;
+  /** Most timeline entries kept, whatever their age. */
+  maxTimelineEntries?: number;
+}
+
+const UUID_PREFIX = /^[0-9a-f]{8}-[0-9a-f]{4}-/i;
+
+export class KiwiModel {
+  constructor(options: IKiwiModelOptions = {}) {
+    this.timelineWindow = options.timelineWindow ?? 300;
+    this._maxTimelineEntries = options.maxTimelineEntries ?? 50;
+  }
+
+  /** Emitted after every document, failure or change of the current kernel. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Seconds of history the timeline shows. */
+  timelineWindow: number;
+
+  /** Whether the last request reached the daemon (through the server). */
+  get reachable(): boolean {
+    return this._document?.reachable ?? false;
+  }
+
+  /** False until the first answer or failure: the panel says "connecting", not "unreachable". */
+  get loaded(): boolean {
+    return this._document !== null;
+  }
+
+  /** Why the daemon is unreachable, in the words of whoever failed. */
+  get unreachableReason(): string {
+    return this._document?.reason ?? '';
+  }
+
+  get socket(): string {
+    return this._document?.socket ?? '';
+  }
+
+  get mode(): SchedulerMode | null {
+    return this.reachable ? this._document?.mode ?? null : null;
+  }
+
+  get tq(): number | null {
+    return this.reachable ? this._document?.tq ?? null : null;
+  }
+
+  /** The Jupyter kernel id of the notebook in focus; kernels register under it as their name. */
+  get kernelId(): string | null {
+    return this._kernelId;
+  }
+
+  set kernelId(id: string | null) {
+    if (id === this._kernelId) {
+      return;
+    }
+    this._kernelId = id;
+    this._changed.emit();
+  }
+
+  /** Readable names (notebook paths) for kernel ids, from the session manager. */
+  setKernelLabels(labels: ReadonlyMap<string, string>): void {
+    this._kernelLabels = new Map(labels);
+    this._changed.emit();
+  }
+
+  /** Take a fresh status document received at `now` (seconds). */
+  update(document: IStatusDocument, now: number): void {
+    this._document = document;
+    this._receivedAt = now;
+    this._clientsById = new Map((document.clients ?? []).map(c => [c.id, c]));
+    this._recordHolders(document.reachable ? document.gpus ?? [] : [], now);
+    this._changed.emit();
+  }
+
+  /** The server itself could not be asked (network error, server gone). */
+  fail(reason: string, now: number): void {
+    this.update({ reachable: false, reason }, now);
+  }
+
+  /** Where the focused notebook's kernel stands. */
+  standing(): KernelStanding {
+    if (!this.reachable) {
+      return { kind: 'unreachable' };
+    }
+    const mine = this._myClients();
+    if (this._kernelId === null || mine.length === 0) {
+      return this._kernelId === null ? { kind: 'no-kernel' } : { kind: 'idle' };
+    }
+    if (mine.some(c => c.state === 'holding')) {
+      return { kind: 'holding' };
+    }
+    const positions = mine
+      .filter(c => c.state === 'waiting' && c.queue_position !== null)
+      .map(c => c.queue_position as number);
+    if (positions.length > 0) {
+      return { kind: 'waiting', position: Math.min(...positions) };
+    }
+    return { kind: 'idle' };
+  }
+
+  gpus(now: number): IGpuView[] {
+    if (!this.reachable) {
+      return [];
+    }
+    return (this._document?.gpus ?? []).map(gpu => this._gpuView(gpu, now));
+  }
+
+  pools(): IPoolView[] {
+    if (!this.reachable) {
+      return [];
+    }
+    const pools = this._document?.pools ?? [];
+    const contended = pools.filter(p => p.share > 0 || p.clients > 0).length > 1;
+    return pools.map(p => ({
+      name: p.name,
+      share: p.share,
+      guarantee: p.guarantee,
+      maximum: p.maximum < 0 ? null : p.maximum,
+      clients: p.clients,
+      belowGuarantee: contended && p.clients > 0 && p.share < p.guarantee
+    }));
+  }
+
+  /** Holder stretches that overlap the last `timelineWindow` seconds, oldest first. */
+  timeline(now: number): ITimelineEntry[] {
+    const since = now - this.timelineWindow;
+    return this._timeline
+      .filter(e => e.end === null || e.end >= since)
+      .map(e => ({ ...e, label: this.labelFor(e.clientId), mine: this._isMine(e.clientId) }));
+  }
+
+  /** What to call a client: its notebook if it is a kernel we know, else its name. */
+  labelFor(clientId: string): string {
+    const client = this._clientsById.get(clientId);
+    const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
+    const label = this._kernelLabels.get(name);
+    if (label) {
+      return label;
+    }
+    // A kernel we have no session for (another user's, or started outside this server): its
+    // full uuid is noise, the first group is enough to tell kernels apart.
+    return UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name;
+  }
+
+  private _gpuView(gpu: IGpuStatus, now: number): IGpuView {
+    const elapsed = Math.max(0, now - this._receivedAt);
+    const fraction =
+      gpu.memory_total && gpu.memory_used !== null && gpu.memory_total > 0
+        ? Math.min(1, gpu.memory_used / gpu.memory_total)
+        : null;
+    const queue = gpu.queue.map((clientId, i) => {
+      const client = this._clientsById.get(clientId);
+      return {
+        position: i + 1,
+        clientId,
+        label: this.labelFor(clientId),
+        mine: this._isMine(clientId),
+        pool: client?.pool ?? '',
+        priority: client?.priority ?? ''
+      };
+    });
+    return {
+      index: gpu.index,
+      name: gpu.name,
+      memoryUsed: gpu.memory_used,
+      memoryTotal: gpu.memory_total,
+      memoryFraction: fraction,
+      holders: gpu.holders.map(clientId => ({
+        clientId,
+        label: this.labelFor(clientId),
+        mine: this._isMine(clientId)
+      })),
+      quantumLeft:
+        gpu.quantum_remaining === null ? null : Math.max(0, gpu.quantum_remaining - elapsed),
+      queue
+    };
+  }
+
+  private _myClients(): IClientStatus[] {
+    return (this._document?.clients ?? []).filter(c => c.name === this._kernelId);
+  }
+
+  private _isMine(clientId: string): boolean {
+    if (this._kernelId === null) {
+      return false;
+    }
+    const name = this._clientsById.get(clientId)?.name ?? this._lastNames.get(clientId);
+    return name === this._kernelId;
+  }
+
+  /**
+   * Open a timeline entry for each new holder and close the entries of those that stopped.
+   * Snapshots are all we see, so a hold shorter than one refresh may be missed: the timeline is
+   * a picture of recent turns, not an audit log (the daemon's gpu_seconds is the exact count).
+   */
+  private _recordHolders(gpus: IGpuStatus[], now: number): void {
+    const current = new Set<string>();
+    for (const gpu of gpus) {
+      for (const clientId of gpu.holders) {
+        current.add(`${gpu.index}\u0000${clientId}`);
+      }
+    }
+    for (const [key, entry] of this._open) {
+      if (!current.has(key)) {
+        entry.end = now;
+        this._open.delete(key);
+      }
+    }
+    for (const gpu of gpus) {
+      for (const clientId of gpu.holders) {
+        const key = `${gpu.index}\u0000${clientId}`;
+        const name = this._clientsById.get(clientId)?.name;
+        if (name !== undefined) {
+          this._lastNames.set(clientId, name);
+        }
+        if (!this._open.has(key)) {
+          const entry: ITimelineEntry = {
+            gpu: gpu.index,
+            clientId,
+            label: '',
+            mine: false,
+            start: now,
+            end: null
+          };
+          this._open.set(key, entry);
+          this._timeline.push(entry);
+        }
+      }
+    }
+    this._forgetOld(now);
+  }
+
+  private _forgetOld(now: number): void {
+    const since = now - this.timelineWindow;
+    this._timeline = this._timeline.filter(e => e.end === null || e.end >= since);
+    const excess = this._timeline.length - this._maxTimelineEntries;
+    if (excess > 0) {
+      const dropped = this._timeline.splice(0, excess);
+      for (const entry of dropped) {
+        if (entry.end === null) {
+          this._open.delete(`${entry.gpu}\u0000${entry.clientId}`);
+        }
+      }
+    }
+    const live = new Set(this._timeline.map(e => e.clientId));
+    for (const clientId of [...this._lastNames.keys()]) {
+      if (!live.has(clientId) && !this._clientsById.has(clientId)) {
+        this._lastNames.delete(clientId);
+      }
+    }
+  }
+
+  private _changed = new Signal<this, void>(this);
+  private _document: IStatusDocument | null = null;
+  private _receivedAt = 0;
+  private _clientsById = new Map<string, IClientStatus>();
+  private _kernelId: string | null = null;
+  private _kernelLabels = new Map<string, string>();
+  private _timeline: ITimelineEntry[] = [];
+  private _open = new Map<string, ITimelineEntry>();
+  /** Names of clients that left while still on the timeline, so their entries stay labelled. */
+  private _lastNames = new Map<string, string>();
+  private _maxTimelineEntries: number;
+}

@@ -1,0 +1,312 @@
+/**
+ * The "Kiwi GPU" sidebar: a view of KiwiModel, redrawn on each change. The controls (mode, TQ)
+ * are built once and kept, so a redraw never steals focus from a half-typed TQ.
+ */
+
+import { ITranslator, TranslationBundle } from '@jupyterlab/translation';
+import { Widget } from '@lumino/widgets';
+
+import { KiwiRequestError } from './api';
+import { el } from './dom';
+import { formatBytes, formatSeconds, formatShare, hueOf } from './format';
+import { IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
+import { ISchedulerChange, SchedulerMode } from './tokens';
+
+export interface IKiwiPanelOptions {
+  model: KiwiModel;
+  translator: ITranslator;
+  /** Sends a change to the server; resolves when it is applied. */
+  changeScheduler: (change: ISchedulerChange) => Promise<void>;
+}
+
+const MODES: SchedulerMode[] = ['on', 'off', 'auto'];
+
+export class KiwiPanel extends Widget {
+  constructor(options: IKiwiPanelOptions) {
+    super();
+    this._model = options.model;
+    this._trans = options.translator.load('kiwi_jupyter');
+    this._changeScheduler = options.changeScheduler;
+    this.id = 'jp-kiwi-panel';
+    this.addClass('jp-Kiwi-panel');
+    this.title.caption = this._trans.__('Kiwi GPU');
+
+    this._body = el('div', 'jp-Kiwi-body');
+    this._controls = this._buildControls();
+    this.node.append(
+      el('header', 'jp-Kiwi-header', el('h2', 'jp-Kiwi-title', this._trans.__('Kiwi GPU'))),
+      this._controls,
+      this._body
+    );
+    this._model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  /** Show the mode and TQ controls: the server's authorizer allows this user to write. */
+  set canWrite(value: boolean) {
+    this._canWrite = value;
+    this._render();
+  }
+
+  dispose(): void {
+    this._model.changed.disconnect(this._render, this);
+    super.dispose();
+  }
+
+  private _render(): void {
+    const now = Date.now() / 1000;
+    const model = this._model;
+    this._controls.hidden = !(this._canWrite && model.reachable);
+    this._syncControls();
+    const parts: HTMLElement[] = [];
+    if (!model.loaded) {
+      parts.push(el('p', 'jp-Kiwi-connecting', this._trans.__('Connecting to the Kiwi scheduler…')));
+    } else if (!model.reachable) {
+      parts.push(this._unreachable());
+    } else {
+      parts.push(this._scheduler());
+      for (const gpu of model.gpus(now)) {
+        parts.push(this._gpu(gpu));
+      }
+      parts.push(this._pools(model.pools()));
+      parts.push(this._timeline(model.timeline(now), now));
+    }
+    this._body.replaceChildren(...parts);
+  }
+
+  private _unreachable(): HTMLElement {
+    const model = this._model;
+    const box = el(
+      'div',
+      'jp-Kiwi-unreachable',
+      el('strong', '', this._trans.__('The Kiwi scheduler cannot be reached.')),
+      el('p', '', this._trans.__('GPU work is not being shared until it is back.'))
+    );
+    if (model.socket) {
+      box.append(el('p', 'jp-Kiwi-detail', this._trans.__('Socket: %1', model.socket)));
+    }
+    if (model.unreachableReason) {
+      box.append(el('p', 'jp-Kiwi-detail', model.unreachableReason));
+    }
+    return box;
+  }
+
+  private _scheduler(): HTMLElement {
+    const model = this._model;
+    const mode = model.mode ?? '?';
+    return el(
+      'section',
+      'jp-Kiwi-scheduler',
+      this._field(this._trans.__('Mode'), el('span', `jp-Kiwi-mode jp-Kiwi-mode-${mode}`, mode.toUpperCase())),
+      this._field(this._trans.__('Time quantum'), el('span', 'jp-Kiwi-tq', formatSeconds(model.tq)))
+    );
+  }
+
+  private _gpu(gpu: IGpuView): HTMLElement {
+    const section = el('section', 'jp-Kiwi-gpu');
+    section.dataset.gpu = String(gpu.index);
+    section.append(el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('GPU %1', gpu.index), el('span', 'jp-Kiwi-gpuName', ` ${gpu.name}`)));
+
+    const holders = el('div', 'jp-Kiwi-holder');
+    if (gpu.holders.length === 0) {
+      holders.append(el('span', 'jp-Kiwi-muted', this._trans.__('Nobody holds this GPU.')));
+    } else {
+      for (const holder of gpu.holders) {
+        const item = el('span', 'jp-Kiwi-holderName', holder.label);
+        item.dataset.clientId = holder.clientId;
+        if (holder.mine) {
+          item.classList.add('jp-Kiwi-mine');
+          item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));
+        }
+        holders.append(item);
+      }
+    }
+    section.append(this._field(this._trans.__('Holder'), holders));
+    section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
+
+    const memoryText =
+      gpu.memoryTotal === null && gpu.memoryUsed === null
+        ? this._trans.__('unknown (no NVML)')
+        : gpu.memoryTotal === null
+        ? this._trans.__('%1 used, capacity unknown', formatBytes(gpu.memoryUsed))
+        : this._trans.__('%1 of %2', formatBytes(gpu.memoryUsed), formatBytes(gpu.memoryTotal));
+    section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
+    if (gpu.memoryFraction !== null) {
+      section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));
+    }
+
+    const queue = el('ol', 'jp-Kiwi-queue');
+    for (const entry of gpu.queue) {
+      const item = el('li', 'jp-Kiwi-queueItem', el('span', 'jp-Kiwi-queuePosition', `#${entry.position}`), ` ${entry.label}`);
+      item.dataset.clientId = entry.clientId;
+      item.title = `${entry.pool} · ${entry.priority}`;
+      if (entry.mine) {
+        item.classList.add('jp-Kiwi-mine');
+        item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));
+      }
+      queue.append(item);
+    }
+    section.append(el('h4', 'jp-Kiwi-subTitle', this._trans.__('Queue')));
+    section.append(gpu.queue.length > 0 ? queue : el('p', 'jp-Kiwi-muted', this._trans.__('Nobody is waiting.')));
+    return section;
+  }
+
+  private _pools(pools: IPoolView[]): HTMLElement {
+    const section = el('section', 'jp-Kiwi-pools', el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('Pools')));
+    for (const pool of pools) {
+      const row = el('div', 'jp-Kiwi-pool');
+      row.dataset.pool = pool.name;
+      if (pool.belowGuarantee) {
+        row.classList.add('jp-Kiwi-pool-below');
+      }
+      const limits =
+        pool.maximum === null
+          ? this._trans.__('share %1 · guarantee %2 · no maximum', formatShare(pool.share), formatShare(pool.guarantee))
+          : this._trans.__('share %1 · guarantee %2 · maximum %3', formatShare(pool.share), formatShare(pool.guarantee), formatShare(pool.maximum));
+      row.append(
+        el('div', 'jp-Kiwi-poolName', pool.name, el('span', 'jp-Kiwi-muted', ` ${this._trans._n('%1 client', '%1 clients', pool.clients)}`)),
+        this._bar(pool.share, 'jp-Kiwi-shareBar', pool.guarantee, pool.maximum),
+        el('div', 'jp-Kiwi-detail', limits)
+      );
+      section.append(row);
+    }
+    return section;
+  }
+
+  private _timeline(entries: ITimelineEntry[], now: number): HTMLElement {
+    const window = this._model.timelineWindow;
+    const section = el('section', 'jp-Kiwi-timeline', el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('Recent holders')));
+    if (entries.length === 0) {
+      section.append(el('p', 'jp-Kiwi-muted', this._trans.__('No GPU turns in the last %1.', formatSeconds(window))));
+      return section;
+    }
+    const track = el('div', 'jp-Kiwi-timelineTrack');
+    const list = el('ul', 'jp-Kiwi-timelineList');
+    const since = now - window;
+    for (const entry of entries) {
+      const start = Math.max(entry.start, since);
+      const end = entry.end ?? now;
+      const segment = el('div', 'jp-Kiwi-timelineSegment');
+      segment.style.left = `${((start - since) / window) * 100}%`;
+      segment.style.width = `${Math.max(0.5, ((end - start) / window) * 100)}%`;
+      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
+      segment.title = entry.label;
+      track.append(segment);
+      const item = el('li', 'jp-Kiwi-timelineItem', el('span', 'jp-Kiwi-swatch'), ` ${entry.label} `, el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
+      (item.firstChild as HTMLElement).style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
+      if (entry.mine) {
+        item.classList.add('jp-Kiwi-mine');
+      }
+      list.prepend(item);
+    }
+    section.append(track, list);
+    return section;
+  }
+
+  private _field(label: string, value: HTMLElement): HTMLElement {
+    return el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', label), value);
+  }
+
+  /** A filled bar for a fraction, with optional marks for a guarantee and a maximum. */
+  private _bar(fraction: number, className: string, guarantee?: number, maximum?: number | null): HTMLElement {
+    const bar = el('div', `jp-Kiwi-bar ${className}`);
+    const fill = el('div', 'jp-Kiwi-barFill');
+    fill.style.width = `${Math.min(100, Math.max(0, fraction * 100))}%`;
+    bar.append(fill);
+    if (guarantee !== undefined && guarantee > 0) {
+      const mark = el('div', 'jp-Kiwi-barMark jp-Kiwi-guaranteeMark');
+      mark.style.left = `${Math.min(100, guarantee * 100)}%`;
+      mark.title = this._trans.__('guarantee');
+      bar.append(mark);
+    }
+    if (maximum !== undefined && maximum !== null) {
+      const mark = el('div', 'jp-Kiwi-barMark jp-Kiwi-maximumMark');
+      mark.style.left = `${Math.min(100, maximum * 100)}%`;
+      mark.title = this._trans.__('maximum');
+      bar.append(mark);
+    }
+    return bar;
+  }
+
+  private _buildControls(): HTMLElement {
+    const mode = el('select', 'jp-Kiwi-modeSelect jp-mod-styled');
+    for (const value of MODES) {
+      const option = el('option', '', value.toUpperCase());
+      option.value = value;
+      mode.append(option);
+    }
+    mode.addEventListener('change', () => void this._apply({ mode: mode.value as SchedulerMode }));
+
+    const tq = el('input', 'jp-Kiwi-tqInput jp-mod-styled');
+    tq.type = 'number';
+    tq.min = '0.01';
+    tq.step = 'any';
+    const setTq = el('button', 'jp-Kiwi-tqButton jp-mod-styled jp-mod-accept', this._trans.__('Set'));
+    const submitTq = () => {
+      const seconds = Number(tq.value);
+      if (!(seconds > 0)) {
+        this._message.textContent = this._trans.__('The time quantum must be a positive number of seconds.');
+        return;
+      }
+      void this._apply({ tq: seconds });
+    };
+    setTq.addEventListener('click', submitTq);
+    tq.addEventListener('keydown', event => {
+      if (event.key === 'Enter') {
+        submitTq();
+      }
+    });
+
+    this._modeSelect = mode;
+    this._tqInput = tq;
+    this._message = el('p', 'jp-Kiwi-controlMessage');
+    return el(
+      'section',
+      'jp-Kiwi-controls',
+      el('label', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set mode')), mode),
+      el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set TQ (s)')), tq, setTq),
+      this._message
+    );
+  }
+
+  /** Show the daemon's values in the controls, unless the user is editing them. */
+  private _syncControls(): void {
+    const active = document.activeElement;
+    const mode = this._model.mode;
+    if (mode !== null && active !== this._modeSelect && !this._pending) {
+      this._modeSelect.value = mode;
+    }
+    const tq = this._model.tq;
+    if (tq !== null && active !== this._tqInput) {
+      this._tqInput.value = String(tq);
+    }
+  }
+
+  private async _apply(change: ISchedulerChange): Promise<void> {
+    this._pending = true;
+    this._message.textContent = '';
+    try {
+      await this._changeScheduler(change);
+    } catch (error) {
+      const status = error instanceof KiwiRequestError ? error.status : 0;
+      this._message.textContent =
+        status === 403
+          ? this._trans.__('Not allowed: %1', (error as Error).message)
+          : this._trans.__('The change failed: %1', (error as Error).message);
+    } finally {
+      this._pending = false;
+      this._syncControls();
+    }
+  }
+
+  private _model: KiwiModel;
+  private _trans: TranslationBundle;
+  private _changeScheduler: (change: ISchedulerChange) => Promise<void>;
+  private _body: HTMLElement;
+  private _controls: HTMLElement;
+  private _modeSelect!: HTMLSelectElement;
+  private _tqInput!: HTMLInputElement;
+  private _message!: HTMLElement;
+  private _canWrite = false;
+  private _pending = false;
+}

@@ -1,0 +1,85 @@
+/**
+ * The shapes the panel works with: the status document of CONTRACT section 5 as the server
+ * extension returns it, and the command ids. Types only; no behaviour lives here.
+ */
+
+/** One GPU as the daemon reports it. */
+export interface IGpuStatus {
+  index: number;
+  name: string;
+  uuid: string | null;
+  memory_total: number | null;
+  memory_used: number | null;
+  /** Client ids holding this GPU now (several only in mode off or auto). */
+  holders: string[];
+  /** Client ids waiting for it, next first. */
+  queue: string[];
+  /** Seconds left in the current holder's quantum; null when nobody holds or no quantum runs. */
+  quantum_remaining: number | null;
+}
+
+export type ClientState = 'idle' | 'waiting' | 'holding';
+
+/** One scheduling client: a kernel registers under its Jupyter kernel id as `name`. */
+export interface IClientStatus {
+  id: string;
+  name: string;
+  pid: number | null;
+  gpu: number;
+  pool: string;
+  priority: 'HIGH' | 'NORMAL' | 'LOW';
+  state: ClientState;
+  queue_position: number | null;
+  working_set: number;
+  gpu_seconds: number;
+}
+
+/** A pool's share of GPU time against what it is promised (fractions of one GPU). */
+export interface IPoolStatus {
+  name: string;
+  guarantee: number;
+  weight: number;
+  /** -1 means no maximum. */
+  maximum: number;
+  share: number;
+  clients: number;
+}
+
+export type SchedulerMode = 'on' | 'off' | 'auto';
+
+/** `GET kiwi/api/status`: the status document plus whether the daemon answered. */
+export interface IStatusDocument {
+  reachable: boolean;
+  /** Why the daemon could not be reached, when it could not. */
+  reason?: string;
+  /** The socket the server talks to, for the unreachable message. */
+  socket?: string;
+  version?: number;
+  mode?: SchedulerMode;
+  tq?: number;
+  gpus?: IGpuStatus[];
+  clients?: IClientStatus[];
+  pools?: IPoolStatus[];
+}
+
+/** `POST kiwi/api/scheduler`: either field or both. */
+export interface ISchedulerChange {
+  mode?: SchedulerMode;
+  tq?: number;
+}
+
+/** The panel's settings (schema/plugin.json). */
+export interface IKiwiSettings {
+  /** Milliseconds between two status requests while all is well. */
+  refreshRate: number;
+  /** Seconds of holder history the timeline shows. */
+  timelineWindow: number;
+}
+
+export const DEFAULT_SETTINGS: IKiwiSettings = { refreshRate: 500, timelineWindow: 300 };
+
+export namespace CommandIDs {
+  export const openPanel = 'kiwi:open-panel';
+  export const refresh = 'kiwi:refresh';
+  export const setMode = 'kiwi:set-mode';
+}

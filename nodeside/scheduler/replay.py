@@ -1,0 +1,226 @@
+"""The scheduler core driven in simulated time: the daemon's job, without sockets or clocks.
+
+``Replay`` plays the part of the asyncio shell and of well-behaved clients at once. Each
+``Worker`` has GPU work to do (a burst of so many GPU seconds); it asks for its GPU, works while
+it holds it, gives it back when asked (after ``release_delay``, the time a real client takes to
+move out) and asks again while work remains. Time jumps from event to event, so an hour of
+contention replays in milliseconds. The test suite checks the policy with it, and the fleet
+benchmark (benchmarks/fleet.py) replays notebook traces through it.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
+
+# A tick whose deadline does not move forward this many times in a row is a core bug (a rule
+# that asks to be woken at a time it then does nothing about), not a slow simulation.
+_STUCK_LIMIT = 10_000
+
+
+@dataclass
+class Span:
+    """One hold of one GPU, for timelines and share accounting."""
+
+    client: str
+    name: str
+    pool: str
+    gpu: int
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class Worker:
+    id: str
+    name: str
+    pool: str
+    gpu: int
+    #: Follow drop requests (False: a client that ignores them, to be revoked).
+    complies: bool = True
+    remaining: float = 0.0  # GPU seconds of the current burst still to do
+    holding_since: float | None = None
+    finish_token: int = 0
+    #: Called with (worker, now) when a burst is done and the GPU given back.
+    on_done: Callable[[Worker, float], None] | None = None
+    waits: list[float] = field(default_factory=list)  # seconds from request to each grant
+    requested_at: float | None = None
+    bursts_done: int = 0
+
+
+class Replay:
+    def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
+                 release_delay: float = 0.0) -> None:
+        self.scheduler = scheduler
+        self.now = now
+        self.release_delay = release_delay
+        self.workers: dict[str, Worker] = {}
+        self.spans: list[Span] = []  # holds
+        self.wait_spans: list[Span] = []  # from a request to its grant
+        self.actions: list[tuple[float, Action]] = []
+        #: Called after every batch of actions; tests hang invariant checks here.
+        self.observers: list[Callable[[Replay, list[Action]], None]] = []
+        self._open_spans: dict[str, Span] = {}
+        self._open_waits: dict[str, Span] = {}
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    # -- setting the scene ----------------------------------------------------------------
+
+    def add(self, name: str, *, pool: str = "default", priority: str = "NORMAL", gpu: int = 0,
+            working_set: int | None = None, complies: bool = True) -> Worker:
+        client = self.scheduler.register(self.now, name=name, gpu=gpu, pool=pool,
+                                         priority=priority, working_set=working_set)
+        worker = Worker(client.id, name, pool, gpu, complies=complies)
+        self.workers[client.id] = worker
+        return worker
+
+    def at(self, when: float, event: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (max(when, self.now), next(self._seq), event))
+
+    def burst(self, worker: Worker, seconds: float, when: float | None = None) -> None:
+        """``worker`` wants ``seconds`` of GPU work, from ``when`` (default now)."""
+        def start() -> None:
+            worker.remaining += seconds
+            if worker.holding_since is None and worker.requested_at is None:
+                self._request(worker)
+            elif worker.holding_since is not None:
+                self._plan_finish(worker)
+        self.at(self.now if when is None else when, start)
+
+    def leave(self, worker: Worker, when: float | None = None) -> None:
+        """The client's process dies: everything it held goes at once."""
+        def gone() -> None:
+            self._close_span(worker.id)
+            self._close_span(worker.id, self._open_waits)
+            self.workers.pop(worker.id, None)
+            self._apply(self.scheduler.unregister(self.now, worker.id))
+        self.at(self.now if when is None else when, gone)
+
+    def call(self, change: Callable[[float], list[Action]], when: float | None = None) -> None:
+        """Run a core call (set_mode, set_tq, report_working_set ...) at ``when``."""
+        self.at(self.now if when is None else when, lambda: self._apply(change(self.now)))
+
+    # -- running --------------------------------------------------------------------------
+
+    def run_until(self, end: float) -> None:
+        stuck = 0
+        while True:
+            next_event = self._events[0][0] if self._events else math.inf
+            deadline = self.scheduler.next_deadline(self.now)
+            due = math.inf if deadline is None else max(deadline, self.now)
+            when = min(next_event, due)
+            if when > end:
+                self.now = max(self.now, end)
+                return
+            stuck = stuck + 1 if when <= self.now else 0
+            if stuck > _STUCK_LIMIT:
+                raise RuntimeError(f"the scheduler's deadline does not advance at {self.now}")
+            self.now = when
+            if due <= next_event:
+                self._apply(self.scheduler.tick(self.now))
+            else:
+                _, _, event = heapq.heappop(self._events)
+                event()
+
+    # -- the clients' side ----------------------------------------------------------------
+
+    def _request(self, worker: Worker) -> None:
+        worker.requested_at = self.now
+        wait = Span(worker.id, worker.name, worker.pool, worker.gpu, self.now)
+        self.wait_spans.append(wait)
+        self._open_waits[worker.id] = wait
+        self._apply(self.scheduler.acquire(self.now, worker.id))
+
+    def _plan_finish(self, worker: Worker) -> None:
+        worker.finish_token += 1
+        token = worker.finish_token
+        assert worker.holding_since is not None
+        done_at = self.now + worker.remaining
+        def finish() -> None:
+            if worker.finish_token != token or worker.holding_since is None:
+                return
+            self._account(worker)
+            worker.remaining = 0.0
+            worker.bursts_done += 1
+            self._apply(self.scheduler.release(self.now, worker.id))
+            if worker.on_done is not None:
+                worker.on_done(worker, self.now)
+        self.at(done_at, finish)
+
+    def _account(self, worker: Worker) -> None:
+        """Charge the work done in the hold that ends now."""
+        if worker.holding_since is not None:
+            worker.remaining = max(0.0, worker.remaining - (self.now - worker.holding_since))
+            worker.holding_since = None
+        worker.finish_token += 1
+        self._close_span(worker.id)
+
+    def _give_back(self, worker: Worker) -> None:
+        if worker.id not in self.workers or worker.holding_since is None:
+            return
+        self._account(worker)
+        self._apply(self.scheduler.release(self.now, worker.id))
+        if worker.remaining > 0:
+            self._request(worker)
+        elif worker.on_done is not None:
+            worker.bursts_done += 1
+            worker.on_done(worker, self.now)
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            self.actions.append((self.now, action))
+            worker = self.workers.get(action.client)
+            if worker is None:
+                continue
+            if isinstance(action, Grant) and worker.holding_since is None:
+                if worker.requested_at is not None:
+                    worker.waits.append(self.now - worker.requested_at)
+                worker.requested_at = None
+                worker.holding_since = self.now
+                self._close_span(worker.id, self._open_waits)
+                span = Span(worker.id, worker.name, worker.pool, action.gpu, self.now)
+                self.spans.append(span)
+                self._open_spans[worker.id] = span
+                self._plan_finish(worker)
+            elif isinstance(action, Drop) and worker.complies:
+                self.at(self.now + self.release_delay, functools.partial(self._give_back, worker))
+            elif isinstance(action, Revoke):
+                self._account(worker)
+                if worker.remaining > 0:
+                    self._request(worker)
+            elif isinstance(action, Released):
+                pass
+        for observe in self.observers:
+            observe(self, actions)
+
+    def _close_span(self, client: str, spans: dict[str, Span] | None = None) -> None:
+        span = (self._open_spans if spans is None else spans).pop(client, None)
+        if span is not None:
+            span.end = self.now
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def gpu_seconds_by_pool(self, start: float, end: float, gpu: int = 0) -> dict[str, float]:
+        """GPU seconds each pool held ``gpu`` for between ``start`` and ``end``."""
+        seconds: dict[str, float] = {}
+        for span in self.spans:
+            if span.gpu != gpu:
+                continue
+            overlap = min(span.end if span.end is not None else self.now, end) - max(
+                span.start, start)
+            if overlap > 0:
+                seconds[span.pool] = seconds.get(span.pool, 0.0) + overlap
+        return seconds
+
+    def shares_between(self, start: float, end: float, gpu: int = 0) -> dict[str, float]:
+        """Each pool's fraction of the GPU time used between ``start`` and ``end``."""
+        seconds = self.gpu_seconds_by_pool(start, end, gpu)
+        total = sum(seconds.values())
+        return {pool: s / total for pool, s in seconds.items()} if total else {}

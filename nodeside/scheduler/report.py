@@ -1,0 +1,142 @@
+"""The pools report: how each pool is doing, and why a pool that waits is stuck.
+
+It answers the KAI guide's troubleshooting questions ("Preemption not working", "Workflows stuck
+in pending") from the scheduler's own state, so that ``status`` (its ``pools`` entries) and
+``kiwictl pools`` say the same thing. Read-only and sans-I/O like the core: it takes the
+scheduler and the current time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeside.scheduler.core import PRIORITY_RANK, Client, GpuState, Scheduler
+from nodeside.scheduler.pools import entitlements
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class PoolOnGpu:
+    gpu: int
+    share: float  # fraction of this GPU's time over the share window
+    entitlement: float | None  # None while the pool does not contend for this GPU
+    holding: int
+    waiting: int
+    stuck: str | None
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    name: str
+    guarantee: float
+    weight: float
+    maximum: float  # -1: no maximum
+    complete: bool  # guarantee, weight and maximum all configured
+    share: float  # mean over the node's GPUs
+    clients: int
+    holding: int
+    waiting: list[str]  # names of the waiting clients, next first
+    stuck: str | None  # why the pool waits, when it waits for a reason worth telling
+    gpus: list[PoolOnGpu] = field(default_factory=list)
+
+    def as_status(self) -> dict[str, Any]:
+        """The status document's entry (CONTRACT section 5 keys, then ours)."""
+        return {
+            "name": self.name, "guarantee": self.guarantee, "weight": self.weight,
+            "maximum": self.maximum, "share": round(self.share, 4), "clients": self.clients,
+            "complete": self.complete, "holding": self.holding, "waiting": len(self.waiting),
+            "waiting_clients": self.waiting, "stuck": self.stuck,
+            "gpus": [{"index": g.gpu, "share": round(g.share, 4),
+                      "entitlement": None if g.entitlement is None else round(g.entitlement, 4),
+                      "holding": g.holding, "waiting": g.waiting, "stuck": g.stuck}
+                     for g in self.gpus],
+        }
+
+
+def pool_reports(scheduler: Scheduler, now: float) -> list[PoolReport]:
+    """One report per pool: the configured ones, then any other pool a client named."""
+    names = list(scheduler.config.pools)
+    for client in scheduler.clients.values():
+        if client.pool not in names:
+            names.append(client.pool)
+    if not names:
+        names.append(scheduler.pool("default").name)
+    return [_report(scheduler, name, now) for name in names]
+
+
+def _report(scheduler: Scheduler, name: str, now: float) -> PoolReport:
+    pool = scheduler.pool(name)
+    members = [c for c in scheduler.clients.values() if c.pool == name]
+    per_gpu = [_on_gpu(scheduler, gpu, name, now) for gpu in scheduler.gpus.values()]
+    waiting = [c for index in scheduler.gpus for c in scheduler.queue(index, now)
+               if c.pool == name]
+    return PoolReport(
+        name=name, guarantee=pool.guarantee, weight=pool.weight, maximum=pool.maximum,
+        complete=pool.complete,
+        share=sum(g.share for g in per_gpu) / len(per_gpu),
+        clients=len(members), holding=sum(c.state == "holding" for c in members),
+        waiting=[c.name for c in waiting],
+        stuck=next((g.stuck if len(per_gpu) == 1 else f"GPU {g.gpu}: {g.stuck}"
+                    for g in per_gpu if g.stuck), None),
+        gpus=per_gpu)
+
+
+def _on_gpu(scheduler: Scheduler, gpu: GpuState, name: str, now: float) -> PoolOnGpu:
+    index = gpu.spec.index
+    contending = sorted({c.pool for c in (*gpu.holders.values(), *gpu.waiters.values())})
+    ent = entitlements(scheduler.pool(n) for n in contending).get(name)
+    head = min((c for c in gpu.waiters.values() if c.pool == name),
+               key=lambda c: (PRIORITY_RANK[c.priority], c.request_order), default=None)
+    return PoolOnGpu(
+        gpu=index, share=scheduler.shares(index, now).get(name, 0.0), entitlement=ent,
+        holding=sum(c.pool == name for c in gpu.holders.values()),
+        waiting=sum(c.pool == name for c in gpu.waiters.values()),
+        stuck=None if head is None else stuck_reason(scheduler, gpu, head, now))
+
+
+def stuck_reason(scheduler: Scheduler, gpu: GpuState, head: Client, now: float) -> str | None:
+    """Why ``head`` (its pool's next waiter on ``gpu``) waits, if not simply for its turn."""
+    pool = scheduler.pool(head.pool)
+    share = gpu.meter.shares(now, [pool.name])[pool.name]
+    if pool.cap < 1.0 and share >= pool.cap - 1e-9:
+        return (f"at its maximum: it used {share:.2f} of the GPU's time, its maximum is "
+                f"{pool.maximum:g}; it waits until its share falls below")
+    if scheduler.mode == "off" or not gpu.holders:
+        return None
+    if scheduler.mode == "auto":
+        room = _room_note(scheduler, gpu, head)
+        if room:
+            return room
+    used = gpu.meter.shares(now, [pool.name], non_preemptible=True)[pool.name]
+    if used >= pool.guarantee - 1e-9:
+        return None  # above its guarantee: it waits its turn by weight, nothing is wrong
+    below = f"below its guarantee ({used:.2f} of {pool.guarantee:g})"
+    if head.preemptible:
+        return (f"{below}, but its waiting requests are LOW (preemptible), which never cut a "
+                f"quantum short; use NORMAL or HIGH for work that must preempt")
+    reason = scheduler.preemption_off_reason
+    if reason is not None:
+        return f"{below}, but {reason}"
+    leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
+    if leaving:
+        return None  # the GPU is being handed back
+    if not any(h.preemptible for h in gpu.holders.values()):
+        return (f"{below}, but nothing preemptible holds the GPU: it waits for the "
+                f"holder's quantum to end")
+    return None
+
+
+def _room_note(scheduler: Scheduler, gpu: GpuState, head: Client) -> str | None:
+    capacity = gpu.spec.memory_total
+    if capacity is None:
+        return "the GPU's memory is unknown (no NVML, no --gpu-memory): mode auto serializes"
+    if head.working_set is None:
+        return "its working set is unknown, so it needs the whole GPU"
+    if scheduler._fits(gpu, [head]):
+        return None
+    used = sum(h.working_set or capacity for h in gpu.holders.values())
+    free = max(0, capacity - scheduler.config.memory_reserve - used)
+    return (f"does not fit beside the holders: needs {head.working_set / GiB:.1f} GiB, "
+            f"{free / GiB:.1f} GiB free")

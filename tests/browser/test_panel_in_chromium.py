@@ -1,0 +1,104 @@
+"""End to end: the Kiwi GPU panel in real headless Chromium while two kernels contend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from labserver import ARTIFACTS, LabServer, hold_gpu_code, run_cell
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PANEL_TAB = 'li.lm-TabBar-tab[data-id="jp-kiwi-panel"]'
+PANEL = "#jp-kiwi-panel"
+STATUS_ITEM = ".jp-Kiwi-statusItem"
+
+
+def open_notebook_with_panel(page: Any, lab: LabServer, path: str) -> str:
+    """Open ``path`` in JupyterLab, open the Kiwi panel; return the notebook's kernel id."""
+    page.goto(lab.url(f"lab/tree/{path}"))
+    page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
+    page.click(PANEL_TAB)
+    page.wait_for_selector(f"{PANEL} .jp-Kiwi-scheduler", timeout=30_000)
+    kernel_id = None
+    for _ in range(300):
+        kernel_id = lab.kernel_of(path)
+        if kernel_id:
+            break
+        page.wait_for_timeout(100)
+    assert kernel_id, f"no kernel for {path}"
+    return kernel_id
+
+
+def test_panel_follows_two_contending_kernels_and_lets_an_admin_change_the_mode(
+    browser: Any, lab: LabServer
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    kernel_a = open_notebook_with_panel(page, lab, "a.ipynb")
+    panel = page.locator(PANEL)
+    status_item = page.locator(STATUS_ITEM)
+    panel.get_by_text("Nobody holds this GPU.").wait_for()
+    assert panel.locator(".jp-Kiwi-mode").inner_text() == "ON"
+    assert status_item.inner_text() == "GPU: idle"
+
+    # Notebook b (no tab open) takes the GPU; then this notebook's kernel asks and waits.
+    kernel_b = lab.start_session("b.ipynb")
+    client_b = lab.kernel_client(kernel_b)
+    client_a = lab.kernel_client(kernel_a)
+    try:
+        run_cell(client_b, hold_gpu_code(kernel_b, wait=True))
+        panel.locator(".jp-Kiwi-holderName", has_text="b.ipynb").wait_for()
+        run_cell(client_a, hold_gpu_code(kernel_a, wait=False))
+
+        mine = panel.locator(".jp-Kiwi-queueItem.jp-Kiwi-mine")
+        mine.wait_for()
+        assert "#1" in mine.inner_text() and "a.ipynb" in mine.inner_text()
+        page.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: waiting #1'"
+        )
+
+        # b releases: the holder changes to this notebook, the queue empties.
+        run_cell(client_b, "kiwi.release()")
+        panel.locator(".jp-Kiwi-holderName.jp-Kiwi-mine", has_text="a.ipynb").wait_for()
+        page.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: holding'"
+        )
+        assert panel.locator(".jp-Kiwi-queueItem").count() == 0
+        timeline = panel.locator(".jp-Kiwi-timelineItem")
+        assert timeline.count() == 2
+        assert "a.ipynb" in timeline.nth(0).inner_text()  # newest first
+        assert "b.ipynb" in timeline.nth(1).inner_text()
+
+        # As an admin (the default authorizer lets the token's user write), turn the mode off.
+        controls = panel.locator(".jp-Kiwi-controls")
+        assert controls.is_visible()
+        controls.locator(".jp-Kiwi-modeSelect").select_option("off")
+        panel.locator(".jp-Kiwi-mode", has_text="OFF").wait_for()
+        assert lab.kiwi_status()["mode"] == "off"
+
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "kiwi-panel.png"))
+    finally:
+        client_a.stop_channels()
+        client_b.stop_channels()
+        page.close()
+
+
+def test_panel_says_plainly_when_the_scheduler_cannot_be_reached(browser: Any) -> None:
+    lab = LabServer("--KiwiExtension.embedded_scheduler=False").start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        page.goto(lab.url("lab"))
+        page.wait_for_selector(PANEL_TAB, timeout=90_000)
+        page.click(PANEL_TAB)
+        box = page.locator(f"{PANEL} .jp-Kiwi-unreachable")
+        box.wait_for()
+        assert "cannot be reached" in box.inner_text()
+        assert "no-daemon.sock" in box.inner_text()
+        assert page.locator(STATUS_ITEM).inner_text() == "GPU: scheduler unreachable"
+        assert not page.locator(f"{PANEL} .jp-Kiwi-controls").is_visible()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "kiwi-panel-unreachable.png"))
+    finally:
+        page.close()
+        lab.stop()

@@ -1,0 +1,132 @@
+"""The embedded scheduler: started when no daemon answers, given to kernels, restarted when it
+dies, stopped with the server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from kiwiserver import get_status, kiwi_app, kiwi_config
+from support import DaemonProcess
+
+from kiwi_jupyter.server.embedded import daemon_answers
+
+
+async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+class TestWhenNoDaemonAnswers:
+    @pytest.fixture
+    def jp_server_config(self, nowhere: str) -> dict:
+        return kiwi_config(tq=7.5, mode="auto")
+
+    async def test_the_server_starts_its_own_scheduler(
+        self, jp_serverapp: Any, jp_fetch: Any, nowhere: str
+    ) -> None:
+        embedded = kiwi_app(jp_serverapp).embedded
+        assert embedded is not None and embedded.running
+        status = await get_status(jp_fetch)
+        assert status["reachable"] is True
+        assert status["socket"] == embedded.socket_path != nowhere
+
+    async def test_its_options_reach_the_scheduler(self, jp_fetch: Any) -> None:
+        status = await get_status(jp_fetch)
+        assert (status["mode"], status["tq"]) == ("auto", 7.5)
+
+    async def test_its_socket_is_private_to_this_server(self, jp_serverapp: Any) -> None:
+        directory = os.path.dirname(kiwi_app(jp_serverapp).embedded.socket_path)
+        assert os.stat(directory).st_mode & 0o077 == 0
+
+    async def test_kernels_the_server_starts_use_it(self, jp_serverapp: Any, jp_fetch: Any) -> None:
+        # A real kernel connects with the real Client through KIWI_SOCKET alone, and registers
+        # under its kernel id, as the kernel extension does; the status then shows it holding.
+        kernel_manager = jp_serverapp.kernel_manager
+        kernel_id = await kernel_manager.start_kernel()
+        client = kernel_manager.get_kernel(kernel_id).client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=60)
+            code = (
+                "from nodeside.client import Client\n"
+                f"kiwi = Client(name={kernel_id!r})\n"
+                "kiwi.acquire(timeout=20)\n"
+            )
+            reply = await client.execute(code, reply=True, timeout=60)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            status = await get_status(jp_fetch)
+            (holder,) = status["clients"]
+            assert (holder["name"], holder["state"]) == (kernel_id, "holding")
+        finally:
+            client.stop_channels()
+            await kernel_manager.shutdown_kernel(kernel_id, now=True)
+
+    async def test_it_is_restarted_when_it_dies(self, jp_serverapp: Any, jp_fetch: Any) -> None:
+        # What `jupyter lab` does once its event loop runs (pytest-jupyter leaves it out):
+        # start the extensions' background tasks, our watcher among them.
+        await jp_serverapp._post_start()
+        embedded = kiwi_app(jp_serverapp).embedded
+        first = embedded.pid
+        os.kill(first, signal.SIGKILL)
+        await wait_until(
+            lambda: embedded.pid != first and embedded.running,
+            what="a new scheduler process",
+        )
+        await wait_until(lambda: daemon_answers(embedded.socket_path), what="it to answer")
+        assert embedded.restarts == 1
+        assert (await get_status(jp_fetch))["reachable"] is True
+
+    async def test_it_stops_with_the_server(self, jp_serverapp: Any, nowhere: str) -> None:
+        extension = kiwi_app(jp_serverapp)
+        embedded = extension.embedded
+        pid, socket_path = embedded.pid, embedded.socket_path
+        await extension.stop_extension()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert not os.path.exists(os.path.dirname(socket_path))
+        # The server's environment is as it was before the server started.
+        assert os.environ["KIWI_SOCKET"] == nowhere
+
+
+class TestWhenADaemonAnswers:
+    @pytest.fixture
+    def jp_server_config(self, kiwi_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> dict:
+        monkeypatch.setenv("KIWI_SOCKET", kiwi_daemon.socket)
+        return kiwi_config()
+
+    async def test_the_server_uses_it_and_starts_none(
+        self, jp_serverapp: Any, jp_fetch: Any, kiwi_daemon: DaemonProcess
+    ) -> None:
+        assert kiwi_app(jp_serverapp).embedded is None
+        status = await get_status(jp_fetch)
+        assert (status["reachable"], status["socket"]) == (True, kiwi_daemon.socket)
+
+
+class TestWhenTurnedOff:
+    @pytest.fixture
+    def jp_server_config(self, nowhere: str) -> dict:
+        return kiwi_config(embedded_scheduler=False)
+
+    async def test_no_scheduler_is_started_and_the_status_says_so(
+        self, jp_serverapp: Any, jp_fetch: Any
+    ) -> None:
+        assert kiwi_app(jp_serverapp).embedded is None
+        assert (await get_status(jp_fetch))["reachable"] is False
+
+
+def test_embedded_scheduler_is_off_by_default_inside_kubernetes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kiwi_jupyter.server.app import KiwiExtension
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert KiwiExtension().embedded_scheduler is False
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert KiwiExtension().embedded_scheduler is True

@@ -1,0 +1,134 @@
+"""Prometheus metrics read from the scheduler's state at scrape time, and served over HTTP."""
+
+import asyncio
+
+import pytest
+from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodeside.metrics import Metrics
+from nodeside.scheduler.replay import Replay
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def scrape(metrics: Metrics) -> dict[tuple[str, tuple], float]:
+    return samples(metrics.exposition().decode())
+
+
+@pytest.fixture
+def contended():
+    replay = Replay(make_scheduler({"tq": 1.0, "pools": SEED_POOLS}))
+    clock = {"now": 0.0}
+    metrics = Metrics(replay.scheduler, clock=lambda: clock["now"])
+    replay.observers.append(lambda r, actions: metrics.observe(actions, r.now))
+    greedy(replay, "a", "training")
+    worker = replay.add("b", pool="simulation")
+    replay.scheduler.clients[worker.id].labels = {"pod": "nb-1", "namespace": "team"}
+    replay.burst(worker, 1e9)
+    replay.run_until(100.0)
+    clock["now"] = replay.now
+    return replay, metrics
+
+
+def test_gpu_holders_and_queue_length(contended):
+    _, metrics = contended
+    got = scrape(metrics)
+    assert got[("kiwi_gpu_holders", (("gpu", "0"),))] == 1
+    assert got[("kiwi_gpu_queue_length", (("gpu", "0"),))] == 1
+    assert got[("kiwi_gpu_tq_seconds", (("gpu", "0"),))] == 1.0
+    assert got[("kiwi_scheduler_mode", (("mode", "on"),))] == 1
+    assert got[("kiwi_preemption_enabled", ())] == 1
+
+
+def test_counters_are_the_cores_counts(contended):
+    replay, metrics = contended
+    got = scrape(metrics)
+    for name in ("grants", "drops", "preemptions", "revocations"):
+        assert got[(f"kiwi_{name}_total", ())] == replay.scheduler.counts[name]
+    assert got[("kiwi_grants_total", ())] > 10
+
+
+def test_pool_share_and_gpu_seconds(contended):
+    replay, metrics = contended
+    got = scrape(metrics)
+    share = got[("kiwi_pool_share_ratio", (("gpu", "0"), ("pool", "training")))]
+    assert share == pytest.approx(0.35, abs=0.03)
+    seconds = {pool: got[("kiwi_pool_gpu_seconds_total", (("gpu", "0"), ("pool", pool)))]
+               for pool in ("training", "simulation")}
+    assert sum(seconds.values()) == pytest.approx(100.0)
+    assert seconds == pytest.approx(replay.gpu_seconds_by_pool(0.0, 100.0))
+    assert got[("kiwi_pool_entitlement_ratio",
+                (("gpu", "0"), ("pool", "simulation")))] == pytest.approx(0.65)
+
+
+def test_client_series_carry_gpu_pool_name_pod_and_namespace(contended):
+    replay, metrics = contended
+    got = scrape(metrics)
+    labels = (("client", "b"), ("gpu", "0"), ("namespace", "team"), ("pod", "nb-1"),
+              ("pool", "simulation"))
+    assert got[("kiwi_client_gpu_seconds_total", labels)] == pytest.approx(
+        replay.gpu_seconds_by_pool(0.0, 100.0)["simulation"])
+
+
+def test_pool_seconds_do_not_fall_when_a_client_leaves(contended):
+    replay, metrics = contended
+    before = scrape(metrics)[("kiwi_pool_gpu_seconds_total", (("gpu", "0"), ("pool", "training")))]
+    (a,) = [w for w in replay.workers.values() if w.name == "a"]
+    replay.leave(a)
+    replay.run_until(replay.now + 1)
+    after = scrape(metrics)[("kiwi_pool_gpu_seconds_total", (("gpu", "0"), ("pool", "training")))]
+    assert after >= before
+
+
+def test_working_set_gauge():
+    sched = make_scheduler(memory=16 * GiB)
+    sched.register(0.0, name="k", working_set=3 * GiB)
+    got = scrape(Metrics(sched, clock=lambda: 0.0))
+    assert got[("kiwi_client_working_set_bytes", (("client", "k"), ("gpu", "0"),
+                ("namespace", ""), ("pod", ""), ("pool", "default")))] == 3 * GiB
+    assert got[("kiwi_gpu_memory_total_bytes", (("gpu", "0"),))] == 16 * GiB
+
+
+def test_drop_to_grant_histogram_measures_from_the_drop_to_the_next_grant():
+    sched = make_scheduler({"tq": 1.0})
+    metrics = Metrics(sched, clock=lambda: 2.0)
+    a, b = (sched.register(0.0, name=n) for n in "ab")
+    metrics.observe(sched.acquire(0.0, a.id), 0.0)
+    metrics.observe(sched.acquire(0.5, b.id), 0.5)
+    metrics.observe(sched.tick(1.0), 1.0)  # drop to a
+    metrics.observe(sched.release(1.25, a.id), 1.25)  # grant to b
+    got = scrape(metrics)
+    assert got[("kiwi_drop_to_grant_seconds_count", (("gpu", "0"),))] == 1
+    assert got[("kiwi_drop_to_grant_seconds_sum", (("gpu", "0"),))] == pytest.approx(0.25)
+
+
+def test_metrics_are_served_over_http_from_the_loop():
+    sched = make_scheduler()
+    sched.register(0.0, name="k")
+    metrics = Metrics(sched, clock=lambda: 0.0)
+
+    async def fetch(path: str) -> bytes:
+        server = await metrics.serve(0, host="127.0.0.1")
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            reply = await asyncio.wait_for(reader.read(), timeout=10)
+            writer.close()
+            return reply
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    reply = asyncio.run(fetch("/metrics"))
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert ("kiwi_gpu_holders", (("gpu", "0"),)) in samples(body.decode())
+    assert asyncio.run(fetch("/nope")).startswith(b"HTTP/1.1 404")
