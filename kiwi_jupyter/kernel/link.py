@@ -97,7 +97,7 @@ class DaemonLink:
         while not client.connected and time.monotonic() - self._made_at < FIRST_CONNECT_GRACE:
             time.sleep(0.002)
         if not client.connected:
-            raise SchedulerUnreachable(self.socket_path, _last_error(client))
+            raise SchedulerUnreachable(self.socket_path, client.last_error or "not connected")
 
     def call(self, action: Callable[[Client], T]) -> T:
         """Run a request on the client; a lost or absent daemon is SchedulerUnreachable."""
@@ -123,7 +123,3 @@ class DaemonLink:
         if client is not None:
             client.close()
 
-
-def _last_error(client: Client) -> str:
-    reason = getattr(client, "_last_error", "")
-    return reason if isinstance(reason, str) and reason else "not connected"
