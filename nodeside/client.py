@@ -110,6 +110,11 @@ class Client:
     def connected(self) -> bool:
         return self._connected
 
+    @property
+    def last_error(self) -> str:
+        """Why the latest connection attempt failed, for messages to people."""
+        return self._last_error
+
     def acquire(self, timeout: float | None = None) -> None:
         """Block until this client holds its GPU. TimeoutError on timeout; ConnectionError if
         the daemon cannot be reached within the timeout (or ``reconnect_timeout``)."""

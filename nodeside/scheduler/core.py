@@ -24,185 +24,34 @@ at once; a LOW request never cuts a quantum short.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
+from nodeside.scheduler.actions import (
+    Action,
+    Drop,
+    Grant,
+    Released,
+    Revoke,
+    SchedulerError,
+)
 from nodeside.scheduler.pools import (
     Pool,
-    ShareMeter,
     entitlements,
     preemption_enabled,
     preemption_off_reason,
 )
+from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuSpec, GpuState, Hold
 
-PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+# The actions and the state types are part of this module's interface: the daemon and the tests
+# import them from here, the one place that says what the scheduler does.
+__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "Grant", "Hold",
+           "Released", "Revoke", "Scheduler", "SchedulerError"]
+
 _EPS = 1e-9
 # A pool held back at its maximum is looked at again after this fraction of the share window.
 _MAX_RECHECK = 0.005
-
-
-class SchedulerError(Exception):
-    """A request the scheduler cannot honour; ``code`` is a protocol error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# ---- actions ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Grant:
-    client: str
-    gpu: int
-    quantum: float | None  # None in mode off: no quantum runs
-
-
-@dataclass(frozen=True)
-class Drop:
-    client: str
-    gpu: int
-    reason: str
-    evict: bool  # the next holder needs the room: move the working set out first
-    grace: float
-
-
-@dataclass(frozen=True)
-class Revoke:
-    client: str
-    gpu: int
-    reason: str
-    ignored_for: float
-
-
-@dataclass(frozen=True)
-class Released:
-    client: str
-    evict: bool
-
-
-Action = Grant | Drop | Revoke | Released
-
-
-# ---- state --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    index: int
-    name: str = "GPU"
-    uuid: str | None = None
-    memory_total: int | None = None
-
-
-@dataclass
-class Hold:
-    granted_at: float
-    quantum_start: float
-    drop_reason: str | None = None
-    drop_sent_at: float | None = None
-    drop_evict: bool = False
-    #: Who the GPU was asked back for. The choice was made with this holder still contending
-    #: (as if it asked again at the tail); when it gives the GPU back, that choice stands.
-    #: Choosing afresh at that instant would leave the holder's pool out of the entitlements
-    #: for a moment and tilt every handoff towards the other pools.
-    drop_incoming: str | None = None
-
-
-@dataclass
-class Client:
-    id: str
-    name: str
-    gpu: int
-    pool: str
-    priority: str
-    pid: int | None = None
-    uid: int | None = None
-    kind: str = "client"
-    labels: Mapping[str, str] = field(default_factory=dict)
-    working_set: int | None = None  # bytes; None while unknown, which counts as the whole GPU
-    evictable: int | None = None
-    registered_at: float = 0.0
-    state: str = "idle"  # idle | waiting | holding
-    request_order: int = 0  # global counter: request order, also across pools
-    requested_at: float | None = None
-    hold: Hold | None = None
-    gpu_seconds: float = 0.0  # closed holds only; see Scheduler.gpu_seconds
-
-    @property
-    def preemptible(self) -> bool:
-        return self.priority == "LOW"
-
-
-class WaitQueue:
-    """One GPU's waiters, indexed so that each pool's next client is found without a scan.
-
-    Clients sit in request order in one dict per (pool, priority): the head of a pool is the
-    first client of its highest non-empty priority. Handoffs stay O(pools), not O(waiters).
-    """
-
-    def __init__(self) -> None:
-        self._all: dict[str, Client] = {}
-        self._lanes: dict[str, list[dict[str, Client]]] = {}
-
-    def add(self, client: Client) -> None:
-        self._all[client.id] = client
-        lanes = self._lanes.setdefault(client.pool, [{} for _ in PRIORITY_RANK])
-        lanes[PRIORITY_RANK[client.priority]][client.id] = client
-
-    def remove(self, client: Client) -> None:
-        if self._all.pop(client.id, None) is None:
-            return
-        lanes = self._lanes[client.pool]
-        del lanes[PRIORITY_RANK[client.priority]][client.id]
-        if not any(lanes):
-            del self._lanes[client.pool]
-
-    def heads(self) -> dict[str, Client]:
-        return {pool: next(iter(next(lane for lane in lanes if lane).values()))
-                for pool, lanes in self._lanes.items()}
-
-    def pools(self) -> set[str]:
-        return set(self._lanes)
-
-    def in_order(self, pool: str) -> list[Client]:
-        """A pool's waiters in the order it serves them: priority, then request order."""
-        return [c for lane in self._lanes.get(pool, ()) for c in lane.values()]
-
-    def values(self) -> Iterable[Client]:
-        return self._all.values()
-
-    def get(self, client_id: str) -> Client | None:
-        return self._all.get(client_id)
-
-    def __contains__(self, client_id: object) -> bool:
-        return client_id in self._all
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all)
-
-    def __len__(self) -> int:
-        return len(self._all)
-
-
-class GpuState:
-    def __init__(self, spec: GpuSpec, tq_override: float | None, now: float) -> None:
-        self.spec = spec
-        self.holders: dict[str, Client] = {}  # in grant order
-        self.waiters = WaitQueue()
-        self.meter = ShareMeter(0.0, now)
-        self.tq_override = tq_override
-        #: The waiter a leaving holder was dropped for; served first by the next schedule.
-        self.promised: str | None = None
-        #: GPU seconds of ended holds, by pool, since start: metrics count them as counters
-        #: that must not fall when a client goes away. See Scheduler.pool_gpu_seconds.
-        self.pool_seconds: dict[str, float] = {}
-
-
-# ---- the scheduler ------------------------------------------------------------------------
 
 
 class Scheduler:

@@ -1,0 +1,83 @@
+"""What a cell is to Kiwi: which cells wait for the GPU, where the wait goes, what they say.
+
+The wait goes in the cell's code as its first statement (see ``extension`` for why not in a
+hook); ``GateInserter`` puts it there. A cell of housekeeping magics never waits.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Protocol
+
+#: The module whose ``gate()`` the inserted statement calls.
+GATE_MODULE = "kiwi_jupyter.kernel.extension"
+
+
+class Gated(Protocol):
+    def wants_gate_inserted(self) -> bool:
+        """True once per gated cell: the cell being compiled needs its gate()."""
+
+
+class GateInserter(ast.NodeTransformer):
+    """Puts ``gate()`` first in a cell's code, once per cell (not in %timeit's inner loops)."""
+
+    def __init__(self, extension: Gated) -> None:
+        self.extension = extension
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        if not self.extension.wants_gate_inserted() or not node.body:
+            return node
+        # `from __future__` imports must stay first in the module.
+        at = next((i for i, stmt in enumerate(node.body)
+                   if not (isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__")),
+                  len(node.body))
+        call = _gate_call(node.body[min(at, len(node.body) - 1)])
+        node.body.insert(at, call)
+        return node
+
+
+#: Line magics that configure or inspect the kernel and never run user code; a cell made only of
+#: these (and comments) is not gated. %time, %timeit and %run are not here: they run code.
+HOUSEKEEPING_MAGICS = frozenset({
+    "kiwi", "config", "load_ext", "unload_ext", "reload_ext", "pip", "conda", "cd", "pwd",
+    "env", "who", "whos", "who_ls", "lsmagic", "history", "magic",
+})
+
+
+def _gate_call(anchor: ast.stmt) -> ast.stmt:
+    """``__import__("kiwi_jupyter.kernel.extension", fromlist=["gate"]).gate()``, placed on the
+    anchor's line. Built node by node: parsing the text anew for every cell costs 10x more."""
+    where = {"lineno": anchor.lineno, "col_offset": anchor.col_offset,
+             "end_lineno": anchor.lineno, "end_col_offset": anchor.col_offset}
+    module = ast.Call(
+        func=ast.Name("__import__", ast.Load(), **where),
+        args=[ast.Constant(GATE_MODULE, **where)],
+        keywords=[ast.keyword("fromlist", ast.List([ast.Constant("gate", **where)], ast.Load(),
+                                                   **where), **where)],
+        **where)
+    call = ast.Call(func=ast.Attribute(module, "gate", ast.Load(), **where), args=[],
+                    keywords=[], **where)
+    return ast.Expr(call, **where)
+
+
+def needs_no_gpu(cell: str) -> bool:
+    """A cell of housekeeping line magics: asking for the status must not wait for the GPU."""
+    lines = [line.strip() for line in cell.splitlines()]
+    code = [line for line in lines if line and not line.startswith("#")]
+    return bool(code) and all(
+        line.startswith("%") and not line.startswith("%%")
+        and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS
+        for line in code)
+
+
+def drop_sentence(reason: str | None) -> str:
+    """The closing line of a cell that kept the GPU past the scheduler's request for it."""
+    if reason is None or reason == "":
+        return "the connection to the scheduler was lost during this cell, and the GPU with it"
+    if reason == "grace":
+        return ("the scheduler took the GPU back during this cell: it had asked for it and "
+                "the cell kept it past the grace period")
+    why = {"quantum": "this kernel's quantum ended with others waiting",
+           "preempt": "preempted by a non-preemptible request"}.get(reason, reason)
+    return (f"the scheduler asked for the GPU back during this cell ({why}); it was given back "
+            "when the cell ended")

@@ -1,0 +1,162 @@
+"""The shim-based backend of ``gpu``: cells framed through the CUDA shim's ctypes API.
+
+Used when the shim is preloaded in the kernel (the Kiwi kernel on a node with a CUDA driver).
+The shim is then the kernel's one scheduling client, registered under the kernel's id; these
+arbiters tell it when cells begin and end and, in eager mode, ask it for the GPU up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
+from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, SchedulerUnavailable
+from kiwi_jupyter.kernel.link import DaemonLink
+
+
+class ShimGate(Protocol):
+    """What the kernel uses of ``kiwi_jupyter.shim.Shim``, the ctypes face of the CUDA shim."""
+
+    def active(self) -> bool:
+        """The shim gates this process's GPU work (it is preloaded and KIWI_SHIM is not 0)."""
+
+    def cell_begin(self) -> None:
+        """A cell starts: its end, not an idle timer, gives the GPU back."""
+
+    def release(self) -> None:
+        """The cell is over: synchronize, evict if the next holder needs the room, release."""
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` for the GPU; False on timeout, the request still queued."""
+
+    @property
+    def holding(self) -> bool:
+        """This process holds its GPU."""
+
+    def set_policy(self, *, fail_closed: bool, timeout: float) -> None:
+        """What GPU calls do while the daemon is unreachable."""
+
+    def stats(self) -> Mapping[str, Any]:
+        """Counters since the process started: ``seconds_waiting``, ``grants``, ``drops``..."""
+
+
+def load_shim() -> tuple[ShimGate | None, str]:
+    """The shim preloaded in this kernel, or None and the reason lazy mode cannot be used."""
+    try:
+        from kiwi_jupyter.shim import Shim
+    except ImportError:
+        return None, "the shim's Python glue (kiwi_jupyter.shim) is not installed"
+    shim = Shim.attach()
+    if shim is None:
+        return None, ("the CUDA shim is not preloaded in this kernel (it is, in the Kiwi kernel "
+                      "on a node with a CUDA driver)")
+    if not shim.active():
+        return None, "the CUDA shim is loaded but switched off (KIWI_SHIM=0)"
+    return shim, ""
+
+
+class ShimArbiter(Arbiter):
+    """Lazy mode: the shim takes the GPU at the cell's first CUDA call; the kernel frames cells.
+
+    With the shim loaded, the shim is this kernel's scheduling client (registered under the
+    kernel's id) and the kernel's own client only reads status and sends admin requests, so
+    every arbiter here goes through the shim. A drop asked mid-cell is the shim's to honour (it
+    gates the GPU work there and then), so a shim cell's closing lines are only about waiting.
+    """
+
+    mode = "lazy"
+    #: Waiting happens in C; waiting in slices this long lets an interrupt reach Python.
+    SLICE = 0.2
+
+    def __init__(self, link: DaemonLink, config: KiwiKernelConfig, shim: ShimGate) -> None:
+        super().__init__(link, config)
+        self.shim = shim
+        self._before: Mapping[str, Any] = {}
+        shim.set_policy(fail_closed=config.failure_policy == FAIL_CLOSED,
+                        timeout=config.unreachable_timeout)
+
+    def begin_cell(self) -> None:
+        super().begin_cell()
+        self.shim.cell_begin()
+        self._before = self.shim.stats()
+        # The shim waits inside a CUDA call, in C: follow the cell to show the waiting line.
+        self.watcher.watch(probe=self._shim_waits)
+
+    def end_cell(self) -> CellReport:
+        self.watcher.stop()
+        self.release()
+        self.watcher.flush()
+        after = self.shim.stats()
+        self.report.waited += _grew(self._before, after, "seconds_waiting")
+        self.report.held = self.report.held or _grew(self._before, after, "grants") > 0
+        return self.report
+
+    def acquire(self) -> None:
+        """Take the GPU now through the shim (eager mode, ``%kiwi acquire``).
+
+        A timed-out slice keeps the shim's request queued, so slicing costs no queue position.
+        """
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
+        following = self.watcher.watching  # the cell's own watch shows this wait too
+        if not following:
+            self.watcher.watch(probe=self._shim_waits)
+        try:
+            while True:
+                if self.shim.acquire(self.SLICE):
+                    break
+        except KeyboardInterrupt:
+            self.shim.release()  # withdraws the queued request
+            raise KeyboardInterrupt("interrupted while waiting for the GPU; "
+                                    "the request was withdrawn") from None
+        except ConnectionError as exc:  # the shim's fail_closed timeout ran out
+            raise SchedulerUnavailable(str(exc)) from None
+        finally:
+            if not following:
+                self.watcher.stop()
+        self._acquired = True
+
+    def release(self) -> None:
+        self._acquired = False
+        self.shim.release()
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.shim.holding)
+
+    def _shim_waits(self) -> bool:
+        return self.shim.stats().get("state") == "waiting"
+
+    def my_client_id(self) -> str | None:
+        client = self.shim.stats().get("client")
+        return client if isinstance(client, str) else None
+
+
+class ShimEagerArbiter(ShimArbiter):
+    """Eager mode with the shim loaded: the shim takes the GPU before the cell's code runs."""
+
+    mode = "eager"
+
+    def gate(self) -> None:
+        self.acquire()
+
+
+class ShimOffArbiter(ShimArbiter):
+    """Mode off with the shim loaded: cells are not framed; only a hold taken by hand ends."""
+
+    mode = "off"
+
+    def begin_cell(self) -> None:
+        Arbiter.begin_cell(self)  # not the shim's: this mode does not frame cells
+
+    def end_cell(self) -> CellReport:
+        if self._acquired:
+            self.release()
+        self.watcher.flush()
+        return self.report
+
+
+def _grew(before: Mapping[str, Any], after: Mapping[str, Any], counter: str) -> float:
+    """How much a shim counter grew during the cell."""
+    now, then = float(after.get(counter, 0.0)), float(before.get(counter, 0.0))
+    return now - then if now >= then else now  # the shim restarted its count at cell_begin

@@ -1,0 +1,126 @@
+"""``%kiwi status``: the status document (CONTRACT section 5) as a table.
+
+``StatusTable`` is what the magic returns. IPython shows it with ``_repr_html_`` in a notebook and
+with ``_repr_pretty_`` in a terminal, so one object serves both.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+Document = dict[str, Any]
+
+_CLIENT_COLUMNS = ("client", "pool", "priority", "state", "queue", "GPU time", "working set")
+
+
+def human_bytes(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "unknown"
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def client_names(document: Document) -> dict[str, str]:
+    """Client id -> the name it registered with (the kernel id, for kernels)."""
+    return {c["id"]: c.get("name") or c["id"] for c in document.get("clients", [])}
+
+
+class StatusTable:
+    """The scheduler's state, with this kernel's own row marked."""
+
+    def __init__(self, document: Document, me: str | None = None) -> None:
+        self.document = document
+        self.me = me  # this kernel's client id, when registered
+
+    def _client_rows(self) -> list[tuple[bool, list[str]]]:
+        rows = []
+        for c in self.document.get("clients", []):
+            position = c.get("queue_position")
+            rows.append(
+                (
+                    c["id"] == self.me,
+                    [
+                        c.get("name") or c["id"],
+                        c.get("pool", ""),
+                        c.get("priority", ""),
+                        c.get("state", ""),
+                        "" if position is None else f"#{position}",
+                        f"{c.get('gpu_seconds', 0.0):.1f} s",
+                        human_bytes(c.get("working_set")),
+                    ],
+                )
+            )
+        return rows
+
+    def _gpu_lines(self) -> list[str]:
+        names = client_names(self.document)
+        lines = []
+        for gpu in self.document.get("gpus", []):
+            held = ", ".join(names.get(h, h) for h in gpu.get("holders", []))
+            holders = f"held by {held}" if held else "free"
+            left = gpu.get("quantum_remaining")
+            quantum = "" if left is None else f", {left:.1f} s left in the quantum"
+            memory = human_bytes(gpu.get("memory_total"))
+            lines.append(
+                f"GPU {gpu['index']} ({gpu.get('name') or 'unknown'}, {memory}): "
+                f"{holders}{quantum}; {len(gpu.get('queue', []))} waiting"
+            )
+        return lines
+
+    def _pool_lines(self) -> list[str]:
+        lines = []
+        for pool in self.document.get("pools", []):
+            maximum = pool.get("maximum", -1)
+            cap = "no maximum" if maximum is None or maximum < 0 else f"maximum {maximum:.0%}"
+            lines.append(
+                f"pool {pool['name']}: share {pool.get('share', 0.0):.0%}, "
+                f"guarantee {pool.get('guarantee', 0.0):.0%}, {cap}, "
+                f"{pool.get('clients', 0)} clients"
+            )
+        return lines
+
+    def _heading(self) -> str:
+        doc = self.document
+        return f"Kiwi scheduler: mode {doc.get('mode')}, TQ {doc.get('tq')} s"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def text(self) -> str:
+        rows = self._client_rows()
+        table = [list(_CLIENT_COLUMNS)] + [cells for _, cells in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(_CLIENT_COLUMNS))]
+        lines = [self._heading(), *self._gpu_lines(), *self._pool_lines(), ""]
+        for index, row in enumerate(table):
+            mine = index > 0 and rows[index - 1][0]
+            cells = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+            lines.append(cells.rstrip() + ("  <- this kernel" if mine else ""))
+        if not rows:
+            lines.append("(no clients)")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th>{esc(c)}</th>" for c in _CLIENT_COLUMNS)
+        body = []
+        for mine, cells in self._client_rows():
+            tds = "".join(f"<td>{esc(cell)}</td>" for cell in cells)
+            mark = ' class="jp-Kiwi-thisKernel" style="font-weight:bold"' if mine else ""
+            title = ' title="this kernel"' if mine else ""
+            body.append(f"<tr{mark}{title}>{tds}</tr>")
+        if not body:
+            body.append(f'<tr><td colspan="{len(_CLIENT_COLUMNS)}">no clients</td></tr>')
+        facts = "".join(f"<li>{esc(line)}</li>" for line in self._gpu_lines() + self._pool_lines())
+        return (
+            f'<div class="jp-Kiwi-status"><strong>{esc(self._heading())}</strong>'
+            f"<ul>{facts}</ul>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        )

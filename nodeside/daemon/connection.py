@@ -1,0 +1,82 @@
+"""One client connection: bytes in, protocol lines out, and the peer's identity."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from nodeside import protocol as p
+from nodeside.daemon.peer import Peer
+
+if TYPE_CHECKING:
+    from nodeside.daemon.server import Daemon
+
+log = logging.getLogger("kiwi.daemon")
+
+# A client that stops reading its replies must not make the daemon buffer without bound: past
+# this many unsent bytes its connection stops being read until the backlog drains.
+_WRITE_HIGH_WATER = 1024 * 1024
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.buffer = p.LineBuffer(p.MAX_REQUEST_BYTES)
+        self.transport: asyncio.Transport | None = None
+        self.peer = Peer(None, None, None, -1)
+        self.greeted = False
+        self.client_id: str | None = None
+        self.label = "<UNREGISTERED>"
+        self.closing = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        sock = transport.get_extra_info("socket")
+        self.peer = Peer.of(sock)
+        self.daemon.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            lines = self.buffer.feed(data)
+        except p.ProtocolError as exc:
+            self.fail(exc)
+            return
+        for line in lines:
+            if self.closing:
+                return
+            self.daemon.handle(self, line)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.daemon.lost(self)
+
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.write(data)
+
+    def fail(self, exc: p.ProtocolError, seq: int | None = None) -> None:
+        """Answer with the error; close the connection if the error is fatal."""
+        self.send(p.error(exc.code, exc.message, seq))
+        if exc.fatal:
+            log.warning("Closing connection from %s [FD=%d]: %s", self.label, self.peer.fd,
+                        exc.message)
+            self.closing = True
+            if self.transport is not None:
+                self.transport.close()  # flushes the error reply first

@@ -1,0 +1,187 @@
+"""Real Kiwi kernels for the tests: started through jupyter_client, driven message by message.
+
+A kernel is started the way Jupyter starts it, with a connection file named
+``kernel-<id>.json``, so it registers with the daemon under that id as it would in JupyterLab.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.blocking import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+from nodeside.client import Client
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Execution:
+    """One execute request: its iopub messages in order, and its reply."""
+
+    code: str
+    messages: list[Message] = field(default_factory=list)
+    reply: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return self.reply.get("status", "?")
+
+    @property
+    def ename(self) -> str | None:
+        return self.reply.get("ename")
+
+    def of_type(self, *msg_types: str) -> list[Message]:
+        return [m for m in self.messages if m["header"]["msg_type"] in msg_types]
+
+    def stream(self, name: str) -> str:
+        return "".join(m["content"]["text"] for m in self.of_type("stream")
+                       if m["content"]["name"] == name)
+
+    @property
+    def stdout(self) -> str:
+        return self.stream("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self.stream("stderr")
+
+    @property
+    def result(self) -> dict[str, Any]:
+        results = self.of_type("execute_result")
+        return results[-1]["content"]["data"] if results else {}
+
+    @property
+    def value(self) -> Any:
+        """The cell's result, for cells whose last expression is a Python literal."""
+        import ast
+
+        return ast.literal_eval(self.result["text/plain"])
+
+
+class KernelUnderTest:
+    def __init__(self, manager: KernelManager, client: BlockingKernelClient, kernel_id: str):
+        self.manager = manager
+        self.client = client
+        self.kernel_id = kernel_id
+        self._iopub: dict[str, list[Message]] = defaultdict(list)
+        self._idle: set[str] = set()
+        self._replies: dict[str, Message] = {}
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid  # type: ignore[union-attr]
+
+    def submit(self, code: str, *, silent: bool = False) -> str:
+        return self.client.execute(code, silent=silent, store_history=not silent)
+
+    def _pump(self, timeout: float) -> None:
+        """Read one iopub message (if one comes within timeout) into the per-request lists."""
+        try:
+            message = self.client.get_iopub_msg(timeout=timeout)
+        except queue.Empty:
+            return
+        parent = message["parent_header"].get("msg_id")
+        if message["header"]["msg_type"] == "status":
+            if message["content"]["execution_state"] == "idle":
+                self._idle.add(parent)
+            return
+        self._iopub[parent].append(message)
+
+    def collect(self, msg_id: str, code: str = "", timeout: float = 30.0) -> Execution:
+        """Every iopub message of one request until the kernel is idle again, and its reply."""
+        deadline = time.monotonic() + timeout
+        while msg_id not in self._idle:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no idle status for {code!r} after {timeout} s; "
+                                     f"got {self._iopub.get(msg_id)}")
+            self._pump(min(left, 1.0))
+        while msg_id not in self._replies:
+            reply = self.client.get_shell_msg(timeout=max(deadline - time.monotonic(), 1.0))
+            self._replies[reply["parent_header"].get("msg_id")] = reply
+        return Execution(code, self._iopub.pop(msg_id, []), self._replies.pop(msg_id)["content"])
+
+    def run(self, code: str, *, timeout: float = 30.0, silent: bool = False) -> Execution:
+        return self.collect(self.submit(code, silent=silent), code, timeout)
+
+    def seen(self, msg_id: str, msg_type: str) -> list[Message]:
+        """The messages of a type that a request still running has published so far."""
+        self._pump(0.05)
+        return [m for m in self._iopub.get(msg_id, []) if m["header"]["msg_type"] == msg_type]
+
+    def interrupt(self) -> None:
+        self.manager.interrupt_kernel()
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+def kernel_env(socket_path: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "KIWI_SOCKET": socket_path, "KIWI_SHIM": "0",
+           "JUPYTER_PLATFORM_DIRS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    for name in ("KIWI_POOL", "KIWI_PRIORITY", "KIWI_CLIENT_NAME", "KIWI_KERNEL_ID"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def start_kernels(directory: Path, socket_path: str, count: int = 1, *,
+                  kernel_name: str = "kiwi", kernel_dirs: list[str] | None = None,
+                  **extra_env: str) -> list[KernelUnderTest]:
+    """Kernels from a kernelspec (the installed ``kiwi`` by default), named like Jupyter's.
+
+    All are launched before any is waited for, so their start-ups overlap.
+    """
+    specs = KernelSpecManager(kernel_dirs=kernel_dirs) if kernel_dirs else KernelSpecManager()
+    started = []
+    for _ in range(count):
+        kernel_id = str(uuid.uuid4())
+        manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs,
+                                connection_file=str(directory / f"kernel-{kernel_id}.json"))
+        manager.start_kernel(env=kernel_env(socket_path, **extra_env))
+        started.append((manager, kernel_id))
+    kernels = []
+    try:
+        for manager, kernel_id in started:
+            client = manager.client()
+            client.start_channels()
+            kernels.append(KernelUnderTest(manager, client, kernel_id))
+            client.wait_for_ready(timeout=60)
+    except BaseException:
+        for manager, _ in started:
+            manager.shutdown_kernel(now=True)
+        raise
+    return kernels
+
+
+def scheduler_status(socket_path: str) -> dict[str, Any]:
+    """The status document, read by a control-only client as kiwictl would."""
+    with Client(socket_path, register=False, reconnect_timeout=5) as control:
+        return control.status()
+
+
+def entry(document: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """A client's row in the status document, by the name it registered under."""
+    return next((c for c in document["clients"] if c["name"] == name), None)
+
+
+def holders(socket_path: str) -> list[str]:
+    document = scheduler_status(socket_path)
+    names = {c["id"]: c["name"] for c in document["clients"]}
+    return [names.get(h, h) for h in document["gpus"][0]["holders"]]
+
+
+def state_of(socket_path: str, name: str) -> str | None:
+    row = entry(scheduler_status(socket_path), name)
+    return None if row is None else row["state"]

@@ -1,0 +1,171 @@
+"""Two real kernels in eager mode sharing one GPU through a real daemon (TQ 0.2 s)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kernel_support import Execution, KernelUnderTest, holders, start_kernels, state_of
+from support import DaemonProcess, wait_for
+
+# A cell that reports when its own code started and ended (the GPU is taken before the start).
+TIMED = "import time as _t; _start = _t.time(); _t.sleep({seconds}); (_start, _t.time())"
+
+
+@pytest.fixture(scope="module")
+def pair(module_daemon: DaemonProcess) -> Iterator[tuple[KernelUnderTest, KernelUnderTest]]:
+    a, b = start_kernels(module_daemon.directory, module_daemon.socket, 2)
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+def wait_holding(socket: str, kernel: KernelUnderTest) -> None:
+    wait_for(lambda: holders(socket) == [kernel.kernel_id], what=f"{kernel.kernel_id} to hold")
+
+
+def wait_waiting(socket: str, kernel: KernelUnderTest) -> None:
+    wait_for(lambda: state_of(socket, kernel.kernel_id) == "waiting",
+             what=f"{kernel.kernel_id} to wait in the queue")
+
+
+@pytest.fixture(scope="module")
+def contention(pair: tuple[KernelUnderTest, KernelUnderTest],
+               module_daemon: DaemonProcess) -> dict[str, Any]:
+    """A holds the GPU for 2 s; B asks meanwhile; then A asks again behind B."""
+    a, b = pair
+    socket = module_daemon.socket
+    a1 = a.submit(TIMED.format(seconds=2.0))
+    wait_holding(socket, a)
+    b1 = b.submit(TIMED.format(seconds=0.3))
+    wait_waiting(socket, b)
+    a2 = a.submit(TIMED.format(seconds=0.1))
+    return {"a1": a.collect(a1), "b1": b.collect(b1), "a2": a.collect(a2),
+            "a": a, "b": b}
+
+
+def texts(execution: Execution) -> list[tuple[str, str, str]]:
+    """(msg_type, display_id, text) of every display and display update of a cell."""
+    return [(m["header"]["msg_type"], m["content"]["transient"]["display_id"],
+             m["content"]["data"].get("text/plain", ""))
+            for m in execution.of_type("display_data", "update_display_data")]
+
+
+def test_contending_cells_run_in_queue_order(contention: dict[str, Any]) -> None:
+    a1, b1, a2 = contention["a1"].value, contention["b1"].value, contention["a2"].value
+    assert a1[1] <= b1[0], "B ran while A held the GPU"
+    assert b1[1] <= a2[0], "A's next cell took the GPU ahead of B, which was waiting first"
+
+
+def test_waiting_line_is_one_display_updated_in_place(contention: dict[str, Any]) -> None:
+    lines = texts(contention["b1"])
+    assert lines[0][0] == "display_data"
+    assert len({display_id for _, display_id, _ in lines}) == 1
+    assert all(kind == "update_display_data" for kind, _, _ in lines[1:])
+    assert len(lines) >= 3, "the line was not refreshed while B waited 1+ s"
+
+
+def test_waiting_line_shows_position_holder_and_quantum(contention: dict[str, Any]) -> None:
+    first = texts(contention["b1"])[0][2]
+    assert first.startswith("kiwi: waiting for the GPU")
+    assert "position 1 of 1 in the queue" in first
+    assert f"held by {contention['a'].kernel_id}" in first
+    assert "s left in its quantum" in first
+
+
+def test_waiting_line_goes_when_the_gpu_is_granted(contention: dict[str, Any]) -> None:
+    lines = texts(contention["b1"])
+    assert lines[-1][2] == ""
+    assert all(text for _, _, text in lines[:-1])
+
+
+def test_a_cell_that_waited_over_a_second_says_how_long(contention: dict[str, Any]) -> None:
+    waited = re.findall(r"^kiwi: waited (\d+\.\d) s for the GPU$", contention["b1"].stdout,
+                        re.MULTILINE)
+    assert len(waited) == 1 and 1.0 < float(waited[0]) < 2.1
+    assert "waited" not in contention["a1"].stdout
+
+
+def test_a_drop_asked_mid_cell_is_honoured_at_cell_end_with_one_line(
+        contention: dict[str, Any]) -> None:
+    notes = [line for line in contention["a1"].stdout.splitlines() if "during this cell" in line]
+    assert notes == ["kiwi: the scheduler asked for the GPU back during this cell (this "
+                     "kernel's quantum ended with others waiting); it was given back when the "
+                     "cell ended"]
+    assert "during this cell" not in contention["a2"].stdout  # nobody waited behind it
+
+
+def test_interrupt_while_waiting_withdraws_the_request(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    a, b = pair
+    socket = module_daemon.socket
+    holding = a.submit("import time; time.sleep(2)")
+    wait_holding(socket, a)
+    waiting = b.submit("reached = True")
+    wait_waiting(socket, b)
+
+    b.interrupt()
+    interrupted = b.collect(waiting)
+
+    assert interrupted.ename == "KeyboardInterrupt"
+    assert "the request was withdrawn" in interrupted.reply["evalue"]
+    assert state_of(socket, b.kernel_id) == "idle"
+    assert holders(socket) == [a.kernel_id]
+    assert a.collect(holding).status == "ok"
+    assert b.run("'reached' in globals()").value is False  # usable, and the cell never ran
+
+
+def test_silent_executions_never_wait_for_the_gpu(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    a, b = pair
+    holding = a.submit("import time; time.sleep(1.5)")
+    wait_holding(module_daemon.socket, a)
+
+    silent = b.run("silent_ran = True", silent=True)
+
+    assert silent.status == "ok"
+    assert holders(module_daemon.socket) == [a.kernel_id], "B's silent run waited for A"
+    assert state_of(module_daemon.socket, b.kernel_id) == "idle"
+    a.collect(holding)
+    assert b.run("silent_ran").value is True
+
+
+def test_a_cell_of_kiwi_magics_never_waits_for_the_gpu(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    a, b = pair
+    holding = a.submit("import time; time.sleep(1.5)")
+    wait_holding(module_daemon.socket, a)
+
+    status = b.run("# what is going on?\n%kiwi status")
+
+    assert f"{a.kernel_id}" in status.result["text/plain"]
+    assert holders(module_daemon.socket) == [a.kernel_id]
+    a.collect(holding)
+
+
+@pytest.mark.parametrize("ending, code, ename", [
+    ("success", "import time; time.sleep(0.05); 1 + 1", None),
+    ("error", "import time; time.sleep(0.05); 1 / 0", "ZeroDivisionError"),
+])
+def test_the_gpu_is_given_back_when_a_cell_ends(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess,
+        ending: str, code: str, ename: str | None) -> None:
+    a, _ = pair
+    result = a.run(code)
+    assert result.ename == ename
+    assert holders(module_daemon.socket) == []
+
+
+def test_the_gpu_is_given_back_when_a_cell_is_interrupted(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    a, _ = pair
+    running = a.submit("import time; time.sleep(30)")
+    wait_holding(module_daemon.socket, a)
+
+    a.interrupt()
+
+    assert a.collect(running).ename == "KeyboardInterrupt"
+    assert holders(module_daemon.socket) == []
+    assert a.run("2 + 2").value == 4

@@ -1,0 +1,114 @@
+"""The daemon killed and restarted under a live kernel: no kernel dies, no cell hangs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kernel_support import KernelUnderTest, entry, holders, scheduler_status, start_kernels
+from support import DaemonProcess, wait_for
+
+HOLDERS_NOW = ("_s = get_ipython().run_line_magic('kiwi', 'status --json'); "
+               "[c['name'] for c in _s['clients'] if c['id'] in _s['gpus'][0]['holders']]")
+
+
+@pytest.fixture(scope="module")
+def kernel(module_daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
+    (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket)
+    yield kernel
+    kernel.shutdown()
+
+
+@pytest.fixture
+def daemon_back(module_daemon: DaemonProcess, kernel: KernelUnderTest) -> Iterator[None]:
+    """Whatever a test did to the daemon, the next one finds it running with the kernel."""
+    yield
+    if module_daemon.process is None or module_daemon.process.poll() is not None:
+        module_daemon.start()
+    registered(module_daemon, kernel)
+
+
+@pytest.fixture
+def fail_closed(kernel: KernelUnderTest) -> Iterator[None]:
+    kernel.run("%config KiwiKernelConfig.failure_policy = 'fail_closed'")
+    yield
+    kernel.run("%config KiwiKernelConfig.failure_policy = 'fail_open'")
+    kernel.run("%config KiwiKernelConfig.unreachable_timeout = 30.0")
+
+
+def registered(daemon: DaemonProcess, kernel: KernelUnderTest) -> None:
+    wait_for(lambda: entry(scheduler_status(daemon.socket), kernel.kernel_id) is not None,
+             timeout=15, what="the kernel to register with the daemon")
+
+
+def test_fail_open_runs_the_cell_with_one_warning_line(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess, daemon_back: None) -> None:
+    module_daemon.kill()
+
+    cell = kernel.run("1 + 1")
+
+    assert cell.value == 2
+    assert len(cell.stderr.splitlines()) == 1
+    assert f"the Kiwi scheduler at {module_daemon.socket} is unreachable" in cell.stderr
+    assert cell.stderr.rstrip().endswith("this cell runs without GPU arbitration (fail_open)")
+    assert kernel.manager.is_alive()
+
+
+def test_after_a_restart_the_kernel_registers_again_and_cells_are_arbitrated(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess, daemon_back: None) -> None:
+    module_daemon.restart()
+    registered(module_daemon, kernel)
+
+    cell = kernel.run(HOLDERS_NOW)
+
+    assert cell.value == [kernel.kernel_id]
+    assert cell.stderr == ""
+
+
+def test_a_cell_holding_the_gpu_when_the_daemon_dies_finishes_and_says_so(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess, daemon_back: None) -> None:
+    running = kernel.submit("import time; print('running', flush=True); time.sleep(0.5); "
+                            "'finished'")
+    # The cell's own output, not the daemon's view: the kernel must have seen its grant.
+    wait_for(lambda: kernel.seen(running, "stream"), what="the cell to run")
+    assert holders(module_daemon.socket) == [kernel.kernel_id]
+
+    module_daemon.kill()
+    cell = kernel.collect(running)
+
+    assert cell.value == "finished"
+    assert cell.stdout == ("running\nkiwi: the connection to the scheduler was lost during "
+                           "this cell, and the GPU with it\n")
+
+
+def test_fail_closed_fails_the_cell_after_the_timeout_without_running_it(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess, fail_closed: None,
+        daemon_back: None) -> None:
+    kernel.run("%config KiwiKernelConfig.unreachable_timeout = 1.0")
+    module_daemon.kill()
+
+    cell = kernel.run("ran = True")
+
+    assert cell.ename == "SchedulerUnavailable"
+    assert "gave up after 1 s (fail_closed)" in cell.reply["evalue"]
+    lines = [m["content"]["data"]["text/plain"]
+             for m in cell.of_type("display_data", "update_display_data")]
+    assert lines[0].startswith(f"kiwi: waiting for the scheduler at {module_daemon.socket}")
+    assert lines[-1] == ""
+    module_daemon.start()
+    registered(module_daemon, kernel)
+    assert kernel.run("'ran' in globals()").value is False
+
+
+def test_fail_closed_waits_for_a_restarting_daemon_then_runs_the_cell(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess, fail_closed: None,
+        daemon_back: None) -> None:
+    module_daemon.kill()
+    waiting = kernel.submit(HOLDERS_NOW)
+    wait_for(lambda: kernel.seen(waiting, "display_data"), what="the waiting line")
+
+    module_daemon.start()
+    cell = kernel.collect(waiting)
+
+    assert cell.status == "ok"
+    assert cell.value == [kernel.kernel_id]

@@ -1,0 +1,155 @@
+"""The Kiwi kernelspec and launcher: installed, launched, and the shim preloaded by re-exec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from kernel_support import KernelUnderTest, entry, scheduler_status, start_kernels
+from support import DaemonProcess
+
+from kiwi_jupyter.kernel.launcher import cuda_driver_present, preload_plan
+
+ARGV_TAIL = ["-m", "kiwi_jupyter.kernel", "-f", "{connection_file}"]
+
+
+def install(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kiwi_jupyter.kernelspec", "install", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prefix with the kernelspec installed twice: as `kiwi` and as the default `python3`."""
+    prefix = tmp_path_factory.mktemp("prefix")
+    assert install("--prefix", str(prefix)).returncode == 0
+    assert install("--prefix", str(prefix), "--as-default").returncode == 0
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def preloadable(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real shared library standing where a shim would, with one symbol to find it by."""
+    folder = tmp_path_factory.mktemp("lib")
+    (folder / "marker.c").write_text("int kiwi_test_marker(void) { return 42; }\n")
+    library = folder / "libmarker.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(folder / "marker.c")],
+                   check=True, timeout=60)
+    return library
+
+
+@pytest.fixture(scope="module")
+def kernel(module_daemon: DaemonProcess, prefix: Path,
+           preloadable: Path) -> Iterator[KernelUnderTest]:
+    """A kernel from the installed default (`python3`) spec, told to preload a library."""
+    (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket,
+                              kernel_name="python3",
+                              kernel_dirs=[str(prefix / "share/jupyter/kernels")],
+                              KIWI_SHIM="1", KIWI_SHIM_LIBRARY=str(preloadable),
+                              KIWI_POOL="inference", KIWI_PRIORITY="HIGH")
+    yield kernel
+    kernel.shutdown()
+
+
+def test_install_writes_the_kiwi_kernelspec_for_this_interpreter(prefix: Path) -> None:
+    folder = prefix / "share/jupyter/kernels/kiwi"
+    spec = json.loads((folder / "kernel.json").read_text())
+    assert spec["argv"] == [sys.executable, *ARGV_TAIL]
+    assert spec["display_name"] == "Python 3 (Kiwi vGPU)"
+    assert spec["language"] == "python"
+    assert (folder / "logo-64x64.png").is_file()
+
+
+def test_as_default_installs_it_as_the_python3_kernel(prefix: Path) -> None:
+    spec = json.loads((prefix / "share/jupyter/kernels/python3/kernel.json").read_text())
+    assert spec["argv"] == [sys.executable, *ARGV_TAIL]
+    assert spec["display_name"] == "Python 3 (Kiwi vGPU)"
+
+
+def test_install_locations_are_exclusive() -> None:
+    refused = install("--user", "--sys-prefix")
+    assert refused.returncode == 2
+    assert "not allowed with argument" in refused.stderr
+
+
+def test_the_package_installs_the_kiwi_kernelspec_into_its_prefix() -> None:
+    spec = KernelSpecManager().get_kernel_spec("kiwi")
+    assert spec.display_name == "Python 3 (Kiwi vGPU)"
+    assert spec.argv[1:] == ARGV_TAIL
+    assert Path(spec.resource_dir).is_relative_to(Path(sys.prefix) / "share/jupyter/kernels")
+
+
+def test_the_installed_kernelspec_launches_a_kernel_with_the_extension_loaded(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess) -> None:
+    assert kernel.run("'kiwi_jupyter' in get_ipython().extension_manager.loaded").value is True
+    row = entry(scheduler_status(module_daemon.socket), kernel.kernel_id)
+    assert row is not None, "the kernel did not register under its Jupyter kernel id"
+
+
+def test_the_kernel_takes_its_pool_and_priority_from_the_environment(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess) -> None:
+    row = entry(scheduler_status(module_daemon.socket), kernel.kernel_id)
+    assert (row["pool"], row["priority"]) == ("inference", "HIGH")
+
+
+def test_the_launcher_preloads_the_shim_by_reexecuting_in_place(
+        kernel: KernelUnderTest, preloadable: Path) -> None:
+    seen = kernel.run(
+        "import ctypes, os\n"
+        "(os.environ['LD_PRELOAD'], ctypes.CDLL(None).kiwi_test_marker(), os.getpid(),"
+        " os.environ['KIWI_KERNEL_ID'])").value
+    assert seen == (str(preloadable), 42, kernel.pid, kernel.kernel_id)
+
+
+def test_kiwi_shim_0_never_preloads(preloadable: Path) -> None:
+    assert preload_plan({"KIWI_SHIM": "0", "KIWI_SHIM_LIBRARY": str(preloadable)}) is None
+
+
+def test_a_preloaded_shim_is_not_preloaded_again(preloadable: Path) -> None:
+    environ = {"KIWI_SHIM": "1", "KIWI_SHIM_LIBRARY": str(preloadable),
+               "LD_PRELOAD": f"/lib/other.so {preloadable}"}
+    assert preload_plan(environ) is None
+
+
+def test_kiwi_shim_1_preloads_without_a_cuda_driver(preloadable: Path) -> None:
+    assert preload_plan({"KIWI_SHIM": "1", "KIWI_SHIM_LIBRARY": str(preloadable)}) == preloadable
+
+
+def test_kiwi_shim_1_without_a_library_says_so(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    missing = tmp_path / "libnothing.so"
+    assert preload_plan({"KIWI_SHIM": "1", "KIWI_SHIM_LIBRARY": str(missing)}) is None
+    assert "no shim library was found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(cuda_driver_present(), reason="a CUDA driver is present here")
+def test_without_a_cuda_driver_the_shim_is_not_preloaded(preloadable: Path) -> None:
+    assert preload_plan({"KIWI_SHIM_LIBRARY": str(preloadable)}) is None
+
+
+def documented_config_snippet() -> str:
+    """The ipython_kernel_config.py snippet docs/kernel.md gives for images."""
+    doc = (Path(__file__).parents[2] / "docs" / "kernel.md").read_text()
+    return textwrap.dedent(doc.split("```python\n", 1)[1].split("```", 1)[0])
+
+
+def test_the_documented_config_snippet_loads_the_extension_in_a_plain_kernel(
+        module_daemon: DaemonProcess, tmp_path: Path) -> None:
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text(documented_config_snippet())
+    (plain,) = start_kernels(module_daemon.directory, module_daemon.socket,
+                             kernel_name="python3", IPYTHONDIR=str(tmp_path / "ipython"))
+    try:
+        argv = plain.run("import sys; sys.argv[0]").value
+        assert "ipykernel" in argv, "not ipykernel's own kernel"
+        assert plain.run("'kiwi_jupyter' in get_ipython().extension_manager.loaded").value
+        assert entry(scheduler_status(module_daemon.socket), plain.kernel_id) is not None
+    finally:
+        plain.shutdown()

@@ -1,0 +1,107 @@
+"""The Kiwi kernel with the CUDA shim preloaded, over the shim's fake libcuda (no GPU needed).
+
+Skipped where the shim (kiwi_jupyter.shim, tests/shim/fake_cuda.c) is not in the tree.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kernel_support import KernelUnderTest, holders, start_kernels, state_of
+from support import DaemonProcess, short_tmpdir, wait_for
+
+shim = pytest.importorskip("kiwi_jupyter.shim", reason="the CUDA shim is not in this tree")
+FAKE_CUDA = Path(__file__).parents[1] / "shim" / "fake_cuda.c"
+pytestmark = pytest.mark.skipif(not FAKE_CUDA.is_file() or shutil.which("gcc") is None,
+                                reason="needs tests/shim/fake_cuda.c and gcc")
+
+# Loads the fake driver the way a framework does, and one GPU call that the shim gates.
+SETUP = ("import ctypes\n_cu = ctypes.CDLL('libcuda.so.1')\n_cu.cuInit(0)\n"
+         "_launch = _cu.cuLaunchKernel\n"
+         "_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3\n")
+LAUNCH = "_launch(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)"
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    """A long quantum: hand-overs here happen when a cell ends, not when a quantum does."""
+    daemon = DaemonProcess(short_tmpdir(), "--tq", "5", "--grace", "60").start()
+    yield daemon
+    daemon.cleanup()
+
+
+@pytest.fixture(scope="module")
+def pair(daemon: DaemonProcess) -> Iterator[tuple[KernelUnderTest, KernelUnderTest]]:
+    fake = daemon.directory / "fakecuda"
+    fake.mkdir()
+    subprocess.run(["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden",
+                    "-o", str(fake / "libcuda.so.1"), str(FAKE_CUDA), "-lpthread"],
+                   check=True, timeout=120)
+    shim.library_path()  # build it now if this tree has not yet
+    a, b = start_kernels(daemon.directory, daemon.socket, 2, KIWI_SHIM="",
+                         LD_LIBRARY_PATH=str(fake), FAKE_CUDA_LOG=str(fake / "calls.log"))
+    for kernel in (a, b):
+        assert kernel.run(SETUP).status == "ok"
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+def test_the_kiwi_kernel_preloads_the_shim_where_a_driver_loads(
+        pair: tuple[KernelUnderTest, KernelUnderTest]) -> None:
+    a, _ = pair
+    preload = a.run("import os; os.environ['LD_PRELOAD']").value
+    assert Path(preload) == Path(shim.library_path(build=False))
+    assert a.run("%kiwi mode").stdout == "kiwi: this kernel's mode is lazy\n"
+
+
+def test_lazy_cells_wait_in_the_shim_with_the_waiting_line(
+        pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
+    a, b = pair
+    first = a.submit(f"import time; {LAUNCH}; time.sleep(1.5); time.time()")
+    wait_for(lambda: holders(daemon.socket) == [a.kernel_id], what="A's shim to hold")
+    second = b.submit(f"import time; {LAUNCH}; time.time()")
+
+    ended, waited = a.collect(first), b.collect(second)
+
+    assert ended.value <= waited.value
+    lines = [m["content"]["data"]["text/plain"]
+             for m in waited.of_type("display_data", "update_display_data")]
+    assert lines[0].startswith("kiwi: waiting for the GPU")
+    assert f"held by {a.kernel_id}" in lines[0]
+    assert lines[-1] == ""
+    assert re.search(r"^kiwi: waited 1\.\d s for the GPU$", waited.stdout, re.MULTILINE)
+    assert holders(daemon.socket) == []
+
+
+def test_eager_with_the_shim_interrupt_while_waiting_withdraws(
+        pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
+    a, b = pair
+    b.run("%kiwi mode eager")
+    try:
+        holding = a.submit(f"import time; {LAUNCH}; time.sleep(2)")
+        wait_for(lambda: holders(daemon.socket) == [a.kernel_id], what="A's shim to hold")
+        waiting = b.submit("reached = True")
+        wait_for(lambda: state_of(daemon.socket, b.kernel_id) == "waiting", what="B waits")
+
+        b.interrupt()
+
+        assert b.collect(waiting).ename == "KeyboardInterrupt"
+        assert state_of(daemon.socket, b.kernel_id) == "idle"
+        assert a.collect(holding).status == "ok"
+        assert b.run("'reached' in globals()").value is False
+    finally:
+        b.run("%kiwi mode lazy")
+
+
+def test_pool_and_priority_are_the_shims_and_refused_in_one_line(
+        pair: tuple[KernelUnderTest, KernelUnderTest]) -> None:
+    _, b = pair
+    refused = b.run("%kiwi pool training")
+    assert len(refused.stderr.splitlines()) == 1
+    assert "KIWI_POOL" in refused.stderr

@@ -1,0 +1,116 @@
+"""The kernel side's plain functions: names, cells, the waiting line and the status table."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
+from kiwi_jupyter.kernel.identity import connection_file_from_argv, kernel_id_from_connection_file
+from kiwi_jupyter.kernel.status_view import StatusTable, human_bytes
+from kiwi_jupyter.kernel.waiting import describe_wait
+
+DOCUMENT = {
+    "version": 1, "mode": "on", "tq": 30.0,
+    "gpus": [{"index": 0, "name": "A100", "uuid": None, "memory_total": 80 * 2**30,
+              "memory_used": None, "holders": ["c1"], "queue": ["c2", "c3"],
+              "quantum_remaining": 12.34}],
+    "clients": [
+        {"id": "c1", "name": "kernel-a", "pid": 1, "gpu": 0, "pool": "default",
+         "priority": "NORMAL", "state": "holding", "queue_position": None,
+         "working_set": 3 * 2**30, "gpu_seconds": 17.5},
+        {"id": "c2", "name": "kernel-b", "pid": 2, "gpu": 0, "pool": "training",
+         "priority": "LOW", "state": "waiting", "queue_position": 1, "working_set": 0,
+         "gpu_seconds": 0.0},
+        {"id": "c3", "name": "kernel-<c>", "pid": 3, "gpu": 0, "pool": "default",
+         "priority": "HIGH", "state": "waiting", "queue_position": 2, "working_set": 0,
+         "gpu_seconds": 1.0},
+    ],
+    "pools": [{"name": "default", "guarantee": 0.5, "weight": 1.0, "maximum": -1.0,
+               "share": 0.75, "clients": 2}],
+}
+
+
+def test_the_kernel_id_comes_from_jupyters_connection_file_name() -> None:
+    assert kernel_id_from_connection_file("/run/jupyter/kernel-3f2a-77.json") == "3f2a-77"
+    assert kernel_id_from_connection_file("/tmp/tmpabc.json") is None
+
+
+@pytest.mark.parametrize("argv", [["-f", "/r/kernel-x.json"], ["--f=/r/kernel-x.json"],
+                                  ["--debug", "--IPKernelApp.connection_file", "/r/kernel-x.json"]])
+def test_the_connection_file_is_found_in_every_spelling(argv: list[str]) -> None:
+    assert connection_file_from_argv(argv) == "/r/kernel-x.json"
+
+
+@pytest.mark.parametrize("cell, only", [
+    ("%kiwi status", True),
+    ("# look first\n\n%kiwi\n%kiwi tq 3", True),
+    ("%kiwi status\nx = 1", False),
+    ("", False),
+    ("%kiwi?", True),
+    ("%config KiwiKernelConfig.failure_policy = 'fail_closed'\n%pip install numpy", True),
+    ("%time x = 1", False),
+    ("%run train.py", False),
+    ("%%bash\necho hi", False),
+])
+def test_only_cells_of_housekeeping_magics_skip_the_gpu(cell: str, only: bool) -> None:
+    assert needs_no_gpu(cell) is only
+
+
+def test_waiting_line_names_position_holder_and_time_left() -> None:
+    assert describe_wait(DOCUMENT, "c3", 4.2) == (
+        "kiwi: waiting for the GPU (4 s) · position 2 of 2 in the queue · held by kernel-a, "
+        "12.3 s left in its quantum")
+
+
+def test_waiting_line_without_an_answer_says_so() -> None:
+    assert describe_wait(None, "c3", 1.0) == (
+        "kiwi: waiting for the GPU (1 s), the scheduler did not say where this kernel is")
+
+
+def test_status_text_lists_every_client_and_marks_this_kernel() -> None:
+    text = StatusTable(DOCUMENT, me="c2").text()
+    lines = text.splitlines()
+    assert lines[0] == "Kiwi scheduler: mode on, TQ 30.0 s"
+    assert lines[1] == ("GPU 0 (A100, 80.0 GiB): held by kernel-a, 12.3 s left in the quantum; "
+                        "2 waiting")
+    assert lines[2] == ("pool default: share 75%, guarantee 50%, no maximum, 2 clients")
+    mine = [line for line in lines if line.endswith("<- this kernel")]
+    assert len(mine) == 1 and mine[0].startswith("kernel-b  ")
+    assert "17.5 s" in text and "3.0 GiB" in text
+
+
+def test_status_html_escapes_names_and_marks_this_kernel() -> None:
+    html = StatusTable(DOCUMENT, me="c3")._repr_html_()
+    assert "kernel-&lt;c&gt;" in html and "kernel-<c>" not in html
+    assert html.count('title="this kernel"') == 1
+
+
+def test_human_bytes() -> None:
+    assert [human_bytes(n) for n in (None, 512, 2048, 5 * 2**40)] == \
+        ["unknown", "512 B", "2.0 KiB", "5.0 TiB"]
+
+
+@pytest.mark.parametrize("reason, words", [
+    (None, "connection to the scheduler was lost"),
+    ("quantum", "quantum ended with others waiting"),
+    ("preempt", "preempted by a non-preemptible request"),
+    ("grace", "kept it past the grace period"),
+    ("room", "(room)"),
+])
+def test_a_late_drop_is_explained_by_its_reason(reason: str | None, words: str) -> None:
+    assert words in drop_sentence(reason)
+
+
+def test_the_gate_goes_first_but_after_future_imports() -> None:
+    class Armed:
+        def wants_gate_inserted(self) -> bool:
+            return True
+
+    tree = ast.parse("from __future__ import annotations\nx = 1\n")
+    GateInserter(Armed()).visit(tree)  # type: ignore[arg-type]
+    body = [ast.unparse(stmt) for stmt in tree.body]
+    assert body == ["from __future__ import annotations",
+                    "__import__('kiwi_jupyter.kernel.extension', fromlist=['gate']).gate()",
+                    "x = 1"]
