@@ -1,6 +1,10 @@
-"""Run every benchmark that needs no GPU: ``python -m benchmarks``."""
+"""Run every benchmark that needs no GPU: ``python -m benchmarks``.
 
-from benchmarks import daemon, fleet, kernel_cells, lab
+The GPU benchmarks (``benchmarks.shim_paging``, ``benchmarks.shim_overhead``) run on their own,
+on a machine with an NVIDIA GPU.
+"""
+
+from benchmarks import daemon, fleet, kernel_cells, lab, shim_gate
 
 daemon.main()
 fleet.main([])
@@ -8,3 +12,5 @@ print()
 lab.main()
 print()
 kernel_cells.main([])
+print()
+shim_gate.main([])
