@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 
 
@@ -17,3 +22,27 @@ def percentile(samples: Sequence[float], q: float) -> float:
 
 def report_row(*cells: object) -> None:
     print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def socket_answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def start_daemon(directory: str | os.PathLike[str], *args: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``kiwi-scheduler`` on ``directory/kiwi.sock``, returned once it answers."""
+    path = os.path.join(directory, "kiwi.sock")
+    daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", path,
+                               "--log-level", "WARN", *args], env=env)
+    deadline = time.monotonic() + 15
+    while not socket_answers(path):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            daemon.kill()
+            raise RuntimeError("the daemon did not start")
+        time.sleep(0.02)
+    return daemon, path

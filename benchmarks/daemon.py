@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import percentile, report_row
+from benchmarks.common import start_daemon as common_start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,18 +124,7 @@ def _env(sock: str) -> dict[str, str]:
 
 
 def start_daemon(directory: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-    sock = str(directory / "kiwi.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", sock,
-                             "--log-level", "WARN", *args], env=_env(sock))
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(sock)
-                return proc, sock
-            except OSError:
-                time.sleep(0.02)
-    raise RuntimeError("daemon did not start")
+    return common_start_daemon(directory, *args, env=_env(str(directory / "kiwi.sock")))
 
 
 def idle_clients(sock: str, n: int) -> subprocess.Popen[str]:

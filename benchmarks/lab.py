@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import percentile, report_row
+from benchmarks.common import percentile, report_row, start_daemon
 from nodeside.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,21 +53,8 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX) as probe:
-        try:
-            probe.connect(path)
-            return True
-        except OSError:
-            return False
-
-
 def _start_daemon(directory: str) -> tuple[subprocess.Popen[bytes], str]:
-    path = os.path.join(directory, "kiwi.sock")
-    daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", path,
-                               "--tq", "600", "--log-level", "WARN"])
-    _wait(lambda: _answers(path), 15, "the daemon")
-    return daemon, path
+    return start_daemon(directory, "--tq", "600")
 
 
 def _start_server(socket_path: str, directory: str, max_age: float) -> tuple[Any, int]:

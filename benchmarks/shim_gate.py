@@ -18,12 +18,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.common import report_row
+from benchmarks.common import report_row, start_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,13 +91,8 @@ def main() -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as scratch:
         directory = Path(scratch)
         fake, program = build(directory)
-        socket = str(directory / "kiwi.sock")
-        daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", socket,
-                                   "--gpus", "1"], stderr=subprocess.DEVNULL)
+        daemon, socket = start_daemon(directory, "--gpus", "1")
         try:
-            deadline = time.monotonic() + 15
-            while not os.path.exists(socket) and time.monotonic() < deadline:
-                time.sleep(0.05)
             ways = {
                 "plain": base,
                 "pass-through": {**base, "LD_PRELOAD": shim, "KIWI_SHIM": "0"},

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import report_row
+from benchmarks.common import report_row, start_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,13 +79,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base.pop("LD_PRELOAD", None)
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
-        socket = os.path.join(directory, "kiwi.sock")
-        daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", socket,
-                                   "--gpus", "1"], stderr=subprocess.DEVNULL)
+        daemon, socket = start_daemon(directory, "--gpus", "1")
         try:
-            deadline = time.monotonic() + 15
-            while not os.path.exists(socket) and time.monotonic() < deadline:
-                time.sleep(0.05)
             shimmed_env = {**base, "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
                            "KIWI_IDLE_RELEASE": "0", "PYTHONPATH": str(REPO)}
             report_row("workload", "plain (s)", "shim (s)", "ratio")

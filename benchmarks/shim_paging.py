@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import common
 from benchmarks.common import report_row
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,16 +79,8 @@ class Worker:
 
 
 def start_daemon(directory: str, gpu_memory: int) -> tuple[subprocess.Popen[bytes], str]:
-    socket = os.path.join(directory, "kiwi.sock")
-    daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", socket,
-                               "--tq", "0.05", "--grace", "120", "--gpus", "1",
-                               "--gpu-memory", str(gpu_memory)], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while not os.path.exists(socket):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the daemon did not start")
-        time.sleep(0.05)
-    return daemon, socket
+    return common.start_daemon(directory, "--tq", "0.05", "--grace", "120", "--gpus", "1",
+                               "--gpu-memory", str(gpu_memory))
 
 
 def handoff_round(socket: str, shim: str, nbytes: int, restore: str) -> dict[str, Any]:

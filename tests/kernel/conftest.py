@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kernel_support import KernelUnderTest, start_kernels
 from support import DaemonProcess, short_tmpdir
 
 
@@ -21,3 +22,11 @@ def module_daemon() -> Iterator[DaemonProcess]:
     daemon.start()
     yield daemon
     daemon.cleanup()
+
+
+@pytest.fixture(scope="module")
+def kernel(module_daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
+    """One Kiwi kernel for the module's tests (modules that need other kernels define theirs)."""
+    (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket)
+    yield kernel
+    kernel.shutdown()

@@ -185,3 +185,8 @@ def holders(socket_path: str) -> list[str]:
 def state_of(socket_path: str, name: str) -> str | None:
     row = entry(scheduler_status(socket_path), name)
     return None if row is None else row["state"]
+
+
+# The names of the clients holding the GPU, asked from inside a cell while it runs.
+HOLDERS_NOW = ("_s = get_ipython().run_line_magic('kiwi', 'status --json'); "
+               "[c['name'] for c in _s['clients'] if c['id'] in _s['gpus'][0]['holders']]")

@@ -5,18 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kernel_support import KernelUnderTest, entry, holders, scheduler_status, start_kernels
+from kernel_support import HOLDERS_NOW, KernelUnderTest, entry, holders, scheduler_status
 from support import DaemonProcess, wait_for
-
-HOLDERS_NOW = ("_s = get_ipython().run_line_magic('kiwi', 'status --json'); "
-               "[c['name'] for c in _s['clients'] if c['id'] in _s['gpus'][0]['holders']]")
-
-
-@pytest.fixture(scope="module")
-def kernel(module_daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
-    (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket)
-    yield kernel
-    kernel.shutdown()
 
 
 @pytest.fixture

@@ -9,25 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 from kernel_support import (
+    HOLDERS_NOW,
     KernelUnderTest,
     entry,
     holders,
     kernel_env,
     scheduler_status,
-    start_kernels,
 )
 from support import DaemonProcess, short_tmpdir, wait_for
-
-# The names of the clients holding the GPU, asked from inside a cell while it runs.
-HOLDERS_NOW = ("_s = get_ipython().run_line_magic('kiwi', 'status --json'); "
-               "[c['name'] for c in _s['clients'] if c['id'] in _s['gpus'][0]['holders']]")
-
-
-@pytest.fixture(scope="module")
-def kernel(module_daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
-    (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket)
-    yield kernel
-    kernel.shutdown()
 
 
 @pytest.fixture
