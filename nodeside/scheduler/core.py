@@ -19,6 +19,11 @@ Who goes next is the pools' business (see ``pools``): the contending pool furthe
 entitlement, never a pool at its maximum; within a pool HIGH before NORMAL before LOW, then
 request order. A non-preemptible request of a pool below its guarantee makes a LOW holder drop
 at once; a LOW request never cuts a quantum short.
+
+A holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
+One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
+room is needed it is kept as a drop until it has moved its memory out, so the GPU never has two
+working sets paging through it at once.
 """
 
 from __future__ import annotations
