@@ -33,7 +33,8 @@ MODES: Final = ("on", "off", "auto")
 HELLO: Final = "hello"              # must come first: {"version": 1, "software": str?}
 REGISTER: Final = "register"        # become a scheduling client (name, pool, priority, gpu, ...)
 ACQUIRE: Final = "acquire"          # ask for the GPU; reply is "grant" or "waiting"
-RELEASE: Final = "release"          # give it back, or cancel a wait; reply is "released"
+RELEASE: Final = "release"          # give it back, or cancel a wait; reply is "released", or
+                                    # "drop" when {"evict_first": true} and the room is needed
 WORKING_SET: Final = "working_set"  # {"bytes": int}: the GPU memory this client needs
 STATUS: Final = "status"            # reply "status" with {"status": the status document}
 SET_MODE: Final = "set_mode"        # {"mode": "on"|"off"|"auto"}; admin only
@@ -50,7 +51,8 @@ REGISTERED: Final = "registered"    # reply to register: {"client": id, "gpu", "
 GRANT: Final = "grant"              # reply or event: the client now holds its GPU
 WAITING: Final = "waiting"          # reply to acquire: queued, {"position": 1-based}
 RELEASED: Final = "released"        # reply to release
-DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"}
+DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"};
+                                    # also the reply to release with evict_first (with its seq)
 REVOKED: Final = "revoked"          # event: the daemon took the GPU back; stop using it
 MODE: Final = "mode"                # event to every connection: {"mode", "tq"} changed
 OK: Final = "ok"                    # reply to working_set, set_mode, set_tq
@@ -76,6 +78,7 @@ REASON_MODE: Final = "mode"          # the scheduler was turned on while several
 REASON_ROOM: Final = "room"          # auto mode: a newcomer's working set does not fit
 REASON_MAXIMUM: Final = "maximum"    # its pool reached its maximum share of the GPU's time
 REASON_GRACE: Final = "grace"        # (revoked) the holder ignored a drop past its grace period
+REASON_RELEASE: Final = "release"    # (reply to release with evict_first) evict, then release
 
 
 class ProtocolError(Exception):
@@ -132,7 +135,8 @@ def check_request(message: dict[str, Any]) -> None:
         value = message[name]
         if value is None and not required:
             continue
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        # bool is an int to Python, but not to JSON: true is no count of bytes.
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             want = "/".join(k.__name__ for k in kinds)
             raise ProtocolError(E_MALFORMED, f"{op}: field {name!r} must be {want}")
 
@@ -151,6 +155,7 @@ _FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
         ("kind", (str,), False),
         ("labels", (dict,), False),
     ),
+    RELEASE: (("evict_first", (bool,), False),),
     WORKING_SET: (("bytes", (int,), True), ("evictable", (int,), False)),
     SET_MODE: (("mode", (str,), True),),
     SET_TQ: (("tq", _NUMBER, True), ("gpu", (int,), False)),

@@ -32,8 +32,9 @@ KIWI_EXPORT int kiwi_shim_acquire(double timeout)
 }
 
 /* A cell ends: admit no new GPU work, synchronize, release; or cancel a pending request.
- * Returns 0 once the release is sent. When the daemon's reply says the next holder needs the
- * room, the shim's thread evicts right after, before it handles any later grant. */
+ * Returns 0 once the release (with evict_first) is sent. When the daemon answers that the
+ * next holder needs the room, the shim's thread moves the working set to host memory and then
+ * releases plainly; the GPU changes hands only then, and the caller does not wait for it. */
 KIWI_EXPORT int kiwi_shim_release(void)
 {
     kiwi_init();

@@ -13,8 +13,14 @@
  *   3. when the daemon said the next holder needs the room, prefetch the working set to host
  *      memory on the pager's streams, and wait for that;
  *   4. send release.
- * A release the process chose itself (cell end, idle) learns whether to evict only from the
- * daemon's `released` reply; it then evicts right after, before any new grant is handled.
+ * A release the process chose itself (cell end, idle) does not know whether the next holder
+ * needs the room, so steps 3 and 4 become a question: it sends `release` with `evict_first`.
+ * The daemon either answers `released` (no room needed: the GPU has changed hands, nothing
+ * moves) or keeps the hold and answers with a `drop` carrying the request's seq; then the
+ * working set goes to host memory and a plain `release` follows, and only that one hands the
+ * GPU over. The next holder's restore never races this process's eviction. (A daemon that
+ * predates evict_first ignores it and answers `released` with `evict: true`: the eviction then
+ * runs right after, as the only thing left to do.)
  *
  * When the daemon cannot be reached the client keeps retrying, with backoff, and registers
  * again when it is back (client ids do not survive a restart). After KIWI_FAIL_TIMEOUT of
@@ -58,6 +64,9 @@ static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static int wake_pipe[2] = {-1, -1};
 
 static unsigned release_seq;
+/* The seq of a release sent with evict_first whose answer has not come yet; 0 when none. The
+ * hold stays KIWI_RELEASING meanwhile: the gate is closed, and no acquire is sent. */
+static unsigned yield_seq;
 
 static void wake(void)
 {
@@ -75,6 +84,7 @@ void kiwi_comm_link_lost(const char *why)
     bool was_connected = S.stats.connected;
     S.stats.connected = false;
     S.outage_since = kiwi_now();
+    yield_seq = 0;
     if (S.stats.hold != KIWI_IDLE) {
         S.stats.hold = KIWI_IDLE; /* whatever was held went with the connection */
         kiwi_gate_close();
@@ -127,7 +137,8 @@ static void evict_now(void)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-static void release_sequence(bool evict, const char *why)
+/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. */
+static void quiesce(const char *why, bool evict)
 {
     kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
     pthread_mutex_lock(&kiwi_lock);
@@ -137,6 +148,11 @@ static void release_sequence(bool evict, const char *why)
     kiwi_gate_drain();
     kiwi_pager_synchronize();
     kiwi_memory_free_deferred();
+}
+
+/* Steps 3 and 4, once it is known whether the room is needed. */
+static void finish_release(bool evict)
+{
     if (evict)
         evict_now();
     /* Idle before the release leaves: once the daemon has it, the next holder may be running,
@@ -147,6 +163,54 @@ static void release_sequence(bool evict, const char *why)
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     release_seq = kiwi_link_request("release", "");
+}
+
+/* The daemon asked for the GPU back and said whether the next holder needs the room. */
+static void release_sequence(bool evict, const char *why)
+{
+    quiesce(why, evict);
+    finish_release(evict);
+}
+
+/* The process gives the GPU back of its own accord (cell end, idle): ask the daemon whether
+ * to evict first. The answer finishes the sequence (on_yield_answer). With nothing evictable
+ * there is nothing to wait for, and a plain release saves the daemon's round trip. */
+static void yield_sequence(const char *why)
+{
+    quiesce(why, false);
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    if (!ws.evictable) {
+        finish_release(false);
+        return;
+    }
+    /* The hold stays KIWI_RELEASING, not holding: if the daemon hands over at once, the next
+     * holder may be running before the answer is read. */
+    yield_seq = kiwi_link_request("release", "\"evict_first\":true");
+}
+
+/* The answer to a release sent with evict_first: `released` (handed over; nothing to move)
+ * or a `drop` with our seq (the hold is kept until the working set is out). An error that
+ * leaves the connection open still must not leave the hold half released: release plainly. */
+static void on_yield_answer(const char *op, const char *line)
+{
+    yield_seq = 0;
+    if (strcmp(op, "drop") == 0) {
+        finish_release(kiwi_json_true(line, "evict"));
+        return;
+    }
+    if (strcmp(op, "released") != 0) {
+        kiwi_warn("the scheduler refused a release: %s", line);
+        finish_release(false);
+        return;
+    }
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.hold = KIWI_IDLE;
+    S.stats.releases++;
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    if (kiwi_json_true(line, "evict"))
+        evict_now(); /* a daemon that does not know evict_first handed over already */
 }
 
 static void on_grant(const char *line)
@@ -183,7 +247,11 @@ void kiwi_comm_handle_line(const char *line)
     char op[32] = "";
     kiwi_json_string(line, "op", op, sizeof op);
     kiwi_log("<- %s", line);
-    if (strcmp(op, "grant") == 0) {
+    double seq = -1;
+    kiwi_json_number(line, "seq", &seq);
+    if (yield_seq && seq == (double)yield_seq) {
+        on_yield_answer(op, line);
+    } else if (strcmp(op, "grant") == 0) {
         on_grant(line);
     } else if (strcmp(op, "waiting") == 0) {
         double position = 0;
@@ -213,8 +281,6 @@ void kiwi_comm_handle_line(const char *line)
         pthread_mutex_unlock(&kiwi_lock);
         kiwi_warn("the scheduler took the GPU back: the release came after the grace period");
     } else if (strcmp(op, "released") == 0) {
-        double seq = -1;
-        kiwi_json_number(line, "seq", &seq);
         pthread_mutex_lock(&kiwi_lock);
         bool evict = seq == (double)release_seq && kiwi_json_true(line, "evict") &&
                      !S.stats.evicted && S.stats.hold != KIWI_HOLDING;
@@ -244,7 +310,7 @@ static void act(void)
         enum kiwi_hold hold = S.stats.hold;
         if (hold == KIWI_HOLDING) {
             pthread_mutex_unlock(&kiwi_lock);
-            release_sequence(false, "cell end");
+            yield_sequence("cell end");
             pthread_mutex_lock(&kiwi_lock);
         } else if (hold == KIWI_WAITING) {
             S.stats.hold = KIWI_IDLE;
@@ -271,7 +337,7 @@ static void act(void)
                 kiwi_now() - idle_since >= kiwi_cfg.idle_release;
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
-        release_sequence(false, "idle");
+        yield_sequence("idle");
     if (kiwi_link_up() && atomic_exchange(&working_set_dirty, false)) {
         struct kiwi_working_set ws;
         kiwi_memory_working_set(&ws);
@@ -385,6 +451,7 @@ static void after_fork_child(void)
     pthread_cond_init(&kiwi_changed, NULL);
     pthread_mutex_init(&start_lock, NULL);
     kiwi_link_after_fork();
+    yield_seq = 0;
     for (int i = 0; i < 2; i++) {
         if (wake_pipe[i] >= 0)
             close(wake_pipe[i]);

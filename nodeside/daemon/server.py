@@ -228,7 +228,16 @@ class Daemon:
     def _on_release(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
         client_id = self._registered(conn)
         started = time.perf_counter()
-        actions = self.scheduler.release(self.now(), client_id)
+        actions = self.scheduler.release(self.now(), client_id,
+                                         evict_first=msg.get("evict_first") is True)
+        # With evict_first, the scheduler may answer with a drop instead: the releaser keeps
+        # the GPU until it has moved its memory out. That drop is the reply, so it carries seq.
+        drain = next((a for a in actions if isinstance(a, Drop) and a.client == client_id), None)
+        if drain is not None:
+            log.debug("%s gives GPU %d back once its memory is out (grace %.1f s)",
+                      self._name(client_id), drain.gpu, drain.grace)
+            self.apply(actions, reply=(drain, seq))
+            return
         # The next holder hears first: it is the one waiting, the releaser has moved on.
         self.apply(actions, handoff_started=started)
         for action in actions:
@@ -292,7 +301,9 @@ class Daemon:
 
     # -- carrying out ---------------------------------------------------------------------
 
-    def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
+    def apply(self, actions: list[Action], handoff_started: float | None = None,
+              reply: tuple[Drop, int | None] | None = None) -> None:
+        """Carry out actions. ``reply``: a drop that answers a request, so it carries its seq."""
         if actions:
             for notify in self.action_observers:
                 notify(actions, self.now())
@@ -312,7 +323,8 @@ class Daemon:
                     log.info("Preempting %s on GPU %d for a non-preemptible request",
                              self._name(action.client), action.gpu)
                 if conn is not None:
-                    conn.send(p.encode(p.DROP, gpu=action.gpu, reason=action.reason,
+                    seq = reply[1] if reply is not None and reply[0] is action else None
+                    conn.send(p.encode(p.DROP, seq=seq, gpu=action.gpu, reason=action.reason,
                                        evict=action.evict, grace=action.grace))
             elif isinstance(action, Revoke):
                 log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "

@@ -19,6 +19,11 @@ Who goes next is the pools' business (see ``pools``): the contending pool furthe
 entitlement, never a pool at its maximum; within a pool HIGH before NORMAL before LOW, then
 request order. A non-preemptible request of a pool below its guarantee makes a LOW holder drop
 at once; a LOW request never cuts a quantum short.
+
+A holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
+One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
+room is needed it is kept as a drop until it has moved its memory out, so the GPU never has two
+working sets paging through it at once.
 """
 
 from __future__ import annotations
@@ -149,8 +154,17 @@ class Scheduler:
         gpu.waiters.add(client)
         return self._schedule(gpu, now)
 
-    def release(self, now: float, client_id: str) -> list[Action]:
-        """Give the GPU back, or cancel a wait. Only ever the caller's own hold."""
+    def release(self, now: float, client_id: str, *, evict_first: bool = False) -> list[Action]:
+        """Give the GPU back, or cancel a wait. Only ever the caller's own hold.
+
+        ``evict_first``: the holder is leaving of its own accord (a cell ended, an idle spell)
+        and can move its memory to host before the next holder starts. When the next holder
+        needs that room, the GPU is not handed over yet: the hold becomes a drop (reason
+        ``release``, evict, the usual grace and revocation) and the answer is that ``Drop``
+        instead of ``Released``; the holder evicts, then releases again, plainly, which hands
+        over at once. Handing over first would have the next holder's restore race the old
+        holder's eviction, and the driver page on demand between the two.
+        """
         client = self._client(client_id)
         gpu = self.gpus[client.gpu]
         if client.state == "waiting":
@@ -160,9 +174,21 @@ class Scheduler:
             return [Released(client.id, evict=False), *self._schedule(gpu, now)]
         if client.state != "holding":
             return [Released(client.id, evict=False)]
-        assert client.hold is not None
-        evict = client.hold.drop_evict if client.hold.drop_reason else self._evict_on_leave(
-            gpu, client, now)
+        hold = client.hold
+        assert hold is not None
+        if hold.drop_reason is not None:
+            evict = hold.drop_evict
+            if evict_first and evict:
+                # Already asked to leave (the drop crossed this release on the wire): the drain
+                # goes on under that drop, and its grace is not extended.
+                left = max(0.0, (hold.drop_sent_at or now) + self.config.grace - now)
+                return [Drop(client.id, gpu.spec.index, hold.drop_reason, True, left)]
+        else:
+            incoming = self._pick(gpu, now)
+            evict = self._evict_on_leave(gpu, client, now, incoming)
+            if evict_first and evict:
+                return [*self._drop(gpu, client, p.REASON_RELEASE, now, incoming, evict=True),
+                        *self._schedule(gpu, now)]
         self._end_hold(client, now)
         return [Released(client.id, evict=evict), *self._schedule(gpu, now)]
 

@@ -1,9 +1,10 @@
 """Invariants of mode on, checked by Hypothesis over random contention on the sans-I/O core.
 
-The machine plays clients that ask, give back, die, ignore drop requests, and an admin that
-flips the mode; time only moves through the scheduler's own deadlines, as the daemon's timer
-moves it. After every step: at most one holder while on; nothing granted to a dead client; and
-every waiter is served within (waiters ahead of it + 1) quanta, each plus the grace period.
+The machine plays clients that ask, give back (plainly, or evicting first), die, ignore drop
+requests, and an admin that flips the mode; time only moves through the scheduler's own
+deadlines, as the daemon's timer moves it. After every step: at most one holder while on;
+nothing granted to a dead client; and every waiter is served within (waiters ahead of it + 1)
+quanta, each plus the grace period.
 """
 
 from __future__ import annotations
@@ -49,11 +50,17 @@ class RoundRobin(RuleBasedStateMachine):
             self.deadline_for[client] = self.now + (ahead + 1) * (TQ + GRACE) + 1e-6
 
     @precondition(lambda self: self.holders())
-    @rule(data=st.data(), again=st.booleans())
-    def release(self, data: st.DataObject, again: bool) -> None:
+    @rule(data=st.data(), again=st.booleans(), evict_first=st.booleans())
+    def release(self, data: st.DataObject, again: bool, evict_first: bool) -> None:
         client = data.draw(st.sampled_from(sorted(self.holders())))
-        self.carry_out(self.s.release(self.now, client))
-        if again:
+        actions = self.s.release(self.now, client, evict_first=evict_first)
+        # A voluntary release that must evict first is answered with a drop: the client moves
+        # its memory out, then releases plainly (a stubborn one never does, and is revoked).
+        drain = [a for a in actions if isinstance(a, Drop) and a.client == client]
+        self.carry_out([a for a in actions if a not in drain])
+        if drain and client not in self.stubborn:
+            self.carry_out(self.s.release(self.now, client))
+        if again and self.s.clients[client].state == "idle":
             self.acquire_now(client)
 
     @precondition(lambda self: self.alive)

@@ -40,6 +40,15 @@ def test_field_types_are_checked_per_op() -> None:
     p.check_request({"op": "register", "name": "k", "gpu": 1, "labels": {"pod": "x"}})
 
 
+def test_release_may_ask_to_evict_first_with_a_boolean_only() -> None:
+    p.check_request({"op": "release"})
+    p.check_request({"op": "release", "seq": 4, "evict_first": True})
+    with pytest.raises(p.ProtocolError, match="evict_first"):
+        p.check_request({"op": "release", "evict_first": 1})
+    with pytest.raises(p.ProtocolError, match="bytes"):
+        p.check_request({"op": "working_set", "bytes": True})
+
+
 def test_permission_and_invalid_errors_keep_the_connection() -> None:
     assert not p.ProtocolError(p.E_PERMISSION, "no").fatal
     assert not p.ProtocolError(p.E_INVALID, "no").fatal

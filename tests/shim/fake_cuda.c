@@ -6,7 +6,9 @@
  * than the machine has. FAKE_CUDA_TOTAL sets the GPU's memory (default 16 GiB);
  * FAKE_CUDA_LAUNCH_SECONDS makes each kernel launch take that long, like a synchronous call
  * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
- * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code.
+ * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
+ * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
+ * until it exists, so a test can hold a transfer in the middle and look around.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with the exported functions, except "cuMemGetInfo", for which it hands out an
@@ -98,6 +100,9 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     record("cuStreamSynchronize stream=%p", stream);
+    const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
+    while (gate && access(gate, F_OK) != 0)
+        usleep(1000);
     return 0;
 }
 

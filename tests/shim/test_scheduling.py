@@ -170,18 +170,112 @@ def test_a_cell_end_waits_for_work_still_inside_the_gate(scheduler, workload) ->
         i for i, line in enumerate(w.log.lines()) if "grid=7" in line)
 
 
-def test_a_cell_end_evicts_when_the_daemon_says_the_next_needs_room(scheduler, workload) -> None:
+@pytest.fixture
+def long_quantum(start_daemon):
+    """As ``scheduler``, but no quantum ends during a test: only the shim's own releases (cell
+    end, idle) give the GPU back, never a drop."""
+    return start_daemon("--tq", "60", "--gpus", "1", "--gpu-memory", "8GiB", "--grace", "30")
+
+
+def waiting_for(scheduler, name: str, working_set: int) -> tuple[Client, threading.Thread]:
+    """Another client, queued behind the shim for working_set bytes; the thread acquires."""
+    client = other_client(scheduler, name, working_set)
+    acquiring = threading.Thread(target=client.acquire, kwargs={"timeout": 20})
+    acquiring.start()
+    wait_for(lambda: state_of_name(scheduler, name) == "waiting", what=f"{name} to queue")
+    return client, acquiring
+
+
+def test_a_cell_end_evicts_before_the_next_holder_that_needs_room_is_granted(
+        long_quantum, workload, tmp_path) -> None:
+    transfer_done = tmp_path / "transfer-done"
+    scheduler = long_quantum
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
+    w.call("shim.cell_begin()")
+    hold_with(w, scheduler, 6 * GiB)
+    next_holder, acquiring = waiting_for(scheduler, "next", 6 * GiB)
+    with next_holder:
+        w.call("shim.release()")  # returns once the question is asked; the thread evicts
+        # The eviction is held in its last step, waiting for the prefetches: the daemon has
+        # not handed the GPU over, and the shim's gate is closed.
+        wait_for(lambda: w.log.calls("cuStreamSynchronize"), what="the eviction to start")
+        assert (state_of(scheduler, w), state_of_name(scheduler, "next")) == (
+            "holding", "waiting")
+        assert acquiring.is_alive() and not next_holder.holding
+        assert w.call("shim.holding") is False
+        transfer_done.touch()
+        acquiring.join(timeout=20)
+        assert next_holder.holding
+        names = w.log.names()  # what the shim had done by the time the grant was sent
+    assert names[0] == "cuCtxSynchronize"
+    assert after(names, "cuCtxSynchronize") == [
+        "cuStreamCreate", "cuMemPrefetchAsync", "cuMemPrefetchAsync", "cuStreamSynchronize"]
+    own_stream = re.search(r"stream=(\S+)", w.log.calls("cuStreamCreate")[0]).group(1)
+    prefetches = w.log.calls("cuMemPrefetchAsync")
+    assert prefetch_devices(prefetches) == [-1, -1]
+    assert all(line.endswith(f"stream={own_stream}") for line in prefetches)
+    stats = w.stats()
+    assert (stats["releases"], stats["evictions"], stats["bytes_evicted"]) == (1, 1, 6 * GiB)
+    assert (stats["drops"], stats["state"], stats["evicted"]) == (0, "idle", True)
+
+
+def test_a_cell_end_whose_next_holder_fits_beside_moves_nothing(long_quantum, workload) -> None:
+    scheduler = long_quantum
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    w.call("shim.cell_begin()")
+    hold_with(w, scheduler, 1 * GiB)
+    next_holder, acquiring = waiting_for(scheduler, "small", 1 * GiB)
+    with next_holder:
+        w.call("shim.release()")
+        acquiring.join(timeout=20)
+        assert next_holder.holding
+    wait_for(lambda: w.stats()["state"] == "idle", what="the released reply")
+    assert w.log.names() == ["cuCtxSynchronize"]
+    assert w.stats()["evictions"] == 0
+
+
+def test_a_cell_end_with_nobody_waiting_keeps_the_working_set(long_quantum, workload) -> None:
+    scheduler = long_quantum
     w = workload(KIWI_SOCKET=scheduler.socket)
     w.call("shim.cell_begin()")
     hold_with(w, scheduler, 6 * GiB)
-    with other_client(scheduler, "next", 6 * GiB) as next_holder:
-        acquired = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 10})
-        acquired.start()
-        wait_for(lambda: state_of_name(scheduler, "next") == "waiting")
-        w.call("shim.release()")
-        acquired.join()
-        wait_for(lambda: w.stats()["evictions"] == 1, what="the eviction after the release")
-    assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [-1, -1]
+    w.call("shim.release()")
+    wait_for(lambda: state_of(scheduler, w) == "idle", what="the daemon to see the release")
+    wait_for(lambda: w.stats()["state"] == "idle", what="the released reply")
+    assert not w.log.calls("cuMemPrefetchAsync")
+    assert w.stats()["evicted"] is False
+
+
+def test_an_idle_release_evicts_before_the_next_holder_is_granted(
+        long_quantum, workload, tmp_path) -> None:
+    transfer_done = tmp_path / "transfer-done"
+    scheduler = long_quantum
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_IDLE_RELEASE="0.2",
+                 FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
+    w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
+    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    # The queue is holder, then the shim, then next: next already waits when the shim's idle
+    # time runs out after its launch.
+    holder = other_client(scheduler, "holder")
+    holder.acquire(timeout=5)
+    launch = w.start("d.launch()")
+    wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
+    next_holder, acquiring = waiting_for(scheduler, "next", 6 * GiB)
+    with next_holder:
+        holder.release()
+        assert launch.result() == 0
+        wait_for(lambda: w.log.calls("cuStreamSynchronize"), what="the idle eviction")
+        assert (state_of(scheduler, w), state_of_name(scheduler, "next")) == (
+            "holding", "waiting")
+        transfer_done.touch()
+        acquiring.join(timeout=20)
+        assert next_holder.holding
+    holder.close()
+    assert after(w.log.names(), "cuLaunchKernel") == [
+        "cuCtxSynchronize", "cuStreamCreate", "cuMemPrefetchAsync", "cuMemPrefetchAsync",
+        "cuStreamSynchronize"]
+    stats = w.stats()
+    assert (stats["drops"], stats["evictions"], stats["releases"]) == (0, 1, 1)
 
 
 def state_of_name(scheduler, name: str) -> str | None:
