@@ -141,7 +141,7 @@ class KiwiExtension:
         self._in_cell = True
         self._armed = self.arbiter.mode == "eager" and not needs_no_gpu(info.raw_cell)
         self._inserted = False
-        self.arbiter.begin_cell()
+        self.arbiter.begin_cell(self._armed)
 
     def gate(self) -> None:
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)

@@ -66,7 +66,8 @@ class Arbiter:
 
     # ---- the three moments of a cell -----------------------------------------------------
 
-    def begin_cell(self) -> None:
+    def begin_cell(self, gated: bool = False) -> None:
+        """A user cell starts; ``gated``: its first statement will be ``gate()``."""
         self.report = CellReport()
         self.watcher.delay = self.config.waiting_line_delay  # %config applies from this cell
         self.watcher.refresh = self.config.waiting_line_refresh
@@ -100,11 +101,14 @@ class Arbiter:
                 unreachable = exc
             if unreachable is None:
                 client = self.link.client
-                if client.holding:
-                    return
-                self.watcher.watch()
+                asked = time.monotonic()
                 try:
-                    client.acquire()
+                    client.request()  # a no-op if begin_cell asked already, or we hold
+                    # Most grants come within the waiting line's delay: wait that long without
+                    # waking the watcher, and show the line only if the wait goes on.
+                    if not client.wait_for_grant(self.watcher.delay):
+                        self.watcher.watch(since=asked)
+                        client.wait_for_grant()
                 except KeyboardInterrupt:
                     raise KeyboardInterrupt("interrupted while waiting for the GPU; "
                                             "the request was withdrawn") from None
@@ -112,7 +116,9 @@ class Arbiter:
                     # The daemon went away while we waited and did not come back in time.
                     unreachable = SchedulerUnreachable(self.link.socket_path, str(exc))
                 finally:
-                    self.report.waited += self.watcher.stop()
+                    if self.watcher.watching:
+                        self.watcher.stop()
+                    self.report.waited += time.monotonic() - asked
                 if unreachable is None:
                     self.report.held = self._acquired = True
                     return
@@ -183,6 +189,17 @@ class EagerArbiter(Arbiter):
     """The kernel's client takes the GPU before each cell runs and gives it back after."""
 
     mode = "eager"
+
+    def begin_cell(self, gated: bool = False) -> None:
+        super().begin_cell(gated)
+        client = self.link.current
+        if gated and client is not None and client.connected:
+            # Ask now, wait in gate(): the round trip to the daemon overlaps IPython's own
+            # work on the cell (history, parsing, compiling), which comes between the two.
+            # Nothing here blocks, so an interrupt cannot land in this hook (IPython would
+            # print it and run the cell anyway); one before gate() ends the cell, and
+            # end_cell withdraws the request.
+            client.request()
 
     def gate(self) -> None:
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
