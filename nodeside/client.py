@@ -119,10 +119,14 @@ class Client:
         """Block until this client holds its GPU. TimeoutError on timeout; ConnectionError if
         the daemon cannot be reached within the timeout (or ``reconnect_timeout``)."""
         self.request()
-        if not self.wait_for_grant(timeout):
-            position = self._position_hint()
-            self._cancel()  # the GPU is never granted to a caller that stopped waiting
-            raise TimeoutError(f"no GPU within the timeout (queue position {position})")
+        if self.wait_for_grant(timeout):
+            return
+        connected = self._connected
+        position = self._position_hint() if connected else "unknown"
+        self._cancel()  # the GPU is never granted to a caller that stopped waiting
+        if not connected:
+            raise ConnectionError(self._unreachable())
+        raise TimeoutError(f"no GPU within the timeout (queue position {position})")
 
     def request(self) -> None:
         """Ask for the GPU and return at once: ``acquire`` in two halves, "ask now, wait later".
@@ -143,9 +147,10 @@ class Client:
             self._ask_locked()
 
     def wait_for_grant(self, timeout: float | None = None) -> bool:
-        """After ``request``: block until the GPU is held (True) or ``timeout`` passes (False,
-        and the request stays queued). An interrupt, a refusal (KiwiError) or a daemon
-        unreachable past ``reconnect_timeout`` (ConnectionError) withdraws the request."""
+        """After ``request``: block until the GPU is held (True) or ``timeout`` passes (False;
+        the request stays queued, or goes out when an absent daemon is back). An interrupt, a
+        refusal (KiwiError) or a daemon unreachable for longer than ``reconnect_timeout``
+        (ConnectionError) withdraws the request."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             return self._wait_for_grant(deadline)
@@ -248,8 +253,6 @@ class Client:
                 self._ask_locked()
                 remaining = self._remaining(deadline)
                 if remaining is not None and remaining <= 0:
-                    if not self._connected:
-                        raise ConnectionError(self._unreachable())
                     return False
                 if not self._connected and self._down_too_long():
                     raise ConnectionError(self._unreachable())

@@ -117,6 +117,23 @@ def test_interrupt_while_waiting_withdraws_the_request(
     assert b.run("'reached' in globals()").value is False  # usable, and the cell never ran
 
 
+def test_a_cell_that_does_not_compile_withdraws_its_request(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    # The request goes out when the cell starts, before IPython compiles it; a cell that never
+    # reaches its first statement must not stay in the queue.
+    a, b = pair
+    holding = a.submit("import time; time.sleep(1.5)")
+    wait_holding(module_daemon.socket, a)
+
+    broken = b.run("x = (")
+
+    assert broken.ename == "SyntaxError"
+    assert state_of(module_daemon.socket, b.kernel_id) == "idle"
+    assert holders(module_daemon.socket) == [a.kernel_id]
+    a.collect(holding)
+    assert holders(module_daemon.socket) == []
+
+
 def test_silent_executions_never_wait_for_the_gpu(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, b = pair
