@@ -8,7 +8,8 @@ mode does at those moments:
 =========  ===========================  ==================================  ================
 mode       begin_cell                   gate                                end_cell
 =========  ===========================  ==================================  ================
-eager      note the cell                acquire                             release
+eager      ask for the GPU, without     wait for the grant (the round trip  release
+           waiting for the answer       overlapped IPython compiling)
 lazy       tell the shim a cell begins  nothing: the shim acquires at the   tell the shim to
                                         cell's first CUDA call              release now
 off        nothing                      nothing                             release a hold
