@@ -61,10 +61,11 @@ def _gate_call(anchor: ast.stmt) -> ast.stmt:
 
 
 def needs_no_gpu(cell: str) -> bool:
-    """A cell of housekeeping line magics: asking for the status must not wait for the GPU."""
+    """A cell of housekeeping line magics (asking for the status must not wait for the GPU), or
+    of comments only (nothing runs: asking for the GPU would be a wasted round trip)."""
     lines = [line.strip() for line in cell.splitlines()]
     code = [line for line in lines if line and not line.startswith("#")]
-    return bool(code) and all(
+    return all(
         line.startswith("%") and not line.startswith("%%")
         and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS
         for line in code)

@@ -47,14 +47,16 @@ def test_the_connection_file_is_found_in_every_spelling(argv: list[str]) -> None
     ("%kiwi status", True),
     ("# look first\n\n%kiwi\n%kiwi tq 3", True),
     ("%kiwi status\nx = 1", False),
-    ("", False),
+    ("", True),
+    ("# only a note\n\n# and another", True),
+    ("# a note\nx = 1", False),
     ("%kiwi?", True),
     ("%config KiwiKernelConfig.failure_policy = 'fail_closed'\n%pip install numpy", True),
     ("%time x = 1", False),
     ("%run train.py", False),
     ("%%bash\necho hi", False),
 ])
-def test_only_cells_of_housekeeping_magics_skip_the_gpu(cell: str, only: bool) -> None:
+def test_only_cells_of_housekeeping_magics_or_comments_skip_the_gpu(cell: str, only: bool) -> None:
     assert needs_no_gpu(cell) is only
 
 
