@@ -145,6 +145,9 @@ class Arbiter:
         """Apply the failure policy. True: try to acquire again; False: run unarbitrated."""
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         if self.config.failure_policy != FAIL_CLOSED:
+            client = self.link.current
+            if client is not None:
+                client.release()  # withdraw what begin_cell asked: this cell runs without it
             self.report.unarbitrated = unreachable.reason
             print(f"kiwi: {unreachable}; this cell runs without GPU arbitration (fail_open)",
                   file=sys.stderr)
