@@ -3,7 +3,9 @@
 A background thread owns the socket: it connects, says hello, registers, reads every message
 and reconnects with backoff when the daemon goes away (a restart must not kill a kernel). Caller
 threads write requests and wait on a condition for their replies, so ``acquire`` can be
-interrupted (Ctrl-C in a notebook) and then cancels its request.
+interrupted (Ctrl-C in a notebook) and then cancels its request. ``acquire`` also comes in two
+halves, ``request`` and ``wait_for_grant``, for callers that have work to do while the request
+travels (the notebook kernel asks when a cell starts and waits in the cell's first statement).
 
 Holds do not survive a daemon restart: while disconnected the client holds nothing; a client
 that wanted the GPU when the daemon went away asks for it again as soon as it is back.
