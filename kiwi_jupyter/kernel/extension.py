@@ -33,7 +33,9 @@ _loaded: KiwiExtension | None = None
 
 
 def gate() -> None:
-    """The first statement of every gated cell: take the GPU before the cell's own code."""
+    """The first thing every gated cell runs: take the GPU before the cell's own code.
+
+    Returns None: the cell's first statement ``S`` is compiled as ``if not gate(): S``."""
     __tracebackhide__ = True  # noqa: F841 (IPython hides this frame from tracebacks)
     if _loaded is not None:
         _loaded.gate()
@@ -130,6 +132,9 @@ class KiwiExtension:
         return self.arbiter.mode
 
     # ---- the cell's life ----------------------------------------------------------------
+
+    def interactivity(self) -> str:
+        return str(self.shell.ast_node_interactivity)
 
     def wants_gate_inserted(self) -> bool:
         if self._armed and not self._inserted:
