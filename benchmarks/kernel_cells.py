@@ -9,6 +9,8 @@
    before ``release()`` to the first statement of the waiting cell. The floor is the same hand-over
    between two bare ``nodeside.client.Client``s (the daemon's own hand-over latency as a Python
    client sees it). Reported: both medians and the difference (target: within 2 ms).
+   A second floor puts the bare waiter in a process of its own that waited as long as the
+   kernel did (0.15 s): what waking an idle process costs on this machine, kernel or not.
 
 Times come from ``time.perf_counter`` (CLOCK_MONOTONIC on Linux), which every process on the
 machine shares, so a stamp taken in the kernel compares with one taken here.
@@ -142,6 +144,41 @@ def bare_handoffs(socket_path: str, rounds: int) -> list[float]:
     return latencies
 
 
+#: A waiter in a process of its own: acquires on each line of stdin, prints when it holds.
+_WAITER = """
+import sys, time
+from nodeside.client import Client
+with Client(sys.argv[1], name="bench-waiter") as waiter:
+    for _ in sys.stdin:
+        waiter.acquire()
+        print(time.perf_counter(), flush=True)
+        waiter.release()
+"""
+
+
+def process_handoffs(socket_path: str, rounds: int) -> list[float]:
+    """Release-to-grant to a bare client in another process, idle as long as the kernel."""
+    latencies = []
+    waiter = subprocess.Popen([sys.executable, "-c", _WAITER, socket_path], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert waiter.stdin is not None and waiter.stdout is not None
+    try:
+        with Client(socket_path, name="bench-holder") as holder:
+            for _ in range(rounds):
+                holder.acquire()
+                waiter.stdin.write("acquire\n")
+                waiter.stdin.flush()
+                wait_until(lambda: _state(holder, "bench-waiter") == "waiting", what="a waiter")
+                time.sleep(0.15)  # as long as the kernel's cell waits below
+                released_at = time.perf_counter()
+                holder.release()
+                latencies.append(float(waiter.stdout.readline()) - released_at)
+    finally:
+        waiter.kill()
+        waiter.wait()
+    return latencies
+
+
 def kernel_handoffs(bench: Bench, rounds: int) -> list[float]:
     """Release-to-first-statement of a kernel's waiting cell."""
     latencies = []
@@ -181,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trips = cell_round_trips(bench, args.cells)
         floor = bare_handoffs(bench.socket, args.handoffs)
+        idle_floor = process_handoffs(bench.socket, args.handoffs)
         kernel = kernel_handoffs(bench, args.handoffs)
     finally:
         bench.close()
@@ -189,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                "daemon_median_ms": statistics.median(floor) * 1e3,
                "kernel_median_ms": statistics.median(kernel) * 1e3}
     handoff["delta_ms"] = handoff["kernel_median_ms"] - handoff["daemon_median_ms"]
+    handoff["idle_process_median_ms"] = statistics.median(idle_floor) * 1e3
     results = {"cell_round_trip": trips, "handoff": handoff}
 
     print("| measure | floor | with Kiwi | difference | ratio |")
@@ -201,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{handoff['daemon_median_ms']:.3f} ms (bare client hand-over) | "
           f"{handoff['kernel_median_ms']:.3f} ms | {handoff['delta_ms']:+.3f} ms | "
           f"{handoff['kernel_median_ms'] / handoff['daemon_median_ms']:.2f}x |")
+    idle = handoff["idle_process_median_ms"]
+    print(f"| the same, floor a bare client in its own idle process, median of "
+          f"{handoff['rounds']} | {idle:.3f} ms | {handoff['kernel_median_ms']:.3f} ms | "
+          f"{handoff['kernel_median_ms'] - idle:+.3f} ms | "
+          f"{handoff['kernel_median_ms'] / idle:.2f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

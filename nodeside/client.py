@@ -3,7 +3,9 @@
 A background thread owns the socket: it connects, says hello, registers, reads every message
 and reconnects with backoff when the daemon goes away (a restart must not kill a kernel). Caller
 threads write requests and wait on a condition for their replies, so ``acquire`` can be
-interrupted (Ctrl-C in a notebook) and then cancels its request.
+interrupted (Ctrl-C in a notebook) and then cancels its request. ``acquire`` also comes in two
+halves, ``request`` and ``wait_for_grant``, for callers that have work to do while the request
+travels (the notebook kernel asks when a cell starts and waits in the cell's first statement).
 
 Holds do not survive a daemon restart: while disconnected the client holds nothing; a client
 that wanted the GPU when the daemon went away asks for it again as soon as it is back.
@@ -118,19 +120,45 @@ class Client:
     def acquire(self, timeout: float | None = None) -> None:
         """Block until this client holds its GPU. TimeoutError on timeout; ConnectionError if
         the daemon cannot be reached within the timeout (or ``reconnect_timeout``)."""
+        self.request()
+        if self.wait_for_grant(timeout):
+            return
+        connected = self._connected
+        position = self._position_hint() if connected else "unknown"
+        self._cancel()  # the GPU is never granted to a caller that stopped waiting
+        if not connected:
+            raise ConnectionError(self._unreachable())
+        raise TimeoutError(f"no GPU within the timeout (queue position {position})")
+
+    def request(self) -> None:
+        """Ask for the GPU and return at once: ``acquire`` in two halves, "ask now, wait later".
+
+        ``wait_for_grant`` waits for the answer, ``release`` withdraws the request. A caller
+        with work to do before it needs the GPU (a kernel compiling a cell) overlaps the round
+        trip to the daemon with that work. A no-op while holding or already asking; while the
+        daemon is away, the request goes out when it is back.
+        """
         if not self._register:
             raise RuntimeError("a control-only client (register=False) cannot hold a GPU")
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            if self._holding:
+            if self._holding or self._wanted:
                 return
             self._wanted = True
             self._asked_in = -1  # not asked on any connection yet
+            self._refusal = None
+            self._ask_locked()
+
+    def wait_for_grant(self, timeout: float | None = None) -> bool:
+        """After ``request``: block until the GPU is held (True) or ``timeout`` passes (False;
+        the request stays queued, or goes out when an absent daemon is back). An interrupt, a
+        refusal (KiwiError) or a daemon unreachable for longer than ``reconnect_timeout``
+        (ConnectionError) withdraws the request."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            self._wait_for_grant(deadline)
+            return self._wait_for_grant(deadline)
         except BaseException:
-            # A timeout, an interrupt or a lost daemon: take the request back, so the GPU is
-            # never granted to a caller that stopped waiting.
+            # Take the request back, so the GPU is never granted to a caller that stopped
+            # waiting.
             self._cancel()
             raise
 
@@ -213,32 +241,38 @@ class Client:
 
     # -- waiting --------------------------------------------------------------------------
 
-    def _wait_for_grant(self, deadline: float | None) -> None:
+    def _wait_for_grant(self, deadline: float | None) -> bool:
         with self._cond:
             while not self._holding:
                 if self._closed:
                     raise ConnectionError("the client was closed")
-                if self._connected and self._asked_in != self._generation:
-                    # A connection our request has not gone out on yet (the connection thread
-                    # asks by itself when it reconnects while we want the GPU).
-                    self._asked_in = self._generation
-                    self._cond.release()
-                    try:
-                        self._request(p.ACQUIRE, deadline=deadline)
-                    finally:
-                        self._cond.acquire()
-                    continue
+                if self._refusal is not None:
+                    refusal, self._refusal = self._refusal, None
+                    raise KiwiError(refusal.get("code", "?"), refusal.get("message", "refused"))
+                if not self._wanted:
+                    raise RuntimeError("no request to wait for: call request() first, "
+                                       "or the request was withdrawn")
+                self._ask_locked()
                 remaining = self._remaining(deadline)
                 if remaining is not None and remaining <= 0:
-                    if not self._connected:
-                        raise ConnectionError(self._unreachable())
-                    break
+                    return False
                 if not self._connected and self._down_too_long():
                     raise ConnectionError(self._unreachable())
                 self._cond.wait(0.1 if remaining is None else min(remaining, 0.1))
-            else:
-                return
-        raise TimeoutError(f"no GPU within the timeout (queue position {self._position_hint()})")
+            return True
+
+    def _ask_locked(self) -> None:
+        """Send our acquire on a connection it has not gone out on yet, without waiting for
+        the answer (``_dispatch`` takes it). Called with ``_cond`` held; the connection thread
+        asks by itself when it reconnects while we want the GPU."""
+        if not self._connected or self._asked_in == self._generation:
+            return
+        self._asked_in = self._generation
+        self._ask_seq = next(self._seq)
+        # A send that fails means the connection is going: its thread sees the loss, and the
+        # next connection asks again because we still want the GPU.
+        with contextlib.suppress(ConnectionError):
+            self._send(p.encode(p.ACQUIRE, seq=self._ask_seq))
 
     def _cancel(self) -> None:
         """Take back a request. Waits for the daemon's answer: a grant that crossed the
@@ -323,6 +357,8 @@ class Client:
     # -- the connection thread ------------------------------------------------------------
 
     _asked_in = -1  # the connection generation our acquire last went out on
+    _ask_seq: int | None = None  # the seq of that acquire, whose answer nobody waits on
+    _refusal: dict[str, Any] | None = None  # the daemon's error answer to it
     _down_since: float | None = None
 
     def _run(self) -> None:
@@ -426,7 +462,12 @@ class Client:
             elif op == p.MODE:
                 self.mode, self.tq = message.get("mode"), message.get("tq")
             seq = message.get("seq")
-            if seq is not None:
+            if seq is not None and seq == self._ask_seq:
+                # The answer to our acquire: a grant is handled above, "waiting" needs nothing.
+                self._ask_seq = None
+                if op == p.ERROR and self._wanted:
+                    self._refusal = message
+            elif seq is not None:
                 self._replies[seq] = message
             self._cond.notify_all()
         if seq is None:

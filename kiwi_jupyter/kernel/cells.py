@@ -17,9 +17,20 @@ class Gated(Protocol):
     def wants_gate_inserted(self) -> bool:
         """True once per gated cell: the cell being compiled needs its gate()."""
 
+    def interactivity(self) -> str:
+        """The shell's ``ast_node_interactivity`` now: which statements display their value."""
+
 
 class GateInserter(ast.NodeTransformer):
-    """Puts ``gate()`` first in a cell's code, once per cell (not in %timeit's inner loops)."""
+    """Puts ``gate()`` first in a cell's code, once per cell (not in %timeit's inner loops).
+
+    IPython compiles and runs a cell's top-level statements one by one, and each costs as much
+    as a trivial cell's own code (a tenth of a millisecond or more on a small machine). So the
+    gate joins the first statement instead of adding one: ``S`` becomes
+    ``if not gate(): S`` (``gate()`` returns None), which runs ``S`` exactly as before, after
+    the GPU is held. Only a statement whose value IPython would display stays apart from the
+    gate, since IPython decides that from the statement's own kind.
+    """
 
     def __init__(self, extension: Gated) -> None:
         self.extension = extension
@@ -31,9 +42,30 @@ class GateInserter(ast.NodeTransformer):
         at = next((i for i, stmt in enumerate(node.body)
                    if not (isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__")),
                   len(node.body))
+        if at < len(node.body) and not _may_display(node.body[at], at == len(node.body) - 1,
+                                                    self.extension.interactivity()):
+            first = node.body[at]
+            node.body[at] = ast.copy_location(
+                ast.If(test=ast.UnaryOp(ast.Not(), _gate_call(first).value), body=[first],
+                       orelse=[]), first)
+            return node
         call = _gate_call(node.body[min(at, len(node.body) - 1)])
         node.body.insert(at, call)
         return node
+
+
+def _may_display(statement: ast.stmt, last: bool, interactivity: str) -> bool:
+    """Whether IPython may show this top-level statement's value (``ast_node_interactivity``:
+    ``last_expr`` by default, also ``none``, ``last``, ``last_expr_or_assign``, ``all``)."""
+    if interactivity == "none":
+        return False
+    if interactivity == "all":
+        return True
+    if not last:
+        return False
+    if interactivity == "last_expr":
+        return isinstance(statement, ast.Expr)
+    return True
 
 
 #: Line magics that configure or inspect the kernel and never run user code; a cell made only of
@@ -44,7 +76,7 @@ HOUSEKEEPING_MAGICS = frozenset({
 })
 
 
-def _gate_call(anchor: ast.stmt) -> ast.stmt:
+def _gate_call(anchor: ast.stmt) -> ast.Expr:
     """``__import__("kiwi_jupyter.kernel.extension", fromlist=["gate"]).gate()``, placed on the
     anchor's line. Built node by node: parsing the text anew for every cell costs 10x more."""
     where = {"lineno": anchor.lineno, "col_offset": anchor.col_offset,
@@ -61,10 +93,11 @@ def _gate_call(anchor: ast.stmt) -> ast.stmt:
 
 
 def needs_no_gpu(cell: str) -> bool:
-    """A cell of housekeeping line magics: asking for the status must not wait for the GPU."""
+    """A cell of housekeeping line magics (asking for the status must not wait for the GPU), or
+    of comments only (nothing runs: asking for the GPU would be a wasted round trip)."""
     lines = [line.strip() for line in cell.splitlines()]
     code = [line for line in lines if line and not line.startswith("#")]
-    return bool(code) and all(
+    return all(
         line.startswith("%") and not line.startswith("%%")
         and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS
         for line in code)

@@ -33,7 +33,9 @@ _loaded: KiwiExtension | None = None
 
 
 def gate() -> None:
-    """The first statement of every gated cell: take the GPU before the cell's own code."""
+    """The first thing every gated cell runs: take the GPU before the cell's own code.
+
+    Returns None: the cell's first statement ``S`` is compiled as ``if not gate(): S``."""
     __tracebackhide__ = True  # noqa: F841 (IPython hides this frame from tracebacks)
     if _loaded is not None:
         _loaded.gate()
@@ -131,6 +133,9 @@ class KiwiExtension:
 
     # ---- the cell's life ----------------------------------------------------------------
 
+    def interactivity(self) -> str:
+        return str(self.shell.ast_node_interactivity)
+
     def wants_gate_inserted(self) -> bool:
         if self._armed and not self._inserted:
             self._inserted = True
@@ -141,7 +146,7 @@ class KiwiExtension:
         self._in_cell = True
         self._armed = self.arbiter.mode == "eager" and not needs_no_gpu(info.raw_cell)
         self._inserted = False
-        self.arbiter.begin_cell()
+        self.arbiter.begin_cell(self._armed)
 
     def gate(self) -> None:
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)

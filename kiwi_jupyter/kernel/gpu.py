@@ -8,7 +8,8 @@ mode does at those moments:
 =========  ===========================  ==================================  ================
 mode       begin_cell                   gate                                end_cell
 =========  ===========================  ==================================  ================
-eager      note the cell                acquire                             release
+eager      ask for the GPU, without     wait for the grant (the round trip  release
+           waiting for the answer       overlapped IPython compiling)
 lazy       tell the shim a cell begins  nothing: the shim acquires at the   tell the shim to
                                         cell's first CUDA call              release now
 off        nothing                      nothing                             release a hold
@@ -66,7 +67,8 @@ class Arbiter:
 
     # ---- the three moments of a cell -----------------------------------------------------
 
-    def begin_cell(self) -> None:
+    def begin_cell(self, gated: bool = False) -> None:
+        """A user cell starts; ``gated``: its first statement will be ``gate()``."""
         self.report = CellReport()
         self.watcher.delay = self.config.waiting_line_delay  # %config applies from this cell
         self.watcher.refresh = self.config.waiting_line_refresh
@@ -100,11 +102,14 @@ class Arbiter:
                 unreachable = exc
             if unreachable is None:
                 client = self.link.client
-                if client.holding:
-                    return
-                self.watcher.watch()
+                asked = time.monotonic()
                 try:
-                    client.acquire()
+                    client.request()  # a no-op if begin_cell asked already, or we hold
+                    # Most grants come within the waiting line's delay: wait that long without
+                    # waking the watcher, and show the line only if the wait goes on.
+                    if not client.wait_for_grant(self.watcher.delay):
+                        self.watcher.watch(since=asked)
+                        client.wait_for_grant()
                 except KeyboardInterrupt:
                     raise KeyboardInterrupt("interrupted while waiting for the GPU; "
                                             "the request was withdrawn") from None
@@ -112,7 +117,9 @@ class Arbiter:
                     # The daemon went away while we waited and did not come back in time.
                     unreachable = SchedulerUnreachable(self.link.socket_path, str(exc))
                 finally:
-                    self.report.waited += self.watcher.stop()
+                    if self.watcher.watching:
+                        self.watcher.stop()
+                    self.report.waited += time.monotonic() - asked
                 if unreachable is None:
                     self.report.held = self._acquired = True
                     return
@@ -138,6 +145,9 @@ class Arbiter:
         """Apply the failure policy. True: try to acquire again; False: run unarbitrated."""
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
         if self.config.failure_policy != FAIL_CLOSED:
+            client = self.link.current
+            if client is not None:
+                client.release()  # withdraw what begin_cell asked: this cell runs without it
             self.report.unarbitrated = unreachable.reason
             print(f"kiwi: {unreachable}; this cell runs without GPU arbitration (fail_open)",
                   file=sys.stderr)
@@ -183,6 +193,17 @@ class EagerArbiter(Arbiter):
     """The kernel's client takes the GPU before each cell runs and gives it back after."""
 
     mode = "eager"
+
+    def begin_cell(self, gated: bool = False) -> None:
+        super().begin_cell(gated)
+        client = self.link.current
+        if gated and client is not None and client.connected:
+            # Ask now, wait in gate(): the round trip to the daemon overlaps IPython's own
+            # work on the cell (history, parsing, compiling), which comes between the two.
+            # Nothing here blocks, so an interrupt cannot land in this hook (IPython would
+            # print it and run the cell anyway); one before gate() ends the cell, and
+            # end_cell withdraws the request.
+            client.request()
 
     def gate(self) -> None:
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)

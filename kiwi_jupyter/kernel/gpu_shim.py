@@ -76,8 +76,8 @@ class ShimArbiter(Arbiter):
         shim.set_policy(fail_closed=config.failure_policy == FAIL_CLOSED,
                         timeout=config.unreachable_timeout)
 
-    def begin_cell(self) -> None:
-        super().begin_cell()
+    def begin_cell(self, gated: bool = False) -> None:
+        super().begin_cell(gated)
         self.shim.cell_begin()
         self._before = self.shim.stats()
         # The shim waits inside a CUDA call, in C: follow the cell to show the waiting line.
@@ -146,8 +146,8 @@ class ShimOffArbiter(ShimArbiter):
 
     mode = "off"
 
-    def begin_cell(self) -> None:
-        Arbiter.begin_cell(self)  # not the shim's: this mode does not frame cells
+    def begin_cell(self, gated: bool = False) -> None:
+        Arbiter.begin_cell(self, gated)  # not the shim's: this mode does not frame cells
 
     def end_cell(self) -> CellReport:
         if self._acquired:

@@ -114,9 +114,11 @@ class Watcher:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def watch(self, probe: Callable[[], bool] | None = None) -> None:
+    def watch(self, probe: Callable[[], bool] | None = None, *,
+              since: float | None = None) -> None:
+        """Start watching; ``since``: when the wait began (monotonic), if before now."""
         with self._changed:
-            self._since = time.monotonic()
+            self._since = time.monotonic() if since is None else since
             self._due = self._since + self.delay
             self._probe, self._wait_began = probe, None
             self._context = contextvars.copy_context()

@@ -117,6 +117,23 @@ def test_interrupt_while_waiting_withdraws_the_request(
     assert b.run("'reached' in globals()").value is False  # usable, and the cell never ran
 
 
+def test_a_cell_that_does_not_compile_withdraws_its_request(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    # The request goes out when the cell starts, before IPython compiles it; a cell that never
+    # reaches its first statement must not stay in the queue.
+    a, b = pair
+    holding = a.submit("import time; time.sleep(1.5)")
+    wait_holding(module_daemon.socket, a)
+
+    broken = b.run("x = (")
+
+    assert broken.ename == "SyntaxError"
+    assert state_of(module_daemon.socket, b.kernel_id) == "idle"
+    assert holders(module_daemon.socket) == [a.kernel_id]
+    a.collect(holding)
+    assert holders(module_daemon.socket) == []
+
+
 def test_silent_executions_never_wait_for_the_gpu(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, b = pair
@@ -169,3 +186,25 @@ def test_the_gpu_is_given_back_when_a_cell_is_interrupted(
     assert a.collect(running).ename == "KeyboardInterrupt"
     assert holders(module_daemon.socket) == []
     assert a.run("2 + 2").value == 4
+
+
+def test_a_value_the_shell_displays_is_still_displayed(
+        pair: tuple[KernelUnderTest, KernelUnderTest]) -> None:
+    # The gate joins a cell's first statement unless IPython would display that statement.
+    a, _ = pair
+    a.run("%config InteractiveShell.ast_node_interactivity = 'last_expr_or_assign'")
+    try:
+        assert a.run("y = 6 * 7").value == 42
+    finally:
+        a.run("%config InteractiveShell.ast_node_interactivity = 'last_expr'")
+    assert a.run("z = 1\n2 * 3").value == 6
+
+
+def test_an_error_in_the_first_statement_is_reported_as_usual(
+        pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    a, _ = pair
+    failed = a.run("no_such_name\nafter = True")
+    assert failed.ename == "NameError"
+    assert "no_such_name" in "\n".join(failed.reply["traceback"])
+    assert holders(module_daemon.socket) == []
+    assert a.run("'after' in globals()").value is False

@@ -47,14 +47,16 @@ def test_the_connection_file_is_found_in_every_spelling(argv: list[str]) -> None
     ("%kiwi status", True),
     ("# look first\n\n%kiwi\n%kiwi tq 3", True),
     ("%kiwi status\nx = 1", False),
-    ("", False),
+    ("", True),
+    ("# only a note\n\n# and another", True),
+    ("# a note\nx = 1", False),
     ("%kiwi?", True),
     ("%config KiwiKernelConfig.failure_policy = 'fail_closed'\n%pip install numpy", True),
     ("%time x = 1", False),
     ("%run train.py", False),
     ("%%bash\necho hi", False),
 ])
-def test_only_cells_of_housekeeping_magics_skip_the_gpu(cell: str, only: bool) -> None:
+def test_only_cells_of_housekeeping_magics_or_comments_skip_the_gpu(cell: str, only: bool) -> None:
     assert needs_no_gpu(cell) is only
 
 
@@ -103,14 +105,50 @@ def test_a_late_drop_is_explained_by_its_reason(reason: str | None, words: str) 
     assert words in drop_sentence(reason)
 
 
-def test_the_gate_goes_first_but_after_future_imports() -> None:
-    class Armed:
-        def wants_gate_inserted(self) -> bool:
-            return True
+class Armed:
+    def __init__(self, interactivity: str = "last_expr") -> None:
+        self.mode = interactivity
 
-    tree = ast.parse("from __future__ import annotations\nx = 1\n")
-    GateInserter(Armed()).visit(tree)  # type: ignore[arg-type]
-    body = [ast.unparse(stmt) for stmt in tree.body]
-    assert body == ["from __future__ import annotations",
-                    "__import__('kiwi_jupyter.kernel.extension', fromlist=['gate']).gate()",
-                    "x = 1"]
+    def wants_gate_inserted(self) -> bool:
+        return True
+
+    def interactivity(self) -> str:
+        return self.mode
+
+
+GATE = "__import__('kiwi_jupyter.kernel.extension', fromlist=['gate']).gate()"
+
+
+def gated(cell: str, interactivity: str = "last_expr") -> list[str]:
+    tree = ast.parse(cell)
+    GateInserter(Armed(interactivity)).visit(tree)
+    compile(ast.fix_missing_locations(tree), "<cell>", "exec")  # still valid Python
+    return [ast.unparse(stmt) for stmt in tree.body]
+
+
+def test_the_gate_joins_the_first_statement_after_future_imports() -> None:
+    assert gated("from __future__ import annotations\nx = 1\n") == [
+        "from __future__ import annotations", f"if not {GATE}:\n    x = 1"]
+
+
+def test_the_gate_joins_a_first_statement_of_any_kind() -> None:
+    assert gated("def f():\n    return 1\nf()") == [
+        f"if not {GATE}:\n\n    def f():\n        return 1", "f()"]
+
+
+def test_a_last_expression_keeps_its_display_apart_from_the_gate() -> None:
+    assert gated("2 + 2") == [GATE, "2 + 2"]
+
+
+@pytest.mark.parametrize("interactivity, joined", [
+    ("none", True), ("last_expr", True), ("last", False), ("last_expr_or_assign", False),
+    ("all", False)])
+def test_a_statement_the_shell_may_display_stays_apart_from_the_gate(
+        interactivity: str, joined: bool) -> None:
+    body = gated("x = 1", interactivity)
+    assert body == ([f"if not {GATE}:\n    x = 1"] if joined else [GATE, "x = 1"])
+
+
+def test_a_cell_of_future_imports_only_ends_with_the_gate() -> None:
+    assert gated("from __future__ import annotations") == [
+        "from __future__ import annotations", GATE]

@@ -1,0 +1,114 @@
+"""``Client.request`` and ``Client.wait_for_grant``: acquire in two halves, "ask now, wait later".
+
+A caller with its own work to do before it needs the GPU (a kernel compiling a cell) sends the
+request first and waits for the grant afterwards, so the round trip to the daemon overlaps that
+work. These tests use a real daemon on a real socket.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+from support import DaemonProcess, short_tmpdir, wait_for
+
+from nodeside.client import Client
+
+
+def state_of(observer: Client, client: Client) -> str | None:
+    row = next((c for c in observer.status()["clients"] if c["id"] == client.id), None)
+    return None if row is None else row["state"]
+
+
+def test_request_returns_at_once_and_the_grant_arrives_by_itself(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="asker") as asker:
+        wait_for(lambda: asker.connected, what="the connection")
+        asker.request()
+        wait_for(lambda: asker.holding, what="the grant, with nobody waiting for it")
+        assert asker.wait_for_grant(timeout=0) is True
+        assert state_of(asker, asker) == "holding"
+
+
+def test_request_while_the_gpu_is_held_queues_without_blocking(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="holder") as holder, \
+            Client(daemon.socket, name="asker") as asker:
+        holder.acquire(timeout=5)
+        asker.request()
+        wait_for(lambda: state_of(holder, asker) == "waiting", what="the request in the queue")
+        assert not asker.holding
+
+
+def test_wait_for_grant_timing_out_keeps_the_request_queued(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="holder") as holder, \
+            Client(daemon.socket, name="asker") as asker:
+        holder.acquire(timeout=5)
+        asker.request()
+        assert asker.wait_for_grant(timeout=0.05) is False
+        assert state_of(holder, asker) == "waiting"
+        holder.release()
+        assert asker.wait_for_grant(timeout=5) is True
+        assert state_of(holder, asker) == "holding"
+
+
+def test_release_withdraws_a_pending_request(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="holder") as holder, \
+            Client(daemon.socket, name="asker") as asker, \
+            Client(daemon.socket, name="next") as after:
+        holder.acquire(timeout=5)
+        asker.request()
+        wait_for(lambda: state_of(holder, asker) == "waiting", what="the request in the queue")
+        asker.release()
+        assert state_of(holder, asker) != "waiting"
+        holder.release()
+        after.acquire(timeout=5)  # the GPU went on past the withdrawn request
+        assert not asker.holding
+
+
+def test_an_interrupt_while_waiting_for_the_grant_withdraws_the_request(
+        daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="holder") as holder, \
+            Client(daemon.socket, name="asker") as asker, \
+            Client(daemon.socket, name="next") as after:
+        holder.acquire(timeout=5)
+        asker.request()
+        wait_for(lambda: state_of(holder, asker) == "waiting", what="the request in the queue")
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            asker.wait_for_grant()
+        assert state_of(holder, asker) != "waiting"
+        holder.release()
+        after.acquire(timeout=5)  # the GPU went on past the withdrawn request
+        assert not asker.holding
+
+
+def test_waiting_without_a_request_is_a_mistake(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="asker") as asker, pytest.raises(RuntimeError):
+        asker.wait_for_grant(timeout=1)
+
+
+def test_a_control_only_client_cannot_request(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, register=False) as control, pytest.raises(RuntimeError):
+        control.request()
+
+
+def test_request_while_holding_changes_nothing(daemon: DaemonProcess) -> None:
+    with Client(daemon.socket, name="asker") as asker:
+        asker.acquire(timeout=5)
+        asker.request()
+        assert asker.wait_for_grant(timeout=0) is True
+        asker.release()
+        assert state_of(asker, asker) == "idle"
+
+
+def test_a_request_made_while_the_daemon_is_away_goes_out_when_it_is_back() -> None:
+    late = DaemonProcess(short_tmpdir(), "--tq", "1")
+    with Client(late.socket, name="early", reconnect_timeout=30) as early:
+        early.request()
+        assert early.wait_for_grant(timeout=0.1) is False
+        try:
+            late.start()
+            assert early.wait_for_grant(timeout=10) is True
+        finally:
+            late.cleanup()
