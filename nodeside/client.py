@@ -384,20 +384,24 @@ class Client:
         reader = self._reader
         self._cond.release()
         try:
-            try:
-                messages = reader.ready(timeout)
-            except (OSError, p.ProtocolError):
-                messages = None
-            if messages is None:
-                # The connection ended or broke: hand the socket back; the connection thread
-                # finds the reader done and reconnects, as when it sees that itself.
+            if reader.wait(timeout):
+                # From the read to the last message handled, an interrupt (Ctrl-C lands in
+                # this thread) would lose what was read, so the reader counts as done until
+                # then: if one comes, the connection thread reconnects rather than go on with
+                # a stream it can no longer trust. An interrupt while waiting loses nothing.
                 reader.done = True
-            else:
-                for message in messages:
-                    self._dispatch(message)
+                messages = reader.take()
+                if messages is not None:
+                    for message in messages:
+                        self._dispatch(message)
+                    reader.done = False
+        except (OSError, p.ProtocolError):
+            reader.done = True
         finally:
             self._cond.acquire()
-        if messages is None:
+        if reader.done:
+            # The connection ended or broke: the connection thread, given the socket back,
+            # finds the reader done and reconnects, as when it sees that itself.
             self._socket_lent_to = None
             self._socket_returned.notify()
 
@@ -578,11 +582,13 @@ class _LineReader:
             self.lines.extend(self.buffer.feed(data))
         return p.decode(self.lines.pop(0))
 
-    def ready(self, timeout: float) -> list[dict[str, Any]] | None:
-        """The messages that arrive within ``timeout`` seconds (maybe none); None at the end."""
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for something to read."""
+        return bool(self.lines) or bool(self._socket_only.poll(max(0, int(timeout * 1000) + 1)))
+
+    def take(self) -> list[dict[str, Any]] | None:
+        """What is there to read (maybe a part of a line, so no message); None at the end."""
         if not self.lines:
-            if not self._socket_only.poll(max(0, int(timeout * 1000) + 1)):
-                return []
             data = self.sock.recv(65536)
             if not data:
                 return None
