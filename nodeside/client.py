@@ -240,7 +240,6 @@ class Client:
 
     def _wait_for_grant(self, deadline: float | None) -> None:
         with self._cond:
-            self._borrow_socket()
             try:
                 granted = self._wait_for_grant_locked(deadline)
             finally:
@@ -271,6 +270,11 @@ class Client:
                 return False
             if not self._connected and self._down_too_long():
                 raise ConnectionError(self._unreachable())
+            # Queued: from here the grant comes as an event, best read by this thread. (Not
+            # earlier: the wake-up this costs the connection thread is better spent while
+            # another holds the GPU than while it changes hands, and an immediate grant
+            # needs no socket.)
+            self._borrow_socket()
             self._wait(0.1 if remaining is None else min(remaining, 0.1))
         return True
 
