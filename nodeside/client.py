@@ -7,6 +7,13 @@ interrupted (Ctrl-C in a notebook) and then cancels its request. ``acquire`` als
 halves, ``request`` and ``wait_for_grant``, for callers that have work to do while the request
 travels (the notebook kernel asks when a cell starts and waits in the cell's first statement).
 
+One exception, for speed: a caller blocked in ``acquire`` borrows the socket and reads it
+itself, so a grant wakes the thread that waits for it directly instead of waking the
+connection thread, which would then have to wake the caller (each wake-up of a sleeping thread
+costs tens of microseconds on a busy machine, and a handoff is mostly wake-ups). The connection
+thread stands aside while the socket is lent and takes it back when ``acquire`` returns; it
+alone connects and reconnects.
+
 Holds do not survive a daemon restart: while disconnected the client holds nothing; a client
 that wanted the GPU when the daemon went away asks for it again as soon as it is back.
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import socket
 import sys
 import threading
@@ -85,7 +93,11 @@ class Client:
         self.mode: str | None = None
         self.tq: float | None = None
         self._register = register
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # The connection thread waits on this one (same lock) while it has lent the socket, so
+        # that the messages the borrower handles, which notify self._cond, do not wake it.
+        self._socket_returned = threading.Condition(lock)
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._connected = False
@@ -99,6 +111,14 @@ class Client:
         self._attempts = 0
         self._last_error = "not connected yet"
         self._listeners: list[Listener] = []
+        # Lending the socket to a waiting caller (see the module's docstring): the thread that
+        # asked for it, the thread that has it, and a wire to wake the connection thread out of
+        # its poll so that it hands the socket over.
+        self._socket_wanted: int | None = None
+        self._socket_lent_to: int | None = None
+        self._wake_rx, self._wake_tx = socket.socketpair()
+        self._wake_rx.setblocking(False)
+        self._wake_tx.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="kiwi-client", daemon=True)
         self._thread.start()
 
@@ -216,7 +236,8 @@ class Client:
             self.release()
 
     def add_listener(self, listener: Listener) -> None:
-        """Call ``listener(message)`` (from the client's thread) for every event received."""
+        """Call ``listener(message)`` for every event received: from the client's thread, or
+        from a thread blocked in ``acquire`` while it reads the socket itself."""
         self._listeners.append(listener)
 
     def close(self) -> None:
@@ -226,12 +247,16 @@ class Client:
             self._closed = True
             self._holding = False
             self._cond.notify_all()
+            self._socket_returned.notify_all()
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._wake_rx.close()
+                self._wake_tx.close()
 
     def __enter__(self) -> Client:
         return self
@@ -243,23 +268,37 @@ class Client:
 
     def _wait_for_grant(self, deadline: float | None) -> bool:
         with self._cond:
-            while not self._holding:
-                if self._closed:
-                    raise ConnectionError("the client was closed")
-                if self._refusal is not None:
-                    refusal, self._refusal = self._refusal, None
-                    raise KiwiError(refusal.get("code", "?"), refusal.get("message", "refused"))
-                if not self._wanted:
-                    raise RuntimeError("no request to wait for: call request() first, "
-                                       "or the request was withdrawn")
-                self._ask_locked()
-                remaining = self._remaining(deadline)
-                if remaining is not None and remaining <= 0:
-                    return False
-                if not self._connected and self._down_too_long():
-                    raise ConnectionError(self._unreachable())
-                self._cond.wait(0.1 if remaining is None else min(remaining, 0.1))
-            return True
+            try:
+                return self._wait_for_grant_locked(deadline)
+            finally:
+                self._return_socket()
+
+    def _wait_for_grant_locked(self, deadline: float | None) -> bool:
+        """Wait with self._cond held; False on timeout."""
+        while not self._holding:
+            if self._closed:
+                raise ConnectionError("the client was closed")
+            if self._refusal is not None:
+                refusal, self._refusal = self._refusal, None
+                raise KiwiError(refusal.get("code", "?"), refusal.get("message", "refused"))
+            if not self._wanted:
+                raise RuntimeError("no request to wait for: call request() first, "
+                               "or the request was withdrawn")
+            self._ask_locked()
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                return False
+            if not self._connected and self._down_too_long():
+                raise ConnectionError(self._unreachable())
+            if self._connected and self._asked_in == self._generation and self._ask_seq is None:
+                # Queued (the answer to our acquire came, and it was not a grant): from here
+                # the grant comes as an event, best read by this thread. Not earlier: the
+                # wake-up this costs the connection thread is better spent while another
+                # holds the GPU than while it changes hands, and an immediate grant needs no
+                # socket.
+                self._borrow_socket()
+            self._wait(0.1 if remaining is None else min(remaining, 0.1))
+        return True
 
     def _ask_locked(self) -> None:
         """Send our acquire on a connection it has not gone out on yet, without waiting for
@@ -322,7 +361,7 @@ class Client:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"the Kiwi scheduler did not answer {op} in time")
-                self._cond.wait(min(remaining, 0.5))
+                self._wait(min(remaining, 0.5))
             reply = self._replies.pop(seq)
         if reply["op"] == p.ERROR:
             raise KiwiError(reply.get("code", "?"), reply.get("message", "refused"))
@@ -354,6 +393,65 @@ class Client:
             raise ConnectionError(f"lost the Kiwi scheduler at {self.socket_path}: {exc}") \
                 from None
 
+    # -- lending the socket to a waiting caller -------------------------------------------
+
+    def _borrow_socket(self) -> None:
+        """Ask the connection thread for the socket (with self._cond held). It hands it over
+        when it next looks, which the byte sent here makes at once; until then, and whenever it
+        is not lent to us, we wait on the condition as any caller does."""
+        if self._socket_wanted is not None:
+            return  # another thread of ours is waiting for a grant and reads for both
+        self._socket_wanted = threading.get_ident()
+        with contextlib.suppress(OSError):  # a full wire has a wake-up in it already
+            self._wake_tx.send(b"!")
+
+    def _return_socket(self) -> None:
+        """Give the socket back to the connection thread (with self._cond held)."""
+        if self._socket_wanted != threading.get_ident():
+            return
+        self._socket_wanted = None
+        if self._socket_lent_to is not None:
+            self._socket_lent_to = None
+            self._socket_returned.notify()
+
+    def _wait(self, timeout: float) -> None:
+        """Wait (with self._cond held) for something to change: on the condition, or, while
+        the socket is lent to this thread, on the socket itself, handling what arrives."""
+        if self._socket_lent_to != threading.get_ident():
+            self._cond.wait(timeout)
+            return
+        reader = self._reader
+        self._cond.release()
+        try:
+            if reader.wait(timeout):
+                # From the read to the last message handled, an interrupt (Ctrl-C lands in
+                # this thread) would lose what was read, so the reader counts as done until
+                # then: if one comes, the connection thread reconnects rather than go on with
+                # a stream it can no longer trust. An interrupt while waiting loses nothing.
+                reader.done = True
+                messages = reader.take()
+                if messages is not None:
+                    for message in messages:
+                        self._dispatch(message)
+                    reader.done = False
+        except (OSError, p.ProtocolError):
+            reader.done = True
+        finally:
+            self._cond.acquire()
+        if reader.done:
+            # The connection ended or broke: the connection thread, given the socket back,
+            # finds the reader done and reconnects, as when it sees that itself.
+            self._socket_lent_to = None
+            self._socket_returned.notify()
+
+    def _lend_socket(self) -> None:
+        """On the connection thread, with self._cond held: lend the socket to a caller that
+        asked for it, and wait until it comes back."""
+        self._socket_lent_to = self._socket_wanted
+        self._cond.notify_all()
+        while self._socket_lent_to is not None and not self._closed:
+            self._socket_returned.wait()
+
     # -- the connection thread ------------------------------------------------------------
 
     _asked_in = -1  # the connection generation our acquire last went out on
@@ -379,6 +477,7 @@ class Client:
             backoff = _BACKOFF_START
             self._read(sock)
             with self._cond:
+                self._socket_lent_to = None
                 self._connected = False
                 self._holding = False
                 self._sock = None
@@ -396,7 +495,7 @@ class Client:
         try:
             sock.settimeout(self.request_timeout)
             sock.connect(self.socket_path)
-            reader = _LineReader(sock)
+            reader = _LineReader(sock, self._wake_rx)
             sock.sendall(p.encode(p.HELLO, version=p.VERSION,
                                   software=f"nodeside.client {__version__}"))
             welcome = reader.expect(p.WELCOME)
@@ -431,19 +530,27 @@ class Client:
             self._generation += 1
             if asked:
                 self._asked_in = self._generation
+                self._ask_seq = None  # that acquire carries no seq: its answer is an event
             self._cond.notify_all()
         return sock
 
     def _read(self, sock: socket.socket) -> None:
         reader = self._reader
         while not self._closed:
+            if self._socket_wanted is not None:
+                with self._cond:
+                    if self._socket_wanted is not None and not reader.done:
+                        self._lend_socket()
+            if reader.done:
+                return
             try:
-                message = reader.next()
+                message = reader.next(woken=True)
             except (OSError, p.ProtocolError):
                 return
             if message is None:
                 return
-            self._dispatch(message)
+            if message is not _WOKEN:
+                self._dispatch(message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message.get("op")
@@ -486,21 +593,55 @@ class Client:
         return f"cannot reach the Kiwi scheduler at {self.socket_path}: {self._last_error}"
 
 
-class _LineReader:
-    """Reads protocol lines from a blocking socket."""
+#: What ``_LineReader.next`` returns when woken by the wire instead of a message.
+_WOKEN: dict[str, Any] = {}
 
-    def __init__(self, sock: socket.socket) -> None:
+
+class _LineReader:
+    """Reads protocol lines from a blocking socket; one thread at a time."""
+
+    def __init__(self, sock: socket.socket, wake: socket.socket) -> None:
         self.sock = sock
+        self.wake = wake
         self.buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
         self.lines: list[bytes] = []
+        #: The connection ended (or broke) while a borrowing caller read it.
+        self.done = False
+        self._socket_only = select.poll()
+        self._socket_only.register(sock, select.POLLIN)
+        self._socket_or_wake = select.poll()
+        self._socket_or_wake.register(sock, select.POLLIN)
+        self._socket_or_wake.register(wake, select.POLLIN)
 
-    def next(self) -> dict[str, Any] | None:
+    def next(self, woken: bool = False) -> dict[str, Any] | None:
+        """The next message, or None at the end of the stream. With ``woken``, _WOKEN when
+        the wake-up wire had data before the socket did."""
+        if woken and not self.lines:
+            ready = dict(self._socket_or_wake.poll())
+            if self.wake.fileno() in ready:
+                with contextlib.suppress(BlockingIOError):
+                    self.wake.recv(64)
+                return _WOKEN
         while not self.lines:
             data = self.sock.recv(65536)
             if not data:
                 return None
             self.lines.extend(self.buffer.feed(data))
         return p.decode(self.lines.pop(0))
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for something to read."""
+        return bool(self.lines) or bool(self._socket_only.poll(max(0, int(timeout * 1000) + 1)))
+
+    def take(self) -> list[dict[str, Any]] | None:
+        """What is there to read (maybe a part of a line, so no message); None at the end."""
+        if not self.lines:
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.lines.extend(self.buffer.feed(data))
+        lines, self.lines = self.lines, []
+        return [p.decode(line) for line in lines]
 
     def expect(self, op: str) -> dict[str, Any]:
         message = self.next()

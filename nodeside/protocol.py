@@ -94,11 +94,16 @@ class ProtocolError(Exception):
         return self.code in FATAL_ERRORS
 
 
+# json.dumps with these settings would build an encoder for every message; every handoff
+# encodes at least two.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def encode(op: str, **fields: Any) -> bytes:
     """One message as the bytes of its line. ``None`` fields are left out."""
     body = {"op": op}
-    body.update((k, v) for k, v in fields.items() if v is not None)
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return _ENCODER.encode(body).encode() + b"\n"
 
 
 def error(code: str, message: str, seq: int | None = None) -> bytes:
