@@ -105,6 +105,9 @@ def test_interrupt_while_waiting_withdraws_the_request(
     wait_holding(socket, a)
     waiting = b.submit("reached = True")
     wait_waiting(socket, b)
+    # The request goes out before the cell is compiled; interrupt only once the cell itself
+    # waits (its waiting line is up), not while IPython is still compiling it.
+    wait_for(lambda: b.seen(waiting, "display_data"), what="the waiting line")
 
     b.interrupt()
     interrupted = b.collect(waiting)
