@@ -91,7 +91,7 @@ def test_node_image_puts_kiwictl_and_the_daemons_on_path():
     [bin_dir] = re.findall(r"PATH=(\S+?):\$PATH", env)
     install = " ".join(_instructions(NODE, "RUN"))
     assert bin_dir == "/opt/kiwi/venv/bin" and "python -m venv /opt/kiwi/venv" in install
-    assert "[k8s]" in install  # grpcio for the device plugin
+    assert "[k8s,fast]" in install  # grpcio for the device plugin, uvloop for the daemon
     for script in ("kiwi-scheduler", "kiwictl", "kiwi-device-plugin"):
         assert script in SCRIPTS
         assert f"{script} --help" in install  # the build fails if one does not start
