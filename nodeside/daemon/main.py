@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-address", default="0.0.0.0",
                         help="address for --metrics-port (default %(default)s)")
     parser.add_argument("--log-level", default=os.environ.get("KIWI_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARN", "ERROR"])
+                        type=str.upper, choices=["DEBUG", "INFO", "WARN", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"kiwi-scheduler {__version__}")
     return parser
 
