@@ -2,14 +2,24 @@
  *
  * Declared here rather than taken from cuda.h so that the shim builds on any machine with a C
  * compiler: notebook images and CI runners do not carry the CUDA toolkit. Every type is either
- * an integer of the driver's documented width or an opaque pointer, so these declarations are
- * ABI-identical to cuda.h's for CUDA 11.3 through 13.
+ * an integer of the driver's documented width or a pointer to a struct named by cuda.h's own
+ * tag, so these declarations are ABI-identical to cuda.h's for CUDA 11.3 through 13.
+ *
+ * The tests hold the shim to that: they compile it again with KIWI_CHECK_CUDA_H against the
+ * cuda.h of the CUDA 12 and CUDA 13 runtime wheels, where the compiler compares each
+ * replacement's prototype with the driver's own declaration.
  */
 #ifndef KIWI_SHIM_DRIVER_H
 #define KIWI_SHIM_DRIVER_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef KIWI_CHECK_CUDA_H
+/* Declare every versioned entry point too (cuMemAlloc_v2, cuLaunchKernel_ptsz, ...). */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#else
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -20,8 +30,25 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUarray_st *CUarray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef int CUdriverProcAddressQueryResult;
+
+/* Passed through by pointer only; the shim never looks inside. */
+typedef struct CUlaunchConfig_st CUlaunchConfig;
+typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
+typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
+typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
+typedef struct CUmemAllocationProp_st CUmemAllocationProp;
+typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
+typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
+typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
+
+/* Passed by value (cuMemPrefetchAsync_v2), so complete; type is an enum of int width. */
+typedef struct CUmemLocation_st {
+    int type;
+    int id;
+} CUmemLocation;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -35,7 +62,10 @@ enum {
 #define CU_MEM_ATTACH_GLOBAL 0x1u
 #define CU_DEVICE_CPU ((CUdevice)-1)
 #define CU_STREAM_NON_BLOCKING 0x1u
+#define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define CU_MEM_LOCATION_TYPE_HOST 0x2
 /* cuGetProcAddress flags: which default-stream flavour of an entry point the caller wants. */
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2u
 
+#endif /* KIWI_CHECK_CUDA_H */
 #endif

@@ -40,9 +40,17 @@
 
 GATED2(cuLaunchKernel, _ptsz, LAUNCH_PARAMS, LAUNCH_ARGS)
 GATED2(cuLaunchKernelEx, _ptsz,
-       (const void *config, CUfunction f, void **params, void **extra),
+       (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),
        (config, f, params, extra))
 GATED2(cuLaunchCooperativeKernel, _ptsz, COOPERATIVE_PARAMS, COOPERATIVE_ARGS)
+GATED(cuLaunchCooperativeKernelMultiDevice,
+      (CUDA_LAUNCH_PARAMS *list, unsigned int devices, unsigned int flags),
+      (list, devices, flags))
+/* The launch API before CUDA 4, deprecated but still exported. */
+GATED(cuLaunch, (CUfunction f), (f))
+GATED(cuLaunchGrid, (CUfunction f, int width, int height), (f, width, height))
+GATED(cuLaunchGridAsync, (CUfunction f, int width, int height, CUstream s),
+      (f, width, height, s))
 GATED2(cuGraphLaunch, _ptsz, (CUgraphExec graph, CUstream stream), (graph, stream))
 
 GATED2(cuMemcpy, _ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))
@@ -64,13 +72,69 @@ GATED2(cuMemcpyDtoHAsync_v2, _ptsz, (void *dst, CUdeviceptr src, size_t n, CUstr
 GATED2(cuMemcpyDtoD_v2, _ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n))
 GATED2(cuMemcpyDtoDAsync_v2, _ptsz,
        (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s))
-GATED2(cuMemcpy2D_v2, _ptds, (const void *copy), (copy))
-GATED2(cuMemcpy2DUnaligned_v2, _ptds, (const void *copy), (copy))
-GATED2(cuMemcpy2DAsync_v2, _ptsz, (const void *copy, CUstream s), (copy, s))
-GATED2(cuMemcpy3D_v2, _ptds, (const void *copy), (copy))
-GATED2(cuMemcpy3DAsync_v2, _ptsz, (const void *copy, CUstream s), (copy, s))
-GATED2(cuMemcpy3DPeer, _ptds, (const void *copy), (copy))
-GATED2(cuMemcpy3DPeerAsync, _ptsz, (const void *copy, CUstream s), (copy, s))
+GATED2(cuMemcpy2D_v2, _ptds, (const CUDA_MEMCPY2D *copy), (copy))
+GATED2(cuMemcpy2DUnaligned_v2, _ptds, (const CUDA_MEMCPY2D *copy), (copy))
+GATED2(cuMemcpy2DAsync_v2, _ptsz, (const CUDA_MEMCPY2D *copy, CUstream s), (copy, s))
+GATED2(cuMemcpy3D_v2, _ptds, (const CUDA_MEMCPY3D *copy), (copy))
+GATED2(cuMemcpy3DAsync_v2, _ptsz, (const CUDA_MEMCPY3D *copy, CUstream s), (copy, s))
+GATED2(cuMemcpy3DPeer, _ptds, (const CUDA_MEMCPY3D_PEER *copy), (copy))
+GATED2(cuMemcpy3DPeerAsync, _ptsz, (const CUDA_MEMCPY3D_PEER *copy, CUstream s), (copy, s))
+
+/* CUDA arrays (textures): the runtime goes through cuMemcpy2D/3D, direct driver users may not. */
+GATED2(cuMemcpyDtoA_v2, _ptds, (CUarray dst, size_t offset, CUdeviceptr src, size_t n),
+       (dst, offset, src, n))
+GATED2(cuMemcpyAtoD_v2, _ptds, (CUdeviceptr dst, CUarray src, size_t offset, size_t n),
+       (dst, src, offset, n))
+GATED2(cuMemcpyHtoA_v2, _ptds, (CUarray dst, size_t offset, const void *src, size_t n),
+       (dst, offset, src, n))
+GATED2(cuMemcpyAtoH_v2, _ptds, (void *dst, CUarray src, size_t offset, size_t n),
+       (dst, src, offset, n))
+GATED2(cuMemcpyAtoA_v2, _ptds,
+       (CUarray dst, size_t dst_offset, CUarray src, size_t src_offset, size_t n),
+       (dst, dst_offset, src, src_offset, n))
+GATED2(cuMemcpyHtoAAsync_v2, _ptsz,
+       (CUarray dst, size_t offset, const void *src, size_t n, CUstream s),
+       (dst, offset, src, n, s))
+GATED2(cuMemcpyAtoHAsync_v2, _ptsz, (void *dst, CUarray src, size_t offset, size_t n, CUstream s),
+       (dst, src, offset, n, s))
+
+/* CUDA 12.8 batches; CUDA 13's _v2 drops the failIdx argument. CUDA 13.2 adds single copies
+ * with attributes. */
+GATED2(cuMemcpyBatchAsync, _ptsz,
+       (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+        CUmemcpyAttributes *attrs, size_t *attr_indexes, size_t attr_count, size_t *fail_index,
+        CUstream s),
+       (dsts, srcs, sizes, count, attrs, attr_indexes, attr_count, fail_index, s))
+GATED2(cuMemcpyBatchAsync_v2, _ptsz,
+       (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+        CUmemcpyAttributes *attrs, size_t *attr_indexes, size_t attr_count, CUstream s),
+       (dsts, srcs, sizes, count, attrs, attr_indexes, attr_count, s))
+GATED2(cuMemcpy3DBatchAsync, _ptsz,
+       (size_t count, CUDA_MEMCPY3D_BATCH_OP *ops, size_t *fail_index, unsigned long long flags,
+        CUstream s),
+       (count, ops, fail_index, flags, s))
+GATED2(cuMemcpy3DBatchAsync_v2, _ptsz,
+       (size_t count, CUDA_MEMCPY3D_BATCH_OP *ops, unsigned long long flags, CUstream s),
+       (count, ops, flags, s))
+
+GATED2(cuMemcpyWithAttributesAsync, _ptsz,
+       (CUdeviceptr dst, CUdeviceptr src, size_t n, CUmemcpyAttributes *attrs, CUstream s),
+       (dst, src, n, attrs, s))
+GATED2(cuMemcpy3DWithAttributesAsync, _ptsz,
+       (CUDA_MEMCPY3D_BATCH_OP *op, unsigned long long flags, CUstream s), (op, flags, s))
+
+GATED2(cuMemPrefetchAsync, _ptsz, (CUdeviceptr d, size_t n, CUdevice device, CUstream s),
+       (d, n, device, s))
+GATED2(cuMemPrefetchAsync_v2, _ptsz,
+       (CUdeviceptr d, size_t n, CUmemLocation where, unsigned int flags, CUstream s),
+       (d, n, where, flags, s))
+#define PREFETCH_BATCH_PARAMS                                                            \
+    (CUdeviceptr * ptrs, size_t * sizes, size_t count, CUmemLocation * locations,       \
+     size_t * location_indexes, size_t location_count, unsigned long long flags, CUstream s)
+#define PREFETCH_BATCH_ARGS \
+    (ptrs, sizes, count, locations, location_indexes, location_count, flags, s)
+GATED2(cuMemPrefetchBatchAsync, _ptsz, PREFETCH_BATCH_PARAMS, PREFETCH_BATCH_ARGS)
+GATED2(cuMemDiscardAndPrefetchBatchAsync, _ptsz, PREFETCH_BATCH_PARAMS, PREFETCH_BATCH_ARGS)
 
 GATED2(cuMemsetD8_v2, _ptds, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))
 GATED2(cuMemsetD16_v2, _ptds, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n))

@@ -39,10 +39,12 @@
 
 #include "shim.h"
 
-/* The replacements, declared with a neutral type: only their addresses are needed here. */
-#define DECLARE(symbol, base, version, per_thread) extern void symbol(void);
-KIWI_MEMORY_HOOKS(DECLARE)
-KIWI_GATED_HOOKS(DECLARE)
+/* The replacements, declared with a neutral type under names of their own (an asm label binds
+ * each to the real symbol): only their addresses are needed here, and so hook.c does not clash
+ * with cuda.h's prototypes when the tests compile the shim against it. */
+#define DECLARE(symbol, base, version, per_thread) \
+    extern void replacement_##symbol(void) __asm__(#symbol);
+KIWI_HOOKS(DECLARE)
 #undef DECLARE
 KIWI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
                                       cuuint64_t flags);
@@ -59,7 +61,7 @@ struct hook {
 };
 
 #define ENTRY(symbol, base, version, per_thread) \
-    {#symbol, base, version, per_thread, (void (*)(void))symbol},
+    {#symbol, base, version, per_thread, replacement_##symbol},
 static const struct hook hooks[KIWI_HOOK_COUNT] = {KIWI_HOOKS(ENTRY)};
 #undef ENTRY
 
@@ -179,7 +181,8 @@ static void *hook_answer(const char *symbol, void *answer, int version, cuuint64
         return answer;
     for (int i = 0; i < KIWI_HOOK_COUNT; i++) {
         if (kiwi_real((enum kiwi_hook_id)i) == answer) {
-            kiwi_log("cuGetProcAddress %s (%d): hooked %s", symbol, version, hooks[i].symbol);
+            kiwi_log("cuGetProcAddress %s (%d, flags %llu): hooked %s", symbol, version,
+                     (unsigned long long)flags, hooks[i].symbol);
             return (void *)hooks[i].replacement;
         }
     }
@@ -199,8 +202,8 @@ static void *hook_answer(const char *symbol, void *answer, int version, cuuint64
     if (best < 0)
         return answer;
     remember(best, answer, NULL);
-    kiwi_log("cuGetProcAddress %s (%d): hooked %s by name", symbol, version,
-             hooks[best].symbol);
+    kiwi_log("cuGetProcAddress %s (%d, flags %llu): hooked %s by name", symbol, version,
+             (unsigned long long)flags, hooks[best].symbol);
     return (void *)hooks[best].replacement;
 }
 

@@ -32,7 +32,9 @@
     X(cuMemCreate, "cuMemCreate", 10020, 0)                               \
     X(cuMemRelease, "cuMemRelease", 10020, 0)
 
-/* Work that runs on the GPU: it waits at the gate until this process holds its GPU. */
+/* Work that runs on the GPU or moves memory onto it: it waits at the gate until this process
+ * holds its GPU. A user's own prefetch is gated too, so an idle kernel cannot pull its pages
+ * back while another holds the room. */
 #define KIWI_GATED_HOOKS(X)                                               \
     X(cuLaunchKernel, "cuLaunchKernel", 4000, 0)                          \
     X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1)                     \
@@ -40,6 +42,10 @@
     X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)    \
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1) \
+    X(cuLaunchCooperativeKernelMultiDevice, "cuLaunchCooperativeKernelMultiDevice", 9000, 0) \
+    X(cuLaunch, "cuLaunch", 2000, 0)                                      \
+    X(cuLaunchGrid, "cuLaunchGrid", 2000, 0)                              \
+    X(cuLaunchGridAsync, "cuLaunchGridAsync", 2000, 0)                    \
     X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                           \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                      \
     X(cuMemcpy, "cuMemcpy", 4000, 0)                                      \
@@ -76,6 +82,40 @@
     X(cuMemcpy3DPeer_ptds, "cuMemcpy3DPeer", 7000, 1)                     \
     X(cuMemcpy3DPeerAsync, "cuMemcpy3DPeerAsync", 4000, 0)                \
     X(cuMemcpy3DPeerAsync_ptsz, "cuMemcpy3DPeerAsync", 7000, 1)           \
+    X(cuMemcpyDtoA_v2, "cuMemcpyDtoA", 3020, 0)                           \
+    X(cuMemcpyDtoA_v2_ptds, "cuMemcpyDtoA", 7000, 1)                      \
+    X(cuMemcpyAtoD_v2, "cuMemcpyAtoD", 3020, 0)                           \
+    X(cuMemcpyAtoD_v2_ptds, "cuMemcpyAtoD", 7000, 1)                      \
+    X(cuMemcpyHtoA_v2, "cuMemcpyHtoA", 3020, 0)                           \
+    X(cuMemcpyHtoA_v2_ptds, "cuMemcpyHtoA", 7000, 1)                      \
+    X(cuMemcpyAtoH_v2, "cuMemcpyAtoH", 3020, 0)                           \
+    X(cuMemcpyAtoH_v2_ptds, "cuMemcpyAtoH", 7000, 1)                      \
+    X(cuMemcpyAtoA_v2, "cuMemcpyAtoA", 3020, 0)                           \
+    X(cuMemcpyAtoA_v2_ptds, "cuMemcpyAtoA", 7000, 1)                      \
+    X(cuMemcpyHtoAAsync_v2, "cuMemcpyHtoAAsync", 3020, 0)                 \
+    X(cuMemcpyHtoAAsync_v2_ptsz, "cuMemcpyHtoAAsync", 7000, 1)            \
+    X(cuMemcpyAtoHAsync_v2, "cuMemcpyAtoHAsync", 3020, 0)                 \
+    X(cuMemcpyAtoHAsync_v2_ptsz, "cuMemcpyAtoHAsync", 7000, 1)            \
+    X(cuMemcpyBatchAsync, "cuMemcpyBatchAsync", 12080, 0)                 \
+    X(cuMemcpyBatchAsync_ptsz, "cuMemcpyBatchAsync", 12080, 1)            \
+    X(cuMemcpyBatchAsync_v2, "cuMemcpyBatchAsync", 13000, 0)              \
+    X(cuMemcpyBatchAsync_v2_ptsz, "cuMemcpyBatchAsync", 13000, 1)         \
+    X(cuMemcpy3DBatchAsync, "cuMemcpy3DBatchAsync", 12080, 0)             \
+    X(cuMemcpy3DBatchAsync_ptsz, "cuMemcpy3DBatchAsync", 12080, 1)        \
+    X(cuMemcpy3DBatchAsync_v2, "cuMemcpy3DBatchAsync", 13000, 0)          \
+    X(cuMemcpy3DBatchAsync_v2_ptsz, "cuMemcpy3DBatchAsync", 13000, 1)     \
+    X(cuMemcpyWithAttributesAsync, "cuMemcpyWithAttributesAsync", 13020, 0) \
+    X(cuMemcpyWithAttributesAsync_ptsz, "cuMemcpyWithAttributesAsync", 13020, 1) \
+    X(cuMemcpy3DWithAttributesAsync, "cuMemcpy3DWithAttributesAsync", 13020, 0) \
+    X(cuMemcpy3DWithAttributesAsync_ptsz, "cuMemcpy3DWithAttributesAsync", 13020, 1) \
+    X(cuMemPrefetchAsync, "cuMemPrefetchAsync", 8000, 0)                  \
+    X(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 8000, 1)             \
+    X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0)              \
+    X(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 1)         \
+    X(cuMemPrefetchBatchAsync, "cuMemPrefetchBatchAsync", 13000, 0)       \
+    X(cuMemPrefetchBatchAsync_ptsz, "cuMemPrefetchBatchAsync", 13000, 1)  \
+    X(cuMemDiscardAndPrefetchBatchAsync, "cuMemDiscardAndPrefetchBatchAsync", 13000, 0) \
+    X(cuMemDiscardAndPrefetchBatchAsync_ptsz, "cuMemDiscardAndPrefetchBatchAsync", 13000, 1) \
     X(cuMemsetD8_v2, "cuMemsetD8", 3020, 0)                               \
     X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1)                          \
     X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0)                             \

@@ -427,11 +427,11 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return CUDA_SUCCESS;
 }
 
-typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const void *,
-                              unsigned long long);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
+                              const CUmemAllocationProp *, unsigned long long);
 
 KIWI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                                 const void *prop, unsigned long long flags)
+                                 const CUmemAllocationProp *prop, unsigned long long flags)
 {
     kiwi_init();
     create_fn real = (create_fn)kiwi_real(HOOK_cuMemCreate);

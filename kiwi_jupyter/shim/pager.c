@@ -37,13 +37,9 @@ typedef CUresult (*stream_create_fn)(CUstream *, unsigned int);
 typedef CUresult (*stream_sync_fn)(CUstream);
 typedef CUresult (*prefetch_fn)(CUdeviceptr, size_t, CUdevice, CUstream);
 /* CUDA 12.2 added cuMemPrefetchAsync_v2, which names the destination with a CUmemLocation;
- * CUDA 13 headers map cuMemPrefetchAsync to it. The driver exports both; v1 is preferred. */
-struct mem_location {
-    int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1, _HOST = 2 */
-    int id;
-};
-typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, struct mem_location, unsigned int,
-                                   CUstream);
+ * CUDA 13 headers map cuMemPrefetchAsync to it. The driver exports both (the CUDA 13 runtime
+ * still asks for v1 by version 8000); v1 is preferred. */
+typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
 
 static struct {
     ctx_get_fn ctx_get;
@@ -139,8 +135,9 @@ static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream
     if (driver.prefetch)
         return driver.prefetch(ptr, size, device, stream);
     if (driver.prefetch_v2) {
-        struct mem_location where = {device == CU_DEVICE_CPU ? 2 : 1,
-                                     device == CU_DEVICE_CPU ? 0 : device};
+        CUmemLocation where = {
+            .type = device == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE,
+            .id = device == CU_DEVICE_CPU ? 0 : device};
         return driver.prefetch_v2(ptr, size, where, 0, stream);
     }
     return CUDA_ERROR_NOT_FOUND;

@@ -11,8 +11,11 @@
  * until it exists, so a test can hold a transfer in the middle and look around.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
- * flavour, with the exported functions, except "cuMemGetInfo", for which it hands out an
- * internal entry point that dlsym cannot see (the shim must then hook it by name).
+ * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
+ * the same names do not stand in for them), except "cuMemGetInfo", for which it hands out an
+ * internal entry point that dlsym cannot see (the shim must then hook it by name). It answers
+ * for every entry point that the real CUDA 12 and 13 runtimes ask for and the shim must catch,
+ * so that tests loading a real libcudart see each of those requests answered.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -76,6 +79,8 @@ static CUdeviceptr take_addresses(size_t size)
 }
 
 EXPORT CUresult cuInit(unsigned flags) { record("cuInit flags=%u", flags); return 0; }
+EXPORT CUresult cuDriverGetVersion(int *version) { *version = 13000; return 0; }
+EXPORT CUresult cuDeviceGetCount(int *count) { *count = 1; return 0; }
 EXPORT CUresult cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
 {
@@ -259,6 +264,114 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     return 0;
 }
 
+/* The rest of the GPU work the runtimes ask for: each only records its name. Declared without
+ * a prototype, as the tests never look at their arguments.
+ * X(symbol, base, version, per_thread) as in the shim's hooks.h. */
+#define RECORDED_WORK(X)                                                                  \
+    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                                \
+    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)               \
+    X(cuLaunchCooperativeKernelMultiDevice, "cuLaunchCooperativeKernelMultiDevice", 9000, 0) \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                                      \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1)                                  \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1)                  \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                    \
+    X(cuMemcpy, "cuMemcpy", 4000, 0)                                                      \
+    X(cuMemcpy_ptds, "cuMemcpy", 7000, 1)                                                 \
+    X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0)                                            \
+    X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1)                                       \
+    X(cuMemcpyPeer, "cuMemcpyPeer", 4000, 0)                                              \
+    X(cuMemcpyPeer_ptds, "cuMemcpyPeer", 7000, 1)                                         \
+    X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, 0)                                    \
+    X(cuMemcpyPeerAsync_ptsz, "cuMemcpyPeerAsync", 7000, 1)                               \
+    X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1)                                      \
+    X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0)                                 \
+    X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1)                            \
+    X(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", 7000, 1)                                      \
+    X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", 3020, 0)                                 \
+    X(cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync", 7000, 1)                            \
+    X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                                           \
+    X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1)                                      \
+    X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, 0)                                 \
+    X(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, 1)                            \
+    X(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, 0)                             \
+    X(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, 1)                        \
+    X(cuMemcpy2DAsync_v2, "cuMemcpy2DAsync", 3020, 0)                                     \
+    X(cuMemcpy2DAsync_v2_ptsz, "cuMemcpy2DAsync", 7000, 1)                                \
+    X(cuMemcpy3D_v2, "cuMemcpy3D", 3020, 0)                                               \
+    X(cuMemcpy3D_v2_ptds, "cuMemcpy3D", 7000, 1)                                          \
+    X(cuMemcpy3DAsync_v2, "cuMemcpy3DAsync", 3020, 0)                                     \
+    X(cuMemcpy3DAsync_v2_ptsz, "cuMemcpy3DAsync", 7000, 1)                                \
+    X(cuMemcpy3DPeer, "cuMemcpy3DPeer", 4000, 0)                                          \
+    X(cuMemcpy3DPeer_ptds, "cuMemcpy3DPeer", 7000, 1)                                     \
+    X(cuMemcpy3DPeerAsync, "cuMemcpy3DPeerAsync", 4000, 0)                                \
+    X(cuMemcpy3DPeerAsync_ptsz, "cuMemcpy3DPeerAsync", 7000, 1)                           \
+    X(cuMemcpyBatchAsync, "cuMemcpyBatchAsync", 12080, 0)                                 \
+    X(cuMemcpyBatchAsync_ptsz, "cuMemcpyBatchAsync", 12080, 1)                            \
+    X(cuMemcpyBatchAsync_v2, "cuMemcpyBatchAsync", 13000, 0)                              \
+    X(cuMemcpyBatchAsync_v2_ptsz, "cuMemcpyBatchAsync", 13000, 1)                         \
+    X(cuMemcpy3DBatchAsync, "cuMemcpy3DBatchAsync", 12080, 0)                             \
+    X(cuMemcpy3DBatchAsync_ptsz, "cuMemcpy3DBatchAsync", 12080, 1)                        \
+    X(cuMemcpy3DBatchAsync_v2, "cuMemcpy3DBatchAsync", 13000, 0)                          \
+    X(cuMemcpy3DBatchAsync_v2_ptsz, "cuMemcpy3DBatchAsync", 13000, 1)                     \
+    X(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 8000, 1)                             \
+    X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0)                              \
+    X(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 1)                         \
+    X(cuMemPrefetchBatchAsync, "cuMemPrefetchBatchAsync", 13000, 0)                       \
+    X(cuMemPrefetchBatchAsync_ptsz, "cuMemPrefetchBatchAsync", 13000, 1)                  \
+    X(cuMemDiscardAndPrefetchBatchAsync, "cuMemDiscardAndPrefetchBatchAsync", 13000, 0)   \
+    X(cuMemDiscardAndPrefetchBatchAsync_ptsz, "cuMemDiscardAndPrefetchBatchAsync", 13000, 1) \
+    X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1)                                          \
+    X(cuMemsetD2D8_v2, "cuMemsetD2D8", 3020, 0)                                           \
+    X(cuMemsetD2D8_v2_ptds, "cuMemsetD2D8", 7000, 1)                                      \
+    X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0)                                        \
+    X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1)                                   \
+    X(cuMemsetD2D8Async, "cuMemsetD2D8Async", 3020, 0)                                    \
+    X(cuMemsetD2D8Async_ptsz, "cuMemsetD2D8Async", 7000, 1)                               \
+    X(cuLaunch, "cuLaunch", 2000, 0)                                                      \
+    X(cuLaunchGrid, "cuLaunchGrid", 2000, 0)                                              \
+    X(cuLaunchGridAsync, "cuLaunchGridAsync", 2000, 0)                                    \
+    X(cuMemcpy2D_v2, "cuMemcpy2D", 3020, 0)                                               \
+    X(cuMemcpy2D_v2_ptds, "cuMemcpy2D", 7000, 1)                                          \
+    X(cuMemcpyDtoA_v2, "cuMemcpyDtoA", 3020, 0)                                           \
+    X(cuMemcpyDtoA_v2_ptds, "cuMemcpyDtoA", 7000, 1)                                      \
+    X(cuMemcpyAtoD_v2, "cuMemcpyAtoD", 3020, 0)                                           \
+    X(cuMemcpyAtoD_v2_ptds, "cuMemcpyAtoD", 7000, 1)                                      \
+    X(cuMemcpyHtoA_v2, "cuMemcpyHtoA", 3020, 0)                                           \
+    X(cuMemcpyHtoA_v2_ptds, "cuMemcpyHtoA", 7000, 1)                                      \
+    X(cuMemcpyAtoH_v2, "cuMemcpyAtoH", 3020, 0)                                           \
+    X(cuMemcpyAtoH_v2_ptds, "cuMemcpyAtoH", 7000, 1)                                      \
+    X(cuMemcpyAtoA_v2, "cuMemcpyAtoA", 3020, 0)                                           \
+    X(cuMemcpyAtoA_v2_ptds, "cuMemcpyAtoA", 7000, 1)                                      \
+    X(cuMemcpyHtoAAsync_v2, "cuMemcpyHtoAAsync", 3020, 0)                                 \
+    X(cuMemcpyHtoAAsync_v2_ptsz, "cuMemcpyHtoAAsync", 7000, 1)                            \
+    X(cuMemcpyAtoHAsync_v2, "cuMemcpyAtoHAsync", 3020, 0)                                 \
+    X(cuMemcpyAtoHAsync_v2_ptsz, "cuMemcpyAtoHAsync", 7000, 1)                            \
+    X(cuMemcpyWithAttributesAsync, "cuMemcpyWithAttributesAsync", 13020, 0)               \
+    X(cuMemcpyWithAttributesAsync_ptsz, "cuMemcpyWithAttributesAsync", 13020, 1)          \
+    X(cuMemcpy3DWithAttributesAsync, "cuMemcpy3DWithAttributesAsync", 13020, 0)           \
+    X(cuMemcpy3DWithAttributesAsync_ptsz, "cuMemcpy3DWithAttributesAsync", 13020, 1)      \
+    X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0)                                             \
+    X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1)                                        \
+    X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0)                                             \
+    X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1)                                        \
+    X(cuMemsetD2D16_v2, "cuMemsetD2D16", 3020, 0)                                         \
+    X(cuMemsetD2D16_v2_ptds, "cuMemsetD2D16", 7000, 1)                                    \
+    X(cuMemsetD2D32_v2, "cuMemsetD2D32", 3020, 0)                                         \
+    X(cuMemsetD2D32_v2_ptds, "cuMemsetD2D32", 7000, 1)                                    \
+    X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0)                                      \
+    X(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, 1)                                 \
+    X(cuMemsetD32Async, "cuMemsetD32Async", 3020, 0)                                      \
+    X(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, 1)                                 \
+    X(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, 0)                                  \
+    X(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, 1)                             \
+    X(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, 0)                                  \
+    X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)
+
+#define DEFINE_RECORDED(symbol, base, version, per_thread) \
+    EXPORT CUresult symbol() { record(#symbol); return 0; }
+RECORDED_WORK(DEFINE_RECORDED)
+#undef DEFINE_RECORDED
+
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
                                  unsigned long long flags);
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
@@ -268,36 +381,45 @@ struct entry {
     const char *base;
     int version;
     int per_thread;
+    const char *symbol; /* what the address is, for the log */
     void *address;
 };
+#define ENTRY(base, version, per_thread, function) \
+    {base, version, per_thread, #function, (void *)function}
 
 static const struct entry entries[] = {
-    {"cuGetProcAddress", 11030, 0, (void *)cuGetProcAddress},
-    {"cuGetProcAddress", 12000, 0, (void *)cuGetProcAddress_v2},
-    {"cuInit", 2000, 0, (void *)cuInit},
-    {"cuDeviceGet", 2000, 0, (void *)cuDeviceGet},
-    {"cuCtxGetCurrent", 4000, 0, (void *)cuCtxGetCurrent},
-    {"cuCtxSetCurrent", 4000, 0, (void *)cuCtxSetCurrent},
-    {"cuCtxSynchronize", 2000, 0, (void *)cuCtxSynchronize},
-    {"cuStreamSynchronize", 2000, 0, (void *)cuStreamSynchronize},
-    {"cuMemAlloc", 3020, 0, (void *)cuMemAlloc_v2},
-    {"cuMemAllocManaged", 6000, 0, (void *)cuMemAllocManaged},
-    {"cuMemAllocPitch", 3020, 0, (void *)cuMemAllocPitch_v2},
-    {"cuMemAllocAsync", 11020, 0, (void *)cuMemAllocAsync},
-    {"cuMemAllocFromPoolAsync", 11020, 0, (void *)cuMemAllocFromPoolAsync},
-    {"cuMemFree", 3020, 0, (void *)cuMemFree_v2},
-    {"cuMemFreeAsync", 11020, 0, (void *)cuMemFreeAsync},
-    {"cuMemGetInfo", 3020, 0, (void *)internal_mem_get_info},
-    {"cuMemCreate", 10020, 0, (void *)cuMemCreate},
-    {"cuMemRelease", 10020, 0, (void *)cuMemRelease},
-    {"cuLaunchKernel", 4000, 0, (void *)cuLaunchKernel},
-    {"cuLaunchKernel", 7000, 1, (void *)cuLaunchKernel_ptsz},
-    {"cuLaunchKernelEx", 11060, 0, (void *)cuLaunchKernelEx},
-    {"cuLaunchCooperativeKernel", 9000, 0, (void *)cuLaunchCooperativeKernel},
-    {"cuGraphLaunch", 10000, 0, (void *)cuGraphLaunch},
-    {"cuMemcpyHtoD", 3020, 0, (void *)cuMemcpyHtoD_v2},
-    {"cuMemcpyDtoH", 3020, 0, (void *)cuMemcpyDtoH_v2},
-    {"cuMemsetD8", 3020, 0, (void *)cuMemsetD8_v2},
+    ENTRY("cuGetProcAddress", 11030, 0, cuGetProcAddress),
+    ENTRY("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),
+    ENTRY("cuInit", 2000, 0, cuInit),
+    ENTRY("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
+    ENTRY("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
+    ENTRY("cuDeviceGet", 2000, 0, cuDeviceGet),
+    ENTRY("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
+    ENTRY("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
+    ENTRY("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
+    ENTRY("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
+    ENTRY("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
+    ENTRY("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
+    ENTRY("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
+    ENTRY("cuMemAllocAsync", 11020, 0, cuMemAllocAsync),
+    ENTRY("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync),
+    ENTRY("cuMemFree", 3020, 0, cuMemFree_v2),
+    ENTRY("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
+    ENTRY("cuMemGetInfo", 3020, 0, internal_mem_get_info),
+    ENTRY("cuMemCreate", 10020, 0, cuMemCreate),
+    ENTRY("cuMemRelease", 10020, 0, cuMemRelease),
+    ENTRY("cuLaunchKernel", 4000, 0, cuLaunchKernel),
+    ENTRY("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
+    ENTRY("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),
+    ENTRY("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
+    ENTRY("cuGraphLaunch", 10000, 0, cuGraphLaunch),
+    ENTRY("cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2),
+    ENTRY("cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2),
+    ENTRY("cuMemsetD8", 3020, 0, cuMemsetD8_v2),
+    ENTRY("cuMemPrefetchAsync", 8000, 0, cuMemPrefetchAsync),
+#define RECORDED_ENTRY(symbol, base, version, per_thread) ENTRY(base, version, per_thread, symbol),
+    RECORDED_WORK(RECORDED_ENTRY)
+#undef RECORDED_ENTRY
 };
 
 static CUresult lookup(const char *symbol, void **pfn, int version, unsigned long long flags)
@@ -310,11 +432,13 @@ static CUresult lookup(const char *symbol, void **pfn, int version, unsigned lon
             continue;
         if (e->per_thread && !per_thread)
             continue;
-        if (!best || e->version > best->version)
+        /* The newest variant; between equals, the per-thread one for a per-thread caller. */
+        if (!best || e->version > best->version ||
+            (e->version == best->version && e->per_thread > best->per_thread))
             best = e;
     }
-    record("cuGetProcAddress symbol=%s version=%d flags=%llu found=%d", symbol, version, flags,
-           best != NULL);
+    record("cuGetProcAddress symbol=%s version=%d flags=%llu found=%d answer=%s", symbol, version,
+           flags, best != NULL, best ? best->symbol : "-");
     if (!best) {
         *pfn = NULL;
         return 500; /* CUDA_ERROR_NOT_FOUND */

@@ -22,7 +22,9 @@ def build_fake_cuda(directory: Path) -> Path:
     output = directory / "libcuda.so.1"
     subprocess.run(
         ["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror",
-         "-Wl,-soname,libcuda.so.1", "-o", str(output), str(HERE / "fake_cuda.c"), "-lpthread"],
+         # -Bsymbolic: like the real driver, it hands out its own functions, not the shim's
+         "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic", "-o", str(output),
+         str(HERE / "fake_cuda.c"), "-lpthread"],
         check=True, capture_output=True, text=True)
     (directory / "libcuda.so").symlink_to(output.name)  # what -lcuda links against
     return output

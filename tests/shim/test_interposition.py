@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
+from cuda_toolkits import shim_hooks
 from shim_harness import CudaLog, build_direct_program
+
+from kiwi_jupyter.shim import build
 
 NOT_READY = 802
 NO_DAEMON = {"KIWI_SOCKET": "/nonexistent/kiwi.sock", "KIWI_FAIL_POLICY": "closed",
@@ -73,6 +77,36 @@ def test_gated_work_reaches_the_driver_once_allowed(workload, call: str) -> None
     assert w.call(call) == 0
     assert {"cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
             "cuMemsetD8_v2", "cuMemcpyHtoD_v2"} & set(w.log.names())
+
+
+def driver_exports(library: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(library)], check=True,
+                         capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def gated_entry_points(fake_cuda: Path) -> list[str]:
+    """Every entry point hooks.h gates; the fake driver has each."""
+    gated = [h.symbol for h in shim_hooks(build.HERE / "hooks.h", "KIWI_GATED_HOOKS")]
+    present = [name for name in gated if name in driver_exports(fake_cuda)]
+    assert present == gated, f"the fake driver lacks {sorted(set(gated) - set(present))}"
+    return present
+
+
+def test_every_gated_entry_point_waits_at_the_gate(workload, fake_cuda: Path) -> None:
+    names = gated_entry_points(fake_cuda)
+    w = workload(**NO_DAEMON)
+    results = w.call(f"{{name: d.bare(name) for name in {names!r}}}")
+    assert results == dict.fromkeys(names, NOT_READY)
+    assert not set(names) & set(w.log.names())
+
+
+def test_every_gated_entry_point_reaches_the_driver_once_allowed(workload, fake_cuda: Path) -> None:
+    names = gated_entry_points(fake_cuda)
+    w = workload(KIWI_SOCKET="/nonexistent/kiwi.sock", KIWI_FAIL_TIMEOUT="0")
+    results = w.call(f"{{name: d.bare(name) for name in {names!r}}}")
+    assert results == dict.fromkeys(names, 0)
+    assert set(names) <= set(w.log.names())
 
 
 def test_an_internal_entry_point_is_hooked_by_name(workload) -> None:
