@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -422,6 +423,19 @@ static const struct entry entries[] = {
 #undef RECORDED_ENTRY
 };
 
+/* FAKE_CUDA_HIDDEN_ENTRY_POINTS=1: answer for memory and GPU work with addresses that no
+ * exported symbol has, as a driver handing out internal entry points would, so that the shim
+ * must hook every one by name. They are never called: only the real runtime's start-up, which
+ * fails against this fake before any GPU work, is run so. */
+static const char hidden_addresses[sizeof entries / sizeof entries[0]];
+
+static bool hidden(const struct entry *e)
+{
+    return getenv("FAKE_CUDA_HIDDEN_ENTRY_POINTS") &&
+           (strncmp(e->base, "cuMem", 5) == 0 || strncmp(e->base, "cuLaunch", 8) == 0 ||
+            strcmp(e->base, "cuGraphLaunch") == 0);
+}
+
 static CUresult lookup(const char *symbol, void **pfn, int version, unsigned long long flags)
 {
     int per_thread = (flags & 2) != 0;
@@ -443,7 +457,7 @@ static CUresult lookup(const char *symbol, void **pfn, int version, unsigned lon
         *pfn = NULL;
         return 500; /* CUDA_ERROR_NOT_FOUND */
     }
-    *pfn = best->address;
+    *pfn = hidden(best) ? (void *)&hidden_addresses[best - entries] : best->address;
     return 0;
 }
 

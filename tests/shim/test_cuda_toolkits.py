@@ -99,17 +99,25 @@ HOOKED = re.compile(r"cuGetProcAddress (\w+) \((\d+), flags (\d+)\): hooked (\w+
 
 
 @each(runtimes())
+@pytest.mark.parametrize("answers", ["exported", "internal"])
 def test_the_real_runtime_gets_the_shims_replacements(
-        toolkit: Toolkit, shim_library: Path, fake_cuda: Path, tmp_path: Path) -> None:
+        toolkit: Toolkit, answers: str, shim_library: Path, fake_cuda: Path,
+        tmp_path: Path) -> None:
     """The runtime asks the driver for several hundred entry points at start-up, by base name,
     the version of each variant and the default-stream flavour. It gets no further against the
     fake driver (which lacks the runtime's private export tables), but that table is exactly
-    what decides whether the GPU work of every framework on top reaches the shim."""
+    what decides whether the GPU work of every framework on top reaches the shim.
+
+    The driver may answer with its exported functions (the shim knows them by address) or with
+    internal entry points (the shim must pick the variant by name, version and flavour): both
+    must end at the replacement of the very variant the driver meant."""
     assert toolkit.runtime
     log = tmp_path / "cuda.log"
     env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(shim_library),
            "LD_LIBRARY_PATH": str(fake_cuda.parent), "FAKE_CUDA_LOG": str(log),
            "KIWI_SHIM_LOG": "1", "KIWI_SOCKET": str(tmp_path / "no-daemon.sock")}
+    if answers == "internal":
+        env["FAKE_CUDA_HIDDEN_ENTRY_POINTS"] = "1"
     result = subprocess.run([sys.executable, "-c", LOAD_RUNTIME, str(toolkit.runtime)], env=env,
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
@@ -127,8 +135,10 @@ def test_the_real_runtime_gets_the_shims_replacements(
     for base, version, flags, answer in gpu:
         symbol = hooked.get((base, version, flags))
         assert symbol, f"{base} (version {version}, flags {flags}) did not reach the shim"
-        if answer in by_symbol:  # an exported function: its own replacement, matched by address
+        if answer in by_symbol:  # the replacement of the variant the driver meant
             assert symbol == answer, (base, version, flags)
-        else:  # an internal entry point (cuMemGetInfo here): matched by name and flavour
+        else:  # the fake's own internal cuMemGetInfo, which has no exported twin
             hook = by_symbol[symbol]
             assert hook.base == base and hook.version <= version
+    if answers == "internal":
+        assert "by name" in result.stderr
