@@ -267,7 +267,10 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
 
 /* The rest of the GPU work the runtimes ask for: each only records its name. Declared without
  * a prototype, as the tests never look at their arguments.
- * X(symbol, base, version, per_thread) as in the shim's hooks.h. */
+ * X(symbol, base, version, per_thread) as in the shim's hooks.h, and written out rather than
+ * taken from there: the fake stands for the driver, and a driver table copied from the shim's
+ * would agree with the shim by construction. What the table must hold is checked against
+ * NVIDIA's headers and runtimes instead (test_cuda_toolkits.py). */
 #define RECORDED_WORK(X)                                                                  \
     X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                                \
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)               \
