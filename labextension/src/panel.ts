@@ -159,14 +159,16 @@ export class KiwiPanel extends Widget {
       if (pool.belowGuarantee) {
         row.classList.add('jp-Kiwi-pool-below');
       }
-      const limits =
-        pool.maximum === null
-          ? this._trans.__('share %1 · guarantee %2 · no maximum', formatShare(pool.share), formatShare(pool.guarantee))
-          : this._trans.__('share %1 · guarantee %2 · maximum %3', formatShare(pool.share), formatShare(pool.guarantee), formatShare(pool.maximum));
+      // Each figure is kept whole; a narrow sidebar breaks the line between them.
+      const limits = [
+        this._trans.__('share %1', formatShare(pool.share)),
+        this._trans.__('guarantee %1', formatShare(pool.guarantee)),
+        pool.maximum === null ? this._trans.__('no maximum') : this._trans.__('maximum %1', formatShare(pool.maximum))
+      ].flatMap((text, i) => [...(i ? [' · '] : []), el('span', 'jp-Kiwi-figure', text)]);
       row.append(
         el('div', 'jp-Kiwi-poolName', pool.name, el('span', 'jp-Kiwi-muted', ` ${this._trans._n('%1 client', '%1 clients', pool.clients)}`)),
         this._bar(pool.share, 'jp-Kiwi-shareBar', pool.guarantee, pool.maximum),
-        el('div', 'jp-Kiwi-detail', limits)
+        el('div', 'jp-Kiwi-detail', ...limits)
       );
       section.append(row);
     }

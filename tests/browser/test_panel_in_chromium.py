@@ -64,6 +64,14 @@ def test_panel_follows_two_contending_kernels_and_lets_an_admin_change_the_mode(
             f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: holding'"
         )
         assert panel.locator(".jp-Kiwi-queueItem").count() == 0
+        # At the sidebar's default width no label breaks inside itself: the badge stays whole,
+        # and a pool's line breaks only between its figures.
+        assert panel.locator(".jp-Kiwi-figure").count() >= 3
+        split = page.evaluate(
+            "() => [...document.querySelectorAll('#jp-kiwi-panel .jp-Kiwi-badge,"
+            " #jp-kiwi-panel .jp-Kiwi-figure')]"
+            ".filter(e => e.getClientRects().length !== 1).map(e => e.textContent)")
+        assert split == []
         timeline = panel.locator(".jp-Kiwi-timelineItem")
         assert timeline.count() == 2
         assert "a.ipynb" in timeline.nth(0).inner_text()  # newest first
