@@ -135,9 +135,10 @@ static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream
     if (driver.prefetch)
         return driver.prefetch(ptr, size, device, stream);
     if (driver.prefetch_v2) {
+        bool host = device == CU_DEVICE_CPU;
         CUmemLocation where = {
-            .type = device == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE,
-            .id = device == CU_DEVICE_CPU ? 0 : device};
+            .type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE,
+            .id = host ? 0 : device};
         return driver.prefetch_v2(ptr, size, where, 0, stream);
     }
     return CUDA_ERROR_NOT_FOUND;
