@@ -8,10 +8,10 @@ import queue
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from support import wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -56,18 +56,6 @@ def build_direct_program(directory: Path, fake_cuda: Path) -> Path:
     subprocess.run(["gcc", "-o", str(program), str(source), f"-L{fake_cuda.parent}", "-lcuda",
                     f"-Wl,-rpath,{fake_cuda.parent}"], check=True, capture_output=True, text=True)
     return program
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll until condition() is truthy; its value, or AssertionError after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 class CudaLog:
@@ -151,7 +139,7 @@ class Workload:
 
     def wait_reply(self, request_id: int, timeout: float) -> Any:
         wait_for(lambda: request_id in self.replies or self.process.poll() is not None,
-                 timeout, f"the workload to answer request {request_id}")
+                 timeout=timeout, what=f"the workload to answer request {request_id}")
         if request_id not in self.replies:
             raise AssertionError(f"the workload died ({self.process.returncode}):\n"
                                  + "".join(self.stderr))

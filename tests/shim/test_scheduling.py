@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from shim_harness import wait_for
+from support import wait_for
 
 from nodeside.client import Client
 
