@@ -30,11 +30,14 @@ MODES: Final = ("on", "off", "auto")
 
 # Requests a client sends. Each may carry an integer "seq"; the reply to it carries the same
 # "seq", so a client can match replies to requests while events arrive in between.
-HELLO: Final = "hello"              # must come first: {"version": 1, "software": str?}
+HELLO: Final = "hello"              # must come first: {"version": 1, "software": str?,
+                                    #   "features": [str]?}; welcome lists those it serves
 REGISTER: Final = "register"        # become a scheduling client (name, pool, priority, gpu, ...)
 ACQUIRE: Final = "acquire"          # ask for the GPU; reply is "grant" or "waiting"
 RELEASE: Final = "release"          # give it back, or cancel a wait; reply is "released", or
-                                    # "drop" when {"evict_first": true} and the room is needed
+                                    # "drop" when {"evict_first": true} and the room is needed;
+                                    # with {"requeue": true} release and ask again in one
+                                    # request: the reply is acquire's ("grant" or "waiting")
 WORKING_SET: Final = "working_set"  # {"bytes": int}: the GPU memory this client needs
 STATUS: Final = "status"            # reply "status" with {"status": the status document}
 SET_MODE: Final = "set_mode"        # {"mode": "on"|"off"|"auto"}; admin only
@@ -49,7 +52,9 @@ REQUESTS: Final = frozenset(
 WELCOME: Final = "welcome"          # reply to hello
 REGISTERED: Final = "registered"    # reply to register: {"client": id, "gpu", "mode", "tq"}
 GRANT: Final = "grant"              # reply or event: the client now holds its GPU
-WAITING: Final = "waiting"          # reply to acquire: queued, {"position": 1-based}
+WAITING: Final = "waiting"          # reply to acquire: queued, {"position": 1-based}; also an
+                                    # event (no seq) when the position changes, to peers whose
+                                    # hello asked for FEATURE_POSITION
 RELEASED: Final = "released"        # reply to release
 DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"};
                                     # also the reply to release with evict_first (with its seq)
@@ -69,7 +74,13 @@ E_VERSION: Final = "version"              # hello with another version, or a req
 E_PERMISSION: Final = "permission"        # admin request from a peer that is not an admin
 E_INVALID: Final = "invalid"              # well formed, but a value out of range
 E_STATE: Final = "state"                  # not possible now (acquire before register, ...)
+E_LIMIT: Final = "limit"                  # a bound of nodeside.limits exceeded (a name too long,
+                                          # too many labels or connections); the message says which
 FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSION})
+
+# Optional behaviours a client asks for in hello's "features"; old clients hear nothing new.
+FEATURE_POSITION: Final = "position"  # "waiting" events as the queue position changes
+FEATURES: Final = frozenset({FEATURE_POSITION})
 
 # Why a holder is asked to drop the GPU, in "drop" and "revoked" events.
 REASON_QUANTUM: Final = "quantum"    # its quantum ended and someone waits
@@ -150,7 +161,7 @@ _NUMBER = (int, float)
 # (field, accepted types, required) per request. Range checks (a known mode, a positive TQ) are
 # the daemon's business and answered with E_INVALID, which does not close the connection.
 _FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
-    HELLO: (("version", (int,), True), ("software", (str,), False)),
+    HELLO: (("version", (int,), True), ("software", (str,), False), ("features", (list,), False)),
     REGISTER: (
         ("name", (str,), False),
         ("pool", (str,), False),
@@ -159,8 +170,11 @@ _FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
         ("working_set", (int,), False),
         ("kind", (str,), False),
         ("labels", (dict,), False),
+        ("display_name", (str,), False),  # what people see (a notebook's path); name stays the key
+        ("gpu_uuid", (str,), False),      # the GPU's UUID, matched by the daemon when it knows it
+        ("evict", (str,), False),         # "managed" or "checkpoint": how this process is paged
     ),
-    RELEASE: (("evict_first", (bool,), False),),
+    RELEASE: (("evict_first", (bool,), False), ("requeue", (bool,), False)),
     WORKING_SET: (("bytes", (int,), True), ("evictable", (int,), False)),
     SET_MODE: (("mode", (str,), True),),
     SET_TQ: (("tq", _NUMBER, True), ("gpu", (int,), False)),
