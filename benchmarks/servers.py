@@ -1,0 +1,123 @@
+"""The servers the C harness runs against, and what the benchmarks read of them from /proc.
+
+``kiwi`` is the real daemon (``python -m nodeside.daemon``) on a fresh socket; ``floor`` is the
+relay ring (benchmarks/c/relay_ring.c), the least a lock server can do with the same lines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.common import socket_answers
+from benchmarks.common import start_daemon as start_kiwi
+from benchmarks.cprograms import build
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = ("floor", "kiwi")
+
+
+def environment(sock: str) -> dict[str, str]:
+    return {**os.environ, "KIWI_SOCKET": sock, "PYTHONPATH": str(ROOT)}
+
+
+@contextmanager
+def serving(kind: str, directory: str | os.PathLike[str],
+            *daemon_args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A fresh server of this kind on ``directory``, stopped (and waited for) afterwards."""
+    if kind == "kiwi":
+        sock = os.path.join(directory, "kiwi.sock")
+        server, sock = start_kiwi(directory, "--tq", "30", *daemon_args,
+                                  env=environment(sock))
+    elif kind == "floor":
+        sock = os.path.join(directory, "floor.sock")
+        server = subprocess.Popen([str(build("relay_ring")), sock])
+        deadline = time.monotonic() + 10
+        while not socket_answers(sock):
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError("the relay-ring floor did not start")
+            time.sleep(0.01)
+    else:
+        raise ValueError(f"no server {kind!r}")
+    try:
+        yield server, sock
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@dataclass
+class Run:
+    """What one run of the harness printed (contenders.c's "key value" lines)."""
+
+    handoffs: int
+    seconds: float
+    server_cpu_s: float
+    p50_us: float
+    p99_us: float
+    max_us: float
+    stalled: int
+    requeue_unserved: int | None
+    progress: list[tuple[int, int]]
+
+    @property
+    def per_second(self) -> float:
+        return self.handoffs / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us(self) -> float:
+        return self.server_cpu_s / self.handoffs * 1e6 if self.handoffs else float("nan")
+
+
+def harness(sock: str, *args: str, server_pid: int | None = None,
+            timeout: float = 600) -> Run:
+    """Run the C harness against ``sock`` to the end and parse what it printed."""
+    command = [str(build("contenders")), sock, *args]
+    if server_pid is not None:
+        command += ["--server-pid", str(server_pid)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"the harness failed: {done.stderr.strip()}")
+    facts: dict[str, float] = {}
+    progress = []
+    for line in done.stdout.splitlines():
+        key, *values = line.split()
+        if key == "progress":
+            progress.append((int(values[0]), int(values[1])))
+        elif key != "sample":
+            facts[key] = float(values[0])
+    unserved = facts.get("requeue_unserved")
+    return Run(int(facts["handoffs"]), facts["seconds"], facts["server_cpu_s"],
+               facts.get("p50_ns", float("nan")) / 1e3, facts.get("p99_ns", float("nan")) / 1e3,
+               facts.get("max_ns", float("nan")) / 1e3, int(facts["stalled"]),
+               None if unserved is None else int(unserved), progress)
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def machine_load() -> str:
+    """The load the machine was under, for the heading of every report."""
+    one, five, _ = os.getloadavg()
+    return f"{os.cpu_count()} CPUs, load average {one:.2f} (1 min) / {five:.2f} (5 min)"
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
