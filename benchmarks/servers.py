@@ -56,6 +56,14 @@ def serving(kind: str, directory: str | os.PathLike[str],
             server.wait()
 
 
+#: contenders.c's exit status when the server does not answer its hello or register in time.
+NO_ANSWER = 3
+
+
+class NoAnswer(RuntimeError):
+    """The server accepted the connection but never answered the harness's hello or register."""
+
+
 @dataclass
 class Run:
     """What one run of the harness printed (contenders.c's "key value" lines)."""
@@ -67,6 +75,7 @@ class Run:
     p99_us: float
     max_us: float
     stalled: int
+    closed: bool
     requeue_unserved: int | None
     progress: list[tuple[int, int]]
 
@@ -86,6 +95,8 @@ def harness(sock: str, *args: str, server_pid: int | None = None,
     if server_pid is not None:
         command += ["--server-pid", str(server_pid)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if done.returncode == NO_ANSWER:
+        raise NoAnswer(f"no answer to hello or register on {sock}")
     if done.returncode != 0:
         raise RuntimeError(f"the harness failed: {done.stderr.strip()}")
     facts: dict[str, float] = {}
@@ -100,6 +111,7 @@ def harness(sock: str, *args: str, server_pid: int | None = None,
     return Run(int(facts["handoffs"]), facts["seconds"], facts["server_cpu_s"],
                facts.get("p50_ns", float("nan")) / 1e3, facts.get("p99_ns", float("nan")) / 1e3,
                facts.get("max_ns", float("nan")) / 1e3, int(facts["stalled"]),
+               bool(facts.get("closed", 0)),
                None if unserved is None else int(unserved), progress)
 
 

@@ -14,11 +14,14 @@
  *          --hold-us U (20)    --requeue (release and ask again in one request)
  *          --server-pid P (read P's CPU time over the measured handoffs)
  *          --interval-us I (probe: pause between rounds, 1000)  --progress M (a line every M)
+ *          --start-after-ms T (probe: connect and register, then wait T ms before the rounds)
+ *          --setup-seconds D (30: exit 3 when hello or register is unanswered for D s)
  *          --samples (print every sample, ns, one a line)
  *
  * Output, one fact a line, "key value": handoffs, seconds, server_cpu_s, p50_ns, p99_ns,
- * max_ns, stalled (probe rounds with no answer by the end), requeue_unserved (releases
- * with "requeue" that the server answered as plain releases), then samples if asked.
+ * max_ns, stalled (probe rounds with no answer by the end), closed (probe: the server closed
+ * it), requeue_unserved (releases with "requeue" that the server answered as plain releases),
+ * then the samples if asked.
  * Times are CLOCK_MONOTONIC; a handoff is from just before the holder's release is written to
  * the moment the next holder has read its grant. */
 #define _GNU_SOURCE
@@ -32,6 +35,7 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,6 +56,9 @@ static int64_t now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
+
+/* How long the setup (hello, register) may wait for each answer; past it the harness exits 3. */
+static long setup_seconds = 30;
 
 static void die(const char *what) {
     fprintf(stderr, "contenders: %s: %s\n", what, errno ? strerror(errno) : "failed");
@@ -112,7 +119,12 @@ static void expect(struct conn *c, const char *want) {
             if (strcmp(op, "error") == 0) { errno = 0; fprintf(stderr, "%s", line); die(want); }
             continue; /* an event before the reply: nothing the setup needs */
         }
-        if (!fill(c)) { errno = 0; die("the server closed during setup"); }
+        if (c->len == IN_CAP) { errno = 0; die("a line longer than 64 KiB"); }
+        ssize_t r = read(c->fd, c->in + c->len, IN_CAP - c->len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) { errno = 0; exit(3); } /* SO_RCVTIMEO: no answer */
+        if (r <= 0) { errno = 0; die("the server closed during setup"); }
+        c->len += (size_t)r;
     }
 }
 
@@ -123,6 +135,8 @@ static struct conn *open_client(const char *path, const char *name) {
     strncpy(addr.sun_path, path, sizeof addr.sun_path - 1);
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&addr, sizeof addr) < 0) die("connect");
+    struct timeval patience = {setup_seconds, 0}, forever = {0, 0};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
     char hello[256];
     int n = snprintf(hello, sizeof hello,
                      "{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-bench\"}\n"
@@ -131,6 +145,7 @@ static struct conn *open_client(const char *path, const char *name) {
     c->seq = 1;
     expect(c, "welcome");
     expect(c, "registered");
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
     return c;
 }
 
@@ -185,7 +200,7 @@ static double cpu_seconds(long pid) {
 
 struct options {
     int contenders, idle, handoffs, warmup, hold_us, requeue, probe, interval_us, samples;
-    long server_pid, progress;
+    long server_pid, progress, start_after_ms;
     double seconds;
 };
 
@@ -208,9 +223,12 @@ static void report(const struct options *o, int64_t *samples, long n, double sec
  * sample is the whole round trip. A round still unanswered at the end counts as stalled. */
 static int probe(const char *path, const struct options *o) {
     struct conn *c = open_client(path, "bench-probe");
+    struct timespec before = {o->start_after_ms / 1000, (o->start_after_ms % 1000) * 1000000L};
+    nanosleep(&before, 0); /* connected first, as a kernel is before trouble starts */
     int64_t *samples = calloc((size_t)o->handoffs, sizeof *samples);
-    long n = 0, stalled = 0;
-    int64_t start = now_ns(), end = start + (int64_t)(o->seconds * 1e9);
+    long n = 0, stalled = 0, closed = 0;
+    /* rounds start until end; the last may finish within a grace, else it counts as stalled */
+    int64_t start = now_ns(), end = start + (int64_t)(o->seconds * 1e9), grace = 2000000000;
     struct timespec pause = {o->interval_us / 1000000, (o->interval_us % 1000000) * 1000L};
     fcntl(c->fd, F_SETFL, O_NONBLOCK);
     int ep = epoll_create1(0);
@@ -229,11 +247,13 @@ static int probe(const char *path, const struct options *o) {
                     if (strcmp(op, wants[step]) == 0) { got = 1; break; }
                     else if (strcmp(op, "error") == 0) { errno = 0; die(line); }
                 if (got) break;
-                int64_t left = (end - now_ns()) / 1000000;
+                int64_t left = (end + grace - now_ns()) / 1000000;
                 if (left <= 0) { stalled++; done = 1; break; }
                 if (epoll_wait(ep, &ev, 1, (int)(left > 1000 ? 1000 : left)) > 0 && !fill(c)) {
-                    errno = 0;
-                    die("the server closed the probe");
+                    closed = 1; /* the server died or threw the probe out: say so, stop */
+                    stalled++;
+                    done = 1;
+                    break;
                 }
             }
             if (got && step == 0) request(c, "release", "");
@@ -242,6 +262,7 @@ static int probe(const char *path, const struct options *o) {
         samples[n++] = now_ns() - t0;
         nanosleep(&pause, 0);
     }
+    printf("closed %ld\n", closed);
     report(o, samples, n, (double)(now_ns() - start) / 1e9, 0, stalled);
     return 0;
 }
@@ -346,6 +367,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--seconds")) o.seconds = atof(v), i++;
         else if (!strcmp(a, "--server-pid")) o.server_pid = atol(v), i++;
         else if (!strcmp(a, "--progress")) o.progress = atol(v), i++;
+        else if (!strcmp(a, "--start-after-ms")) o.start_after_ms = atol(v), i++;
+        else if (!strcmp(a, "--setup-seconds")) setup_seconds = atol(v), i++;
         else { fprintf(stderr, "contenders: unknown option %s\n", a); return 2; }
     }
     if (o.handoffs < 1 || o.contenders < 1) { fprintf(stderr, "contenders: nothing to do\n"); return 2; }
