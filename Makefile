@@ -48,8 +48,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+## Every benchmark that needs no GPU, each run three times, as one Markdown report with ranges.
+## BENCH_ARGS="--quick --repeat 1" to see it work; "--only handoff,attack" for some of them.
+BENCH_ARGS ?=
 bench: install
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info labextension/node_modules labextension/lib kiwi_jupyter/labextension

@@ -1,16 +1,138 @@
-"""Run every benchmark that needs no GPU: ``python -m benchmarks``.
+"""Run the benchmarks that need no GPU, repeated, into one Markdown report: ``make bench``.
 
-The GPU benchmarks (``benchmarks.shim_paging``, ``benchmarks.shim_overhead``) run on their own,
-on a machine with an NVIDIA GPU.
+    python -m benchmarks [--repeat 3] [--quick] [--only handoff,attack,...] [--out FILE]
+
+Each benchmark runs --repeat times, one after another, each run in a process of its own. What
+a run prints on stdout is its Markdown; what it prints on stderr (kernels' warnings, servers'
+logs) goes to a log file named in the report, shown only when the run fails. The runs of one
+benchmark are merged into one section in which every figure that moved between runs carries its
+range (benchmarks/ranges.py), under a line giving the machine's load before each run.
+
+The GPU benchmarks run with ``python -m benchmarks.gpu_check`` (``make gpu-check``).
 """
 
-from benchmarks import daemon, fleet, kernel_cells, lab, shim_gate
+from __future__ import annotations
 
-daemon.main()
-fleet.main([])
-print()
-lab.main()
-print()
-kernel_cells.main([])
-print()
-shim_gate.main()
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from benchmarks.ranges import merge
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Benchmark(NamedTuple):
+    title: str
+    args: tuple[str, ...]
+    quick: tuple[str, ...]
+
+
+# In the order they run; the arguments keep a whole `make bench` to minutes on a 2-core machine.
+BENCHMARKS = {
+    "handoff": Benchmark("Handoff with every client waiting (C harness, relay-ring floor)",
+                         ("--repeats", "1"),
+                         ("--repeats", "1", "--handoffs", "1000", "--clients", "2,64,512")),
+    "attack": Benchmark("Probe under attack", ("--seconds", "4"), ("--seconds", "2")),
+    "soak": Benchmark("Soak", ("--handoffs", "1000000", "--seconds", "300"),
+                      ("--handoffs", "50000", "--seconds", "60")),
+    "daemon": Benchmark("Daemon as Python clients see it", (), ()),
+    "fleet": Benchmark("Scheduling policy: the notebook fleet", (), ()),
+    "lab": Benchmark("Jupyter server and panel", (), ()),
+    "kernel_cells": Benchmark("Notebook kernel", (), ("--cells", "100", "--handoffs", "20")),
+    "shim_gate": Benchmark("CUDA shim gate (fake driver)", (), ()),
+}
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown CPU")
+    return (f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def run_once(name: str, args: tuple[str, ...], log: Path) -> tuple[str, str | None]:
+    """One run's Markdown, and why it failed (None when it did not)."""
+    with log.open("a") as errors:
+        errors.write(f"\n==== {name} {' '.join(args)}\n")
+        errors.flush()
+        done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=errors, text=True)
+    if done.returncode != 0:
+        tail = log.read_text().splitlines()[-5:]
+        return done.stdout, f"exit status {done.returncode}: " + " / ".join(tail)
+    return done.stdout, None
+
+
+def section(name: str, title: str, outputs: list[str], loads: list[str],
+            failures: list[str]) -> str:
+    body = merge(outputs).splitlines() if outputs else []
+    # Each benchmark's own headings go under this report's sections: its highest becomes ###.
+    levels = [len(line) - len(line.lstrip("#")) for line in body if line.startswith("#")]
+    shift = 3 - min(levels, default=3)
+    body = [("#" * shift + line if line.startswith("#") else line) for line in body]
+    while body and not body[0].strip():
+        body.pop(0)
+    lines = [f"## {title} (`benchmarks/{name}.py`)", "",
+             f"{len(loads)} run{'s' if len(loads) != 1 else ''}; 1-minute load average "
+             f"before each: {', '.join(loads)}.", ""]
+    lines += body
+    lines += [f"\n**Run failed:** {why}" for why in failures]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each benchmark (3)")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, to see it works")
+    parser.add_argument("--only", help=f"comma-separated, of: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--out", type=Path, help="also write the report here")
+    args = parser.parse_args(argv)
+    names = args.only.split(",") if args.only else list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"no benchmark {', '.join(unknown)}; there are {', '.join(BENCHMARKS)}")
+    log = Path(tempfile.gettempdir()) / f"kiwi-bench-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    started = time.monotonic()
+    report = [f"# Kiwi benchmarks ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+              f"Machine: {machine()}. Each benchmark ran {args.repeat} time"
+              f"{'s' if args.repeat != 1 else ''}{' (quick settings)' if args.quick else ''}; "
+              "a figure that moved between runs reads `median (lowest–highest)`. "
+              f"Benchmarks' own logs and warnings: `{log}`.", ""]
+    print("\n".join(report), flush=True)
+    for name in names:
+        bench = BENCHMARKS[name]
+        outputs, loads, failures = [], [], []
+        for _ in range(args.repeat):
+            loads.append(load())
+            out, failed = run_once(name, bench.quick if args.quick else bench.args, log)
+            if failed:
+                failures.append(failed)
+            elif out.strip():
+                outputs.append(out)
+        text = section(name, bench.title, outputs, loads, failures)
+        print(text + "\n", flush=True)
+        report.append(text + "\n")
+    tail = f"All benchmarks took {time.monotonic() - started:.0f} s."
+    print(tail)
+    report.append(tail)
+    text = "\n".join(report)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    main()

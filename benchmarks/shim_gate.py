@@ -15,6 +15,7 @@ the GPU benchmark (shim_overhead.py, launch_bound) measures end to end.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -81,7 +82,10 @@ def measure(program: Path, fake: Path, threads: int, calls: int, env: dict[str, 
     return best
 
 
-def main() -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.shim_gate")
+    parser.add_argument("--json", help="also write the results to this file")
+    json_path = parser.parse_args(argv).json
     from kiwi_jupyter.shim import library_path
 
     shim = str(library_path())
@@ -100,6 +104,7 @@ def main() -> dict[str, float]:
                           "KIWI_IDLE_RELEASE": "0"},
             }
             report_row("threads", *(f"{way} (ns/call)" for way in ways), "added by the gate (ns)")
+            report_row(*(["---"] * (len(ways) + 2)))
             for threads in (1, 8):
                 row = {way: measure(program, fake, threads, 2_000_000, env)
                        for way, env in ways.items()}
@@ -110,7 +115,8 @@ def main() -> dict[str, float]:
         finally:
             daemon.terminate()
             daemon.wait(10)
-    print(json.dumps(results))
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

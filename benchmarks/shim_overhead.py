@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shimmed_env = {**base, "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
                            "KIWI_IDLE_RELEASE": "0", "PYTHONPATH": str(REPO)}
             report_row("workload", "plain (s)", "shim (s)", "ratio")
+            report_row("---", "---", "---", "---")
             for name in args.only or sorted(WORKLOADS):
                 plain, shimmed = [], []
                 for _ in range(args.repeats):  # alternate, so drift hits both alike
@@ -97,7 +98,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             daemon.wait(10)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    print(json.dumps(results))
     return results
 
 

@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steady_iteration_s": prefetch["steady"],
     }
     report_row("metric", "value", "floor", "ratio")
+    report_row("---", "---", "---", "---")
     report_row("eviction GB/s", f"{results['evict_gbps']:.1f}",
                f"{results['memcpy_to_host_gbps']:.1f}", f"{results['evict_ratio']:.2f}")
     report_row("restore GB/s", f"{results['restore_gbps']:.1f}",
@@ -162,7 +163,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                f"fault: {fault['to_full_speed']}", "")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    print(json.dumps(results))
     return results
 
 

@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> str:
         f"({len(samples)} samples). Machine: {load_before} before, {machine_load()} after.", "",
         "| handoffs done | daemon RSS (MiB) |", "| --- | --- |",
     ]
-    for i in range(0, len(samples), tenth):
-        at, rss = samples[i]
+    # ten rows at even steps through the run, so repeated runs print the same lines
+    rows = min(10, len(samples))
+    for k in range(rows):
+        at, rss = samples[round(k * (len(samples) - 1) / max(1, rows - 1))]
         lines.append(f"| {done_by(at):,} | {rss / 2**20:.1f} |")
     lines += ["", "| measure | value | target | met |", "| --- | --- | --- | --- |",
               f"| RSS, median of the last tenth / the first | {last / 2**20:.1f} / "
