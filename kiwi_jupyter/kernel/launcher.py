@@ -58,7 +58,7 @@ CUDA_DRIVER = "libcuda.so.1"
 SHIM_SYMBOL = "kiwi_shim_active"
 #: How Kiwi shims are named, ours (libkiwishim.so) and the device plugin's (libkiwi.so), for an
 #: ``LD_PRELOAD`` entry that is not loaded in this process (yet).
-_SHIM_FILE = re.compile(r"^libkiwi[\w-]*\.so(\.[\d.]+)?$")
+_SHIM_FILE = re.compile(r"^libkiwi(shim)?(-[\w.]+)?\.so(\.[\d.]+)?$")
 
 
 def shim_library() -> Path | None:
