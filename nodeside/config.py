@@ -15,11 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nodeside.protocol import MODES
+from nodeside.protocol import DEFAULT_POOL, MODES
+from nodeside.protocol import DEFAULT_SOCKET as DEFAULT_SOCKET  # where it used to live
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
-DEFAULT_SOCKET = "/var/run/kiwi/scheduler.sock"
-DEFAULT_POOL = "default"
 DEFAULT_TQ = 30.0
 
 T = TypeVar("T")

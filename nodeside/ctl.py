@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from nodeside import kai
-from nodeside.client import Client, KiwiError
-from nodeside.config import DEFAULT_SOCKET, argument_type, parse_mode, parse_tq
+from nodeside.client import ControlClient, KiwiError
+from nodeside.client.discovery import published_socket_path
+from nodeside.config import argument_type, parse_mode, parse_tq
+from nodeside.names import names_by_id, shorten, who
+from nodeside.protocol import DEFAULT_SOCKET
 
 _MODE_DONE = {
     "on": "Successfully turned on the Kiwi scheduler.",
@@ -25,8 +27,10 @@ _MODE_DONE = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiwictl", description="Control the Kiwi scheduler.")
-    parser.add_argument("--socket", default=os.environ.get("KIWI_SOCKET", DEFAULT_SOCKET),
-                        help="the daemon's socket (default: $KIWI_SOCKET or %(default)s)")
+    parser.add_argument("--socket", default=None,
+                        help=f"the daemon's socket (default: $KIWI_SOCKET; unset: "
+                        f"{DEFAULT_SOCKET}, then the one a Jupyter server published at "
+                        f"{published_socket_path()})")
     parser.add_argument("-S", dest="mode", type=argument_type(parse_mode), metavar="on|off|auto",
                         help="turn the scheduler on, off, or to auto mode")
     parser.add_argument("-T", dest="tq", type=argument_type(parse_tq), metavar="SECONDS",
@@ -53,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pools" and args.pools_command == "export":
         return kai.export_command(args)
     try:
-        with Client(args.socket, register=False, reconnect_timeout=3.0,
-                    request_timeout=10.0) as client:
+        with ControlClient(args.socket, timeout=10.0) as client:
             if args.mode is not None:
                 client.set_mode(args.mode)
                 _info(_MODE_DONE[args.mode])
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_status(doc: dict[str, Any]) -> str:
     """The status document as a short report for a terminal."""
-    names = {c["id"]: c["name"] for c in doc["clients"]}
+    names = names_by_id(doc, width=60)
     lines = [f"Kiwi scheduler: mode {doc['mode'].upper()}, TQ {doc['tq']:g} s"]
     for gpu in doc["gpus"]:
         memory = _bytes(gpu["memory_used"]) + " / " + _bytes(gpu["memory_total"])
@@ -97,10 +100,10 @@ def format_status(doc: dict[str, Any]) -> str:
             lines.append(f"  #{position} waiting: {names.get(client_id, client_id)}")
     if doc["clients"]:
         lines.append("")
-        lines.append(f"{'CLIENT':<28} {'ID':<6} {'POOL':<12} {'PRIORITY':<8} {'STATE':<8} "
+        lines.append(f"{'CLIENT':<36} {'ID':<6} {'POOL':<12} {'PRIORITY':<8} {'STATE':<8} "
                      f"{'GPU s':>8}")
         for c in doc["clients"]:
-            lines.append(f"{c['name'][:28]:<28} {c['id']:<6} {c['pool'][:12]:<12} "
+            lines.append(f"{who(c, 36):<36} {c['id']:<6} {shorten(c['pool'], 12):<12} "
                          f"{c['priority']:<8} {c['state']:<8} {c['gpu_seconds']:>8.1f}")
     return "\n".join(lines)
 

@@ -185,9 +185,9 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def _pools_of_daemon(socket: str | None) -> dict[str, dict[str, float]]:
-    from nodeside.client import Client
+    from nodeside.client import ControlClient
 
-    with Client(socket, register=False, reconnect_timeout=3.0) as client:
+    with ControlClient(socket) as client:
         document = client.status()
     return {p["name"]: {k: p[k] for k in ("guarantee", "weight", "maximum")}
             for p in document["pools"]}

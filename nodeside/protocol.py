@@ -28,6 +28,15 @@ MAX_REPLY_BYTES: Final = 16 * 1024 * 1024
 PRIORITIES: Final = ("HIGH", "NORMAL", "LOW")
 MODES: Final = ("on", "off", "auto")
 
+# Defaults every peer shares. They live here, not in nodeside.config, so that a client (a kernel,
+# kiwictl) learns them without importing the scheduler or the config loader.
+#: Where the node daemon listens unless told otherwise (``KIWI_SOCKET``, ``--socket``).
+DEFAULT_SOCKET: Final = "/var/run/kiwi/scheduler.sock"
+#: The pool a client joins unless it names one (``KIWI_POOL``).
+DEFAULT_POOL: Final = "default"
+#: The priority a client asks for unless it names one (``KIWI_PRIORITY``).
+DEFAULT_PRIORITY: Final = "NORMAL"
+
 # Requests a client sends. Each may carry an integer "seq"; the reply to it carries the same
 # "seq", so a client can match replies to requests while events arrive in between.
 HELLO: Final = "hello"              # must come first: {"version": 1, "software": str?,

@@ -51,3 +51,13 @@ def scratch() -> Iterator:
     directory = short_tmpdir()
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def private_runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """Each test gets its own ``$XDG_RUNTIME_DIR``: an embedded scheduler publishes its socket
+    there for kiwictl, and tests must neither see another's nor leave theirs in the home."""
+    directory = short_tmpdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(directory))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)

@@ -26,7 +26,7 @@ from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter
 from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffArbiter, load_shim
-from kiwi_jupyter.kernel.identity import client_name
+from kiwi_jupyter.kernel.identity import client_name, display_name
 from kiwi_jupyter.kernel.link import DaemonLink
 
 _loaded: KiwiExtension | None = None
@@ -51,7 +51,7 @@ class KiwiExtension:
         # With the shim loaded the shim is the kernel's scheduling client, and the kernel's own
         # connection only reads status and sends admin requests.
         self.link = DaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout(),
-                               register=self.shim is None)
+                               register=self.shim is None, display_name=display_name())
         self.link.add_listener(self._on_event)
         self.config.observe(self._policy_changed, names=["failure_policy", "unreachable_timeout",
                                                          "restart_grace"])

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
-from kiwi_jupyter.kernel.waiting import Document, WaitingLine, Watcher
+from kiwi_jupyter.kernel.waiting import Document, Place, WaitingLine, Watcher, no_place
+from nodeside.protocol import FEATURE_POSITION
 
 
 class SchedulerUnavailable(ConnectionError):  # noqa: N818 (a condition, named for users)
@@ -63,7 +64,7 @@ class Arbiter:
         self._acquired = False  # the kernel's client acquired and has not released yet
         self.watcher = Watcher(self._status_for_line, self.my_client_id,
                                delay=config.waiting_line_delay,
-                               refresh=config.waiting_line_refresh)
+                               refresh=config.waiting_line_refresh, place=self.place)
 
     # ---- the three moments of a cell -----------------------------------------------------
 
@@ -176,6 +177,13 @@ class Arbiter:
     def my_client_id(self) -> str | None:
         """The scheduler's id for whoever holds and waits on this kernel's behalf."""
         return self.link.client_id
+
+    def place(self) -> Place:
+        """The kernel's queue position as its client last heard it; never asks the daemon."""
+        client = self.link.current
+        if client is None:
+            return no_place()
+        return Place(client.position, live=FEATURE_POSITION in client.features)
 
     def _status_for_line(self) -> Document | None:
         # Runs on the watcher thread while the cell's thread waits in acquire(): it must not

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, SchedulerUnavailable
 from kiwi_jupyter.kernel.link import DaemonLink
+from kiwi_jupyter.kernel.waiting import Place
 
 
 class ShimGate(Protocol):
@@ -126,6 +127,13 @@ class ShimArbiter(Arbiter):
 
     def _shim_waits(self) -> bool:
         return self.shim.stats().get("state") == "waiting"
+
+    def place(self) -> Place:
+        # The shim keeps the position of its last "waiting" (0: not waiting). Whether it hears
+        # the daemon's position events is the shim's business, so the line keeps asking.
+        position = self.shim.stats().get("queue_position")
+        return Place(position if isinstance(position, int) and position > 0 else None,
+                     live=False)
 
     def my_client_id(self) -> str | None:
         client = self.shim.stats().get("client")

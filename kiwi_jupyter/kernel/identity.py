@@ -1,20 +1,31 @@
-"""Who this kernel is to the scheduler: its Jupyter kernel id.
+"""Who this kernel is to the scheduler: its Jupyter kernel id, and its notebook for people.
 
 The panel finds a notebook's kernel in the status document by name, so a kernel registers under
 the id Jupyter gave it. Jupyter names a kernel's connection file ``kernel-<kernel id>.json``; that
 file name is the one place the id reaches the kernel process.
+
+People know a kernel by its notebook, not its id. A Jupyter server starts a session's kernel with
+``JPY_SESSION_NAME`` set to the notebook's path; the kernel registers that as its display name
+(``name`` stays the kernel id, the key).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 #: Set by the Kiwi launcher for the kernel and everything it starts (the CUDA shim included), so
 #: every client of one kernel registers under one name.
 KERNEL_ID_ENV = "KIWI_KERNEL_ID"
+#: What a Jupyter server sets in a session's kernel: the notebook's path (jupyter_server's
+#: SessionManager.get_kernel_env).
+SESSION_NAME_ENV = "JPY_SESSION_NAME"
+#: The display name every client of this kernel registers with (``nodeside.client``'s default).
+DISPLAY_NAME_ENV = "KIWI_DISPLAY_NAME"
 
 _CONNECTION_FILE = re.compile(r"^kernel-(?P<id>.+)\.json$")
 
@@ -52,3 +63,21 @@ def current_kernel_id() -> str | None:
 def client_name() -> str:
     """The name this kernel registers under: its kernel id when Jupyter gave it one."""
     return current_kernel_id() or os.environ.get("KIWI_CLIENT_NAME") or f"ipython-{os.getpid()}"
+
+
+def notebook_name(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The notebook this kernel runs for, as people would write it: a path under the home
+    directory starts with ``~``. None when no Jupyter session started this kernel."""
+    path = environ.get(SESSION_NAME_ENV)
+    if not path:
+        return None
+    home = environ.get("HOME") or os.path.expanduser("~")
+    if os.path.isabs(path) and home not in ("", "/"):
+        with contextlib.suppress(ValueError):
+            return "~/" + Path(path).relative_to(home).as_posix()
+    return path
+
+
+def display_name(environ: Mapping[str, str] = os.environ) -> str | None:
+    """What this kernel is called for people: the launcher's choice, else its notebook."""
+    return environ.get(DISPLAY_NAME_ENV) or notebook_name(environ)

@@ -16,28 +16,33 @@ relies on:
 - ``execve`` keeps the pid, so the kernel manager that spawned us still signals (interrupt) and
   reaps (shutdown) the right process;
 - nothing has opened the connection file's ports or any socket yet, so nothing leaks across;
-- after the exec the shim's path is in ``LD_PRELOAD``, which is the loop guard: the second run
-  sees it and starts the kernel;
+- after the exec the shim is loaded, which is the loop guard: the second run finds it and starts
+  the kernel;
 - the cost is one more interpreter start (tens of milliseconds), paid only where a GPU exists.
 
-The preload is skipped, and the kernel starts at once, when ``KIWI_SHIM=0``, when the shim is not
-built, or when no CUDA driver can be loaded (no GPU: nothing to intercept; ``KIWI_SHIM=1``
-preloads anyway). Processes the kernel
-starts (``!python train.py``) inherit ``LD_PRELOAD`` and so are arbitrated too, each as a client
-of its own under the kernel's name.
+The preload is skipped, and the kernel starts at once, when ``KIWI_SHIM=0``, when a Kiwi shim is
+preloaded already (in a pod the device plugin puts its own copy in ``LD_PRELOAD``, at another
+path and maybe another version: two shims would each register and queue behind each other),
+when the shim is not built, or when no CUDA driver can be loaded (no GPU: nothing to
+intercept; ``KIWI_SHIM=1`` preloads anyway). Processes the kernel starts (``!python train.py``)
+inherit ``LD_PRELOAD`` and so are arbitrated too, each as a client of its own under the kernel's
+name.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from kiwi_jupyter.kernel.identity import (
+    DISPLAY_NAME_ENV,
     KERNEL_ID_ENV,
     connection_file_from_argv,
+    display_name,
     kernel_id_from_connection_file,
 )
 
@@ -48,6 +53,12 @@ SHIM_ENV = "KIWI_SHIM"
 SHIM_LIBRARY_ENV = "KIWI_SHIM_LIBRARY"
 #: The driver library the shim wraps; if it cannot be loaded there is no GPU to arbitrate.
 CUDA_DRIVER = "libcuda.so.1"
+#: A symbol every Kiwi shim exports (shim/api.c): found in this process, a shim is loaded here,
+#: whatever its path or version.
+SHIM_SYMBOL = "kiwi_shim_active"
+#: How Kiwi shims are named, ours (libkiwishim.so) and the device plugin's (libkiwi.so), for an
+#: ``LD_PRELOAD`` entry that is not loaded in this process (yet).
+_SHIM_FILE = re.compile(r"^libkiwi(shim)?(-[\w.]+)?\.so(\.[\d.]+)?$")
 
 
 def shim_library() -> Path | None:
@@ -73,6 +84,27 @@ def cuda_driver_present() -> bool:
     return True
 
 
+def shim_in_process() -> bool:
+    """Whether a Kiwi shim is loaded in this process (LD_PRELOAD took effect at its start)."""
+    try:
+        getattr(ctypes.CDLL(None), SHIM_SYMBOL)
+    except AttributeError:
+        return False
+    return True
+
+
+def preloaded_shim(environ: Mapping[str, str], library: Path | None = None) -> str | None:
+    """The Kiwi shim already in ``LD_PRELOAD`` (or loaded here), or None. ``library``: ours,
+    which counts whatever its file is called."""
+    entries = environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    for entry in entries:
+        if _SHIM_FILE.match(Path(entry).name) or (library is not None and entry == str(library)):
+            return entry
+    if entries and shim_in_process():
+        return "a library in LD_PRELOAD"
+    return None
+
+
 def preload_plan(environ: Mapping[str, str]) -> Path | None:
     """The shim to preload by re-executing, or None to start the kernel as we are."""
     setting = environ.get(SHIM_ENV, "")
@@ -85,8 +117,8 @@ def preload_plan(environ: Mapping[str, str]) -> Path | None:
             print(f"kiwi: {SHIM_ENV}=1 but no shim library was found "
                   f"({chosen or 'not built'}); starting without it", file=sys.stderr)
         return None
-    if str(library) in environ.get("LD_PRELOAD", "").replace(":", " ").split():
-        return None  # already preloaded: this is the second run
+    if preloaded_shim(environ, library) is not None:
+        return None  # ours after the re-exec, or one the device plugin preloaded: not a second
     if setting != "1" and not cuda_driver_present():
         return None
     return library
@@ -100,12 +132,16 @@ def _reexec_with(library: Path, environ: Mapping[str, str]) -> None:
 
 
 def _name_this_kernel(argv: list[str]) -> None:
-    # Everything this kernel starts, the shim included, registers under the kernel's id.
+    # Everything this kernel starts, the shim included, registers under the kernel's id, and
+    # shows its notebook to people.
     connection_file = connection_file_from_argv(argv)
     kernel_id = kernel_id_from_connection_file(connection_file) if connection_file else None
     if kernel_id:
         os.environ[KERNEL_ID_ENV] = kernel_id
         os.environ["KIWI_CLIENT_NAME"] = kernel_id
+    notebook = display_name(os.environ)
+    if notebook:
+        os.environ[DISPLAY_NAME_ENV] = notebook
 
 
 def main(argv: list[str] | None = None) -> None:

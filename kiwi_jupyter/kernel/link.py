@@ -10,13 +10,11 @@ the scheduler there right now?" that never blocks a cell, and one error type,
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from nodeside.client import Client
-from nodeside.config import DEFAULT_SOCKET
+from nodeside.client import Client, find_socket
 
 T = TypeVar("T")
 
@@ -41,10 +39,13 @@ class DaemonLink:
     """The kernel's one scheduling client, registered under the kernel's name."""
 
     def __init__(self, name: str | None, *, socket_path: str | None = None,
-                 reconnect_timeout: float = 30.0, register: bool = True) -> None:
+                 reconnect_timeout: float = 30.0, register: bool = True,
+                 display_name: str | None = None) -> None:
         self.name = name
+        self.display_name = display_name  # what people see: the notebook's path
         self.register = register  # False: a control-only connection, holding nothing
-        self.socket_path = socket_path or os.environ.get("KIWI_SOCKET") or DEFAULT_SOCKET
+        self._explicit_socket = socket_path
+        self.socket_path = find_socket(socket_path)
         self.pool: str | None = None      # None: KIWI_POOL, read by the Client
         self.priority: str | None = None  # None: KIWI_PRIORITY
         self._reconnect_timeout = reconnect_timeout
@@ -56,9 +57,11 @@ class DaemonLink:
     def client(self) -> Client:
         """The client, made on first use. It connects in the background and never raises here."""
         if self._client is None:
-            self._client = Client(self.socket_path, name=self.name, pool=self.pool,
+            self._client = Client(self._explicit_socket, name=self.name, pool=self.pool,
                                   priority=self.priority, kind="kernel", register=self.register,
+                                  display_name=self.display_name,
                                   reconnect_timeout=self._reconnect_timeout)
+            self.socket_path = self._client.socket_path
             self._made_at = time.monotonic()
             for listener in self._listeners:
                 self._client.add_listener(listener)

@@ -9,7 +9,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from nodeside.names import names_by_id, who
+
 Document = dict[str, Any]
+
+#: How wide a client's name may be in the table (``nodeside.names.shorten`` cuts it).
+NAME_WIDTH = 40
 
 _CLIENT_COLUMNS = ("client", "pool", "priority", "state", "queue", "GPU time", "working set")
 
@@ -23,11 +28,6 @@ def human_bytes(nbytes: int | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
-
-
-def client_names(document: Document) -> dict[str, str]:
-    """Client id -> the name it registered with (the kernel id, for kernels)."""
-    return {c["id"]: c.get("name") or c["id"] for c in document.get("clients", [])}
 
 
 class StatusTable:
@@ -45,7 +45,7 @@ class StatusTable:
                 (
                     c["id"] == self.me,
                     [
-                        c.get("name") or c["id"],
+                        who(c, NAME_WIDTH),
                         c.get("pool", ""),
                         c.get("priority", ""),
                         c.get("state", ""),
@@ -58,7 +58,7 @@ class StatusTable:
         return rows
 
     def _gpu_lines(self) -> list[str]:
-        names = client_names(self.document)
+        names = names_by_id(self.document, NAME_WIDTH)
         lines = []
         for gpu in self.document.get("gpus", []):
             held = ", ".join(names.get(h, h) for h in gpu.get("holders", []))

@@ -17,8 +17,7 @@ from traitlets import Bool, Enum, Float, List, Unicode, default
 from kiwi_jupyter.server.embedded import EmbeddedScheduler, daemon_answers, default_command
 from kiwi_jupyter.server.handlers import SchedulerHandler, StatusHandler
 from kiwi_jupyter.server.link import DaemonLink
-from nodeside.config import DEFAULT_SOCKET
-from nodeside.protocol import MODES
+from nodeside.protocol import DEFAULT_SOCKET, MODES
 
 
 class KiwiExtension(ExtensionApp):
@@ -39,6 +38,14 @@ class KiwiExtension(ExtensionApp):
     @default("embedded_scheduler")
     def _default_embedded(self) -> bool:
         return "KUBERNETES_SERVICE_HOST" not in os.environ
+
+    publish_socket = Bool(
+        True,
+        config=True,
+        help="""Publish the embedded scheduler's socket for this user, as a symlink at
+        $XDG_RUNTIME_DIR/kiwi/scheduler.sock (else in Jupyter's runtime directory), so that
+        `kiwictl` finds it with no --socket. Removed when the server stops.""",
+    )
 
     socket = Unicode(
         config=True,
@@ -108,10 +115,13 @@ class KiwiExtension(ExtensionApp):
         self._saved_socket_env = os.environ.get("KIWI_SOCKET")
         socket_path = self.socket
         if self.embedded_scheduler and not daemon_answers(socket_path):
-            self.embedded = EmbeddedScheduler(self.scheduler_command, self._scheduler_options())
+            self.embedded = EmbeddedScheduler(self.scheduler_command, self._scheduler_options(),
+                                              publish=self.publish_socket)
             self.embedded.start()
             socket_path = self.embedded.socket_path
             self.log.info("Kiwi: embedded scheduler listening on %s", socket_path)
+            if self.embedded.published is not None:
+                self.log.info("Kiwi: published it at %s for kiwictl", self.embedded.published)
         else:
             self.log.info("Kiwi: using the scheduler at %s", socket_path)
         # Kernels inherit the server's environment: this is how every kernel this server

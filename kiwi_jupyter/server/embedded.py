@@ -4,6 +4,11 @@ On a laptop or in Binder there is no node daemon, yet kernels need one to share 
 server then runs its own as a child, on a socket in a private temporary directory (so two
 servers on one machine never share or steal each other's socket), restarts it when it dies and
 stops it with the server.
+
+So that ``kiwictl`` in a terminal finds it with no flag, the socket is published for the user as
+a symlink at ``nodeside.client.discovery.published_socket_path()`` (``$XDG_RUNTIME_DIR/kiwi/
+scheduler.sock``, else in Jupyter's runtime directory), where kiwictl looks after the node's
+default; the link is removed on shutdown. With several servers, the latest one's is published.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nodeside import protocol
+from nodeside.client import discovery
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ def daemon_answers(socket_path: str, timeout: float = 1.0) -> bool:
             sock.connect(socket_path)
             sock.sendall(protocol.encode(protocol.HELLO, version=protocol.VERSION))
             reply = b""
-            while not reply.endswith(b"\n") and len(reply) < protocol.MAX_REQUEST_BYTES:
+            while not reply.endswith(b"\n") and len(reply) < protocol.MAX_REPLY_BYTES:
                 chunk = sock.recv(4096)
                 if not chunk:
                     return False
@@ -72,6 +78,7 @@ class EmbeddedScheduler:
         extra_args: Sequence[str] = (),
         *,
         start_timeout: float = 15.0,
+        publish: bool = True,
     ) -> None:
         self._directory = tempfile.mkdtemp(prefix="kiwi-")
         #: Short on purpose: Unix socket paths are limited to about 100 bytes.
@@ -79,6 +86,9 @@ class EmbeddedScheduler:
         self.command = [*command, "--socket", self.socket_path, *extra_args]
         self.start_timeout = start_timeout
         self.restarts = 0
+        self.publish = publish
+        #: Where the socket is published for kiwictl; None until started, or if it could not be.
+        self.published: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -96,6 +106,11 @@ class EmbeddedScheduler:
         while not daemon_answers(self.socket_path, timeout=0.5):
             self._check_starting(deadline)
             time.sleep(0.05)
+        if self.publish:
+            self.published = discovery.publish(self.socket_path)
+            if self.published is None:
+                log.warning("Kiwi: could not publish the scheduler's socket at %s; kiwictl needs "
+                            "--socket %s", discovery.published_socket_path(), self.socket_path)
 
     async def restart_if_dead(self) -> bool:
         """Start a new child when the last one has exited; True when it did.
@@ -146,6 +161,9 @@ class EmbeddedScheduler:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the child (SIGTERM, then SIGKILL after ``timeout``) and remove its socket."""
+        if self.published is not None:
+            discovery.unpublish(self.socket_path)
+            self.published = None
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.terminate()

@@ -1,9 +1,9 @@
-"""The server's line to the node daemon: `nodeside.client.Client` calls, run off the event loop.
+"""The server's line to the node daemon: `nodeside.client.ControlClient` calls, run off the loop.
 
-The Client is blocking by design (a kernel thread waits on it). Tornado must never wait on a
-socket, so every call runs on one worker thread; one thread also means one connection and
-requests that never interleave on it. Status requests are coalesced: however many browser tabs
-poll, the daemon sees at most one status request per ``max_age`` seconds.
+The ControlClient is blocking (one synchronous connection, no thread of its own). Tornado must
+never wait on a socket, so every call runs on one worker thread; one thread also means one
+connection and requests that never interleave on it. Status requests are coalesced: however many
+browser tabs poll, the daemon sees at most one status request per ``max_age`` seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from nodeside.client import Client
+from nodeside.client import ControlClient
 
 
 class DaemonUnavailable(Exception):
@@ -99,10 +99,10 @@ class DaemonLink:
             self._drop_client()
             raise DaemonUnavailable(_describe(exc, self.socket_path)) from exc
 
-    def _control_client(self, socket_path: str) -> Client:
-        # register=False: the server observes and steers; it never holds a GPU, so it must not
-        # show up as a client in the status document it serves.
-        return Client(socket_path, register=False, request_timeout=self.timeout)
+    def _control_client(self, socket_path: str) -> ControlClient:
+        # A control connection: the server observes and steers; it never holds a GPU, so it
+        # does not show up as a client in the status document it serves.
+        return ControlClient(socket_path, timeout=self.timeout)
 
     def _drop_client(self) -> None:
         client, self._client = self._client, None
@@ -112,8 +112,7 @@ class DaemonLink:
 
 
 def _describe(exc: BaseException, socket_path: str) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return f"no Kiwi daemon socket at {socket_path}"
-    if isinstance(exc, ConnectionRefusedError):
-        return f"nothing listens at {socket_path} (connection refused)"
+    if isinstance(exc, (TimeoutError, FileNotFoundError, ConnectionRefusedError)) or \
+            type(exc) is ConnectionError:
+        return str(exc)  # the ControlClient's own words: where it looked and why it failed
     return f"lost the Kiwi daemon at {socket_path}: {exc or type(exc).__name__}"

@@ -130,7 +130,8 @@ class KernelUnderTest:
 def kernel_env(socket_path: str, **extra: str) -> dict[str, str]:
     env = {**os.environ, "KIWI_SOCKET": socket_path, "KIWI_SHIM": "0",
            "JUPYTER_PLATFORM_DIRS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
-    for name in ("KIWI_POOL", "KIWI_PRIORITY", "KIWI_CLIENT_NAME", "KIWI_KERNEL_ID"):
+    for name in ("KIWI_POOL", "KIWI_PRIORITY", "KIWI_CLIENT_NAME", "KIWI_KERNEL_ID",
+                 "KIWI_DISPLAY_NAME", "JPY_SESSION_NAME"):
         env.pop(name, None)
     env.update(extra)
     return env

@@ -117,6 +117,24 @@ def test_a_preloaded_shim_is_not_preloaded_again(preloadable: Path) -> None:
     assert preload_plan(environ) is None
 
 
+@pytest.mark.parametrize("preloaded", [
+    "/usr/local/lib/kiwi/libkiwi.so",          # the device plugin's, in a pod
+    "/opt/kiwi-0.0.9/lib/libkiwishim.so",      # another install's, maybe another version
+    "/usr/lib/libkiwishim.so.1",
+])
+def test_any_preloaded_kiwi_shim_is_not_joined_by_a_second(preloadable: Path,
+                                                           preloaded: str) -> None:
+    environ = {"KIWI_SHIM": "1", "KIWI_SHIM_LIBRARY": str(preloadable),
+               "LD_PRELOAD": f"/lib/other.so:{preloaded}"}
+    assert preload_plan(environ) is None
+
+
+def test_other_preloaded_libraries_do_not_stop_the_shim(preloadable: Path) -> None:
+    environ = {"KIWI_SHIM": "1", "KIWI_SHIM_LIBRARY": str(preloadable),
+               "LD_PRELOAD": "/usr/lib/libjemalloc.so.2 /opt/kiwix/libkiwix.so"}
+    assert preload_plan(environ) == preloadable
+
+
 def test_kiwi_shim_1_preloads_without_a_cuda_driver(preloadable: Path) -> None:
     assert preload_plan({"KIWI_SHIM": "1", "KIWI_SHIM_LIBRARY": str(preloadable)}) == preloadable
 

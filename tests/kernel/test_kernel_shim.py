@@ -105,3 +105,20 @@ def test_pool_and_priority_are_the_shims_and_refused_in_one_line(
     refused = b.run("%kiwi pool training")
     assert len(refused.stderr.splitlines()) == 1
     assert "KIWI_POOL" in refused.stderr
+
+
+def test_a_kiwi_shim_the_device_plugin_preloaded_is_not_joined_by_a_second(
+        pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
+    # In a pod the device plugin preloads its own copy of the shim, at another path (and
+    # maybe another version). The launcher must not add the package's shim beside it.
+    plugin_copy = daemon.directory / "device-plugin" / "libkiwi.so"
+    plugin_copy.parent.mkdir()
+    shutil.copy(shim.library_path(build=False), plugin_copy)
+    (kernel,) = start_kernels(daemon.directory, daemon.socket, KIWI_SHIM="",
+                              LD_PRELOAD=str(plugin_copy),
+                              LD_LIBRARY_PATH=str(daemon.directory / "fakecuda"))
+    try:
+        assert kernel.run("import os; os.environ['LD_PRELOAD']").value == str(plugin_copy)
+        assert kernel.run("%kiwi mode").stdout == "kiwi: this kernel's mode is lazy\n"
+    finally:
+        kernel.shutdown()

@@ -1,0 +1,26 @@
+"""The Python clients of the node daemon (CONTRACT section 4); ``kiwi_jupyter.Client`` is
+``Client``.
+
+- ``api.Client``: a process that holds a GPU (a kernel, a script); kept connected by the
+  connection thread of ``connection`` through daemon restarts.
+- ``control.ControlClient``: one blocking connection for callers that ask and go (``kiwictl``, the
+  Jupyter server's link): status and admin requests, no thread, no hold.
+- ``discovery``: where the scheduler's socket is when nobody says.
+
+Importing this package imports the protocol and its bounds, never the scheduler or the config.
+"""
+
+from nodeside.client.api import DISPLAY_NAME_ENV, Client
+from nodeside.client.common import KiwiError, default_name
+from nodeside.client.control import ControlClient
+from nodeside.client.discovery import find_socket, published_socket_path
+
+__all__ = [
+    "DISPLAY_NAME_ENV",
+    "Client",
+    "ControlClient",
+    "KiwiError",
+    "default_name",
+    "find_socket",
+    "published_socket_path",
+]

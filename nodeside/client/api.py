@@ -1,0 +1,279 @@
+"""``Client``: what a process that holds a GPU does with its connection (CONTRACT section 4).
+
+``acquire`` can be interrupted (Ctrl-C in a notebook) and then cancels its request. It also comes
+in two halves, ``request`` and ``wait_for_grant``, for callers that have work to do while the
+request travels (the notebook kernel asks when a cell starts and waits in the cell's first
+statement). ``position`` is the queue position the daemon last told us, kept up to date by its
+``waiting`` events: nobody needs to fetch the status document to show it.
+
+Holds do not survive a daemon restart: while disconnected the client holds nothing; a client
+that wanted the GPU when the daemon went away asks for it again as soon as it is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from nodeside import limits
+from nodeside import protocol as p
+from nodeside.client.common import (
+    KiwiError,
+    admin_refusal,
+    default_name,
+    env_priority,
+    pod_labels,
+)
+from nodeside.client.connection import Connection
+from nodeside.names import shorten_to_bytes
+
+#: A name for people to see in place of ``name`` (a notebook's path); the Kiwi kernel sets it.
+DISPLAY_NAME_ENV = "KIWI_DISPLAY_NAME"
+
+
+class Client(Connection):
+    """A connection to the node daemon that can hold one GPU.
+
+    Arguments left as None come from the environment: ``KIWI_SOCKET`` (unset: the node's socket,
+    else one a Jupyter server published, see ``discovery``), ``KIWI_CLIENT_NAME``,
+    ``KIWI_DISPLAY_NAME``, ``KIWI_POOL``, ``KIWI_PRIORITY``, ``KIWI_GPU`` (default 0).
+    ``register=False`` makes a control-only connection that holds nothing. ``reconnect_timeout``
+    bounds how long a call waits for an unreachable daemon before it fails with ConnectionError.
+    """
+
+    def __init__(self, socket_path: str | None = None, *, name: str | None = None,
+                 pool: str | None = None, priority: str | None = None, gpu: int | None = None,
+                 register: bool = True, kind: str = "client",
+                 labels: dict[str, str] | None = None, display_name: str | None = None,
+                 reconnect_timeout: float = 30.0, request_timeout: float = 10.0) -> None:
+        self.name = name or default_name()
+        self.display_name = display_name or os.environ.get(DISPLAY_NAME_ENV) or None
+        self.pool = pool or os.environ.get("KIWI_POOL") or p.DEFAULT_POOL
+        self.priority = env_priority(priority)
+        # In Kubernetes the device plugin sets KIWI_GPU to the host index of the pod's GPU
+        # (inside the container that GPU is CUDA device 0, but the node daemon counts host GPUs).
+        self.gpu = gpu if gpu is not None else int(os.environ.get("KIWI_GPU") or 0)
+        self.kind = kind
+        self.labels = labels if labels is not None else pod_labels()
+        super().__init__(socket_path, register=register, reconnect_timeout=reconnect_timeout,
+                         request_timeout=request_timeout)
+
+    @property
+    def holding(self) -> bool:
+        return self._holding
+
+    def acquire(self, timeout: float | None = None) -> None:
+        """Block until this client holds its GPU. TimeoutError on timeout; ConnectionError if
+        the daemon cannot be reached within the timeout (or ``reconnect_timeout``)."""
+        self.request()
+        if self.wait_for_grant(timeout):
+            return
+        connected = self._connected
+        position = self.position if connected else None
+        self._cancel()  # the GPU is never granted to a caller that stopped waiting
+        if not connected:
+            raise ConnectionError(self._unreachable())
+        raise TimeoutError(f"no GPU within the timeout (queue position "
+                           f"{'unknown' if position is None else position})")
+
+    def request(self) -> None:
+        """Ask for the GPU and return at once: ``acquire`` in two halves, "ask now, wait later".
+
+        ``wait_for_grant`` waits for the answer, ``release`` withdraws the request. A caller
+        with work to do before it needs the GPU (a kernel compiling a cell) overlaps the round
+        trip to the daemon with that work. A no-op while holding or already asking; while the
+        daemon is away, the request goes out when it is back.
+        """
+        self._must_register()
+        with self._cond:
+            if self._holding or self._wanted:
+                return
+            self._wanted = True
+            self._asked_in = -1  # not asked on any connection yet
+            self._refusal = None
+            self._ask_locked()
+
+    def wait_for_grant(self, timeout: float | None = None) -> bool:
+        """After ``request``: block until the GPU is held (True) or ``timeout`` passes (False;
+        the request stays queued, or goes out when an absent daemon is back). An interrupt, a
+        refusal (KiwiError) or a daemon unreachable for longer than ``reconnect_timeout``
+        (ConnectionError) withdraws the request."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            with self._cond:
+                try:
+                    return self._wait_for_grant_locked(deadline)
+                finally:
+                    self._return_socket()
+        except BaseException:
+            # Take the request back, so the GPU is never granted to a caller that stopped
+            # waiting.
+            self._cancel()
+            raise
+
+    def release(self) -> None:
+        """Give the GPU back, or cancel a pending request. A no-op when neither."""
+        with self._cond:
+            wanted, self._wanted = self._wanted, False
+            held, self._holding = self._holding, False
+            self.position = None
+            connected = self._connected
+        if not (wanted and connected):
+            return
+        with contextlib.suppress(ConnectionError):
+            if held:
+                # No answer to wait for: nothing the daemon sends can cross the release of a
+                # hold, and not waiting keeps this process off the CPU while the GPU changes
+                # hands. A cancelled wait is different: see _cancel.
+                self._send(p.encode(p.RELEASE))
+            else:
+                self._cancel()
+
+    def requeue(self) -> None:
+        """Give the GPU back and ask for it again, in one request (a holder asked to drop that
+        still has work). Returns at once; ``wait_for_grant`` waits for the new grant. Without a
+        hold it is ``request``."""
+        self._must_register()
+        with self._cond:
+            if not (self._holding and self._connected):
+                held = False
+            else:
+                held = True
+                self._holding = False
+                self._wanted = True
+                self._refusal = None
+                self._asked_in = self._generation
+                self._ask_seq = next(self._seq)
+                with contextlib.suppress(ConnectionError):
+                    self._send(p.encode(p.RELEASE, seq=self._ask_seq, requeue=True))
+        if not held:
+            self.request()
+
+    def report_working_set(self, nbytes: int, evictable: int | None = None) -> None:
+        limits.byte_count(nbytes, "working set")
+        with self._cond:  # against _connect: either it sends this, or we do
+            self._working_set = nbytes
+            connected = self._connected
+        if connected:
+            self._request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable)
+
+    def status(self) -> dict[str, Any]:
+        document: dict[str, Any] = self._request(p.STATUS)["status"]
+        return document
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in p.MODES:
+            raise ValueError(f"mode must be one of {', '.join(p.MODES)}, not {mode!r}")
+        self._admin(p.SET_MODE, mode=mode)
+
+    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
+        self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
+
+    def ping(self) -> float:
+        """Round trip to the daemon, in seconds."""
+        start = time.perf_counter()
+        self._request(p.PING)
+        return time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def hold(self, timeout: float | None = None) -> Iterator[Client]:
+        self.acquire(timeout)
+        try:
+            yield self
+        finally:
+            self.release()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _registration(self) -> dict[str, Any]:
+        return {"name": self.name, "pool": self.pool, "priority": self.priority,
+                "gpu": self.gpu, "kind": self.kind, "labels": self.labels or None,
+                "display_name": _fit(self.display_name)}
+
+    def _must_register(self) -> None:
+        if not self._register:
+            raise RuntimeError("a control-only client (register=False) cannot hold a GPU")
+
+    def _wait_for_grant_locked(self, deadline: float | None) -> bool:
+        """Wait with self._cond held; False on timeout."""
+        while not self._holding:
+            if self._closed:
+                raise ConnectionError("the client was closed")
+            if self._refusal is not None:
+                refused, self._refusal = self._refusal, None
+                raise KiwiError(refused.get("code", "?"), refused.get("message", "refused"))
+            if not self._wanted:
+                raise RuntimeError("no request to wait for: call request() first, "
+                                   "or the request was withdrawn")
+            self._ask_locked()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if not self._connected and self._down_too_long():
+                raise ConnectionError(self._unreachable())
+            if self._connected and self._asked_in == self._generation and self._ask_seq is None:
+                # Queued (the answer to our acquire came, and it was not a grant): from here
+                # the grant comes as an event, best read by this thread. Not earlier: the
+                # wake-up this costs the connection thread is better spent while another
+                # holds the GPU than while it changes hands, and an immediate grant needs no
+                # socket.
+                self._borrow_socket()
+            self._wait(0.1 if remaining is None else min(remaining, 0.1))
+        return True
+
+    def _ask_locked(self) -> None:
+        """Send our acquire on a connection it has not gone out on yet, without waiting for
+        the answer (``_dispatch`` takes it). Called with ``_cond`` held; the connection thread
+        asks by itself when it reconnects while we want the GPU."""
+        if not self._connected or self._asked_in == self._generation:
+            return
+        self._asked_in = self._generation
+        self._ask_seq = next(self._seq)
+        # A send that fails means the connection is going: its thread sees the loss, and the
+        # next connection asks again because we still want the GPU.
+        with contextlib.suppress(ConnectionError):
+            self._send(p.encode(p.ACQUIRE, seq=self._ask_seq))
+
+    def _answered(self, message: dict[str, Any]) -> None:
+        if message.get("op") == p.RELEASED and self._wanted:
+            # A daemon that predates "requeue" only released: ask again the old way.
+            self._ask_seq = None
+            self._asked_in = -1
+            self._ask_locked()
+            return
+        super()._answered(message)
+
+    def _cancel(self) -> None:
+        """Take back a request. Waits for the daemon's answer: a grant that crossed the
+        cancel arrives before it, and is then ignored because we no longer want the GPU."""
+        with self._cond:
+            self._wanted = False
+            self._holding = False
+            self.position = None
+            connected = self._connected and not self._closed
+        if connected:
+            with contextlib.suppress(ConnectionError, TimeoutError, KiwiError):
+                self._request(p.RELEASE)
+
+    def _admin(self, op: str, **fields: Any) -> None:
+        try:
+            reply = self._request(op, **fields)
+        except KiwiError as exc:
+            raise admin_refusal(exc) from None
+        self.mode, self.tq = reply.get("mode", self.mode), reply.get("tq", self.tq)
+
+
+def _fit(display_name: str | None) -> str | None:
+    """A display name the daemon accepts: within its bound, cut with an ellipsis if longer."""
+    if display_name is None:
+        return None
+    return shorten_to_bytes(display_name, limits.MAX_NAME_BYTES)

@@ -1,0 +1,158 @@
+"""``ControlClient``: one synchronous connection for callers that ask and go.
+
+``kiwictl`` and the Jupyter server's link read the status document and send admin requests; they
+never hold a GPU, so they need none of ``Client``'s machinery (a connection thread, reconnecting
+with backoff, re-asking after a restart). This client connects on the first call, says hello,
+sends one request at a time and reads until the reply with its ``seq`` comes, skipping the events
+in between. A failed call closes the connection; the next call connects afresh, which is also how
+a restarted daemon is picked up.
+
+Given no path, it tries the places ``discovery`` lists in turn and keeps the first that answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+from typing import Any
+
+from nodeside import limits
+from nodeside import protocol as p
+from nodeside.client.common import HELLO_FIELDS, KiwiError, admin_refusal, refusal
+from nodeside.client.discovery import candidates, not_found
+
+
+class ControlClient:
+    """Status and admin requests over one blocking connection; a context manager.
+
+    Raises ConnectionError when nothing answers (the message says where it looked),
+    TimeoutError when the daemon does not answer within ``timeout`` seconds, PermissionError
+    or ValueError for a refused admin request, KiwiError for other refusals.
+    """
+
+    def __init__(self, socket_path: str | None = None, *, timeout: float = 10.0) -> None:
+        self._candidates = candidates(socket_path)
+        #: The socket in use: the one that answered, or the first to try until one has.
+        self.socket_path = self._candidates[0]
+        self.timeout = timeout
+        self.mode: str | None = None
+        self.tq: float | None = None
+        self._sock: socket.socket | None = None
+        self._buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
+        self._lines: list[bytes] = []
+        self._seq = itertools.count(1)
+
+    def status(self) -> dict[str, Any]:
+        document: dict[str, Any] = self.request(p.STATUS)["status"]
+        return document
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in p.MODES:
+            raise ValueError(f"mode must be one of {', '.join(p.MODES)}, not {mode!r}")
+        self._admin(p.SET_MODE, mode=mode)
+
+    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
+        self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
+
+    def ping(self) -> None:
+        self.request(p.PING)
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its reply; KiwiError when the reply is an error."""
+        sock = self._connection()
+        seq = next(self._seq)
+        try:
+            sock.sendall(p.encode(op, seq=seq, **fields))
+            while True:
+                message = self._next_message(sock)
+                if message.get("seq") == seq:
+                    break
+                self._note(message)  # an event (a mode change) that crossed our request
+        except (OSError, p.ProtocolError) as exc:
+            self.close()
+            if isinstance(exc, TimeoutError):
+                raise TimeoutError(f"the Kiwi scheduler at {self.socket_path} did not answer "
+                                   f"{op} within {self.timeout:g} s") from None
+            raise ConnectionError(f"lost the Kiwi scheduler at {self.socket_path}: "
+                                  f"{exc}") from None
+        if message["op"] == p.ERROR:
+            raise refusal(message)
+        return message
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        self._buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
+        self._lines = []
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _admin(self, op: str, **fields: Any) -> None:
+        try:
+            reply = self.request(op, **fields)
+        except KiwiError as exc:
+            raise admin_refusal(exc) from None
+        self._note(reply)
+
+    def _note(self, message: dict[str, Any]) -> None:
+        if message.get("op") in (p.MODE, p.OK, p.WELCOME):
+            self.mode = message.get("mode", self.mode)
+            self.tq = message.get("tq", self.tq)
+
+    def _connection(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        tried: list[tuple[str, str]] = []
+        for path in self._candidates:
+            try:
+                self._sock = self._connect(path)
+            except (OSError, p.ProtocolError) as exc:
+                tried.append((path, _reason(exc)))
+                continue
+            self.socket_path = path
+            return self._sock
+        raise ConnectionError(not_found(tried))
+
+    def _connect(self, path: str) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(path)
+            sock.sendall(p.encode(p.HELLO, **HELLO_FIELDS))
+            welcome = self._next_message(sock)
+        except BaseException:
+            sock.close()
+            self._buffer, self._lines = p.LineBuffer(p.MAX_REPLY_BYTES), []
+            raise
+        if welcome.get("op") != p.WELCOME:
+            sock.close()
+            raise ConnectionRefusedError(f"refused: {welcome.get('message', welcome.get('op'))}")
+        self._note(welcome)
+        return sock
+
+    def _next_message(self, sock: socket.socket) -> dict[str, Any]:
+        while not self._lines:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("the scheduler closed the connection")
+            self._lines.extend(self._buffer.feed(data))
+        return p.decode(self._lines.pop(0))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such socket"
+    if isinstance(exc, ConnectionRefusedError):
+        return "nothing listens there" if exc.errno is not None else str(exc)
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,85 @@
+"""How clients are named to people: the display name with its user, cut to fit a column.
+
+A kernel registers under its Jupyter kernel id (the key the panel finds it by) and shows its
+notebook's path as its display name. Every text view (the waiting line, ``%kiwi status``,
+``kiwictl status``) names a client with ``who`` and cuts it with ``shorten``; the panel cuts with
+CSS (``text-overflow: ellipsis``), which also never hides a cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ELLIPSIS = "…"
+
+#: Where a name may be cut: after a path separator or between words.
+_BOUNDARIES = " /\\-_."
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters; a cut is always shown with an ellipsis.
+
+    A path keeps its end (the file name matters most): ``…/runs/train.ipynb``. Other text keeps
+    its start, cut at a word boundary: ``Training the large…``. Only a single word too long for
+    the width is cut inside the word, and then the ellipsis says so.
+    """
+    if width < 1:
+        raise ValueError("width must be at least 1")
+    if len(text) <= width:
+        return text
+    room = width - len(ELLIPSIS)
+    if room <= 0:
+        return ELLIPSIS[:width]
+    if "/" in text.rstrip("/"):
+        tail = _path_tail(text, room)
+        if tail:
+            return ELLIPSIS + tail
+    head = text[:room]
+    cut = max(head.rfind(c) for c in _BOUNDARIES)
+    if text[room] in _BOUNDARIES:
+        cut = room  # the cut falls exactly between two words
+    if cut > room // 2:
+        head = head[:cut]
+    head = head.rstrip(_BOUNDARIES) or text[:room]
+    return head + ELLIPSIS
+
+
+def _path_tail(text: str, room: int) -> str:
+    """The longest end of the path, starting at a separator, that fits in ``room``."""
+    best = ""
+    for index, char in enumerate(text):
+        if char == "/" and len(text) - index <= room:
+            best = text[index:]
+            break
+    return best
+
+
+def shorten_to_bytes(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` UTF-8 bytes, cut as ``shorten`` cuts (for bounds that count
+    bytes, like the daemon's on names)."""
+    width = len(text)
+    while width > 1 and len(shorten(text, width).encode("utf-8", "surrogatepass")) > limit:
+        width -= 1
+    return shorten(text, width)
+
+
+def display_name(client: dict[str, Any]) -> str:
+    """What people call a client of the status document: its display name, else its name."""
+    return str(client.get("display_name") or client.get("name") or client.get("id") or "?")
+
+
+def who(client: dict[str, Any], width: int | None = None) -> str:
+    """A client for people: ``notebook.ipynb (alice)``, cut to ``width`` if given; the user
+    part is kept whole while there is room for a name beside it."""
+    name, user = display_name(client), client.get("user")
+    suffix = f" ({user})" if user else ""
+    if width is None:
+        return name + suffix
+    if len(suffix) > width // 2:
+        return shorten(name + suffix, width)
+    return shorten(name, width - len(suffix)) + suffix
+
+
+def names_by_id(document: dict[str, Any], width: int | None = None) -> dict[str, str]:
+    """Client id -> ``who`` for every client of a status document."""
+    return {c["id"]: who(c, width) for c in document.get("clients", [])}

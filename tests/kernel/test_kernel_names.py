@@ -1,0 +1,78 @@
+"""Kernels are named by their notebooks: a kernel a Jupyter server starts for a notebook
+(``JPY_SESSION_NAME``) registers that path as its display name, and the waiting line and
+``%kiwi status`` show it. Real kernels, a real daemon."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kernel_support import KernelUnderTest, entry, holders, scheduler_status, start_kernels
+from support import DaemonProcess, wait_for
+
+from kiwi_jupyter.kernel.identity import display_name, notebook_name
+
+HOLDER_NOTEBOOK = "/srv/notebooks/team/holder-analysis.ipynb"
+WAITER_NOTEBOOK = "/srv/notebooks/waiter.ipynb"
+
+
+@pytest.fixture(scope="module")
+def named(module_daemon: DaemonProcess) -> Iterator[tuple[KernelUnderTest, KernelUnderTest]]:
+    (a,) = start_kernels(module_daemon.directory, module_daemon.socket,
+                         JPY_SESSION_NAME=HOLDER_NOTEBOOK)
+    (b,) = start_kernels(module_daemon.directory, module_daemon.socket,
+                         JPY_SESSION_NAME=WAITER_NOTEBOOK)
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+def daemon_shows_display_names(socket: str) -> bool:
+    return any("display_name" in c for c in scheduler_status(socket)["clients"])
+
+
+def test_the_notebook_path_is_the_display_name_and_home_reads_as_a_tilde() -> None:
+    assert notebook_name({"JPY_SESSION_NAME": "/home/ada/runs/a.ipynb", "HOME": "/home/ada"}) \
+        == "~/runs/a.ipynb"
+    assert notebook_name({"JPY_SESSION_NAME": "/srv/b.ipynb", "HOME": "/home/ada"}) \
+        == "/srv/b.ipynb"
+    assert notebook_name({"HOME": "/home/ada"}) is None
+    assert display_name({"KIWI_DISPLAY_NAME": "mine", "JPY_SESSION_NAME": "/x.ipynb"}) == "mine"
+
+
+def test_a_kernel_started_for_a_notebook_registers_its_path_as_display_name(
+        named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    a, _ = named
+    seen = a.run("import os\nfrom kiwi_jupyter.kernel import extension\n"
+                 "(os.environ['KIWI_DISPLAY_NAME'], extension._loaded.link.client.display_name,"
+                 " extension._loaded.link.client.name)").value
+    assert seen == (HOLDER_NOTEBOOK, HOLDER_NOTEBOOK, a.kernel_id)  # the id stays the key
+    row = entry(scheduler_status(module_daemon.socket), a.kernel_id)
+    assert row is not None
+    if "display_name" in row:  # a daemon that keeps display names (core's status fields)
+        assert row["display_name"] == HOLDER_NOTEBOOK
+
+
+def test_the_waiting_line_names_the_holder_by_its_notebook(
+        named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    if not daemon_shows_display_names(module_daemon.socket):
+        pytest.skip("this daemon's status has no display_name (core's status fields add it)")
+    a, b = named
+    holding = a.submit("import time; time.sleep(1.5)")
+    wait_for(lambda: holders(module_daemon.socket) == [a.kernel_id], what="A to hold")
+    waited = b.run("1")
+    assert a.collect(holding).status == "ok"
+    lines = [m["content"]["data"].get("text/plain", "")
+             for m in waited.of_type("display_data", "update_display_data")]
+    assert lines, "B did not wait long enough to show its waiting line"
+    assert "held by " in lines[0] and "holder-analysis.ipynb" in lines[0]
+    assert a.kernel_id not in lines[0]
+
+
+def test_kiwi_status_names_kernels_by_their_notebooks(
+        named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
+    if not daemon_shows_display_names(module_daemon.socket):
+        pytest.skip("this daemon's status has no display_name (core's status fields add it)")
+    _, b = named
+    text = b.run("%kiwi status").result["text/plain"]
+    assert "holder-analysis.ipynb" in text and "waiter.ipynb" in text

@@ -1,0 +1,68 @@
+"""Names people recognise: display names with their user, cut with an ellipsis, never silently."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodeside.names import ELLIPSIS, names_by_id, shorten, shorten_to_bytes, who
+
+
+def test_a_name_that_fits_is_left_whole() -> None:
+    assert shorten("analysis.ipynb", 14) == "analysis.ipynb"
+
+
+def test_a_path_keeps_its_end_from_a_separator() -> None:
+    assert shorten("~/projects/vision/experiments/train-resnet.ipynb", 34) == \
+        "…/experiments/train-resnet.ipynb"
+
+
+def test_words_are_cut_between_words() -> None:
+    assert shorten("Training the large language model", 20) == "Training the large…"
+
+
+def test_one_word_too_long_is_cut_inside_it_with_an_ellipsis() -> None:
+    assert shorten("supercalifragilistic", 8) == "superca…"
+
+
+def test_a_file_name_longer_than_the_room_is_cut_with_an_ellipsis() -> None:
+    cut = shorten("/data/an-extremely-long-notebook-name.ipynb", 16)
+    assert len(cut) <= 16 and cut.endswith(ELLIPSIS)
+
+
+@given(st.text(min_size=0, max_size=80), st.integers(min_value=1, max_value=60))
+def test_a_cut_is_never_longer_than_asked_and_always_shows(text: str, width: int) -> None:
+    cut = shorten(text, width)
+    assert len(cut) <= width
+    assert cut == text or ELLIPSIS in cut
+
+
+@given(st.text(min_size=1, max_size=400), st.integers(min_value=4, max_value=300))
+def test_a_cut_to_bytes_fits_the_byte_bound(text: str, limit: int) -> None:
+    cut = shorten_to_bytes(text, limit)
+    assert len(cut.encode("utf-8", "surrogatepass")) <= limit or len(cut) == 1
+    assert cut == text or ELLIPSIS in cut
+
+
+def test_who_prefers_the_display_name_and_adds_the_user() -> None:
+    assert who({"id": "c1", "name": "3f2a-77", "display_name": "~/a.ipynb",
+                "user": "alice"}) == "~/a.ipynb (alice)"
+    assert who({"id": "c1", "name": "3f2a-77"}) == "3f2a-77"
+    assert who({"id": "c1", "name": "3f2a-77", "display_name": None, "user": None}) == "3f2a-77"
+
+
+def test_who_cuts_the_name_and_keeps_the_user_whole() -> None:
+    client = {"id": "c1", "name": "k", "display_name": "~/projects/deep/notebook.ipynb",
+              "user": "alice"}
+    assert who(client, 24) == "…/notebook.ipynb (alice)"
+
+
+def test_names_by_id_covers_every_client() -> None:
+    document = {"clients": [{"id": "c1", "name": "a"}, {"id": "c2", "name": "b", "user": "u"}]}
+    assert names_by_id(document) == {"c1": "a", "c2": "b (u)"}
+
+
+def test_a_width_below_one_is_refused() -> None:
+    with pytest.raises(ValueError):
+        shorten("x", 0)
