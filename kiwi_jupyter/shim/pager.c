@@ -101,19 +101,23 @@ CUcontext kiwi_pager_note_context(CUdevice *device)
     return ctx;
 }
 
-void kiwi_pager_synchronize(void)
+bool kiwi_pager_synchronize(void)
 {
     if (!resolve() || !driver.ctx_set || !driver.ctx_sync)
-        return;
+        return true; /* no driver: nothing was queued */
+    bool synchronized = true;
     pthread_mutex_lock(&contexts_lock);
     for (int i = 0; i < context_count; i++) {
-        if (driver.ctx_set(contexts[i].ctx) != CUDA_SUCCESS)
-            continue;
-        CUresult result = driver.ctx_sync();
-        if (result != CUDA_SUCCESS)
+        CUresult result = driver.ctx_set(contexts[i].ctx);
+        if (result == CUDA_SUCCESS)
+            result = driver.ctx_sync();
+        if (result != CUDA_SUCCESS) {
             kiwi_warn("synchronizing before release failed: CUDA error %d", result);
+            synchronized = false;
+        }
     }
     pthread_mutex_unlock(&contexts_lock);
+    return synchronized;
 }
 
 struct move {

@@ -5,6 +5,8 @@
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
+ *   capture.c graph captures in progress, which a release must wait for
+ *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
  *   comm.c    the daemon client, on a thread of its own; the hold's state machine
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
@@ -75,6 +77,16 @@ double kiwi_gate_last_activity(void);
 int kiwi_gate_in_flight(void);
 void kiwi_gate_after_fork(void);
 
+/* ---- capture.c --------------------------------------------------------------------------- */
+
+/* How many streams are being captured into graphs now. */
+int kiwi_capture_open(void);
+/* For the comm thread: true when no capture is open, and then none can begin until
+ * kiwi_capture_unhold (the synchronization in between would invalidate it). */
+bool kiwi_capture_hold(void);
+void kiwi_capture_unhold(void);
+void kiwi_capture_after_fork(void);
+
 /* ---- memory.c ---------------------------------------------------------------------------- */
 
 struct kiwi_working_set {
@@ -105,8 +117,9 @@ struct kiwi_transfer {
 /* Remembers the calling thread's current context, so that the comm thread can synchronize it
  * and prefetch in it; returns it (NULL when none is current). */
 CUcontext kiwi_pager_note_context(CUdevice *device);
-/* Waits for all work this process queued on the GPU. */
-void kiwi_pager_synchronize(void);
+/* Waits for all work this process queued on the GPU; false when a context's synchronization
+ * failed, so that work may still be running. */
+bool kiwi_pager_synchronize(void);
 /* Moves the managed working set to host memory (evict) or back to its GPU (restore) with
  * prefetches on the pager's own streams, and waits for them. */
 void kiwi_pager_evict(struct kiwi_transfer *moved);
@@ -150,6 +163,8 @@ bool kiwi_comm_refusing(void);
 /* The allocation totals changed: report them to the daemon soon. */
 void kiwi_comm_working_set_changed(void);
 void kiwi_comm_add_waiting_time(double seconds);
+/* The last open graph capture ended: a deferred release may go ahead. */
+void kiwi_comm_captures_closed(void);
 
 /* For api.c. */
 void kiwi_comm_cell_begin(void);

@@ -120,6 +120,14 @@ class Driver:
             raise RuntimeError
         return free.value, total.value
 
+    # ---- graph capture ----
+    def begin_capture(self, stream: int, mode: int = 0, name: str = "cuStreamBeginCapture_v2") -> int:
+        return int(self.dlsym(name, c_ptr, ctypes.c_int)(stream, mode))
+
+    def end_capture(self, stream: int, name: str = "cuStreamEndCapture") -> int:
+        graph = c_ptr()
+        return int(self.dlsym(name, c_ptr, ctypes.POINTER(c_ptr))(stream, ctypes.byref(graph)))
+
     # ---- work ----
     def launch(self, via: str = "dlsym", per_thread: bool = False, grid: int = 1) -> int:
         name = "cuLaunchKernel_ptsz" if per_thread and via == "dlsym" else "cuLaunchKernel"
