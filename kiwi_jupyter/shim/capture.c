@@ -93,12 +93,6 @@ static void forget(CUstream stream)
         kiwi_comm_captures_closed();
 }
 
-/* The _ptsz variants' stream 0 is the calling thread's per-thread default stream. */
-static CUstream which(CUstream stream, bool per_thread)
-{
-    return !stream && per_thread ? CU_STREAM_PER_THREAD : stream;
-}
-
 #define BEGIN_CAPTURE(symbol, per_thread, params, args)                    \
     KIWI_EXPORT CUresult symbol params;                                    \
     KIWI_EXPORT CUresult symbol params                                     \
@@ -113,7 +107,7 @@ static CUstream which(CUstream stream, bool per_thread)
         pthread_mutex_lock(&capture_lock);                                 \
         CUresult result = real args;                                       \
         if (result == CUDA_SUCCESS)                                        \
-            remember(which(stream, per_thread));                           \
+            remember(kiwi_stream(stream, per_thread));                           \
         pthread_mutex_unlock(&capture_lock);                               \
         return result;                                                     \
     }
@@ -142,7 +136,7 @@ BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, true, TO_GRAPH_PARAMS, TO_GRAPH_
             return CUDA_ERROR_NOT_INITIALIZED;                                          \
         CUresult result = real(stream, graph);                                          \
         if (kiwi_cfg.enabled)                                                           \
-            forget(which(stream, per_thread));                                          \
+            forget(kiwi_stream(stream, per_thread));                                          \
         return result;                                                                  \
     }
 

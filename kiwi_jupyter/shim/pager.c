@@ -148,10 +148,9 @@ static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream
     return CUDA_ERROR_NOT_FOUND;
 }
 
-static void move_one(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice device, void *arg)
+static void move_one(const struct kiwi_range *range, struct move *move)
 {
-    struct move *move = arg;
-    struct context *c = context_of(ctx);
+    struct context *c = context_of(range->ctx);
     if (!c || driver.ctx_set(c->ctx) != CUDA_SUCCESS) {
         move->failures++;
         return;
@@ -161,9 +160,9 @@ static void move_one(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice devic
         move->failures++;
         return;
     }
-    CUresult result = prefetch(ptr, size, move->to_host ? CU_DEVICE_CPU : device, c->stream);
-    if (result == CUDA_SUCCESS)
-        move->bytes += size;
+    CUdevice to = move->to_host ? CU_DEVICE_CPU : range->device;
+    if (prefetch(range->ptr, range->size, to, c->stream) == CUDA_SUCCESS)
+        move->bytes += range->size;
     else
         move->failures++;
 }
@@ -175,13 +174,19 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
         return;
     double started = kiwi_now();
     struct move move = {.to_host = to_host};
+    /* A copy of the list, so that allocating threads never wait for the transfer; frees do
+     * wait (kiwi_memory_paging_begin), so that no address in the copy is freed meanwhile. */
+    struct kiwi_range *ranges;
+    size_t count = kiwi_memory_paging_begin(&ranges);
     pthread_mutex_lock(&contexts_lock);
-    kiwi_memory_each_managed(move_one, &move);
+    for (size_t i = 0; i < count; i++)
+        move_one(&ranges[i], &move);
     for (int i = 0; i < context_count; i++) {
         if (contexts[i].stream && driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)
             driver.stream_sync(contexts[i].stream);
     }
     pthread_mutex_unlock(&contexts_lock);
+    kiwi_memory_paging_end(ranges);
     if (move.failures)
         kiwi_warn("%d prefetches %s failed; those pages move on demand instead", move.failures,
                   to_host ? "to host memory" : "to the GPU");

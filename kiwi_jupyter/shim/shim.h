@@ -28,6 +28,12 @@
 #define KIWI_EXPORT __attribute__((visibility("default")))
 #define KIWI_SHIM_VERSION "0.1.0"
 
+/* What stream 0 means: the per-thread default stream to a _ptsz/_ptds entry point. */
+static inline CUstream kiwi_stream(CUstream stream, bool per_thread)
+{
+    return !stream && per_thread ? CU_STREAM_PER_THREAD : stream;
+}
+
 /* ---- config.c ---------------------------------------------------------------------------- */
 
 struct kiwi_config {
@@ -98,10 +104,17 @@ struct kiwi_working_set {
 void kiwi_memory_working_set(struct kiwi_working_set *out);
 uint64_t kiwi_memory_limit(void); /* what this process may use; 0 while unknown */
 
-/* Calls fn for each managed allocation, under the allocation table's lock. */
-typedef void (*kiwi_allocation_fn)(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice device,
-                                   void *arg);
-void kiwi_memory_each_managed(kiwi_allocation_fn fn, void *arg);
+struct kiwi_range {
+    CUdeviceptr ptr;
+    size_t size;
+    CUcontext ctx;
+    CUdevice device;
+};
+
+/* For the pager: a copy of the managed allocations, taken once, and no free can run until
+ * kiwi_memory_paging_end (which frees the copy). */
+size_t kiwi_memory_paging_begin(struct kiwi_range **ranges);
+void kiwi_memory_paging_end(struct kiwi_range *ranges);
 void kiwi_memory_after_fork(void);
 /* Frees what graph capture kept from being freed; the comm thread calls it after it has
  * synchronized every context. */

@@ -8,7 +8,8 @@
  * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
  * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
- * until it exists, so a test can hold a transfer in the middle and look around.
+ * until it exists, so a test can hold a transfer in the middle and look around. Other
+ * FAKE_CUDA_* variables are described where they act.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
@@ -249,10 +250,12 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *po
     record("cuMemAllocFromPoolAsync size=%zu pool=%p stream=%p", size, pool, s);
     return 0;
 }
+/* FAKE_CUDA_FREE_ERROR: the error every cuMemFree_v2 returns. */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    record("cuMemFree_v2 ptr=0x%llx", dptr);
-    return 0;
+    const char *error = getenv("FAKE_CUDA_FREE_ERROR");
+    record("cuMemFree_v2 ptr=0x%llx%s", dptr, error ? " refused" : "");
+    return error ? atoi(error) : 0;
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
 {

@@ -119,3 +119,22 @@ def test_other_managed_allocation_errors_reach_the_caller(workload) -> None:
     assert w.call("d.alloc_result(1024)") == OUT_OF_MEMORY
     assert not w.log.calls("cuMemAlloc_v2")
     assert w.stats()["working_set"] == 0
+
+
+def test_a_failed_free_keeps_the_allocation_counted(workload) -> None:
+    w = workload(FAKE_CUDA_FREE_ERROR="1")
+    ptr = w.call("d.alloc_async(1024)")
+    assert w.call(f"d.free_async({ptr}, 0x77)") == 1
+    assert w.call(f"d.free({ptr})") == 1
+    stats = w.stats()
+    assert (stats["working_set"], stats["allocations"]) == (1024, 1)
+
+
+def test_a_per_thread_stream_free_waits_for_the_per_thread_stream(workload) -> None:
+    """Stream 0 given to a _ptsz entry point is the calling thread's stream, not the legacy
+    default stream that synchronizes with every other."""
+    w = workload()
+    ptr = w.call("d.alloc_async(1024)")
+    assert w.call(f"d.free_async({ptr}, 0, name='cuMemFreeAsync_ptsz')") == 0
+    assert w.log.calls("cuStreamSynchronize")[-1].endswith("stream=0x2")
+    assert w.log.names()[-1] == "cuMemFree_v2"

@@ -472,3 +472,27 @@ def test_a_failed_synchronize_is_not_a_release(long_quantum, workload) -> None:
     assert w.stats()["releases"] == 0
     wait_for(lambda: any("not releasing the GPU" in line for line in w.stderr),
              what="the shim to say why it keeps the GPU")
+
+
+def test_a_free_waits_while_the_working_set_is_moving(scheduler, workload, tmp_path) -> None:
+    """No prefetch may name an address that is freed, or freed and handed out again, while
+    the eviction runs: the free waits for it."""
+    transfer_done = tmp_path / "transfer-done"
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
+    first, _ = w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
+    assert w.call("d.launch()") == 0
+    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        acquiring = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 20})
+        acquiring.start()
+        wait_for(lambda: w.log.calls("cuStreamSynchronize"), what="the eviction to start")
+        freeing = w.start(f"d.free({first})")
+        with pytest.raises(AssertionError):
+            wait_for(freeing.done, timeout=0.5, what="the free (it must wait)")
+        assert not w.log.calls("cuMemFree_v2")
+        transfer_done.touch()
+        assert freeing.result() == 0
+        acquiring.join(timeout=20)
+    names = w.log.names()
+    assert names.index("cuMemFree_v2") > names.index("cuStreamSynchronize")
+    assert w.stats()["working_set"] == 3 * GiB

@@ -109,8 +109,8 @@ class Driver:
     def free(self, ptr: int) -> int:
         return int(self.dlsym("cuMemFree_v2", c_u64)(ptr))
 
-    def free_async(self, ptr: int, stream: int = 0x77) -> int:
-        return int(self.dlsym("cuMemFreeAsync", c_u64, c_ptr)(ptr, stream))
+    def free_async(self, ptr: int, stream: int = 0x77, name: str = "cuMemFreeAsync") -> int:
+        return int(self.dlsym(name, c_u64, c_ptr)(ptr, stream))
 
     def mem_info(self, via: str = "dlsym", **kw: Any) -> tuple[int, int]:
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
