@@ -543,6 +543,7 @@ static void after_fork_child(void)
     kiwi_memory_after_fork();
     kiwi_pager_after_fork();
     kiwi_capture_after_fork();
+    kiwi_context_after_fork();
 }
 
 static void register_fork_handlers(void)

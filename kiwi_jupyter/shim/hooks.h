@@ -44,6 +44,17 @@
     X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0)                 \
     X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1)
 
+/* Contexts (context.c): destroying one frees what was allocated in it, so the shim forgets
+ * those records and the pager's stream there. */
+#define KIWI_CONTEXT_HOOKS(X)                                             \
+    X(cuCtxDestroy, "cuCtxDestroy", 2000, 0)                              \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                           \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0)      \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0)    \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0) \
+    X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0)        \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)
+
 /* Work that runs on the GPU or moves memory onto it: it waits at the gate until this process
  * holds its GPU. A user's own prefetch is gated too, so an idle kernel cannot pull its pages
  * back while another holds the room. */
@@ -174,7 +185,8 @@
     X(cuStreamBatchMemOp_v2_ptsz, "cuStreamBatchMemOp", 11070, 1)
 
 #define KIWI_HOOKS(X) \
-    KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_CAPTURE_HOOKS(X) KIWI_GATED_HOOKS(X)
+    KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_CAPTURE_HOOKS(X) KIWI_CONTEXT_HOOKS(X) \
+    KIWI_GATED_HOOKS(X)
 
 #define KIWI_HOOK_ID(symbol, base, version, per_thread) HOOK_##symbol,
 enum kiwi_hook_id { KIWI_HOOKS(KIWI_HOOK_ID) KIWI_HOOK_COUNT };

@@ -107,9 +107,6 @@ static void unreserve(size_t size, enum allocation_kind kind)
     pthread_mutex_unlock(&table_lock);
 }
 
-/* Not a driver code: free_managed_after's word that the free waits for the next release. */
-#define CUDA_ERROR_NOT_READY_DEFERRED (-1)
-
 static bool capture_error(CUresult result)
 {
     return result >= 900 && result <= 908; /* CUDA_ERROR_STREAM_CAPTURE_* */
@@ -226,6 +223,38 @@ void kiwi_memory_paging_end(struct kiwi_range *ranges)
 {
     free(ranges);
     pthread_rwlock_unlock(&paging_lock);
+}
+
+void kiwi_memory_free_begin(void)
+{
+    pthread_rwlock_rdlock(&paging_lock);
+}
+
+void kiwi_memory_free_end(void)
+{
+    pthread_rwlock_unlock(&paging_lock);
+}
+
+uint64_t kiwi_memory_forget_context(CUcontext ctx)
+{
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t b = 0; b < BUCKETS; b++) {
+        struct allocation **p = &table[b];
+        while (*p) {
+            struct allocation *a = *p;
+            if (a->ctx != ctx) {
+                p = &a->next;
+                continue;
+            }
+            bytes += a->size;
+            remove_record(a); /* unlinks *p, so p now points at the next one */
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (bytes)
+        kiwi_comm_working_set_changed();
+    return bytes;
 }
 
 void kiwi_memory_after_fork(void)
@@ -405,8 +434,9 @@ KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
  * per free; PyTorch's and CuPy's caching allocators free rarely.) A stream being captured
  * cannot be waited for; the free then waits for the next release, which synchronizes
  * everything anyway. */
-static CUresult free_managed_after(CUdeviceptr dptr, CUstream s)
+static CUresult free_managed_after(CUdeviceptr dptr, CUstream s, bool *deferred_free)
 {
+    *deferred_free = false;
     free_fn free_now = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
     if (!free_now)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -418,8 +448,9 @@ static CUresult free_managed_after(CUdeviceptr dptr, CUstream s)
         if (kept)
             deferred[deferred_count++] = dptr;
         pthread_mutex_unlock(&table_lock);
+        *deferred_free = kept;
         if (kept)
-            return CUDA_ERROR_NOT_READY_DEFERRED;
+            return CUDA_SUCCESS;
         kiwi_warn("too many frees during graph capture; freeing 0x%llx at once",
                   (unsigned long long)dptr);
         return free_now(dptr);
@@ -456,13 +487,10 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, boo
     if (!a) {
         result = real(dptr, s); /* the driver's own (graph capture), or never seen */
     } else {
-        result = free_managed_after(dptr, kiwi_stream(s, per_thread));
-        if (result == CUDA_ERROR_NOT_READY_DEFERRED) {
-            end_free(a, CUDA_ERROR_NOT_READY_DEFERRED); /* kept until the next release */
-            result = CUDA_SUCCESS;
-        } else {
-            end_free(a, result);
-        }
+        bool deferred_free;
+        result = free_managed_after(dptr, kiwi_stream(s, per_thread), &deferred_free);
+        /* A deferred free keeps the record until it is done (kiwi_memory_free_deferred). */
+        end_free(a, deferred_free ? CUDA_ERROR_NOT_READY : result);
     }
     pthread_rwlock_unlock(&paging_lock);
     return result;

@@ -206,6 +206,19 @@ void kiwi_pager_restore(struct kiwi_transfer *moved)
     move_working_set(false, moved);
 }
 
+void kiwi_pager_forget_context(CUcontext ctx)
+{
+    pthread_mutex_lock(&contexts_lock);
+    for (int i = 0; i < context_count; i++) {
+        if (contexts[i].ctx == ctx) {
+            /* Its stream went with it. Order does not matter: move the last one here. */
+            contexts[i] = contexts[--context_count];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&contexts_lock);
+}
+
 void kiwi_pager_after_fork(void)
 {
     pthread_mutex_init(&contexts_lock, NULL);

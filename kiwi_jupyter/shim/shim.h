@@ -116,6 +116,16 @@ struct kiwi_range {
 size_t kiwi_memory_paging_begin(struct kiwi_range **ranges);
 void kiwi_memory_paging_end(struct kiwi_range *ranges);
 void kiwi_memory_after_fork(void);
+/* Around a driver call that frees memory the shim did not free itself (a context's end): the
+ * pager does not move the working set meanwhile. */
+void kiwi_memory_free_begin(void);
+void kiwi_memory_free_end(void);
+/* A context ended: forgets every allocation made in it; returns their bytes. */
+uint64_t kiwi_memory_forget_context(CUcontext ctx);
+
+/* ---- context.c --------------------------------------------------------------------------- */
+
+void kiwi_context_after_fork(void);
 /* Frees what graph capture kept from being freed; the comm thread calls it after it has
  * synchronized every context. */
 void kiwi_memory_free_deferred(void);
@@ -138,6 +148,8 @@ bool kiwi_pager_synchronize(void);
 void kiwi_pager_evict(struct kiwi_transfer *moved);
 void kiwi_pager_restore(struct kiwi_transfer *moved);
 void kiwi_pager_after_fork(void);
+/* A context ended: the pager no longer synchronizes it or prefetches in it. */
+void kiwi_pager_forget_context(CUcontext ctx);
 
 /* ---- comm.c ------------------------------------------------------------------------------ */
 

@@ -93,6 +93,49 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = current ? current : PRIMARY_CONTEXT; return 0; }
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) { current = ctx; return 0; }
 EXPORT CUresult cuCtxGetDevice(int *device) { *device = 0; return 0; }
+
+/* Contexts: any handle may be made current; the primary context is counted by reference. */
+static atomic_int primary_references;
+
+static CUresult destroy_context(const char *name, CUcontext ctx)
+{
+    if (current == ctx)
+        current = NULL;
+    record("%s ctx=%p", name, ctx);
+    return 0;
+}
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return destroy_context("cuCtxDestroy", ctx); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return destroy_context("cuCtxDestroy_v2", ctx); }
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, int device)
+{
+    *ctx = PRIMARY_CONTEXT;
+    record("cuDevicePrimaryCtxRetain device=%d references=%d", device,
+           atomic_fetch_add(&primary_references, 1) + 1);
+    return 0;
+}
+static CUresult release_primary(const char *name, int device)
+{
+    record("%s device=%d references=%d", name, device,
+           atomic_fetch_sub(&primary_references, 1) - 1);
+    return 0;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease(int device) { return release_primary("cuDevicePrimaryCtxRelease", device); }
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int device) { return release_primary("cuDevicePrimaryCtxRelease_v2", device); }
+static CUresult reset_primary(const char *name, int device)
+{
+    atomic_store(&primary_references, 0);
+    record("%s device=%d", name, device);
+    return 0;
+}
+EXPORT CUresult cuDevicePrimaryCtxReset(int device) { return reset_primary("cuDevicePrimaryCtxReset", device); }
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(int device) { return reset_primary("cuDevicePrimaryCtxReset_v2", device); }
+EXPORT CUresult cuDevicePrimaryCtxGetState(int device, unsigned *flags, int *active)
+{
+    (void)device;
+    *flags = 0;
+    *active = atomic_load(&primary_references) > 0;
+    return 0;
+}
 static bool invalidate_captures(void);
 
 /* FAKE_CUDA_SYNC_ERROR: the error every cuCtxSynchronize returns (a sticky error on a real
@@ -514,6 +557,14 @@ static const struct entry entries[] = {
     ENTRY("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
     ENTRY("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
     ENTRY("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
+    ENTRY("cuCtxDestroy", 2000, 0, cuCtxDestroy),
+    ENTRY("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
+    ENTRY("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
+    ENTRY("cuDevicePrimaryCtxRelease", 7000, 0, cuDevicePrimaryCtxRelease),
+    ENTRY("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
+    ENTRY("cuDevicePrimaryCtxReset", 7000, 0, cuDevicePrimaryCtxReset),
+    ENTRY("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2),
+    ENTRY("cuDevicePrimaryCtxGetState", 7000, 0, cuDevicePrimaryCtxGetState),
     ENTRY("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
     ENTRY("cuStreamIsCapturing", 10000, 0, cuStreamIsCapturing),
     ENTRY("cuStreamBeginCapture", 10000, 0, cuStreamBeginCapture),

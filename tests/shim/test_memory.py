@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 GiB = 1 << 30
 MiB = 1 << 20
 OUT_OF_MEMORY = 2
@@ -138,3 +140,36 @@ def test_a_per_thread_stream_free_waits_for_the_per_thread_stream(workload) -> N
     assert w.call(f"d.free_async({ptr}, 0, name='cuMemFreeAsync_ptsz')") == 0
     assert w.log.calls("cuStreamSynchronize")[-1].endswith("stream=0x2")
     assert w.log.names()[-1] == "cuMemFree_v2"
+
+
+def test_destroying_a_context_forgets_its_allocations(workload) -> None:
+    w = workload()
+    w.call("d.set_context(0xABC)")
+    w.call("d.alloc(1 * 1024 * 1024)")
+    w.call("d.set_context(0)")  # back to the primary context
+    w.call("d.alloc(2 * 1024 * 1024)")
+    assert w.call("d.destroy_context(0xABC)") == 0
+    stats = w.stats()
+    assert (stats["working_set"], stats["allocations"]) == (2 * MiB, 1)
+
+
+@pytest.mark.parametrize("name", ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"])
+def test_releasing_the_last_reference_to_the_primary_context_forgets_its_allocations(
+        workload, name: str) -> None:
+    w = workload()
+    w.call("d.retain_primary()")
+    w.call("d.retain_primary()")
+    w.call("d.alloc(1 * 1024 * 1024)")
+    assert w.call(f"d.end_primary({name!r})") == 0
+    assert w.stats()["working_set"] == 1 * MiB  # one reference left: the context lives
+    assert w.call(f"d.end_primary({name!r})") == 0
+    assert (w.stats()["working_set"], w.stats()["allocations"]) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset"])
+def test_resetting_the_primary_context_forgets_its_allocations(workload, name: str) -> None:
+    w = workload()
+    w.call("d.retain_primary()")
+    w.call("d.alloc(1 * 1024 * 1024)")
+    assert w.call(f"d.end_primary({name!r})") == 0
+    assert w.stats()["working_set"] == 0

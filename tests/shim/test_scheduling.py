@@ -496,3 +496,16 @@ def test_a_free_waits_while_the_working_set_is_moving(scheduler, workload, tmp_p
     names = w.log.names()
     assert names.index("cuMemFree_v2") > names.index("cuStreamSynchronize")
     assert w.stats()["working_set"] == 3 * GiB
+
+
+def test_a_release_leaves_a_destroyed_context_alone(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    w.call("shim.cell_begin()")
+    w.call("d.set_context(0xABC)")
+    w.call("d.alloc(1024)")
+    assert w.call("d.launch()") == 0
+    assert w.call("d.destroy_context(0xABC)") == 0
+    w.call("d.alloc(1024)")  # in the primary context, current again
+    w.call("shim.release()")
+    synchronized = w.log.calls("cuCtxSynchronize")
+    assert synchronized and not any("ctx=0xabc" in line for line in synchronized)

@@ -120,6 +120,24 @@ class Driver:
             raise RuntimeError
         return free.value, total.value
 
+    # ---- contexts ----
+    def set_context(self, ctx: int) -> int:
+        return int(self.dlsym("cuCtxSetCurrent", c_ptr)(ctx))
+
+    def destroy_context(self, ctx: int, name: str = "cuCtxDestroy_v2") -> int:
+        return int(self.dlsym(name, c_ptr)(ctx))
+
+    def retain_primary(self, device: int = 0) -> int:
+        ctx = c_ptr()
+        if self.dlsym("cuDevicePrimaryCtxRetain", ctypes.POINTER(c_ptr), ctypes.c_int)(
+                ctypes.byref(ctx), device) != 0:
+            raise RuntimeError("cuDevicePrimaryCtxRetain")
+        self.set_context(ctx.value or 0)
+        return ctx.value or 0
+
+    def end_primary(self, name: str, device: int = 0) -> int:
+        return int(self.dlsym(name, ctypes.c_int)(device))
+
     # ---- graph capture ----
     def begin_capture(self, stream: int, mode: int = 0, name: str = "cuStreamBeginCapture_v2") -> int:
         return int(self.dlsym(name, c_ptr, ctypes.c_int)(stream, mode))
