@@ -75,13 +75,39 @@ uint64_t kiwi_memory_limit(void)
     return total;
 }
 
+/* Memory on the GPU that no eviction frees: other processes' contexts and memory the shim could
+ * not convert (theirs and this process's), and this process's own context. Learnt from the
+ * driver while this process holds the GPU, when every other holder's managed memory is out. */
+static _Atomic uint64_t pinned;
+
+void kiwi_memory_learn(uint64_t real_total, uint64_t real_free)
+{
+    if (!device_total)
+        device_total = real_total;
+    if (!kiwi_gate_is_open() || real_free > real_total)
+        return;
+    struct kiwi_working_set own;
+    kiwi_memory_working_set(&own);
+    uint64_t in_use = real_total - real_free;
+    atomic_store(&pinned, in_use > own.bytes ? in_use - own.bytes : 0);
+}
+
+uint64_t kiwi_memory_room(void)
+{
+    uint64_t limit = kiwi_memory_limit(), total = device_total, held = atomic_load(&pinned);
+    if (!total || !held)
+        return limit;
+    uint64_t room = held < total ? total - held : 0;
+    return limit && limit < room ? limit : room;
+}
+
 /* Reserves size bytes against the limit before the driver is asked, so that two threads
  * allocating at once cannot both squeeze under it. */
 static bool reserve(size_t size, enum allocation_kind kind, CUdevice device)
 {
     gpu_total(device);
     pthread_mutex_lock(&table_lock);
-    uint64_t limit = kiwi_memory_limit();
+    uint64_t limit = kiwi_memory_room();
     uint64_t used = managed_bytes + vmm_bytes;
     bool fits = !limit || (used <= limit && size <= limit - used);
     if (fits) {
@@ -508,37 +534,6 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, boo
 
 FREE_ASYNC(cuMemFreeAsync, false)
 FREE_ASYNC(cuMemFreeAsync_ptsz, true)
-
-/* What this process may use: the whole GPU, or KIWI_GPU_MEMORY_LIMIT, less what it already
- * allocated. Memory other processes hold does not count: it is paged out when this process
- * holds the GPU. */
-KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
-{
-    kiwi_init();
-    typedef CUresult (*fn)(size_t *, size_t *);
-    fn real = (fn)kiwi_real(HOOK_cuMemGetInfo_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    size_t real_free = 0, real_total = 0;
-    CUresult result = real(&real_free, &real_total);
-    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled) {
-        if (free_bytes)
-            *free_bytes = real_free;
-        if (total_bytes)
-            *total_bytes = real_total;
-        return result;
-    }
-    if (!device_total)
-        device_total = real_total;
-    struct kiwi_working_set used;
-    kiwi_memory_working_set(&used);
-    uint64_t total = kiwi_memory_limit();
-    if (free_bytes)
-        *free_bytes = used.bytes < total ? (size_t)(total - used.bytes) : 0;
-    if (total_bytes)
-        *total_bytes = (size_t)total;
-    return CUDA_SUCCESS;
-}
 
 typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
                               const CUmemAllocationProp *, unsigned long long);

@@ -1,7 +1,8 @@
 /* What the shim's files share. Each .c file is one concern:
  *
  *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
- *   memory.c  allocations become managed memory; accounting; the memory limit; cuMemGetInfo
+ *   memory.c  allocations become managed memory; accounting; the memory limit
+ *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
@@ -81,6 +82,7 @@ void kiwi_gate_close(void);
 void kiwi_gate_drain(void);
 double kiwi_gate_last_activity(void);
 int kiwi_gate_in_flight(void);
+bool kiwi_gate_is_open(void);
 void kiwi_gate_after_fork(void);
 
 /* ---- capture.c --------------------------------------------------------------------------- */
@@ -103,6 +105,10 @@ struct kiwi_working_set {
 
 void kiwi_memory_working_set(struct kiwi_working_set *out);
 uint64_t kiwi_memory_limit(void); /* what this process may use; 0 while unknown */
+/* The limit, and no more than the GPU less what no eviction frees (meminfo.c). */
+uint64_t kiwi_memory_room(void);
+/* What the driver says of the GPU's memory; learnt from only while this process holds it. */
+void kiwi_memory_learn(uint64_t real_total, uint64_t real_free);
 
 struct kiwi_range {
     CUdeviceptr ptr;

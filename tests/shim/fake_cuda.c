@@ -305,9 +305,12 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
     record("cuMemFreeAsync ptr=0x%llx stream=%p", dptr, s);
     return 0;
 }
+/* FAKE_CUDA_OTHERS_USED: bytes other processes hold on the GPU and cannot give up. */
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
+    const char *others = getenv("FAKE_CUDA_OTHERS_USED");
     unsigned long long total = total_memory(), used = atomic_load(&allocated);
+    used += others ? strtoull(others, NULL, 10) : 0;
     *free_bytes = used < total ? total - used : 0;
     *total_bytes = total;
     record("cuMemGetInfo_v2");
@@ -554,6 +557,7 @@ static const struct entry entries[] = {
     ENTRY("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
     ENTRY("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
     ENTRY("cuDeviceGet", 2000, 0, cuDeviceGet),
+    ENTRY("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
     ENTRY("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
     ENTRY("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
     ENTRY("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),

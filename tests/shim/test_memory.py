@@ -173,3 +173,23 @@ def test_resetting_the_primary_context_forgets_its_allocations(workload, name: s
     w.call("d.alloc(1 * 1024 * 1024)")
     assert w.call(f"d.end_primary({name!r})") == 0
     assert w.stats()["working_set"] == 0
+
+
+@pytest.mark.parametrize("via", ["dlsym", "proc_v2"])
+def test_device_total_memory_agrees_with_mem_get_info(workload, via: str) -> None:
+    w = workload(KIWI_GPU_MEMORY_LIMIT="2GiB", FAKE_CUDA_TOTAL=str(16 * GiB))
+    assert w.call(f"d.device_total(via={via!r})") == 2 * GiB
+    assert w.call("d.mem_info()")[1] == 2 * GiB
+
+
+def test_free_memory_leaves_out_what_no_eviction_frees(workload) -> None:
+    """Other processes' contexts and unconverted memory stay on the card whoever holds it: free
+    memory, and what may be allocated, stop short of it, so that frameworks trim their caches
+    before managed memory would oversubscribe the card."""
+    w = workload(FAKE_CUDA_TOTAL=str(16 * GiB), FAKE_CUDA_OTHERS_USED=str(10 * GiB),
+                 KIWI_SOCKET="/nonexistent/kiwi.sock", KIWI_FAIL_TIMEOUT="0")
+    assert w.call("d.launch()") == 0  # no daemon, failing open: the GPU is this process's
+    w.call("d.alloc(1024 ** 3)")
+    assert w.call("d.mem_info()") == [5 * GiB, 16 * GiB]
+    assert w.call(f"d.alloc_result({6 * GiB})") == OUT_OF_MEMORY
+    assert w.call(f"d.alloc_result({4 * GiB})") == 0

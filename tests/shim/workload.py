@@ -146,6 +146,14 @@ class Driver:
         graph = c_ptr()
         return int(self.dlsym(name, c_ptr, ctypes.POINTER(c_ptr))(stream, ctypes.byref(graph)))
 
+    def device_total(self, via: str = "dlsym") -> int:
+        total = ctypes.c_size_t()
+        fn = self.entry("cuDeviceTotalMem_v2", ctypes.POINTER(ctypes.c_size_t), ctypes.c_int,
+                        via=via)
+        if fn(ctypes.byref(total), 0) != 0:
+            raise RuntimeError("cuDeviceTotalMem_v2")
+        return total.value
+
     # ---- work ----
     def launch(self, via: str = "dlsym", per_thread: bool = False, grid: int = 1) -> int:
         name = "cuLaunchKernel_ptsz" if per_thread and via == "dlsym" else "cuLaunchKernel"
