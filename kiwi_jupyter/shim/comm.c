@@ -137,17 +137,56 @@ static void evict_now(void)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. */
-static void quiesce(const char *why, bool evict)
+/* A release that must wait for graph captures to end (capture.c): a drop, and whether it
+ * asked for eviction, or a release of the process's own accord. Done by act() once the last
+ * capture has ended. */
+static struct {
+    bool drop;
+    bool evict;
+    bool yield;
+} deferred;
+
+static void keep_holding(void)
 {
+    pthread_mutex_lock(&kiwi_lock);
+    S.stats.hold = KIWI_HOLDING;
+    kiwi_gate_open();
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. Returns
+ * false, still holding with the gate open, when it cannot be done now: a graph capture is open
+ * (synchronizing would invalidate it; the caller defers), or synchronizing failed, so work may
+ * still be running and the GPU is not released (the daemon revokes it after its grace). */
+static bool quiesce(const char *why, bool evict)
+{
+    if (kiwi_capture_open() > 0)
+        return false;
     kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
     pthread_mutex_lock(&kiwi_lock);
     S.stats.hold = KIWI_RELEASING;
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
-    kiwi_pager_synchronize();
+    if (!kiwi_capture_hold()) {
+        keep_holding(); /* a capture began while the gate closed */
+        return false;
+    }
+    bool synchronized = kiwi_pager_synchronize();
+    kiwi_capture_unhold();
+    if (!synchronized) {
+        kiwi_warn("not releasing the GPU (%s): work may still be running on it", why);
+        keep_holding();
+        return false;
+    }
     kiwi_memory_free_deferred();
+    return true;
+}
+
+static void defer(const char *why)
+{
+    kiwi_log("release (%s) deferred: %d graph capture(s) open", why, kiwi_capture_open());
 }
 
 /* Steps 3 and 4, once it is known whether the room is needed. */
@@ -168,8 +207,13 @@ static void finish_release(bool evict)
 /* The daemon asked for the GPU back and said whether the next holder needs the room. */
 static void release_sequence(bool evict, const char *why)
 {
-    quiesce(why, evict);
-    finish_release(evict);
+    if (quiesce(why, evict)) {
+        finish_release(evict);
+    } else if (kiwi_capture_open() > 0) {
+        deferred.drop = true;
+        deferred.evict = evict;
+        defer(why);
+    }
 }
 
 /* The process gives the GPU back of its own accord (cell end, idle): ask the daemon whether
@@ -177,7 +221,13 @@ static void release_sequence(bool evict, const char *why)
  * there is nothing to wait for, and a plain release saves the daemon's round trip. */
 static void yield_sequence(const char *why)
 {
-    quiesce(why, false);
+    if (!quiesce(why, false)) {
+        if (kiwi_capture_open() > 0) {
+            deferred.yield = true;
+            defer(why);
+        }
+        return;
+    }
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     if (!ws.evictable) {
@@ -301,9 +351,29 @@ void kiwi_comm_handle_line(const char *line)
     }
 }
 
+/* A release deferred for graph captures, once they are over; a drop wins over a release of
+ * the process's own accord, as it carries the daemon's word on eviction. */
+static void act_deferred(void)
+{
+    if ((!deferred.drop && !deferred.yield) || kiwi_capture_open() > 0)
+        return;
+    pthread_mutex_lock(&kiwi_lock);
+    bool holding = S.stats.hold == KIWI_HOLDING;
+    pthread_mutex_unlock(&kiwi_lock);
+    bool drop = deferred.drop, evict = deferred.evict;
+    deferred.drop = deferred.yield = false;
+    if (!holding)
+        return; /* revoked meanwhile: nothing left to release */
+    if (drop)
+        release_sequence(evict, "drop, after graph capture");
+    else
+        yield_sequence("cell end, after graph capture");
+}
+
 /* Acts on what other threads asked for since the last turn of the loop. */
 static void act(void)
 {
+    act_deferred();
     pthread_mutex_lock(&kiwi_lock);
     if (S.release_asked != S.release_done) {
         unsigned asked = S.release_asked;
@@ -333,7 +403,7 @@ static void act(void)
     if (idle_since < S.granted_at)
         idle_since = S.granted_at;
     bool idle = S.stats.hold == KIWI_HOLDING && !S.stats.in_cell && kiwi_cfg.idle_release > 0 &&
-                !want && kiwi_gate_in_flight() == 0 &&
+                !want && kiwi_gate_in_flight() == 0 && kiwi_capture_open() == 0 &&
                 kiwi_now() - idle_since >= kiwi_cfg.idle_release;
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
@@ -452,6 +522,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&start_lock, NULL);
     kiwi_link_after_fork();
     yield_seq = 0;
+    deferred.drop = deferred.yield = false;
     for (int i = 0; i < 2; i++) {
         if (wake_pipe[i] >= 0)
             close(wake_pipe[i]);
@@ -471,6 +542,8 @@ static void after_fork_child(void)
     kiwi_gate_after_fork();
     kiwi_memory_after_fork();
     kiwi_pager_after_fork();
+    kiwi_capture_after_fork();
+    kiwi_context_after_fork();
 }
 
 static void register_fork_handlers(void)
@@ -545,6 +618,12 @@ void kiwi_comm_working_set_changed(void)
 void kiwi_comm_add_waiting_time(double seconds)
 {
     S.stats.seconds_waiting += seconds;
+}
+
+void kiwi_comm_captures_closed(void)
+{
+    if (atomic_load(&started))
+        wake();
 }
 
 static void deadline_after(struct timespec *ts, double seconds)

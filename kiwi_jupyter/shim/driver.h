@@ -26,12 +26,17 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr; /* 64-bit on every platform CUDA 12 supports */
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef uint64_t cuuint64_t;
+typedef uint32_t cuuint32_t;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef int CUstreamCaptureMode;   /* an enum in cuda.h: GLOBAL 0, THREAD_LOCAL 1, RELAXED 2 */
+typedef int CUstreamCaptureStatus; /* NONE 0, ACTIVE 1, INVALIDATED 2 */
 typedef int CUdriverProcAddressQueryResult;
 
 /* Passed through by pointer only; the shim never looks inside. */
@@ -43,6 +48,13 @@ typedef struct CUmemAllocationProp_st CUmemAllocationProp;
 typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
 typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
 typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
+
+/* cuDeviceGetUuid's answer: the 16 bytes NVML prints as GPU-xxxxxxxx-xxxx-... */
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
 
 /* Passed by value (cuMemPrefetchAsync_v2), so complete; type is an enum of int width. */
 typedef struct CUmemLocation_st {
@@ -55,7 +67,9 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_SYSTEM_NOT_READY = 802,
 };
 
@@ -66,6 +80,8 @@ enum {
 #define CU_MEM_LOCATION_TYPE_HOST 0x2
 /* cuGetProcAddress flags: which default-stream flavour of an entry point the caller wants. */
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2u
+/* The per-thread default stream's handle: what stream 0 means to a _ptsz entry point. */
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 #endif /* KIWI_CHECK_CUDA_H */
 #endif

@@ -39,6 +39,11 @@ void kiwi_gate_close(void)
     atomic_store(&gate_open, 0);
 }
 
+bool kiwi_gate_is_open(void)
+{
+    return atomic_load(&gate_open) != 0;
+}
+
 int kiwi_gate_in_flight(void)
 {
     return atomic_load(&in_flight);

@@ -1,5 +1,6 @@
-/* The driver calls that put work on the GPU: kernel launches, graph launches, copies and
- * memsets. Each waits at the gate until this process holds its GPU, then calls the driver.
+/* The driver calls that put work on the GPU: kernel launches, graph launches, copies, memsets
+ * and stream memory operations. Each waits at the gate until this process holds its GPU, then
+ * calls the driver.
  *
  * Synchronization calls (cuCtxSynchronize, cuStreamSynchronize, events) are not gated: they
  * start no work, and a thread waiting on its own earlier work must not be held up by the gate
@@ -160,3 +161,25 @@ GATED2(cuMemsetD2D16Async, _ptsz,
 GATED2(cuMemsetD2D32Async, _ptsz,
        (CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s),
        (d, pitch, v, w, h, s))
+
+/* Stream memory operations write to (or wait on) device memory from a stream: work on the GPU
+ * like a memset, and a wait parks a stream until another process's kernel could write, so each
+ * is gated. CUDA 11.7's _v2 of each has the same prototype. */
+#define STREAM_VALUE32_PARAMS \
+    (CUstream s, CUdeviceptr address, cuuint32_t value, unsigned int flags)
+#define STREAM_VALUE64_PARAMS \
+    (CUstream s, CUdeviceptr address, cuuint64_t value, unsigned int flags)
+#define STREAM_VALUE_ARGS (s, address, value, flags)
+#define BATCH_MEM_OP_PARAMS \
+    (CUstream s, unsigned int count, CUstreamBatchMemOpParams *ops, unsigned int flags)
+#define BATCH_MEM_OP_ARGS (s, count, ops, flags)
+GATED2(cuStreamWriteValue32, _ptsz, STREAM_VALUE32_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWriteValue32_v2, _ptsz, STREAM_VALUE32_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWriteValue64, _ptsz, STREAM_VALUE64_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWriteValue64_v2, _ptsz, STREAM_VALUE64_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWaitValue32, _ptsz, STREAM_VALUE32_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWaitValue32_v2, _ptsz, STREAM_VALUE32_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWaitValue64, _ptsz, STREAM_VALUE64_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamWaitValue64_v2, _ptsz, STREAM_VALUE64_PARAMS, STREAM_VALUE_ARGS)
+GATED2(cuStreamBatchMemOp, _ptsz, BATCH_MEM_OP_PARAMS, BATCH_MEM_OP_ARGS)
+GATED2(cuStreamBatchMemOp_v2, _ptsz, BATCH_MEM_OP_PARAMS, BATCH_MEM_OP_ARGS)

@@ -30,7 +30,31 @@
     X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                    \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                           \
     X(cuMemCreate, "cuMemCreate", 10020, 0)                               \
-    X(cuMemRelease, "cuMemRelease", 10020, 0)
+    X(cuMemRelease, "cuMemRelease", 10020, 0)                             \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)
+
+/* Graph capture (capture.c): a release must not synchronize while a capture is open, since
+ * cuCtxSynchronize would invalidate it. */
+#define KIWI_CAPTURE_HOOKS(X)                                             \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, 0)             \
+    X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, 1)        \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0)          \
+    X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 1)     \
+    X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, 0) \
+    X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, 1) \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0)                 \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1)
+
+/* Contexts (context.c): destroying one frees what was allocated in it, so the shim forgets
+ * those records and the pager's stream there. */
+#define KIWI_CONTEXT_HOOKS(X)                                             \
+    X(cuCtxDestroy, "cuCtxDestroy", 2000, 0)                              \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                           \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0)      \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0)    \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0) \
+    X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0)        \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)
 
 /* Work that runs on the GPU or moves memory onto it: it waits at the gate until this process
  * holds its GPU. A user's own prefetch is gated too, so an idle kernel cannot pull its pages
@@ -139,9 +163,31 @@
     X(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, 0)                  \
     X(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, 1)             \
     X(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, 0)                  \
-    X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)
+    X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)            \
+    X(cuStreamWriteValue32, "cuStreamWriteValue32", 8000, 0)              \
+    X(cuStreamWriteValue32_ptsz, "cuStreamWriteValue32", 8000, 1)         \
+    X(cuStreamWriteValue32_v2, "cuStreamWriteValue32", 11070, 0)          \
+    X(cuStreamWriteValue32_v2_ptsz, "cuStreamWriteValue32", 11070, 1)     \
+    X(cuStreamWriteValue64, "cuStreamWriteValue64", 9000, 0)              \
+    X(cuStreamWriteValue64_ptsz, "cuStreamWriteValue64", 9000, 1)         \
+    X(cuStreamWriteValue64_v2, "cuStreamWriteValue64", 11070, 0)          \
+    X(cuStreamWriteValue64_v2_ptsz, "cuStreamWriteValue64", 11070, 1)     \
+    X(cuStreamWaitValue32, "cuStreamWaitValue32", 8000, 0)                \
+    X(cuStreamWaitValue32_ptsz, "cuStreamWaitValue32", 8000, 1)           \
+    X(cuStreamWaitValue32_v2, "cuStreamWaitValue32", 11070, 0)            \
+    X(cuStreamWaitValue32_v2_ptsz, "cuStreamWaitValue32", 11070, 1)       \
+    X(cuStreamWaitValue64, "cuStreamWaitValue64", 9000, 0)                \
+    X(cuStreamWaitValue64_ptsz, "cuStreamWaitValue64", 9000, 1)           \
+    X(cuStreamWaitValue64_v2, "cuStreamWaitValue64", 11070, 0)            \
+    X(cuStreamWaitValue64_v2_ptsz, "cuStreamWaitValue64", 11070, 1)       \
+    X(cuStreamBatchMemOp, "cuStreamBatchMemOp", 8000, 0)                  \
+    X(cuStreamBatchMemOp_ptsz, "cuStreamBatchMemOp", 8000, 1)             \
+    X(cuStreamBatchMemOp_v2, "cuStreamBatchMemOp", 11070, 0)              \
+    X(cuStreamBatchMemOp_v2_ptsz, "cuStreamBatchMemOp", 11070, 1)
 
-#define KIWI_HOOKS(X) KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_GATED_HOOKS(X)
+#define KIWI_HOOKS(X) \
+    KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_CAPTURE_HOOKS(X) KIWI_CONTEXT_HOOKS(X) \
+    KIWI_GATED_HOOKS(X)
 
 #define KIWI_HOOK_ID(symbol, base, version, per_thread) HOOK_##symbol,
 enum kiwi_hook_id { KIWI_HOOKS(KIWI_HOOK_ID) KIWI_HOOK_COUNT };

@@ -25,6 +25,7 @@ struct allocation {
     uint64_t key; /* device pointer, or VMM handle */
     size_t size;
     enum allocation_kind kind;
+    bool freeing; /* a free of it is in progress: the pager leaves it alone */
     CUcontext ctx;
     CUdevice device;
 };
@@ -32,6 +33,11 @@ struct allocation {
 #define BUCKETS 4096
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Frees hold it shared, the pager exclusively while it moves the working set: so no prefetch
+ * is ever issued for an address being freed, or freed and handed out again. The table lock
+ * itself is not held while prefetching, so allocations and statistics never wait for paging.
+ * Writers first, so a stream of frees cannot hold an eviction off. */
+static pthread_rwlock_t paging_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static struct allocation *table[BUCKETS];
 static uint64_t managed_bytes, vmm_bytes, allocation_count; /* vmm_bytes: VMM and DEVICE */
 /* Frees of managed memory made while their stream was captured into a graph (see FREE_ASYNC). */
@@ -69,13 +75,39 @@ uint64_t kiwi_memory_limit(void)
     return total;
 }
 
+/* Memory on the GPU that no eviction frees: other processes' contexts and memory the shim could
+ * not convert (theirs and this process's), and this process's own context. Learnt from the
+ * driver while this process holds the GPU, when every other holder's managed memory is out. */
+static _Atomic uint64_t pinned;
+
+void kiwi_memory_learn(uint64_t real_total, uint64_t real_free)
+{
+    if (!device_total)
+        device_total = real_total;
+    if (!kiwi_gate_is_open() || real_free > real_total)
+        return;
+    struct kiwi_working_set own;
+    kiwi_memory_working_set(&own);
+    uint64_t in_use = real_total - real_free;
+    atomic_store(&pinned, in_use > own.bytes ? in_use - own.bytes : 0);
+}
+
+uint64_t kiwi_memory_room(void)
+{
+    uint64_t limit = kiwi_memory_limit(), total = device_total, held = atomic_load(&pinned);
+    if (!total || !held)
+        return limit;
+    uint64_t room = held < total ? total - held : 0;
+    return limit && limit < room ? limit : room;
+}
+
 /* Reserves size bytes against the limit before the driver is asked, so that two threads
  * allocating at once cannot both squeeze under it. */
 static bool reserve(size_t size, enum allocation_kind kind, CUdevice device)
 {
     gpu_total(device);
     pthread_mutex_lock(&table_lock);
-    uint64_t limit = kiwi_memory_limit();
+    uint64_t limit = kiwi_memory_room();
     uint64_t used = managed_bytes + vmm_bytes;
     bool fits = !limit || (used <= limit && size <= limit - used);
     if (fits) {
@@ -128,29 +160,61 @@ static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontex
     kiwi_comm_working_set_changed();
 }
 
-/* Forgets an allocation; returns false when the shim never saw it. */
-static bool untrack(uint64_t key, enum allocation_kind kind)
+/* Under table_lock: the record of an allocation not already being freed, or NULL. */
+static struct allocation *find(uint64_t key, enum allocation_kind kind)
 {
-    bool found = false;
-    pthread_mutex_lock(&table_lock);
-    for (struct allocation **p = &table[bucket(key, kind)]; *p; p = &(*p)->next) {
-        struct allocation *a = *p;
-        if (a->key != key || a->kind != kind)
+    for (struct allocation *a = table[bucket(key, kind)]; a; a = a->next)
+        if (a->key == key && a->kind == kind && !a->freeing)
+            return a;
+    return NULL;
+}
+
+/* Under table_lock: removes this very record (not merely one with its key: once the driver
+ * has freed an address, another thread may be handed it again and track it anew). */
+static void remove_record(struct allocation *gone)
+{
+    for (struct allocation **p = &table[bucket(gone->key, gone->kind)]; *p; p = &(*p)->next) {
+        if (*p != gone)
             continue;
-        *p = a->next;
-        if (kind == MANAGED)
-            managed_bytes -= a->size;
+        *p = gone->next;
+        if (gone->kind == MANAGED)
+            managed_bytes -= gone->size;
         else
-            vmm_bytes -= a->size;
+            vmm_bytes -= gone->size;
         allocation_count--;
-        free(a);
-        found = true;
-        break;
+        free(gone);
+        return;
     }
+}
+
+/* The first half of a free: marks the record of key (of the first kind that has one) as being
+ * freed and returns it, or NULL when the shim never saw the allocation. */
+static struct allocation *begin_free(uint64_t key, enum allocation_kind kind,
+                                     enum allocation_kind or_kind)
+{
+    pthread_mutex_lock(&table_lock);
+    struct allocation *a = find(key, kind);
+    if (!a)
+        a = find(key, or_kind);
+    if (a)
+        a->freeing = true;
     pthread_mutex_unlock(&table_lock);
-    if (found)
+    return a;
+}
+
+/* The second half: forgets the record once the driver has freed it, keeps it otherwise. */
+static void end_free(struct allocation *a, CUresult result)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&table_lock);
+    if (result == CUDA_SUCCESS)
+        remove_record(a);
+    else
+        a->freeing = false;
+    pthread_mutex_unlock(&table_lock);
+    if (result == CUDA_SUCCESS)
         kiwi_comm_working_set_changed();
-    return found;
 }
 
 void kiwi_memory_working_set(struct kiwi_working_set *out)
@@ -162,20 +226,69 @@ void kiwi_memory_working_set(struct kiwi_working_set *out)
     pthread_mutex_unlock(&table_lock);
 }
 
-void kiwi_memory_each_managed(kiwi_allocation_fn fn, void *arg)
+size_t kiwi_memory_paging_begin(struct kiwi_range **ranges)
 {
+    pthread_rwlock_wrlock(&paging_lock);
+    *ranges = NULL;
     pthread_mutex_lock(&table_lock);
-    for (size_t b = 0; b < BUCKETS; b++)
+    size_t count = 0, capacity = allocation_count;
+    struct kiwi_range *copy = capacity ? malloc(capacity * sizeof *copy) : NULL;
+    for (size_t b = 0; copy && b < BUCKETS; b++)
         for (struct allocation *a = table[b]; a; a = a->next)
-            if (a->kind == MANAGED)
-                fn((CUdeviceptr)a->key, a->size, a->ctx, a->device, arg);
+            if (a->kind == MANAGED && !a->freeing && count < capacity)
+                copy[count++] = (struct kiwi_range){(CUdeviceptr)a->key, a->size, a->ctx,
+                                                    a->device};
     pthread_mutex_unlock(&table_lock);
+    if (capacity && !copy)
+        kiwi_warn("out of host memory listing the working set; it moves on demand instead");
+    *ranges = copy;
+    return count;
+}
+
+void kiwi_memory_paging_end(struct kiwi_range *ranges)
+{
+    free(ranges);
+    pthread_rwlock_unlock(&paging_lock);
+}
+
+void kiwi_memory_free_begin(void)
+{
+    pthread_rwlock_rdlock(&paging_lock);
+}
+
+void kiwi_memory_free_end(void)
+{
+    pthread_rwlock_unlock(&paging_lock);
+}
+
+uint64_t kiwi_memory_forget_context(CUcontext ctx)
+{
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t b = 0; b < BUCKETS; b++) {
+        struct allocation **p = &table[b];
+        while (*p) {
+            struct allocation *a = *p;
+            if (a->ctx != ctx) {
+                p = &a->next;
+                continue;
+            }
+            bytes += a->size;
+            remove_record(a); /* unlinks *p, so p now points at the next one */
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (bytes)
+        kiwi_comm_working_set_changed();
+    return bytes;
 }
 
 void kiwi_memory_after_fork(void)
 {
     /* A forked child cannot use its parent's CUDA context, so it owns none of these. */
     pthread_mutex_init(&table_lock, NULL);
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+    paging_lock = fresh;
     for (size_t b = 0; b < BUCKETS; b++) {
         while (table[b]) {
             struct allocation *a = table[b];
@@ -298,32 +411,32 @@ static bool capturing(CUstream stream)
     return fn && fn(stream, &status) == CUDA_SUCCESS && status != 0;
 }
 
-#define ALLOC_ASYNC(symbol)                                                    \
+#define ALLOC_ASYNC(symbol, per_thread)                                        \
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
     {                                                                          \
         kiwi_init();                                                           \
-        if (!kiwi_cfg.enabled || capturing(s)) {                               \
+        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {      \
             alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
             return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
         }                                                                      \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);             \
     }
-#define ALLOC_FROM_POOL(symbol)                                                           \
+#define ALLOC_FROM_POOL(symbol, per_thread)                                               \
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,        \
                                 CUstream s)                                               \
     {                                                                                     \
         kiwi_init();                                                                      \
-        if (!kiwi_cfg.enabled || capturing(s)) {                                          \
+        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {                \
             alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
             return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
         }                                                                                 \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                        \
     }
 
-ALLOC_ASYNC(cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz)
-ALLOC_FROM_POOL(cuMemAllocFromPoolAsync)
-ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz)
+ALLOC_ASYNC(cuMemAllocAsync, false)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, true)
+ALLOC_FROM_POOL(cuMemAllocFromPoolAsync, false)
+ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz, true)
 
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
@@ -334,9 +447,11 @@ KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     free_fn real = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_rwlock_rdlock(&paging_lock);
+    struct allocation *a = begin_free(dptr, MANAGED, DEVICE);
     CUresult result = real(dptr);
-    if (result == CUDA_SUCCESS && !untrack(dptr, MANAGED))
-        untrack(dptr, DEVICE);
+    end_free(a, result);
+    pthread_rwlock_unlock(&paging_lock);
     return result;
 }
 
@@ -345,17 +460,21 @@ KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
  * per free; PyTorch's and CuPy's caching allocators free rarely.) A stream being captured
  * cannot be waited for; the free then waits for the next release, which synchronizes
  * everything anyway. */
-static CUresult free_managed_after(CUdeviceptr dptr, CUstream s)
+static CUresult free_managed_after(CUdeviceptr dptr, CUstream s, bool *deferred_free)
 {
+    *deferred_free = false;
     free_fn free_now = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
     if (!free_now)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (capturing(s)) {
+        /* Still allocated, so still tracked, until the deferred free (for which it must be
+         * found again: see kiwi_memory_free_deferred). */
         pthread_mutex_lock(&table_lock);
         bool kept = deferred_count < MAX_DEFERRED;
         if (kept)
             deferred[deferred_count++] = dptr;
         pthread_mutex_unlock(&table_lock);
+        *deferred_free = kept;
         if (kept)
             return CUDA_SUCCESS;
         kiwi_warn("too many frees during graph capture; freeing 0x%llx at once",
@@ -377,55 +496,44 @@ void kiwi_memory_free_deferred(void)
     memcpy(pending, deferred, count * sizeof pending[0]);
     deferred_count = 0;
     pthread_mutex_unlock(&table_lock);
-    for (size_t i = 0; i < count && free_now; i++)
-        free_now(pending[i]);
+    pthread_rwlock_rdlock(&paging_lock);
+    for (size_t i = 0; i < count && free_now; i++) {
+        struct allocation *a = begin_free(pending[i], MANAGED, MANAGED);
+        if (a) /* else its context went, and the address may belong to someone else now */
+            end_free(a, free_now(pending[i]));
+    }
+    pthread_rwlock_unlock(&paging_lock);
 }
 
-#define FREE_ASYNC(symbol)                                                               \
+static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, bool per_thread)
+{
+    pthread_rwlock_rdlock(&paging_lock);
+    struct allocation *a = begin_free(dptr, MANAGED, DEVICE);
+    CUresult result;
+    if (!a) {
+        result = real(dptr, s); /* the driver's own (graph capture), or never seen */
+    } else {
+        bool deferred_free;
+        result = free_managed_after(dptr, kiwi_stream(s, per_thread), &deferred_free);
+        /* A deferred free keeps the record until it is done (kiwi_memory_free_deferred). */
+        end_free(a, deferred_free ? CUDA_ERROR_NOT_READY : result);
+    }
+    pthread_rwlock_unlock(&paging_lock);
+    return result;
+}
+
+#define FREE_ASYNC(symbol, per_thread)                                                   \
     KIWI_EXPORT CUresult symbol(CUdeviceptr dptr, CUstream s)                            \
     {                                                                                    \
         kiwi_init();                                                                     \
         free_async_fn real = (free_async_fn)kiwi_real(HOOK_##symbol);                    \
         if (!real)                                                                       \
             return CUDA_ERROR_NOT_INITIALIZED;                                           \
-        if (!untrack(dptr, MANAGED))                                                     \
-            return real(dptr, s);                                                        \
-        return free_managed_after(dptr, s);                                              \
+        return free_async(real, dptr, s, per_thread);                                    \
     }
 
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
-
-/* What this process may use: the whole GPU, or KIWI_GPU_MEMORY_LIMIT, less what it already
- * allocated. Memory other processes hold does not count: it is paged out when this process
- * holds the GPU. */
-KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
-{
-    kiwi_init();
-    typedef CUresult (*fn)(size_t *, size_t *);
-    fn real = (fn)kiwi_real(HOOK_cuMemGetInfo_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    size_t real_free = 0, real_total = 0;
-    CUresult result = real(&real_free, &real_total);
-    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled) {
-        if (free_bytes)
-            *free_bytes = real_free;
-        if (total_bytes)
-            *total_bytes = real_total;
-        return result;
-    }
-    if (!device_total)
-        device_total = real_total;
-    struct kiwi_working_set used;
-    kiwi_memory_working_set(&used);
-    uint64_t total = kiwi_memory_limit();
-    if (free_bytes)
-        *free_bytes = used.bytes < total ? (size_t)(total - used.bytes) : 0;
-    if (total_bytes)
-        *total_bytes = (size_t)total;
-    return CUDA_SUCCESS;
-}
+FREE_ASYNC(cuMemFreeAsync, false)
+FREE_ASYNC(cuMemFreeAsync_ptsz, true)
 
 typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
                               const CUmemAllocationProp *, unsigned long long);
@@ -459,8 +567,8 @@ KIWI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     fn real = (fn)kiwi_real(HOOK_cuMemRelease);
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = begin_free(handle, VMM, VMM);
     CUresult result = real(handle);
-    if (result == CUDA_SUCCESS)
-        untrack(handle, VMM);
+    end_free(a, result);
     return result;
 }

@@ -101,19 +101,23 @@ CUcontext kiwi_pager_note_context(CUdevice *device)
     return ctx;
 }
 
-void kiwi_pager_synchronize(void)
+bool kiwi_pager_synchronize(void)
 {
     if (!resolve() || !driver.ctx_set || !driver.ctx_sync)
-        return;
+        return true; /* no driver: nothing was queued */
+    bool synchronized = true;
     pthread_mutex_lock(&contexts_lock);
     for (int i = 0; i < context_count; i++) {
-        if (driver.ctx_set(contexts[i].ctx) != CUDA_SUCCESS)
-            continue;
-        CUresult result = driver.ctx_sync();
-        if (result != CUDA_SUCCESS)
+        CUresult result = driver.ctx_set(contexts[i].ctx);
+        if (result == CUDA_SUCCESS)
+            result = driver.ctx_sync();
+        if (result != CUDA_SUCCESS) {
             kiwi_warn("synchronizing before release failed: CUDA error %d", result);
+            synchronized = false;
+        }
     }
     pthread_mutex_unlock(&contexts_lock);
+    return synchronized;
 }
 
 struct move {
@@ -144,10 +148,9 @@ static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream
     return CUDA_ERROR_NOT_FOUND;
 }
 
-static void move_one(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice device, void *arg)
+static void move_one(const struct kiwi_range *range, struct move *move)
 {
-    struct move *move = arg;
-    struct context *c = context_of(ctx);
+    struct context *c = context_of(range->ctx);
     if (!c || driver.ctx_set(c->ctx) != CUDA_SUCCESS) {
         move->failures++;
         return;
@@ -157,9 +160,9 @@ static void move_one(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice devic
         move->failures++;
         return;
     }
-    CUresult result = prefetch(ptr, size, move->to_host ? CU_DEVICE_CPU : device, c->stream);
-    if (result == CUDA_SUCCESS)
-        move->bytes += size;
+    CUdevice to = move->to_host ? CU_DEVICE_CPU : range->device;
+    if (prefetch(range->ptr, range->size, to, c->stream) == CUDA_SUCCESS)
+        move->bytes += range->size;
     else
         move->failures++;
 }
@@ -171,13 +174,19 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
         return;
     double started = kiwi_now();
     struct move move = {.to_host = to_host};
+    /* A copy of the list, so that allocating threads never wait for the transfer; frees do
+     * wait (kiwi_memory_paging_begin), so that no address in the copy is freed meanwhile. */
+    struct kiwi_range *ranges;
+    size_t count = kiwi_memory_paging_begin(&ranges);
     pthread_mutex_lock(&contexts_lock);
-    kiwi_memory_each_managed(move_one, &move);
+    for (size_t i = 0; i < count; i++)
+        move_one(&ranges[i], &move);
     for (int i = 0; i < context_count; i++) {
         if (contexts[i].stream && driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)
             driver.stream_sync(contexts[i].stream);
     }
     pthread_mutex_unlock(&contexts_lock);
+    kiwi_memory_paging_end(ranges);
     if (move.failures)
         kiwi_warn("%d prefetches %s failed; those pages move on demand instead", move.failures,
                   to_host ? "to host memory" : "to the GPU");
@@ -195,6 +204,19 @@ void kiwi_pager_evict(struct kiwi_transfer *moved)
 void kiwi_pager_restore(struct kiwi_transfer *moved)
 {
     move_working_set(false, moved);
+}
+
+void kiwi_pager_forget_context(CUcontext ctx)
+{
+    pthread_mutex_lock(&contexts_lock);
+    for (int i = 0; i < context_count; i++) {
+        if (contexts[i].ctx == ctx) {
+            /* Its stream went with it. Order does not matter: move the last one here. */
+            contexts[i] = contexts[--context_count];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&contexts_lock);
 }
 
 void kiwi_pager_after_fork(void)

@@ -1,10 +1,13 @@
 /* What the shim's files share. Each .c file is one concern:
  *
  *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
- *   memory.c  allocations become managed memory; accounting; the memory limit; cuMemGetInfo
+ *   memory.c  allocations become managed memory; accounting; the memory limit
+ *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
+ *   capture.c graph captures in progress, which a release must wait for
+ *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
  *   comm.c    the daemon client, on a thread of its own; the hold's state machine
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
@@ -25,6 +28,12 @@
 
 #define KIWI_EXPORT __attribute__((visibility("default")))
 #define KIWI_SHIM_VERSION "0.1.0"
+
+/* What stream 0 means: the per-thread default stream to a _ptsz/_ptds entry point. */
+static inline CUstream kiwi_stream(CUstream stream, bool per_thread)
+{
+    return !stream && per_thread ? CU_STREAM_PER_THREAD : stream;
+}
 
 /* ---- config.c ---------------------------------------------------------------------------- */
 
@@ -73,7 +82,18 @@ void kiwi_gate_close(void);
 void kiwi_gate_drain(void);
 double kiwi_gate_last_activity(void);
 int kiwi_gate_in_flight(void);
+bool kiwi_gate_is_open(void);
 void kiwi_gate_after_fork(void);
+
+/* ---- capture.c --------------------------------------------------------------------------- */
+
+/* How many streams are being captured into graphs now. */
+int kiwi_capture_open(void);
+/* For the comm thread: true when no capture is open, and then none can begin until
+ * kiwi_capture_unhold (the synchronization in between would invalidate it). */
+bool kiwi_capture_hold(void);
+void kiwi_capture_unhold(void);
+void kiwi_capture_after_fork(void);
 
 /* ---- memory.c ---------------------------------------------------------------------------- */
 
@@ -85,12 +105,33 @@ struct kiwi_working_set {
 
 void kiwi_memory_working_set(struct kiwi_working_set *out);
 uint64_t kiwi_memory_limit(void); /* what this process may use; 0 while unknown */
+/* The limit, and no more than the GPU less what no eviction frees (meminfo.c). */
+uint64_t kiwi_memory_room(void);
+/* What the driver says of the GPU's memory; learnt from only while this process holds it. */
+void kiwi_memory_learn(uint64_t real_total, uint64_t real_free);
 
-/* Calls fn for each managed allocation, under the allocation table's lock. */
-typedef void (*kiwi_allocation_fn)(CUdeviceptr ptr, size_t size, CUcontext ctx, CUdevice device,
-                                   void *arg);
-void kiwi_memory_each_managed(kiwi_allocation_fn fn, void *arg);
+struct kiwi_range {
+    CUdeviceptr ptr;
+    size_t size;
+    CUcontext ctx;
+    CUdevice device;
+};
+
+/* For the pager: a copy of the managed allocations, taken once, and no free can run until
+ * kiwi_memory_paging_end (which frees the copy). */
+size_t kiwi_memory_paging_begin(struct kiwi_range **ranges);
+void kiwi_memory_paging_end(struct kiwi_range *ranges);
 void kiwi_memory_after_fork(void);
+/* Around a driver call that frees memory the shim did not free itself (a context's end): the
+ * pager does not move the working set meanwhile. */
+void kiwi_memory_free_begin(void);
+void kiwi_memory_free_end(void);
+/* A context ended: forgets every allocation made in it; returns their bytes. */
+uint64_t kiwi_memory_forget_context(CUcontext ctx);
+
+/* ---- context.c --------------------------------------------------------------------------- */
+
+void kiwi_context_after_fork(void);
 /* Frees what graph capture kept from being freed; the comm thread calls it after it has
  * synchronized every context. */
 void kiwi_memory_free_deferred(void);
@@ -105,13 +146,16 @@ struct kiwi_transfer {
 /* Remembers the calling thread's current context, so that the comm thread can synchronize it
  * and prefetch in it; returns it (NULL when none is current). */
 CUcontext kiwi_pager_note_context(CUdevice *device);
-/* Waits for all work this process queued on the GPU. */
-void kiwi_pager_synchronize(void);
+/* Waits for all work this process queued on the GPU; false when a context's synchronization
+ * failed, so that work may still be running. */
+bool kiwi_pager_synchronize(void);
 /* Moves the managed working set to host memory (evict) or back to its GPU (restore) with
  * prefetches on the pager's own streams, and waits for them. */
 void kiwi_pager_evict(struct kiwi_transfer *moved);
 void kiwi_pager_restore(struct kiwi_transfer *moved);
 void kiwi_pager_after_fork(void);
+/* A context ended: the pager no longer synchronizes it or prefetches in it. */
+void kiwi_pager_forget_context(CUcontext ctx);
 
 /* ---- comm.c ------------------------------------------------------------------------------ */
 
@@ -150,6 +194,8 @@ bool kiwi_comm_refusing(void);
 /* The allocation totals changed: report them to the daemon soon. */
 void kiwi_comm_working_set_changed(void);
 void kiwi_comm_add_waiting_time(double seconds);
+/* The last open graph capture ended: a deferred release may go ahead. */
+void kiwi_comm_captures_closed(void);
 
 /* For api.c. */
 void kiwi_comm_cell_begin(void);

@@ -107,7 +107,9 @@ GPU_ENTRY_POINT = re.compile(
     r"|LaunchCooperativeKernel|LaunchCooperativeKernelMultiDevice|GraphLaunch"
     r"|MemPrefetch\w*|MemDiscardAndPrefetchBatchAsync"
     r"|MemAlloc|MemAllocPitch|MemAllocAsync|MemAllocFromPoolAsync|MemAllocManaged"
-    r"|MemFree|MemFreeAsync|MemGetInfo|MemCreate|MemRelease)")
+    r"|MemFree|MemFreeAsync|MemGetInfo|MemCreate|MemRelease"
+    r"|StreamWriteValue32|StreamWriteValue64|StreamWaitValue32|StreamWaitValue64"
+    r"|StreamBatchMemOp)")
 
 
 def superseded(versions: set[int], version: int) -> bool:

@@ -8,7 +8,8 @@
  * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
  * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
- * until it exists, so a test can hold a transfer in the middle and look around.
+ * until it exists, so a test can hold a transfer in the middle and look around. Other
+ * FAKE_CUDA_* variables are described where they act.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
@@ -92,10 +93,62 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = current ? current : PRIMARY_CONTEXT; return 0; }
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) { current = ctx; return 0; }
 EXPORT CUresult cuCtxGetDevice(int *device) { *device = 0; return 0; }
+
+/* Contexts: any handle may be made current; the primary context is counted by reference. */
+static atomic_int primary_references;
+
+static CUresult destroy_context(const char *name, CUcontext ctx)
+{
+    if (current == ctx)
+        current = NULL;
+    record("%s ctx=%p", name, ctx);
+    return 0;
+}
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return destroy_context("cuCtxDestroy", ctx); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) { return destroy_context("cuCtxDestroy_v2", ctx); }
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, int device)
+{
+    *ctx = PRIMARY_CONTEXT;
+    record("cuDevicePrimaryCtxRetain device=%d references=%d", device,
+           atomic_fetch_add(&primary_references, 1) + 1);
+    return 0;
+}
+static CUresult release_primary(const char *name, int device)
+{
+    record("%s device=%d references=%d", name, device,
+           atomic_fetch_sub(&primary_references, 1) - 1);
+    return 0;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease(int device) { return release_primary("cuDevicePrimaryCtxRelease", device); }
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int device) { return release_primary("cuDevicePrimaryCtxRelease_v2", device); }
+static CUresult reset_primary(const char *name, int device)
+{
+    atomic_store(&primary_references, 0);
+    record("%s device=%d", name, device);
+    return 0;
+}
+EXPORT CUresult cuDevicePrimaryCtxReset(int device) { return reset_primary("cuDevicePrimaryCtxReset", device); }
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(int device) { return reset_primary("cuDevicePrimaryCtxReset_v2", device); }
+EXPORT CUresult cuDevicePrimaryCtxGetState(int device, unsigned *flags, int *active)
+{
+    (void)device;
+    *flags = 0;
+    *active = atomic_load(&primary_references) > 0;
+    return 0;
+}
+static bool invalidate_captures(void);
+
+/* FAKE_CUDA_SYNC_ERROR: the error every cuCtxSynchronize returns (a sticky error on a real
+ * GPU, such as 700, an illegal address). */
 EXPORT CUresult cuCtxSynchronize(void)
 {
-    record("cuCtxSynchronize ctx=%p", current ? current : PRIMARY_CONTEXT);
-    return 0;
+    const char *error = getenv("FAKE_CUDA_SYNC_ERROR");
+    bool invalidating = invalidate_captures();
+    record("cuCtxSynchronize ctx=%p%s", current ? current : PRIMARY_CONTEXT,
+           invalidating ? " invalidated-capture" : "");
+    if (invalidating)
+        return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+    return error ? atoi(error) : 0;
 }
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
 {
@@ -112,11 +165,92 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream)
     return 0;
 }
 
-/* FAKE_CUDA_CAPTURING_STREAM names a stream (e.g. 0x66) that is being captured into a graph. */
+/* Graph capture as the driver does it in the global mode: cuCtxSynchronize while a capture
+ * is open fails and invalidates it, and its cuStreamEndCapture then fails too (ending it all
+ * the same). FAKE_CUDA_CAPTURING_STREAM names a stream (e.g. 0x66) that is being captured
+ * without the fake having seen it begin. */
+#define MAX_CAPTURES 16
+static CUstream captures[MAX_CAPTURES];
+static bool invalidated[MAX_CAPTURES];
+static pthread_mutex_t captures_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int capture_of(CUstream stream)
+{
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (captures[i] == stream && stream)
+            return i;
+    return -1;
+}
+
+static CUresult begin_capture(const char *name, CUstream stream, int mode)
+{
+    pthread_mutex_lock(&captures_lock);
+    int free_slot = capture_of(NULL);
+    for (int i = 0; i < MAX_CAPTURES && free_slot < 0; i++)
+        if (!captures[i])
+            free_slot = i;
+    bool began = stream && capture_of(stream) < 0 && free_slot >= 0;
+    if (began) {
+        captures[free_slot] = stream;
+        invalidated[free_slot] = false;
+    }
+    pthread_mutex_unlock(&captures_lock);
+    record("%s stream=%p mode=%d", name, stream, mode);
+    return began ? 0 : 1; /* CUDA_ERROR_INVALID_VALUE: the legacy stream, or already capturing */
+}
+
+static CUresult end_capture(const char *name, CUstream stream, void **graph)
+{
+    pthread_mutex_lock(&captures_lock);
+    int i = capture_of(stream);
+    bool was_invalidated = i >= 0 && invalidated[i];
+    if (i >= 0)
+        captures[i] = NULL;
+    pthread_mutex_unlock(&captures_lock);
+    if (graph)
+        *graph = i >= 0 && !was_invalidated ? (void *)0x6A : NULL;
+    record("%s stream=%p invalidated=%d", name, stream, was_invalidated);
+    if (i < 0)
+        return 906; /* CUDA_ERROR_STREAM_CAPTURE_UNMATCHED */
+    return was_invalidated ? 901 : 0; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+}
+
+/* Invalidates every open capture; true when there was one. */
+static bool invalidate_captures(void)
+{
+    bool any = false;
+    pthread_mutex_lock(&captures_lock);
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        if (captures[i]) {
+            invalidated[i] = true;
+            any = true;
+        }
+    }
+    pthread_mutex_unlock(&captures_lock);
+    return any;
+}
+
+EXPORT CUresult cuStreamBeginCapture(CUstream stream) { return begin_capture("cuStreamBeginCapture", stream, 0); }
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) { return begin_capture("cuStreamBeginCapture_ptsz", stream ? stream : (CUstream)2, 0); }
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) { return begin_capture("cuStreamBeginCapture_v2", stream, mode); }
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) { return begin_capture("cuStreamBeginCapture_v2_ptsz", stream ? stream : (CUstream)2, mode); }
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, void *graph, const void *deps, const void *edges, size_t n, int mode)
+{
+    (void)graph; (void)deps; (void)edges; (void)n;
+    return begin_capture("cuStreamBeginCaptureToGraph", stream, mode);
+}
+EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) { return end_capture("cuStreamEndCapture", stream, graph); }
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph) { return end_capture("cuStreamEndCapture_ptsz", stream ? stream : (CUstream)2, graph); }
+
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
     const char *text = getenv("FAKE_CUDA_CAPTURING_STREAM");
-    *status = text && (uintptr_t)stream == (uintptr_t)strtoull(text, NULL, 0) ? 1 : 0;
+    pthread_mutex_lock(&captures_lock);
+    int i = capture_of(stream);
+    *status = i < 0 ? 0 : invalidated[i] ? 2 : 1;
+    pthread_mutex_unlock(&captures_lock);
+    if (text && (uintptr_t)stream == (uintptr_t)strtoull(text, NULL, 0))
+        *status = 1;
     return 0;
 }
 
@@ -159,19 +293,24 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *po
     record("cuMemAllocFromPoolAsync size=%zu pool=%p stream=%p", size, pool, s);
     return 0;
 }
+/* FAKE_CUDA_FREE_ERROR: the error every cuMemFree_v2 returns. */
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    record("cuMemFree_v2 ptr=0x%llx", dptr);
-    return 0;
+    const char *error = getenv("FAKE_CUDA_FREE_ERROR");
+    record("cuMemFree_v2 ptr=0x%llx%s", dptr, error ? " refused" : "");
+    return error ? atoi(error) : 0;
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
 {
     record("cuMemFreeAsync ptr=0x%llx stream=%p", dptr, s);
     return 0;
 }
+/* FAKE_CUDA_OTHERS_USED: bytes other processes hold on the GPU and cannot give up. */
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
+    const char *others = getenv("FAKE_CUDA_OTHERS_USED");
     unsigned long long total = total_memory(), used = atomic_load(&allocated);
+    used += others ? strtoull(others, NULL, 10) : 0;
     *free_bytes = used < total ? total - used : 0;
     *total_bytes = total;
     record("cuMemGetInfo_v2");
@@ -369,7 +508,27 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, 0)                                  \
     X(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, 1)                             \
     X(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, 0)                                  \
-    X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)
+    X(cuMemsetD2D32Async_ptsz, "cuMemsetD2D32Async", 7000, 1)                             \
+    X(cuStreamWriteValue32, "cuStreamWriteValue32", 8000, 0)                              \
+    X(cuStreamWriteValue32_ptsz, "cuStreamWriteValue32", 8000, 1)                         \
+    X(cuStreamWriteValue32_v2, "cuStreamWriteValue32", 11070, 0)                          \
+    X(cuStreamWriteValue32_v2_ptsz, "cuStreamWriteValue32", 11070, 1)                     \
+    X(cuStreamWriteValue64, "cuStreamWriteValue64", 9000, 0)                              \
+    X(cuStreamWriteValue64_ptsz, "cuStreamWriteValue64", 9000, 1)                         \
+    X(cuStreamWriteValue64_v2, "cuStreamWriteValue64", 11070, 0)                          \
+    X(cuStreamWriteValue64_v2_ptsz, "cuStreamWriteValue64", 11070, 1)                     \
+    X(cuStreamWaitValue32, "cuStreamWaitValue32", 8000, 0)                                \
+    X(cuStreamWaitValue32_ptsz, "cuStreamWaitValue32", 8000, 1)                           \
+    X(cuStreamWaitValue32_v2, "cuStreamWaitValue32", 11070, 0)                            \
+    X(cuStreamWaitValue32_v2_ptsz, "cuStreamWaitValue32", 11070, 1)                       \
+    X(cuStreamWaitValue64, "cuStreamWaitValue64", 9000, 0)                                \
+    X(cuStreamWaitValue64_ptsz, "cuStreamWaitValue64", 9000, 1)                           \
+    X(cuStreamWaitValue64_v2, "cuStreamWaitValue64", 11070, 0)                            \
+    X(cuStreamWaitValue64_v2_ptsz, "cuStreamWaitValue64", 11070, 1)                       \
+    X(cuStreamBatchMemOp, "cuStreamBatchMemOp", 8000, 0)                                  \
+    X(cuStreamBatchMemOp_ptsz, "cuStreamBatchMemOp", 8000, 1)                             \
+    X(cuStreamBatchMemOp_v2, "cuStreamBatchMemOp", 11070, 0)                              \
+    X(cuStreamBatchMemOp_v2_ptsz, "cuStreamBatchMemOp", 11070, 1)
 
 #define DEFINE_RECORDED(symbol, base, version, per_thread) \
     EXPORT CUresult symbol() { record(#symbol); return 0; }
@@ -398,10 +557,27 @@ static const struct entry entries[] = {
     ENTRY("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
     ENTRY("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
     ENTRY("cuDeviceGet", 2000, 0, cuDeviceGet),
+    ENTRY("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
     ENTRY("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
     ENTRY("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
     ENTRY("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
+    ENTRY("cuCtxDestroy", 2000, 0, cuCtxDestroy),
+    ENTRY("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
+    ENTRY("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
+    ENTRY("cuDevicePrimaryCtxRelease", 7000, 0, cuDevicePrimaryCtxRelease),
+    ENTRY("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
+    ENTRY("cuDevicePrimaryCtxReset", 7000, 0, cuDevicePrimaryCtxReset),
+    ENTRY("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2),
+    ENTRY("cuDevicePrimaryCtxGetState", 7000, 0, cuDevicePrimaryCtxGetState),
     ENTRY("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
+    ENTRY("cuStreamIsCapturing", 10000, 0, cuStreamIsCapturing),
+    ENTRY("cuStreamBeginCapture", 10000, 0, cuStreamBeginCapture),
+    ENTRY("cuStreamBeginCapture", 10000, 1, cuStreamBeginCapture_ptsz),
+    ENTRY("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2),
+    ENTRY("cuStreamBeginCapture", 10010, 1, cuStreamBeginCapture_v2_ptsz),
+    ENTRY("cuStreamBeginCaptureToGraph", 12030, 0, cuStreamBeginCaptureToGraph),
+    ENTRY("cuStreamEndCapture", 10000, 0, cuStreamEndCapture),
+    ENTRY("cuStreamEndCapture", 10000, 1, cuStreamEndCapture_ptsz),
     ENTRY("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
     ENTRY("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
     ENTRY("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),

@@ -109,6 +109,20 @@ def test_every_gated_entry_point_reaches_the_driver_once_allowed(workload, fake_
     assert set(names) <= set(w.log.names())
 
 
+STREAM_MEMORY_OPERATIONS = [
+    f"cuStream{op}{suffix}"
+    for op in ("WriteValue32", "WriteValue64", "WaitValue32", "WaitValue64", "BatchMemOp")
+    for suffix in ("", "_ptsz", "_v2", "_v2_ptsz")]
+
+
+def test_stream_memory_operations_wait_at_the_gate(workload) -> None:
+    """A stream write or wait touches device memory from a stream: GPU work like a memset."""
+    w = workload(**NO_DAEMON)
+    results = w.call(f"{{name: d.bare(name) for name in {STREAM_MEMORY_OPERATIONS!r}}}")
+    assert results == dict.fromkeys(STREAM_MEMORY_OPERATIONS, NOT_READY)
+    assert not set(STREAM_MEMORY_OPERATIONS) & set(w.log.names())
+
+
 def test_an_internal_entry_point_is_hooked_by_name(workload) -> None:
     # The fake driver answers "cuMemGetInfo" with a function dlsym cannot see; the shim must
     # still hook it, so the limit shows.

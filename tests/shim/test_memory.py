@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 GiB = 1 << 30
 MiB = 1 << 20
 OUT_OF_MEMORY = 2
@@ -119,3 +121,75 @@ def test_other_managed_allocation_errors_reach_the_caller(workload) -> None:
     assert w.call("d.alloc_result(1024)") == OUT_OF_MEMORY
     assert not w.log.calls("cuMemAlloc_v2")
     assert w.stats()["working_set"] == 0
+
+
+def test_a_failed_free_keeps_the_allocation_counted(workload) -> None:
+    w = workload(FAKE_CUDA_FREE_ERROR="1")
+    ptr = w.call("d.alloc_async(1024)")
+    assert w.call(f"d.free_async({ptr}, 0x77)") == 1
+    assert w.call(f"d.free({ptr})") == 1
+    stats = w.stats()
+    assert (stats["working_set"], stats["allocations"]) == (1024, 1)
+
+
+def test_a_per_thread_stream_free_waits_for_the_per_thread_stream(workload) -> None:
+    """Stream 0 given to a _ptsz entry point is the calling thread's stream, not the legacy
+    default stream that synchronizes with every other."""
+    w = workload()
+    ptr = w.call("d.alloc_async(1024)")
+    assert w.call(f"d.free_async({ptr}, 0, name='cuMemFreeAsync_ptsz')") == 0
+    assert w.log.calls("cuStreamSynchronize")[-1].endswith("stream=0x2")
+    assert w.log.names()[-1] == "cuMemFree_v2"
+
+
+def test_destroying_a_context_forgets_its_allocations(workload) -> None:
+    w = workload()
+    w.call("d.set_context(0xABC)")
+    w.call("d.alloc(1 * 1024 * 1024)")
+    w.call("d.set_context(0)")  # back to the primary context
+    w.call("d.alloc(2 * 1024 * 1024)")
+    assert w.call("d.destroy_context(0xABC)") == 0
+    stats = w.stats()
+    assert (stats["working_set"], stats["allocations"]) == (2 * MiB, 1)
+
+
+@pytest.mark.parametrize("name", ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"])
+def test_releasing_the_last_reference_to_the_primary_context_forgets_its_allocations(
+        workload, name: str) -> None:
+    w = workload()
+    w.call("d.retain_primary()")
+    w.call("d.retain_primary()")
+    w.call("d.alloc(1 * 1024 * 1024)")
+    assert w.call(f"d.end_primary({name!r})") == 0
+    assert w.stats()["working_set"] == 1 * MiB  # one reference left: the context lives
+    assert w.call(f"d.end_primary({name!r})") == 0
+    assert (w.stats()["working_set"], w.stats()["allocations"]) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset"])
+def test_resetting_the_primary_context_forgets_its_allocations(workload, name: str) -> None:
+    w = workload()
+    w.call("d.retain_primary()")
+    w.call("d.alloc(1 * 1024 * 1024)")
+    assert w.call(f"d.end_primary({name!r})") == 0
+    assert w.stats()["working_set"] == 0
+
+
+@pytest.mark.parametrize("via", ["dlsym", "proc_v2"])
+def test_device_total_memory_agrees_with_mem_get_info(workload, via: str) -> None:
+    w = workload(KIWI_GPU_MEMORY_LIMIT="2GiB", FAKE_CUDA_TOTAL=str(16 * GiB))
+    assert w.call(f"d.device_total(via={via!r})") == 2 * GiB
+    assert w.call("d.mem_info()")[1] == 2 * GiB
+
+
+def test_free_memory_leaves_out_what_no_eviction_frees(workload) -> None:
+    """Other processes' contexts and unconverted memory stay on the card whoever holds it: free
+    memory, and what may be allocated, stop short of it, so that frameworks trim their caches
+    before managed memory would oversubscribe the card."""
+    w = workload(FAKE_CUDA_TOTAL=str(16 * GiB), FAKE_CUDA_OTHERS_USED=str(10 * GiB),
+                 KIWI_SOCKET="/nonexistent/kiwi.sock", KIWI_FAIL_TIMEOUT="0")
+    assert w.call("d.launch()") == 0  # no daemon, failing open: the GPU is this process's
+    w.call("d.alloc(1024 ** 3)")
+    assert w.call("d.mem_info()") == [5 * GiB, 16 * GiB]
+    assert w.call(f"d.alloc_result({6 * GiB})") == OUT_OF_MEMORY
+    assert w.call(f"d.alloc_result({4 * GiB})") == 0

@@ -424,3 +424,88 @@ def test_a_release_later_than_the_grace_is_revoked_and_the_shim_carries_on(
     wait_for(lambda: w.stats()["revokes"] == 1, what="the revoked event")
     assert w.call("d.launch()") == 0
     assert state_of(scheduler, w) == "holding"
+
+
+def test_a_drop_during_graph_capture_waits_for_the_capture_to_end(scheduler, workload) -> None:
+    """Synchronizing while a capture is open would invalidate it (global capture mode): the
+    release waits for cuStreamEndCapture, and the capture ends intact."""
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    assert w.call("d.launch()") == 0
+    assert w.call("d.begin_capture(0x66)") == 0
+    with other_client(scheduler, "next") as next_holder:
+        acquiring = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 20})
+        acquiring.start()
+        wait_for(lambda: w.stats()["drops"] == 1, what="the drop to reach the shim")
+        assert not w.log.calls("cuCtxSynchronize")
+        assert state_of(scheduler, w) == "holding" and w.call("shim.holding") is True
+        assert w.call("d.end_capture(0x66)") == 0  # not invalidated
+        acquiring.join(timeout=20)
+        assert next_holder.holding
+    names = w.log.names()
+    assert names.index("cuStreamEndCapture") < names.index("cuCtxSynchronize")
+    assert "invalidated-capture" not in "".join(w.log.calls("cuCtxSynchronize"))
+
+
+def test_a_cell_end_during_graph_capture_releases_when_the_capture_ends(
+        long_quantum, workload) -> None:
+    w = workload(KIWI_SOCKET=long_quantum.socket)
+    w.call("shim.cell_begin()")
+    assert w.call("d.launch()") == 0
+    assert w.call("d.begin_capture(0, name='cuStreamBeginCapture_ptsz')") == 0
+    w.call("shim.release()")
+    assert w.call("shim.holding") is True
+    assert not w.log.calls("cuCtxSynchronize")
+    assert w.call("d.end_capture(0, name='cuStreamEndCapture_ptsz')") == 0
+    wait_for(lambda: state_of(long_quantum, w) == "idle", what="the deferred release")
+    assert w.stats()["releases"] == 1
+
+
+def test_a_failed_synchronize_is_not_a_release(long_quantum, workload) -> None:
+    """Work may still be running when cuCtxSynchronize fails: the GPU is not handed over."""
+    w = workload(KIWI_SOCKET=long_quantum.socket, FAKE_CUDA_SYNC_ERROR="700")
+    w.call("shim.cell_begin()")
+    assert w.call("d.launch()") == 0
+    w.call("shim.release()")
+    assert w.log.calls("cuCtxSynchronize")
+    assert w.call("shim.holding") is True
+    assert state_of(long_quantum, w) == "holding"
+    assert w.stats()["releases"] == 0
+    wait_for(lambda: any("not releasing the GPU" in line for line in w.stderr),
+             what="the shim to say why it keeps the GPU")
+
+
+def test_a_free_waits_while_the_working_set_is_moving(scheduler, workload, tmp_path) -> None:
+    """No prefetch may name an address that is freed, or freed and handed out again, while
+    the eviction runs: the free waits for it."""
+    transfer_done = tmp_path / "transfer-done"
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
+    first, _ = w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
+    assert w.call("d.launch()") == 0
+    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        acquiring = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 20})
+        acquiring.start()
+        wait_for(lambda: w.log.calls("cuStreamSynchronize"), what="the eviction to start")
+        freeing = w.start(f"d.free({first})")
+        with pytest.raises(AssertionError):
+            wait_for(freeing.done, timeout=0.5, what="the free (it must wait)")
+        assert not w.log.calls("cuMemFree_v2")
+        transfer_done.touch()
+        assert freeing.result() == 0
+        acquiring.join(timeout=20)
+    names = w.log.names()
+    assert names.index("cuMemFree_v2") > names.index("cuStreamSynchronize")
+    assert w.stats()["working_set"] == 3 * GiB
+
+
+def test_a_release_leaves_a_destroyed_context_alone(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    w.call("shim.cell_begin()")
+    w.call("d.set_context(0xABC)")
+    w.call("d.alloc(1024)")
+    assert w.call("d.launch()") == 0
+    assert w.call("d.destroy_context(0xABC)") == 0
+    w.call("d.alloc(1024)")  # in the primary context, current again
+    w.call("shim.release()")
+    synchronized = w.log.calls("cuCtxSynchronize")
+    assert synchronized and not any("ctx=0xabc" in line for line in synchronized)

@@ -109,8 +109,8 @@ class Driver:
     def free(self, ptr: int) -> int:
         return int(self.dlsym("cuMemFree_v2", c_u64)(ptr))
 
-    def free_async(self, ptr: int, stream: int = 0x77) -> int:
-        return int(self.dlsym("cuMemFreeAsync", c_u64, c_ptr)(ptr, stream))
+    def free_async(self, ptr: int, stream: int = 0x77, name: str = "cuMemFreeAsync") -> int:
+        return int(self.dlsym(name, c_u64, c_ptr)(ptr, stream))
 
     def mem_info(self, via: str = "dlsym", **kw: Any) -> tuple[int, int]:
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
@@ -119,6 +119,40 @@ class Driver:
         if fn(ctypes.byref(free), ctypes.byref(total)) != 0:
             raise RuntimeError
         return free.value, total.value
+
+    # ---- contexts ----
+    def set_context(self, ctx: int) -> int:
+        return int(self.dlsym("cuCtxSetCurrent", c_ptr)(ctx))
+
+    def destroy_context(self, ctx: int, name: str = "cuCtxDestroy_v2") -> int:
+        return int(self.dlsym(name, c_ptr)(ctx))
+
+    def retain_primary(self, device: int = 0) -> int:
+        ctx = c_ptr()
+        if self.dlsym("cuDevicePrimaryCtxRetain", ctypes.POINTER(c_ptr), ctypes.c_int)(
+                ctypes.byref(ctx), device) != 0:
+            raise RuntimeError("cuDevicePrimaryCtxRetain")
+        self.set_context(ctx.value or 0)
+        return ctx.value or 0
+
+    def end_primary(self, name: str, device: int = 0) -> int:
+        return int(self.dlsym(name, ctypes.c_int)(device))
+
+    # ---- graph capture ----
+    def begin_capture(self, stream: int, mode: int = 0, name: str = "cuStreamBeginCapture_v2") -> int:
+        return int(self.dlsym(name, c_ptr, ctypes.c_int)(stream, mode))
+
+    def end_capture(self, stream: int, name: str = "cuStreamEndCapture") -> int:
+        graph = c_ptr()
+        return int(self.dlsym(name, c_ptr, ctypes.POINTER(c_ptr))(stream, ctypes.byref(graph)))
+
+    def device_total(self, via: str = "dlsym") -> int:
+        total = ctypes.c_size_t()
+        fn = self.entry("cuDeviceTotalMem_v2", ctypes.POINTER(ctypes.c_size_t), ctypes.c_int,
+                        via=via)
+        if fn(ctypes.byref(total), 0) != 0:
+            raise RuntimeError("cuDeviceTotalMem_v2")
+        return total.value
 
     # ---- work ----
     def launch(self, via: str = "dlsym", per_thread: bool = False, grid: int = 1) -> int:

@@ -1,0 +1,55 @@
+/* What the process is told about the GPU's memory: cuMemGetInfo and cuDeviceTotalMem.
+ *
+ * Both say the same total: KIWI_GPU_MEMORY_LIMIT, or the whole GPU. Free is what this process
+ * may still allocate before the card would have to page against itself: the total less what
+ * it allocated, and never more than the GPU's memory less what no eviction frees (other
+ * processes' contexts and unconverted memory, and this process's context; see
+ * kiwi_memory_learn). Other processes' managed memory does not count: it goes to host memory
+ * while this one holds the GPU. An allocation past that room fails with
+ * CUDA_ERROR_OUT_OF_MEMORY, so frameworks free their caches and retry, or trim their pools,
+ * before managed memory would oversubscribe the card and thrash.
+ */
+#include "shim.h"
+
+KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    kiwi_init();
+    typedef CUresult (*fn)(size_t *, size_t *);
+    fn real = (fn)kiwi_real(HOOK_cuMemGetInfo_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t real_free = 0, real_total = 0;
+    CUresult result = real(&real_free, &real_total);
+    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled) {
+        if (free_bytes)
+            *free_bytes = real_free;
+        if (total_bytes)
+            *total_bytes = real_total;
+        return result;
+    }
+    kiwi_memory_learn(real_total, real_free);
+    struct kiwi_working_set used;
+    kiwi_memory_working_set(&used);
+    uint64_t room = kiwi_memory_room();
+    if (free_bytes)
+        *free_bytes = used.bytes < room ? (size_t)(room - used.bytes) : 0;
+    if (total_bytes)
+        *total_bytes = (size_t)kiwi_memory_limit();
+    return CUDA_SUCCESS;
+}
+
+KIWI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device)
+{
+    kiwi_init();
+    typedef CUresult (*fn)(size_t *, CUdevice);
+    fn real = (fn)kiwi_real(HOOK_cuDeviceTotalMem_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult result = real(bytes, device);
+    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || !bytes)
+        return result;
+    uint64_t limit = kiwi_cfg.memory_limit;
+    if (limit && limit < *bytes)
+        *bytes = (size_t)limit;
+    return CUDA_SUCCESS;
+}
