@@ -139,7 +139,9 @@ class Driver:
         return int(self.dlsym(name, ctypes.c_int)(device))
 
     # ---- graph capture ----
-    def begin_capture(self, stream: int, mode: int = 0, name: str = "cuStreamBeginCapture_v2") -> int:
+    def begin_capture(
+        self, stream: int, mode: int = 0, name: str = "cuStreamBeginCapture_v2"
+    ) -> int:
         return int(self.dlsym(name, c_ptr, ctypes.c_int)(stream, mode))
 
     def end_capture(self, stream: int, name: str = "cuStreamEndCapture") -> int:
