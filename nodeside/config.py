@@ -50,6 +50,8 @@ class SchedulerConfig:
     #: Group owning the socket; its members may connect. None: the daemon's group.
     socket_group: str | None = None
     socket_mode: int = 0o660
+    #: How the next holder is chosen: a name in ``nodeside.scheduler.choosing.POLICIES``.
+    policy: str = "pools"
 
     def share_window(self, tq: float) -> float:
         return self.window if self.window is not None else 50 * tq
@@ -122,9 +124,18 @@ def parse_mode(value: Any, where: str = "mode") -> str:
     return value.lower()
 
 
+def parse_policy(value: Any, where: str = "policy") -> str:
+    from nodeside.scheduler.choosing import POLICIES  # the policies register themselves there
+
+    if not isinstance(value, str) or value not in POLICIES:
+        raise ConfigError(f"{where}: must be one of {', '.join(sorted(POLICIES))}, "
+                          f"got {value!r}")
+    return value
+
+
 _POOL_KEYS = ("guarantee", "weight", "maximum")
 _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
-             "admin_group", "socket_group", "socket_mode"}
+             "admin_group", "socket_group", "socket_mode", "policy"}
 
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
@@ -202,6 +213,8 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
     for key in ("admin_group", "socket_group"):
         if key in raw:
             changes[key] = None if raw[key] is None else str(raw[key])
+    if "policy" in raw:
+        changes["policy"] = parse_policy(raw["policy"])
     if "socket_mode" in raw:
         mode = raw["socket_mode"]
         try:
