@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
 from nodeside.scheduler import room
+from nodeside.scheduler.access import judge
 from nodeside.scheduler.actions import (
     Action,
     Drop,
@@ -45,6 +46,7 @@ from nodeside.scheduler.actions import (
 from nodeside.scheduler.choosing import POLICIES, contending_pools
 from nodeside.scheduler.pools import Pool, preemption_off_reason
 from nodeside.scheduler.state import (
+    EVICT_MODES,
     PRIORITY_RANK,
     Client,
     GpuSpec,
@@ -117,20 +119,45 @@ class Scheduler(Turns):
     def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
                  priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
                  kind: str = "client", labels: Mapping[str, str] | None = None,
-                 working_set: int | None = None) -> Client:
-        if gpu not in self.gpus:
-            raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node "
-                                 f"(it has {', '.join(map(str, self.gpus))})")
+                 working_set: int | None = None, gids: Iterable[int] = (),
+                 display_name: str | None = None, user: str | None = None,
+                 evict: str = "managed", gpu_uuid: str | None = None) -> Client:
+        """A new client. ``uid`` and ``gids`` are the peer's credentials, read by the shell from
+        the socket, never from what the client says: the access policy judges the claimed pool
+        and priority by them. A downgraded claim leaves its reason in ``Client.warning``.
+        """
+        gpu = self._gpu_named(gpu, gpu_uuid)
         if priority not in PRIORITY_RANK:
             raise SchedulerError(p.E_INVALID, f"priority must be one of {', '.join(p.PRIORITIES)}")
         if not pool:
             raise SchedulerError(p.E_INVALID, "pool must be a non-empty name")
-        client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=pool,
-                        priority=priority, pid=pid, uid=uid, kind=kind,
+        if evict not in EVICT_MODES:
+            raise SchedulerError(p.E_INVALID, f"evict must be one of {', '.join(EVICT_MODES)}")
+        gids = tuple(gids)
+        try:
+            verdict = judge(self.config.access, uid=uid, gids=gids, pool=pool,
+                            priority=priority)
+        except PermissionError as exc:
+            raise SchedulerError(p.E_PERMISSION, str(exc)) from None
+        client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=verdict.pool,
+                        priority=verdict.priority, pid=pid, uid=uid, gids=gids, kind=kind,
                         labels=dict(labels or {}), working_set=working_set,
-                        registered_at=now)
+                        registered_at=now, display_name=display_name or name, user=user,
+                        evict=evict, warning=verdict.warning)
         self.clients[client.id] = client
         return client
+
+    def _gpu_named(self, gpu: int, uuid: str | None) -> int:
+        """The GPU a client asked for: by UUID when it gave one and the node knows UUIDs."""
+        known = {g.spec.uuid: index for index, g in self.gpus.items() if g.spec.uuid}
+        if uuid and known:
+            if uuid not in known:
+                raise SchedulerError(p.E_INVALID, f"no GPU {uuid} on this node")
+            return known[uuid]
+        if gpu not in self.gpus:
+            raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node "
+                                 f"(it has {', '.join(map(str, self.gpus))})")
+        return gpu
 
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""

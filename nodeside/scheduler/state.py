@@ -106,6 +106,8 @@ class Client:
     #: How the client gives memory back: "managed" (the shim pages it) or "checkpoint".
     evict: str = "managed"
     gids: tuple[int, ...] = ()
+    #: Why the access policy changed the claimed pool or priority (for the log); None if not.
+    warning: str | None = None
     hold_state: HoldState = HoldState.IDLE
     request_order: int = 0  # global counter: request order, also across pools
     requested_at: float | None = None
