@@ -55,7 +55,7 @@ from nodeside.scheduler.state import (
     HoldState,
     IllegalTransition,
 )
-from nodeside.scheduler.turns import Turns
+from nodeside.scheduler.turns import Turns, current_quantum_start
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
@@ -179,6 +179,8 @@ class Scheduler(Turns):
             return [Grant(client.id, client.gpu, self._quantum(client.gpu))] \
                 if client.state == "holding" else []
         gpu = self.gpus[client.gpu]
+        if not gpu.waiters:
+            self._renew_lone_quanta(gpu, now)
         client.move(HoldState.WAITING)
         client.request_order = next(self._order)
         client.requested_at = now
@@ -257,6 +259,9 @@ class Scheduler(Turns):
             for gpu in self.gpus.values():
                 first = next(iter(gpu.holders.values()), None)
                 actions.extend(self._relieve_overcommit(gpu, first, now, p.REASON_MODE))
+        else:
+            for gpu in self.gpus.values():
+                self._withdraw_drops(gpu)
         return actions + self._schedule_all(now)
 
     def set_tq(self, now: float, seconds: float, gpu: int | None = None) -> list[Action]:
@@ -356,7 +361,11 @@ class Scheduler(Turns):
             return None
         first = next(iter(gpu.holders.values()))
         assert first.hold is not None
-        return max(0.0, first.hold.quantum_start + self.tq_for(gpu_index) - now)
+        tq = self.tq_for(gpu_index)
+        start = first.hold.quantum_start
+        if not gpu.waiters and first.hold_state is HoldState.HOLDING:
+            start = current_quantum_start(first.hold, tq, now)  # renewed while alone
+        return max(0.0, start + tq - now)
 
     def _client(self, client_id: str) -> Client:
         try:

@@ -5,10 +5,10 @@ one table below, so a rule that tries to grant a holder twice or release a clien
 asked fails loudly in tests instead of quietly corrupting the queue::
 
     IDLE --acquire--> WAITING --grant--> HOLDING --drop--> DROPPING
-      ^                 |                   |                  |
-      +----cancel-------+                   |                  |
-      +------------------release-----------+                  |
-      +------------------release or revoke--------------------+
+      ^                 |                   |    <--withdrawn--   |
+      +----cancel-------+                   |   (mode off)        |
+      +------------------release-----------+                     |
+      +------------------release or revoke-----------------------+
 
 The status document shows three words (CONTRACT section 5): DROPPING is still "holding".
 """
@@ -46,6 +46,7 @@ TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
     (HoldState.HOLDING, HoldState.DROPPING),    # asked to drop (quantum, preemption, room...)
     (HoldState.HOLDING, HoldState.IDLE),        # released, or the client leaves
     (HoldState.DROPPING, HoldState.IDLE),       # released after the drop, or revoked
+    (HoldState.DROPPING, HoldState.HOLDING),    # the drop is withdrawn: mode off grants all
 })
 
 

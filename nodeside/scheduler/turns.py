@@ -10,6 +10,7 @@ eligible waits, revoke a holder past its grace. Every hold state change goes thr
 from __future__ import annotations
 
 import itertools
+import math
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
@@ -121,7 +122,7 @@ class Turns:
                 if blocked is None or self._room_after(gpu, blocked, room.leaving(gpu)):
                     # Nobody is blocked, or those already leaving make the room: no need to
                     # end this holder's turn as well.
-                    hold.quantum_start = now
+                    hold.quantum_start = self._renewed(gpu, hold, tq, now)
                     continue
                 actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
                 continue
@@ -131,7 +132,7 @@ class Turns:
                 actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
                 continue
             if winner is None or winner is tail:
-                hold.quantum_start = now
+                hold.quantum_start = self._renewed(gpu, hold, tq, now)
                 continue
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
         return actions
@@ -163,6 +164,39 @@ class Turns:
             actions.append(Revoke(holder.id, gpu.spec.index, p.REASON_GRACE,
                                   ignored_for=now - hold.drop_sent_at))
         return actions
+
+    def _renew_lone_quanta(self, gpu: GpuState, now: float) -> None:
+        """Someone starts waiting: bring each holder's quantum up to date first.
+
+        A holder nobody waited for had its quantum renewed at each end, silently and with no
+        timer (the shell ticks only at ``next_deadline``, and none is due then). Counting the
+        renewals now puts the newcomer behind the end of the *current* quantum, as in the
+        seed's timeline, instead of dropping a holder whose first quantum ran out long ago.
+        """
+        tq = self.tq_for(gpu.spec.index)
+        for holder in room.staying(gpu):
+            assert holder.hold is not None
+            holder.hold.quantum_start = current_quantum_start(holder.hold, tq, now)
+
+    @staticmethod
+    def _renewed(gpu: GpuState, hold: Hold, tq: float, now: float) -> float:
+        """The start of a holder's next quantum when it keeps the GPU at the end of one.
+
+        Alone, its quanta follow each other on the grid set by its grant, wherever a tick
+        happens to land (another GPU's deadline ticks this one too). Behind waiters it won
+        against, the next quantum starts now.
+        """
+        return current_quantum_start(hold, tq, now) if not gpu.waiters else now
+
+    def _withdraw_drops(self, gpu: GpuState) -> None:
+        """Mode off: nobody has to leave any more, so no drop may stay armed (and revoke)."""
+        for holder in room.leaving(gpu):
+            hold = holder.hold
+            assert hold is not None
+            holder.move(HoldState.HOLDING)
+            hold.drop_reason = hold.drop_sent_at = hold.drop_incoming = None
+            hold.drop_evict = False
+        gpu.promised = None
 
     # -- the moves ------------------------------------------------------------------------
 
@@ -221,6 +255,15 @@ class Turns:
         if incoming is None:
             incoming = self.choice.pick(gpu, now)
         return room.evict_needed(gpu, leaving, incoming, self._reserve)
+
+
+def current_quantum_start(hold: Hold, tq: float, now: float) -> float:
+    """When the quantum running at ``now`` began, counting the silent renewals of a holder
+    that nobody waited for: one every ``tq`` since its quantum started."""
+    elapsed = now - hold.quantum_start
+    if elapsed < tq - _EPS:
+        return hold.quantum_start
+    return hold.quantum_start + math.floor((elapsed + _EPS) / tq) * tq
 
 
 def _as_tail(holder: Client, order: int) -> Client:
