@@ -80,8 +80,8 @@ class Turns:
                                reserve=self._reserve)
 
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        if self.mode == "off" or not self.preemption:
-            return []
+        if self.mode == "off" or not gpu.waiters or not self.preemption:
+            return []  # nobody to preempt for: no shares to measure on this hot path
         victims = [h for h in room.staying(gpu) if h.preemptible]
         if not victims:
             return []
