@@ -85,6 +85,9 @@ class Scheduler(Turns):
         self.choice = POLICIES[config.policy](self)
         # Counters for metrics; the shell reads them.
         self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0}
+        #: Events seen; the cached next deadline is good until this moves.
+        self._events = 0
+        self._deadline_cache: tuple[object, float | None] | None = None
 
     # -- configuration --------------------------------------------------------------------
 
@@ -284,29 +287,49 @@ class Scheduler(Turns):
         return self._schedule_all(now)
 
     def next_deadline(self, now: float) -> float | None:
-        """When ``tick`` must next be called, or None if nothing is due until the next event."""
+        """When ``tick`` must next be called, or None if nothing is due until the next event.
+
+        The shell asks after every request; the answer changes only with an event (holders,
+        waiters, quanta, mode, TQ), so it is kept until the next one, unless it depended on
+        ``now`` or on shares that move with time (a pool with a maximum).
+        """
+        key = (self._events, tuple(g.tq_override for g in self.gpus.values()))
+        if self._deadline_cache is not None and self._deadline_cache[0] == key:
+            return self._deadline_cache[1]
+        deadline, timeless = self._compute_deadline(now)
+        self._deadline_cache = (key, deadline) if timeless else None
+        return deadline
+
+    def _compute_deadline(self, now: float) -> tuple[float | None, bool]:
+        """The next deadline, and whether it holds until the next event whatever the time."""
         deadlines: list[float] = []
+        timeless = True
         for gpu in self.gpus.values():
             if self.mode == "off":
                 continue
             for holder in gpu.holders.values():
                 hold = holder.hold
                 assert hold is not None
+                if self.pool(holder.pool).cap < 1.0:
+                    timeless = False  # its share crosses the maximum as time goes
                 if hold.drop_sent_at is not None:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
                 elif gpu.waiters or self.choice.over_maximum(gpu, holder.pool, now):
                     deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
             if not gpu.waiters:
                 continue
+            timeless = timeless and all(self.pool(p).cap >= 1.0 for p in gpu.waiters.pools())
             if any(self.choice.over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
                 deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
+                timeless = False
             elif self._grantable(gpu, now):
                 # Shares fall while the GPU idles: a pool held back at its maximum may have
                 # become eligible since the last schedule with no event to say so. Asking for
                 # a tick now (not at the recheck armed earlier, which a caller re-arming from
                 # this answer would cancel) keeps that wake-up from being lost.
                 deadlines.append(now)
-        return min(deadlines) if deadlines else None
+                timeless = False
+        return (min(deadlines) if deadlines else None), timeless
 
     def _grantable(self, gpu: GpuState, now: float) -> bool:
         """Would a schedule now grant someone? (mode on or auto)"""
@@ -338,18 +361,33 @@ class Scheduler(Turns):
         gpu = self.gpus[gpu_index]
         if not gpu.waiters:
             return []
-        order = self.choice.order(gpu, now)
-        # A holder asked to drop for someone hands the GPU to that one: it is next.
-        promised = [order.pop(order.index(c)) for h in gpu.holders.values()
-                    if h.hold and (c := gpu.waiters.get(h.hold.drop_incoming or "")) in order]
-        return promised + order
+        promised = self._promised(gpu)
+        first = {c.id for c in promised}
+        return promised + [c for c in self.choice.order(gpu, now) if c.id not in first]
 
     def queue_position(self, client_id: str, now: float) -> int | None:
+        """A waiter's 1-based place in ``queue``, without building the queue."""
         client = self.clients.get(client_id)
         if client is None or client.hold_state is not HoldState.WAITING:
             return None
-        ids = [c.id for c in self.queue(client.gpu, now)]
-        return ids.index(client.id) + 1
+        gpu = self.gpus[client.gpu]
+        promised = self._promised(gpu)
+        ids = [c.id for c in promised]
+        if client.id in ids:
+            return ids.index(client.id) + 1
+        place = self.choice.position(gpu, client, now)
+        before = sum(self.choice.position(gpu, c, now) < place for c in promised)
+        return len(promised) + place - before
+
+    def _promised(self, gpu: GpuState) -> list[Client]:
+        """Waiters that holders asked to drop were dropped for: they go first, in that order."""
+        promised: list[Client] = []
+        for holder in gpu.holders.values():
+            if holder.hold is not None and holder.hold.drop_incoming is not None:
+                waiter = gpu.waiters.get(holder.hold.drop_incoming)
+                if waiter is not None and all(w is not waiter for w in promised):
+                    promised.append(waiter)
+        return promised
 
     def shares(self, gpu_index: int, now: float) -> dict[str, float]:
         gpu = self.gpus[gpu_index]

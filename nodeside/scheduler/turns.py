@@ -34,6 +34,7 @@ class Turns:
     counts: dict[str, int]
     choice: PoolsPolicy
     _order: itertools.count[int]
+    _events: int
 
     def tq_for(self, gpu: int) -> float:
         override = self.gpus[gpu].tq_override
@@ -53,6 +54,7 @@ class Turns:
         return actions
 
     def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
+        self._events += 1  # every event schedules: what the next deadline depends on moved
         actions: list[Action] = self._revoke_overdue(gpu, now)
         if self.mode == "off":
             for waiter in list(gpu.waiters.values()):
