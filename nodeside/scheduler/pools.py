@@ -9,9 +9,13 @@ furthest below its entitlement.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from nodeside.scheduler.meter import ShareMeter
+
+__all__ = ["UNLIMITED", "Pool", "ShareMeter", "entitlements", "preemption_enabled",
+           "preemption_off_reason"]
 
 UNLIMITED = -1.0
 _EPS = 1e-9
@@ -64,54 +68,6 @@ def entitlements(pools: Iterable[Pool]) -> dict[str, float]:
             share[p.name] = p.cap
         open_pools = [p for p in open_pools if p not in capped]
     return share
-
-
-class ShareMeter:
-    """GPU seconds per pool over the last ``window`` seconds of one GPU's time.
-
-    Holds closed hold intervals and the open ones; old intervals are trimmed as time goes. Shares
-    are measured against the window's length, or against the time observed so far while the
-    meter is younger than its window, so that the first quanta already count.
-
-    Each interval remembers whether its holder was preemptible: in KAI a pool's guarantee covers
-    its non-preemptible work ("Pool A is below its guarantee (25/30 non-preemptible)"), so the
-    question "is this pool below its guarantee?" counts only non-preemptible GPU time, while
-    entitlements and maximums count all of it.
-    """
-
-    def __init__(self, window: float, started: float) -> None:
-        self.window = window
-        self.started = started
-        self._closed: deque[tuple[float, float, str, bool]] = deque()
-        self._open: dict[object, tuple[float, str, bool]] = {}
-
-    def open(self, key: object, pool: str, now: float, preemptible: bool = False) -> None:
-        self._open[key] = (now, pool, preemptible)
-
-    def close(self, key: object, now: float) -> None:
-        opened = self._open.pop(key, None)
-        if opened is not None and now > opened[0]:
-            self._closed.append((opened[0], now, opened[1], opened[2]))
-
-    def shares(self, now: float, pools: Iterable[str] = (), *,
-               non_preemptible: bool = False) -> dict[str, float]:
-        """Each pool's fraction of the window; only non-preemptible holds if so asked."""
-        start = max(now - self.window, self.started)
-        while self._closed and self._closed[0][1] <= start:
-            self._closed.popleft()
-        seconds: dict[str, float] = dict.fromkeys(pools, 0.0)
-        spans = list(self._closed) + [(s, now, p, low) for s, p, low in self._open.values()]
-        for begin, end, pool, preemptible in spans:
-            if non_preemptible and preemptible:
-                seconds.setdefault(pool, 0.0)
-                continue
-            overlap = min(end, now) - max(begin, start)
-            if overlap > 0:
-                seconds[pool] = seconds.get(pool, 0.0) + overlap
-        span = now - start
-        if span <= _EPS:
-            return {pool: 0.0 for pool in seconds}
-        return {pool: s / span for pool, s in seconds.items()}
 
 
 def preemption_enabled(pools: Mapping[str, Pool]) -> bool:
