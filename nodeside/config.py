@@ -12,9 +12,11 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nodeside import limits
 from nodeside.protocol import MODES
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
@@ -50,6 +52,8 @@ class SchedulerConfig:
     #: Group owning the socket; its members may connect. None: the daemon's group.
     socket_group: str | None = None
     socket_mode: int = 0o660
+    #: Hello deadline, idle limit, per-uid cap and listen backlog (``connections:``).
+    connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
 
     def share_window(self, tq: float) -> float:
         return self.window if self.window is not None else 50 * tq
@@ -100,15 +104,32 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_tq(value: Any, where: str = "tq") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{where}: expected seconds, got {value!r}")
+    """Seconds within the TQ's one range (``limits.tq_seconds``), or ConfigError saying why."""
     try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"{where}: expected seconds, got {value!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{where}: must be a positive number of seconds, got {value!r}")
-    return seconds
+        return limits.tq_seconds(value, where)
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_connections(raw: Any) -> limits.ConnectionLimits:
+    """The ``connections:`` section: hello_timeout, idle_timeout (seconds), per_uid, backlog."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("connections: expected a mapping")
+    fields = {f.name: f.type for f in dataclass_fields(limits.ConnectionLimits)}
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise ConfigError(f"connections: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"connections.{key}"
+        if key.endswith("_timeout"):
+            changes[key] = parse_tq(value, where)
+        elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+            raise ConfigError(f"{where}: expected a whole number from 1 to {1 << 20}, "
+                              f"got {value!r}")
+        else:
+            changes[key] = value
+    return replace(limits.ConnectionLimits(), **changes)
 
 
 def parse_mode(value: Any, where: str = "mode") -> str:
@@ -123,7 +144,7 @@ def parse_mode(value: Any, where: str = "mode") -> str:
 
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
-_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
+_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
              "admin_group", "socket_group", "socket_mode"}
 
 
@@ -197,6 +218,8 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
         changes["grace"] = parse_tq(raw["grace"], "grace")
     if "window" in raw:
         changes["window"] = parse_tq(raw["window"], "window")
+    if "connections" in raw:
+        changes["connections"] = parse_connections(raw["connections"])
     if "memory_reserve" in raw:
         changes["memory_reserve"] = parse_size(raw["memory_reserve"])
     for key in ("admin_group", "socket_group"):
