@@ -63,6 +63,10 @@ def short_text(value: Any, where: str) -> str:
         raise LimitError(f"{where}: expected a string, got {type(value).__name__}")
     if len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise LimitError(f"{where}: longer than {MAX_NAME_BYTES} bytes")
+    if not value.isprintable() and any(c < " " or "\x7f" <= c <= "\x9f" for c in value):
+        # A control character shows as nothing useful and takes six bytes in every status
+        # document that carries it; the size bounds count on names staying printable.
+        raise LimitError(f"{where}: control characters are not allowed")
     return value
 
 
@@ -85,8 +89,11 @@ REQUESTS_PER_TURN: Final = 32
 #: this, that connection's requests wait until the peer reads: a peer that never reads costs
 #: the daemon this much memory, not one status document per request it sent.
 MAX_OWED_BYTES: Final = 1024 * 1024
-#: Registered clients on the node. With the name bounds above this keeps the status document
-#: (labels left out when they would not fit) under protocol.MAX_REPLY_BYTES.
+#: Bytes of labels (keys and values) of all registered clients together: pod labels take a few
+#: hundred bytes a client; this leaves room for thousands while keeping the status bounded.
+MAX_LABEL_BYTES_TOTAL: Final = 2 * 1024 * 1024
+#: Registered clients on the node. With the name and label bounds above (and names printable,
+#: so JSON escapes at most triple them) the status document stays under MAX_REPLY_BYTES.
 MAX_CLIENTS: Final = 2048
 
 

@@ -37,6 +37,9 @@ class Requests:
         self.admin_gid = admin_gid
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
+        #: Label bytes per registered client, and their sum (limits.MAX_LABEL_BYTES_TOTAL).
+        self.label_bytes: dict[str, int] = {}
+        self.label_bytes_total = 0
         self.by_uuid = {g.spec.uuid: i for i, g in scheduler.gpus.items() if g.spec.uuid}
         # Keywords the scheduler and the status builder take that older versions did not: passed
         # only where accepted, so this shell runs on the scheduler of either side of a merge.
@@ -106,7 +109,14 @@ class Requests:
             limits.short_text(extras["display_name"], "display_name")
         options.update({k: v for k, v in extras.items()
                         if v is not None and k in self._register_takes})
+        label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in options["labels"].items())
+        if self.label_bytes_total + label_bytes > limits.MAX_LABEL_BYTES_TOTAL:
+            raise limits.LimitError(f"labels: the node's clients already carry "
+                                    f"{self.label_bytes_total} bytes of labels, and "
+                                    f"{limits.MAX_LABEL_BYTES_TOTAL} is the most")
         client = self.scheduler.register(now, **options)
+        self.label_bytes[client.id] = label_bytes
+        self.label_bytes_total += label_bytes
         session.client_id = client.id
         session.label = client.name
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
@@ -114,6 +124,10 @@ class Requests:
                  peer.fd)
         return Outcome([p.encode(p.REGISTERED, seq=seq, client=client.id, gpu=client.gpu,
                                  mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu))])
+
+    def forget(self, client_id: str) -> None:
+        """The client's connection is gone (the shell unregisters it from the scheduler)."""
+        self.label_bytes_total -= self.label_bytes.pop(client_id, 0)
 
     def _gpu(self, index: int, uuid: str | None) -> int:
         # A process's CUDA_VISIBLE_DEVICES renumbers GPUs; a UUID names one GPU everywhere. An

@@ -227,6 +227,7 @@ class Daemon:
         if session.client_id is None:
             return
         self.by_client.pop(session.client_id, None)
+        self.requests.forget(session.client_id)
         client = self.scheduler.clients.get(session.client_id)
         if client is not None and client.state != "idle":
             log.info("Client %s (%s) went away while %s; freeing it [FD=%d]", session.label,

@@ -67,28 +67,35 @@ class Session:
         #: The queue position this peer last heard (position events are sent on change only).
         self.told_position: int | None = None
         self._pending = bytearray()
+        #: A framing error (a line over the limit) not yet answered.
         self._broken: p.ProtocolError | None = None
+        #: A fatal error was answered: nothing more is read or answered.
+        self.over = False
 
     # -- bytes in -------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
         """Take what the socket gave. Requests come out of ``step``."""
-        if self._broken is None:
+        if not self.over and self._broken is None:
             self._pending += data
 
     def has_requests(self) -> bool:
         """Is a whole line (or a framing error) waiting to be answered?"""
+        if self.over:
+            return False
         return b"\n" in self._pending or self._broken is not None or \
             len(self._pending) >= p.MAX_REQUEST_BYTES
 
     def step(self, now: float) -> Outcome | None:
         """Answer the next request, if a whole one has arrived."""
+        if self.over:
+            return None
         line = self._take_line()
-        if line is None:
-            if self._broken is None:
-                return None
+        if line is not None:
+            return self.handle(line, now)
+        if self._broken is not None:
             return self._failed(self._broken, None)
-        return self.handle(line, now)
+        return None
 
     def _take_line(self) -> bytes | None:
         if self._broken is not None:
@@ -108,6 +115,7 @@ class Session:
     # -- one request ----------------------------------------------------------------------
 
     def handle(self, line: bytes, now: float) -> Outcome:
+        """Answer one line (without its newline)."""
         seq = None
         try:
             message = p.decode(line)
@@ -128,7 +136,8 @@ class Session:
     def _failed(self, exc: p.ProtocolError, seq: int | None) -> Outcome:
         self.rules.complain(self, exc)
         if exc.fatal:
-            self._broken = exc
+            self.over = True
+            self._broken = None
             self._pending = bytearray()  # nothing after a broken line is answered
         return Outcome([p.error(exc.code, exc.message, seq)], close=exc.fatal)
 
