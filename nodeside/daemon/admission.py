@@ -66,7 +66,9 @@ class Admission:
         self.per_uid[uid] += 1
         self._loose[session] = None
         self._loose_by_uid.setdefault(uid, {})[session] = None
-        heapq.heappush(self._due, (now + self.limits.hello_timeout, next(self._order), session))
+        # Looked at first when the earlier of its two limits could have passed.
+        first = min(self.limits.hello_timeout, self.limits.idle_timeout)
+        heapq.heappush(self._due, (now + first, next(self._order), session))
         return verdict
 
     def registered(self, session: Session) -> None:

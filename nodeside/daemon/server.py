@@ -64,6 +64,7 @@ class Daemon:
         self.options = options
         self.socket_path = Path(options.socket)
         self.state = StateFile(options.state_file)
+        self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
         self.by_client: dict[str, Connection] = {}
         self.loop = asyncio.get_running_loop()
@@ -347,7 +348,7 @@ class Daemon:
         return client.name if client else client_id
 
     def _with_state(self, config: SchedulerConfig) -> SchedulerConfig:
-        saved = self.state.restore()
+        saved = self._restored = self.state.restore()
         changes = {k: v for k, v in saved.items() if k in ("mode", "tq")}
         if changes:
             log.info("Restored runtime settings from %s: %s", self.state.path,
@@ -355,7 +356,8 @@ class Daemon:
         return config.with_runtime(**changes)
 
     def _restore_gpu_tq(self) -> None:
-        for index, seconds in self.state.restore().get("gpu_tq", {}).items():
+        # What _with_state read just before: the file is read (and its faults named) once.
+        for index, seconds in self._restored.get("gpu_tq", {}).items():
             if index in self.scheduler.gpus:
                 self.scheduler.gpus[index].tq_override = seconds
 
