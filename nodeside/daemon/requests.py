@@ -62,6 +62,13 @@ class Requests:
                               what, session.label, session.peer.uid, session.peer.fd,
                               exc.message)
 
+    def trouble(self, session: Session, exc: Exception) -> None:
+        """A request failed on a fault of the daemon's own: one line, the traceback on DEBUG."""
+        if self.warnings.warning(("bug", type(exc).__name__), "Could not answer a request from "
+                                 "%s [FD=%d]: %s: %s", session.label, session.peer.fd,
+                                 type(exc).__name__, exc):
+            log.debug("The failure in full:", exc_info=exc)
+
     # -- the handshake --------------------------------------------------------------------
 
     def _on_hello(self, session: Session, msg: dict[str, Any], seq: int | None,

@@ -132,6 +132,11 @@ class Session:
             return self._failed(p.ProtocolError(exc.code, str(exc)), seq)
         except LimitError as exc:
             return self._failed(p.ProtocolError(p.E_LIMIT, str(exc)), seq)
+        except Exception as exc:  # a bug of ours: this request fails, the daemon serves on
+            self.rules.trouble(self, exc)
+            return Outcome([p.error(p.E_INVALID, f"the daemon could not answer this request "
+                                    f"({type(exc).__name__}); see its log", seq)],
+                           reschedule=True)
 
     def _failed(self, exc: p.ProtocolError, seq: int | None) -> Outcome:
         self.rules.complain(self, exc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 
 import pytest
@@ -358,3 +359,21 @@ def test_plain_release_still_answers_released_after_the_next_grant() -> None:
     (outcome,) = say(holder, p.encode(p.RELEASE, seq=9))
     grant, reply = outcome.out
     assert isinstance(grant, Grant) and json.loads(reply)["op"] == p.RELEASED
+
+
+def test_a_fault_of_the_daemon_fails_that_request_only_and_logs_one_line(caplog) -> None:
+    rules = node()
+    session = registered(rules)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    rules.scheduler.acquire = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, "kiwi.daemon"):
+        for seq in range(5):
+            (outcome,) = say(session, p.encode(p.ACQUIRE, seq=seq))
+            (reply,) = replies([outcome])
+            assert (reply["code"], reply["seq"]) == (p.E_INVALID, seq) and not outcome.close
+    assert [r.exc_info for r in caplog.records] == [None]
+    assert "ZeroDivisionError: a bug" in caplog.records[0].getMessage()
+    assert replies(say(session, p.encode(p.PING, seq=9))) == [{"op": "pong", "seq": 9}]
