@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nodeside import limits
-from nodeside.protocol import MODES
+from nodeside.protocol import MODES, PRIORITIES
+from nodeside.scheduler.access import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
 DEFAULT_SOCKET = "/var/run/kiwi/scheduler.sock"
@@ -54,6 +55,10 @@ class SchedulerConfig:
     socket_mode: int = 0o660
     #: Hello deadline, idle limit, per-uid cap and listen backlog (``connections:``).
     connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
+    #: Who may claim which pools and priorities; None: anyone may claim anything.
+    access: AccessPolicy | None = None
+    #: How the next holder is chosen: a name in ``nodeside.scheduler.choosing.POLICIES``.
+    policy: str = "pools"
 
     def share_window(self, tq: float) -> float:
         return self.window if self.window is not None else 50 * tq
@@ -143,9 +148,18 @@ def parse_mode(value: Any, where: str = "mode") -> str:
     return value.lower()
 
 
+def parse_policy(value: Any, where: str = "policy") -> str:
+    from nodeside.scheduler.choosing import POLICIES  # the policies register themselves there
+
+    if not isinstance(value, str) or value not in POLICIES:
+        raise ConfigError(f"{where}: must be one of {', '.join(sorted(POLICIES))}, "
+                          f"got {value!r}")
+    return value
+
+
 _POOL_KEYS = ("guarantee", "weight", "maximum")
 _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
-             "admin_group", "socket_group", "socket_mode"}
+             "admin_group", "socket_group", "socket_mode", "policy", "access"}
 
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
@@ -225,6 +239,10 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
     for key in ("admin_group", "socket_group"):
         if key in raw:
             changes[key] = None if raw[key] is None else str(raw[key])
+    if "access" in raw:
+        changes["access"] = parse_access(raw["access"])
+    if "policy" in raw:
+        changes["policy"] = parse_policy(raw["policy"])
     if "socket_mode" in raw:
         mode = raw["socket_mode"]
         try:
@@ -233,6 +251,94 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
             raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
                               f"got {mode!r}") from None
     return replace(config, **changes)
+
+
+_ACCESS_KEYS = {"on_violation", "default", "rules"}
+_RULE_KEYS = {"uids", "gids", "pools", "priorities"}
+
+
+def parse_access(raw: Any) -> AccessPolicy | None:
+    """The ``access`` section: which uids and gids may claim which pools and priorities."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError("access: expected a mapping with on_violation, default and rules")
+    unknown = set(raw) - _ACCESS_KEYS
+    if unknown:
+        raise ConfigError(f"access: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"known keys are {', '.join(sorted(_ACCESS_KEYS))}")
+    policy = AccessPolicy()
+    on_violation = raw.get("on_violation", policy.on_violation)
+    if on_violation not in ON_VIOLATION:
+        raise ConfigError(f"access.on_violation: must be one of {', '.join(ON_VIOLATION)}, "
+                          f"got {on_violation!r}")
+    default = policy.default
+    if "default" in raw:
+        default = _parse_rule(raw["default"], "access.default", who=False)
+    rules = raw.get("rules") or []
+    if not isinstance(rules, list):
+        raise ConfigError("access.rules: expected a list of {uids, gids, pools, priorities}")
+    return AccessPolicy(default=default, on_violation=on_violation,
+                        rules=tuple(_parse_rule(r, f"access.rules[{i}]", who=True)
+                                    for i, r in enumerate(rules)))
+
+
+def _parse_rule(raw: Any, where: str, *, who: bool) -> AccessRule:
+    keys = _RULE_KEYS if who else _RULE_KEYS - {"uids", "gids"}
+    if not isinstance(raw, Mapping) or set(raw) - keys:
+        raise ConfigError(f"{where}: expected a mapping with {', '.join(sorted(keys))}")
+    uids = frozenset(_ids(raw.get("uids"), f"{where}.uids", _uid_of))
+    gids = frozenset(_ids(raw.get("gids"), f"{where}.gids", _gid_of))
+    if who and not uids and not gids:
+        raise ConfigError(f"{where}: names nobody; give uids or gids")
+    pools = _names(raw.get("pools", [ANY]), f"{where}.pools")
+    priorities = {str(x).upper() for x in _names(raw.get("priorities", PRIORITIES),
+                                                f"{where}.priorities")}
+    wrong = priorities - set(PRIORITIES)
+    if wrong:
+        raise ConfigError(f"{where}.priorities: {', '.join(sorted(wrong))} is not one of "
+                          f"{', '.join(PRIORITIES)}")
+    return AccessRule(uids=uids, gids=gids, pools=frozenset(pools),
+                      priorities=frozenset(priorities))
+
+
+def _names(raw: Any, where: str) -> list[str]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) and x for x in raw):
+        raise ConfigError(f"{where}: expected a list of names")
+    return list(raw)
+
+
+def _ids(raw: Any, where: str, resolve: Callable[[str], int]) -> list[int]:
+    if raw is None:
+        return []
+    if not isinstance(raw, (list, tuple)):
+        raw = [raw]
+    out = []
+    for item in raw:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.append(item)
+        elif isinstance(item, str) and item:
+            try:
+                out.append(int(item) if item.isdigit() else resolve(item))
+            except KeyError:
+                raise ConfigError(f"{where}: no such name on this node: {item!r}") from None
+        else:
+            raise ConfigError(f"{where}: expected ids or names, got {item!r}")
+    return out
+
+
+def _uid_of(name: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(name).pw_uid
+
+
+def _gid_of(name: str) -> int:
+    import grp
+
+    return grp.getgrnam(name).gr_gid
 
 
 def _parse_gpus(raw: Any) -> dict[int, float]:

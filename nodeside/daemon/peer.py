@@ -69,3 +69,13 @@ def groups_of(peer: Peer) -> set[int]:
     except KeyError:
         return set()
     return {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+
+
+def user_name(uid: int | None) -> str | None:
+    """The user name of ``uid`` (for people reading the status), or None when unknown."""
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None

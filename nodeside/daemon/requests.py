@@ -16,15 +16,13 @@ from typing import Any
 from nodeside import __version__, limits
 from nodeside import protocol as p
 from nodeside.daemon.lograte import RateLimitedLog
-from nodeside.daemon.peer import groups_of, is_admin
+from nodeside.daemon.peer import groups_of, is_admin, user_name
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.status_line import status_line
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Scheduler, SchedulerError
 from nodeside.scheduler.status import build_status
 
 log = logging.getLogger("kiwi.daemon")
-
-EVICT_KINDS = ("managed", "checkpoint")
 
 #: Requests after which the scheduler's next deadline cannot have moved.
 _NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING})
@@ -97,8 +95,6 @@ class Requests:
         labels = {k: _label_text(v) for k, v in (msg.get("labels") or {}).items()}
         working_set = msg.get("working_set")
         evict = msg.get("evict")
-        if evict is not None and evict not in EVICT_KINDS:
-            raise SchedulerError(p.E_INVALID, f"evict must be one of {', '.join(EVICT_KINDS)}")
         options: dict[str, Any] = {
             "name": limits.short_text(msg.get("name") or f"pid-{peer.pid}", "name"),
             "gpu": self._gpu(msg.get("gpu") or 0, msg.get("gpu_uuid")),
@@ -110,10 +106,13 @@ class Requests:
             "working_set": None if working_set is None
             else limits.byte_count(working_set, "working_set"),
         }
+        takes = self._register_takes
         extras = {"display_name": msg.get("display_name"), "evict": evict,
-                  "gids": groups_of(peer) if "gids" in self._register_takes else None}
-        if extras["display_name"] is not None:
-            limits.short_text(extras["display_name"], "display_name")
+                  "gids": groups_of(peer) if "gids" in takes else None,
+                  "user": user_name(peer.uid) if "user" in takes else None}
+        for key in ("display_name", "evict"):
+            if extras[key] is not None:
+                limits.short_text(extras[key], key)
         options.update({k: v for k, v in extras.items()
                         if v is not None and k in self._register_takes})
         label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in options["labels"].items())
@@ -138,7 +137,9 @@ class Requests:
 
     def _gpu(self, index: int, uuid: str | None) -> int:
         # A process's CUDA_VISIBLE_DEVICES renumbers GPUs; a UUID names one GPU everywhere. An
-        # unknown UUID (a MIG instance, a daemon on logical GPUs) leaves the index to decide.
+        # unknown UUID (a MIG instance, whose UUID NVML's device list does not carry, or a
+        # daemon on logical GPUs) leaves the index to decide, so it is resolved here and not
+        # passed on: the scheduler would refuse a UUID it does not know.
         if uuid is not None:
             limits.short_text(uuid, "gpu_uuid")
             return self.by_uuid.get(uuid, index)
@@ -216,10 +217,15 @@ class Requests:
 
     def _on_status(self, session: Session, msg: dict[str, Any], seq: int | None,
                    now: float) -> Outcome:
-        return Outcome([status_line(self.status(now, self.is_admin(session)), seq)])
+        return Outcome([status_line(self.status(now, session), seq)])
 
-    def status(self, now: float, viewer_admin: bool = True) -> dict[str, Any]:
-        extra = {"viewer_admin": viewer_admin} if "viewer_admin" in self._status_takes else {}
+    def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
+        """The status document as ``viewer`` may see it (None: everything, for metrics)."""
+        extra: dict[str, Any] = {}
+        if viewer is not None and "viewer_admin" in self._status_takes:
+            extra["viewer_admin"] = self.is_admin(viewer)
+        if viewer is not None and "viewer_uid" in self._status_takes:
+            extra["viewer_uid"] = viewer.peer.uid
         return build_status(self.scheduler, now, self.memory_used(), **extra)
 
     def _on_ping(self, session: Session, msg: dict[str, Any], seq: int | None,
