@@ -377,3 +377,17 @@ def test_a_fault_of_the_daemon_fails_that_request_only_and_logs_one_line(caplog)
     assert [r.exc_info for r in caplog.records] == [None]
     assert "ZeroDivisionError: a bug" in caplog.records[0].getMessage()
     assert replies(say(session, p.encode(p.PING, seq=9))) == [{"op": "pong", "seq": 9}]
+
+
+def test_a_non_admin_viewer_sees_no_pid_or_labels_of_others_but_its_own() -> None:
+    rules = node()
+    registered(rules, "someone else's", labels={"pod": "secret"})
+    viewer = Session(rules, Peer(777, NOBODY, NOBODY, 9), 0.0)
+    say(viewer, p.encode(p.HELLO, version=1), p.encode(p.REGISTER, name="mine",
+                                                        labels={"pod": "mine"}))
+    (reply,) = replies(say(viewer, p.encode(p.STATUS)))
+    entries = {c["name"]: c for c in reply["status"]["clients"]}
+    assert entries["someone else's"]["pid"] is None and "labels" not in entries["someone else's"]
+    assert entries["mine"]["pid"] == 777
+    (reply,) = replies(say(connect(rules), p.encode(p.STATUS)))  # an admin sees all
+    assert all(c["pid"] is not None for c in reply["status"]["clients"])
