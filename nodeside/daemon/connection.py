@@ -84,6 +84,7 @@ class Connection(asyncio.Protocol):
                     break
         finally:
             self.flush()
+            daemon.end_turn()
         if session.has_requests():
             self._pause_reading()
             self._next_turn()

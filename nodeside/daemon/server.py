@@ -79,6 +79,7 @@ class Daemon:
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._reschedule = False
         self._timer_at: float | None = None
         self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
         self._server: asyncio.AbstractServer | None = None
@@ -214,9 +215,15 @@ class Daemon:
         if outcome.close:
             conn.close()
         if outcome.reschedule:
-            self._arm_timer()
+            self._reschedule = True  # once per turn (end_turn), not once per request
         if outcome.gpus and self.positions.mark(outcome.gpus):
             self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
+
+    def end_turn(self) -> None:
+        """A connection's batch of requests is answered: recompute the next deadline if needed."""
+        if self._reschedule:
+            self._reschedule = False
+            self._arm_timer()
 
     def lost(self, conn: Connection) -> None:
         self.connections.discard(conn)
