@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -252,3 +253,13 @@ def test_each_bad_state_field_is_named_once(start_daemon, scratch) -> None:
     daemon = start_daemon("--state-file", str(state))
     daemon.wait_log(r"listening on")
     assert daemon.log().count("Ignoring tq in state file") == 1
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read the backlog")
+@pytest.mark.parametrize("setting, backlog", [("", 4096), ("connections: {backlog: 777}\n", 777)])
+def test_the_socket_listens_with_a_backlog_for_a_busy_node(start_daemon, scratch, setting: str,
+                                                           backlog: int) -> None:
+    daemon = start_daemon("--config", config(scratch, setting or "tq: 30\n"))
+    listening = subprocess.run(["ss", "-xln"], capture_output=True, text=True).stdout
+    (row,) = [line.split() for line in listening.splitlines() if daemon.socket in line]
+    assert int(row[3]) == min(backlog, int(Path("/proc/sys/net/core/somaxconn").read_text()))
