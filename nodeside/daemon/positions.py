@@ -8,7 +8,7 @@ marked, and at most every ``INTERVAL`` seconds the shell asks this object what t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from nodeside.daemon.session import Session
 from nodeside.scheduler.core import Scheduler
@@ -32,7 +32,7 @@ class PositionNotices:
         self._moved.update(gpus)
         return first and bool(self._moved)
 
-    def collect(self, scheduler: Scheduler, sessions: Mapping[str, Session],
+    def collect(self, scheduler: Scheduler, session_of: Callable[[str], Session | None],
                 now: float) -> list[tuple[Session, bytes]]:
         """The events to send now, for every GPU marked since the last round."""
         moved, self._moved = self._moved, set()
@@ -41,7 +41,7 @@ class PositionNotices:
             if gpu not in scheduler.gpus:
                 continue
             for position, client in enumerate(scheduler.queue(gpu, now), start=1):
-                session = sessions.get(client.id)
+                session = session_of(client.id)
                 if session is None:
                     continue
                 line = session.position_event(position)

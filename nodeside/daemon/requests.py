@@ -8,7 +8,6 @@ does I/O; logging is the only thing it says to the world.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +15,8 @@ from typing import Any
 from nodeside import __version__, limits
 from nodeside import protocol as p
 from nodeside.daemon.lograte import RateLimitedLog
-from nodeside.daemon.peer import groups_of, is_admin, user_name
+from nodeside.daemon.peer import is_admin
+from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.status_line import status_line
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Scheduler, SchedulerError
@@ -35,14 +35,7 @@ class Requests:
         self.admin_gid = admin_gid
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
-        #: Label bytes per registered client, and their sum (limits.MAX_LABEL_BYTES_TOTAL).
-        self.label_bytes: dict[str, int] = {}
-        self.label_bytes_total = 0
-        self.by_uuid = {g.spec.uuid: i for i, g in scheduler.gpus.items() if g.spec.uuid}
-        # Keywords the scheduler and the status builder take that older versions did not: passed
-        # only where accepted, so this shell runs on the scheduler of either side of a merge.
-        self._register_takes = set(inspect.signature(scheduler.register).parameters)
-        self._status_takes = set(inspect.signature(build_status).parameters)
+        self.registrations = Registrations(scheduler)
 
     def dispatch(self, session: Session, op: str, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:
@@ -89,61 +82,24 @@ class Requests:
                      now: float) -> Outcome:
         if session.client_id is not None:
             raise SchedulerError(p.E_STATE, "this connection is already registered")
-        if len(self.scheduler.clients) >= limits.MAX_CLIENTS:
-            raise limits.LimitError(f"this node already has {limits.MAX_CLIENTS} clients")
-        peer = session.peer
-        labels = {k: _label_text(v) for k, v in (msg.get("labels") or {}).items()}
-        working_set = msg.get("working_set")
-        evict = msg.get("evict")
-        options: dict[str, Any] = {
-            "name": limits.short_text(msg.get("name") or f"pid-{peer.pid}", "name"),
-            "gpu": self._gpu(msg.get("gpu") or 0, msg.get("gpu_uuid")),
-            "pool": limits.short_text(msg.get("pool") or "default", "pool"),
-            "priority": limits.short_text(msg.get("priority") or "NORMAL", "priority").upper(),
-            "pid": peer.pid, "uid": peer.uid,
-            "kind": limits.short_text(msg.get("kind") or "client", "kind"),
-            "labels": limits.labels(labels),
-            "working_set": None if working_set is None
-            else limits.byte_count(working_set, "working_set"),
-        }
-        takes = self._register_takes
-        extras = {"display_name": msg.get("display_name"), "evict": evict,
-                  "gids": groups_of(peer) if "gids" in takes else None,
-                  "user": user_name(peer.uid) if "user" in takes else None}
-        for key in ("display_name", "evict"):
-            if extras[key] is not None:
-                limits.short_text(extras[key], key)
-        options.update({k: v for k, v in extras.items()
-                        if v is not None and k in self._register_takes})
-        label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in options["labels"].items())
-        if self.label_bytes_total + label_bytes > limits.MAX_LABEL_BYTES_TOTAL:
-            raise limits.LimitError(f"labels: the node's clients already carry "
-                                    f"{self.label_bytes_total} bytes of labels, and "
-                                    f"{limits.MAX_LABEL_BYTES_TOTAL} is the most")
-        client = self.scheduler.register(now, **options)
-        self.label_bytes[client.id] = label_bytes
-        self.label_bytes_total += label_bytes
+        client = self.registrations.register(session.peer, msg, now)
         session.client_id = client.id
         session.label = client.name
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
-                 peer.fd)
+                 session.peer.fd)
+        if client.warning:  # the access policy downgraded its claim
+            log.warning("%s (%s, uid %s): %s", client.name, client.id, client.uid,
+                        client.warning)
         return Outcome([p.encode(p.REGISTERED, seq=seq, client=client.id, gpu=client.gpu,
-                                 mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu))])
+                                 mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu),
+                                 pool=client.pool if client.warning else None,
+                                 priority=client.priority if client.warning else None,
+                                 warning=client.warning)])
 
     def forget(self, client_id: str) -> None:
         """The client's connection is gone (the shell unregisters it from the scheduler)."""
-        self.label_bytes_total -= self.label_bytes.pop(client_id, 0)
-
-    def _gpu(self, index: int, uuid: str | None) -> int:
-        # A process's CUDA_VISIBLE_DEVICES renumbers GPUs; a UUID names one GPU everywhere. An
-        # unknown UUID (a MIG instance, whose UUID NVML's device list does not carry, or a
-        # daemon on logical GPUs) leaves the index to decide, so it is resolved here and not
-        # passed on: the scheduler would refuse a UUID it does not know.
-        if uuid is not None:
-            limits.short_text(uuid, "gpu_uuid")
-            return self.by_uuid.get(uuid, index)
-        return index
+        self.registrations.forget(client_id)
 
     # -- the GPU --------------------------------------------------------------------------
 
@@ -221,12 +177,10 @@ class Requests:
 
     def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
         """The status document as ``viewer`` may see it (None: everything, for metrics)."""
-        extra: dict[str, Any] = {}
-        if viewer is not None and "viewer_admin" in self._status_takes:
-            extra["viewer_admin"] = self.is_admin(viewer)
-        if viewer is not None and "viewer_uid" in self._status_takes:
-            extra["viewer_uid"] = viewer.peer.uid
-        return build_status(self.scheduler, now, self.memory_used(), **extra)
+        if viewer is None:
+            return build_status(self.scheduler, now, self.memory_used())
+        return build_status(self.scheduler, now, self.memory_used(),
+                            viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid)
 
     def _on_ping(self, session: Session, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:
@@ -278,9 +232,3 @@ def _registered(session: Session) -> str:
         raise SchedulerError(p.E_STATE, "register first")
     return session.client_id
 
-
-def _label_text(value: Any) -> Any:
-    # Older clients sent numbers as label values; they were always shown as text.
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return value

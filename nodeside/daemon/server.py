@@ -29,13 +29,14 @@ from nodeside.config import ConfigError, SchedulerConfig
 from nodeside.config import load as load_config
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import Connection
+from nodeside.daemon.delivery import Delivery
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.daemon.positions import PositionNotices
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.state import StateFile
-from nodeside.scheduler.core import Action, Drop, GpuSpec, Grant, Revoke, Scheduler
+from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -66,7 +67,6 @@ class Daemon:
         self.state = StateFile(options.state_file)
         self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
-        self.by_client: dict[str, Connection] = {}
         self.loop = asyncio.get_running_loop()
         config = self._with_state(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
@@ -81,13 +81,14 @@ class Daemon:
         self._timer: asyncio.TimerHandle | None = None
         self._reschedule = False
         self._timer_at: float | None = None
-        self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
         self._server: asyncio.AbstractServer | None = None
         self.stopped = asyncio.Event()
+        self.delivery = Delivery(self.scheduler, self.now)
+        self.by_client = self.delivery.by_client
         #: Called with the seconds between a release arriving and the next grant being sent.
-        self.handoff_observers: list[Callable[[float], None]] = []
+        self.handoff_observers = self.delivery.handoff_observers
         #: Called with every list of actions carried out and the time (metrics).
-        self.action_observers: list[Callable[[list[Action], float], None]] = []
+        self.action_observers = self.delivery.action_observers
         #: Called on close (the metrics server).
         self.closers: list[Callable[[], None]] = []
 
@@ -164,7 +165,7 @@ class Daemon:
             return
         self.requests.admin_gid = resolve_group(config.admin_group)
         self.admission.limits = config.connections
-        self.apply(self.scheduler.reconfigure(config, self.now()))
+        self.delivery.apply(self.scheduler.reconfigure(config, self.now()))
         self._restore_gpu_tq()
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
         self._warn_about_pools()
@@ -198,10 +199,9 @@ class Daemon:
                 conn.send(item)
             else:
                 actions.append(item)  # type: ignore[arg-type]
-                self._deliver(item, started)  # type: ignore[arg-type]
+                self.delivery.deliver(item, started)  # type: ignore[arg-type]
         if actions:
-            for notify in self.action_observers:
-                notify(actions, self.now())
+            self.delivery.observe(actions)
         if session.client_id is not None and session.client_id not in self.by_client:
             self.by_client[session.client_id] = conn
             self.admission.registered(session)
@@ -244,58 +244,13 @@ class Daemon:
             log.info("Client %s (%s) disconnected [FD=%d]", session.label, session.client_id,
                      session.peer.fd)
         gpu = client.gpu if client is not None else None
-        self.apply(self.scheduler.unregister(self.now(), session.client_id),
-                   handoff_started=time.perf_counter())
+        self.delivery.apply(self.scheduler.unregister(self.now(), session.client_id),
+                            handoff_started=time.perf_counter())
         self._arm_timer()
         if gpu is not None and self.positions.mark((gpu,)):
             self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
 
     # -- carrying out ---------------------------------------------------------------------
-
-    def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
-        """Carry out actions the scheduler returned outside any request (timer, departure)."""
-        if actions:
-            for notify in self.action_observers:
-                notify(actions, self.now())
-        for action in actions:
-            self._deliver(action, handoff_started)
-
-    def _deliver(self, action: Action, handoff_started: float | None) -> None:
-        conn = self.by_client.get(action.client)
-        if isinstance(action, Grant):
-            if conn is not None:
-                conn.session.told_position = None
-                conn.send(self._grant_line(action))
-            if handoff_started is not None:
-                elapsed = time.perf_counter() - handoff_started
-                for observe in self.handoff_observers:
-                    observe(elapsed)
-        elif isinstance(action, Drop):
-            log.debug("Asking %s to drop GPU %d (%s, evict=%s)", action.client, action.gpu,
-                      action.reason, action.evict)
-            if action.reason == p.REASON_PREEMPT:
-                log.info("Preempting %s on GPU %d for a non-preemptible request",
-                         self._name(action.client), action.gpu)
-            if conn is not None:
-                conn.send(p.encode(p.DROP, gpu=action.gpu, reason=action.reason,
-                                   evict=action.evict, grace=action.grace))
-        elif isinstance(action, Revoke):
-            log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
-                        "%.1f seconds", action.gpu, self._name(action.client),
-                        action.client, action.ignored_for)
-            if conn is not None:
-                conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
-
-    def _grant_line(self, grant: Grant) -> bytes:
-        # The same few bytes every time: encoding them is work in the middle of a handoff.
-        key = (grant.gpu, grant.quantum, type(grant.quantum))  # 30 and 30.0 encode apart
-        line = self._grant_lines.get(key)
-        if line is None:
-            if len(self._grant_lines) >= 64:  # TQ changes would grow it without end
-                self._grant_lines.clear()
-            line = self._grant_lines[key] = p.encode(p.GRANT, gpu=grant.gpu,
-                                                     quantum=grant.quantum)
-        return line
 
     def _arm_timer(self) -> None:
         deadline = self.scheduler.next_deadline(self.now())
@@ -309,15 +264,19 @@ class Daemon:
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
         actions = self.scheduler.tick(self.now())
-        self.apply(actions)
+        self.delivery.apply(actions)
         self._arm_timer()
         if actions and self.positions.mark(self.scheduler.gpus):
             self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
 
     def _tell_positions(self) -> None:
-        sessions = {cid: conn.session for cid, conn in self.by_client.items()}
-        for session, line in self.positions.collect(self.scheduler, sessions, self.now()):
+        for session, line in self.positions.collect(self.scheduler, self._session_of,
+                                                    self.now()):
             self.by_session[session].send(line)
+
+    def _session_of(self, client_id: str) -> Session | None:
+        conn = self.by_client.get(client_id)
+        return conn.session if conn is not None else None
 
     def _arm_sweep(self) -> None:
         due = self.admission.next_check()
@@ -349,10 +308,6 @@ class Daemon:
         for conn in self.connections:
             if conn.session.greeted:
                 conn.send(line)
-
-    def _name(self, client_id: str) -> str:
-        client = self.scheduler.clients.get(client_id)
-        return client.name if client else client_id
 
     def _with_state(self, config: SchedulerConfig) -> SchedulerConfig:
         saved = self._restored = self.state.restore()

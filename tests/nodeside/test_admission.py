@@ -95,16 +95,16 @@ def test_position_events_are_sent_once_per_change_and_only_to_who_asked() -> Non
     for session in waiters:
         say(session, p.encode(p.ACQUIRE))
     sessions = {s.client_id: s for s in (holder, *waiters)}
-    assert notices.collect(rules.scheduler, sessions, 0.0) == []  # nothing marked
+    assert notices.collect(rules.scheduler, sessions.get, 0.0) == []  # nothing marked
     assert notices.mark([0])
-    assert notices.collect(rules.scheduler, sessions, 0.0) == []  # positions told in replies
+    assert notices.collect(rules.scheduler, sessions.get, 0.0) == []  # positions told in replies
     say(holder, p.encode(p.RELEASE))  # "a" is granted, "b" moves from 2 to 1
     assert notices.mark([0]) and not notices.mark([0])  # one round arranged, not two
-    events = notices.collect(rules.scheduler, sessions, 0.1)
+    events = notices.collect(rules.scheduler, sessions.get, 0.1)
     assert [(s.label, line) for s, line in events] == [
         ("b", p.encode(p.WAITING, position=1))]
     notices.mark([0])
-    assert notices.collect(rules.scheduler, sessions, 0.2) == []  # unchanged: nothing
+    assert notices.collect(rules.scheduler, sessions.get, 0.2) == []  # unchanged: nothing
 
 
 def test_no_listener_no_position_work() -> None:

@@ -391,3 +391,26 @@ def test_a_non_admin_viewer_sees_no_pid_or_labels_of_others_but_its_own() -> Non
     assert entries["mine"]["pid"] == 777
     (reply,) = replies(say(connect(rules), p.encode(p.STATUS)))  # an admin sees all
     assert all(c["pid"] is not None for c in reply["status"]["clients"])
+
+
+@pytest.mark.parametrize("on_violation, reply_op", [("downgrade", p.REGISTERED),
+                                                    ("refuse", p.ERROR)])
+def test_a_claim_outside_the_access_policy_is_downgraded_with_its_reason_or_refused(
+        on_violation: str, reply_op: str, caplog) -> None:
+    from nodeside.config import from_mapping
+
+    config = from_mapping({"pools": {"training": {"guarantee": 0.5}},
+                           "access": {"on_violation": on_violation,
+                                      "default": {"pools": ["default", "training"],
+                                                  "priorities": ["NORMAL", "LOW"]}}})
+    rules = Requests(Scheduler(config, [GpuSpec(0)], 0.0), admin_gid=None)
+    session = connect(rules, uid=NOBODY)
+    with caplog.at_level(logging.WARNING, "kiwi.daemon"):
+        (reply,) = replies(say(session, p.encode(p.REGISTER, seq=1, name="greedy",
+                                                 pool="training", priority="HIGH")))
+    assert reply["op"] == reply_op
+    if on_violation == "downgrade":
+        assert (reply["pool"], reply["priority"]) == ("training", "NORMAL")
+        assert "HIGH" in reply["warning"] and "HIGH" in caplog.text
+    else:
+        assert reply["code"] == p.E_PERMISSION and not rules.scheduler.clients
