@@ -220,7 +220,7 @@ class Requests:
 
     def _require_admin(self, session: Session, what: str) -> None:
         if not self.is_admin(session):
-            self.warnings.warning((session.peer.uid, p.E_PERMISSION),
+            self.warnings.warning((session.peer.uid, p.E_PERMISSION, what),
                                   "Refused: uid %s may not %s [FD=%d]", session.peer.uid, what,
                                   session.peer.fd)
             raise SchedulerError(p.E_PERMISSION, f"Permission denied: only root, the "
