@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_session import ADMIN, connect, node, registered, replies, say
 
 from nodeside import protocol as p
@@ -133,3 +135,42 @@ def test_a_peer_repeating_a_bad_request_logs_one_line(caplog) -> None:
             assert reply["code"] == p.E_STATE
     assert len(caplog.records) == 1 and not caplog.records[0].exc_info
     assert str(ADMIN) in caplog.records[0].getMessage()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["open", "hello", "register", "close", "wait"]),
+                          st.integers(0, 2), st.integers(0, 30)), max_size=60))
+def test_caps_hold_and_only_unregistered_connections_are_ever_closed_for_room_or_time(
+        steps) -> None:
+    rules = node()
+    admission = Admission(ConnectionLimits(hello_timeout=2.0, idle_timeout=5.0, per_uid=3),
+                          max_connections=5)
+    live: list[Session] = []
+    now = 0.0
+    for action, uid, pick in steps:
+        if action == "open":
+            session = opened(rules, uid=uid, at=now)
+            verdict = admission.admit(session, now)
+            for victim in verdict.evicted:
+                assert victim.client_id is None
+                live.remove(victim)
+            if verdict.accepted:
+                live.append(session)
+        elif action == "wait":
+            now += pick / 10
+            for session, _ in admission.expired(now):
+                assert session.client_id is None
+                live.remove(session)
+        elif live:
+            session = live[pick % len(live)]
+            if action == "hello" and not session.greeted:
+                say(session, p.encode(p.HELLO, version=1), now=now)
+            elif action == "register" and session.greeted and session.client_id is None:
+                say(session, p.encode(p.REGISTER, name="k"), now=now)
+                admission.registered(session)
+            elif action == "close":
+                live.remove(session)
+                admission.gone(session)
+        assert admission.total == len(live) <= 5
+        for u in range(3):
+            assert admission.per_uid[u] == sum(s.peer.uid == u for s in live) <= 3
