@@ -100,12 +100,20 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise ConfigError(f"size must not be negative: {text}")
-        return text
-    match = _SIZE.match(str(text))
-    unit = (match.group(2) or "").upper() if match else None
-    if not match or unit not in _UNITS:
-        raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
-    return int(float(match.group(1)) * _UNITS[unit])
+        nbytes = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = (match.group(2) or "").upper() if match else None
+        if not match or unit not in _UNITS:
+            raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
+        try:  # a thousand-digit number reads as an infinite float
+            nbytes = int(float(match.group(1)) * _UNITS[unit])
+        except OverflowError:
+            nbytes = limits.MAX_BYTES + 1
+    try:
+        return limits.byte_count(nbytes, "size")
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_tq(value: Any, where: str = "tq") -> float:

@@ -134,3 +134,9 @@ def test_connection_limits_are_read_from_their_section() -> None:
 def test_bad_connection_limits_name_the_key(raw, where) -> None:
     with pytest.raises(ConfigError, match=where):
         from_mapping(raw)
+
+
+@pytest.mark.parametrize("size", ["9" * 400, "3000000TiB", 2**60, "1e3"])
+def test_a_size_past_the_byte_bound_is_a_config_error_not_a_crash(size) -> None:
+    with pytest.raises(ConfigError):
+        from_mapping({"memory_reserve": size})
