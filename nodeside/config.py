@@ -173,7 +173,10 @@ _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range: as out of range as inf
+        number = math.inf
     if allow_unlimited and number == -1:
         return UNLIMITED
     if not math.isfinite(number) or number < 0:

@@ -136,7 +136,10 @@ def test_bad_connection_limits_name_the_key(raw, where) -> None:
         from_mapping(raw)
 
 
-@pytest.mark.parametrize("size", ["9" * 400, "3000000TiB", 2**60, "1e3"])
-def test_a_size_past_the_byte_bound_is_a_config_error_not_a_crash(size) -> None:
+@pytest.mark.parametrize("raw", [{"memory_reserve": "9" * 400}, {"memory_reserve": "3000000TiB"},
+                                 {"memory_reserve": 2**60}, {"memory_reserve": "1e3"},
+                                 {"pools": {"a": {"guarantee": 10**400}}},
+                                 {"pools": {"a": {"weight": 10**400}}}])
+def test_a_number_past_its_bound_is_a_config_error_not_a_crash(raw) -> None:
     with pytest.raises(ConfigError):
-        from_mapping({"memory_reserve": size})
+        from_mapping(raw)
