@@ -329,7 +329,7 @@ class Daemon:
         try:
             self.state.save({"mode": self.scheduler.mode, "tq": self.scheduler.tq,
                              "gpu_tq": overrides})
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a value JSON cannot hold
             log.error("Could not save runtime settings to %s: %s", self.state.path, exc)
 
     def _warn_about_pools(self) -> None:
