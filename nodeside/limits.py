@@ -26,6 +26,11 @@ MAX_INTEGER: Final = 2**63 - 1
 MAX_BYTES: Final = 2**50
 
 
+#: Closed hold intervals one GPU's share meter keeps (see scheduler.pools.ShareMeter): past
+#: this, a closing hold is folded into its pool's latest interval, so memory stays flat.
+MAX_SHARE_INTERVALS: Final = 1024
+
+
 class LimitError(ValueError):
     """A value outside its bound. The message names the value and the bound."""
 

@@ -13,7 +13,7 @@ Another policy subclasses ``PoolsPolicy`` and registers under its config name in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from nodeside.scheduler.pools import entitlements
@@ -72,24 +72,62 @@ class PoolsPolicy:
     def order(self, gpu: GpuState, now: float) -> list[Client]:
         """The waiters in the order they can expect to be served (a prediction, next first).
 
-        One pool: its own order. Several: replay the pool choice, charging each pick one
-        quantum of its pool's share, which is how the shares will move as the queue drains.
+        One pool: its own order. Several: each pool's j-th waiter (in its pool's order) is
+        placed by how far its pool would be below its entitlement once its j earlier waiters
+        had a quantum each (``urgency``), most urgent first; ties go to the smaller j, then
+        the earlier request. That is how the shares move as the queue drains; and since a
+        pool's urgency only falls with j, each pool keeps its own order.
         """
-        by_pool = {pool: gpu.waiters.in_order(pool) for pool in gpu.waiters.pools()}
-        if len(by_pool) <= 1:
-            return [c for queue in by_pool.values() for c in queue]
+        pools = gpu.waiters.pools()
+        if len(pools) <= 1:
+            return [c for pool in pools for c in gpu.waiters.in_order(pool)]
+        urgency = self._urgency(gpu, now)
+        ranked = [(-urgency(pool, j), j, c.request_order, c)
+                  for pool in pools for j, c in enumerate(gpu.waiters.in_order(pool))]
+        ranked.sort(key=lambda entry: entry[:3])
+        return [entry[3] for entry in ranked]
+
+    def position(self, gpu: GpuState, client: Client, now: float) -> int:
+        """``client``'s 1-based place in ``order``, without building it.
+
+        One pool: its place in the pool, O(1) while waiters leave from the head. Several: for
+        each other pool, a binary search for how many of its waiters rank ahead (urgency falls
+        with j), O(pools x log waiters).
+        """
+        mine = gpu.waiters.index_in_pool(client)
+        pools = gpu.waiters.pools()
+        if len(pools) == 1:
+            return mine + 1
+        urgency = self._urgency(gpu, now)
+        key = urgency(client.pool, mine)
+        ahead = mine
+        for pool in pools - {client.pool}:
+            size = gpu.waiters.pool_size(pool)
+
+            def at_most(j: int, pool: str = pool) -> bool:
+                return urgency(pool, j) <= key
+
+            def below(j: int, pool: str = pool) -> bool:
+                return urgency(pool, j) < key
+
+            more, tied_end = _first(size, at_most), _first(size, below)
+            # Ties in urgency: the smaller j first, then the earlier request.
+            ahead += more + max(0, min(tied_end, mine) - more)
+            if more <= mine < tied_end and \
+                    gpu.waiters.nth_in_pool(pool, mine).request_order < client.request_order:
+                ahead += 1
+        return ahead + 1
+
+    def _urgency(self, gpu: GpuState, now: float) -> Callable[[str, int], float]:
         shares = self.scheduler.shares(gpu.spec.index, now)
         ent = entitlements(self.scheduler.pool(name) for name in contending_pools(gpu))
         step = self.scheduler.tq_for(gpu.spec.index) / max(gpu.meter.window, _EPS)
-        order: list[Client] = []
-        while by_pool:
-            name = max(by_pool, key=lambda n: (ent.get(n, 0.0) - shares.get(n, 0.0),
-                                                -by_pool[n][0].request_order))
-            order.append(by_pool[name].pop(0))
-            shares[name] = shares.get(name, 0.0) + step
-            if not by_pool[name]:
-                del by_pool[name]
-        return order
+
+        def urgency(pool: str, j: int) -> float:
+            # One expression for order and position alike, so both round the same way.
+            return ent.get(pool, 0.0) - (shares.get(pool, 0.0) + j * step)
+
+        return urgency
 
     def below_guarantee(self, gpu: GpuState, client: Client, now: float) -> bool:
         """Is ``client`` a non-preemptible request of a pool below its guarantee?
@@ -110,6 +148,18 @@ class PoolsPolicy:
         if shares is None or pool not in shares:
             shares = gpu.meter.shares(now, [pool])
         return shares.get(pool, 0.0) >= cap - _EPS
+
+
+def _first(size: int, reached: Callable[[int], bool]) -> int:
+    """The first j in [0, size) where ``reached`` (monotone: false, then true), else size."""
+    low, high = 0, size
+    while low < high:
+        middle = (low + high) // 2
+        if reached(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def contending_pools(gpu: GpuState) -> list[str]:

@@ -18,7 +18,8 @@ The rules, per GPU:
 The room is laid out by role: this file takes the events; ``turns`` says what follows on a GPU
 (grants, quanta, preemption, revocation); ``choosing`` picks the next holder (the policy seam:
 pools by entitlement, then priority, then request order); ``room`` answers mode auto's memory
-questions; ``state`` holds the clients, the queues and the hold state's transition table.
+questions; ``queries`` answers the shell and the status (deadlines, queue, positions, shares);
+``state`` and ``queue`` hold the clients, the waiters and the hold state's transition table.
 
 A holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
 One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
@@ -33,7 +34,6 @@ from collections.abc import Iterable, Mapping
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
-from nodeside.scheduler import room
 from nodeside.scheduler.access import judge
 from nodeside.scheduler.actions import (
     Action,
@@ -43,8 +43,9 @@ from nodeside.scheduler.actions import (
     Revoke,
     SchedulerError,
 )
-from nodeside.scheduler.choosing import POLICIES, contending_pools
+from nodeside.scheduler.choosing import POLICIES
 from nodeside.scheduler.pools import Pool, preemption_off_reason
+from nodeside.scheduler.queries import Queries
 from nodeside.scheduler.state import (
     EVICT_MODES,
     PRIORITY_RANK,
@@ -55,7 +56,6 @@ from nodeside.scheduler.state import (
     HoldState,
     IllegalTransition,
 )
-from nodeside.scheduler.turns import Turns, current_quantum_start
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
@@ -63,11 +63,7 @@ __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "
            "HoldState", "IllegalTransition", "Released", "Revoke", "Scheduler",
            "SchedulerError"]
 
-# A pool held back at its maximum is looked at again after this fraction of the share window.
-_MAX_RECHECK = 0.005
-
-
-class Scheduler(Turns):
+class Scheduler(Queries):
     def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
         self.config = config
         self._pools: dict[str, Pool] = {}
@@ -85,14 +81,11 @@ class Scheduler(Turns):
         self.choice = POLICIES[config.policy](self)
         # Counters for metrics; the shell reads them.
         self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0}
+        #: Events seen; the cached next deadline is good until this moves.
+        self._events = 0
+        self._deadline_cache: tuple[object, float | None] | None = None
 
     # -- configuration --------------------------------------------------------------------
-
-    def pool(self, name: str) -> Pool:
-        pool = self._pools.get(name)
-        if pool is None:
-            pool = self._pools[name] = self.config.pool(name)
-        return pool
 
     @property
     def preemption_off_reason(self) -> str | None:
@@ -282,90 +275,6 @@ class Scheduler(Turns):
     def tick(self, now: float) -> list[Action]:
         """Time has passed: end quanta, revoke holders past their grace."""
         return self._schedule_all(now)
-
-    def next_deadline(self, now: float) -> float | None:
-        """When ``tick`` must next be called, or None if nothing is due until the next event."""
-        deadlines: list[float] = []
-        for gpu in self.gpus.values():
-            if self.mode == "off":
-                continue
-            for holder in gpu.holders.values():
-                hold = holder.hold
-                assert hold is not None
-                if hold.drop_sent_at is not None:
-                    deadlines.append(hold.drop_sent_at + self.config.grace)
-                elif gpu.waiters or self.choice.over_maximum(gpu, holder.pool, now):
-                    deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
-            if not gpu.waiters:
-                continue
-            if any(self.choice.over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
-                deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
-            elif self._grantable(gpu, now):
-                # Shares fall while the GPU idles: a pool held back at its maximum may have
-                # become eligible since the last schedule with no event to say so. Asking for
-                # a tick now (not at the recheck armed earlier, which a caller re-arming from
-                # this answer would cancel) keeps that wake-up from being lost.
-                deadlines.append(now)
-        return min(deadlines) if deadlines else None
-
-    def _grantable(self, gpu: GpuState, now: float) -> bool:
-        """Would a schedule now grant someone? (mode on or auto)"""
-        candidate = self.choice.pick(gpu, now)
-        if candidate is None:
-            return False
-        return not gpu.holders or (self.mode == "auto" and self._fits(gpu, [candidate]))
-
-    def _fits(self, gpu: GpuState, newcomers: list[Client]) -> bool:
-        return room.fits_beside(gpu, newcomers, self.config.memory_reserve)
-
-    # -- queries --------------------------------------------------------------------------
-
-    def gpu_seconds(self, client: Client, now: float) -> float:
-        held = now - client.hold.granted_at if client.hold else 0.0
-        return client.gpu_seconds + held
-
-    def pool_gpu_seconds(self, gpu_index: int, now: float) -> dict[str, float]:
-        """GPU seconds each pool has held ``gpu_index`` for since start, open holds included."""
-        gpu = self.gpus[gpu_index]
-        seconds = dict(gpu.pool_seconds)
-        for holder in gpu.holders.values():
-            seconds[holder.pool] = seconds.get(holder.pool, 0.0) + self.gpu_seconds(holder, now) \
-                - holder.gpu_seconds
-        return seconds
-
-    def queue(self, gpu_index: int, now: float) -> list[Client]:
-        """Waiters in the order they are expected to be granted, next first."""
-        gpu = self.gpus[gpu_index]
-        if not gpu.waiters:
-            return []
-        order = self.choice.order(gpu, now)
-        # A holder asked to drop for someone hands the GPU to that one: it is next.
-        promised = [order.pop(order.index(c)) for h in gpu.holders.values()
-                    if h.hold and (c := gpu.waiters.get(h.hold.drop_incoming or "")) in order]
-        return promised + order
-
-    def queue_position(self, client_id: str, now: float) -> int | None:
-        client = self.clients.get(client_id)
-        if client is None or client.hold_state is not HoldState.WAITING:
-            return None
-        ids = [c.id for c in self.queue(client.gpu, now)]
-        return ids.index(client.id) + 1
-
-    def shares(self, gpu_index: int, now: float) -> dict[str, float]:
-        gpu = self.gpus[gpu_index]
-        return gpu.meter.shares(now, contending_pools(gpu))
-
-    def quantum_remaining(self, gpu_index: int, now: float) -> float | None:
-        gpu = self.gpus[gpu_index]
-        if self.mode == "off" or not gpu.holders:
-            return None
-        first = next(iter(gpu.holders.values()))
-        assert first.hold is not None
-        tq = self.tq_for(gpu_index)
-        start = first.hold.quantum_start
-        if not gpu.waiters and first.hold_state is HoldState.HOLDING:
-            start = current_quantum_start(first.hold, tq, now)  # renewed while alone
-        return max(0.0, start + tq - now)
 
     def _client(self, client_id: str) -> Client:
         try:

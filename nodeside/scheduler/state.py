@@ -15,13 +15,16 @@ The status document shows three words (CONTRACT section 5): DROPPING is still "h
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 from nodeside.scheduler.pools import ShareMeter
+from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
-PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+__all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "Client", "GpuSpec", "GpuState",
+           "Hold", "HoldState", "IllegalTransition", "WaitQueue", "check_transition"]
+
 EVICT_MODES = ("managed", "checkpoint")
 
 
@@ -86,7 +89,7 @@ class Hold:
     drop_incoming: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # one object per client: compared by identity, and cheaply
 class Client:
     id: str
     name: str
@@ -132,57 +135,6 @@ class Client:
     @property
     def preemptible(self) -> bool:
         return self.priority == "LOW"
-
-
-class WaitQueue:
-    """One GPU's waiters, indexed so that each pool's next client is found without a scan.
-
-    Clients sit in request order in one dict per (pool, priority): the head of a pool is the
-    first client of its highest non-empty priority. Handoffs stay O(pools), not O(waiters).
-    """
-
-    def __init__(self) -> None:
-        self._all: dict[str, Client] = {}
-        self._lanes: dict[str, list[dict[str, Client]]] = {}
-
-    def add(self, client: Client) -> None:
-        self._all[client.id] = client
-        lanes = self._lanes.setdefault(client.pool, [{} for _ in PRIORITY_RANK])
-        lanes[PRIORITY_RANK[client.priority]][client.id] = client
-
-    def remove(self, client: Client) -> None:
-        if self._all.pop(client.id, None) is None:
-            return
-        lanes = self._lanes[client.pool]
-        del lanes[PRIORITY_RANK[client.priority]][client.id]
-        if not any(lanes):
-            del self._lanes[client.pool]
-
-    def heads(self) -> dict[str, Client]:
-        return {pool: next(iter(next(lane for lane in lanes if lane).values()))
-                for pool, lanes in self._lanes.items()}
-
-    def pools(self) -> set[str]:
-        return set(self._lanes)
-
-    def in_order(self, pool: str) -> list[Client]:
-        """A pool's waiters in the order it serves them: priority, then request order."""
-        return [c for lane in self._lanes.get(pool, ()) for c in lane.values()]
-
-    def values(self) -> Iterable[Client]:
-        return self._all.values()
-
-    def get(self, client_id: str) -> Client | None:
-        return self._all.get(client_id)
-
-    def __contains__(self, client_id: object) -> bool:
-        return client_id in self._all
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all)
-
-    def __len__(self) -> int:
-        return len(self._all)
 
 
 class GpuState:

@@ -17,7 +17,7 @@ from nodeside.config import SchedulerConfig
 from nodeside.scheduler import room
 from nodeside.scheduler.actions import Action, Drop, Grant, Revoke
 from nodeside.scheduler.choosing import PoolsPolicy, within_pool
-from nodeside.scheduler.pools import preemption_enabled
+from nodeside.scheduler.pools import Pool, preemption_enabled
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 
 _EPS = 1e-9
@@ -30,10 +30,18 @@ class Turns:
     mode: str
     tq: float
     gpus: dict[int, GpuState]
+    _pools: dict[str, Pool]
     clients: dict[str, Client]
     counts: dict[str, int]
     choice: PoolsPolicy
     _order: itertools.count[int]
+    _events: int
+
+    def pool(self, name: str) -> Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            pool = self._pools[name] = self.config.pool(name)
+        return pool
 
     def tq_for(self, gpu: int) -> float:
         override = self.gpus[gpu].tq_override
@@ -53,6 +61,7 @@ class Turns:
         return actions
 
     def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
+        self._events += 1  # every event schedules: what the next deadline depends on moved
         actions: list[Action] = self._revoke_overdue(gpu, now)
         if self.mode == "off":
             for waiter in list(gpu.waiters.values()):
@@ -80,8 +89,8 @@ class Turns:
                                reserve=self._reserve)
 
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        if self.mode == "off" or not self.preemption:
-            return []
+        if self.mode == "off" or not gpu.waiters or not self.preemption:
+            return []  # nobody to preempt for: no shares to measure on this hot path
         victims = [h for h in room.staying(gpu) if h.preemptible]
         if not victims:
             return []

@@ -187,6 +187,18 @@ class AnyContention(RuleBasedStateMachine):
             assert (client.hold is not None) == (client.state == "holding")
 
     @invariant()
+    def queue_position_kept_incrementally_equals_the_rebuilt_queue(self):
+        for index in self.sched.gpus:
+            rebuilt = self.sched.queue(index, self.now)
+            for place, client in enumerate(rebuilt, 1):
+                assert self.sched.queue_position(client.id, self.now) == place
+
+    @invariant()
+    def cached_next_deadline_equals_a_fresh_one(self):
+        fresh, _ = self.sched._compute_deadline(self.now)
+        assert self.sched.next_deadline(self.now) == fresh
+
+    @invariant()
     def mode_on_has_at_most_one_holder_not_leaving(self):
         if self.sched.mode != "on":
             return
