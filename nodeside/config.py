@@ -12,9 +12,11 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nodeside import limits
 from nodeside.protocol import DEFAULT_POOL, MODES, PRIORITIES
 from nodeside.protocol import DEFAULT_SOCKET as DEFAULT_SOCKET  # where it used to live
 from nodeside.scheduler.access import ANY, ON_VIOLATION, AccessPolicy, AccessRule
@@ -50,6 +52,8 @@ class SchedulerConfig:
     #: Group owning the socket; its members may connect. None: the daemon's group.
     socket_group: str | None = None
     socket_mode: int = 0o660
+    #: Hello deadline, idle limit, per-uid cap and listen backlog (``connections:``).
+    connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
     #: Who may claim which pools and priorities; None: anyone may claim anything.
     access: AccessPolicy | None = None
     #: How the next holder is chosen: a name in ``nodeside.scheduler.choosing.POLICIES``.
@@ -95,24 +99,49 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise ConfigError(f"size must not be negative: {text}")
-        return text
-    match = _SIZE.match(str(text))
-    unit = (match.group(2) or "").upper() if match else None
-    if not match or unit not in _UNITS:
-        raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
-    return int(float(match.group(1)) * _UNITS[unit])
+        nbytes = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = (match.group(2) or "").upper() if match else None
+        if not match or unit not in _UNITS:
+            raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
+        try:  # a thousand-digit number reads as an infinite float
+            nbytes = int(float(match.group(1)) * _UNITS[unit])
+        except OverflowError:
+            nbytes = limits.MAX_BYTES + 1
+    try:
+        return limits.byte_count(nbytes, "size")
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_tq(value: Any, where: str = "tq") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{where}: expected seconds, got {value!r}")
+    """Seconds within the TQ's one range (``limits.tq_seconds``), or ConfigError saying why."""
     try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"{where}: expected seconds, got {value!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{where}: must be a positive number of seconds, got {value!r}")
-    return seconds
+        return limits.tq_seconds(value, where)
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_connections(raw: Any) -> limits.ConnectionLimits:
+    """The ``connections:`` section: hello_timeout, idle_timeout (seconds), per_uid, backlog."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("connections: expected a mapping")
+    fields = {f.name: f.type for f in dataclass_fields(limits.ConnectionLimits)}
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise ConfigError(f"connections: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"connections.{key}"
+        if key.endswith("_timeout"):
+            changes[key] = parse_tq(value, where)
+        elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+            raise ConfigError(f"{where}: expected a whole number from 1 to {1 << 20}, "
+                              f"got {value!r}")
+        else:
+            changes[key] = value
+    return replace(limits.ConnectionLimits(), **changes)
 
 
 def parse_mode(value: Any, where: str = "mode") -> str:
@@ -136,14 +165,17 @@ def parse_policy(value: Any, where: str = "policy") -> str:
 
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
-_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
+_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
              "admin_group", "socket_group", "socket_mode", "policy", "access"}
 
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range: as out of range as inf
+        number = math.inf
     if allow_unlimited and number == -1:
         return UNLIMITED
     if not math.isfinite(number) or number < 0:
@@ -210,6 +242,8 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
         changes["grace"] = parse_tq(raw["grace"], "grace")
     if "window" in raw:
         changes["window"] = parse_tq(raw["window"], "window")
+    if "connections" in raw:
+        changes["connections"] = parse_connections(raw["connections"])
     if "memory_reserve" in raw:
         changes["memory_reserve"] = parse_size(raw["memory_reserve"])
     for key in ("admin_group", "socket_group"):

@@ -1,0 +1,89 @@
+"""The scheduler's actions, delivered to the clients they name: grants, drops, revocations.
+
+The one place that turns an action into the line its client reads, logs what admins look for
+(preemptions, revocations) and feeds the metrics' observers. A grant's line is cached: it is
+the same few bytes every time, and encoding it would be work in the middle of a handoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from nodeside import protocol as p
+from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
+
+if TYPE_CHECKING:
+    from nodeside.daemon.connection import Connection
+
+log = logging.getLogger("kiwi.daemon")
+
+#: Grant lines kept; TQ changes would grow the cache without end.
+_GRANT_LINES = 64
+
+
+class Delivery:
+    def __init__(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        #: The connection of each registered client, by client id.
+        self.by_client: dict[str, Connection] = {}
+        #: Called with the seconds between a release arriving and the next grant being sent.
+        self.handoff_observers: list[Callable[[float], None]] = []
+        #: Called with every list of actions carried out and the time (metrics).
+        self.action_observers: list[Callable[[list[Action], float], None]] = []
+        self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
+
+    def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
+        """Deliver every action; ``handoff_started``: when the release that led here arrived."""
+        if not actions:
+            return
+        self.observe(actions)
+        for action in actions:
+            self.deliver(action, handoff_started)
+
+    def observe(self, actions: list[Action]) -> None:
+        for notify in self.action_observers:
+            notify(actions, self.clock())
+
+    def deliver(self, action: Action, handoff_started: float | None = None) -> None:
+        conn = self.by_client.get(action.client)
+        if isinstance(action, Grant):
+            if conn is not None:
+                conn.session.told_position = None
+                conn.send(self._grant_line(action))
+            if handoff_started is not None:
+                elapsed = time.perf_counter() - handoff_started
+                for observe in self.handoff_observers:
+                    observe(elapsed)
+        elif isinstance(action, Drop):
+            log.debug("Asking %s to drop GPU %d (%s, evict=%s)", action.client, action.gpu,
+                      action.reason, action.evict)
+            if action.reason == p.REASON_PREEMPT:
+                log.info("Preempting %s on GPU %d for a non-preemptible request",
+                         self.name(action.client), action.gpu)
+            if conn is not None:
+                conn.send(p.encode(p.DROP, gpu=action.gpu, reason=action.reason,
+                                   evict=action.evict, grace=action.grace))
+        elif isinstance(action, Revoke):
+            log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
+                        "%.1f seconds", action.gpu, self.name(action.client),
+                        action.client, action.ignored_for)
+            if conn is not None:
+                conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
+
+    def name(self, client_id: str) -> str:
+        client = self.scheduler.clients.get(client_id)
+        return client.name if client else client_id
+
+    def _grant_line(self, grant: Grant) -> bytes:
+        key = (grant.gpu, grant.quantum, type(grant.quantum))  # 30 and 30.0 encode apart
+        line = self._grant_lines.get(key)
+        if line is None:
+            if len(self._grant_lines) >= _GRANT_LINES:
+                self._grant_lines.clear()
+            line = self._grant_lines[key] = p.encode(p.GRANT, gpu=grant.gpu,
+                                                     quantum=grant.quantum)
+        return line

@@ -1,0 +1,77 @@
+"""Registering a client: every value a peer chose checked against its bound, then the scheduler.
+
+A registration is the only request that makes the daemon keep something of the peer's for as
+long as it stays: its names and labels, shown in every status document. So besides each
+value's own bound (``nodeside.limits``), the node as a whole keeps at most ``MAX_CLIENTS``
+clients and ``MAX_LABEL_BYTES_TOTAL`` bytes of labels: the status document can then never grow
+past what clients read. Who the peer is (pid, uid, groups) comes from the socket, never from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeside import limits
+from nodeside.daemon.peer import Peer, groups_of, user_name
+from nodeside.scheduler.core import Client, Scheduler
+
+
+class Registrations:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.by_uuid = {g.spec.uuid: i for i, g in scheduler.gpus.items() if g.spec.uuid}
+        #: Label bytes per registered client, and their sum.
+        self.label_bytes: dict[str, int] = {}
+        self.label_bytes_total = 0
+
+    def register(self, peer: Peer, msg: dict[str, Any], now: float) -> Client:
+        """Register ``peer`` as the request ``msg`` asks; LimitError or SchedulerError if not."""
+        if len(self.scheduler.clients) >= limits.MAX_CLIENTS:
+            raise limits.LimitError(f"this node already has {limits.MAX_CLIENTS} clients")
+        labels = limits.labels({k: _label_text(v) for k, v in (msg.get("labels") or {}).items()})
+        label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in labels.items())
+        if self.label_bytes_total + label_bytes > limits.MAX_LABEL_BYTES_TOTAL:
+            raise limits.LimitError(f"labels: the node's clients already carry "
+                                    f"{self.label_bytes_total} bytes of labels, and "
+                                    f"{limits.MAX_LABEL_BYTES_TOTAL} is the most")
+        working_set = msg.get("working_set")
+        client = self.scheduler.register(
+            now,
+            name=limits.short_text(msg.get("name") or f"pid-{peer.pid}", "name"),
+            display_name=_optional_text(msg, "display_name"),
+            gpu=self._gpu(msg.get("gpu") or 0, _optional_text(msg, "gpu_uuid")),
+            pool=limits.short_text(msg.get("pool") or "default", "pool"),
+            priority=limits.short_text(msg.get("priority") or "NORMAL", "priority").upper(),
+            kind=limits.short_text(msg.get("kind") or "client", "kind"),
+            labels=labels,
+            working_set=None if working_set is None
+            else limits.byte_count(working_set, "working_set"),
+            evict=_optional_text(msg, "evict") or "managed",
+            pid=peer.pid, uid=peer.uid, gids=groups_of(peer), user=user_name(peer.uid),
+        )
+        self.label_bytes[client.id] = label_bytes
+        self.label_bytes_total += label_bytes
+        return client
+
+    def forget(self, client_id: str) -> None:
+        """The client's connection is gone (the shell unregisters it from the scheduler)."""
+        self.label_bytes_total -= self.label_bytes.pop(client_id, 0)
+
+    def _gpu(self, index: int, uuid: str | None) -> int:
+        # A process's CUDA_VISIBLE_DEVICES renumbers GPUs; a UUID names one GPU everywhere. An
+        # unknown UUID (a MIG instance, whose UUID NVML's device list does not carry, or a
+        # daemon on logical GPUs) leaves the index to decide, so it is resolved here and not
+        # passed on: the scheduler would refuse a UUID it does not know.
+        return index if uuid is None else self.by_uuid.get(uuid, index)
+
+
+def _optional_text(msg: dict[str, Any], key: str) -> str | None:
+    value = msg.get(key)
+    return None if value is None else limits.short_text(value, key)
+
+
+def _label_text(value: Any) -> Any:
+    # Older clients sent numbers as label values; they were always shown as text.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
