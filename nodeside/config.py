@@ -12,11 +12,14 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nodeside.protocol import DEFAULT_POOL, MODES
+from nodeside import limits
+from nodeside.protocol import DEFAULT_POOL, MODES, PRIORITIES
 from nodeside.protocol import DEFAULT_SOCKET as DEFAULT_SOCKET  # where it used to live
+from nodeside.scheduler.access import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
 DEFAULT_TQ = 30.0
@@ -49,6 +52,12 @@ class SchedulerConfig:
     #: Group owning the socket; its members may connect. None: the daemon's group.
     socket_group: str | None = None
     socket_mode: int = 0o660
+    #: Hello deadline, idle limit, per-uid cap and listen backlog (``connections:``).
+    connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
+    #: Who may claim which pools and priorities; None: anyone may claim anything.
+    access: AccessPolicy | None = None
+    #: How the next holder is chosen: a name in ``nodeside.scheduler.choosing.POLICIES``.
+    policy: str = "pools"
 
     def share_window(self, tq: float) -> float:
         return self.window if self.window is not None else 50 * tq
@@ -99,15 +108,32 @@ def parse_size(text: str | int) -> int:
 
 
 def parse_tq(value: Any, where: str = "tq") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{where}: expected seconds, got {value!r}")
+    """Seconds within the TQ's one range (``limits.tq_seconds``), or ConfigError saying why."""
     try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"{where}: expected seconds, got {value!r}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{where}: must be a positive number of seconds, got {value!r}")
-    return seconds
+        return limits.tq_seconds(value, where)
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_connections(raw: Any) -> limits.ConnectionLimits:
+    """The ``connections:`` section: hello_timeout, idle_timeout (seconds), per_uid, backlog."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("connections: expected a mapping")
+    fields = {f.name: f.type for f in dataclass_fields(limits.ConnectionLimits)}
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise ConfigError(f"connections: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"connections.{key}"
+        if key.endswith("_timeout"):
+            changes[key] = parse_tq(value, where)
+        elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+            raise ConfigError(f"{where}: expected a whole number from 1 to {1 << 20}, "
+                              f"got {value!r}")
+        else:
+            changes[key] = value
+    return replace(limits.ConnectionLimits(), **changes)
 
 
 def parse_mode(value: Any, where: str = "mode") -> str:
@@ -121,9 +147,18 @@ def parse_mode(value: Any, where: str = "mode") -> str:
     return value.lower()
 
 
+def parse_policy(value: Any, where: str = "policy") -> str:
+    from nodeside.scheduler.choosing import POLICIES  # the policies register themselves there
+
+    if not isinstance(value, str) or value not in POLICIES:
+        raise ConfigError(f"{where}: must be one of {', '.join(sorted(POLICIES))}, "
+                          f"got {value!r}")
+    return value
+
+
 _POOL_KEYS = ("guarantee", "weight", "maximum")
-_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
-             "admin_group", "socket_group", "socket_mode"}
+_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
+             "admin_group", "socket_group", "socket_mode", "policy", "access"}
 
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
@@ -196,11 +231,17 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
         changes["grace"] = parse_tq(raw["grace"], "grace")
     if "window" in raw:
         changes["window"] = parse_tq(raw["window"], "window")
+    if "connections" in raw:
+        changes["connections"] = parse_connections(raw["connections"])
     if "memory_reserve" in raw:
         changes["memory_reserve"] = parse_size(raw["memory_reserve"])
     for key in ("admin_group", "socket_group"):
         if key in raw:
             changes[key] = None if raw[key] is None else str(raw[key])
+    if "access" in raw:
+        changes["access"] = parse_access(raw["access"])
+    if "policy" in raw:
+        changes["policy"] = parse_policy(raw["policy"])
     if "socket_mode" in raw:
         mode = raw["socket_mode"]
         try:
@@ -209,6 +250,94 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
             raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
                               f"got {mode!r}") from None
     return replace(config, **changes)
+
+
+_ACCESS_KEYS = {"on_violation", "default", "rules"}
+_RULE_KEYS = {"uids", "gids", "pools", "priorities"}
+
+
+def parse_access(raw: Any) -> AccessPolicy | None:
+    """The ``access`` section: which uids and gids may claim which pools and priorities."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError("access: expected a mapping with on_violation, default and rules")
+    unknown = set(raw) - _ACCESS_KEYS
+    if unknown:
+        raise ConfigError(f"access: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"known keys are {', '.join(sorted(_ACCESS_KEYS))}")
+    policy = AccessPolicy()
+    on_violation = raw.get("on_violation", policy.on_violation)
+    if on_violation not in ON_VIOLATION:
+        raise ConfigError(f"access.on_violation: must be one of {', '.join(ON_VIOLATION)}, "
+                          f"got {on_violation!r}")
+    default = policy.default
+    if "default" in raw:
+        default = _parse_rule(raw["default"], "access.default", who=False)
+    rules = raw.get("rules") or []
+    if not isinstance(rules, list):
+        raise ConfigError("access.rules: expected a list of {uids, gids, pools, priorities}")
+    return AccessPolicy(default=default, on_violation=on_violation,
+                        rules=tuple(_parse_rule(r, f"access.rules[{i}]", who=True)
+                                    for i, r in enumerate(rules)))
+
+
+def _parse_rule(raw: Any, where: str, *, who: bool) -> AccessRule:
+    keys = _RULE_KEYS if who else _RULE_KEYS - {"uids", "gids"}
+    if not isinstance(raw, Mapping) or set(raw) - keys:
+        raise ConfigError(f"{where}: expected a mapping with {', '.join(sorted(keys))}")
+    uids = frozenset(_ids(raw.get("uids"), f"{where}.uids", _uid_of))
+    gids = frozenset(_ids(raw.get("gids"), f"{where}.gids", _gid_of))
+    if who and not uids and not gids:
+        raise ConfigError(f"{where}: names nobody; give uids or gids")
+    pools = _names(raw.get("pools", [ANY]), f"{where}.pools")
+    priorities = {str(x).upper() for x in _names(raw.get("priorities", PRIORITIES),
+                                                f"{where}.priorities")}
+    wrong = priorities - set(PRIORITIES)
+    if wrong:
+        raise ConfigError(f"{where}.priorities: {', '.join(sorted(wrong))} is not one of "
+                          f"{', '.join(PRIORITIES)}")
+    return AccessRule(uids=uids, gids=gids, pools=frozenset(pools),
+                      priorities=frozenset(priorities))
+
+
+def _names(raw: Any, where: str) -> list[str]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) and x for x in raw):
+        raise ConfigError(f"{where}: expected a list of names")
+    return list(raw)
+
+
+def _ids(raw: Any, where: str, resolve: Callable[[str], int]) -> list[int]:
+    if raw is None:
+        return []
+    if not isinstance(raw, (list, tuple)):
+        raw = [raw]
+    out = []
+    for item in raw:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.append(item)
+        elif isinstance(item, str) and item:
+            try:
+                out.append(int(item) if item.isdigit() else resolve(item))
+            except KeyError:
+                raise ConfigError(f"{where}: no such name on this node: {item!r}") from None
+        else:
+            raise ConfigError(f"{where}: expected ids or names, got {item!r}")
+    return out
+
+
+def _uid_of(name: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(name).pw_uid
+
+
+def _gid_of(name: str) -> int:
+    import grp
+
+    return grp.getgrnam(name).gr_gid
 
 
 def _parse_gpus(raw: Any) -> dict[int, float]:

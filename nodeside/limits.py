@@ -8,6 +8,7 @@ REST endpoint, ``%kiwi tq`` and ``kiwictl -T`` all refuse the same values with t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Final
 
 #: The TQ's one documented range, in seconds: from 10 ms (tests, latency experiments) to a day.
@@ -18,6 +19,9 @@ TQ_MAX: Final = 86_400.0
 MAX_NAME_BYTES: Final = 256
 #: Labels on one client.
 MAX_LABELS: Final = 64
+#: Largest integer on the wire either way (a C peer's int64): JSON itself has no bound, and an
+#: integer past a float's range would turn into inf the moment it met one.
+MAX_INTEGER: Final = 2**63 - 1
 #: Bytes a client may claim as its working set: 1 PiB, far past any GPU, well inside a float.
 MAX_BYTES: Final = 2**50
 
@@ -59,6 +63,10 @@ def short_text(value: Any, where: str) -> str:
         raise LimitError(f"{where}: expected a string, got {type(value).__name__}")
     if len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise LimitError(f"{where}: longer than {MAX_NAME_BYTES} bytes")
+    if not value.isprintable() and any(c < " " or "\x7f" <= c <= "\x9f" for c in value):
+        # A control character shows as nothing useful and takes six bytes in every status
+        # document that carries it; the size bounds count on names staying printable.
+        raise LimitError(f"{where}: control characters are not allowed")
     return value
 
 
@@ -70,3 +78,39 @@ def labels(value: Any, where: str = "labels") -> dict[str, str]:
         raise LimitError(f"{where}: more than {MAX_LABELS} labels")
     return {short_text(k, f"{where} key"): short_text(v, f"{where}.{k}")
             for k, v in value.items()}
+
+
+# -- what one connection may cost the daemon --------------------------------------------------
+
+#: Requests answered for one connection before the others get their turn: a peer that pipelines
+#: thousands of requests in one write is served a few at a time, between everyone else's.
+REQUESTS_PER_TURN: Final = 32
+#: Reply bytes the daemon may owe one connection (written but not yet read by the peer). Past
+#: this, that connection's requests wait until the peer reads: a peer that never reads costs
+#: the daemon this much memory, not one status document per request it sent.
+MAX_OWED_BYTES: Final = 1024 * 1024
+#: Bytes of labels (keys and values) of all registered clients together: pod labels take a few
+#: hundred bytes a client; this leaves room for thousands while keeping the status bounded.
+MAX_LABEL_BYTES_TOTAL: Final = 2 * 1024 * 1024
+#: Registered clients on the node. With the name and label bounds above (and names printable,
+#: so JSON escapes at most triple them) the status document stays under MAX_REPLY_BYTES.
+MAX_CLIENTS: Final = 2048
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a connection may stay without saying who it is, and how many one user may hold.
+
+    Set in the config file's ``connections:`` section; the defaults suit a busy node.
+    """
+
+    #: Seconds a new connection has to say hello before it is closed.
+    hello_timeout: float = 5.0
+    #: Seconds a connection that never registered may stay silent before it is closed (a status
+    #: watcher polls far more often; a forgotten or hostile socket does not).
+    idle_timeout: float = 300.0
+    #: Connections one uid may hold at once. At the cap, the uid's oldest connection that never
+    #: registered makes room; when all of them are registered the newcomer is refused (E_LIMIT).
+    per_uid: int = 4096
+    #: The listen backlog: kernels of a busy node connecting at the same moment.
+    backlog: int = 4096

@@ -11,8 +11,11 @@ message is well formed. It never touches a socket.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NoReturn
+
+from nodeside.limits import MAX_INTEGER
 
 #: The protocol version spoken by this code. A peer announcing another one is refused.
 VERSION: Final = 1
@@ -130,11 +133,35 @@ def error(code: str, message: str, seq: int | None = None) -> bytes:
     return encode(ERROR, code=code, message=message, seq=seq)
 
 
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a number this protocol carries")
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if not -MAX_INTEGER <= value <= MAX_INTEGER:
+        raise ValueError(f"integer {text[:24]}... is out of range")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):  # 1e999 parses to inf: as unwelcome as Infinity
+        raise ValueError(f"{text[:24]} is out of a float's range")
+    return value
+
+
+# NaN, Infinity and numbers past a float's or an int64's range are refused where the line is
+# read, so no value that breaks arithmetic (or the encoder, later) gets into the daemon at all.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_int=_bounded_int,
+                            parse_float=_finite_float)
+
+
 def decode(line: bytes) -> dict[str, Any]:
     """Parse one line (without its newline) into a message, or raise ProtocolError."""
     try:
-        message = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        message = _DECODER.decode(line.decode())
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise ProtocolError(E_MALFORMED, f"not a JSON line: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError(E_MALFORMED, "a message must be a JSON object")

@@ -12,6 +12,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from kiwi_jupyter.kernel.config import MODES
 from kiwi_jupyter.kernel.link import SchedulerUnreachable
 from kiwi_jupyter.kernel.status_view import StatusTable
+from nodeside.limits import TQ_MAX, TQ_MIN, LimitError, tq_seconds
 
 if TYPE_CHECKING:
     from kiwi_jupyter.kernel.extension import KiwiExtension
@@ -173,12 +174,12 @@ class KiwiMagics(Magics):
             say(f"turned the scheduler {mode}")
 
     def _tq(self, args: list[str]) -> None:
+        if len(args) != 1:
+            raise UsageError(f"usage: %kiwi tq SECONDS (from {TQ_MIN:g} to {TQ_MAX:g})")
         try:
-            (seconds,) = (float(a) for a in args)
-        except ValueError:
-            raise UsageError("usage: %kiwi tq SECONDS (a number greater than 0)") from None
-        if not seconds > 0:
-            raise UsageError("usage: %kiwi tq SECONDS (a number greater than 0)")
+            seconds = tq_seconds(args[0])  # the daemon's one TQ range
+        except LimitError as exc:
+            raise UsageError(f"usage: %kiwi tq SECONDS: {exc}") from None
         ok, _ = self._ask(lambda c: c.set_tq(seconds), "set the scheduler's TQ")
         if ok:
             say(f"the scheduler's TQ is now {seconds:g} seconds")

@@ -4,7 +4,6 @@ scheduler needs the authorizer's leave to write resource ``kiwi``."""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -13,6 +12,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
 from kiwi_jupyter.server.link import DaemonLink, DaemonUnavailable
+from nodeside.limits import LimitError, tq_seconds
 from nodeside.protocol import MODES
 
 #: The resource the authorizer is asked about; GET is action "read", POST "write".
@@ -69,7 +69,8 @@ def _parse_change(body: Any) -> tuple[str | None, float | None]:
     if tq is not None:
         if isinstance(tq, bool) or not isinstance(tq, (int, float)):
             raise web.HTTPError(400, "tq must be a number of seconds")
-        if not (math.isfinite(tq) and tq > 0):
-            raise web.HTTPError(400, "tq must be a positive number of seconds")
-        tq = float(tq)
+        try:
+            tq = tq_seconds(tq)  # the daemon's one TQ range
+        except LimitError as exc:
+            raise web.HTTPError(400, str(exc)) from None
     return mode, tq

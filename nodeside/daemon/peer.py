@@ -48,10 +48,11 @@ def is_admin(peer: Peer, admin_gid: int | None) -> bool:
         return True
     if admin_gid is None:
         return False
-    return peer.gid == admin_gid or admin_gid in _groups_of(peer)
+    return peer.gid == admin_gid or admin_gid in groups_of(peer)
 
 
-def _groups_of(peer: Peer) -> set[int]:
+def groups_of(peer: Peer) -> set[int]:
+    """The peer's groups: its primary group and its supplementary ones."""
     # The process's own supplementary groups, as the kernel has them; the group database is
     # the fallback when /proc is not ours to read.
     if peer.pid is not None:
@@ -59,7 +60,8 @@ def _groups_of(peer: Peer) -> set[int]:
             with open(f"/proc/{peer.pid}/status") as status:
                 for line in status:
                     if line.startswith("Groups:"):
-                        return {int(g) for g in line.split()[1:]}
+                        found = {int(g) for g in line.split()[1:]}
+                        return found if peer.gid is None else found | {peer.gid}
         except OSError:
             pass
     try:
@@ -67,3 +69,13 @@ def _groups_of(peer: Peer) -> set[int]:
     except KeyError:
         return set()
     return {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+
+
+def user_name(uid: int | None) -> str | None:
+    """The user name of ``uid`` (for people reading the status), or None when unknown."""
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None

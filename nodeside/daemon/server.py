@@ -1,9 +1,11 @@
-"""The daemon's asyncio shell: sockets and timers around the sans-I/O scheduler.
+"""The daemon's asyncio shell: the socket, signals and timers around the sans-I/O rules.
 
-Each connection is an ``asyncio.Protocol`` that splits its bytes into protocol messages and
-hands them to ``Daemon.handle``. The daemon calls the scheduler with the loop's monotonic clock,
-carries out the actions it returns (send a grant, a drop, a revocation) and arms one timer for
-the scheduler's next deadline. Nothing here decides who gets a GPU.
+Each connection (``connection.py``) feeds its bytes to a ``Session`` (``session.py``), whose
+requests ``Requests`` (``requests.py``) answers by calling the scheduler; this file carries out
+what they return: it sends the actions to the clients they name, arms one timer for the
+scheduler's next deadline, one for the connection deadlines (``admission.py``) and one for
+queue-position events (``positions.py``). Nothing here decides who gets a GPU or what a peer
+may say.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -24,23 +27,20 @@ from nodeside import __version__
 from nodeside import protocol as p
 from nodeside.config import ConfigError, SchedulerConfig
 from nodeside.config import load as load_config
+from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import Connection
-from nodeside.daemon.peer import is_admin, resolve_group
+from nodeside.daemon.peer import resolve_group
+from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
+from nodeside.daemon.positions import PositionNotices
+from nodeside.daemon.requests import Requests
+from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.state import StateFile
-from nodeside.scheduler.core import (
-    Action,
-    Drop,
-    GpuSpec,
-    Grant,
-    Released,
-    Revoke,
-    Scheduler,
-    SchedulerError,
-)
-from nodeside.scheduler.status import build_status
+from nodeside.scheduler.core import Action, Drop, GpuSpec, Grant, Revoke, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
+#: File descriptors kept for the daemon itself (state file, metrics, NVML, the log).
+_RESERVED_FDS = 64
 
 
 class DaemonError(Exception):
@@ -64,14 +64,22 @@ class Daemon:
         self.options = options
         self.socket_path = Path(options.socket)
         self.state = StateFile(options.state_file)
+        self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
         self.by_client: dict[str, Connection] = {}
         self.loop = asyncio.get_running_loop()
         config = self._with_state(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
         self._restore_gpu_tq()
-        self.admin_gid = resolve_group(config.admin_group)
+        self.requests = Requests(self.scheduler, resolve_group(config.admin_group),
+                                 options.memory_used)
+        self.admission = Admission(config.connections, _connection_cap())
+        self.positions = PositionNotices()
+        self.by_session: dict[Session, Connection] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._reschedule = False
         self._timer_at: float | None = None
         self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
         self._server: asyncio.AbstractServer | None = None
@@ -108,7 +116,7 @@ class Daemon:
         old_umask = os.umask(0o177)
         try:
             self._server = await self.loop.create_unix_server(
-                lambda: Connection(self), path=str(path))
+                lambda: Connection(self), path=str(path), backlog=config.connections.backlog)
         finally:
             os.umask(old_umask)
         os.chmod(path, config.socket_mode)
@@ -131,8 +139,9 @@ class Daemon:
         self.stopped.set()
 
     async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._sweep):
+            if timer is not None:
+                timer.cancel()
         for close in self.closers:
             close()
         if self._server is not None:
@@ -153,186 +162,129 @@ class Daemon:
         except ConfigError as exc:
             log.error("Config reload failed, keeping the running config: %s", exc)
             return
-        self.admin_gid = resolve_group(config.admin_group)
+        self.requests.admin_gid = resolve_group(config.admin_group)
+        self.admission.limits = config.connections
         self.apply(self.scheduler.reconfigure(config, self.now()))
         self._restore_gpu_tq()
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
         self._warn_about_pools()
 
-    # -- messages ---------------------------------------------------------------------------
+    # -- connections ----------------------------------------------------------------------
 
-    def handle(self, conn: Connection, line: bytes) -> None:
-        seq = None
-        try:
-            message = p.decode(line)
-            seq = message.get("seq")
-            p.check_request(message)
-            op = message["op"]
-            if not conn.greeted and op != p.HELLO:
-                raise p.ProtocolError(p.E_VERSION, "the first message must be hello")
-            getattr(self, f"_on_{op}")(conn, message, seq)
-        except p.ProtocolError as exc:
-            conn.fail(exc, seq)
-        except SchedulerError as exc:
-            conn.fail(p.ProtocolError(exc.code, str(exc)), seq)
-        self._arm_timer()
-
-    def _on_hello(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        if msg["version"] != p.VERSION:
-            raise p.ProtocolError(p.E_VERSION, f"this daemon speaks protocol version "
-                                  f"{p.VERSION}, not {msg['version']}")
-        if conn.greeted:
-            raise p.ProtocolError(p.E_MALFORMED, "hello was already said")
-        conn.greeted = True
-        conn.send(p.encode(p.WELCOME, seq=seq, version=p.VERSION,
-                           daemon=f"kiwi-scheduler {__version__}",
-                           max_message=p.MAX_REQUEST_BYTES, mode=self.scheduler.mode,
-                           tq=self.scheduler.tq))
-
-    def _on_register(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        if conn.client_id is not None:
-            raise SchedulerError(p.E_STATE, "this connection is already registered")
-        labels = msg.get("labels") or {}
-        client = self.scheduler.register(
-            self.now(),
-            name=msg.get("name") or f"pid-{conn.peer.pid}",
-            gpu=msg.get("gpu") or 0,
-            pool=msg.get("pool") or "default",
-            priority=(msg.get("priority") or "NORMAL").upper(),
-            pid=conn.peer.pid, uid=conn.peer.uid,
-            kind=msg.get("kind") or "client",
-            labels={str(k): str(v) for k, v in labels.items()},
-            working_set=msg.get("working_set"),
-        )
-        conn.client_id = client.id
-        conn.label = client.name
-        self.by_client[client.id] = conn
-        log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
-                 client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
-                 conn.peer.fd)
-        conn.send(p.encode(p.REGISTERED, seq=seq, client=client.id, gpu=client.gpu,
-                           mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu)))
-
-    def _on_acquire(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        client_id = self._registered(conn)
-        now = self.now()
-        actions = self.scheduler.acquire(now, client_id)
-        own = next((a for a in actions if isinstance(a, Grant) and a.client == client_id), None)
-        if own is not None:
-            conn.send(p.encode(p.GRANT, seq=seq, gpu=own.gpu, quantum=own.quantum))
-            actions = [a for a in actions if a is not own]
-        else:
-            conn.send(p.encode(p.WAITING, seq=seq,
-                               position=self.scheduler.queue_position(client_id, now)))
-        self.apply(actions)
-
-    def _on_release(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        client_id = self._registered(conn)
-        started = time.perf_counter()
-        actions = self.scheduler.release(self.now(), client_id,
-                                         evict_first=msg.get("evict_first") is True)
-        # With evict_first, the scheduler may answer with a drop instead: the releaser keeps
-        # the GPU until it has moved its memory out. That drop is the reply, so it carries seq.
-        drain = next((a for a in actions if isinstance(a, Drop) and a.client == client_id), None)
-        if drain is not None:
-            log.debug("%s gives GPU %d back once its memory is out (grace %.1f s)",
-                      self._name(client_id), drain.gpu, drain.grace)
-            self.apply(actions, reply=(drain, seq))
+    def opened(self, conn: Connection) -> None:
+        verdict = self.admission.admit(conn.session, self.now())
+        for victim in verdict.evicted:
+            old = self.by_session.get(victim)
+            if old is not None:
+                self._limited("Closing idle unregistered connection [FD=%d] of uid %s to "
+                              "make room for a new one", old.session.peer.fd, victim.peer.uid)
+                old.refuse(p.E_LIMIT, "closed to make room: this connection never registered")
+        if not verdict.accepted:
+            self._limited("Refused a connection from uid %s: %s", conn.session.peer.uid,
+                          verdict.reason)
+            conn.refuse(p.E_LIMIT, verdict.reason)
             return
-        # The next holder hears first: it is the one waiting, the releaser has moved on.
-        self.apply(actions, handoff_started=started)
-        for action in actions:
-            if isinstance(action, Released):
-                conn.send(p.encode(p.RELEASED, seq=seq, evict=action.evict))
+        self.connections.add(conn)
+        self.by_session[conn.session] = conn
+        self._arm_sweep()
 
-    def _on_working_set(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        client_id = self._registered(conn)
-        actions = self.scheduler.report_working_set(self.now(), client_id, msg["bytes"],
-                                                    msg.get("evictable"))
-        conn.send(p.encode(p.OK, seq=seq))
-        self.apply(actions)
+    def carry_out(self, conn: Connection, outcome: Outcome) -> None:
+        """Send a session's replies and carry out the scheduler's actions, in their order."""
+        session = conn.session
+        started = time.perf_counter() if outcome.handoff else None
+        actions: list[Action] = []
+        for item in outcome.out:
+            if type(item) is bytes:
+                conn.send(item)
+            else:
+                actions.append(item)  # type: ignore[arg-type]
+                self._deliver(item, started)  # type: ignore[arg-type]
+        if actions:
+            for notify in self.action_observers:
+                notify(actions, self.now())
+        if session.client_id is not None and session.client_id not in self.by_client:
+            self.by_client[session.client_id] = conn
+            self.admission.registered(session)
+        if session.greeted and not conn.counted_as_listener:
+            conn.counted_as_listener = True
+            if p.FEATURE_POSITION in session.features:
+                self.positions.listeners += 1
+        if outcome.broadcast is not None:
+            self._save_state()
+            self._broadcast(outcome.broadcast)
+        if outcome.close:
+            conn.close()
+        if outcome.reschedule:
+            self._reschedule = True  # once per turn (end_turn), not once per request
+        if outcome.gpus and self.positions.mark(outcome.gpus):
+            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
 
-    def _on_status(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        conn.send(p.encode(p.STATUS_REPLY, seq=seq, status=self.status()))
-
-    def _on_ping(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        conn.send(p.encode(p.PONG, seq=seq))
-
-    def _on_set_mode(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        mode = str(msg["mode"]).lower()
-        log.info("Received SCHED_%s from %s [FD=%d]", mode.upper(), conn.label, conn.peer.fd)
-        self._require_admin(conn, "change the scheduler's mode")
-        if mode not in p.MODES:
-            raise SchedulerError(p.E_INVALID, f"mode must be one of {', '.join(p.MODES)}")
-        actions = self.scheduler.set_mode(self.now(), mode)
-        log.info("Scheduler status changed to %s, broadcasting it ...", mode.upper())
-        self._save_state()
-        conn.send(p.encode(p.OK, seq=seq, mode=self.scheduler.mode, tq=self.scheduler.tq))
-        self._broadcast_mode()
-        self.apply(actions)
-
-    def _on_set_tq(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
-        seconds, gpu = float(msg["tq"]), msg.get("gpu")
-        log.info("Received SET_TQ(%g%s) from %s [FD=%d]", seconds,
-                 "" if gpu is None else f", GPU {gpu}", conn.label, conn.peer.fd)
-        self._require_admin(conn, "change the TQ")
-        actions = self.scheduler.set_tq(self.now(), seconds, gpu)
-        where = "" if gpu is None else f" on GPU {gpu}"
-        log.info("Scheduler TQ changed to %g seconds%s, broadcasting it ...", seconds, where)
-        self._save_state()
-        conn.send(p.encode(p.OK, seq=seq, mode=self.scheduler.mode, tq=self.scheduler.tq))
-        self._broadcast_mode()
-        self.apply(actions)
+    def end_turn(self) -> None:
+        """A connection's batch of requests is answered: recompute the next deadline if needed."""
+        if self._reschedule:
+            self._reschedule = False
+            self._arm_timer()
 
     def lost(self, conn: Connection) -> None:
         self.connections.discard(conn)
-        if conn.client_id is None:
+        session = conn.session
+        self.by_session.pop(session, None)
+        self.admission.gone(session)
+        if conn.counted_as_listener and p.FEATURE_POSITION in session.features:
+            self.positions.listeners -= 1
+        if session.client_id is None:
             return
-        self.by_client.pop(conn.client_id, None)
-        client = self.scheduler.clients.get(conn.client_id)
+        self.by_client.pop(session.client_id, None)
+        self.requests.forget(session.client_id)
+        client = self.scheduler.clients.get(session.client_id)
         if client is not None and client.state != "idle":
-            log.info("Client %s (%s) went away while %s; freeing it [FD=%d]", conn.label,
-                     conn.client_id, client.state, conn.peer.fd)
+            log.info("Client %s (%s) went away while %s; freeing it [FD=%d]", session.label,
+                     session.client_id, client.state, session.peer.fd)
         else:
-            log.info("Client %s (%s) disconnected [FD=%d]", conn.label, conn.client_id,
-                     conn.peer.fd)
-        self.apply(self.scheduler.unregister(self.now(), conn.client_id),
+            log.info("Client %s (%s) disconnected [FD=%d]", session.label, session.client_id,
+                     session.peer.fd)
+        gpu = client.gpu if client is not None else None
+        self.apply(self.scheduler.unregister(self.now(), session.client_id),
                    handoff_started=time.perf_counter())
         self._arm_timer()
+        if gpu is not None and self.positions.mark((gpu,)):
+            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
 
     # -- carrying out ---------------------------------------------------------------------
 
-    def apply(self, actions: list[Action], handoff_started: float | None = None,
-              reply: tuple[Drop, int | None] | None = None) -> None:
-        """Carry out actions. ``reply``: a drop that answers a request, so it carries its seq."""
+    def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
+        """Carry out actions the scheduler returned outside any request (timer, departure)."""
         if actions:
             for notify in self.action_observers:
                 notify(actions, self.now())
         for action in actions:
-            conn = self.by_client.get(action.client)
-            if isinstance(action, Grant):
-                if conn is not None:
-                    conn.send(self._grant_line(action))
-                if handoff_started is not None:
-                    elapsed = time.perf_counter() - handoff_started
-                    for observe in self.handoff_observers:
-                        observe(elapsed)
-            elif isinstance(action, Drop):
-                log.debug("Asking %s to drop GPU %d (%s, evict=%s)", action.client, action.gpu,
-                          action.reason, action.evict)
-                if action.reason == p.REASON_PREEMPT:
-                    log.info("Preempting %s on GPU %d for a non-preemptible request",
-                             self._name(action.client), action.gpu)
-                if conn is not None:
-                    seq = reply[1] if reply is not None and reply[0] is action else None
-                    conn.send(p.encode(p.DROP, seq=seq, gpu=action.gpu, reason=action.reason,
-                                       evict=action.evict, grace=action.grace))
-            elif isinstance(action, Revoke):
-                log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
-                            "%.1f seconds", action.gpu, self._name(action.client),
-                            action.client, action.ignored_for)
-                if conn is not None:
-                    conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
+            self._deliver(action, handoff_started)
+
+    def _deliver(self, action: Action, handoff_started: float | None) -> None:
+        conn = self.by_client.get(action.client)
+        if isinstance(action, Grant):
+            if conn is not None:
+                conn.session.told_position = None
+                conn.send(self._grant_line(action))
+            if handoff_started is not None:
+                elapsed = time.perf_counter() - handoff_started
+                for observe in self.handoff_observers:
+                    observe(elapsed)
+        elif isinstance(action, Drop):
+            log.debug("Asking %s to drop GPU %d (%s, evict=%s)", action.client, action.gpu,
+                      action.reason, action.evict)
+            if action.reason == p.REASON_PREEMPT:
+                log.info("Preempting %s on GPU %d for a non-preemptible request",
+                         self._name(action.client), action.gpu)
+            if conn is not None:
+                conn.send(p.encode(p.DROP, gpu=action.gpu, reason=action.reason,
+                                   evict=action.evict, grace=action.grace))
+        elif isinstance(action, Revoke):
+            log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
+                        "%.1f seconds", action.gpu, self._name(action.client),
+                        action.client, action.ignored_for)
+            if conn is not None:
+                conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
 
     def _grant_line(self, grant: Grant) -> bytes:
         # The same few bytes every time: encoding them is work in the middle of a handoff.
@@ -356,51 +308,65 @@ class Daemon:
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
-        self.apply(self.scheduler.tick(self.now()))
+        actions = self.scheduler.tick(self.now())
+        self.apply(actions)
         self._arm_timer()
+        if actions and self.positions.mark(self.scheduler.gpus):
+            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
+
+    def _tell_positions(self) -> None:
+        sessions = {cid: conn.session for cid, conn in self.by_client.items()}
+        for session, line in self.positions.collect(self.scheduler, sessions, self.now()):
+            self.by_session[session].send(line)
+
+    def _arm_sweep(self) -> None:
+        due = self.admission.next_check()
+        if due is not None and (self._sweep_at is None or due < self._sweep_at):
+            if self._sweep is not None:
+                self._sweep.cancel()
+            self._sweep_at = due
+            self._sweep = self.loop.call_at(due, self._on_sweep)
+
+    def _on_sweep(self) -> None:
+        self._sweep = self._sweep_at = None
+        for session, reason in self.admission.expired(self.now()):
+            conn = self.by_session.get(session)
+            if conn is not None:
+                self._limited("Closing connection [FD=%d] of uid %s: %s", session.peer.fd,
+                              session.peer.uid, reason)
+                conn.refuse(p.E_LIMIT, f"closed: {reason}")
+        self._arm_sweep()
+
+    def _limited(self, message: str, *args: Any) -> None:
+        self.requests.warnings.warning(message, message, *args)
 
     # -- helpers --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return build_status(self.scheduler, self.now(), self.options.memory_used())
+        return self.requests.status(self.now())
 
-    def _registered(self, conn: Connection) -> str:
-        if conn.client_id is None:
-            raise SchedulerError(p.E_STATE, "register first")
-        return conn.client_id
-
-    def _require_admin(self, conn: Connection, what: str) -> None:
-        if not is_admin(conn.peer, self.admin_gid):
-            log.warning("Refused: uid %s may not %s [FD=%d]", conn.peer.uid, what, conn.peer.fd)
-            raise SchedulerError(p.E_PERMISSION, f"Permission denied: only root, the "
-                                 f"scheduler's user and the admin group may {what}")
-
-    def _broadcast_mode(self) -> None:
-        message = p.encode(p.MODE, mode=self.scheduler.mode, tq=self.scheduler.tq)
+    def _broadcast(self, line: bytes) -> None:
         for conn in self.connections:
-            if conn.greeted:
-                conn.send(message)
+            if conn.session.greeted:
+                conn.send(line)
 
     def _name(self, client_id: str) -> str:
         client = self.scheduler.clients.get(client_id)
         return client.name if client else client_id
 
     def _with_state(self, config: SchedulerConfig) -> SchedulerConfig:
-        saved = self.state.load()
-        changes: dict[str, Any] = {}
-        if saved.get("mode") in p.MODES:
-            changes["mode"] = saved["mode"]
-        if isinstance(saved.get("tq"), (int, float)) and saved["tq"] > 0:
-            changes["tq"] = float(saved["tq"])
+        saved = self._restored = self.state.restore()
+        changes = {k: v for k, v in saved.items() if k in ("mode", "tq")}
         if changes:
             log.info("Restored runtime settings from %s: %s", self.state.path,
                      ", ".join(f"{k} {v}" for k, v in changes.items()))
         return config.with_runtime(**changes)
 
     def _restore_gpu_tq(self) -> None:
-        for index, seconds in (self.state.load().get("gpu_tq") or {}).items():
-            if str(index).isdigit() and int(index) in self.scheduler.gpus:
-                self.scheduler.gpus[int(index)].tq_override = float(seconds)
+        # What _with_state read just before: the file is read (and its faults named) once.
+        for index, seconds in self._restored.get("gpu_tq", {}).items():
+            if index in self.scheduler.gpus:
+                self.scheduler.gpus[index].tq_override = seconds
 
     def _save_state(self) -> None:
         overrides = {str(i): g.tq_override for i, g in self.scheduler.gpus.items()
@@ -415,6 +381,14 @@ class Daemon:
         reason = self.scheduler.preemption_off_reason
         if reason:
             log.warning("%s%s", reason[0].upper(), reason[1:])
+
+
+def _connection_cap() -> int:
+    """Connections the daemon may hold: its file descriptor limit, less some for itself."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(16, soft - _RESERVED_FDS)
 
 
 def _answers(path: Path) -> bool:

@@ -9,6 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from nodeside.limits import LimitError, tq_seconds
+from nodeside.protocol import MODES
+
 log = logging.getLogger("kiwi.state")
 
 
@@ -26,6 +29,43 @@ class StateFile:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def restore(self) -> dict[str, Any]:
+        """The saved mode, tq and per-GPU tq that are valid; each bad field is named and skipped.
+
+        A file edited by hand, or written by another version, must never put a value in the
+        scheduler that breaks it (a NaN TQ would break every reply that carries the TQ).
+        """
+        saved = self.load()
+        out: dict[str, Any] = {}
+        if "mode" in saved:
+            if saved["mode"] in MODES:
+                out["mode"] = saved["mode"]
+            else:
+                self._ignored("mode", f"must be one of {', '.join(MODES)}, got {saved['mode']!r}")
+        if "tq" in saved:
+            try:
+                out["tq"] = tq_seconds(saved["tq"], "tq")
+            except LimitError as exc:
+                self._ignored("tq", str(exc))
+        gpu_tq = saved.get("gpu_tq") or {}
+        if not isinstance(gpu_tq, dict):
+            self._ignored("gpu_tq", "expected an object of GPU index to seconds")
+            gpu_tq = {}
+        out["gpu_tq"] = {}
+        for index, seconds in gpu_tq.items():
+            where = f"gpu_tq.{index}"
+            if not (isinstance(index, str) and index.isdigit() and len(index) < 6):
+                self._ignored(where, "expected a GPU index")
+                continue
+            try:
+                out["gpu_tq"][int(index)] = tq_seconds(seconds, where)
+            except LimitError as exc:
+                self._ignored(where, str(exc))
+        return out
+
+    def _ignored(self, field: str, why: str) -> None:
+        log.warning("Ignoring %s in state file %s: %s", field, self.path, why)
+
     def save(self, state: dict[str, Any]) -> None:
         """Write atomically: a crash mid-write leaves the old file, never half of a new one."""
         if self.path is None:
@@ -34,10 +74,11 @@ class StateFile:
         fd, tmp = tempfile.mkstemp(prefix=".kiwi-state-", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w") as out:
-                json.dump(state, out, indent=2, sort_keys=True)
+                json.dump(state, out, indent=2, sort_keys=True, allow_nan=False)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+

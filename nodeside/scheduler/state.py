@@ -1,13 +1,67 @@
-"""What the scheduler knows: each GPU, its holders and waiters, and each client."""
+"""What the scheduler knows: each GPU, its holders and waiters, and each client.
+
+A client's hold goes through four states. Each move the scheduler makes is checked against the
+one table below, so a rule that tries to grant a holder twice or release a client that never
+asked fails loudly in tests instead of quietly corrupting the queue::
+
+    IDLE --acquire--> WAITING --grant--> HOLDING --drop--> DROPPING
+      ^                 |                   |    <--withdrawn--   |
+      +----cancel-------+                   |   (mode off)        |
+      +------------------release-----------+                     |
+      +------------------release or revoke-----------------------+
+
+The status document shows three words (CONTRACT section 5): DROPPING is still "holding".
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from nodeside.scheduler.pools import ShareMeter
 
 PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+EVICT_MODES = ("managed", "checkpoint")
+
+
+class HoldState(Enum):
+    IDLE = "idle"
+    WAITING = "waiting"
+    HOLDING = "holding"
+    #: Holding, and asked to give the GPU back (a drop is out); the grace runs.
+    DROPPING = "dropping"
+
+    @property
+    def public(self) -> str:
+        """The word the status document and the protocol use."""
+        return "holding" if self is HoldState.DROPPING else self.value
+
+
+#: Every legal move. Anything else is a bug in the rules.
+TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
+    (HoldState.IDLE, HoldState.WAITING),        # acquire
+    (HoldState.WAITING, HoldState.IDLE),        # the wait is cancelled, or the client leaves
+    (HoldState.WAITING, HoldState.HOLDING),     # grant
+    (HoldState.HOLDING, HoldState.DROPPING),    # asked to drop (quantum, preemption, room...)
+    (HoldState.HOLDING, HoldState.IDLE),        # released, or the client leaves
+    (HoldState.DROPPING, HoldState.IDLE),       # released after the drop, or revoked
+    (HoldState.DROPPING, HoldState.HOLDING),    # the drop is withdrawn: mode off grants all
+})
+
+
+class IllegalTransition(RuntimeError):
+    """The rules tried a move the table does not allow: a scheduler bug, never a peer's."""
+
+    def __init__(self, client: str, before: HoldState, after: HoldState) -> None:
+        super().__init__(f"client {client}: {before.value} -> {after.value} is not a legal move")
+        self.before = before
+        self.after = after
+
+
+def check_transition(client: str, before: HoldState, after: HoldState) -> None:
+    if (before, after) not in TRANSITIONS:
+        raise IllegalTransition(client, before, after)
 
 
 @dataclass(frozen=True)
@@ -46,11 +100,34 @@ class Client:
     working_set: int | None = None  # bytes; None while unknown, which counts as the whole GPU
     evictable: int | None = None
     registered_at: float = 0.0
-    state: str = "idle"  # idle | waiting | holding
+    #: What people see (a notebook's path); ``name`` stays the key.
+    display_name: str = ""
+    #: The user name of the peer's uid, resolved by the shell (the core does no I/O).
+    user: str | None = None
+    #: How the client gives memory back: "managed" (the shim pages it) or "checkpoint".
+    evict: str = "managed"
+    gids: tuple[int, ...] = ()
+    #: Why the access policy changed the claimed pool or priority (for the log); None if not.
+    warning: str | None = None
+    hold_state: HoldState = HoldState.IDLE
     request_order: int = 0  # global counter: request order, also across pools
     requested_at: float | None = None
     hold: Hold | None = None
     gpu_seconds: float = 0.0  # closed holds only; see Scheduler.gpu_seconds
+
+    def __post_init__(self) -> None:
+        if not self.display_name:
+            self.display_name = self.name
+
+    @property
+    def state(self) -> str:
+        """idle | waiting | holding, as the status document says it."""
+        return self.hold_state.public
+
+    def move(self, to: HoldState) -> None:
+        """Change the hold state, or raise IllegalTransition."""
+        check_transition(self.id, self.hold_state, to)
+        self.hold_state = to
 
     @property
     def preemptible(self) -> bool:

@@ -160,6 +160,11 @@ def test_tq_needs_a_positive_number(kernel: KernelUnderTest) -> None:
     assert kernel.run("%kiwi tq 0").ename == "UsageError"
 
 
+def test_tq_outside_the_one_range_is_a_usage_error(kernel: KernelUnderTest) -> None:
+    for text in ("nan", "inf", "-inf", "1e400", "86401", "0.001"):
+        assert kernel.run(f"%kiwi tq {text}").ename == "UsageError", text
+
+
 # A real IPython shell that becomes `nobody` before it connects: the daemon refuses admin
 # requests from anyone but root, its own user and its admin group.
 AS_NOBODY = """

@@ -89,9 +89,10 @@ async def test_post_mode_and_tq_together(jp_fetch: Any) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{}, [], {"mode": "sometimes"}, {"tq": 0}, {"tq": -1}, {"tq": "30"}, {"tq": True}],
+    [{}, [], {"mode": "sometimes"}, {"tq": 0}, {"tq": -1}, {"tq": "30"}, {"tq": True},
+     {"tq": float("nan")}, {"tq": float("inf")}, {"tq": 10**400}, {"tq": 86_401}],
     ids=["empty", "not-an-object", "unknown-mode", "zero-tq", "negative-tq", "string-tq",
-         "bool-tq"],
+         "bool-tq", "nan-tq", "infinite-tq", "huge-int-tq", "over-a-day-tq"],
 )
 async def test_post_rejects_a_bad_change_with_400(jp_fetch: Any, body: Any) -> None:
     with pytest.raises(HTTPClientError) as refused:

@@ -79,7 +79,9 @@ def test_unreachable_daemon_exits_1_with_one_line(scratch) -> None:
     assert result.stderr.count("\n") == 1 and "cannot reach the Kiwi scheduler" in result.stderr
 
 
-@pytest.mark.parametrize("args", [[], ["-S", "sideways"], ["-T", "-1"], ["-T", "soon"]])
+@pytest.mark.parametrize("args", [[], ["-S", "sideways"], ["-T", "-1"], ["-T", "soon"],
+                                  ["-T", "nan"], ["-T", "inf"], ["-T", "1e400"],
+                                  ["-T", "86401"]])
 def test_bad_usage_exits_2(scratch, args: list[str]) -> None:
     assert kiwictl(str(scratch / "s.sock"), *args).returncode == 2
 

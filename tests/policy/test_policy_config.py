@@ -51,8 +51,8 @@ def test_yaml_and_toml_give_the_same_config(tmp_path):
     ({"pools": {"a": {"guarantee": 1.5}}}, ["pools.a.guarantee", "more than one GPU"]),
     ({"pools": ["a", "b"]}, ["pools", "mapping"]),
     ({"mode": "sometimes"}, ["mode", "on, off, auto"]),
-    ({"tq": 0}, ["tq", "positive"]),
-    ({"tq": "soon"}, ["tq", "expected seconds"]),
+    ({"tq": 0}, ["tq", "between 0.01 and 86400 seconds"]),
+    ({"tq": "soon"}, ["tq", "expected a number of seconds"]),
     ({"gpus": {"x": {"tq": 1}}}, ["gpus", "integer"]),
     ({"gpus": {0: {"quantum": 1}}}, ["gpus.0"]),
     ({"memory_reserve": "lots"}, ["not a size"]),
@@ -104,3 +104,33 @@ def test_unparsable_files_are_config_errors(tmp_path):
 def test_a_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("raw", [
+    {"tq": float("nan")}, {"tq": float("inf")}, {"tq": 10**400}, {"tq": 86_401},
+    {"tq": 0.001}, {"gpus": {0: {"tq": float("nan")}}}, {"grace": float("inf")},
+])
+def test_a_number_outside_the_one_tq_range_is_a_config_error(raw) -> None:
+    with pytest.raises(ConfigError, match="between 0.01 and 86400 seconds|expected a number"):
+        from_mapping(raw)
+
+
+def test_connection_limits_are_read_from_their_section() -> None:
+    config = from_mapping({"connections": {"hello_timeout": 2, "idle_timeout": 60,
+                                           "per_uid": 100, "backlog": 512}})
+    limits = config.connections
+    assert (limits.hello_timeout, limits.idle_timeout, limits.per_uid, limits.backlog) == (
+        2.0, 60.0, 100, 512)
+    assert from_mapping({}).connections.per_uid == 4096  # the default
+
+
+@pytest.mark.parametrize("raw, where", [
+    ({"connections": {"per_uid": 0}}, "connections.per_uid"),
+    ({"connections": {"backlog": True}}, "connections.backlog"),
+    ({"connections": {"hello_timeout": float("nan")}}, "connections.hello_timeout"),
+    ({"connections": {"dial_tone": 1}}, "dial_tone"),
+    ({"connections": 5}, "connections"),
+])
+def test_bad_connection_limits_name_the_key(raw, where) -> None:
+    with pytest.raises(ConfigError, match=where):
+        from_mapping(raw)

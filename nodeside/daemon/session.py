@@ -1,0 +1,158 @@
+"""One connection's rules, without the connection: the daemon's sans-I/O session.
+
+A ``Session`` is fed the bytes a peer sent and, one request at a time, the current time; it
+answers with an ``Outcome``: the lines to send back and the scheduler's actions for the shell to
+carry out, in the order they must go. It knows the protocol's order of things (hello first and
+once, register once, admin-only requests), matches replies to requests by ``seq``, holds every
+bound a peer could push against, and turns each broken request into its typed error. It never
+touches a socket, a clock or a timer: ``connection.py`` and ``server.py`` do that.
+
+Requests are taken one line at a time so that the shell decides how many to answer in one turn
+(backpressure); the bytes not yet taken stay here, never more than one read's worth beyond a
+line, because the shell stops reading while requests are pending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from nodeside import protocol as p
+from nodeside.daemon.peer import Peer
+from nodeside.limits import LimitError
+from nodeside.scheduler.core import Action, SchedulerError
+
+if TYPE_CHECKING:
+    from nodeside.daemon.requests import Requests
+
+#: Said when a request comes before hello; the first words an unknown peer hears.
+_HELLO_FIRST = "the first message must be hello"
+
+
+@dataclass
+class Outcome:
+    """What one request asks of the shell.
+
+    ``out`` is in sending order: ``bytes`` go to this peer, actions go to whichever client they
+    name (the next holder's grant before the releaser's own reply, so the one waiting hears
+    first).
+    """
+
+    out: list[bytes | Action] = field(default_factory=list)
+    #: Close this connection once ``out`` is written: the peer broke the protocol.
+    close: bool = False
+    #: A release or a departure: a grant in ``out`` ends a handoff (metrics).
+    handoff: bool = False
+    #: Holders, waiters or quanta may have changed: the next deadline must be recomputed.
+    reschedule: bool = False
+    #: Mode or TQ changed: save the runtime state and tell every greeted peer this line.
+    broadcast: bytes | None = None
+    #: Queues of these GPUs may have moved (for position events).
+    gpus: tuple[int, ...] = ()
+
+
+class Session:
+    """The protocol state of one connection. ``rules`` is the node's ``Requests`` dispatcher."""
+
+    def __init__(self, rules: Requests, peer: Peer, opened_at: float) -> None:
+        self.rules = rules
+        self.peer = peer
+        self.opened_at = opened_at
+        #: When the peer last sent a whole request (the idle limit counts from here).
+        self.active_at = opened_at
+        self.greeted = False
+        self.features: frozenset[str] = frozenset()
+        self.client_id: str | None = None
+        self.label = "<UNREGISTERED>"
+        #: The queue position this peer last heard (position events are sent on change only).
+        self.told_position: int | None = None
+        self._pending = bytearray()
+        #: A framing error (a line over the limit) not yet answered.
+        self._broken: p.ProtocolError | None = None
+        #: A fatal error was answered: nothing more is read or answered.
+        self.over = False
+
+    # -- bytes in -------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Take what the socket gave. Requests come out of ``step``."""
+        if not self.over and self._broken is None:
+            self._pending += data
+
+    def has_requests(self) -> bool:
+        """Is a whole line (or a framing error) waiting to be answered?"""
+        if self.over:
+            return False
+        return b"\n" in self._pending or self._broken is not None or \
+            len(self._pending) >= p.MAX_REQUEST_BYTES
+
+    def step(self, now: float) -> Outcome | None:
+        """Answer the next request, if a whole one has arrived."""
+        if self.over:
+            return None
+        line = self._take_line()
+        if line is not None:
+            return self.handle(line, now)
+        if self._broken is not None:
+            return self._failed(self._broken, None)
+        return None
+
+    def _take_line(self) -> bytes | None:
+        if self._broken is not None:
+            return None
+        end = self._pending.find(b"\n", 0, p.MAX_REQUEST_BYTES)
+        if end < 0:
+            if len(self._pending) >= p.MAX_REQUEST_BYTES:
+                # No newline within the limit: a peer may not make the daemon buffer without end.
+                self._broken = p.ProtocolError(p.E_TOO_LARGE,
+                                               f"message over {p.MAX_REQUEST_BYTES} bytes")
+                self._pending = bytearray()
+            return None
+        line = bytes(self._pending[:end])
+        del self._pending[: end + 1]
+        return line
+
+    # -- one request ----------------------------------------------------------------------
+
+    def handle(self, line: bytes, now: float) -> Outcome:
+        """Answer one line (without its newline)."""
+        seq = None
+        try:
+            message = p.decode(line)
+            seq = message.get("seq")
+            p.check_request(message)
+            op = message["op"]
+            if not self.greeted and op != p.HELLO:
+                raise p.ProtocolError(p.E_VERSION, _HELLO_FIRST)
+            self.active_at = now
+            return self.rules.dispatch(self, op, message, seq, now)
+        except p.ProtocolError as exc:
+            return self._failed(exc, seq)
+        except SchedulerError as exc:
+            return self._failed(p.ProtocolError(exc.code, str(exc)), seq)
+        except LimitError as exc:
+            return self._failed(p.ProtocolError(p.E_LIMIT, str(exc)), seq)
+        except Exception as exc:  # a bug of ours: this request fails, the daemon serves on
+            self.rules.trouble(self, exc)
+            return Outcome([p.error(p.E_INVALID, f"the daemon could not answer this request "
+                                    f"({type(exc).__name__}); see its log", seq)],
+                           reschedule=True)
+
+    def _failed(self, exc: p.ProtocolError, seq: int | None) -> Outcome:
+        self.rules.complain(self, exc)
+        if exc.fatal:
+            self.over = True
+            self._broken = None
+            self._pending = bytearray()  # nothing after a broken line is answered
+        return Outcome([p.error(exc.code, exc.message, seq)], close=exc.fatal)
+
+    # -- events out -----------------------------------------------------------------------
+
+    def position_event(self, position: int | None) -> bytes | None:
+        """A ``waiting`` event if this peer asked for positions and its position moved."""
+        if p.FEATURE_POSITION not in self.features or position == self.told_position:
+            return None
+        self.told_position = position
+        if position is None:  # granted or gone from the queue: the grant itself says so
+            return None
+        return p.encode(p.WAITING, position=position)
