@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from support import DaemonProcess, wait_for
 
-from kiwi_jupyter.kernel.waiting import Place, WaitView, describe_wait
+from kiwi_jupyter.kernel.wait_view import Place, WaitView, describe_wait
 from nodeside import protocol as p
 from nodeside.client import Client
 
