@@ -51,3 +51,12 @@ def test_kiwictl_status_names_clients_by_display_name_and_user(daemon: DaemonPro
     assert f"holding: ~/team/forecast.ipynb ({user})" in out
     assert f"kernel afd00fc2 ({user})" in out  # a kernel with no notebook: its id's first group
     assert "3f2a9c1e-0b7d" not in out
+
+
+def test_a_client_takes_its_display_name_from_the_environment(
+        daemon: DaemonProcess, monkeypatch) -> None:
+    # What a process a Kiwi kernel starts (`!python train.py`) inherits from the launcher.
+    monkeypatch.setenv("KIWI_DISPLAY_NAME", "~/runs/train.ipynb")
+    with Client(daemon.socket, name="child") as client:
+        wait_for(lambda: client.connected, what="the registration")
+        assert row(client, client)["display_name"] == "~/runs/train.ipynb"
