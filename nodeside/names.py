@@ -8,9 +8,14 @@ CSS (``text-overflow: ellipsis``), which also never hides a cut.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 ELLIPSIS = "…"
+
+#: A Jupyter kernel id: a kernel with no notebook (started outside a Jupyter session) registers
+#: under it alone, and its first group is enough to tell kernels apart (the panel does the same).
+_KERNEL_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 
 #: Where a name may be cut: after a path separator or between words.
 _BOUNDARIES = " /\\-_."
@@ -64,8 +69,13 @@ def shorten_to_bytes(text: str, limit: int) -> str:
 
 
 def display_name(client: dict[str, Any]) -> str:
-    """What people call a client of the status document: its display name, else its name."""
-    return str(client.get("display_name") or client.get("name") or client.get("id") or "?")
+    """What people call a client of the status document: its display name, else its name (a
+    bare kernel id as ``kernel 3f2a9c1e``)."""
+    shown = client.get("display_name")
+    name = str(client.get("name") or client.get("id") or "?")
+    if shown and shown != name:
+        return str(shown)
+    return f"kernel {name[:8]}" if _KERNEL_ID.match(name) else name
 
 
 def who(client: dict[str, Any], width: int | None = None) -> str:

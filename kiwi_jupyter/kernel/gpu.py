@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
-from kiwi_jupyter.kernel.waiting import Document, Place, WaitingLine, Watcher, no_place
+from kiwi_jupyter.kernel.wait_view import Document, Place, no_place
+from kiwi_jupyter.kernel.waiting import WaitingLine, Watcher
 from nodeside.protocol import FEATURE_POSITION
 
 

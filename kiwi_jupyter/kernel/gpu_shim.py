@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, SchedulerUnavailable
 from kiwi_jupyter.kernel.link import DaemonLink
-from kiwi_jupyter.kernel.waiting import Place
+from kiwi_jupyter.kernel.wait_view import Place
 
 
 class ShimGate(Protocol):

@@ -9,12 +9,7 @@ The cell's own thread is blocked in ``Client.acquire`` while it waits, so a ``Wa
 keeps the line fresh. It publishes into the waiting cell's output because it runs in a copy of
 that cell's context (ipykernel keeps the parent message in a context variable).
 
-The queue position comes from the client itself (``Place``): the daemon tells a waiting client
-its position in the ``waiting`` reply and, where it serves the ``position`` feature, in an event
-whenever it changes. The status document (who holds the GPU, how long that quantum has left) is
-asked for only when the line appears, when the position changes and when the holder's quantum
-should have ended; the seconds count down from the document between two. Against a daemon that
-sends no position events the watcher asks every ``refresh`` seconds, as it must.
+What the line says, and when the status document is asked for, is ``wait_view``'s.
 """
 
 from __future__ import annotations
@@ -23,109 +18,19 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from IPython.display import DisplayHandle, display
 
-from nodeside.names import names_by_id
+from kiwi_jupyter.kernel.wait_view import (
+    PlaceSource,
+    StatusSource,
+    WaitView,
+    describe_wait,
+    no_place,
+)
 
-Document = dict[str, Any]
-
-#: Where this kernel stands, asked for while the line is shown: a status document, or None when
-#: the scheduler did not answer.
-StatusSource = Callable[[], "Document | None"]
-
-#: How wide a holder's name may be on the line (``nodeside.names.shorten`` cuts it).
-NAME_WIDTH = 40
-
-
-@dataclass(frozen=True)
-class Place:
-    """This kernel's place in the queue as its scheduling client knows it, without asking."""
-
-    position: int | None  # 1-based; None: not known
-    live: bool            # the daemon sends an event on every change: no need to ask for one
-
-
-PlaceSource = Callable[[], Place]
-
-
-def no_place() -> Place:
-    return Place(None, live=False)
-
-
-def describe_wait(document: Document | None, me: str | None, waited: float,
-                  position: int | None = None, aged: float = 0.0) -> str:
-    """The waiting line's text for one status document. ``position``: the client's own, newer
-    than the document's; ``aged``: seconds since the document was read, taken off the quantum."""
-    prefix = f"kiwi: waiting for the GPU ({waited:.0f} s)"
-    if document is None and position is None:
-        return f"{prefix}, the scheduler did not say where this kernel is"
-    document = document or {}
-    mine = next((c for c in document.get("clients", []) if c["id"] == me), None)
-    gpu_index = mine.get("gpu", 0) if mine else 0
-    gpu = next((g for g in document.get("gpus", []) if g.get("index") == gpu_index), None)
-    parts = [prefix]
-    if position is None and mine:
-        position = mine.get("queue_position")
-    queue = len(gpu.get("queue", [])) if gpu else 0
-    if position is not None:
-        parts.append(f"position {position} of {max(queue, position)} in the queue")
-    names = names_by_id(document, NAME_WIDTH)
-    holders = [names.get(h, h) for h in gpu.get("holders", [])] if gpu else []
-    if holders:
-        held = f"held by {', '.join(holders)}"
-        left = gpu.get("quantum_remaining") if gpu else None
-        if left is not None:
-            held += f", {max(0.0, left - aged):.1f} s left in its quantum"
-        parts.append(held)
-    elif gpu is not None:
-        parts.append("the GPU is being handed over")
-    return " · ".join(parts)
-
-
-class WaitView:
-    """What the line shows, and when to ask the scheduler again: on a change of position, when
-    the holder's quantum should have ended, or every look when the position is not live."""
-
-    def __init__(self, status: StatusSource, place: PlaceSource) -> None:
-        self._status = status
-        self._place = place
-        self.document: Document | None = None
-        self.asked = 0  # status documents asked for, for tests and benchmarks
-        self._read_at = 0.0
-        self._position: int | None = None
-        self._quantum_end: float | None = None
-
-    def forget(self) -> None:
-        """A new wait: the next look asks afresh."""
-        self.document = None
-        self._read_at = 0.0
-
-    def text(self, me: str | None, waited: float) -> str:
-        place = self._place()
-        now = time.monotonic()
-        if (self._read_at == 0.0 or not place.live or place.position != self._position
-                or (self._quantum_end is not None and now >= self._quantum_end)):
-            self.asked += 1
-            self.document = self._status()
-            self._read_at, self._position = now, place.position
-            self._quantum_end = _quantum_end(self.document, me, now)
-        return describe_wait(self.document, me, waited, place.position, now - self._read_at)
-
-
-def _quantum_end(document: Document | None, me: str | None, now: float) -> float | None:
-    """When (monotonic) the holder's quantum on this kernel's GPU ends, if the document says."""
-    if document is None:
-        return None
-    mine = next((c for c in document.get("clients", []) if c["id"] == me), None)
-    index = mine.get("gpu", 0) if mine else 0
-    for gpu in document.get("gpus", []):
-        if gpu.get("index") == index and gpu.get("quantum_remaining") is not None:
-            return now + float(gpu["quantum_remaining"])
-    return None
-
+# describe_wait stays importable from here, where the line's text used to be made.
+__all__ = ["WaitingLine", "Watcher", "describe_wait"]
 
 class WaitingLine:
     """One updatable output line. Publish from one thread at a time."""

@@ -57,7 +57,7 @@ export interface IPoolView {
   /** null: the pool has no maximum (-1 in the document). */
   maximum: number | null;
   clients: number;
-  /** Contending pools get their guarantee first; below it while others hold is worth a look. */
+  /** The daemon says the pool contends and gets less than its guarantee (its rule, not ours). */
   belowGuarantee: boolean;
 }
 
@@ -187,15 +187,13 @@ export class KiwiModel {
     if (!this.reachable) {
       return [];
     }
-    const pools = this._document?.pools ?? [];
-    const contended = pools.filter(p => p.share > 0 || p.clients > 0).length > 1;
-    return pools.map(p => ({
+    return (this._document?.pools ?? []).map(p => ({
       name: p.name,
       share: p.share,
       guarantee: p.guarantee,
       maximum: p.maximum < 0 ? null : p.maximum,
       clients: p.clients,
-      belowGuarantee: contended && p.clients > 0 && p.share < p.guarantee
+      belowGuarantee: p.below_guarantee ?? false
     }));
   }
 
@@ -207,17 +205,22 @@ export class KiwiModel {
       .map(e => ({ ...e, label: this.labelFor(e.clientId), mine: this._isMine(e.clientId) }));
   }
 
-  /** What to call a client: its notebook if it is a kernel we know, else its name. */
+  /**
+   * What to call a client: its notebook (this server's session for it, else the display name it
+   * registered), else its name; with its user when the daemon knows it. The view cuts long
+   * labels with an ellipsis (CSS) and keeps the whole label in the tooltip.
+   */
   labelFor(clientId: string): string {
     const client = this._clientsById.get(clientId);
     const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
-    const label = this._kernelLabels.get(name);
-    if (label) {
-      return label;
-    }
-    // A kernel we have no session for (another user's, or started outside this server): its
-    // full uuid is noise, the first group is enough to tell kernels apart.
-    return UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name;
+    const known = client ?? this._lastPeople.get(clientId);
+    const label =
+      this._kernelLabels.get(name) ||
+      known?.display_name ||
+      // A kernel we know nothing more of (another user's, or started outside this server):
+      // its full uuid is noise, the first group is enough to tell kernels apart.
+      (UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name);
+    return known?.user ? `${label} (${known.user})` : label;
   }
 
   private _gpuView(gpu: IGpuStatus, now: number): IGpuView {
@@ -287,9 +290,10 @@ export class KiwiModel {
     for (const gpu of gpus) {
       for (const clientId of gpu.holders) {
         const key = `${gpu.index}\u0000${clientId}`;
-        const name = this._clientsById.get(clientId)?.name;
-        if (name !== undefined) {
-          this._lastNames.set(clientId, name);
+        const client = this._clientsById.get(clientId);
+        if (client !== undefined) {
+          this._lastNames.set(clientId, client.name);
+          this._lastPeople.set(clientId, { display_name: client.display_name, user: client.user });
         }
         if (!this._open.has(key)) {
           const entry: ITimelineEntry = {
@@ -324,6 +328,7 @@ export class KiwiModel {
     for (const clientId of [...this._lastNames.keys()]) {
       if (!live.has(clientId) && !this._clientsById.has(clientId)) {
         this._lastNames.delete(clientId);
+        this._lastPeople.delete(clientId);
       }
     }
   }
@@ -338,5 +343,7 @@ export class KiwiModel {
   private _open = new Map<string, ITimelineEntry>();
   /** Names of clients that left while still on the timeline, so their entries stay labelled. */
   private _lastNames = new Map<string, string>();
+  /** Their display names and users, likewise. */
+  private _lastPeople = new Map<string, Pick<IClientStatus, 'display_name' | 'user'>>();
   private _maxTimelineEntries: number;
 }

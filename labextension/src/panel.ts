@@ -112,7 +112,7 @@ export class KiwiPanel extends Widget {
       holders.append(el('span', 'jp-Kiwi-muted', this._trans.__('Nobody holds this GPU.')));
     } else {
       for (const holder of gpu.holders) {
-        const item = el('span', 'jp-Kiwi-holderName', holder.label);
+        const item = el('span', 'jp-Kiwi-holderName', this._name(holder.label));
         item.dataset.clientId = holder.clientId;
         if (holder.mine) {
           item.classList.add('jp-Kiwi-mine');
@@ -137,9 +137,9 @@ export class KiwiPanel extends Widget {
 
     const queue = el('ol', 'jp-Kiwi-queue');
     for (const entry of gpu.queue) {
-      const item = el('li', 'jp-Kiwi-queueItem', el('span', 'jp-Kiwi-queuePosition', `#${entry.position}`), ` ${entry.label}`);
+      const item = el('li', 'jp-Kiwi-queueItem', el('span', 'jp-Kiwi-queuePosition', `#${entry.position}`), ' ', this._name(entry.label));
       item.dataset.clientId = entry.clientId;
-      item.title = `${entry.pool} · ${entry.priority}`;
+      item.title = `${entry.label} · ${entry.pool} · ${entry.priority}`;
       if (entry.mine) {
         item.classList.add('jp-Kiwi-mine');
         item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));
@@ -194,7 +194,7 @@ export class KiwiPanel extends Widget {
       segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
       segment.title = entry.label;
       track.append(segment);
-      const item = el('li', 'jp-Kiwi-timelineItem', el('span', 'jp-Kiwi-swatch'), ` ${entry.label} `, el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
+      const item = el('li', 'jp-Kiwi-timelineItem', el('span', 'jp-Kiwi-swatch'), ' ', this._name(entry.label), ' ', el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
       (item.firstChild as HTMLElement).style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
       if (entry.mine) {
         item.classList.add('jp-Kiwi-mine');
@@ -203,6 +203,13 @@ export class KiwiPanel extends Widget {
     }
     section.append(track, list);
     return section;
+  }
+
+  /** A client's label, cut with an ellipsis where the sidebar is too narrow; whole on hover. */
+  private _name(label: string): HTMLElement {
+    const name = el('span', 'jp-Kiwi-name', label);
+    name.title = label;
+    return name;
   }
 
   private _field(label: string, value: HTMLElement): HTMLElement {

@@ -32,6 +32,10 @@ export interface IClientStatus {
   queue_position: number | null;
   working_set: number;
   gpu_seconds: number;
+  /** What people call it (a kernel's notebook path); falls back to `name`. */
+  display_name?: string | null;
+  /** The user name of the client's process, when the daemon knows it. */
+  user?: string | null;
 }
 
 /** A pool's share of GPU time against what it is promised (fractions of one GPU). */
@@ -43,6 +47,8 @@ export interface IPoolStatus {
   maximum: number;
   share: number;
   clients: number;
+  /** The daemon's verdict: the pool contends and gets less than its guarantee. */
+  below_guarantee?: boolean;
 }
 
 export type SchedulerMode = 'on' | 'off' | 'auto';

@@ -61,6 +61,35 @@ describe('KiwiModel: the GPU view', () => {
     expect(gpu.holders).toEqual([{ clientId: 'c1', label: 'kernel 3f2a9c1e', mine: false }]);
   });
 
+  it('names other kernels by the display name they registered, with their user', () => {
+    const model = new KiwiModel();
+    const other = client('c4', KERNEL_B, {
+      state: 'holding',
+      display_name: '~/team/forecast.ipynb',
+      user: 'ada'
+    });
+    model.update(statusWith(['c4'], ['c1'], [other]), 0);
+    const [gpu] = model.gpus(0);
+    expect(gpu.holders[0].label).toBe('~/team/forecast.ipynb (ada)');
+    expect(gpu.queue[0].label).toBe('kernel 3f2a9c1e');
+  });
+
+  it("prefers this server's session name, which follows a rename, to the registered one", () => {
+    const model = new KiwiModel();
+    model.setKernelLabels(new Map([[KERNEL_B, 'renamed.ipynb']]));
+    const mine = client('c4', KERNEL_B, { state: 'holding', display_name: '~/old.ipynb' });
+    model.update(statusWith(['c4'], [], [mine]), 0);
+    expect(model.gpus(0)[0].holders[0].label).toBe('renamed.ipynb');
+  });
+
+  it('keeps a departed holder named by its notebook on the timeline', () => {
+    const model = new KiwiModel();
+    const other = client('c4', KERNEL_B, { state: 'holding', display_name: 'gone.ipynb' });
+    model.update(statusWith(['c4'], [], [other]), 0);
+    model.update(statusWith([], []), 5);
+    expect(model.timeline(5).map(e => e.label)).toEqual(['gone.ipynb']);
+  });
+
   it('counts the quantum down from when the document arrived, never below zero', () => {
     const model = new KiwiModel();
     model.update(statusWith(['c1'], []), 100);
@@ -95,12 +124,12 @@ describe('KiwiModel: pools', () => {
     expect(model.pools()[0].maximum).toBeNull();
   });
 
-  it('flags a contending pool below its guarantee', () => {
+  it("shows the daemon's below_guarantee for each pool", () => {
     const model = new KiwiModel();
     const document = statusWith(['c1'], ['c2']);
     document.pools = [
-      { name: 'training', guarantee: 0.3, weight: 1, maximum: 0.7, share: 0.2, clients: 1 },
-      { name: 'simulation', guarantee: 0.5, weight: 3, maximum: -1, share: 0.8, clients: 1 }
+      { name: 'training', guarantee: 0.3, weight: 1, maximum: 0.7, share: 0.2, clients: 1, below_guarantee: true },
+      { name: 'simulation', guarantee: 0.5, weight: 3, maximum: -1, share: 0.8, clients: 1, below_guarantee: false }
     ];
     model.update(document, 0);
     expect(model.pools().map(p => [p.name, p.belowGuarantee, p.maximum])).toEqual([
@@ -109,15 +138,15 @@ describe('KiwiModel: pools', () => {
     ]);
   });
 
-  it('does not flag a pool alone on the GPU: nobody contends for its guarantee', () => {
+  it('computes no rule of its own: a pool the daemon does not flag is not flagged', () => {
     const model = new KiwiModel();
-    const document = statusWith(['c1'], []);
+    const document = statusWith(['c1'], ['c2']);
     document.pools = [
       { name: 'training', guarantee: 0.3, weight: 1, maximum: 0.7, share: 0.1, clients: 1 },
-      { name: 'simulation', guarantee: 0.5, weight: 3, maximum: -1, share: 0, clients: 0 }
+      { name: 'simulation', guarantee: 0.5, weight: 3, maximum: -1, share: 0.9, clients: 1 }
     ];
     model.update(document, 0);
-    expect(model.pools()[0].belowGuarantee).toBe(false);
+    expect(model.pools().map(p => p.belowGuarantee)).toEqual([false, false]);
   });
 });
 

@@ -138,15 +138,13 @@ class Client(Connection):
         hold it is ``request``."""
         self._must_register()
         with self._cond:
-            if not (self._holding and self._connected):
-                held = False
-            else:
-                held = True
+            held = self._holding and self._connected
+            if held:
                 self._holding = False
                 self._wanted = True
                 self._refusal = None
                 self._asked_in = self._generation
-                self._ask_seq = next(self._seq)
+                self._ask_seq = next(self._seq)  # its answer is acquire's: see _answered
                 with contextlib.suppress(ConnectionError):
                     self._send(p.encode(p.RELEASE, seq=self._ask_seq, requeue=True))
         if not held:

@@ -2,11 +2,7 @@
 message and reconnects with backoff when the daemon goes away (a restart must not kill a kernel).
 
 Caller threads write requests and wait on a condition for their replies. One exception, for
-speed: a caller blocked waiting for a grant borrows the socket and reads it itself, so a grant
-wakes the thread that waits for it directly instead of waking the connection thread, which would
-then have to wake the caller (each wake-up of a sleeping thread costs tens of microseconds on a
-busy machine, and a handoff is mostly wake-ups). The connection thread stands aside while the
-socket is lent and takes it back when the caller is done; it alone connects and reconnects.
+speed: a caller waiting for a grant borrows the socket and reads it itself (``lending``).
 
 Every message is handled in ``_dispatch``, whichever thread read it, so the hold state (holding,
 wanted, the queue position, the last drop) lives here beside it; ``api.Client`` is what callers
@@ -17,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import select
 import socket
 import threading
 import time
@@ -27,6 +22,8 @@ from typing import Any
 from nodeside import protocol as p
 from nodeside.client.common import HELLO_FIELDS, refusal
 from nodeside.client.discovery import SOCKET_ENV, candidates, find_socket
+from nodeside.client.lending import SocketLending
+from nodeside.client.reader import WOKEN, LineReader
 
 Listener = Callable[[dict[str, Any]], None]
 
@@ -34,7 +31,7 @@ _BACKOFF_START = 0.05
 _BACKOFF_MAX = 2.0
 
 
-class Connection:
+class Connection(SocketLending):
     """A daemon connection kept up by a thread of its own; the base of ``Client``."""
 
     def __init__(self, socket_path: str | None, *, register: bool,
@@ -63,7 +60,7 @@ class Connection:
         self._socket_returned = threading.Condition(lock)
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._reader: _LineReader | None = None
+        self._reader: LineReader | None = None
         self._connected = False
         self._closed = False
         self._holding = False
@@ -75,11 +72,10 @@ class Connection:
         self._attempts = 0
         self._last_error = "not connected yet"
         self._listeners: list[Listener] = []
-        # Lending the socket to a waiting caller: the thread that asked for it, the thread
-        # that has it, and a wire to wake the connection thread out of its poll so that it
-        # hands the socket over.
-        self._socket_wanted: int | None = None
-        self._socket_lent_to: int | None = None
+        # Lending the socket to a waiting caller (``lending``): the wire that wakes the
+        # connection thread out of its poll so that it hands the socket over.
+        self._socket_wanted = None
+        self._socket_lent_to = None
         self._wake_rx, self._wake_tx = socket.socketpair()
         self._wake_rx.setblocking(False)
         self._wake_tx.setblocking(False)
@@ -179,65 +175,6 @@ class Connection:
             raise ConnectionError(f"lost the Kiwi scheduler at {self.socket_path}: {exc}") \
                 from None
 
-    # -- lending the socket to a waiting caller -------------------------------------------
-
-    def _borrow_socket(self) -> None:
-        """Ask the connection thread for the socket (with self._cond held). It hands it over
-        when it next looks, which the byte sent here makes at once; until then, and whenever it
-        is not lent to us, we wait on the condition as any caller does."""
-        if self._socket_wanted is not None:
-            return  # another thread of ours is waiting for a grant and reads for both
-        self._socket_wanted = threading.get_ident()
-        with contextlib.suppress(OSError):  # a full wire has a wake-up in it already
-            self._wake_tx.send(b"!")
-
-    def _return_socket(self) -> None:
-        """Give the socket back to the connection thread (with self._cond held)."""
-        if self._socket_wanted != threading.get_ident():
-            return
-        self._socket_wanted = None
-        if self._socket_lent_to is not None:
-            self._socket_lent_to = None
-            self._socket_returned.notify()
-
-    def _wait(self, timeout: float) -> None:
-        """Wait (with self._cond held) for something to change: on the condition, or, while
-        the socket is lent to this thread, on the socket itself, handling what arrives."""
-        reader = self._reader
-        if self._socket_lent_to != threading.get_ident() or reader is None:
-            self._cond.wait(timeout)
-            return
-        self._cond.release()
-        try:
-            if reader.wait(timeout):
-                # From the read to the last message handled, an interrupt (Ctrl-C lands in
-                # this thread) would lose what was read, so the reader counts as done until
-                # then: if one comes, the connection thread reconnects rather than go on with
-                # a stream it can no longer trust. An interrupt while waiting loses nothing.
-                reader.done = True
-                messages = reader.take()
-                if messages is not None:
-                    for message in messages:
-                        self._dispatch(message)
-                    reader.done = False
-        except (OSError, p.ProtocolError):
-            reader.done = True
-        finally:
-            self._cond.acquire()
-        if reader.done:
-            # The connection ended or broke: the connection thread, given the socket back,
-            # finds the reader done and reconnects, as when it sees that itself.
-            self._socket_lent_to = None
-            self._socket_returned.notify()
-
-    def _lend_socket(self) -> None:
-        """On the connection thread, with self._cond held: lend the socket to a caller that
-        asked for it, and wait until it comes back."""
-        self._socket_lent_to = self._socket_wanted
-        self._cond.notify_all()
-        while self._socket_lent_to is not None and not self._closed:
-            self._socket_returned.wait()
-
     # -- the connection thread ------------------------------------------------------------
 
     def _run(self) -> None:
@@ -279,7 +216,7 @@ class Connection:
         try:
             sock.settimeout(self.request_timeout)
             sock.connect(self.socket_path)
-            reader = _LineReader(sock, self._wake_rx)
+            reader = LineReader(sock, self._wake_rx)
             sock.sendall(p.encode(p.HELLO, **HELLO_FIELDS))
             welcome = reader.expect(p.WELCOME)
             if self._register:
@@ -332,7 +269,7 @@ class Connection:
                 return
             if message is None:
                 return
-            if message is not _WOKEN:
+            if message is not WOKEN:
                 self._dispatch(message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
@@ -385,66 +322,3 @@ class Connection:
         also = f" (also looked at {', '.join(others)})" if others else ""
         return (f"cannot reach the Kiwi scheduler at {self.socket_path}: {self._last_error}"
                 f"{also}; point elsewhere with {SOCKET_ENV}=PATH")
-
-
-#: What ``_LineReader.next`` returns when woken by the wire instead of a message.
-_WOKEN: dict[str, Any] = {}
-
-
-class _LineReader:
-    """Reads protocol lines from a blocking socket; one thread at a time. Lines may be as long
-    as anything the daemon may legally send (``MAX_REPLY_BYTES``)."""
-
-    def __init__(self, sock: socket.socket, wake: socket.socket) -> None:
-        self.sock = sock
-        self.wake = wake
-        self.buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
-        self.lines: list[bytes] = []
-        #: The connection ended (or broke) while a borrowing caller read it.
-        self.done = False
-        self._socket_only = select.poll()
-        self._socket_only.register(sock, select.POLLIN)
-        self._socket_or_wake = select.poll()
-        self._socket_or_wake.register(sock, select.POLLIN)
-        self._socket_or_wake.register(wake, select.POLLIN)
-
-    def next(self, woken: bool = False) -> dict[str, Any] | None:
-        """The next message, or None at the end of the stream. With ``woken``, _WOKEN when
-        the wake-up wire had data before the socket did."""
-        if woken and not self.lines:
-            ready = dict(self._socket_or_wake.poll())
-            if self.wake.fileno() in ready:
-                with contextlib.suppress(BlockingIOError):
-                    self.wake.recv(64)
-                return _WOKEN
-        while not self.lines:
-            data = self.sock.recv(65536)
-            if not data:
-                return None
-            self.lines.extend(self.buffer.feed(data))
-        return p.decode(self.lines.pop(0))
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for something to read."""
-        return bool(self.lines) or bool(self._socket_only.poll(max(0, int(timeout * 1000) + 1)))
-
-    def take(self) -> list[dict[str, Any]] | None:
-        """What is there to read (maybe a part of a line, so no message); None at the end."""
-        if not self.lines:
-            data = self.sock.recv(65536)
-            if not data:
-                return None
-            self.lines.extend(self.buffer.feed(data))
-        lines, self.lines = self.lines, []
-        return [p.decode(line) for line in lines]
-
-    def expect(self, op: str) -> dict[str, Any]:
-        message = self.next()
-        if message is None:
-            raise ConnectionResetError("the Kiwi scheduler closed the connection")
-        if message.get("op") == p.ERROR:
-            raise ConnectionRefusedError(f"the Kiwi scheduler refused us: "
-                                         f"{message.get('message')}")
-        if message.get("op") != op:
-            raise ConnectionError(f"expected {op}, got {message.get('op')}")
-        return message

@@ -60,6 +60,21 @@ class ControlClient:
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and return its reply; KiwiError when the reply is an error."""
+        reused = self._sock is not None
+        try:
+            message = self._exchange(op, fields)
+        except ConnectionError:
+            if not reused:
+                raise
+            # The daemon closes a control connection left idle for long (its idle limit for
+            # connections that never registered): that is no outage, so ask again afresh, once.
+            message = self._exchange(op, fields)
+        if message["op"] == p.ERROR:
+            raise refusal(message)
+        return message
+
+    def _exchange(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """One request and its reply (whatever it says) over the connection, made if needed."""
         sock = self._connection()
         seq = next(self._seq)
         try:
@@ -67,7 +82,7 @@ class ControlClient:
             while True:
                 message = self._next_message(sock)
                 if message.get("seq") == seq:
-                    break
+                    return message
                 self._note(message)  # an event (a mode change) that crossed our request
         except (OSError, p.ProtocolError) as exc:
             self.close()
@@ -76,9 +91,6 @@ class ControlClient:
                                    f"{op} within {self.timeout:g} s") from None
             raise ConnectionError(f"lost the Kiwi scheduler at {self.socket_path}: "
                                   f"{exc}") from None
-        if message["op"] == p.ERROR:
-            raise refusal(message)
-        return message
 
     def close(self) -> None:
         sock, self._sock = self._sock, None

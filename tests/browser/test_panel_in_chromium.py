@@ -110,3 +110,38 @@ def test_panel_says_plainly_when_the_scheduler_cannot_be_reached(browser: Any) -
     finally:
         page.close()
         lab.stop()
+
+
+def test_a_long_notebook_name_is_cut_with_an_ellipsis_and_whole_in_its_tooltip(
+    browser: Any,
+) -> None:
+    notebook = "forecasting-regional-electricity-demand-for-the-coming-winter-season.ipynb"
+    lab = LabServer("--KiwiExtension.tq=120", notebooks=(notebook,)).start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    client = None
+    try:
+        kernel_id = open_notebook_with_panel(page, lab, notebook)
+        client = lab.kernel_client(kernel_id)
+        run_cell(client, hold_gpu_code(kernel_id, wait=True))
+        name = page.locator(f"{PANEL} .jp-Kiwi-holderName .jp-Kiwi-name")
+        name.wait_for()
+        cut, overflow, title, lines = name.evaluate(
+            "e => [e.scrollWidth > e.clientWidth, getComputedStyle(e).textOverflow, e.title,"
+            " e.getClientRects().length]")
+        assert cut, "the name fits the sidebar: this test needs a longer one"
+        assert overflow == "ellipsis" and lines == 1  # cut on one line, and the cut shows
+        assert notebook in title
+        # On the timeline the row stays one line: swatch, cut name and duration side by side.
+        row = page.locator(f"{PANEL} .jp-Kiwi-timelineItem").first
+        row.wait_for()
+        heights = row.evaluate(
+            "e => [e.getBoundingClientRect().height,"
+            " e.querySelector('.jp-Kiwi-name').getBoundingClientRect().height]")
+        assert heights[0] < 2 * heights[1], "the timeline row broke into several lines"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "kiwi-panel-long-name.png"))
+    finally:
+        if client is not None:
+            client.stop_channels()
+        page.close()
+        lab.stop()

@@ -73,7 +73,7 @@ def test_lazy_cells_wait_in_the_shim_with_the_waiting_line(
     lines = [m["content"]["data"]["text/plain"]
              for m in waited.of_type("display_data", "update_display_data")]
     assert lines[0].startswith("kiwi: waiting for the GPU")
-    assert f"held by {a.kernel_id}" in lines[0]
+    assert f"held by kernel {a.kernel_id[:8]}" in lines[0]  # no notebook: its id
     assert lines[-1] == ""
     assert re.search(r"^kiwi: waited 1\.\d s for the GPU$", waited.stdout, re.MULTILINE)
     assert holders(daemon.socket) == []

@@ -4,15 +4,23 @@ sends no position events it asks on every refresh, as it must."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from support import DaemonProcess, wait_for
 
-from kiwi_jupyter.kernel.waiting import Place, WaitView, describe_wait
+from kiwi_jupyter.kernel.wait_view import Place, WaitView, describe_wait
 from nodeside import protocol as p
 from nodeside.client import Client
 
 Document = dict[str, Any]
+
+
+@pytest.fixture
+def calm(start_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
+    """A daemon with a long quantum: the queue moves only when a test moves it."""
+    return start_daemon("--tq", "30", "--grace", "30")
 
 
 def document(position: int, quantum_remaining: float = 20.0) -> Document:
@@ -83,14 +91,16 @@ def test_the_clients_own_position_wins_over_an_older_document() -> None:
     assert "position 1 of 3 in the queue" in line
 
 
-def test_a_waiting_line_over_a_real_daemon_asks_only_on_change(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="holder") as holder, \
-            Client(daemon.socket, name="first") as first, \
-            Client(daemon.socket, name="me") as me:
+def test_a_waiting_line_over_a_real_daemon_asks_only_on_change(calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="holder") as holder, \
+            Client(calm.socket, name="first") as first, \
+            Client(calm.socket, name="me") as me:
         holder.acquire(timeout=5)
+        wait_for(lambda: first.connected and me.connected, what="the two connections")
         first.request()
+        wait_for(lambda: first.position == 1, what="the first waiter in the queue")
         me.request()
-        wait_for(lambda: me.position == 2, what="my place in the queue")
+        wait_for(lambda: me.position == 2, what=f"my place in the queue (at {me.position})")
         live = p.FEATURE_POSITION in me.features
         view = WaitView(me.status, lambda: Place(me.position, live=live))
         assert "position 2 of 2" in view.text(me.id, 0)

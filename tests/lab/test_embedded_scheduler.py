@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -14,6 +16,8 @@ from kiwiserver import get_status, kiwi_app, kiwi_config
 from support import DaemonProcess
 
 from kiwi_jupyter.server.embedded import daemon_answers
+from nodeside.client import discovery
+from nodeside.protocol import DEFAULT_SOCKET
 
 
 async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -> None:
@@ -95,6 +99,26 @@ class TestWhenNoDaemonAnswers:
         assert os.environ["KIWI_SOCKET"] == nowhere
 
 
+    async def test_its_socket_is_published_where_kiwictl_looks(self, jp_serverapp: Any) -> None:
+        if discovery.is_socket(DEFAULT_SOCKET):
+            pytest.skip(f"a node daemon listens at {DEFAULT_SOCKET} here; kiwictl would use it")
+        embedded = kiwi_app(jp_serverapp).embedded
+        assert embedded.published == discovery.published_socket_path()
+        assert os.readlink(embedded.published) == embedded.socket_path
+        env = {k: v for k, v in os.environ.items() if k != "KIWI_SOCKET"}
+        kiwictl = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "nodeside.ctl", "status", "--json"],
+            capture_output=True, text=True, timeout=60, env=env)
+        assert kiwictl.returncode == 0, kiwictl.stderr
+
+    async def test_the_published_socket_goes_with_the_server(self, jp_serverapp: Any) -> None:
+        extension = kiwi_app(jp_serverapp)
+        published = extension.embedded.published
+        assert published is not None
+        await extension.stop_extension()
+        assert not os.path.lexists(published)
+
+
 class TestWhenADaemonAnswers:
     @pytest.fixture
     def jp_server_config(self, kiwi_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -107,6 +131,7 @@ class TestWhenADaemonAnswers:
         assert kiwi_app(jp_serverapp).embedded is None
         status = await get_status(jp_fetch)
         assert (status["reachable"], status["socket"]) == (True, kiwi_daemon.socket)
+        assert not os.path.lexists(discovery.published_socket_path())  # nothing to publish
 
 
 class TestWhenTurnedOff:

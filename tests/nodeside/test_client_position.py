@@ -7,11 +7,19 @@ The daemon tells a waiter its position in the ``waiting`` reply; one that serves
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from support import DaemonProcess, wait_for
 
 from nodeside import protocol as p
 from nodeside.client import Client
+
+
+@pytest.fixture
+def calm(start_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
+    """A daemon with a long quantum: the queue moves only when a test moves it."""
+    return start_daemon("--tq", "30", "--grace", "30")
 
 
 def queued(observer: Client, client: Client) -> int | None:
@@ -20,12 +28,13 @@ def queued(observer: Client, client: Client) -> int | None:
 
 
 def test_a_waiting_client_knows_its_position_from_the_daemons_answer(
-        daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="holder") as holder, \
-            Client(daemon.socket, name="first") as first, \
-            Client(daemon.socket, name="second") as second:
+        calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="holder") as holder, \
+            Client(calm.socket, name="first") as first, \
+            Client(calm.socket, name="second") as second:
         holder.acquire(timeout=5)
         assert holder.position is None
+        wait_for(lambda: first.connected and second.connected, what="the connections")
         first.request()
         wait_for(lambda: first.position == 1, what="the first waiter's position")
         second.request()
@@ -37,23 +46,25 @@ def test_a_waiting_client_knows_its_position_from_the_daemons_answer(
 
 
 def test_the_position_follows_the_queue_where_the_daemon_sends_events(
-        daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="holder") as holder, \
-            Client(daemon.socket, name="first") as first, \
-            Client(daemon.socket, name="second") as second:
+        calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="holder") as holder, \
+            Client(calm.socket, name="first") as first, \
+            Client(calm.socket, name="second") as second:
         holder.acquire(timeout=5)
         if p.FEATURE_POSITION not in holder.features:
             pytest.skip("this daemon sends no position events (the session branch adds them)")
+        wait_for(lambda: first.connected and second.connected, what="the connections")
         first.request()
+        wait_for(lambda: first.position == 1, what="the first waiter's position")
         second.request()
         wait_for(lambda: second.position == 2, what="the second waiter's position")
         first.release()  # withdraws: the second moves up without asking anything
         wait_for(lambda: second.position == 1, what="the position event")
 
 
-def test_a_withdrawn_request_forgets_its_position(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="holder") as holder, \
-            Client(daemon.socket, name="asker") as asker:
+def test_a_withdrawn_request_forgets_its_position(calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="holder") as holder, \
+            Client(calm.socket, name="asker") as asker:
         holder.acquire(timeout=5)
         asker.request()
         wait_for(lambda: asker.position == 1, what="the waiter's position")
@@ -61,17 +72,18 @@ def test_a_withdrawn_request_forgets_its_position(daemon: DaemonProcess) -> None
         assert asker.position is None
 
 
-def test_a_timed_out_acquire_names_the_position_it_had(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="holder") as holder, \
-            Client(daemon.socket, name="asker") as asker:
+def test_a_timed_out_acquire_names_the_position_it_had(calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="holder") as holder, \
+            Client(calm.socket, name="asker") as asker:
         holder.acquire(timeout=5)
+        wait_for(lambda: asker.connected, what="the connection")
         with pytest.raises(TimeoutError, match=r"queue position 1\)"):
-            asker.acquire(timeout=0.3)
+            asker.acquire(timeout=1.0)
 
 
-def test_requeue_gives_the_gpu_to_the_next_and_asks_again(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="holder") as holder, \
-            Client(daemon.socket, name="waiter") as waiter:
+def test_requeue_gives_the_gpu_to_the_next_and_asks_again(calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="holder") as holder, \
+            Client(calm.socket, name="waiter") as waiter:
         holder.acquire(timeout=5)
         waiter.request()
         wait_for(lambda: waiter.position == 1, what="the waiter in the queue")
@@ -83,16 +95,16 @@ def test_requeue_gives_the_gpu_to_the_next_and_asks_again(daemon: DaemonProcess)
         assert holder.wait_for_grant(timeout=5)
 
 
-def test_requeue_alone_keeps_the_gpu(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="alone") as alone:
+def test_requeue_alone_keeps_the_gpu(calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="alone") as alone:
         alone.acquire(timeout=5)
         alone.requeue()
         assert alone.wait_for_grant(timeout=5)
         assert alone.holding
 
 
-def test_requeue_without_a_hold_is_a_request(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket, name="asker") as asker:
+def test_requeue_without_a_hold_is_a_request(calm: DaemonProcess) -> None:
+    with Client(calm.socket, name="asker") as asker:
         wait_for(lambda: asker.connected, what="the connection")
         asker.requeue()
         assert asker.wait_for_grant(timeout=5)

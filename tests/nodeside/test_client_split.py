@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from support import DaemonProcess, wait_for
@@ -71,14 +73,31 @@ def test_the_control_client_refuses_a_tq_out_of_range_before_sending(
         assert control.status()["tq"] == 0.2
 
 
-def test_the_control_client_connects_again_after_a_daemon_restart(
+def test_the_control_client_reaches_a_restarted_daemon_in_the_next_call(
         daemon: DaemonProcess) -> None:
     with ControlClient(daemon.socket, timeout=5) as control:
         control.ping()
         daemon.restart()
-        with pytest.raises(ConnectionError):
-            control.ping()  # the old connection is gone; the call says so
-        assert control.status()["version"] == 1  # and the next one connects afresh
+        assert control.status()["version"] == 1  # the old connection is gone: a new one
+
+
+def test_the_control_client_says_so_when_its_daemon_is_gone(daemon: DaemonProcess) -> None:
+    with ControlClient(daemon.socket, timeout=5) as control:
+        control.ping()
+        daemon.kill()
+        with pytest.raises(ConnectionError, match="cannot reach the Kiwi scheduler"):
+            control.ping()
+
+
+def test_a_control_connection_closed_for_idleness_is_made_again_unnoticed(
+        start_daemon: Callable[..., DaemonProcess], scratch: Path) -> None:
+    config = scratch / "kiwi.yaml"
+    config.write_text("connections: {idle_timeout: 0.5}\n")
+    daemon = start_daemon("--config", str(config))
+    with ControlClient(daemon.socket, timeout=5) as control:
+        control.ping()
+        daemon.wait_log(r"idle and unregistered")
+        assert control.status()["version"] == 1
 
 
 def test_the_control_client_raises_a_refusal_as_a_kiwi_error(daemon: DaemonProcess) -> None:

@@ -58,6 +58,13 @@ def test_who_cuts_the_name_and_keeps_the_user_whole() -> None:
     assert who(client, 24) == "…/notebook.ipynb (alice)"
 
 
+def test_a_kernel_known_only_by_its_id_is_called_by_its_first_group() -> None:
+    kernel_id = "afd00fc2-b218-4c1e-9f3a-0123456789ab"
+    assert who({"id": "c1", "name": kernel_id}) == "kernel afd00fc2"
+    assert who({"id": "c1", "name": kernel_id, "display_name": kernel_id}) == "kernel afd00fc2"
+    assert who({"id": "c1", "name": kernel_id, "display_name": "~/a.ipynb"}) == "~/a.ipynb"
+
+
 def test_names_by_id_covers_every_client() -> None:
     document = {"clients": [{"id": "c1", "name": "a"}, {"id": "c2", "name": "b", "user": "u"}]}
     assert names_by_id(document) == {"c1": "a", "c2": "b (u)"}
