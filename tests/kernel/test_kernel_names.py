@@ -27,10 +27,6 @@ def named(module_daemon: DaemonProcess) -> Iterator[tuple[KernelUnderTest, Kerne
     b.shutdown()
 
 
-def daemon_shows_display_names(socket: str) -> bool:
-    return any("display_name" in c for c in scheduler_status(socket)["clients"])
-
-
 def test_the_notebook_path_is_the_display_name_and_home_reads_as_a_tilde() -> None:
     assert notebook_name({"JPY_SESSION_NAME": "/home/ada/runs/a.ipynb", "HOME": "/home/ada"}) \
         == "~/runs/a.ipynb"
@@ -49,14 +45,11 @@ def test_a_kernel_started_for_a_notebook_registers_its_path_as_display_name(
     assert seen == (HOLDER_NOTEBOOK, HOLDER_NOTEBOOK, a.kernel_id)  # the id stays the key
     row = entry(scheduler_status(module_daemon.socket), a.kernel_id)
     assert row is not None
-    if "display_name" in row:  # a daemon that keeps display names (core's status fields)
-        assert row["display_name"] == HOLDER_NOTEBOOK
+    assert row["display_name"] == HOLDER_NOTEBOOK
 
 
 def test_the_waiting_line_names_the_holder_by_its_notebook(
         named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
-    if not daemon_shows_display_names(module_daemon.socket):
-        pytest.skip("this daemon's status has no display_name (core's status fields add it)")
     a, b = named
     holding = a.submit("import time; time.sleep(1.5)")
     wait_for(lambda: holders(module_daemon.socket) == [a.kernel_id], what="A to hold")
@@ -71,8 +64,6 @@ def test_the_waiting_line_names_the_holder_by_its_notebook(
 
 def test_kiwi_status_names_kernels_by_their_notebooks(
         named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
-    if not daemon_shows_display_names(module_daemon.socket):
-        pytest.skip("this daemon's status has no display_name (core's status fields add it)")
     _, b = named
     text = b.run("%kiwi status").result["text/plain"]
     assert "holder-analysis.ipynb" in text and "waiter.ipynb" in text
