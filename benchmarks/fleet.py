@@ -164,12 +164,16 @@ class Contention:
 
 def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: str,
                 memory: int | None, tq: float, policy: str = "round-robin",
-                bandwidth: float | None = None) -> tuple[Replay, list[Cell], Contention]:
+                bandwidth: float | None = None, tuning: dict | None = None
+                ) -> tuple[Replay, list[Cell], Contention]:
     rng = random.Random(seed)
     sizes = random.Random(seed + 1)  # its own stream: the same traces in every mode
     settings = {"tq": tq, "mode": mode, "pools": POOLS}
     if policy != "round-robin":  # the default, left out so the seed's config stays as it was
         settings["policy"] = policy
+        # The policy prices moving memory at the link the replay models.
+        settings["interactive"] = {"link_bandwidth": int(bandwidth or PCIE_GEN4),
+                                   **(tuning or {})}
     config = from_mapping(settings)
     sched = Scheduler(config, [GpuSpec(i, memory_total=memory) for i in range(gpus)], 0.0)
     switching = None
@@ -228,13 +232,13 @@ def _mu(median: float) -> float:
 
 def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         mode: str = "on", memory: int | None = GPU_MEMORY, tq: float = 30.0,
-        policy: str = "round-robin", link: str = "gen4") -> dict:
+        policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None) -> dict:
     """One replay of the fleet; ``link`` names the host link (``none``: no switching costs)."""
     workload = Workload()
     duration = hours * 3600.0
     started = time.perf_counter()
     replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq,
-                                            policy, LINKS[link])
+                                            policy, LINKS[link], tuning)
     replay.run_until(duration)
     wall = time.perf_counter() - started
     finished = [c for c in cells if c.end is not None and c.end <= duration]

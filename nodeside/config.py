@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nodeside import limits
 from nodeside.protocol import MODES
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
@@ -22,11 +23,32 @@ DEFAULT_SOCKET = "/var/run/kiwi/scheduler.sock"
 DEFAULT_POOL = "default"
 DEFAULT_TQ = 30.0
 
+#: How the next holder is chosen within the pools' rules (docs/policy.md says when to use which).
+POLICY_ROUND_ROBIN = "round-robin"
+POLICY_INTERACTIVE = "interactive"
+POLICIES = (POLICY_ROUND_ROBIN, POLICY_INTERACTIVE)
+
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """The configuration is wrong; the message says where and how."""
+
+
+@dataclass(frozen=True)
+class InteractiveSettings:
+    """The tunables of ``policy: interactive`` (nodeside/scheduler/interactive.py)."""
+
+    #: Seconds a holder keeps the GPU, at least, before a client that used far less GPU time
+    #: recently may cut its quantum short (raised when moving memory would cost more).
+    first_quantum: float = 0.25
+    #: Seconds after which GPU time used counts half: how long a training run is remembered.
+    half_life: float = 300.0
+    #: How many times a waiter may be passed over by later requests of its own pool and
+    #: priority; after that it is served in request order, as under round robin.
+    pass_bound: int = 3
+    #: Host-link bytes per second, to price moving working sets (25 GB/s: PCIe Gen4).
+    link_bandwidth: int = 25 * 10**9
 
 
 @dataclass(frozen=True)
@@ -50,6 +72,9 @@ class SchedulerConfig:
     #: Group owning the socket; its members may connect. None: the daemon's group.
     socket_group: str | None = None
     socket_mode: int = 0o660
+    #: ``round-robin`` (the seed's rule, default) or ``interactive``.
+    policy: str = POLICY_ROUND_ROBIN
+    interactive: InteractiveSettings = field(default_factory=InteractiveSettings)
 
     def share_window(self, tq: float) -> float:
         return self.window if self.window is not None else 50 * tq
@@ -124,7 +149,8 @@ def parse_mode(value: Any, where: str = "mode") -> str:
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
 _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
-             "admin_group", "socket_group", "socket_mode"}
+             "admin_group", "socket_group", "socket_mode", "policy", "interactive"}
+_INTERACTIVE_KEYS = ("first_quantum", "half_life", "pass_bound", "link_bandwidth")
 
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
@@ -202,6 +228,10 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
     for key in ("admin_group", "socket_group"):
         if key in raw:
             changes[key] = None if raw[key] is None else str(raw[key])
+    if "policy" in raw:
+        changes["policy"] = parse_policy(raw["policy"])
+    if "interactive" in raw:
+        changes["interactive"] = parse_interactive(raw["interactive"])
     if "socket_mode" in raw:
         mode = raw["socket_mode"]
         try:
@@ -210,6 +240,40 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
             raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
                               f"got {mode!r}") from None
     return replace(config, **changes)
+
+
+def parse_policy(value: Any, where: str = "policy") -> str:
+    if not isinstance(value, str) or value.lower() not in POLICIES:
+        raise ConfigError(f"{where}: must be one of {', '.join(POLICIES)}, got {value!r}")
+    return value.lower()
+
+
+def parse_interactive(raw: Any) -> InteractiveSettings:
+    if raw is None:
+        return InteractiveSettings()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"interactive: expected a mapping with {', '.join(_INTERACTIVE_KEYS)}")
+    unknown = set(raw) - set(_INTERACTIVE_KEYS)
+    if unknown:
+        raise ConfigError(f"interactive: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"it takes {', '.join(_INTERACTIVE_KEYS)}")
+    settings = InteractiveSettings()
+    changes: dict[str, Any] = {}
+    try:
+        for key in ("first_quantum", "half_life"):
+            if key in raw:
+                changes[key] = limits.tq_seconds(raw[key], f"interactive.{key}")
+        if "pass_bound" in raw:
+            changes["pass_bound"] = limits.pass_bound(raw["pass_bound"], "interactive.pass_bound")
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+    if "link_bandwidth" in raw:
+        bandwidth = parse_size(raw["link_bandwidth"])
+        if bandwidth <= 0:
+            raise ConfigError("interactive.link_bandwidth: must be a positive number of bytes "
+                              f"per second (try 25GB), got {raw['link_bandwidth']!r}")
+        changes["link_bandwidth"] = bandwidth
+    return replace(settings, **changes)
 
 
 def _parse_gpus(raw: Any) -> dict[int, float]:

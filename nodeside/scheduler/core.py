@@ -41,6 +41,7 @@ from nodeside.scheduler.actions import (
     Revoke,
     SchedulerError,
 )
+from nodeside.scheduler.interactive import Interactive, RoundRobin, make_policy
 from nodeside.scheduler.pools import (
     Pool,
     entitlements,
@@ -57,6 +58,8 @@ __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "
 _EPS = 1e-9
 # A pool held back at its maximum is looked at again after this fraction of the share window.
 _MAX_RECHECK = 0.005
+# The request order of a holder competing as if it asked again: after every real request.
+_TAIL_ORDER = 1 << 62
 
 
 class Scheduler:
@@ -72,6 +75,8 @@ class Scheduler:
         if not self.gpus:
             raise ValueError("a scheduler needs at least one GPU")
         self.clients: dict[str, Client] = {}
+        self.policy: RoundRobin | Interactive = make_policy(
+            config.policy, config.interactive, config.memory_reserve)
         self._ids = itertools.count(1)
         self._order = itertools.count(1)
         # Counters for metrics; the shell reads them.
@@ -102,6 +107,11 @@ class Scheduler:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
         self.config = config
         self._pools = {}
+        if config.policy != self.policy.name:
+            self.policy = make_policy(config.policy, config.interactive, config.memory_reserve)
+        elif isinstance(self.policy, Interactive):  # keep what each client used
+            self.policy.settings = config.interactive
+            self.policy.memory_reserve = config.memory_reserve
         for gpu in self.gpus.values():
             gpu.tq_override = config.gpu_tq.get(gpu.spec.index)
         self._resize_windows()
@@ -140,6 +150,7 @@ class Scheduler:
         gpu.waiters.remove(client)
         if client.id in gpu.holders:
             self._end_hold(client, now)
+        self.policy.forget(client.id)
         return self._schedule(gpu, now)
 
     def acquire(self, now: float, client_id: str) -> list[Action]:
@@ -256,7 +267,11 @@ class Scheduler:
                 if hold.drop_sent_at is not None:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
                 elif gpu.waiters or self._over_maximum(gpu, holder.pool, now):
-                    deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
+                    deadlines.append(hold.quantum_start + self._quantum_length(gpu, holder, now))
+                    if self.policy.cuts_quanta and gpu.waiters and self.mode == "on":
+                        # Who may cut this quantum short changes as GPU time is used, with no
+                        # event to say so: look again after a first quantum.
+                        deadlines.append(now + self.config.interactive.first_quantum)
             if not gpu.waiters:
                 continue
             if any(self._over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
@@ -304,7 +319,7 @@ class Scheduler:
 
     def _predicted_order(self, gpu: GpuState, now: float) -> list[Client]:
         gpu_index = gpu.spec.index
-        by_pool = {pool: gpu.waiters.in_order(pool) for pool in gpu.waiters.pools()}
+        by_pool = {pool: self.policy.in_order(gpu, pool, now) for pool in gpu.waiters.pools()}
         if len(by_pool) == 1:
             return list(next(iter(by_pool.values())))
         # Several pools: replay the pool choice, charging each pick one quantum of its pool's
@@ -373,10 +388,10 @@ class Scheduler:
 
         ``tail`` is a holder whose quantum ended, competing as if it had just asked again.
         """
-        heads = gpu.waiters.heads()
+        heads = self.policy.heads(gpu, now)
         if tail is not None:
             best = heads.get(tail.pool)
-            if best is None or _within_pool(tail) < _within_pool(best):
+            if best is None or self.policy.before(tail, best, now):
                 heads[tail.pool] = tail
         if len(heads) == 1:  # the common case, and the hot path: no shares to measure
             (name, only), = heads.items()
@@ -389,14 +404,11 @@ class Scheduler:
         if len(heads) <= 1:
             return next(iter(heads.values()), None)
         ent = entitlements(self.pool(name) for name in self._contending_pools(gpu))
-
-        def urgency(c: Client) -> tuple[bool, float, int]:
-            # Guarantees come first: a non-preemptible request of a pool below its guarantee
-            # goes before any split by weight.
-            owed = self._below_guarantee(gpu, c, now)
-            return owed, ent.get(c.pool, 0.0) - shares.get(c.pool, 0.0), -c.request_order
-
-        return max(heads.values(), key=urgency)
+        # Guarantees come first: a non-preemptible request of a pool below its guarantee goes
+        # before any split by weight; then the policy weighs each pool's shortfall.
+        return self.policy.choose(
+            list(heads.values()), lambda c: self._below_guarantee(gpu, c, now),
+            {name: ent.get(name, 0.0) - shares.get(name, 0.0) for name in heads}, now)
 
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
         if self.mode == "off" or not self.preemption:
@@ -434,13 +446,26 @@ class Scheduler:
             return not staying
         return self._fits_together(gpu, [*staying, claimant])
 
+    def _quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
+        """The TQ, or less where the policy cuts the quantum short for the next holder."""
+        tq = self.tq_for(gpu.spec.index)
+        if not self.policy.cuts_quanta or self.mode != "on" or not gpu.waiters:
+            return tq
+        winner = self._pick(gpu, now, _as_tail(holder, _TAIL_ORDER))
+        if winner is None or winner.id == holder.id:
+            return tq
+        return self.policy.quantum(gpu, holder, winner, tq, now)
+
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
         actions: list[Action] = []
         tq = self.tq_for(gpu.spec.index)
         for holder in list(gpu.holders.values()):
             hold = holder.hold
             assert hold is not None
-            if hold.drop_reason is not None or now < hold.quantum_start + tq - _EPS:
+            if hold.drop_reason is not None:
+                continue
+            length = tq if self.mode == "auto" else self._quantum_length(gpu, holder, now)
+            if now < hold.quantum_start + length - _EPS:
                 continue
             # The holder competes as if it asked again now, at the tail; if it would win
             # anyway it keeps the GPU and hears nothing.
@@ -460,6 +485,8 @@ class Scheduler:
                 actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
                 continue
             if winner is None or winner is tail:
+                if winner is tail:
+                    self.policy.on_keep(gpu, holder, now)
                 hold.quantum_start = now
                 continue
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
@@ -509,6 +536,7 @@ class Scheduler:
         client.hold = Hold(granted_at=now, quantum_start=now)
         gpu.holders[client.id] = client
         gpu.meter.open(client.id, client.pool, now, client.preemptible)
+        self.policy.on_grant(gpu, client, now)
         self.counts["grants"] += 1
         return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
 
@@ -543,6 +571,7 @@ class Scheduler:
         gpu.holders.pop(client.id, None)
         gpu.meter.close(client.id, now)
         if client.hold is not None:
+            self.policy.on_hold_end(client, now)
             held = now - client.hold.granted_at
             client.gpu_seconds += held
             gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held

@@ -1,0 +1,236 @@
+"""How the next holder is chosen within a pool and a priority: round robin or interactive.
+
+The pools' rules (entitlements, maximums, guarantees, preemption) and the priorities decide
+first, in ``core``; a policy only orders the clients those rules leave equal (same pool, same
+priority) and says how long a holder's quantum is.
+
+* ``RoundRobin`` (the seed's rule, the default): request order; a holder whose quantum ends
+  competes as if it had just asked again, at the tail. Every quantum is the TQ.
+* ``Interactive``: least attained service. Each client's GPU time counts down with a half-life
+  (``half_life``, 5 min by default), and of two clients of the same pool and priority the one
+  that used less recently goes first: a person running a short cell goes ahead of a training
+  run. Three rules keep that safe:
+
+  - never starving: a waiter passed over ``pass_bound`` times by later requests of its pool and
+    priority is served in request order from then on, so nobody is passed over more than that;
+  - never breaking pools and priorities: the order applies only among equals; a quantum is cut
+    short only for a client of the same or a higher priority (a LOW request still never cuts a
+    quantum short);
+  - never switching at a loss: the holder's quantum is cut short only for a client that used at
+    most half its recent GPU time, only after ``first_quantum`` or twice the time moving both
+    working sets would take, whichever is longer, and only when the wait that saves is longer
+    than moving the memory there and back. Working sets are the ones clients report; an unknown
+    one counts as the whole GPU, as in mode auto.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from nodeside import protocol as p
+from nodeside.config import POLICY_INTERACTIVE, POLICY_ROUND_ROBIN, InteractiveSettings
+from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
+
+#: A cut-short quantum lasts at least this many times the handoff's memory traffic, so that at
+#: most a third of the GPU's time goes to moving memory, however often clients alternate.
+COST_FACTOR = 2.0
+#: A waiter cuts a quantum short only if it used at most this fraction of the holder's recent
+#: GPU time: two training runs never ping-pong by early cuts, they alternate by quanta.
+CUT_RATIO = 0.5
+#: How far below its entitlement (a fraction of the GPU's time, over the share window) a pool
+#: may fall before the pools' order overrides least attained service between pools.
+SHARE_TOLERANCE = 0.05
+
+
+class RoundRobin:
+    name = POLICY_ROUND_ROBIN
+    cuts_quanta = False
+
+    def heads(self, gpu: GpuState, now: float) -> dict[str, Client]:
+        return gpu.waiters.heads()
+
+    def in_order(self, gpu: GpuState, pool: str, now: float) -> list[Client]:
+        return gpu.waiters.in_order(pool)
+
+    def before(self, tail: Client, head: Client, now: float) -> bool:
+        """Does ``tail`` (a holder asking again) go before ``head`` (its pool's next waiter)?"""
+        return _rank(tail) < _rank(head)
+
+    def choose(self, heads: list[Client], owed: Callable[[Client], bool],
+               shortfall: Mapping[str, float], now: float) -> Client:
+        """Between pools' heads: the pool furthest below its entitlement, then request order."""
+        return max(heads, key=lambda c: (owed(c), shortfall[c.pool], -c.request_order))
+
+    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
+                now: float) -> float:
+        return tq
+
+    def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
+        pass
+
+    def on_keep(self, gpu: GpuState, holder: Client, now: float) -> None:
+        pass
+
+    def on_hold_end(self, client: Client, now: float) -> None:
+        pass
+
+    def forget(self, client_id: str) -> None:
+        pass
+
+    def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
+        return "round robin: first in request order"
+
+
+@dataclass
+class Interactive:
+    settings: InteractiveSettings
+    memory_reserve: int = 0
+    name: str = POLICY_INTERACTIVE
+    cuts_quanta: bool = True
+    #: Client id -> (decayed GPU seconds of ended requests, when that was computed).
+    _used: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: Client id -> GPU seconds of the request in progress (its holds so far, across drops).
+    _request: dict[str, float] = field(default_factory=dict)
+    _holding_since: dict[str, float] = field(default_factory=dict)
+    #: Client id -> times passed over by a later request of its pool and priority, this wait.
+    passed: dict[str, int] = field(default_factory=dict)
+
+    # -- what a client used ---------------------------------------------------------------
+
+    def attained(self, client_id: str, now: float) -> float:
+        """GPU seconds used: the request in progress in full, its open hold included, and the
+        earlier ones each counting half after ``half_life`` seconds."""
+        value, at = self._used.get(client_id, (0.0, now))
+        value *= 0.5 ** (max(0.0, now - at) / self.settings.half_life)
+        since = self._holding_since.get(client_id)
+        value += self._request.get(client_id, 0.0)
+        return value + (now - since if since is not None else 0.0)
+
+    def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
+        self._holding_since[client.id] = now
+        self.passed.pop(client.id, None)
+        for waiter in self._lane(gpu, client):
+            if waiter.request_order < client.request_order:
+                self.passed[waiter.id] = self.passed.get(waiter.id, 0) + 1
+
+    def on_keep(self, gpu: GpuState, holder: Client, now: float) -> None:
+        """The holder won again at its quantum's end: everyone waiting in its lane was passed."""
+        for waiter in self._lane(gpu, holder):
+            self.passed[waiter.id] = self.passed.get(waiter.id, 0) + 1
+
+    def on_hold_end(self, client: Client, now: float) -> None:
+        """A hold ends. Given back when asked (a drop, a revocation), the request goes on; given
+        back of the client's own accord (a cell ended), the next request starts afresh."""
+        since = self._holding_since.pop(client.id, None)
+        held = now - since if since is not None else 0.0
+        self._request[client.id] = self._request.get(client.id, 0.0) + held
+        hold = client.hold
+        if hold is None or hold.drop_reason in (None, p.REASON_RELEASE):
+            self._used[client.id] = (self.attained(client.id, now), now)
+            self._request.pop(client.id, None)
+
+    def forget(self, client_id: str) -> None:
+        self._used.pop(client_id, None)
+        self._holding_since.pop(client_id, None)
+        self._request.pop(client_id, None)
+        self.passed.pop(client_id, None)
+
+    # -- the order ------------------------------------------------------------------------
+
+    def starved(self, client: Client) -> bool:
+        return self.passed.get(client.id, 0) >= self.settings.pass_bound
+
+    def _key(self, client: Client, now: float) -> tuple[int, bool, float, int]:
+        starved = self.starved(client)
+        used = 0.0 if starved else self.attained(client.id, now)
+        return _rank(client)[0], not starved, used, client.request_order
+
+    def heads(self, gpu: GpuState, now: float) -> dict[str, Client]:
+        heads: dict[str, Client] = {}
+        for pool, first in gpu.waiters.heads().items():
+            lane = [c for c in gpu.waiters.in_order(pool) if c.priority == first.priority]
+            heads[pool] = min(lane, key=lambda c: self._key(c, now))
+        return heads
+
+    def in_order(self, gpu: GpuState, pool: str, now: float) -> list[Client]:
+        return sorted(gpu.waiters.in_order(pool), key=lambda c: self._key(c, now))
+
+    def before(self, tail: Client, head: Client, now: float) -> bool:
+        return self._key(tail, now) < self._key(head, now)
+
+    def choose(self, heads: list[Client], owed: Callable[[Client], bool],
+               shortfall: Mapping[str, float], now: float) -> Client:
+        """Between pools' heads: a request owed its guarantee first; then a pool more than
+        SHARE_TOLERANCE further below its entitlement than the pool least behind, the furthest
+        first; then least attained service. Weights are honoured over the share window, within
+        the tolerance, rather than at every handoff: a short cell of a pool slightly ahead need
+        not wait for the other pool's long one. (Shortfalls are compared with each other, not
+        with zero: while the GPU idles at times, every pool is below its entitlement.)"""
+        least = min(shortfall[c.pool] for c in heads)
+
+        def urgency(c: Client) -> tuple[bool, float, bool, float, int]:
+            short = shortfall[c.pool] - least
+            behind = short if short > SHARE_TOLERANCE else 0.0
+            starved = self.starved(c)
+            used = 0.0 if starved else self.attained(c.id, now)
+            return owed(c), behind, starved, -used, -c.request_order
+        return max(heads, key=urgency)
+
+    def _lane(self, gpu: GpuState, client: Client) -> list[Client]:
+        return [w for w in gpu.waiters.in_order(client.pool)
+                if w.priority == client.priority and w.id != client.id]
+
+    # -- the quantum ----------------------------------------------------------------------
+
+    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
+                now: float) -> float:
+        """How long ``holder``'s quantum is, with ``winner`` the client that would go next."""
+        if PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
+            return tq
+        if self.attained(winner.id, now) > CUT_RATIO * self.attained(holder.id, now):
+            return tq
+        cost = self.switch_cost(gpu, holder, winner)
+        early = max(self.settings.first_quantum, COST_FACTOR * cost)
+        if tq - early <= 2 * cost:
+            return tq  # the wait saved is worth less than moving the memory there and back
+        return early
+
+    def switch_cost(self, gpu: GpuState, leaving: Client, coming: Client) -> float:
+        """Seconds to move ``leaving``'s working set out and ``coming``'s in, if they must."""
+        capacity = gpu.spec.memory_total
+        if capacity is None:
+            sizes = [leaving.working_set, coming.working_set]
+            if any(s is None for s in sizes):
+                return 0.0  # nothing known to price: the first quantum alone applies
+            return sum(s or 0 for s in sizes) / self.settings.link_bandwidth
+        room = capacity - self.memory_reserve
+        need = [capacity if c.working_set is None else c.working_set for c in (leaving, coming)]
+        if sum(need) <= room:
+            return 0.0
+        return sum(min(n, room) for n in need) / self.settings.link_bandwidth
+
+    def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
+        if self.starved(nxt):
+            return (f"passed over {self.passed.get(nxt.id, 0)} times: served in request "
+                    "order now")
+        lane = [c for c in gpu.waiters.in_order(nxt.pool)
+                if c.priority == nxt.priority and c.id != nxt.id]
+        used = self.attained(nxt.id, now)
+        if not lane:
+            return f"the only {nxt.priority} request of pool {nxt.pool}"
+        most = max(self.attained(c.id, now) for c in lane)
+        return (f"least GPU time recently in pool {nxt.pool}: {used:.0f} s "
+                f"(others waiting up to {most:.0f} s; half-life "
+                f"{self.settings.half_life:g} s)")
+
+
+def _rank(client: Client) -> tuple[int, int]:
+    return PRIORITY_RANK[client.priority], client.request_order
+
+
+def make_policy(name: str, settings: InteractiveSettings,
+                memory_reserve: int) -> RoundRobin | Interactive:
+    if name == POLICY_INTERACTIVE:
+        return Interactive(settings, memory_reserve)
+    return RoundRobin()
