@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nodeside import limits
-from nodeside.protocol import MODES
+from nodeside.protocol import MODES, PRIORITIES
+from nodeside.scheduler.access import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
 DEFAULT_SOCKET = "/var/run/kiwi/scheduler.sock"
@@ -26,7 +27,6 @@ DEFAULT_TQ = 30.0
 #: How the next holder is chosen within the pools' rules (docs/policy.md says when to use which).
 POLICY_ROUND_ROBIN = "round-robin"
 POLICY_INTERACTIVE = "interactive"
-POLICIES = (POLICY_ROUND_ROBIN, POLICY_INTERACTIVE)
 
 T = TypeVar("T")
 
@@ -72,6 +72,9 @@ class SchedulerConfig:
     #: Group owning the socket; its members may connect. None: the daemon's group.
     socket_group: str | None = None
     socket_mode: int = 0o660
+    #: Who may claim which pools and priorities; None: anyone may claim anything.
+    access: AccessPolicy | None = None
+    #: How the next holder is chosen: a name in ``nodeside.scheduler.policies.POLICIES``,
     #: ``round-robin`` (the seed's rule, default) or ``interactive``.
     policy: str = POLICY_ROUND_ROBIN
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)
@@ -147,9 +150,19 @@ def parse_mode(value: Any, where: str = "mode") -> str:
     return value.lower()
 
 
+def parse_policy(value: Any, where: str = "policy") -> str:
+    from nodeside.scheduler.policies import POLICIES  # the policies are listed there
+
+    if not isinstance(value, str) or value not in POLICIES:
+        raise ConfigError(f"{where}: must be one of {', '.join(sorted(POLICIES))}, "
+                          f"got {value!r}")
+    return value
+
+
 _POOL_KEYS = ("guarantee", "weight", "maximum")
 _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
-             "admin_group", "socket_group", "socket_mode", "policy", "interactive"}
+             "admin_group", "socket_group", "socket_mode", "policy", "access",
+             "interactive"}
 _INTERACTIVE_KEYS = ("first_quantum", "half_life", "pass_bound", "link_bandwidth")
 
 
@@ -228,6 +241,8 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
     for key in ("admin_group", "socket_group"):
         if key in raw:
             changes[key] = None if raw[key] is None else str(raw[key])
+    if "access" in raw:
+        changes["access"] = parse_access(raw["access"])
     if "policy" in raw:
         changes["policy"] = parse_policy(raw["policy"])
     if "interactive" in raw:
@@ -240,12 +255,6 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
             raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
                               f"got {mode!r}") from None
     return replace(config, **changes)
-
-
-def parse_policy(value: Any, where: str = "policy") -> str:
-    if not isinstance(value, str) or value.lower() not in POLICIES:
-        raise ConfigError(f"{where}: must be one of {', '.join(POLICIES)}, got {value!r}")
-    return value.lower()
 
 
 def parse_interactive(raw: Any) -> InteractiveSettings:
@@ -274,6 +283,94 @@ def parse_interactive(raw: Any) -> InteractiveSettings:
                               f"per second (try 25GB), got {raw['link_bandwidth']!r}")
         changes["link_bandwidth"] = bandwidth
     return replace(settings, **changes)
+
+
+_ACCESS_KEYS = {"on_violation", "default", "rules"}
+_RULE_KEYS = {"uids", "gids", "pools", "priorities"}
+
+
+def parse_access(raw: Any) -> AccessPolicy | None:
+    """The ``access`` section: which uids and gids may claim which pools and priorities."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError("access: expected a mapping with on_violation, default and rules")
+    unknown = set(raw) - _ACCESS_KEYS
+    if unknown:
+        raise ConfigError(f"access: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"known keys are {', '.join(sorted(_ACCESS_KEYS))}")
+    policy = AccessPolicy()
+    on_violation = raw.get("on_violation", policy.on_violation)
+    if on_violation not in ON_VIOLATION:
+        raise ConfigError(f"access.on_violation: must be one of {', '.join(ON_VIOLATION)}, "
+                          f"got {on_violation!r}")
+    default = policy.default
+    if "default" in raw:
+        default = _parse_rule(raw["default"], "access.default", who=False)
+    rules = raw.get("rules") or []
+    if not isinstance(rules, list):
+        raise ConfigError("access.rules: expected a list of {uids, gids, pools, priorities}")
+    return AccessPolicy(default=default, on_violation=on_violation,
+                        rules=tuple(_parse_rule(r, f"access.rules[{i}]", who=True)
+                                    for i, r in enumerate(rules)))
+
+
+def _parse_rule(raw: Any, where: str, *, who: bool) -> AccessRule:
+    keys = _RULE_KEYS if who else _RULE_KEYS - {"uids", "gids"}
+    if not isinstance(raw, Mapping) or set(raw) - keys:
+        raise ConfigError(f"{where}: expected a mapping with {', '.join(sorted(keys))}")
+    uids = frozenset(_ids(raw.get("uids"), f"{where}.uids", _uid_of))
+    gids = frozenset(_ids(raw.get("gids"), f"{where}.gids", _gid_of))
+    if who and not uids and not gids:
+        raise ConfigError(f"{where}: names nobody; give uids or gids")
+    pools = _names(raw.get("pools", [ANY]), f"{where}.pools")
+    priorities = {str(x).upper() for x in _names(raw.get("priorities", PRIORITIES),
+                                                f"{where}.priorities")}
+    wrong = priorities - set(PRIORITIES)
+    if wrong:
+        raise ConfigError(f"{where}.priorities: {', '.join(sorted(wrong))} is not one of "
+                          f"{', '.join(PRIORITIES)}")
+    return AccessRule(uids=uids, gids=gids, pools=frozenset(pools),
+                      priorities=frozenset(priorities))
+
+
+def _names(raw: Any, where: str) -> list[str]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) and x for x in raw):
+        raise ConfigError(f"{where}: expected a list of names")
+    return list(raw)
+
+
+def _ids(raw: Any, where: str, resolve: Callable[[str], int]) -> list[int]:
+    if raw is None:
+        return []
+    if not isinstance(raw, (list, tuple)):
+        raw = [raw]
+    out = []
+    for item in raw:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            out.append(item)
+        elif isinstance(item, str) and item:
+            try:
+                out.append(int(item) if item.isdigit() else resolve(item))
+            except KeyError:
+                raise ConfigError(f"{where}: no such name on this node: {item!r}") from None
+        else:
+            raise ConfigError(f"{where}: expected ids or names, got {item!r}")
+    return out
+
+
+def _uid_of(name: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(name).pw_uid
+
+
+def _gid_of(name: str) -> int:
+    import grp
+
+    return grp.getgrnam(name).gr_gid
 
 
 def _parse_gpus(raw: Any) -> dict[int, float]:

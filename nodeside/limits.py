@@ -25,6 +25,11 @@ MAX_BYTES: Final = 2**50
 MAX_PASS_BOUND: Final = 1000
 
 
+#: Closed hold intervals one GPU's share meter keeps (see scheduler.pools.ShareMeter): past
+#: this, a closing hold is folded into its pool's latest interval, so memory stays flat.
+MAX_SHARE_INTERVALS: Final = 1024
+
+
 class LimitError(ValueError):
     """A value outside its bound. The message names the value and the bound."""
 

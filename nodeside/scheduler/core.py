@@ -15,10 +15,11 @@ The rules, per GPU:
 * mode ``auto``: holders run side by side while their working sets fit in the GPU's memory; a
   request that does not fit waits, and contenders are served by quanta as in mode ``on``.
 
-Who goes next is the pools' business (see ``pools``): the contending pool furthest below its
-entitlement, never a pool at its maximum; within a pool HIGH before NORMAL before LOW, then
-request order. A non-preemptible request of a pool below its guarantee makes a LOW holder drop
-at once; a LOW request never cuts a quantum short.
+The room is laid out by role: this file takes the events; ``turns`` says what follows on a GPU
+(grants, quanta, preemption, revocation); ``choosing`` picks the next holder (the policy seam:
+pools by entitlement, then priority, then request order); ``room`` answers mode auto's memory
+questions; ``queries`` answers the shell and the status (deadlines, queue, positions, shares);
+``state`` and ``queue`` hold the clients, the waiters and the hold state's transition table.
 
 A holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
 One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Mapping
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
+from nodeside.scheduler.access import judge
 from nodeside.scheduler.actions import (
     Action,
     Drop,
@@ -41,62 +43,49 @@ from nodeside.scheduler.actions import (
     Revoke,
     SchedulerError,
 )
-from nodeside.scheduler.interactive import Interactive, RoundRobin, make_policy
-from nodeside.scheduler.pools import (
-    Pool,
-    entitlements,
-    preemption_enabled,
-    preemption_off_reason,
+from nodeside.scheduler.policies import POLICIES
+from nodeside.scheduler.pools import Pool, preemption_off_reason
+from nodeside.scheduler.queries import Queries
+from nodeside.scheduler.state import (
+    EVICT_MODES,
+    PRIORITY_RANK,
+    Client,
+    GpuSpec,
+    GpuState,
+    Hold,
+    HoldState,
+    IllegalTransition,
 )
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuSpec, GpuState, Hold
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
 __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "Grant", "Hold",
-           "Released", "Revoke", "Scheduler", "SchedulerError"]
+           "HoldState", "IllegalTransition", "Released", "Revoke", "Scheduler",
+           "SchedulerError"]
 
-_EPS = 1e-9
-# A pool held back at its maximum is looked at again after this fraction of the share window.
-_MAX_RECHECK = 0.005
-# The request order of a holder competing as if it asked again: after every real request.
-_TAIL_ORDER = 1 << 62
-
-
-class Scheduler:
+class Scheduler(Queries):
     def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
         self.config = config
         self._pools: dict[str, Pool] = {}
         self.mode = config.mode
         self.tq = config.tq
-        self.gpus: dict[int, GpuState] = {}
+        self.gpus = {}
         for spec in gpus:
             self.gpus[spec.index] = GpuState(spec, config.gpu_tq.get(spec.index), now)
         self._resize_windows()
         if not self.gpus:
             raise ValueError("a scheduler needs at least one GPU")
-        self.clients: dict[str, Client] = {}
-        self.policy: RoundRobin | Interactive = make_policy(
-            config.policy, config.interactive, config.memory_reserve)
+        self.clients = {}
         self._ids = itertools.count(1)
         self._order = itertools.count(1)
+        self.choice = POLICIES[config.policy](self)
         # Counters for metrics; the shell reads them.
         self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0}
+        #: Events seen; the cached next deadline is good until this moves.
+        self._events = 0
+        self._deadline_cache: tuple[object, float | None] | None = None
 
     # -- configuration --------------------------------------------------------------------
-
-    def tq_for(self, gpu: int) -> float:
-        override = self.gpus[gpu].tq_override
-        return self.tq if override is None else override
-
-    def pool(self, name: str) -> Pool:
-        pool = self._pools.get(name)
-        if pool is None:
-            pool = self._pools[name] = self.config.pool(name)
-        return pool
-
-    @property
-    def preemption(self) -> bool:
-        return preemption_enabled(self.config.pools)
 
     @property
     def preemption_off_reason(self) -> str | None:
@@ -107,11 +96,8 @@ class Scheduler:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
         self.config = config
         self._pools = {}
-        if config.policy != self.policy.name:
-            self.policy = make_policy(config.policy, config.interactive, config.memory_reserve)
-        elif isinstance(self.policy, Interactive):  # keep what each client used
-            self.policy.settings = config.interactive
-            self.policy.memory_reserve = config.memory_reserve
+        if config.policy != self.choice.name:
+            self.choice = POLICIES[config.policy](self)
         for gpu in self.gpus.values():
             gpu.tq_override = config.gpu_tq.get(gpu.spec.index)
         self._resize_windows()
@@ -126,20 +112,45 @@ class Scheduler:
     def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
                  priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
                  kind: str = "client", labels: Mapping[str, str] | None = None,
-                 working_set: int | None = None) -> Client:
-        if gpu not in self.gpus:
-            raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node "
-                                 f"(it has {', '.join(map(str, self.gpus))})")
+                 working_set: int | None = None, gids: Iterable[int] = (),
+                 display_name: str | None = None, user: str | None = None,
+                 evict: str = "managed", gpu_uuid: str | None = None) -> Client:
+        """A new client. ``uid`` and ``gids`` are the peer's credentials, read by the shell from
+        the socket, never from what the client says: the access policy judges the claimed pool
+        and priority by them. A downgraded claim leaves its reason in ``Client.warning``.
+        """
+        gpu = self._gpu_named(gpu, gpu_uuid)
         if priority not in PRIORITY_RANK:
             raise SchedulerError(p.E_INVALID, f"priority must be one of {', '.join(p.PRIORITIES)}")
         if not pool:
             raise SchedulerError(p.E_INVALID, "pool must be a non-empty name")
-        client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=pool,
-                        priority=priority, pid=pid, uid=uid, kind=kind,
+        if evict not in EVICT_MODES:
+            raise SchedulerError(p.E_INVALID, f"evict must be one of {', '.join(EVICT_MODES)}")
+        gids = tuple(gids)
+        try:
+            verdict = judge(self.config.access, uid=uid, gids=gids, pool=pool,
+                            priority=priority)
+        except PermissionError as exc:
+            raise SchedulerError(p.E_PERMISSION, str(exc)) from None
+        client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=verdict.pool,
+                        priority=verdict.priority, pid=pid, uid=uid, gids=gids, kind=kind,
                         labels=dict(labels or {}), working_set=working_set,
-                        registered_at=now)
+                        registered_at=now, display_name=display_name or name, user=user,
+                        evict=evict, warning=verdict.warning)
         self.clients[client.id] = client
         return client
+
+    def _gpu_named(self, gpu: int, uuid: str | None) -> int:
+        """The GPU a client asked for: by UUID when it gave one and the node knows UUIDs."""
+        known = {g.spec.uuid: index for index, g in self.gpus.items() if g.spec.uuid}
+        if uuid and known:
+            if uuid not in known:
+                raise SchedulerError(p.E_INVALID, f"no GPU {uuid} on this node")
+            return known[uuid]
+        if gpu not in self.gpus:
+            raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node "
+                                 f"(it has {', '.join(map(str, self.gpus))})")
+        return gpu
 
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""
@@ -147,19 +158,24 @@ class Scheduler:
         if client is None:
             return []
         gpu = self.gpus[client.gpu]
-        gpu.waiters.remove(client)
-        if client.id in gpu.holders:
+        if client.hold_state is HoldState.WAITING:
+            gpu.waiters.remove(client)
+            client.move(HoldState.IDLE)
+        elif client.hold_state is not HoldState.IDLE:
             self._end_hold(client, now)
-        self.policy.forget(client.id)
+        self.choice.forget(client.id)
         return self._schedule(gpu, now)
 
     def acquire(self, now: float, client_id: str) -> list[Action]:
         client = self._client(client_id)
-        if client.state != "idle":
+        if client.hold_state is not HoldState.IDLE:
+            # Asking again while holding is answered with the grant; while waiting, nothing.
             return [Grant(client.id, client.gpu, self._quantum(client.gpu))] \
                 if client.state == "holding" else []
         gpu = self.gpus[client.gpu]
-        client.state = "waiting"
+        if not gpu.waiters:
+            self._renew_lone_quanta(gpu, now)
+        client.move(HoldState.WAITING)
         client.request_order = next(self._order)
         client.requested_at = now
         gpu.waiters.add(client)
@@ -178,24 +194,25 @@ class Scheduler:
         """
         client = self._client(client_id)
         gpu = self.gpus[client.gpu]
-        if client.state == "waiting":
+        if client.hold_state is HoldState.WAITING:
             gpu.waiters.remove(client)
-            client.state = "idle"
+            client.move(HoldState.IDLE)
             client.requested_at = None
             return [Released(client.id, evict=False), *self._schedule(gpu, now)]
-        if client.state != "holding":
+        if client.hold_state is HoldState.IDLE:
             return [Released(client.id, evict=False)]
         hold = client.hold
         assert hold is not None
-        if hold.drop_reason is not None:
+        if client.hold_state is HoldState.DROPPING:
             evict = hold.drop_evict
             if evict_first and evict:
                 # Already asked to leave (the drop crossed this release on the wire): the drain
                 # goes on under that drop, and its grace is not extended.
                 left = max(0.0, (hold.drop_sent_at or now) + self.config.grace - now)
+                assert hold.drop_reason is not None
                 return [Drop(client.id, gpu.spec.index, hold.drop_reason, True, left)]
         else:
-            incoming = self._pick(gpu, now)
+            incoming = self.choice.pick(gpu, now)
             evict = self._evict_on_leave(gpu, client, now, incoming)
             if evict_first and evict:
                 return [*self._drop(gpu, client, p.REASON_RELEASE, now, incoming, evict=True),
@@ -229,11 +246,16 @@ class Scheduler:
             for gpu in self.gpus.values():
                 keeper, *others = gpu.holders.values() if gpu.holders else (None,)
                 for holder in others:
-                    actions.extend(self._drop(gpu, holder, p.REASON_MODE, now, incoming=keeper))
+                    if holder.hold_state is HoldState.HOLDING:
+                        actions.extend(self._drop(gpu, holder, p.REASON_MODE, now,
+                                                  incoming=keeper))
         elif mode == "auto":
             for gpu in self.gpus.values():
                 first = next(iter(gpu.holders.values()), None)
                 actions.extend(self._relieve_overcommit(gpu, first, now, p.REASON_MODE))
+        else:
+            for gpu in self.gpus.values():
+                self._withdraw_drops(gpu)
         return actions + self._schedule_all(now)
 
     def set_tq(self, now: float, seconds: float, gpu: int | None = None) -> list[Action]:
@@ -255,389 +277,8 @@ class Scheduler:
         """Time has passed: end quanta, revoke holders past their grace."""
         return self._schedule_all(now)
 
-    def next_deadline(self, now: float) -> float | None:
-        """When ``tick`` must next be called, or None if nothing is due until the next event."""
-        deadlines: list[float] = []
-        for gpu in self.gpus.values():
-            if self.mode == "off":
-                continue
-            for holder in gpu.holders.values():
-                hold = holder.hold
-                assert hold is not None
-                if hold.drop_sent_at is not None:
-                    deadlines.append(hold.drop_sent_at + self.config.grace)
-                elif gpu.waiters or self._over_maximum(gpu, holder.pool, now):
-                    deadlines.append(hold.quantum_start + self._quantum_length(gpu, holder, now))
-                    if self.policy.cuts_quanta and gpu.waiters and self.mode == "on":
-                        # Who may cut this quantum short changes as GPU time is used, with no
-                        # event to say so: look again after a first quantum.
-                        deadlines.append(now + self.config.interactive.first_quantum)
-            if not gpu.waiters:
-                continue
-            if any(self._over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
-                deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
-            elif self._grantable(gpu, now):
-                # Shares fall while the GPU idles: a pool held back at its maximum may have
-                # become eligible since the last schedule with no event to say so. Asking for
-                # a tick now (not at the recheck armed earlier, which a caller re-arming from
-                # this answer would cancel) keeps that wake-up from being lost.
-                deadlines.append(now)
-        return min(deadlines) if deadlines else None
-
-    def _grantable(self, gpu: GpuState, now: float) -> bool:
-        """Would a schedule now grant someone? (mode on or auto)"""
-        candidate = self._pick(gpu, now)
-        if candidate is None:
-            return False
-        return not gpu.holders or (self.mode == "auto" and self._fits(gpu, [candidate]))
-
-    # -- queries --------------------------------------------------------------------------
-
-    def gpu_seconds(self, client: Client, now: float) -> float:
-        held = now - client.hold.granted_at if client.hold else 0.0
-        return client.gpu_seconds + held
-
-    def pool_gpu_seconds(self, gpu_index: int, now: float) -> dict[str, float]:
-        """GPU seconds each pool has held ``gpu_index`` for since start, open holds included."""
-        gpu = self.gpus[gpu_index]
-        seconds = dict(gpu.pool_seconds)
-        for holder in gpu.holders.values():
-            seconds[holder.pool] = seconds.get(holder.pool, 0.0) + self.gpu_seconds(holder, now) \
-                - holder.gpu_seconds
-        return seconds
-
-    def queue(self, gpu_index: int, now: float) -> list[Client]:
-        """Waiters in the order they are expected to be granted, next first."""
-        gpu = self.gpus[gpu_index]
-        if not gpu.waiters:
-            return []
-        order = self._predicted_order(gpu, now)
-        # A holder asked to drop for someone hands the GPU to that one: it is next.
-        promised = [order.pop(order.index(c)) for h in gpu.holders.values()
-                    if h.hold and (c := gpu.waiters.get(h.hold.drop_incoming or "")) in order]
-        return promised + order
-
-    def _predicted_order(self, gpu: GpuState, now: float) -> list[Client]:
-        gpu_index = gpu.spec.index
-        by_pool = {pool: self.policy.in_order(gpu, pool, now) for pool in gpu.waiters.pools()}
-        if len(by_pool) == 1:
-            return list(next(iter(by_pool.values())))
-        # Several pools: replay the pool choice, charging each pick one quantum of its pool's
-        # share, which is how the shares will move as the queue drains.
-        shares = self.shares(gpu_index, now)
-        contending = self._contending_pools(gpu)
-        ent = entitlements(self.pool(name) for name in contending)
-        step = self.tq_for(gpu_index) / max(gpu.meter.window, _EPS)
-        order: list[Client] = []
-        while by_pool:
-            name = max(by_pool, key=lambda n: (ent.get(n, 0.0) - shares.get(n, 0.0),
-                                                -by_pool[n][0].request_order))
-            order.append(by_pool[name].pop(0))
-            shares[name] = shares.get(name, 0.0) + step
-            if not by_pool[name]:
-                del by_pool[name]
-        return order
-
-    def queue_position(self, client_id: str, now: float) -> int | None:
-        client = self.clients.get(client_id)
-        if client is None or client.state != "waiting":
-            return None
-        ids = [c.id for c in self.queue(client.gpu, now)]
-        return ids.index(client.id) + 1
-
-    def shares(self, gpu_index: int, now: float) -> dict[str, float]:
-        gpu = self.gpus[gpu_index]
-        return gpu.meter.shares(now, self._contending_pools(gpu))
-
-    def quantum_remaining(self, gpu_index: int, now: float) -> float | None:
-        gpu = self.gpus[gpu_index]
-        if self.mode == "off" or not gpu.holders:
-            return None
-        first = next(iter(gpu.holders.values()))
-        assert first.hold is not None
-        return max(0.0, first.hold.quantum_start + self.tq_for(gpu_index) - now)
-
-    # -- the rules ------------------------------------------------------------------------
-
-    def _schedule_all(self, now: float) -> list[Action]:
-        actions: list[Action] = []
-        for gpu in self.gpus.values():
-            actions.extend(self._schedule(gpu, now))
-        return actions
-
-    def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
-        actions: list[Action] = self._revoke_overdue(gpu, now)
-        if self.mode == "off":
-            for waiter in list(gpu.waiters.values()):
-                actions.append(self._grant(gpu, waiter, now))
-            return actions
-        # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
-        # the first waiter that does not fit stops the others, so a big request never starves
-        # behind a stream of small ones.
-        while gpu.waiters and not (gpu.holders and self.mode == "on"):
-            candidate = self._keep_promise(gpu, now) or self._pick(gpu, now)
-            if candidate is None or (gpu.holders and not self._fits(gpu, [candidate])):
-                break
-            actions.append(self._grant(gpu, candidate, now))
-        actions.extend(self._preempt(gpu, now))
-        actions.extend(self._end_quanta(gpu, now))
-        return actions
-
-    def _pick(self, gpu: GpuState, now: float, tail: Client | None = None) -> Client | None:
-        """The next client to serve: pool furthest below entitlement, then priority, order.
-
-        ``tail`` is a holder whose quantum ended, competing as if it had just asked again.
-        """
-        heads = self.policy.heads(gpu, now)
-        if tail is not None:
-            best = heads.get(tail.pool)
-            if best is None or self.policy.before(tail, best, now):
-                heads[tail.pool] = tail
-        if len(heads) == 1:  # the common case, and the hot path: no shares to measure
-            (name, only), = heads.items()
-            return None if self._over_maximum(gpu, name, now) else only
-        if not heads:
-            return None
-        shares = gpu.meter.shares(now, heads)
-        heads = {name: c for name, c in heads.items()
-                 if not self._over_maximum(gpu, name, now, shares)}
-        if len(heads) <= 1:
-            return next(iter(heads.values()), None)
-        ent = entitlements(self.pool(name) for name in self._contending_pools(gpu))
-        # Guarantees come first: a non-preemptible request of a pool below its guarantee goes
-        # before any split by weight; then the policy weighs each pool's shortfall.
-        return self.policy.choose(
-            list(heads.values()), lambda c: self._below_guarantee(gpu, c, now),
-            {name: ent.get(name, 0.0) - shares.get(name, 0.0) for name in heads}, now)
-
-    def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        if self.mode == "off" or not self.preemption:
-            return []
-        victims = [h for h in gpu.holders.values() if h.preemptible and h.hold
-                   and h.hold.drop_reason is None]
-        if not victims:
-            return []
-        shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
-        claimants = sorted((w for w in gpu.waiters.values()
-                            if self._below_guarantee(gpu, w, now)
-                            and not self._over_maximum(gpu, w.pool, now, shares)),
-                           key=_within_pool)
-        actions: list[Action] = []
-        for claimant in claimants:
-            # Holders already leaving count as gone: a claimant whose room is already being
-            # made must not cost a second preemptible holder its quantum.
-            leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
-            if self._room_after(gpu, claimant, leaving):
-                continue
-            chosen: list[Client] = []
-            while victims and not self._room_after(gpu, claimant, [*leaving, *chosen]):
-                chosen.append(victims.pop())  # the newest grant first: it has run the least
-            if not self._room_after(gpu, claimant, [*leaving, *chosen]):
-                break  # not even every preemptible holder together would make room
-            for victim in chosen:
-                self.counts["preemptions"] += 1
-                actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
-        return actions
-
-    def _room_after(self, gpu: GpuState, claimant: Client, leaving: list[Client]) -> bool:
-        """Would ``claimant`` be granted once ``leaving`` are gone?"""
-        staying = [h for h in gpu.holders.values() if h not in leaving]
-        if self.mode == "on":
-            return not staying
-        return self._fits_together(gpu, [*staying, claimant])
-
-    def _quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
-        """The TQ, or less where the policy cuts the quantum short for the next holder."""
-        tq = self.tq_for(gpu.spec.index)
-        if not self.policy.cuts_quanta or self.mode != "on" or not gpu.waiters:
-            return tq
-        winner = self._pick(gpu, now, _as_tail(holder, _TAIL_ORDER))
-        if winner is None or winner.id == holder.id:
-            return tq
-        return self.policy.quantum(gpu, holder, winner, tq, now)
-
-    def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
-        actions: list[Action] = []
-        tq = self.tq_for(gpu.spec.index)
-        for holder in list(gpu.holders.values()):
-            hold = holder.hold
-            assert hold is not None
-            if hold.drop_reason is not None:
-                continue
-            length = tq if self.mode == "auto" else self._quantum_length(gpu, holder, now)
-            if now < hold.quantum_start + length - _EPS:
-                continue
-            # The holder competes as if it asked again now, at the tail; if it would win
-            # anyway it keeps the GPU and hears nothing.
-            if self.mode == "auto":
-                blocked = self._pick(gpu, now)
-                leaving = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason]
-                if blocked is None or self._room_after(gpu, blocked, leaving):
-                    # Nobody is blocked, or those already leaving make the room: no need to
-                    # end this holder's turn as well.
-                    hold.quantum_start = now
-                    continue
-                actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
-                continue
-            tail = _as_tail(holder, next(self._order))
-            winner = self._pick(gpu, now, tail)
-            if winner is None and self._over_maximum(gpu, holder.pool, now):
-                actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
-                continue
-            if winner is None or winner is tail:
-                if winner is tail:
-                    self.policy.on_keep(gpu, holder, now)
-                hold.quantum_start = now
-                continue
-            actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
-        return actions
-
-    def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
-                            reason: str = p.REASON_ROOM) -> list[Action]:
-        """Mode auto: the holders no longer fit together; ask some to leave until they do.
-
-        It happens when a holder's working set grows (side by side was granted on the sizes
-        reported then) and when the mode turns auto while several hold. Running on past the
-        GPU's memory is the thrashing Kiwi exists to prevent. ``keep`` stays (the one in the
-        middle of allocating, or the first holder); the others leave, longest-running first,
-        until the rest fits, and must move their memory out, since the room is what is missing.
-        """
-        if self.mode != "auto" or keep is None or keep.state != "holding":
-            return []
-        actions: list[Action] = []
-        for holder in list(gpu.holders.values()):
-            staying = [h for h in gpu.holders.values() if h.hold and h.hold.drop_reason is None]
-            if self._fits_together(gpu, staying):
-                break
-            if holder is keep or holder.hold is None or holder.hold.drop_reason is not None:
-                continue
-            actions.extend(self._drop(gpu, holder, reason, now, incoming=None, evict=True))
-        return actions
-
-    def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
-        actions: list[Action] = []
-        for holder in list(gpu.holders.values()):
-            hold = holder.hold
-            assert hold is not None
-            if hold.drop_sent_at is None or now < hold.drop_sent_at + self.config.grace - _EPS:
-                continue
-            self.counts["revocations"] += 1
-            self._end_hold(holder, now)
-            actions.append(Revoke(holder.id, gpu.spec.index, p.REASON_GRACE,
-                                  ignored_for=now - hold.drop_sent_at))
-        return actions
-
-    # -- helpers --------------------------------------------------------------------------
-
-    def _grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
-        gpu.waiters.remove(client)
-        client.state = "holding"
-        client.requested_at = None
-        client.hold = Hold(granted_at=now, quantum_start=now)
-        gpu.holders[client.id] = client
-        gpu.meter.open(client.id, client.pool, now, client.preemptible)
-        self.policy.on_grant(gpu, client, now)
-        self.counts["grants"] += 1
-        return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
-
-    def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-              incoming: Client | None, evict: bool | None = None) -> list[Action]:
-        hold = holder.hold
-        if hold is None or hold.drop_reason is not None:
-            return []
-        hold.drop_reason = reason
-        hold.drop_sent_at = now
-        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming) \
-            if evict is None else evict
-        hold.drop_incoming = incoming.id if incoming is not None else None
-        self.counts["drops"] += 1
-        return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
-
-    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
-        promised, gpu.promised = gpu.promised, None
-        client = gpu.waiters.get(promised) if promised is not None else None
-        if client is None or self._over_maximum(gpu, client.pool, now):
-            return None
-        # A request owed its guarantee that arrived during the handoff still goes first.
-        if not self._below_guarantee(gpu, client, now) and any(
-                self._below_guarantee(gpu, head, now) for head in gpu.waiters.heads().values()):
-            return None
-        return client
-
-    def _end_hold(self, client: Client, now: float) -> None:
-        gpu = self.gpus[client.gpu]
-        if client.hold is not None and client.hold.drop_incoming is not None:
-            gpu.promised = client.hold.drop_incoming
-        gpu.holders.pop(client.id, None)
-        gpu.meter.close(client.id, now)
-        if client.hold is not None:
-            self.policy.on_hold_end(client, now)
-            held = now - client.hold.granted_at
-            client.gpu_seconds += held
-            gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held
-        client.hold = None
-        client.state = "idle"
-
-    def _evict_on_leave(self, gpu: GpuState, leaving: Client, now: float,
-                        incoming: Client | None = None) -> bool:
-        """Must ``leaving`` move its memory out? Only when the next holder needs the room."""
-        if incoming is None:
-            incoming = self._pick(gpu, now)
-        if incoming is None:
-            return False
-        staying = [h for h in gpu.holders.values() if h is not leaving and h is not incoming]
-        return not self._fits_together(gpu, [*staying, incoming, leaving])
-
-    def _fits(self, gpu: GpuState, newcomers: list[Client]) -> bool:
-        return self._fits_together(gpu, [*gpu.holders.values(), *newcomers])
-
-    def _fits_together(self, gpu: GpuState, clients: list[Client]) -> bool:
-        capacity = gpu.spec.memory_total
-        if capacity is None or any(c.working_set is None for c in clients):
-            return len(clients) <= 1
-        need = sum(c.working_set or 0 for c in clients)
-        return need <= capacity - self.config.memory_reserve
-
-    def _below_guarantee(self, gpu: GpuState, client: Client, now: float) -> bool:
-        """Is ``client`` a non-preemptible request of a pool below its guarantee?
-
-        As in KAI, the guarantee covers a pool's non-preemptible work: its LOW holds do not
-        count towards it, so a pool running only preemptible work is still owed its guarantee.
-        """
-        if client.preemptible:
-            return False
-        used = gpu.meter.shares(now, [client.pool], non_preemptible=True)[client.pool]
-        return used < self.pool(client.pool).guarantee - _EPS
-
-    def _over_maximum(self, gpu: GpuState, pool: str, now: float,
-                      shares: Mapping[str, float] | None = None) -> bool:
-        cap = self.pool(pool).cap
-        if cap >= 1.0:
-            return False
-        if shares is None or pool not in shares:
-            shares = gpu.meter.shares(now, [pool])
-        return shares.get(pool, 0.0) >= cap - _EPS
-
-    def _contending_pools(self, gpu: GpuState) -> list[str]:
-        names = {c.pool for c in gpu.holders.values()} | gpu.waiters.pools()
-        return sorted(names)
-
-    def _quantum(self, gpu: int) -> float | None:
-        return None if self.mode == "off" else self.tq_for(gpu)
-
     def _client(self, client_id: str) -> Client:
         try:
             return self.clients[client_id]
         except KeyError:
             raise SchedulerError(p.E_STATE, f"no client {client_id}") from None
-
-
-def _within_pool(client: Client) -> tuple[int, int]:
-    return PRIORITY_RANK[client.priority], client.request_order
-
-
-def _as_tail(holder: Client, order: int) -> Client:
-    """A stand-in for ``holder`` asking again now: same pool and priority, at the tail."""
-    return Client(id=holder.id, name=holder.name, gpu=holder.gpu, pool=holder.pool,
-                  priority=holder.priority, working_set=holder.working_set,
-                  request_order=order)

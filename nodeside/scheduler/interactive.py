@@ -26,11 +26,16 @@ priority) and says how long a holder's quantum is.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
-from nodeside.config import POLICY_INTERACTIVE, POLICY_ROUND_ROBIN, InteractiveSettings
+from nodeside.config import POLICY_INTERACTIVE, InteractiveSettings
+from nodeside.scheduler.choosing import PoolsPolicy, contending_pools
+from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
+
+if TYPE_CHECKING:
+    from nodeside.scheduler.core import Scheduler
 
 #: A cut-short quantum lasts at least this many times the handoff's memory traffic, so that at
 #: most a third of the GPU's time goes to moving memory, however often clients alternate.
@@ -43,58 +48,23 @@ CUT_RATIO = 0.5
 SHARE_TOLERANCE = 0.05
 
 
-class RoundRobin:
-    name = POLICY_ROUND_ROBIN
-    cuts_quanta = False
+class InteractivePolicy(PoolsPolicy):
+    name = POLICY_INTERACTIVE
+    cuts_quanta = True
 
-    def heads(self, gpu: GpuState, now: float) -> dict[str, Client]:
-        return gpu.waiters.heads()
+    def __init__(self, scheduler: Scheduler) -> None:
+        super().__init__(scheduler)
+        #: Client id -> (decayed GPU seconds of ended requests, when that was computed).
+        self._used: dict[str, tuple[float, float]] = {}
+        #: Client id -> GPU seconds of the request in progress (its holds so far, across drops).
+        self._request: dict[str, float] = {}
+        self._holding_since: dict[str, float] = {}
+        #: Client id -> times passed over by a later request of its pool and priority, this wait.
+        self.passed: dict[str, int] = {}
 
-    def in_order(self, gpu: GpuState, pool: str, now: float) -> list[Client]:
-        return gpu.waiters.in_order(pool)
-
-    def before(self, tail: Client, head: Client, now: float) -> bool:
-        """Does ``tail`` (a holder asking again) go before ``head`` (its pool's next waiter)?"""
-        return _rank(tail) < _rank(head)
-
-    def choose(self, heads: list[Client], owed: Callable[[Client], bool],
-               shortfall: Mapping[str, float], now: float) -> Client:
-        """Between pools' heads: the pool furthest below its entitlement, then request order."""
-        return max(heads, key=lambda c: (owed(c), shortfall[c.pool], -c.request_order))
-
-    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
-                now: float) -> float:
-        return tq
-
-    def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
-        pass
-
-    def on_keep(self, gpu: GpuState, holder: Client, now: float) -> None:
-        pass
-
-    def on_hold_end(self, client: Client, now: float) -> None:
-        pass
-
-    def forget(self, client_id: str) -> None:
-        pass
-
-    def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
-        return "round robin: first in request order"
-
-
-@dataclass
-class Interactive:
-    settings: InteractiveSettings
-    memory_reserve: int = 0
-    name: str = POLICY_INTERACTIVE
-    cuts_quanta: bool = True
-    #: Client id -> (decayed GPU seconds of ended requests, when that was computed).
-    _used: dict[str, tuple[float, float]] = field(default_factory=dict)
-    #: Client id -> GPU seconds of the request in progress (its holds so far, across drops).
-    _request: dict[str, float] = field(default_factory=dict)
-    _holding_since: dict[str, float] = field(default_factory=dict)
-    #: Client id -> times passed over by a later request of its pool and priority, this wait.
-    passed: dict[str, int] = field(default_factory=dict)
+    @property
+    def settings(self) -> InteractiveSettings:
+        return self.scheduler.config.interactive  # read each time: SIGHUP may change it
 
     # -- what a client used ---------------------------------------------------------------
 
@@ -177,6 +147,42 @@ class Interactive:
             return owed(c), behind, starved, -used, -c.request_order
         return max(heads, key=urgency)
 
+    def pick(self, gpu: GpuState, now: float, tail: Client | None = None) -> Client | None:
+        """As ``PoolsPolicy.pick`` (maximums, guarantees), with ``heads``, ``before`` and
+        ``choose`` ordering by least attained service."""
+        heads = self.heads(gpu, now)
+        if tail is not None:
+            best = heads.get(tail.pool)
+            if best is None or self.before(tail, best, now):
+                heads[tail.pool] = tail
+        if not heads:
+            return None
+        shares = gpu.meter.shares(now, heads)
+        eligible = [c for name, c in heads.items()
+                    if not self.over_maximum(gpu, name, now, shares)]
+        if len(eligible) <= 1:
+            return next(iter(eligible), None)
+        ent = entitlements(self.scheduler.pool(name) for name in contending_pools(gpu))
+        return self.choose(eligible, lambda c: self.below_guarantee(gpu, c, now),
+                           {c.pool: ent.get(c.pool, 0.0) - shares.get(c.pool, 0.0)
+                            for c in eligible}, now)
+
+    def order(self, gpu: GpuState, now: float) -> list[Client]:
+        """The expected order: each pool by least attained service, the pools interleaved by
+        ``PoolsPolicy``'s prediction (least attained service between pools is not predicted:
+        positions are a forecast, the grant order is ``pick``'s)."""
+        pools = gpu.waiters.pools()
+        if len(pools) <= 1:
+            return [c for pool in pools for c in self.in_order(gpu, pool, now)]
+        urgency = self._urgency(gpu, now)
+        ranked = [(-urgency(pool, j), j, c.request_order, c)
+                  for pool in pools for j, c in enumerate(self.in_order(gpu, pool, now))]
+        ranked.sort(key=lambda entry: entry[:3])
+        return [entry[3] for entry in ranked]
+
+    def position(self, gpu: GpuState, client: Client, now: float) -> int:
+        return [c.id for c in self.order(gpu, now)].index(client.id) + 1
+
     def _lane(self, gpu: GpuState, client: Client) -> list[Client]:
         return [w for w in gpu.waiters.in_order(client.pool)
                 if w.priority == client.priority and w.id != client.id]
@@ -204,7 +210,7 @@ class Interactive:
             if any(s is None for s in sizes):
                 return 0.0  # nothing known to price: the first quantum alone applies
             return sum(s or 0 for s in sizes) / self.settings.link_bandwidth
-        room = capacity - self.memory_reserve
+        room = capacity - self.scheduler.config.memory_reserve
         need = [capacity if c.working_set is None else c.working_set for c in (leaving, coming)]
         if sum(need) <= room:
             return 0.0
@@ -227,10 +233,3 @@ class Interactive:
 
 def _rank(client: Client) -> tuple[int, int]:
     return PRIORITY_RANK[client.priority], client.request_order
-
-
-def make_policy(name: str, settings: InteractiveSettings,
-                memory_reserve: int) -> RoundRobin | Interactive:
-    if name == POLICY_INTERACTIVE:
-        return Interactive(settings, memory_reserve)
-    return RoundRobin()

@@ -8,6 +8,7 @@ scheduler and the current time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ class PoolOnGpu:
     holding: int
     waiting: int
     stuck: str | None
+    #: The pool waits for this GPU while its non-preemptible share is below its guarantee.
+    below_guarantee: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,38 +43,59 @@ class PoolReport:
     waiting: list[str]  # names of the waiting clients, next first
     stuck: str | None  # why the pool waits, when it waits for a reason worth telling
     gpus: list[PoolOnGpu] = field(default_factory=list)
+    #: Among the pools with a client holding or waiting, node-wide; None when not contending.
+    entitlement: float | None = None
+    configured: bool = True
+    missing: tuple[str, ...] = ()
+
+    @property
+    def below_guarantee(self) -> bool:
+        """Waiting on some GPU while below its guarantee there: the panel marks the pool."""
+        return any(g.below_guarantee for g in self.gpus)
 
     def as_status(self) -> dict[str, Any]:
         """The status document's entry (CONTRACT section 5 keys, then ours)."""
         return {
             "name": self.name, "guarantee": self.guarantee, "weight": self.weight,
-            "maximum": self.maximum, "share": round(self.share, 4), "clients": self.clients,
-            "complete": self.complete, "holding": self.holding, "waiting": len(self.waiting),
-            "waiting_clients": self.waiting, "stuck": self.stuck,
+            "maximum": self.maximum, "share": round(self.share, 6),
+            "entitlement": None if self.entitlement is None else round(self.entitlement, 6),
+            "clients": self.clients, "waiting": len(self.waiting), "holding": self.holding,
+            "configured": self.configured, "complete": self.complete,
+            "missing": list(self.missing), "waiting_clients": self.waiting,
+            "stuck": self.stuck, "below_guarantee": self.below_guarantee,
             "gpus": [{"index": g.gpu, "share": round(g.share, 4),
                       "entitlement": None if g.entitlement is None else round(g.entitlement, 4),
-                      "holding": g.holding, "waiting": g.waiting, "stuck": g.stuck}
+                      "holding": g.holding, "waiting": g.waiting, "stuck": g.stuck,
+                      "below_guarantee": g.below_guarantee}
                      for g in self.gpus],
         }
 
 
-def pool_reports(scheduler: Scheduler, now: float) -> list[PoolReport]:
-    """One report per pool: the configured ones, then any other pool a client named."""
+def pool_reports(scheduler: Scheduler, now: float,
+                 queues: Mapping[int, list[Client]] | None = None) -> list[PoolReport]:
+    """One report per pool: the configured ones, then any other pool a client named.
+
+    ``queues``: each GPU's ``Scheduler.queue``, when the caller has it already.
+    """
     names = list(scheduler.config.pools)
+    if not names:
+        names.append(scheduler.pool("default").name)
     for client in scheduler.clients.values():
         if client.pool not in names:
             names.append(client.pool)
-    if not names:
-        names.append(scheduler.pool("default").name)
-    return [_report(scheduler, name, now) for name in names]
+    if queues is None:
+        queues = {index: scheduler.queue(index, now) for index in scheduler.gpus}
+    contending = {c.pool for c in scheduler.clients.values() if c.state != "idle"}
+    ent = entitlements(scheduler.pool(n) for n in sorted(contending))
+    return [_report(scheduler, name, now, queues, ent.get(name)) for name in names]
 
 
-def _report(scheduler: Scheduler, name: str, now: float) -> PoolReport:
+def _report(scheduler: Scheduler, name: str, now: float, queues: Mapping[int, list[Client]],
+            entitlement: float | None) -> PoolReport:
     pool = scheduler.pool(name)
     members = [c for c in scheduler.clients.values() if c.pool == name]
     per_gpu = [_on_gpu(scheduler, gpu, name, now) for gpu in scheduler.gpus.values()]
-    waiting = [c for index in scheduler.gpus for c in scheduler.queue(index, now)
-               if c.pool == name]
+    waiting = [c for index in scheduler.gpus for c in queues[index] if c.pool == name]
     return PoolReport(
         name=name, guarantee=pool.guarantee, weight=pool.weight, maximum=pool.maximum,
         complete=pool.complete,
@@ -80,7 +104,9 @@ def _report(scheduler: Scheduler, name: str, now: float) -> PoolReport:
         waiting=[c.name for c in waiting],
         stuck=next((g.stuck if len(per_gpu) == 1 else f"GPU {g.gpu}: {g.stuck}"
                     for g in per_gpu if g.stuck), None),
-        gpus=per_gpu)
+        gpus=per_gpu, entitlement=entitlement,
+        configured=name in scheduler.config.pools or not scheduler.config.pools,
+        missing=pool.missing)
 
 
 def _on_gpu(scheduler: Scheduler, gpu: GpuState, name: str, now: float) -> PoolOnGpu:
@@ -89,11 +115,14 @@ def _on_gpu(scheduler: Scheduler, gpu: GpuState, name: str, now: float) -> PoolO
     ent = entitlements(scheduler.pool(n) for n in contending).get(name)
     head = min((c for c in gpu.waiters.values() if c.pool == name),
                key=lambda c: (PRIORITY_RANK[c.priority], c.request_order), default=None)
+    below = head is not None and gpu.meter.shares(now, [name], non_preemptible=True)[name] \
+        < scheduler.pool(name).guarantee - 1e-9
     return PoolOnGpu(
         gpu=index, share=scheduler.shares(index, now).get(name, 0.0), entitlement=ent,
         holding=sum(c.pool == name for c in gpu.holders.values()),
         waiting=sum(c.pool == name for c in gpu.waiters.values()),
-        stuck=None if head is None else stuck_reason(scheduler, gpu, head, now))
+        stuck=None if head is None else stuck_reason(scheduler, gpu, head, now),
+        below_guarantee=below)
 
 
 def stuck_reason(scheduler: Scheduler, gpu: GpuState, head: Client, now: float) -> str | None:

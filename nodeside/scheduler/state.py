@@ -1,13 +1,70 @@
-"""What the scheduler knows: each GPU, its holders and waiters, and each client."""
+"""What the scheduler knows: each GPU, its holders and waiters, and each client.
+
+A client's hold goes through four states. Each move the scheduler makes is checked against the
+one table below, so a rule that tries to grant a holder twice or release a client that never
+asked fails loudly in tests instead of quietly corrupting the queue::
+
+    IDLE --acquire--> WAITING --grant--> HOLDING --drop--> DROPPING
+      ^                 |                   |    <--withdrawn--   |
+      +----cancel-------+                   |   (mode off)        |
+      +------------------release-----------+                     |
+      +------------------release or revoke-----------------------+
+
+The status document shows three words (CONTRACT section 5): DROPPING is still "holding".
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from nodeside.scheduler.pools import ShareMeter
+from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
-PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+__all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "Client", "GpuSpec", "GpuState",
+           "Hold", "HoldState", "IllegalTransition", "WaitQueue", "check_transition"]
+
+EVICT_MODES = ("managed", "checkpoint")
+
+
+class HoldState(Enum):
+    IDLE = "idle"
+    WAITING = "waiting"
+    HOLDING = "holding"
+    #: Holding, and asked to give the GPU back (a drop is out); the grace runs.
+    DROPPING = "dropping"
+
+    @property
+    def public(self) -> str:
+        """The word the status document and the protocol use."""
+        return "holding" if self is HoldState.DROPPING else self.value
+
+
+#: Every legal move. Anything else is a bug in the rules.
+TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
+    (HoldState.IDLE, HoldState.WAITING),        # acquire
+    (HoldState.WAITING, HoldState.IDLE),        # the wait is cancelled, or the client leaves
+    (HoldState.WAITING, HoldState.HOLDING),     # grant
+    (HoldState.HOLDING, HoldState.DROPPING),    # asked to drop (quantum, preemption, room...)
+    (HoldState.HOLDING, HoldState.IDLE),        # released, or the client leaves
+    (HoldState.DROPPING, HoldState.IDLE),       # released after the drop, or revoked
+    (HoldState.DROPPING, HoldState.HOLDING),    # the drop is withdrawn: mode off grants all
+})
+
+
+class IllegalTransition(RuntimeError):
+    """The rules tried a move the table does not allow: a scheduler bug, never a peer's."""
+
+    def __init__(self, client: str, before: HoldState, after: HoldState) -> None:
+        super().__init__(f"client {client}: {before.value} -> {after.value} is not a legal move")
+        self.before = before
+        self.after = after
+
+
+def check_transition(client: str, before: HoldState, after: HoldState) -> None:
+    if (before, after) not in TRANSITIONS:
+        raise IllegalTransition(client, before, after)
 
 
 @dataclass(frozen=True)
@@ -46,66 +103,38 @@ class Client:
     working_set: int | None = None  # bytes; None while unknown, which counts as the whole GPU
     evictable: int | None = None
     registered_at: float = 0.0
-    state: str = "idle"  # idle | waiting | holding
+    #: What people see (a notebook's path); ``name`` stays the key.
+    display_name: str = ""
+    #: The user name of the peer's uid, resolved by the shell (the core does no I/O).
+    user: str | None = None
+    #: How the client gives memory back: "managed" (the shim pages it) or "checkpoint".
+    evict: str = "managed"
+    gids: tuple[int, ...] = ()
+    #: Why the access policy changed the claimed pool or priority (for the log); None if not.
+    warning: str | None = None
+    hold_state: HoldState = HoldState.IDLE
     request_order: int = 0  # global counter: request order, also across pools
     requested_at: float | None = None
     hold: Hold | None = None
     gpu_seconds: float = 0.0  # closed holds only; see Scheduler.gpu_seconds
 
+    def __post_init__(self) -> None:
+        if not self.display_name:
+            self.display_name = self.name
+
+    @property
+    def state(self) -> str:
+        """idle | waiting | holding, as the status document says it."""
+        return self.hold_state.public
+
+    def move(self, to: HoldState) -> None:
+        """Change the hold state, or raise IllegalTransition."""
+        check_transition(self.id, self.hold_state, to)
+        self.hold_state = to
+
     @property
     def preemptible(self) -> bool:
         return self.priority == "LOW"
-
-
-class WaitQueue:
-    """One GPU's waiters, indexed so that each pool's next client is found without a scan.
-
-    Clients sit in request order in one dict per (pool, priority): the head of a pool is the
-    first client of its highest non-empty priority. Handoffs stay O(pools), not O(waiters).
-    """
-
-    def __init__(self) -> None:
-        self._all: dict[str, Client] = {}
-        self._lanes: dict[str, list[dict[str, Client]]] = {}
-
-    def add(self, client: Client) -> None:
-        self._all[client.id] = client
-        lanes = self._lanes.setdefault(client.pool, [{} for _ in PRIORITY_RANK])
-        lanes[PRIORITY_RANK[client.priority]][client.id] = client
-
-    def remove(self, client: Client) -> None:
-        if self._all.pop(client.id, None) is None:
-            return
-        lanes = self._lanes[client.pool]
-        del lanes[PRIORITY_RANK[client.priority]][client.id]
-        if not any(lanes):
-            del self._lanes[client.pool]
-
-    def heads(self) -> dict[str, Client]:
-        return {pool: next(iter(next(lane for lane in lanes if lane).values()))
-                for pool, lanes in self._lanes.items()}
-
-    def pools(self) -> set[str]:
-        return set(self._lanes)
-
-    def in_order(self, pool: str) -> list[Client]:
-        """A pool's waiters in the order it serves them: priority, then request order."""
-        return [c for lane in self._lanes.get(pool, ()) for c in lane.values()]
-
-    def values(self) -> Iterable[Client]:
-        return self._all.values()
-
-    def get(self, client_id: str) -> Client | None:
-        return self._all.get(client_id)
-
-    def __contains__(self, client_id: object) -> bool:
-        return client_id in self._all
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all)
-
-    def __len__(self) -> int:
-        return len(self._all)
 
 
 class GpuState:

@@ -11,15 +11,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from nodeside.scheduler.core import Client, Scheduler
-from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.report import pool_reports
 
 STATUS_VERSION = 1
 
 
 def build_status(scheduler: Scheduler, now: float,
-                 memory_used: Mapping[int, int | None] | None = None) -> dict[str, Any]:
-    """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can."""
+                 memory_used: Mapping[int, int | None] | None = None, *,
+                 viewer_admin: bool = True, viewer_uid: int | None = None) -> dict[str, Any]:
+    """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can.
+
+    A viewer that is not an admin sees every client's name and state, but the pid and labels
+    only of clients with its own uid (``viewer_uid``): others' pids and labels (a pod's name, a
+    path) are theirs.
+    """
     memory_used = memory_used or {}
     queues = {index: scheduler.queue(index, now) for index in scheduler.gpus}
     positions = {c.id: i + 1 for queue in queues.values() for i, c in enumerate(queue)}
@@ -40,15 +45,21 @@ def build_status(scheduler: Scheduler, now: float,
             "quantum_remaining": scheduler.quantum_remaining(index, now),
             "tq": scheduler.tq_for(index),
         })
-    clients = [_client_entry(scheduler, c, positions.get(c.id), now)
-               for c in scheduler.clients.values()]
+    clients = []
+    for client in scheduler.clients.values():
+        entry = _client_entry(scheduler, client, positions.get(client.id), now)
+        if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
+            entry["pid"] = None
+            del entry["labels"]
+        clients.append(entry)
+    pools = sorted(pool_reports(scheduler, now, queues), key=lambda r: r.name)
     return {
         "version": STATUS_VERSION,
         "mode": scheduler.mode,
         "tq": scheduler.tq,
         "gpus": gpus,
         "clients": clients,
-        "pools": _pools(scheduler, now),
+        "pools": [r.as_status() for r in pools],
         "preemption": scheduler.preemption,
         "preemption_off_reason": scheduler.preemption_off_reason,
     }
@@ -59,6 +70,8 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
     return {
         "id": client.id,
         "name": client.name,
+        "display_name": client.display_name or client.name,
+        "user": client.user,
         "pid": client.pid,
         "gpu": client.gpu,
         "pool": client.pool,
@@ -68,49 +81,11 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
         "working_set": client.working_set or 0,
         "gpu_seconds": round(scheduler.gpu_seconds(client, now), 6),
         "kind": client.kind,
+        "evict": client.evict,
         "labels": dict(client.labels),
         "waiting_since": None if client.requested_at is None
         else round(now - client.requested_at, 6),
     }
-
-
-def _pools(scheduler: Scheduler, now: float) -> list[dict[str, Any]]:
-    names = set(scheduler.config.pools) | {c.pool for c in scheduler.clients.values()}
-    if not scheduler.config.pools:
-        names.add("default")
-    # A pool's share is averaged over the node's GPUs: one GPU's time is the unit of the config,
-    # and a node with several GPUs measures each against its own.
-    shares: dict[str, float] = {}
-    for index in scheduler.gpus:
-        for name, share in scheduler.shares(index, now).items():
-            shares[name] = shares.get(name, 0.0) + share / len(scheduler.gpus)
-    contending = {c.pool for c in scheduler.clients.values() if c.state != "idle"}
-    ent = entitlements(scheduler.pool(n) for n in sorted(contending))
-    reports = {r.name: r for r in pool_reports(scheduler, now)}
-    out = []
-    for name in sorted(names):
-        pool = scheduler.pool(name)
-        report = reports.get(name)
-        members = [c for c in scheduler.clients.values() if c.pool == name]
-        out.append({
-            "name": name,
-            "guarantee": pool.guarantee,
-            "weight": pool.weight,
-            "maximum": pool.maximum,
-            "share": round(shares.get(name, 0.0), 6),
-            "entitlement": round(ent[name], 6) if name in ent else None,
-            "clients": len(members),
-            "waiting": sum(1 for c in members if c.state == "waiting"),
-            "holding": sum(1 for c in members if c.state == "holding"),
-            "configured": name in scheduler.config.pools or not scheduler.config.pools,
-            "complete": pool.complete,
-            # The pools report (``kiwictl pools``): who waits, and why a stuck pool is stuck.
-            "missing": list(pool.missing),
-            "waiting_clients": report.waiting if report else [],
-            "stuck": report.stuck if report else None,
-            "gpus": report.as_status()["gpus"] if report else [],
-        })
-    return out
 
 
 def _reported_use(clients: Any) -> int | None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nodeside.config import SchedulerConfig
-from nodeside.scheduler.core import Drop, GpuSpec, Grant, Revoke, Scheduler
+from nodeside.scheduler.core import Drop, GpuSpec, Grant, HoldState, Revoke, Scheduler
 
 TQ = 1.0
 GRACE = 0.5
@@ -134,6 +134,17 @@ class RoundRobin(RuleBasedStateMachine):
             if not any(c.hold and c.hold.drop_reason == "mode"
                        for c in self.s.gpus[0].holders.values()):
                 assert len(self.s.gpus[0].holders) <= 1
+
+    @invariant()
+    def hold_state_agrees_with_the_queues(self) -> None:
+        gpu = self.s.gpus[0]
+        for client in self.s.clients.values():
+            state = client.hold_state
+            assert (state is HoldState.WAITING) == (client.id in gpu.waiters)
+            assert (state in (HoldState.HOLDING, HoldState.DROPPING)) == (client.id in gpu.holders)
+            assert (state is HoldState.DROPPING) == (
+                client.hold is not None and client.hold.drop_reason is not None)
+            assert (client.hold is None) == (state in (HoldState.IDLE, HoldState.WAITING))
 
     @invariant()
     def nothing_belongs_to_the_dead(self) -> None:

@@ -116,13 +116,62 @@ def test_quantum_end_with_nobody_waiting_renews_silently() -> None:
     a = s.register(0.0, name="A")
     s.acquire(0.0, a.id)
     assert s.next_deadline(0.0) is None  # nothing is due: no timer runs for a lone holder
-    assert s.tick(TQ + 1) == []
+    # Two and a half quanta later the holder still holds, in its third quantum.
     assert s.clients[a.id].state == "holding"
-    # A newcomer later waits a full quantum counted from the renewal.
-    b = s.register(0.0, name="B")
-    s.acquire(TQ + 1, b.id)
-    assert s.next_deadline(TQ + 1) == pytest.approx(TQ + 1 + TQ)
-    assert drops(s.tick(TQ + 1 + TQ)) != []
+    assert s.quantum_remaining(0, 2.5 * TQ) == pytest.approx(0.5 * TQ)
+
+
+def test_a_newcomer_waits_for_the_lone_holders_current_quantum_to_end() -> None:
+    # The seed's timeline: B asks while A holds; B waits for A's quantum to elapse. A has
+    # held alone for more than one quantum; its quantum was renewed, with no tick, at TQ.
+    s = make()
+    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    s.acquire(0.0, a.id)
+    assert drops(s.acquire(TQ + 1, b.id)) == []
+    deadline = s.next_deadline(TQ + 1)
+    assert deadline == pytest.approx(2 * TQ)
+    assert [d.client for d in drops(s.tick(deadline))] == [a.id]
+
+
+def test_a_newcomer_at_a_renewal_waits_a_whole_quantum() -> None:
+    s = make()
+    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    s.acquire(0.0, a.id)
+    assert drops(s.acquire(3 * TQ, b.id)) == []
+    assert s.next_deadline(3 * TQ) == pytest.approx(4 * TQ)
+
+
+def test_a_lone_holders_quanta_keep_their_grid_when_another_gpu_ticks() -> None:
+    # GPU 1's deadlines tick GPU 0 too; that must not move GPU 0's lone holder's quanta.
+    s = make(gpus=2)
+    a = s.register(0.0, name="A", gpu=0)
+    s.acquire(0.0, a.id)  # A's quanta: [0, TQ], [TQ, 2 TQ], [2 TQ, 3 TQ], ...
+    c, d = s.register(0.0, name="C", gpu=1), s.register(0.0, name="D", gpu=1)
+    s.acquire(0.5 * TQ, c.id)
+    s.acquire(1.0 * TQ, d.id)
+    assert s.next_deadline(1.0 * TQ) == pytest.approx(1.5 * TQ)
+    s.tick(1.5 * TQ)  # ticks GPU 0 halfway through A's second quantum
+    b = s.register(0.0, name="B", gpu=0)
+    s.acquire(2.2 * TQ, b.id)
+    deadlines = [a.hold.quantum_start + TQ]
+    assert deadlines == [pytest.approx(3 * TQ)]
+
+
+def test_mode_off_withdraws_drops_so_a_later_request_revokes_nobody() -> None:
+    s = make(grace=5.0)
+    a, b, c = (s.register(0.0, name=n) for n in "ABC")
+    s.acquire(0.0, a.id)
+    s.acquire(1.0, b.id)
+    assert [d.client for d in drops(s.tick(s.next_deadline(1.0)))] == [a.id]
+    s.set_mode(TQ, "off")
+    assert s.next_deadline(TQ) is None  # the daemon sets no timer in mode off
+    actions = s.acquire(TQ + 100.0, c.id)
+    assert not [x for x in actions if isinstance(x, Revoke)]
+    assert grants(actions) == [c.id]
+    assert s.clients[a.id].state == "holding"
+    # Back on, A's quantum starts afresh: it is not revoked either.
+    s.set_mode(TQ + 101.0, "on")
+    assert not [x for x in s.tick(TQ + 101.0) if isinstance(x, Revoke)]
 
 
 def test_drop_is_sent_once_per_quantum() -> None:

@@ -36,7 +36,7 @@ def short_cell_behind_a_training_run(config: dict) -> Replay:
 
 def test_round_robin_stays_the_default():
     assert from_mapping({}).policy == "round-robin"
-    assert make_scheduler().policy.name == "round-robin"
+    assert make_scheduler().choice.name == "round-robin"
     # The seed's rule: the short cell waits for the training run's quantum to end.
     assert finish_time(short_cell_behind_a_training_run({}), "B") == pytest.approx(31.2)
 
@@ -148,7 +148,7 @@ def test_interactive_settings_are_checked():
         from_mapping({"interactive": {"quantum": 1}})
     with pytest.raises(ConfigError, match="interactive.first_quantum"):
         from_mapping({"interactive": {"first_quantum": 0}})
-    config = from_mapping({"policy": "Interactive",
+    config = from_mapping({"policy": "interactive",
                            "interactive": {"half_life": 60, "link_bandwidth": "55GB"}})
     assert config.policy == "interactive"
     assert config.interactive.half_life == 60.0
@@ -160,12 +160,15 @@ def test_interactive_settings_are_checked():
 class Overtakes:
     """Counts, for each waiter, the times a later request of its pool and priority was served
     first: by a grant, or by a holder winning again at its quantum's end. Counted here from the
-    scheduler's queues, independently of the policy's own count."""
+    scheduler's queues, independently of the policy's own count. A holder's quantum restarting
+    counts only against waiters that already waited before the event: one that just arrived
+    sees the quanta brought up to date (``_renew_lone_quanta``), not passed."""
 
     def __init__(self) -> None:
         self.count: dict[str, int] = {}
         self.worst = 0
         self._quanta: dict[str, float] = {}
+        self._waiting: set[str] = set()
 
     def observe(self, replay: Replay, actions: list[Action]) -> None:
         sched = replay.scheduler
@@ -183,11 +186,14 @@ class Overtakes:
         for client_id in [c for c in self._quanta if c not in sched.clients
                           or sched.clients[c].state != "holding"]:
             del self._quanta[client_id]
+        self._waiting = {c for gpu in sched.gpus.values() for c in gpu.waiters}
 
     def _passed(self, replay: Replay, winner, tail: bool = False) -> None:
         gpu = replay.scheduler.gpus[winner.gpu]
         for waiter in gpu.waiters.values():
             if (waiter.pool, waiter.priority) != (winner.pool, winner.priority):
+                continue
+            if tail and waiter.id not in self._waiting:
                 continue
             if tail or waiter.request_order < winner.request_order:
                 self.count[waiter.id] = self.count.get(waiter.id, 0) + 1

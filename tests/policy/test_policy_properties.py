@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from policy_helpers import GiB, greedy, make_scheduler
 
-from nodeside.scheduler.core import Action, Grant, Scheduler, SchedulerError
+from nodeside.scheduler import room
+from nodeside.scheduler.core import Action, Grant, HoldState, Scheduler, SchedulerError
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.replay import Replay
 
@@ -179,6 +180,23 @@ class AnyContention(RuleBasedStateMachine):
             assert not set(gpu.holders) & set(gpu.waiters)
             assert all(c.state == "holding" and c.hold for c in gpu.holders.values())
             assert all(c.state == "waiting" for c in gpu.waiters.values())
+        for client in self.sched.clients.values():
+            # The explicit hold state says the same as the hold: DROPPING iff a drop is out.
+            dropping = client.hold is not None and client.hold.drop_reason is not None
+            assert (client.hold_state is HoldState.DROPPING) == dropping
+            assert (client.hold is not None) == (client.state == "holding")
+
+    @invariant()
+    def queue_position_kept_incrementally_equals_the_rebuilt_queue(self):
+        for index in self.sched.gpus:
+            rebuilt = self.sched.queue(index, self.now)
+            for place, client in enumerate(rebuilt, 1):
+                assert self.sched.queue_position(client.id, self.now) == place
+
+    @invariant()
+    def cached_next_deadline_equals_a_fresh_one(self):
+        fresh, _ = self.sched._compute_deadline(self.now)
+        assert self.sched.next_deadline(self.now) == fresh
 
     @invariant()
     def mode_on_has_at_most_one_holder_not_leaving(self):
@@ -198,7 +216,8 @@ class AnyContention(RuleBasedStateMachine):
             return
         for gpu in self.sched.gpus.values():
             staying = [h for h in gpu.holders.values() if h.hold.drop_reason is None]
-            assert len(staying) <= 1 or self.sched._fits_together(gpu, staying)
+            reserve = self.sched.config.memory_reserve
+            assert len(staying) <= 1 or room.fits_together(gpu, staying, reserve)
 
     @invariant()
     def a_tick_settles_everything_due(self):

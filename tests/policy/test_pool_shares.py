@@ -4,7 +4,9 @@ pool HIGH goes before NORMAL before LOW, then request order, round robin."""
 import pytest
 from policy_helpers import SEED_POOLS, greedy, make_scheduler
 
+from nodeside.limits import MAX_SHARE_INTERVALS
 from nodeside.scheduler.core import Drop, Grant
+from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.replay import Replay
 
 
@@ -119,3 +121,56 @@ def test_the_queue_shows_the_client_a_drop_was_sent_for_as_next():
     late = sched.register(1.1, name="late", pool="simulation", priority="HIGH")
     sched.acquire(1.1, late.id)
     assert [c.name for c in sched.queue(0, 1.2)] == ["first", "late"]
+
+
+def test_share_history_stays_bounded_over_100000_holds_with_no_status_reader():
+    # Issue 11.6: 100,000 holds with nobody asking for shares kept 100,000 intervals. (No
+    # maximum, so no request reads the shares either: only closing holds can trim.)
+    pools = {"training": {"guarantee": 0.3, "weight": 1, "maximum": -1},
+             "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
+    sched = make_scheduler({"tq": 30.0, "pools": pools})
+    a = sched.register(0.0, name="a", pool="training")
+    b = sched.register(0.0, name="b", pool="simulation", priority="LOW")
+    now = 0.0
+    for _ in range(50_000):  # two holds a round, alternating pools: nothing is back to back
+        for client in (a, b):
+            sched.acquire(now, client.id)
+            now += 0.001
+            sched.release(now, client.id)
+            now += 0.001
+    assert len(sched.gpus[0].meter) <= MAX_SHARE_INTERVALS
+
+
+def test_share_history_is_trimmed_as_holds_close():
+    sched = make_scheduler({"tq": 1.0, "window": 20.0})
+    a = sched.register(0.0, name="a")
+    for n in range(1000):  # a 0.5 s hold every second, for 1000 s
+        sched.acquire(float(n), a.id)
+        sched.release(n + 0.5, a.id)
+    assert len(sched.gpus[0].meter) <= 21
+    assert sched.shares(0, 1000.0)["default"] == pytest.approx(0.5, abs=0.03)
+
+
+def test_back_to_back_holds_of_one_pool_are_one_interval_and_shares_stay_exact():
+    meter = ShareMeter(window=100.0, started=0.0)
+    for n in range(10):
+        meter.open(n, "p", float(n))
+        meter.close(n, n + 1.0)
+    assert len(meter) == 1
+    assert meter.shares(10.0, ["p"])["p"] == pytest.approx(1.0)
+    assert meter.shares(100.0, ["p"])["p"] == pytest.approx(0.1)
+
+
+def test_holds_folded_past_the_bound_keep_their_gpu_seconds():
+    meter = ShareMeter(window=1000.0, started=0.0, max_intervals=4)
+    exact = ShareMeter(window=1000.0, started=0.0, max_intervals=10_000)
+    for n in range(200):
+        pool, low = ("p", False) if n % 2 else ("q", n % 3 == 0)
+        for m in (meter, exact):
+            m.open(n, pool, n * 2.0, low)
+            m.close(n, n * 2.0 + 0.7)
+    assert len(meter) <= 4
+    for non_preemptible in (False, True):
+        folded = meter.shares(500.0, ["p", "q"], non_preemptible=non_preemptible)
+        assert folded == pytest.approx(exact.shares(500.0, ["p", "q"],
+                                                    non_preemptible=non_preemptible))

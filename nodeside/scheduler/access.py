@@ -1,0 +1,99 @@
+"""Who may claim which pools and priorities: pool and priority as permissions.
+
+A pool with a guarantee and the HIGH priority are power over other people's work: a request of
+a pool below its guarantee makes a LOW holder drop at once. Without a policy any peer on the
+socket could claim them. The admin writes one in the config (``access:``); the core checks each
+``register`` against it with the peer's uid and groups, which the daemon reads from the socket
+(``SO_PEERCRED``) and the kernel's group list: credentials a client cannot forge. What a client
+says about itself (its environment, its labels, a Kubernetes namespace it names) is never used
+here; see docs/policy.md.
+
+Sans-I/O like the rest of the core: uids and gids in, a verdict out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nodeside import protocol as p
+
+ANY = "*"
+REFUSE = "refuse"
+DOWNGRADE = "downgrade"
+ON_VIOLATION = (REFUSE, DOWNGRADE)
+
+
+@dataclass(frozen=True)
+class AccessRule:
+    """Peers with one of ``uids`` or ``gids`` may use ``pools`` at ``priorities``."""
+
+    uids: frozenset[int] = frozenset()
+    gids: frozenset[int] = frozenset()
+    pools: frozenset[str] = frozenset({ANY})
+    priorities: frozenset[str] = frozenset(p.PRIORITIES)
+
+    def matches(self, uid: int | None, gids: Iterable[int]) -> bool:
+        return (uid is not None and uid in self.uids) or bool(self.gids.intersection(gids))
+
+    def allows(self, pool: str, priority: str) -> bool:
+        return (ANY in self.pools or pool in self.pools) and priority in self.priorities
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    #: What everyone may claim, whatever their uid (when no rule below says more).
+    default: AccessRule = AccessRule(pools=frozenset({"default"}),
+                                     priorities=frozenset({"NORMAL", "LOW"}))
+    rules: tuple[AccessRule, ...] = ()
+    #: ``refuse``: a claim outside the policy is an E_PERMISSION error. ``downgrade``: the
+    #: client is registered with the nearest claim it may make, and a warning says so.
+    on_violation: str = REFUSE
+    uids_exempt: frozenset[int] = field(default_factory=lambda: frozenset({0}))
+
+    def rules_for(self, uid: int | None, gids: Iterable[int]) -> list[AccessRule]:
+        gids = tuple(gids)
+        return [self.default, *(r for r in self.rules if r.matches(uid, gids))]
+
+    def allowed(self, uid: int | None, gids: Iterable[int], pool: str, priority: str) -> bool:
+        if uid in self.uids_exempt:
+            return True
+        return any(r.allows(pool, priority) for r in self.rules_for(uid, gids))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    pool: str
+    priority: str
+    #: Why the claim was changed (downgrade), for the log and the client; None when it stood.
+    warning: str | None = None
+
+
+def judge(policy: AccessPolicy | None, *, uid: int | None, gids: Iterable[int], pool: str,
+          priority: str) -> Verdict:
+    """The pool and priority a peer gets for its claim, or PermissionError saying why not.
+
+    No policy: every claim stands (the daemon's behaviour before policies existed).
+    A downgrade keeps the pool when some priority in it is allowed (the highest allowed at or
+    below the claim, else the lowest allowed), and otherwise moves to the first pool allowed,
+    ``default`` first, then the pools the peer's rules name, by name.
+    """
+    gids = tuple(gids)
+    if policy is None or policy.allowed(uid, gids, pool, priority):
+        return Verdict(pool, priority)
+    who = f"uid {uid}" if uid is not None else "this peer"
+    refusal = f"{who} may not use pool {pool!r} at priority {priority}"
+    if policy.on_violation == REFUSE:
+        raise PermissionError(f"{refusal} (the access policy in the daemon's config)")
+    pools = [pool, "default",
+             *sorted({q for r in policy.rules_for(uid, gids) for q in r.pools} - {ANY})]
+    ranks = list(p.PRIORITIES)  # HIGH, NORMAL, LOW
+    for candidate in pools:
+        allowed = [r for r in ranks if policy.allowed(uid, gids, candidate, r)]
+        if not allowed:
+            continue
+        below = [r for r in allowed if ranks.index(r) >= ranks.index(priority)]
+        given = below[0] if below else allowed[-1]
+        return Verdict(candidate, given,
+                       f"{refusal}: registered in pool {candidate!r} at {given} instead")
+    raise PermissionError(f"{refusal}, and no pool is open to it")

@@ -1,0 +1,134 @@
+"""One GPU's waiters, in the order each pool serves them, with positions kept incrementally.
+
+Clients sit in request order in one lane per (pool, priority): the head of a pool is the first
+client of its highest non-empty priority, so choosing the next holder costs O(pools), not
+O(waiters). Each lane also numbers its clients as they arrive (tickets), so that a client's
+place in its pool is its ticket less the lane's first ticket, less the few clients that left
+from the middle: O(1) while clients leave from the head (a grant), O(log n) otherwise. A
+``waiting`` reply then costs no rebuild of the queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left, insort
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nodeside.scheduler.state import Client
+
+PRIORITY_RANK = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+
+
+class Lane:
+    """One (pool, priority)'s waiters in request order, each with its arrival ticket."""
+
+    __slots__ = ("members", "_ticket", "_arrivals", "_next", "_gone")
+
+    def __init__(self) -> None:
+        self.members: dict[str, Client] = {}
+        self._ticket: dict[str, int] = {}
+        #: Ids in arrival order; ids that left from the middle are skipped when they reach
+        #: the front (lazily), so the first member is found in O(1) amortized.
+        self._arrivals: deque[str] = deque()
+        self._next = 0
+        #: Tickets of members that left from behind the first one, sorted.
+        self._gone: list[int] = []
+
+    def add(self, client: Client) -> None:
+        self.members[client.id] = client
+        self._ticket[client.id] = self._next
+        self._arrivals.append(client.id)
+        self._next += 1
+
+    def remove(self, client_id: str) -> None:
+        ticket = self._ticket.pop(client_id)
+        del self.members[client_id]
+        if self._arrivals[0] != client_id:
+            insort(self._gone, ticket)
+            return
+        self._arrivals.popleft()
+        while self._arrivals and self._arrivals[0] not in self._ticket:
+            self._arrivals.popleft()
+        floor = self._ticket[self._arrivals[0]] if self._arrivals else self._next
+        del self._gone[:bisect_left(self._gone, floor)]
+
+    def first(self) -> Client:
+        return self.members[self._arrivals[0]]
+
+    def index(self, client_id: str) -> int:
+        """0-based place in this lane."""
+        ticket = self._ticket[client_id]
+        floor = self._ticket[self._arrivals[0]]
+        return ticket - floor - bisect_left(self._gone, ticket)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+class WaitQueue:
+    """One GPU's waiters, by pool and priority."""
+
+    def __init__(self) -> None:
+        self._all: dict[str, Client] = {}
+        self._lanes: dict[str, list[Lane]] = {}
+
+    def add(self, client: Client) -> None:
+        self._all[client.id] = client
+        lanes = self._lanes.get(client.pool)
+        if lanes is None:
+            lanes = self._lanes[client.pool] = [Lane() for _ in PRIORITY_RANK]
+        lanes[PRIORITY_RANK[client.priority]].add(client)
+
+    def remove(self, client: Client) -> None:
+        if self._all.pop(client.id, None) is None:
+            return
+        lanes = self._lanes[client.pool]
+        lanes[PRIORITY_RANK[client.priority]].remove(client.id)
+        if not any(lanes):
+            del self._lanes[client.pool]
+
+    def heads(self) -> dict[str, Client]:
+        return {pool: next(lane for lane in lanes if lane).first()
+                for pool, lanes in self._lanes.items()}
+
+    def pools(self) -> set[str]:
+        return set(self._lanes)
+
+    def in_order(self, pool: str) -> list[Client]:
+        """A pool's waiters in the order it serves them: priority, then request order."""
+        return [c for lane in self._lanes.get(pool, ()) for c in lane.members.values()]
+
+    def index_in_pool(self, client: Client) -> int:
+        """0-based place of a waiter in its pool's order: O(1) in the common case."""
+        lanes = self._lanes[client.pool]
+        rank = PRIORITY_RANK[client.priority]
+        return sum(len(lane) for lane in lanes[:rank]) + lanes[rank].index(client.id)
+
+    def pool_size(self, pool: str) -> int:
+        return sum(len(lane) for lane in self._lanes.get(pool, ()))
+
+    def nth_in_pool(self, pool: str, index: int) -> Client:
+        """The pool's waiter at a 0-based place (a walk within one lane: rarely needed)."""
+        for lane in self._lanes[pool]:
+            if index < len(lane):
+                return next(itertools.islice(lane.members.values(), index, None))
+            index -= len(lane)
+        raise IndexError(index)
+
+    def values(self) -> Iterable[Client]:
+        return self._all.values()
+
+    def get(self, client_id: str) -> Client | None:
+        return self._all.get(client_id)
+
+    def __contains__(self, client_id: object) -> bool:
+        return client_id in self._all
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)

@@ -1,0 +1,298 @@
+"""Turns: what follows each event on a GPU. Grants, quanta ending, preemption, revocation.
+
+``Scheduler`` (core.py) takes the events; after each one it calls ``_schedule`` for the GPU it
+touched, and that is this file: grant while the GPU is free (or the next one fits, in mode auto),
+drop a LOW holder for a request owed its guarantee, end quanta that ran out while someone
+eligible waits, revoke a holder past its grace. Every hold state change goes through
+``Client.move``, which checks the transition table in state.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from nodeside import protocol as p
+from nodeside.config import SchedulerConfig
+from nodeside.scheduler import room
+from nodeside.scheduler.actions import Action, Drop, Grant, Revoke
+from nodeside.scheduler.choosing import PoolsPolicy, within_pool
+from nodeside.scheduler.pools import Pool, preemption_enabled
+from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
+
+_EPS = 1e-9
+# The request order of a holder competing as if it asked again: after every real request.
+_TAIL_ORDER = 1 << 62
+
+
+class Turns:
+    """The scheduling rules shared by every event; ``Scheduler`` holds the state they use."""
+
+    config: SchedulerConfig
+    mode: str
+    tq: float
+    gpus: dict[int, GpuState]
+    _pools: dict[str, Pool]
+    clients: dict[str, Client]
+    counts: dict[str, int]
+    choice: PoolsPolicy
+    _order: itertools.count[int]
+    _events: int
+
+    def pool(self, name: str) -> Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            pool = self._pools[name] = self.config.pool(name)
+        return pool
+
+    def tq_for(self, gpu: int) -> float:
+        override = self.gpus[gpu].tq_override
+        return self.tq if override is None else override
+
+    def _quantum(self, gpu: int) -> float | None:
+        return None if self.mode == "off" else self.tq_for(gpu)
+
+    @property
+    def preemption(self) -> bool:
+        return preemption_enabled(self.config.pools)
+
+    def _schedule_all(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for gpu in self.gpus.values():
+            actions.extend(self._schedule(gpu, now))
+        return actions
+
+    def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
+        self._events += 1  # every event schedules: what the next deadline depends on moved
+        actions: list[Action] = self._revoke_overdue(gpu, now)
+        if self.mode == "off":
+            for waiter in list(gpu.waiters.values()):
+                actions.append(self._grant(gpu, waiter, now))
+            return actions
+        # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
+        # the first waiter that does not fit stops the others, so a big request never starves
+        # behind a stream of small ones.
+        while gpu.waiters and not (gpu.holders and self.mode == "on"):
+            candidate = self._keep_promise(gpu, now) or self.choice.pick(gpu, now)
+            if candidate is None or (
+                    gpu.holders and not room.fits_beside(gpu, [candidate], self._reserve)):
+                break
+            actions.append(self._grant(gpu, candidate, now))
+        actions.extend(self._preempt(gpu, now))
+        actions.extend(self._end_quanta(gpu, now))
+        return actions
+
+    @property
+    def _reserve(self) -> int:
+        return self.config.memory_reserve
+
+    def _room_after(self, gpu: GpuState, claimant: Client, gone: list[Client]) -> bool:
+        return room.room_after(gpu, claimant, gone, serial=self.mode == "on",
+                               reserve=self._reserve)
+
+    def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
+        if self.mode == "off" or not gpu.waiters or not self.preemption:
+            return []  # nobody to preempt for: no shares to measure on this hot path
+        victims = [h for h in room.staying(gpu) if h.preemptible]
+        if not victims:
+            return []
+        shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
+        claimants = sorted((w for w in gpu.waiters.values()
+                            if self.choice.below_guarantee(gpu, w, now)
+                            and not self.choice.over_maximum(gpu, w.pool, now, shares)),
+                           key=within_pool)
+        actions: list[Action] = []
+        for claimant in claimants:
+            # Holders already leaving count as gone: a claimant whose room is already being
+            # made must not cost a second preemptible holder its quantum.
+            leaving = room.leaving(gpu)
+            if self._room_after(gpu, claimant, leaving):
+                continue
+            chosen: list[Client] = []
+            while victims and not self._room_after(gpu, claimant, [*leaving, *chosen]):
+                chosen.append(victims.pop())  # the newest grant first: it has run the least
+            if not self._room_after(gpu, claimant, [*leaving, *chosen]):
+                break  # not even every preemptible holder together would make room
+            for victim in chosen:
+                self.counts["preemptions"] += 1
+                actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
+        return actions
+
+    def _quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
+        """The TQ, or less where the policy cuts the quantum short for the next holder."""
+        tq = self.tq_for(gpu.spec.index)
+        if not self.choice.cuts_quanta or self.mode != "on" or not gpu.waiters:
+            return tq
+        winner = self.choice.pick(gpu, now, _as_tail(holder, _TAIL_ORDER))
+        if winner is None or winner.id == holder.id:
+            return tq
+        return self.choice.quantum(gpu, holder, winner, tq, now)
+
+    def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
+        actions: list[Action] = []
+        tq = self.tq_for(gpu.spec.index)
+        for holder in room.staying(gpu):
+            hold = holder.hold
+            assert hold is not None
+            if now < hold.quantum_start + self._quantum_length(gpu, holder, now) - _EPS:
+                continue
+            # The holder competes as if it asked again now, at the tail; if it would win
+            # anyway it keeps the GPU and hears nothing.
+            if self.mode == "auto":
+                blocked = self.choice.pick(gpu, now)
+                if blocked is None or self._room_after(gpu, blocked, room.leaving(gpu)):
+                    # Nobody is blocked, or those already leaving make the room: no need to
+                    # end this holder's turn as well.
+                    hold.quantum_start = self._renewed(gpu, hold, tq, now)
+                    continue
+                actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
+                continue
+            tail = _as_tail(holder, next(self._order))
+            winner = self.choice.pick(gpu, now, tail)
+            if winner is None and self.choice.over_maximum(gpu, holder.pool, now):
+                actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
+                continue
+            if winner is None or winner is tail:
+                if winner is tail:
+                    self.choice.on_keep(gpu, holder, now)
+                hold.quantum_start = self._renewed(gpu, hold, tq, now)
+                continue
+            actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
+        return actions
+
+    def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
+                            reason: str = p.REASON_ROOM) -> list[Action]:
+        """Mode auto: the holders no longer fit together; ask some to leave until they do.
+
+        Running on past the GPU's memory is the thrashing Kiwi exists to prevent. ``keep``
+        stays (the one in the middle of allocating, or the first holder); the others leave and
+        must move their memory out, since the room is what is missing.
+        """
+        if self.mode != "auto" or keep is None or keep.state != "holding":
+            return []
+        actions: list[Action] = []
+        for holder in room.overcommitted(gpu, keep, self._reserve):
+            actions.extend(self._drop(gpu, holder, reason, now, incoming=None, evict=True))
+        return actions
+
+    def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for holder in room.leaving(gpu):
+            hold = holder.hold
+            assert hold is not None and hold.drop_sent_at is not None
+            if now < hold.drop_sent_at + self.config.grace - _EPS:
+                continue
+            self.counts["revocations"] += 1
+            self._end_hold(holder, now)
+            actions.append(Revoke(holder.id, gpu.spec.index, p.REASON_GRACE,
+                                  ignored_for=now - hold.drop_sent_at))
+        return actions
+
+    def _renew_lone_quanta(self, gpu: GpuState, now: float) -> None:
+        """Someone starts waiting: bring each holder's quantum up to date first.
+
+        A holder nobody waited for had its quantum renewed at each end, silently and with no
+        timer (the shell ticks only at ``next_deadline``, and none is due then). Counting the
+        renewals now puts the newcomer behind the end of the *current* quantum, as in the
+        seed's timeline, instead of dropping a holder whose first quantum ran out long ago.
+        """
+        tq = self.tq_for(gpu.spec.index)
+        for holder in room.staying(gpu):
+            assert holder.hold is not None
+            holder.hold.quantum_start = current_quantum_start(holder.hold, tq, now)
+
+    @staticmethod
+    def _renewed(gpu: GpuState, hold: Hold, tq: float, now: float) -> float:
+        """The start of a holder's next quantum when it keeps the GPU at the end of one.
+
+        Alone, its quanta follow each other on the grid set by its grant, wherever a tick
+        happens to land (another GPU's deadline ticks this one too). Behind waiters it won
+        against, the next quantum starts now.
+        """
+        return current_quantum_start(hold, tq, now) if not gpu.waiters else now
+
+    def _withdraw_drops(self, gpu: GpuState) -> None:
+        """Mode off: nobody has to leave any more, so no drop may stay armed (and revoke)."""
+        for holder in room.leaving(gpu):
+            hold = holder.hold
+            assert hold is not None
+            holder.move(HoldState.HOLDING)
+            hold.drop_reason = hold.drop_sent_at = hold.drop_incoming = None
+            hold.drop_evict = False
+        gpu.promised = None
+
+    # -- the moves ------------------------------------------------------------------------
+
+    def _grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
+        client.move(HoldState.HOLDING)
+        gpu.waiters.remove(client)
+        client.requested_at = None
+        client.hold = Hold(granted_at=now, quantum_start=now)
+        gpu.holders[client.id] = client
+        gpu.meter.open(client.id, client.pool, now, client.preemptible)
+        self.choice.on_grant(gpu, client, now)
+        self.counts["grants"] += 1
+        return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
+
+    def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
+              incoming: Client | None, evict: bool | None = None) -> list[Action]:
+        holder.move(HoldState.DROPPING)
+        hold = holder.hold
+        assert hold is not None
+        hold.drop_reason = reason
+        hold.drop_sent_at = now
+        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming) \
+            if evict is None else evict
+        hold.drop_incoming = incoming.id if incoming is not None else None
+        self.counts["drops"] += 1
+        return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
+
+    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
+        promised, gpu.promised = gpu.promised, None
+        client = gpu.waiters.get(promised) if promised is not None else None
+        if client is None or self.choice.over_maximum(gpu, client.pool, now):
+            return None
+        # A request owed its guarantee that arrived during the handoff still goes first.
+        if not self.choice.below_guarantee(gpu, client, now) and any(
+                self.choice.below_guarantee(gpu, head, now)
+                for head in gpu.waiters.heads().values()):
+            return None
+        return client
+
+    def _end_hold(self, client: Client, now: float) -> None:
+        client.move(HoldState.IDLE)
+        gpu = self.gpus[client.gpu]
+        hold = client.hold
+        assert hold is not None
+        self.choice.on_hold_end(client, now)
+        if hold.drop_incoming is not None:
+            gpu.promised = hold.drop_incoming
+        gpu.holders.pop(client.id, None)
+        gpu.meter.close(client.id, now)
+        held = now - hold.granted_at
+        client.gpu_seconds += held
+        gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held
+        client.hold = None
+
+    def _evict_on_leave(self, gpu: GpuState, leaving: Client, now: float,
+                        incoming: Client | None = None) -> bool:
+        """Must ``leaving`` move its memory out? Only when the next holder needs the room."""
+        if incoming is None:
+            incoming = self.choice.pick(gpu, now)
+        return room.evict_needed(gpu, leaving, incoming, self._reserve)
+
+
+def current_quantum_start(hold: Hold, tq: float, now: float) -> float:
+    """When the quantum running at ``now`` began, counting the silent renewals of a holder
+    that nobody waited for: one every ``tq`` since its quantum started."""
+    elapsed = now - hold.quantum_start
+    if elapsed < tq - _EPS:
+        return hold.quantum_start
+    return hold.quantum_start + math.floor((elapsed + _EPS) / tq) * tq
+
+
+def _as_tail(holder: Client, order: int) -> Client:
+    """A stand-in for ``holder`` asking again now: same pool and priority, at the tail."""
+    return Client(id=holder.id, name=holder.name, gpu=holder.gpu, pool=holder.pool,
+                  priority=holder.priority, working_set=holder.working_set,
+                  request_order=order)

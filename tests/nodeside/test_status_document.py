@@ -1,0 +1,83 @@
+"""The status document's client and pool entries: display names, users, eviction kind, what a
+non-admin may see, and the daemon's one rule for "below its guarantee"."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodeside.config import from_mapping
+from nodeside.scheduler.core import GpuSpec, Scheduler, SchedulerError
+from nodeside.scheduler.status import build_status
+
+POOLS = {"training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
+         "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
+
+
+def scheduler(config: dict | None = None, gpus: list[GpuSpec] | None = None) -> Scheduler:
+    return Scheduler(from_mapping(config or {"tq": 1.0}), gpus or [GpuSpec(0)], 0.0)
+
+
+def entry(doc: dict, name: str) -> dict:
+    return next(c for c in doc["clients"] if c["name"] == name)
+
+
+def test_client_entries_carry_display_name_user_and_evict():
+    s = scheduler()
+    s.register(0.0, name="k1", display_name="work/train.ipynb", user="alice",
+               evict="checkpoint")
+    s.register(0.0, name="k2")
+    doc = build_status(s, 0.0)
+    assert {k: entry(doc, "k1")[k] for k in ("display_name", "user", "evict")} == {
+        "display_name": "work/train.ipynb", "user": "alice", "evict": "checkpoint"}
+    assert {k: entry(doc, "k2")[k] for k in ("display_name", "user", "evict")} == {
+        "display_name": "k2", "user": None, "evict": "managed"}
+
+
+def test_an_unknown_evict_kind_is_refused():
+    with pytest.raises(SchedulerError, match="evict must be one of"):
+        scheduler().register(0.0, name="k", evict="swap")
+
+
+def test_a_non_admin_sees_names_and_states_but_not_others_pids_or_labels():
+    s = scheduler()
+    mine = s.register(0.0, name="mine", pid=10, uid=1000, labels={"pod": "a"})
+    s.register(0.0, name="theirs", pid=20, uid=2000, labels={"pod": "b"})
+    s.acquire(0.0, mine.id)
+    doc = build_status(s, 0.0, viewer_admin=False, viewer_uid=1000)
+    theirs = entry(doc, "theirs")
+    assert theirs["pid"] is None and "labels" not in theirs
+    assert theirs["state"] == "idle"
+    assert entry(doc, "mine")["pid"] == 10 and entry(doc, "mine")["labels"] == {"pod": "a"}
+    admin = build_status(s, 0.0)
+    assert entry(admin, "theirs")["pid"] == 20 and entry(admin, "theirs")["labels"]
+
+
+def test_a_client_may_name_its_gpu_by_uuid():
+    s = scheduler(gpus=[GpuSpec(0, uuid="GPU-aaa"), GpuSpec(1, uuid="GPU-bbb")])
+    assert s.register(0.0, name="k", gpu=0, gpu_uuid="GPU-bbb").gpu == 1
+    with pytest.raises(SchedulerError, match="no GPU GPU-ccc"):
+        s.register(0.0, name="k", gpu_uuid="GPU-ccc")
+
+
+def test_a_pool_waiting_below_its_guarantee_is_marked_by_the_daemon():
+    s = scheduler({"tq": 5.0, "pools": POOLS})
+    a = s.register(0.0, name="a", pool="training")
+    b = s.register(0.0, name="b", pool="simulation")
+    s.acquire(0.0, a.id)
+    s.acquire(1.0, b.id)
+    pools = {p["name"]: p for p in build_status(s, 2.0)["pools"]}
+    assert pools["simulation"]["below_guarantee"] is True
+    assert pools["training"]["below_guarantee"] is False  # holding, not waiting
+    assert pools["simulation"]["gpus"][0]["below_guarantee"] is True
+
+
+def test_the_pools_entries_are_the_pools_report():
+    s = scheduler({"tq": 5.0, "pools": POOLS})
+    a = s.register(0.0, name="a", pool="training")
+    s.acquire(0.0, a.id)
+    (training,) = [p for p in build_status(s, 1.0)["pools"] if p["name"] == "training"]
+    for key in ("name", "guarantee", "weight", "maximum", "share", "clients", "entitlement",
+                "waiting", "holding", "configured", "complete", "missing", "waiting_clients",
+                "stuck", "below_guarantee", "gpus"):
+        assert key in training
+    assert training["entitlement"] == pytest.approx(1.0 * 0.7)  # alone, capped at its maximum
