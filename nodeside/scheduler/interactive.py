@@ -217,18 +217,24 @@ class InteractivePolicy(PoolsPolicy):
         return sum(min(n, room) for n in need) / self.settings.link_bandwidth
 
     def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
+        """Why ``nxt`` goes next, for the status document: the first rule that decided."""
+        promised = {h.hold.drop_incoming for h in gpu.holders.values() if h.hold}
+        if nxt.id in promised or gpu.promised == nxt.id:
+            return "the holder was asked to leave for it"
+        if self.below_guarantee(gpu, nxt, now):
+            return f"pool {nxt.pool} is below its guarantee"
         if self.starved(nxt):
             return (f"passed over {self.passed.get(nxt.id, 0)} times: served in request "
                     "order now")
-        lane = [c for c in gpu.waiters.in_order(nxt.pool)
-                if c.priority == nxt.priority and c.id != nxt.id]
+        others = [c for c in gpu.waiters.values() if c.id != nxt.id]
         used = self.attained(nxt.id, now)
-        if not lane:
-            return f"the only {nxt.priority} request of pool {nxt.pool}"
-        most = max(self.attained(c.id, now) for c in lane)
-        return (f"least GPU time recently in pool {nxt.pool}: {used:.0f} s "
-                f"(others waiting up to {most:.0f} s; half-life "
-                f"{self.settings.half_life:g} s)")
+        if not others:
+            return f"the only request waiting ({used:.0f} s of GPU time recently)"
+        least = min(self.attained(c.id, now) for c in others)
+        if used <= least:
+            return (f"least GPU time recently: {used:.0f} s, others waiting {least:.0f} s or "
+                    f"more (half-life {self.settings.half_life:g} s)")
+        return f"pool {nxt.pool} is furthest below its entitlement"
 
 
 def _rank(client: Client) -> tuple[int, int]:
