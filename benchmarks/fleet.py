@@ -104,6 +104,7 @@ class Cell:
     start: float
     burst: float
     end: float | None = None
+    priority: str = "NORMAL"
 
     @property
     def wait(self) -> float:
@@ -193,12 +194,12 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
         # Pools alternate, GPUs every two notebooks: each GPU gets notebooks of both pools.
         worker = replay.add(f"nb{n:02d}", pool=pool, priority=priority, gpu=(n // 2) % gpus,
                             working_set=size if memory else None)
-        _start_notebook(replay, worker, rng, workload, cells)
+        _start_notebook(replay, worker, rng, workload, cells, priority)
     return replay, cells, contention
 
 
 def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workload,
-                    cells: list[Cell]) -> None:
+                    cells: list[Cell], priority: str = "NORMAL") -> None:
     current: list[Cell] = []
 
     def next_cell(now: float) -> None:
@@ -207,7 +208,7 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
             start += rng.lognormvariate(_mu(w.away_median), w.away_sigma)
         if rng.random() < w.gpu_cell_probability:
             burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
-            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst)
+            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority)
             current[:] = [cell]
             cells.append(cell)
             replay.burst(worker, burst, when=start)
@@ -256,6 +257,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     shares = {pool: contention.held.get(pool, 0.0) / total for pool in POOLS} if total else {}
     share_error = {pool: abs(shares[pool] - ent[pool]) for pool in shares}
     short = [_slowdown(c) for c in finished if c.burst < SHORT_CELL]
+    by_priority = {p: [_slowdown(c) for c in finished if c.burst < SHORT_CELL
+                       and c.priority == p] for p in ("NORMAL", "LOW")}
     long = [_slowdown(c) for c in finished if c.burst >= SHORT_CELL]
     return {
         "mode": mode, "policy": policy, "link": link, "notebooks": notebooks, "gpus": gpus,
@@ -272,6 +275,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "short_cells": len(short), "long_cells": len(long),
         "short_slowdown_mean": statistics.fmean(short), "short_slowdown_p95": percentile(short, 95),
         "long_slowdown_mean": statistics.fmean(long), "long_slowdown_p95": percentile(long, 95),
+        "short_slowdown_mean_normal": statistics.fmean(by_priority["NORMAL"]),
+        "short_slowdown_mean_low": statistics.fmean(by_priority["LOW"]),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
         "sustained_fraction": contention.sustained / (duration * gpus),
