@@ -314,6 +314,7 @@ RUNS = (
     ("round robin, TQ 30 s", "on", 30.0, "round-robin", "gen4"),
     ("round robin, TQ 5 s", "on", 5.0, "round-robin", "gen4"),
     ("interactive, TQ 30 s", "on", 30.0, "interactive", "gen4"),
+    ("interactive, TQ 10 s", "on", 10.0, "interactive", "gen4"),
     ("round robin, TQ 30 s, Gen5", "on", 30.0, "round-robin", "gen5"),
     ("round robin, TQ 5 s, Gen5", "on", 5.0, "round-robin", "gen5"),
     ("interactive, TQ 30 s, Gen5", "on", 30.0, "interactive", "gen5"),
@@ -349,10 +350,10 @@ def main(argv: list[str] | None = None) -> None:
         docs = Path(__file__).resolve().parent.parent / "docs"
         draw_seed_example(docs / "timeline.png")
         window = {"gpu": 0, "start": 3600.0, "end": 3600.0 + 900.0}
-        draw_fleet(results[1]["_replay"], docs / "fleet-timeline.png",
-                   title=results[1]["label"], **window)
-        draw_fleet(results[3]["_replay"], docs / "fleet-timeline-interactive.png",
-                   title=results[3]["label"], **window)
+        by_label = {r["label"]: r for r in results}
+        for label, name in (("round robin, TQ 30 s", "fleet-timeline.png"),
+                            ("interactive, TQ 10 s", "fleet-timeline-interactive.png")):
+            draw_fleet(by_label[label]["_replay"], docs / name, title=label, **window)
         print(f"wrote timeline.png, fleet-timeline.png and fleet-timeline-interactive.png "
               f"into {docs}")
 

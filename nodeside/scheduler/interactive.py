@@ -1,26 +1,23 @@
-"""How the next holder is chosen within a pool and a priority: round robin or interactive.
+"""The interactive policy (``policy: interactive``): least attained service, within the pools'
+and priorities' rules.
 
-The pools' rules (entitlements, maximums, guarantees, preemption) and the priorities decide
-first, in ``core``; a policy only orders the clients those rules leave equal (same pool, same
-priority) and says how long a holder's quantum is.
+``choosing.PoolsPolicy`` is round robin: request order, a full TQ each turn. This subclass
+orders by the GPU time each client used instead. The request in progress counts in full (its
+holds so far, across drops: a cell that goes on after a drop keeps what it used); earlier
+requests count half after ``half_life`` seconds. Of two clients of the same pool and priority
+the one that used less goes first, so a person's short cell goes ahead of a training run.
+Three rules keep that safe (docs/policy.md; tests/policy/test_interactive_policy.py):
 
-* ``RoundRobin`` (the seed's rule, the default): request order; a holder whose quantum ends
-  competes as if it had just asked again, at the tail. Every quantum is the TQ.
-* ``Interactive``: least attained service. Each client's GPU time counts down with a half-life
-  (``half_life``, 5 min by default), and of two clients of the same pool and priority the one
-  that used less recently goes first: a person running a short cell goes ahead of a training
-  run. Three rules keep that safe:
-
-  - never starving: a waiter passed over ``pass_bound`` times by later requests of its pool and
-    priority is served in request order from then on, so nobody is passed over more than that;
-  - never breaking pools and priorities: the order applies only among equals; a quantum is cut
-    short only for a client of the same or a higher priority (a LOW request still never cuts a
-    quantum short);
-  - never switching at a loss: the holder's quantum is cut short only for a client that used at
-    most half its recent GPU time, only after ``first_quantum`` or twice the time moving both
-    working sets would take, whichever is longer, and only when the wait that saves is longer
-    than moving the memory there and back. Working sets are the ones clients report; an unknown
-    one counts as the whole GPU, as in mode auto.
+- never starving: a waiter passed over ``pass_bound`` times by later requests of its pool and
+  priority is served in request order from then on, so nobody is passed over more than that;
+- pools and priorities first: maximums, guarantees and preemption are ``PoolsPolicy``'s; between
+  pools, least attained service decides only while their shortfalls from their entitlements
+  differ by at most SHARE_TOLERANCE; a LOW request never cuts a quantum short;
+- never switching at a loss: a holder's quantum is cut short only for a client that used at
+  most CUT_RATIO of the holder's recent GPU time, only after ``first_quantum`` or COST_FACTOR
+  times the time moving both working sets would take, whichever is longer, and only when the
+  wait that saves is longer than moving the memory there and back. Working sets are the ones
+  clients report; an unknown one counts as the whole GPU, as in mode auto.
 """
 
 from __future__ import annotations
