@@ -93,10 +93,8 @@ def test_a_low_request_never_cuts_a_quantum_short():
     (2 * GiB, None),   # 30 s: the wait saved is worth less than moving memory there and back
 ])
 def test_a_quantum_is_cut_short_only_when_moving_memory_pays(bandwidth, cut_at):
-    sched = make_scheduler({"tq": 30.0, **INTERACTIVE,
+    sched = make_scheduler({"tq": 30.0, "memory_reserve": 0, **INTERACTIVE,
                             "interactive": {"link_bandwidth": bandwidth}}, memory=40 * GiB)
-    sched.config = sched.config.with_runtime(memory_reserve=0)
-    sched.reconfigure(sched.config, 0.0)
     a = sched.register(0.0, name="A", working_set=30 * GiB)
     b = sched.register(0.0, name="B", working_set=30 * GiB)
     sched.acquire(0.0, a.id)
