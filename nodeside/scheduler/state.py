@@ -89,7 +89,7 @@ class Hold:
     drop_incoming: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # one object per client: compared by identity, and cheaply
 class Client:
     id: str
     name: str
