@@ -24,15 +24,23 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
 * CPU-only cells last lognormal median 3 s.
 * Half the notebooks are in pool ``training`` (0.3 / 1 / 0.7), half in ``simulation``
   (0.5 / 3 / unlimited), the seed's pools; a quarter of all notebooks run LOW (exploratory).
-* Giving the GPU back takes 0.2 s (pausing the work in flight; no working set is moved in mode
-  on when the next one fits, and the shim's eviction cost is not modelled).
+* Giving the GPU back takes 0.2 s (pausing the work in flight).
+* Switching costs (``--link``, on unless ``none``): each notebook has a working set, lognormal
+  with median 5 GiB and sigma 1.0 (a mid-sized model with its activations and optimizer state;
+  the 99th percentile near 50 GiB, so a few notebooks hold tens of GiB), bounded by the GPU's
+  memory (40 GiB, less the scheduler's reserve). A GPU keeps working sets resident while they
+  fit; a grant that needs room moves the least recently granted ones to host and its own back,
+  over a host link of 25 GB/s (PCIe Gen4) or 55 GB/s (Gen5), see
+  ``nodeside.scheduler.switching``. That time is in the hold but is nobody's work.
 
 What it reports, each against a floor measured in the same run:
 
-* GPU utilization: the fraction of GPU time held, against the offered load (the GPU seconds the
-  fleet asked for over the GPU time there was): 1.0 means every request was served in the end.
+* GPU utilization: the fraction of GPU time spent working, against the offered load (the GPU
+  seconds the fleet asked for over the GPU time there was): 1.0 means every request was served
+  in the end. Switching loss: the fraction of GPU time spent moving memory.
 * Wait per GPU cell, mean and p95, in seconds and as slowdown against the floor of an exclusive
-  GPU (where a cell takes exactly its burst).
+  GPU (where a cell takes exactly its burst, its memory already in place), for all cells, for
+  short ones (burst under 10 s: what a person waits for) and for long ones.
 * Each pool's share error: during sustained contention (both pools contending for a GPU for at
   least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
   (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
@@ -53,16 +61,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import percentile
+from benchmarks.fleet_report import side_by_side
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.replay import Replay, Worker
+from nodeside.scheduler.switching import PCIE_GEN4, PCIE_GEN5, SwitchingModel
 
 POOLS = {
     "training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
     "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1},
 }
 GiB = 1024**3
+GPU_MEMORY = 40 * GiB
+#: Cells shorter than this are the ones a person sits and waits for.
+SHORT_CELL = 10.0
+LINKS = {"none": None, "gen4": PCIE_GEN4, "gen5": PCIE_GEN5}
 
 
 @dataclass
@@ -78,6 +92,8 @@ class Workload:
     burst_cap: float = 20 * 60.0
     cpu_cell_median: float = 3.0
     release_delay: float = 0.2
+    working_set_median: float = 5.0 * GiB
+    working_set_sigma: float = 1.0
 
 
 @dataclass
@@ -88,6 +104,7 @@ class Cell:
     start: float
     burst: float
     end: float | None = None
+    priority: str = "NORMAL"
 
     @property
     def wait(self) -> float:
@@ -147,29 +164,42 @@ class Contention:
 
 
 def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: str,
-                memory: int | None, tq: float) -> tuple[Replay, list[Cell], Contention]:
+                memory: int | None, tq: float, policy: str = "round-robin",
+                bandwidth: float | None = None, tuning: dict | None = None
+                ) -> tuple[Replay, list[Cell], Contention]:
     rng = random.Random(seed)
     sizes = random.Random(seed + 1)  # its own stream: the same traces in every mode
-    config = from_mapping({"tq": tq, "mode": mode, "pools": POOLS})
+    settings = {"tq": tq, "mode": mode, "pools": POOLS}
+    if policy != "round-robin":  # the default, left out so the seed's config stays as it was
+        settings["policy"] = policy
+        # The policy prices moving memory at the link the replay models.
+        settings["interactive"] = {"link_bandwidth": int(bandwidth or PCIE_GEN4),
+                                   **(tuning or {})}
+    config = from_mapping(settings)
     sched = Scheduler(config, [GpuSpec(i, memory_total=memory) for i in range(gpus)], 0.0)
-    replay = Replay(sched, release_delay=workload.release_delay)
+    switching = None
+    if bandwidth is not None and memory is not None:
+        switching = SwitchingModel(memory - config.memory_reserve, bandwidth)
+    replay = Replay(sched, release_delay=workload.release_delay, switching=switching)
     contention = Contention(min_length=10 * tq)
     replay.observers.append(contention.observe)
     cells: list[Cell] = []
     for n in range(notebooks):
         pool = "training" if n % 2 == 0 else "simulation"
         priority = "LOW" if n % 8 in (6, 7) else "NORMAL"  # a quarter, in both pools
-        # Working sets: lognormal, median 4.5 GiB (a mid-sized model and its activations).
-        size = int(sizes.lognormvariate(1.5, 0.6) * GiB)
+        size = int(sizes.lognormvariate(_mu(workload.working_set_median),
+                                        workload.working_set_sigma))
+        if memory is not None:
+            size = min(size, memory - config.memory_reserve)
         # Pools alternate, GPUs every two notebooks: each GPU gets notebooks of both pools.
         worker = replay.add(f"nb{n:02d}", pool=pool, priority=priority, gpu=(n // 2) % gpus,
                             working_set=size if memory else None)
-        _start_notebook(replay, worker, rng, workload, cells)
+        _start_notebook(replay, worker, rng, workload, cells, priority)
     return replay, cells, contention
 
 
 def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workload,
-                    cells: list[Cell]) -> None:
+                    cells: list[Cell], priority: str = "NORMAL") -> None:
     current: list[Cell] = []
 
     def next_cell(now: float) -> None:
@@ -178,7 +208,7 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
             start += rng.lognormvariate(_mu(w.away_median), w.away_sigma)
         if rng.random() < w.gpu_cell_probability:
             burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
-            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst)
+            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority)
             current[:] = [cell]
             cells.append(cell)
             replay.burst(worker, burst, when=start)
@@ -202,11 +232,14 @@ def _mu(median: float) -> float:
 
 
 def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
-        mode: str = "on", memory: int | None = None, tq: float = 30.0) -> dict:
+        mode: str = "on", memory: int | None = GPU_MEMORY, tq: float = 30.0,
+        policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None) -> dict:
+    """One replay of the fleet; ``link`` names the host link (``none``: no switching costs)."""
     workload = Workload()
     duration = hours * 3600.0
     started = time.perf_counter()
-    replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq)
+    replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq,
+                                            policy, LINKS[link], tuning)
     replay.run_until(duration)
     wall = time.perf_counter() - started
     finished = [c for c in cells if c.end is not None and c.end <= duration]
@@ -214,6 +247,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     held = sum(min(s.end if s.end is not None else duration, duration) - s.start
                for s in replay.spans if s.start < duration)
     busy = _busy_seconds(replay, duration)
+    switching = sum(max(0.0, s.working(duration)[0] - s.start)
+                    for s in replay.spans if s.start < duration)
     waits = [c.wait for c in finished]
     mean_burst = statistics.fmean(c.burst for c in finished)
     contention.finish(duration)
@@ -221,16 +256,27 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     total = sum(contention.held.values())
     shares = {pool: contention.held.get(pool, 0.0) / total for pool in POOLS} if total else {}
     share_error = {pool: abs(shares[pool] - ent[pool]) for pool in shares}
+    short = [_slowdown(c) for c in finished if c.burst < SHORT_CELL]
+    by_priority = {p: [_slowdown(c) for c in finished if c.burst < SHORT_CELL
+                       and c.priority == p] for p in ("NORMAL", "LOW")}
+    long = [_slowdown(c) for c in finished if c.burst >= SHORT_CELL]
     return {
-        "mode": mode, "notebooks": notebooks, "gpus": gpus, "hours": hours, "tq": tq,
-        "seed": seed, "cells": len(finished),
+        "mode": mode, "policy": policy, "link": link, "notebooks": notebooks, "gpus": gpus,
+        "hours": hours, "tq": tq, "seed": seed, "cells": len(finished),
         "offered_load": offered / (duration * gpus),
         "utilization": busy / (duration * gpus),
+        "switching_loss": switching / (duration * gpus),
+        "moved_gib": (replay.switching.moved_bytes / GiB) if replay.switching else 0.0,
         "held_gpu_seconds_per_gpu_second": held / (duration * gpus),
-        "served_fraction": held / offered if offered else 1.0,
+        "served_fraction": (held - switching) / offered if offered else 1.0,
         "wait_mean_s": statistics.fmean(waits), "wait_p95_s": percentile(waits, 95),
         "wait_mean_over_mean_burst": statistics.fmean(waits) / mean_burst,
-        "slowdown_mean": statistics.fmean((c.wait + c.burst) / c.burst for c in finished),
+        "slowdown_mean": statistics.fmean(_slowdown(c) for c in finished),
+        "short_cells": len(short), "long_cells": len(long),
+        "short_slowdown_mean": statistics.fmean(short), "short_slowdown_p95": percentile(short, 95),
+        "long_slowdown_mean": statistics.fmean(long), "long_slowdown_p95": percentile(long, 95),
+        "short_slowdown_mean_normal": statistics.fmean(by_priority["NORMAL"]),
+        "short_slowdown_mean_low": statistics.fmean(by_priority["LOW"]),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
         "sustained_fraction": contention.sustained / (duration * gpus),
@@ -242,12 +288,16 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     }
 
 
+def _slowdown(cell: Cell) -> float:
+    return (cell.wait + cell.burst) / cell.burst
+
+
 def _busy_seconds(replay: Replay, end: float) -> float:
-    """GPU seconds with at least one holder (side-by-side holds count once)."""
+    """GPU seconds in which some holder worked (side-by-side work counts once; moving memory
+    does not count)."""
     total = 0.0
     for gpu in replay.scheduler.gpus:
-        spans = sorted((s.start, min(s.end if s.end is not None else end, end))
-                       for s in replay.spans if s.gpu == gpu and s.start < end)
+        spans = sorted(s.working(end) for s in replay.spans if s.gpu == gpu and s.start < end)
         covered_to = 0.0
         for start, stop in spans:
             start = max(start, covered_to)
@@ -257,29 +307,19 @@ def _busy_seconds(replay: Replay, end: float) -> float:
     return total
 
 
-def report(result: dict) -> str:
-    errors = ", ".join(f"{p} {e:.3f} (got {result['shares_in_contention'][p]:.2f})"
-                       for p, e in result["share_error"].items())
-    return "\n".join([
-        f"| mode {result['mode']}, {result['notebooks']} notebooks on {result['gpus']} GPUs, "
-        f"{result['hours']:g} h, TQ {result['tq']:g} s | |",
-        "| --- | --- |",
-        f"| GPU cells completed | {result['cells']} |",
-        f"| offered load (GPU s asked / GPU s there) | {result['offered_load']:.3f} |",
-        f"| GPU utilization (busy / GPU time) | {result['utilization']:.3f} |",
-        f"| served / offered | {result['served_fraction']:.3f} |",
-        f"| wait per GPU cell, mean / p95 | {result['wait_mean_s']:.1f} s / "
-        f"{result['wait_p95_s']:.1f} s |",
-        f"| mean wait / mean burst | {result['wait_mean_over_mean_burst']:.2f} |",
-        f"| mean slowdown vs an exclusive GPU (floor 1.0) | {result['slowdown_mean']:.2f} |",
-        f"| pool share error in sustained contention (>= 10 TQ) | {errors or 'none'} |",
-        f"| GPU time with both pools contending: any / sustained | "
-        f"{result['contended_fraction']:.2f} / {result['sustained_fraction']:.2f} |",
-        f"| GPUs for one-GPU-per-notebook | {result['exclusive_gpus']} "
-        f"({result['notebooks_per_gpu']:.0f}x the {result['gpus']} shared) |",
-        f"| peak notebooks in a GPU burst at once | {result['peak_concurrent_bursts']} |",
-        f"| simulated s per wall s | {result['simulated_seconds_per_wall_second']:.0f} |",
-    ])
+#: The runs ``main`` puts side by side: (label, mode, TQ, policy, link). The first is the seed's
+#: default without switching costs, the figure the issue starts from.
+RUNS = (
+    ("round robin, TQ 30 s, no switching cost", "on", 30.0, "round-robin", "none"),
+    ("round robin, TQ 30 s", "on", 30.0, "round-robin", "gen4"),
+    ("round robin, TQ 5 s", "on", 5.0, "round-robin", "gen4"),
+    ("interactive, TQ 30 s", "on", 30.0, "interactive", "gen4"),
+    ("interactive, TQ 10 s", "on", 10.0, "interactive", "gen4"),
+    ("round robin, TQ 30 s, Gen5", "on", 30.0, "round-robin", "gen5"),
+    ("round robin, TQ 5 s, Gen5", "on", 5.0, "round-robin", "gen5"),
+    ("interactive, TQ 30 s, Gen5", "on", 30.0, "interactive", "gen5"),
+    ("auto, TQ 30 s", "auto", 30.0, "round-robin", "gen4"),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -288,20 +328,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--hours", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--tq", type=float, default=30.0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--plot", action="store_true",
-                        help="draw docs/timeline.png and docs/fleet-timeline.png")
+                        help="draw docs/timeline.png and the fleet timelines into docs/")
     args = parser.parse_args(argv)
     results = []
-    # The seed's default (mode on, TQ 30 s); a notebook-sized TQ; and mode auto on 40 GiB GPUs
-    # (side-by-side holds are modelled as running at full speed, which flatters auto mode: two
-    # kernels sharing the SMs each run slower in reality).
-    for mode, tq, memory in (("on", args.tq, None), ("on", 5.0, None),
-                             ("auto", args.tq, 40 * GiB)):
-        result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, memory, tq)
-        print(report(result), end="\n\n")
+    # Side-by-side holds in mode auto are modelled as running at full speed, which flatters
+    # it: two kernels sharing the SMs each run slower in reality.
+    for label, mode, tq, policy, link in RUNS:
+        result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
+                     policy, link)
+        result["label"] = label
         results.append(result)
+    print(side_by_side(results))
     if args.json:
         args.json.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")}
                                          for r in results], indent=2))
@@ -310,9 +349,13 @@ def main(argv: list[str] | None = None) -> None:
 
         docs = Path(__file__).resolve().parent.parent / "docs"
         draw_seed_example(docs / "timeline.png")
-        draw_fleet(results[0]["_replay"], docs / "fleet-timeline.png", gpu=0,
-                   start=3600.0, end=3600.0 + 900.0)
-        print(f"wrote {docs / 'timeline.png'} and {docs / 'fleet-timeline.png'}")
+        window = {"gpu": 0, "start": 3600.0, "end": 3600.0 + 900.0}
+        by_label = {r["label"]: r for r in results}
+        for label, name in (("round robin, TQ 30 s", "fleet-timeline.png"),
+                            ("interactive, TQ 10 s", "fleet-timeline-interactive.png")):
+            draw_fleet(by_label[label]["_replay"], docs / name, title=label, **window)
+        print(f"wrote timeline.png, fleet-timeline.png and fleet-timeline-interactive.png "
+              f"into {docs}")
 
 
 if __name__ == "__main__":

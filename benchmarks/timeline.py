@@ -22,6 +22,7 @@ from nodeside.scheduler.replay import Replay  # noqa: E402
 POOL_COLOURS = {"training": "#1f77b4", "simulation": "#ff7f0e", "default": "#2ca02c"}
 CPU_COLOUR = "#d9d9d9"
 WAIT_COLOUR = "#d62728"
+SWITCH_COLOUR = "#000000"
 
 
 def draw_seed_example(path: Path) -> None:
@@ -64,17 +65,21 @@ def draw_seed_example(path: Path) -> None:
     plt.close(fig)
 
 
-def draw_fleet(replay: Replay, path: Path, *, gpu: int, start: float, end: float) -> None:
+def draw_fleet(replay: Replay, path: Path, *, gpu: int, start: float, end: float,
+               title: str = "mode on, TQ 30 s") -> None:
     names = sorted({s.name for s in replay.spans if s.gpu == gpu})
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1.4))
     for row, name in enumerate(names):
         waits = [(max(s.start, start), min(s.end or end, end)) for s in replay.wait_spans
                  if s.name == name and s.start < end and (s.end or end) > start]
-        holds = [(max(s.start, start), min(s.end or end, end), s.pool) for s in replay.spans
-                 if s.name == name and s.start < end and (s.end or end) > start]
+        spans = [s for s in replay.spans
+                 if s.name == name and s.gpu == gpu and s.start < end and (s.end or end) > start]
         _bars(ax, row, waits, WAIT_COLOUR, alpha=0.35, height=0.35)
-        for begin, stop, pool in holds:
-            _bars(ax, row, [(begin, stop)], POOL_COLOURS.get(pool, "grey"))
+        for span in spans:
+            begin, stop = max(span.start, start), min(span.end or end, end)
+            _bars(ax, row, [(begin, stop)], POOL_COLOURS.get(span.pool, "grey"))
+            moving = (begin, min(span.start + span.switching, stop))
+            _bars(ax, row, [moving], SWITCH_COLOUR, height=0.6)
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlim(start, end)
     ticks = [start + i * 60 for i in range(int((end - start) // 60) + 1)]
@@ -82,9 +87,10 @@ def draw_fleet(replay: Replay, path: Path, *, gpu: int, start: float, end: float
     ax.set_xlabel(f"minutes (GPU {gpu}, from hour {start / 3600:g} of the replay)")
     ax.legend(handles=[Patch(color=c, label=f"holds: pool {p}") for p, c in
                        POOL_COLOURS.items() if p != "default"]
-              + [Patch(color=WAIT_COLOUR, alpha=0.35, label="waits")],
-              loc="upper right", fontsize=7, ncol=3, bbox_to_anchor=(1.0, -0.12))
-    ax.set_title("Notebook fleet on one shared GPU: holders by quantum (mode on, TQ 30 s)",
+              + [Patch(color=WAIT_COLOUR, alpha=0.35, label="waits"),
+                 Patch(color=SWITCH_COLOUR, label="moves memory (nobody works)")],
+              loc="upper right", fontsize=7, ncol=4, bbox_to_anchor=(1.0, -0.12))
+    ax.set_title(f"Notebook fleet on one shared GPU: holders by quantum ({title})",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -24,11 +24,31 @@ from nodeside.scheduler.pools import UNLIMITED, Pool
 
 DEFAULT_TQ = 30.0
 
+#: How the next holder is chosen within the pools' rules (docs/policy.md says when to use which).
+POLICY_ROUND_ROBIN = "round-robin"
+POLICY_INTERACTIVE = "interactive"
+
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """The configuration is wrong; the message says where and how."""
+
+
+@dataclass(frozen=True)
+class InteractiveSettings:
+    """The tunables of ``policy: interactive`` (nodeside/scheduler/interactive.py)."""
+
+    #: Seconds a holder keeps the GPU, at least, before a client that used far less GPU time
+    #: recently may cut its quantum short (raised when moving memory would cost more).
+    first_quantum: float = 0.25
+    #: Seconds after which GPU time used counts half: how long a training run is remembered.
+    half_life: float = 300.0
+    #: How many times a waiter may be passed over by later requests of its own pool and
+    #: priority; after that it is served in request order, as under round robin.
+    pass_bound: int = 3
+    #: Host-link bytes per second, to price moving working sets (25 GB/s: PCIe Gen4).
+    link_bandwidth: int = 25 * 10**9
 
 
 @dataclass(frozen=True)
@@ -56,8 +76,10 @@ class SchedulerConfig:
     connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
     #: Who may claim which pools and priorities; None: anyone may claim anything.
     access: AccessPolicy | None = None
-    #: How the next holder is chosen: a name in ``nodeside.scheduler.choosing.POLICIES``.
-    policy: str = "pools"
+    #: How the next holder is chosen: a name in ``nodeside.scheduler.policies.POLICIES``,
+    #: ``round-robin`` (the seed's rule, default) or ``interactive``.
+    policy: str = POLICY_ROUND_ROBIN
+    interactive: InteractiveSettings = field(default_factory=InteractiveSettings)
 
     def share_window(self, tq: float) -> float:
         return self.window if self.window is not None else 50 * tq
@@ -156,7 +178,7 @@ def parse_mode(value: Any, where: str = "mode") -> str:
 
 
 def parse_policy(value: Any, where: str = "policy") -> str:
-    from nodeside.scheduler.choosing import POLICIES  # the policies register themselves there
+    from nodeside.scheduler.policies import POLICIES  # the policies are listed there
 
     if not isinstance(value, str) or value not in POLICIES:
         raise ConfigError(f"{where}: must be one of {', '.join(sorted(POLICIES))}, "
@@ -166,7 +188,8 @@ def parse_policy(value: Any, where: str = "policy") -> str:
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
 _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
-             "admin_group", "socket_group", "socket_mode", "policy", "access"}
+             "admin_group", "socket_group", "socket_mode", "policy", "access", "interactive"}
+_INTERACTIVE_KEYS = ("first_quantum", "half_life", "pass_bound", "link_bandwidth")
 
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
@@ -253,6 +276,8 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
         changes["access"] = parse_access(raw["access"])
     if "policy" in raw:
         changes["policy"] = parse_policy(raw["policy"])
+    if "interactive" in raw:
+        changes["interactive"] = parse_interactive(raw["interactive"])
     if "socket_mode" in raw:
         mode = raw["socket_mode"]
         try:
@@ -261,6 +286,34 @@ def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) ->
             raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
                               f"got {mode!r}") from None
     return replace(config, **changes)
+
+
+def parse_interactive(raw: Any) -> InteractiveSettings:
+    if raw is None:
+        return InteractiveSettings()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"interactive: expected a mapping with {', '.join(_INTERACTIVE_KEYS)}")
+    unknown = set(raw) - set(_INTERACTIVE_KEYS)
+    if unknown:
+        raise ConfigError(f"interactive: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"it takes {', '.join(_INTERACTIVE_KEYS)}")
+    settings = InteractiveSettings()
+    changes: dict[str, Any] = {}
+    try:
+        for key in ("first_quantum", "half_life"):
+            if key in raw:
+                changes[key] = limits.tq_seconds(raw[key], f"interactive.{key}")
+        if "pass_bound" in raw:
+            changes["pass_bound"] = limits.pass_bound(raw["pass_bound"], "interactive.pass_bound")
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+    if "link_bandwidth" in raw:
+        bandwidth = parse_size(raw["link_bandwidth"])
+        if bandwidth <= 0:
+            raise ConfigError("interactive.link_bandwidth: must be a positive number of bytes "
+                              f"per second (try 25GB), got {raw['link_bandwidth']!r}")
+        changes["link_bandwidth"] = bandwidth
+    return replace(settings, **changes)
 
 
 _ACCESS_KEYS = {"on_violation", "default", "rules"}

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 def format_status(doc: dict[str, Any]) -> str:
     """The status document as a short report for a terminal."""
     names = names_by_id(doc, width=60)
-    lines = [f"Kiwi scheduler: mode {doc['mode'].upper()}, TQ {doc['tq']:g} s"]
+    policy = f", policy {doc['policy']}" if doc.get("policy") else ""  # older daemons: none
+    lines = [f"Kiwi scheduler: mode {doc['mode'].upper()}, TQ {doc['tq']:g} s{policy}"]
     for gpu in doc["gpus"]:
         memory = _bytes(gpu["memory_used"]) + " / " + _bytes(gpu["memory_total"])
         lines.append(f"GPU {gpu['index']} {gpu['name']} ({memory})")
@@ -98,6 +99,8 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"  holding: {holders}" + ("" if left is None else f" ({left:.1f} s left)"))
         for position, client_id in enumerate(gpu["queue"], 1):
             lines.append(f"  #{position} waiting: {names.get(client_id, client_id)}")
+        if gpu.get("next_reason"):
+            lines.append(f"  next, because: {gpu['next_reason']}")
     if doc["clients"]:
         lines.append("")
         lines.append(f"{'CLIENT':<36} {'ID':<6} {'POOL':<12} {'PRIORITY':<8} {'STATE':<8} "

@@ -24,6 +24,9 @@ MAX_LABELS: Final = 64
 MAX_INTEGER: Final = 2**63 - 1
 #: Bytes a client may claim as its working set: 1 PiB, far past any GPU, well inside a float.
 MAX_BYTES: Final = 2**50
+#: Times a waiter may be passed over under ``policy: interactive`` (config ``pass_bound``):
+#: past a few hundred the bound no longer bounds anything a person would wait for.
+MAX_PASS_BOUND: Final = 1000
 
 
 #: Closed hold intervals one GPU's share meter keeps (see scheduler.pools.ShareMeter): past
@@ -59,6 +62,15 @@ def byte_count(value: Any, where: str = "bytes") -> int:
         raise LimitError(f"{where}: expected an integer count of bytes, got {value!r}")
     if not 0 <= value <= MAX_BYTES:
         raise LimitError(f"{where}: must be between 0 and {MAX_BYTES} bytes, got {value}")
+    return value
+
+
+def pass_bound(value: Any, where: str = "pass_bound") -> int:
+    """A whole number of passes, 0 (never passed over: round robin) to MAX_PASS_BOUND."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LimitError(f"{where}: expected a whole number, got {value!r}")
+    if not 0 <= value <= MAX_PASS_BOUND:
+        raise LimitError(f"{where}: must be between 0 and {MAX_PASS_BOUND}, got {value}")
     return value
 
 

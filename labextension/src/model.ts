@@ -48,6 +48,10 @@ export interface IGpuView {
   /** Seconds left in the holder's quantum, counted down since the document arrived. */
   quantumLeft: number | null;
   queue: IQueueEntry[];
+  /** The scheduling policy, null when the daemon does not say. */
+  policy: string | null;
+  /** Why the first in the queue goes next, null when nobody waits or the daemon does not say. */
+  nextReason: string | null;
 }
 
 export interface IPoolView {
@@ -253,7 +257,9 @@ export class KiwiModel {
       })),
       quantumLeft:
         gpu.quantum_remaining === null ? null : Math.max(0, gpu.quantum_remaining - elapsed),
-      queue
+      queue,
+      policy: gpu.policy ?? null,
+      nextReason: gpu.queue.length > 0 ? gpu.next_reason ?? null : null
     };
   }
 

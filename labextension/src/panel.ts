@@ -148,6 +148,12 @@ export class KiwiPanel extends Widget {
     }
     section.append(el('h4', 'jp-Kiwi-subTitle', this._trans.__('Queue')));
     section.append(gpu.queue.length > 0 ? queue : el('p', 'jp-Kiwi-muted', this._trans.__('Nobody is waiting.')));
+    if (gpu.policy !== null) {
+      section.append(this._field(this._trans.__('Policy'), el('span', 'jp-Kiwi-policy', gpu.policy)));
+    }
+    if (gpu.nextReason !== null) {
+      section.append(this._field(this._trans.__('Next because'), el('span', 'jp-Kiwi-nextReason', gpu.nextReason)));
+    }
     return section;
   }
 

@@ -16,6 +16,10 @@ export interface IGpuStatus {
   queue: string[];
   /** Seconds left in the current holder's quantum; null when nobody holds or no quantum runs. */
   quantum_remaining: number | null;
+  /** How the next holder is chosen: `round-robin` or `interactive` (absent from older daemons). */
+  policy?: string;
+  /** Why the first in the queue is next, in words; null when nobody waits. */
+  next_reason?: string | null;
 }
 
 export type ClientState = 'idle' | 'waiting' | 'holding';

@@ -117,6 +117,28 @@ describe('KiwiModel: the GPU view', () => {
   });
 });
 
+describe('KiwiModel: the policy and why the next holder is next', () => {
+  it('shows the policy and the reason while someone waits', () => {
+    const model = new KiwiModel();
+    const doc = statusWith(['c1'], ['c2']);
+    doc.gpus![0] = { ...doc.gpus![0], policy: 'interactive', next_reason: 'least GPU time recently: 0 s' };
+    model.update(doc, 0);
+    const [gpu] = model.gpus(0);
+    expect(gpu.policy).toBe('interactive');
+    expect(gpu.nextReason).toBe('least GPU time recently: 0 s');
+  });
+
+  it('shows no reason when nobody waits, and no policy from a daemon that does not say', () => {
+    const model = new KiwiModel();
+    const doc = statusWith(['c1'], []);
+    doc.gpus![0] = { ...doc.gpus![0], next_reason: 'stale' };
+    model.update(doc, 0);
+    const [gpu] = model.gpus(0);
+    expect(gpu.policy).toBeNull();
+    expect(gpu.nextReason).toBeNull();
+  });
+});
+
 describe('KiwiModel: pools', () => {
   it('turns maximum -1 into no maximum', () => {
     const model = new KiwiModel();

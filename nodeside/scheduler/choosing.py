@@ -7,8 +7,10 @@ default, after the KAI scheduler: the contending pool furthest below its entitle
 pool at its maximum; within a pool HIGH before NORMAL before LOW, then request order. A request
 of a pool below its guarantee goes before any split by weight.
 
-Another policy subclasses ``PoolsPolicy`` and registers under its config name in ``POLICIES``
-(``policy: <name>`` in the config file).
+Another policy subclasses ``PoolsPolicy`` and is listed under its config name in
+``policies.POLICIES`` (``policy: <name>`` in the config file). The hooks at the end of
+``PoolsPolicy`` (what each grant, kept turn and ended hold did; how long a quantum is; why the
+next holder is next) do nothing here: round robin needs no memory of what clients used.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from nodeside.config import POLICY_ROUND_ROBIN
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
 
@@ -33,7 +36,9 @@ def within_pool(client: Client) -> tuple[int, int]:
 class PoolsPolicy:
     """Pools by entitlement, then priority, then request order."""
 
-    name = "pools"
+    name = POLICY_ROUND_ROBIN
+    #: Whether ``quantum`` may be shorter than the TQ (a deadline that moves with time).
+    cuts_quanta = False
 
     def __init__(self, scheduler: Scheduler) -> None:
         # Read-only use: the pools, the TQs and the GPUs' meters.
@@ -150,6 +155,32 @@ class PoolsPolicy:
         return shares.get(pool, 0.0) >= cap - _EPS
 
 
+    # -- hooks for policies that remember what clients used (see interactive.py) -----------
+
+    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
+                now: float) -> float:
+        """How long ``holder``'s quantum is, ``winner`` being who would go next."""
+        return tq
+
+    def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
+        """``client`` was granted ``gpu`` (already out of the waiters)."""
+
+    def on_keep(self, gpu: GpuState, holder: Client, now: float) -> None:
+        """``holder``'s quantum ended with waiters, and it won again at the tail."""
+
+    def on_hold_end(self, client: Client, now: float) -> None:
+        """``client``'s hold ends now (its ``hold`` still says how)."""
+
+    def forget(self, client_id: str) -> None:
+        """The client is gone."""
+
+    def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
+        """Why ``nxt`` is the next holder, in words for the status document."""
+        if len(gpu.waiters.pools()) > 1:
+            return f"round robin: pool {nxt.pool} is furthest below its entitlement"
+        return "round robin: first in request order"
+
+
 def _first(size: int, reached: Callable[[int], bool]) -> int:
     """The first j in [0, size) where ``reached`` (monotone: false, then true), else size."""
     low, high = 0, size
@@ -167,6 +198,3 @@ def contending_pools(gpu: GpuState) -> list[str]:
     names = {c.pool for c in gpu.holders.values()} | gpu.waiters.pools()
     return sorted(names)
 
-
-#: Policies by their config name (``policy:`` in the config file).
-POLICIES: dict[str, type[PoolsPolicy]] = {PoolsPolicy.name: PoolsPolicy}

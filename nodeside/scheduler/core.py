@@ -43,7 +43,7 @@ from nodeside.scheduler.actions import (
     Revoke,
     SchedulerError,
 )
-from nodeside.scheduler.choosing import POLICIES
+from nodeside.scheduler.policies import POLICIES
 from nodeside.scheduler.pools import Pool, preemption_off_reason
 from nodeside.scheduler.queries import Queries
 from nodeside.scheduler.state import (
@@ -163,6 +163,7 @@ class Scheduler(Queries):
             client.move(HoldState.IDLE)
         elif client.hold_state is not HoldState.IDLE:
             self._end_hold(client, now)
+        self.choice.forget(client.id)
         return self._schedule(gpu, now)
 
     def acquire(self, now: float, client_id: str) -> list[Action]:

@@ -48,7 +48,12 @@ class Queries(Turns):
                 if hold.drop_sent_at is not None:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
                 elif gpu.waiters or self.choice.over_maximum(gpu, holder.pool, now):
-                    deadlines.append(hold.quantum_start + self.tq_for(gpu.spec.index))
+                    deadlines.append(hold.quantum_start + self._quantum_length(gpu, holder, now))
+                    if self.choice.cuts_quanta and gpu.waiters and self.mode == "on":
+                        # Whether the quantum is cut short changes as GPU time is used, with
+                        # no event to say so: look again after a first quantum.
+                        deadlines.append(now + self.config.interactive.first_quantum)
+                        timeless = False
             if not gpu.waiters:
                 continue
             timeless = timeless and all(self.pool(p).cap >= 1.0 for p in gpu.waiters.pools())

@@ -6,6 +6,10 @@ it holds it, gives it back when asked (after ``release_delay``, the time a real 
 move out) and asks again while work remains. Time jumps from event to event, so an hour of
 contention replays in milliseconds. The test suite checks the policy with it, and the fleet
 benchmark (benchmarks/fleet.py) replays notebook traces through it.
+
+With a ``SwitchingModel`` a grant whose working set must be moved in (or others' moved out to
+make room) starts working only when that is done: the seconds it takes are in the hold (the
+scheduler cannot tell them apart) but are nobody's work, and each span says how many there were.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
+from nodeside.scheduler.switching import SwitchingModel
 
 # A tick whose deadline does not move forward this many times in a row is a core bug (a rule
 # that asks to be woken at a time it then does nothing about), not a slow simulation.
@@ -34,6 +39,13 @@ class Span:
     gpu: int
     start: float
     end: float | None = None
+    #: Seconds at the start of the hold spent moving memory (no work done).
+    switching: float = 0.0
+
+    def working(self, until: float) -> tuple[float, float]:
+        """The part of the hold, up to ``until``, in which the holder worked."""
+        stop = min(self.end if self.end is not None else until, until)
+        return min(self.start + self.switching, stop), stop
 
 
 @dataclass
@@ -42,6 +54,8 @@ class Worker:
     name: str
     pool: str
     gpu: int
+    #: Bytes of GPU memory the client's work needs (None: the whole GPU), for switching costs.
+    working_set: int | None = None
     #: Follow drop requests (False: a client that ignores them, to be revoked).
     complies: bool = True
     remaining: float = 0.0  # GPU seconds of the current burst still to do
@@ -56,10 +70,11 @@ class Worker:
 
 class Replay:
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
-                 release_delay: float = 0.0) -> None:
+                 release_delay: float = 0.0, switching: SwitchingModel | None = None) -> None:
         self.scheduler = scheduler
         self.now = now
         self.release_delay = release_delay
+        self.switching = switching
         self.workers: dict[str, Worker] = {}
         self.spans: list[Span] = []  # holds
         self.wait_spans: list[Span] = []  # from a request to its grant
@@ -77,7 +92,7 @@ class Replay:
             working_set: int | None = None, complies: bool = True) -> Worker:
         client = self.scheduler.register(self.now, name=name, gpu=gpu, pool=pool,
                                          priority=priority, working_set=working_set)
-        worker = Worker(client.id, name, pool, gpu, complies=complies)
+        worker = Worker(client.id, name, pool, gpu, working_set=working_set, complies=complies)
         self.workers[client.id] = worker
         return worker
 
@@ -100,6 +115,8 @@ class Replay:
             self._close_span(worker.id)
             self._close_span(worker.id, self._open_waits)
             self.workers.pop(worker.id, None)
+            if self.switching is not None:
+                self.switching.forget(worker.id)
             self._apply(self.scheduler.unregister(self.now, worker.id))
         self.at(self.now if when is None else when, gone)
 
@@ -142,7 +159,8 @@ class Replay:
         worker.finish_token += 1
         token = worker.finish_token
         assert worker.holding_since is not None
-        done_at = self.now + worker.remaining
+        # holding_since is when work starts: after the memory moved, if it had to.
+        done_at = max(self.now, worker.holding_since) + worker.remaining
         def finish() -> None:
             if worker.finish_token != token or worker.holding_since is None:
                 return
@@ -157,7 +175,8 @@ class Replay:
     def _account(self, worker: Worker) -> None:
         """Charge the work done in the hold that ends now."""
         if worker.holding_since is not None:
-            worker.remaining = max(0.0, worker.remaining - (self.now - worker.holding_since))
+            worked = max(0.0, self.now - worker.holding_since)
+            worker.remaining = max(0.0, worker.remaining - worked)
             worker.holding_since = None
         worker.finish_token += 1
         self._close_span(worker.id)
@@ -183,9 +202,11 @@ class Replay:
                 if worker.requested_at is not None:
                     worker.waits.append(self.now - worker.requested_at)
                 worker.requested_at = None
-                worker.holding_since = self.now
+                switching = self._switch_cost(worker, action.gpu)
+                worker.holding_since = self.now + switching
                 self._close_span(worker.id, self._open_waits)
-                span = Span(worker.id, worker.name, worker.pool, action.gpu, self.now)
+                span = Span(worker.id, worker.name, worker.pool, action.gpu, self.now,
+                            switching=switching)
                 self.spans.append(span)
                 self._open_spans[worker.id] = span
                 self._plan_finish(worker)
@@ -199,6 +220,13 @@ class Replay:
                 pass
         for observe in self.observers:
             observe(self, actions)
+
+    def _switch_cost(self, worker: Worker, gpu: int) -> float:
+        if self.switching is None:
+            return 0.0
+        beside = [c for c in self.scheduler.gpus[gpu].holders if c != worker.id]
+        need = worker.working_set if worker.working_set is not None else self.switching.capacity
+        return self.switching.grant_cost(gpu, worker.id, need, keep=beside)
 
     def _close_span(self, client: str, spans: dict[str, Span] | None = None) -> None:
         span = (self._open_spans if spans is None else spans).pop(client, None)

@@ -44,6 +44,10 @@ def build_status(scheduler: Scheduler, now: float,
             "queue": [c.id for c in queues[index]],
             "quantum_remaining": scheduler.quantum_remaining(index, now),
             "tq": scheduler.tq_for(index),
+            # Which policy chooses, and why the first in the queue is next (None: nobody waits).
+            "policy": scheduler.choice.name,
+            "next_reason": scheduler.choice.reason(gpu, queues[index][0], now)
+            if queues[index] else None,
         })
     clients = []
     for client in scheduler.clients.values():
@@ -57,6 +61,7 @@ def build_status(scheduler: Scheduler, now: float,
         "version": STATUS_VERSION,
         "mode": scheduler.mode,
         "tq": scheduler.tq,
+        "policy": scheduler.choice.name,
         "gpus": gpus,
         "clients": clients,
         "pools": [r.as_status() for r in pools],

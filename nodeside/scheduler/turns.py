@@ -21,6 +21,8 @@ from nodeside.scheduler.pools import Pool, preemption_enabled
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 
 _EPS = 1e-9
+# The request order of a holder competing as if it asked again: after every real request.
+_TAIL_ORDER = 1 << 62
 
 
 class Turns:
@@ -116,13 +118,23 @@ class Turns:
                 actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
         return actions
 
+    def _quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
+        """The TQ, or less where the policy cuts the quantum short for the next holder."""
+        tq = self.tq_for(gpu.spec.index)
+        if not self.choice.cuts_quanta or self.mode != "on" or not gpu.waiters:
+            return tq
+        winner = self.choice.pick(gpu, now, _as_tail(holder, _TAIL_ORDER))
+        if winner is None or winner.id == holder.id:
+            return tq
+        return self.choice.quantum(gpu, holder, winner, tq, now)
+
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
         actions: list[Action] = []
         tq = self.tq_for(gpu.spec.index)
         for holder in room.staying(gpu):
             hold = holder.hold
             assert hold is not None
-            if now < hold.quantum_start + tq - _EPS:
+            if now < hold.quantum_start + self._quantum_length(gpu, holder, now) - _EPS:
                 continue
             # The holder competes as if it asked again now, at the tail; if it would win
             # anyway it keeps the GPU and hears nothing.
@@ -141,6 +153,8 @@ class Turns:
                 actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
                 continue
             if winner is None or winner is tail:
+                if winner is tail:
+                    self.choice.on_keep(gpu, holder, now)
                 hold.quantum_start = self._renewed(gpu, hold, tq, now)
                 continue
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
@@ -216,6 +230,7 @@ class Turns:
         client.hold = Hold(granted_at=now, quantum_start=now)
         gpu.holders[client.id] = client
         gpu.meter.open(client.id, client.pool, now, client.preemptible)
+        self.choice.on_grant(gpu, client, now)
         self.counts["grants"] += 1
         return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
 
@@ -249,6 +264,7 @@ class Turns:
         gpu = self.gpus[client.gpu]
         hold = client.hold
         assert hold is not None
+        self.choice.on_hold_end(client, now)
         if hold.drop_incoming is not None:
             gpu.promised = hold.drop_incoming
         gpu.holders.pop(client.id, None)

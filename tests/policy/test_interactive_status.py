@@ -1,0 +1,76 @@
+"""The status document, ``kiwictl status`` and a running daemon say which policy runs and why
+the next holder is next."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+
+from policy_helpers import make_scheduler
+from support import wait_for
+
+from nodeside.client import Client
+from nodeside.scheduler.status import build_status
+
+
+def test_the_status_document_says_which_policy_runs_and_why_the_next_holder_is_next():
+    sched = make_scheduler({"tq": 30.0, "policy": "interactive"})
+    trainer = sched.register(0.0, name="trainer")
+    newcomer = sched.register(0.0, name="newcomer", priority="LOW")
+    sched.acquire(0.0, trainer.id)
+    doc = build_status(sched, 1.0)
+    assert doc["policy"] == "interactive"
+    assert doc["gpus"][0]["policy"] == "interactive"
+    assert doc["gpus"][0]["next_reason"] is None  # nobody waits
+    sched.acquire(2.0, newcomer.id)
+    reason = build_status(sched, 3.0)["gpus"][0]["next_reason"]
+    assert reason.startswith("the only request waiting")
+
+
+def test_the_status_document_says_why_a_short_request_goes_first():
+    sched = make_scheduler({"tq": 30.0, "policy": "interactive"})
+    trainer, heavy, light = (sched.register(0.0, name=n) for n in ("trainer", "heavy", "light"))
+    sched.acquire(0.0, heavy.id)
+    sched.release(20.0, heavy.id)  # heavy used 20 s
+    sched.acquire(20.0, trainer.id)
+    sched.acquire(20.0, heavy.id)
+    sched.acquire(20.0, light.id)
+    doc = build_status(sched, 20.0)
+    assert doc["gpus"][0]["queue"][0] == light.id
+    assert doc["gpus"][0]["next_reason"].startswith("least GPU time recently: 0 s, others "
+                                                    "waiting 20 s or more")
+
+
+def test_round_robin_is_named_in_the_status_document():
+    sched = make_scheduler({"tq": 30.0})
+    a, b = sched.register(0.0, name="a"), sched.register(0.0, name="b")
+    sched.acquire(0.0, a.id)
+    sched.acquire(0.0, b.id)
+    doc = build_status(sched, 1.0)
+    assert doc["policy"] == "round-robin"
+    assert doc["gpus"][0]["next_reason"] == "round robin: first in request order"
+
+
+def test_kiwictl_status_prints_the_policy_and_why_the_next_holder_is_next(start_daemon,
+                                                                          scratch):
+    config = scratch / "kiwi.yaml"
+    config.write_text("policy: interactive\n")
+    daemon = start_daemon("--tq", "30", "--config", str(config))
+    with Client(daemon.socket, name="trainer") as trainer, \
+            Client(daemon.socket, name="explorer", priority="LOW") as explorer:
+        trainer.acquire(timeout=5)
+
+        def wait() -> None:
+            with contextlib.suppress(ConnectionError):
+                explorer.acquire(timeout=20)
+
+        threading.Thread(target=wait, daemon=True).start()
+        wait_for(lambda: trainer.status()["gpus"][0]["queue"], what="the explorer to queue")
+        result = subprocess.run([sys.executable, "-m", "nodeside.ctl", "--socket",
+                                 daemon.socket, "status"], capture_output=True, text=True,
+                                timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "policy interactive" in result.stdout.splitlines()[0]
+    assert "  next, because: the only request waiting" in result.stdout
