@@ -24,7 +24,8 @@ KIWI_EXPORT void kiwi_shim_cell_begin(void)
 
 /* Eager acquisition: waits until this process holds its GPU. timeout in seconds, 0 = no limit.
  * Returns 0 when GPU work may run (held, or the daemon is unreachable and the policy is open),
- * 1 on timeout, -1 when the daemon is unreachable and the policy is closed. */
+ * 1 on timeout, 2 when interrupted (kiwi_shim_interrupt, Ctrl-C), -1 when the daemon is
+ * unreachable and the policy is closed. */
 KIWI_EXPORT int kiwi_shim_acquire(double timeout)
 {
     kiwi_init();
@@ -39,6 +40,23 @@ KIWI_EXPORT int kiwi_shim_release(void)
 {
     kiwi_init();
     return kiwi_comm_release();
+}
+
+/* Puts the shim's SIGINT handler in front of the one installed now (call it from the main
+ * thread after the kernel installs its own, as each cell starts), so that Ctrl-C ends a wait
+ * for the GPU in C: the waiting call returns CUDA_ERROR_SYSTEM_NOT_READY, kiwi_shim_acquire
+ * returns 2, and the kernel's handler gets the signal as before. 0 on success. */
+KIWI_EXPORT int kiwi_shim_catch_interrupts(void)
+{
+    kiwi_init();
+    return kiwi_interrupt_catch();
+}
+
+/* Ends the waits for the GPU in progress now, as Ctrl-C does. */
+KIWI_EXPORT void kiwi_shim_interrupt(void)
+{
+    kiwi_init();
+    kiwi_interrupt();
 }
 
 /* 1 while this process holds its GPU. */

@@ -455,6 +455,10 @@ static void wait_for_news(double timeout)
         char drained[64];
         while (read(wake_pipe[0], drained, sizeof drained) > 0)
             ;
+        /* Perhaps an interrupt (interrupt.c): waiters look at the count when woken. */
+        pthread_mutex_lock(&kiwi_lock);
+        pthread_cond_broadcast(&kiwi_changed);
+        pthread_mutex_unlock(&kiwi_lock);
     }
     if (kiwi_link_up() && p[1].revents && kiwi_link_fill(0)) {
         char line[1024];
@@ -620,6 +624,11 @@ void kiwi_comm_add_waiting_time(double seconds)
     S.stats.seconds_waiting += seconds;
 }
 
+void kiwi_comm_wake_from_signal(void)
+{
+    wake(); /* one write(2); the comm thread broadcasts once it wakes */
+}
+
 void kiwi_comm_captures_closed(void)
 {
     if (atomic_load(&started))
@@ -648,6 +657,7 @@ int kiwi_comm_acquire(double timeout)
     kiwi_comm_start();
     kiwi_pager_note_context(NULL);
     double deadline = timeout > 0 ? kiwi_now() + timeout : 0;
+    unsigned interrupts = kiwi_interrupts();
     int result = 0;
     pthread_mutex_lock(&kiwi_lock);
     S.acquire_wanted = true;
@@ -655,6 +665,10 @@ int kiwi_comm_acquire(double timeout)
     while (S.stats.hold != KIWI_HOLDING && !S.stats.failed_open) {
         if (S.stats.failed_closed) {
             result = -1;
+            break;
+        }
+        if (kiwi_interrupts() != interrupts) {
+            result = 2;
             break;
         }
         double left = deadline ? deadline - kiwi_now() : 0.5;

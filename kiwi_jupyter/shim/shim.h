@@ -8,6 +8,7 @@
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
+ *   interrupt.c Ctrl-C ends a wait for the GPU
  *   comm.c    the daemon client, on a thread of its own; the hold's state machine
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
@@ -94,6 +95,15 @@ int kiwi_capture_open(void);
 bool kiwi_capture_hold(void);
 void kiwi_capture_unhold(void);
 void kiwi_capture_after_fork(void);
+
+/* ---- interrupt.c ------------------------------------------------------------------------- */
+
+/* How many interrupts there have been: a wait that sees the count move gives up. */
+unsigned kiwi_interrupts(void);
+/* Counts an interrupt and wakes the waiters; async-signal-safe. */
+void kiwi_interrupt(void);
+/* Puts the shim's SIGINT handler in front of the one installed now; 0 on success. */
+int kiwi_interrupt_catch(void);
 
 /* ---- memory.c ---------------------------------------------------------------------------- */
 
@@ -194,6 +204,8 @@ bool kiwi_comm_refusing(void);
 /* The allocation totals changed: report them to the daemon soon. */
 void kiwi_comm_working_set_changed(void);
 void kiwi_comm_add_waiting_time(double seconds);
+/* Wakes the comm thread from a signal handler (async-signal-safe); it wakes the waiters. */
+void kiwi_comm_wake_from_signal(void);
 /* The last open graph capture ended: a deferred release may go ahead. */
 void kiwi_comm_captures_closed(void);
 

@@ -139,7 +139,8 @@ class Driver:
         return int(self.dlsym(name, ctypes.c_int)(device))
 
     # ---- graph capture ----
-    def begin_capture(self, stream: int, mode: int = 0, name: str = "cuStreamBeginCapture_v2") -> int:
+    def begin_capture(self, stream: int, mode: int = 0,
+                      name: str = "cuStreamBeginCapture_v2") -> int:
         return int(self.dlsym(name, c_ptr, ctypes.c_int)(stream, mode))
 
     def end_capture(self, stream: int, name: str = "cuStreamEndCapture") -> int:
@@ -265,6 +266,32 @@ def launch_storm(threads: int, launches: int) -> list[int]:
     for t in workers:
         t.join()
     return failures
+
+
+def interrupted_launch() -> dict[str, Any]:
+    """On the main thread, as a notebook cell does: a launch that waits for the GPU, and a
+    Ctrl-C (SIGINT) once it waits. Python's default handler raises KeyboardInterrupt."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    shim.catch_interrupts()
+    sent: list[float] = []
+
+    def interrupt_once_waiting() -> None:
+        while shim.stats()["state"] != "waiting":
+            time.sleep(0.005)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_waiting, daemon=True).start()
+    code = None
+    try:
+        code = d.launch()
+        time.sleep(5)  # the KeyboardInterrupt noted by Python's handler arrives here at once
+    except KeyboardInterrupt:
+        return {"code": code, "interrupted": True, "seconds": time.monotonic() - sent[0]}
+    return {"code": code, "interrupted": False, "seconds": None}
 
 
 _out = threading.Lock()
