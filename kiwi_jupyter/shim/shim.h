@@ -46,7 +46,8 @@ struct kiwi_config {
     double fail_timeout;     /* KIWI_FAIL_TIMEOUT: an outage this long triggers the policy */
     bool log;                /* KIWI_SHIM_LOG=1: say what the shim does on stderr */
     bool restore_by_fault;   /* KIWI_RESTORE=fault: no prefetch back on a grant (benchmarks) */
-    int gpu;                 /* KIWI_GPU, else the first CUDA_VISIBLE_DEVICES index, else 0 */
+    int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
+    char gpu_uuid[96];       /* GPU-... or MIG-..., from those or the driver; "" while unknown */
     char socket_path[108];   /* KIWI_SOCKET */
     char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
     char pool[64];           /* KIWI_POOL */

@@ -84,6 +84,14 @@ EXPORT CUresult cuInit(unsigned flags) { record("cuInit flags=%u", flags); retur
 EXPORT CUresult cuDriverGetVersion(int *version) { *version = 13000; return 0; }
 EXPORT CUresult cuDeviceGetCount(int *count) { *count = 1; return 0; }
 EXPORT CUresult cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
+/* The UUID is the bytes 00 01 02 ... 0f: GPU-00010203-0405-0607-0809-0a0b0c0d0e0f. */
+EXPORT CUresult cuDeviceGetUuid_v2(char *uuid, int device)
+{
+    (void)device;
+    for (int i = 0; i < 16; i++)
+        uuid[i] = (char)i;
+    return 0;
+}
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
 {
     (void)device;
@@ -558,6 +566,7 @@ static const struct entry entries[] = {
     ENTRY("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
     ENTRY("cuDeviceGet", 2000, 0, cuDeviceGet),
     ENTRY("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
+    ENTRY("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2),
     ENTRY("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
     ENTRY("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
     ENTRY("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),

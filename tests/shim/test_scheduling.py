@@ -529,3 +529,15 @@ def test_an_interrupt_ends_an_eager_acquire(scheduler, workload, holder) -> None
     wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
     w.call("shim.interrupt()")
     assert waiting.result(timeout=5) is False
+
+
+def test_the_shim_registers_the_uuid_of_its_gpu(scheduler, workload) -> None:
+    """The daemon matches the GPU by UUID where it knows UUIDs: indices differ between the node
+    and a container, UUIDs do not."""
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_SHIM_LOG="1", CUDA_VISIBLE_DEVICES="",
+                 NVIDIA_VISIBLE_DEVICES="")
+    w.call("d.alloc(1024)")
+    wait_for(lambda: client_of(scheduler, w), what="the shim to register")
+    register = next(line for line in w.stderr if '"op":"register"' in line)
+    assert '"gpu_uuid":"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"' in register
+    assert w.stats()["gpu_uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
