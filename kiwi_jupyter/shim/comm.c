@@ -265,9 +265,13 @@ static void on_yield_answer(const char *op, const char *line)
 
 static void on_grant(const char *line)
 {
+    /* Restored on every grant, not only after an eviction of ours: while other processes held
+     * the GPU the driver may have pushed pages out on its own, to make room for theirs. */
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
     pthread_mutex_lock(&kiwi_lock);
     bool expected = S.stats.hold == KIWI_WAITING;
-    bool restore = S.stats.evicted && !kiwi_cfg.restore_by_fault;
+    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault;
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release on the wire: the release ended it */

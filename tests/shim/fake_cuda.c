@@ -8,7 +8,8 @@
  * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
  * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
- * until it exists, so a test can hold a transfer in the middle and look around. Other
+ * until it exists, after prefetches to the host, so a test can hold an eviction in the middle
+ * and look around. Other
  * FAKE_CUDA_* variables are described where they act.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
@@ -164,11 +165,15 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
     record("cuStreamCreate stream=%p flags=%u", *stream, flags);
     return 0;
 }
+/* Where the last prefetch went: FAKE_CUDA_STREAM_SYNC_GATE holds evictions (prefetches to the
+ * host) only, not the restores around them. */
+static atomic_int last_prefetch_device = 0;
+
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     record("cuStreamSynchronize stream=%p", stream);
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
-    while (gate && access(gate, F_OK) != 0)
+    while (gate && atomic_load(&last_prefetch_device) == -1 && access(gate, F_OK) != 0)
         usleep(1000);
     return 0;
 }
@@ -344,6 +349,7 @@ EXPORT CUresult cuMemRelease(unsigned long long handle)
 }
 EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr dptr, size_t size, int device, CUstream s)
 {
+    atomic_store(&last_prefetch_device, device);
     record("cuMemPrefetchAsync ptr=0x%llx size=%zu device=%d stream=%p", dptr, size, device, s);
     return 0;
 }
