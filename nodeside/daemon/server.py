@@ -24,6 +24,7 @@ from nodeside import __version__
 from nodeside import protocol as p
 from nodeside.config import ConfigError, SchedulerConfig
 from nodeside.config import load as load_config
+from nodeside.daemon import hostmem
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.peer import is_admin, resolve_group
 from nodeside.daemon.state import StateFile
@@ -320,6 +321,8 @@ class Daemon:
             elif isinstance(action, Drop):
                 log.debug("Asking %s to drop GPU %d (%s, evict=%s)", action.client, action.gpu,
                           action.reason, action.evict)
+                if action.evict:  # an evicted working set is charged to the client's cgroup
+                    self._say_if_no_host_room(action.client)
                 if action.reason == p.REASON_PREEMPT:
                     log.info("Preempting %s on GPU %d for a non-preemptible request",
                              self._name(action.client), action.gpu)
@@ -333,6 +336,14 @@ class Daemon:
                             action.client, action.ignored_for)
                 if conn is not None:
                     conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
+
+    def _say_if_no_host_room(self, client_id: str) -> None:
+        client = self.scheduler.clients.get(client_id)
+        if client is not None:
+            room = hostmem.room_for(client.pid)
+            shortfall = hostmem.eviction_shortfall(client.evictable, room)
+            if shortfall:
+                log.warning("Asking %s to evict: %s", self._name(client_id), shortfall)
 
     def _grant_line(self, grant: Grant) -> bytes:
         # The same few bytes every time: encoding them is work in the middle of a handoff.
