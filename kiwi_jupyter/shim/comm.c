@@ -127,6 +127,7 @@ static void evict_now(void)
     kiwi_memory_working_set(&ws);
     if (!ws.evictable)
         return;
+    kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
     struct kiwi_transfer moved;
     kiwi_pager_evict(&moved);
     pthread_mutex_lock(&kiwi_lock);
@@ -552,6 +553,7 @@ static void after_fork_child(void)
     kiwi_pager_after_fork();
     kiwi_capture_after_fork();
     kiwi_context_after_fork();
+    kiwi_pool_after_fork();
 }
 
 static void register_fork_handlers(void)

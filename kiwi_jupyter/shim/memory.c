@@ -26,6 +26,7 @@ struct allocation {
     size_t size;
     enum allocation_kind kind;
     bool freeing; /* a free of it is in progress: the pager leaves it alone */
+    bool pooled;  /* from a managed memory pool (pool.c): freed in stream order */
     CUcontext ctx;
     CUdevice device;
 };
@@ -140,8 +141,8 @@ static bool capture_error(CUresult result)
 
 /* ---- table ---------------------------------------------------------------------------- */
 
-static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
-                  CUdevice device)
+static void track_record(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                         CUdevice device, bool pooled)
 {
     struct allocation *a = malloc(sizeof *a);
     if (!a) {
@@ -150,7 +151,7 @@ static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontex
         return;
     }
     *a = (struct allocation){.key = key, .size = size, .kind = kind, .ctx = ctx,
-                             .device = device};
+                             .device = device, .pooled = pooled};
     pthread_mutex_lock(&table_lock);
     size_t b = bucket(key, kind);
     a->next = table[b];
@@ -158,6 +159,12 @@ static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontex
     allocation_count++;
     pthread_mutex_unlock(&table_lock);
     kiwi_comm_working_set_changed();
+}
+
+static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                  CUdevice device)
+{
+    track_record(key, size, kind, ctx, device, false);
 }
 
 /* Under table_lock: the record of an allocation not already being freed, or NULL. */
@@ -411,6 +418,28 @@ static bool capturing(CUstream stream)
     return fn && fn(stream, &status) == CUDA_SUCCESS && status != 0;
 }
 
+/* A stream-ordered allocation from the device's managed pool (pool.c), where the driver has
+ * managed pools: it stays stream-ordered, and so does its free. False when there is none. */
+static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult *result)
+{
+    alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_cuMemAllocFromPoolAsync);
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    CUmemoryPool pool = real ? kiwi_pool_of(device) : NULL;
+    if (!pool)
+        return false;
+    *result = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!reserve(size, MANAGED, device))
+        return true;
+    *result = real(dptr, size, pool, s);
+    if (*result != CUDA_SUCCESS) {
+        unreserve(size, MANAGED);
+        return true;
+    }
+    track_record(*dptr, size, MANAGED, ctx, device, true);
+    return true;
+}
+
 #define ALLOC_ASYNC(symbol, per_thread)                                        \
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
     {                                                                          \
@@ -419,6 +448,9 @@ static bool capturing(CUstream stream)
             alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
             return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
         }                                                                      \
+        CUresult pooled;                                                       \
+        if (allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))  \
+            return pooled;                                                     \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);             \
     }
 #define ALLOC_FROM_POOL(symbol, per_thread)                                               \
@@ -430,6 +462,11 @@ static bool capturing(CUstream stream)
             alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
             return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
         }                                                                                 \
+        /* From the device's managed pool, whichever pool was named: another pool's     \
+         * memory could not be paged out. */                                              \
+        CUresult pooled;                                                                  \
+        if (allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))             \
+            return pooled;                                                                \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                        \
     }
 
@@ -510,8 +547,11 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, boo
     pthread_rwlock_rdlock(&paging_lock);
     struct allocation *a = begin_free(dptr, MANAGED, DEVICE);
     CUresult result;
-    if (!a) {
-        result = real(dptr, s); /* the driver's own (graph capture), or never seen */
+    if (!a || a->pooled) {
+        /* the driver's own (graph capture), never seen, or from a managed pool: all freed in
+         * stream order by the driver */
+        result = real(dptr, s);
+        end_free(a, result);
     } else {
         bool deferred_free;
         result = free_managed_after(dptr, kiwi_stream(s, per_thread), &deferred_free);

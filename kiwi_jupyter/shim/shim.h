@@ -3,6 +3,7 @@
  *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
  *   memory.c  allocations become managed memory; accounting; the memory limit
  *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
+ *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
@@ -146,6 +147,16 @@ void kiwi_context_after_fork(void);
 /* Frees what graph capture kept from being freed; the comm thread calls it after it has
  * synchronized every context. */
 void kiwi_memory_free_deferred(void);
+
+/* ---- pool.c ------------------------------------------------------------------------------ */
+
+/* The device's managed memory pool, made on first use; NULL where the driver has none. */
+CUmemoryPool kiwi_pool_of(CUdevice device);
+bool kiwi_pool_is_ours(CUmemoryPool pool);
+/* Gives the memory the pools keep for reuse back to the driver (before an eviction). */
+void kiwi_pool_trim(void);
+void kiwi_pool_forget_device(CUdevice device);
+void kiwi_pool_after_fork(void);
 
 /* ---- pager.c ----------------------------------------------------------------------------- */
 

@@ -307,6 +307,36 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *po
     return 0;
 }
 /* FAKE_CUDA_FREE_ERROR: the error every cuMemFree_v2 returns. */
+/* Memory pools. FAKE_CUDA_MANAGED_POOLS=1: a CUDA 13 driver, which makes managed pools;
+ * otherwise a CUDA 12 one, which refuses the allocation type. */
+static atomic_ullong next_pool = 0x9000;
+
+EXPORT CUresult cuMemPoolCreate(void **pool, const int *props)
+{
+    int type = props[0], location_type = props[2], location_id = props[3];
+    if (type == 2 && !getenv("FAKE_CUDA_MANAGED_POOLS")) {
+        record("cuMemPoolCreate type=%d refused", type);
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
+    }
+    *pool = (void *)(uintptr_t)atomic_fetch_add(&next_pool, 1);
+    record("cuMemPoolCreate type=%d location=%d:%d pool=%p", type, location_type, location_id,
+           *pool);
+    return 0;
+}
+EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep)
+{
+    record("cuMemPoolTrimTo pool=%p keep=%zu", pool, keep);
+    return 0;
+}
+static CUresult device_pool(const char *name, void **pool, int device)
+{
+    *pool = (void *)0xDEF;
+    record("%s device=%d", name, device);
+    return 0;
+}
+EXPORT CUresult cuDeviceGetMemPool(void **pool, int device) { return device_pool("cuDeviceGetMemPool", pool, device); }
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, int device) { return device_pool("cuDeviceGetDefaultMemPool", pool, device); }
+
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     const char *error = getenv("FAKE_CUDA_FREE_ERROR");
@@ -602,6 +632,10 @@ static const struct entry entries[] = {
     ENTRY("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
     ENTRY("cuMemGetInfo", 3020, 0, internal_mem_get_info),
     ENTRY("cuMemCreate", 10020, 0, cuMemCreate),
+    ENTRY("cuMemPoolCreate", 11020, 0, cuMemPoolCreate),
+    ENTRY("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo),
+    ENTRY("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
+    ENTRY("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
     ENTRY("cuMemRelease", 10020, 0, cuMemRelease),
     ENTRY("cuLaunchKernel", 4000, 0, cuLaunchKernel),
     ENTRY("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),

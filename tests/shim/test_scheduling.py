@@ -561,3 +561,20 @@ def test_every_grant_restores_the_working_set(scheduler, workload) -> None:
     assert "cuMemPrefetchAsync" in names[:names.index("cuLaunchKernel")]
     assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [0, 0]
     assert w.stats()["evictions"] == 0
+
+
+def test_an_eviction_trims_the_managed_pools_then_moves_their_allocations(
+        scheduler, workload) -> None:
+    """What a pool keeps for reuse goes back to the driver rather than to host memory."""
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_MANAGED_POOLS="1")
+    w.call(f"[d.alloc_async({3 * GiB}), d.alloc_async({3 * GiB})]")
+    assert w.call("d.launch()") == 0
+    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    w.log.clear()
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        next_holder.acquire(timeout=10)
+        names = w.log.names()
+    evicting = after(names, "cuCtxSynchronize")
+    assert evicting[:3] == ["cuMemPoolTrimTo", "cuMemPrefetchAsync", "cuMemPrefetchAsync"]
+    assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [-1, -1]
+    assert w.stats()["bytes_evicted"] == 6 * GiB

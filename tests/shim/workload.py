@@ -96,6 +96,12 @@ class Driver:
             raise MemoryError
         return ptr.value
 
+    def device_pool(self, name: str = "cuDeviceGetMemPool", device: int = 0) -> int:
+        pool = c_ptr()
+        if self.dlsym(name, ctypes.POINTER(c_ptr), ctypes.c_int)(ctypes.byref(pool), device):
+            raise RuntimeError(name)
+        return pool.value or 0
+
     def alloc_vmm(self, size: int) -> int:
         handle = c_u64()
         fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr, c_u64)
