@@ -384,6 +384,30 @@ EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr dptr, size_t size, int device, CU
     return 0;
 }
 
+/* FAKE_CUDA_PREFETCH_BATCH=1: batches as a CUDA 13 driver does. Otherwise it refuses them
+ * (CUDA_ERROR_NOT_SUPPORTED) without a record, so that a test's call sequence reads as on a
+ * driver without batches. Called with nothing to do (the tests' bare calls), it does nothing. */
+EXPORT CUresult cuMemPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                        const int *locations, size_t *indexes, size_t nlocations,
+                                        unsigned long long flags, CUstream s)
+{
+    (void)indexes;
+    if (!count || !ptrs || !sizes || !locations) {
+        record("cuMemPrefetchBatchAsync");
+        return 0;
+    }
+    if (!getenv("FAKE_CUDA_PREFETCH_BATCH"))
+        return 801;
+    unsigned long long bytes = 0;
+    for (size_t i = 0; i < count; i++)
+        bytes += sizes[i];
+    int device = locations[0] == 2 ? -1 : locations[1];
+    atomic_store(&last_prefetch_device, device);
+    record("cuMemPrefetchBatchAsync count=%zu bytes=%llu locations=%zu device=%d flags=%llu "
+           "stream=%p", count, bytes, nlocations, device, flags, s);
+    return 0;
+}
+
 static void launch_delay(void)
 {
     const char *text = getenv("FAKE_CUDA_LAUNCH_SECONDS");
@@ -503,7 +527,6 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 8000, 1)                             \
     X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0)                              \
     X(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 1)                         \
-    X(cuMemPrefetchBatchAsync, "cuMemPrefetchBatchAsync", 13000, 0)                       \
     X(cuMemPrefetchBatchAsync_ptsz, "cuMemPrefetchBatchAsync", 13000, 1)                  \
     X(cuMemDiscardAndPrefetchBatchAsync, "cuMemDiscardAndPrefetchBatchAsync", 13000, 0)   \
     X(cuMemDiscardAndPrefetchBatchAsync_ptsz, "cuMemDiscardAndPrefetchBatchAsync", 13000, 1) \
@@ -646,6 +669,7 @@ static const struct entry entries[] = {
     ENTRY("cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2),
     ENTRY("cuMemsetD8", 3020, 0, cuMemsetD8_v2),
     ENTRY("cuMemPrefetchAsync", 8000, 0, cuMemPrefetchAsync),
+    ENTRY("cuMemPrefetchBatchAsync", 13000, 0, cuMemPrefetchBatchAsync),
 #define RECORDED_ENTRY(symbol, base, version, per_thread) ENTRY(base, version, per_thread, symbol),
     RECORDED_WORK(RECORDED_ENTRY)
 #undef RECORDED_ENTRY

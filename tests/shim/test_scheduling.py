@@ -578,3 +578,17 @@ def test_an_eviction_trims_the_managed_pools_then_moves_their_allocations(
     assert evicting[:3] == ["cuMemPoolTrimTo", "cuMemPrefetchAsync", "cuMemPrefetchAsync"]
     assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [-1, -1]
     assert w.stats()["bytes_evicted"] == 6 * GiB
+
+
+def test_where_the_driver_batches_an_eviction_is_one_prefetch_per_context(
+        scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_PREFETCH_BATCH="1")
+    own_stream = hold_with(w, scheduler, 6 * GiB)
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        next_holder.acquire(timeout=10)
+        names = w.log.names()
+    assert after(names, "cuCtxSynchronize") == ["cuMemPrefetchBatchAsync", "cuStreamSynchronize"]
+    batch = w.log.calls("cuMemPrefetchBatchAsync")[0]
+    assert f"count=2 bytes={6 * GiB} locations=1 device=-1 flags=0 stream={own_stream}" in batch
+    assert not w.log.calls("cuMemPrefetchAsync")
+    assert w.stats()["bytes_evicted"] == 6 * GiB

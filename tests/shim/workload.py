@@ -185,9 +185,9 @@ class Driver:
         return int(self.dlsym("cuMemsetD8_v2", c_u64, ctypes.c_ubyte, ctypes.c_size_t)(ptr, 7, n))
 
     def bare(self, name: str) -> int:
-        """Calls an entry point with no arguments: enough to see whether the gate lets it
-        through, as the fake driver's recorded work ignores its arguments."""
-        return int(self.dlsym(name)())
+        """Calls an entry point with zeros for arguments: enough to see whether the gate lets
+        it through, as the fake driver's recorded work ignores its arguments."""
+        return int(self.dlsym(name)(*[c_u64(0)] * 11))
 
     def copy_to_device(self, ptr: int, n: int = 16) -> int:
         data = ctypes.create_string_buffer(n)
