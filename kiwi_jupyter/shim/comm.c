@@ -156,14 +156,16 @@ static void keep_holding(void)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. Returns
- * false, still holding with the gate open, when it cannot be done now: a graph capture is open
+enum quiesced { QUIESCED, CAPTURING, NOT_SYNCHRONIZED };
+
+/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. When it
+ * cannot be done now the process still holds the GPU, gate open: a graph capture is open
  * (synchronizing would invalidate it; the caller defers), or synchronizing failed, so work may
  * still be running and the GPU is not released (the daemon revokes it after its grace). */
-static bool quiesce(const char *why, bool evict)
+static enum quiesced quiesce(const char *why, bool evict)
 {
     if (kiwi_capture_open() > 0)
-        return false;
+        return CAPTURING;
     kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
     pthread_mutex_lock(&kiwi_lock);
     S.stats.hold = KIWI_RELEASING;
@@ -172,17 +174,17 @@ static bool quiesce(const char *why, bool evict)
     kiwi_gate_drain();
     if (!kiwi_capture_hold()) {
         keep_holding(); /* a capture began while the gate closed */
-        return false;
+        return CAPTURING;
     }
     bool synchronized = kiwi_pager_synchronize();
     kiwi_capture_unhold();
     if (!synchronized) {
         kiwi_warn("not releasing the GPU (%s): work may still be running on it", why);
         keep_holding();
-        return false;
+        return NOT_SYNCHRONIZED;
     }
     kiwi_memory_free_deferred();
-    return true;
+    return QUIESCED;
 }
 
 static void defer(const char *why)
@@ -208,10 +210,11 @@ static void finish_release(bool evict)
 /* The daemon asked for the GPU back and said whether the next holder needs the room. */
 static void release_sequence(bool evict, const char *why)
 {
-    if (quiesce(why, evict)) {
+    enum quiesced quiesced = quiesce(why, evict);
+    if (quiesced == QUIESCED) {
         finish_release(evict);
-    } else if (kiwi_capture_open() > 0) {
-        deferred.drop = true;
+    } else if (quiesced == CAPTURING) {
+        deferred.drop = true; /* act_deferred looks again, even if the capture is over now */
         deferred.evict = evict;
         defer(why);
     }
@@ -222,13 +225,13 @@ static void release_sequence(bool evict, const char *why)
  * there is nothing to wait for, and a plain release saves the daemon's round trip. */
 static void yield_sequence(const char *why)
 {
-    if (!quiesce(why, false)) {
-        if (kiwi_capture_open() > 0) {
-            deferred.yield = true;
-            defer(why);
-        }
-        return;
+    enum quiesced quiesced = quiesce(why, false);
+    if (quiesced == CAPTURING) {
+        deferred.yield = true; /* act_deferred looks again, even if the capture is over now */
+        defer(why);
     }
+    if (quiesced != QUIESCED)
+        return;
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     if (!ws.evictable) {

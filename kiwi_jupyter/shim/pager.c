@@ -119,7 +119,11 @@ bool kiwi_pager_synchronize(void)
         CUresult result = driver.ctx_set(contexts[i].ctx);
         if (result == CUDA_SUCCESS)
             result = driver.ctx_sync();
-        if (result != CUDA_SUCCESS) {
+        if (result == CUDA_ERROR_INVALID_CONTEXT || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+            /* Ended by a path the shim does not see: no work of it can still run. */
+            kiwi_log("context %p is gone; forgetting it", (void *)contexts[i].ctx);
+            contexts[i--] = contexts[--context_count];
+        } else if (result != CUDA_SUCCESS) {
             kiwi_warn("synchronizing before release failed: CUDA error %d", result);
             synchronized = false;
         }

@@ -592,3 +592,15 @@ def test_where_the_driver_batches_an_eviction_is_one_prefetch_per_context(
     assert f"count=2 bytes={6 * GiB} locations=1 device=-1 flags=0 stream={own_stream}" in batch
     assert not w.log.calls("cuMemPrefetchAsync")
     assert w.stats()["bytes_evicted"] == 6 * GiB
+
+
+def test_a_context_the_driver_says_is_gone_does_not_hold_a_release_up(long_quantum,
+                                                                      workload) -> None:
+    """Ended by a path the shim does not see (CUDA_ERROR_INVALID_CONTEXT): no work of it can
+    still run, so it is no reason to keep the GPU."""
+    w = workload(KIWI_SOCKET=long_quantum.socket, FAKE_CUDA_SYNC_ERROR="201")
+    w.call("shim.cell_begin()")
+    assert w.call("d.launch()") == 0
+    w.call("shim.release()")
+    wait_for(lambda: state_of(long_quantum, w) == "idle", what="the release")
+    assert w.stats()["releases"] == 1
