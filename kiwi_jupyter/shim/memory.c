@@ -85,12 +85,28 @@ void kiwi_memory_learn(uint64_t real_total, uint64_t real_free)
 {
     if (!device_total)
         device_total = real_total;
-    if (!kiwi_gate_is_open() || real_free > real_total)
+    if (real_free > real_total)
         return;
     struct kiwi_working_set own;
     kiwi_memory_working_set(&own);
     uint64_t in_use = real_total - real_free;
-    atomic_store(&pinned, in_use > own.bytes ? in_use - own.bytes : 0);
+    uint64_t measured = in_use > own.bytes ? in_use - own.bytes : 0;
+    /* While another holds the GPU its managed memory is on the card too, so a figure taken
+     * then is too high: it may only lower the one learnt while holding (a co-holder that has
+     * since left, say). */
+    if (kiwi_gate_is_open() || measured < atomic_load(&pinned))
+        atomic_store(&pinned, measured);
+}
+
+/* Asks the driver again (from the allocating thread, which has a context current), before an
+ * allocation is refused for want of room: what was pinned may have gone since. */
+static void learn_again(void)
+{
+    typedef CUresult (*info_fn)(size_t *, size_t *);
+    info_fn info = (info_fn)kiwi_real(HOOK_cuMemGetInfo_v2);
+    size_t real_free = 0, real_total = 0;
+    if (info && info(&real_free, &real_total) == CUDA_SUCCESS)
+        kiwi_memory_learn(real_total, real_free);
 }
 
 uint64_t kiwi_memory_room(void)
@@ -111,6 +127,14 @@ static bool reserve(size_t size, enum allocation_kind kind, CUdevice device)
     uint64_t limit = kiwi_memory_room();
     uint64_t used = managed_bytes + vmm_bytes;
     bool fits = !limit || (used <= limit && size <= limit - used);
+    if (!fits && limit < kiwi_memory_limit()) {
+        pthread_mutex_unlock(&table_lock);
+        learn_again();
+        pthread_mutex_lock(&table_lock);
+        limit = kiwi_memory_room();
+        used = managed_bytes + vmm_bytes;
+        fits = !limit || (used <= limit && size <= limit - used);
+    }
     if (fits) {
         if (kind == MANAGED)
             managed_bytes += size;

@@ -231,3 +231,14 @@ def test_without_managed_pools_stream_ordered_allocations_become_managed(workloa
     assert "refused" in w.log.calls("cuMemPoolCreate")[0]
     assert managed_sizes(w) == [1024]
     assert w.call("d.device_pool()") == 0xDEF  # the driver's own
+
+
+def test_an_allocation_refused_for_want_of_room_asks_the_driver_again(workload) -> None:
+    """What was pinned may have gone (another holder beside this one left): before refusing,
+    the shim measures again."""
+    w = workload(FAKE_CUDA_TOTAL=str(16 * GiB), FAKE_CUDA_OTHERS_USED=str(10 * GiB),
+                 KIWI_SOCKET="/nonexistent/kiwi.sock", KIWI_FAIL_TIMEOUT="0")
+    assert w.call("d.launch()") == 0
+    assert w.call("d.mem_info()") == [6 * GiB, 16 * GiB]
+    w.call("os.environ.__setitem__('FAKE_CUDA_OTHERS_USED', '0')")
+    assert w.call(f"d.alloc_result({8 * GiB})") == 0
