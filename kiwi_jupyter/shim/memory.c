@@ -335,6 +335,13 @@ void kiwi_memory_after_fork(void)
 
 typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned int);
 
+/* Whether device allocations become managed memory: the one switch for how this process's
+ * memory is paged (with the shim off, never). */
+static bool converting(void)
+{
+    return kiwi_cfg.enabled;
+}
+
 /* Allocates size bytes of managed memory in place of device memory, within the limit. */
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
@@ -385,7 +392,7 @@ KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned 
 KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     kiwi_init();
-    if (!kiwi_cfg.enabled) {
+    if (!converting()) {
         typedef CUresult (*fn)(CUdeviceptr *, size_t);
         fn real = (fn)kiwi_real(HOOK_cuMemAlloc_v2);
         return real ? real(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
@@ -401,7 +408,7 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
                                         size_t height, unsigned int element_size)
 {
     kiwi_init();
-    if (!kiwi_cfg.enabled) {
+    if (!converting()) {
         typedef CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
         fn real = (fn)kiwi_real(HOOK_cuMemAllocPitch_v2);
         return real ? real(dptr, pitch, width, height, element_size)
@@ -468,7 +475,7 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
     {                                                                          \
         kiwi_init();                                                           \
-        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {      \
+        if (!converting() || capturing(kiwi_stream(s, per_thread))) {          \
             alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
             return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
         }                                                                      \
@@ -482,7 +489,7 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
                                 CUstream s)                                               \
     {                                                                                     \
         kiwi_init();                                                                      \
-        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {                \
+        if (!converting() || capturing(kiwi_stream(s, per_thread))) {                     \
             alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
             return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
         }                                                                                 \
