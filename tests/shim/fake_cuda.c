@@ -128,16 +128,28 @@ static CUresult release_primary(const char *name, int device)
            atomic_fetch_sub(&primary_references, 1) - 1);
     return 0;
 }
-EXPORT CUresult cuDevicePrimaryCtxRelease(int device) { return release_primary("cuDevicePrimaryCtxRelease", device); }
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int device) { return release_primary("cuDevicePrimaryCtxRelease_v2", device); }
+EXPORT CUresult cuDevicePrimaryCtxRelease(int device)
+{
+    return release_primary("cuDevicePrimaryCtxRelease", device);
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int device)
+{
+    return release_primary("cuDevicePrimaryCtxRelease_v2", device);
+}
 static CUresult reset_primary(const char *name, int device)
 {
     atomic_store(&primary_references, 0);
     record("%s device=%d", name, device);
     return 0;
 }
-EXPORT CUresult cuDevicePrimaryCtxReset(int device) { return reset_primary("cuDevicePrimaryCtxReset", device); }
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(int device) { return reset_primary("cuDevicePrimaryCtxReset_v2", device); }
+EXPORT CUresult cuDevicePrimaryCtxReset(int device)
+{
+    return reset_primary("cuDevicePrimaryCtxReset", device);
+}
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(int device)
+{
+    return reset_primary("cuDevicePrimaryCtxReset_v2", device);
+}
 EXPORT CUresult cuDevicePrimaryCtxGetState(int device, unsigned *flags, int *active)
 {
     (void)device;
@@ -243,17 +255,35 @@ static bool invalidate_captures(void)
     return any;
 }
 
-EXPORT CUresult cuStreamBeginCapture(CUstream stream) { return begin_capture("cuStreamBeginCapture", stream, 0); }
-EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) { return begin_capture("cuStreamBeginCapture_ptsz", stream ? stream : (CUstream)2, 0); }
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) { return begin_capture("cuStreamBeginCapture_v2", stream, mode); }
-EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) { return begin_capture("cuStreamBeginCapture_v2_ptsz", stream ? stream : (CUstream)2, mode); }
+EXPORT CUresult cuStreamBeginCapture(CUstream stream)
+{
+    return begin_capture("cuStreamBeginCapture", stream, 0);
+}
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream)
+{
+    return begin_capture("cuStreamBeginCapture_ptsz", stream ? stream : (CUstream)2, 0);
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+    return begin_capture("cuStreamBeginCapture_v2", stream, mode);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
+{
+    return begin_capture("cuStreamBeginCapture_v2_ptsz", stream ? stream : (CUstream)2, mode);
+}
 EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, void *graph, const void *deps, const void *edges, size_t n, int mode)
 {
     (void)graph; (void)deps; (void)edges; (void)n;
     return begin_capture("cuStreamBeginCaptureToGraph", stream, mode);
 }
-EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) { return end_capture("cuStreamEndCapture", stream, graph); }
-EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph) { return end_capture("cuStreamEndCapture_ptsz", stream ? stream : (CUstream)2, graph); }
+EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph)
+{
+    return end_capture("cuStreamEndCapture", stream, graph);
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
+{
+    return end_capture("cuStreamEndCapture_ptsz", stream ? stream : (CUstream)2, graph);
+}
 
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
@@ -334,8 +364,14 @@ static CUresult device_pool(const char *name, void **pool, int device)
     record("%s device=%d", name, device);
     return 0;
 }
-EXPORT CUresult cuDeviceGetMemPool(void **pool, int device) { return device_pool("cuDeviceGetMemPool", pool, device); }
-EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, int device) { return device_pool("cuDeviceGetDefaultMemPool", pool, device); }
+EXPORT CUresult cuDeviceGetMemPool(void **pool, int device)
+{
+    return device_pool("cuDeviceGetMemPool", pool, device);
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, int device)
+{
+    return device_pool("cuDeviceGetDefaultMemPool", pool, device);
+}
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
