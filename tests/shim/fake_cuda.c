@@ -271,7 +271,8 @@ EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
 {
     return begin_capture("cuStreamBeginCapture_v2_ptsz", stream ? stream : (CUstream)2, mode);
 }
-EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, void *graph, const void *deps, const void *edges, size_t n, int mode)
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, void *graph, const void *deps,
+                                            const void *edges, size_t n, int mode)
 {
     (void)graph; (void)deps; (void)edges; (void)n;
     return begin_capture("cuStreamBeginCaptureToGraph", stream, mode);
