@@ -11,6 +11,7 @@
  * CUDA_ERROR_SYSTEM_NOT_READY and Python raises the KeyboardInterrupt it noted.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -36,7 +37,9 @@ static void on_interrupt(int sig, siginfo_t *info, void *context)
     struct sigaction next = kernels_handler;
     if (!(next.sa_flags & SA_SIGINFO) && next.sa_handler == SIG_IGN)
         return; /* the kernel ignores interrupts now (between cells): so does the shim */
+    int saved_errno = errno; /* the interrupted code may be about to read it */
     kiwi_interrupt();
+    errno = saved_errno;
     if (next.sa_flags & SA_SIGINFO) {
         next.sa_sigaction(sig, info, context);
     } else if (next.sa_handler == SIG_DFL) {
