@@ -28,6 +28,9 @@ class ShimGate(Protocol):
     def release(self) -> None:
         """The cell is over: synchronize, evict if the next holder needs the room, release."""
 
+    def catch_interrupts(self) -> None:
+        """Let Ctrl-C end a wait for the GPU inside a CUDA call (main thread, per cell)."""
+
     def acquire(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` for the GPU; False on timeout, the request still queued."""
 
@@ -79,6 +82,9 @@ class ShimArbiter(Arbiter):
 
     def begin_cell(self, gated: bool = False) -> None:
         super().begin_cell(gated)
+        # ipykernel installs its SIGINT handler as each cell starts; the shim's goes in front
+        # of it, or Ctrl-C could not end a wait for the GPU inside a CUDA call.
+        self.shim.catch_interrupts()
         self.shim.cell_begin()
         self._before = self.shim.stats()
         # The shim waits inside a CUDA call, in C: follow the cell to show the waiting line.

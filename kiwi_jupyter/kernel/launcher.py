@@ -124,9 +124,34 @@ def preload_plan(environ: Mapping[str, str]) -> Path | None:
     return library
 
 
+#: PyTorch's allocator settings; PyTorch 2.9 reads the first, older ones the second.
+ALLOC_CONF_ENVS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def without_expandable_segments(conf: str) -> str:
+    """PyTorch allocator settings (``key:value,...``) with expandable segments off."""
+    options = [o for o in conf.split(",") if o.strip()]
+    kept = [o for o in options if o.split(":", 1)[0].strip() != "expandable_segments"]
+    if len(kept) == len(options):
+        return conf
+    return ",".join([*kept, "expandable_segments:False"])
+
+
+def _alloc_conf_for_the_shim(env: dict[str, str]) -> None:
+    for name in ALLOC_CONF_ENVS:
+        conf = env.get(name, "")
+        if "expandable_segments:true" not in conf.replace(" ", "").lower():
+            continue
+        env[name] = without_expandable_segments(conf)
+        print(f"kiwi: {name}: expandable_segments turned off: its memory (cuMemCreate) cannot "
+              "be paged to host memory, so this kernel could not give the GPU's memory back",
+              file=sys.stderr)
+
+
 def _reexec_with(library: Path, environ: Mapping[str, str]) -> None:
     env = dict(environ)
     env["LD_PRELOAD"] = " ".join(filter(None, [str(library), environ.get("LD_PRELOAD", "")]))
+    _alloc_conf_for_the_shim(env)
     # orig_argv keeps interpreter options (-X, -W) that sys.argv has lost.
     os.execve(sys.executable, list(sys.orig_argv), env)
 

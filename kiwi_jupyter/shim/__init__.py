@@ -78,6 +78,10 @@ class Shim:
         lib.kiwi_shim_holding.argtypes = []
         lib.kiwi_shim_set_policy.restype = ctypes.c_int
         lib.kiwi_shim_set_policy.argtypes = [ctypes.c_int, ctypes.c_double]
+        lib.kiwi_shim_catch_interrupts.restype = ctypes.c_int
+        lib.kiwi_shim_catch_interrupts.argtypes = []
+        lib.kiwi_shim_interrupt.restype = None
+        lib.kiwi_shim_interrupt.argtypes = []
         lib.kiwi_shim_stats_json.restype = ctypes.c_int
         lib.kiwi_shim_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 
@@ -112,7 +116,19 @@ class Shim:
         result = self._lib.kiwi_shim_acquire(float(timeout or 0.0))
         if result < 0:
             raise ConnectionError("the Kiwi scheduler is unreachable and the fail policy is closed")
+        # 2: interrupted. Ctrl-C's KeyboardInterrupt is raised by Python itself as this returns.
         return result == 0
+
+    def catch_interrupts(self) -> None:
+        """Let Ctrl-C end a wait for the GPU inside a CUDA call (which Python's own handler
+        cannot reach until the call returns). Call it on the main thread after the kernel has
+        installed its SIGINT handler, which the shim's then hands each signal on to."""
+        if self._lib.kiwi_shim_catch_interrupts() != 0:
+            raise OSError("could not install the shim's SIGINT handler")
+
+    def interrupt(self) -> None:
+        """End the waits for the GPU in progress now, as Ctrl-C does."""
+        self._lib.kiwi_shim_interrupt()
 
     def release(self) -> None:
         """A cell ends: synchronize, evict if the next holder needs the room, release."""

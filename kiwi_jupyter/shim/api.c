@@ -24,7 +24,8 @@ KIWI_EXPORT void kiwi_shim_cell_begin(void)
 
 /* Eager acquisition: waits until this process holds its GPU. timeout in seconds, 0 = no limit.
  * Returns 0 when GPU work may run (held, or the daemon is unreachable and the policy is open),
- * 1 on timeout, -1 when the daemon is unreachable and the policy is closed. */
+ * 1 on timeout, 2 when interrupted (kiwi_shim_interrupt, Ctrl-C), -1 when the daemon is
+ * unreachable and the policy is closed. */
 KIWI_EXPORT int kiwi_shim_acquire(double timeout)
 {
     kiwi_init();
@@ -39,6 +40,23 @@ KIWI_EXPORT int kiwi_shim_release(void)
 {
     kiwi_init();
     return kiwi_comm_release();
+}
+
+/* Puts the shim's SIGINT handler in front of the one installed now (call it from the main
+ * thread after the kernel installs its own, as each cell starts), so that Ctrl-C ends a wait
+ * for the GPU in C: the waiting call returns CUDA_ERROR_SYSTEM_NOT_READY, kiwi_shim_acquire
+ * returns 2, and the kernel's handler gets the signal as before. 0 on success. */
+KIWI_EXPORT int kiwi_shim_catch_interrupts(void)
+{
+    kiwi_init();
+    return kiwi_interrupt_catch();
+}
+
+/* Ends the waits for the GPU in progress now, as Ctrl-C does. */
+KIWI_EXPORT void kiwi_shim_interrupt(void)
+{
+    kiwi_init();
+    kiwi_interrupt();
 }
 
 /* 1 while this process holds its GPU. */
@@ -89,6 +107,11 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         snprintf(client, sizeof client, "\"%s\"", s.client);
     if (s.mode[0])
         snprintf(mode, sizeof mode, "\"%s\"", s.mode);
+    char uuid[sizeof kiwi_cfg.gpu_uuid + 8] = "null";
+    if (kiwi_cfg.gpu_uuid[0]) {
+        uuid[0] = '\0';
+        kiwi_json_quote(uuid, sizeof uuid, kiwi_cfg.gpu_uuid);
+    }
     return snprintf(
         buffer, size,
         "{\"version\":\"%s\",\"active\":%s,\"connected\":%s,\"failed_open\":%s,"
@@ -98,7 +121,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
         "\"bytes_evicted\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
-        "\"in_flight\":%d}",
+        "\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -109,5 +132,5 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         (unsigned long long)s.releases, (unsigned long long)s.evictions,
         (unsigned long long)s.bytes_evicted, s.seconds_evicting,
         (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
-        s.seconds_restoring, s.seconds_waiting, kiwi_gate_in_flight());
+        s.seconds_restoring, s.seconds_waiting, kiwi_gate_in_flight(), kiwi_cfg.gpu, uuid);
 }

@@ -107,7 +107,7 @@ static void forget(CUstream stream)
         pthread_mutex_lock(&capture_lock);                                 \
         CUresult result = real args;                                       \
         if (result == CUDA_SUCCESS)                                        \
-            remember(kiwi_stream(stream, per_thread));                           \
+            remember(kiwi_stream(stream, per_thread));                     \
         pthread_mutex_unlock(&capture_lock);                               \
         return result;                                                     \
     }
@@ -136,7 +136,7 @@ BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, true, TO_GRAPH_PARAMS, TO_GRAPH_
             return CUDA_ERROR_NOT_INITIALIZED;                                          \
         CUresult result = real(stream, graph);                                          \
         if (kiwi_cfg.enabled)                                                           \
-            forget(kiwi_stream(stream, per_thread));                                          \
+            forget(kiwi_stream(stream, per_thread));                                    \
         return result;                                                                  \
     }
 

@@ -127,6 +127,7 @@ static void evict_now(void)
     kiwi_memory_working_set(&ws);
     if (!ws.evictable)
         return;
+    kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
     struct kiwi_transfer moved;
     kiwi_pager_evict(&moved);
     pthread_mutex_lock(&kiwi_lock);
@@ -155,14 +156,16 @@ static void keep_holding(void)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. Returns
- * false, still holding with the gate open, when it cannot be done now: a graph capture is open
+enum quiesced { QUIESCED, CAPTURING, NOT_SYNCHRONIZED };
+
+/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. When it
+ * cannot be done now the process still holds the GPU, gate open: a graph capture is open
  * (synchronizing would invalidate it; the caller defers), or synchronizing failed, so work may
  * still be running and the GPU is not released (the daemon revokes it after its grace). */
-static bool quiesce(const char *why, bool evict)
+static enum quiesced quiesce(const char *why, bool evict)
 {
     if (kiwi_capture_open() > 0)
-        return false;
+        return CAPTURING;
     kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
     pthread_mutex_lock(&kiwi_lock);
     S.stats.hold = KIWI_RELEASING;
@@ -171,17 +174,17 @@ static bool quiesce(const char *why, bool evict)
     kiwi_gate_drain();
     if (!kiwi_capture_hold()) {
         keep_holding(); /* a capture began while the gate closed */
-        return false;
+        return CAPTURING;
     }
     bool synchronized = kiwi_pager_synchronize();
     kiwi_capture_unhold();
     if (!synchronized) {
         kiwi_warn("not releasing the GPU (%s): work may still be running on it", why);
         keep_holding();
-        return false;
+        return NOT_SYNCHRONIZED;
     }
     kiwi_memory_free_deferred();
-    return true;
+    return QUIESCED;
 }
 
 static void defer(const char *why)
@@ -207,10 +210,11 @@ static void finish_release(bool evict)
 /* The daemon asked for the GPU back and said whether the next holder needs the room. */
 static void release_sequence(bool evict, const char *why)
 {
-    if (quiesce(why, evict)) {
+    enum quiesced quiesced = quiesce(why, evict);
+    if (quiesced == QUIESCED) {
         finish_release(evict);
-    } else if (kiwi_capture_open() > 0) {
-        deferred.drop = true;
+    } else if (quiesced == CAPTURING) {
+        deferred.drop = true; /* act_deferred looks again, even if the capture is over now */
         deferred.evict = evict;
         defer(why);
     }
@@ -221,13 +225,13 @@ static void release_sequence(bool evict, const char *why)
  * there is nothing to wait for, and a plain release saves the daemon's round trip. */
 static void yield_sequence(const char *why)
 {
-    if (!quiesce(why, false)) {
-        if (kiwi_capture_open() > 0) {
-            deferred.yield = true;
-            defer(why);
-        }
-        return;
+    enum quiesced quiesced = quiesce(why, false);
+    if (quiesced == CAPTURING) {
+        deferred.yield = true; /* act_deferred looks again, even if the capture is over now */
+        defer(why);
     }
+    if (quiesced != QUIESCED)
+        return;
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     if (!ws.evictable) {
@@ -265,9 +269,13 @@ static void on_yield_answer(const char *op, const char *line)
 
 static void on_grant(const char *line)
 {
+    /* Restored on every grant, not only after an eviction of ours: while other processes held
+     * the GPU the driver may have pushed pages out on its own, to make room for theirs. */
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
     pthread_mutex_lock(&kiwi_lock);
     bool expected = S.stats.hold == KIWI_WAITING;
-    bool restore = S.stats.evicted && !kiwi_cfg.restore_by_fault;
+    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault;
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release on the wire: the release ended it */
@@ -455,6 +463,10 @@ static void wait_for_news(double timeout)
         char drained[64];
         while (read(wake_pipe[0], drained, sizeof drained) > 0)
             ;
+        /* Perhaps an interrupt (interrupt.c): waiters look at the count when woken. */
+        pthread_mutex_lock(&kiwi_lock);
+        pthread_cond_broadcast(&kiwi_changed);
+        pthread_mutex_unlock(&kiwi_lock);
     }
     if (kiwi_link_up() && p[1].revents && kiwi_link_fill(0)) {
         char line[1024];
@@ -544,6 +556,7 @@ static void after_fork_child(void)
     kiwi_pager_after_fork();
     kiwi_capture_after_fork();
     kiwi_context_after_fork();
+    kiwi_pool_after_fork();
 }
 
 static void register_fork_handlers(void)
@@ -620,6 +633,11 @@ void kiwi_comm_add_waiting_time(double seconds)
     S.stats.seconds_waiting += seconds;
 }
 
+void kiwi_comm_wake_from_signal(void)
+{
+    wake(); /* one write(2); the comm thread broadcasts once it wakes */
+}
+
 void kiwi_comm_captures_closed(void)
 {
     if (atomic_load(&started))
@@ -648,6 +666,7 @@ int kiwi_comm_acquire(double timeout)
     kiwi_comm_start();
     kiwi_pager_note_context(NULL);
     double deadline = timeout > 0 ? kiwi_now() + timeout : 0;
+    unsigned interrupts = kiwi_interrupts();
     int result = 0;
     pthread_mutex_lock(&kiwi_lock);
     S.acquire_wanted = true;
@@ -655,6 +674,10 @@ int kiwi_comm_acquire(double timeout)
     while (S.stats.hold != KIWI_HOLDING && !S.stats.failed_open) {
         if (S.stats.failed_closed) {
             result = -1;
+            break;
+        }
+        if (kiwi_interrupts() != interrupts) {
+            result = 2;
             break;
         }
         double left = deadline ? deadline - kiwi_now() : 0.5;

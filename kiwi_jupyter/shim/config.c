@@ -69,16 +69,58 @@ bool kiwi_parse_size(const char *text, uint64_t *bytes)
     return false;
 }
 
-/* The daemon numbers GPUs as NVML does. CUDA_VISIBLE_DEVICES=3 makes this process's device 0
- * the node's GPU 3, so the first visible index is the GPU to ask for. */
-static int visible_gpu(void)
+/* The n-th entry of a device list ("3,5", "GPU-8f3a...,GPU-...", "MIG-...", "all") in the
+ * variable name, copied into entry; false when there is none. */
+static bool nth_entry(const char *name, int n, char *entry, size_t size)
 {
-    const char *text = getenv("KIWI_GPU");
-    if (!text || !*text)
-        text = getenv("CUDA_VISIBLE_DEVICES");
-    if (!text || !isdigit((unsigned char)*text))
-        return 0;
-    return atoi(text);
+    const char *list = getenv(name);
+    for (int i = 0; list && *list && i < n; i++) {
+        list = strchr(list, ',');
+        list = list ? list + 1 : NULL;
+    }
+    if (!list || !*list)
+        return false;
+    size_t length = strcspn(list, ",");
+    if (length >= size)
+        length = size - 1;
+    memcpy(entry, list, length);
+    entry[length] = '\0';
+    return length > 0;
+}
+
+static bool is_uuid(const char *entry)
+{
+    return strncmp(entry, "GPU-", 4) == 0 || strncmp(entry, "MIG-", 4) == 0;
+}
+
+/* Which GPU of the node this process uses: its index as NVML numbers the node's GPUs (the
+ * daemon's numbering), and its UUID when the environment names it by one. The process's
+ * device 0 is the first entry of CUDA_VISIBLE_DEVICES, counted among the devices the
+ * container runtime made visible (NVIDIA_VISIBLE_DEVICES, in the node's numbering): so
+ * CUDA_VISIBLE_DEVICES=1 with NVIDIA_VISIBLE_DEVICES=2,5 is the node's GPU 5. Either may name
+ * a GPU or a MIG instance by UUID instead; the UUID is then what the daemon matches, and the
+ * index stays 0. KIWI_GPU, when set, is the index. */
+static void visible_gpu(void)
+{
+    char entry[sizeof kiwi_cfg.gpu_uuid];
+    int index = 0, within = 0;
+    if (nth_entry("CUDA_VISIBLE_DEVICES", 0, entry, sizeof entry)) {
+        if (is_uuid(entry))
+            copy(kiwi_cfg.gpu_uuid, sizeof kiwi_cfg.gpu_uuid, entry);
+        else if (isdigit((unsigned char)entry[0]))
+            index = within = atoi(entry);
+    }
+    if (!kiwi_cfg.gpu_uuid[0] &&
+        nth_entry("NVIDIA_VISIBLE_DEVICES", within, entry, sizeof entry)) {
+        if (is_uuid(entry)) {
+            copy(kiwi_cfg.gpu_uuid, sizeof kiwi_cfg.gpu_uuid, entry);
+            index = 0; /* the node's index is unknown: the UUID decides */
+        } else if (isdigit((unsigned char)entry[0])) {
+            index = atoi(entry);
+        }
+    }
+    const char *gpu = getenv("KIWI_GPU");
+    kiwi_cfg.gpu = gpu && isdigit((unsigned char)*gpu) ? atoi(gpu) : index;
 }
 
 static void load(void)
@@ -98,7 +140,7 @@ static void load(void)
         kiwi_warn("KIWI_FAIL_POLICY=%s is neither open nor closed; failing open", policy);
     /* Benchmarks compare restoring by prefetch with nvshare's demand paging, same workload. */
     kiwi_cfg.restore_by_fault = strcasecmp(env("KIWI_RESTORE", "prefetch"), "fault") == 0;
-    kiwi_cfg.gpu = visible_gpu();
+    visible_gpu();
     copy(kiwi_cfg.socket_path, sizeof kiwi_cfg.socket_path,
          env("KIWI_SOCKET", "/var/run/kiwi/scheduler.sock"));
     copy(kiwi_cfg.pool, sizeof kiwi_cfg.pool, env("KIWI_POOL", "default"));

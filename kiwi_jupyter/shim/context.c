@@ -38,6 +38,7 @@ static void primary_ended(CUdevice device)
     primaries[device] = NULL;
     pthread_mutex_unlock(&primaries_lock);
     forget(ctx);
+    kiwi_pool_forget_device(device);
 }
 
 static bool primary_active(CUdevice device)

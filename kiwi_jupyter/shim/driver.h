@@ -39,6 +39,24 @@ typedef int CUstreamCaptureMode;   /* an enum in cuda.h: GLOBAL 0, THREAD_LOCAL 
 typedef int CUstreamCaptureStatus; /* NONE 0, ACTIVE 1, INVALIDATED 2 */
 typedef int CUdriverProcAddressQueryResult;
 
+/* Passed by value (cuMemPrefetchAsync_v2), so complete; type is an enum of int width. */
+typedef struct CUmemLocation_st {
+    int type;
+    int id;
+} CUmemLocation;
+
+/* Filled in by the shim (pool.c); CUDA 13 names the reserved bytes' first one
+ * gpuDirectRDMACapable. allocType and handleTypes are enums of int width. */
+typedef struct CUmemPoolProps_st {
+    int allocType;
+    int handleTypes;
+    struct CUmemLocation_st location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
 /* Passed through by pointer only; the shim never looks inside. */
 typedef struct CUlaunchConfig_st CUlaunchConfig;
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
@@ -56,12 +74,6 @@ typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
 
-/* Passed by value (cuMemPrefetchAsync_v2), so complete; type is an enum of int width. */
-typedef struct CUmemLocation_st {
-    int type;
-    int id;
-} CUmemLocation;
-
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
@@ -70,6 +82,8 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_SYSTEM_NOT_READY = 802,
 };
 

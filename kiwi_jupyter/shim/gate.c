@@ -88,6 +88,7 @@ static CUresult wait_for_grant(void)
     kiwi_comm_start();
     kiwi_pager_note_context(NULL);
     double started = kiwi_now();
+    unsigned interrupts = kiwi_interrupts();
     CUresult result = CUDA_SUCCESS;
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm_waiter(+1);
@@ -95,6 +96,11 @@ static CUresult wait_for_grant(void)
         if (try_enter(true))
             break;
         if (kiwi_comm_refusing()) {
+            result = CUDA_ERROR_SYSTEM_NOT_READY;
+            break;
+        }
+        if (kiwi_interrupts() != interrupts) {
+            kiwi_log("interrupted while waiting for the GPU");
             result = CUDA_ERROR_SYSTEM_NOT_READY;
             break;
         }

@@ -31,7 +31,9 @@
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                           \
     X(cuMemCreate, "cuMemCreate", 10020, 0)                               \
     X(cuMemRelease, "cuMemRelease", 10020, 0)                             \
-    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                   \
+    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                 \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)
 
 /* Graph capture (capture.c): a release must not synchronize while a capture is open, since
  * cuCtxSynchronize would invalidate it. */

@@ -144,7 +144,26 @@ static void append(char *buf, size_t size, const char *text)
     snprintf(buf + n, size - n, "%s", text);
 }
 
-/* The register request's fields: the client's labels, quoted, and its working set. */
+/* The UUID of the process's device 0, as NVML writes it (GPU-8-4-4-4-12 hex digits), so that
+ * the daemon matches the GPU by UUID; false when the driver cannot say yet. */
+static bool device_uuid(char *text, size_t size)
+{
+    typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
+    uuid_fn get = (uuid_fn)kiwi_driver_sym("cuDeviceGetUuid_v2");
+    if (!get)
+        get = (uuid_fn)kiwi_driver_sym("cuDeviceGetUuid");
+    CUuuid uuid;
+    if (!get || get(&uuid, 0) != CUDA_SUCCESS)
+        return false;
+    const unsigned char *b = (const unsigned char *)uuid.bytes;
+    snprintf(text, size,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+    return true;
+}
+
+/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
 static void register_fields(char *fields, size_t size, uint64_t working_set)
 {
     snprintf(fields, size, "\"name\":");
@@ -167,6 +186,10 @@ static void register_fields(char *fields, size_t size, uint64_t working_set)
             kiwi_json_quote(fields, size, namespace);
         }
         append(fields, size, "}");
+    }
+    if (kiwi_cfg.gpu_uuid[0] || device_uuid(kiwi_cfg.gpu_uuid, sizeof kiwi_cfg.gpu_uuid)) {
+        append(fields, size, ",\"gpu_uuid\":");
+        kiwi_json_quote(fields, size, kiwi_cfg.gpu_uuid);
     }
     size_t n = strlen(fields);
     snprintf(fields + n, size - n, ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu",

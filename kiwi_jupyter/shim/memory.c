@@ -26,6 +26,7 @@ struct allocation {
     size_t size;
     enum allocation_kind kind;
     bool freeing; /* a free of it is in progress: the pager leaves it alone */
+    bool pooled;  /* from a managed memory pool (pool.c): freed in stream order */
     CUcontext ctx;
     CUdevice device;
 };
@@ -84,12 +85,28 @@ void kiwi_memory_learn(uint64_t real_total, uint64_t real_free)
 {
     if (!device_total)
         device_total = real_total;
-    if (!kiwi_gate_is_open() || real_free > real_total)
+    if (real_free > real_total)
         return;
     struct kiwi_working_set own;
     kiwi_memory_working_set(&own);
     uint64_t in_use = real_total - real_free;
-    atomic_store(&pinned, in_use > own.bytes ? in_use - own.bytes : 0);
+    uint64_t measured = in_use > own.bytes ? in_use - own.bytes : 0;
+    /* While another holds the GPU its managed memory is on the card too, so a figure taken
+     * then is too high: it may only lower the one learnt while holding (a co-holder that has
+     * since left, say). */
+    if (kiwi_gate_is_open() || measured < atomic_load(&pinned))
+        atomic_store(&pinned, measured);
+}
+
+/* Asks the driver again (from the allocating thread, which has a context current), before an
+ * allocation is refused for want of room: what was pinned may have gone since. */
+static void learn_again(void)
+{
+    typedef CUresult (*info_fn)(size_t *, size_t *);
+    info_fn info = (info_fn)kiwi_real(HOOK_cuMemGetInfo_v2);
+    size_t real_free = 0, real_total = 0;
+    if (info && info(&real_free, &real_total) == CUDA_SUCCESS)
+        kiwi_memory_learn(real_total, real_free);
 }
 
 uint64_t kiwi_memory_room(void)
@@ -110,6 +127,14 @@ static bool reserve(size_t size, enum allocation_kind kind, CUdevice device)
     uint64_t limit = kiwi_memory_room();
     uint64_t used = managed_bytes + vmm_bytes;
     bool fits = !limit || (used <= limit && size <= limit - used);
+    if (!fits && limit < kiwi_memory_limit()) {
+        pthread_mutex_unlock(&table_lock);
+        learn_again();
+        pthread_mutex_lock(&table_lock);
+        limit = kiwi_memory_room();
+        used = managed_bytes + vmm_bytes;
+        fits = !limit || (used <= limit && size <= limit - used);
+    }
     if (fits) {
         if (kind == MANAGED)
             managed_bytes += size;
@@ -140,8 +165,8 @@ static bool capture_error(CUresult result)
 
 /* ---- table ---------------------------------------------------------------------------- */
 
-static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
-                  CUdevice device)
+static void track_record(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                         CUdevice device, bool pooled)
 {
     struct allocation *a = malloc(sizeof *a);
     if (!a) {
@@ -150,7 +175,7 @@ static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontex
         return;
     }
     *a = (struct allocation){.key = key, .size = size, .kind = kind, .ctx = ctx,
-                             .device = device};
+                             .device = device, .pooled = pooled};
     pthread_mutex_lock(&table_lock);
     size_t b = bucket(key, kind);
     a->next = table[b];
@@ -158,6 +183,12 @@ static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontex
     allocation_count++;
     pthread_mutex_unlock(&table_lock);
     kiwi_comm_working_set_changed();
+}
+
+static void track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                  CUdevice device)
+{
+    track_record(key, size, kind, ctx, device, false);
 }
 
 /* Under table_lock: the record of an allocation not already being freed, or NULL. */
@@ -304,6 +335,13 @@ void kiwi_memory_after_fork(void)
 
 typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned int);
 
+/* Whether device allocations become managed memory: the one switch for how this process's
+ * memory is paged (with the shim off, never). */
+static bool converting(void)
+{
+    return kiwi_cfg.enabled;
+}
+
 /* Allocates size bytes of managed memory in place of device memory, within the limit. */
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
@@ -354,7 +392,7 @@ KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned 
 KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     kiwi_init();
-    if (!kiwi_cfg.enabled) {
+    if (!converting()) {
         typedef CUresult (*fn)(CUdeviceptr *, size_t);
         fn real = (fn)kiwi_real(HOOK_cuMemAlloc_v2);
         return real ? real(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
@@ -370,7 +408,7 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
                                         size_t height, unsigned int element_size)
 {
     kiwi_init();
-    if (!kiwi_cfg.enabled) {
+    if (!converting()) {
         typedef CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
         fn real = (fn)kiwi_real(HOOK_cuMemAllocPitch_v2);
         return real ? real(dptr, pitch, width, height, element_size)
@@ -411,14 +449,39 @@ static bool capturing(CUstream stream)
     return fn && fn(stream, &status) == CUDA_SUCCESS && status != 0;
 }
 
+/* A stream-ordered allocation from the device's managed pool (pool.c), where the driver has
+ * managed pools: it stays stream-ordered, and so does its free. False when there is none. */
+static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult *result)
+{
+    alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_cuMemAllocFromPoolAsync);
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    CUmemoryPool pool = real ? kiwi_pool_of(device) : NULL;
+    if (!pool)
+        return false;
+    *result = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!reserve(size, MANAGED, device))
+        return true;
+    *result = real(dptr, size, pool, s);
+    if (*result != CUDA_SUCCESS) {
+        unreserve(size, MANAGED);
+        return true;
+    }
+    track_record(*dptr, size, MANAGED, ctx, device, true);
+    return true;
+}
+
 #define ALLOC_ASYNC(symbol, per_thread)                                        \
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
     {                                                                          \
         kiwi_init();                                                           \
-        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {      \
+        if (!converting() || capturing(kiwi_stream(s, per_thread))) {          \
             alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
             return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
         }                                                                      \
+        CUresult pooled;                                                       \
+        if (allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))  \
+            return pooled;                                                     \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);             \
     }
 #define ALLOC_FROM_POOL(symbol, per_thread)                                               \
@@ -426,10 +489,15 @@ static bool capturing(CUstream stream)
                                 CUstream s)                                               \
     {                                                                                     \
         kiwi_init();                                                                      \
-        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {                \
+        if (!converting() || capturing(kiwi_stream(s, per_thread))) {                     \
             alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
             return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
         }                                                                                 \
+        /* From the device's managed pool, whichever pool was named: another pool's     \
+         * memory could not be paged out. */                                              \
+        CUresult pooled;                                                                  \
+        if (allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))             \
+            return pooled;                                                                \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                        \
     }
 
@@ -510,8 +578,11 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, boo
     pthread_rwlock_rdlock(&paging_lock);
     struct allocation *a = begin_free(dptr, MANAGED, DEVICE);
     CUresult result;
-    if (!a) {
-        result = real(dptr, s); /* the driver's own (graph capture), or never seen */
+    if (!a || a->pooled) {
+        /* the driver's own (graph capture), never seen, or from a managed pool: all freed in
+         * stream order by the driver */
+        result = real(dptr, s);
+        end_free(a, result);
     } else {
         bool deferred_free;
         result = free_managed_after(dptr, kiwi_stream(s, per_thread), &deferred_free);

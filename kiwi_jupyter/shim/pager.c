@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
@@ -40,6 +41,9 @@ typedef CUresult (*prefetch_fn)(CUdeviceptr, size_t, CUdevice, CUstream);
  * CUDA 13 headers map cuMemPrefetchAsync to it. The driver exports both (the CUDA 13 runtime
  * still asks for v1 by version 8000); v1 is preferred. */
 typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
+/* CUDA 13: many ranges in one call, one driver round trip for the whole working set. */
+typedef CUresult (*prefetch_batch_fn)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *,
+                                      size_t, unsigned long long, CUstream);
 
 static struct {
     ctx_get_fn ctx_get;
@@ -50,7 +54,10 @@ static struct {
     stream_sync_fn stream_sync;
     prefetch_fn prefetch;
     prefetch_v2_fn prefetch_v2;
+    prefetch_batch_fn prefetch_batch;
 } driver;
+/* Set when the driver said it cannot batch (CUDA_ERROR_NOT_SUPPORTED): ask no more. */
+static atomic_bool no_batches;
 
 /* Resolved on first use, and again until the driver is loaded (a process may allocate
  * through a driver it has not opened yet from the shim's point of view). */
@@ -69,6 +76,7 @@ static bool resolve(void)
         driver.stream_sync = (stream_sync_fn)kiwi_driver_sym("cuStreamSynchronize");
         driver.prefetch = (prefetch_fn)kiwi_driver_sym("cuMemPrefetchAsync");
         driver.prefetch_v2 = (prefetch_v2_fn)kiwi_driver_sym("cuMemPrefetchAsync_v2");
+        driver.prefetch_batch = (prefetch_batch_fn)kiwi_driver_sym("cuMemPrefetchBatchAsync");
         driver.ctx_get = (ctx_get_fn)kiwi_driver_sym("cuCtxGetCurrent");
     }
     bool found = driver.ctx_get != NULL;
@@ -111,7 +119,11 @@ bool kiwi_pager_synchronize(void)
         CUresult result = driver.ctx_set(contexts[i].ctx);
         if (result == CUDA_SUCCESS)
             result = driver.ctx_sync();
-        if (result != CUDA_SUCCESS) {
+        if (result == CUDA_ERROR_INVALID_CONTEXT || result == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+            /* Ended by a path the shim does not see: no work of it can still run. */
+            kiwi_log("context %p is gone; forgetting it", (void *)contexts[i].ctx);
+            contexts[i--] = contexts[--context_count];
+        } else if (result != CUDA_SUCCESS) {
             kiwi_warn("synchronizing before release failed: CUDA error %d", result);
             synchronized = false;
         }
@@ -126,45 +138,80 @@ struct move {
     int failures;
 };
 
-static struct context *context_of(CUcontext ctx)
+static CUmemLocation location_of(CUdevice device)
 {
-    for (int i = 0; i < context_count; i++)
-        if (contexts[i].ctx == ctx)
-            return &contexts[i];
-    return NULL;
+    bool host = device == CU_DEVICE_CPU;
+    CUmemLocation where = {.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE,
+                           .id = host ? 0 : device};
+    return where;
 }
 
 static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream stream)
 {
     if (driver.prefetch)
         return driver.prefetch(ptr, size, device, stream);
-    if (driver.prefetch_v2) {
-        bool host = device == CU_DEVICE_CPU;
-        CUmemLocation where = {
-            .type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE,
-            .id = host ? 0 : device};
-        return driver.prefetch_v2(ptr, size, where, 0, stream);
-    }
+    if (driver.prefetch_v2)
+        return driver.prefetch_v2(ptr, size, location_of(device), 0, stream);
     return CUDA_ERROR_NOT_FOUND;
 }
 
-static void move_one(const struct kiwi_range *range, struct move *move)
+/* One cuMemPrefetchBatchAsync for all of a context's ranges; false when the driver cannot. */
+static bool prefetch_batch(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
+                           CUdevice to, CUstream stream, struct move *move)
 {
-    struct context *c = context_of(range->ctx);
-    if (!c || driver.ctx_set(c->ctx) != CUDA_SUCCESS) {
-        move->failures++;
-        return;
+    if (!driver.prefetch_batch || atomic_load(&no_batches) || count < 2)
+        return false;
+    CUdeviceptr *ptrs = malloc(count * sizeof *ptrs);
+    size_t *sizes = malloc(count * sizeof *sizes);
+    size_t n = 0, bytes = 0;
+    for (size_t i = 0; ptrs && sizes && i < count; i++) {
+        if (ranges[i].ctx == ctx) {
+            ptrs[n] = ranges[i].ptr;
+            sizes[n++] = ranges[i].size;
+            bytes += ranges[i].size;
+        }
     }
-    if (!c->stream && driver.stream_create(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    CUmemLocation where = location_of(to);
+    size_t first = 0; /* the one location applies from the first range on */
+    CUresult result = ptrs && sizes && n
+                          ? driver.prefetch_batch(ptrs, sizes, n, &where, &first, 1, 0, stream)
+                          : CUDA_ERROR_OUT_OF_MEMORY;
+    free(ptrs);
+    free(sizes);
+    if (result == CUDA_ERROR_NOT_SUPPORTED)
+        atomic_store(&no_batches, true);
+    if (result != CUDA_SUCCESS)
+        return false;
+    move->bytes += bytes;
+    return true;
+}
+
+/* Moves the ranges of one context: in one batch where the driver can, else one by one. */
+static void move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
+                         struct move *move)
+{
+    size_t mine = 0;
+    for (size_t i = 0; i < count; i++)
+        mine += ranges[i].ctx == c->ctx;
+    if (!mine)
+        return;
+    if (driver.ctx_set(c->ctx) != CUDA_SUCCESS ||
+        (!c->stream && driver.stream_create(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
         c->stream = NULL;
-        move->failures++;
+        move->failures += (int)mine;
         return;
     }
-    CUdevice to = move->to_host ? CU_DEVICE_CPU : range->device;
-    if (prefetch(range->ptr, range->size, to, c->stream) == CUDA_SUCCESS)
-        move->bytes += range->size;
-    else
-        move->failures++;
+    CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
+    if (prefetch_batch(ranges, count, c->ctx, to, c->stream, move))
+        return;
+    for (size_t i = 0; i < count; i++) {
+        if (ranges[i].ctx != c->ctx)
+            continue;
+        if (prefetch(ranges[i].ptr, ranges[i].size, to, c->stream) == CUDA_SUCCESS)
+            move->bytes += ranges[i].size;
+        else
+            move->failures++;
+    }
 }
 
 static void move_working_set(bool to_host, struct kiwi_transfer *moved)
@@ -179,8 +226,13 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
     struct kiwi_range *ranges;
     size_t count = kiwi_memory_paging_begin(&ranges);
     pthread_mutex_lock(&contexts_lock);
-    for (size_t i = 0; i < count; i++)
-        move_one(&ranges[i], &move);
+    size_t known = 0; /* ranges of contexts the pager knows; the others cannot be moved */
+    for (int i = 0; i < context_count; i++) {
+        for (size_t r = 0; r < count; r++)
+            known += ranges[r].ctx == contexts[i].ctx;
+        move_context(&contexts[i], ranges, count, &move);
+    }
+    move.failures += (int)(count - known);
     for (int i = 0; i < context_count; i++) {
         if (contexts[i].stream && driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)
             driver.stream_sync(contexts[i].stream);

@@ -3,11 +3,13 @@
  *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
  *   memory.c  allocations become managed memory; accounting; the memory limit
  *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
+ *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
+ *   interrupt.c Ctrl-C ends a wait for the GPU
  *   comm.c    the daemon client, on a thread of its own; the hold's state machine
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
@@ -45,7 +47,8 @@ struct kiwi_config {
     double fail_timeout;     /* KIWI_FAIL_TIMEOUT: an outage this long triggers the policy */
     bool log;                /* KIWI_SHIM_LOG=1: say what the shim does on stderr */
     bool restore_by_fault;   /* KIWI_RESTORE=fault: no prefetch back on a grant (benchmarks) */
-    int gpu;                 /* KIWI_GPU, else the first CUDA_VISIBLE_DEVICES index, else 0 */
+    int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
+    char gpu_uuid[96];       /* GPU-... or MIG-..., from those or the driver; "" while unknown */
     char socket_path[108];   /* KIWI_SOCKET */
     char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
     char pool[64];           /* KIWI_POOL */
@@ -95,6 +98,15 @@ bool kiwi_capture_hold(void);
 void kiwi_capture_unhold(void);
 void kiwi_capture_after_fork(void);
 
+/* ---- interrupt.c ------------------------------------------------------------------------- */
+
+/* How many interrupts there have been: a wait that sees the count move gives up. */
+unsigned kiwi_interrupts(void);
+/* Counts an interrupt and wakes the waiters; async-signal-safe. */
+void kiwi_interrupt(void);
+/* Puts the shim's SIGINT handler in front of the one installed now; 0 on success. */
+int kiwi_interrupt_catch(void);
+
 /* ---- memory.c ---------------------------------------------------------------------------- */
 
 struct kiwi_working_set {
@@ -135,6 +147,16 @@ void kiwi_context_after_fork(void);
 /* Frees what graph capture kept from being freed; the comm thread calls it after it has
  * synchronized every context. */
 void kiwi_memory_free_deferred(void);
+
+/* ---- pool.c ------------------------------------------------------------------------------ */
+
+/* The device's managed memory pool, made on first use; NULL where the driver has none. */
+CUmemoryPool kiwi_pool_of(CUdevice device);
+bool kiwi_pool_is_ours(CUmemoryPool pool);
+/* Gives the memory the pools keep for reuse back to the driver (before an eviction). */
+void kiwi_pool_trim(void);
+void kiwi_pool_forget_device(CUdevice device);
+void kiwi_pool_after_fork(void);
 
 /* ---- pager.c ----------------------------------------------------------------------------- */
 
@@ -194,6 +216,8 @@ bool kiwi_comm_refusing(void);
 /* The allocation totals changed: report them to the daemon soon. */
 void kiwi_comm_working_set_changed(void);
 void kiwi_comm_add_waiting_time(double seconds);
+/* Wakes the comm thread from a signal handler (async-signal-safe); it wakes the waiters. */
+void kiwi_comm_wake_from_signal(void);
 /* The last open graph capture ended: a deferred release may go ahead. */
 void kiwi_comm_captures_closed(void);
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
+from nodeside.daemon import hostmem
 from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Delivery:
         elif isinstance(action, Drop):
             log.debug("Asking %s to drop GPU %d (%s, evict=%s)", action.client, action.gpu,
                       action.reason, action.evict)
+            if action.evict:  # an evicted working set is charged to the client's cgroup
+                self._say_if_no_host_room(action.client)
             if action.reason == p.REASON_PREEMPT:
                 log.info("Preempting %s on GPU %d for a non-preemptible request",
                          self.name(action.client), action.gpu)
@@ -77,6 +80,13 @@ class Delivery:
     def name(self, client_id: str) -> str:
         client = self.scheduler.clients.get(client_id)
         return client.name if client else client_id
+
+    def _say_if_no_host_room(self, client_id: str) -> None:
+        client = self.scheduler.clients.get(client_id)
+        if client is not None:
+            shortfall = hostmem.eviction_shortfall(client.evictable, hostmem.room_for(client.pid))
+            if shortfall:
+                log.warning("Asking %s to evict: %s", self.name(client_id), shortfall)
 
     def _grant_line(self, grant: Grant) -> bytes:
         key = (grant.gpu, grant.quantum, type(grant.quantum))  # 30 and 30.0 encode apart

@@ -14,7 +14,11 @@ from jupyter_client.kernelspec import KernelSpecManager
 from kernel_support import KernelUnderTest, entry, scheduler_status, start_kernels
 from support import DaemonProcess
 
-from kiwi_jupyter.kernel.launcher import cuda_driver_present, preload_plan
+from kiwi_jupyter.kernel.launcher import (
+    cuda_driver_present,
+    preload_plan,
+    without_expandable_segments,
+)
 
 ARGV_TAIL = ["-m", "kiwi_jupyter.kernel", "-f", "{connection_file}"]
 
@@ -52,7 +56,8 @@ def kernel(module_daemon: DaemonProcess, prefix: Path,
                               kernel_name="python3",
                               kernel_dirs=[str(prefix / "share/jupyter/kernels")],
                               KIWI_SHIM="1", KIWI_SHIM_LIBRARY=str(preloadable),
-                              KIWI_POOL="inference", KIWI_PRIORITY="HIGH")
+                              KIWI_POOL="inference", KIWI_PRIORITY="HIGH",
+                              PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True,backend:native")
     yield kernel
     kernel.shutdown()
 
@@ -105,6 +110,25 @@ def test_the_launcher_preloads_the_shim_by_reexecuting_in_place(
         "(os.environ['LD_PRELOAD'], ctypes.CDLL(None).kiwi_test_marker(), os.getpid(),"
         " os.environ['KIWI_KERNEL_ID'])").value
     assert seen == (str(preloadable), 42, kernel.pid, kernel.kernel_id)
+
+
+def test_the_shimmed_kernel_turns_pytorchs_expandable_segments_off(
+        kernel: KernelUnderTest) -> None:
+    """Expandable segments are cuMemCreate memory, which the shim cannot page out yet."""
+    conf = kernel.run("import os; os.environ['PYTORCH_CUDA_ALLOC_CONF']").value
+    assert conf == "backend:native,expandable_segments:False"
+
+
+@pytest.mark.parametrize(("conf", "expected"), [
+    ("expandable_segments:True", "expandable_segments:False"),
+    ("max_split_size_mb:128, expandable_segments : True", "max_split_size_mb:128,"
+                                                           "expandable_segments:False"),
+    ("backend:cudaMallocAsync", "backend:cudaMallocAsync"),
+    ("", ""),
+])
+def test_expandable_segments_are_turned_off_and_nothing_else_changes(conf: str,
+                                                                     expected: str) -> None:
+    assert without_expandable_segments(conf) == expected
 
 
 def test_kiwi_shim_0_never_preloads(preloadable: Path) -> None:

@@ -122,3 +122,22 @@ def test_a_kiwi_shim_the_device_plugin_preloaded_is_not_joined_by_a_second(
         assert kernel.run("%kiwi mode").stdout == "kiwi: this kernel's mode is lazy\n"
     finally:
         kernel.shutdown()
+
+
+def test_lazy_ctrl_c_ends_a_wait_inside_a_cuda_call(
+        pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
+    """The wait is in C, inside the launch: Python's handler alone would raise only once A's
+    cell had ended and the launch had run."""
+    a, b = pair
+    holding = a.submit(f"import time; {LAUNCH}; time.sleep(30)")
+    wait_for(lambda: holders(daemon.socket) == [a.kernel_id], what="A's shim to hold")
+    waiting = b.submit(f"{LAUNCH}; reached = True")
+    wait_for(lambda: state_of(daemon.socket, b.kernel_id) == "waiting", what="B waits")
+
+    b.interrupt()
+
+    assert b.collect(waiting).ename == "KeyboardInterrupt"
+    assert holders(daemon.socket) == [a.kernel_id]  # A's cell still runs: B did not wait it out
+    assert b.run("'reached' in globals()").value is False
+    a.interrupt()
+    assert a.collect(holding).ename == "KeyboardInterrupt"

@@ -8,7 +8,8 @@
  * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
  * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
- * until it exists, so a test can hold a transfer in the middle and look around. Other
+ * until it exists, after prefetches to the host, so a test can hold an eviction in the middle
+ * and look around. Other
  * FAKE_CUDA_* variables are described where they act.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
@@ -84,6 +85,14 @@ EXPORT CUresult cuInit(unsigned flags) { record("cuInit flags=%u", flags); retur
 EXPORT CUresult cuDriverGetVersion(int *version) { *version = 13000; return 0; }
 EXPORT CUresult cuDeviceGetCount(int *count) { *count = 1; return 0; }
 EXPORT CUresult cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
+/* The UUID is the bytes 00 01 02 ... 0f: GPU-00010203-0405-0607-0809-0a0b0c0d0e0f. */
+EXPORT CUresult cuDeviceGetUuid_v2(char *uuid, int device)
+{
+    (void)device;
+    for (int i = 0; i < 16; i++)
+        uuid[i] = (char)i;
+    return 0;
+}
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
 {
     (void)device;
@@ -119,16 +128,28 @@ static CUresult release_primary(const char *name, int device)
            atomic_fetch_sub(&primary_references, 1) - 1);
     return 0;
 }
-EXPORT CUresult cuDevicePrimaryCtxRelease(int device) { return release_primary("cuDevicePrimaryCtxRelease", device); }
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int device) { return release_primary("cuDevicePrimaryCtxRelease_v2", device); }
+EXPORT CUresult cuDevicePrimaryCtxRelease(int device)
+{
+    return release_primary("cuDevicePrimaryCtxRelease", device);
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int device)
+{
+    return release_primary("cuDevicePrimaryCtxRelease_v2", device);
+}
 static CUresult reset_primary(const char *name, int device)
 {
     atomic_store(&primary_references, 0);
     record("%s device=%d", name, device);
     return 0;
 }
-EXPORT CUresult cuDevicePrimaryCtxReset(int device) { return reset_primary("cuDevicePrimaryCtxReset", device); }
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(int device) { return reset_primary("cuDevicePrimaryCtxReset_v2", device); }
+EXPORT CUresult cuDevicePrimaryCtxReset(int device)
+{
+    return reset_primary("cuDevicePrimaryCtxReset", device);
+}
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(int device)
+{
+    return reset_primary("cuDevicePrimaryCtxReset_v2", device);
+}
 EXPORT CUresult cuDevicePrimaryCtxGetState(int device, unsigned *flags, int *active)
 {
     (void)device;
@@ -156,11 +177,15 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
     record("cuStreamCreate stream=%p flags=%u", *stream, flags);
     return 0;
 }
+/* Where the last prefetch went: FAKE_CUDA_STREAM_SYNC_GATE holds evictions (prefetches to the
+ * host) only, not the restores around them. */
+static atomic_int last_prefetch_device = 0;
+
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
     record("cuStreamSynchronize stream=%p", stream);
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
-    while (gate && access(gate, F_OK) != 0)
+    while (gate && atomic_load(&last_prefetch_device) == -1 && access(gate, F_OK) != 0)
         usleep(1000);
     return 0;
 }
@@ -230,17 +255,36 @@ static bool invalidate_captures(void)
     return any;
 }
 
-EXPORT CUresult cuStreamBeginCapture(CUstream stream) { return begin_capture("cuStreamBeginCapture", stream, 0); }
-EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) { return begin_capture("cuStreamBeginCapture_ptsz", stream ? stream : (CUstream)2, 0); }
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) { return begin_capture("cuStreamBeginCapture_v2", stream, mode); }
-EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) { return begin_capture("cuStreamBeginCapture_v2_ptsz", stream ? stream : (CUstream)2, mode); }
-EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, void *graph, const void *deps, const void *edges, size_t n, int mode)
+EXPORT CUresult cuStreamBeginCapture(CUstream stream)
+{
+    return begin_capture("cuStreamBeginCapture", stream, 0);
+}
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream)
+{
+    return begin_capture("cuStreamBeginCapture_ptsz", stream ? stream : (CUstream)2, 0);
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+    return begin_capture("cuStreamBeginCapture_v2", stream, mode);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
+{
+    return begin_capture("cuStreamBeginCapture_v2_ptsz", stream ? stream : (CUstream)2, mode);
+}
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, void *graph, const void *deps,
+                                            const void *edges, size_t n, int mode)
 {
     (void)graph; (void)deps; (void)edges; (void)n;
     return begin_capture("cuStreamBeginCaptureToGraph", stream, mode);
 }
-EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) { return end_capture("cuStreamEndCapture", stream, graph); }
-EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph) { return end_capture("cuStreamEndCapture_ptsz", stream ? stream : (CUstream)2, graph); }
+EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph)
+{
+    return end_capture("cuStreamEndCapture", stream, graph);
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
+{
+    return end_capture("cuStreamEndCapture_ptsz", stream ? stream : (CUstream)2, graph);
+}
 
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
@@ -294,6 +338,42 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *po
     return 0;
 }
 /* FAKE_CUDA_FREE_ERROR: the error every cuMemFree_v2 returns. */
+/* Memory pools. FAKE_CUDA_MANAGED_POOLS=1: a CUDA 13 driver, which makes managed pools;
+ * otherwise a CUDA 12 one, which refuses the allocation type. */
+static atomic_ullong next_pool = 0x9000;
+
+EXPORT CUresult cuMemPoolCreate(void **pool, const int *props)
+{
+    int type = props[0], location_type = props[2], location_id = props[3];
+    if (type == 2 && !getenv("FAKE_CUDA_MANAGED_POOLS")) {
+        record("cuMemPoolCreate type=%d refused", type);
+        return 1; /* CUDA_ERROR_INVALID_VALUE */
+    }
+    *pool = (void *)(uintptr_t)atomic_fetch_add(&next_pool, 1);
+    record("cuMemPoolCreate type=%d location=%d:%d pool=%p", type, location_type, location_id,
+           *pool);
+    return 0;
+}
+EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep)
+{
+    record("cuMemPoolTrimTo pool=%p keep=%zu", pool, keep);
+    return 0;
+}
+static CUresult device_pool(const char *name, void **pool, int device)
+{
+    *pool = (void *)0xDEF;
+    record("%s device=%d", name, device);
+    return 0;
+}
+EXPORT CUresult cuDeviceGetMemPool(void **pool, int device)
+{
+    return device_pool("cuDeviceGetMemPool", pool, device);
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, int device)
+{
+    return device_pool("cuDeviceGetDefaultMemPool", pool, device);
+}
+
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     const char *error = getenv("FAKE_CUDA_FREE_ERROR");
@@ -336,7 +416,32 @@ EXPORT CUresult cuMemRelease(unsigned long long handle)
 }
 EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr dptr, size_t size, int device, CUstream s)
 {
+    atomic_store(&last_prefetch_device, device);
     record("cuMemPrefetchAsync ptr=0x%llx size=%zu device=%d stream=%p", dptr, size, device, s);
+    return 0;
+}
+
+/* FAKE_CUDA_PREFETCH_BATCH=1: batches as a CUDA 13 driver does. Otherwise it refuses them
+ * (CUDA_ERROR_NOT_SUPPORTED) without a record, so that a test's call sequence reads as on a
+ * driver without batches. Called with nothing to do (the tests' bare calls), it does nothing. */
+EXPORT CUresult cuMemPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                        const int *locations, size_t *indexes, size_t nlocations,
+                                        unsigned long long flags, CUstream s)
+{
+    (void)indexes;
+    if (!count || !ptrs || !sizes || !locations) {
+        record("cuMemPrefetchBatchAsync");
+        return 0;
+    }
+    if (!getenv("FAKE_CUDA_PREFETCH_BATCH"))
+        return 801;
+    unsigned long long bytes = 0;
+    for (size_t i = 0; i < count; i++)
+        bytes += sizes[i];
+    int device = locations[0] == 2 ? -1 : locations[1];
+    atomic_store(&last_prefetch_device, device);
+    record("cuMemPrefetchBatchAsync count=%zu bytes=%llu locations=%zu device=%d flags=%llu "
+           "stream=%p", count, bytes, nlocations, device, flags, s);
     return 0;
 }
 
@@ -459,7 +564,6 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuMemPrefetchAsync_ptsz, "cuMemPrefetchAsync", 8000, 1)                             \
     X(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync", 12020, 0)                              \
     X(cuMemPrefetchAsync_v2_ptsz, "cuMemPrefetchAsync", 12020, 1)                         \
-    X(cuMemPrefetchBatchAsync, "cuMemPrefetchBatchAsync", 13000, 0)                       \
     X(cuMemPrefetchBatchAsync_ptsz, "cuMemPrefetchBatchAsync", 13000, 1)                  \
     X(cuMemDiscardAndPrefetchBatchAsync, "cuMemDiscardAndPrefetchBatchAsync", 13000, 0)   \
     X(cuMemDiscardAndPrefetchBatchAsync_ptsz, "cuMemDiscardAndPrefetchBatchAsync", 13000, 1) \
@@ -558,6 +662,7 @@ static const struct entry entries[] = {
     ENTRY("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
     ENTRY("cuDeviceGet", 2000, 0, cuDeviceGet),
     ENTRY("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
+    ENTRY("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2),
     ENTRY("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
     ENTRY("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
     ENTRY("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
@@ -587,6 +692,10 @@ static const struct entry entries[] = {
     ENTRY("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
     ENTRY("cuMemGetInfo", 3020, 0, internal_mem_get_info),
     ENTRY("cuMemCreate", 10020, 0, cuMemCreate),
+    ENTRY("cuMemPoolCreate", 11020, 0, cuMemPoolCreate),
+    ENTRY("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo),
+    ENTRY("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
+    ENTRY("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
     ENTRY("cuMemRelease", 10020, 0, cuMemRelease),
     ENTRY("cuLaunchKernel", 4000, 0, cuLaunchKernel),
     ENTRY("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
@@ -597,6 +706,7 @@ static const struct entry entries[] = {
     ENTRY("cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2),
     ENTRY("cuMemsetD8", 3020, 0, cuMemsetD8_v2),
     ENTRY("cuMemPrefetchAsync", 8000, 0, cuMemPrefetchAsync),
+    ENTRY("cuMemPrefetchBatchAsync", 13000, 0, cuMemPrefetchBatchAsync),
 #define RECORDED_ENTRY(symbol, base, version, per_thread) ENTRY(base, version, per_thread, symbol),
     RECORDED_WORK(RECORDED_ENTRY)
 #undef RECORDED_ENTRY

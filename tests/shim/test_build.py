@@ -9,7 +9,8 @@ from pathlib import Path
 from kiwi_jupyter.shim import build
 
 API = ["kiwi_shim_active", "kiwi_shim_cell_begin", "kiwi_shim_acquire", "kiwi_shim_release",
-       "kiwi_shim_holding", "kiwi_shim_set_policy", "kiwi_shim_stats_json"]
+       "kiwi_shim_holding", "kiwi_shim_set_policy", "kiwi_shim_stats_json",
+       "kiwi_shim_catch_interrupts", "kiwi_shim_interrupt"]
 
 
 def exported(library: Path) -> set[str]:

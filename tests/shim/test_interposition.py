@@ -163,3 +163,20 @@ def test_a_program_linked_against_libcuda_is_interposed(shim_library, fake_cuda,
     assert out == ["0", str(NOT_READY)]
     assert log.calls("cuMemAllocManaged") and not log.calls("cuMemAlloc_v2")
     assert not log.calls("cuLaunchKernel")
+
+
+@pytest.mark.parametrize(("env", "gpu", "uuid"), [
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8f3a,GPU-77aa"}, 0, "GPU-8f3a"),
+    ({"CUDA_VISIBLE_DEVICES": "MIG-5c1e-0001"}, 0, "MIG-5c1e-0001"),
+    ({"NVIDIA_VISIBLE_DEVICES": "2,5", "CUDA_VISIBLE_DEVICES": "1"}, 5, None),
+    ({"NVIDIA_VISIBLE_DEVICES": "GPU-aa,GPU-bb", "CUDA_VISIBLE_DEVICES": "1"}, 0, "GPU-bb"),
+    ({"NVIDIA_VISIBLE_DEVICES": "3"}, 3, None),
+    ({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "2"}, 2, None),
+    ({"CUDA_VISIBLE_DEVICES": "2", "KIWI_GPU": "4"}, 4, None),
+])
+def test_the_gpu_is_read_from_the_visible_devices_by_index_or_uuid(
+        workload, env: dict[str, str], gpu: int, uuid: str | None) -> None:
+    w = workload(**{"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "", **NO_DAEMON,
+                    **env})
+    stats = w.stats()
+    assert (stats["gpu"], stats["gpu_uuid"]) == (gpu, uuid)

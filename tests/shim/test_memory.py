@@ -193,3 +193,52 @@ def test_free_memory_leaves_out_what_no_eviction_frees(workload) -> None:
     assert w.call("d.mem_info()") == [5 * GiB, 16 * GiB]
     assert w.call(f"d.alloc_result({6 * GiB})") == OUT_OF_MEMORY
     assert w.call(f"d.alloc_result({4 * GiB})") == 0
+
+
+def test_stream_ordered_allocations_come_from_a_managed_pool_where_the_driver_has_one(
+        workload) -> None:
+    """CUDA 13: a managed pool per device keeps cudaMallocAsync's allocations and frees
+    stream-ordered, and pageable. No stream is synchronized for a free."""
+    w = workload(FAKE_CUDA_MANAGED_POOLS="1")
+    ptr = w.call("d.alloc_async(2 * 1024 * 1024)")
+    w.call("d.alloc_from_pool(3 * 1024 * 1024, pool=0x99)")
+    created = w.log.calls("cuMemPoolCreate")
+    assert len(created) == 1 and "type=2 location=1:0" in created[0]  # managed, on device 0
+    pool = re.search(r"pool=(\S+)", created[0]).group(1)
+    allocations = w.log.calls("cuMemAllocFromPoolAsync")
+    assert [line.split("pool=")[1].split()[0] for line in allocations] == [pool, pool]
+    assert not w.log.calls("cuMemAllocManaged")
+    stats = w.stats()
+    assert (stats["working_set"], stats["evictable"]) == (5 * MiB, 5 * MiB)
+    assert w.call(f"d.free_async({ptr}, 0x77)") == 0
+    assert w.log.calls("cuMemFreeAsync")[-1].endswith("stream=0x77")
+    assert not w.log.calls("cuStreamSynchronize")
+    assert w.stats()["working_set"] == 3 * MiB
+
+
+@pytest.mark.parametrize("name", ["cuDeviceGetMemPool", "cuDeviceGetDefaultMemPool"])
+def test_the_devices_pool_is_the_managed_pool_so_its_attributes_are_true(workload,
+                                                                          name: str) -> None:
+    w = workload(FAKE_CUDA_MANAGED_POOLS="1")
+    w.call("d.alloc_async(1024)")
+    pool = re.search(r"pool=(\S+)", w.log.calls("cuMemPoolCreate")[0]).group(1)
+    assert hex(w.call(f"d.device_pool({name!r})")) == pool
+
+
+def test_without_managed_pools_stream_ordered_allocations_become_managed(workload) -> None:
+    w = workload()
+    w.call("d.alloc_async(1024)")
+    assert "refused" in w.log.calls("cuMemPoolCreate")[0]
+    assert managed_sizes(w) == [1024]
+    assert w.call("d.device_pool()") == 0xDEF  # the driver's own
+
+
+def test_an_allocation_refused_for_want_of_room_asks_the_driver_again(workload) -> None:
+    """What was pinned may have gone (another holder beside this one left): before refusing,
+    the shim measures again."""
+    w = workload(FAKE_CUDA_TOTAL=str(16 * GiB), FAKE_CUDA_OTHERS_USED=str(10 * GiB),
+                 KIWI_SOCKET="/nonexistent/kiwi.sock", KIWI_FAIL_TIMEOUT="0")
+    assert w.call("d.launch()") == 0
+    assert w.call("d.mem_info()") == [6 * GiB, 16 * GiB]
+    w.call("os.environ.__setitem__('FAKE_CUDA_OTHERS_USED', '0')")
+    assert w.call(f"d.alloc_result({8 * GiB})") == 0

@@ -84,17 +84,24 @@ def test_the_shim_reports_its_working_set(scheduler, workload) -> None:
     wait_for(lambda: working_set_of(scheduler, w) == 4 * GiB, what="the working set report")
 
 
-def hold_with(w, scheduler, nbytes: int) -> None:
-    """Make w allocate nbytes, report them, and hold the GPU."""
+def hold_with(w, scheduler, nbytes: int) -> str | None:
+    """Make w allocate nbytes, report them, and hold the GPU; the log starts afresh. Returns
+    the pager's own stream, created for the restore that every grant makes (none with
+    KIWI_RESTORE=fault)."""
     w.call(f"[d.alloc({nbytes // 2}), d.alloc({nbytes - nbytes // 2})]")
     assert w.call("d.launch()") == 0
     wait_for(lambda: working_set_of(scheduler, w) == nbytes, what="the working set report")
+    created = w.log.calls("cuStreamCreate")
     w.log.clear()
+    if not created:
+        return None
+    assert len(created) == 1 and "flags=1" in created[0]  # non-blocking: never waits on stream 0
+    return re.search(r"stream=(\S+)", created[0]).group(1)
 
 
 def test_a_drop_that_needs_the_room_syncs_evicts_then_releases(scheduler, workload) -> None:
     w = workload(KIWI_SOCKET=scheduler.socket)
-    hold_with(w, scheduler, 6 * GiB)
+    own_stream = hold_with(w, scheduler, 6 * GiB)
     with other_client(scheduler, "next", 6 * GiB) as next_holder:
         next_holder.acquire(timeout=10)
         # The grant to the next holder came after the shim's release: the log must already
@@ -102,13 +109,10 @@ def test_a_drop_that_needs_the_room_syncs_evicts_then_releases(scheduler, worklo
         names = w.log.names()
     assert names[0] == "cuCtxSynchronize"
     evicting = after(names, "cuCtxSynchronize")
-    assert evicting[0] == "cuStreamCreate"
-    assert evicting[1:3] == ["cuMemPrefetchAsync", "cuMemPrefetchAsync"]
-    assert evicting[3] == "cuStreamSynchronize"
+    assert evicting[0:2] == ["cuMemPrefetchAsync", "cuMemPrefetchAsync"]
+    assert evicting[2] == "cuStreamSynchronize"
     prefetches = w.log.calls("cuMemPrefetchAsync")
     assert prefetch_devices(prefetches) == [-1, -1]
-    own_stream = re.search(r"stream=(\S+)", w.log.calls("cuStreamCreate")[0]).group(1)
-    assert "flags=1" in w.log.calls("cuStreamCreate")[0]  # non-blocking: never waits on stream 0
     assert all(line.endswith(f"stream={own_stream}") for line in prefetches)
     stats = w.stats()
     assert (stats["drops"], stats["evictions"], stats["bytes_evicted"]) == (1, 1, 6 * GiB)
@@ -131,8 +135,8 @@ def test_a_regrant_restores_the_working_set_before_work_resumes(scheduler, workl
     assert restore.count("cuMemPrefetchAsync") == 2
     assert "cuStreamSynchronize" in restore[restore.index("cuMemPrefetchAsync"):]
     assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [0, 0]
-    stats = w.stats()
-    assert (stats["restores"], stats["bytes_restored"], stats["evicted"]) == (1, 6 * GiB, False)
+    stats = w.stats()  # the first grant restored too: the driver may have moved pages
+    assert (stats["restores"], stats["bytes_restored"], stats["evicted"]) == (2, 12 * GiB, False)
 
 
 def test_a_drop_that_fits_beside_moves_nothing(scheduler, workload) -> None:
@@ -192,7 +196,7 @@ def test_a_cell_end_evicts_before_the_next_holder_that_needs_room_is_granted(
     scheduler = long_quantum
     w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
     w.call("shim.cell_begin()")
-    hold_with(w, scheduler, 6 * GiB)
+    own_stream = hold_with(w, scheduler, 6 * GiB)
     next_holder, acquiring = waiting_for(scheduler, "next", 6 * GiB)
     with next_holder:
         w.call("shim.release()")  # returns once the question is asked; the thread evicts
@@ -209,8 +213,7 @@ def test_a_cell_end_evicts_before_the_next_holder_that_needs_room_is_granted(
         names = w.log.names()  # what the shim had done by the time the grant was sent
     assert names[0] == "cuCtxSynchronize"
     assert after(names, "cuCtxSynchronize") == [
-        "cuStreamCreate", "cuMemPrefetchAsync", "cuMemPrefetchAsync", "cuStreamSynchronize"]
-    own_stream = re.search(r"stream=(\S+)", w.log.calls("cuStreamCreate")[0]).group(1)
+        "cuMemPrefetchAsync", "cuMemPrefetchAsync", "cuStreamSynchronize"]
     prefetches = w.log.calls("cuMemPrefetchAsync")
     assert prefetch_devices(prefetches) == [-1, -1]
     assert all(line.endswith(f"stream={own_stream}") for line in prefetches)
@@ -272,8 +275,7 @@ def test_an_idle_release_evicts_before_the_next_holder_is_granted(
         assert next_holder.holding
     holder.close()
     assert after(w.log.names(), "cuLaunchKernel") == [
-        "cuCtxSynchronize", "cuStreamCreate", "cuMemPrefetchAsync", "cuMemPrefetchAsync",
-        "cuStreamSynchronize"]
+        "cuCtxSynchronize", "cuMemPrefetchAsync", "cuMemPrefetchAsync", "cuStreamSynchronize"]
     stats = w.stats()
     assert (stats["drops"], stats["evictions"], stats["releases"]) == (0, 1, 1)
 
@@ -398,7 +400,7 @@ def test_launches_from_many_threads_survive_repeated_handoffs(scheduler, workloa
     stats = w.stats()
     assert stats["grants"] >= 2 and stats["drops"] >= 1
     assert stats["evictions"] == stats["drops"]
-    assert stats["restores"] == stats["grants"] - 1
+    assert stats["restores"] == stats["grants"]  # every grant restores
 
 
 def test_a_mode_change_reaches_the_shim(scheduler, workload) -> None:
@@ -482,6 +484,7 @@ def test_a_free_waits_while_the_working_set_is_moving(scheduler, workload, tmp_p
     first, _ = w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
     assert w.call("d.launch()") == 0
     wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    w.log.clear()  # the grant's restore is over
     with other_client(scheduler, "next", 6 * GiB) as next_holder:
         acquiring = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 20})
         acquiring.start()
@@ -509,3 +512,95 @@ def test_a_release_leaves_a_destroyed_context_alone(scheduler, workload) -> None
     w.call("shim.release()")
     synchronized = w.log.calls("cuCtxSynchronize")
     assert synchronized and not any("ctx=0xabc" in line for line in synchronized)
+
+
+def test_ctrl_c_ends_a_wait_for_the_gpu(scheduler, workload, holder) -> None:
+    """A cell waiting for the GPU waits in C; Ctrl-C must end that wait, not only be noted for
+    when the call returns. (The issue's bound is 100 ms; measured, not asserted, here.)"""
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    holder.acquire(timeout=5)
+    result = w.call("interrupted_launch()", timeout=5)
+    assert result["interrupted"]  # the launch's own error is superseded by the interrupt
+    assert not w.log.calls("cuLaunchKernel")
+    assert holder.holding
+
+
+def test_an_interrupt_ends_an_eager_acquire(scheduler, workload, holder) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    holder.acquire(timeout=5)
+    waiting = w.start("shim.acquire(30)")
+    wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
+    w.call("shim.interrupt()")
+    assert waiting.result(timeout=5) is False
+
+
+def test_the_shim_registers_the_uuid_of_its_gpu(scheduler, workload) -> None:
+    """The daemon matches the GPU by UUID where it knows UUIDs: indices differ between the node
+    and a container, UUIDs do not."""
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_SHIM_LOG="1", CUDA_VISIBLE_DEVICES="",
+                 NVIDIA_VISIBLE_DEVICES="")
+    w.call("d.alloc(1024)")
+    wait_for(lambda: client_of(scheduler, w), what="the shim to register")
+    register = next(line for line in w.stderr if '"op":"register"' in line)
+    assert '"gpu_uuid":"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"' in register
+    assert w.stats()["gpu_uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+
+
+def test_every_grant_restores_the_working_set(scheduler, workload) -> None:
+    """The driver may push pages out by itself while others hold the GPU, so a grant restores
+    whether or not the shim evicted."""
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    hold_with(w, scheduler, 1 * GiB)
+    with other_client(scheduler, "small", 1 * GiB) as small:
+        small.acquire(timeout=10)  # fits beside: nothing evicted
+        launch = w.start("d.launch()")
+        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        small.release()
+        assert launch.result() == 0
+    names = w.log.names()
+    assert "cuMemPrefetchAsync" in names[:names.index("cuLaunchKernel")]
+    assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [0, 0]
+    assert w.stats()["evictions"] == 0
+
+
+def test_an_eviction_trims_the_managed_pools_then_moves_their_allocations(
+        scheduler, workload) -> None:
+    """What a pool keeps for reuse goes back to the driver rather than to host memory."""
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_MANAGED_POOLS="1")
+    w.call(f"[d.alloc_async({3 * GiB}), d.alloc_async({3 * GiB})]")
+    assert w.call("d.launch()") == 0
+    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    w.log.clear()
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        next_holder.acquire(timeout=10)
+        names = w.log.names()
+    evicting = after(names, "cuCtxSynchronize")
+    assert evicting[:3] == ["cuMemPoolTrimTo", "cuMemPrefetchAsync", "cuMemPrefetchAsync"]
+    assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [-1, -1]
+    assert w.stats()["bytes_evicted"] == 6 * GiB
+
+
+def test_where_the_driver_batches_an_eviction_is_one_prefetch_per_context(
+        scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_PREFETCH_BATCH="1")
+    own_stream = hold_with(w, scheduler, 6 * GiB)
+    with other_client(scheduler, "next", 6 * GiB) as next_holder:
+        next_holder.acquire(timeout=10)
+        names = w.log.names()
+    assert after(names, "cuCtxSynchronize") == ["cuMemPrefetchBatchAsync", "cuStreamSynchronize"]
+    batch = w.log.calls("cuMemPrefetchBatchAsync")[0]
+    assert f"count=2 bytes={6 * GiB} locations=1 device=-1 flags=0 stream={own_stream}" in batch
+    assert not w.log.calls("cuMemPrefetchAsync")
+    assert w.stats()["bytes_evicted"] == 6 * GiB
+
+
+def test_a_context_the_driver_says_is_gone_does_not_hold_a_release_up(long_quantum,
+                                                                      workload) -> None:
+    """Ended by a path the shim does not see (CUDA_ERROR_INVALID_CONTEXT): no work of it can
+    still run, so it is no reason to keep the GPU."""
+    w = workload(KIWI_SOCKET=long_quantum.socket, FAKE_CUDA_SYNC_ERROR="201")
+    w.call("shim.cell_begin()")
+    assert w.call("d.launch()") == 0
+    w.call("shim.release()")
+    wait_for(lambda: state_of(long_quantum, w) == "idle", what="the release")
+    assert w.stats()["releases"] == 1

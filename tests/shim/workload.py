@@ -96,6 +96,12 @@ class Driver:
             raise MemoryError
         return ptr.value
 
+    def device_pool(self, name: str = "cuDeviceGetMemPool", device: int = 0) -> int:
+        pool = c_ptr()
+        if self.dlsym(name, ctypes.POINTER(c_ptr), ctypes.c_int)(ctypes.byref(pool), device):
+            raise RuntimeError(name)
+        return pool.value or 0
+
     def alloc_vmm(self, size: int) -> int:
         handle = c_u64()
         fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr, c_u64)
@@ -180,9 +186,9 @@ class Driver:
         return int(self.dlsym("cuMemsetD8_v2", c_u64, ctypes.c_ubyte, ctypes.c_size_t)(ptr, 7, n))
 
     def bare(self, name: str) -> int:
-        """Calls an entry point with no arguments: enough to see whether the gate lets it
-        through, as the fake driver's recorded work ignores its arguments."""
-        return int(self.dlsym(name)())
+        """Calls an entry point with zeros for arguments: enough to see whether the gate lets
+        it through, as the fake driver's recorded work ignores its arguments."""
+        return int(self.dlsym(name)(*[c_u64(0)] * 11))
 
     def copy_to_device(self, ptr: int, n: int = 16) -> int:
         data = ctypes.create_string_buffer(n)
@@ -267,6 +273,32 @@ def launch_storm(threads: int, launches: int) -> list[int]:
     for t in workers:
         t.join()
     return failures
+
+
+def interrupted_launch() -> dict[str, Any]:
+    """On the main thread, as a notebook cell does: a launch that waits for the GPU, and a
+    Ctrl-C (SIGINT) once it waits. Python's default handler raises KeyboardInterrupt."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    shim.catch_interrupts()
+    sent: list[float] = []
+
+    def interrupt_once_waiting() -> None:
+        while shim.stats()["state"] != "waiting":
+            time.sleep(0.005)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_waiting, daemon=True).start()
+    code = None
+    try:
+        code = d.launch()
+        time.sleep(5)  # the KeyboardInterrupt noted by Python's handler arrives here at once
+    except KeyboardInterrupt:
+        return {"code": code, "interrupted": True, "seconds": time.monotonic() - sent[0]}
+    return {"code": code, "interrupted": False, "seconds": None}
 
 
 _out = threading.Lock()

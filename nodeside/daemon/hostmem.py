@@ -1,0 +1,98 @@
+"""Host memory: is there room for a client's working set before the daemon asks it to evict?
+
+An eviction moves a process's GPU memory into host memory, and the kernel charges those pages
+to the process's own memory cgroup (the notebook pod's limit, under Kubernetes). Asking a
+process to evict more than its cgroup, or the host, has room for gets it OOM-killed, which is
+worse for its user than waiting. So before the daemon asks for an eviction it reads the room
+left, in the process's cgroup (v2: ``memory.max`` less ``memory.current``) and on the host
+(``MemAvailable``), and says so when the working set does not fit.
+
+Plain file reads, no I/O loop: called from the daemon's shell, never from the scheduler core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class HostRoom:
+    """The bytes an eviction may still put in host memory, and what bounds them."""
+
+    available: int
+    bound: str  # "host" or "cgroup <path>"
+
+
+def host_available(proc: Path = PROC) -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes; None where it cannot be read."""
+    try:
+        text = (proc / "meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                return int(fields[1]) * 1024
+    return None
+
+
+def cgroup_of(pid: int, proc: Path = PROC) -> str | None:
+    """The cgroup v2 path of a process ("0::/kubepods/..."), or None (v1, gone, unreadable)."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def _read_bytes(path: Path) -> int | None:
+    try:
+        value = path.read_text().strip()
+    except OSError:
+        return None
+    return int(value) if value.isdigit() else None  # "max": no limit
+
+
+def cgroup_available(cgroup: str, root: Path = CGROUP_ROOT) -> int | None:
+    """The room left under the tightest memory.max from the cgroup up to the root; None when
+    no level sets one."""
+    tightest: int | None = None
+    directory = root / cgroup.lstrip("/")
+    while True:
+        limit = _read_bytes(directory / "memory.max")
+        used = _read_bytes(directory / "memory.current")
+        if limit is not None and used is not None:
+            left = max(limit - used, 0)
+            tightest = left if tightest is None else min(tightest, left)
+        if directory == root or root not in directory.parents:
+            return tightest
+        directory = directory.parent
+
+
+def room_for(pid: int | None, *, proc: Path = PROC, root: Path = CGROUP_ROOT) -> HostRoom | None:
+    """The room an eviction by process pid has in host memory; None where nothing is known."""
+    host = host_available(proc)
+    cgroup = cgroup_of(pid, proc) if pid else None
+    in_cgroup = cgroup_available(cgroup, root) if cgroup else None
+    if in_cgroup is not None and (host is None or in_cgroup < host):
+        return HostRoom(in_cgroup, f"cgroup {cgroup}")
+    if host is not None:
+        return HostRoom(host, "host")
+    return None
+
+
+def eviction_shortfall(evictable: int | None, room: HostRoom | None) -> str | None:
+    """Why an eviction of evictable bytes does not fit in room, or None when it does (or when
+    either is unknown: the daemon does not refuse on a guess)."""
+    if not evictable or room is None or evictable <= room.available:
+        return None
+    return (f"no room in host memory for an eviction of {evictable / 2**30:.1f} GiB: "
+            f"{room.available / 2**30:.1f} GiB left in the {room.bound}")
