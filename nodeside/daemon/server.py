@@ -27,6 +27,7 @@ from nodeside.config import load as load_config
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.peer import is_admin, resolve_group
 from nodeside.daemon.state import StateFile
+from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.scheduler.core import (
     Action,
     Drop,
@@ -57,6 +58,8 @@ class DaemonOptions:
     #: The command line's settings, laid over the config file again on every reload.
     overrides: dict[str, Any] = field(default_factory=dict)
     state_file: str | None = None
+    #: The driver whose checkpoint API suspends processes registered with evict "checkpoint".
+    cuda_library: str = "libcuda.so.1"
 
 
 class Daemon:
@@ -82,6 +85,8 @@ class Daemon:
         self.action_observers: list[Callable[[list[Action], float], None]] = []
         #: Called on close (the metrics server).
         self.closers: list[Callable[[], None]] = []
+        self.evict = CheckpointEvictor(self, options.cuda_library,
+                                       lambda: self.scheduler.config.grace, options.memory_used)
 
     def now(self) -> float:
         return self.loop.time()
@@ -207,23 +212,25 @@ class Daemon:
         conn.client_id = client.id
         conn.label = client.name
         self.by_client[client.id] = conn
+        evict = self.evict.register(client, msg.get("evict"))
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
                  conn.peer.fd)
         conn.send(p.encode(p.REGISTERED, seq=seq, client=client.id, gpu=client.gpu,
-                           mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu)))
+                           mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu),
+                           evict=evict))
 
     def _on_acquire(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
         client_id = self._registered(conn)
         now = self.now()
         actions = self.scheduler.acquire(now, client_id)
         own = next((a for a in actions if isinstance(a, Grant) and a.client == client_id), None)
-        if own is not None:
+        if own is not None and not self.evict.hold_back(own):
             conn.send(p.encode(p.GRANT, seq=seq, gpu=own.gpu, quantum=own.quantum))
             actions = [a for a in actions if a is not own]
         else:
             conn.send(p.encode(p.WAITING, seq=seq,
-                               position=self.scheduler.queue_position(client_id, now)))
+                               position=self.scheduler.queue_position(client_id, now) or 1))
         self.apply(actions)
 
     def _on_release(self, conn: Connection, msg: dict[str, Any], seq: int | None) -> None:
@@ -289,6 +296,7 @@ class Daemon:
         if conn.client_id is None:
             return
         self.by_client.pop(conn.client_id, None)
+        self.evict.forget(conn.client_id)
         client = self.scheduler.clients.get(conn.client_id)
         if client is not None and client.state != "idle":
             log.info("Client %s (%s) went away while %s; freeing it [FD=%d]", conn.label,
@@ -308,7 +316,7 @@ class Daemon:
         if actions:
             for notify in self.action_observers:
                 notify(actions, self.now())
-        for action in actions:
+        for action in self.evict.filter(actions):
             conn = self.by_client.get(action.client)
             if isinstance(action, Grant):
                 if conn is not None:
@@ -362,7 +370,8 @@ class Daemon:
     # -- helpers --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return build_status(self.scheduler, self.now(), self.options.memory_used())
+        return self.evict.annotate(
+            build_status(self.scheduler, self.now(), self.options.memory_used()))
 
     def _registered(self, conn: Connection) -> str:
         if conn.client_id is None:
