@@ -98,7 +98,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
         "\"bytes_evicted\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
-        "\"in_flight\":%d}",
+        "\"in_flight\":%d,\"evict\":\"%s\"}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -109,5 +109,5 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         (unsigned long long)s.releases, (unsigned long long)s.evictions,
         (unsigned long long)s.bytes_evicted, s.seconds_evicting,
         (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
-        s.seconds_restoring, s.seconds_waiting, kiwi_gate_in_flight());
+        s.seconds_restoring, s.seconds_waiting, kiwi_gate_in_flight(), kiwi_evict_name());
 }

@@ -9,6 +9,11 @@
  * daemon knows whether two holders fit side by side) and the list of ranges the pager moves.
  * VMM allocations (cuMemCreate) cannot be converted: they are counted, and reported as not
  * evictable.
+ *
+ * Under the checkpoint evictor (evict.c) nothing is converted: allocations stay device memory,
+ * counted all the same, and each waits at the gate, since it takes room on a GPU that another
+ * holder may be using (and a checkpointed process's driver calls would block in the driver,
+ * where no grant could reach them).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -191,7 +196,32 @@ void kiwi_memory_after_fork(void)
 
 typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned int);
 
-/* Allocates size bytes of managed memory in place of device memory, within the limit. */
+/* Allocates size bytes of plain device memory, counted (not evictable by the shim). */
+static CUresult allocate_device(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device)
+{
+    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+    alloc_fn device_alloc = (alloc_fn)kiwi_real(HOOK_cuMemAlloc_v2);
+    if (!device_alloc)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!reserve(size, DEVICE, device))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    bool gated = kiwi_evict_checkpointing();
+    CUresult result = gated ? kiwi_gate_enter() : CUDA_SUCCESS;
+    if (result == CUDA_SUCCESS) {
+        result = device_alloc(dptr, size);
+        if (gated)
+            kiwi_gate_exit();
+    }
+    if (result != CUDA_SUCCESS) {
+        unreserve(size, DEVICE);
+        return result;
+    }
+    track(*dptr, size, DEVICE, ctx, device);
+    return CUDA_SUCCESS;
+}
+
+/* Allocates size bytes of managed memory in place of device memory, within the limit; or,
+ * under the checkpoint evictor, device memory as asked. */
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
     alloc_managed_fn real = (alloc_managed_fn)kiwi_real(HOOK_cuMemAllocManaged);
@@ -199,25 +229,19 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int fl
         return CUDA_ERROR_NOT_INITIALIZED;
     CUdevice device = -1;
     CUcontext ctx = kiwi_pager_note_context(&device);
+    if (!kiwi_evict_converts())
+        return allocate_device(dptr, size, ctx, device);
     if (!reserve(size, MANAGED, device))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult result = real(dptr, size, flags);
     if (capture_error(result)) {
         /* The driver refuses managed memory while a graph is being captured: give the caller
          * device memory, counted but not evictable, rather than fail its allocation. */
-        typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
-        alloc_fn device_alloc = (alloc_fn)kiwi_real(HOOK_cuMemAlloc_v2);
         unreserve(size, MANAGED);
-        if (!device_alloc || !reserve(size, DEVICE, device))
-            return result;
-        result = device_alloc(dptr, size);
-        if (result != CUDA_SUCCESS) {
-            unreserve(size, DEVICE);
-            return result;
-        }
-        track(*dptr, size, DEVICE, ctx, device);
-        kiwi_log("device allocation of %zu bytes during graph capture", size);
-        return CUDA_SUCCESS;
+        CUresult fallback = allocate_device(dptr, size, ctx, device);
+        if (fallback == CUDA_SUCCESS)
+            kiwi_log("device allocation of %zu bytes during graph capture", size);
+        return fallback == CUDA_ERROR_OUT_OF_MEMORY ? result : fallback;
     }
     if (result != CUDA_SUCCESS) {
         unreserve(size, MANAGED);
@@ -388,7 +412,7 @@ void kiwi_memory_free_deferred(void)
         free_async_fn real = (free_async_fn)kiwi_real(HOOK_##symbol);                    \
         if (!real)                                                                       \
             return CUDA_ERROR_NOT_INITIALIZED;                                           \
-        if (!untrack(dptr, MANAGED))                                                     \
+        if (!untrack(dptr, MANAGED) && !untrack(dptr, DEVICE))                           \
             return real(dptr, s);                                                        \
         return free_managed_after(dptr, s);                                              \
     }
@@ -408,7 +432,10 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
         return CUDA_ERROR_NOT_INITIALIZED;
     size_t real_free = 0, real_total = 0;
     CUresult result = real(&real_free, &real_total);
-    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled) {
+    /* Under the checkpoint evictor other processes' memory is really gone while this one
+     * holds the GPU, so the driver's figures are the truth (within the limit, if one is set). */
+    bool driver_says = !kiwi_cfg.memory_limit && !kiwi_evict_converts();
+    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || driver_says) {
         if (free_bytes)
             *free_bytes = real_free;
         if (total_bytes)
@@ -420,8 +447,11 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     struct kiwi_working_set used;
     kiwi_memory_working_set(&used);
     uint64_t total = kiwi_memory_limit();
+    uint64_t free_now = used.bytes < total ? total - used.bytes : 0;
+    if (!kiwi_evict_converts() && free_now > real_free)
+        free_now = real_free;
     if (free_bytes)
-        *free_bytes = used.bytes < total ? (size_t)(total - used.bytes) : 0;
+        *free_bytes = (size_t)free_now;
     if (total_bytes)
         *total_bytes = (size_t)total;
     return CUDA_SUCCESS;
