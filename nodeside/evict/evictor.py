@@ -54,6 +54,7 @@ class Record:
     client: str
     pid: int
     gpu: int
+    name: str = ""
     #: running | checkpointing | checkpointed | restoring | failed
     state: str = "running"
     error: str | None = None
@@ -100,7 +101,7 @@ class CheckpointEvictor:
             log.warning("%s (pid %s) asked to be checkpointed; paging it as managed memory "
                         "instead: %s", client.name, client.pid, why)
         if evictor == CHECKPOINT and client.pid is not None:
-            self.records[client.id] = Record(client.id, client.pid, client.gpu)
+            self.records[client.id] = Record(client.id, client.pid, client.gpu, client.name)
         return evictor
 
     def _load_api(self) -> str | None:
@@ -116,13 +117,14 @@ class CheckpointEvictor:
 
     def forget(self, client_id: str) -> None:
         """The client's connection closed. A process that dies takes its checkpoint with it."""
+        self._discard(client_id)
         record = self.records.pop(client_id, None)
         if record is None:
             return
         record.gone = True
         if record.state != "running":
-            log.info("Client %s (pid %d) went away while %s; nothing to restore", client_id,
-                     record.pid, record.state)
+            log.info("Client %s (%s, pid %d) went away while %s; nothing to restore",
+                     record.name, client_id, record.pid, record.state)
         line = self._lines.get(record.gpu)
         if line is not None and line.blocker is record:
             log.info("GPU %d: the process whose checkpoint failed is gone; granting again",
@@ -165,6 +167,9 @@ class CheckpointEvictor:
     def _items(self, action: Action) -> list[Action | _Job] | None:
         """What the action becomes on its GPU's line; None when it bypasses the line."""
         if isinstance(action, Released):
+            # A hold that ended (or a wait cancelled) before its grant went out: that grant,
+            # and any drop behind it, are stale now.
+            self._discard(action.client)
             record = self.records.get(action.client)
             if record is not None and action.evict:
                 return [_Job(record, "checkpoint")]
@@ -179,6 +184,13 @@ class CheckpointEvictor:
                 (record.state != "running" or not idle):
             return [_Job(record, "restore"), action]
         return None if idle else [action]
+
+    def _discard(self, client_id: str) -> None:
+        for line in self._lines.values():
+            stale = [item for item in line.queue
+                     if not isinstance(item, _Job) and item.client == client_id]
+            for item in stale:
+                line.queue.remove(item)
 
     def _gpu_of(self, action: Action) -> int:
         if isinstance(action, Released):
@@ -237,7 +249,7 @@ class CheckpointEvictor:
         """Lock (retrying while the process's work runs on), then checkpoint. Worker thread."""
         api, record = self._require_api(), job.record
         timeout = self.lock_timeout()
-        waited = 0.0
+        attempts = 0
         while not record.gone:
             try:
                 api.lock(record.pid, timeout)
@@ -245,17 +257,18 @@ class CheckpointEvictor:
             except CheckpointError as exc:
                 if exc.code != api_module.NOT_READY:
                     raise
-                waited += timeout
-                record.error = (f"lock timed out: its GPU work has run {waited:.0f} s past "
-                                "the request; retrying")
-                log.warning("%s (pid %d): %s", record.client, record.pid, record.error)
+                attempts += 1
+                record.error = (f"its GPU work still runs {attempts * timeout:.1f} s after "
+                                "the lock was asked for; still trying")
+                if attempts & (attempts - 1) == 0:  # 1, 2, 4, 8...: a hung process, not a flood
+                    log.warning("%s (pid %d): %s", record.name, record.pid, record.error)
         if record.gone:
             return
         api.checkpoint(record.pid)
         record.state, record.error = "checkpointed", None
-        log.info("%scheckpointed %s (pid %d): its GPU memory is in host memory",
-                 "Revoked by a forced checkpoint: " if job.forced else "", record.client,
-                 record.pid)
+        log.info("%s %s (%s, pid %d)%s: its GPU memory is in host memory",
+                 "Revoked" if job.forced else "Checkpointed", record.name, record.client,
+                 record.pid, " by a forced checkpoint" if job.forced else "")
 
     def _restore(self, job: _Job) -> None:
         api, record = self._require_api(), job.record
@@ -263,7 +276,7 @@ class CheckpointEvictor:
             api.restore(record.pid)
         api.unlock(record.pid)
         record.state, record.error = "running", None
-        log.debug("Restored %s (pid %d)", record.client, record.pid)
+        log.debug("Restored %s (%s, pid %d)", record.name, record.client, record.pid)
 
     def _require_api(self) -> CheckpointApi:
         if self._api is None:
@@ -280,12 +293,13 @@ class CheckpointEvictor:
             # The process cannot run on the GPU again; its grant still goes out, so that its
             # CUDA calls fail and say so, rather than wait for ever.
             record.state = "failed"
-            log.error("Could not restore %s (pid %d): %s", record.client, record.pid,
-                      record.error)
+            log.error("Could not restore %s (%s, pid %d): %s", record.name, record.client,
+                      record.pid, record.error)
             return
         record.state = "failed"
         line = self._line(gpu)
-        line.blocked = (f"the checkpoint of {record.client} (pid {record.pid}) failed: "
+        line.blocked = (f"the checkpoint of {record.name} ({record.client}, pid {record.pid}) "
+                        f"failed: "
                         f"{record.error}; nothing is granted on GPU {gpu} until it exits or "
                         "NVML shows its memory free")
         line.blocker = record
