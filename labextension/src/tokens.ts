@@ -16,6 +16,8 @@ export interface IGpuStatus {
   queue: string[];
   /** Seconds left in the current holder's quantum; null when nobody holds or no quantum runs. */
   quantum_remaining: number | null;
+  /** Why nothing is granted on this GPU (a failed checkpoint); null or absent when nothing is held back. */
+  evict_blocked?: string | null;
 }
 
 export type ClientState = 'idle' | 'waiting' | 'holding';
@@ -32,6 +34,10 @@ export interface IClientStatus {
   queue_position: number | null;
   working_set: number;
   gpu_seconds: number;
+  /** How its memory leaves the GPU: the shim's managed memory, or the driver's checkpoint. */
+  evict?: 'managed' | 'checkpoint';
+  /** Checkpointed clients: running, checkpointing, checkpointed, restoring or failed. */
+  checkpoint_state?: string;
 }
 
 /** A pool's share of GPU time against what it is promised (fractions of one GPU). */
