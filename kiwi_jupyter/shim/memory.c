@@ -434,8 +434,8 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     CUresult result = real(&real_free, &real_total);
     /* Under the checkpoint evictor other processes' memory is really gone while this one
      * holds the GPU, so the driver's figures are the truth (within the limit, if one is set). */
-    bool driver_says = !kiwi_cfg.memory_limit && !kiwi_evict_converts();
-    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || driver_says) {
+    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled ||
+        (!kiwi_cfg.memory_limit && !kiwi_evict_converts())) {
         if (free_bytes)
             *free_bytes = real_free;
         if (total_bytes)
