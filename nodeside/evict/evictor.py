@@ -28,8 +28,8 @@ from nodeside.evict.checkpoint import (
     CheckpointApi,
     CheckpointError,
     CheckpointUnavailable,
-    ProcessState,
 )
+from nodeside.evict.jobs import Record, resume, suspend
 from nodeside.evict.policy import choose
 from nodeside.scheduler.core import Action, Client, Grant, Released, Revoke, Scheduler
 
@@ -45,20 +45,6 @@ class Shell(Protocol):
     scheduler: Scheduler
 
     def apply(self, actions: list[Action]) -> None: ...
-
-
-@dataclass
-class Record:
-    """One process registered with the checkpoint evictor."""
-
-    client: str
-    pid: int
-    gpu: int
-    name: str = ""
-    #: running | checkpointing | checkpointed | restoring | failed
-    state: str = "running"
-    error: str | None = None
-    gone: bool = False  # the connection closed: jobs for it are skipped
 
 
 @dataclass
@@ -171,7 +157,7 @@ class CheckpointEvictor:
             # and any drop behind it, are stale now.
             self._discard(action.client)
             record = self.records.get(action.client)
-            if record is not None and action.evict:
+            if record is not None and action.evict and not self._pid_holds(record):
                 return [_Job(record, "checkpoint")]
             return None  # the reply to a release is the daemon's own business
         record = self.records.get(action.client)
@@ -184,6 +170,12 @@ class CheckpointEvictor:
                 (record.state != "running" or not idle):
             return [_Job(record, "restore"), action]
         return None if idle else [action]
+
+    def _pid_holds(self, record: Record) -> bool:
+        """Does another client of the same process hold a GPU? (A kernel registers twice: its
+        hook and its shim.) Suspending the process would suspend that holder too."""
+        return any(c.pid == record.pid and c.id != record.client and c.state == "holding"
+                   for c in self.shell.scheduler.clients.values())
 
     def _discard(self, client_id: str) -> None:
         for line in self._lines.values():
@@ -233,9 +225,8 @@ class CheckpointEvictor:
     async def _run(self, gpu: int, job: _Job) -> None:
         record, loop = job.record, asyncio.get_running_loop()
         record.state = "checkpointing" if job.kind == "checkpoint" else "restoring"
-        work = self._checkpoint if job.kind == "checkpoint" else self._restore
         try:
-            await loop.run_in_executor(None, work, job)
+            await loop.run_in_executor(None, self._work, job)
         except CheckpointError as exc:
             self._failed(gpu, job, exc)
         except Exception as exc:  # a bug here must not leave the GPU's line stuck silently
@@ -245,38 +236,14 @@ class CheckpointEvictor:
             line.busy = False
             self._resume(gpu)
 
-    def _checkpoint(self, job: _Job) -> None:
-        """Lock (retrying while the process's work runs on), then checkpoint. Worker thread."""
-        api, record = self._require_api(), job.record
-        timeout = self.lock_timeout()
-        attempts = 0
-        while not record.gone:
-            try:
-                api.lock(record.pid, timeout)
-                break
-            except CheckpointError as exc:
-                if exc.code != api_module.NOT_READY:
-                    raise
-                attempts += 1
-                record.error = (f"its GPU work still runs {attempts * timeout:.1f} s after "
-                                "the lock was asked for; still trying")
-                if attempts & (attempts - 1) == 0:  # 1, 2, 4, 8...: a hung process, not a flood
-                    log.warning("%s (pid %d): %s", record.name, record.pid, record.error)
-        if record.gone:
-            return
-        api.checkpoint(record.pid)
-        record.state, record.error = "checkpointed", None
-        log.info("%s %s (%s, pid %d)%s: its GPU memory is in host memory",
-                 "Revoked" if job.forced else "Checkpointed", record.name, record.client,
-                 record.pid, " by a forced checkpoint" if job.forced else "")
-
-    def _restore(self, job: _Job) -> None:
-        api, record = self._require_api(), job.record
-        if api.state(record.pid) == ProcessState.CHECKPOINTED:
-            api.restore(record.pid)
-        api.unlock(record.pid)
-        record.state, record.error = "running", None
-        log.debug("Restored %s (%s, pid %d)", record.name, record.client, record.pid)
+    def _work(self, job: _Job) -> None:
+        """The job's blocking part, on a worker thread."""
+        if self._api is None:
+            raise CheckpointUnavailable(self._api_missing or "no checkpoint API")
+        if job.kind == "checkpoint":
+            suspend(self._api, job.record, self.lock_timeout(), job.forced)
+        else:
+            resume(self._api, job.record)
 
     def _require_api(self) -> CheckpointApi:
         if self._api is None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +142,7 @@ def test_a_preempted_low_holder_is_checkpointed_before_the_claimant_runs(
     hold_with(w, scheduler, 6 * GiB)
     with Client(scheduler.socket, name="claimant", pool="research") as claimant:
         claimant.report_working_set(6 * GiB)
-        started = time.monotonic()
-        claimant.acquire(timeout=10)
-        assert time.monotonic() - started < 10  # not at the end of a 30 s quantum
+        claimant.acquire(timeout=10)  # at once, not at the end of the 30 s quantum
         assert checkpoint_state(scheduler, w) == "checkpointed"
     scheduler.wait_log(r"Preempting .* on GPU 0")
 
