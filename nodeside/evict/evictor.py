@@ -157,7 +157,7 @@ class CheckpointEvictor:
             # and any drop behind it, are stale now.
             self._discard(action.client)
             record = self.records.get(action.client)
-            if record is not None and action.evict and not self._pid_holds(record):
+            if record is not None and action.evict:
                 return [_Job(record, "checkpoint")]
             return None  # the reply to a release is the daemon's own business
         record = self.records.get(action.client)
@@ -170,12 +170,6 @@ class CheckpointEvictor:
                 (record.state != "running" or not idle):
             return [_Job(record, "restore"), action]
         return None if idle else [action]
-
-    def _pid_holds(self, record: Record) -> bool:
-        """Does another client of the same process hold a GPU? (A kernel registers twice: its
-        hook and its shim.) Suspending the process would suspend that holder too."""
-        return any(c.pid == record.pid and c.id != record.client and c.state == "holding"
-                   for c in self.shell.scheduler.clients.values())
 
     def _discard(self, client_id: str) -> None:
         for line in self._lines.values():
