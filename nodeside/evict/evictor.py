@@ -31,7 +31,7 @@ from nodeside.evict.checkpoint import (
 )
 from nodeside.evict.jobs import Record, resume, suspend
 from nodeside.evict.policy import choose
-from nodeside.scheduler.core import Action, Client, Grant, Released, Revoke, Scheduler
+from nodeside.scheduler.core import Action, Client, Drop, Grant, Released, Revoke, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -169,7 +169,16 @@ class CheckpointEvictor:
         if isinstance(action, Grant) and record is not None and \
                 (record.state != "running" or not idle):
             return [_Job(record, "restore"), action]
-        return None if idle else [action]
+        if idle or (isinstance(action, (Drop, Revoke)) and not self._queued(line, action.client)):
+            # Asking a holder to leave depends on nothing queued, unless its own grant still
+            # is (it must not hear the drop first). A drop that answers a release keeps its seq.
+            return None
+        return [action]
+
+    def _queued(self, line: _Line | None, client_id: str) -> bool:
+        return line is not None and any(
+            (item.record.client if isinstance(item, _Job) else item.client) == client_id
+            for item in line.queue)
 
     def _discard(self, client_id: str) -> None:
         for line in self._lines.values():
