@@ -62,7 +62,8 @@ REQUESTS: Final = frozenset(
 
 # What the daemon sends: replies (carrying "seq" when the request had one) and events (no "seq").
 WELCOME: Final = "welcome"          # reply to hello
-REGISTERED: Final = "registered"    # reply to register: {"client": id, "gpu", "mode", "tq"}
+REGISTERED: Final = "registered"    # reply to register: {"client": id, "gpu", "mode", "tq",
+                                    #   "evict": the evictor the daemon carries out for it}
 GRANT: Final = "grant"              # reply or event: the client now holds its GPU
 WAITING: Final = "waiting"          # reply to acquire: queued, {"position": 1-based}; also an
                                     # event (no seq) when the position changes, to peers whose

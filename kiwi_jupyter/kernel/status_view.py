@@ -16,7 +16,15 @@ Document = dict[str, Any]
 #: How wide a client's name may be in the table (``nodeside.names.shorten`` cuts it).
 NAME_WIDTH = 40
 
-_CLIENT_COLUMNS = ("client", "pool", "priority", "state", "queue", "GPU time", "working set")
+_CLIENT_COLUMNS = ("client", "pool", "priority", "state", "queue", "GPU time", "working set",
+                   "evict")
+
+
+def evict_cell(client: dict[str, Any]) -> str:
+    """How the client is paged out, and where a checkpointed one stands."""
+    evict = client.get("evict") or "managed"
+    stage = client.get("checkpoint_state")
+    return evict if stage in (None, "running") else f"{evict} ({stage})"
 
 
 def human_bytes(nbytes: int | None) -> str:
@@ -52,6 +60,7 @@ class StatusTable:
                         "" if position is None else f"#{position}",
                         f"{c.get('gpu_seconds', 0.0):.1f} s",
                         human_bytes(c.get("working_set")),
+                        evict_cell(c),
                     ],
                 )
             )
@@ -70,6 +79,8 @@ class StatusTable:
                 f"GPU {gpu['index']} ({gpu.get('name') or 'unknown'}, {memory}): "
                 f"{holders}{quantum}; {len(gpu.get('queue', []))} waiting"
             )
+            if gpu.get("evict_blocked"):
+                lines.append(f"GPU {gpu['index']} grants nobody: {gpu['evict_blocked']}")
         return lines
 
     def _pool_lines(self) -> list[str]:

@@ -22,6 +22,13 @@
  * predates evict_first ignores it and answers `released` with `evict: true`: the eviction then
  * runs right after, as the only thing left to do.)
  *
+ * Under the checkpoint evictor (evict.c) the sequence is the same with nothing to move: the
+ * daemon locks and checkpoints the process from outside after the release, when the room is
+ * needed, and restores it before the next grant. The comm thread then makes no CUDA call of
+ * its own on the way out (step 2 included): the process may be locked at any moment from then
+ * on (a revocation), and a call made after the lock would block until the next grant, which
+ * this very thread must ask for. The lock itself waits for the work still queued.
+ *
  * When the daemon cannot be reached the client keeps retrying, with backoff, and registers
  * again when it is back (client ids do not survive a restart). After KIWI_FAIL_TIMEOUT of
  * outage the policy decides: open lets GPU work run ungated, closed makes gated calls fail
@@ -105,6 +112,9 @@ static bool connect_and_register(void)
         return false;
     if (ws.evictable)
         atomic_store(&working_set_dirty, true); /* register has no field for the evictable part */
+    char evictor[16] = "";
+    kiwi_json_string(line, "evict", evictor, sizeof evictor);
+    kiwi_evict_answered(evictor);
     pthread_mutex_lock(&kiwi_lock);
     kiwi_json_string(line, "client", S.stats.client, sizeof S.stats.client);
     kiwi_json_string(line, "mode", S.stats.mode, sizeof S.stats.mode);
@@ -172,6 +182,8 @@ static enum quiesced quiesce(const char *why, bool evict)
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
+    if (kiwi_evict_checkpointing())
+        return QUIESCED; /* no CUDA call of ours: the daemon's lock waits for queued work */
     if (!kiwi_capture_hold()) {
         keep_holding(); /* a capture began while the gate closed */
         return CAPTURING;
@@ -275,7 +287,8 @@ static void on_grant(const char *line)
     kiwi_memory_working_set(&ws);
     pthread_mutex_lock(&kiwi_lock);
     bool expected = S.stats.hold == KIWI_WAITING;
-    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault;
+    /* A checkpointed process was restored by the daemon before this grant was sent. */
+    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault && !kiwi_evict_checkpointing();
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release on the wire: the release ended it */
@@ -342,6 +355,11 @@ void kiwi_comm_handle_line(const char *line)
         pthread_mutex_lock(&kiwi_lock);
         bool evict = seq == (double)release_seq && kiwi_json_true(line, "evict") &&
                      !S.stats.evicted && S.stats.hold != KIWI_HOLDING;
+        if (evict && kiwi_evict_checkpointing()) {
+            S.stats.evicted = true; /* the daemon is checkpointing this process */
+            S.stats.evictions++;
+            evict = false;
+        }
         pthread_mutex_unlock(&kiwi_lock);
         if (evict)
             evict_now();
@@ -656,6 +674,12 @@ void kiwi_comm_cell_begin(void)
 {
     pthread_mutex_lock(&kiwi_lock);
     S.stats.in_cell = true;
+    /* A checkpointed process's driver calls block until it is restored, and not all of them
+     * pass the gate (queries, module loads): a cell asks for the GPU at once instead. */
+    if (S.stats.evicted && kiwi_evict_checkpointing() && S.stats.hold == KIWI_IDLE) {
+        S.acquire_wanted = true;
+        wake();
+    }
     pthread_mutex_unlock(&kiwi_lock);
 }
 

@@ -141,6 +141,12 @@ static void load(void)
     /* Benchmarks compare restoring by prefetch with nvshare's demand paging, same workload. */
     kiwi_cfg.restore_by_fault = strcasecmp(env("KIWI_RESTORE", "prefetch"), "fault") == 0;
     visible_gpu();
+    const char *evict = env("KIWI_EVICT", "auto");
+    kiwi_cfg.evict = strcasecmp(evict, "managed") == 0      ? KIWI_EVICT_MANAGED
+                     : strcasecmp(evict, "checkpoint") == 0 ? KIWI_EVICT_CHECKPOINT
+                                                            : KIWI_EVICT_AUTO;
+    if (kiwi_cfg.evict == KIWI_EVICT_AUTO && strcasecmp(evict, "auto") != 0)
+        kiwi_warn("KIWI_EVICT=%s is not auto, managed or checkpoint; using auto", evict);
     copy(kiwi_cfg.socket_path, sizeof kiwi_cfg.socket_path,
          env("KIWI_SOCKET", "/var/run/kiwi/scheduler.sock"));
     copy(kiwi_cfg.pool, sizeof kiwi_cfg.pool, env("KIWI_POOL", "default"));

@@ -192,8 +192,9 @@ static void register_fields(char *fields, size_t size, uint64_t working_set)
         kiwi_json_quote(fields, size, kiwi_cfg.gpu_uuid);
     }
     size_t n = strlen(fields);
-    snprintf(fields + n, size - n, ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu",
-             kiwi_cfg.gpu, (unsigned long long)working_set);
+    snprintf(fields + n, size - n,
+             ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu,\"evict\":\"%s\"",
+             kiwi_cfg.gpu, (unsigned long long)working_set, kiwi_evict_proposal());
 }
 
 bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size)

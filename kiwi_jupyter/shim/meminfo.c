@@ -7,7 +7,8 @@
  * kiwi_memory_learn). Other processes' managed memory does not count: it goes to host memory
  * while this one holds the GPU. An allocation past that room fails with
  * CUDA_ERROR_OUT_OF_MEMORY, so frameworks free their caches and retry, or trim their pools,
- * before managed memory would oversubscribe the card and thrash.
+ * before managed memory would oversubscribe the card and thrash. Under the checkpoint
+ * evictor nothing is converted: the driver's free memory, within the limit.
  */
 #include "shim.h"
 
@@ -20,7 +21,10 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
         return CUDA_ERROR_NOT_INITIALIZED;
     size_t real_free = 0, real_total = 0;
     CUresult result = real(&real_free, &real_total);
-    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled) {
+    /* Under the checkpoint evictor other processes' memory is really gone while this one
+     * holds the GPU, so the driver's figures are the truth (within the limit, if one is set). */
+    bool converts = kiwi_evict_converts();
+    if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || (!converts && !kiwi_cfg.memory_limit)) {
         if (free_bytes)
             *free_bytes = real_free;
         if (total_bytes)
@@ -31,8 +35,11 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     struct kiwi_working_set used;
     kiwi_memory_working_set(&used);
     uint64_t room = kiwi_memory_room();
+    uint64_t free_now = used.bytes < room ? room - used.bytes : 0;
+    if (!converts && free_now > real_free)
+        free_now = real_free;
     if (free_bytes)
-        *free_bytes = used.bytes < room ? (size_t)(room - used.bytes) : 0;
+        *free_bytes = (size_t)free_now;
     if (total_bytes)
         *total_bytes = (size_t)kiwi_memory_limit();
     return CUDA_SUCCESS;

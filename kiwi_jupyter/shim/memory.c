@@ -9,6 +9,11 @@
  * daemon knows whether two holders fit side by side) and the list of ranges the pager moves.
  * VMM allocations (cuMemCreate) cannot be converted: they are counted, and reported as not
  * evictable.
+ *
+ * Under the checkpoint evictor (evict.c) nothing is converted: allocations stay device memory,
+ * counted all the same, and each waits at the gate, since it takes room on a GPU that another
+ * holder may be using (and a checkpointed process's driver calls would block in the driver,
+ * where no grant could reach them).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -336,13 +341,39 @@ void kiwi_memory_after_fork(void)
 typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned int);
 
 /* Whether device allocations become managed memory: the one switch for how this process's
- * memory is paged (with the shim off, never). */
+ * memory is paged. Never with the shim off; not under the checkpoint evictor either, where
+ * allocations stay device memory (allocate_device) and the daemon moves them from outside. */
 static bool converting(void)
 {
-    return kiwi_cfg.enabled;
+    return kiwi_cfg.enabled && kiwi_evict_converts();
 }
 
-/* Allocates size bytes of managed memory in place of device memory, within the limit. */
+/* Allocates size bytes of plain device memory, counted (not evictable by the shim). */
+static CUresult allocate_device(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device)
+{
+    typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+    alloc_fn device_alloc = (alloc_fn)kiwi_real(HOOK_cuMemAlloc_v2);
+    if (!device_alloc)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!reserve(size, DEVICE, device))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    bool gated = kiwi_evict_checkpointing();
+    CUresult result = gated ? kiwi_gate_enter() : CUDA_SUCCESS;
+    if (result == CUDA_SUCCESS) {
+        result = device_alloc(dptr, size);
+        if (gated)
+            kiwi_gate_exit();
+    }
+    if (result != CUDA_SUCCESS) {
+        unreserve(size, DEVICE);
+        return result;
+    }
+    track(*dptr, size, DEVICE, ctx, device);
+    return CUDA_SUCCESS;
+}
+
+/* Allocates size bytes of managed memory in place of device memory, within the limit; or,
+ * under the checkpoint evictor, device memory as asked. */
 static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
     alloc_managed_fn real = (alloc_managed_fn)kiwi_real(HOOK_cuMemAllocManaged);
@@ -350,25 +381,19 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int fl
         return CUDA_ERROR_NOT_INITIALIZED;
     CUdevice device = -1;
     CUcontext ctx = kiwi_pager_note_context(&device);
+    if (!kiwi_evict_converts())
+        return allocate_device(dptr, size, ctx, device);
     if (!reserve(size, MANAGED, device))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult result = real(dptr, size, flags);
     if (capture_error(result)) {
         /* The driver refuses managed memory while a graph is being captured: give the caller
          * device memory, counted but not evictable, rather than fail its allocation. */
-        typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
-        alloc_fn device_alloc = (alloc_fn)kiwi_real(HOOK_cuMemAlloc_v2);
         unreserve(size, MANAGED);
-        if (!device_alloc || !reserve(size, DEVICE, device))
-            return result;
-        result = device_alloc(dptr, size);
-        if (result != CUDA_SUCCESS) {
-            unreserve(size, DEVICE);
-            return result;
-        }
-        track(*dptr, size, DEVICE, ctx, device);
-        kiwi_log("device allocation of %zu bytes during graph capture", size);
-        return CUDA_SUCCESS;
+        CUresult fallback = allocate_device(dptr, size, ctx, device);
+        if (fallback == CUDA_SUCCESS)
+            kiwi_log("device allocation of %zu bytes during graph capture", size);
+        return fallback == CUDA_ERROR_OUT_OF_MEMORY ? result : fallback;
     }
     if (result != CUDA_SUCCESS) {
         unreserve(size, MANAGED);
@@ -392,7 +417,7 @@ KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned 
 KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     kiwi_init();
-    if (!converting()) {
+    if (!kiwi_cfg.enabled) {
         typedef CUresult (*fn)(CUdeviceptr *, size_t);
         fn real = (fn)kiwi_real(HOOK_cuMemAlloc_v2);
         return real ? real(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
@@ -408,7 +433,7 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
                                         size_t height, unsigned int element_size)
 {
     kiwi_init();
-    if (!converting()) {
+    if (!kiwi_cfg.enabled) {
         typedef CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
         fn real = (fn)kiwi_real(HOOK_cuMemAllocPitch_v2);
         return real ? real(dptr, pitch, width, height, element_size)
@@ -475,12 +500,13 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
     KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)    \
     {                                                                          \
         kiwi_init();                                                           \
-        if (!converting() || capturing(kiwi_stream(s, per_thread))) {          \
+        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {      \
             alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
             return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
         }                                                                      \
         CUresult pooled;                                                       \
-        if (allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))  \
+        if (converting() &&                                                    \
+            allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))  \
             return pooled;                                                     \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);             \
     }
@@ -489,14 +515,15 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
                                 CUstream s)                                               \
     {                                                                                     \
         kiwi_init();                                                                      \
-        if (!converting() || capturing(kiwi_stream(s, per_thread))) {                     \
+        if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {                 \
             alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
             return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
         }                                                                                 \
         /* From the device's managed pool, whichever pool was named: another pool's     \
          * memory could not be paged out. */                                              \
         CUresult pooled;                                                                  \
-        if (allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))             \
+        if (converting() &&                                                               \
+            allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))             \
             return pooled;                                                                \
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                        \
     }

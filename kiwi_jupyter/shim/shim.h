@@ -14,6 +14,7 @@
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
  *   config.c  environment variables, read once
+ *   evict.c   which evictor pages this process out: managed memory, or the driver's checkpoint
  *   api.c     the small C API the kernel hook calls through ctypes
  */
 #ifndef KIWI_SHIM_H
@@ -39,6 +40,8 @@ static inline CUstream kiwi_stream(CUstream stream, bool per_thread)
 
 /* ---- config.c ---------------------------------------------------------------------------- */
 
+enum kiwi_evict_request { KIWI_EVICT_AUTO, KIWI_EVICT_MANAGED, KIWI_EVICT_CHECKPOINT };
+
 struct kiwi_config {
     bool enabled;            /* KIWI_SHIM != 0 */
     uint64_t memory_limit;   /* KIWI_GPU_MEMORY_LIMIT in bytes; 0 = the whole GPU */
@@ -49,6 +52,7 @@ struct kiwi_config {
     bool restore_by_fault;   /* KIWI_RESTORE=fault: no prefetch back on a grant (benchmarks) */
     int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
     char gpu_uuid[96];       /* GPU-... or MIG-..., from those or the driver; "" while unknown */
+    enum kiwi_evict_request evict; /* KIWI_EVICT: auto, managed or checkpoint */
     char socket_path[108];   /* KIWI_SOCKET */
     char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
     char pool[64];           /* KIWI_POOL */
@@ -64,6 +68,18 @@ bool kiwi_parse_size(const char *text, uint64_t *bytes);
 double kiwi_now(void); /* CLOCK_MONOTONIC seconds */
 void kiwi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kiwi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- evict.c ----------------------------------------------------------------------------- */
+
+/* Do allocations become managed memory? Decided once, before the first allocation; may wait
+ * (bounded) for the daemon's answer to register. */
+bool kiwi_evict_converts(void);
+/* Is the daemon checkpointing this process (decided, and decided so)? Never waits. */
+bool kiwi_evict_checkpointing(void);
+/* What register proposes ("managed" or "checkpoint"); the daemon's answer, "" when it gave none. */
+const char *kiwi_evict_proposal(void);
+void kiwi_evict_answered(const char *evictor);
+const char *kiwi_evict_name(void); /* "managed", "checkpoint" or "undecided" */
 
 /* ---- hook.c ------------------------------------------------------------------------------ */
 

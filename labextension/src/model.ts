@@ -26,6 +26,8 @@ export interface IHolderView {
   clientId: string;
   label: string;
   mine: boolean;
+  /** 'managed' or 'checkpoint', with the checkpoint's state when it is not running. */
+  evict: string;
 }
 
 export interface IQueueEntry {
@@ -35,6 +37,7 @@ export interface IQueueEntry {
   mine: boolean;
   pool: string;
   priority: string;
+  evict: string;
 }
 
 export interface IGpuView {
@@ -45,6 +48,8 @@ export interface IGpuView {
   /** used / total in [0, 1], or null when either is unknown. */
   memoryFraction: number | null;
   holders: IHolderView[];
+  /** Why nothing is granted on this GPU now (a failed checkpoint), or null. */
+  evictBlocked: string | null;
   /** Seconds left in the holder's quantum, counted down since the document arrived. */
   quantumLeft: number | null;
   queue: IQueueEntry[];
@@ -241,7 +246,8 @@ export class KiwiModel {
         label: this.labelFor(clientId),
         mine: this._isMine(clientId),
         pool: client?.pool ?? '',
-        priority: client?.priority ?? ''
+        priority: client?.priority ?? '',
+        evict: this._evictOf(clientId)
       };
     });
     return {
@@ -253,14 +259,23 @@ export class KiwiModel {
       holders: gpu.holders.map(clientId => ({
         clientId,
         label: this.labelFor(clientId),
-        mine: this._isMine(clientId)
+        mine: this._isMine(clientId),
+        evict: this._evictOf(clientId)
       })),
+      evictBlocked: gpu.evict_blocked ?? null,
       quantumLeft:
         gpu.quantum_remaining === null ? null : Math.max(0, gpu.quantum_remaining - elapsed),
       queue,
       policy: gpu.policy ?? null,
       nextReason: gpu.queue.length > 0 ? gpu.next_reason ?? null : null
     };
+  }
+
+  private _evictOf(clientId: string): string {
+    const client = this._clientsById.get(clientId);
+    const evict = client?.evict ?? 'managed';
+    const state = client?.checkpoint_state;
+    return state && state !== 'running' ? `${evict} (${state})` : evict;
   }
 
   private _myClients(): IClientStatus[] {

@@ -114,6 +114,7 @@ export class KiwiPanel extends Widget {
       for (const holder of gpu.holders) {
         const item = el('span', 'jp-Kiwi-holderName', this._name(holder.label));
         item.dataset.clientId = holder.clientId;
+        item.title = this._trans.__('paged out by: %1', holder.evict);
         if (holder.mine) {
           item.classList.add('jp-Kiwi-mine');
           item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));
@@ -122,6 +123,9 @@ export class KiwiPanel extends Widget {
       }
     }
     section.append(this._field(this._trans.__('Holder'), holders));
+    if (gpu.evictBlocked !== null) {
+      section.append(el('p', 'jp-Kiwi-evictBlocked', this._trans.__('Nothing is granted: %1', gpu.evictBlocked)));
+    }
     section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
 
     const memoryText =
@@ -139,7 +143,7 @@ export class KiwiPanel extends Widget {
     for (const entry of gpu.queue) {
       const item = el('li', 'jp-Kiwi-queueItem', el('span', 'jp-Kiwi-queuePosition', `#${entry.position}`), ' ', this._name(entry.label));
       item.dataset.clientId = entry.clientId;
-      item.title = `${entry.label} · ${entry.pool} · ${entry.priority}`;
+      item.title = `${entry.label} · ${entry.pool} · ${entry.priority} · ${entry.evict}`;
       if (entry.mine) {
         item.classList.add('jp-Kiwi-mine');
         item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));

@@ -20,6 +20,8 @@ export interface IGpuStatus {
   policy?: string;
   /** Why the first in the queue is next, in words; null when nobody waits. */
   next_reason?: string | null;
+  /** Why nothing is granted on this GPU (a failed checkpoint); null or absent when nothing is held back. */
+  evict_blocked?: string | null;
 }
 
 export type ClientState = 'idle' | 'waiting' | 'holding';
@@ -40,6 +42,10 @@ export interface IClientStatus {
   display_name?: string | null;
   /** The user name of the client's process, when the daemon knows it. */
   user?: string | null;
+  /** How its memory leaves the GPU: the shim's managed memory, or the driver's checkpoint. */
+  evict?: 'managed' | 'checkpoint';
+  /** Checkpointed clients: running, checkpointing, checkpointed, restoring or failed. */
+  checkpoint_state?: string;
 }
 
 /** A pool's share of GPU time against what it is promised (fractions of one GPU). */

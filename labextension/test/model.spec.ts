@@ -58,7 +58,23 @@ describe('KiwiModel: the GPU view', () => {
       [1, 'worker-7', false],
       [2, 'train.ipynb', true]
     ]);
-    expect(gpu.holders).toEqual([{ clientId: 'c1', label: 'kernel 3f2a9c1e', mine: false }]);
+    expect(gpu.holders).toEqual([
+      { clientId: 'c1', label: 'kernel 3f2a9c1e', mine: false, evict: 'managed' }
+    ]);
+  });
+
+  it('says how each client is paged out and why a GPU grants nobody', () => {
+    const model = new KiwiModel();
+    const document = statusWith(['c1'], ['c2']);
+    document.clients![0].evict = 'checkpoint';
+    document.clients![1].evict = 'checkpoint';
+    document.clients![1].checkpoint_state = 'checkpointed';
+    document.gpus![0].evict_blocked = 'the checkpoint of c3 failed';
+    model.update(document, 0);
+    const [gpu] = model.gpus(0);
+    expect(gpu.holders.map(h => h.evict)).toEqual(['checkpoint']);
+    expect(gpu.queue.map(e => e.evict)).toEqual(['checkpoint (checkpointed)']);
+    expect(gpu.evictBlocked).toBe('the checkpoint of c3 failed');
   });
 
   it('names other kernels by the display name they registered, with their user', () => {

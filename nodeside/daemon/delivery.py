@@ -36,20 +36,38 @@ class Delivery:
         #: Called with every list of actions carried out and the time (metrics).
         self.action_observers: list[Callable[[list[Action], float], None]] = []
         self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
+        #: What may go out now of a list of actions; the rest comes back through ``apply``
+        #: later (the checkpoint evictor, which holds a grant until its GPU is free).
+        self.gate: Callable[[list[Action]], list[Action]] | None = None
 
     def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
         """Deliver every action; ``handoff_started``: when the release that led here arrived."""
         if not actions:
             return
         self.observe(actions)
-        for action in actions:
-            self.deliver(action, handoff_started)
+        for action in actions if self.gate is None else self.gate(actions):
+            self._send(action, handoff_started)
+
+    def resume(self, actions: list[Action]) -> None:
+        """Send what the gate held back and now lets go; observers heard of it already."""
+        for action in actions if self.gate is None else self.gate(actions):
+            self._send(action, None)
 
     def observe(self, actions: list[Action]) -> None:
         for notify in self.action_observers:
             notify(actions, self.clock())
 
     def deliver(self, action: Action, handoff_started: float | None = None) -> None:
+        """Deliver one action (its observers are told by ``observe``)."""
+        if self.gate is None:
+            self._send(action, handoff_started)
+        else:
+            for ready in self.gate([action]):
+                self._send(ready, handoff_started)
+
+    def _send(self, action: Action, handoff_started: float | None) -> None:
+        # A Released sends nothing here: the releaser's reply is its session's; the gate
+        # needed to see it (a checkpoint to take before the next grant).
         conn = self.by_client.get(action.client)
         if isinstance(action, Grant):
             if conn is not None:

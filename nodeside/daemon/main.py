@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="GPU memory for scheduling, e.g. 80GiB (overrides NVML)")
     parser.add_argument("--grace", type=argument_type(parse_tq),
                         help="seconds a holder has to give the GPU back when asked (default 10)")
+    parser.add_argument("--cuda-library", default=os.environ.get("KIWI_CUDA_LIBRARY",
+                                                                 "libcuda.so.1"),
+                        help="CUDA driver whose checkpoint API suspends processes that "
+                        "register with evict checkpoint (default: $KIWI_CUDA_LIBRARY or "
+                        "%(default)s)")
     parser.add_argument("--admin-group", help="group whose members may change mode and TQ")
     parser.add_argument("--socket-group", help="group that owns the socket")
     parser.add_argument("--metrics-port", type=int,
@@ -75,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     gpus, memory_used = discover(args.gpus, args.gpu_memory)
     options = DaemonOptions(socket=args.socket, config=config, gpus=gpus,
                             memory_used=memory_used, config_file=args.config,
-                            overrides=overrides, state_file=args.state_file)
+                            overrides=overrides, state_file=args.state_file,
+                            cuda_library=args.cuda_library)
     try:
         event_loop_runner()(_run(options, args))
     except DaemonError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeside import __version__, limits
 from nodeside import protocol as p
@@ -21,6 +21,9 @@ from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.status_line import status_line
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Scheduler, SchedulerError
 from nodeside.scheduler.status import build_status
+
+if TYPE_CHECKING:
+    from nodeside.evict.evictor import CheckpointEvictor
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -36,6 +39,9 @@ class Requests:
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
         self.registrations = Registrations(scheduler)
+        #: Who moves each process's memory off the GPU (the shell sets it): it answers
+        #: ``register`` with the evictor chosen and may hold a grant back until a restore.
+        self.evictor: CheckpointEvictor | None = None
 
     def dispatch(self, session: Session, op: str, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:
@@ -83,6 +89,8 @@ class Requests:
         if session.client_id is not None:
             raise SchedulerError(p.E_STATE, "this connection is already registered")
         client = self.registrations.register(session.peer, msg, now)
+        if self.evictor is not None:  # what it can carry out, not merely what was asked
+            client.evict = self.evictor.register(client, msg.get("evict"))
         session.client_id = client.id
         session.label = client.name
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
@@ -95,7 +103,7 @@ class Requests:
                                  mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu),
                                  pool=client.pool if client.warning else None,
                                  priority=client.priority if client.warning else None,
-                                 warning=client.warning)])
+                                 warning=client.warning, evict=client.evict)])
 
     def forget(self, client_id: str) -> None:
         """The client's connection is gone (the shell unregisters it from the scheduler)."""
@@ -121,9 +129,9 @@ class Requests:
                 raise SchedulerError(p.E_INVALID, "requeue asks for the GPU again at once; "
                                      "evict_first is for leaving it")
             # One request, one reply: what acquire would answer. The releaser's "released"
-            # is not sent; the next holder's grant goes first.
-            handed: list[Action] = [a for a in self.scheduler.release(now, client_id)
-                                    if not isinstance(a, Released)]
+            # is not sent (its action goes out to the evictor only); the next holder's grant
+            # goes first.
+            handed: list[Action] = self.scheduler.release(now, client_id)
             again = self.scheduler.acquire(now, client_id)
             reply = self._granted_or_waiting(session, again, seq, now)
             return Outcome([*handed, *again, reply], handoff=True, gpus=gpus)
@@ -132,6 +140,9 @@ class Requests:
         released: list[bytes | Action] = []
         for action in actions:
             if isinstance(action, Released) and action.client == client_id:
+                # The action goes first (it sends nothing, but a checkpoint it starts must
+                # come before the next grant); the reply after the next holder's grant.
+                out.insert(0, action)
                 released.append(p.encode(p.RELEASED, seq=seq, evict=action.evict))
             elif isinstance(action, Drop) and action.client == client_id:
                 # With evict_first the releaser may keep the GPU until its memory is out: the
@@ -152,6 +163,10 @@ class Requests:
         client_id = session.client_id
         for i, action in enumerate(actions):
             if isinstance(action, Grant) and action.client == client_id:
+                if self.evictor is not None and self.evictor.hold_back(action):
+                    # It is restored (or its GPU freed) first; the grant follows as an event.
+                    session.told_position = 1
+                    return p.encode(p.WAITING, seq=seq, position=1)
                 del actions[i]
                 session.told_position = None
                 return p.encode(p.GRANT, seq=seq, gpu=action.gpu, quantum=action.quantum)
@@ -178,9 +193,11 @@ class Requests:
     def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
         """The status document as ``viewer`` may see it (None: everything, for metrics)."""
         if viewer is None:
-            return build_status(self.scheduler, now, self.memory_used())
-        return build_status(self.scheduler, now, self.memory_used(),
-                            viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid)
+            doc = build_status(self.scheduler, now, self.memory_used())
+        else:
+            doc = build_status(self.scheduler, now, self.memory_used(),
+                               viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid)
+        return doc if self.evictor is None else self.evictor.annotate(doc)
 
     def _on_ping(self, session: Session, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:

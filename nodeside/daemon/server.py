@@ -36,6 +36,7 @@ from nodeside.daemon.positions import PositionNotices
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.state import StateFile
+from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
@@ -58,6 +59,8 @@ class DaemonOptions:
     #: The command line's settings, laid over the config file again on every reload.
     overrides: dict[str, Any] = field(default_factory=dict)
     state_file: str | None = None
+    #: The driver whose checkpoint API suspends processes registered with evict "checkpoint".
+    cuda_library: str = "libcuda.so.1"
 
 
 class Daemon:
@@ -91,6 +94,13 @@ class Daemon:
         self.action_observers = self.delivery.action_observers
         #: Called on close (the metrics server).
         self.closers: list[Callable[[], None]] = []
+        #: Suspends and resumes processes registered with evict "checkpoint"; every action
+        #: passes it on the way out, so a grant waits until the GPU is really free.
+        self.evictor = CheckpointEvictor(self.delivery, options.cuda_library,
+                                         lambda: self.scheduler.config.grace,
+                                         options.memory_used)
+        self.delivery.gate = self.evictor.filter
+        self.requests.evictor = self.evictor
 
     def now(self) -> float:
         return self.loop.time()
@@ -236,6 +246,7 @@ class Daemon:
             return
         self.by_client.pop(session.client_id, None)
         self.requests.forget(session.client_id)
+        self.evictor.forget(session.client_id)
         client = self.scheduler.clients.get(session.client_id)
         if client is not None and client.state != "idle":
             log.info("Client %s (%s) went away while %s; freeing it [FD=%d]", session.label,

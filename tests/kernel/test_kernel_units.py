@@ -83,6 +83,19 @@ def test_status_text_lists_every_client_and_marks_this_kernel() -> None:
     assert "17.5 s" in text and "3.0 GiB" in text
 
 
+def test_status_says_how_each_client_is_paged_and_why_a_gpu_is_held_back() -> None:
+    document = {**DOCUMENT, "gpus": [{**DOCUMENT["gpus"][0],
+                                      "evict_blocked": "the checkpoint of kernel-a failed"}],
+                "clients": [{**DOCUMENT["clients"][0], "evict": "checkpoint",
+                             "checkpoint_state": "checkpointed"}, *DOCUMENT["clients"][1:]]}
+    lines = StatusTable(document).text().splitlines()
+    assert lines[2] == "GPU 0 grants nobody: the checkpoint of kernel-a failed"
+    assert any(line.startswith("kernel-a") and line.endswith("checkpoint (checkpointed)")
+               for line in lines)
+    assert any(line.startswith("kernel-b") and line.rstrip().endswith("managed")
+               for line in lines)
+
+
 def test_status_html_escapes_names_and_marks_this_kernel() -> None:
     html = StatusTable(DOCUMENT, me="c3")._repr_html_()
     assert "kernel-&lt;c&gt;" in html and "kernel-<c>" not in html

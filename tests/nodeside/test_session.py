@@ -22,7 +22,7 @@ from nodeside.config import SchedulerConfig
 from nodeside.daemon.peer import Peer
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
-from nodeside.scheduler.core import GpuSpec, Grant, Scheduler
+from nodeside.scheduler.core import GpuSpec, Grant, Released, Scheduler
 
 ADMIN = os.getuid()
 NOBODY = 65534
@@ -332,7 +332,8 @@ def test_requeue_hands_over_first_and_answers_once_with_the_position() -> None:
     assert replies(say(waiter, p.encode(p.ACQUIRE, seq=1)))[0] == {
         "op": "waiting", "seq": 1, "position": 1}
     (outcome,) = say(holder, p.encode(p.RELEASE, seq=2, requeue=True))
-    grant, reply = outcome.out
+    released, grant, reply = outcome.out
+    assert isinstance(released, Released) and released.client == holder.client_id  # sends nothing
     assert isinstance(grant, Grant) and grant.client == waiter.client_id  # the waiter first
     assert json.loads(reply) == {"op": "waiting", "seq": 2, "position": 1}  # no "released"
     assert outcome.handoff
@@ -357,7 +358,10 @@ def test_plain_release_still_answers_released_after_the_next_grant() -> None:
     say(holder, p.encode(p.ACQUIRE))
     say(waiter, p.encode(p.ACQUIRE))
     (outcome,) = say(holder, p.encode(p.RELEASE, seq=9))
-    grant, reply = outcome.out
+    released, grant, reply = outcome.out
+    # The action goes first, for the evictor (a checkpoint before the next grant); it sends
+    # nothing, and the reply follows the next holder's grant.
+    assert isinstance(released, Released) and released.client == holder.client_id
     assert isinstance(grant, Grant) and json.loads(reply)["op"] == p.RELEASED
 
 

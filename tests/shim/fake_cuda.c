@@ -12,6 +12,16 @@
  * and look around. Other
  * FAKE_CUDA_* variables are described where they act.
  *
+ * The checkpoint API (cuCheckpointProcess*) acts on another process, as the real one does:
+ * with FAKE_CUDA_CHECKPOINT_DIR set, each process that loads the fake maps a small shared page
+ * there, named by its pid, holding its state (running, locked, checkpointed, failed) and the
+ * count of its CUDA calls in progress. A daemon loading the same fake locks a process by
+ * writing its state and waiting (up to the lock's timeout) for those calls to end; from then
+ * on the process's calls really block until it is unlocked. A process that allocated managed
+ * memory (UVM), or was started with FAKE_CUDA_CHECKPOINT_FAIL=1, fails its checkpoint and is
+ * left FAILED, as the r570 driver does. FAKE_CUDA_NO_CHECKPOINT=1 makes cuGetProcAddress deny
+ * the API, as a driver before r570 does.
+ *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
  * the same names do not stand in for them), except "cuMemGetInfo", for which it hands out an
@@ -20,7 +30,10 @@
  * so that tests loading a real libcudart see each of those requests answered.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -79,6 +92,162 @@ static CUdeviceptr take_addresses(size_t size)
     unsigned long long rounded = (size + 0xFFFFF) & ~0xFFFFFull;
     atomic_fetch_add(&allocated, size);
     return atomic_fetch_add(&next_address, rounded ? rounded : 0x100000);
+}
+
+/* ---- the checkpoint API's state, shared between processes ------------------------------ */
+
+enum { RUNNING, LOCKED, CHECKPOINTED, FAILED };
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_ILLEGAL_STATE 401
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
+struct shared_state {
+    atomic_int state;
+    atomic_int in_progress; /* CUDA calls of this process under way */
+    atomic_int uses_uvm;    /* it allocated managed memory: its checkpoint fails */
+};
+
+static struct shared_state *own_state;
+
+static struct shared_state *map_state(int pid, bool create)
+{
+    const char *dir = getenv("FAKE_CUDA_CHECKPOINT_DIR");
+    if (!dir)
+        return NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%d", dir, pid);
+    int fd = open(path, create ? O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDWR | O_CLOEXEC,
+                  0600);
+    if (fd < 0)
+        return NULL;
+    if (create && ftruncate(fd, sizeof(struct shared_state)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *page = mmap(NULL, sizeof(struct shared_state), PROT_READ | PROT_WRITE, MAP_SHARED,
+                      fd, 0);
+    close(fd);
+    return page == MAP_FAILED ? NULL : page;
+}
+
+/* Every call of the process passes here: once the process is locked, it waits. The same
+ * handshake as the shim's gate: count the call in, then look at the state. */
+static void call_begins(void)
+{
+    if (!own_state)
+        return;
+    for (;;) {
+        atomic_fetch_add(&own_state->in_progress, 1);
+        if (atomic_load(&own_state->state) == RUNNING)
+            return;
+        atomic_fetch_sub(&own_state->in_progress, 1);
+        usleep(1000);
+    }
+}
+
+static void call_ends(void)
+{
+    if (own_state)
+        atomic_fetch_sub(&own_state->in_progress, 1);
+}
+
+/* The other process's state, when it is alive and runs over this fake. */
+static struct shared_state *target(int pid)
+{
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH))
+        return NULL;
+    return map_state(pid, false);
+}
+
+static void done_with(struct shared_state *s)
+{
+    munmap(s, sizeof *s);
+}
+
+struct lock_args { unsigned timeout_ms; unsigned reserved0; unsigned long long reserved1[7]; };
+
+EXPORT CUresult cuCheckpointProcessLock(int pid, struct lock_args *args)
+{
+    struct shared_state *s = target(pid);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    int expected = RUNNING;
+    CUresult result = 0;
+    if (!atomic_compare_exchange_strong(&s->state, &expected, LOCKED)) {
+        result = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        /* Wait for the calls under way, as the driver waits for submitted work. */
+        unsigned timeout = args ? args->timeout_ms : 0, waited = 0;
+        while (atomic_load(&s->in_progress) > 0 && (!timeout || waited < timeout)) {
+            usleep(1000);
+            waited++;
+        }
+        if (atomic_load(&s->in_progress) > 0) {
+            atomic_store(&s->state, RUNNING);
+            result = CUDA_ERROR_NOT_READY;
+        }
+    }
+    done_with(s);
+    record("cuCheckpointProcessLock pid=%d result=%d", pid, result);
+    return result;
+}
+
+EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, void *args)
+{
+    (void)args;
+    struct shared_state *s = target(pid);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = 0;
+    if (atomic_load(&s->state) != LOCKED) {
+        result = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (atomic_load(&s->uses_uvm)) {
+        atomic_store(&s->state, FAILED);
+        result = CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        const char *delay = getenv("FAKE_CUDA_CHECKPOINT_SECONDS");
+        if (delay)
+            usleep((useconds_t)(atof(delay) * 1e6));
+        atomic_store(&s->state, CHECKPOINTED);
+    }
+    done_with(s);
+    record("cuCheckpointProcessCheckpoint pid=%d result=%d", pid, result);
+    return result;
+}
+
+static CUresult transition(const char *name, int pid, int from, int to)
+{
+    struct shared_state *s = target(pid);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = atomic_compare_exchange_strong(&s->state, &from, to)
+        ? 0 : CUDA_ERROR_ILLEGAL_STATE;
+    done_with(s);
+    record("%s pid=%d result=%d", name, pid, result);
+    return result;
+}
+
+EXPORT CUresult cuCheckpointProcessRestore(int pid, void *args)
+{
+    (void)args;
+    return transition("cuCheckpointProcessRestore", pid, CHECKPOINTED, LOCKED);
+}
+
+EXPORT CUresult cuCheckpointProcessUnlock(int pid, void *args)
+{
+    (void)args;
+    return transition("cuCheckpointProcessUnlock", pid, LOCKED, RUNNING);
+}
+
+EXPORT CUresult cuCheckpointProcessGetState(int pid, int *state)
+{
+    struct shared_state *s = target(pid);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    *state = atomic_load(&s->state);
+    done_with(s);
+    return 0;
 }
 
 EXPORT CUresult cuInit(unsigned flags) { record("cuInit flags=%u", flags); return 0; }
@@ -161,7 +330,7 @@ static bool invalidate_captures(void);
 
 /* FAKE_CUDA_SYNC_ERROR: the error every cuCtxSynchronize returns (a sticky error on a real
  * GPU, such as 700, an illegal address). */
-EXPORT CUresult cuCtxSynchronize(void)
+static CUresult cuCtxSynchronize_body(void)
 {
     const char *error = getenv("FAKE_CUDA_SYNC_ERROR");
     bool invalidating = invalidate_captures();
@@ -170,6 +339,13 @@ EXPORT CUresult cuCtxSynchronize(void)
     if (invalidating)
         return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
     return error ? atoi(error) : 0;
+}
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    call_begins();
+    CUresult result = cuCtxSynchronize_body();
+    call_ends();
+    return result;
 }
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
 {
@@ -181,13 +357,20 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
  * host) only, not the restores around them. */
 static atomic_int last_prefetch_device = 0;
 
-EXPORT CUresult cuStreamSynchronize(CUstream stream)
+static CUresult cuStreamSynchronize_body(CUstream stream)
 {
     record("cuStreamSynchronize stream=%p", stream);
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
     while (gate && atomic_load(&last_prefetch_device) == -1 && access(gate, F_OK) != 0)
         usleep(1000);
     return 0;
+}
+EXPORT CUresult cuStreamSynchronize(CUstream stream)
+{
+    call_begins();
+    CUresult result = cuStreamSynchronize_body(stream);
+    call_ends();
+    return result;
 }
 
 /* Graph capture as the driver does it in the global mode: cuCtxSynchronize while a capture
@@ -298,13 +481,29 @@ EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
     return 0;
 }
 
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+static CUresult cuMemAlloc_v2_body(CUdeviceptr *dptr, size_t size)
 {
     *dptr = take_addresses(size);
     record("cuMemAlloc_v2 size=%zu ptr=0x%llx", size, *dptr);
     return 0;
 }
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    call_begins();
+    CUresult result = cuMemAlloc_v2_body(dptr, size);
+    call_ends();
+    return result;
+}
+static CUresult alloc_managed_body(CUdeviceptr *dptr, size_t size, unsigned flags);
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags)
+{
+    call_begins();
+    CUresult result = alloc_managed_body(dptr, size, flags);
+    call_ends();
+    return result;
+}
+
+static CUresult alloc_managed_body(CUdeviceptr *dptr, size_t size, unsigned flags)
 {
     if (size > total_memory() * 4)
         return 2; /* CUDA_ERROR_OUT_OF_MEMORY: even managed memory has a bound */
@@ -314,10 +513,12 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags
         return atoi(refuse);
     }
     *dptr = take_addresses(size);
+    if (own_state)
+        atomic_store(&own_state->uses_uvm, 1);
     record("cuMemAllocManaged size=%zu flags=%u ptr=0x%llx", size, flags, *dptr);
     return 0;
 }
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
+static CUresult cuMemAllocPitch_v2_body(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
                                    unsigned element)
 {
     *pitch = (w + 255) & ~(size_t)255;
@@ -325,17 +526,39 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     record("cuMemAllocPitch_v2 width=%zu height=%zu element=%u", w, h, element);
     return 0;
 }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
+                                   unsigned element)
+{
+    call_begins();
+    CUresult result = cuMemAllocPitch_v2_body(dptr, pitch, w, h, element);
+    call_ends();
+    return result;
+}
+static CUresult cuMemAllocAsync_body(CUdeviceptr *dptr, size_t size, CUstream s)
 {
     *dptr = take_addresses(size);
     record("cuMemAllocAsync size=%zu stream=%p", size, s);
     return 0;
 }
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *pool, CUstream s)
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    call_begins();
+    CUresult result = cuMemAllocAsync_body(dptr, size, s);
+    call_ends();
+    return result;
+}
+static CUresult cuMemAllocFromPoolAsync_body(CUdeviceptr *dptr, size_t size, void *pool, CUstream s)
 {
     *dptr = take_addresses(size);
     record("cuMemAllocFromPoolAsync size=%zu pool=%p stream=%p", size, pool, s);
     return 0;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *pool, CUstream s)
+{
+    call_begins();
+    CUresult result = cuMemAllocFromPoolAsync_body(dptr, size, pool, s);
+    call_ends();
+    return result;
 }
 /* FAKE_CUDA_FREE_ERROR: the error every cuMemFree_v2 returns. */
 /* Memory pools. FAKE_CUDA_MANAGED_POOLS=1: a CUDA 13 driver, which makes managed pools;
@@ -374,19 +597,33 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, int device)
     return device_pool("cuDeviceGetDefaultMemPool", pool, device);
 }
 
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+static CUresult cuMemFree_v2_body(CUdeviceptr dptr)
 {
     const char *error = getenv("FAKE_CUDA_FREE_ERROR");
     record("cuMemFree_v2 ptr=0x%llx%s", dptr, error ? " refused" : "");
     return error ? atoi(error) : 0;
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    call_begins();
+    CUresult result = cuMemFree_v2_body(dptr);
+    call_ends();
+    return result;
+}
+static CUresult cuMemFreeAsync_body(CUdeviceptr dptr, CUstream s)
 {
     record("cuMemFreeAsync ptr=0x%llx stream=%p", dptr, s);
     return 0;
 }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+    call_begins();
+    CUresult result = cuMemFreeAsync_body(dptr, s);
+    call_ends();
+    return result;
+}
 /* FAKE_CUDA_OTHERS_USED: bytes other processes hold on the GPU and cannot give up. */
-EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+static CUresult cuMemGetInfo_v2_body(size_t *free_bytes, size_t *total_bytes)
 {
     const char *others = getenv("FAKE_CUDA_OTHERS_USED");
     unsigned long long total = total_memory(), used = atomic_load(&allocated);
@@ -396,12 +633,19 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     record("cuMemGetInfo_v2");
     return 0;
 }
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    call_begins();
+    CUresult result = cuMemGetInfo_v2_body(free_bytes, total_bytes);
+    call_ends();
+    return result;
+}
 /* What cuGetProcAddress hands out for "cuMemGetInfo": not exported, unknown to dlsym. */
 static CUresult internal_mem_get_info(size_t *free_bytes, size_t *total_bytes)
 {
     return cuMemGetInfo_v2(free_bytes, total_bytes);
 }
-EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop,
+static CUresult cuMemCreate_body(unsigned long long *handle, size_t size, const void *prop,
                             unsigned long long flags)
 {
     (void)prop;
@@ -409,16 +653,31 @@ EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size, const void 
     record("cuMemCreate size=%zu flags=%llu", size, flags);
     return 0;
 }
+EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop,
+                            unsigned long long flags)
+{
+    call_begins();
+    CUresult result = cuMemCreate_body(handle, size, prop, flags);
+    call_ends();
+    return result;
+}
 EXPORT CUresult cuMemRelease(unsigned long long handle)
 {
     record("cuMemRelease handle=0x%llx", handle);
     return 0;
 }
-EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr dptr, size_t size, int device, CUstream s)
+static CUresult cuMemPrefetchAsync_body(CUdeviceptr dptr, size_t size, int device, CUstream s)
 {
     atomic_store(&last_prefetch_device, device);
     record("cuMemPrefetchAsync ptr=0x%llx size=%zu device=%d stream=%p", dptr, size, device, s);
     return 0;
+}
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr dptr, size_t size, int device, CUstream s)
+{
+    call_begins();
+    CUresult result = cuMemPrefetchAsync_body(dptr, size, device, s);
+    call_ends();
+    return result;
 }
 
 /* FAKE_CUDA_PREFETCH_BATCH=1: batches as a CUDA 13 driver does. Otherwise it refuses them
@@ -455,7 +714,7 @@ static void launch_delay(void)
     nanosleep(&ts, NULL);
 }
 
-EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+static CUresult cuLaunchKernel_body(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shared, CUstream s,
                                void **params, void **extra)
 {
@@ -464,7 +723,16 @@ EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
     record("cuLaunchKernel f=%p grid=%u block=%u stream=%p", f, gx, bx, s);
     return 0;
 }
-EXPORT CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shared, CUstream s,
+                               void **params, void **extra)
+{
+    call_begins();
+    CUresult result = cuLaunchKernel_body(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+    call_ends();
+    return result;
+}
+static CUresult cuLaunchKernel_ptsz_body(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                     unsigned by, unsigned bz, unsigned shared, CUstream s,
                                     void **params, void **extra)
 {
@@ -472,11 +740,27 @@ EXPORT CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned 
     record("cuLaunchKernel_ptsz f=%p grid=%u block=%u stream=%p", f, gx, bx, s);
     return 0;
 }
-EXPORT CUresult cuLaunchKernelEx(const void *config, void *f, void **params, void **extra)
+EXPORT CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shared, CUstream s,
+                                    void **params, void **extra)
+{
+    call_begins();
+    CUresult result = cuLaunchKernel_ptsz_body(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+    call_ends();
+    return result;
+}
+static CUresult cuLaunchKernelEx_body(const void *config, void *f, void **params, void **extra)
 {
     (void)config; (void)params; (void)extra;
     record("cuLaunchKernelEx f=%p", f);
     return 0;
+}
+EXPORT CUresult cuLaunchKernelEx(const void *config, void *f, void **params, void **extra)
+{
+    call_begins();
+    CUresult result = cuLaunchKernelEx_body(config, f, params, extra);
+    call_ends();
+    return result;
 }
 EXPORT CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned shared,
@@ -491,22 +775,43 @@ EXPORT CUresult cuGraphLaunch(void *graph, CUstream s)
     record("cuGraphLaunch graph=%p stream=%p", graph, s);
     return 0;
 }
-EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+static CUresult cuMemcpyHtoD_v2_body(CUdeviceptr dst, const void *src, size_t n)
 {
     (void)src;
     record("cuMemcpyHtoD_v2 dst=0x%llx n=%zu", dst, n);
     return 0;
 }
-EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    call_begins();
+    CUresult result = cuMemcpyHtoD_v2_body(dst, src, n);
+    call_ends();
+    return result;
+}
+static CUresult cuMemcpyDtoH_v2_body(void *dst, CUdeviceptr src, size_t n)
 {
     (void)dst;
     record("cuMemcpyDtoH_v2 src=0x%llx n=%zu", src, n);
     return 0;
 }
-EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    call_begins();
+    CUresult result = cuMemcpyDtoH_v2_body(dst, src, n);
+    call_ends();
+    return result;
+}
+static CUresult cuMemsetD8_v2_body(CUdeviceptr dst, unsigned char value, size_t n)
 {
     record("cuMemsetD8_v2 dst=0x%llx value=%u n=%zu", dst, value, n);
     return 0;
+}
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
+{
+    call_begins();
+    CUresult result = cuMemsetD8_v2_body(dst, value, n);
+    call_ends();
+    return result;
 }
 
 /* The rest of the GPU work the runtimes ask for: each only records its name. Declared without
@@ -707,6 +1012,11 @@ static const struct entry entries[] = {
     ENTRY("cuMemsetD8", 3020, 0, cuMemsetD8_v2),
     ENTRY("cuMemPrefetchAsync", 8000, 0, cuMemPrefetchAsync),
     ENTRY("cuMemPrefetchBatchAsync", 13000, 0, cuMemPrefetchBatchAsync),
+    ENTRY("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock),
+    ENTRY("cuCheckpointProcessCheckpoint", 12080, 0, cuCheckpointProcessCheckpoint),
+    ENTRY("cuCheckpointProcessRestore", 12080, 0, cuCheckpointProcessRestore),
+    ENTRY("cuCheckpointProcessUnlock", 12080, 0, cuCheckpointProcessUnlock),
+    ENTRY("cuCheckpointProcessGetState", 12080, 0, cuCheckpointProcessGetState),
 #define RECORDED_ENTRY(symbol, base, version, per_thread) ENTRY(base, version, per_thread, symbol),
     RECORDED_WORK(RECORDED_ENTRY)
 #undef RECORDED_ENTRY
@@ -733,6 +1043,8 @@ static CUresult lookup(const char *symbol, void **pfn, int version, unsigned lon
         const struct entry *e = &entries[i];
         if (strcmp(e->base, symbol) != 0 || e->version > version)
             continue;
+        if (getenv("FAKE_CUDA_NO_CHECKPOINT") && strncmp(symbol, "cuCheckpoint", 12) == 0)
+            continue; /* a driver before r570 */
         if (e->per_thread && !per_thread)
             continue;
         /* The newest variant; between equals, the per-thread one for a per-thread caller. */
@@ -765,4 +1077,10 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     return result;
 }
 
-__attribute__((constructor)) static void fake_cuda_loaded(void) { record("loaded"); }
+__attribute__((constructor)) static void fake_cuda_loaded(void)
+{
+    own_state = map_state((int)getpid(), true);
+    if (own_state && getenv("FAKE_CUDA_CHECKPOINT_FAIL"))
+        atomic_store(&own_state->uses_uvm, 1);
+    record("loaded");
+}

@@ -81,6 +81,16 @@ class Driver:
             raise MemoryError(result)
         return ptr.value, pitch.value
 
+    def alloc_managed(self, size: int) -> int:
+        """Managed memory asked for by the program itself (as a UVM user would)."""
+        ptr = c_u64()
+        fn = self.dlsym("cuMemAllocManaged", ctypes.POINTER(c_u64), ctypes.c_size_t,
+                        ctypes.c_uint)
+        result = fn(ctypes.byref(ptr), size, 1)
+        if result != 0:
+            raise MemoryError(result)
+        return ptr.value
+
     def alloc_async(self, size: int, stream: int = 0x77) -> int:
         ptr = c_u64()
         fn = self.dlsym("cuMemAllocAsync", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr)

@@ -1,0 +1,218 @@
+"""The checkpoint evictor end to end: a shimmed process over the fake driver, the real daemon
+(loading the same fake driver) suspending and resuming it from outside on a real socket."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import wait_for
+
+from nodeside.client import Client
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def checkpoint_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the fake driver keeps each process's checkpoint state; the daemon, started after
+    this fixture, inherits the variable."""
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    monkeypatch.setenv("FAKE_CUDA_CHECKPOINT_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def checkpointing(start_daemon, fake_cuda, checkpoint_dir):
+    """A daemon that can checkpoint: the fake driver is its CUDA library."""
+    def start(*args: str):
+        return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB",
+                            "--cuda-library", str(fake_cuda), *args)
+    return start
+
+
+@pytest.fixture
+def scheduler(checkpointing):
+    return checkpointing("--grace", "30")
+
+
+def kernel(workload, scheduler, checkpoint_dir, evict: str = "checkpoint", **env: str):
+    return workload(KIWI_SOCKET=scheduler.socket, KIWI_EVICT=evict,
+                    FAKE_CUDA_CHECKPOINT_DIR=str(checkpoint_dir), **env)
+
+
+def client_of(scheduler, w) -> dict[str, Any] | None:
+    with Client(scheduler.socket, register=False) as admin:
+        status = admin.status()
+    return next((c for c in status["clients"] if c["pid"] == w.process.pid), None)
+
+
+def status_of(scheduler) -> dict[str, Any]:
+    with Client(scheduler.socket, register=False) as admin:
+        return admin.status()
+
+
+def hold_with(w, scheduler, nbytes: int) -> None:
+    w.call(f"d.alloc({nbytes})")
+    assert w.call("d.launch()") == 0
+    wait_for(lambda: (client_of(scheduler, w) or {}).get("working_set") == nbytes,
+             what="the working set report")
+
+
+def checkpoint_state(scheduler, w) -> str | None:
+    client = client_of(scheduler, w)
+    return client.get("checkpoint_state") if client else None
+
+
+def test_auto_chooses_checkpoint_when_the_driver_and_the_daemon_can(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir, evict="auto")
+    w.call("d.alloc(4096)")
+    assert w.stats()["evict"] == "checkpoint"
+    assert client_of(scheduler, w)["evict"] == "checkpoint"
+    assert w.log.calls("cuMemAlloc_v2") and not w.log.calls("cuMemAllocManaged")
+
+
+def test_auto_chooses_managed_when_the_driver_has_no_checkpoint_api(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir, evict="auto", FAKE_CUDA_NO_CHECKPOINT="1")
+    w.call("d.alloc(4096)")
+    assert w.stats()["evict"] == "managed"
+    assert client_of(scheduler, w)["evict"] == "managed"
+    assert w.log.calls("cuMemAllocManaged")
+    said = [line for line in w.stderr if "paging this process as managed memory" in line]
+    assert len(said) == 1 and "no checkpoint API" in said[0]
+
+
+def test_checkpoint_falls_back_to_managed_when_the_daemon_cannot_act(
+        checkpointing, workload, checkpoint_dir, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_CUDA_NO_CHECKPOINT", "1")  # the daemon's driver predates r570
+    scheduler = checkpointing()
+    monkeypatch.delenv("FAKE_CUDA_NO_CHECKPOINT")
+    w = kernel(workload, scheduler, checkpoint_dir)
+    w.call("d.alloc(4096)")
+    assert w.stats()["evict"] == "managed"
+    assert w.log.calls("cuMemAllocManaged")
+    scheduler.wait_log(r"asked to be checkpointed; paging it as managed memory instead: "
+                       r".*has no cuCheckpointProcessLock")
+
+
+def test_a_quantum_end_that_needs_the_room_checkpoints_before_the_next_grant(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir)
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="next") as next_holder:
+        next_holder.report_working_set(6 * GiB)
+        next_holder.acquire(timeout=10)
+        # The grant came after the checkpoint: the process's memory is off the GPU already.
+        assert checkpoint_state(scheduler, w) == "checkpointed"
+        assert not w.log.calls("cuMemPrefetchAsync")  # nothing paged by the shim
+        launch = w.start("d.launch()")
+        wait_for(lambda: client_of(scheduler, w)["state"] == "waiting",
+                 what="the kernel to ask again")
+        assert not launch.done()
+        next_holder.release()
+        assert launch.result() == 0
+    assert checkpoint_state(scheduler, w) == "running"
+    assert w.stats()["evictions"] == 1
+
+
+def test_a_quantum_end_whose_next_holder_fits_checkpoints_nothing(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir)
+    hold_with(w, scheduler, 1 * GiB)
+    with Client(scheduler.socket, name="small") as small:
+        small.report_working_set(1 * GiB)
+        small.acquire(timeout=10)
+        assert checkpoint_state(scheduler, w) == "running"
+    assert "Checkpointed" not in scheduler.log()
+
+
+def test_a_preempted_low_holder_is_checkpointed_before_the_claimant_runs(
+        checkpointing, workload, checkpoint_dir, tmp_path) -> None:
+    config = tmp_path / "pools.yaml"
+    config.write_text("tq: 30\npools:\n"
+                      "  research: {guarantee: 0.5, weight: 1, maximum: -1}\n"
+                      "  batch: {guarantee: 0.0, weight: 1, maximum: -1}\n")
+    scheduler = checkpointing("--config", str(config), "--tq", "30", "--grace", "30")
+    w = kernel(workload, scheduler, checkpoint_dir, KIWI_POOL="batch", KIWI_PRIORITY="LOW")
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="claimant", pool="research") as claimant:
+        claimant.report_working_set(6 * GiB)
+        claimant.acquire(timeout=10)  # at once, not at the end of the 30 s quantum
+        assert checkpoint_state(scheduler, w) == "checkpointed"
+    scheduler.wait_log(r"Preempting .* on GPU 0")
+
+
+def test_a_holder_that_ignores_a_drop_is_revoked_by_a_forced_checkpoint(
+        checkpointing, workload, checkpoint_dir) -> None:
+    scheduler = checkpointing("--grace", "0.3")
+    w = kernel(workload, scheduler, checkpoint_dir, FAKE_CUDA_LAUNCH_SECONDS="1.5")
+    hold_with(w, scheduler, 6 * GiB)
+    slow = w.start("d.launch()")  # in the driver for 1.5 s: the release comes far too late
+    wait_for(lambda: w.stats()["in_flight"] == 1, what="the slow launch to be inside the gate")
+    with Client(scheduler.socket, name="impatient") as impatient:
+        impatient.report_working_set(6 * GiB)
+        impatient.acquire(timeout=20)
+        # Granted only once the lock got past the running work and the checkpoint was done.
+        assert checkpoint_state(scheduler, w) == "checkpointed"
+        assert slow.done()
+        impatient.release()
+    scheduler.wait_log(rf"Revoked \S+ \(c\d+, pid {w.process.pid}\) by a forced checkpoint")
+    wait_for(lambda: w.stats()["revokes"] == 1, what="the revoked event")
+    assert w.call("d.launch()", timeout=20) == 0  # restored on its next grant
+    assert checkpoint_state(scheduler, w) == "running"
+
+
+def test_a_process_killed_while_checkpointed_leaves_the_gpu_free(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir)
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="next") as next_holder:
+        next_holder.report_working_set(6 * GiB)
+        next_holder.acquire(timeout=10)
+        assert checkpoint_state(scheduler, w) == "checkpointed"
+        w.process.kill()
+        w.process.wait()
+        scheduler.wait_log(r"went away while checkpointed")
+        next_holder.release()
+    with Client(scheduler.socket, name="after") as after:
+        after.acquire(timeout=10)
+        assert after.holding
+    assert "Traceback" not in scheduler.log()
+
+
+def test_a_failed_checkpoint_grants_nobody_else_and_says_why(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir, FAKE_CUDA_CHECKPOINT_FAIL="1")
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="next") as next_holder:
+        next_holder.report_working_set(6 * GiB)
+        with pytest.raises(TimeoutError):
+            next_holder.acquire(timeout=1.5)
+        assert checkpoint_state(scheduler, w) == "failed"
+        blocked = status_of(scheduler)["gpus"][0]["evict_blocked"]
+        assert re.search(r"checkpoint of \S+ \(c\d+, pid \d+\) failed", blocked)
+        assert "FAILED" in client_of(scheduler, w)["checkpoint_error"]
+        scheduler.wait_log(r"\[ERROR\] GPU 0: the checkpoint of .* failed")
+        # Once the process is gone its memory is free: the GPU goes on.
+        w.process.kill()
+        w.process.wait()
+        scheduler.wait_log(r"the process whose checkpoint failed is gone; granting again")
+        next_holder.acquire(timeout=10)
+    assert "Traceback" not in scheduler.log()
+
+
+def test_a_checkpointed_kernel_asks_for_its_gpu_at_the_start_of_a_cell(
+        scheduler, workload, checkpoint_dir) -> None:
+    w = kernel(workload, scheduler, checkpoint_dir)
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="next") as next_holder:
+        next_holder.report_working_set(6 * GiB)
+        next_holder.acquire(timeout=10)
+        w.call("shim.cell_begin()")
+        wait_for(lambda: client_of(scheduler, w)["state"] == "waiting",
+                 what="the cell to ask for the GPU")
