@@ -193,7 +193,7 @@ class Arbiter:
 
 
 class EagerArbiter(Arbiter):
-    """The kernel's client takes the GPU before each cell runs and gives it back after."""
+    """The kernel's client takes the GPU before each gated cell runs and gives it back after."""
 
     mode = "eager"
 
