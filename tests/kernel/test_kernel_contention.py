@@ -194,8 +194,11 @@ def test_the_gpu_is_given_back_when_a_cell_ends(
 def test_the_gpu_is_given_back_when_a_cell_is_interrupted(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, _ = pair
-    running = a.submit("import time; time.sleep(30)")
+    running = a.submit("import time; print('running', flush=True); time.sleep(30)")
     wait_holding(module_daemon.socket, a)
+    # The daemon grants as soon as the request arrives, while IPython may still be compiling the
+    # cell, where an interrupt is printed and the cell runs anyway: interrupt the cell's own code.
+    wait_for(lambda: a.seen(running, "stream"), what="the cell to run")
 
     a.interrupt()
 
