@@ -76,18 +76,19 @@ def _top(name: str | None) -> str:
 def _executed(node: ast.AST) -> Iterator[ast.AST]:
     """The nodes of ``node`` that run when it runs: not function or lambda bodies, which run
     only when called (their decorators, defaults and annotations do run)."""
-    for child in ast.iter_child_nodes(node):
+    pending = list(ast.iter_child_nodes(node))
+    while pending:
+        child = pending.pop()
+        yield child
         if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield child
-            for part in (*child.decorator_list, child.args, *(c for c in [child.returns] if c)):
-                yield part
-                yield from _executed(part)
+            pending.extend(child.decorator_list)
+            pending.append(child.args)
+            if child.returns is not None:
+                pending.append(child.returns)
         elif isinstance(child, ast.Lambda):
-            yield child
-            yield from _executed(child.args)
+            pending.append(child.args)
         else:
-            yield child
-            yield from _executed(child)
+            pending.extend(ast.iter_child_nodes(child))
 
 
 class _Reader:
