@@ -10,14 +10,20 @@ LAB_ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+## What the lab needs (`.[lab]`): `make lab` installs only this.
+$(VENV)/.lab-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[lab]"
+	touch $@
+
+## Everything else the tests need (`.[test]`), on top of the lab's.
+$(VENV)/.installed: $(VENV)/.lab-installed pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
 ## Start JupyterLab with Kiwi (embedded scheduler, no other setup).
-lab: install labextension
+lab: $(VENV)/.lab-installed labextension
 	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 ## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
@@ -31,7 +37,7 @@ labextension/node_modules/.package-lock.json: labextension/package.json labexten
 	cd labextension && npm install --no-audit --no-fund
 	touch $@
 
-$(LABEXT_BUILT): $(VENV)/.installed labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
+$(LABEXT_BUILT): $(VENV)/.lab-installed labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
 	cd labextension && PATH="$(abspath $(BIN)):$$PATH" npm run build:prod
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
 	touch $@

@@ -10,6 +10,13 @@ seeds/kai-scheduler-pools.txt), so a pool exported here behaves in KAI as it doe
     weight      w                          ->  spec.resources.gpu.overQuotaWeight  w
     maximum     m (-1: none)               ->  spec.resources.gpu.limit            m * GPUS (-1)
 
+    (not a Kiwi concern)                        spec.resources.cpu, .memory: quota -1, limit -1,
+                                                overQuotaWeight 1 (unlimited)
+
+KAI reads a resource a queue leaves out as a quota and a limit of 0, so a queue with only ``gpu``
+refuses every pod that requests CPU or memory (every pod does). CPU and memory are exported as
+unlimited, as in the default queues KAI itself creates at installation.
+
 GPUS is the number of GPUs the pools share cluster-wide (``--gpus``): a pool guaranteed 0.3 of
 every GPU's time is guaranteed 0.3 * GPUS GPUs' worth. A pod joins a queue with the label
 ``kai.scheduler/queue: <pool>``; the notebook pod template passes that label to ``KIWI_POOL``
@@ -42,6 +49,9 @@ QUEUE_API_VERSION = "scheduling.run.ai/v2"
 QUEUE_LABEL = "kai.scheduler/queue"
 KAI_PRIORITY_CLASSES: Mapping[str, int] = {
     "train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
+#: CPU and memory in every exported queue: unlimited, as in KAI's own default queues.
+UNLIMITED_RESOURCE: Mapping[str, float] = {"quota": UNLIMITED, "overQuotaWeight": 1.0,
+                                           "limit": UNLIMITED}
 #: KAI's rule: a priority value at or above this is non-preemptible.
 NON_PREEMPTIBLE_FROM = 100
 #: Kiwi's HIGH starts at KAI's inference class.
@@ -89,11 +99,15 @@ def queue(pool: Pool, *, gpus: float = 1.0, parent: str | None = None) -> dict[s
     spec: dict[str, Any] = {}
     if parent:
         spec["parentQueue"] = parent
-    spec["resources"] = {"gpu": {
-        "quota": _gpus_of(pool.guarantee, gpus),
-        "overQuotaWeight": float(pool.weight),
-        "limit": UNLIMITED if pool.maximum == UNLIMITED else _gpus_of(pool.maximum, gpus),
-    }}
+    spec["resources"] = {
+        "cpu": dict(UNLIMITED_RESOURCE),
+        "gpu": {
+            "quota": _gpus_of(pool.guarantee, gpus),
+            "overQuotaWeight": float(pool.weight),
+            "limit": UNLIMITED if pool.maximum == UNLIMITED else _gpus_of(pool.maximum, gpus),
+        },
+        "memory": dict(UNLIMITED_RESOURCE),
+    }
     return {"apiVersion": QUEUE_API_VERSION, "kind": "Queue",
             "metadata": {"name": pool.name, "labels": {"app.kubernetes.io/managed-by": "kiwi"}},
             "spec": spec}

@@ -34,6 +34,10 @@ from nodeside.scheduler.pools import entitlements
 log = logging.getLogger("kiwi.metrics")
 
 CLIENT_LABELS = ("gpu", "pool", "client", "pod", "namespace")
+#: The per-GPU gauges carry the GPU's UUID under dcgm-exporter's own label name, so a query can
+#: join Kiwi's view of a GPU with its utilization and memory (``on(UUID)``) without relabelling.
+#: Left out where the daemon knows no UUIDs (no NVML, ``--gpus N``).
+GPU_LABELS = ("gpu", "UUID")
 
 # Handoffs take from a few milliseconds (nothing to move) to tens of seconds (tens of GiB to
 # host memory over PCIe), so the buckets span that range.
@@ -59,16 +63,19 @@ class SchedulerCollector(Collector):
         yield from self._clients(sched, now)
 
     def _gpus(self, sched: Scheduler, now: float) -> Iterator[Metric]:
+        known_uuids = any(gpu.spec.uuid for gpu in sched.gpus.values())
+        names = GPU_LABELS if known_uuids else GPU_LABELS[:1]
         holders = GaugeMetricFamily("kiwi_gpu_holders", "Clients holding the GPU now.",
-                                    labels=["gpu"])
+                                    labels=names)
         queue = GaugeMetricFamily("kiwi_gpu_queue_length", "Clients waiting for the GPU.",
-                                  labels=["gpu"])
-        tq = GaugeMetricFamily("kiwi_gpu_tq_seconds", "The GPU's time quantum.", labels=["gpu"])
+                                  labels=names)
+        tq = GaugeMetricFamily("kiwi_gpu_tq_seconds", "The GPU's time quantum.",
+                               labels=names)
         memory = GaugeMetricFamily("kiwi_gpu_memory_total_bytes",
                                    "GPU memory the scheduler fits working sets into.",
-                                   labels=["gpu"])
+                                   labels=names)
         for index, gpu in sched.gpus.items():
-            label = [str(index)]
+            label = [str(index), gpu.spec.uuid or ""][:len(names)]
             holders.add_metric(label, len(gpu.holders))
             queue.add_metric(label, len(gpu.waiters))
             tq.add_metric(label, sched.tq_for(index))

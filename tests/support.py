@@ -18,16 +18,38 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def _load_factor() -> float:
+    """How much slower than a quiet machine this run may be: ``KIWI_TEST_SLOWDOWN`` when set,
+    else the load per core when the tests started (never below 1). A loaded 2-core machine
+    runs a kernel's start-up several times slower; a deadline that cannot stretch with it
+    fails tests that are right."""
+    explicit = os.environ.get("KIWI_TEST_SLOWDOWN")
+    if explicit:
+        return max(1.0, float(explicit))
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+#: The one load factor every deadline in the tests is multiplied by.
+SLOWDOWN = _load_factor()
+
+
+def scaled(seconds: float) -> float:
+    """A deadline of ``seconds`` on a quiet machine, stretched by the load factor."""
+    return seconds * SLOWDOWN
+
+
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01,
              what: str = "condition") -> T:
-    """Poll until ``predicate()`` is truthy; fail the test with ``what`` after ``timeout``."""
+    """Poll until ``predicate()`` is truthy; fail the test with ``what`` after ``timeout``
+    (a quiet machine's figure, stretched by the load factor)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
         time.sleep(interval)
 
 
@@ -78,7 +100,7 @@ class DaemonProcess:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(10)
+                self.process.wait(scaled(10))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -6,13 +6,17 @@ Set them like any IPython option, in ``ipython_kernel_config.py`` or on the kern
 
 from __future__ import annotations
 
-from traitlets import Enum, Float
+from traitlets import Enum, Float, List, Unicode
 from traitlets.config import Configurable
 
 #: How a cell gets the GPU. ``eager``: the kernel acquires it before the cell's code runs.
 #: ``lazy``: the CUDA shim acquires it at the cell's first GPU call (needs the shim loaded).
 #: ``off``: cells are not arbitrated at all (``%kiwi acquire`` still works by hand).
 MODES = ("eager", "lazy", "off")
+
+#: Which cells wait for the GPU in eager mode: ``gpu``, those that may touch it (gpu_cells);
+#: ``all``, every cell but housekeeping magics.
+GATE_CELLS = ("gpu", "all")
 
 FAIL_OPEN = "fail_open"
 FAIL_CLOSED = "fail_closed"
@@ -29,6 +33,23 @@ class KiwiKernelConfig(Configurable):
         help="""How each cell gets the GPU: 'eager' acquires it before the cell runs, 'lazy'
         lets the CUDA shim acquire it at the cell's first GPU call, 'off' does not arbitrate
         cells. Unset: 'lazy' when the shim is loaded in this kernel, else 'eager'.""",
+    )
+
+    gate_cells = Enum(
+        GATE_CELLS,
+        default_value="gpu",
+        config=True,
+        help="""Eager mode: which cells wait for the GPU. 'gpu': cells that may touch it, read
+        from the cell's code and what its names refer to (a GPU library imported or named, or
+        an object, function or class that reaches one); cells that only define things or work
+        on the CPU run at once. 'all': every cell except housekeeping magics.""",
+    )
+
+    extra_gpu_libraries = List(
+        Unicode(),
+        config=True,
+        help="""Packages counted as GPU libraries besides the known ones (cupy, torch, jax,
+        numba, tensorflow, ...): an in-house package, or a CPU stand-in in a demo.""",
     )
 
     failure_policy = Enum(

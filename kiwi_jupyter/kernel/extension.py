@@ -14,7 +14,9 @@ cell ends. Three IPython mechanisms make that happen:
   back and writes the cell's closing lines (how long it waited, a drop it honoured late).
 
 A cell made only of housekeeping magics (``%kiwi``, ``%config``, ``%pip``...) is not gated: asking
-for the status, or fixing the failure policy, must not wait for the GPU.
+for the status, or fixing the failure policy, must not wait for the GPU. Nor, by default
+(``gate_cells = 'gpu'``), is a cell that cannot touch the GPU (``gpu_cells``): defining
+functions must not queue behind another notebook's training step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter
+from kiwi_jupyter.kernel.gpu_cells import GPU_LIBRARIES, may_use_gpu
 from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffArbiter, load_shim
 from kiwi_jupyter.kernel.identity import client_name, display_name
 from kiwi_jupyter.kernel.link import DaemonLink
@@ -144,9 +147,16 @@ class KiwiExtension:
 
     def pre_run_cell(self, info: Any) -> None:
         self._in_cell = True
-        self._armed = self.arbiter.mode == "eager" and not needs_no_gpu(info.raw_cell)
+        self._armed = (self.arbiter.mode == "eager" and not needs_no_gpu(info.raw_cell)
+                       and self._may_use_gpu(info.raw_cell))
         self._inserted = False
         self.arbiter.begin_cell(self._armed)
+
+    def _may_use_gpu(self, raw_cell: str) -> bool:
+        if self.config.gate_cells == "all":
+            return True
+        libraries = (*GPU_LIBRARIES, *self.config.extra_gpu_libraries)
+        return may_use_gpu(self.shell.transform_cell(raw_cell), self.shell.user_ns, libraries)
 
     def gate(self) -> None:
         __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)

@@ -158,13 +158,16 @@ class Arbiter:
         deadline = started + self.config.unreachable_timeout
         try:
             while not self.link.client.connected:
-                left = deadline - time.monotonic()
+                left = max(deadline - time.monotonic(), 0.0)
+                # Shown before the deadline is checked: noticing that the daemon is gone may
+                # have spent the whole timeout (a loaded machine, a short timeout), and the
+                # cell must still say what it waited for before it fails.
+                line.show(f"kiwi: waiting for the scheduler at {unreachable.socket_path} "
+                          f"({unreachable.reason}); the cell fails in {left:.0f} s")
                 if left <= 0:
                     raise SchedulerUnavailable(
                         f"{unreachable}; gave up after {self.config.unreachable_timeout:g} s "
                         "(fail_closed), so the cell did not run")
-                line.show(f"kiwi: waiting for the scheduler at {unreachable.socket_path} "
-                          f"({unreachable.reason}); the cell fails in {left:.0f} s")
                 time.sleep(min(self.config.reconnect_interval, left))
             return True
         finally:
@@ -199,7 +202,7 @@ class Arbiter:
 
 
 class EagerArbiter(Arbiter):
-    """The kernel's client takes the GPU before each cell runs and gives it back after."""
+    """The kernel's client takes the GPU before each gated cell runs and gives it back after."""
 
     mode = "eager"
 

@@ -49,9 +49,11 @@ class KiwiMagics(Magics):
           %kiwi release            give the GPU back now, before the cell ends
           %kiwi mode [eager|lazy|off]
                                    how this kernel's cells get the GPU (no argument: show it):
-                                   eager takes it before each cell runs; lazy lets the CUDA shim
-                                   take it at the cell's first GPU call (needs the shim; eager is
-                                   used without it); off does not arbitrate cells
+                                   eager takes it before each cell that may touch the GPU
+                                   runs (it imports or uses a GPU library; docs/kernel.md);
+                                   lazy lets the CUDA shim take it at the cell's first GPU call
+                                   (needs the shim; eager is used without it); off does not
+                                   arbitrate cells
           %kiwi pool NAME          move this kernel to pool NAME (default: $KIWI_POOL)
           %kiwi priority HIGH|NORMAL|LOW
                                    this kernel's priority in its pool; LOW can be preempted

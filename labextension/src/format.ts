@@ -68,3 +68,16 @@ export function describeStanding(standing: KernelStanding, trans: TranslationBun
       return trans.__('GPU: idle');
   }
 }
+
+/**
+ * The GPU's memory line. Without a capacity (no NVML on the node and no `--gpu-memory` given to
+ * the scheduler) it reads the same whether the GPU is idle or busy, and says why; what the
+ * clients use is then shown after it, not instead of it.
+ */
+export function describeMemory(used: number | null, total: number | null, trans: TranslationBundle): string {
+  if (total === null) {
+    const unknown = trans.__('capacity unknown (no NVML, no --gpu-memory)');
+    return used ? trans.__('%1; %2 in use', unknown, formatBytes(used)) : unknown;
+  }
+  return trans.__('%1 of %2', formatBytes(used ?? 0), formatBytes(total));
+}

@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { KiwiRequestError } from './api';
 import { el } from './dom';
-import { formatBytes, formatSeconds, formatShare, hueOf } from './format';
+import { describeMemory, formatSeconds, formatShare, hueOf } from './format';
 import { IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
 import { ISchedulerChange, SchedulerMode } from './tokens';
 
@@ -97,6 +97,7 @@ export class KiwiPanel extends Widget {
     return el(
       'section',
       'jp-Kiwi-scheduler',
+      el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('Scheduler')),
       this._field(this._trans.__('Mode'), el('span', `jp-Kiwi-mode jp-Kiwi-mode-${mode}`, mode.toUpperCase())),
       this._field(this._trans.__('Time quantum'), el('span', 'jp-Kiwi-tq', formatSeconds(model.tq)))
     );
@@ -105,7 +106,7 @@ export class KiwiPanel extends Widget {
   private _gpu(gpu: IGpuView): HTMLElement {
     const section = el('section', 'jp-Kiwi-gpu');
     section.dataset.gpu = String(gpu.index);
-    section.append(el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('GPU %1', gpu.index), el('span', 'jp-Kiwi-gpuName', ` ${gpu.name}`)));
+    section.append(el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('GPU %1', gpu.index), el('span', 'jp-Kiwi-gpuName', ` · ${gpu.name}`)));
 
     const holders = el('div', 'jp-Kiwi-holder');
     if (gpu.holders.length === 0) {
@@ -128,12 +129,7 @@ export class KiwiPanel extends Widget {
     }
     section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
 
-    const memoryText =
-      gpu.memoryTotal === null && gpu.memoryUsed === null
-        ? this._trans.__('unknown (no NVML)')
-        : gpu.memoryTotal === null
-        ? this._trans.__('%1 used, capacity unknown', formatBytes(gpu.memoryUsed))
-        : this._trans.__('%1 of %2', formatBytes(gpu.memoryUsed), formatBytes(gpu.memoryTotal));
+    const memoryText = describeMemory(gpu.memoryUsed, gpu.memoryTotal, this._trans);
     section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
     if (gpu.memoryFraction !== null) {
       section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));

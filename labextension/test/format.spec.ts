@@ -1,4 +1,4 @@
-import { describeStanding, formatBytes, formatSeconds, formatShare, hueOf } from '../src/format';
+import { describeMemory, describeStanding, formatBytes, formatSeconds, formatShare, hueOf } from '../src/format';
 
 describe('formatting', () => {
   it('writes bytes in binary units with three significant digits', () => {
@@ -42,5 +42,24 @@ describe('the status bar words', () => {
     expect(describeStanding({ kind: 'idle' }, trans)).toBe('GPU: idle');
     expect(describeStanding({ kind: 'no-kernel' }, trans)).toBe('GPU: idle');
     expect(describeStanding({ kind: 'unreachable' }, trans)).toBe('GPU: scheduler unreachable');
+  });
+});
+
+describe('the memory line', () => {
+  const trans = {
+    __: (text: string, ...args: unknown[]) =>
+      args.reduce<string>((s, a, i) => s.replace(`%${i + 1}`, String(a)), text)
+  } as any;
+  const unknown = 'capacity unknown (no NVML, no --gpu-memory)';
+
+  it('reads the same idle and busy when the capacity is unknown, and says why', () => {
+    expect(describeMemory(null, null, trans)).toBe(unknown);
+    expect(describeMemory(0, null, trans)).toBe(unknown);
+    expect(describeMemory(2 * 1024 ** 3, null, trans)).toBe(`${unknown}; 2.00 GiB in use`);
+  });
+
+  it('gives used of total when the capacity is known', () => {
+    expect(describeMemory(2 * 1024 ** 3, 16 * 1024 ** 3, trans)).toBe('2.00 GiB of 16.0 GiB');
+    expect(describeMemory(null, 16 * 1024 ** 3, trans)).toBe('0 B of 16.0 GiB');
   });
 });

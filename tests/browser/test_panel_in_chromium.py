@@ -12,6 +12,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 PANEL_TAB = 'li.lm-TabBar-tab[data-id="jp-kiwi-panel"]'
 PANEL = "#jp-kiwi-panel"
 STATUS_ITEM = ".jp-Kiwi-statusItem"
+UNKNOWN_MEMORY = "capacity unknown (no NVML, no --gpu-memory)"
 
 
 def open_notebook_with_panel(page: Any, lab: LabServer, path: str) -> str:
@@ -40,6 +41,10 @@ def test_panel_follows_two_contending_kernels_and_lets_an_admin_change_the_mode(
     panel.get_by_text("Nobody holds this GPU.").wait_for()
     assert panel.locator(".jp-Kiwi-mode").inner_text() == "ON"
     assert status_item.inner_text() == "GPU: idle"
+    headings = panel.locator(".jp-Kiwi-sectionTitle").all_inner_texts()
+    assert headings == ["Scheduler", "GPU 0 · logical GPU", "Pools", "Recent holders"]
+    # No NVML and no --gpu-memory here: the memory line says so, idle and busy alike.
+    assert panel.locator(".jp-Kiwi-memory").inner_text() == UNKNOWN_MEMORY
 
     # Notebook b (no tab open) takes the GPU; then this notebook's kernel asks and waits.
     kernel_b = lab.start_session("b.ipynb")
@@ -48,6 +53,7 @@ def test_panel_follows_two_contending_kernels_and_lets_an_admin_change_the_mode(
     try:
         run_cell(client_b, hold_gpu_code(kernel_b, wait=True))
         panel.locator(".jp-Kiwi-holderName", has_text="b.ipynb").wait_for()
+        assert panel.locator(".jp-Kiwi-memory").inner_text().startswith(UNKNOWN_MEMORY)
         run_cell(client_a, hold_gpu_code(kernel_a, wait=False))
 
         mine = panel.locator(".jp-Kiwi-queueItem.jp-Kiwi-mine")

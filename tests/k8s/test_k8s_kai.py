@@ -58,6 +58,59 @@ def test_a_parent_queue_comes_first_and_every_pool_is_its_child():
     assert {c["spec"]["parentQueue"] for c in children} == {"kiwi"}
 
 
+#: KAI's Queue semantics, per resource of spec.resources (cpu in millicores, memory in bytes,
+#: gpu in GPUs): ``quota`` is what the queue deserves, ``limit`` the most it may use, -1 means
+#: no bound, and a resource or field the queue leaves out reads as 0. A pod joins a queue only if
+#: every resource it requests stays within the queue's limit (and its parent's).
+KAI_MISSING = 0.0
+
+
+def kai_bound(queue: dict, resource: str, field: str) -> float:
+    return float(queue["spec"]["resources"].get(resource, {}).get(field, KAI_MISSING))
+
+
+def kai_admits(queues: list[dict], name: str, requests: dict[str, float]) -> bool:
+    by_name = {q["metadata"]["name"]: q for q in queues}
+    queue: dict | None = by_name[name]
+    while queue is not None:
+        for resource, amount in requests.items():
+            limit = kai_bound(queue, resource, "limit")
+            if limit != -1 and amount > limit:
+                return False
+        parent = queue["spec"].get("parentQueue")
+        queue = by_name[parent] if parent else None
+    return True
+
+
+#: A notebook pod: a share of a GPU, and the CPU and memory every pod requests.
+NOTEBOOK_POD = {"cpu": 500.0, "memory": 4.0 * 2**30, "gpu": 0.5}
+
+
+@pytest.mark.parametrize("parent", [None, "kiwi"])
+def test_every_exported_queue_admits_a_pod_that_requests_cpu_and_memory(parent):
+    queues = kai.queues(parse_pools(SEED_POOLS), gpus=8, parent=parent)
+    for pool in SEED_POOLS:
+        assert kai_admits(queues, pool, NOTEBOOK_POD), f"KAI refuses {pool}'s pods"
+
+
+def test_cpu_and_memory_are_unlimited_like_kais_default_queues():
+    for queue in kai.queues(parse_pools(SEED_POOLS), gpus=8, parent="kiwi"):
+        for resource in ("cpu", "memory"):
+            assert queue["spec"]["resources"][resource] == {
+                "quota": -1, "overQuotaWeight": 1, "limit": -1}
+        assert kai_queue_errors(queue) == []
+
+
+def test_the_kai_semantics_refuse_what_a_queue_leaves_out():
+    # What makes the two tests above mean something: KAI's reading of a gpu-only queue.
+    gpu_only = {"metadata": {"name": "q"},
+                "spec": {"resources": {"gpu": {"quota": 1, "overQuotaWeight": 1, "limit": -1}}}}
+    assert not kai_admits([gpu_only], "q", NOTEBOOK_POD)
+    assert kai_admits([gpu_only], "q", {"gpu": 0.5})
+    assert not kai_admits(kai.queues(parse_pools(SEED_POOLS), gpus=1), "training",
+                          {"gpu": 0.8})  # over its maximum of 0.7
+
+
 def test_a_pool_name_that_cannot_be_a_queue_name_is_refused_with_the_reason():
     with pytest.raises(kai.KaiExportError, match="Team_A"):
         kai.queues(parse_pools({"Team_A": {"guarantee": 0.5}}))

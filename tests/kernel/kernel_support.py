@@ -18,6 +18,7 @@ from typing import Any
 from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+from support import scaled
 
 from nodeside.client import Client
 
@@ -98,12 +99,14 @@ class KernelUnderTest:
         self._iopub[parent].append(message)
 
     def collect(self, msg_id: str, code: str = "", timeout: float = 30.0) -> Execution:
-        """Every iopub message of one request until the kernel is idle again, and its reply."""
+        """Every iopub message of one request until the kernel is idle again, and its reply
+        (``timeout``: a quiet machine's figure, stretched by the load factor)."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while msg_id not in self._idle:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no idle status for {code!r} after {timeout} s; "
+                raise AssertionError(f"no idle status for {code!r} after {timeout:.0f} s; "
                                      f"got {self._iopub.get(msg_id)}")
             self._pump(min(left, 1.0))
         while msg_id not in self._replies:
@@ -139,18 +142,23 @@ def kernel_env(socket_path: str, **extra: str) -> dict[str, str]:
 
 def start_kernels(directory: Path, socket_path: str, count: int = 1, *,
                   kernel_name: str = "kiwi", kernel_dirs: list[str] | None = None,
-                  **extra_env: str) -> list[KernelUnderTest]:
+                  gate_cells: str | None = "all", **extra_env: str) -> list[KernelUnderTest]:
     """Kernels from a kernelspec (the installed ``kiwi`` by default), named like Jupyter's.
 
-    All are launched before any is waited for, so their start-ups overlap.
+    All are launched before any is waited for, so their start-ups overlap. The tests' cells
+    stand in for GPU work with sleeps on the CPU, so in eager mode every cell waits for the GPU
+    (``gate_cells='all'``); None leaves the kernel's default, which waits only for cells that
+    may touch the GPU (kiwi_jupyter/kernel/gpu_cells.py).
     """
+    arguments = [] if gate_cells is None else [f"--KiwiKernelConfig.gate_cells={gate_cells}"]
     specs = KernelSpecManager(kernel_dirs=kernel_dirs) if kernel_dirs else KernelSpecManager()
     started = []
     for _ in range(count):
         kernel_id = str(uuid.uuid4())
         manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=specs,
                                 connection_file=str(directory / f"kernel-{kernel_id}.json"))
-        manager.start_kernel(env=kernel_env(socket_path, **extra_env))
+        manager.start_kernel(env=kernel_env(socket_path, **extra_env),
+                             extra_arguments=arguments)
         started.append((manager, kernel_id))
     kernels = []
     try:
@@ -158,7 +166,7 @@ def start_kernels(directory: Path, socket_path: str, count: int = 1, *,
             client = manager.client()
             client.start_channels()
             kernels.append(KernelUnderTest(manager, client, kernel_id))
-            client.wait_for_ready(timeout=60)
+            client.wait_for_ready(timeout=scaled(60))
     except BaseException:
         for manager, _ in started:
             manager.shutdown_kernel(now=True)
@@ -168,7 +176,7 @@ def start_kernels(directory: Path, socket_path: str, count: int = 1, *,
 
 def scheduler_status(socket_path: str) -> dict[str, Any]:
     """The status document, read by a control-only client as kiwictl would."""
-    with Client(socket_path, register=False, reconnect_timeout=5) as control:
+    with Client(socket_path, register=False, reconnect_timeout=scaled(5)) as control:
         return control.status()
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kernel_support import HOLDERS_NOW, KernelUnderTest, entry, holders, scheduler_status
+from kernel_support import (
+    HOLDERS_NOW,
+    Execution,
+    KernelUnderTest,
+    entry,
+    holders,
+    scheduler_status,
+)
 from support import DaemonProcess, wait_for
 
 
@@ -29,6 +36,19 @@ def fail_closed(kernel: KernelUnderTest) -> Iterator[None]:
 def registered(daemon: DaemonProcess, kernel: KernelUnderTest) -> None:
     wait_for(lambda: entry(scheduler_status(daemon.socket), kernel.kernel_id) is not None,
              timeout=15, what="the kernel to register with the daemon")
+
+
+def displayed(cell: Execution) -> list[str]:
+    """The text of every display and display update of a cell, in order."""
+    return [m["content"]["data"]["text/plain"]
+            for m in cell.of_type("display_data", "update_display_data")]
+
+
+def waiting_for_the_scheduler(cell: Execution, daemon: DaemonProcess) -> list[str]:
+    """The lines saying the cell waits for the scheduler. A daemon killed just before the cell
+    may not be noticed yet: the cell asks for the GPU, and its GPU waiting line can come first."""
+    return [line for line in displayed(cell)
+            if line.startswith(f"kiwi: waiting for the scheduler at {daemon.socket}")]
 
 
 def test_fail_open_runs_the_cell_with_one_warning_line(
@@ -81,13 +101,27 @@ def test_fail_closed_fails_the_cell_after_the_timeout_without_running_it(
 
     assert cell.ename == "SchedulerUnavailable"
     assert "gave up after 1 s (fail_closed)" in cell.reply["evalue"]
-    lines = [m["content"]["data"]["text/plain"]
-             for m in cell.of_type("display_data", "update_display_data")]
-    assert lines[0].startswith(f"kiwi: waiting for the scheduler at {module_daemon.socket}")
-    assert lines[-1] == ""
+    assert waiting_for_the_scheduler(cell, module_daemon)
+    assert displayed(cell)[-1] == ""
     module_daemon.start()
     registered(module_daemon, kernel)
     assert kernel.run("'ran' in globals()").value is False
+
+
+def test_fail_closed_shows_the_waiting_line_even_when_the_timeout_is_already_spent(
+        kernel: KernelUnderTest, module_daemon: DaemonProcess, fail_closed: None,
+        daemon_back: None) -> None:
+    # What a loaded machine does to a short timeout: noticing the daemon is gone takes it all.
+    kernel.run("%config KiwiKernelConfig.unreachable_timeout = 0.0")
+    module_daemon.kill()
+
+    cell = kernel.run("ran = True")
+
+    assert cell.ename == "SchedulerUnavailable"
+    lines = waiting_for_the_scheduler(cell, module_daemon)
+    assert lines, "the cell failed without saying what it waited for"
+    assert lines[0].endswith("the cell fails in 0 s")
+    assert displayed(cell)[-1] == ""
 
 
 def test_fail_closed_waits_for_a_restarting_daemon_then_runs_the_cell(

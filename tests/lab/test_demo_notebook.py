@@ -1,43 +1,93 @@
-"""The demo notebooks in binder/: valid, and they run from top to bottom against a real daemon."""
+"""The demo notebooks in binder/: valid, in the Kiwi kernel, and they run from top to bottom
+against a real daemon with no red output and without changing the node's scheduler."""
 
 from __future__ import annotations
 
-import importlib.util
+import re
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
-from support import DaemonProcess
+from support import DaemonProcess, scaled
+
+from nodeside.client import Client
 
 BINDER = Path(__file__).resolve().parents[2] / "binder"
 DEMOS = ["kiwi-demo.ipynb", "kiwi-demo-partner.ipynb"]
+#: Commands that change the scheduler for every notebook on the node.
+NODE_WIDE = re.compile(r"^\s*%kiwi\s+(on|off|auto|tq)\b", re.MULTILINE)
+
+
+def code_of(notebook: Any) -> str:
+    return "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+
+
+def scheduler(socket: str) -> dict[str, Any]:
+    with Client(socket, register=False, reconnect_timeout=scaled(5)) as control:
+        return control.status()
 
 
 @pytest.mark.parametrize("name", DEMOS)
-def test_demo_notebook_is_valid_and_uses_the_kiwi_magics(name: str) -> None:
+def test_demo_notebook_is_valid_and_runs_in_the_kiwi_kernel(name: str) -> None:
     notebook = nbformat.read(BINDER / name, as_version=4)
     nbformat.validate(notebook)
-    sources = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
-    assert "%load_ext kiwi_jupyter" in sources
-    assert "%kiwi status" in sources
+    assert notebook.metadata.kernelspec.name == "kiwi"
+    assert "%kiwi status" in code_of(notebook)
+
+
+@pytest.mark.parametrize("name", DEMOS)
+def test_demo_notebook_does_not_change_the_scheduler_for_everyone(name: str) -> None:
+    notebook = nbformat.read(BINDER / name, as_version=4)
+    assert NODE_WIDE.findall(code_of(notebook)) == []
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("kiwi_jupyter.kernel") is None,
-    reason="needs the kernel extension (kiwi_jupyter.kernel, %kiwi magics), not merged here yet",
-)
-def test_demo_notebook_runs_top_to_bottom(
-    kiwi_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("name", DEMOS)
+def test_demo_notebook_runs_top_to_bottom_in_the_kiwi_kernel_with_no_red_output(
+        name: str, kiwi_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
     from nbclient import NotebookClient
 
     monkeypatch.setenv("KIWI_SOCKET", kiwi_daemon.socket)
     monkeypatch.setenv("KIWI_DEMO_SECONDS", "0.3")
-    notebook = nbformat.read(BINDER / "kiwi-demo.ipynb", as_version=4)
-    NotebookClient(
-        notebook, kernel_name="python3", timeout=120, resources={"metadata": {"path": tmp_path}}
-    ).execute()
+    before = scheduler(kiwi_daemon.socket)
+    notebook = nbformat.read(BINDER / name, as_version=4)
+
+    NotebookClient(notebook, timeout=int(scaled(120)),
+                   resources={"metadata": {"path": tmp_path}}).execute()
+
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert any("Workload: " in o.get("text", "") for o in outputs)
+    assert [o for o in outputs if o.output_type == "error"] == []
+    red = [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"]
+    assert red == []
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "Workload: " in text
+    assert "kiwi: this kernel's mode is eager" in text
+    after = scheduler(kiwi_daemon.socket)
+    assert (after["mode"], after["tq"]) == (before["mode"], before["tq"])
+
+
+@pytest.mark.slow
+def test_the_demos_workload_definitions_run_without_waiting_for_the_gpu(
+        kiwi_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The cell that only defines the workload runs while another client holds the GPU."""
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("KIWI_SOCKET", kiwi_daemon.socket)
+    notebook = nbformat.read(BINDER / "kiwi-demo.ipynb", as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    definitions = next(cell for cell in code if "def burst(" in cell.source)
+    picking = next(cell for cell in code if "pick_backend()" in cell.source)
+    notebook.cells = [picking, definitions]
+    client = NotebookClient(notebook, timeout=int(scaled(60)),
+                            resources={"metadata": {"path": tmp_path}})
+    with client.setup_kernel():
+        client.execute_cell(picking, 0)
+        with Client(kiwi_daemon.socket, name="holder") as holder:
+            holder.acquire(timeout=scaled(10))
+            client.execute_cell(definitions, 1)
+            # Had it waited, it would have run only once the holder's quantum ran out and the
+            # daemon took the GPU from it, and its waiting line would be in its output.
+            assert scheduler(kiwi_daemon.socket)["gpus"][0]["holders"] == [holder.id]
+    assert [o for o in definitions.outputs if o.output_type == "display_data"] == []

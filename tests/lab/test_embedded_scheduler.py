@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from kiwiserver import get_status, kiwi_app, kiwi_config
-from support import DaemonProcess
+from support import DaemonProcess, scaled
 
 from kiwi_jupyter.server.embedded import daemon_answers
 from nodeside.client import discovery
@@ -21,7 +21,7 @@ from nodeside.protocol import DEFAULT_SOCKET
 
 
 async def wait_until(predicate: Any, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from kiwiserver import KiwiReadOnly, NoKiwi, get_status, kiwi_config
-from support import DaemonProcess
+from support import DaemonProcess, scaled
 from tornado.httpclient import HTTPClientError
 
 from nodeside.client import Client
@@ -180,7 +180,7 @@ def _state(status: dict, name: str) -> str | None:
 
 
 async def _wait_status(jp_fetch: Any, predicate: Any, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         status = await get_status(jp_fetch)
         if predicate(status):

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, scaled, wait_for
 
 from nodeside.client import Client
 
@@ -43,7 +43,7 @@ def test_pending_acquire_resumes_after_a_restart(daemon: DaemonProcess) -> None:
         daemon.kill()
         holder.close()  # the holder is gone for good; only the waiter comes back
         daemon.start()
-        thread.join(15)
+        thread.join(scaled(15))
         assert outcome == [None] and waiter.holding
 
 
@@ -54,7 +54,7 @@ def test_acquire_fails_with_connection_error_after_its_timeout(daemon: DaemonPro
         started = time.monotonic()
         with pytest.raises(ConnectionError, match="cannot reach the Kiwi scheduler"):
             c.acquire(timeout=0.5)
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < scaled(3)
 
 
 def test_untimed_acquire_gives_up_after_the_reconnect_timeout(scratch) -> None:
@@ -71,7 +71,7 @@ def test_status_fails_fast_when_nothing_listens(scratch) -> None:
         started = time.monotonic()
         with pytest.raises(ConnectionError):
             c.status()
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < scaled(2)
 
 
 def test_state_file_keeps_runtime_changes_across_a_restart(start_daemon, scratch) -> None:

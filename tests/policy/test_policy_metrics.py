@@ -132,3 +132,23 @@ def test_metrics_are_served_over_http_from_the_loop():
     assert head.startswith(b"HTTP/1.1 200")
     assert ("kiwi_gpu_holders", (("gpu", "0"),)) in samples(body.decode())
     assert asyncio.run(fetch("/nope")).startswith(b"HTTP/1.1 404")
+
+
+def test_gpu_metrics_carry_the_uuid_that_joins_dcgm_exporters_metrics():
+    from nodeside.config import from_mapping
+    from nodeside.scheduler.core import Scheduler
+    from nodeside.scheduler.state import GpuSpec
+
+    # NVML's UUID, exactly as dcgm-exporter puts it in its own `UUID` label.
+    uuids = ["GPU-8f6b2a9e-1c3d-4e5f-9a0b-1c2d3e4f5a6b", "GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d"]
+    scheduler = Scheduler(from_mapping({}), [GpuSpec(i, uuid=u) for i, u in enumerate(uuids)],
+                          0.0)
+    got = scrape(Metrics(scheduler, clock=lambda: 0.0))
+    for index, uuid in enumerate(uuids):
+        for name in ("kiwi_gpu_holders", "kiwi_gpu_queue_length", "kiwi_gpu_tq_seconds"):
+            assert (name, (("UUID", uuid), ("gpu", str(index)))) in got
+
+
+def test_gpu_metrics_leave_the_uuid_out_where_the_daemon_knows_none(contended):
+    _, metrics = contended
+    assert all("UUID" not in dict(labels) for _, labels in scrape(metrics))

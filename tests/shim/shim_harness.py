@@ -11,10 +11,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from support import wait_for
+from support import scaled, wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+
+#: workload.py's unasked first line: it has started, with the shim loaded and attached.
+READY_ID = 0
+#: How long a quiet machine takes at most to start the workload's interpreter and load the
+#: shim; kept apart from each call's own deadline (stretched by the load factor, like both).
+STARTUP_TIMEOUT = 30.0
 
 
 def build_fake_cuda(directory: Path) -> Path:
@@ -140,7 +146,16 @@ class Workload:
         self.process.stdin.flush()
         return self._next_id
 
+    def wait_started(self) -> None:
+        """Wait for the workload to start: a first call's deadline must not include it."""
+        wait_for(lambda: READY_ID in self.replies or self.process.poll() is not None,
+                 timeout=STARTUP_TIMEOUT, what="the workload to start")
+        if READY_ID not in self.replies:
+            raise AssertionError(f"the workload died at start ({self.process.returncode}):\n"
+                                 + "".join(self.stderr))
+
     def wait_reply(self, request_id: int, timeout: float) -> Any:
+        self.wait_started()
         wait_for(lambda: request_id in self.replies or self.process.poll() is not None,
                  timeout=timeout, what=f"the workload to answer request {request_id}")
         if request_id not in self.replies:
@@ -167,7 +182,7 @@ class Workload:
             assert self.process.stdin
             self.process.stdin.close()
             try:
-                self.process.wait(5)
+                self.process.wait(scaled(5))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
