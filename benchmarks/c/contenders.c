@@ -224,6 +224,8 @@ static void report(const struct options *o, int64_t *samples, long n, double sec
 static int probe(const char *path, const struct options *o) {
     struct conn *c = open_client(path, "bench-probe");
     struct timespec before = {o->start_after_ms / 1000, (o->start_after_ms % 1000) * 1000000L};
+    printf("registered 1\n"); /* for whoever waits on the probe being connected */
+    fflush(stdout);
     nanosleep(&before, 0); /* connected first, as a kernel is before trouble starts */
     int64_t *samples = calloc((size_t)o->handoffs, sizeof *samples);
     long n = 0, stalled = 0, closed = 0;
