@@ -1,6 +1,7 @@
 """One command on a GPU machine: ``make gpu-check`` (``python -m benchmarks.gpu_check``).
 
     python -m benchmarks.gpu_check [--out gpu-check.md] [--quick] [--budget 1080]
+                                   [--only tests,paging,overhead,checkpoint]
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
 runs ``pytest -m gpu tests/shim`` and every GPU benchmark (shim_paging, shim_overhead, and
@@ -32,6 +33,8 @@ GiB = 1 << 30
 
 #: What the GPU steps import; a machine missing one gets a line naming it (and make gpu-wheels).
 NEEDED = ("torch", "cupy", "pytest", "yaml", "prometheus_client", "pynvml")
+#: The check's steps, in the order they run.
+STEPS = ("tests", "paging", "overhead", "checkpoint")
 
 
 @dataclass
@@ -198,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu-check.md"))
     parser.add_argument("--quick", action="store_true", help="smaller working sets, fewer runs")
     parser.add_argument("--budget", type=float, default=18 * 60, help="seconds for everything")
+    parser.add_argument("--only", help=f"comma-separated steps, of: {', '.join(STEPS)} "
+                        "(the device tool allows 10 minutes a command: split the check in two)")
     args = parser.parse_args(argv)
+    steps = args.only.split(",") if args.only else list(STEPS)
+    if unknown := [s for s in steps if s not in STEPS]:
+        parser.error(f"no step {', '.join(unknown)}; there are {', '.join(STEPS)}")
     started = time.monotonic()
     budget = Budget(args.budget)
     gpu, why = find_gpu()
@@ -229,18 +237,22 @@ def main(argv: list[str] | None = None) -> int:
                       "`make gpu-wheels`, then carry `.whl`).")
     if not shim_ok:
         return finish(report, args.out, started, 1)
-    report += ["", "## GPU tests", "", *gpu_tests(budget.limit(480))]
-    gib = paging_gib(gpu, args.quick)
-    report += ["", f"## Paging: eviction, restore and handoff ({gib:g} GiB working sets)", "",
-               *benchmark("shim_paging", ["--gib", str(gib)], budget.limit(300))]
-    repeats = "3" if args.quick else "5"
-    report += ["", "## Overhead: shimmed / plain (median of alternating runs)", "",
-               *benchmark("shim_overhead", ["--repeats", repeats], budget.limit(300))]
-    report += ["", "## Checkpoint eviction", ""]
-    if importlib.util.find_spec("benchmarks.checkpoint") is None:
-        report.append("Skipped: `benchmarks/checkpoint.py` is not in this tree.")
-    else:
-        report += markdown_benchmark("checkpoint", [], budget.limit(300))
+    if "tests" in steps:
+        report += ["", "## GPU tests", "", *gpu_tests(budget.limit(480))]
+    if "paging" in steps:
+        gib = paging_gib(gpu, args.quick)
+        report += ["", f"## Paging: eviction, restore and handoff ({gib:g} GiB working sets)",
+                   "", *benchmark("shim_paging", ["--gib", str(gib)], budget.limit(300))]
+    if "overhead" in steps:
+        repeats = "3" if args.quick else "5"
+        report += ["", "## Overhead: shimmed / plain (median of alternating runs)", "",
+                   *benchmark("shim_overhead", ["--repeats", repeats], budget.limit(300))]
+    if "checkpoint" in steps:
+        report += ["", "## Checkpoint eviction", ""]
+        if importlib.util.find_spec("benchmarks.checkpoint") is None:
+            report.append("Skipped: `benchmarks/checkpoint.py` is not in this tree.")
+        else:
+            report += markdown_benchmark("checkpoint", [], budget.limit(300))
     return finish(report, args.out, started, 0)
 
 
