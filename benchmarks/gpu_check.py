@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.common import demote_headings
+
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1 << 30
 
@@ -182,7 +184,7 @@ print(text if isinstance(text, str) else "")
 def markdown_benchmark(module: str, argv: list[str], seconds: float) -> list[str]:
     code = RETURNS_MARKDOWN.format(module=module, argv=repr(argv))
     out, failed = step([sys.executable, "-c", code], seconds)
-    rows = out.strip().splitlines() or ["(it returned no Markdown)"]
+    rows = demote_headings(out.strip().splitlines()) or ["(it returned no Markdown)"]
     if failed:
         rows.append(f"\n**{module} {failed}**")
     return rows
