@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install lab test lint bench clean labextension jstest
+.PHONY: install lab test lint bench clean labextension jstest gpu-check gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -59,6 +59,23 @@ lint: install
 BENCH_ARGS ?=
 bench: install
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+## On a machine with an NVIDIA GPU (docs/gpu-check.md): build the shim, run the GPU tests and
+## every GPU benchmark, one Markdown report. Uses the machine's own Python and packages (no venv,
+## no network); without a GPU it is a dry run that says so.
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+## Wheels for a GPU machine that lacks a package gpu-check needs (it names any it misses), for
+## its Python 3.12 on x86-64, into the ignored .whl/ to carry there. The package's own runtime
+## dependencies and the test runner's plugin; the GPU image had them all on 2026-11-17.
+GPU_WHEELS ?= pyyaml prometheus_client nvidia-ml-py pytest-timeout
+gpu-wheels: install
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info labextension/node_modules labextension/lib kiwi_jupyter/labextension

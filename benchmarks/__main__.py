@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from benchmarks.common import demote_headings
 from benchmarks.ranges import merge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,10 +79,7 @@ def run_once(name: str, args: tuple[str, ...], log: Path) -> tuple[str, str | No
 def section(name: str, title: str, outputs: list[str], loads: list[str],
             failures: list[str]) -> str:
     body = merge(outputs).splitlines() if outputs else []
-    # Each benchmark's own headings go under this report's sections: its highest becomes ###.
-    levels = [len(line) - len(line.lstrip("#")) for line in body if line.startswith("#")]
-    shift = 3 - min(levels, default=3)
-    body = [("#" * shift + line if line.startswith("#") else line) for line in body]
+    body = demote_headings(body)  # each benchmark's headings go under its section
     while body and not body[0].strip():
         body.pop(0)
     lines = [f"## {title} (`benchmarks/{name}.py`)", "",

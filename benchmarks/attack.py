@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +27,9 @@ from benchmarks.servers import (
     Run,
     environment,
     harness,
+    harness_command,
     machine_load,
+    parse,
     rss_bytes,
     serving,
     utc_now,
@@ -36,6 +37,9 @@ from benchmarks.servers import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIO_GOAL = 5.0
+#: What one flooding connection may cost the daemon's memory, at most: its unsent replies are
+#: bounded (about a MiB) and it is read no further, so tens of MiB is already generous.
+RSS_GROWTH_MIB = 64
 
 # The attacker: hello, then 64 KiB writes of status requests, never reading, until its time is up.
 ATTACKER = """
@@ -47,8 +51,10 @@ s.sendall(b'{"op":"hello","version":1}\\n')
 s.recv(4096)
 line = b'{"op":"status"}\\n'
 burst = line * (65536 // len(line))
+sent = s.send(burst)
+print("flooding", flush=True)  # the probe starts its rounds on this
 s.setblocking(False)
-end, sent = time.monotonic() + seconds, 0
+end = time.monotonic() + seconds
 while time.monotonic() < end:
     try:
         sent += s.send(burst)
@@ -100,29 +106,37 @@ class Watch(threading.Thread):
                 self.server.kill()
 
 
-def probe_command(sock: str, seconds: float, start_after: float = 0.0) -> list[str]:
+def probe_command(sock: str, seconds: float) -> list[str]:
     return [sock, "--probe", "--seconds", str(seconds), "--handoffs", "1000000",
-            "--interval-us", "1000", "--start-after-ms", str(int(start_after * 1000))]
+            "--interval-us", "1000"]
 
 
 def probe(sock: str, seconds: float) -> Run:
     return harness(*probe_command(sock, seconds), timeout=seconds + 60)
 
 
-def probe_in_background(sock: str, seconds: float, start_after: float) -> Callable[[], Run]:
-    """Start a probe that connects now and measures from start_after on; call to collect it."""
-    result: list[Run] = []
-    worker = threading.Thread(target=lambda: result.append(
-        harness(*probe_command(sock, seconds, start_after), timeout=seconds + start_after + 60)),
-        daemon=True)
-    worker.start()
+def connected_probe(sock: str, seconds: float) -> tuple[Callable[[], None], Callable[[], Run]]:
+    """A probe, connected and registered when this returns; call the first function returned
+    to start its rounds, the second to collect its figures."""
+    probe = subprocess.Popen(harness_command(*probe_command(sock, seconds), "--wait-stdin"),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert probe.stdin is not None and probe.stdout is not None
+    first = probe.stdout.readline()  # "registered 1", or nothing when the setup failed
+    if first != "registered 1\n":
+        out, err = probe.communicate(timeout=60)
+        parse(sock, probe.returncode, first + out, err)  # raises, saying why
+        raise RuntimeError(f"the probe did not register: {first!r}")
+
+    def start() -> None:
+        assert probe.stdin is not None
+        probe.stdin.write("go\n")
+        probe.stdin.flush()
 
     def collect() -> Run:
-        worker.join()
-        if not result:
-            raise RuntimeError("the probe under attack failed (see its error above)")
-        return result[0]
-    return collect
+        out, err = probe.communicate(timeout=seconds + 60)
+        return parse(sock, probe.returncode, first + out, err)
+    return start, collect
 
 
 def mib(n: int) -> str:
@@ -149,11 +163,13 @@ def main(argv: list[str] | None = None) -> str:
             watch = Watch(server, args.rss_cap_mib * 2**20)
             watch.start()
             # The probe connects before the flood and starts its rounds once the flood runs.
-            collected = probe_in_background(sock, args.seconds, 1.0)
-            time.sleep(0.5)
+            start_probe, collected = connected_probe(sock, args.seconds)
             attacker = subprocess.Popen(
                 [sys.executable, "-c", ATTACKER, sock, str(args.seconds + 1)],
                 stdout=subprocess.PIPE, text=True)
+            assert attacker.stdout is not None
+            assert attacker.stdout.readline().strip() == "flooding"
+            start_probe()
             attacked = collected()
             sent = int((attacker.communicate(timeout=args.seconds + 30)[0] or "0").strip() or 0)
             watch.stopped.set()
@@ -170,6 +186,8 @@ def main(argv: list[str] | None = None) -> str:
         finally:
             idlers.kill()
             idlers.wait()
+    grew = watch.peak - rss_idle
+    bounded = not watch.killed_at and grew <= RSS_GROWTH_MIB * 2**20
     ratio = attacked.p99_us / quiet.p99_us if attacked.handoffs else float("inf")
     shown = f"{ratio:.2f}x" if attacked.handoffs else "no round answered"
     verdict = "yes" if ratio <= RATIO_GOAL and not attacked.stalled and alive else "no"
@@ -197,8 +215,8 @@ def main(argv: list[str] | None = None) -> str:
         f"| probe p99 under attack / quiet | {shown} | ≤ {RATIO_GOAL:g}x | {verdict} |",
         f"| daemon RSS: started / {args.idle:,} clients / peak in attack / after | "
         f"{mib(rss_start)} / {mib(rss_idle)} / {mib(watch.peak)} / "
-        f"{mib(rss_after) if alive else 'killed'} | bounded | "
-        f"{'no' if watch.killed_at else 'yes'} |",
+        f"{mib(rss_after) if alive else 'killed'} | peak at most {RSS_GROWTH_MIB} MiB over "
+        f"the {args.idle:,} clients' | {'yes' if bounded else 'no'} |",
     ]
     if isinstance(after, str):
         lines.append(f"\nAfter the attack, a new client got {after}.")

@@ -20,6 +20,15 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def demote_headings(lines: Sequence[str], top: int = 3) -> list[str]:
+    """A benchmark's Markdown put under a report's sections: its highest heading becomes
+    level ``top``, the others keep their distance below it."""
+    levels = [len(line) - len(line.lstrip("#")) for line in lines if line.startswith("#")]
+    shift = top - min(levels, default=top)
+    return [("#" * shift + line if line.startswith("#") and shift > 0 else line)
+            for line in lines]
+
+
 def report_row(*cells: object) -> None:
     print("| " + " | ".join(str(c) for c in cells) + " |")
 

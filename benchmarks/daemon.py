@@ -196,8 +196,8 @@ def main() -> None:
           f"{floor_p50:.1f} us, p99 {percentile(floor, 99):.1f} us")
     print(f"Relay floor: one byte through a relay process after a 0.5 ms pause, p50 "
           f"{relay_p50:.1f} us, p99 {percentile(relay, 99):.1f} us\n")
-    print("| connected clients | handoff p50 (us) | p50 / ping-pong | p50 / relay | "
-          "handoff p99 (us) |")
+    print("| connected clients (2 contend, the rest idle) | handoff p50 (us) | p50 / ping-pong | "
+          "p50 / relay | handoff p99 (us) |")
     print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="kiwi-bench-", dir="/tmp") as tmp:
         for connected in (2, 64, 512):

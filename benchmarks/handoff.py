@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> str:
         f"{load_before} before, {machine_load()} after ({time.monotonic() - started:.0f} s).",
     ]
     if args.requeue and unserved:
-        lines.append("The daemon answered `requeue` as a plain release (it predates it); the "
-                     "harness asked again in a second request.")
+        lines += ["", "The daemon answered `requeue` as a plain release (it predates it); the "
+                  "harness asked again in a second request."]
     lines += ["", *waiting_table(waiting, sizes), "", *goals_table(waiting, sizes)]
     if idle is not None:
         lines += ["", "### The idle-clients case: 2 contend, the others are registered and idle",

@@ -88,20 +88,30 @@ class Run:
         return self.server_cpu_s / self.handoffs * 1e6 if self.handoffs else float("nan")
 
 
-def harness(sock: str, *args: str, server_pid: int | None = None,
-            timeout: float = 600) -> Run:
-    """Run the C harness against ``sock`` to the end and parse what it printed."""
+def harness_command(sock: str, *args: str, server_pid: int | None = None) -> list[str]:
     command = [str(build("contenders")), sock, *args]
     if server_pid is not None:
         command += ["--server-pid", str(server_pid)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    if done.returncode == NO_ANSWER:
+    return command
+
+
+def harness(sock: str, *args: str, server_pid: int | None = None,
+            timeout: float = 600) -> Run:
+    """Run the C harness against ``sock`` to the end and parse what it printed."""
+    done = subprocess.run(harness_command(sock, *args, server_pid=server_pid),
+                          capture_output=True, text=True, timeout=timeout)
+    return parse(sock, done.returncode, done.stdout, done.stderr)
+
+
+def parse(sock: str, status: int, stdout: str, stderr: str) -> Run:
+    """A finished harness's "key value" lines as a Run, or the reason it failed."""
+    if status == NO_ANSWER:
         raise NoAnswer(f"no answer to hello or register on {sock}")
-    if done.returncode != 0:
-        raise RuntimeError(f"the harness failed: {done.stderr.strip()}")
+    if status != 0:
+        raise RuntimeError(f"the harness failed: {stderr.strip()}")
     facts: dict[str, float] = {}
     progress = []
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         key, *values = line.split()
         if key == "progress":
             progress.append((int(values[0]), int(values[1])))

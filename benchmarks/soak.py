@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> str:
             while not stop.wait(0.25):
                 samples.append((time.monotonic_ns(), rss_bytes(server.pid)))
 
+        # one sample before and one after, however short the run
+        samples.append((time.monotonic_ns(), rss_bytes(server.pid)))
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         try:
@@ -49,9 +51,11 @@ def main(argv: list[str] | None = None) -> str:
         finally:
             stop.set()
             sampler.join()
+            samples.append((time.monotonic_ns(), rss_bytes(server.pid)))
     if run.progress:
         started, ended = run.progress[0][1], run.progress[-1][1]
-        samples = [s for s in samples if started <= s[0] <= ended] or samples
+        during = [s for s in samples if started <= s[0] <= ended]
+        samples = during if len(during) >= 2 else samples
     tenth = max(1, len(samples) // 10)
     first = statistics.median(rss for _, rss in samples[:tenth])
     last = statistics.median(rss for _, rss in samples[-tenth:])

@@ -16,6 +16,7 @@
  *          --interval-us I (probe: pause between rounds, 1000)  --progress M (a line every M)
  *          --start-after-ms T (probe: connect and register, then wait T ms before the rounds)
  *          --setup-seconds D (30: exit 3 when hello or register is unanswered for D s)
+ *          --wait-stdin (probe: once registered, start the rounds when a line comes on stdin)
  *          --samples (print every sample, ns, one a line)
  *
  * Output, one fact a line, "key value": handoffs, seconds, server_cpu_s, p50_ns, p99_ns,
@@ -200,6 +201,7 @@ static double cpu_seconds(long pid) {
 
 struct options {
     int contenders, idle, handoffs, warmup, hold_us, requeue, probe, interval_us, samples;
+    int wait_stdin;
     long server_pid, progress, start_after_ms;
     double seconds;
 };
@@ -224,7 +226,13 @@ static void report(const struct options *o, int64_t *samples, long n, double sec
 static int probe(const char *path, const struct options *o) {
     struct conn *c = open_client(path, "bench-probe");
     struct timespec before = {o->start_after_ms / 1000, (o->start_after_ms % 1000) * 1000000L};
+    printf("registered 1\n"); /* for whoever waits on the probe being connected */
+    fflush(stdout);
     nanosleep(&before, 0); /* connected first, as a kernel is before trouble starts */
+    if (o->wait_stdin) { /* and its rounds start when whoever started it says so */
+        char go[16];
+        if (!fgets(go, sizeof go, stdin)) { errno = 0; die("stdin closed before the go"); }
+    }
     int64_t *samples = calloc((size_t)o->handoffs, sizeof *samples);
     long n = 0, stalled = 0, closed = 0;
     /* rounds start until end; the last may finish within a grace, else it counts as stalled */
@@ -358,6 +366,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--requeue")) o.requeue = 1;
         else if (!strcmp(a, "--probe")) o.probe = 1;
         else if (!strcmp(a, "--samples")) o.samples = 1;
+        else if (!strcmp(a, "--wait-stdin")) o.wait_stdin = 1;
         else if (!strcmp(a, "--contenders")) o.contenders = atoi(v), i++;
         else if (!strcmp(a, "--idle")) o.idle = atoi(v), i++;
         else if (!strcmp(a, "--handoffs")) o.handoffs = atoi(v), i++;

@@ -1,0 +1,33 @@
+"""`make gpu-check` without a GPU: the dry run CI can run, which must skip cleanly and say why."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_check import find_gpu
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_without_a_gpu_is_a_dry_run_that_says_so_and_writes_one_report(
+        tmp_path: Path) -> None:
+    if find_gpu()[0] is not None:
+        pytest.skip("a GPU is here: the dry run is what machines without one do")
+    report = tmp_path / "gpu-check.md"
+    # No NVML and no nvidia-smi can be found, as on a machine with no NVIDIA driver.
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(tmp_path),
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(report)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = report.read_text()
+    assert done.stdout == text
+    assert text.startswith("# GPU check (")
+    assert "**No NVIDIA GPU here: dry run, nothing measured.**" in text
+    assert "Shim: built `" in text  # the one step that needs no GPU still ran
+    assert "pytest -m gpu tests/shim" in text and "benchmarks.shim_paging" in text
