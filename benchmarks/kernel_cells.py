@@ -68,7 +68,10 @@ class Bench:
         self.kernel_id = str(uuid.uuid4())
         self.manager = KernelManager(kernel_name="kiwi", connection_file=str(
             folder / f"kernel-{self.kernel_id}.json"))
-        self.manager.start_kernel(env=env)
+        # Every cell waits for the GPU (the kernel's default gates only cells that may touch
+        # it): these cells stand in for GPU work, and a gated trivial cell is the worst case.
+        self.manager.start_kernel(env=env,
+                                  extra_arguments=["--KiwiKernelConfig.gate_cells=all"])
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
