@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from kiwi_jupyter.shim.build import (
@@ -84,6 +85,12 @@ class Shim:
         lib.kiwi_shim_interrupt.argtypes = []
         lib.kiwi_shim_stats_json.restype = ctypes.c_int
         lib.kiwi_shim_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.kiwi_shim_free_ranges_begin.restype = None
+        lib.kiwi_shim_free_ranges_begin.argtypes = []
+        lib.kiwi_shim_set_free_ranges.restype = ctypes.c_longlong
+        lib.kiwi_shim_set_free_ranges.argtypes = [ctypes.POINTER(ctypes.c_ulonglong),
+                                                  ctypes.POINTER(ctypes.c_ulonglong),
+                                                  ctypes.c_size_t]
 
     @staticmethod
     def loaded() -> bool:
@@ -137,6 +144,23 @@ class Shim:
     @property
     def holding(self) -> bool:
         return bool(self._lib.kiwi_shim_holding())
+
+    def free_ranges_begin(self) -> None:
+        """Call before reading which blocks the framework's cache holds free: any GPU call
+        from here on makes what is read untrustworthy, and the shim then ignores it."""
+        self._lib.kiwi_shim_free_ranges_begin()
+
+    def set_free_ranges(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """The (address, size) blocks the framework's cache holds free, read since
+        free_ranges_begin(): an eviction discards (or leaves out) what the shim believes of
+        them instead of copying it. Returns the bytes believed; ValueError without a begin."""
+        count = len(ranges)
+        ptrs = (ctypes.c_ulonglong * count)(*(int(ptr) for ptr, _ in ranges))
+        sizes = (ctypes.c_ulonglong * count)(*(int(size) for _, size in ranges))
+        believed = int(self._lib.kiwi_shim_set_free_ranges(ptrs, sizes, count))
+        if believed < 0:
+            raise ValueError("set_free_ranges() needs free_ranges_begin() first")
+        return believed
 
     def set_policy(self, *, fail_closed: bool, timeout: float) -> None:
         """What to do while the daemon is unreachable, after ``timeout`` seconds of outage:

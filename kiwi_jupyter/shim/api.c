@@ -79,6 +79,27 @@ KIWI_EXPORT int kiwi_shim_set_policy(int fail_closed, double timeout)
     return 0;
 }
 
+/* Before the kernel reads which blocks its framework's cache holds free (at a cell's end, before
+ * kiwi_shim_release): from here on, any GPU call makes what it reads untrustworthy. */
+KIWI_EXPORT void kiwi_shim_free_ranges_begin(void)
+{
+    kiwi_init();
+    kiwi_free_ranges_begin();
+}
+
+/* The blocks the framework's cache holds free now, read since kiwi_shim_free_ranges_begin: an
+ * eviction discards them (or leaves them out) instead of copying them, and a restore skips
+ * them. Replaces what was said before. Only whole 2 MiB blocks inside one managed allocation
+ * count; the hints end at the next grant, and are not used if any GPU call ran, or any
+ * allocation came or went, since the begin. Returns the bytes believed, or -1 without a begin
+ * or with a null array. */
+KIWI_EXPORT long long kiwi_shim_set_free_ranges(const unsigned long long *ptrs,
+                                                const unsigned long long *sizes, size_t count)
+{
+    kiwi_init();
+    return kiwi_free_ranges_set(ptrs, sizes, count);
+}
+
 static const char *hold_name(enum kiwi_hold hold)
 {
     switch (hold) {
@@ -119,7 +140,8 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"queue_position\":%d,\"quantum\":%.3f,\"working_set\":%llu,\"evictable\":%llu,"
         "\"allocations\":%llu,\"memory_limit\":%llu,\"evicted\":%s,\"grants\":%llu,"
         "\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
-        "\"bytes_evicted\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
+        "\"bytes_evicted\":%llu,\"bytes_skipped\":%llu,\"bytes_discarded\":%llu,"
+        "\"free_in_cache\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
         "\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s,\"evict\":\"%s\"}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
@@ -130,7 +152,9 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         s.evicted ? "true" : "false", (unsigned long long)s.grants,
         (unsigned long long)s.drops, (unsigned long long)s.revokes,
         (unsigned long long)s.releases, (unsigned long long)s.evictions,
-        (unsigned long long)s.bytes_evicted, s.seconds_evicting,
+        (unsigned long long)s.bytes_evicted, (unsigned long long)s.bytes_skipped,
+        (unsigned long long)s.bytes_discarded, (unsigned long long)kiwi_free_ranges_bytes(),
+        s.seconds_evicting,
         (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
         s.seconds_restoring, s.seconds_waiting, kiwi_gate_in_flight(), kiwi_cfg.gpu, uuid,
         kiwi_evict_name());

@@ -144,6 +144,8 @@ static void evict_now(void)
     S.stats.evicted = true;
     S.stats.evictions++;
     S.stats.bytes_evicted += moved.bytes;
+    S.stats.bytes_skipped += moved.skipped;
+    S.stats.bytes_discarded += moved.discarded;
     S.stats.seconds_evicting += moved.seconds;
     pthread_mutex_unlock(&kiwi_lock);
 }
@@ -295,6 +297,7 @@ static void on_grant(const char *line)
     struct kiwi_transfer moved = {0};
     if (restore)
         kiwi_pager_restore(&moved);
+    kiwi_free_ranges_forget(); /* the gate opens: what the cache held free may be used now */
     pthread_mutex_lock(&kiwi_lock);
     S.stats.evicted = false; /* restored, or left to fault back in (KIWI_RESTORE=fault) */
     if (restore) {
@@ -575,6 +578,7 @@ static void after_fork_child(void)
     kiwi_capture_after_fork();
     kiwi_context_after_fork();
     kiwi_pool_after_fork();
+    kiwi_free_ranges_after_fork();
 }
 
 static void register_fork_handlers(void)

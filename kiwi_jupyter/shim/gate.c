@@ -49,9 +49,26 @@ int kiwi_gate_in_flight(void)
     return atomic_load(&in_flight);
 }
 
+/* last_activity doubles as a mark: kiwi_gate_mark stores the time negated, and the next call to
+ * leave the gate stores a positive time (it differs), so a sign tells whether any call has left
+ * since. Free for the gate's fast path, which stores the time anyway. */
 double kiwi_gate_last_activity(void)
 {
-    return atomic_load_explicit(&last_activity, memory_order_relaxed);
+    double when = atomic_load_explicit(&last_activity, memory_order_relaxed);
+    return when < 0 ? -when : when;
+}
+
+void kiwi_gate_mark(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    atomic_store(&last_activity, now > 0 ? -now : -1e-9);
+}
+
+bool kiwi_gate_used_since_mark(void)
+{
+    return atomic_load(&last_activity) >= 0;
 }
 
 /* Leaves the gate; the last one out of a closed gate wakes the comm thread waiting to drain. */

@@ -46,6 +46,9 @@ static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_rwlock_t paging_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static struct allocation *table[BUCKETS];
 static uint64_t managed_bytes, vmm_bytes, allocation_count; /* vmm_bytes: VMM and DEVICE */
+/* Moves whenever a record is added or removed: what was said of the table's addresses before
+ * (the free ranges of free_ranges.c) holds only while it has not moved. */
+static uint64_t generation;
 /* Frees of managed memory made while their stream was captured into a graph (see FREE_ASYNC). */
 #define MAX_DEFERRED 1024
 static CUdeviceptr deferred[MAX_DEFERRED];
@@ -186,6 +189,7 @@ static void track_record(uint64_t key, size_t size, enum allocation_kind kind, C
     a->next = table[b];
     table[b] = a;
     allocation_count++;
+    generation++;
     pthread_mutex_unlock(&table_lock);
     kiwi_comm_working_set_changed();
 }
@@ -218,6 +222,7 @@ static void remove_record(struct allocation *gone)
         else
             vmm_bytes -= gone->size;
         allocation_count--;
+        generation++;
         free(gone);
         return;
     }
@@ -262,11 +267,10 @@ void kiwi_memory_working_set(struct kiwi_working_set *out)
     pthread_mutex_unlock(&table_lock);
 }
 
-size_t kiwi_memory_paging_begin(struct kiwi_range **ranges)
+/* Under table_lock: a copy of the managed allocations not being freed (NULL when none, or
+ * out of host memory). */
+static size_t copy_managed(struct kiwi_range **ranges)
 {
-    pthread_rwlock_wrlock(&paging_lock);
-    *ranges = NULL;
-    pthread_mutex_lock(&table_lock);
     size_t count = 0, capacity = allocation_count;
     struct kiwi_range *copy = capacity ? malloc(capacity * sizeof *copy) : NULL;
     for (size_t b = 0; copy && b < BUCKETS; b++)
@@ -274,11 +278,36 @@ size_t kiwi_memory_paging_begin(struct kiwi_range **ranges)
             if (a->kind == MANAGED && !a->freeing && count < capacity)
                 copy[count++] = (struct kiwi_range){(CUdeviceptr)a->key, a->size, a->ctx,
                                                     a->device};
-    pthread_mutex_unlock(&table_lock);
     if (capacity && !copy)
         kiwi_warn("out of host memory listing the working set; it moves on demand instead");
     *ranges = copy;
+    return copy ? count : 0;
+}
+
+size_t kiwi_memory_paging_begin(struct kiwi_range **ranges)
+{
+    pthread_rwlock_wrlock(&paging_lock);
+    pthread_mutex_lock(&table_lock);
+    size_t count = copy_managed(ranges);
+    pthread_mutex_unlock(&table_lock);
     return count;
+}
+
+size_t kiwi_memory_managed(struct kiwi_range **ranges, uint64_t *table_generation)
+{
+    pthread_mutex_lock(&table_lock);
+    size_t count = copy_managed(ranges);
+    *table_generation = generation;
+    pthread_mutex_unlock(&table_lock);
+    return count;
+}
+
+uint64_t kiwi_memory_generation(void)
+{
+    pthread_mutex_lock(&table_lock);
+    uint64_t now = generation;
+    pthread_mutex_unlock(&table_lock);
+    return now;
 }
 
 void kiwi_memory_paging_end(struct kiwi_range *ranges)
@@ -333,6 +362,7 @@ void kiwi_memory_after_fork(void)
         }
     }
     managed_bytes = vmm_bytes = allocation_count = 0;
+    generation++;
     deferred_count = 0;
 }
 

@@ -8,6 +8,12 @@
  * the pager's own, one per context, so they never wait behind (or hold up) the process's
  * streams, and they are bulk copies at link speed.
  *
+ * Blocks the framework's cache holds free (free_ranges.c) are not moved either way: an eviction
+ * discards them where the driver can (CUDA 13's cuMemDiscardBatchAsync: their pages are dropped,
+ * nothing is copied, and the next holder gets the room at once) and else just leaves them out of
+ * the prefetch, so the driver moves them only if the next holder's pages need their room; a
+ * restore leaves them to be faulted in when the framework hands them out again.
+ *
  * All of this runs on the comm thread, which is not a thread CUDA knows: it makes each
  * context current itself before it synchronizes or prefetches in it.
  */
@@ -44,6 +50,8 @@ typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, CUmemLocation, unsigned 
 /* CUDA 13: many ranges in one call, one driver round trip for the whole working set. */
 typedef CUresult (*prefetch_batch_fn)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *,
                                       size_t, unsigned long long, CUstream);
+/* CUDA 13: drops the pages of many ranges at once; their contents become undefined. */
+typedef CUresult (*discard_batch_fn)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
 
 static struct {
     ctx_get_fn ctx_get;
@@ -55,9 +63,12 @@ static struct {
     prefetch_fn prefetch;
     prefetch_v2_fn prefetch_v2;
     prefetch_batch_fn prefetch_batch;
+    discard_batch_fn discard_batch;
 } driver;
 /* Set when the driver said it cannot batch (CUDA_ERROR_NOT_SUPPORTED): ask no more. */
 static atomic_bool no_batches;
+/* Likewise for discards (a GPU without concurrent managed access refuses them). */
+static atomic_bool no_discards;
 
 /* Resolved on first use, and again until the driver is loaded (a process may allocate
  * through a driver it has not opened yet from the shim's point of view). */
@@ -77,6 +88,7 @@ static bool resolve(void)
         driver.prefetch = (prefetch_fn)kiwi_driver_sym("cuMemPrefetchAsync");
         driver.prefetch_v2 = (prefetch_v2_fn)kiwi_driver_sym("cuMemPrefetchAsync_v2");
         driver.prefetch_batch = (prefetch_batch_fn)kiwi_driver_sym("cuMemPrefetchBatchAsync");
+        driver.discard_batch = (discard_batch_fn)kiwi_driver_sym("cuMemDiscardBatchAsync");
         driver.ctx_get = (ctx_get_fn)kiwi_driver_sym("cuCtxGetCurrent");
     }
     bool found = driver.ctx_get != NULL;
@@ -135,6 +147,7 @@ bool kiwi_pager_synchronize(void)
 struct move {
     bool to_host;
     uint64_t bytes;
+    uint64_t discarded;
     int failures;
 };
 
@@ -186,14 +199,46 @@ static bool prefetch_batch(const struct kiwi_range *ranges, size_t count, CUcont
     return true;
 }
 
-/* Moves the ranges of one context: in one batch where the driver can, else one by one. */
+/* Discards a context's free ranges in one call, on the stream the prefetches use (so the two
+ * never run at once on one page: they are disjoint, and in stream order anyway). */
+static void discard(const struct kiwi_range *free_ranges, size_t count, CUcontext ctx,
+                    CUstream stream, struct move *move)
+{
+    if (!driver.discard_batch || atomic_load(&no_discards) || !count)
+        return;
+    CUdeviceptr *ptrs = malloc(count * sizeof *ptrs);
+    size_t *sizes = malloc(count * sizeof *sizes);
+    size_t n = 0, bytes = 0;
+    for (size_t i = 0; ptrs && sizes && i < count; i++) {
+        if (free_ranges[i].ctx == ctx) {
+            ptrs[n] = free_ranges[i].ptr;
+            sizes[n++] = free_ranges[i].size;
+            bytes += free_ranges[i].size;
+        }
+    }
+    CUresult result = n ? driver.discard_batch(ptrs, sizes, n, 0, stream) : CUDA_SUCCESS;
+    free(ptrs);
+    free(sizes);
+    if (result == CUDA_ERROR_NOT_SUPPORTED) {
+        atomic_store(&no_discards, true);
+        kiwi_log("the driver cannot discard; free ranges are left out of evictions instead");
+    }
+    if (result == CUDA_SUCCESS)
+        move->discarded += bytes;
+}
+
+/* Moves the live ranges of one context: in one batch where the driver can, else one by one;
+ * on the way out, discards its free ranges first. */
 static void move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
+                         const struct kiwi_range *free_ranges, size_t free_count,
                          struct move *move)
 {
-    size_t mine = 0;
+    size_t mine = 0, mine_free = 0;
     for (size_t i = 0; i < count; i++)
         mine += ranges[i].ctx == c->ctx;
-    if (!mine)
+    for (size_t i = 0; move->to_host && i < free_count; i++)
+        mine_free += free_ranges[i].ctx == c->ctx;
+    if (!mine && !mine_free)
         return;
     if (driver.ctx_set(c->ctx) != CUDA_SUCCESS ||
         (!c->stream && driver.stream_create(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
@@ -201,6 +246,10 @@ static void move_context(struct context *c, const struct kiwi_range *ranges, siz
         move->failures += (int)mine;
         return;
     }
+    if (mine_free)
+        discard(free_ranges, free_count, c->ctx, c->stream, move);
+    if (!mine)
+        return;
     CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
     if (prefetch_batch(ranges, count, c->ctx, to, c->stream, move))
         return;
@@ -225,27 +274,42 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
      * wait (kiwi_memory_paging_begin), so that no address in the copy is freed meanwhile. */
     struct kiwi_range *ranges;
     size_t count = kiwi_memory_paging_begin(&ranges);
+    /* The framework's free blocks apart: live pieces first, then free ones. */
+    struct kiwi_range *pieces;
+    size_t live;
+    size_t total = kiwi_free_ranges_split(ranges, count, &pieces, &live);
+    const struct kiwi_range *moving = total ? pieces : ranges;
+    const struct kiwi_range *free_ranges = moving + live;
+    size_t free_count = total ? total - live : 0;
+    uint64_t skipped = 0;
+    for (size_t i = 0; i < free_count; i++)
+        skipped += free_ranges[i].size;
     pthread_mutex_lock(&contexts_lock);
     size_t known = 0; /* ranges of contexts the pager knows; the others cannot be moved */
     for (int i = 0; i < context_count; i++) {
-        for (size_t r = 0; r < count; r++)
-            known += ranges[r].ctx == contexts[i].ctx;
-        move_context(&contexts[i], ranges, count, &move);
+        for (size_t r = 0; r < live; r++)
+            known += moving[r].ctx == contexts[i].ctx;
+        move_context(&contexts[i], moving, live, free_ranges, free_count, &move);
     }
-    move.failures += (int)(count - known);
+    move.failures += (int)(live - known);
     for (int i = 0; i < context_count; i++) {
         if (contexts[i].stream && driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)
             driver.stream_sync(contexts[i].stream);
     }
     pthread_mutex_unlock(&contexts_lock);
+    free(pieces);
     kiwi_memory_paging_end(ranges);
     if (move.failures)
         kiwi_warn("%d prefetches %s failed; those pages move on demand instead", move.failures,
                   to_host ? "to host memory" : "to the GPU");
     moved->bytes = move.bytes;
+    moved->skipped = skipped;
+    moved->discarded = move.discarded;
     moved->seconds = kiwi_now() - started;
-    kiwi_log("moved %llu bytes %s in %.6f s", (unsigned long long)move.bytes,
-             to_host ? "to host memory" : "to the GPU", moved->seconds);
+    kiwi_log("moved %llu bytes %s in %.6f s; %llu free in the framework's cache not moved "
+             "(%llu discarded)", (unsigned long long)move.bytes,
+             to_host ? "to host memory" : "to the GPU", moved->seconds,
+             (unsigned long long)skipped, (unsigned long long)move.discarded);
 }
 
 void kiwi_pager_evict(struct kiwi_transfer *moved)

@@ -7,6 +7,7 @@
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
  *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
+ *   free_ranges.c what the framework's cache holds free: discarded, not copied, on eviction
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
  *   interrupt.c Ctrl-C ends a wait for the GPU
@@ -102,6 +103,9 @@ void kiwi_gate_drain(void);
 double kiwi_gate_last_activity(void);
 int kiwi_gate_in_flight(void);
 bool kiwi_gate_is_open(void);
+/* From now on kiwi_gate_used_since_mark says whether any call has left the gate (free_ranges.c). */
+void kiwi_gate_mark(void);
+bool kiwi_gate_used_since_mark(void);
 void kiwi_gate_after_fork(void);
 
 /* ---- capture.c --------------------------------------------------------------------------- */
@@ -148,6 +152,10 @@ struct kiwi_range {
 /* For the pager: a copy of the managed allocations, taken once, and no free can run until
  * kiwi_memory_paging_end (which frees the copy). */
 size_t kiwi_memory_paging_begin(struct kiwi_range **ranges);
+/* A copy of the managed allocations, and the table's generation, which moves whenever an
+ * allocation is added or removed (free_ranges.c). */
+size_t kiwi_memory_managed(struct kiwi_range **ranges, uint64_t *generation);
+uint64_t kiwi_memory_generation(void);
 void kiwi_memory_paging_end(struct kiwi_range *ranges);
 void kiwi_memory_after_fork(void);
 /* Around a driver call that frees memory the shim did not free itself (a context's end): the
@@ -174,11 +182,31 @@ void kiwi_pool_trim(void);
 void kiwi_pool_forget_device(CUdevice device);
 void kiwi_pool_after_fork(void);
 
+/* ---- free_ranges.c ----------------------------------------------------------------------- */
+
+/* Before the kernel reads its framework's free blocks: marks the gate, notes the table. */
+void kiwi_free_ranges_begin(void);
+/* The free blocks read since begin; returns the bytes believed (whole 2 MiB blocks inside
+ * managed allocations), or -1 without a begin or with bad arguments. */
+long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned long long *sizes,
+                               size_t count);
+/* What is believed now: 0 once any GPU call has run, or the table changed, since begin. */
+uint64_t kiwi_free_ranges_bytes(void);
+/* For the pager: ranges cut into pieces, the live ones first (*live of them), then the free
+ * ones; returns the number of pieces, or 0 (and no copy) when no free range is believed. */
+size_t kiwi_free_ranges_split(const struct kiwi_range *ranges, size_t count,
+                              struct kiwi_range **pieces, size_t *live);
+/* A grant: the hints end (the gate opens). */
+void kiwi_free_ranges_forget(void);
+void kiwi_free_ranges_after_fork(void);
+
 /* ---- pager.c ----------------------------------------------------------------------------- */
 
 struct kiwi_transfer {
     uint64_t bytes;
     double seconds;
+    uint64_t skipped;   /* free in the framework's cache: left where they were */
+    uint64_t discarded; /* of those, dropped by the driver (cuMemDiscardBatchAsync) */
 };
 
 /* Remembers the calling thread's current context, so that the comm thread can synchronize it
@@ -188,7 +216,8 @@ CUcontext kiwi_pager_note_context(CUdevice *device);
  * failed, so that work may still be running. */
 bool kiwi_pager_synchronize(void);
 /* Moves the managed working set to host memory (evict) or back to its GPU (restore) with
- * prefetches on the pager's own streams, and waits for them. */
+ * prefetches on the pager's own streams, and waits for them. What the framework's cache holds
+ * free (free_ranges.c) is not moved either way, and discarded on eviction where it can be. */
 void kiwi_pager_evict(struct kiwi_transfer *moved);
 void kiwi_pager_restore(struct kiwi_transfer *moved);
 void kiwi_pager_after_fork(void);
@@ -212,6 +241,7 @@ struct kiwi_stats {
     double quantum;
     uint64_t grants, drops, revokes, releases;
     uint64_t evictions, bytes_evicted;
+    uint64_t bytes_skipped, bytes_discarded; /* free blocks of the framework's cache */
     double seconds_evicting;
     uint64_t restores, bytes_restored;
     double seconds_restoring;

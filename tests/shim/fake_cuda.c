@@ -704,6 +704,32 @@ EXPORT CUresult cuMemPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t
     return 0;
 }
 
+/* FAKE_CUDA_DISCARD=1: discards as a CUDA 13 driver on a GPU with concurrent managed access
+ * does. Otherwise it refuses them (CUDA_ERROR_NOT_SUPPORTED) without a record, as such a driver
+ * does on a GPU without it, so that a test's call sequence reads as on a driver that cannot. */
+EXPORT CUresult cuMemDiscardBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                       unsigned long long flags, CUstream s)
+{
+    if (!getenv("FAKE_CUDA_DISCARD"))
+        return 801;
+    if (!count || !ptrs || !sizes) {
+        record("cuMemDiscardBatchAsync");
+        return 0;
+    }
+    unsigned long long bytes = 0;
+    char ranges[320] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < count; i++) {
+        bytes += sizes[i];
+        if (used < sizeof ranges)
+            used += (size_t)snprintf(ranges + used, sizeof ranges - used, "%s0x%llx+%zu",
+                                     i ? "," : "", ptrs[i], sizes[i]);
+    }
+    record("cuMemDiscardBatchAsync count=%zu bytes=%llu flags=%llu stream=%p ranges=%s", count,
+           bytes, flags, s, ranges);
+    return 0;
+}
+
 static void launch_delay(void)
 {
     const char *text = getenv("FAKE_CUDA_LAUNCH_SECONDS");

@@ -10,7 +10,8 @@ from kiwi_jupyter.shim import build
 
 API = ["kiwi_shim_active", "kiwi_shim_cell_begin", "kiwi_shim_acquire", "kiwi_shim_release",
        "kiwi_shim_holding", "kiwi_shim_set_policy", "kiwi_shim_stats_json",
-       "kiwi_shim_catch_interrupts", "kiwi_shim_interrupt"]
+       "kiwi_shim_catch_interrupts", "kiwi_shim_interrupt", "kiwi_shim_free_ranges_begin",
+       "kiwi_shim_set_free_ranges"]
 
 
 def exported(library: Path) -> set[str]:
