@@ -26,6 +26,7 @@ from typing import Any
 
 from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
+from kiwi_jupyter.kernel.free_blocks import FreeBlocks
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter
 from kiwi_jupyter.kernel.gpu_cells import GPU_LIBRARIES, may_use_gpu
 from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffArbiter, load_shim
@@ -51,6 +52,8 @@ class KiwiExtension:
         self.shell = shell
         self.config = KiwiKernelConfig(parent=shell)
         self.shim, self.shim_missing = load_shim()
+        # One per kernel, whatever the mode: once it fails it stays off for the kernel's life.
+        self.free_blocks = FreeBlocks(self.shim) if self.shim is not None else None
         # With the shim loaded the shim is the kernel's scheduling client, and the kernel's own
         # connection only reads status and sends admin requests.
         self.link = DaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout(),
@@ -110,7 +113,7 @@ class KiwiExtension:
     def _arbiter_for(self, mode: str) -> Arbiter:
         if self.shim is not None:
             kinds = {"eager": ShimEagerArbiter, "lazy": ShimArbiter, "off": ShimOffArbiter}
-            return kinds[mode](self.link, self.config, self.shim)
+            return kinds[mode](self.link, self.config, self.shim, self.free_blocks)
         if mode == "lazy":
             print(f"kiwi: lazy mode needs the CUDA shim, but {self.shim_missing}; "
                   "using eager mode (the GPU is taken when a cell starts)", file=sys.stderr)

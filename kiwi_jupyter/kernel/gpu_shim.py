@@ -7,10 +7,11 @@ arbiters tell it when cells begin and end and, in eager mode, ask it for the GPU
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
+from kiwi_jupyter.kernel.free_blocks import FreeBlocks
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, SchedulerUnavailable
 from kiwi_jupyter.kernel.link import DaemonLink
 from kiwi_jupyter.kernel.wait_view import Place
@@ -44,6 +45,12 @@ class ShimGate(Protocol):
     def stats(self) -> Mapping[str, Any]:
         """Counters since the process started: ``seconds_waiting``, ``grants``, ``drops``..."""
 
+    def free_ranges_begin(self) -> None:
+        """Before reading the framework's free blocks: GPU work from here on voids them."""
+
+    def set_free_ranges(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """The blocks the framework's cache holds free: not copied by an eviction."""
+
 
 def load_shim() -> tuple[ShimGate | None, str]:
     """The shim preloaded in this kernel, or None and the reason lazy mode cannot be used."""
@@ -73,9 +80,11 @@ class ShimArbiter(Arbiter):
     #: Waiting happens in C; waiting in slices this long lets an interrupt reach Python.
     SLICE = 0.2
 
-    def __init__(self, link: DaemonLink, config: KiwiKernelConfig, shim: ShimGate) -> None:
+    def __init__(self, link: DaemonLink, config: KiwiKernelConfig, shim: ShimGate,
+                 free_blocks: FreeBlocks | None = None) -> None:
         super().__init__(link, config)
         self.shim = shim
+        self.free_blocks = free_blocks
         self._before: Mapping[str, Any] = {}
         shim.set_policy(fail_closed=config.failure_policy == FAIL_CLOSED,
                         timeout=config.unreachable_timeout)
@@ -92,6 +101,8 @@ class ShimArbiter(Arbiter):
 
     def end_cell(self) -> CellReport:
         self.watcher.stop()
+        if self.free_blocks is not None:
+            self.free_blocks.tell()  # before the release, which may evict
         self.release()
         self.watcher.flush()
         after = self.shim.stats()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from kiwi_jupyter.shim.build import (

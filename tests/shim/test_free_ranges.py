@@ -162,3 +162,33 @@ def test_free_ranges_without_a_begin_are_refused(workload) -> None:
     error = w.call(f"repr(_err(lambda: shim.set_free_ranges([({a}, {4 * MiB})])))")
     assert "ValueError" in error
     assert w.stats()["free_in_cache"] == 0
+
+
+def test_the_kernel_tells_the_shim_the_free_blocks_of_a_snapshot(workload) -> None:
+    """The kernel's glue (kiwi_jupyter.kernel.free_blocks) against the real shim: a snapshot's
+    inactive blocks become free ranges the shim believes."""
+    w = workload()
+    a = w.call(f"d.alloc({1 * GiB})")
+    snapshot = [{"address": a, "total_size": GiB, "segment_pool_id": (0, 0),
+                 "is_expandable": False, "blocks": [
+                     {"address": a, "size": 256 * MiB, "state": "active_allocated"},
+                     {"address": a + 256 * MiB, "size": 512 * MiB, "state": "inactive"},
+                     {"address": a + 768 * MiB, "size": 256 * MiB, "state": "active_allocated"}]}]
+    believed = w.call(
+        "__import__('kiwi_jupyter.kernel.free_blocks', fromlist=['FreeBlocks']).FreeBlocks("
+        f"shim, sources=[lambda: __import__('kiwi_jupyter.kernel.free_blocks', "
+        f"fromlist=['torch_free_blocks']).torch_free_blocks({snapshot!r})]).tell()")
+    assert believed == 512 * MiB
+    assert w.stats()["free_in_cache"] == 512 * MiB
+
+
+def test_a_failure_reading_the_free_blocks_warns_once_and_turns_it_off(workload) -> None:
+    w = workload()
+    w.call(f"d.alloc({1 * GiB})")
+    w.call("globals().update(blocks=__import__('kiwi_jupyter.kernel.free_blocks', "
+           "fromlist=['FreeBlocks']).FreeBlocks(shim, sources=[lambda: 1 / 0]))")
+    assert w.call("[blocks.tell(), blocks.tell(), blocks.off]") == [None, None, True]
+    w.call("sys.stderr.write('end of the test\\n') and sys.stderr.flush()")
+    wait_for(lambda: any("end of the test" in line for line in w.stderr), what="stderr")
+    warnings = [line for line in w.stderr if "free blocks" in line]
+    assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0]
