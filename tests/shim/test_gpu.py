@@ -408,3 +408,51 @@ def test_mem_get_info_and_device_properties_show_the_limit_to_pytorch(shim_libra
                                  "KIWI_GPU_MEMORY_LIMIT": "5GiB"})
     assert report["total"] == report["properties"] == 5 << 30
     assert 0 < report["free"] <= 5 << 30
+
+
+CACHED_FREE_BLOCK = """
+    import subprocess, torch
+    from nodeside.client import Client
+    from kiwi_jupyter.kernel.free_blocks import FreeBlocks
+    shim.cell_begin()
+    keep = torch.full((512 << 20) // 4, 3.0, device="cuda")
+    big = torch.ones((2 << 30) // 4, device="cuda")
+    torch.cuda.synchronize()
+    del big  # PyTorch keeps its segment: 2 GiB free in the cache
+    told = FreeBlocks(shim).tell() if os.environ["TELL"] == "1" else None
+    # The next holder, another process whose working set needs the room.
+    next_holder = subprocess.Popen([sys.executable, "-c", (
+        "import os; from nodeside.client import Client\\n"
+        "with Client(os.environ['KIWI_SOCKET'], name='next') as c:\\n"
+        "    c.report_working_set(5 << 30); c.acquire(timeout=120); c.release()\\n")],
+        env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    def next_waits():
+        with Client(os.environ["KIWI_SOCKET"], register=False) as admin:
+            return any(c["name"] == "next" and c["state"] == "waiting"
+                       for c in admin.status()["clients"])
+    while not next_waits():
+        time.sleep(0.01)
+    shim.release()  # the next holder needs the room: evicted first
+    assert next_holder.wait(timeout=120) == 0
+    shim.cell_begin()
+    again = torch.ones((2 << 30) // 4, device="cuda")  # the free block, handed out again
+    correct = bool((keep == 3.0).all().item()) and bool((again == 1.0).all().item())
+    shim.release()
+    report(told=told, correct=correct)
+"""
+
+
+def test_an_eviction_does_not_copy_what_pytorchs_cache_holds_free(shim_library,
+                                                                  gpu_scheduler) -> None:
+    """A 2 GiB tensor freed inside PyTorch's cache: told to the shim, the eviction moves about
+    2 GiB less than without, and the live tensor comes back intact."""
+    pytest.importorskip("torch")
+    env = {"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_GPU_MEMORY_LIMIT": "6GiB"}
+    plain = run_python(CACHED_FREE_BLOCK, shim=shim_library, env={**env, "TELL": "0"})
+    told = run_python(CACHED_FREE_BLOCK, shim=shim_library, env={**env, "TELL": "1"})
+    for run in (plain, told):
+        assert run["correct"] and run["stats"]["evictions"] == 1, run
+    assert told["told"] >= 2 * GiB - 4 * (1 << 20)  # whole 2 MiB pages of the free block
+    assert told["stats"]["bytes_skipped"] == told["told"]
+    assert plain["stats"]["bytes_skipped"] == 0
+    assert told["stats"]["bytes_evicted"] <= plain["stats"]["bytes_evicted"] - told["told"]
