@@ -73,7 +73,7 @@ def torch_free_blocks_now() -> FreeRanges | None:
     cuda = getattr(torch, "cuda", None)
     if cuda is None or not cuda.is_initialized():
         return None
-    if cuda.get_allocator_backend() != "native":
+    if getattr(cuda, "get_allocator_backend", lambda: "native")() != "native":
         return None  # cudaMallocAsync: the shim's managed pools are trimmed instead
     cached_free = sum(cuda.memory_reserved(device) - cuda.memory_allocated(device)
                       for device in range(cuda.device_count()))
