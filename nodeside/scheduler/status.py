@@ -87,6 +87,7 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
         "gpu_seconds": round(scheduler.gpu_seconds(client, now), 6),
         "kind": client.kind,
         "evict": client.evict,
+        "namespace": client.namespace,
         "labels": dict(client.labels),
         "waiting_since": None if client.requested_at is None
         else round(now - client.requested_at, 6),
