@@ -30,6 +30,7 @@ from nodeside.config import load as load_config
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.delivery import Delivery
+from nodeside.daemon.kube import PodNamespaces, PodSource
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.daemon.positions import PositionNotices
@@ -61,6 +62,11 @@ class DaemonOptions:
     state_file: str | None = None
     #: The driver whose checkpoint API suspends processes registered with evict "checkpoint".
     cuda_library: str = "libcuda.so.1"
+    #: Where this node's pods are listed, for the namespaces in the access policy; None: not on
+    #: Kubernetes (or not asked), and no peer has a namespace.
+    pods: PodSource | None = None
+    #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
+    proc_root: str = "/proc"
 
 
 class Daemon:
@@ -101,6 +107,8 @@ class Daemon:
                                          options.memory_used)
         self.delivery.gate = self.evictor.filter
         self.requests.evictor = self.evictor
+        self.pods = PodNamespaces(options.pods, options.proc_root)
+        self.requests.registrations.namespace_of = self.pods.of
 
     def now(self) -> float:
         return self.loop.time()
@@ -139,6 +147,7 @@ class Daemon:
                  __version__, path, self.scheduler.mode.upper(), f"{self.scheduler.tq:g}", gpus)
         self._warn_about_pools()
         self._arm_timer()
+        self.pods.start()
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -155,6 +164,7 @@ class Daemon:
                 timer.cancel()
         for close in self.closers:
             close()
+        await self.pods.close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
