@@ -33,13 +33,13 @@ class Registrations:
         """Register ``peer`` as the request ``msg`` asks; LimitError or SchedulerError if not."""
         if len(self.scheduler.clients) >= limits.MAX_CLIENTS:
             raise limits.LimitError(f"this node already has {limits.MAX_CLIENTS} clients")
+        labels = limits.labels({k: _label_text(v) for k, v in (msg.get("labels") or {}).items()})
         namespace = self.namespace_of(peer.pid)
-        claimed = {k: _label_text(v) for k, v in (msg.get("labels") or {}).items()}
         if namespace is not None:
             # The label the kernel hook sends from the downward API, replaced by the verified
-            # value, so that kiwictl, the panel and the metrics show what the policy used.
-            claimed["namespace"] = namespace
-        labels = limits.labels(claimed)
+            # value (after the client's labels met their bound: it is the daemon's), so that
+            # kiwictl, the panel and the metrics show the namespace the policy used.
+            labels["namespace"] = namespace
         label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in labels.items())
         if self.label_bytes_total + label_bytes > limits.MAX_LABEL_BYTES_TOTAL:
             raise limits.LimitError(f"labels: the node's clients already carry "

@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pod_api_standin import pod_api
 
 from nodeside.config import ConfigError, parse_access
@@ -171,3 +173,40 @@ def test_a_namespace_that_kubernetes_would_not_accept_is_a_config_error(name: st
 def test_the_longest_namespace_name_is_accepted() -> None:
     good = {**POLICY, "rules": [{"namespaces": ["a" * 63, "x"], "priorities": ["HIGH"]}]}
     assert parse_access(good).rules[0].namespaces == {"a" * 63, "x"}
+
+
+def test_the_verified_namespace_is_in_the_status_and_hidden_like_labels_from_others() -> None:
+    from policy_helpers import make_scheduler
+
+    from nodeside.scheduler.status import build_status
+
+    s = make_scheduler()
+    s.register(0.0, name="mine", uid=1000, namespace="team-a")
+    s.register(0.0, name="theirs", uid=2000, namespace="team-b")
+    s.register(0.0, name="unverified", uid=1000)
+    admin = {c["name"]: c["namespace"] for c in build_status(s, 0.0)["clients"]}
+    assert admin == {"mine": "team-a", "theirs": "team-b", "unverified": None}
+    viewer = build_status(s, 0.0, viewer_admin=False, viewer_uid=1000)
+    assert {c["name"]: c["namespace"] for c in viewer["clients"]} == {
+        "mine": "team-a", "theirs": None, "unverified": None}
+
+
+_NAMES = st.sampled_from(["team-a", "team-b", "ml"])
+_RULES = st.lists(st.fixed_dictionaries({
+    "namespaces": st.lists(_NAMES, min_size=1, max_size=2),
+    "pools": st.lists(st.sampled_from(["default", "training", "*"]), min_size=1, max_size=2),
+    "priorities": st.lists(st.sampled_from(["HIGH", "NORMAL", "LOW"]), min_size=1, max_size=3),
+}, optional={"uids": st.lists(st.sampled_from([1000, 2000]), max_size=1)}), max_size=4)
+
+
+@given(_RULES, st.sampled_from(["refuse", "downgrade"]), st.sampled_from([1000, 2000, 3000]),
+       _NAMES, st.sampled_from(["default", "training"]), st.sampled_from(["HIGH", "NORMAL", "LOW"]))
+def test_no_namespace_never_allows_more_than_a_verified_one(rules, on_violation, uid, namespace,
+                                                            pool, priority) -> None:  # type: ignore[no-untyped-def]
+    policy = parse_access({"on_violation": on_violation, "rules": rules})
+    assert policy is not None
+    without = policy.allowed(uid, (), pool, priority, None)
+    assert not without or policy.allowed(uid, (), pool, priority, namespace)
+    if without:
+        assert judge(policy, uid=uid, gids=(), pool=pool, priority=priority) == \
+            judge(policy, uid=uid, gids=(), pool=pool, priority=priority, namespace=namespace)
