@@ -8,6 +8,7 @@ test can see what the daemon asked for. ``status`` makes it answer an error inst
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -39,7 +40,8 @@ class PodApi:
 
 
 @contextmanager
-def pod_api() -> Iterator[PodApi]:
+def pod_api(tls: ssl.SSLContext | None = None) -> Iterator[PodApi]:
+    """The stand-in, on plain HTTP, or on HTTPS with ``tls`` (a server context)."""
     api = PodApi()
 
     class Handler(BaseHTTPRequestHandler):
@@ -69,7 +71,9 @@ def pod_api() -> Iterator[PodApi]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    api.url = f"http://127.0.0.1:{server.server_address[1]}"
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    api.url = f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -210,3 +213,30 @@ def test_no_namespace_never_allows_more_than_a_verified_one(rules, on_violation,
     if without:
         assert judge(policy, uid=uid, gids=(), pool=pool, priority=priority) == \
             judge(policy, uid=uid, gids=(), pool=pool, priority=priority, namespace=namespace)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a cert")
+def test_in_cluster_the_list_is_read_over_tls_checked_against_the_service_accounts_ca(
+        tmp_path: Path) -> None:
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    cert, key = account / "ca.crt", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=kubernetes", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    (account / "token").write_text("projected-token")
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    with pod_api(tls) as api:
+        api.pods = {"gpu-7": [(TEAM_A_POD, "team-a", "nb-0")]}
+        port = api.url.rsplit(":", 1)[1]
+        source = PodSource.in_cluster({"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                                       "KUBERNETES_SERVICE_PORT": port, "NODE_NAME": "gpu-7"},
+                                      account)
+        assert source is not None
+        assert list_namespaces(source) == {TEAM_A_POD: "team-a"}
+        assert api.requests[0][1]["Authorization"] == "Bearer projected-token"
+        # A server whose certificate the account's CA did not sign is not believed.
+        other = PodSource(source.base_url, "gpu-7", source.token_file, ca_file=None)
+        with pytest.raises(PodListError, match="CERTIFICATE_VERIFY_FAILED|certificate"):
+            list_namespaces(other)
