@@ -92,17 +92,12 @@ def test_kustomization_lists_every_manifest_and_only_existing_ones():
     assert used == {i["name"] for i in kustomization["images"]}
 
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-
-
 def test_everything_lives_in_the_kiwi_system_namespace():
     objects = _objects()
     assert ("Namespace", "kiwi-system") in objects
     for (kind, name), obj in objects.items():
-        if kind not in CLUSTER_SCOPED:
+        if kind != "Namespace":
             assert obj["metadata"]["namespace"] == "kiwi-system", f"{kind}/{name}"
-        else:
-            assert "namespace" not in obj["metadata"], f"{kind}/{name}"
 
 
 def test_scheduler_pods_carry_the_label_the_operations_guide_selects_on():
@@ -177,14 +172,9 @@ def test_daemonset_tolerates_gpu_taints(name):
 @pytest.mark.parametrize("name", ["kiwi-scheduler", "kiwi-device-plugin"])
 def test_daemonset_pods_are_locked_down(name):
     spec = _pod_spec(name)
-    # The scheduler alone reads the API (its pod list) and sees the host's pids: the namespaces
-    # in the access policy; the device plugin needs neither.
-    scheduler = name == "kiwi-scheduler"
-    assert spec["automountServiceAccountToken"] is scheduler
-    assert spec.get("serviceAccountName") == ("kiwi-scheduler" if scheduler else None)
-    assert bool(spec.get("hostPID")) is scheduler
+    assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    assert not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
     for container in spec["containers"] + spec.get("initContainers", []):
         ctx = container["securityContext"]
         assert ctx["allowPrivilegeEscalation"] is False, container["name"]
@@ -211,25 +201,3 @@ def test_notebook_example_gets_its_pool_from_the_kai_queue_label():
         "metadata.labels['kai.scheduler/queue']"
     assert "kai.scheduler/queue" in pod["metadata"]["labels"]
     assert pod["spec"]["containers"][0]["resources"]["limits"]["arrikto.com/gpu"] == 1
-
-
-def test_the_scheduler_may_only_read_pods_on_the_api_server():
-    objects = _objects()
-    account = objects[("ServiceAccount", "kiwi-scheduler")]
-    assert account["automountServiceAccountToken"] is False  # the pod asks for it itself
-    role = objects[("ClusterRole", "kiwi-scheduler-pod-reader")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                              "verbs": ["get", "list", "watch"]}]
-    binding = objects[("ClusterRoleBinding", "kiwi-scheduler-pod-reader")]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                  "kind": "ClusterRole", "name": "kiwi-scheduler-pod-reader"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kiwi-scheduler",
-                                    "namespace": "kiwi-system"}]
-    # Only the scheduler's account is bound to anything.
-    bound = [d for d in objects.values() if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    assert bound == [binding]
-
-
-def test_the_scheduler_lists_the_pods_of_the_node_it_runs_on():
-    env = {e["name"]: e for e in _container("kiwi-scheduler")["env"]}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
