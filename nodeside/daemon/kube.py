@@ -54,22 +54,34 @@ class PodSource:
     def in_cluster(cls, env: Mapping[str, str],
                    account: Path = SERVICE_ACCOUNT) -> PodSource | None:
         """The in-cluster source, from the environment every pod gets; None outside a cluster."""
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-        node = env.get("NODE_NAME")
-        if not host or not port:
-            return None
-        if not node:
-            log.warning("In a Kubernetes pod but NODE_NAME is not set (the downward API's "
-                        "spec.nodeName): no peer has a namespace, so access rules by namespace "
-                        "match nobody")
-            return None
-        if ":" in host:  # an IPv6 address
-            host = f"[{host}]"
-        return cls(f"https://{host}:{port}", node, account / "token", account / "ca.crt")
+        return in_cluster_or_why_not(env, account)[0]
 
     def url(self) -> str:
         query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node}"})
         return f"{self.base_url.rstrip('/')}/api/v1/pods?{query}"
+
+
+def in_cluster_or_why_not(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT
+                          ) -> tuple[PodSource | None, str | None]:
+    """The in-cluster source, or None and why a daemon in a pod cannot list its node's pods.
+
+    The why is None outside Kubernetes (no ``KUBERNETES_SERVICE_HOST``, which every pod gets).
+    In a pod, the component ``nodeside/deploy/components/namespaces`` gives ``NODE_NAME`` and
+    the service account's token; without it the daemon does not try the API at all (it would
+    only be refused, again and again), and the caller says so once.
+    """
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None, None
+    node = env.get("NODE_NAME")
+    if not node:
+        return None, "NODE_NAME (the downward API's spec.nodeName) is not set"
+    token = account / "token"
+    if not token.is_file():
+        return None, f"no service account token is mounted at {token}"
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return PodSource(f"https://{host}:{port}", node, token, account / "ca.crt"), None
 
 
 def list_namespaces(source: PodSource, timeout: float = 10.0) -> dict[str, str]:

@@ -22,7 +22,7 @@ from nodeside.config import (
     parse_tq,
 )
 from nodeside.daemon.gpus import discover
-from nodeside.daemon.kube import PodSource
+from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
 from nodeside.daemon.server import Daemon, DaemonError, DaemonOptions
 
 
@@ -83,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _raise_open_file_limit()
     gpus, memory_used = discover(args.gpus, args.gpu_memory)
+    pods, pods_off = _pod_source(args)
     options = DaemonOptions(socket=args.socket, config=config, gpus=gpus,
                             memory_used=memory_used, config_file=args.config,
                             overrides=overrides, state_file=args.state_file,
-                            cuda_library=args.cuda_library, pods=_pod_source(args),
+                            cuda_library=args.cuda_library, pods=pods, pods_off=pods_off,
                             proc_root=args.proc_root)
     try:
         event_loop_runner()(_run(options, args))
@@ -101,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _pod_source(args: argparse.Namespace) -> PodSource | None:
-    """The in-cluster API server when the daemon runs in a pod; ``--kube-api`` in tests."""
+def _pod_source(args: argparse.Namespace) -> tuple[PodSource | None, str | None]:
+    """The in-cluster API server when the daemon runs in a pod (or why it cannot list pods);
+    ``--kube-api`` in tests."""
     if args.kube_api:
-        return PodSource(args.kube_api, os.environ.get("NODE_NAME", ""))
-    return PodSource.in_cluster(os.environ)
+        return PodSource(args.kube_api, os.environ.get("NODE_NAME", "")), None
+    return in_cluster_or_why_not(os.environ)
 
 
 def event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -56,6 +56,11 @@ class AccessPolicy:
     on_violation: str = REFUSE
     uids_exempt: frozenset[int] = field(default_factory=lambda: frozenset({0}))
 
+    @property
+    def names_namespaces(self) -> bool:
+        """Whether some rule names a namespace (and so needs the daemon to verify them)."""
+        return any(r.namespaces for r in (self.default, *self.rules))
+
     def rules_for(self, uid: int | None, gids: Iterable[int],
                   namespace: str | None = None) -> list[AccessRule]:
         gids = tuple(gids)
