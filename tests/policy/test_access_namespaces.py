@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 from pod_api_standin import pod_api
 
 from nodeside.config import ConfigError, parse_access
-from nodeside.daemon.kube import PodListError, PodNamespaces, PodSource, list_namespaces
+from nodeside.daemon.kube import (
+    PodListError,
+    PodNamespaces,
+    PodSource,
+    in_cluster_or_why_not,
+    list_namespaces,
+)
 from nodeside.scheduler.access import judge
 
 TEAM_A_POD = "1234abcd-5678-90ef-1234-567890abcdef"
@@ -66,14 +72,30 @@ def test_an_unreachable_api_server_is_a_pod_list_error() -> None:
         list_namespaces(PodSource("http://127.0.0.1:1", "node-1"), timeout=5)
 
 
-def test_in_cluster_the_api_server_and_node_come_from_the_pods_environment() -> None:
+def test_in_cluster_the_api_server_and_node_come_from_the_pods_environment(
+        tmp_path: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443",
            "NODE_NAME": "gpu-7"}
-    source = PodSource.in_cluster(env, Path("/sa"))
-    assert source == PodSource("https://10.0.0.1:443", "gpu-7", Path("/sa/token"),
-                               Path("/sa/ca.crt"))
+    (tmp_path / "token").write_text("t")
+    source = PodSource.in_cluster(env, tmp_path)
+    assert source == PodSource("https://10.0.0.1:443", "gpu-7", tmp_path / "token",
+                               tmp_path / "ca.crt")
     assert PodSource.in_cluster({}) is None
-    assert PodSource.in_cluster({**env, "NODE_NAME": ""}) is None
+    assert PodSource.in_cluster({**env, "NODE_NAME": ""}, tmp_path) is None
+
+
+def test_without_the_namespaces_component_the_daemon_says_why_and_lists_nothing(
+        tmp_path: Path) -> None:
+    # The base deployment: a pod (the API's address is in every pod's environment), but no
+    # NODE_NAME and no token. The API is then never asked (it would only refuse, again and
+    # again); the reason is for the daemon's one line about it.
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert in_cluster_or_why_not(env, tmp_path) == (
+        None, "NODE_NAME (the downward API's spec.nodeName) is not set")
+    assert in_cluster_or_why_not({**env, "NODE_NAME": "gpu-7"}, tmp_path) == (
+        None, f"no service account token is mounted at {tmp_path / 'token'}")
+    # Outside Kubernetes there is nothing to say.
+    assert in_cluster_or_why_not({"NODE_NAME": "gpu-7"}, tmp_path) == (None, None)
 
 
 def test_the_cache_gives_a_peer_the_namespace_of_its_pod(tmp_path: Path) -> None:

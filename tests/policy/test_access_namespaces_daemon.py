@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from pod_api_standin import PodApi, pod_api
+from support import wait_for
 from test_access_namespaces import TEAM_A_POD, TEAM_B_POD, fake_proc
 
 NOBODY = 65534
@@ -133,3 +135,41 @@ def test_a_peer_in_an_unknown_pod_or_no_pod_is_downgraded(namespaced_daemon, api
         assert (entry["priority"], entry["namespace"]) == ("NORMAL", None)
     daemon.wait_log("may not use pool 'default' at priority HIGH")
     assert "Traceback" not in daemon.log()
+
+
+@needs_peer
+def test_without_the_namespaces_component_rules_by_namespace_match_nobody_and_one_line_says_so(
+        start_daemon, scratch, monkeypatch):  # type: ignore[no-untyped-def]
+    # The base deployment: in a pod, so the API's address is in the environment (a port where
+    # nothing answers: the daemon must not even try), but no NODE_NAME and no token.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "1")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    config = scratch / "kiwi.yaml"
+    config.write_text('socket_mode: "0666"\n')
+    proc_root = scratch / "proc"
+    proc_root.mkdir()
+    daemon = start_daemon("--tq", "5", "--config", str(config), "--proc-root", str(proc_root))
+    os.chmod(os.path.dirname(daemon.socket), 0o755)
+    # A policy without namespaces: one line at INFO, nothing alarming.
+    daemon.wait_log(r"\[INFO\] Namespaces in the access policy are off \(NODE_NAME")
+
+    # Rules by namespace arrive with a reload: one warning, however often it is reloaded.
+    config.write_text(CONFIG.format(on_violation="refuse"))
+    for reloads in (1, 2, 3):
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGHUP)
+        wait_for(lambda n=reloads: daemon.log().count("Config reloaded") >= n, 10,
+                 what="the reload")
+    answer = register_from_pod(daemon.socket, proc_root, TEAM_A_POD,
+                               {"name": "a", "priority": "HIGH",
+                                "labels": {"namespace": "team-a"}})
+    # Fail closed: the pod is in team-a by its cgroup, but nothing can verify it.
+    assert answer["op"] == "error" and answer["code"] == "permission", answer
+    log = daemon.log()
+    lines = [line for line in log.splitlines() if "namespace" in line.lower()
+             and ("off" in line or "match nobody" in line)]
+    assert len(lines) == 2, log
+    assert "[WARN] The access policy names Kubernetes namespaces, but NODE_NAME" in lines[1]
+    assert "nodeside/deploy/components/namespaces" in lines[1]
+    assert "Cannot list" not in log and "Traceback" not in log
