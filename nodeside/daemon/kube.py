@@ -1,14 +1,16 @@
 """The namespace of each pod on this node, from the Kubernetes API: never from the client.
 
-The scheduler DaemonSet's service account may list pods (docs/policy.md, "Namespaces"); the
-daemon lists those bound to its own node, keeps pod UID -> namespace in a dict, and the access
-policy looks a peer's pod up there (its UID read from ``/proc``, see ``pods.py``). The list is
-read on start, every ``refresh`` seconds, and again soon after a lookup misses (a pod started
-since), at most once per ``miss_interval``. Reading the API is blocking I/O, so it runs in an
-executor thread; the registration itself only looks up the dict.
+With the opt-in component nodeside/deploy/components/namespaces, the scheduler DaemonSet's
+service account may list pods (docs/policy.md, "Namespaces"); the daemon lists those bound to
+its own node, keeps pod UID -> namespace in a dict, and the access policy looks a peer's pod up
+there (its UID read from ``/proc``, see ``pods.py``). The list is read on start, every
+``refresh`` seconds, and again soon after a lookup misses (a pod started since), at most once
+per ``miss_interval``. Reading the API is blocking I/O, so it runs in an executor thread; the
+registration itself only looks up the dict.
 
-Fail closed: no API, no RBAC, an unknown pod: the peer has no namespace, and the policy judges
-it on its uid and groups alone, which can only allow less.
+Fail closed: no component (no NODE_NAME or no token: the API is never asked), no API, no RBAC,
+an unknown pod: the peer has no namespace, and the policy judges it on its uid and groups alone,
+which can only allow less.
 """
 
 from __future__ import annotations
