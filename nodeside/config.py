@@ -317,11 +317,14 @@ def parse_interactive(raw: Any) -> InteractiveSettings:
 
 
 _ACCESS_KEYS = {"on_violation", "default", "rules"}
-_RULE_KEYS = {"uids", "gids", "pools", "priorities"}
+_RULE_KEYS = {"uids", "gids", "namespaces", "pools", "priorities"}
+#: A Kubernetes namespace name: a DNS-1123 label.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def parse_access(raw: Any) -> AccessPolicy | None:
-    """The ``access`` section: which uids and gids may claim which pools and priorities."""
+    """The ``access`` section: which uids, gids and namespaces may claim which pools and
+    priorities."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
@@ -340,20 +343,22 @@ def parse_access(raw: Any) -> AccessPolicy | None:
         default = _parse_rule(raw["default"], "access.default", who=False)
     rules = raw.get("rules") or []
     if not isinstance(rules, list):
-        raise ConfigError("access.rules: expected a list of {uids, gids, pools, priorities}")
+        raise ConfigError("access.rules: expected a list of "
+                          "{uids, gids, namespaces, pools, priorities}")
     return AccessPolicy(default=default, on_violation=on_violation,
                         rules=tuple(_parse_rule(r, f"access.rules[{i}]", who=True)
                                     for i, r in enumerate(rules)))
 
 
 def _parse_rule(raw: Any, where: str, *, who: bool) -> AccessRule:
-    keys = _RULE_KEYS if who else _RULE_KEYS - {"uids", "gids"}
+    keys = _RULE_KEYS if who else _RULE_KEYS - {"uids", "gids", "namespaces"}
     if not isinstance(raw, Mapping) or set(raw) - keys:
         raise ConfigError(f"{where}: expected a mapping with {', '.join(sorted(keys))}")
     uids = frozenset(_ids(raw.get("uids"), f"{where}.uids", _uid_of))
     gids = frozenset(_ids(raw.get("gids"), f"{where}.gids", _gid_of))
-    if who and not uids and not gids:
-        raise ConfigError(f"{where}: names nobody; give uids or gids")
+    namespaces = frozenset(_namespaces(raw.get("namespaces"), f"{where}.namespaces"))
+    if who and not uids and not gids and not namespaces:
+        raise ConfigError(f"{where}: names nobody; give uids, gids or namespaces")
     pools = _names(raw.get("pools", [ANY]), f"{where}.pools")
     priorities = {str(x).upper() for x in _names(raw.get("priorities", PRIORITIES),
                                                 f"{where}.priorities")}
@@ -362,7 +367,19 @@ def _parse_rule(raw: Any, where: str, *, who: bool) -> AccessRule:
         raise ConfigError(f"{where}.priorities: {', '.join(sorted(wrong))} is not one of "
                           f"{', '.join(PRIORITIES)}")
     return AccessRule(uids=uids, gids=gids, pools=frozenset(pools),
-                      priorities=frozenset(priorities))
+                      priorities=frozenset(priorities), namespaces=namespaces)
+
+
+def _namespaces(raw: Any, where: str) -> list[str]:
+    if raw is None:
+        return []
+    names = _names(raw, where)
+    for name in names:
+        if not _NAMESPACE.fullmatch(name):
+            raise ConfigError(f"{where}: {name!r} is not a Kubernetes namespace name (at most "
+                              f"63 characters: lower-case letters, digits and '-', starting "
+                              f"and ending with a letter or digit)")
+    return names
 
 
 def _names(raw: Any, where: str) -> list[str]:

@@ -33,6 +33,10 @@ MAX_PASS_BOUND: Final = 1000
 #: this, a closing hold is folded into its pool's latest interval, so memory stays flat.
 MAX_SHARE_INTERVALS: Final = 1024
 
+#: Bytes of the API server's answer to "this node's pods" read at most (nodeside/daemon/kube.py):
+#: a pod object is a few KiB and a node runs at most a few hundred pods.
+MAX_POD_LIST_BYTES: Final = 64 * 2**20
+
 
 class LimitError(ValueError):
     """A value outside its bound. The message names the value and the bound."""

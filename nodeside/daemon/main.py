@@ -22,6 +22,7 @@ from nodeside.config import (
     parse_tq,
 )
 from nodeside.daemon.gpus import discover
+from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
 from nodeside.daemon.server import Daemon, DaemonError, DaemonOptions
 
 
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="address for --metrics-port (default %(default)s)")
     parser.add_argument("--log-level", default=os.environ.get("KIWI_LOG_LEVEL", "INFO"),
                         type=str.upper, choices=["DEBUG", "INFO", "WARN", "WARNING", "ERROR"])
+    # For tests only, so hidden: a fake /proc keyed by real peer pids, and a stand-in API
+    # server on plain HTTP without a token (docs/policy.md, "Namespaces").
+    parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    parser.add_argument("--kube-api", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"kiwi-scheduler {__version__}")
     return parser
 
@@ -78,10 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _raise_open_file_limit()
     gpus, memory_used = discover(args.gpus, args.gpu_memory)
+    pods, pods_off = _pod_source(args)
     options = DaemonOptions(socket=args.socket, config=config, gpus=gpus,
                             memory_used=memory_used, config_file=args.config,
                             overrides=overrides, state_file=args.state_file,
-                            cuda_library=args.cuda_library)
+                            cuda_library=args.cuda_library, pods=pods, pods_off=pods_off,
+                            proc_root=args.proc_root)
     try:
         event_loop_runner()(_run(options, args))
     except DaemonError as exc:
@@ -93,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _pod_source(args: argparse.Namespace) -> tuple[PodSource | None, str | None]:
+    """The in-cluster API server when the daemon runs in a pod (or why it cannot list pods);
+    ``--kube-api`` in tests."""
+    if args.kube_api:
+        return PodSource(args.kube_api, os.environ.get("NODE_NAME", "")), None
+    return in_cluster_or_why_not(os.environ)
 
 
 def event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:

@@ -4,11 +4,13 @@ A registration is the only request that makes the daemon keep something of the p
 long as it stays: its names and labels, shown in every status document. So besides each
 value's own bound (``nodeside.limits``), the node as a whole keeps at most ``MAX_CLIENTS``
 clients and ``MAX_LABEL_BYTES_TOTAL`` bytes of labels: the status document can then never grow
-past what clients read. Who the peer is (pid, uid, groups) comes from the socket, never from it.
+past what clients read. Who the peer is (pid, uid, groups, and on Kubernetes its pod's
+namespace) comes from the socket, /proc and the API server, never from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nodeside import limits
@@ -23,12 +25,21 @@ class Registrations:
         #: Label bytes per registered client, and their sum.
         self.label_bytes: dict[str, int] = {}
         self.label_bytes_total = 0
+        #: The verified namespace of a peer's pod by its pid (``kube.PodNamespaces.of``), set
+        #: by the shell; None for a peer in no pod, or one that could not be verified.
+        self.namespace_of: Callable[[int | None], str | None] = lambda pid: None
 
     def register(self, peer: Peer, msg: dict[str, Any], now: float) -> Client:
         """Register ``peer`` as the request ``msg`` asks; LimitError or SchedulerError if not."""
         if len(self.scheduler.clients) >= limits.MAX_CLIENTS:
             raise limits.LimitError(f"this node already has {limits.MAX_CLIENTS} clients")
         labels = limits.labels({k: _label_text(v) for k, v in (msg.get("labels") or {}).items()})
+        namespace = self.namespace_of(peer.pid)
+        if namespace is not None:
+            # The label the kernel hook sends from the downward API, replaced by the verified
+            # value (after the client's labels met their bound: it is the daemon's), so that
+            # kiwictl, the panel and the metrics show the namespace the policy used.
+            labels["namespace"] = namespace
         label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in labels.items())
         if self.label_bytes_total + label_bytes > limits.MAX_LABEL_BYTES_TOTAL:
             raise limits.LimitError(f"labels: the node's clients already carry "
@@ -48,6 +59,7 @@ class Registrations:
             else limits.byte_count(working_set, "working_set"),
             evict=_optional_text(msg, "evict") or "managed",
             pid=peer.pid, uid=peer.uid, gids=groups_of(peer), user=user_name(peer.uid),
+            namespace=namespace,
         )
         self.label_bytes[client.id] = label_bytes
         self.label_bytes_total += label_bytes

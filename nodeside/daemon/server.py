@@ -30,6 +30,7 @@ from nodeside.config import load as load_config
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.delivery import Delivery
+from nodeside.daemon.kube import PodNamespaces, PodSource
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.daemon.positions import PositionNotices
@@ -61,6 +62,14 @@ class DaemonOptions:
     state_file: str | None = None
     #: The driver whose checkpoint API suspends processes registered with evict "checkpoint".
     cuda_library: str = "libcuda.so.1"
+    #: Where this node's pods are listed, for the namespaces in the access policy; None: not on
+    #: Kubernetes (or not asked), and no peer has a namespace.
+    pods: PodSource | None = None
+    #: Why a daemon in a Kubernetes pod cannot verify namespaces (``pods`` is then None): the
+    #: namespaces component is not deployed. None outside Kubernetes, or when it can.
+    pods_off: str | None = None
+    #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
+    proc_root: str = "/proc"
 
 
 class Daemon:
@@ -101,6 +110,11 @@ class Daemon:
                                          options.memory_used)
         self.delivery.gate = self.evictor.filter
         self.requests.evictor = self.evictor
+        self.pods = PodNamespaces(options.pods, options.proc_root)
+        self.requests.registrations.namespace_of = self.pods.of
+        #: What was said about namespaces being off: "info" at start, "warning" once rules
+        #: name namespaces; never more than that, however often the config is reloaded.
+        self._pods_off_said: str | None = None
 
     def now(self) -> float:
         return self.loop.time()
@@ -139,6 +153,8 @@ class Daemon:
                  __version__, path, self.scheduler.mode.upper(), f"{self.scheduler.tq:g}", gpus)
         self._warn_about_pools()
         self._arm_timer()
+        self.pods.start()
+        self._say_if_namespaces_are_off()
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -155,6 +171,7 @@ class Daemon:
                 timer.cancel()
         for close in self.closers:
             close()
+        await self.pods.close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -179,6 +196,7 @@ class Daemon:
         self._restore_gpu_tq()
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
         self._warn_about_pools()
+        self._say_if_namespaces_are_off()
 
     # -- connections ----------------------------------------------------------------------
 
@@ -342,6 +360,25 @@ class Daemon:
                              "gpu_tq": overrides})
         except (OSError, ValueError) as exc:  # ValueError: a value JSON cannot hold
             log.error("Could not save runtime settings to %s: %s", self.state.path, exc)
+
+    def _say_if_namespaces_are_off(self) -> None:
+        """One line when the namespaces of peers' pods cannot be verified (fail closed: rules
+        by namespace match nobody): a warning if the policy names namespaces, else an info
+        line at start, in a pod only. Never repeated; a reload may only raise info to warning."""
+        if self.pods.source is not None or self._pods_off_said == "warning":
+            return
+        access = self.scheduler.config.access
+        reason = self.options.pods_off
+        if access is not None and access.names_namespaces:
+            log.warning("The access policy names Kubernetes namespaces, but %s: rules by "
+                        "namespace match nobody (deploy with the component "
+                        "nodeside/deploy/components/namespaces, docs/kubernetes.md)",
+                        reason or "the daemon is not in a Kubernetes pod")
+            self._pods_off_said = "warning"
+        elif reason is not None and self._pods_off_said is None:
+            log.info("Namespaces in the access policy are off (%s; the component "
+                     "nodeside/deploy/components/namespaces turns them on)", reason)
+            self._pods_off_said = "info"
 
     def _warn_about_pools(self) -> None:
         reason = self.scheduler.preemption_off_reason

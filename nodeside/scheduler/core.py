@@ -114,10 +114,13 @@ class Scheduler(Queries):
                  kind: str = "client", labels: Mapping[str, str] | None = None,
                  working_set: int | None = None, gids: Iterable[int] = (),
                  display_name: str | None = None, user: str | None = None,
-                 evict: str = "managed", gpu_uuid: str | None = None) -> Client:
+                 evict: str = "managed", gpu_uuid: str | None = None,
+                 namespace: str | None = None) -> Client:
         """A new client. ``uid`` and ``gids`` are the peer's credentials, read by the shell from
         the socket, never from what the client says: the access policy judges the claimed pool
-        and priority by them. A downgraded claim leaves its reason in ``Client.warning``.
+        and priority by them, and by ``namespace``, its pod's namespace as the shell verified
+        it (None: not in a pod, or not verified). A downgraded claim leaves its reason in
+        ``Client.warning``.
         """
         gpu = self._gpu_named(gpu, gpu_uuid)
         if priority not in PRIORITY_RANK:
@@ -129,14 +132,14 @@ class Scheduler(Queries):
         gids = tuple(gids)
         try:
             verdict = judge(self.config.access, uid=uid, gids=gids, pool=pool,
-                            priority=priority)
+                            priority=priority, namespace=namespace)
         except PermissionError as exc:
             raise SchedulerError(p.E_PERMISSION, str(exc)) from None
         client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=verdict.pool,
                         priority=verdict.priority, pid=pid, uid=uid, gids=gids, kind=kind,
                         labels=dict(labels or {}), working_set=working_set,
                         registered_at=now, display_name=display_name or name, user=user,
-                        evict=evict, warning=verdict.warning)
+                        evict=evict, warning=verdict.warning, namespace=namespace)
         self.clients[client.id] = client
         return client
 

@@ -112,6 +112,9 @@ class Client:
     gids: tuple[int, ...] = ()
     #: Why the access policy changed the claimed pool or priority (for the log); None if not.
     warning: str | None = None
+    #: The namespace of the peer's pod, as the daemon verified it (pid -> cgroup -> pod UID ->
+    #: Kubernetes API); None when not in a pod or not verified. Never what the client says.
+    namespace: str | None = None
     hold_state: HoldState = HoldState.IDLE
     request_order: int = 0  # global counter: request order, also across pools
     requested_at: float | None = None

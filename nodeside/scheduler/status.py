@@ -22,8 +22,8 @@ def build_status(scheduler: Scheduler, now: float,
     """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can.
 
     A viewer that is not an admin sees every client's name and state, but the pid and labels
-    only of clients with its own uid (``viewer_uid``): others' pids and labels (a pod's name, a
-    path) are theirs.
+    only of clients with its own uid (``viewer_uid``): others' pids, labels (a pod's name, a
+    path) and verified namespaces are theirs.
     """
     memory_used = memory_used or {}
     queues = {index: scheduler.queue(index, now) for index in scheduler.gpus}
@@ -54,6 +54,7 @@ def build_status(scheduler: Scheduler, now: float,
         entry = _client_entry(scheduler, client, positions.get(client.id), now)
         if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
             entry["pid"] = None
+            entry["namespace"] = None  # as hidden as the labels it was verified against
             del entry["labels"]
         clients.append(entry)
     pools = sorted(pool_reports(scheduler, now, queues), key=lambda r: r.name)
@@ -87,6 +88,7 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
         "gpu_seconds": round(scheduler.gpu_seconds(client, now), 6),
         "kind": client.kind,
         "evict": client.evict,
+        "namespace": client.namespace,
         "labels": dict(client.labels),
         "waiting_since": None if client.requested_at is None
         else round(now - client.requested_at, 6),
