@@ -72,6 +72,8 @@ RELEASED: Final = "released"        # reply to release
 DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"};
                                     # also the reply to release with evict_first (with its seq)
 REVOKED: Final = "revoked"          # event: the daemon took the GPU back; stop using it
+CHANGED: Final = "changed"          # event (no fields) to peers whose hello asked for
+                                    # FEATURE_CHANGES: the status document people see changed
 MODE: Final = "mode"                # event to every connection: {"mode", "tq"} changed
 OK: Final = "ok"                    # reply to working_set, set_mode, set_tq
 PONG: Final = "pong"
@@ -93,7 +95,8 @@ FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSI
 
 # Optional behaviours a client asks for in hello's "features"; old clients hear nothing new.
 FEATURE_POSITION: Final = "position"  # "waiting" events as the queue position changes
-FEATURES: Final = frozenset({FEATURE_POSITION})
+FEATURE_CHANGES: Final = "changes"    # "changed" events when the status document changes
+FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES})
 
 # Why a holder is asked to drop the GPU, in "drop" and "revoked" events.
 REASON_QUANTUM: Final = "quantum"    # its quantum ended and someone waits

@@ -146,11 +146,13 @@ class ShimArbiter(Arbiter):
         return self.shim.stats().get("state") == "waiting"
 
     def place(self) -> Place:
-        # The shim keeps the position of its last "waiting" (0: not waiting). Whether it hears
-        # the daemon's position events is the shim's business, so the line keeps asking.
-        position = self.shim.stats().get("queue_position")
+        # The shim keeps the position of its last "waiting" (0: not waiting). Where its daemon
+        # sends position events (it asks for them in hello), the position follows the queue and
+        # the line asks for the status document only when it moves; else on every look.
+        stats = self.shim.stats()
+        position = stats.get("queue_position")
         return Place(position if isinstance(position, int) and position > 0 else None,
-                     live=False)
+                     live=stats.get("position_live") is True)
 
     def my_client_id(self) -> str | None:
         client = self.shim.stats().get("client")

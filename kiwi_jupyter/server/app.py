@@ -17,6 +17,7 @@ from traitlets import Bool, Enum, Float, List, Unicode, default
 from kiwi_jupyter.server.embedded import EmbeddedScheduler, daemon_answers, default_command
 from kiwi_jupyter.server.handlers import SchedulerHandler, StatusHandler
 from kiwi_jupyter.server.link import DaemonLink
+from kiwi_jupyter.server.watch import StatusWatch
 from nodeside.protocol import DEFAULT_SOCKET, MODES
 
 
@@ -103,6 +104,14 @@ class KiwiExtension(ExtensionApp):
         poll (every 500 ms by default, the panel's refresh rate setting), the daemon sees at
         most one status request per this interval.""",
     )
+    long_poll_timeout = Float(
+        25.0,
+        config=True,
+        help="""Seconds a long-poll of the panel (`GET kiwi/api/status?after=TAG`) waits for a
+        change before it answers with a fresh document anyway: under the idle timeouts of the
+        proxies in front of Jupyter (JupyterHub's, a load balancer's), and often enough that a
+        browser notices a server that went away.""",
+    )
     daemon_timeout = Float(
         5.0,
         config=True,
@@ -130,7 +139,12 @@ class KiwiExtension(ExtensionApp):
         self.link = DaemonLink(
             socket_path, max_age=self.status_max_age, timeout=self.daemon_timeout
         )
-        self.settings.update({"kiwi_link": self.link, "kiwi_extension": self})
+        # The panel's long-polls wait on this one connection, which hears the daemon's changes.
+        self.watch = StatusWatch(socket_path, timeout=self.daemon_timeout,
+                                 max_age=self.status_max_age)
+        self.settings.update({"kiwi_link": self.link, "kiwi_watch": self.watch,
+                              "kiwi_long_poll_timeout": self.long_poll_timeout,
+                              "kiwi_extension": self})
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(
@@ -149,6 +163,7 @@ class KiwiExtension(ExtensionApp):
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        await self.watch.stop()
         self.link.close()
         if self.embedded is not None:
             self.embedded.stop()

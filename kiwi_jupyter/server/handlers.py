@@ -3,6 +3,8 @@ scheduler needs the authorizer's leave to write resource ``kiwi``."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -12,6 +14,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
 from kiwi_jupyter.server.link import DaemonLink, DaemonUnavailable
+from kiwi_jupyter.server.watch import StatusWatch
 from nodeside.limits import LimitError, tq_seconds
 from nodeside.protocol import MODES
 
@@ -29,12 +32,55 @@ class KiwiHandler(ExtensionHandlerMixin, APIHandler):
 
 
 class StatusHandler(KiwiHandler):
-    """``GET kiwi/api/status``: the status document plus ``reachable``."""
+    """``GET kiwi/api/status``: the status document plus ``reachable``.
+
+    With ``?after=TAG`` it is a long-poll: the answer comes when the document's tag (its field
+    ``etag``) is no longer TAG, or after ``long_poll_timeout`` seconds with a fresh document, and
+    says ``"pushed": true``. Where the daemon does not push (unreachable, or older), it answers
+    at once with ``"pushed": false``, and the panel waits its refresh interval before asking
+    again. ``after=`` (empty) answers at once with the current document and its tag.
+    """
+
+    _gone: asyncio.Event | None = None
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(json.dumps(await self.link.status()))
+        after = self.get_query_argument("after", None)
+        if after is None:
+            self.finish(json.dumps(await self.link.status()))
+            return
+        answer = await self._wait_for_change(after)
+        if answer is None:  # the browser left while it waited
+            return
+        self.finish(json.dumps(answer))
+
+    async def _wait_for_change(self, after: str) -> dict[str, Any] | None:
+        watch: StatusWatch = self.settings["kiwi_watch"]
+        timeout: float = self.settings["kiwi_long_poll_timeout"]
+        self._gone = asyncio.Event()
+        change = asyncio.ensure_future(watch.newer_than(after, timeout))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({change, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not change.done():
+                change.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await change
+        if self._gone.is_set():
+            return None
+        found = change.result()
+        if found is None:
+            return {**await self.link.status(), "pushed": False}
+        document, tag = found
+        return {**document, "etag": tag, "pushed": True}
+
+    def on_connection_close(self) -> None:
+        if self._gone is not None:
+            self._gone.set()
+        super().on_connection_close()
 
 
 class SchedulerHandler(KiwiHandler):

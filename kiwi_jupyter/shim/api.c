@@ -137,7 +137,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         buffer, size,
         "{\"version\":\"%s\",\"active\":%s,\"connected\":%s,\"failed_open\":%s,"
         "\"failed_closed\":%s,\"state\":\"%s\",\"in_cell\":%s,\"client\":%s,\"mode\":%s,"
-        "\"queue_position\":%d,\"quantum\":%.3f,\"working_set\":%llu,\"evictable\":%llu,"
+        "\"queue_position\":%d,\"position_live\":%s,\"quantum\":%.3f,\"working_set\":%llu,\"evictable\":%llu,"
         "\"allocations\":%llu,\"memory_limit\":%llu,\"evicted\":%s,\"grants\":%llu,"
         "\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
         "\"bytes_evicted\":%llu,\"bytes_skipped\":%llu,\"bytes_discarded\":%llu,"
@@ -147,7 +147,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
-        s.quantum, (unsigned long long)ws.bytes, (unsigned long long)ws.evictable,
+        s.position_live ? "true" : "false", s.quantum, (unsigned long long)ws.bytes, (unsigned long long)ws.evictable,
         (unsigned long long)ws.allocations, (unsigned long long)kiwi_memory_limit(),
         s.evicted ? "true" : "false", (unsigned long long)s.grants,
         (unsigned long long)s.drops, (unsigned long long)s.revokes,

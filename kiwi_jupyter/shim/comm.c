@@ -90,6 +90,7 @@ void kiwi_comm_link_lost(const char *why)
     pthread_mutex_lock(&kiwi_lock);
     bool was_connected = S.stats.connected;
     S.stats.connected = false;
+    S.stats.position_live = false;
     S.outage_since = kiwi_now();
     yield_seq = 0;
     if (S.stats.hold != KIWI_IDLE) {
@@ -120,6 +121,7 @@ static bool connect_and_register(void)
     kiwi_json_string(line, "mode", S.stats.mode, sizeof S.stats.mode);
     bool was_failed_open = S.stats.failed_open;
     S.stats.connected = true;
+    S.stats.position_live = kiwi_link_position_events();
     S.stats.failed_open = S.stats.failed_closed = false;
     if (was_failed_open)
         kiwi_gate_close(); /* from now on, work waits for a grant again */
@@ -331,7 +333,9 @@ void kiwi_comm_handle_line(const char *line)
         double position = 0;
         kiwi_json_number(line, "position", &position);
         pthread_mutex_lock(&kiwi_lock);
-        S.stats.queue_position = (int)position;
+        /* An event may cross a release of the wait: a process not waiting has no place. */
+        if (S.stats.hold == KIWI_WAITING)
+            S.stats.queue_position = (int)position;
         pthread_mutex_unlock(&kiwi_lock);
     } else if (strcmp(op, "drop") == 0) {
         pthread_mutex_lock(&kiwi_lock);

@@ -197,6 +197,27 @@ static void register_fields(char *fields, size_t size, uint64_t working_set)
              kiwi_cfg.gpu, (unsigned long long)working_set, kiwi_evict_proposal());
 }
 
+/* Position events (hello feature "position"): whether the latest welcome listed them. The
+ * daemon writes compact JSON, "features":["position",...], and the list holds no brackets. */
+static bool position_events;
+
+static bool welcome_lists(const char *welcome, const char *feature)
+{
+    const char *list = strstr(welcome, "\"features\":[");
+    if (!list)
+        return false;
+    const char *end = strchr(list, ']');
+    char quoted[48];
+    snprintf(quoted, sizeof quoted, "\"%s\"", feature);
+    const char *found = strstr(list, quoted);
+    return end && found && found < end;
+}
+
+bool kiwi_link_position_events(void)
+{
+    return position_events;
+}
+
 bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -210,12 +231,15 @@ bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size)
     }
     link_fd = fd;
     inbox_length = 0;
+    /* Asking for position events costs nothing on the hot path (the daemon coalesces them)
+     * and lets the waiting line show the place in the queue without asking for the status. */
     send_line("{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-shim " KIWI_SHIM_VERSION
-              "\"}");
+              "\",\"features\":[\"position\"]}");
     if (!await_reply("welcome", 0, registered, size, 5.0)) {
         kiwi_link_close("no welcome from the daemon");
         return false;
     }
+    position_events = welcome_lists(registered, "position");
     char fields[2048];
     register_fields(fields, sizeof fields, working_set);
     unsigned seq = kiwi_link_request("register", fields);

@@ -236,6 +236,7 @@ struct kiwi_stats {
     bool evicted;            /* the working set is in host memory now */
     enum kiwi_hold hold;
     int queue_position;      /* 0 when not waiting */
+    bool position_live;      /* the daemon sends an event whenever queue_position changes */
     char client[32];         /* the daemon's id for this process */
     char mode[8];
     double quantum;
@@ -284,6 +285,8 @@ void kiwi_comm_link_lost(const char *why);
 /* Connects, says hello and registers (with the working set so far); the registered reply is
  * left in registered. */
 bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size);
+/* Whether the daemon of the current connection sends "waiting" events as the position moves. */
+bool kiwi_link_position_events(void);
 bool kiwi_link_up(void);
 int kiwi_link_fd(void);
 /* Sends a request with the next seq; returns the seq, or 0 when the connection is gone. */

@@ -48,6 +48,14 @@ export function fetchStatus(): Promise<IStatusDocument> {
   return request<IStatusDocument>('kiwi/api/status');
 }
 
+/**
+ * The long-poll: answers when the status document's tag is no longer `after` (at once for a tag
+ * the server does not have, e.g. ''), or with a fresh document after the server's timeout.
+ */
+export function waitForStatus(after: string, signal?: AbortSignal): Promise<IStatusDocument> {
+  return request<IStatusDocument>(`kiwi/api/status?after=${encodeURIComponent(after)}`, { signal });
+}
+
 export function changeScheduler(change: ISchedulerChange): Promise<IStatusDocument> {
   return request<IStatusDocument>('kiwi/api/scheduler', {
     method: 'POST',

@@ -29,11 +29,13 @@ export function formatSeconds(seconds: number | null): string {
   if (s < 10) {
     return `${s.toFixed(1)} s`;
   }
-  if (s < 60) {
-    return `${Math.round(s)} s`;
+  // Round to whole seconds before splitting: 119.6 s is "2 min", never "1 min 60 s".
+  const whole = Math.round(s);
+  if (whole < 60) {
+    return `${whole} s`;
   }
-  const minutes = Math.floor(s / 60);
-  const rest = Math.round(s - minutes * 60);
+  const minutes = Math.floor(whole / 60);
+  const rest = whole - minutes * 60;
   return rest === 0 ? `${minutes} min` : `${minutes} min ${rest} s`;
 }
 

@@ -1,6 +1,7 @@
 /**
- * Wires the Kiwi GPU plugins into JupyterLab: the model and its poller, the sidebar panel, the
- * status bar item, the commands and the settings. The behaviour lives in the modules imported.
+ * Wires the Kiwi GPU plugins into JupyterLab: the model and its long-poll, the sidebar panel,
+ * the status bar item, the commands and the settings. The behaviour lives in the modules
+ * imported.
  */
 
 import {
@@ -14,7 +15,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 
-import { canWriteKiwi, changeScheduler } from './api';
+import { canWriteKiwi, changeScheduler, fetchStatus, waitForStatus } from './api';
 import { followFocusedKernel, labelKernelsBySession } from './focus';
 import { kiwiIcon } from './icon';
 import { KiwiModel } from './model';
@@ -42,7 +43,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     translator = translator ?? nullTranslator;
     const trans = translator.load('kiwi_jupyter');
     const model = new KiwiModel({ timelineWindow: DEFAULT_SETTINGS.timelineWindow });
-    const poller = new StatusPoller(model, DEFAULT_SETTINGS.refreshRate);
+    const poller = new StatusPoller(model, DEFAULT_SETTINGS.refreshRate, { waitForStatus, fetchStatus });
 
     const panel = new KiwiPanel({
       model,

@@ -40,6 +40,13 @@ export class KiwiPanel extends Widget {
     );
     this._model.changed.connect(this._render, this);
     this._render();
+    // Documents now come on change only: the quantum's countdown and the timeline move on
+    // between them, so the view is redrawn each second while it shows.
+    this._ticker = setInterval(() => {
+      if (this.isVisible && this._model.reachable) {
+        this._render();
+      }
+    }, 1000);
   }
 
   /** Show the mode and TQ controls: the server's authorizer allows this user to write. */
@@ -49,6 +56,7 @@ export class KiwiPanel extends Widget {
   }
 
   dispose(): void {
+    clearInterval(this._ticker);
     this._model.changed.disconnect(this._render, this);
     super.dispose();
   }
@@ -324,4 +332,5 @@ export class KiwiPanel extends Widget {
   private _message!: HTMLElement;
   private _canWrite = false;
   private _pending = false;
+  private _ticker: ReturnType<typeof setInterval>;
 }

@@ -76,6 +76,11 @@ export interface IStatusDocument {
   gpus?: IGpuStatus[];
   clients?: IClientStatus[];
   pools?: IPoolStatus[];
+  /** Long-poll answers only: the document's tag, to name in the next `?after=`. */
+  etag?: string;
+  /** Long-poll answers only: true when the server hears the daemon's changes, so asking again
+   * at once waits for the next one; false when it does not (poll at the refresh rate). */
+  pushed?: boolean;
 }
 
 /** `POST kiwi/api/scheduler`: either field or both. */

@@ -17,6 +17,13 @@ describe('formatting', () => {
     expect(formatSeconds(null)).toBe('–');
   });
 
+  it('rounds a duration before splitting it into minutes and seconds', () => {
+    expect(formatSeconds(119.6)).toBe('2 min');
+    expect(formatSeconds(179.5)).toBe('3 min');
+    expect(formatSeconds(59.7)).toBe('1 min');
+    expect(formatSeconds(61.4)).toBe('1 min 1 s');
+  });
+
   it('writes shares as percentages', () => {
     expect(formatShare(0.35)).toBe('35%');
     expect(formatShare(null)).toBe('–');

@@ -29,6 +29,9 @@ log = logging.getLogger("kiwi.daemon")
 
 #: Requests after which the scheduler's next deadline cannot have moved.
 _NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING})
+#: Requests after which the status document reads the same (every other one may change it:
+#: a client came, asked, gave back, reported a working set, or the mode or TQ moved).
+_NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING})
 
 
 class Requests:
@@ -48,6 +51,8 @@ class Requests:
         outcome: Outcome = getattr(self, f"_on_{op}")(session, msg, seq, now)
         if op not in _NO_RESCHEDULE:
             outcome.reschedule = True
+        if op not in _NO_CHANGE:
+            outcome.changed = True
         return outcome
 
     def complain(self, session: Session, exc: p.ProtocolError) -> None:

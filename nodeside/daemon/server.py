@@ -3,9 +3,9 @@
 Each connection (``connection.py``) feeds its bytes to a ``Session`` (``session.py``), whose
 requests ``Requests`` (``requests.py``) answers by calling the scheduler; this file carries out
 what they return: it sends the actions to the clients they name, arms one timer for the
-scheduler's next deadline, one for the connection deadlines (``admission.py``) and one for
-queue-position events (``positions.py``). Nothing here decides who gets a GPU or what a peer
-may say.
+scheduler's next deadline, one for the connection deadlines (``admission.py``), one for
+queue-position events (``positions.py``) and one for status-change events (``changes.py``).
+Nothing here decides who gets a GPU or what a peer may say.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from nodeside import protocol as p
 from nodeside.config import ConfigError, SchedulerConfig
 from nodeside.config import load as load_config
 from nodeside.daemon.admission import Admission
+from nodeside.daemon.changes import CHANGED_LINE, ChangeNotices
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.delivery import Delivery
 from nodeside.daemon.kube import PodNamespaces, PodSource
@@ -87,6 +88,7 @@ class Daemon:
                                  options.memory_used)
         self.admission = Admission(config.connections, _connection_cap())
         self.positions = PositionNotices()
+        self.changes = ChangeNotices()
         self.by_session: dict[Session, Connection] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at: float | None = None
@@ -195,6 +197,7 @@ class Daemon:
         self.delivery.apply(self.scheduler.reconfigure(config, self.now()))
         self._restore_gpu_tq()
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
+        self._note_change()  # pools, TQ or mode may read otherwise now
         self._warn_about_pools()
         self._say_if_namespaces_are_off()
 
@@ -237,6 +240,8 @@ class Daemon:
             conn.counted_as_listener = True
             if p.FEATURE_POSITION in session.features:
                 self.positions.listeners += 1
+            if p.FEATURE_CHANGES in session.features:
+                self.changes.listeners.add(session)
         if outcome.broadcast is not None:
             self._save_state()
             self._broadcast(outcome.broadcast)
@@ -246,6 +251,8 @@ class Daemon:
             self._reschedule = True  # once per turn (end_turn), not once per request
         if outcome.gpus and self.positions.mark(outcome.gpus):
             self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
+        if outcome.changed:
+            self._note_change()
 
     def end_turn(self) -> None:
         """A connection's batch of requests is answered: recompute the next deadline if needed."""
@@ -260,8 +267,10 @@ class Daemon:
         self.admission.gone(session)
         if conn.counted_as_listener and p.FEATURE_POSITION in session.features:
             self.positions.listeners -= 1
+        self.changes.listeners.discard(session)
         if session.client_id is None:
             return
+        self._note_change()  # a client gone: its row, and what it held or waited for
         self.by_client.pop(session.client_id, None)
         self.requests.forget(session.client_id)
         self.evictor.forget(session.client_id)
@@ -297,11 +306,29 @@ class Daemon:
         self._arm_timer()
         if actions and self.positions.mark(self.scheduler.gpus):
             self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
+        if actions:
+            self._note_change()
 
     def _tell_positions(self) -> None:
         for session, line in self.positions.collect(self.scheduler, self._session_of,
                                                     self.now()):
             self.by_session[session].send(line)
+
+    def _note_change(self) -> None:
+        now = self.now()
+        due = self.changes.mark(now)
+        if due is None:
+            return
+        if due <= now:  # after this turn: the grant that changed things is written first
+            self.loop.call_soon(self._tell_changes)
+        else:
+            self.loop.call_at(due, self._tell_changes)
+
+    def _tell_changes(self) -> None:
+        for session in self.changes.collect(self.now()):
+            conn = self.by_session.get(session)
+            if conn is not None:
+                conn.send(CHANGED_LINE)
 
     def _session_of(self, client_id: str) -> Session | None:
         conn = self.by_client.get(client_id)

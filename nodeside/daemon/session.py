@@ -49,6 +49,8 @@ class Outcome:
     broadcast: bytes | None = None
     #: Queues of these GPUs may have moved (for position events).
     gpus: tuple[int, ...] = ()
+    #: Something the status document shows may have changed (for ``changed`` events).
+    changed: bool = False
 
 
 class Session:

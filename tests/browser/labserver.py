@@ -56,8 +56,13 @@ def empty_notebook() -> dict[str, Any]:
 class LabServer:
     """`jupyter lab` with Kiwi; ``kiwi_args`` are extra ``--KiwiExtension.x=`` options."""
 
-    def __init__(self, *kiwi_args: str, notebooks: tuple[str, ...] = ("a.ipynb", "b.ipynb")):
+    def __init__(self, *kiwi_args: str, notebooks: tuple[str, ...] = ("a.ipynb", "b.ipynb"),
+                 panel_settings: dict[str, Any] | None = None):
         self.home = Path(tempfile.mkdtemp(prefix="kiwi-lab-", dir="/tmp"))
+        if panel_settings:  # the user's settings of the panel's plugin, as Settings would save
+            plugin = self.home / "settings" / "kiwi-jupyter" / "plugin.jupyterlab-settings"
+            plugin.parent.mkdir(parents=True)
+            plugin.write_text(json.dumps(panel_settings))
         self.root = self.home / "root"
         self.runtime = self.home / "runtime"
         self.root.mkdir()

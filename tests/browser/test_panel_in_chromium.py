@@ -151,3 +151,30 @@ def test_a_long_notebook_name_is_cut_with_an_ellipsis_and_whole_in_its_tooltip(
             client.stop_channels()
         page.close()
         lab.stop()
+
+
+def test_a_grant_shows_in_the_panel_without_waiting_for_the_refresh_interval(
+    browser: Any,
+) -> None:
+    # A minute between polls: a holder that shows within seconds came by the long-poll.
+    lab = LabServer("--KiwiExtension.tq=120", panel_settings={"refreshRate": 60_000}).start()
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    client = None
+    try:
+        kernel_a = open_notebook_with_panel(page, lab, "a.ipynb")
+        panel = page.locator(PANEL)
+        panel.get_by_text("Nobody holds this GPU.").wait_for()
+        client = lab.kernel_client(kernel_a)
+        run_cell(client, hold_gpu_code(kernel_a, wait=True))
+        panel.locator(".jp-Kiwi-holderName.jp-Kiwi-mine", has_text="a.ipynb").wait_for(
+            timeout=20_000)
+        page.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: holding'",
+            timeout=20_000)
+        run_cell(client, "kiwi.release()")
+        panel.get_by_text("Nobody holds this GPU.").wait_for(timeout=20_000)
+    finally:
+        if client is not None:
+            client.stop_channels()
+        page.close()
+        lab.stop()

@@ -604,3 +604,22 @@ def test_a_context_the_driver_says_is_gone_does_not_hold_a_release_up(long_quant
     w.call("shim.release()")
     wait_for(lambda: state_of(long_quantum, w) == "idle", what="the release")
     assert w.stats()["releases"] == 1
+
+
+def test_a_waiting_shim_follows_its_queue_position_from_the_daemons_events(
+        long_quantum, workload) -> None:
+    w = workload(KIWI_SOCKET=long_quantum.socket)
+    with Client(long_quantum.socket, name="holder") as holder, \
+            Client(long_quantum.socket, name="first") as first:
+        holder.acquire(timeout=5)
+        wait_for(lambda: first.connected, what="the first waiter's connection")
+        first.request()
+        wait_for(lambda: first.position == 1, what="the first waiter in the queue")
+        launch = w.start("d.launch()")
+        wait_for(lambda: w.stats()["queue_position"] == 2, what="the shim's place in the queue")
+        assert w.stats()["position_live"] is True  # its hello asked for position events
+        first.release()  # withdraws: the shim moves up without asking anything
+        wait_for(lambda: w.stats()["queue_position"] == 1, what="the position event")
+        holder.release()
+        assert launch.result() == 0
+        assert w.stats()["queue_position"] == 0  # a holder has no place in the queue
