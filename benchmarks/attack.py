@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.daemon import IDLERS
 from benchmarks.servers import (
     NoAnswer,
     Run,
@@ -64,29 +65,6 @@ while time.monotonic() < end:
         break  # the daemon closed us
 print(sent, flush=True)
 """
-
-# Registered idle clients, as in benchmarks/daemon.py: they connect, register and sit.
-IDLERS = """
-import json, resource, socket, sys
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-path, n = sys.argv[1], int(sys.argv[2])
-socks = []
-for i in range(n):
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(path)
-    f = s.makefile("rb")
-    s.sendall(b'{"op":"hello","version":1}\\n')
-    f.readline()
-    s.sendall(json.dumps({"op": "register", "name": f"idle-{i}",
-                          "labels": {"pod": f"notebook-{i}", "namespace": "bench"}}).encode()
-              + b"\\n")
-    f.readline()
-    socks.append(s)
-print("ready", flush=True)
-sys.stdin.readline()
-"""
-
 
 class Watch(threading.Thread):
     """Samples the daemon's RSS every 50 ms; kills the daemon past the cap."""
@@ -154,8 +132,9 @@ def main(argv: list[str] | None = None) -> str:
           serving("kiwi", tmp) as (server, sock)):
         env = environment(sock)
         rss_start = rss_bytes(server.pid)
-        idlers = subprocess.Popen([sys.executable, "-c", IDLERS, sock, str(args.idle)], env=env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        idlers = subprocess.Popen([sys.executable, "-c", IDLERS, sock, str(args.idle), "labels"],
+                                  env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
         try:
             assert idlers.stdout is not None and idlers.stdout.readline().strip() == "ready"
             rss_idle = rss_bytes(server.pid)

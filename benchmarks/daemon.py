@@ -99,11 +99,12 @@ CONTENDER = textwrap.dedent("""
 """)
 
 # Idle clients: registered connections that only sit there, as idle notebook kernels do.
+# Arguments: the socket, how many, and "labels" to give each the two labels a pod's kernel sends.
 IDLERS = textwrap.dedent("""
     import json, resource, socket, sys
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    path, n = sys.argv[1], int(sys.argv[2])
+    path, n, labelled = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["labels"]
     socks = []
     for i in range(n):
         s = socket.socket(socket.AF_UNIX)
@@ -111,7 +112,10 @@ IDLERS = textwrap.dedent("""
         f = s.makefile("rb")
         s.sendall(b'{"op":"hello","version":1}\\n')
         f.readline()
-        s.sendall(json.dumps({"op": "register", "name": f"idle-{i}"}).encode() + b"\\n")
+        register = {"op": "register", "name": f"idle-{i}"}
+        if labelled:
+            register["labels"] = {"pod": f"notebook-{i}", "namespace": "bench"}
+        s.sendall(json.dumps(register).encode() + b"\\n")
         f.readline()
         socks.append((s, f))
     print("ready", flush=True)

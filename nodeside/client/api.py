@@ -21,8 +21,8 @@ from typing import Any
 from nodeside import limits
 from nodeside import protocol as p
 from nodeside.client.common import (
+    Commands,
     KiwiError,
-    admin_refusal,
     default_name,
     env_priority,
     pod_labels,
@@ -34,7 +34,7 @@ from nodeside.names import shorten_to_bytes
 DISPLAY_NAME_ENV = "KIWI_DISPLAY_NAME"
 
 
-class Client(Connection):
+class Client(Connection, Commands):
     """A connection to the node daemon that can hold one GPU.
 
     Arguments left as None come from the environment: ``KIWI_SOCKET`` (unset: the node's socket,
@@ -158,18 +158,6 @@ class Client(Connection):
         if connected:
             self._request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable)
 
-    def status(self) -> dict[str, Any]:
-        document: dict[str, Any] = self._request(p.STATUS)["status"]
-        return document
-
-    def set_mode(self, mode: str) -> None:
-        if mode not in p.MODES:
-            raise ValueError(f"mode must be one of {', '.join(p.MODES)}, not {mode!r}")
-        self._admin(p.SET_MODE, mode=mode)
-
-    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
-        self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
-
     def ping(self) -> float:
         """Round trip to the daemon, in seconds."""
         start = time.perf_counter()
@@ -262,12 +250,8 @@ class Client(Connection):
             with contextlib.suppress(ConnectionError, TimeoutError, KiwiError):
                 self._request(p.RELEASE)
 
-    def _admin(self, op: str, **fields: Any) -> None:
-        try:
-            reply = self._request(op, **fields)
-        except KiwiError as exc:
-            raise admin_refusal(exc) from None
-        self.mode, self.tq = reply.get("mode", self.mode), reply.get("tq", self.tq)
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        return self._request(op, **fields)
 
 
 def _fit(display_name: str | None) -> str | None:

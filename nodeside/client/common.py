@@ -1,5 +1,5 @@
-"""What both clients share: the error type, how a refusal becomes a Python exception, and the
-defaults a client takes from its environment."""
+"""What both clients share: the error type, how a refusal becomes a Python exception, the
+status and admin calls, and the defaults a client takes from its environment."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from nodeside import __version__
+from nodeside import __version__, limits
 from nodeside import protocol as p
 
 #: What a client says in hello: who it is, and the optional behaviours it understands.
@@ -38,6 +38,39 @@ def admin_refusal(exc: KiwiError) -> Exception:
     if exc.code in (p.E_INVALID, p.E_LIMIT):
         return ValueError(str(exc))
     return exc
+
+
+class Commands:
+    """The requests both clients make alike: the status document and the admin calls.
+
+    A subclass says how one request goes out and comes back (``_call``: the reply, or
+    KiwiError); ``mode`` and ``tq`` follow what the daemon last said.
+    """
+
+    mode: str | None
+    tq: float | None
+
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def status(self) -> dict[str, Any]:
+        document: dict[str, Any] = self._call(p.STATUS)["status"]
+        return document
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in p.MODES:
+            raise ValueError(f"mode must be one of {', '.join(p.MODES)}, not {mode!r}")
+        self._admin(p.SET_MODE, mode=mode)
+
+    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
+        self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
+
+    def _admin(self, op: str, **fields: Any) -> None:
+        try:
+            reply = self._call(op, **fields)
+        except KiwiError as exc:
+            raise admin_refusal(exc) from None
+        self.mode, self.tq = reply.get("mode", self.mode), reply.get("tq", self.tq)
 
 
 def env_priority(value: str | None) -> str:

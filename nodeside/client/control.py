@@ -17,13 +17,12 @@ import itertools
 import socket
 from typing import Any
 
-from nodeside import limits
 from nodeside import protocol as p
-from nodeside.client.common import HELLO_FIELDS, KiwiError, admin_refusal, refusal
+from nodeside.client.common import HELLO_FIELDS, Commands, refusal
 from nodeside.client.discovery import candidates, not_found
 
 
-class ControlClient:
+class ControlClient(Commands):
     """Status and admin requests over one blocking connection; a context manager.
 
     Raises ConnectionError when nothing answers (the message says where it looked),
@@ -42,18 +41,6 @@ class ControlClient:
         self._buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
         self._lines: list[bytes] = []
         self._seq = itertools.count(1)
-
-    def status(self) -> dict[str, Any]:
-        document: dict[str, Any] = self.request(p.STATUS)["status"]
-        return document
-
-    def set_mode(self, mode: str) -> None:
-        if mode not in p.MODES:
-            raise ValueError(f"mode must be one of {', '.join(p.MODES)}, not {mode!r}")
-        self._admin(p.SET_MODE, mode=mode)
-
-    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
-        self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
 
     def ping(self) -> None:
         self.request(p.PING)
@@ -108,12 +95,8 @@ class ControlClient:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _admin(self, op: str, **fields: Any) -> None:
-        try:
-            reply = self.request(op, **fields)
-        except KiwiError as exc:
-            raise admin_refusal(exc) from None
-        self._note(reply)
+    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        return self.request(op, **fields)
 
     def _note(self, message: dict[str, Any]) -> None:
         if message.get("op") in (p.MODE, p.OK, p.WELCOME):
