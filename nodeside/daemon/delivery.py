@@ -112,6 +112,5 @@ class Delivery:
         if line is None:
             if len(self._grant_lines) >= _GRANT_LINES:
                 self._grant_lines.clear()
-            line = self._grant_lines[key] = p.encode(p.GRANT, gpu=grant.gpu,
-                                                     quantum=grant.quantum)
+            line = self._grant_lines[key] = p.grant_line(grant.gpu, grant.quantum)
         return line

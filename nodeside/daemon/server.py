@@ -81,6 +81,7 @@ class Daemon:
         self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
         self.loop = asyncio.get_running_loop()
+        self.now = self.loop.time  # type: ignore[method-assign]  # asked several times a request
         config = self._with_state(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
         self._restore_gpu_tq()
@@ -119,7 +120,7 @@ class Daemon:
         self._pods_off_said: str | None = None
 
     def now(self) -> float:
-        return self.loop.time()
+        return self.loop.time()  # replaced in __init__ by the loop's own method (no frame)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -223,7 +224,7 @@ class Daemon:
     def carry_out(self, conn: Connection, outcome: Outcome) -> None:
         """Send a session's replies and carry out the scheduler's actions, in their order."""
         session = conn.session
-        started = time.perf_counter() if outcome.handoff else None
+        started = time.perf_counter() if outcome.handoff and self.handoff_observers else None
         actions: list[Action] = []
         for item in outcome.out:
             if type(item) is bytes:
@@ -292,7 +293,10 @@ class Daemon:
 
     def _arm_timer(self) -> None:
         deadline = self.scheduler.next_deadline(self.now())
-        if deadline == self._timer_at:
+        if self._timer_at is not None and (deadline is None or self._timer_at <= deadline):
+            # The armed timer fires first: it ticks (a tick with nothing due does nothing) and
+            # arms the next one then. Moving it later on every handoff (each grant starts a
+            # quantum) would cancel and make a timer per handoff for a wake-up a TQ away.
             return
         if self._timer is not None:
             self._timer.cancel()

@@ -157,4 +157,4 @@ class Session:
         self.told_position = position
         if position is None:  # granted or gone from the queue: the grant itself says so
             return None
-        return p.encode(p.WAITING, position=position)
+        return p.waiting_line(position)

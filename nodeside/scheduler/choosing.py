@@ -147,6 +147,8 @@ class PoolsPolicy:
 
     def over_maximum(self, gpu: GpuState, pool: str, now: float,
                      shares: Mapping[str, float] | None = None) -> bool:
+        if not self.scheduler.capped:
+            return False
         cap = self.scheduler.pool(pool).cap
         if cap >= 1.0:
             return False

@@ -91,8 +91,14 @@ class WaitQueue:
             del self._lanes[client.pool]
 
     def heads(self) -> dict[str, Client]:
-        return {pool: next(lane for lane in lanes if lane).first()
-                for pool, lanes in self._lanes.items()}
+        """Each pool's next waiter (asked on every event: plain loops, no generators)."""
+        heads = {}
+        for pool, lanes in self._lanes.items():
+            for lane in lanes:
+                if lane.members:
+                    heads[pool] = lane.first()
+                    break
+        return heads
 
     def pools(self) -> set[str]:
         return set(self._lanes)

@@ -52,9 +52,15 @@ class Turns:
     def _quantum(self, gpu: int) -> float | None:
         return None if self.mode == "off" else self.tq_for(gpu)
 
-    @property
-    def preemption(self) -> bool:
-        return preemption_enabled(self.config.pools)
+    #: Read off the config once (``_read_config``), not on every event: may a holder be
+    #: preempted, and does any pool have a maximum below the whole GPU? Most nodes have no
+    #: maximum, and then no share needs measuring on a handoff's path.
+    preemption: bool
+    capped: bool
+
+    def _read_config(self) -> None:
+        self.preemption = preemption_enabled(self.config.pools)
+        self.capped = any(pool.cap < 1.0 for pool in self.config.pools.values())
 
     def _schedule_all(self, now: float) -> list[Action]:
         actions: list[Action] = []
