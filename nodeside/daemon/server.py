@@ -223,17 +223,37 @@ class Daemon:
 
     def carry_out(self, conn: Connection, outcome: Outcome) -> None:
         """Send a session's replies and carry out the scheduler's actions, in their order."""
-        session = conn.session
         started = time.perf_counter() if outcome.handoff and self.handoff_observers else None
-        actions: list[Action] = []
+        actions: list[Action] | None = None
+        send, deliver = conn.send, self.delivery.deliver
         for item in outcome.out:
             if type(item) is bytes:
-                conn.send(item)
+                send(item)
             else:
+                if actions is None:
+                    actions = []
                 actions.append(item)  # type: ignore[arg-type]
-                self.delivery.deliver(item, started)  # type: ignore[arg-type]
-        if actions:
+                deliver(item, started)  # type: ignore[arg-type]
+        if actions and self.action_observers:
             self.delivery.observe(actions)
+        if not conn.settled:
+            self._settle(conn)
+        if outcome.broadcast is not None:
+            self._save_state()
+            self._broadcast(outcome.broadcast)
+        if outcome.close:
+            conn.close()
+        if outcome.reschedule:
+            self._reschedule = True  # once per turn (end_turn), not once per request
+        # Nobody listening (the usual case): not even a call to say so.
+        if outcome.gpus and self.positions.listeners and self.positions.mark(outcome.gpus):
+            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
+        if outcome.changed and self.changes.listeners:
+            self._note_change()
+
+    def _settle(self, conn: Connection) -> None:
+        """Note a connection's client and the events it asked for, once it has said them."""
+        session = conn.session
         if session.client_id is not None and session.client_id not in self.by_client:
             self.by_client[session.client_id] = conn
             self.admission.registered(session)
@@ -243,17 +263,8 @@ class Daemon:
                 self.positions.listeners += 1
             if p.FEATURE_CHANGES in session.features:
                 self.changes.listeners.add(session)
-        if outcome.broadcast is not None:
-            self._save_state()
-            self._broadcast(outcome.broadcast)
-        if outcome.close:
-            conn.close()
-        if outcome.reschedule:
-            self._reschedule = True  # once per turn (end_turn), not once per request
-        if outcome.gpus and self.positions.mark(outcome.gpus):
-            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
-        if outcome.changed:
-            self._note_change()
+        # Both said: nothing more to note for this connection, on any later request.
+        conn.settled = conn.counted_as_listener and session.client_id is not None
 
     def end_turn(self) -> None:
         """A connection's batch of requests is answered: recompute the next deadline if needed."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 _HELLO_FIRST = "the first message must be hello"
 
 
-@dataclass
+@dataclass(slots=True)  # two are made per handoff: slots halve what that costs
 class Outcome:
     """What one request asks of the shell.
 
