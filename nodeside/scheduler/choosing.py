@@ -100,9 +100,9 @@ class PoolsPolicy:
         with j), O(pools x log waiters).
         """
         mine = gpu.waiters.index_in_pool(client)
-        pools = gpu.waiters.pools()
-        if len(pools) == 1:
+        if gpu.waiters.pool_count() == 1:
             return mine + 1
+        pools = gpu.waiters.pools()
         urgency = self._urgency(gpu, now)
         key = urgency(client.pool, mine)
         ahead = mine

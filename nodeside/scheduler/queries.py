@@ -114,6 +114,8 @@ class Queries(Turns):
             return None
         gpu = self.gpus[client.gpu]
         promised = self._promised(gpu)
+        if not promised:  # nobody was dropped for: the policy's order is the queue
+            return self.choice.position(gpu, client, now)
         ids = [c.id for c in promised]
         if client.id in ids:
             return ids.index(client.id) + 1

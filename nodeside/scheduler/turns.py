@@ -80,7 +80,8 @@ class Turns:
         # behind a stream of small ones.
         waiters, holders = gpu.waiters, gpu.holders
         while waiters and not (holders and self.mode == "on"):
-            candidate = self._keep_promise(gpu, now) or self.choice.pick(gpu, now)
+            candidate = (gpu.promised is not None and self._keep_promise(gpu, now)) \
+                or self.choice.pick(gpu, now)
             if candidate is None or (
                     holders and not room.fits_beside(gpu, [candidate], self._reserve)):
                 break
