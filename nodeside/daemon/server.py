@@ -39,7 +39,7 @@ from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.state import StateFile
 from nodeside.evict.evictor import CheckpointEvictor
-from nodeside.scheduler.core import Action, GpuSpec, Scheduler
+from nodeside.scheduler.core import GpuSpec, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -224,18 +224,16 @@ class Daemon:
     def carry_out(self, conn: Connection, outcome: Outcome) -> None:
         """Send a session's replies and carry out the scheduler's actions, in their order."""
         started = time.perf_counter() if outcome.handoff and self.handoff_observers else None
-        actions: list[Action] | None = None
         send, deliver = conn.send, self.delivery.deliver
         for item in outcome.out:
             if type(item) is bytes:
                 send(item)
             else:
-                if actions is None:
-                    actions = []
-                actions.append(item)  # type: ignore[arg-type]
                 deliver(item, started)  # type: ignore[arg-type]
-        if actions and self.action_observers:
-            self.delivery.observe(actions)
+        if self.action_observers:  # metrics: the list is made only for them
+            actions = [i for i in outcome.out if not isinstance(i, bytes)]
+            if actions:
+                self.delivery.observe(actions)
         if not conn.settled:
             self._settle(conn)
         if outcome.broadcast is not None:
