@@ -31,8 +31,12 @@ class Connection(asyncio.Protocol):
         #: in one write: a client that gives the GPU back and asks again wakes up once.
         #: Messages for other connections (the next holder's grant) still go out at once.
         self.held: list[bytes] | None = None
+        #: Bytes in ``held`` (kept as they come: backpressure asks after every request).
+        self._held_bytes = 0
         #: Counted among the peers that asked for position events (the daemon keeps count).
         self.counted_as_listener = False
+        #: Registered and counted: carry_out has nothing more to note about it.
+        self.settled = False
         self._reading_paused = False
         self._writing_paused = False
         self._turn_pending = False
@@ -73,13 +77,14 @@ class Connection(asyncio.Protocol):
         if self.closing or self._writing_paused:
             return
         session, daemon = self.session, self.daemon
+        step, carry_out, now = session.step, daemon.carry_out, daemon.now
         self.held = []
         try:
             for _ in range(REQUESTS_PER_TURN):
-                outcome = session.step(daemon.now())
+                outcome = step(now())
                 if outcome is None:
                     break
-                daemon.carry_out(self, outcome)
+                carry_out(self, outcome)
                 if self.closing or self.owed() > MAX_OWED_BYTES:
                     break
         finally:
@@ -105,7 +110,7 @@ class Connection(asyncio.Protocol):
 
     def owed(self) -> int:
         """Bytes written to this peer that it has not read yet, and those about to be."""
-        held = sum(map(len, self.held)) if self.held else 0
+        held = self._held_bytes if self.held is not None else 0
         return held + (self.transport.get_write_buffer_size() if self.transport else 0)
 
     # -- sending ----------------------------------------------------------------------------
@@ -114,11 +119,13 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.closing:
             if self.held is not None:
                 self.held.append(data)
+                self._held_bytes += len(data)
             else:
                 self.transport.write(data)
 
     def flush(self) -> None:
         held, self.held = self.held, None
+        self._held_bytes = 0
         if held and self.transport is not None and not self.closing:
             self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 

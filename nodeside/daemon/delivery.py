@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
 from nodeside.daemon import hostmem
-from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
+from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
 
 if TYPE_CHECKING:
     from nodeside.daemon.connection import Connection
@@ -68,6 +68,8 @@ class Delivery:
     def _send(self, action: Action, handoff_started: float | None) -> None:
         # A Released sends nothing here: the releaser's reply is its session's; the gate
         # needed to see it (a checkpoint to take before the next grant).
+        if type(action) is Released:
+            return
         conn = self.by_client.get(action.client)
         if isinstance(action, Grant):
             if conn is not None:
@@ -112,6 +114,5 @@ class Delivery:
         if line is None:
             if len(self._grant_lines) >= _GRANT_LINES:
                 self._grant_lines.clear()
-            line = self._grant_lines[key] = p.encode(p.GRANT, gpu=grant.gpu,
-                                                     quantum=grant.quantum)
+            line = self._grant_lines[key] = p.grant_line(grant.gpu, grant.quantum)
         return line

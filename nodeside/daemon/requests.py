@@ -45,10 +45,14 @@ class Requests:
         #: Who moves each process's memory off the GPU (the shell sets it): it answers
         #: ``register`` with the evictor chosen and may hold a grant back until a restore.
         self.evictor: CheckpointEvictor | None = None
+        #: Each request's handler, looked up once rather than by name on every request.
+        self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
+                                           Outcome]] = {
+            op: getattr(self, f"_on_{op}") for op in p.REQUESTS}
 
     def dispatch(self, session: Session, op: str, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:
-        outcome: Outcome = getattr(self, f"_on_{op}")(session, msg, seq, now)
+        outcome = self._handlers[op](session, msg, seq, now)
         if op not in _NO_RESCHEDULE:
             outcome.reschedule = True
         if op not in _NO_CHANGE:
@@ -148,7 +152,7 @@ class Requests:
                 # The action goes first (it sends nothing, but a checkpoint it starts must
                 # come before the next grant); the reply after the next holder's grant.
                 out.insert(0, action)
-                released.append(p.encode(p.RELEASED, seq=seq, evict=action.evict))
+                released.append(p.released_line(action.evict, seq))
             elif isinstance(action, Drop) and action.client == client_id:
                 # With evict_first the releaser may keep the GPU until its memory is out: the
                 # drop is the reply, so it carries seq.
@@ -171,13 +175,13 @@ class Requests:
                 if self.evictor is not None and self.evictor.hold_back(action):
                     # It is restored (or its GPU freed) first; the grant follows as an event.
                     session.told_position = 1
-                    return p.encode(p.WAITING, seq=seq, position=1)
+                    return p.waiting_line(1, seq)
                 del actions[i]
                 session.told_position = None
-                return p.encode(p.GRANT, seq=seq, gpu=action.gpu, quantum=action.quantum)
+                return p.grant_line(action.gpu, action.quantum, seq)
         position = self.scheduler.queue_position(client_id or "", now)
         session.told_position = position
-        return p.encode(p.WAITING, seq=seq, position=position)
+        return p.waiting_line(position, seq)
 
     def _on_working_set(self, session: Session, msg: dict[str, Any], seq: int | None,
                         now: float) -> Outcome:

@@ -39,7 +39,7 @@ from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.state import StateFile
 from nodeside.evict.evictor import CheckpointEvictor
-from nodeside.scheduler.core import Action, GpuSpec, Scheduler
+from nodeside.scheduler.core import GpuSpec, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -81,6 +81,7 @@ class Daemon:
         self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
         self.loop = asyncio.get_running_loop()
+        self.now = self.loop.time  # type: ignore[method-assign]  # asked several times a request
         config = self._with_state(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
         self._restore_gpu_tq()
@@ -119,7 +120,7 @@ class Daemon:
         self._pods_off_said: str | None = None
 
     def now(self) -> float:
-        return self.loop.time()
+        return self.loop.time()  # replaced in __init__ by the loop's own method (no frame)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -222,17 +223,35 @@ class Daemon:
 
     def carry_out(self, conn: Connection, outcome: Outcome) -> None:
         """Send a session's replies and carry out the scheduler's actions, in their order."""
-        session = conn.session
-        started = time.perf_counter() if outcome.handoff else None
-        actions: list[Action] = []
+        started = time.perf_counter() if outcome.handoff and self.handoff_observers else None
+        send, deliver = conn.send, self.delivery.deliver
         for item in outcome.out:
             if type(item) is bytes:
-                conn.send(item)
+                send(item)
             else:
-                actions.append(item)  # type: ignore[arg-type]
-                self.delivery.deliver(item, started)  # type: ignore[arg-type]
-        if actions:
-            self.delivery.observe(actions)
+                deliver(item, started)  # type: ignore[arg-type]
+        if self.action_observers:  # metrics: the list is made only for them
+            actions = [i for i in outcome.out if not isinstance(i, bytes)]
+            if actions:
+                self.delivery.observe(actions)
+        if not conn.settled:
+            self._settle(conn)
+        if outcome.broadcast is not None:
+            self._save_state()
+            self._broadcast(outcome.broadcast)
+        if outcome.close:
+            conn.close()
+        if outcome.reschedule:
+            self._reschedule = True  # once per turn (end_turn), not once per request
+        # Nobody listening (the usual case): not even a call to say so.
+        if outcome.gpus and self.positions.listeners and self.positions.mark(outcome.gpus):
+            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
+        if outcome.changed and self.changes.listeners:
+            self._note_change()
+
+    def _settle(self, conn: Connection) -> None:
+        """Note a connection's client and the events it asked for, once it has said them."""
+        session = conn.session
         if session.client_id is not None and session.client_id not in self.by_client:
             self.by_client[session.client_id] = conn
             self.admission.registered(session)
@@ -242,17 +261,8 @@ class Daemon:
                 self.positions.listeners += 1
             if p.FEATURE_CHANGES in session.features:
                 self.changes.listeners.add(session)
-        if outcome.broadcast is not None:
-            self._save_state()
-            self._broadcast(outcome.broadcast)
-        if outcome.close:
-            conn.close()
-        if outcome.reschedule:
-            self._reschedule = True  # once per turn (end_turn), not once per request
-        if outcome.gpus and self.positions.mark(outcome.gpus):
-            self.loop.call_later(POSITION_INTERVAL, self._tell_positions)
-        if outcome.changed:
-            self._note_change()
+        # Both said: nothing more to note for this connection, on any later request.
+        conn.settled = conn.counted_as_listener and session.client_id is not None
 
     def end_turn(self) -> None:
         """A connection's batch of requests is answered: recompute the next deadline if needed."""
@@ -292,7 +302,10 @@ class Daemon:
 
     def _arm_timer(self) -> None:
         deadline = self.scheduler.next_deadline(self.now())
-        if deadline == self._timer_at:
+        if self._timer_at is not None and (deadline is None or self._timer_at <= deadline):
+            # The armed timer fires first: it ticks (a tick with nothing due does nothing) and
+            # arms the next one then. Moving it later on every handoff (each grant starts a
+            # quantum) would cancel and make a timer per handoff for a wake-up a TQ away.
             return
         if self._timer is not None:
             self._timer.cancel()

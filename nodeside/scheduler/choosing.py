@@ -100,9 +100,9 @@ class PoolsPolicy:
         with j), O(pools x log waiters).
         """
         mine = gpu.waiters.index_in_pool(client)
-        pools = gpu.waiters.pools()
-        if len(pools) == 1:
+        if gpu.waiters.pool_count() == 1:
             return mine + 1
+        pools = gpu.waiters.pools()
         urgency = self._urgency(gpu, now)
         key = urgency(client.pool, mine)
         ahead = mine
@@ -147,6 +147,8 @@ class PoolsPolicy:
 
     def over_maximum(self, gpu: GpuState, pool: str, now: float,
                      shares: Mapping[str, float] | None = None) -> bool:
+        if not self.scheduler.capped:
+            return False
         cap = self.scheduler.pool(pool).cap
         if cap >= 1.0:
             return False

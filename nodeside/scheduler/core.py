@@ -66,6 +66,7 @@ __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "
 class Scheduler(Queries):
     def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
         self.config = config
+        self._read_config()
         self._pools: dict[str, Pool] = {}
         self.mode = config.mode
         self.tq = config.tq
@@ -95,6 +96,7 @@ class Scheduler(Queries):
     def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
         self.config = config
+        self._read_config()
         self._pools = {}
         if config.policy != self.choice.name:
             self.choice = POLICIES[config.policy](self)

@@ -40,10 +40,11 @@ class Queries(Turns):
         for gpu in self.gpus.values():
             if self.mode == "off":
                 continue
+            capped = self.capped
             for holder in gpu.holders.values():
                 hold = holder.hold
                 assert hold is not None
-                if self.pool(holder.pool).cap < 1.0:
+                if capped and self.pool(holder.pool).cap < 1.0:
                     timeless = False  # its share crosses the maximum as time goes
                 if hold.drop_sent_at is not None:
                     deadlines.append(hold.drop_sent_at + self.config.grace)
@@ -56,8 +57,11 @@ class Queries(Turns):
                         timeless = False
             if not gpu.waiters:
                 continue
-            timeless = timeless and all(self.pool(p).cap >= 1.0 for p in gpu.waiters.pools())
-            if any(self.choice.over_maximum(gpu, pool, now) for pool in gpu.waiters.pools()):
+            if capped:
+                timeless = timeless and all(self.pool(p).cap >= 1.0
+                                            for p in gpu.waiters.pools())
+            if capped and any(self.choice.over_maximum(gpu, pool, now)
+                              for pool in gpu.waiters.pools()):
                 deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
                 timeless = False
             elif self._grantable(gpu, now):
@@ -71,10 +75,12 @@ class Queries(Turns):
 
     def _grantable(self, gpu: GpuState, now: float) -> bool:
         """Would a schedule now grant someone? (mode on or auto)"""
+        if gpu.holders and self.mode != "auto":
+            return False  # mode on grants nobody beside a holder, whoever would be next
         candidate = self.choice.pick(gpu, now)
         if candidate is None:
             return False
-        return not gpu.holders or (self.mode == "auto" and self._fits(gpu, [candidate]))
+        return not gpu.holders or self._fits(gpu, [candidate])
 
     def _fits(self, gpu: GpuState, newcomers: list[Client]) -> bool:
         return room.fits_beside(gpu, newcomers, self.config.memory_reserve)
@@ -108,6 +114,8 @@ class Queries(Turns):
             return None
         gpu = self.gpus[client.gpu]
         promised = self._promised(gpu)
+        if not promised:  # nobody was dropped for: the policy's order is the queue
+            return self.choice.position(gpu, client, now)
         ids = [c.id for c in promised]
         if client.id in ids:
             return ids.index(client.id) + 1

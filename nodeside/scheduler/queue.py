@@ -52,8 +52,9 @@ class Lane:
         self._arrivals.popleft()
         while self._arrivals and self._arrivals[0] not in self._ticket:
             self._arrivals.popleft()
-        floor = self._ticket[self._arrivals[0]] if self._arrivals else self._next
-        del self._gone[:bisect_left(self._gone, floor)]
+        if self._gone:  # none left from the middle (the usual case): nothing to forget
+            floor = self._ticket[self._arrivals[0]] if self._arrivals else self._next
+            del self._gone[:bisect_left(self._gone, floor)]
 
     def first(self) -> Client:
         return self.members[self._arrivals[0]]
@@ -87,15 +88,27 @@ class WaitQueue:
             return
         lanes = self._lanes[client.pool]
         lanes[PRIORITY_RANK[client.priority]].remove(client.id)
-        if not any(lanes):
-            del self._lanes[client.pool]
+        for lane in lanes:
+            if lane.members:
+                return
+        del self._lanes[client.pool]
 
     def heads(self) -> dict[str, Client]:
-        return {pool: next(lane for lane in lanes if lane).first()
-                for pool, lanes in self._lanes.items()}
+        """Each pool's next waiter (asked on every event: plain loops, no generators)."""
+        heads = {}
+        for pool, lanes in self._lanes.items():
+            for lane in lanes:
+                if lane.members:
+                    heads[pool] = lane.first()
+                    break
+        return heads
 
     def pools(self) -> set[str]:
         return set(self._lanes)
+
+    def pool_count(self) -> int:
+        """How many pools wait (no set built: asked for every waiting reply)."""
+        return len(self._lanes)
 
     def in_order(self, pool: str) -> list[Client]:
         """A pool's waiters in the order it serves them: priority, then request order."""

@@ -52,9 +52,15 @@ class Turns:
     def _quantum(self, gpu: int) -> float | None:
         return None if self.mode == "off" else self.tq_for(gpu)
 
-    @property
-    def preemption(self) -> bool:
-        return preemption_enabled(self.config.pools)
+    #: Read off the config once (``_read_config``), not on every event: may a holder be
+    #: preempted, and does any pool have a maximum below the whole GPU? Most nodes have no
+    #: maximum, and then no share needs measuring on a handoff's path.
+    preemption: bool
+    capped: bool
+
+    def _read_config(self) -> None:
+        self.preemption = preemption_enabled(self.config.pools)
+        self.capped = any(pool.cap < 1.0 for pool in self.config.pools.values())
 
     def _schedule_all(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -72,14 +78,18 @@ class Turns:
         # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
         # the first waiter that does not fit stops the others, so a big request never starves
         # behind a stream of small ones.
-        while gpu.waiters and not (gpu.holders and self.mode == "on"):
-            candidate = self._keep_promise(gpu, now) or self.choice.pick(gpu, now)
+        waiters, holders = gpu.waiters, gpu.holders
+        while waiters and not (holders and self.mode == "on"):
+            candidate = (gpu.promised is not None and self._keep_promise(gpu, now)) \
+                or self.choice.pick(gpu, now)
             if candidate is None or (
-                    gpu.holders and not room.fits_beside(gpu, [candidate], self._reserve)):
+                    holders and not room.fits_beside(gpu, [candidate], self._reserve)):
                 break
             actions.append(self._grant(gpu, candidate, now))
-        actions.extend(self._preempt(gpu, now))
-        actions.extend(self._end_quanta(gpu, now))
+        if waiters:  # with nobody waiting, nobody to preempt for
+            actions.extend(self._preempt(gpu, now))
+        if holders:
+            actions.extend(self._end_quanta(gpu, now))
         return actions
 
     @property
@@ -91,9 +101,10 @@ class Turns:
                                reserve=self._reserve)
 
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        if self.mode == "off" or not gpu.waiters or not self.preemption:
+        if self.mode == "off" or not self.preemption or not gpu.waiters:
             return []  # nobody to preempt for: no shares to measure on this hot path
-        victims = [h for h in room.staying(gpu) if h.preemptible]
+        victims = [h for h in gpu.holders.values()
+                   if h.preemptible and h.hold_state is HoldState.HOLDING]
         if not victims:
             return []
         shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
@@ -131,10 +142,12 @@ class Turns:
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
         actions: list[Action] = []
         tq = self.tq_for(gpu.spec.index)
+        cuts = self.choice.cuts_quanta  # if not, every quantum is the TQ
         for holder in room.staying(gpu):
             hold = holder.hold
             assert hold is not None
-            if now < hold.quantum_start + self._quantum_length(gpu, holder, now) - _EPS:
+            length = self._quantum_length(gpu, holder, now) if cuts else tq
+            if now < hold.quantum_start + length - _EPS:
                 continue
             # The holder competes as if it asked again now, at the tail; if it would win
             # anyway it keeps the GPU and hears nothing.
