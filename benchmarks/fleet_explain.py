@@ -8,10 +8,14 @@ to one cause, the first that applies:
 * ``own memory moves``: it holds the GPU, and its own grant is still moving memory;
 * ``handoff: memory moves``: another holder's grant is moving memory;
 * ``handoff: holder giving back``: the holder was asked to leave and has not yet;
-* ``holder's remaining quantum``: it is next, and the holder works on;
+* ``holder's remaining quantum``: it is next, and the holder works on; under a policy that cuts
+  quanta, split by why the quantum is not cut yet: ``LOW never cuts``, ``not lighter than
+  half the holder`` (``CUT_RATIO``), ``cut due`` (after the first quantum or the memory
+  moves' cost);
 * ``higher priority``: the next holder-to-be has a higher priority;
-* ``pool rule``: the next is of another pool, chosen by the pools' rules (a guarantee owed, a
-  pool further below its entitlement) rather than by attained service;
+* ``pool rule: guarantee owed`` / ``pool rule: share``: the next is of another pool, chosen by
+  the pools' rules (a guarantee owed, a pool further below its entitlement) rather than by
+  attained service;
 * ``other pool, less used``: the next is of another pool, chosen by attained service;
 * ``counted heavy for earlier cells``: the next, of its own lane, used less GPU time than this
   cell's notebook did including its earlier cells, but more than this request alone;
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
 from nodeside.scheduler.actions import Action, Drop, Grant
-from nodeside.scheduler.interactive import InteractivePolicy
+from nodeside.scheduler.interactive import CUT_RATIO, InteractivePolicy
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 
 if TYPE_CHECKING:
@@ -40,7 +44,9 @@ if TYPE_CHECKING:
 
 CAUSES = (
     "own memory moves", "handoff: memory moves", "handoff: holder giving back",
-    "holder's remaining quantum", "higher priority", "pool rule", "other pool, less used",
+    "holder's remaining quantum", "holder's quantum: LOW never cuts",
+    "holder's quantum: not lighter than half the holder", "holder's quantum: cut due",
+    "higher priority", "pool rule: guarantee owed", "pool rule: share", "other pool, less used",
     "counted heavy for earlier cells", "waiters ahead",
 )
 _EPS = 1e-9
@@ -120,7 +126,7 @@ class Explain:
             span = replay._open_spans.get(holder_id)
             if span is not None and span.start + span.switching > now + _EPS:
                 moving_until = span.start + span.switching
-        for holder_id, holder in gpu.holders.items():
+        for holder_id in gpu.holders:
             if not self._is_short(holder_id):
                 continue
             span = replay._open_spans.get(holder_id)
@@ -141,17 +147,27 @@ class Explain:
                 self._pending.append((after, None, ""))
 
     def _cause(self, replay: Replay, gpu: GpuState, waiter: Client, nxt: Client | None) -> str:
-        if nxt is None or nxt.id == waiter.id:
-            return "holder's remaining quantum"
-        if PRIORITY_RANK[nxt.priority] < PRIORITY_RANK[waiter.priority]:
-            return "higher priority"
         policy = replay.scheduler.choice
         interactive = isinstance(policy, InteractivePolicy)
+        if nxt is None or nxt.id == waiter.id:
+            holder = next(iter(gpu.holders.values()), None)
+            if not interactive or holder is None:
+                return "holder's remaining quantum"
+            if PRIORITY_RANK[waiter.priority] > PRIORITY_RANK[holder.priority]:
+                return "holder's quantum: LOW never cuts"
+            if policy.attained(waiter.id, replay.now) > CUT_RATIO * policy.attained(
+                    holder.id, replay.now):
+                return "holder's quantum: not lighter than half the holder"
+            return "holder's quantum: cut due"
+        if PRIORITY_RANK[nxt.priority] < PRIORITY_RANK[waiter.priority]:
+            return "higher priority"
         if nxt.pool != waiter.pool:
+            if policy.below_guarantee(gpu, nxt, replay.now):
+                return "pool rule: guarantee owed"
             if interactive and policy.attained(nxt.id, replay.now) < policy.attained(
-                    waiter.id, replay.now) and not policy.below_guarantee(gpu, nxt, replay.now):
+                    waiter.id, replay.now):
                 return "other pool, less used"
-            return "pool rule"
+            return "pool rule: share"
         if interactive and not policy.starved(nxt):
             now = replay.now
             theirs = policy.attained(nxt.id, now)
