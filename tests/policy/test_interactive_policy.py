@@ -49,6 +49,20 @@ def test_a_short_cell_goes_ahead_of_a_training_run():
     assert drops[0].reason == "quantum"
 
 
+def test_a_cell_after_a_minute_of_thought_counts_as_light_again():
+    """A ran a 60 s cell, read its output for a minute and runs a 1 s cell, while B's training
+    run has held the GPU for that minute. What A used before its minute of thought is history:
+    its new cell cuts B's quantum short instead of waiting out B's TQ."""
+    replay = Replay(make_scheduler({"tq": 30.0, **INTERACTIVE}), release_delay=0.2)
+    a, b = replay.add("A"), replay.add("B")
+    replay.burst(a, 60.0, when=0.0)
+    replay.burst(b, 1e12, when=60.0)
+    replay.burst(a, 1.0, when=120.0)
+    replay.run_until(200.0)
+    # B is asked to drop after the first quantum (0.25 s), then gives back in 0.2 s.
+    assert finish_time(replay, "A") == pytest.approx(120.0 + 0.25 + 0.2 + 1.0)
+
+
 def test_the_waiter_that_used_least_recently_goes_first():
     replay = Replay(make_scheduler({"tq": 5.0, **INTERACTIVE}))
     greedy(replay, "trainer")
