@@ -13,9 +13,9 @@ to one cause, the first that applies:
   half the holder`` (``CUT_RATIO``), ``cut due`` (after the first quantum or the memory
   moves' cost);
 * ``higher priority``: the next holder-to-be has a higher priority;
-* ``pool rule: guarantee owed`` / ``pool rule: share``: the next is of another pool, chosen by
-  the pools' rules (a guarantee owed, a pool further below its entitlement) rather than by
-  attained service;
+* ``pool rule: guarantee owed`` / ``pool rule: share``: the next is of another pool (or the
+  holder, competing as if it asked again, is), chosen by the pools' rules (a guarantee owed, a
+  pool further below its entitlement) rather than by attained service;
 * ``other pool, less used``: the next is of another pool, chosen by attained service;
 * ``counted heavy for earlier cells``: the next, of its own lane, used less GPU time than this
   cell's notebook did including its earlier cells, but more than this request alone;
@@ -37,6 +37,7 @@ from nodeside import protocol as p
 from nodeside.scheduler.actions import Action, Drop, Grant
 from nodeside.scheduler.interactive import CUT_RATIO, InteractivePolicy
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
+from nodeside.scheduler.turns import _TAIL_ORDER, _as_tail
 
 if TYPE_CHECKING:
     from benchmarks.fleet import Cell
@@ -155,6 +156,15 @@ class Explain:
                 return "holder's remaining quantum"
             if PRIORITY_RANK[waiter.priority] > PRIORITY_RANK[holder.priority]:
                 return "holder's quantum: LOW never cuts"
+            # The holder competes as if it asked again (turns._end_quanta): where it would win,
+            # its quantum is not cut, and it is the pools' rules or its lane's order that keep it.
+            tail = policy.pick(gpu, replay.now, _as_tail(holder, _TAIL_ORDER))
+            if tail is not None and tail.id == holder.id:
+                if holder.pool == waiter.pool:
+                    return "waiters ahead"
+                if policy.below_guarantee(gpu, holder, replay.now):
+                    return "pool rule: guarantee owed"
+                return "pool rule: share"
             if policy.attained(waiter.id, replay.now) > CUT_RATIO * policy.attained(
                     holder.id, replay.now):
                 return "holder's quantum: not lighter than half the holder"
