@@ -123,6 +123,19 @@ def test_a_quantum_is_cut_short_only_when_moving_memory_pays(bandwidth, cut_at):
         assert kinds(sched.tick(cut_at)) == [("Drop", a.id)]
 
 
+def test_a_holder_kept_for_quanta_has_paid_for_its_memory_move():
+    """A has held the GPU alone for a minute (its quanta renewed): its memory moved in at its
+    grant, long paid for. B's short request cuts the quantum at once, not after twice the
+    move's cost counted from the renewed quantum's start (which would be 72 s)."""
+    sched = make_scheduler({"tq": 30.0, "memory_reserve": 0, **INTERACTIVE,
+                            "interactive": {"link_bandwidth": 10 * GiB}}, memory=40 * GiB)
+    a = sched.register(0.0, name="A", working_set=30 * GiB)
+    b = sched.register(0.0, name="B", working_set=30 * GiB)
+    sched.acquire(0.0, a.id)
+    # Moving 30 + 30 GiB takes 6 s; A's quantum started again at 60.
+    assert ("Drop", a.id) in kinds(sched.acquire(61.0, b.id))
+
+
 def test_guarantees_come_before_least_attained_service():
     """Pool a is below its guarantee: its request goes next, though b's used less."""
     pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
