@@ -14,8 +14,7 @@ Three rules keep that safe (docs/policy.md; tests/policy/test_interactive_policy
   pools, least attained service decides only while their shortfalls from their entitlements
   differ by at most SHARE_TOLERANCE; a LOW request never cuts a quantum short;
 - never switching at a loss: a holder's quantum is cut short only for a client that used at
-  most CUT_RATIO of the holder's recent GPU time, only once its hold (since the grant, not the
-  quantum: a kept holder's memory moved long ago) has lasted ``first_quantum`` or COST_FACTOR
+  most CUT_RATIO of the holder's recent GPU time, only after ``first_quantum`` or COST_FACTOR
   times the time moving both working sets would take, whichever is longer, and only when the
   wait that saves is longer than moving the memory there and back. Working sets are the ones
   clients report; an unknown one counts as the whole GPU, as in mode auto.
@@ -228,12 +227,7 @@ class InteractivePolicy(PoolsPolicy):
         if self.attained(winner.id, now) > CUT_RATIO * self.attained(holder.id, now):
             return tq
         cost = self.switch_cost(gpu, holder, winner)
-        # The holder's memory moved in at its grant, not at this quantum's start: a holder
-        # kept for quanta on end (alone, or winning at the tail) has long paid for its move
-        # and owes a light waiter no further wait for it.
-        hold = holder.hold
-        kept = hold.quantum_start - hold.granted_at if hold is not None else 0.0
-        early = max(0.0, max(self.settings.first_quantum, COST_FACTOR * cost) - kept)
+        early = max(self.settings.first_quantum, COST_FACTOR * cost)
         if tq - early <= 2 * cost:
             return tq  # the wait saved is worth less than moving the memory there and back
         return early
