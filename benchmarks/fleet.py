@@ -1,6 +1,7 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
+                               [--explain]
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as

@@ -98,7 +98,7 @@ class Explain:
         for action in actions:
             if isinstance(action, Grant):
                 self.grants += 1
-                span = replay._open_spans.get(action.client)
+                span = replay.open_span(action.client)
                 if span is not None and span.switching > 0:
                     self.grants_moving += 1
             elif isinstance(action, Drop):
@@ -112,7 +112,7 @@ class Explain:
                 if self._is_short(action.client):
                     self.short_dropped[action.reason] += 1
         policy = sched.choice
-        for client_id, wait in replay._open_waits.items():
+        for client_id, wait in replay.open_waits().items():
             if wait.start == replay.now and self._is_short(client_id) \
                     and isinstance(policy, InteractivePolicy):
                 gpu = sched.gpus[sched.clients[client_id].gpu]
@@ -124,13 +124,13 @@ class Explain:
         now = replay.now
         moving_until = None
         for holder_id in gpu.holders:
-            span = replay._open_spans.get(holder_id)
+            span = replay.open_span(holder_id)
             if span is not None and span.start + span.switching > now + _EPS:
                 moving_until = span.start + span.switching
         for holder_id in gpu.holders:
             if not self._is_short(holder_id):
                 continue
-            span = replay._open_spans.get(holder_id)
+            span = replay.open_span(holder_id)
             if span is not None and span.start + span.switching > now + _EPS:
                 self._pending.append(("own memory moves", span.start + span.switching, ""))
         if not gpu.waiters:
