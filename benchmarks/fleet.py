@@ -1,6 +1,7 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
+                               [--explain]
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
@@ -61,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import percentile
-from benchmarks.fleet_report import side_by_side
+from benchmarks.fleet_explain import Explain
+from benchmarks.fleet_report import explain_table, side_by_side
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 from nodeside.scheduler.pools import entitlements
@@ -165,8 +167,11 @@ class Contention:
 
 def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: str,
                 memory: int | None, tq: float, policy: str = "round-robin",
-                bandwidth: float | None = None, tuning: dict | None = None
+                bandwidth: float | None = None, tuning: dict | None = None,
+                open_cells: dict[str, Cell] | None = None
                 ) -> tuple[Replay, list[Cell], Contention]:
+    """The fleet, ready to run; ``open_cells`` (if given) maps each client id to its GPU cell
+    in progress, for observers that explain the waits."""
     rng = random.Random(seed)
     sizes = random.Random(seed + 1)  # its own stream: the same traces in every mode
     settings = {"tq": tq, "mode": mode, "pools": POOLS}
@@ -194,13 +199,13 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
         # Pools alternate, GPUs every two notebooks: each GPU gets notebooks of both pools.
         worker = replay.add(f"nb{n:02d}", pool=pool, priority=priority, gpu=(n // 2) % gpus,
                             working_set=size if memory else None)
-        _start_notebook(replay, worker, rng, workload, cells, priority)
+        _start_notebook(replay, worker, rng, workload, cells, priority,
+                        {} if open_cells is None else open_cells)
     return replay, cells, contention
 
 
 def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workload,
-                    cells: list[Cell], priority: str = "NORMAL") -> None:
-    current: list[Cell] = []
+                    cells: list[Cell], priority: str, open_cells: dict[str, Cell]) -> None:
 
     def next_cell(now: float) -> None:
         start = now + rng.lognormvariate(_mu(w.think_median), w.think_sigma)
@@ -209,7 +214,7 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
         if rng.random() < w.gpu_cell_probability:
             burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
             cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority)
-            current[:] = [cell]
+            open_cells[worker.id] = cell
             cells.append(cell)
             replay.burst(worker, burst, when=start)
         else:
@@ -217,9 +222,9 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
             replay.at(start + cpu, lambda: next_cell(replay.now))
 
     def done(_: Worker, now: float) -> None:
-        if current:
-            current[0].end = now
-            current.clear()
+        cell = open_cells.pop(worker.id, None)
+        if cell is not None:
+            cell.end = now
         next_cell(now)
 
     worker.on_done = done
@@ -233,13 +238,19 @@ def _mu(median: float) -> float:
 
 def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         mode: str = "on", memory: int | None = GPU_MEMORY, tq: float = 30.0,
-        policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None) -> dict:
-    """One replay of the fleet; ``link`` names the host link (``none``: no switching costs)."""
+        policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None,
+        explain: bool = False) -> dict:
+    """One replay of the fleet; ``link`` names the host link (``none``: no switching costs);
+    ``explain`` adds where short cells' waiting went (``fleet_explain``)."""
     workload = Workload()
     duration = hours * 3600.0
     started = time.perf_counter()
+    open_cells: dict[str, Cell] = {}
     replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq,
-                                            policy, LINKS[link], tuning)
+                                            policy, LINKS[link], tuning, open_cells)
+    explainer = Explain(SHORT_CELL, open_cells) if explain else None
+    if explainer is not None:
+        replay.observers.append(explainer.observe)
     replay.run_until(duration)
     wall = time.perf_counter() - started
     finished = [c for c in cells if c.end is not None and c.end <= duration]
@@ -260,7 +271,13 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     by_priority = {p: [_slowdown(c) for c in finished if c.burst < SHORT_CELL
                        and c.priority == p] for p in ("NORMAL", "LOW")}
     long = [_slowdown(c) for c in finished if c.burst >= SHORT_CELL]
+    explained = {}
+    if explainer is not None:
+        explainer.observe(replay, [])  # charge the last interval
+        explained = {"explain": explainer.report(
+            sum(c.wait for c in finished if c.burst < SHORT_CELL))}
     return {
+        **explained,
         "mode": mode, "policy": policy, "link": link, "notebooks": notebooks, "gpus": gpus,
         "hours": hours, "tq": tq, "seed": seed, "cells": len(finished),
         "offered_load": offered / (duration * gpus),
@@ -331,16 +348,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--plot", action="store_true",
                         help="draw docs/timeline.png and the fleet timelines into docs/")
+    parser.add_argument("--explain", action="store_true",
+                        help="also break short cells' waiting down by cause, run by run")
     args = parser.parse_args(argv)
     results = []
     # Side-by-side holds in mode auto are modelled as running at full speed, which flatters
     # it: two kernels sharing the SMs each run slower in reality.
     for label, mode, tq, policy, link in RUNS:
         result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
-                     policy, link)
+                     policy, link, explain=args.explain)
         result["label"] = label
         results.append(result)
     print(side_by_side(results))
+    if args.explain:
+        print()
+        print(explain_table(results))
     if args.json:
         args.json.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")}
                                          for r in results], indent=2))

@@ -55,3 +55,51 @@ def side_by_side(results: list[dict], base_label: str = "round robin, TQ 30 s") 
     for name, cell in rows(base):
         lines.append(f"| {name} | " + " | ".join(cell(r) for r in results) + " |")
     return "\n".join(lines)
+
+
+def explain_table(results: list[dict]) -> str:
+    """Where short cells' waiting went (``--explain``), one column per run: each cause's share
+    of the waiting, then the decisions behind it."""
+    from benchmarks.fleet_explain import CAUSES
+
+    explained = [r for r in results if "explain" in r]
+    lines = [
+        "Short cells' waiting by cause (share of all their waiting seconds)",
+        "",
+        "| | " + " | ".join(r.get("label", r["mode"]) for r in explained) + " |",
+        "| --- |" + " --- |" * len(explained),
+    ]
+
+    def share(cause: str) -> Callable[[dict], str]:
+        def cell(r: dict) -> str:
+            seconds = r["explain"]["short_wait_seconds"]
+            total = sum(seconds.values())
+            return f"{seconds.get(cause, 0.0) / total:.1%}" if total else "-"
+        return cell
+
+    figures: list[Row] = [(cause, share(cause)) for cause in CAUSES]
+    figures += [
+        ("short cells' waiting, explained / measured (s)",
+         lambda r: f"{sum(r['explain']['short_wait_seconds'].values()):.0f} / "
+                   f"{r['explain']['short_wait_total']:.0f}"),
+        ("mean wait per short cell (s)",
+         lambda r: f"{r['explain']['short_wait_total'] / max(1, r['short_cells']):.1f}"),
+        ("quanta ended with waiters / of them cut short",
+         lambda r: f"{r['explain']['quanta_ended']} / {r['explain']['cut_short']}"),
+        ("a cut-short quantum ran, mean (s)",
+         lambda r: f"{r['explain']['cut_short_ran_mean']:.2f}"),
+        ("short cells dropped mid-cell, by reason",
+         lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r["explain"]["short_dropped"].items()))
+         or "none"),
+        ("grants / of them moving memory",
+         lambda r: f"{r['explain']['grants']} / {r['explain']['grants_moving_memory']}"),
+        ("short-cell requests: with over 1 s of recent GPU time / median (s)",
+         lambda r: f"{r['explain']['short_asked_with_history']} of "
+                   f"{r['explain']['short_asked']} / "
+                   f"{r['explain']['short_asked_attained_median']:.1f}"),
+        ("short-cell requests at most half the holder's recent GPU time",
+         lambda r: str(r["explain"]["short_asked_lighter_than_half_the_holder"])),
+    ]
+    for name, cell in figures:
+        lines.append(f"| {name} | " + " | ".join(cell(r) for r in explained) + " |")
+    return "\n".join(lines)

@@ -43,7 +43,11 @@ class InteractiveSettings:
     #: recently may cut its quantum short (raised when moving memory would cost more).
     first_quantum: float = 0.25
     #: Seconds after which GPU time used counts half: how long a training run is remembered.
-    half_life: float = 300.0
+    #: About a person's think time between cells (the fleet model's median is 40 s): a cell
+    #: run after reading the last one's output starts nearly afresh, while a client that asks
+    #: again at once (a run split into many requests) still carries what it used. Five
+    #: minutes made nearly every notebook look heavy (fleet --explain; docs/policy.md).
+    half_life: float = 30.0
     #: How many times a waiter may be passed over by later requests of its own pool and
     #: priority; after that it is served in request order, as under round robin.
     pass_bound: int = 3

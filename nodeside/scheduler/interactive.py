@@ -40,6 +40,9 @@ COST_FACTOR = 2.0
 #: A waiter cuts a quantum short only if it used at most this fraction of the holder's recent
 #: GPU time: two training runs never ping-pong by early cuts, they alternate by quanta.
 CUT_RATIO = 0.5
+#: Seconds between a hold that ended by a drop and the client's next request within which the
+#: request goes on (the client asks again at once to continue its work); later, it is a new one.
+GOES_ON_WITHIN = 1.0
 #: How far below its entitlement (a fraction of the GPU's time, over the share window) a pool
 #: may fall before the pools' order overrides least attained service between pools.
 SHARE_TOLERANCE = 0.05
@@ -56,6 +59,8 @@ class InteractivePolicy(PoolsPolicy):
         #: Client id -> GPU seconds of the request in progress (its holds so far, across drops).
         self._request: dict[str, float] = {}
         self._holding_since: dict[str, float] = {}
+        #: Client id -> when its last hold ended by a drop, its request left open (``_settle``).
+        self._dropped_at: dict[str, float] = {}
         #: Client id -> times passed over by a later request of its pool and priority, this wait.
         self.passed: dict[str, int] = {}
 
@@ -68,13 +73,37 @@ class InteractivePolicy(PoolsPolicy):
     def attained(self, client_id: str, now: float) -> float:
         """GPU seconds used: the request in progress in full, its open hold included, and the
         earlier ones each counting half after ``half_life`` seconds."""
-        value, at = self._used.get(client_id, (0.0, now))
-        value *= 0.5 ** (max(0.0, now - at) / self.settings.half_life)
+        self._settle(client_id)
+        value = self._history(client_id, now)
         since = self._holding_since.get(client_id)
         value += self._request.get(client_id, 0.0)
         return value + (now - since if since is not None else 0.0)
 
+    def _history(self, client_id: str, now: float) -> float:
+        value, at = self._used.get(client_id, (0.0, now))
+        return value * 0.5 ** (max(0.0, now - at) / self.settings.half_life)
+
+    def _settle(self, client_id: str) -> None:
+        """A hold that ended by a drop leaves its request open: the client asks again at once
+        to go on. If instead it asked again only later (its cell had ended while the drop was
+        out: the release answered the drop and the work both), that request was over when
+        the hold ended, and its GPU time is history from then on."""
+        ended = self._dropped_at.get(client_id)
+        if ended is None:
+            return
+        client = self.scheduler.clients.get(client_id)
+        asked = client.requested_at if client is not None else None
+        if asked is None and client is not None and client.hold is not None:
+            asked = client.hold.granted_at
+        if asked is None or asked - ended <= GOES_ON_WITHIN:
+            return  # not asked again yet, or asked at once: it goes on
+        del self._dropped_at[client_id]
+        self._used[client_id] = (self._history(client_id, ended)
+                                 + self._request.pop(client_id, 0.0), ended)
+
     def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
+        self._settle(client.id)
+        self._dropped_at.pop(client.id, None)
         self._holding_since[client.id] = now
         self.passed.pop(client.id, None)
         for waiter in self._lane(gpu, client):
@@ -94,13 +123,17 @@ class InteractivePolicy(PoolsPolicy):
         self._request[client.id] = self._request.get(client.id, 0.0) + held
         hold = client.hold
         if hold is None or hold.drop_reason in (None, p.REASON_RELEASE):
+            self._dropped_at.pop(client.id, None)
             self._used[client.id] = (self.attained(client.id, now), now)
             self._request.pop(client.id, None)
+        else:
+            self._dropped_at[client.id] = now
 
     def forget(self, client_id: str) -> None:
         self._used.pop(client_id, None)
         self._holding_since.pop(client_id, None)
         self._request.pop(client_id, None)
+        self._dropped_at.pop(client_id, None)
         self.passed.pop(client_id, None)
 
     # -- the order ------------------------------------------------------------------------

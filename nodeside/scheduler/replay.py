@@ -235,6 +235,14 @@ class Replay:
 
     # -- measuring ------------------------------------------------------------------------
 
+    def open_span(self, client: str) -> Span | None:
+        """The hold ``client`` is in now, if any (its ``switching`` says how long memory moves)."""
+        return self._open_spans.get(client)
+
+    def open_waits(self) -> dict[str, Span]:
+        """The waits in progress, by client: from each request to now."""
+        return dict(self._open_waits)
+
     def gpu_seconds_by_pool(self, start: float, end: float, gpu: int = 0) -> dict[str, float]:
         """GPU seconds each pool held ``gpu`` for between ``start`` and ``end``."""
         seconds: dict[str, float] = {}

@@ -49,6 +49,35 @@ def test_a_short_cell_goes_ahead_of_a_training_run():
     assert drops[0].reason == "quantum"
 
 
+def test_a_cell_after_a_minute_of_thought_counts_as_light_again():
+    """A ran a 60 s cell, read its output for a minute and runs a 1 s cell, while B's training
+    run has held the GPU for that minute. What A used before its minute of thought is history:
+    its new cell cuts B's quantum short instead of waiting out B's TQ."""
+    replay = Replay(make_scheduler({"tq": 30.0, **INTERACTIVE}), release_delay=0.2)
+    a, b = replay.add("A"), replay.add("B")
+    replay.burst(a, 60.0, when=0.0)
+    replay.burst(b, 1e12, when=60.0)
+    replay.burst(a, 1.0, when=120.0)
+    replay.run_until(200.0)
+    # B is asked to drop after the first quantum (0.25 s), then gives back in 0.2 s.
+    assert finish_time(replay, "A") == pytest.approx(120.0 + 0.25 + 0.2 + 1.0)
+
+
+def test_a_cell_that_ends_as_a_drop_arrives_is_over():
+    """A's cell ends just as B's request has A asked to drop: the release answers both. When A
+    asks again much later, that is a new request; the 10 s it used are history (half-life
+    30 s), not a request still in progress counted in full."""
+    sched = make_scheduler({"tq": 30.0, **INTERACTIVE})
+    a = sched.register(0.0, name="A")
+    b = sched.register(0.0, name="B")
+    sched.acquire(0.0, a.id)
+    assert ("Drop", a.id) in kinds(sched.acquire(10.0, b.id))
+    sched.release(10.0, a.id)
+    sched.release(20.0, b.id)
+    sched.acquire(100.0, a.id)
+    assert sched.choice.attained(a.id, 100.0) == pytest.approx(10.0 * 0.5 ** 3)
+
+
 def test_the_waiter_that_used_least_recently_goes_first():
     replay = Replay(make_scheduler({"tq": 5.0, **INTERACTIVE}))
     greedy(replay, "trainer")

@@ -10,6 +10,8 @@ import pytest
 from policy_helpers import GiB, make_scheduler
 
 from benchmarks.fleet import run
+from benchmarks.fleet_explain import CAUSES
+from benchmarks.fleet_report import explain_table
 from nodeside.scheduler.replay import Replay
 from nodeside.scheduler.switching import Residency, SwitchingModel
 
@@ -96,3 +98,23 @@ def test_the_fleet_reports_switching_loss_deterministically():
     assert [first[k] for k in figures] == [again[k] for k in figures]
     assert first["switching_loss"] > faster["switching_loss"] > 0.0
     assert free["switching_loss"] == 0.0
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "interactive"])
+def test_the_fleet_explains_where_short_cells_waiting_went(policy):
+    """``--explain``: every second short cells waited is put down to one cause, and the causes
+    add up to the waiting the fleet measures (cells still open at the end aside)."""
+    result = run(notebooks=12, gpus=1, hours=1.0, seed=3, tq=10.0, policy=policy,
+                 explain=True)
+    explained = result["explain"]
+    causes = explained["short_wait_seconds"]
+    assert set(causes) <= set(CAUSES)
+    assert sum(causes.values()) == pytest.approx(explained["short_wait_total"], rel=0.1)
+    assert causes.get("own memory moves", 0.0) > 0.0  # the link is Gen4: memory moves
+    if policy == "interactive":
+        assert explained["short_asked"] > 0 and explained["cut_short"] > 0
+    else:
+        assert explained["cut_short"] == 0  # round robin never cuts a quantum short
+        assert "counted heavy for earlier cells" not in causes
+    table = explain_table([{**result, "label": policy}])
+    assert "holder's remaining quantum" in table and policy in table
