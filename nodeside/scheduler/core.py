@@ -77,6 +77,10 @@ class Scheduler(Queries):
         if not self.gpus:
             raise ValueError("a scheduler needs at least one GPU")
         self.clients = {}
+        #: Registered clients by pool name. A pool the config does not name exists while it has
+        #: clients: when its last one leaves, what the scheduler keeps by its name goes too, so
+        #: peers registering under ever new names cannot grow the daemon.
+        self._pool_members: dict[str, int] = {}
         self._ids = itertools.count(1)
         self._order = itertools.count(1)
         self.choice = POLICIES[config.policy](self)
@@ -143,6 +147,7 @@ class Scheduler(Queries):
                         registered_at=now, display_name=display_name or name, user=user,
                         evict=evict, warning=verdict.warning, namespace=namespace)
         self.clients[client.id] = client
+        self._pool_members[client.pool] = self._pool_members.get(client.pool, 0) + 1
         return client
 
     def _gpu_named(self, gpu: int, uuid: str | None) -> int:
@@ -169,7 +174,22 @@ class Scheduler(Queries):
         elif client.hold_state is not HoldState.IDLE:
             self._end_hold(client, now)
         self.choice.forget(client.id)
+        self._leave_pool(client.pool)
         return self._schedule(gpu, now)
+
+    def _leave_pool(self, name: str) -> None:
+        left = self._pool_members[name] - 1
+        if left:
+            self._pool_members[name] = left
+            return
+        del self._pool_members[name]
+        if name in self.config.pools:
+            return
+        # An ad-hoc pool with no clients left: its GPU-seconds counter (metrics) and cached
+        # Pool go. The share meter forgets it as its holds leave the window.
+        self._pools.pop(name, None)
+        for state in self.gpus.values():
+            state.pool_seconds.pop(name, None)
 
     def acquire(self, now: float, client_id: str) -> list[Action]:
         client = self._client(client_id)

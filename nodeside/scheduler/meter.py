@@ -60,8 +60,11 @@ class ShareMeter:
         self.max_intervals = max_intervals
         self._closed: deque[_Interval] = deque()  # in the order the holds closed
         self._open: dict[object, tuple[float, str, bool]] = {}
-        #: Sum of ``held`` over ``_closed``, by (pool, preemptible).
+        #: Sum of ``held`` over ``_closed``, by (pool, preemptible), and how many intervals
+        #: each sum has: a key whose last interval left the window goes, so pools that came
+        #: and went leave nothing behind.
         self._total: dict[tuple[str, bool], float] = {}
+        self._intervals: dict[tuple[str, bool], int] = {}
         #: Closed intervals that began at or after the window's start as last seen (a heap by
         #: begin), and those that began before it: the only ones the window may cut.
         self._later: list[tuple[float, int, _Interval]] = []
@@ -96,8 +99,9 @@ class ShareMeter:
                 return
         interval = _Interval(begin, now, pool, preemptible)
         self._closed.append(interval)
-        self._total[pool, preemptible] = self._total.get((pool, preemptible), 0.0) + \
-            interval.held
+        key = pool, preemptible
+        self._total[key] = self._total.get(key, 0.0) + interval.held
+        self._intervals[key] = self._intervals.get(key, 0) + 1
         heapq.heappush(self._later, (begin, next(self._seq), interval))
 
     def _grow(self, interval: _Interval, end: float, seconds: float) -> None:
@@ -119,12 +123,15 @@ class ShareMeter:
         while self._closed and self._closed[0].end <= start:
             interval = self._closed.popleft()
             interval.trimmed = True
-            self._total[interval.pool, interval.preemptible] -= interval.held
+            key = interval.pool, interval.preemptible
+            if self._intervals[key] == 1:
+                del self._intervals[key], self._total[key]  # no rounding carried on
+            else:
+                self._intervals[key] -= 1
+                self._total[key] -= interval.held
             gone = True
         if gone:
             self._straddling = [i for i in self._straddling if not i.trimmed]
-            if not self._closed:
-                self._total.clear()  # nothing left: no rounding carried on
 
     def shares(self, now: float, pools: Iterable[str] = (), *,
                non_preemptible: bool = False) -> dict[str, float]:

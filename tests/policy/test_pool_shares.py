@@ -174,3 +174,30 @@ def test_holds_folded_past_the_bound_keep_their_gpu_seconds():
         folded = meter.shares(500.0, ["p", "q"], non_preemptible=non_preemptible)
         assert folded == pytest.approx(exact.shares(500.0, ["p", "q"],
                                                     non_preemptible=non_preemptible))
+
+
+def test_pools_that_came_and_went_leave_nothing_behind():
+    # A peer may name any pool when there is no access policy: 10,000 registrations under
+    # ever new names, each holding once and leaving, must not grow the scheduler by name.
+    pools = {"training": {"guarantee": 0.5, "weight": 1, "maximum": -1},
+             "simulation": {"guarantee": 0.5, "weight": 1, "maximum": -1}}
+    sched = make_scheduler({"tq": 1.0, "window": 20.0, "pools": pools})
+    trainer = sched.register(0.0, name="trainer", pool="training")
+    now = 0.0
+    for n in range(10_000):
+        client = sched.register(now, name=f"k{n}", pool=f"made-up-{n}")
+        sched.acquire(now, client.id)
+        now += 0.01
+        sched.release(now, client.id)
+        sched.unregister(now, client.id)
+    for second in range(60):  # a minute of the trainer's holds: the share window moves on
+        sched.acquire(now + second, trainer.id)
+        sched.release(now + second + 0.5, trainer.id)
+    later = now + 60.0  # past the share window of every made-up pool's hold
+    sched.unregister(later - 9.0, trainer.id)  # a configured pool keeps its counter
+    stayer = sched.register(later - 5.0, name="stayer", pool="made-up-stays")
+    sched.acquire(later - 5.0, stayer.id)
+    sched.release(later - 4.0, stayer.id)
+    assert set(sched.pool_gpu_seconds(0, later)) == {"training", "made-up-stays"}
+    assert sched.pool_gpu_seconds(0, later)["training"] == pytest.approx(30.0)
+    assert set(sched.shares(0, later)) <= {"training", "simulation", "made-up-stays"}
