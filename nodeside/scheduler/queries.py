@@ -26,7 +26,7 @@ class Queries(Turns):
         waiters, quanta, mode, TQ), so it is kept until the next one, unless it depended on
         ``now`` or on shares that move with time (a pool with a maximum).
         """
-        key = (self._events, tuple(g.tq_override for g in self.gpus.values()))
+        key = (self._events, tuple([g.tq_override for g in self.gpus.values()]))  # no genexpr
         if self._deadline_cache is not None and self._deadline_cache[0] == key:
             return self._deadline_cache[1]
         deadline, timeless = self._compute_deadline(now)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,22 +68,27 @@ class Lane:
         return len(self.members)
 
 
-class WaitQueue:
-    """One GPU's waiters, by pool and priority."""
+class WaitQueue(dict[str, "Client"]):
+    """One GPU's waiters, by pool and priority: a map of waiters by client id, and lanes.
+
+    The map is the dict itself, so that the questions every event asks (anyone waiting? is
+    this client? who is it?) are answered by the dict's own C code, not by a method call that
+    forwards them. Only ``add`` and ``remove`` change it: they keep the lanes in step.
+    """
 
     def __init__(self) -> None:
-        self._all: dict[str, Client] = {}
+        super().__init__()
         self._lanes: dict[str, list[Lane]] = {}
 
     def add(self, client: Client) -> None:
-        self._all[client.id] = client
+        self[client.id] = client
         lanes = self._lanes.get(client.pool)
         if lanes is None:
             lanes = self._lanes[client.pool] = [Lane() for _ in PRIORITY_RANK]
         lanes[PRIORITY_RANK[client.priority]].add(client)
 
     def remove(self, client: Client) -> None:
-        if self._all.pop(client.id, None) is None:
+        if self.pop(client.id, None) is None:
             return
         lanes = self._lanes[client.pool]
         lanes[PRIORITY_RANK[client.priority]].remove(client.id)
@@ -118,7 +122,10 @@ class WaitQueue:
         """0-based place of a waiter in its pool's order: O(1) in the common case."""
         lanes = self._lanes[client.pool]
         rank = PRIORITY_RANK[client.priority]
-        return sum(len(lane) for lane in lanes[:rank]) + lanes[rank].index(client.id)
+        ahead = lanes[rank].index(client.id)
+        for lane in lanes[:rank]:  # a loop, not sum() over a generator: every waiting reply
+            ahead += len(lane.members)
+        return ahead
 
     def pool_size(self, pool: str) -> int:
         return sum(len(lane) for lane in self._lanes.get(pool, ()))
@@ -130,18 +137,3 @@ class WaitQueue:
                 return next(itertools.islice(lane.members.values(), index, None))
             index -= len(lane)
         raise IndexError(index)
-
-    def values(self) -> Iterable[Client]:
-        return self._all.values()
-
-    def get(self, client_id: str) -> Client | None:
-        return self._all.get(client_id)
-
-    def __contains__(self, client_id: object) -> bool:
-        return client_id in self._all
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all)
-
-    def __len__(self) -> int:
-        return len(self._all)

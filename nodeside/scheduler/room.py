@@ -15,9 +15,14 @@ from nodeside.scheduler.state import Client, GpuState, HoldState
 def fits_together(gpu: GpuState, clients: list[Client], reserve: int) -> bool:
     """Do these clients' working sets fit on ``gpu`` at once, ``reserve`` bytes kept free?"""
     capacity = gpu.spec.memory_total
-    if capacity is None or any(c.working_set is None for c in clients):
+    if capacity is None:
         return len(clients) <= 1
-    need = sum(c.working_set or 0 for c in clients)
+    # A plain loop, not any() and sum() over generators: asked on every handoff.
+    need = 0
+    for client in clients:
+        if client.working_set is None:
+            return len(clients) <= 1
+        need += client.working_set
     return need <= capacity - reserve
 
 

@@ -70,7 +70,9 @@ class Turns:
 
     def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
         self._events += 1  # every event schedules: what the next deadline depends on moved
-        actions: list[Action] = self._revoke_overdue(gpu, now)
+        waiters, holders = gpu.waiters, gpu.holders
+        # No holder, none to revoke: a release's schedule (half of every handoff) skips the call.
+        actions: list[Action] = self._revoke_overdue(gpu, now) if holders else []
         if self.mode == "off":
             for waiter in list(gpu.waiters.values()):
                 actions.append(self._grant(gpu, waiter, now))
@@ -78,7 +80,6 @@ class Turns:
         # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
         # the first waiter that does not fit stops the others, so a big request never starves
         # behind a stream of small ones.
-        waiters, holders = gpu.waiters, gpu.holders
         while waiters and not (holders and self.mode == "on"):
             candidate = (gpu.promised is not None and self._keep_promise(gpu, now)) \
                 or self.choice.pick(gpu, now)
@@ -86,7 +87,7 @@ class Turns:
                     holders and not room.fits_beside(gpu, [candidate], self._reserve)):
                 break
             actions.append(self._grant(gpu, candidate, now))
-        if waiters:  # with nobody waiting, nobody to preempt for
+        if waiters and self.preemption:  # nobody waiting, or preemption off: no call at all
             actions.extend(self._preempt(gpu, now))
         if holders:
             actions.extend(self._end_quanta(gpu, now))
