@@ -24,12 +24,13 @@ class NoKiwi(Authorizer):
         return resource != "kiwi"
 
 
-def kiwi_config(**kiwi: Any) -> dict[str, Any]:
-    """Server config enabling the extension, with ``c.KiwiExtension`` options."""
-    return {
-        "ServerApp": {"jpserver_extensions": {"kiwi_jupyter": True}},
-        "KiwiExtension": kiwi,
-    }
+def kiwi_config(*, authorizer: type[Authorizer] | None = None, **kiwi: Any) -> dict[str, Any]:
+    """Server config enabling the extension, with ``c.KiwiExtension`` options and, if given,
+    the server's authorizer class."""
+    server: dict[str, Any] = {"jpserver_extensions": {"kiwi_jupyter": True}}
+    if authorizer is not None:
+        server["authorizer_class"] = authorizer
+    return {"ServerApp": server, "KiwiExtension": kiwi}
 
 
 async def get_status(jp_fetch: Callable[..., Any]) -> dict[str, Any]:

@@ -120,9 +120,8 @@ class TestWithoutADaemon:
 class TestAUserWhoMayOnlyRead:
     @pytest.fixture
     def jp_server_config(self, kiwi_daemon: DaemonProcess) -> dict:
-        config = kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False)
-        config["ServerApp"]["authorizer_class"] = KiwiReadOnly
-        return config
+        return kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False,
+                           authorizer=KiwiReadOnly)
 
     async def test_sees_the_status(self, jp_fetch: Any) -> None:
         assert (await get_status(jp_fetch))["reachable"] is True
@@ -145,9 +144,8 @@ class TestAUserWhoMayOnlyRead:
 class TestAUserKeptAwayFromKiwi:
     @pytest.fixture
     def jp_server_config(self, kiwi_daemon: DaemonProcess) -> dict:
-        config = kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False)
-        config["ServerApp"]["authorizer_class"] = NoKiwi
-        return config
+        return kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False,
+                           authorizer=NoKiwi)
 
     async def test_gets_403_for_the_status(self, jp_fetch: Any) -> None:
         with pytest.raises(HTTPClientError) as refused:

@@ -102,9 +102,8 @@ class TestWithoutADaemon:
 class TestAUserKeptAwayFromKiwi:
     @pytest.fixture
     def jp_server_config(self, kiwi_daemon: DaemonProcess) -> dict:
-        config = kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False)
-        config["ServerApp"]["authorizer_class"] = NoKiwi
-        return config
+        return kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False,
+                           authorizer=NoKiwi)
 
     async def test_gets_403_for_the_long_poll(self, jp_fetch: Any) -> None:
         with pytest.raises(HTTPClientError) as refused:
