@@ -231,9 +231,7 @@ class CheckpointEvictor:
         record.state = "checkpointing" if job.kind == "checkpoint" else "restoring"
         try:
             await loop.run_in_executor(None, self._work, job)
-        except CheckpointError as exc:
-            self._failed(gpu, job, exc)
-        except Exception as exc:  # a bug here must not leave the GPU's line stuck silently
+        except Exception as exc:  # CheckpointError, or a bug: neither may leave the line stuck
             self._failed(gpu, job, exc)
         finally:
             line = self._line(gpu)
@@ -242,12 +240,11 @@ class CheckpointEvictor:
 
     def _work(self, job: _Job) -> None:
         """The job's blocking part, on a worker thread."""
-        if self._api is None:
-            raise CheckpointUnavailable(self._api_missing or "no checkpoint API")
+        api = self._require_api()
         if job.kind == "checkpoint":
-            suspend(self._api, job.record, self.lock_timeout(), job.forced)
+            suspend(api, job.record, self.lock_timeout(), job.forced)
         else:
-            resume(self._api, job.record)
+            resume(api, job.record)
 
     def _require_api(self) -> CheckpointApi:
         if self._api is None:
@@ -260,14 +257,13 @@ class CheckpointEvictor:
             return  # it died under us: its memory went with it
         state = self._state_of(record)
         record.error = f"{exc} (process state {state})"
+        record.state = "failed"
         if job.kind == "restore":
             # The process cannot run on the GPU again; its grant still goes out, so that its
             # CUDA calls fail and say so, rather than wait for ever.
-            record.state = "failed"
             log.error("Could not restore %s (%s, pid %d): %s", record.name, record.client,
                       record.pid, record.error)
             return
-        record.state = "failed"
         line = self._line(gpu)
         line.blocked = (f"the checkpoint of {record.name} ({record.client}, pid {record.pid}) "
                         f"failed: "
