@@ -63,6 +63,11 @@ class _Line:
     blocked: str | None = None
     blocker: Record | None = None
 
+    @property
+    def idle(self) -> bool:
+        """No job under way, nothing queued, not blocked: an action on this GPU may go now."""
+        return not self.busy and not self.queue and self.blocked is None
+
 
 class CheckpointEvictor:
     def __init__(self, shell: Shell, library: str, lock_timeout: Callable[[], float],
@@ -125,8 +130,8 @@ class CheckpointEvictor:
         """Must this grant (about to be sent as acquire's reply) wait for the GPU's line?"""
         record = self.records.get(grant.client)
         line = self._lines.get(grant.gpu)
-        busy = line is not None and (line.busy or bool(line.queue) or line.blocked is not None)
-        return busy or (record is not None and record.state != "running")
+        return (line is not None and not line.idle) or \
+            (record is not None and record.state != "running")
 
     def filter(self, actions: list[Action]) -> list[Action]:
         """The actions that may be carried out now; the others are carried out (through the
@@ -163,7 +168,7 @@ class CheckpointEvictor:
             return None  # the reply to a release is the daemon's own business
         record = self.records.get(action.client)
         line = self._lines.get(action.gpu)
-        idle = line is None or (not line.busy and not line.queue and line.blocked is None)
+        idle = line is None or line.idle
         if isinstance(action, Revoke) and record is not None:
             # It ignored the drop: take the GPU from outside the process.
             return [action, _Job(record, "checkpoint", forced=True)]
@@ -209,7 +214,7 @@ class CheckpointEvictor:
                 continue
             line.busy = True
             asyncio.ensure_future(self._run(gpu, item))
-        if not line.queue and not line.busy and line.blocked is None:
+        if line.idle:
             del self._lines[gpu]
         return ready
 
