@@ -104,9 +104,6 @@ class CheckpointEvictor:
                 self._api_missing = str(exc)
         return self._api_missing
 
-    def evictor_of(self, client_id: str) -> str:
-        return CHECKPOINT if client_id in self.records else MANAGED
-
     def forget(self, client_id: str) -> None:
         """The client's connection closed. A process that dies takes its checkpoint with it."""
         self._discard(client_id)
