@@ -153,8 +153,7 @@ def parse_connections(raw: Any) -> limits.ConnectionLimits:
     """The ``connections:`` section: hello_timeout, idle_timeout (seconds), per_uid, backlog."""
     if not isinstance(raw, Mapping):
         raise ConfigError("connections: expected a mapping")
-    fields = {f.name: f.type for f in dataclass_fields(limits.ConnectionLimits)}
-    unknown = set(raw) - set(fields)
+    unknown = set(raw) - {f.name for f in dataclass_fields(limits.ConnectionLimits)}
     if unknown:
         raise ConfigError(f"connections: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     changes: dict[str, Any] = {}

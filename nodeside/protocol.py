@@ -172,6 +172,12 @@ def error(code: str, message: str, seq: int | None = None) -> bytes:
     return encode(ERROR, code=code, message=message, seq=seq)
 
 
+def drop_line(gpu: int, reason: str, evict: bool, grace: float,
+              seq: int | None = None) -> bytes:
+    """A drop request; with ``seq``, the reply to a release with ``evict_first``."""
+    return encode(DROP, seq=seq, gpu=gpu, reason=reason, evict=evict, grace=grace)
+
+
 def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number this protocol carries")
 

@@ -88,8 +88,7 @@ class Delivery:
                 log.info("Preempting %s on GPU %d for a non-preemptible request",
                          self.name(action.client), action.gpu)
             if conn is not None:
-                conn.send(p.encode(p.DROP, gpu=action.gpu, reason=action.reason,
-                                   evict=action.evict, grace=action.grace))
+                conn.send(p.drop_line(action.gpu, action.reason, action.evict, action.grace))
         elif isinstance(action, Revoke):
             log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
                         "%.1f seconds", action.gpu, self.name(action.client),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nodeside import limits
+from nodeside import protocol as p
 from nodeside.daemon.peer import Peer, groups_of, user_name
 from nodeside.scheduler.core import Client, Scheduler
 
@@ -51,8 +52,9 @@ class Registrations:
             name=limits.short_text(msg.get("name") or f"pid-{peer.pid}", "name"),
             display_name=_optional_text(msg, "display_name"),
             gpu=self._gpu(msg.get("gpu") or 0, _optional_text(msg, "gpu_uuid")),
-            pool=limits.short_text(msg.get("pool") or "default", "pool"),
-            priority=limits.short_text(msg.get("priority") or "NORMAL", "priority").upper(),
+            pool=limits.short_text(msg.get("pool") or p.DEFAULT_POOL, "pool"),
+            priority=limits.short_text(msg.get("priority") or p.DEFAULT_PRIORITY,
+                                       "priority").upper(),
             kind=limits.short_text(msg.get("kind") or "client", "kind"),
             labels=labels,
             working_set=None if working_set is None

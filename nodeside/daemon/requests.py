@@ -158,8 +158,8 @@ class Requests:
                 # drop is the reply, so it carries seq.
                 log.debug("%s gives GPU %d back once its memory is out (grace %.1f s)",
                           session.label, action.gpu, action.grace)
-                out.append(p.encode(p.DROP, seq=seq, gpu=action.gpu, reason=action.reason,
-                                    evict=action.evict, grace=action.grace))
+                out.append(p.drop_line(action.gpu, action.reason, action.evict, action.grace,
+                                       seq))
             else:
                 out.append(action)
         # The next holder hears first: it is the one waiting, the releaser has moved on.

@@ -63,6 +63,11 @@ class _Line:
     blocked: str | None = None
     blocker: Record | None = None
 
+    @property
+    def idle(self) -> bool:
+        """No job under way, nothing queued, not blocked: an action on this GPU may go now."""
+        return not self.busy and not self.queue and self.blocked is None
+
 
 class CheckpointEvictor:
     def __init__(self, shell: Shell, library: str, lock_timeout: Callable[[], float],
@@ -99,9 +104,6 @@ class CheckpointEvictor:
                 self._api_missing = str(exc)
         return self._api_missing
 
-    def evictor_of(self, client_id: str) -> str:
-        return CHECKPOINT if client_id in self.records else MANAGED
-
     def forget(self, client_id: str) -> None:
         """The client's connection closed. A process that dies takes its checkpoint with it."""
         self._discard(client_id)
@@ -125,8 +127,8 @@ class CheckpointEvictor:
         """Must this grant (about to be sent as acquire's reply) wait for the GPU's line?"""
         record = self.records.get(grant.client)
         line = self._lines.get(grant.gpu)
-        busy = line is not None and (line.busy or bool(line.queue) or line.blocked is not None)
-        return busy or (record is not None and record.state != "running")
+        return (line is not None and not line.idle) or \
+            (record is not None and record.state != "running")
 
     def filter(self, actions: list[Action]) -> list[Action]:
         """The actions that may be carried out now; the others are carried out (through the
@@ -163,7 +165,7 @@ class CheckpointEvictor:
             return None  # the reply to a release is the daemon's own business
         record = self.records.get(action.client)
         line = self._lines.get(action.gpu)
-        idle = line is None or (not line.busy and not line.queue and line.blocked is None)
+        idle = line is None or line.idle
         if isinstance(action, Revoke) and record is not None:
             # It ignored the drop: take the GPU from outside the process.
             return [action, _Job(record, "checkpoint", forced=True)]
@@ -209,7 +211,7 @@ class CheckpointEvictor:
                 continue
             line.busy = True
             asyncio.ensure_future(self._run(gpu, item))
-        if not line.queue and not line.busy and line.blocked is None:
+        if line.idle:
             del self._lines[gpu]
         return ready
 
@@ -231,9 +233,7 @@ class CheckpointEvictor:
         record.state = "checkpointing" if job.kind == "checkpoint" else "restoring"
         try:
             await loop.run_in_executor(None, self._work, job)
-        except CheckpointError as exc:
-            self._failed(gpu, job, exc)
-        except Exception as exc:  # a bug here must not leave the GPU's line stuck silently
+        except Exception as exc:  # CheckpointError, or a bug: neither may leave the line stuck
             self._failed(gpu, job, exc)
         finally:
             line = self._line(gpu)
@@ -242,12 +242,11 @@ class CheckpointEvictor:
 
     def _work(self, job: _Job) -> None:
         """The job's blocking part, on a worker thread."""
-        if self._api is None:
-            raise CheckpointUnavailable(self._api_missing or "no checkpoint API")
+        api = self._require_api()
         if job.kind == "checkpoint":
-            suspend(self._api, job.record, self.lock_timeout(), job.forced)
+            suspend(api, job.record, self.lock_timeout(), job.forced)
         else:
-            resume(self._api, job.record)
+            resume(api, job.record)
 
     def _require_api(self) -> CheckpointApi:
         if self._api is None:
@@ -260,14 +259,13 @@ class CheckpointEvictor:
             return  # it died under us: its memory went with it
         state = self._state_of(record)
         record.error = f"{exc} (process state {state})"
+        record.state = "failed"
         if job.kind == "restore":
             # The process cannot run on the GPU again; its grant still goes out, so that its
             # CUDA calls fail and say so, rather than wait for ever.
-            record.state = "failed"
             log.error("Could not restore %s (%s, pid %d): %s", record.name, record.client,
                       record.pid, record.error)
             return
-        record.state = "failed"
         line = self._line(gpu)
         line.blocked = (f"the checkpoint of {record.name} ({record.client}, pid {record.pid}) "
                         f"failed: "

@@ -35,12 +35,12 @@ class Queries(Turns):
 
     def _compute_deadline(self, now: float) -> tuple[float | None, bool]:
         """The next deadline, and whether it holds until the next event whatever the time."""
+        if self.mode == "off":
+            return None, True  # mode off keeps no deadline on any GPU
         deadlines: list[float] = []
         timeless = True
+        capped = self.capped
         for gpu in self.gpus.values():
-            if self.mode == "off":
-                continue
-            capped = self.capped
             for holder in gpu.holders.values():
                 hold = holder.hold
                 assert hold is not None
