@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.common import demote_headings
+from benchmarks.common import demote_headings, utc_now
 from benchmarks.ranges import merge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"no benchmark {', '.join(unknown)}; there are {', '.join(BENCHMARKS)}")
     log = Path(tempfile.gettempdir()) / f"kiwi-bench-{time.strftime('%Y%m%d-%H%M%S')}.log"
     started = time.monotonic()
-    report = [f"# Kiwi benchmarks ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+    report = [f"# Kiwi benchmarks ({utc_now()})", "",
               f"Machine: {machine()}. Each benchmark ran {args.repeat} time"
               f"{'s' if args.repeat != 1 else ''}{' (quick settings)' if args.quick else ''}; "
               "a figure that moved between runs reads `median (lowest–highest)`. "

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.common import rss_bytes, utc_now
 from benchmarks.daemon import IDLERS
 from benchmarks.servers import (
     NoAnswer,
@@ -31,9 +32,7 @@ from benchmarks.servers import (
     harness_command,
     machine_load,
     parse,
-    rss_bytes,
     serving,
-    utc_now,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

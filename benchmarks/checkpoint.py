@@ -20,7 +20,6 @@ never allocated.
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import without_kiwi
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
@@ -45,12 +46,6 @@ sys.stdin.readline()
 assert float(tensor[-1]) == 1.0  # the memory came back as it was
 print("intact", flush=True)
 """
-
-
-def _plain_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
-    env.pop("LD_PRELOAD", None)
-    return env
 
 
 def _gpu_free() -> int | None:
@@ -75,7 +70,7 @@ def _host_available() -> int:
 def checkpoint_round(api: Any, nbytes: int) -> dict[str, float]:
     """A plain PyTorch process holds nbytes; this process checkpoints and restores it."""
     holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(nbytes=nbytes)],
-                              env=_plain_env(), text=True, stdin=subprocess.PIPE,
+                              env=without_kiwi(), text=True, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE)
     try:
         assert holder.stdout and holder.stdin
@@ -190,10 +185,10 @@ def main(argv: list[str] | None = None) -> str:
                 seconds = handoff(socket, shim, nbytes, evict)
                 ideal = 2 * nbytes / ((floor["to_host"] + floor["to_device"]) / 2)
                 handoffs.append((evict, f"{seconds:.3f}", f"{ideal / seconds:.2f}"))
-            plain = training_step(_plain_env())
+            plain = training_step(without_kiwi())
             steps.append(("no shim", f"{plain * 1e3:.3f}", "1.00"))
             for evict in ("managed", "checkpoint"):
-                env = {**_plain_env(), "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
+                env = {**without_kiwi(), "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
                        "KIWI_IDLE_RELEASE": "0", "KIWI_EVICT": evict, "PYTHONPATH": str(REPO)}
                 step = training_step(env)
                 steps.append((evict, f"{step * 1e3:.3f}", f"{step / plain:.3f}"))

@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -31,6 +32,27 @@ def demote_headings(lines: Sequence[str], top: int = 3) -> list[str]:
 
 def report_row(*cells: object) -> None:
     print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def utc_now() -> str:
+    """The time for a report's heading."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def without_kiwi(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment without any Kiwi setting or preload: a plain process."""
+    return {k: v for k, v in environ.items() if not k.startswith("KIWI_") and k != "LD_PRELOAD"}
 
 
 def socket_answers(path: str) -> bool:

@@ -17,7 +17,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from benchmarks.common import percentile, report_row
+from benchmarks.common import percentile, report_row, rss_bytes
 from benchmarks.common import start_daemon as common_start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,13 +181,6 @@ def handoffs(traces: list[list[tuple]]) -> list[float]:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> None:

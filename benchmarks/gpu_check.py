@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import demote_headings
+from benchmarks.common import demote_headings, utc_now, without_kiwi
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 1 << 30
@@ -104,8 +104,7 @@ def versions() -> str:
 
 def plain_env() -> dict[str, str]:
     """This environment without any Kiwi setting or preload, the repository importable."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("KIWI_") and k != "LD_PRELOAD"}
+    env = without_kiwi()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -212,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     budget = Budget(args.budget)
     gpu, why = find_gpu()
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    report = [f"# GPU check ({stamp})", ""]
+    report = [f"# GPU check ({utc_now()})", ""]
     shim_line, shim_ok = build_shim()
     missing = missing_modules()
     if gpu is None:

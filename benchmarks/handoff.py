@@ -26,11 +26,14 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from benchmarks.servers import SERVERS, Run, harness, machine_load, serving, utc_now
+from benchmarks.common import utc_now
+from benchmarks.servers import SERVERS, Run, harness, machine_load, serving
 
 P50_RATIO_GOAL = 1.5
 CPU_GOAL_US = 35.0
 GROWTH_GOAL = 1.2
+#: Connected clients in the idle-clients case (2 of them contend).
+IDLE_SIZES = (2, 64, 512)
 
 
 def measure(kind: str, contenders: int, idle: int, handoffs: int, requeue: bool) -> Run:
@@ -140,8 +143,8 @@ def main(argv: list[str] | None = None) -> str:
     load_before = machine_load()
     started = time.monotonic()
     waiting = run_all(sizes, False, args.repeats, args.handoffs, args.requeue)
-    idle = None if args.no_idle else run_all([n for n in (2, 64, 512) if n >= 2], True,
-                                            args.repeats, args.handoffs, args.requeue)
+    idle = None if args.no_idle else run_all(IDLE_SIZES, True, args.repeats, args.handoffs,
+                                            args.requeue)
     style = ('one `release` with `"requeue": true`' if args.requeue
              else "`release` and `acquire` in one write")
     unserved = sum(r.requeue_unserved or 0 for r in waiting[("kiwi", sizes[0])])
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> str:
     lines += ["", *waiting_table(waiting, sizes), "", *goals_table(waiting, sizes)]
     if idle is not None:
         lines += ["", "### The idle-clients case: 2 contend, the others are registered and idle",
-                  "", *idle_table(idle, [n for n in (2, 64, 512) if n >= 2])]
+                  "", *idle_table(idle, IDLE_SIZES)]
     text = "\n".join(lines)
     print(text)
     return text

@@ -125,21 +125,7 @@ def parse(sock: str, status: int, stdout: str, stderr: str) -> Run:
                None if unserved is None else int(unserved), progress)
 
 
-def rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0
-
-
 def machine_load() -> str:
     """The load the machine was under, for the heading of every report."""
     one, five, _ = os.getloadavg()
     return f"{os.cpu_count()} CPUs, load average {one:.2f} (1 min) / {five:.2f} (5 min)"
-
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

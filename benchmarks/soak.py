@@ -16,7 +16,8 @@ import tempfile
 import threading
 import time
 
-from benchmarks.servers import harness, machine_load, rss_bytes, serving, utc_now
+from benchmarks.common import rss_bytes, utc_now
+from benchmarks.servers import harness, machine_load, serving
 
 #: Last tenth's RSS over the first tenth's, at most: what "flat" means here.
 FLAT = 1.10

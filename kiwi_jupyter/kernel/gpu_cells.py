@@ -33,7 +33,8 @@ from typing import Any
 
 from kiwi_jupyter.kernel.cells import HOUSEKEEPING_MAGICS
 
-#: Top-level package names of libraries that run on the GPU (``KiwiKernelConfig.gpu_libraries``).
+#: Top-level package names of libraries that run on the GPU (more: ``KiwiKernelConfig.
+#: extra_gpu_libraries``).
 GPU_LIBRARIES = (
     "cupy", "cupyx", "torch", "torchvision", "torchaudio", "lightning", "pytorch_lightning",
     "jax", "jaxlib", "flax", "numba", "tensorflow", "keras", "cudf", "cuml", "cugraph",
@@ -285,11 +286,4 @@ def _attributes(value: Any) -> Iterator[Any]:
         yield from vars(value).values()
     except TypeError:  # no __dict__ (slots, C types)
         return
-
-
-def _from_package(value: Any) -> bool:
-    """Whether the object's class comes from an installed package, not the notebook: those are
-    not followed (a library's objects are opaque; only the listed libraries count)."""
-    module = type(value).__module__
-    return module not in ("__main__", "builtins") and not module.startswith("__")
 

@@ -13,18 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from kiwi_jupyter.kernel.status_view import NAME_WIDTH, Document
 from nodeside.names import names_by_id
-
-Document = dict[str, Any]
 
 #: Where this kernel stands, asked for while the line is shown: a status document, or None when
 #: the scheduler did not answer.
 StatusSource = Callable[[], "Document | None"]
-
-#: How wide a holder's name may be on the line (``nodeside.names.shorten`` cuts it).
-NAME_WIDTH = 40
 
 
 @dataclass(frozen=True)
@@ -50,9 +45,7 @@ def describe_wait(document: Document | None, me: str | None, waited: float,
     if document is None and position is None:
         return f"{prefix}, the scheduler did not say where this kernel is"
     document = document or {}
-    mine = next((c for c in document.get("clients", []) if c["id"] == me), None)
-    gpu_index = mine.get("gpu", 0) if mine else 0
-    gpu = next((g for g in document.get("gpus", []) if g.get("index") == gpu_index), None)
+    mine, gpu = _mine_and_gpu(document, me)
     parts = [prefix]
     if position is None and mine:
         position = mine.get("queue_position")
@@ -106,9 +99,15 @@ def _quantum_end(document: Document | None, me: str | None, now: float) -> float
     """When (monotonic) the holder's quantum on this kernel's GPU ends, if the document says."""
     if document is None:
         return None
+    _, gpu = _mine_and_gpu(document, me)
+    if gpu is None or gpu.get("quantum_remaining") is None:
+        return None
+    return now + float(gpu["quantum_remaining"])
+
+
+def _mine_and_gpu(document: Document, me: str | None) -> tuple[Document | None, Document | None]:
+    """This kernel's client entry and the GPU it waits for (GPU 0 when it is not listed)."""
     mine = next((c for c in document.get("clients", []) if c["id"] == me), None)
     index = mine.get("gpu", 0) if mine else 0
-    for gpu in document.get("gpus", []):
-        if gpu.get("index") == index and gpu.get("quantum_remaining") is not None:
-            return now + float(gpu["quantum_remaining"])
-    return None
+    gpu = next((g for g in document.get("gpus", []) if g.get("index") == index), None)
+    return mine, gpu

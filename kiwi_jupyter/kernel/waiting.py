@@ -25,12 +25,9 @@ from kiwi_jupyter.kernel.wait_view import (
     PlaceSource,
     StatusSource,
     WaitView,
-    describe_wait,
     no_place,
 )
 
-# describe_wait stays importable from here, where the line's text used to be made.
-__all__ = ["WaitingLine", "Watcher", "describe_wait"]
 
 class WaitingLine:
     """One updatable output line. Publish from one thread at a time."""

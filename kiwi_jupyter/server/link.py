@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -67,11 +67,9 @@ class DaemonLink:
 
     async def _fetch_status(self) -> dict[str, Any]:
         try:
-            document = dict(await self._call("status"))
-            document["reachable"] = True
+            document = served_document(await self._call("status"), self.socket_path)
         except DaemonUnavailable as exc:
-            document = {"reachable": False, "reason": str(exc)}
-        document["socket"] = self.socket_path
+            document = {"reachable": False, "reason": str(exc), "socket": self.socket_path}
         self._cached, self._cached_at = document, time.monotonic()
         return document
 
@@ -109,6 +107,12 @@ class DaemonLink:
         if client is not None:
             with contextlib.suppress(OSError):
                 client.close()
+
+
+def served_document(status: Mapping[str, Any], socket_path: str) -> dict[str, Any]:
+    """The daemon's status document as the server serves it: ``reachable`` and ``socket`` added
+    (the plain endpoint and the long-poll's watch both answer with this)."""
+    return {**status, "reachable": True, "socket": socket_path}
 
 
 def _describe(exc: BaseException, socket_path: str) -> str:

@@ -26,6 +26,7 @@ import secrets
 import time
 from typing import Any
 
+from kiwi_jupyter.server.link import served_document
 from nodeside import protocol as p
 from nodeside.client.common import HELLO_FIELDS
 
@@ -184,7 +185,7 @@ class StatusWatch:
             status = reply.get("status")
             if reply.get("op") != p.STATUS_REPLY or not isinstance(status, dict):
                 return
-            self.document = {**status, "reachable": True, "socket": self.socket_path}
+            self.document = served_document(status, self.socket_path)
             self._read_at = time.monotonic()
             if news:
                 self.tag = next(self._tags)

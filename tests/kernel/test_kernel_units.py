@@ -9,7 +9,7 @@ import pytest
 from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.identity import connection_file_from_argv, kernel_id_from_connection_file
 from kiwi_jupyter.kernel.status_view import StatusTable, human_bytes
-from kiwi_jupyter.kernel.waiting import describe_wait
+from kiwi_jupyter.kernel.wait_view import describe_wait
 
 DOCUMENT = {
     "version": 1, "mode": "on", "tq": 30.0,
