@@ -568,10 +568,7 @@ typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 
 KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    kiwi_init();
-    free_fn real = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemFree_v2);
     pthread_rwlock_rdlock(&paging_lock);
     struct allocation *a = begin_free(dptr, MANAGED, DEVICE);
     CUresult result = real(dptr);
@@ -653,26 +650,17 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, boo
 #define FREE_ASYNC(symbol, per_thread)                                                   \
     KIWI_EXPORT CUresult symbol(CUdeviceptr dptr, CUstream s)                            \
     {                                                                                    \
-        kiwi_init();                                                                     \
-        free_async_fn real = (free_async_fn)kiwi_real(HOOK_##symbol);                    \
-        if (!real)                                                                       \
-            return CUDA_ERROR_NOT_INITIALIZED;                                           \
+        KIWI_REAL(real, symbol);                                                         \
         return free_async(real, dptr, s, per_thread);                                    \
     }
 
 FREE_ASYNC(cuMemFreeAsync, false)
 FREE_ASYNC(cuMemFreeAsync_ptsz, true)
 
-typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
-                              const CUmemAllocationProp *, unsigned long long);
-
 KIWI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    kiwi_init();
-    create_fn real = (create_fn)kiwi_real(HOOK_cuMemCreate);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemCreate);
     if (!kiwi_cfg.enabled)
         return real(handle, size, prop, flags);
     CUdevice device = -1;
@@ -690,11 +678,7 @@ KIWI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 
 KIWI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    kiwi_init();
-    typedef CUresult (*fn)(CUmemGenericAllocationHandle);
-    fn real = (fn)kiwi_real(HOOK_cuMemRelease);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemRelease);
     struct allocation *a = begin_free(handle, VMM, VMM);
     CUresult result = real(handle);
     end_free(a, result);
