@@ -97,11 +97,7 @@ static void forget(CUstream stream)
     KIWI_EXPORT CUresult symbol params;                                    \
     KIWI_EXPORT CUresult symbol params                                     \
     {                                                                      \
-        typedef CUresult(*real_fn) params;                                 \
-        kiwi_init();                                                       \
-        real_fn real = (real_fn)kiwi_real(HOOK_##symbol);                  \
-        if (!real)                                                         \
-            return CUDA_ERROR_NOT_INITIALIZED;                             \
+        KIWI_REAL(real, symbol);                                           \
         if (!kiwi_cfg.enabled)                                             \
             return real args;                                              \
         pthread_mutex_lock(&capture_lock);                                 \
@@ -129,11 +125,7 @@ BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, true, TO_GRAPH_PARAMS, TO_GRAPH_
     KIWI_EXPORT CUresult symbol(CUstream stream, CUgraph *graph);                       \
     KIWI_EXPORT CUresult symbol(CUstream stream, CUgraph *graph)                        \
     {                                                                                   \
-        typedef CUresult (*real_fn)(CUstream, CUgraph *);                               \
-        kiwi_init();                                                                    \
-        real_fn real = (real_fn)kiwi_real(HOOK_##symbol);                               \
-        if (!real)                                                                      \
-            return CUDA_ERROR_NOT_INITIALIZED;                                          \
+        KIWI_REAL(real, symbol);                                                        \
         CUresult result = real(stream, graph);                                          \
         if (kiwi_cfg.enabled)                                                           \
             forget(kiwi_stream(stream, per_thread));                                    \

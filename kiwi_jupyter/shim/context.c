@@ -54,11 +54,7 @@ static bool primary_active(CUdevice device)
 
 KIWI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device)
 {
-    kiwi_init();
-    typedef CUresult (*fn)(CUcontext *, CUdevice);
-    fn real = (fn)kiwi_real(HOOK_cuDevicePrimaryCtxRetain);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuDevicePrimaryCtxRetain);
     CUresult result = real(ctx, device);
     if (result == CUDA_SUCCESS && ctx && device >= 0 && device < MAX_DEVICES) {
         pthread_mutex_lock(&primaries_lock);
@@ -74,11 +70,7 @@ KIWI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device)
     KIWI_EXPORT CUresult symbol(CUdevice device);                           \
     KIWI_EXPORT CUresult symbol(CUdevice device)                            \
     {                                                                       \
-        typedef CUresult (*real_fn)(CUdevice);                              \
-        kiwi_init();                                                        \
-        real_fn real = (real_fn)kiwi_real(HOOK_##symbol);                   \
-        if (!real)                                                          \
-            return CUDA_ERROR_NOT_INITIALIZED;                              \
+        KIWI_REAL(real, symbol);                                            \
         kiwi_memory_free_begin();                                           \
         CUresult result = real(device);                                     \
         if (result == CUDA_SUCCESS && (ends_always || !primary_active(device))) \
@@ -96,11 +88,7 @@ PRIMARY_ENDS(cuDevicePrimaryCtxReset_v2, true)
     KIWI_EXPORT CUresult symbol(CUcontext ctx);                             \
     KIWI_EXPORT CUresult symbol(CUcontext ctx)                              \
     {                                                                       \
-        typedef CUresult (*real_fn)(CUcontext);                             \
-        kiwi_init();                                                        \
-        real_fn real = (real_fn)kiwi_real(HOOK_##symbol);                   \
-        if (!real)                                                          \
-            return CUDA_ERROR_NOT_INITIALIZED;                              \
+        KIWI_REAL(real, symbol);                                            \
         kiwi_memory_free_begin();                                           \
         CUresult result = real(ctx);                                        \
         if (result == CUDA_SUCCESS)                                         \

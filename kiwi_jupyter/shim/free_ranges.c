@@ -172,10 +172,11 @@ size_t kiwi_free_ranges_split(const struct kiwi_range *ranges, size_t count,
         pthread_mutex_unlock(&ranges_lock);
         return 0;
     }
-    size_t capacity = count + 2 * span_count, n = 0;
+    /* Live pieces from the front, free ones from the back: each span makes at most two pieces
+     * (the live gap before it, itself) and each range one more, so they never meet. */
+    size_t capacity = count + 2 * span_count, live_count = 0, free_start = capacity;
     struct kiwi_range *out = malloc(capacity * sizeof *out);
-    bool *is_free = malloc(capacity * sizeof *is_free);
-    for (size_t r = 0; out && is_free && r < count; r++) {
+    for (size_t r = 0; out && r < count; r++) {
         CUdeviceptr cursor = ranges[r].ptr, end = ranges[r].ptr + ranges[r].size;
         size_t low = 0, high = span_count; /* the first span at or after the range's start */
         while (low < high) {
@@ -193,46 +194,34 @@ size_t kiwi_free_ranges_split(const struct kiwi_range *ranges, size_t count,
             if (spans[s].ptr > cursor) {
                 piece.ptr = cursor;
                 piece.size = spans[s].ptr - cursor;
-                is_free[n] = false;
-                out[n++] = piece;
+                out[live_count++] = piece;
             }
             piece.ptr = spans[s].ptr;
             piece.size = span_end - spans[s].ptr;
-            is_free[n] = true;
-            out[n++] = piece;
+            out[--free_start] = piece;
             cursor = span_end;
         }
         if (cursor < end) {
             struct kiwi_range piece = ranges[r];
             piece.ptr = cursor;
             piece.size = end - cursor;
-            is_free[n] = false;
-            out[n++] = piece;
+            out[live_count++] = piece;
         }
     }
     pthread_mutex_unlock(&ranges_lock);
-    if (!out || !is_free) {
-        free(out);
-        free(is_free);
+    if (!out)
         return 0;
+    /* The free pieces back in their order, right after the live ones. */
+    size_t free_count = capacity - free_start;
+    for (size_t i = 0; i < free_count / 2; i++) {
+        struct kiwi_range swap = out[free_start + i];
+        out[free_start + i] = out[capacity - 1 - i];
+        out[capacity - 1 - i] = swap;
     }
-    /* Live pieces first, then the free ones: a stable partition. */
-    struct kiwi_range *sorted = malloc((n ? n : 1) * sizeof *sorted);
-    size_t live_count = 0;
-    for (size_t i = 0; sorted && i < n; i++)
-        if (!is_free[i])
-            sorted[live_count++] = out[i];
-    size_t at = live_count;
-    for (size_t i = 0; sorted && i < n; i++)
-        if (is_free[i])
-            sorted[at++] = out[i];
-    free(out);
-    free(is_free);
-    if (!sorted)
-        return 0;
-    *pieces = sorted;
+    memmove(out + live_count, out + free_start, free_count * sizeof *out);
+    *pieces = out;
     *live = live_count;
-    return n;
+    return live_count + free_count;
 }
 
 void kiwi_free_ranges_forget(void)

@@ -49,6 +49,15 @@ int kiwi_gate_in_flight(void)
     return atomic_load(&in_flight);
 }
 
+/* The idle timer needs milliseconds, not nanoseconds: the coarse clock costs a few
+ * nanoseconds. */
+static inline double coarse_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* last_activity doubles as a mark: kiwi_gate_mark stores the time negated, and the next call to
  * leave the gate stores a positive time (it differs), so a sign tells whether any call has left
  * since. Free for the gate's fast path, which stores the time anyway. */
@@ -60,9 +69,7 @@ double kiwi_gate_last_activity(void)
 
 void kiwi_gate_mark(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    double now = coarse_now();
     atomic_store(&last_activity, now > 0 ? -now : -1e-9);
 }
 
@@ -143,12 +150,9 @@ void kiwi_gate_exit(void)
 {
     if (!kiwi_cfg.enabled)
         return;
-    /* The idle timer needs milliseconds, not nanoseconds: the coarse clock costs a few
-     * nanoseconds, and storing only when it moved keeps threads launching at once from
-     * fighting over the cache line. */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    /* Storing only when the coarse clock moved keeps threads launching at once from fighting
+     * over the cache line. */
+    double now = coarse_now();
     if (atomic_load_explicit(&last_activity, memory_order_relaxed) != now)
         atomic_store_explicit(&last_activity, now, memory_order_relaxed);
     leave(false);

@@ -12,11 +12,7 @@
     KIWI_EXPORT CUresult symbol params;                                    \
     KIWI_EXPORT CUresult symbol params                                     \
     {                                                                      \
-        typedef CUresult(*real_fn) params;                                 \
-        kiwi_init();                                                       \
-        real_fn real = (real_fn)kiwi_real(HOOK_##symbol);                  \
-        if (!real)                                                         \
-            return CUDA_ERROR_NOT_INITIALIZED;                             \
+        KIWI_REAL(real, symbol);                                           \
         CUresult refused = kiwi_gate_enter();                              \
         if (refused != CUDA_SUCCESS)                                       \
             return refused;                                                \

@@ -207,17 +207,10 @@ static void *hook_answer(const char *symbol, void *answer, int version, cuuint64
     return (void *)hooks[best].replacement;
 }
 
-typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t);
-typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,
-                                   CUdriverProcAddressQueryResult *);
-
 KIWI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
                                       cuuint64_t flags)
 {
-    kiwi_init();
-    get_proc_fn real = (get_proc_fn)kiwi_real(HOOK_cuGetProcAddress);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuGetProcAddress);
     CUresult result = real(symbol, pfn, version, flags);
     if (result == CUDA_SUCCESS && pfn && symbol)
         *pfn = hook_answer(symbol, *pfn, version, flags);
@@ -228,10 +221,7 @@ KIWI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
                                          cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *status)
 {
-    kiwi_init();
-    get_proc_v2_fn real = (get_proc_v2_fn)kiwi_real(HOOK_cuGetProcAddress_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuGetProcAddress_v2);
     CUresult result = real(symbol, pfn, version, flags, status);
     if (result == CUDA_SUCCESS && pfn && symbol)
         *pfn = hook_answer(symbol, *pfn, version, flags);

@@ -14,11 +14,7 @@
 
 KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    kiwi_init();
-    typedef CUresult (*fn)(size_t *, size_t *);
-    fn real = (fn)kiwi_real(HOOK_cuMemGetInfo_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemGetInfo_v2);
     size_t real_free = 0, real_total = 0;
     CUresult result = real(&real_free, &real_total);
     /* Under the checkpoint evictor other processes' memory is really gone while this one
@@ -47,11 +43,7 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 KIWI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device)
 {
-    kiwi_init();
-    typedef CUresult (*fn)(size_t *, CUdevice);
-    fn real = (fn)kiwi_real(HOOK_cuDeviceTotalMem_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuDeviceTotalMem_v2);
     CUresult result = real(bytes, device);
     if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || !bytes)
         return result;

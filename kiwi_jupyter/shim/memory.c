@@ -438,8 +438,8 @@ KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned 
 {
     kiwi_init();
     if (!kiwi_cfg.enabled) {
-        alloc_managed_fn real = (alloc_managed_fn)kiwi_real(HOOK_cuMemAllocManaged);
-        return real ? real(dptr, size, flags) : CUDA_ERROR_NOT_INITIALIZED;
+        KIWI_REAL(real, cuMemAllocManaged);
+        return real(dptr, size, flags);
     }
     return allocate_managed(dptr, size, flags);
 }
@@ -448,9 +448,8 @@ KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     kiwi_init();
     if (!kiwi_cfg.enabled) {
-        typedef CUresult (*fn)(CUdeviceptr *, size_t);
-        fn real = (fn)kiwi_real(HOOK_cuMemAlloc_v2);
-        return real ? real(dptr, size) : CUDA_ERROR_NOT_INITIALIZED;
+        KIWI_REAL(real, cuMemAlloc_v2);
+        return real(dptr, size);
     }
     return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);
 }
@@ -464,10 +463,8 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 {
     kiwi_init();
     if (!kiwi_cfg.enabled) {
-        typedef CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
-        fn real = (fn)kiwi_real(HOOK_cuMemAllocPitch_v2);
-        return real ? real(dptr, pitch, width, height, element_size)
-                    : CUDA_ERROR_NOT_INITIALIZED;
+        KIWI_REAL(real, cuMemAllocPitch_v2);
+        return real(dptr, pitch, width, height, element_size);
     }
     if (!dptr || !pitch || !width || !height ||
         (element_size != 4 && element_size != 8 && element_size != 16))
@@ -488,7 +485,6 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
  * a node of the graph (it happens again at each replay), so it goes to the driver unchanged
  * and stays out of the table. (PyTorch's cudaMallocAsync backend does this under CUDA graphs.)
  */
-typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 
 static bool capturing(CUstream stream)
@@ -531,8 +527,8 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
     {                                                                          \
         kiwi_init();                                                           \
         if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {      \
-            alloc_async_fn real = (alloc_async_fn)kiwi_real(HOOK_##symbol);    \
-            return real ? real(dptr, size, s) : CUDA_ERROR_NOT_INITIALIZED;    \
+            KIWI_REAL(real, symbol);                                           \
+            return real(dptr, size, s);                                        \
         }                                                                      \
         CUresult pooled;                                                       \
         if (converting() &&                                                    \
@@ -546,8 +542,8 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
     {                                                                                     \
         kiwi_init();                                                                      \
         if (!kiwi_cfg.enabled || capturing(kiwi_stream(s, per_thread))) {                 \
-            alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_##symbol);                 \
-            return real ? real(dptr, size, pool, s) : CUDA_ERROR_NOT_INITIALIZED;         \
+            KIWI_REAL(real, symbol);                                                      \
+            return real(dptr, size, pool, s);                                             \
         }                                                                                 \
         /* From the device's managed pool, whichever pool was named: another pool's     \
          * memory could not be paged out. */                                              \
@@ -568,10 +564,7 @@ typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 
 KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    kiwi_init();
-    free_fn real = (free_fn)kiwi_real(HOOK_cuMemFree_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemFree_v2);
     pthread_rwlock_rdlock(&paging_lock);
     struct allocation *a = begin_free(dptr, MANAGED, DEVICE);
     CUresult result = real(dptr);
@@ -653,26 +646,17 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, boo
 #define FREE_ASYNC(symbol, per_thread)                                                   \
     KIWI_EXPORT CUresult symbol(CUdeviceptr dptr, CUstream s)                            \
     {                                                                                    \
-        kiwi_init();                                                                     \
-        free_async_fn real = (free_async_fn)kiwi_real(HOOK_##symbol);                    \
-        if (!real)                                                                       \
-            return CUDA_ERROR_NOT_INITIALIZED;                                           \
+        KIWI_REAL(real, symbol);                                                         \
         return free_async(real, dptr, s, per_thread);                                    \
     }
 
 FREE_ASYNC(cuMemFreeAsync, false)
 FREE_ASYNC(cuMemFreeAsync_ptsz, true)
 
-typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t,
-                              const CUmemAllocationProp *, unsigned long long);
-
 KIWI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    kiwi_init();
-    create_fn real = (create_fn)kiwi_real(HOOK_cuMemCreate);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemCreate);
     if (!kiwi_cfg.enabled)
         return real(handle, size, prop, flags);
     CUdevice device = -1;
@@ -690,11 +674,7 @@ KIWI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 
 KIWI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    kiwi_init();
-    typedef CUresult (*fn)(CUmemGenericAllocationHandle);
-    fn real = (fn)kiwi_real(HOOK_cuMemRelease);
-    if (!real)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    KIWI_REAL(real, cuMemRelease);
     struct allocation *a = begin_free(handle, VMM, VMM);
     CUresult result = real(handle);
     end_free(a, result);

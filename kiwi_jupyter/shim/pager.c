@@ -228,10 +228,10 @@ static void discard(const struct kiwi_range *free_ranges, size_t count, CUcontex
 }
 
 /* Moves the live ranges of one context: in one batch where the driver can, else one by one;
- * on the way out, discards its free ranges first. */
-static void move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
-                         const struct kiwi_range *free_ranges, size_t free_count,
-                         struct move *move)
+ * on the way out, discards its free ranges first. Returns how many live ranges are its. */
+static size_t move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
+                           const struct kiwi_range *free_ranges, size_t free_count,
+                           struct move *move)
 {
     size_t mine = 0, mine_free = 0;
     for (size_t i = 0; i < count; i++)
@@ -239,20 +239,20 @@ static void move_context(struct context *c, const struct kiwi_range *ranges, siz
     for (size_t i = 0; move->to_host && i < free_count; i++)
         mine_free += free_ranges[i].ctx == c->ctx;
     if (!mine && !mine_free)
-        return;
+        return 0;
     if (driver.ctx_set(c->ctx) != CUDA_SUCCESS ||
         (!c->stream && driver.stream_create(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
         c->stream = NULL;
         move->failures += (int)mine;
-        return;
+        return mine;
     }
     if (mine_free)
         discard(free_ranges, free_count, c->ctx, c->stream, move);
     if (!mine)
-        return;
+        return 0;
     CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
     if (prefetch_batch(ranges, count, c->ctx, to, c->stream, move))
-        return;
+        return mine;
     for (size_t i = 0; i < count; i++) {
         if (ranges[i].ctx != c->ctx)
             continue;
@@ -261,6 +261,7 @@ static void move_context(struct context *c, const struct kiwi_range *ranges, siz
         else
             move->failures++;
     }
+    return mine;
 }
 
 static void move_working_set(bool to_host, struct kiwi_transfer *moved)
@@ -286,11 +287,8 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
         skipped += free_ranges[i].size;
     pthread_mutex_lock(&contexts_lock);
     size_t known = 0; /* ranges of contexts the pager knows; the others cannot be moved */
-    for (int i = 0; i < context_count; i++) {
-        for (size_t r = 0; r < live; r++)
-            known += moving[r].ctx == contexts[i].ctx;
-        move_context(&contexts[i], moving, live, free_ranges, free_count, &move);
-    }
+    for (int i = 0; i < context_count; i++)
+        known += move_context(&contexts[i], moving, live, free_ranges, free_count, &move);
     move.failures += (int)(live - known);
     for (int i = 0; i < context_count; i++) {
         if (contexts[i].stream && driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)

@@ -102,11 +102,7 @@ void kiwi_pool_after_fork(void)
 #define DEVICE_POOL(symbol)                                                  \
     KIWI_EXPORT CUresult symbol(CUmemoryPool *pool, CUdevice device)         \
     {                                                                        \
-        kiwi_init();                                                         \
-        typedef CUresult (*fn)(CUmemoryPool *, CUdevice);                    \
-        fn real = (fn)kiwi_real(HOOK_##symbol);                              \
-        if (!real)                                                           \
-            return CUDA_ERROR_NOT_INITIALIZED;                               \
+        KIWI_REAL(real, symbol);                                             \
         CUmemoryPool managed = pool ? kiwi_pool_of(device) : NULL;           \
         if (!managed)                                                        \
             return real(pool, device);                                       \

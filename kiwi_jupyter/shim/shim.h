@@ -89,6 +89,15 @@ void *kiwi_real(enum kiwi_hook_id id);
 /* The driver's function for any other symbol the shim calls itself (cuCtxSynchronize, ...). */
 void *kiwi_driver_sym(const char *symbol);
 
+/* The start of every hook, inside the replacement for symbol: reads the environment, and
+ * declares var, the driver's own symbol with the replacement's own type; with no driver loaded
+ * the hook returns CUDA_ERROR_NOT_INITIALIZED. */
+#define KIWI_REAL(var, symbol)                                                 \
+    kiwi_init();                                                               \
+    __typeof__(&symbol) var = (__typeof__(&symbol))kiwi_real(HOOK_##symbol);   \
+    if (!var)                                                                  \
+        return CUDA_ERROR_NOT_INITIALIZED
+
 /* ---- gate.c ------------------------------------------------------------------------------ */
 
 /* Around every gated call. enter returns CUDA_SUCCESS when the call may run, or the error the
