@@ -11,7 +11,9 @@
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
  *   interrupt.c Ctrl-C ends a wait for the GPU
- *   comm.c    the daemon client, on a thread of its own; the hold's state machine
+ *   comm.c    the daemon client, on a thread of its own; the hold's state machine; with
+ *             release.c (the release sequence), dispatch.c (the daemon's lines), wishes.c (what
+ *             other threads ask of it) and start.c (starting it; fork), sharing comm.h
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
  *   config.c  environment variables, read once
@@ -233,7 +235,7 @@ void kiwi_pager_after_fork(void);
 /* A context ended: the pager no longer synchronizes it or prefetches in it. */
 void kiwi_pager_forget_context(CUcontext ctx);
 
-/* ---- comm.c ------------------------------------------------------------------------------ */
+/* ---- comm.c, release.c, dispatch.c, wishes.c, start.c ----------------------------------- */
 
 enum kiwi_hold { KIWI_IDLE, KIWI_WAITING, KIWI_HOLDING, KIWI_RELEASING };
 
