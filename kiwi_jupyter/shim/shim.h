@@ -1,7 +1,9 @@
 /* What the shim's files share. Each .c file is one concern:
  *
  *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
- *   memory.c  allocations become managed memory; accounting; the memory limit
+ *   memory.c  the table of allocations: the working set, and the ranges the pager moves; with
+ *             limit.c (the memory limit), alloc.c and alloc_async.c (allocations become managed
+ *             memory) and free.c (frees), sharing memory.h
  *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
  *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
@@ -138,7 +140,7 @@ void kiwi_interrupt(void);
 /* Puts the shim's SIGINT handler in front of the one installed now; 0 on success. */
 int kiwi_interrupt_catch(void);
 
-/* ---- memory.c ---------------------------------------------------------------------------- */
+/* ---- memory.c, limit.c, alloc.c, alloc_async.c, free.c ---------------------------------- */
 
 struct kiwi_working_set {
     uint64_t bytes;      /* everything this process allocated on the GPU through the driver */
