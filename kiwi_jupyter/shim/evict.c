@@ -1,7 +1,7 @@
 /* Which evictor pages this process out: the one place that decides whether allocations
  * become managed memory.
  *
- *   managed     the shim converts allocations and pages them itself (memory.c, pager.c);
+ *   managed     the shim converts allocations and pages them itself (alloc.c, pager.c);
  *   checkpoint  allocations stay device memory; the daemon suspends the whole process from
  *               outside with the driver's checkpoint API when the next holder needs the room,
  *               and the shim only gates work and talks to the daemon.

@@ -11,7 +11,7 @@
  * allocations come from, and its attributes are the truth.
  *
  * On older drivers creating the pool fails; stream-ordered allocations then become plain
- * managed allocations, and a free waits for its stream (memory.c).
+ * managed allocations, and a free waits for its stream (free.c).
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>

@@ -1,7 +1,9 @@
 /* What the shim's files share. Each .c file is one concern:
  *
  *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
- *   memory.c  allocations become managed memory; accounting; the memory limit
+ *   memory.c  the table of allocations: the working set, and the ranges the pager moves; with
+ *             limit.c (the memory limit), alloc.c and alloc_async.c (allocations become managed
+ *             memory) and free.c (frees), sharing memory.h
  *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
  *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
@@ -11,7 +13,9 @@
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
  *   interrupt.c Ctrl-C ends a wait for the GPU
- *   comm.c    the daemon client, on a thread of its own; the hold's state machine
+ *   comm.c    the daemon client, on a thread of its own; the hold's state machine; with
+ *             release.c (the release sequence), dispatch.c (the daemon's lines), wishes.c (what
+ *             other threads ask of it) and start.c (starting it; fork), sharing comm.h
  *   link.c    the connection: socket, framing, hello and register
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
  *   config.c  environment variables, read once
@@ -136,7 +140,7 @@ void kiwi_interrupt(void);
 /* Puts the shim's SIGINT handler in front of the one installed now; 0 on success. */
 int kiwi_interrupt_catch(void);
 
-/* ---- memory.c ---------------------------------------------------------------------------- */
+/* ---- memory.c, limit.c, alloc.c, alloc_async.c, free.c ---------------------------------- */
 
 struct kiwi_working_set {
     uint64_t bytes;      /* everything this process allocated on the GPU through the driver */
@@ -233,7 +237,7 @@ void kiwi_pager_after_fork(void);
 /* A context ended: the pager no longer synchronizes it or prefetches in it. */
 void kiwi_pager_forget_context(CUcontext ctx);
 
-/* ---- comm.c ------------------------------------------------------------------------------ */
+/* ---- comm.c, release.c, dispatch.c, wishes.c, start.c ----------------------------------- */
 
 enum kiwi_hold { KIWI_IDLE, KIWI_WAITING, KIWI_HOLDING, KIWI_RELEASING };
 

@@ -224,33 +224,36 @@ class Connection(SocketLending):
                 sock.sendall(p.encode(p.REGISTER, **self._registration(),
                                       working_set=registered_working_set))
                 registered = reader.expect(p.REGISTERED)
+            sock.settimeout(None)
+            # One critical section from the look at _wanted to _connected: request() asks by
+            # itself only on a connection it sees, so one made between the two would be asked
+            # by nobody, and a caller that watches its position instead of waiting for the
+            # grant would wait for ever.
             with self._cond:
                 asked = self._register and self._wanted
                 if asked:
                     sock.sendall(p.encode(p.ACQUIRE))
-            sock.settimeout(None)
-        except BaseException:
-            sock.close()
-            raise
-        with self._cond:
-            self._sock = sock
-            self._reader = reader
-            self.mode, self.tq = welcome.get("mode"), welcome.get("tq")
-            self.features = frozenset(welcome.get("features") or ())
-            if self._register:
-                self.id = registered["client"]
-                self.tq = registered.get("tq", self.tq)
-                if self._working_set != registered_working_set:
+                if self._register and self._working_set != registered_working_set:
                     # Reported while we registered, when report_working_set saw no connection.
                     sock.sendall(p.encode(p.WORKING_SET, seq=next(self._seq),
                                           bytes=int(self._working_set or 0)))
-            self._connected = True
-            self._down_since = None
-            self._generation += 1
-            if asked:
-                self._asked_in = self._generation
-                self._ask_seq = None  # that acquire carries no seq: its answer is an event
-            self._cond.notify_all()
+                self._sock = sock
+                self._reader = reader
+                self.mode, self.tq = welcome.get("mode"), welcome.get("tq")
+                self.features = frozenset(welcome.get("features") or ())
+                if self._register:
+                    self.id = registered["client"]
+                    self.tq = registered.get("tq", self.tq)
+                self._connected = True
+                self._down_since = None
+                self._generation += 1
+                if asked:
+                    self._asked_in = self._generation
+                    self._ask_seq = None  # that acquire carries no seq: its answer is an event
+                self._cond.notify_all()
+        except BaseException:
+            sock.close()
+            raise
         return sock
 
     def _read(self) -> None:

@@ -9,7 +9,9 @@ Two evictors, chosen per process when it registers:
   device memory and even a process that ignores a drop gives the GPU up.
 
 ``checkpoint`` holds the ctypes binding of the API, ``policy`` who may be checkpointed, and
-``evictor`` the part of the daemon that carries checkpoints out between the scheduler's actions.
+``evictor`` the part of the daemon that carries checkpoints out between the scheduler's actions
+(with ``lines``, each GPU's order of actions and jobs, ``runner``, which runs the jobs, and
+``jobs``, their blocking part).
 """
 
 from __future__ import annotations

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from support import DaemonProcess, short_tmpdir, wait_for
+from support import DaemonProcess, scaled, short_tmpdir, wait_for
 
-from nodeside.client import Client
+from nodeside.client import Client, connection
 
 
 def state_of(observer: Client, client: Client) -> str | None:
@@ -112,3 +115,51 @@ def test_a_request_made_while_the_daemon_is_away_goes_out_when_it_is_back() -> N
             assert early.wait_for_grant(timeout=10) is True
         finally:
             late.cleanup()
+
+
+class _HandshakeEnd(socket.socket):
+    """A real socket that calls ``hook`` (once) when the client stops timing its handshake:
+    the moment between the handshake and the connection being published, where a connection
+    thread on a loaded machine can lose the CPU."""
+
+    hook: Callable[[], None] | None = None
+
+    def settimeout(self, value: float | None) -> None:
+        super().settimeout(value)
+        if value is None and _HandshakeEnd.hook is not None:
+            hook, _HandshakeEnd.hook = _HandshakeEnd.hook, None
+            hook()
+
+
+class _SocketModule:
+    """The ``socket`` module as the client's connection sees it, making ``_HandshakeEnd``s."""
+
+    socket = _HandshakeEnd
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(socket, name)
+
+
+def test_a_request_made_while_the_client_connects_goes_out_once_it_is_connected(
+        daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = threading.Event()
+    clients: list[Client] = []
+    callers: list[threading.Thread] = []
+
+    def request_from_another_thread() -> None:
+        """In the connection thread, its handshake done: another thread asks, as a caller
+        that ran while the connection thread was off the CPU would."""
+        made.wait(scaled(10))
+        caller = threading.Thread(target=clients[0].request)
+        caller.start()
+        caller.join(scaled(10))
+        callers.append(caller)
+
+    monkeypatch.setattr(connection, "socket", _SocketModule())
+    monkeypatch.setattr(_HandshakeEnd, "hook", request_from_another_thread)
+    with Client(daemon.socket, name="asker") as asker:
+        clients.append(asker)
+        made.set()
+        wait_for(lambda: callers, what="the request made at the end of the handshake")
+        assert not callers[0].is_alive(), "request() blocked: the hook ran under the lock"
+        wait_for(lambda: asker.holding, what="the grant, with nobody waiting for it")
