@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from benchmarks.common import utc_now
@@ -229,8 +229,8 @@ def instructions_per_handoff(kind: str, n: int, handoffs: int) -> float:
 # -- the report --------------------------------------------------------------------------------
 
 def core_name() -> str:
-    import nodeside
-    return getattr(nodeside, "CORE", "pure Python")
+    from nodeside import core
+    return core()
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -121,16 +121,17 @@ class Session:
                 raise p.ProtocolError(p.E_VERSION, _HELLO_FIRST)
             self.active_at = now
             return self.rules.dispatch(self, op, message, seq, now)
-        except p.ProtocolError as exc:
-            return self._failed(exc, seq)
-        except SchedulerError as exc:
-            return self._failed(p.ProtocolError(exc.code, str(exc)), seq)
-        except LimitError as exc:
-            return self._failed(p.ProtocolError(p.E_LIMIT, str(exc)), seq)
-        except Exception as exc:  # a bug of ours: this request fails, the daemon serves on
-            self.rules.trouble(self, exc)
+        # One name per clause: compiled (mypyc), a name keeps the type of its first clause.
+        except p.ProtocolError as broken:
+            return self._failed(broken, seq)
+        except SchedulerError as refused:
+            return self._failed(p.ProtocolError(refused.code, str(refused)), seq)
+        except LimitError as over:
+            return self._failed(p.ProtocolError(p.E_LIMIT, str(over)), seq)
+        except Exception as bug:  # a bug of ours: this request fails, the daemon serves on
+            self.rules.trouble(self, bug)
             return Outcome([p.error(p.E_INVALID, f"the daemon could not answer this request "
-                                    f"({type(exc).__name__}); see its log", seq)],
+                                    f"({type(bug).__name__}); see its log", seq)],
                            reschedule=True)
 
     def _failed(self, exc: p.ProtocolError, seq: int | None) -> Outcome:

@@ -57,7 +57,7 @@ TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
 })
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Exception):  # not RuntimeError: mypyc compiles Exception subclasses only
     """The rules tried a move the table does not allow: a scheduler bug, never a peer's."""
 
     def __init__(self, client: str, before: HoldState, after: HoldState) -> None:
