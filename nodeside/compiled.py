@@ -33,9 +33,9 @@ from pathlib import Path
 from types import ModuleType
 
 #: The modules mypyc compiles: the wire format, the bounds, the scheduler core and the daemon's
-#: per-request path (a session, its requests, delivering actions). Not the asyncio shell
-#: (server.py, connection.py: asyncio calls them, and they call asyncio) nor anything a client,
-#: a kernel or kiwictl needs on its own.
+#: per-request path (a connection's turn, its session, its requests, delivering actions). Not
+#: the rest of the asyncio shell (server.py: sockets, signals, timers, reloads) nor anything a
+#: client, a kernel or kiwictl needs on its own.
 MODULES: tuple[str, ...] = (
     "nodeside.protocol",
     "nodeside.limits",
@@ -55,6 +55,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.status",
     "nodeside.scheduler.switching",
     "nodeside.scheduler.turns",
+    "nodeside.daemon.connection",
     "nodeside.daemon.delivery",
     "nodeside.daemon.lograte",
     "nodeside.daemon.peer",
