@@ -124,7 +124,7 @@ def choose(root: Path, environ: Mapping[str, str]) -> Core:
     try:
         if recorded != sources_digest(root):
             return Core(False, "the compiled modules were built from other sources; rebuild "
-                               "them with `pip install -e .` or `python -m nodeside.compiled`")
+                               "them with `make core` or `pip install -e .`")
         missing = [m for m in (*MODULES, GROUP + "__mypyc") if not extension(root, m).is_file()]
         if missing:
             return Core(False, f"the compiled module {missing[0]} is missing")
@@ -204,8 +204,10 @@ def build(root: Path) -> list[Path]:
     return built_files(root)
 
 
-if __name__ == "__main__":  # python -m nodeside.compiled: rebuild in place after an edit
-    ROOT = Path(__file__).resolve().parents[1]
-    for written in build(ROOT):
-        print(written.relative_to(ROOT))
-    print(choose(ROOT, os.environ))
+def main(argv: Sequence[str] = ()) -> None:
+    """``make core``: build in place, or with ``--if-stale`` only when the sources changed."""
+    root = Path(__file__).resolve().parents[1]
+    if "--if-stale" not in argv or not up_to_date(root):
+        for written in build(root):
+            print(written.relative_to(root))
+    print(f"scheduler core: {choose(root, os.environ)}")
