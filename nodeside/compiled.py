@@ -33,9 +33,8 @@ from pathlib import Path
 from types import ModuleType
 
 #: The modules mypyc compiles: the wire format, the bounds, the scheduler core and the daemon's
-#: per-request path (a connection's turn, its session, its requests, delivering actions). Not
-#: the rest of the asyncio shell (server.py: sockets, signals, timers, reloads) nor anything a
-#: client, a kernel or kiwictl needs on its own.
+#: per-request path (a connection's turn, its session, its requests, carrying out what they
+#: return, delivering actions). Not anything a client, a kernel or kiwictl needs on its own.
 MODULES: tuple[str, ...] = (
     "nodeside.protocol",
     "nodeside.limits",
@@ -62,6 +61,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.daemon.positions",
     "nodeside.daemon.registration",
     "nodeside.daemon.requests",
+    "nodeside.daemon.server",
     "nodeside.daemon.session",
     "nodeside.daemon.status_line",
 )
