@@ -29,8 +29,9 @@ MAX_REQUEST_BYTES: Final = 64 * 1024
 #: 300 bytes each), so replies get far more room than requests.
 MAX_REPLY_BYTES: Final = 16 * 1024 * 1024
 
-PRIORITIES: Final = ("HIGH", "NORMAL", "LOW")
-MODES: Final = ("on", "off", "auto")
+# Typed out: mypyc's type check cannot infer them through the scheduler's import cycle.
+PRIORITIES: Final[tuple[str, ...]] = ("HIGH", "NORMAL", "LOW")
+MODES: Final[tuple[str, ...]] = ("on", "off", "auto")
 
 # Defaults every peer shares. They live here, not in nodeside.config, so that a client (a kernel,
 # kiwictl) learns them without importing the scheduler or the config loader.
@@ -143,7 +144,9 @@ def _seq_head(op: bytes, seq: int | None) -> bytes:
     return b'{"op":"%s"' % op if seq is None else b'{"op":"%s","seq":%d' % (op, seq)
 
 
-def grant_line(gpu: int, quantum: float | None, seq: int | None = None) -> bytes:
+# ``int`` spelled out: compiled (mypyc), a ``float`` parameter turns 30 into 30.0, which encodes
+# apart.
+def grant_line(gpu: int, quantum: float | int | None, seq: int | None = None) -> bytes:
     """``encode(GRANT, seq=seq, gpu=gpu, quantum=quantum)``."""
     if type(gpu) is int and (seq is None or type(seq) is int):
         if quantum is None:

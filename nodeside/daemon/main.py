@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from nodeside import __version__
+from nodeside import __version__, core
 from nodeside.config import (
     DEFAULT_SOCKET,
     ConfigError,
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     # server on plain HTTP without a token (docs/policy.md, "Namespaces").
     parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
     parser.add_argument("--kube-api", help=argparse.SUPPRESS)
-    parser.add_argument("--version", action="version", version=f"kiwi-scheduler {__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"kiwi-scheduler {__version__}, scheduler core {core()}")
     return parser
 
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     log = logging.getLogger("kiwi.daemon")
+    log.info("kiwi-scheduler %s: scheduler core %s", __version__, core())
     overrides: dict[str, Any] = {k: v for k, v in {
         "tq": args.tq, "mode": args.mode, "grace": args.grace,
         "admin_group": args.admin_group, "socket_group": args.socket_group,

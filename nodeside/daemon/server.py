@@ -81,7 +81,8 @@ class Daemon:
         self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
         self.loop = asyncio.get_running_loop()
-        self.now = self.loop.time  # type: ignore[method-assign]  # asked several times a request
+        #: The loop's clock, asked several times a request: its own method, no frame between.
+        self.now: Callable[[], float] = self.loop.time
         config = self._with_state(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
         self._restore_gpu_tq()
@@ -118,9 +119,6 @@ class Daemon:
         #: What was said about namespaces being off: "info" at start, "warning" once rules
         #: name namespaces; never more than that, however often the config is reloaded.
         self._pods_off_said: str | None = None
-
-    def now(self) -> float:
-        return self.loop.time()  # replaced in __init__ by the loop's own method (no frame)
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ line, because the shell stops reading while requests are pending.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 _HELLO_FIRST = "the first message must be hello"
 
 
-@dataclass(slots=True)  # two are made per handoff: slots halve what that costs
+@dataclass(init=False, slots=True)
 class Outcome:
     """What one request asks of the shell.
 
@@ -38,19 +38,33 @@ class Outcome:
     first).
     """
 
-    out: list[bytes | Action] = field(default_factory=list)
+    out: list[bytes | Action]
     #: Close this connection once ``out`` is written: the peer broke the protocol.
-    close: bool = False
+    close: bool
     #: A release or a departure: a grant in ``out`` ends a handoff (metrics).
-    handoff: bool = False
+    handoff: bool
     #: Holders, waiters or quanta may have changed: the next deadline must be recomputed.
-    reschedule: bool = False
+    reschedule: bool
     #: Mode or TQ changed: save the runtime state and tell every greeted peer this line.
-    broadcast: bytes | None = None
+    broadcast: bytes | None
     #: Queues of these GPUs may have moved (for position events).
-    gpus: tuple[int, ...] = ()
+    gpus: tuple[int, ...]
     #: Something the status document shows may have changed (for ``changed`` events).
-    changed: bool = False
+    changed: bool
+
+    # Written out, not the dataclass's: two are made per handoff, and compiled (mypyc) a
+    # generated __init__ stays interpreted (see scheduler/actions.py).
+    def __init__(self, out: list[bytes | Action] | None = None, close: bool = False,
+                 handoff: bool = False, reschedule: bool = False,
+                 broadcast: bytes | None = None, gpus: tuple[int, ...] = (),
+                 changed: bool = False) -> None:
+        self.out = [] if out is None else out
+        self.close = close
+        self.handoff = handoff
+        self.reschedule = reschedule
+        self.broadcast = broadcast
+        self.gpus = gpus
+        self.changed = changed
 
 
 class Session:
@@ -121,16 +135,17 @@ class Session:
                 raise p.ProtocolError(p.E_VERSION, _HELLO_FIRST)
             self.active_at = now
             return self.rules.dispatch(self, op, message, seq, now)
-        except p.ProtocolError as exc:
-            return self._failed(exc, seq)
-        except SchedulerError as exc:
-            return self._failed(p.ProtocolError(exc.code, str(exc)), seq)
-        except LimitError as exc:
-            return self._failed(p.ProtocolError(p.E_LIMIT, str(exc)), seq)
-        except Exception as exc:  # a bug of ours: this request fails, the daemon serves on
-            self.rules.trouble(self, exc)
+        # One name per clause: compiled (mypyc), a name keeps the type of its first clause.
+        except p.ProtocolError as broken:
+            return self._failed(broken, seq)
+        except SchedulerError as refused:
+            return self._failed(p.ProtocolError(refused.code, str(refused)), seq)
+        except LimitError as over:
+            return self._failed(p.ProtocolError(p.E_LIMIT, str(over)), seq)
+        except Exception as bug:  # a bug of ours: this request fails, the daemon serves on
+            self.rules.trouble(self, bug)
             return Outcome([p.error(p.E_INVALID, f"the daemon could not answer this request "
-                                    f"({type(exc).__name__}); see its log", seq)],
+                                    f"({type(bug).__name__}); see its log", seq)],
                            reschedule=True)
 
     def _failed(self, exc: p.ProtocolError, seq: int | None) -> Outcome:

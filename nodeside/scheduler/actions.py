@@ -1,8 +1,17 @@
-"""What the scheduler tells the daemon to do, and the error it raises for a request it refuses."""
+"""What the scheduler tells the daemon to do, and the error it raises for a request it refuses.
+
+Each action is a value: compared by its fields, shown by them, hashable, never changed after it
+is made. Two are made per handoff, so each writes its own ``__init__`` (``init=False``) rather
+than take the dataclass's: compiled (mypyc), a generated ``__init__`` stays interpreted and a
+frozen one sets each field through ``object.__setattr__``, ten times what the handoff's other
+work costs; ``Final`` fields keep them unchangeable instead (mypy here, the compiled class at
+run time).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 
 class SchedulerError(Exception):
@@ -13,34 +22,56 @@ class SchedulerError(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
+@dataclass(init=False, unsafe_hash=True)
 class Grant:
-    client: str
-    gpu: int
-    quantum: float | None  # None in mode off: no quantum runs
+    client: Final[str]
+    gpu: Final[int]
+    quantum: Final[float | None]  # None in mode off: no quantum runs
+
+    def __init__(self, client: str, gpu: int, quantum: float | None) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.quantum = quantum
 
 
-@dataclass(frozen=True)
+@dataclass(init=False, unsafe_hash=True)
 class Drop:
-    client: str
-    gpu: int
-    reason: str
-    evict: bool  # the next holder needs the room: move the working set out first
-    grace: float
+    client: Final[str]
+    gpu: Final[int]
+    reason: Final[str]
+    evict: Final[bool]  # the next holder needs the room: move the working set out first
+    grace: Final[float]
+
+    def __init__(self, client: str, gpu: int, reason: str, evict: bool, grace: float) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.reason = reason
+        self.evict = evict
+        self.grace = grace
 
 
-@dataclass(frozen=True)
+@dataclass(init=False, unsafe_hash=True)
 class Revoke:
-    client: str
-    gpu: int
-    reason: str
-    ignored_for: float
+    client: Final[str]
+    gpu: Final[int]
+    reason: Final[str]
+    ignored_for: Final[float]
+
+    def __init__(self, client: str, gpu: int, reason: str, ignored_for: float) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.reason = reason
+        self.ignored_for = ignored_for
 
 
-@dataclass(frozen=True)
+@dataclass(init=False, unsafe_hash=True)
 class Released:
-    client: str
-    evict: bool
+    client: Final[str]
+    evict: Final[bool]
+
+    def __init__(self, client: str, evict: bool) -> None:
+        self.client = client
+        self.evict = evict
 
 
 Action = Grant | Drop | Revoke | Released

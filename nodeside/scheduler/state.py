@@ -57,7 +57,7 @@ TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
 })
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(Exception):  # not RuntimeError: mypyc compiles Exception subclasses only
     """The rules tried a move the table does not allow: a scheduler bug, never a peer's."""
 
     def __init__(self, client: str, before: HoldState, after: HoldState) -> None:
@@ -79,18 +79,28 @@ class GpuSpec:
     memory_total: int | None = None
 
 
-@dataclass
+@dataclass(init=False)  # one per grant: compiled, a dataclass's __init__ stays interpreted
 class Hold:
     granted_at: float
     quantum_start: float
-    drop_reason: str | None = None
-    drop_sent_at: float | None = None
-    drop_evict: bool = False
+    drop_reason: str | None
+    drop_sent_at: float | None
+    drop_evict: bool
     #: Who the GPU was asked back for. The choice was made with this holder still contending
     #: (as if it asked again at the tail); when it gives the GPU back, that choice stands.
     #: Choosing afresh at that instant would leave the holder's pool out of the entitlements
     #: for a moment and tilt every handoff towards the other pools.
-    drop_incoming: str | None = None
+    drop_incoming: str | None
+
+    def __init__(self, granted_at: float, quantum_start: float, drop_reason: str | None = None,
+                 drop_sent_at: float | None = None, drop_evict: bool = False,
+                 drop_incoming: str | None = None) -> None:
+        self.granted_at = granted_at
+        self.quantum_start = quantum_start
+        self.drop_reason = drop_reason
+        self.drop_sent_at = drop_sent_at
+        self.drop_evict = drop_evict
+        self.drop_incoming = drop_incoming
 
 
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply

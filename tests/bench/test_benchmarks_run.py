@@ -11,7 +11,7 @@ import re
 import pytest
 
 import benchmarks.__main__ as runner
-from benchmarks import attack, handoff, soak
+from benchmarks import attack, handoff, handoff_core, soak
 
 
 def tables(text: str) -> list[list[str]]:
@@ -30,6 +30,13 @@ def well_formed(text: str) -> None:
         assert re.fullmatch(r"\|( --- \|)+", rows[1]), f"no separator row under {rows[0]}"
         assert len({row.count("|") for row in rows}) == 1, f"ragged table {rows[0]}"
     assert not re.search(r"^\s*[{\[]", text, re.M), "raw JSON in the report"
+
+
+def test_handoff_core_reports_the_daemons_work_beside_a_bare_relay_and_names_its_core() -> None:
+    text = handoff_core.main(["--handoffs", "200", "--repeats", "1", "--clients", "2,8"])
+    well_formed(text)
+    assert "| 2 |" in text and "| 8 |" in text
+    assert re.search(r"Scheduler core: (compiled \(mypyc\)|pure Python \(.+\))\.", text)
 
 
 def test_handoff_reports_kiwi_beside_the_floor_with_the_issue_goals() -> None:

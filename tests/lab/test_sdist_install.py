@@ -67,6 +67,10 @@ def test_the_sdist_installs_with_the_panel_and_no_node_or_npm(tmp_path: Path) ->
         names = set(archive.namelist())
         install = json.loads(archive.read(f"{DATA}/install.json"))
     assert f"{DATA}/package.json" in names
+    # The compiled scheduler core (nodeside/compiled.py) came with it, never its C sources.
+    assert "nodeside/compiled.sha256" in names
+    assert any(re.fullmatch(r"nodeside/core__mypyc\..+\.so", n) for n in names), names
+    assert not any(n.endswith(".c") and n.startswith("nodeside/") for n in names)
     assert f"{DATA}/static/style.js" in names
     assert install["packageManager"] == "python"
     assert install["packageName"] == "kiwi-jupyter"
@@ -84,3 +88,5 @@ def test_the_sdist_installs_with_the_panel_and_no_node_or_npm(tmp_path: Path) ->
     assert re.search(r"kiwi_jupyter \S+ OK", servers), servers
     kernels = run(fresh / "bin" / "jupyter", "kernelspec", "list", env=env, cwd=tmp_path)
     assert re.search(r"^\s*kiwi\s", kernels, re.M), kernels
+    version = run(fresh / "bin" / "kiwi-scheduler", "--version", env=env, cwd=tmp_path)
+    assert "scheduler core compiled (mypyc)" in version, version
