@@ -1,0 +1,36 @@
+"""The wheel's shared data: every file has one source, so repeated editable installs keep working.
+
+After `make labextension` the venv's labextensions/kiwi-jupyter is a link to the built panel's
+folder, so an editable install writes the panel's shared data through that link into the folder
+itself. A second shared-data entry aimed inside a folder entry's target would come back in the
+next build as the same wheel path twice, and hatchling refuses that build.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import PurePosixPath
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from test_sdist_install import REPO
+
+
+def shared_data() -> dict[str, str]:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        config = tomllib.load(f)
+    return config["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+
+
+def test_no_shared_data_entry_lands_inside_another_entrys_folder() -> None:
+    entries = shared_data()
+    folders = {target for source, target in entries.items() if (REPO / source).is_dir()
+               or not PurePosixPath(source).suffix}
+    for source, target in entries.items():
+        for folder in folders - {target}:
+            assert not PurePosixPath(target).is_relative_to(folder), \
+                f"{source} -> {target} lands inside the folder entry {folder}"
+
