@@ -94,6 +94,11 @@ class InteractivePolicy(PoolsPolicy):
         value += self._request.get(client_id, 0.0)
         return value + (now - since if since is not None else 0.0)
 
+    def request_seconds(self, client_id: str) -> float:
+        """GPU seconds of the request in progress held before drops (its open hold aside)."""
+        self._settle(client_id)
+        return self._request.get(client_id, 0.0)
+
     def _history(self, client_id: str, now: float) -> float:
         value, at = self._used.get(client_id, (0.0, now))
         return value * 0.5 ** (max(0.0, now - at) / self.settings.half_life)
