@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import percentile
+from benchmarks.fleet_bound import LowFloor
 from benchmarks.fleet_explain import Explain
 from benchmarks.fleet_report import explain_table, side_by_side
 from nodeside.config import from_mapping
@@ -249,6 +250,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq,
                                             policy, LINKS[link], tuning, open_cells)
     explainer = Explain(SHORT_CELL, open_cells) if explain else None
+    floor = LowFloor(SHORT_CELL, open_cells)
+    replay.observers.append(floor.observe)
     if explainer is not None:
         replay.observers.append(explainer.observe)
     replay.run_until(duration)
@@ -294,6 +297,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "long_slowdown_mean": statistics.fmean(long), "long_slowdown_p95": percentile(long, 95),
         "short_slowdown_mean_normal": statistics.fmean(by_priority["NORMAL"]),
         "short_slowdown_mean_low": statistics.fmean(by_priority["LOW"]),
+        **floor.report(replay, finished),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
         "sustained_fraction": contention.sustained / (duration * gpus),
