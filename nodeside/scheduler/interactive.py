@@ -291,7 +291,19 @@ class InteractivePolicy(PoolsPolicy):
         ranked = [(-urgency(pool, j), j, c.request_order, c)
                   for pool in pools for j, c in enumerate(self.in_order(gpu, pool, now))]
         ranked.sort(key=lambda entry: entry[:3])
-        return [entry[3] for entry in ranked]
+        order = [entry[3] for entry in ranked]
+        light = self._going_ahead(gpu, now)
+        if light is not None:  # it goes next: shown first, like the grant that will follow
+            order.remove(light)
+            order.insert(0, light)
+        return order
+
+    def _going_ahead(self, gpu: GpuState, now: float) -> Client | None:
+        """The waiter that would go ahead of a pool's rule if the GPU were free now, if any."""
+        best, by_rule, eligible = self._by_rules(gpu, self.heads(gpu, now), now)
+        if best is None or not by_rule:
+            return None
+        return self._light_over(gpu, best, eligible, now)
 
     def position(self, gpu: GpuState, client: Client, now: float) -> int:
         return [c.id for c in self.order(gpu, now)].index(client.id) + 1
@@ -336,10 +348,10 @@ class InteractivePolicy(PoolsPolicy):
         promised = {h.hold.drop_incoming for h in gpu.holders.values() if h.hold}
         if nxt.id in promised or gpu.promised == nxt.id:
             return "the holder was asked to leave for it"
-        best, by_rule, eligible = self._by_rules(gpu, self.heads(gpu, now), now)
-        if best is not None and by_rule and self._light_over(gpu, best, eligible, now) is nxt:
-            return (f"a light request: goes once ahead of pool {best.pool}'s, for at most "
-                    f"{JUMP_QUANTUM:g} s")
+        if self._going_ahead(gpu, now) is nxt:
+            owed = [c.pool for c in gpu.waiters.heads().values() if c.pool != nxt.pool]
+            return (f"a light request: goes once ahead of pool {', '.join(sorted(owed))}'s "
+                    f"turn, for at most {JUMP_QUANTUM:g} s")
         if self.below_guarantee(gpu, nxt, now):
             return f"pool {nxt.pool} is below its guarantee"
         if self.starved(nxt):
