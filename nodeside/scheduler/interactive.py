@@ -261,6 +261,9 @@ class InteractivePolicy(PoolsPolicy):
         if it did: ``pick``'s contest again, with the holder that just gave the GPU back for a
         drop still in it (it asks again once it is done giving back)."""
         left = self._left.pop(gpu.spec.index, None)
+        others = gpu.waiters.pools() - {client.pool}
+        if not others and (left is None or left.pool == client.pool):
+            return None  # no other pool contends: the common grant, decided at once
         if not self._fresh(client):
             return None
         heads = self.heads(gpu, now)
