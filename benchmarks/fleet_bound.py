@@ -1,4 +1,4 @@
-"""A floor under short cells' mean slowdown that the priority rules impose, run by run.
+"""A floor under short cells' mean slowdown that the priority rules and handoffs impose.
 
 Under either policy a LOW request never preempts a NORMAL holder and never cuts its quantum
 short, and within a pool NORMAL goes before LOW, a holder's quantum ending included
@@ -6,11 +6,17 @@ short, and within a pool NORMAL goes before LOW, a holder's quantum ending inclu
 request of its own pool on its GPU when it asks (waiting or holding: all of it runs before the
 cell can), and, when the holder is a NORMAL one of the other pool, for that holder's current
 quantum or hold, whichever ends first; the GPU serves one at a time, so the two add up. That
-is what the rules impose however the next holder is chosen. ``LowFloor`` records it for every
-LOW short cell as it asks, and ``report`` turns it into two floors: LOW short cells' mean
-slowdown, and the mean over all short cells were every NORMAL one served at once (slowdown 1)
-and every LOW one waited only for that. Everything else (NORMAL requests that come later,
-handoffs, memory moves, the other pool's turns) comes on top.
+is what the rules impose however the next holder is chosen.
+
+And in mode on any short cell that asks while another client holds its GPU waits at least
+until that holder's work is done or, if it is asked to leave, until it has given the GPU back
+(the fleet's ``release_delay``, 0.2 s): the smaller of the two. A cell's floor is the larger
+of what applies to it.
+
+``LowFloor`` records both for every short cell as it asks, and ``report`` turns them into
+floors of the mean slowdown: NORMAL short cells', LOW short cells', and all short cells'.
+Everything else (requests that come later, memory moves, the other pool's turns, the policy's
+own choices) comes on top.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from nodeside.scheduler.actions import Action
 
 if TYPE_CHECKING:
     from benchmarks.fleet import Cell
-    from nodeside.scheduler.replay import Replay
+    from nodeside.scheduler.replay import Replay, Worker
 
 
 @dataclass
 class LowFloor:
-    """Per LOW short cell, the NORMAL hold it asked during and when that hold's quantum ended."""
+    """Per short cell, what it must wait for by the rules and the handoff, as it asks."""
 
     short: float
     open_cells: dict[str, Cell]
@@ -36,6 +42,8 @@ class LowFloor:
     ahead: dict[int, float] = field(default_factory=dict)
     #: id(cell) -> (the other pool's NORMAL holder, its hold's start, its quantum's end).
     found: dict[int, tuple[str, float, float]] = field(default_factory=dict)
+    #: id(cell) -> the handoff it waits for at the least (any short cell, mode on).
+    handoff: dict[int, float] = field(default_factory=dict)
 
     def observe(self, replay: Replay, _: list[Action]) -> None:
         now = replay.now
@@ -43,16 +51,26 @@ class LowFloor:
         for client_id, wait in replay.open_waits().items():
             cell = self.open_cells.get(client_id)
             if wait.start != now or cell is None or cell.start != now \
-                    or cell.priority != "LOW" or cell.burst >= self.short:
-                continue  # only a LOW short cell's first request, as it is made
+                    or cell.burst >= self.short:
+                continue  # only a short cell's first request, as it is made
             gpu = sched.gpus[sched.clients[client_id].gpu]
+            if sched.mode == "on":
+                for holder in gpu.holders.values():
+                    worker = replay.workers.get(holder.id)
+                    if holder.id == client_id or worker is None or holder.hold is None:
+                        continue
+                    asked = holder.hold.drop_sent_at  # already asked to leave: less to go
+                    giving_back = replay.release_delay - (now - asked if asked is not None
+                                                          else 0.0)
+                    self.handoff[id(cell)] = max(0.0, min(giving_back, _left(worker, now)))
+            if cell.priority != "LOW":
+                continue
             ahead = 0.0
             for other in (*gpu.holders.values(), *gpu.waiters.values()):
                 worker = replay.workers.get(other.id)
                 if other.preemptible or other.pool != cell.pool or worker is None:
                     continue
-                done = max(0.0, now - worker.holding_since) if worker.holding_since else 0.0
-                ahead += max(0.0, worker.remaining - done)
+                ahead += _left(worker, now)
             self.ahead[id(cell)] = ahead
             for holder in gpu.holders.values():
                 if holder.preemptible or holder.hold is None or holder.pool == cell.pool:
@@ -61,15 +79,16 @@ class LowFloor:
                 self.found[id(cell)] = (holder.id, holder.hold.granted_at, quantum_end)
 
     def report(self, replay: Replay, finished: list[Cell]) -> dict[str, float]:
-        """The two floors over ``finished`` cells, and how many LOW short cells asked behind
-        NORMAL work."""
+        """The floors over ``finished`` cells, and how many LOW short cells asked behind NORMAL
+        work."""
         ends = {(s.client, s.start): s.end for s in replay.spans}
-        low, normal = [], 0
+        low, normal = [], []
         for cell in finished:
             if cell.burst >= self.short:
                 continue
+            handoff = self.handoff.get(id(cell), 0.0)
             if cell.priority != "LOW":
-                normal += 1
+                normal.append((cell.burst + min(handoff, cell.wait)) / cell.burst)
                 continue
             imposed = self.ahead.get(id(cell), 0.0)
             found = self.found.get(id(cell))
@@ -78,11 +97,19 @@ class LowFloor:
                 end = ends.get((holder, granted))
                 stop = quantum_end if end is None else min(end, quantum_end)
                 imposed += max(0.0, stop - cell.start)
+            imposed = max(imposed, handoff)
             low.append((cell.burst + min(imposed, cell.wait)) / cell.burst)
-        short = normal + len(low)
+        short = len(normal) + len(low)
         return {
             "low_asked_behind_normal": sum(1 for c in finished if id(c) in self.found
                                            or self.ahead.get(id(c), 0.0) > 0.0),
             "short_slowdown_mean_low_floor": statistics.fmean(low) if low else 1.0,
-            "short_slowdown_mean_floor": (normal + sum(low)) / short if short else 1.0,
+            "short_slowdown_mean_normal_floor": statistics.fmean(normal) if normal else 1.0,
+            "short_slowdown_mean_floor": (sum(normal) + sum(low)) / short if short else 1.0,
         }
+
+
+def _left(worker: Worker, now: float) -> float:
+    """GPU seconds of ``worker``'s burst still to do at ``now``."""
+    done = max(0.0, now - worker.holding_since) if worker.holding_since is not None else 0.0
+    return max(0.0, worker.remaining - done)
