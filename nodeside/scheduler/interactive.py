@@ -320,10 +320,10 @@ class InteractivePolicy(PoolsPolicy):
     def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
                 now: float) -> float:
         """How long ``holder``'s quantum is, with ``winner`` the client that would go next."""
+        if PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
+            return tq  # a LOW request never cuts a quantum short, a light one's included
         if holder.id in self._jumpers:
             return min(tq, max(JUMP_QUANTUM, COST_FACTOR * self.switch_cost(gpu, holder, winner)))
-        if PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
-            return tq
         if self.attained(winner.id, now) > CUT_RATIO * self.attained(holder.id, now):
             return tq
         cost = self.switch_cost(gpu, holder, winner)

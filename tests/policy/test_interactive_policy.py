@@ -184,6 +184,29 @@ def test_a_light_request_goes_once_ahead_of_a_heavier_request_owed_its_guarantee
     assert kinds(sched.release(62.4 + JUMP_QUANTUM, b3.id))[-1] == ("Grant", a1.id)
 
 
+def test_a_low_request_never_cuts_the_quantum_of_a_light_request_that_went_ahead():
+    """As above, b3 goes ahead of a1 for JUMP_QUANTUM; but a1 then withdraws, and only a LOW
+    request of pool a waits: b3's quantum is not cut short for it."""
+    pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
+             "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
+    sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools, **INTERACTIVE})
+    a1 = sched.register(0.0, name="a1", pool="a")
+    low = sched.register(0.0, name="low", pool="a", priority="LOW")
+    b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
+    sched.acquire(0.0, a1.id)
+    sched.release(20.0, a1.id)
+    sched.acquire(20.0, b1.id)
+    sched.acquire(59.0, b2.id)
+    sched.release(60.0, b1.id)
+    sched.acquire(61.0, a1.id)
+    assert kinds(sched.acquire(62.0, b3.id)) == [("Drop", b2.id)]
+    assert kinds(sched.release(62.2, b2.id))[-1] == ("Grant", b3.id)
+    sched.release(63.0, a1.id)  # withdraws its request
+    assert sched.acquire(63.5, low.id) == []
+    assert kinds(sched.tick(62.2 + JUMP_QUANTUM)) == []
+    assert kinds(sched.tick(62.2 + 29.9)) == []
+
+
 def test_a_low_holder_is_preempted_at_once_under_interactive():
     sched = make_scheduler({"tq": 5.0, "window": 10.0, "pools": SEED_POOLS, **INTERACTIVE})
     low = sched.register(0.0, name="low", pool="training", priority="LOW")
