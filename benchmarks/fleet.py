@@ -43,8 +43,8 @@ What it reports, each against a floor measured in the same run:
   GPU (where a cell takes exactly its burst, its memory already in place), for all cells, for
   short ones (burst under 10 s: what a person waits for) and for long ones.
 * The floor under short cells' mean slowdown that the priority rules and handoffs impose
-  (``fleet_bound``): NORMAL, LOW and all short cells, what no policy within the rules goes below
-  given the work queued as each cell asks.
+  (``fleet_bound``): NORMAL, LOW and all short cells, what the rules made each cell wait at
+  least, given the queue it found.
 * Each pool's share error: during sustained contention (both pools contending for a GPU for at
   least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
   (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
