@@ -42,6 +42,9 @@ What it reports, each against a floor measured in the same run:
 * Wait per GPU cell, mean and p95, in seconds and as slowdown against the floor of an exclusive
   GPU (where a cell takes exactly its burst, its memory already in place), for all cells, for
   short ones (burst under 10 s: what a person waits for) and for long ones.
+* The floor under short cells' mean slowdown that the priority rules and handoffs impose
+  (``fleet_bound``): NORMAL, LOW and all short cells, what the rules made each cell wait at
+  least, given the queue it found.
 * Each pool's share error: during sustained contention (both pools contending for a GPU for at
   least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
   (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
@@ -62,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import percentile
+from benchmarks.fleet_bound import LowFloor
 from benchmarks.fleet_explain import Explain
 from benchmarks.fleet_report import explain_table, side_by_side
 from nodeside.config import from_mapping
@@ -249,6 +253,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq,
                                             policy, LINKS[link], tuning, open_cells)
     explainer = Explain(SHORT_CELL, open_cells) if explain else None
+    floor = LowFloor(SHORT_CELL, open_cells)
+    replay.observers.append(floor.observe)
     if explainer is not None:
         replay.observers.append(explainer.observe)
     replay.run_until(duration)
@@ -294,6 +300,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "long_slowdown_mean": statistics.fmean(long), "long_slowdown_p95": percentile(long, 95),
         "short_slowdown_mean_normal": statistics.fmean(by_priority["NORMAL"]),
         "short_slowdown_mean_low": statistics.fmean(by_priority["LOW"]),
+        **floor.report(replay, finished),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
         "sustained_fraction": contention.sustained / (duration * gpus),

@@ -37,7 +37,7 @@ from nodeside import protocol as p
 from nodeside.scheduler.actions import Action, Drop, Grant
 from nodeside.scheduler.interactive import CUT_RATIO, InteractivePolicy
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
-from nodeside.scheduler.turns import _TAIL_ORDER, _as_tail
+from nodeside.scheduler.turns import as_tail
 
 if TYPE_CHECKING:
     from benchmarks.fleet import Cell
@@ -158,7 +158,7 @@ class Explain:
                 return "holder's quantum: LOW never cuts"
             # The holder competes as if it asked again (turns._end_quanta): where it would win,
             # its quantum is not cut, and it is the pools' rules or its lane's order that keep it.
-            tail = policy.pick(gpu, replay.now, _as_tail(holder, _TAIL_ORDER))
+            tail = policy.pick(gpu, replay.now, as_tail(holder))
             if tail is not None and tail.id == holder.id:
                 if holder.pool == waiter.pool:
                     return "waiters ahead"
@@ -182,7 +182,7 @@ class Explain:
             now = replay.now
             theirs = policy.attained(nxt.id, now)
             mine = policy.attained(waiter.id, now)
-            this_request = policy._request.get(waiter.id, 0.0)
+            this_request = policy.request_seconds(waiter.id)
             if this_request <= theirs < mine:
                 return "counted heavy for earlier cells"
         return "waiters ahead"

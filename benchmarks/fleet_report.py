@@ -32,6 +32,10 @@ def rows(base: dict) -> list[Row]:
          lambda r: f"{r['short_slowdown_mean']:.2f}x / {r['short_slowdown_p95']:.2f}x"),
         ("short cells' mean slowdown, NORMAL / LOW notebooks",
          lambda r: f"{r['short_slowdown_mean_normal']:.2f}x / {r['short_slowdown_mean_low']:.2f}x"),
+        ("floor the rules and handoffs set: NORMAL / LOW / all short cells",
+         lambda r: f"{r['short_slowdown_mean_normal_floor']:.2f}x / "
+                   f"{r['short_slowdown_mean_low_floor']:.2f}x / "
+                   f"{r['short_slowdown_mean_floor']:.2f}x"),
         ("slowdown, long cells, mean / p95",
          lambda r: f"{r['long_slowdown_mean']:.2f}x / {r['long_slowdown_p95']:.2f}x"),
         ("long cells' mean slowdown against round robin TQ 30",

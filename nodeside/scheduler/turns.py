@@ -21,8 +21,8 @@ from nodeside.scheduler.pools import Pool, preemption_enabled
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 
 _EPS = 1e-9
-# The request order of a holder competing as if it asked again: after every real request.
-_TAIL_ORDER = 1 << 62
+#: The request order of a holder competing as if it asked again: after every real request.
+TAIL_ORDER = 1 << 62
 
 
 class Turns:
@@ -135,7 +135,7 @@ class Turns:
         tq = self.tq_for(gpu.spec.index)
         if not self.choice.cuts_quanta or self.mode != "on" or not gpu.waiters:
             return tq
-        winner = self.choice.pick(gpu, now, _as_tail(holder, _TAIL_ORDER))
+        winner = self.choice.pick(gpu, now, as_tail(holder))
         if winner is None or winner.id == holder.id:
             return tq
         return self.choice.quantum(gpu, holder, winner, tq, now)
@@ -161,7 +161,7 @@ class Turns:
                     continue
                 actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
                 continue
-            tail = _as_tail(holder, next(self._order))
+            tail = as_tail(holder, next(self._order))
             winner = self.choice.pick(gpu, now, tail)
             if winner is None and self.choice.over_maximum(gpu, holder.pool, now):
                 actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
@@ -305,8 +305,9 @@ def current_quantum_start(hold: Hold, tq: float, now: float) -> float:
     return hold.quantum_start + math.floor((elapsed + _EPS) / tq) * tq
 
 
-def _as_tail(holder: Client, order: int) -> Client:
-    """A stand-in for ``holder`` asking again now: same pool and priority, at the tail."""
+def as_tail(holder: Client, order: int = TAIL_ORDER) -> Client:
+    """A stand-in for ``holder`` asking again now: same pool and priority, at the tail (the
+    core's contest at a quantum's end; benchmarks ask the policy the same question)."""
     return Client(id=holder.id, name=holder.name, gpu=holder.gpu, pool=holder.pool,
                   priority=holder.priority, working_set=holder.working_set,
                   request_order=order)

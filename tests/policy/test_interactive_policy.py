@@ -13,6 +13,7 @@ from test_policy_properties import AnyContention, pool_configs
 
 from nodeside.config import ConfigError, from_mapping
 from nodeside.scheduler.core import Action, Drop, Grant
+from nodeside.scheduler.interactive import JUMP_QUANTUM
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.replay import Replay
 
@@ -139,7 +140,8 @@ def test_a_quantum_is_cut_short_only_when_moving_memory_pays(bandwidth, cut_at):
 
 
 def test_guarantees_come_before_least_attained_service():
-    """Pool a is below its guarantee: its request goes next, though b's used less."""
+    """Pool a is below its guarantee: its request goes next, though b's used less (but more
+    than half of a's: not light enough to go ahead once, as the next test's does)."""
     pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     sched = make_scheduler({"tq": 1.0, "window": 100.0, "pools": pools, **INTERACTIVE})
@@ -147,13 +149,62 @@ def test_guarantees_come_before_least_attained_service():
     b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
     sched.acquire(0.0, a1.id)
     sched.release(5.0, a1.id)
-    sched.acquire(5.0, b1.id)
+    sched.acquire(5.0, b3.id)  # b3 has used 2 s, a1 5 s, both 15 s ago
+    sched.release(7.0, b3.id)
+    sched.acquire(7.0, b1.id)
     sched.release(20.0, b1.id)
     assert kinds(sched.acquire(20.0, b2.id)) == [("Grant", b2.id)]
     assert sched.acquire(20.1, a1.id) == []
     assert sched.acquire(20.2, b3.id) == []
     assert kinds(sched.tick(21.0)) == [("Drop", b2.id)]
     assert sched.release(21.1, b2.id)[-1] == Grant(a1.id, 0, 1.0)
+
+
+def test_a_light_request_goes_once_ahead_of_a_heavier_request_owed_its_guarantee():
+    """a1 (pool a, below its guarantee) used 20 s half a minute ago; b3's is a fresh request.
+    b3 goes first, once, for JUMP_QUANTUM; then a1, though b4 is as light as b3 was."""
+    pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
+             "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
+    sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools, **INTERACTIVE})
+    a1 = sched.register(0.0, name="a1", pool="a")
+    b1, b2, b3, b4 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3, 4))
+    sched.acquire(0.0, a1.id)
+    sched.release(20.0, a1.id)
+    sched.acquire(20.0, b1.id)
+    sched.acquire(59.0, b2.id)
+    assert kinds(sched.release(60.0, b1.id))[-1] == ("Grant", b2.id)
+    assert sched.acquire(61.0, a1.id) == []  # owed, but not light: b2's quantum runs on
+    assert sched.choice.below_guarantee(sched.gpus[0], a1, 61.0)
+    # b3 is light: b2's quantum is cut short for it, and it goes ahead of a1.
+    assert kinds(sched.acquire(62.0, b3.id)) == [("Drop", b2.id)]
+    assert kinds(sched.release(62.2, b2.id))[-1] == ("Grant", b3.id)
+    assert sched.acquire(63.0, b4.id) == []
+    assert kinds(sched.tick(62.2 + JUMP_QUANTUM - 0.01)) == []
+    assert kinds(sched.tick(62.2 + JUMP_QUANTUM)) == [("Drop", b3.id)]
+    assert kinds(sched.release(62.4 + JUMP_QUANTUM, b3.id))[-1] == ("Grant", a1.id)
+
+
+def test_a_low_request_never_cuts_the_quantum_of_a_light_request_that_went_ahead():
+    """As above, b3 goes ahead of a1 for JUMP_QUANTUM; but a1 then withdraws, and only a LOW
+    request of pool a waits: b3's quantum is not cut short for it."""
+    pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
+             "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
+    sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools, **INTERACTIVE})
+    a1 = sched.register(0.0, name="a1", pool="a")
+    low = sched.register(0.0, name="low", pool="a", priority="LOW")
+    b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
+    sched.acquire(0.0, a1.id)
+    sched.release(20.0, a1.id)
+    sched.acquire(20.0, b1.id)
+    sched.acquire(59.0, b2.id)
+    sched.release(60.0, b1.id)
+    sched.acquire(61.0, a1.id)
+    assert kinds(sched.acquire(62.0, b3.id)) == [("Drop", b2.id)]
+    assert kinds(sched.release(62.2, b2.id))[-1] == ("Grant", b3.id)
+    sched.release(63.0, a1.id)  # withdraws its request
+    assert sched.acquire(63.5, low.id) == []
+    assert kinds(sched.tick(62.2 + JUMP_QUANTUM)) == []
+    assert kinds(sched.tick(62.2 + 29.9)) == []
 
 
 def test_a_low_holder_is_preempted_at_once_under_interactive():

@@ -74,3 +74,24 @@ def test_kiwictl_status_prints_the_policy_and_why_the_next_holder_is_next(start_
     assert result.returncode == 0, result.stderr
     assert "policy interactive" in result.stdout.splitlines()[0]
     assert "  next, because: the only request waiting" in result.stdout
+
+
+def test_the_status_document_says_when_a_light_request_goes_ahead_of_a_pools_rule():
+    """a1 is owed pool a's guarantee but used 20 s not long ago; b3's fresh request used less
+    than half that: it is next, first in the queue, and the status says why."""
+    pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
+             "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
+    sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools,
+                            "policy": "interactive"})
+    a1 = sched.register(0.0, name="a1", pool="a")
+    b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
+    for client, start, end in ((a1, 0.0, 20.0), (b3, 20.0, 22.0), (b1, 22.0, 60.0)):
+        sched.acquire(start, client.id)
+        sched.release(end, client.id)
+    sched.acquire(60.0, b2.id)
+    sched.acquire(60.5, a1.id)
+    sched.acquire(61.0, b3.id)  # not lighter than half of b2: b2's quantum runs on
+    doc = build_status(sched, 61.5)
+    assert doc["gpus"][0]["queue"][0] == b3.id
+    assert doc["gpus"][0]["next_reason"] == (
+        "a light request: goes once ahead of pool a's turn, for at most 5 s")
