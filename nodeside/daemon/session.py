@@ -99,6 +99,8 @@ class Session:
         """Is a whole line (or a framing error) waiting to be answered?"""
         if self.over:
             return False
+        if not self._pending:  # all answered (the usual case): no search
+            return self._broken is not None
         # find, not ``in``: ``bytes in bytearray`` first tries the needle as an int and formats
         # the TypeError it throws away, a few thousand instructions on every turn.
         return self._pending.find(b"\n") >= 0 or self._broken is not None or \
@@ -110,6 +112,8 @@ class Session:
             return None
         if self._broken is None:
             pending = self._pending
+            if not pending:  # the turn's last call, after its requests: no search
+                return None
             end = pending.find(b"\n", 0, p.MAX_REQUEST_BYTES)
             if end >= 0:
                 line = bytes(pending[:end])
