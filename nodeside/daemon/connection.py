@@ -76,15 +76,16 @@ class Connection(asyncio.Protocol):
         self._turn_pending = False
         if self.closing or self._writing_paused:
             return
+        # Methods called on their objects, not bound to locals first: compiled (mypyc), a call
+        # on a native object is a C call, a bound method a generic Python call.
         session, daemon = self.session, self.daemon
-        step, carry_out, now = session.step, daemon.carry_out, daemon.now
         self.held = []
         try:
             for _ in range(REQUESTS_PER_TURN):
-                outcome = step(now())
+                outcome = session.step(daemon.now())
                 if outcome is None:
                     break
-                carry_out(self, outcome)
+                daemon.carry_out(self, outcome)
                 if self.closing or self.owed() > MAX_OWED_BYTES:
                     break
         finally:

@@ -82,7 +82,10 @@ class Daemon:
         self.connections: set[Connection] = set()
         self.loop = asyncio.get_running_loop()
         #: The loop's clock, asked several times a request: its own method, no frame between.
-        self.now: Callable[[], float] = self.loop.time
+        #: asyncio's own loop.time is a Python method that returns time.monotonic(): that is
+        #: called directly instead (a C function, no frame); another loop's (uvloop's) is kept.
+        self.now: Callable[[], float] = time.monotonic \
+            if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         config = self._with_state(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
         self._restore_gpu_tq()
@@ -222,12 +225,12 @@ class Daemon:
     def carry_out(self, conn: Connection, outcome: Outcome) -> None:
         """Send a session's replies and carry out the scheduler's actions, in their order."""
         started = time.perf_counter() if outcome.handoff and self.handoff_observers else None
-        send, deliver = conn.send, self.delivery.deliver
+        delivery = self.delivery  # called on, not bound: see Connection._take_turn
         for item in outcome.out:
             if type(item) is bytes:
-                send(item)
+                conn.send(item)
             else:
-                deliver(item, started)  # type: ignore[arg-type]
+                delivery.deliver(item, started)  # type: ignore[arg-type]
         if self.action_observers:  # metrics: the list is made only for them
             actions = [i for i in outcome.out if not isinstance(i, bytes)]
             if actions:

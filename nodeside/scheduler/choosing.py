@@ -55,8 +55,10 @@ class PoolsPolicy:
             if best is None or within_pool(tail) < within_pool(best):
                 heads[tail.pool] = tail
         if len(heads) == 1:  # the common case, and the hot path: no shares to measure
-            (name, only), = heads.items()
-            return None if self.over_maximum(gpu, name, now) else only
+            # A loop, not ``(name, only), = heads.items()``: compiled, unpacking goes through
+            # Python's generic iterators, the loop through the dict's own.
+            for name, only in heads.items():
+                return None if self.over_maximum(gpu, name, now) else only
         if not heads:
             return None
         shares = gpu.meter.shares(now, heads)

@@ -87,7 +87,8 @@ class ShareMeter:
         self._last_close = max(self._last_close, now)
         self._trim(self._start(now))
         last = self._closed[-1] if self._closed else None
-        if last is not None and (last.pool, last.preemptible) == (pool, preemptible) \
+        # Field by field, not as tuples: compiled, a tuple comparison is a generic call.
+        if last is not None and last.pool == pool and last.preemptible == preemptible \
                 and last.end == begin:
             self._grow(last, now, now - begin)  # back to back: one interval, exactly
             return

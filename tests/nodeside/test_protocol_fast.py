@@ -66,3 +66,21 @@ def test_lines_the_shortcut_does_not_take_are_read_in_full() -> None:
         with pytest.raises(p.ProtocolError) as exc:
             p.decode(bad)
         assert exc.value.code == p.E_MALFORMED
+
+
+@given(op=st.sampled_from(sorted(p.REQUESTS) + ["no_such_op", "", "acquire\\u0000"]),
+       digits=st.text(alphabet="0123456789+-_ .e}", max_size=22))
+def test_near_plain_requests_read_as_the_json_decoder_reads_them(op: str, digits: str) -> None:
+    # Lines one step off the plain form (a sign, a space, an underscore, a leading zero, too
+    # many digits, a stray brace) must take the full path: int() alone would accept some.
+    line = b'{"op":"%s","seq":%s}' % (op.encode(), digits.encode())
+    try:
+        expected = json.loads(line)
+    except ValueError:
+        expected = None
+    seq = expected.get("seq") if isinstance(expected, dict) else None
+    if type(seq) is int and 0 <= seq <= MAX_INTEGER:
+        assert p.decode(line) == expected
+    else:
+        with pytest.raises(p.ProtocolError):
+            p.decode(line)
