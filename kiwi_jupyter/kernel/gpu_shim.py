@@ -7,18 +7,19 @@ arbiters tell it when cells begin and end and, in eager mode, ask it for the GPU
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
-from kiwi_jupyter.kernel.free_blocks import FreeBlocks
+from kiwi_jupyter.kernel.free_blocks import FreeBlocks, FreeRangesShim
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, SchedulerUnavailable
 from kiwi_jupyter.kernel.link import DaemonLink
 from kiwi_jupyter.kernel.wait_view import Place
 
 
-class ShimGate(Protocol):
-    """What the kernel uses of ``kiwi_jupyter.shim.Shim``, the ctypes face of the CUDA shim."""
+class ShimGate(FreeRangesShim, Protocol):
+    """What the kernel uses of ``kiwi_jupyter.shim.Shim``, the ctypes face of the CUDA shim
+    (with what ``FreeBlocks`` tells it)."""
 
     def active(self) -> bool:
         """The shim gates this process's GPU work (it is preloaded and KIWI_SHIM is not 0)."""
@@ -44,12 +45,6 @@ class ShimGate(Protocol):
 
     def stats(self) -> Mapping[str, Any]:
         """Counters since the process started: ``seconds_waiting``, ``grants``, ``drops``..."""
-
-    def free_ranges_begin(self) -> None:
-        """Before reading the framework's free blocks: GPU work from here on voids them."""
-
-    def set_free_ranges(self, ranges: Sequence[tuple[int, int]]) -> int:
-        """The blocks the framework's cache holds free: not copied by an eviction."""
 
 
 def load_shim() -> tuple[ShimGate | None, str]:

@@ -53,39 +53,34 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
     return true;
 }
 
-#define ALLOC_ASYNC(symbol, per_thread)                                                         \
-    KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUstream s)                     \
+/* The shim's stream-ordered allocation: from the device's managed pool where there is one
+ * (whichever pool the caller named: another pool's memory could not be paged out), else plain
+ * managed memory. */
+static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t size, CUstream stream)
+{
+    CUresult pooled;
+    if (converting() && allocate_pooled(dptr, size, stream, &pooled))
+        return pooled;
+    return kiwi_memory_allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);
+}
+
+#define ALLOC_ASYNC(symbol, per_thread, params, args)                                           \
+    KIWI_EXPORT CUresult symbol params                                                          \
     {                                                                                           \
         kiwi_init();                                                                            \
-        if (!kiwi_cfg.enabled || kiwi_memory_capturing(kiwi_stream(s, per_thread))) {           \
+        CUstream stream = kiwi_stream(s, per_thread);                                           \
+        if (!kiwi_cfg.enabled || kiwi_memory_capturing(stream)) {                               \
             KIWI_REAL(real, symbol);                                                            \
-            return real(dptr, size, s);                                                         \
+            return real args;                                                                   \
         }                                                                                       \
-        CUresult pooled;                                                                        \
-        if (converting() &&                                                                     \
-            allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))                   \
-            return pooled;                                                                      \
-        return kiwi_memory_allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                  \
-    }
-#define ALLOC_FROM_POOL(symbol, per_thread)                                                     \
-    KIWI_EXPORT CUresult symbol(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,              \
-                                CUstream s)                                                     \
-    {                                                                                           \
-        kiwi_init();                                                                            \
-        if (!kiwi_cfg.enabled || kiwi_memory_capturing(kiwi_stream(s, per_thread))) {           \
-            KIWI_REAL(real, symbol);                                                            \
-            return real(dptr, size, pool, s);                                                   \
-        }                                                                                       \
-        /* From the device's managed pool, whichever pool was named: another pool's             \
-         * memory could not be paged out. */                                                    \
-        CUresult pooled;                                                                        \
-        if (converting() &&                                                                     \
-            allocate_pooled(dptr, size, kiwi_stream(s, per_thread), &pooled))                   \
-            return pooled;                                                                      \
-        return kiwi_memory_allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);                  \
+        return allocate_stream_ordered(dptr, size, stream);                                     \
     }
 
-ALLOC_ASYNC(cuMemAllocAsync, false)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz, true)
-ALLOC_FROM_POOL(cuMemAllocFromPoolAsync, false)
-ALLOC_FROM_POOL(cuMemAllocFromPoolAsync_ptsz, true)
+#define ASYNC_PARAMS (CUdeviceptr *dptr, size_t size, CUstream s)
+#define ASYNC_ARGS (dptr, size, s)
+ALLOC_ASYNC(cuMemAllocAsync, false, ASYNC_PARAMS, ASYNC_ARGS)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, true, ASYNC_PARAMS, ASYNC_ARGS)
+#define FROM_POOL_PARAMS (CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+#define FROM_POOL_ARGS (dptr, size, pool, s)
+ALLOC_ASYNC(cuMemAllocFromPoolAsync, false, FROM_POOL_PARAMS, FROM_POOL_ARGS)
+ALLOC_ASYNC(cuMemAllocFromPoolAsync_ptsz, true, FROM_POOL_PARAMS, FROM_POOL_ARGS)

@@ -76,6 +76,14 @@ static bool connect_and_register(void)
     return true;
 }
 
+/* Under kiwi_lock: since when the GPU has gone unused, for the idle release (a grant counts
+ * as a use). */
+static double idle_since(void)
+{
+    double since = kiwi_gate_last_activity();
+    return since < kiwi_comm.granted_at ? kiwi_comm.granted_at : since;
+}
+
 /* Acts on what other threads asked for since the last turn of the loop. */
 static void act(void)
 {
@@ -105,13 +113,10 @@ static void act(void)
         kiwi_link_request("acquire", "");
         pthread_mutex_lock(&kiwi_lock);
     }
-    double idle_since = kiwi_gate_last_activity();
-    if (idle_since < kiwi_comm.granted_at)
-        idle_since = kiwi_comm.granted_at;
+    double since = idle_since();
     bool idle = kiwi_comm.stats.hold == KIWI_HOLDING && !kiwi_comm.stats.in_cell &&
                 kiwi_cfg.idle_release > 0 && !want && kiwi_gate_in_flight() == 0 &&
-                kiwi_capture_open() == 0 &&
-                kiwi_now() - idle_since >= kiwi_cfg.idle_release;
+                kiwi_capture_open() == 0 && kiwi_now() - since >= kiwi_cfg.idle_release;
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
         kiwi_release_yield("idle");
@@ -178,10 +183,8 @@ static double next_idle_check(void)
 {
     if (kiwi_cfg.idle_release <= 0)
         return 1.0;
-    double since = kiwi_gate_last_activity();
     pthread_mutex_lock(&kiwi_lock);
-    if (since < kiwi_comm.granted_at)
-        since = kiwi_comm.granted_at;
+    double since = idle_since();
     bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
     pthread_mutex_unlock(&kiwi_lock);
     double left = since + kiwi_cfg.idle_release - kiwi_now();

@@ -69,22 +69,27 @@ uint64_t kiwi_memory_room(void)
     return limit && limit < room ? limit : room;
 }
 
+/* Under kiwi_table_lock: does size fit in the room now? Says the room and what is in use. */
+static bool fits_now(size_t size, uint64_t *limit, uint64_t *used)
+{
+    *limit = kiwi_memory_room();
+    *used = kiwi_managed_bytes + kiwi_vmm_bytes;
+    return !*limit || (*used <= *limit && size <= *limit - *used);
+}
+
 /* Reserves size bytes against the limit before the driver is asked, so that two threads
  * allocating at once cannot both squeeze under it. */
 bool kiwi_memory_reserve(size_t size, enum allocation_kind kind, CUdevice device)
 {
     gpu_total(device);
     pthread_mutex_lock(&kiwi_table_lock);
-    uint64_t limit = kiwi_memory_room();
-    uint64_t used = kiwi_managed_bytes + kiwi_vmm_bytes;
-    bool fits = !limit || (used <= limit && size <= limit - used);
+    uint64_t limit, used;
+    bool fits = fits_now(size, &limit, &used);
     if (!fits && limit < kiwi_memory_limit()) {
         pthread_mutex_unlock(&kiwi_table_lock);
         learn_again();
         pthread_mutex_lock(&kiwi_table_lock);
-        limit = kiwi_memory_room();
-        used = kiwi_managed_bytes + kiwi_vmm_bytes;
-        fits = !limit || (used <= limit && size <= limit - used);
+        fits = fits_now(size, &limit, &used);
     }
     if (fits) {
         if (kind == MANAGED)

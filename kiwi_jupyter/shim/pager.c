@@ -168,34 +168,52 @@ static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream
     return CUDA_ERROR_NOT_FOUND;
 }
 
+/* A context's ranges as the batch calls take them: two arrays, and their bytes. */
+struct batch {
+    CUdeviceptr *ptrs;
+    size_t *sizes;
+    size_t count; /* 0 when out of host memory */
+    uint64_t bytes;
+};
+
+static struct batch batch_of(const struct kiwi_range *ranges, size_t count, CUcontext ctx)
+{
+    struct batch b = {.ptrs = malloc(count * sizeof *b.ptrs),
+                      .sizes = malloc(count * sizeof *b.sizes)};
+    for (size_t i = 0; b.ptrs && b.sizes && i < count; i++) {
+        if (ranges[i].ctx == ctx) {
+            b.ptrs[b.count] = ranges[i].ptr;
+            b.sizes[b.count++] = ranges[i].size;
+            b.bytes += ranges[i].size;
+        }
+    }
+    return b;
+}
+
+static void batch_free(struct batch *b)
+{
+    free(b->ptrs);
+    free(b->sizes);
+}
+
 /* One cuMemPrefetchBatchAsync for all of a context's ranges; false when the driver cannot. */
 static bool prefetch_batch(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
                            CUdevice to, CUstream stream, struct move *move)
 {
     if (!driver.prefetch_batch || atomic_load(&no_batches) || count < 2)
         return false;
-    CUdeviceptr *ptrs = malloc(count * sizeof *ptrs);
-    size_t *sizes = malloc(count * sizeof *sizes);
-    size_t n = 0, bytes = 0;
-    for (size_t i = 0; ptrs && sizes && i < count; i++) {
-        if (ranges[i].ctx == ctx) {
-            ptrs[n] = ranges[i].ptr;
-            sizes[n++] = ranges[i].size;
-            bytes += ranges[i].size;
-        }
-    }
+    struct batch b = batch_of(ranges, count, ctx);
     CUmemLocation where = location_of(to);
     size_t first = 0; /* the one location applies from the first range on */
-    CUresult result = ptrs && sizes && n
-                          ? driver.prefetch_batch(ptrs, sizes, n, &where, &first, 1, 0, stream)
-                          : CUDA_ERROR_OUT_OF_MEMORY;
-    free(ptrs);
-    free(sizes);
+    CUresult result = b.count ? driver.prefetch_batch(b.ptrs, b.sizes, b.count, &where, &first,
+                                                      1, 0, stream)
+                              : CUDA_ERROR_OUT_OF_MEMORY;
+    batch_free(&b);
     if (result == CUDA_ERROR_NOT_SUPPORTED)
         atomic_store(&no_batches, true);
     if (result != CUDA_SUCCESS)
         return false;
-    move->bytes += bytes;
+    move->bytes += b.bytes;
     return true;
 }
 
@@ -206,25 +224,16 @@ static void discard(const struct kiwi_range *free_ranges, size_t count, CUcontex
 {
     if (!driver.discard_batch || atomic_load(&no_discards) || !count)
         return;
-    CUdeviceptr *ptrs = malloc(count * sizeof *ptrs);
-    size_t *sizes = malloc(count * sizeof *sizes);
-    size_t n = 0, bytes = 0;
-    for (size_t i = 0; ptrs && sizes && i < count; i++) {
-        if (free_ranges[i].ctx == ctx) {
-            ptrs[n] = free_ranges[i].ptr;
-            sizes[n++] = free_ranges[i].size;
-            bytes += free_ranges[i].size;
-        }
-    }
-    CUresult result = n ? driver.discard_batch(ptrs, sizes, n, 0, stream) : CUDA_SUCCESS;
-    free(ptrs);
-    free(sizes);
+    struct batch b = batch_of(free_ranges, count, ctx);
+    CUresult result =
+        b.count ? driver.discard_batch(b.ptrs, b.sizes, b.count, 0, stream) : CUDA_SUCCESS;
+    batch_free(&b);
     if (result == CUDA_ERROR_NOT_SUPPORTED) {
         atomic_store(&no_discards, true);
         kiwi_log("the driver cannot discard; free ranges are left out of evictions instead");
     }
     if (result == CUDA_SUCCESS)
-        move->discarded += bytes;
+        move->discarded += b.bytes;
 }
 
 /* Moves the live ranges of one context: in one batch where the driver can, else one by one;

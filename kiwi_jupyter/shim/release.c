@@ -66,6 +66,16 @@ static void keep_holding(void)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
+/* The hold ends: the GPU is, or is about to be, the daemon's to hand over. */
+static void released(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.hold = KIWI_IDLE;
+    kiwi_comm.stats.releases++;
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
 enum quiesced { QUIESCED, CAPTURING, NOT_SYNCHRONIZED };
 
 /* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. When it
@@ -111,11 +121,7 @@ static void finish_release(bool evict)
         kiwi_release_evict_now();
     /* Idle before the release leaves: once the daemon has it, the next holder may be running,
      * and nothing here may still say this process holds the GPU. */
-    pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.stats.hold = KIWI_IDLE;
-    kiwi_comm.stats.releases++;
-    pthread_cond_broadcast(&kiwi_changed);
-    pthread_mutex_unlock(&kiwi_lock);
+    released();
     kiwi_release_seq = kiwi_link_request("release", "");
 }
 
@@ -170,11 +176,7 @@ void kiwi_release_on_yield_answer(const char *op, const char *line)
         finish_release(false);
         return;
     }
-    pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.stats.hold = KIWI_IDLE;
-    kiwi_comm.stats.releases++;
-    pthread_cond_broadcast(&kiwi_changed);
-    pthread_mutex_unlock(&kiwi_lock);
+    released();
     if (kiwi_json_true(line, "evict"))
         kiwi_release_evict_now(); /* a daemon that does not know evict_first handed over already */
 }
