@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from nodeside import limits
+from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.lograte import RateLimitedLog
-from nodeside.daemon.pods import PROC_ROOT, pod_uid_of
+from nodeside.daemon.pods import pod_uid_of
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -129,7 +130,7 @@ def namespaces_in(pod_list: Any) -> dict[str, str]:
 class PodNamespaces:
     """The verified namespace of a peer process, from a cache the shell keeps up to date."""
 
-    def __init__(self, source: PodSource | None, proc_root: str | Path = PROC_ROOT, *,
+    def __init__(self, source: PodSource | None, proc_root: str | Path = PROC, *,
                  refresh: float = 60.0, miss_interval: float = 5.0) -> None:
         self.source = source
         self.proc_root = proc_root
