@@ -67,6 +67,9 @@ MODULES: tuple[str, ...] = (
 )
 #: mypyc's group: its shared library is ``nodeside/core__mypyc.<suffix>``.
 GROUP = "nodeside.core"
+_LIBRARY = GROUP + "__mypyc"
+#: The extensions a build writes: one per module, and the group's shared library.
+_EXTENSIONS: tuple[str, ...] = (*MODULES, _LIBRARY)
 #: Next to nodeside/__init__.py: the SHA-256 of the sources the extensions were built from.
 STAMP = "compiled.sha256"
 #: Set (to anything but "" or "0") at run time: the sources run; at build time: nothing is
@@ -85,8 +88,7 @@ def extension(root: Path, module: str) -> Path:
 
 def built_files(root: Path) -> list[Path]:
     """Everything a build writes into the source tree (and the wheel carries)."""
-    return [*(extension(root, m) for m in (*MODULES, GROUP + "__mypyc")),
-            root / "nodeside" / STAMP]
+    return [*(extension(root, m) for m in _EXTENSIONS), root / "nodeside" / STAMP]
 
 
 def sources_digest(root: Path) -> str:
@@ -125,10 +127,10 @@ def choose(root: Path, environ: Mapping[str, str]) -> Core:
         if recorded != sources_digest(root):
             return Core(False, "the compiled modules were built from other sources; rebuild "
                                "them with `make core` or `pip install -e .`")
-        missing = [m for m in (*MODULES, GROUP + "__mypyc") if not extension(root, m).is_file()]
+        missing = [m for m in _EXTENSIONS if not extension(root, m).is_file()]
         if missing:
             return Core(False, f"the compiled module {missing[0]} is missing")
-        importlib.import_module(GROUP + "__mypyc")
+        importlib.import_module(_LIBRARY)
     except Exception as exc:  # an unreadable source, a library built for another Python...
         return Core(False, f"the compiled modules do not load: {type(exc).__name__}: {exc}")
     return Core(True)

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from nodeside import limits
+from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.lograte import RateLimitedLog
-from nodeside.daemon.pods import PROC_ROOT, pod_uid_of
+from nodeside.daemon.pods import pod_uid_of
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -88,14 +89,15 @@ def in_cluster_or_why_not(env: Mapping[str, str], account: Path = SERVICE_ACCOUN
 
 def list_namespaces(source: PodSource, timeout: float = 10.0) -> dict[str, str]:
     """Pod UID -> namespace for the pods on ``source.node``: blocking, for an executor thread."""
-    request = urllib.request.Request(source.url(), headers={"Accept": "application/json"})
+    url = source.url()
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
     context = None
     try:
         if source.token_file is not None:
             # Read every time: projected service account tokens are rotated by the kubelet.
             token = source.token_file.read_text().strip()
             request.add_header("Authorization", f"Bearer {token}")
-        if source.url().startswith("https:"):
+        if url.startswith("https:"):
             context = ssl.create_default_context(
                 cafile=str(source.ca_file) if source.ca_file else None)
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
@@ -129,7 +131,7 @@ def namespaces_in(pod_list: Any) -> dict[str, str]:
 class PodNamespaces:
     """The verified namespace of a peer process, from a cache the shell keeps up to date."""
 
-    def __init__(self, source: PodSource | None, proc_root: str | Path = PROC_ROOT, *,
+    def __init__(self, source: PodSource | None, proc_root: str | Path = PROC, *,
                  refresh: float = 60.0, miss_interval: float = 5.0) -> None:
         self.source = source
         self.proc_root = proc_root

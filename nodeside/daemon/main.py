@@ -9,6 +9,7 @@ import os
 import resource
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from nodeside import __version__, core
@@ -22,6 +23,7 @@ from nodeside.config import (
     parse_tq,
 )
 from nodeside.daemon.gpus import discover
+from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
 from nodeside.daemon.server import Daemon, DaemonError, DaemonOptions
 
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         type=str.upper, choices=["DEBUG", "INFO", "WARN", "WARNING", "ERROR"])
     # For tests only, so hidden: a fake /proc keyed by real peer pids, and a stand-in API
     # server on plain HTTP without a token (docs/policy.md, "Namespaces").
-    parser.add_argument("--proc-root", default="/proc", help=argparse.SUPPRESS)
+    parser.add_argument("--proc-root", type=Path, default=PROC, help=argparse.SUPPRESS)
     parser.add_argument("--kube-api", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version",
                         version=f"kiwi-scheduler {__version__}, scheduler core {core()}")

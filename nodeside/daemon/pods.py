@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-PROC_ROOT = "/proc"
+from nodeside.daemon.hostmem import PROC
 
 #: Bytes of a cgroup file read at most: a real one is a few hundred bytes, even with 13 v1 lines.
 _MAX_CGROUP_BYTES = 64 * 1024
@@ -62,7 +62,7 @@ def _uid_in_path(path: str) -> str | None:
     return matches[-1].group(1).replace("_", "-")
 
 
-def pod_uid_of(pid: int | None, proc_root: str | Path = PROC_ROOT) -> str | None:
+def pod_uid_of(pid: int | None, proc_root: str | Path = PROC) -> str | None:
     """The UID of the pod that process ``pid`` runs in, as ``proc_root`` shows it; None if none."""
     if pid is None or pid <= 0:
         return None

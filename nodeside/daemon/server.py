@@ -31,6 +31,7 @@ from nodeside.daemon.admission import Admission
 from nodeside.daemon.changes import CHANGED_LINE, ChangeNotices
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.delivery import Delivery
+from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodNamespaces, PodSource
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
@@ -70,7 +71,7 @@ class DaemonOptions:
     #: namespaces component is not deployed. None outside Kubernetes, or when it can.
     pods_off: str | None = None
     #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
-    proc_root: str = "/proc"
+    proc_root: Path = PROC
 
 
 class Daemon:

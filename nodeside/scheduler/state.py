@@ -23,7 +23,7 @@ from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
 __all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "Client", "GpuSpec", "GpuState",
-           "Hold", "HoldState", "IllegalTransition", "WaitQueue", "check_transition"]
+           "Hold", "HoldState", "IllegalTransition", "WaitQueue"]
 
 EVICT_MODES = ("managed", "checkpoint")
 
@@ -64,11 +64,6 @@ class IllegalTransition(Exception):  # not RuntimeError: mypyc compiles Exceptio
         super().__init__(f"client {client}: {before.value} -> {after.value} is not a legal move")
         self.before = before
         self.after = after
-
-
-def check_transition(client: str, before: HoldState, after: HoldState) -> None:
-    if (before, after) not in TRANSITIONS:
-        raise IllegalTransition(client, before, after)
 
 
 @dataclass(frozen=True)
@@ -146,7 +141,7 @@ class Client:
 
     def move(self, to: HoldState) -> None:
         """Change the hold state, or raise IllegalTransition."""
-        if (self.hold_state, to) not in TRANSITIONS:  # check_transition, without the call
+        if (self.hold_state, to) not in TRANSITIONS:
             raise IllegalTransition(self.id, self.hold_state, to)
         self.hold_state = to
 

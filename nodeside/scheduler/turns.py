@@ -102,10 +102,9 @@ class Turns:
                                reserve=self._reserve)
 
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        if self.mode == "off" or not self.preemption or not gpu.waiters:
-            return []  # nobody to preempt for: no shares to measure on this hot path
-        victims = [h for h in gpu.holders.values()
-                   if h.preemptible and h.hold_state is HoldState.HOLDING]
+        """Drops that make room for waiters owed their guarantee. ``_schedule`` calls it only
+        with waiters, preemption on and mode not off: no shares to measure otherwise."""
+        victims = [h for h in room.staying(gpu) if h.preemptible]
         if not victims:
             return []
         shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
