@@ -125,14 +125,11 @@ class Explain:
         moving_until = None
         for holder_id in gpu.holders:
             span = replay.open_span(holder_id)
-            if span is not None and span.start + span.switching > now + _EPS:
-                moving_until = span.start + span.switching
-        for holder_id in gpu.holders:
-            if not self._is_short(holder_id):
+            if span is None or span.start + span.switching <= now + _EPS:
                 continue
-            span = replay.open_span(holder_id)
-            if span is not None and span.start + span.switching > now + _EPS:
-                self._pending.append(("own memory moves", span.start + span.switching, ""))
+            moving_until = span.start + span.switching
+            if self._is_short(holder_id):
+                self._pending.append(("own memory moves", moving_until, ""))
         if not gpu.waiters:
             return
         nxt = _next(replay, gpu)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import report_row, start_daemon
+from benchmarks.common import report_row, start_daemon, without_kiwi
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,8 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from kiwi_jupyter.shim import library_path
 
     shim = str(library_path())
-    base = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
-    base.pop("LD_PRELOAD", None)
+    base = without_kiwi()
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
         daemon, socket = start_daemon(directory, "--gpus", "1")

@@ -59,9 +59,8 @@ print(json.dumps({{"to_host": timed(lambda: host.copy_(device, non_blocking=True
 
 class Worker:
     def __init__(self, socket: str, shim: str, **env: str) -> None:
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
-        environment.update({"LD_PRELOAD": shim, "KIWI_SOCKET": socket, "KIWI_IDLE_RELEASE": "0",
-                            "PYTHONPATH": str(REPO), **env})
+        environment = {**common.without_kiwi(), "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
+                       "KIWI_IDLE_RELEASE": "0", "PYTHONPATH": str(REPO), **env}
         self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.shim_worker"],
                                         cwd=REPO, env=environment, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -4,45 +4,32 @@ validated against the Kubernetes schemas; the base manifests stay without any of
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-from typing import Any
-
 import pytest
-import yaml
+from k8s_kustomize import (
+    KUBERNETES_VERSIONS,
+    NODESIDE,
+    build,
+    daemonset,
+    needs_kubectl,
+    scheduler_container,
+    scheduler_pod,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-KUBERNETES_VERSIONS = ["1.27.0", "1.33.0"]
-
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                reason="kubectl (its built-in kustomize) is not installed")
-
-
-def build(directory: str) -> list[dict[str, Any]]:
-    result = subprocess.run(["kubectl", "kustomize", str(REPO / "nodeside" / directory)],
-                            check=True, capture_output=True, text=True)
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
-def scheduler_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    [ds] = [d for d in docs if d["kind"] == "DaemonSet" and
-            d["metadata"]["name"] == "kiwi-scheduler"]
-    return ds["spec"]["template"]["spec"]
+pytestmark = needs_kubectl
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_the_checkpoint_variant_validates_against_the_kubernetes_schemas(version) -> None:
     import kubernetes_validate
 
-    for doc in build("deploy-checkpoint"):
+    for doc in build(NODESIDE / "deploy-checkpoint"):
         kubernetes_validate.validate(doc, version, strict=True)
 
 
 def test_the_checkpoint_variant_gives_the_scheduler_host_pids_ptrace_and_the_gpu() -> None:
-    pod = scheduler_pod(build("deploy-checkpoint"))
-    assert pod["hostPID"] is True
-    [container] = [c for c in pod["containers"] if c["name"] == "kiwi-scheduler"]
+    docs = build(NODESIDE / "deploy-checkpoint")
+    assert scheduler_pod(docs)["hostPID"] is True
+    container = scheduler_container(docs)
     capabilities = container["securityContext"]["capabilities"]
     assert capabilities == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -51,12 +38,11 @@ def test_the_checkpoint_variant_gives_the_scheduler_host_pids_ptrace_and_the_gpu
 
 
 def test_the_checkpoint_variant_leaves_the_device_plugin_alone() -> None:
-    docs = build("deploy-checkpoint")
-    [plugin] = [d for d in docs if d["kind"] == "DaemonSet" and
-                d["metadata"]["name"] == "kiwi-device-plugin"]
+    docs = build(NODESIDE / "deploy-checkpoint")
+    plugin = daemonset(docs, "kiwi-device-plugin")
     assert not plugin["spec"]["template"]["spec"].get("hostPID")
 
 
 def test_the_base_manifests_stay_without_host_pids() -> None:
-    pod = scheduler_pod(build("deploy"))
+    pod = scheduler_pod(build(NODESIDE / "deploy"))
     assert not pod.get("hostPID")

@@ -6,27 +6,24 @@ without any of it."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from k8s_kustomize import (
+    KUBERNETES_VERSIONS,
+    NODESIDE,
+    build,
+    daemonset,
+    needs_kubectl,
+    scheduler_container,
+    scheduler_pod,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-NODESIDE = REPO / "nodeside"
-KUBERNETES_VERSIONS = ["1.27.0", "1.33.0"]
 RBAC_KINDS = {"ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                reason="kubectl (its built-in kustomize) is not installed")
-
-
-def build(directory: Path) -> list[dict[str, Any]]:
-    result = subprocess.run(["kubectl", "kustomize", str(directory)],
-                            check=True, capture_output=True, text=True)
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
+pytestmark = needs_kubectl
 
 
 def overlay(tmp_path: Path, *components: str) -> Path:
@@ -40,20 +37,6 @@ def overlay(tmp_path: Path, *components: str) -> Path:
         "components": [rel(NODESIDE / "deploy" / "components" / c) for c in components],
     }))
     return tmp_path
-
-
-def daemonset(docs: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    [ds] = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == name]
-    return ds
-
-
-def scheduler_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return daemonset(docs, "kiwi-scheduler")["spec"]["template"]["spec"]
-
-
-def scheduler_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    [container] = [c for c in scheduler_pod(docs)["containers"] if c["name"] == "kiwi-scheduler"]
-    return container
 
 
 def by_kind_and_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

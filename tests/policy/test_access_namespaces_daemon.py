@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +19,10 @@ from pathlib import Path
 import pytest
 from pod_api_standin import PodApi, pod_api
 from support import wait_for
+from test_access_daemon import NOBODY, SYSTEM_PYTHON
+from test_access_daemon import PEER as SPEAKER
 from test_access_namespaces import TEAM_A_POD, TEAM_B_POD, fake_proc
 
-NOBODY = 65534
-SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
 UNLISTED_POD = "cccccccc-5678-90ef-1234-567890abcdef"
 
 CONFIG = """\
@@ -35,18 +34,13 @@ access:
     - {{namespaces: [team-a], pools: [default], priorities: [HIGH, NORMAL, LOW]}}
 """
 
-# Prints its pid, waits until the test has put its pod in the fake /proc, then speaks.
+# Prints its pid, waits until the test has put its pod in the fake /proc, then speaks as
+# test_access_daemon's peer does.
 PEER = """\
-import json, os, socket, sys
+import os, sys
 print(os.getpid(), flush=True)
 sys.stdin.readline()
-sock = socket.socket(socket.AF_UNIX)
-sock.connect(sys.argv[1])
-lines = sock.makefile("r")
-for n, message in enumerate(json.loads(sys.argv[2]), 1):
-    sock.sendall((json.dumps({**message, "seq": n}) + "\\n").encode())
-    print(lines.readline(), end="", flush=True)
-"""
+""" + SPEAKER
 
 
 def register_from_pod(daemon_socket: str, proc_root: Path, pod_uid: str | None,
