@@ -42,9 +42,10 @@ What it reports, each against a floor measured in the same run:
 * Wait per GPU cell, mean and p95, in seconds and as slowdown against the floor of an exclusive
   GPU (where a cell takes exactly its burst, its memory already in place), for all cells, for
   short ones (burst under 10 s: what a person waits for) and for long ones.
-* The floor under short cells' mean slowdown that the priority rules and handoffs impose
-  (``fleet_bound``): NORMAL, LOW and all short cells, what the rules made each cell wait at
-  least, given the queue it found.
+* Two floors under short cells' mean slowdown (``fleet_bound``), NORMAL, LOW and all short
+  cells: what the priority rules, handoffs and memory restores made each cell wait at least,
+  given the queue it found in this run; and what they would make it wait under any policy,
+  given only when the cells arrived.
 * Each pool's share error: during sustained contention (both pools contending for a GPU for at
   least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
   (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
@@ -281,7 +282,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     if explainer is not None:
         explainer.observe(replay, [])  # charge the last interval
         explained = {"explain": explainer.report(
-            sum(c.wait for c in finished if c.burst < SHORT_CELL))}
+            sum(c.wait for c in finished if c.burst < SHORT_CELL), finished)}
     return {
         **explained,
         "mode": mode, "policy": policy, "link": link, "notebooks": notebooks, "gpus": gpus,
@@ -300,7 +301,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "long_slowdown_mean": statistics.fmean(long), "long_slowdown_p95": percentile(long, 95),
         "short_slowdown_mean_normal": statistics.fmean(by_priority["NORMAL"]),
         "short_slowdown_mean_low": statistics.fmean(by_priority["LOW"]),
-        **floor.report(replay, finished),
+        **floor.report(replay, finished, cells),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
         "sustained_fraction": contention.sustained / (duration * gpus),

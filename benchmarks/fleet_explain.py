@@ -12,6 +12,8 @@ to one cause, the first that applies:
   quanta, split by why the quantum is not cut yet: ``LOW never cuts``, ``not lighter than
   half the holder`` (``CUT_RATIO``), ``cut due`` (after the first quantum or the memory
   moves' cost);
+* ``pool at its maximum``: its pool has reached its maximum share (it waits, even with the GPU
+  idle, until the pool's share falls below it);
 * ``higher priority``: the next holder-to-be has a higher priority;
 * ``pool rule: guarantee owed`` / ``pool rule: share``: the next is of another pool (or the
   holder, competing as if it asked again, is), chosen by the pools' rules (a guarantee owed, a
@@ -21,6 +23,10 @@ to one cause, the first that applies:
   cell's notebook did including its earlier cells, but more than this request alone;
 * ``waiters ahead``: the next is of its own lane and goes first by request order or by using
   less (the queue itself).
+
+Each cause is counted twice: in seconds, and in what it adds to short cells' mean slowdown
+(a second of waiting adds 1/burst to its cell's slowdown), the figure the fleet reports; a
+quarter-second cell waiting one second weighs as much as a ten-second cell waiting forty.
 
 It also counts what the diagnosis needs besides: quanta cut short (and by how much), short
 cells dropped mid-cell, and how light a short cell's request looks to the policy when it asks.
@@ -47,8 +53,8 @@ CAUSES = (
     "own memory moves", "handoff: memory moves", "handoff: holder giving back",
     "holder's remaining quantum", "holder's quantum: LOW never cuts",
     "holder's quantum: not lighter than half the holder", "holder's quantum: cut due",
-    "higher priority", "pool rule: guarantee owed", "pool rule: share", "other pool, less used",
-    "counted heavy for earlier cells", "waiters ahead",
+    "pool at its maximum", "higher priority", "pool rule: guarantee owed", "pool rule: share",
+    "other pool, less used", "counted heavy for earlier cells", "waiters ahead",
 )
 _EPS = 1e-9
 
@@ -61,6 +67,8 @@ class Explain:
     open_cells: dict[str, Cell]
     last: float = 0.0
     seconds: Counter[str] = field(default_factory=Counter)
+    #: id(cell) -> its waiting seconds by cause, for what each cause adds to its slowdown.
+    by_cell: dict[int, Counter[str]] = field(default_factory=dict)
     #: Quanta ended early for a lighter waiter: how many, and the seconds each one ran.
     cut_short: list[float] = field(default_factory=list)
     quantum_drops: int = 0
@@ -71,27 +79,35 @@ class Explain:
     #: Grants whose holder's memory had to move, and of those, short cells'.
     grants: int = 0
     grants_moving: int = 0
-    _pending: list[tuple[str, float | None, str]] = field(default_factory=list)
+    #: (cause, when a memory move ends or None, the cause after it, the cell waiting).
+    _pending: list[tuple[str, float | None, str, Cell]] = field(default_factory=list)
 
     def observe(self, replay: Replay, actions: list[Action]) -> None:
         now = replay.now
-        for cause, split, after in self._pending:
+        for cause, split, after, cell in self._pending:
             # A memory move that ends inside the interval: the rest is the next cause.
             if split is not None and self.last < split < now:
-                self.seconds[cause] += split - self.last
+                self._charge(cell, cause, split - self.last)
                 if after:  # else it works from then on
-                    self.seconds[after] += now - split
+                    self._charge(cell, after, now - split)
             else:
-                self.seconds[cause] += now - self.last
+                self._charge(cell, cause, now - self.last)
         self.last = now
         self._count(replay, actions)
         self._pending = []
         for gpu in replay.scheduler.gpus.values():
             self._snapshot(replay, gpu)
 
-    def _is_short(self, client_id: str) -> bool:
+    def _charge(self, cell: Cell, cause: str, seconds: float) -> None:
+        self.seconds[cause] += seconds
+        self.by_cell.setdefault(id(cell), Counter())[cause] += seconds
+
+    def _short_cell(self, client_id: str) -> Cell | None:
         cell = self.open_cells.get(client_id)
-        return cell is not None and cell.burst < self.short
+        return cell if cell is not None and cell.burst < self.short else None
+
+    def _is_short(self, client_id: str) -> bool:
+        return self._short_cell(client_id) is not None
 
     def _count(self, replay: Replay, actions: list[Action]) -> None:
         sched = replay.scheduler
@@ -128,25 +144,29 @@ class Explain:
             if span is None or span.start + span.switching <= now + _EPS:
                 continue
             moving_until = span.start + span.switching
-            if self._is_short(holder_id):
-                self._pending.append(("own memory moves", moving_until, ""))
+            cell = self._short_cell(holder_id)
+            if cell is not None:
+                self._pending.append(("own memory moves", moving_until, "", cell))
         if not gpu.waiters:
             return
         nxt = _next(replay, gpu)
         for waiter in gpu.waiters.values():
-            if not self._is_short(waiter.id):
+            cell = self._short_cell(waiter.id)
+            if cell is None:
                 continue
             after = self._cause(replay, gpu, waiter, nxt)
             if moving_until is not None:
-                self._pending.append(("handoff: memory moves", moving_until, after))
+                self._pending.append(("handoff: memory moves", moving_until, after, cell))
             elif any(h.hold_state is HoldState.DROPPING for h in gpu.holders.values()):
-                self._pending.append(("handoff: holder giving back", None, ""))
+                self._pending.append(("handoff: holder giving back", None, "", cell))
             else:
-                self._pending.append((after, None, ""))
+                self._pending.append((after, None, "", cell))
 
     def _cause(self, replay: Replay, gpu: GpuState, waiter: Client, nxt: Client | None) -> str:
         policy = replay.scheduler.choice
         interactive = isinstance(policy, InteractivePolicy)
+        if policy.over_maximum(gpu, waiter.pool, replay.now):
+            return "pool at its maximum"
         if nxt is None or nxt.id == waiter.id:
             holder = next(iter(gpu.holders.values()), None)
             if not interactive or holder is None:
@@ -184,12 +204,19 @@ class Explain:
                 return "counted heavy for earlier cells"
         return "waiters ahead"
 
-    def report(self, waited: float) -> dict:
+    def report(self, waited: float, finished: list[Cell] | None = None) -> dict:
         """The breakdown, with ``waited`` (short cells' total wait as the fleet measured it)
-        to check the causes add up."""
+        to check the causes add up; with the ``finished`` cells, also what each cause adds to
+        their short cells' mean slowdown."""
         light = [mine for mine, _ in self.asked]
+        short = [c for c in finished or [] if c.burst < self.short]
+        slowdown: Counter[str] = Counter()
+        for cell in short:
+            for cause, seconds in self.by_cell.get(id(cell), Counter()).items():
+                slowdown[cause] += seconds / cell.burst / len(short)
         return {
             "short_wait_seconds": dict(self.seconds),
+            "short_slowdown_by_cause": dict(slowdown),
             "short_wait_total": waited,
             "quanta_ended": self.quantum_drops,
             "cut_short": len(self.cut_short),

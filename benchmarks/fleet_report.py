@@ -16,6 +16,12 @@ def _against(base: dict, key: str) -> Callable[[dict], str]:
     return lambda r: f"{r[key] / base[key]:.2f}x"
 
 
+def _floor(kind: str) -> Callable[[dict], str]:
+    """Short cells' mean slowdown floor (``fleet_bound``), NORMAL / LOW / all."""
+    return lambda r: " / ".join(f"{r[f'short_slowdown_mean{part}_floor{kind}']:.2f}x"
+                                for part in ("_normal", "_low", ""))
+
+
 def rows(base: dict) -> list[Row]:
     """Figure rows; ``base`` is the run the long cells are compared with (round robin TQ 30)."""
     return [
@@ -32,10 +38,10 @@ def rows(base: dict) -> list[Row]:
          lambda r: f"{r['short_slowdown_mean']:.2f}x / {r['short_slowdown_p95']:.2f}x"),
         ("short cells' mean slowdown, NORMAL / LOW notebooks",
          lambda r: f"{r['short_slowdown_mean_normal']:.2f}x / {r['short_slowdown_mean_low']:.2f}x"),
-        ("floor the rules and handoffs set: NORMAL / LOW / all short cells",
-         lambda r: f"{r['short_slowdown_mean_normal_floor']:.2f}x / "
-                   f"{r['short_slowdown_mean_low_floor']:.2f}x / "
-                   f"{r['short_slowdown_mean_floor']:.2f}x"),
+        ("floor under it in this run (rules, handoffs, restores): NORMAL / LOW / all",
+         _floor("")),
+        ("floor under it for any policy, given the arrivals: NORMAL / LOW / all",
+         _floor("_any_policy")),
         ("slowdown, long cells, mean / p95",
          lambda r: f"{r['long_slowdown_mean']:.2f}x / {r['long_slowdown_p95']:.2f}x"),
         ("long cells' mean slowdown against round robin TQ 30",
@@ -68,7 +74,8 @@ def explain_table(results: list[dict]) -> str:
 
     explained = [r for r in results if "explain" in r]
     lines = [
-        "Short cells' waiting by cause (share of all their waiting seconds)",
+        "Short cells' waiting by cause: its share of all their waiting seconds / what it adds "
+        "to their mean slowdown",
         "",
         "| | " + " | ".join(r.get("label", r["mode"]) for r in explained) + " |",
         "| --- |" + " --- |" * len(explained),
@@ -78,11 +85,15 @@ def explain_table(results: list[dict]) -> str:
         def cell(r: dict) -> str:
             seconds = r["explain"]["short_wait_seconds"]
             total = sum(seconds.values())
-            return f"{seconds.get(cause, 0.0) / total:.1%}" if total else "-"
+            added = r["explain"]["short_slowdown_by_cause"].get(cause, 0.0)
+            return f"{seconds.get(cause, 0.0) / total:.1%} / +{added:.2f}x" if total else "-"
         return cell
 
     figures: list[Row] = [(cause, share(cause)) for cause in CAUSES]
     figures += [
+        ("short cells' mean slowdown, explained / measured",
+         lambda r: f"{1 + sum(r['explain']['short_slowdown_by_cause'].values()):.2f}x / "
+                   f"{r['short_slowdown_mean']:.2f}x"),
         ("short cells' waiting, explained / measured (s)",
          lambda r: f"{sum(r['explain']['short_wait_seconds'].values()):.0f} / "
                    f"{r['explain']['short_wait_total']:.0f}"),

@@ -7,8 +7,9 @@ import pytest
 from policy_helpers import make_scheduler
 
 from benchmarks.fleet import Cell, run
-from benchmarks.fleet_bound import LowFloor
+from benchmarks.fleet_bound import LowFloor, higher_priority_backlog, restores
 from nodeside.scheduler.replay import Replay
+from nodeside.scheduler.switching import SwitchingModel
 
 POOLS = {"a": {"guarantee": 0.3, "weight": 1, "maximum": -1},
          "b": {"guarantee": 0.3, "weight": 1, "maximum": -1}}
@@ -72,3 +73,61 @@ def test_the_fleets_floor_is_below_what_the_fleet_measures(policy):
     assert 1.0 < result["short_slowdown_mean_normal_floor"] <= result[
         "short_slowdown_mean_normal"]
     assert 1.0 < result["short_slowdown_mean_floor"] <= result["short_slowdown_mean"]
+
+
+def test_the_fleets_floor_for_any_policy_is_below_this_runs_floor():
+    result = run(notebooks=16, gpus=1, hours=1.0, seed=3, tq=10.0, policy="interactive")
+    for part in ("_low", "_normal", ""):
+        any_policy = result[f"short_slowdown_mean{part}_floor_any_policy"]
+        assert 1.0 < any_policy <= result[f"short_slowdown_mean{part}_floor"] + 1e-12
+    assert result["short_restores"] > 0
+
+
+def cells_of(*specs: tuple[str, str, str, float, float, float | None]) -> list[Cell]:
+    """Cells from (notebook, pool, priority, start, burst, end) on GPU 0."""
+    return [Cell(name, pool, 0, start, burst, end, priority)
+            for name, pool, priority, start, burst, end in specs]
+
+
+def test_a_low_cell_waits_for_its_pools_normal_backlog_whatever_the_policy():
+    """a's NORMAL work: 7 s at 0 and 5 s at 0.5, so a server doing nothing else has 11 s left
+    at 1; b's NORMAL work and a's other LOW work are not ahead of a LOW cell of pool a."""
+    cells = cells_of(("n0", "a", "NORMAL", 0.0, 7.0, None), ("n1", "a", "NORMAL", 0.5, 5.0, None),
+                     ("m0", "b", "NORMAL", 0.7, 50.0, None), ("l0", "a", "LOW", 0.8, 30.0, None),
+                     ("l1", "a", "LOW", 1.0, 1.0, None), ("n2", "a", "NORMAL", 20.0, 1.0, None),
+                     ("l2", "a", "LOW", 30.0, 1.0, None))
+    backlog = higher_priority_backlog(cells)
+    assert backlog[id(cells[4])] == pytest.approx(11.0)
+    assert backlog[id(cells[6])] == 0.0  # all of it done by 13, and n2's by 21
+    assert backlog[id(cells[0])] == 0.0 and backlog[id(cells[2])] == 0.0  # nothing above NORMAL
+
+
+GiB = 1024**3
+
+
+def replay_with_memory(sizes: dict[str, int]) -> Replay:
+    replay = Replay(make_scheduler({"tq": 30.0}),
+                    switching=SwitchingModel(10 * GiB, bandwidth=GiB))
+    for name, size in sizes.items():
+        replay.add(name, working_set=size)
+    return replay
+
+
+@pytest.mark.parametrize(("other_size", "other_cell", "restored"), [
+    (5 * GiB, (2.0, 1.0, 3.0), 6.0),     # granted in between, and the two do not fit
+    (4 * GiB, (2.0, 1.0, 3.0), None),    # they fit together: nothing had to move
+    (5 * GiB, (0.5, 1.0, 3.0), None),    # began before x's cell ended: maybe served at once
+    (5 * GiB, (2.0, 9.0, 11.0), None),   # still going when x asks again
+    (5 * GiB, (2.0, 1.0, None), None),   # never finished
+])
+def test_a_cells_memory_comes_back_when_another_cell_must_have_moved_it_out(
+        other_size, other_cell, restored):
+    """x (6 GiB of a 10 GiB room) runs a cell over [0, 1] and asks again at 10; y's cell
+    (start, burst, end) may have evicted it in between. The link moves 1 GiB a second."""
+    replay = replay_with_memory({"x": 6 * GiB, "y": other_size})
+    start, burst, end = other_cell
+    cells = cells_of(("x", "a", "NORMAL", 0.0, 1.0, 1.0), ("y", "a", "NORMAL", start, burst, end),
+                     ("x", "a", "NORMAL", 10.0, 1.0, None))
+    seconds = restores(replay, cells)
+    assert seconds.get(id(cells[2])) == (None if restored is None else pytest.approx(restored))
+    assert id(cells[0]) not in seconds  # a notebook's first cell has nothing on host
