@@ -1,10 +1,11 @@
-"""A floor under short cells' mean slowdown that the priority rules and handoffs impose.
+"""A floor under short cells' mean slowdown that the priority rules, handoffs and memory impose.
 
-Under either policy a LOW request never preempts a NORMAL holder and never cuts its quantum
-short, and within a pool NORMAL goes before LOW, a holder's quantum ending included
-(docs/policy.md). So a LOW short cell waits at least for the remaining work of every NORMAL
-request of its own pool on its GPU when it asks (waiting or holding: all of it runs before the
-cell can, whatever the policy, given the queue the cell finds), and, when the holder is a
+In mode on (one holder at a time), under either policy a LOW request never preempts a NORMAL
+holder and never cuts its quantum short, and within a pool NORMAL goes before LOW, a holder's
+quantum ending included (docs/policy.md). So a LOW short cell waits at least for the
+remaining work of every NORMAL request of its own pool on its GPU when it asks (waiting or
+holding: all of it runs before the cell can, whatever the policy, given the queue the cell
+finds), and, when the holder is a
 NORMAL one of the other pool, for that holder's quantum or hold as it ran, whichever ended
 first (the cell could not cut it; another policy might have cut it for a NORMAL request, so
 this part is this run's); the GPU serves one at a time, so the two add up.
@@ -77,8 +78,8 @@ class LowFloor:
                     giving_back = replay.release_delay - (now - asked if asked is not None
                                                           else 0.0)
                     self.handoff[id(cell)] = max(0.0, min(giving_back, _left(worker, now)))
-            if cell.priority != "LOW":
-                continue
+            if cell.priority != "LOW" or sched.mode != "on":
+                continue  # (in mode auto a LOW cell may run beside NORMAL work that fits)
             ahead = 0.0
             for other in (*gpu.holders.values(), *gpu.waiters.values()):
                 worker = replay.workers.get(other.id)
@@ -99,7 +100,8 @@ class LowFloor:
         backlog that cells still running at the end imposed."""
         everyone = finished if cells is None else cells
         restore = restores(replay, everyone)
-        backlog = higher_priority_backlog(everyone)
+        # One holder at a time (mode on) is what makes the backlog a floor.
+        backlog = higher_priority_backlog(everyone) if replay.scheduler.mode == "on" else {}
         ends = {(s.client, s.start): s.end for s in replay.spans}
         low, normal, any_low, any_normal = [], [], [], []
         for cell in finished:
