@@ -5,10 +5,10 @@ holder and never cuts its quantum short, and within a pool NORMAL goes before LO
 quantum ending included (docs/policy.md). So a LOW short cell waits at least for the
 remaining work of every NORMAL request of its own pool on its GPU when it asks (waiting or
 holding: all of it runs before the cell can, whatever the policy, given the queue the cell
-finds), and, when the holder is a
-NORMAL one of the other pool, for that holder's quantum or hold as it ran, whichever ended
-first (the cell could not cut it; another policy might have cut it for a NORMAL request, so
-this part is this run's); the GPU serves one at a time, so the two add up.
+finds), and, when the holder is a NORMAL one of the other pool, for that holder's quantum or
+hold as it ran, whichever ended first (the cell could not cut it; another policy might have
+cut it for a NORMAL request, so this part is this run's); the GPU serves one at a time, so
+the two add up.
 
 And in mode on any short cell that asks while another client holds its GPU waits at least
 until that holder's work is done or, if it is asked to leave, until it has given the GPU back
