@@ -15,15 +15,20 @@ a stale build, and a stale build must never run in its place), every module's ex
 and the group's shared library loads. Otherwise a finder at the front of ``sys.meta_path`` hands
 out the sources. Nothing here may stop the daemon from starting: every failure means "pure".
 
+Every process that imports a compiled module makes this check, kernels and ``kiwictl`` included,
+so it must cost little: the stamp also records each source's size and modification time (in
+nanoseconds) when it was hashed, and while every one still matches the sources are not read
+again, as make and Python's own bytecode cache trust the same two facts. Any difference, even a
+touch, means hashing them again, and the hash decides. Hence too the lazy ``hashlib`` (it loads
+OpenSSL) and a finder without ``importlib.abc`` (which imports ``importlib.resources``).
+
 This file is loaded by path from ``hatch_build.py`` (the package is not importable while it is
 being built), so it imports nothing from nodeside.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.abc
 import importlib.machinery
 import os
 import sys
@@ -92,11 +97,35 @@ def built_files(root: Path) -> list[Path]:
 
 
 def sources_digest(root: Path) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     for module in MODULES:
         digest.update(module.encode() + b"\0")
         digest.update(source(root, module).read_bytes())
     return digest.hexdigest()
+
+
+def source_marks(root: Path) -> list[str]:
+    """Each source's size and modification time, one line each, as the stamp records them."""
+    marks = []
+    for module in MODULES:
+        status = source(root, module).stat()
+        marks.append(f"{status.st_size} {status.st_mtime_ns} {module}")
+    return marks
+
+
+def stamp_text(root: Path) -> str:
+    """What the stamp says of the sources as they are now: their digest, then their marks."""
+    marks = source_marks(root)  # before reading them: an edit while hashing then never matches
+    return "\n".join([sources_digest(root), *marks]) + "\n"
+
+
+def sources_changed(root: Path, stamp: str) -> bool:
+    """Do the sources differ from those the stamp was written for? Hashes them only when a
+    size or a time differs (or the stamp, from an older build, records none)."""
+    digest, *marks = stamp.strip().split("\n")
+    return marks != source_marks(root) and digest.strip() != sources_digest(root)
 
 
 def pure_asked(environ: Mapping[str, str]) -> bool:
@@ -120,11 +149,11 @@ def choose(root: Path, environ: Mapping[str, str]) -> Core:
     if pure_asked(environ):
         return Core(False, f"{PURE_ENV} is set")
     try:
-        recorded = (root / "nodeside" / STAMP).read_text().strip()
+        recorded = (root / "nodeside" / STAMP).read_text()
     except OSError:
         return Core(False, "not compiled")
     try:
-        if recorded != sources_digest(root):
+        if sources_changed(root, recorded):
             return Core(False, "the compiled modules were built from other sources; rebuild "
                                "them with `make core` or `pip install -e .`")
         missing = [m for m in _EXTENSIONS if not extension(root, m).is_file()]
@@ -136,11 +165,13 @@ def choose(root: Path, environ: Mapping[str, str]) -> Core:
     return Core(True)
 
 
-class SourcesFinder(importlib.abc.MetaPathFinder):
+class SourcesFinder:
     """Hands out the compiled modules' sources, or lets the extensions be found as usual.
 
     Python prefers an extension to a source of the same name; this finder comes first and
-    decides, for the first of the modules asked for, for all of them."""
+    decides, for the first of the modules asked for, for all of them. The import system asks a
+    meta path finder only for ``find_spec`` (``invalidate_caches`` if it has one), so it
+    needs no base class."""
 
     def __init__(self, root: Path, environ: Mapping[str, str]) -> None:
         self.root = root
@@ -189,7 +220,7 @@ def build(root: Path) -> list[Path]:
     from setuptools import Distribution
     from setuptools.command.build_ext import build_ext
 
-    digest = sources_digest(root)
+    stamp = stamp_text(root)
     here = os.getcwd()
     os.chdir(root)  # mypyc names modules after paths relative to where it runs
     try:
@@ -202,14 +233,38 @@ def build(root: Path) -> list[Path]:
         command.run()
     finally:
         os.chdir(here)
-    (root / "nodeside" / STAMP).write_text(digest + "\n")
+    _write_stamp(root, stamp)
     return built_files(root)
+
+
+def restamp(root: Path) -> bool:
+    """Record the sources' sizes and times anew in an up-to-date build's stamp (a checkout
+    touches files it leaves unchanged; an older stamp records none), so that imports skip
+    hashing again. False, and nothing written, when the sources differ from the build's."""
+    try:
+        recorded = (root / "nodeside" / STAMP).read_text()
+    except OSError:
+        return False
+    stamp = stamp_text(root)
+    if recorded.split("\n", 1)[0].strip() != stamp.split("\n", 1)[0]:
+        return False
+    if recorded != stamp:
+        _write_stamp(root, stamp)
+    return True
+
+
+def _write_stamp(root: Path, stamp: str) -> None:
+    # Whole or not at all: a process starting meanwhile must never read half a stamp.
+    path = root / "nodeside" / STAMP
+    partial = path.with_name(f"{STAMP}.{os.getpid()}")
+    partial.write_text(stamp)
+    os.replace(partial, path)
 
 
 def main(argv: Sequence[str] = ()) -> None:
     """``make core``: build in place, or with ``--if-stale`` only when the sources changed."""
     root = Path(__file__).resolve().parents[1]
-    if "--if-stale" not in argv or not up_to_date(root):
+    if "--if-stale" not in argv or not (up_to_date(root) and restamp(root)):
         for written in build(root):
             print(written.relative_to(root))
     print(f"scheduler core: {choose(root, os.environ)}")

@@ -10,7 +10,7 @@ import argparse
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -169,24 +169,32 @@ def parse_connections(raw: Any) -> limits.ConnectionLimits:
     return replace(limits.ConnectionLimits(), **changes)
 
 
+def one_of(value: Any, spellings: Iterable[str], where: str) -> str:
+    """One of an enumeration's words, matched whatever its case and given back as spelled here:
+    a config written by hand says ``Interactive`` or ``ROUND-ROBIN`` and means the same word.
+    Every enumeration of the config is read so (priorities, in upper case, likewise)."""
+    spellings = tuple(spellings)
+    if isinstance(value, str):
+        for spelling in spellings:
+            if value.casefold() == spelling.casefold():
+                return spelling
+    raise ConfigError(f"{where}: must be one of {', '.join(spellings)} (any case), "
+                      f"got {value!r}")
+
+
 def parse_mode(value: Any, where: str = "mode") -> str:
     # YAML 1.1 reads a bare `on`/`off` as a boolean: take it back to the word the user wrote.
     if value is True:
         value = "on"
     elif value is False:
         value = "off"
-    if not isinstance(value, str) or value.lower() not in MODES:
-        raise ConfigError(f"{where}: must be one of {', '.join(MODES)}, got {value!r}")
-    return value.lower()
+    return one_of(value, MODES, where)
 
 
 def parse_policy(value: Any, where: str = "policy") -> str:
     from nodeside.scheduler.policies import POLICIES  # the policies are listed there
 
-    if not isinstance(value, str) or value not in POLICIES:
-        raise ConfigError(f"{where}: must be one of {', '.join(sorted(POLICIES))}, "
-                          f"got {value!r}")
-    return value
+    return one_of(value, sorted(POLICIES), where)
 
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
@@ -337,10 +345,8 @@ def parse_access(raw: Any) -> AccessPolicy | None:
         raise ConfigError(f"access: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
                           f"known keys are {', '.join(sorted(_ACCESS_KEYS))}")
     policy = AccessPolicy()
-    on_violation = raw.get("on_violation", policy.on_violation)
-    if on_violation not in ON_VIOLATION:
-        raise ConfigError(f"access.on_violation: must be one of {', '.join(ON_VIOLATION)}, "
-                          f"got {on_violation!r}")
+    on_violation = one_of(raw.get("on_violation", policy.on_violation), ON_VIOLATION,
+                          "access.on_violation")
     default = policy.default
     if "default" in raw:
         default = _parse_rule(raw["default"], "access.default", who=False)

@@ -2,8 +2,10 @@
 
 A kernel registers under its Jupyter kernel id (the key the panel finds it by) and shows its
 notebook's path as its display name. Every text view (the waiting line, ``%kiwi status``,
-``kiwictl status``) names a client with ``who`` and cuts it with ``shorten``; the panel cuts with
-CSS (``text-overflow: ellipsis``), which also never hides a cut.
+``kiwictl status``) names a client with ``who``, which shows a notebook path too long for the
+view as its folder and file name (``shorten_path``); the panel cuts with CSS
+(``text-overflow: ellipsis``), which also never hides a cut. The status document always carries
+the whole display name.
 """
 
 from __future__ import annotations
@@ -59,6 +61,26 @@ def _path_tail(text: str, room: int) -> str:
     return best
 
 
+def shorten_path(path: str, width: int) -> str:
+    """A notebook's path for a text view, in at most ``width`` characters: whole when it fits,
+    else its folder and file name, ``…/experiments/train.ipynb``, whatever the view's width, so
+    that a notebook reads the same in every view; then ``…/train.ipynb``; then the start of a
+    file name too long even alone (``…/Fine-tuning a large…``), never the start of the path,
+    which says least. Text that is not a path is cut as ``shorten`` cuts it."""
+    parts = path.rstrip("/").split("/")
+    if len(path) <= width or len(parts) <= 2:  # no folder to leave out but ~ or the root
+        return shorten(path, width)
+    for kept in (parts[-2:], parts[-1:]):
+        if len(kept) < len(parts) and all(kept):
+            tail = ELLIPSIS + "/" + "/".join(kept)
+            if len(tail) <= width:
+                return tail
+    room = width - len(ELLIPSIS + "/")
+    if room < len(ELLIPSIS) + 3:  # too narrow for a recognisable start: cut as any text
+        return shorten(path, width)
+    return ELLIPSIS + "/" + shorten(parts[-1], room)
+
+
 def shorten_to_bytes(text: str, limit: int) -> str:
     """``text`` in at most ``limit`` UTF-8 bytes, cut as ``shorten`` cuts (for bounds that count
     bytes, like the daemon's on names)."""
@@ -87,7 +109,7 @@ def who(client: dict[str, Any], width: int | None = None) -> str:
         return name + suffix
     if len(suffix) > width // 2:
         return shorten(name + suffix, width)
-    return shorten(name, width - len(suffix)) + suffix
+    return shorten_path(name, width - len(suffix)) + suffix
 
 
 def names_by_id(document: dict[str, Any], width: int | None = None) -> dict[str, str]:

@@ -7,7 +7,7 @@ hook); ``GateInserter`` puts it there. A cell of housekeeping magics never waits
 from __future__ import annotations
 
 import ast
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 #: The module whose ``gate()`` the inserted statement calls.
 GATE_MODULE = "kiwi_jupyter.kernel.extension"
@@ -76,11 +76,21 @@ HOUSEKEEPING_MAGICS = frozenset({
 })
 
 
+class _Span(TypedDict):
+    """Where a built node says it sits in the cell (ast's position attributes). Typed by key, not
+    as a plain dict: a dict of ints could, to a type checker, also fill a node's other keyword
+    parameters (``ast.Constant``'s ``kind``, a string)."""
+    lineno: int
+    col_offset: int
+    end_lineno: int
+    end_col_offset: int
+
+
 def _gate_call(anchor: ast.stmt) -> ast.Expr:
     """``__import__("kiwi_jupyter.kernel.extension", fromlist=["gate"]).gate()``, placed on the
     anchor's line. Built node by node: parsing the text anew for every cell costs 10x more."""
-    where = {"lineno": anchor.lineno, "col_offset": anchor.col_offset,
-             "end_lineno": anchor.lineno, "end_col_offset": anchor.col_offset}
+    where: _Span = {"lineno": anchor.lineno, "col_offset": anchor.col_offset,
+                    "end_lineno": anchor.lineno, "end_col_offset": anchor.col_offset}
     module = ast.Call(
         func=ast.Name("__import__", ast.Load(), **where),
         args=[ast.Constant(GATE_MODULE, **where)],

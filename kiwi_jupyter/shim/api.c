@@ -137,9 +137,9 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         buffer, size,
         "{\"version\":\"%s\",\"active\":%s,\"connected\":%s,\"failed_open\":%s,"
         "\"failed_closed\":%s,\"state\":\"%s\",\"in_cell\":%s,\"client\":%s,\"mode\":%s,"
-        "\"queue_position\":%d,\"position_live\":%s,\"quantum\":%.3f,\"working_set\":%llu,\"evictable\":%llu,"
-        "\"allocations\":%llu,\"memory_limit\":%llu,\"evicted\":%s,\"grants\":%llu,"
-        "\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
+        "\"queue_position\":%d,\"position_live\":%s,\"quantum\":%.3f,\"working_set\":%llu,"
+        "\"evictable\":%llu,\"allocations\":%llu,\"memory_limit\":%llu,\"evicted\":%s,"
+        "\"grants\":%llu,\"drops\":%llu,\"revokes\":%llu,\"releases\":%llu,\"evictions\":%llu,"
         "\"bytes_evicted\":%llu,\"bytes_skipped\":%llu,\"bytes_discarded\":%llu,"
         "\"free_in_cache\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
@@ -147,9 +147,10 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
-        s.position_live ? "true" : "false", s.quantum, (unsigned long long)ws.bytes, (unsigned long long)ws.evictable,
-        (unsigned long long)ws.allocations, (unsigned long long)kiwi_memory_limit(),
-        s.evicted ? "true" : "false", (unsigned long long)s.grants,
+        s.position_live ? "true" : "false", s.quantum, (unsigned long long)ws.bytes,
+        (unsigned long long)ws.evictable, (unsigned long long)ws.allocations,
+        (unsigned long long)kiwi_memory_limit(), s.evicted ? "true" : "false",
+        (unsigned long long)s.grants,
         (unsigned long long)s.drops, (unsigned long long)s.revokes,
         (unsigned long long)s.releases, (unsigned long long)s.evictions,
         (unsigned long long)s.bytes_evicted, (unsigned long long)s.bytes_skipped,

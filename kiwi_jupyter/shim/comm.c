@@ -8,9 +8,8 @@
  * only set wishes under kiwi_lock and wake this one through a pipe.
  *
  * When the daemon cannot be reached the client keeps retrying, with backoff, and registers
- * again when it is back (client ids do not survive a restart). After KIWI_FAIL_TIMEOUT of
- * outage the policy decides: open lets GPU work run ungated, closed makes gated calls fail
- * with CUDA_ERROR_SYSTEM_NOT_READY. The process never exits because of the daemon.
+ * again when it is back (client ids do not survive a restart); outage.c says what happens
+ * meanwhile.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,25 +27,7 @@ struct kiwi_comm_state kiwi_comm;
 atomic_bool kiwi_working_set_dirty;
 int kiwi_wake_pipe[2] = {-1, -1};
 
-/* ---- the connection's news --------------------------------------------------------- */
-
-void kiwi_comm_link_lost(const char *why)
-{
-    pthread_mutex_lock(&kiwi_lock);
-    bool was_connected = kiwi_comm.stats.connected;
-    kiwi_comm.stats.connected = false;
-    kiwi_comm.stats.position_live = false;
-    kiwi_comm.outage_since = kiwi_now();
-    kiwi_yield_seq = 0;
-    if (kiwi_comm.stats.hold != KIWI_IDLE) {
-        kiwi_comm.stats.hold = KIWI_IDLE; /* whatever was held went with the connection */
-        kiwi_gate_close();
-    }
-    pthread_cond_broadcast(&kiwi_changed);
-    pthread_mutex_unlock(&kiwi_lock);
-    if (was_connected)
-        kiwi_warn("lost the scheduler at %s (%s); reconnecting", kiwi_cfg.socket_path, why);
-}
+/* ---- connecting ---------------------------------------------------------------------- */
 
 static bool connect_and_register(void)
 {
@@ -130,31 +111,6 @@ static void act(void)
     }
 }
 
-/* While the daemon is away: releases are trivially done, and after the policy's timeout
- * work is let through (open) or refused (closed). Returns how long to sleep at most. */
-static double act_offline(void)
-{
-    pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.release_done = kiwi_comm.release_asked;
-    double outage = kiwi_now() - kiwi_comm.outage_since;
-    double left = kiwi_comm.policy_timeout - outage;
-    if (left <= 0 && !kiwi_comm.stats.failed_open && !kiwi_comm.stats.failed_closed) {
-        if (kiwi_comm.policy_closed) {
-            kiwi_comm.stats.failed_closed = true;
-            kiwi_warn("no scheduler at %s: GPU work is refused until it is back (fail closed)",
-                      kiwi_cfg.socket_path);
-        } else {
-            kiwi_comm.stats.failed_open = true;
-            kiwi_gate_open();
-            kiwi_warn("no scheduler at %s: GPU work runs unscheduled until it is back "
-                      "(fail open)", kiwi_cfg.socket_path);
-        }
-    }
-    pthread_cond_broadcast(&kiwi_changed);
-    pthread_mutex_unlock(&kiwi_lock);
-    return left > 0 ? left : 1e9;
-}
-
 /* Sleeps until woken, the socket has data, or timeout seconds pass. */
 static void wait_for_news(double timeout)
 {
@@ -202,7 +158,7 @@ void *kiwi_comm_main(void *unused)
             if (connect_and_register()) {
                 backoff = 0.05;
             } else {
-                double policy_left = act_offline();
+                double policy_left = kiwi_outage_act();
                 wait_for_news(backoff < policy_left ? backoff : policy_left);
                 backoff = backoff * 2 < 2.0 ? backoff * 2 : 2.0;
                 continue;

@@ -2,6 +2,7 @@
  * what the others call):
  *
  *   comm.c     the thread: connecting, its loop, acting on the other threads' wishes
+ *   outage.c   while the daemon is away: the lost connection, the fail policy
  *   release.c  the release sequence, whatever asked for it
  *   dispatch.c what each line from the daemon does to the hold
  *   wishes.c   what the other threads ask of the comm thread (api.c, the gate, the allocations)
@@ -34,6 +35,11 @@ extern int kiwi_wake_pipe[2];
 /* ---- comm.c ------------------------------------------------------------------------------ */
 
 void *kiwi_comm_main(void *unused);
+
+/* ---- outage.c ---------------------------------------------------------------------------- */
+
+/* The comm thread's turn while the daemon is away; returns how long it may sleep at most. */
+double kiwi_outage_act(void);
 
 /* ---- release.c --------------------------------------------------------------------------- */
 

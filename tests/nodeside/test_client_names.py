@@ -4,6 +4,7 @@ see notebooks and users, the key stays the name. Real daemons on real sockets.""
 from __future__ import annotations
 
 import getpass
+import json
 import subprocess
 import sys
 
@@ -51,6 +52,22 @@ def test_kiwictl_status_names_clients_by_display_name_and_user(daemon: DaemonPro
     assert f"holding: ~/team/forecast.ipynb ({user})" in out
     assert f"kernel afd00fc2 ({user})" in out  # a kernel with no notebook: its id's first group
     assert "3f2a9c1e-0b7d" not in out
+
+
+def test_kiwictl_status_shows_a_long_notebook_path_as_its_folder_and_name_and_json_whole(
+        daemon: DaemonProcess) -> None:
+    notebook = "/home/jovyan/work/projects/deep-learning/experiments/train.ipynb"
+    with Client(daemon.socket, name="3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
+                display_name=notebook) as holder:
+        holder.acquire(timeout=5)
+        ctl = [sys.executable, "-m", "nodeside.ctl", "--socket", daemon.socket, "status"]
+        text = subprocess.run(ctl, capture_output=True, text=True, timeout=60).stdout
+        document = json.loads(subprocess.run([*ctl, "--json"], capture_output=True, text=True,
+                                             timeout=60).stdout)
+    user = getpass.getuser()
+    assert f"holding: …/experiments/train.ipynb ({user})" in text
+    assert "jovyan" not in text
+    assert [c["display_name"] for c in document["clients"]] == [notebook]
 
 
 def test_a_client_takes_its_display_name_from_the_environment(

@@ -83,8 +83,21 @@ def tree(tmp_path: Path) -> Path:
         shutil.copyfile(compiled.source(REPO, module), target)
     for module in (*compiled.MODULES, compiled.GROUP + "__mypyc"):
         compiled.extension(tmp_path, module).write_bytes(b"")
-    (tmp_path / "nodeside" / compiled.STAMP).write_text(compiled.sources_digest(tmp_path))
+    (tmp_path / "nodeside" / compiled.STAMP).write_text(compiled.stamp_text(tmp_path))
     return tmp_path
+
+
+def later_edit(source: Path, old: str, new: str) -> None:
+    """Edit a source as a person would, after the build: the file's time moves on. Set
+    explicitly, a second on, since the fixture's copy and this edit may fall in one tick of the
+    file system's clock."""
+    before = source.stat()
+    source.write_text(source.read_text().replace(old, new, 1))
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+
+
+def touch(source: Path) -> None:
+    later_edit(source, "", "")  # saved again unchanged, as a checkout or an editor may
 
 
 def test_a_build_from_other_sources_never_runs_in_their_place(tree: Path) -> None:
@@ -92,6 +105,54 @@ def test_a_build_from_other_sources_never_runs_in_their_place(tree: Path) -> Non
     source.write_text(source.read_text() + "\n# edited after the build\n")
     core = compiled.choose(tree, {})
     assert not core.compiled and "built from other sources" in core.reason
+
+
+def test_an_edit_that_keeps_the_sources_size_is_caught_by_its_time(tree: Path) -> None:
+    source = compiled.source(tree, "nodeside.scheduler.turns")
+    size = source.stat().st_size
+    later_edit(source, "def ", "def_")  # a same-size edit of no sense: the hash must tell
+    assert source.stat().st_size == size
+    core = compiled.choose(tree, {})
+    assert not core.compiled and "built from other sources" in core.reason
+
+
+def test_checking_an_untouched_build_hashes_nothing(tree: Path) -> None:
+    # Every kernel and kiwictl makes this check at import: it must not read the 28 sources
+    # again, nor load hashlib (OpenSSL), while their sizes and times are as the build saw them.
+    check = ("import sys; from pathlib import Path; from nodeside import compiled; "
+             "core = compiled.choose(Path(sys.argv[1]), {}); "
+             "print(core.compiled, 'built from other sources' in core.reason, "
+             "'hashlib' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", check, str(tree)], capture_output=True,
+                          text=True, timeout=scaled(60), check=True)
+    assert done.stdout.split() == [str(compiled.choose(tree, {}).compiled), "False", "False"]
+
+
+def test_a_touched_but_unchanged_source_keeps_the_build_and_the_hash_decides(tree: Path) -> None:
+    built = compiled.choose(tree, {})
+    touch(compiled.source(tree, "nodeside.scheduler.turns"))
+    assert compiled.choose(tree, {}) == built
+    assert "built from other sources" not in built.reason
+
+
+def test_a_stamp_without_sizes_and_times_is_checked_by_its_hash(tree: Path) -> None:
+    stamp = tree / "nodeside" / compiled.STAMP
+    stamp.write_text(compiled.sources_digest(tree) + "\n")  # as builds wrote it before
+    assert "built from other sources" not in compiled.choose(tree, {}).reason
+    later_edit(compiled.source(tree, "nodeside.limits"), "\n", "\n\n")
+    assert "built from other sources" in compiled.choose(tree, {}).reason
+
+
+def test_make_core_restamps_an_unchanged_build_but_never_a_stale_one(tree: Path) -> None:
+    stamp = tree / "nodeside" / compiled.STAMP
+    touch(compiled.source(tree, "nodeside.scheduler.turns"))
+    assert compiled.restamp(tree)
+    assert stamp.read_text() == compiled.stamp_text(tree)
+    later_edit(compiled.source(tree, "nodeside.limits"), "\n", "\n\n")
+    before = stamp.read_text()
+    assert not compiled.restamp(tree)
+    assert stamp.read_text() == before
+    assert "built from other sources" in compiled.choose(tree, {}).reason
 
 
 def test_a_missing_extension_makes_the_whole_core_pure(tree: Path) -> None:

@@ -143,3 +143,28 @@ def test_bad_connection_limits_name_the_key(raw, where) -> None:
 def test_a_number_past_its_bound_is_a_config_error_not_a_crash(raw) -> None:
     with pytest.raises(ConfigError):
         from_mapping(raw)
+
+
+def test_the_configs_words_are_read_whatever_their_case_and_kept_in_one_spelling(tmp_path):
+    # The seeds' examples write `mode: on`; a ConfigMap written by hand says `Interactive` or
+    # `ROUND-ROBIN` as readily, and means the same: mode and priorities were always read so.
+    path = tmp_path / "kiwi.yaml"
+    path.write_text("mode: AUTO\npolicy: Interactive\n"
+                    "access:\n  on_violation: Downgrade\n  default: {priorities: [low]}\n")
+    config = load(path)
+    assert (config.mode, config.policy) == ("auto", "interactive")
+    assert config.access is not None and config.access.on_violation == "downgrade"
+    assert config.access.default.priorities == frozenset({"LOW"})
+    assert from_mapping({"policy": "ROUND-ROBIN"}).policy == "round-robin"
+
+
+@pytest.mark.parametrize("raw, where, spellings", [
+    ({"policy": "fastest"}, "policy", "interactive, pools, round-robin"),
+    ({"policy": "Round Robin"}, "policy", "interactive, pools, round-robin"),
+    ({"mode": "sometimes"}, "mode", "on, off, auto"),
+    ({"access": {"on_violation": "Shrug"}}, "access.on_violation", "refuse, downgrade"),
+])
+def test_a_word_the_config_does_not_know_is_refused_naming_the_ones_it_does(raw, where, spellings):
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw)
+    assert str(caught.value).startswith(f"{where}: must be one of {spellings} (any case), got ")
