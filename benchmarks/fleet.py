@@ -2,6 +2,7 @@
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
                                [--explain]
+    python -m benchmarks.fleet --seeds 1-20 [--jobs N]   (the key runs over many seeds)
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
@@ -69,6 +70,7 @@ from benchmarks.common import percentile
 from benchmarks.fleet_bound import LowFloor
 from benchmarks.fleet_explain import Explain
 from benchmarks.fleet_report import explain_table, side_by_side
+from benchmarks.fleet_seeds import parse_seeds, replay_seeds, summary
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 from nodeside.scheduler.pools import entitlements
@@ -299,8 +301,9 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "short_cells": len(short), "long_cells": len(long),
         "short_slowdown_mean": statistics.fmean(short), "short_slowdown_p95": percentile(short, 95),
         "long_slowdown_mean": statistics.fmean(long), "long_slowdown_p95": percentile(long, 95),
-        "short_slowdown_mean_normal": statistics.fmean(by_priority["NORMAL"]),
-        "short_slowdown_mean_low": statistics.fmean(by_priority["LOW"]),
+        # A small fleet may have no LOW notebook (a quarter of them, from the seventh on).
+        "short_slowdown_mean_normal": _mean_or_nan(by_priority["NORMAL"]),
+        "short_slowdown_mean_low": _mean_or_nan(by_priority["LOW"]),
         **floor.report(replay, finished, cells),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
@@ -311,6 +314,10 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "counts": dict(replay.scheduler.counts),
         "_replay": replay,
     }
+
+
+def _mean_or_nan(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
 
 
 def _slowdown(cell: Cell) -> float:
@@ -358,7 +365,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="draw docs/timeline.png and the fleet timelines into docs/")
     parser.add_argument("--explain", action="store_true",
                         help="also break short cells' waiting down by cause, run by run")
+    parser.add_argument("--seeds", type=parse_seeds, metavar="1-20",
+                        help="instead: the key runs over these seeds, as means and ranges")
+    parser.add_argument("--jobs", type=int, help="with --seeds: processes (default: CPUs)")
     args = parser.parse_args(argv)
+    if args.seeds:
+        print(summary(replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours,
+                                   args.jobs)))
+        return
     results = []
     # Side-by-side holds in mode auto are modelled as running at full speed, which flatters
     # it: two kernels sharing the SMs each run slower in reality.
