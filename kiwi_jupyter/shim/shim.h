@@ -8,7 +8,8 @@
  *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
- *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
+ *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch;
+ *             with transfer.c (one context's prefetches and discards), sharing pager.h
  *   free_ranges.c what the framework's cache holds free: discarded, not copied, on eviction
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
