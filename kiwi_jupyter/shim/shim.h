@@ -18,6 +18,7 @@
  *             release.c (the release sequence), dispatch.c (the daemon's lines), wishes.c (what
  *             other threads ask of it) and start.c (starting it; fork), sharing comm.h
  *   link.c    the connection: socket, framing, hello and register
+ *   registration.c what the register request says of the process: names, labels, GPU
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
  *   config.c  environment variables, read once
  *   evict.c   which evictor pages this process out: managed memory, or the driver's checkpoint
@@ -311,6 +312,11 @@ bool kiwi_link_next_line(char *line, size_t size);
 /* Closes the connection and tells the comm thread why. */
 void kiwi_link_close(const char *why);
 void kiwi_link_after_fork(void);
+
+/* ---- registration.c ---------------------------------------------------------------------- */
+
+/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 
