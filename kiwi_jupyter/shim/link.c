@@ -1,13 +1,11 @@
 /* The connection to the daemon: a Unix socket speaking docs/protocol.md, one JSON object per
- * line. Only the comm thread calls these. The register line is built here too, since it is
- * the one request with fields that come from the user (names, pool, pod labels) and so the one
- * that must be quoted and bounded with care.
+ * line. Only the comm thread calls these. The register line's fields are built apart
+ * (registration.c), since they come from the user and must be quoted and bounded with care.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -138,65 +136,6 @@ static bool await_reply(const char *op, unsigned seq, char *line, size_t size, d
     return false;
 }
 
-static void append(char *buf, size_t size, const char *text)
-{
-    size_t n = strlen(buf);
-    snprintf(buf + n, size - n, "%s", text);
-}
-
-/* The UUID of the process's device 0, as NVML writes it (GPU-8-4-4-4-12 hex digits), so that
- * the daemon matches the GPU by UUID; false when the driver cannot say yet. */
-static bool device_uuid(char *text, size_t size)
-{
-    typedef CUresult (*uuid_fn)(CUuuid *, CUdevice);
-    uuid_fn get = (uuid_fn)kiwi_driver_sym("cuDeviceGetUuid_v2");
-    if (!get)
-        get = (uuid_fn)kiwi_driver_sym("cuDeviceGetUuid");
-    CUuuid uuid;
-    if (!get || get(&uuid, 0) != CUDA_SUCCESS)
-        return false;
-    const unsigned char *b = (const unsigned char *)uuid.bytes;
-    snprintf(text, size,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
-    return true;
-}
-
-/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
-static void register_fields(char *fields, size_t size, uint64_t working_set)
-{
-    snprintf(fields, size, "\"name\":");
-    kiwi_json_quote(fields, size, kiwi_cfg.name);
-    append(fields, size, ",\"pool\":");
-    kiwi_json_quote(fields, size, kiwi_cfg.pool);
-    append(fields, size, ",\"priority\":");
-    kiwi_json_quote(fields, size, kiwi_cfg.priority);
-    /* Pod and namespace label the client in the daemon's metrics, as nodeside.client does. */
-    const char *pod = getenv("KIWI_POD_NAME"), *namespace = getenv("KIWI_POD_NAMESPACE");
-    bool has_pod = pod && *pod, has_namespace = namespace && *namespace;
-    if (has_pod || has_namespace) {
-        append(fields, size, ",\"labels\":{");
-        if (has_pod) {
-            append(fields, size, "\"pod\":");
-            kiwi_json_quote(fields, size, pod);
-        }
-        if (has_namespace) {
-            append(fields, size, has_pod ? ",\"namespace\":" : "\"namespace\":");
-            kiwi_json_quote(fields, size, namespace);
-        }
-        append(fields, size, "}");
-    }
-    if (kiwi_cfg.gpu_uuid[0] || device_uuid(kiwi_cfg.gpu_uuid, sizeof kiwi_cfg.gpu_uuid)) {
-        append(fields, size, ",\"gpu_uuid\":");
-        kiwi_json_quote(fields, size, kiwi_cfg.gpu_uuid);
-    }
-    size_t n = strlen(fields);
-    snprintf(fields + n, size - n,
-             ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu,\"evict\":\"%s\"",
-             kiwi_cfg.gpu, (unsigned long long)working_set, kiwi_evict_proposal());
-}
-
 /* Position events (hello feature "position"): whether the latest welcome listed them. The
  * daemon writes compact JSON, "features":["position",...], and the list holds no brackets. */
 static bool position_events;
@@ -241,7 +180,7 @@ bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size)
     }
     position_events = welcome_lists(registered, "position");
     char fields[2048];
-    register_fields(fields, sizeof fields, working_set);
+    kiwi_registration_fields(fields, sizeof fields, working_set);
     unsigned seq = kiwi_link_request("register", fields);
     if (!seq || !await_reply("registered", seq, registered, size, 5.0)) {
         kiwi_warn("the daemon did not register this process: %s",

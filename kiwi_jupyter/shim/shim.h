@@ -8,7 +8,8 @@
  *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
  *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
  *   gate.c    the gate itself: work waits there until this process holds its GPU
- *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch
+ *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch;
+ *             with transfer.c (one context's prefetches and discards), sharing pager.h
  *   free_ranges.c what the framework's cache holds free: discarded, not copied, on eviction
  *   capture.c graph captures in progress, which a release must wait for
  *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
@@ -17,6 +18,7 @@
  *             release.c (the release sequence), dispatch.c (the daemon's lines), wishes.c (what
  *             other threads ask of it) and start.c (starting it; fork), sharing comm.h
  *   link.c    the connection: socket, framing, hello and register
+ *   registration.c what the register request says of the process: names, labels, GPU
  *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
  *   config.c  environment variables, read once
  *   evict.c   which evictor pages this process out: managed memory, or the driver's checkpoint
@@ -310,6 +312,11 @@ bool kiwi_link_next_line(char *line, size_t size);
 /* Closes the connection and tells the comm thread why. */
 void kiwi_link_close(const char *why);
 void kiwi_link_after_fork(void);
+
+/* ---- registration.c ---------------------------------------------------------------------- */
+
+/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 

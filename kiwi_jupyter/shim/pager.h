@@ -1,0 +1,66 @@
+/* What the pager's files share, and nothing else of the shim needs (shim.h declares what the
+ * others call):
+ *
+ *   pager.c    the contexts the pager knows: synchronizing them, moving the working set
+ *   transfer.c one context's share of a move: its ranges prefetched, in one batch where the
+ *              driver can, and its free ranges discarded
+ */
+#ifndef KIWI_PAGER_H
+#define KIWI_PAGER_H
+
+#include "shim.h"
+
+struct context {
+    CUcontext ctx;
+    CUdevice device;
+    CUstream stream; /* the pager's own, created on first use */
+};
+
+typedef CUresult (*ctx_get_fn)(CUcontext *);
+typedef CUresult (*ctx_set_fn)(CUcontext);
+typedef CUresult (*ctx_device_fn)(CUdevice *);
+typedef CUresult (*sync_fn)(void);
+typedef CUresult (*stream_create_fn)(CUstream *, unsigned int);
+typedef CUresult (*stream_sync_fn)(CUstream);
+typedef CUresult (*prefetch_fn)(CUdeviceptr, size_t, CUdevice, CUstream);
+/* CUDA 12.2 added cuMemPrefetchAsync_v2, which names the destination with a CUmemLocation;
+ * CUDA 13 headers map cuMemPrefetchAsync to it. The driver exports both (the CUDA 13 runtime
+ * still asks for v1 by version 8000); v1 is preferred. */
+typedef CUresult (*prefetch_v2_fn)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
+/* CUDA 13: many ranges in one call, one driver round trip for the whole working set. */
+typedef CUresult (*prefetch_batch_fn)(CUdeviceptr *, size_t *, size_t, CUmemLocation *, size_t *,
+                                      size_t, unsigned long long, CUstream);
+/* CUDA 13: drops the pages of many ranges at once; their contents become undefined. */
+typedef CUresult (*discard_batch_fn)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
+
+/* The driver functions the pager calls: pager.c resolves them on first use. */
+struct pager_driver {
+    ctx_get_fn ctx_get;
+    ctx_set_fn ctx_set;
+    ctx_device_fn ctx_device;
+    sync_fn ctx_sync;
+    stream_create_fn stream_create;
+    stream_sync_fn stream_sync;
+    prefetch_fn prefetch;
+    prefetch_v2_fn prefetch_v2;
+    prefetch_batch_fn prefetch_batch;
+    discard_batch_fn discard_batch;
+};
+extern struct pager_driver kiwi_pager_driver;
+
+struct move {
+    bool to_host;
+    uint64_t bytes;
+    uint64_t discarded;
+    int failures;
+};
+
+/* ---- transfer.c -------------------------------------------------------------------------- */
+
+/* Moves the live ranges of one context: in one batch where the driver can, else one by one;
+ * on the way out, discards its free ranges first. Returns how many live ranges are its. */
+size_t kiwi_pager_move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
+                               const struct kiwi_range *free_ranges, size_t free_count,
+                               struct move *move);
+
+#endif

@@ -1,0 +1,136 @@
+/* One context's share of moving the working set (pager.c decides when, and for which
+ * contexts): its live ranges prefetched, in one cuMemPrefetchBatchAsync where the driver has it
+ * and else one by one, with cuMemPrefetchAsync or its _v2; on the way out, its free ranges
+ * discarded first. Each driver variant the shim cannot use is asked once, then left alone.
+ */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "pager.h"
+
+/* Set when the driver said it cannot batch (CUDA_ERROR_NOT_SUPPORTED): ask no more. */
+static atomic_bool no_batches;
+/* Likewise for discards (a GPU without concurrent managed access refuses them). */
+static atomic_bool no_discards;
+
+static CUmemLocation location_of(CUdevice device)
+{
+    bool host = device == CU_DEVICE_CPU;
+    CUmemLocation where = {.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE,
+                           .id = host ? 0 : device};
+    return where;
+}
+
+static CUresult prefetch(CUdeviceptr ptr, size_t size, CUdevice device, CUstream stream)
+{
+    if (kiwi_pager_driver.prefetch)
+        return kiwi_pager_driver.prefetch(ptr, size, device, stream);
+    if (kiwi_pager_driver.prefetch_v2)
+        return kiwi_pager_driver.prefetch_v2(ptr, size, location_of(device), 0, stream);
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+/* A context's ranges as the batch calls take them: two arrays, and their bytes. */
+struct batch {
+    CUdeviceptr *ptrs;
+    size_t *sizes;
+    size_t count; /* 0 when out of host memory */
+    uint64_t bytes;
+};
+
+static struct batch batch_of(const struct kiwi_range *ranges, size_t count, CUcontext ctx)
+{
+    struct batch b = {.ptrs = malloc(count * sizeof *b.ptrs),
+                      .sizes = malloc(count * sizeof *b.sizes)};
+    for (size_t i = 0; b.ptrs && b.sizes && i < count; i++) {
+        if (ranges[i].ctx == ctx) {
+            b.ptrs[b.count] = ranges[i].ptr;
+            b.sizes[b.count++] = ranges[i].size;
+            b.bytes += ranges[i].size;
+        }
+    }
+    return b;
+}
+
+static void batch_free(struct batch *b)
+{
+    free(b->ptrs);
+    free(b->sizes);
+}
+
+/* One cuMemPrefetchBatchAsync for all of a context's ranges; false when the driver cannot. */
+static bool prefetch_batch(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
+                           CUdevice to, CUstream stream, struct move *move)
+{
+    if (!kiwi_pager_driver.prefetch_batch || atomic_load(&no_batches) || count < 2)
+        return false;
+    struct batch b = batch_of(ranges, count, ctx);
+    CUmemLocation where = location_of(to);
+    size_t first = 0; /* the one location applies from the first range on */
+    CUresult result = b.count ? kiwi_pager_driver.prefetch_batch(b.ptrs, b.sizes, b.count, &where,
+                                                                 &first, 1, 0, stream)
+                              : CUDA_ERROR_OUT_OF_MEMORY;
+    batch_free(&b);
+    if (result == CUDA_ERROR_NOT_SUPPORTED)
+        atomic_store(&no_batches, true);
+    if (result != CUDA_SUCCESS)
+        return false;
+    move->bytes += b.bytes;
+    return true;
+}
+
+/* Discards a context's free ranges in one call, on the stream the prefetches use (so the two
+ * never run at once on one page: they are disjoint, and in stream order anyway). */
+static void discard(const struct kiwi_range *free_ranges, size_t count, CUcontext ctx,
+                    CUstream stream, struct move *move)
+{
+    if (!kiwi_pager_driver.discard_batch || atomic_load(&no_discards) || !count)
+        return;
+    struct batch b = batch_of(free_ranges, count, ctx);
+    CUresult result = b.count ? kiwi_pager_driver.discard_batch(b.ptrs, b.sizes, b.count, 0, stream)
+                              : CUDA_SUCCESS;
+    batch_free(&b);
+    if (result == CUDA_ERROR_NOT_SUPPORTED) {
+        atomic_store(&no_discards, true);
+        kiwi_log("the driver cannot discard; free ranges are left out of evictions instead");
+    }
+    if (result == CUDA_SUCCESS)
+        move->discarded += b.bytes;
+}
+
+size_t kiwi_pager_move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
+                               const struct kiwi_range *free_ranges, size_t free_count,
+                               struct move *move)
+{
+    size_t mine = 0, mine_free = 0;
+    for (size_t i = 0; i < count; i++)
+        mine += ranges[i].ctx == c->ctx;
+    for (size_t i = 0; move->to_host && i < free_count; i++)
+        mine_free += free_ranges[i].ctx == c->ctx;
+    if (!mine && !mine_free)
+        return 0;
+    if (kiwi_pager_driver.ctx_set(c->ctx) != CUDA_SUCCESS ||
+        (!c->stream &&
+         kiwi_pager_driver.stream_create(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
+        c->stream = NULL;
+        move->failures += (int)mine;
+        return mine;
+    }
+    if (mine_free)
+        discard(free_ranges, free_count, c->ctx, c->stream, move);
+    if (!mine)
+        return 0;
+    CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
+    if (prefetch_batch(ranges, count, c->ctx, to, c->stream, move))
+        return mine;
+    for (size_t i = 0; i < count; i++) {
+        if (ranges[i].ctx != c->ctx)
+            continue;
+        if (prefetch(ranges[i].ptr, ranges[i].size, to, c->stream) == CUDA_SUCCESS)
+            move->bytes += ranges[i].size;
+        else
+            move->failures++;
+    }
+    return mine;
+}

@@ -1,0 +1,67 @@
+"""The daemon's configuration object: ``SchedulerConfig``, every limit and default in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nodeside import limits
+from nodeside.config.interactive import InteractiveSettings
+from nodeside.protocol import DEFAULT_POOL
+from nodeside.scheduler.access import AccessPolicy
+from nodeside.scheduler.pools import UNLIMITED, Pool
+
+DEFAULT_TQ = 30.0
+
+#: How the next holder is chosen within the pools' rules (docs/policy.md says when to use which).
+POLICY_ROUND_ROBIN = "round-robin"
+POLICY_INTERACTIVE = "interactive"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    tq: float = DEFAULT_TQ
+    mode: str = "on"
+    #: Pools by name. Empty means one implicit pool, ``default``, guaranteed the whole GPU.
+    pools: Mapping[str, Pool] = field(default_factory=dict)
+    #: Per-GPU TQ overrides, by GPU index.
+    gpu_tq: Mapping[int, float] = field(default_factory=dict)
+    #: Seconds a holder has, after a drop request, before the GPU is taken from it. Giving the
+    #: GPU back may mean moving tens of GiB to host memory, so this is generous.
+    grace: float = 10.0
+    #: Seconds over which pool shares are measured; None: 50 quanta of the GPU's TQ, long
+    #: enough that one quantum moves a share by 0.02, short enough to forget last hour's burst.
+    window: float | None = None
+    #: Bytes of GPU memory kept free in auto mode, for the driver and the CUDA contexts.
+    memory_reserve: int = 512 * 1024**2
+    #: Group (name or gid) whose members may change mode and TQ, besides root and the daemon's uid.
+    admin_group: str | None = None
+    #: Group owning the socket; its members may connect. None: the daemon's group.
+    socket_group: str | None = None
+    socket_mode: int = 0o660
+    #: Hello deadline, idle limit, per-uid cap and listen backlog (``connections:``).
+    connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
+    #: Who may claim which pools and priorities; None: anyone may claim anything.
+    access: AccessPolicy | None = None
+    #: How the next holder is chosen: a name in ``nodeside.scheduler.policies.POLICIES``,
+    #: ``round-robin`` (the seed's rule, default) or ``interactive``.
+    policy: str = POLICY_ROUND_ROBIN
+    interactive: InteractiveSettings = field(default_factory=InteractiveSettings)
+
+    def share_window(self, tq: float) -> float:
+        return self.window if self.window is not None else 50 * tq
+
+    def tq_for(self, gpu: int) -> float:
+        return self.gpu_tq.get(gpu, self.tq)
+
+    def pool(self, name: str) -> Pool:
+        """The named pool; a name the config does not know gets guarantee 0, weight 1."""
+        if name in self.pools:
+            return self.pools[name]
+        if not self.pools and name == DEFAULT_POOL:
+            return Pool(DEFAULT_POOL, guarantee=1.0, weight=1.0, maximum=UNLIMITED)
+        return Pool(name, guarantee=0.0, weight=1.0, maximum=UNLIMITED)
+
+    def with_runtime(self, **changes: Any) -> SchedulerConfig:
+        return replace(self, **changes)

@@ -1,0 +1,95 @@
+"""The value parsers every section shares (sizes, seconds, enumerations) and ConfigError.
+
+Command-line flags and kiwictl use them through ``argument_type``, so a value is checked the
+same way wherever it was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from nodeside import limits
+from nodeside.protocol import MODES
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message says where and how."""
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def argument_type(parse: Callable[[Any], T]) -> Callable[[str], T]:
+    """Adapt a parser of this module to argparse, so flags and files are checked alike."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def parse_size(text: str | int) -> int:
+    """``8GiB``, ``512MiB``, ``80GB`` or a plain byte count, as bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ConfigError(f"size must not be negative: {text}")
+        nbytes = text
+    else:
+        match = _SIZE.match(str(text))
+        unit = (match.group(2) or "").upper() if match else None
+        if not match or unit not in _UNITS:
+            raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
+        try:  # a thousand-digit number reads as an infinite float
+            nbytes = int(float(match.group(1)) * _UNITS[unit])
+        except OverflowError:
+            nbytes = limits.MAX_BYTES + 1
+    try:
+        return limits.byte_count(nbytes, "size")
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_tq(value: Any, where: str = "tq") -> float:
+    """Seconds within the TQ's one range (``limits.tq_seconds``), or ConfigError saying why."""
+    try:
+        return limits.tq_seconds(value, where)
+    except limits.LimitError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def one_of(value: Any, spellings: Iterable[str], where: str) -> str:
+    """One of an enumeration's words, matched whatever its case and given back as spelled here:
+    a config written by hand says ``Interactive`` or ``ROUND-ROBIN`` and means the same word.
+    Every enumeration of the config is read so (priorities, in upper case, likewise)."""
+    spellings = tuple(spellings)
+    if isinstance(value, str):
+        for spelling in spellings:
+            if value.casefold() == spelling.casefold():
+                return spelling
+    raise ConfigError(f"{where}: must be one of {', '.join(spellings)} (any case), "
+                      f"got {value!r}")
+
+
+def parse_mode(value: Any, where: str = "mode") -> str:
+    # YAML 1.1 reads a bare `on`/`off` as a boolean: take it back to the word the user wrote.
+    if value is True:
+        value = "on"
+    elif value is False:
+        value = "off"
+    return one_of(value, MODES, where)
+
+
+def parse_policy(value: Any, where: str = "policy") -> str:
+    from nodeside.scheduler.policies import POLICIES  # the policies are listed there
+
+    return one_of(value, sorted(POLICIES), where)
