@@ -28,7 +28,7 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
   (0.5 / 3 / unlimited), the seed's pools; two of every eight notebooks run LOW (exploratory),
   one in each pool: four of the twenty, and with two GPUs all four on GPU 1 (a quirk of the
   numbering, kept so that the figures stay comparable with earlier runs; spreading them over
-  both GPUs moved interactive TQ 10 s's short cells by -6% to +50% on seeds 1 to 3).
+  both GPUs moved interactive TQ 10 s's short cells by -20% to +50% on seeds 1 to 3).
 * Giving the GPU back takes 0.2 s (pausing the work in flight).
 * Switching costs (``--link``, on unless ``none``): each notebook has a working set, lognormal
   with median 5 GiB and sigma 1.0 (a mid-sized model with its activations and optimizer state;
