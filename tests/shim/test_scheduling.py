@@ -381,6 +381,8 @@ def test_the_shim_registers_with_its_name_pool_priority_and_pod(scheduler, workl
     client = wait_for(lambda: client_of(scheduler, w), what="the shim to register")
     assert client["name"] == 'kernel "quoted" \\ name'
     assert (client["pool"], client["priority"]) == ("training", "LOW")
+    # The pod's labels travel too (the status shows them to the peer's own user and root).
+    assert client["labels"] == {"pod": "jupyter-ann", "namespace": "team-a"}
 
 
 @pytest.mark.slow
