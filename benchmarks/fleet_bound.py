@@ -43,7 +43,7 @@ from nodeside.scheduler.actions import Action
 from nodeside.scheduler.state import PRIORITY_RANK
 
 if TYPE_CHECKING:
-    from benchmarks.fleet import Cell
+    from benchmarks.fleet_workload import Cell
     from nodeside.scheduler.replay import Replay, Worker
 
 

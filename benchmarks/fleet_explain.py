@@ -46,7 +46,7 @@ from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 from nodeside.scheduler.turns import as_tail
 
 if TYPE_CHECKING:
-    from benchmarks.fleet import Cell
+    from benchmarks.fleet_workload import Cell
     from nodeside.scheduler.replay import Replay
 
 CAUSES = (
