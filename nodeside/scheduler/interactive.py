@@ -164,9 +164,14 @@ class InteractivePolicy(PoolsPolicy):
             starved = self.starved(c)
             used = 0.0 if starved else self.service.attained(c.id, now)
             return self.below_guarantee(gpu, c, now), behind, starved, -used, -c.request_order
-        best = max(eligible, key=urgency)
-        owed, behind = urgency(best)[:2]
-        return best, bool(owed or behind), eligible
+        # Each head ranked once, the winner's rank kept (``max``'s first-of-equals winner).
+        best = eligible[0]
+        top = urgency(best)
+        for c in eligible[1:]:
+            rank = urgency(c)
+            if rank > top:
+                best, top = c, rank
+        return best, bool(top[0] or top[1]), eligible
 
     def order(self, gpu: GpuState, now: float) -> list[Client]:
         """The expected order: each pool by least attained service, the pools interleaved by

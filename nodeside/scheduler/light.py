@@ -92,7 +92,9 @@ class LightRequests:
         if it did: ``pick``'s contest again, with the holder that just gave the GPU back for a
         drop still in it (it asks again once it is done giving back)."""
         left = self._left.pop(gpu.spec.index, None)
-        others = gpu.waiters.pools() - {client.pool}
+        # Counted, not ``pools() - {client.pool}``: this runs on every grant.
+        pools = gpu.waiters.pool_count()
+        others = pools > 1 or (pools == 1 and not gpu.waiters.pool_waits(client.pool))
         if not others and (left is None or left.pool == client.pool):
             return None  # no other pool contends: the common grant, decided at once
         policy = self.policy
