@@ -139,6 +139,10 @@ class WaitQueue:
     def pools(self) -> set[str]:
         return set(self._lanes)
 
+    def pool_waits(self, pool: str) -> bool:
+        """Does anyone of ``pool`` wait? (``remove`` drops a pool's lanes once they empty.)"""
+        return pool in self._lanes
+
     def pool_count(self) -> int:
         """How many pools wait (no set built: asked for every waiting reply)."""
         return len(self._lanes)

@@ -34,6 +34,23 @@ def test_a_waiters_place_in_its_pool_equals_its_index_in_the_pools_order(ops) ->
                 assert queue.nth_in_pool(pool_name, index) is client
 
 
+@given(steps)
+def test_a_pool_waits_exactly_while_one_of_its_clients_waits(ops) -> None:
+    queue, inside = WaitQueue(), {}
+    for order, (arrive, n, priority, pool) in enumerate(ops):
+        key = f"c{n}"
+        if arrive and key not in inside:
+            inside[key] = Client(id=key, name=key, gpu=0, pool=pool, priority=priority,
+                                 request_order=order)
+            queue.add(inside[key])
+        elif not arrive and key in inside:
+            queue.remove(inside.pop(key))
+        for pool_name in ("a", "b"):
+            waiting = any(c.pool == pool_name for c in inside.values())
+            assert queue.pool_waits(pool_name) == waiting
+        assert queue.pool_count() == len({c.pool for c in inside.values()})
+
+
 def test_a_fifo_queue_answers_positions_as_the_head_is_granted() -> None:
     s = Scheduler(from_mapping({"tq": 1.0}), [GpuSpec(0)], 0.0)
     clients = [s.register(0.0, name=f"k{n}") for n in range(6)]

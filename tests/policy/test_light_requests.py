@@ -2,8 +2,9 @@
 
 A pool whose demand is below its guarantee is owed it nearly always; a fresh request of another
 pool that used at most half the owed request's GPU time goes first, for at most JUMP_QUANTUM,
-once between two of the owed pool's grants (``InteractivePolicy._light_over``). Checked on the
-real scheduler core under random work, counted from the scheduler's queues and meter.
+once between two of the owed pool's grants (``LightRequests.over``, nodeside/scheduler/light.py).
+Checked on the real scheduler core under random work, counted from the scheduler's queues and
+meter.
 """
 
 from __future__ import annotations

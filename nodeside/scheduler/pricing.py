@@ -1,0 +1,60 @@
+"""The quantum's pricing, for ``policy: interactive``: when a holder's quantum is cut short.
+
+Never switching at a loss: a holder's quantum is cut short only for a client that used at most
+CUT_RATIO of the holder's recent GPU time, only after ``first_quantum`` or COST_FACTOR times the
+time moving both working sets would take, whichever is longer, and only when the wait that saves
+is longer than moving the memory there and back. Working sets are the ones clients report; an
+unknown one counts as the whole GPU, as in mode auto. A light request that went ahead of a
+pool's rule (``light``) holds for JUMP_QUANTUM at most.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nodeside.scheduler.attained import CUT_RATIO
+from nodeside.scheduler.light import JUMP_QUANTUM
+from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
+
+if TYPE_CHECKING:
+    from nodeside.scheduler.core import Scheduler
+    from nodeside.scheduler.interactive import InteractivePolicy
+
+#: A cut-short quantum lasts at least this many times the handoff's memory traffic, so that at
+#: most a third of the GPU's time goes to moving memory, however often clients alternate.
+COST_FACTOR = 2.0
+
+
+def quantum(policy: InteractivePolicy, gpu: GpuState, holder: Client, winner: Client,
+            tq: float, now: float) -> float:
+    """How long ``holder``'s quantum is, with ``winner`` the client that would go next."""
+    if PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
+        return tq  # a LOW request never cuts a quantum short, a light one's included
+    scheduler = policy.scheduler
+    if policy.light.went_ahead(holder.id):
+        return min(tq, max(JUMP_QUANTUM, COST_FACTOR * switch_cost(scheduler, gpu, holder,
+                                                                    winner)))
+    service = policy.service
+    if service.attained(winner.id, now) > CUT_RATIO * service.attained(holder.id, now):
+        return tq
+    cost = switch_cost(scheduler, gpu, holder, winner)
+    early = max(policy.settings.first_quantum, COST_FACTOR * cost)
+    if tq - early <= 2 * cost:
+        return tq  # the wait saved is worth less than moving the memory there and back
+    return early
+
+
+def switch_cost(scheduler: Scheduler, gpu: GpuState, leaving: Client, coming: Client) -> float:
+    """Seconds to move ``leaving``'s working set out and ``coming``'s in, if they must."""
+    capacity = gpu.spec.memory_total
+    bandwidth = scheduler.config.interactive.link_bandwidth
+    if capacity is None:
+        sizes = [leaving.working_set, coming.working_set]
+        if any(s is None for s in sizes):
+            return 0.0  # nothing known to price: the first quantum alone applies
+        return sum(s or 0 for s in sizes) / bandwidth
+    room = capacity - scheduler.config.memory_reserve
+    need = [capacity if c.working_set is None else c.working_set for c in (leaving, coming)]
+    if sum(need) <= room:
+        return 0.0
+    return sum(min(n, room) for n in need) / bandwidth
