@@ -177,13 +177,13 @@ def main(argv: list[str] | None = None) -> str:
                                       "1", "--gpu-memory", str(int(nbytes * 1.5)))
         try:
             fits = 2 * nbytes + HEADROOM <= (_gpu_free() or 0)
-            floor = pinned_copy_bandwidth(nbytes) if fits else None
+            link = pinned_copy_bandwidth(nbytes) if fits else None
             for evict in ("managed", "checkpoint"):
-                if floor is None:
+                if link is None:
                     handoffs.append((evict, "skipped: two working sets do not fit", ""))
                     continue
                 seconds = handoff(socket, shim, nbytes, evict)
-                ideal = 2 * nbytes / ((floor["to_host"] + floor["to_device"]) / 2)
+                ideal = 2 * nbytes / ((link["to_host"] + link["to_device"]) / 2)
                 handoffs.append((evict, f"{seconds:.3f}", f"{ideal / seconds:.2f}"))
             plain = training_step(without_kiwi())
             steps.append(("no shim", f"{plain * 1e3:.3f}", "1.00"))

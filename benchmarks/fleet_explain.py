@@ -35,7 +35,7 @@ cells dropped mid-cell, and how light a short cell's request looks to the policy
 from __future__ import annotations
 
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -66,9 +66,9 @@ class Explain:
     short: float
     open_cells: dict[str, Cell]
     last: float = 0.0
-    seconds: Counter[str] = field(default_factory=Counter)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     #: id(cell) -> its waiting seconds by cause, for what each cause adds to its slowdown.
-    by_cell: dict[int, Counter[str]] = field(default_factory=dict)
+    by_cell: dict[int, defaultdict[str, float]] = field(default_factory=dict)
     #: Quanta ended early for a lighter waiter: how many, and the seconds each one ran.
     cut_short: list[float] = field(default_factory=list)
     quantum_drops: int = 0
@@ -100,7 +100,7 @@ class Explain:
 
     def _charge(self, cell: Cell, cause: str, seconds: float) -> None:
         self.seconds[cause] += seconds
-        self.by_cell.setdefault(id(cell), Counter())[cause] += seconds
+        self.by_cell.setdefault(id(cell), defaultdict(float))[cause] += seconds
 
     def _short_cell(self, client_id: str) -> Cell | None:
         cell = self.open_cells.get(client_id)
@@ -164,12 +164,13 @@ class Explain:
 
     def _cause(self, replay: Replay, gpu: GpuState, waiter: Client, nxt: Client | None) -> str:
         policy = replay.scheduler.choice
-        interactive = isinstance(policy, InteractivePolicy)
+        # The interactive policy's own measures, where it runs (None under round robin).
+        las = policy if isinstance(policy, InteractivePolicy) else None
         if policy.over_maximum(gpu, waiter.pool, replay.now):
             return "pool at its maximum"
         if nxt is None or nxt.id == waiter.id:
             holder = next(iter(gpu.holders.values()), None)
-            if not interactive or holder is None:
+            if las is None or holder is None:
                 return "holder's remaining quantum"
             if PRIORITY_RANK[waiter.priority] > PRIORITY_RANK[holder.priority]:
                 return "holder's quantum: LOW never cuts"
@@ -182,7 +183,7 @@ class Explain:
                 if policy.below_guarantee(gpu, holder, replay.now):
                     return "pool rule: guarantee owed"
                 return "pool rule: share"
-            if policy.attained(waiter.id, replay.now) > CUT_RATIO * policy.attained(
+            if las.attained(waiter.id, replay.now) > CUT_RATIO * las.attained(
                     holder.id, replay.now):
                 return "holder's quantum: not lighter than half the holder"
             return "holder's quantum: cut due"
@@ -191,15 +192,15 @@ class Explain:
         if nxt.pool != waiter.pool:
             if policy.below_guarantee(gpu, nxt, replay.now):
                 return "pool rule: guarantee owed"
-            if interactive and policy.attained(nxt.id, replay.now) < policy.attained(
+            if las is not None and las.attained(nxt.id, replay.now) < las.attained(
                     waiter.id, replay.now):
                 return "other pool, less used"
             return "pool rule: share"
-        if interactive and not policy.starved(nxt):
+        if las is not None and not las.starved(nxt):
             now = replay.now
-            theirs = policy.attained(nxt.id, now)
-            mine = policy.attained(waiter.id, now)
-            this_request = policy.request_seconds(waiter.id)
+            theirs = las.attained(nxt.id, now)
+            mine = las.attained(waiter.id, now)
+            this_request = las.request_seconds(waiter.id)
             if this_request <= theirs < mine:
                 return "counted heavy for earlier cells"
         return "waiters ahead"
@@ -210,9 +211,9 @@ class Explain:
         their short cells' mean slowdown."""
         light = [mine for mine, _ in self.asked]
         short = [c for c in finished or [] if c.burst < self.short]
-        slowdown: Counter[str] = Counter()
+        slowdown: defaultdict[str, float] = defaultdict(float)
         for cell in short:
-            for cause, seconds in self.by_cell.get(id(cell), Counter()).items():
+            for cause, seconds in self.by_cell.get(id(cell), {}).items():
                 slowdown[cause] += seconds / cell.burst / len(short)
         return {
             "short_wait_seconds": dict(self.seconds),

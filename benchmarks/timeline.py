@@ -8,6 +8,7 @@ T0..T4 marks; ``draw_fleet`` draws a slice of a fleet replay, one row per notebo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -42,6 +43,7 @@ def draw_seed_example(path: Path) -> None:
            "B": [(3.0, t2), (holds["B"][-1][1], 30.0)]}
     t3 = holds["A"][0][1]
     t4 = holds["B"][0][1]
+    assert t3 is not None and t4 is not None  # both holds ended within the 30 s replayed
 
     fig, ax = plt.subplots(figsize=(9, 2.6))
     for row, name in enumerate(("B", "A")):
@@ -98,7 +100,7 @@ def draw_fleet(replay: Replay, path: Path, *, gpu: int, start: float, end: float
 
 
 def _bars(ax: plt.Axes, row: int, spans: list, colour: str, *, height: float = 0.6,
-          **style: object) -> None:
+          **style: Any) -> None:
     ranges = [(s[0], s[1] - s[0]) for s in spans if s[1] is not None and s[1] > s[0]]
     if ranges:
         ax.broken_barh(ranges, (row - height / 2, height), facecolors=colour, **style)
