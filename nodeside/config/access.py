@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nodeside.config.values import ConfigError, one_of
+from nodeside.config.values import ConfigError, one_of, section
 from nodeside.protocol import PRIORITIES
 from nodeside.scheduler.access import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 
@@ -24,12 +24,7 @@ def parse_access(raw: Any) -> AccessPolicy | None:
     priorities."""
     if raw is None:
         return None
-    if not isinstance(raw, Mapping):
-        raise ConfigError("access: expected a mapping with on_violation, default and rules")
-    unknown = set(raw) - _ACCESS_KEYS
-    if unknown:
-        raise ConfigError(f"access: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                          f"known keys are {', '.join(sorted(_ACCESS_KEYS))}")
+    raw = section(raw, "access", _ACCESS_KEYS)
     policy = AccessPolicy()
     on_violation = one_of(raw.get("on_violation", policy.on_violation), ON_VIOLATION,
                           "access.on_violation")

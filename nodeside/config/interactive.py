@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeside import limits
-from nodeside.config.values import ConfigError, parse_size
+from nodeside.config.values import ConfigError, parse_size, section
 
 _INTERACTIVE_KEYS = ("first_quantum", "half_life", "pass_bound", "link_bandwidth")
 
@@ -35,12 +34,7 @@ class InteractiveSettings:
 def parse_interactive(raw: Any) -> InteractiveSettings:
     if raw is None:
         return InteractiveSettings()
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"interactive: expected a mapping with {', '.join(_INTERACTIVE_KEYS)}")
-    unknown = set(raw) - set(_INTERACTIVE_KEYS)
-    if unknown:
-        raise ConfigError(f"interactive: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                          f"it takes {', '.join(_INTERACTIVE_KEYS)}")
+    raw = section(raw, "interactive", _INTERACTIVE_KEYS)
     settings = InteractiveSettings()
     changes: dict[str, Any] = {}
     try:

@@ -15,7 +15,14 @@ from nodeside.config.access import parse_access
 from nodeside.config.interactive import parse_interactive
 from nodeside.config.pools import parse_pools
 from nodeside.config.settings import SchedulerConfig
-from nodeside.config.values import ConfigError, parse_mode, parse_policy, parse_size, parse_tq
+from nodeside.config.values import (
+    ConfigError,
+    parse_mode,
+    parse_policy,
+    parse_size,
+    parse_tq,
+    section,
+)
 
 _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
              "admin_group", "socket_group", "socket_mode", "policy", "access", "interactive"}
@@ -23,11 +30,7 @@ _TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve",
 
 def parse_connections(raw: Any) -> limits.ConnectionLimits:
     """The ``connections:`` section: hello_timeout, idle_timeout (seconds), per_uid, backlog."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError("connections: expected a mapping")
-    unknown = set(raw) - {f.name for f in dataclass_fields(limits.ConnectionLimits)}
-    if unknown:
-        raise ConfigError(f"connections: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    raw = section(raw, "connections", (f.name for f in dataclass_fields(limits.ConnectionLimits)))
     changes: dict[str, Any] = {}
     for key, value in raw.items():
         where = f"connections.{key}"
@@ -44,12 +47,7 @@ def parse_connections(raw: Any) -> limits.ConnectionLimits:
 def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) -> SchedulerConfig:
     """Validate a parsed config file and lay it over ``base`` (the defaults)."""
     config = base or SchedulerConfig()
-    if not isinstance(raw, Mapping):
-        raise ConfigError("the config must be a mapping at the top level")
-    unknown = set(raw) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                          f"known keys are {', '.join(sorted(_TOP_KEYS))}")
+    raw = section(raw, "", _TOP_KEYS)
     changes: dict[str, Any] = {}
     if "tq" in raw:
         changes["tq"] = parse_tq(raw["tq"])

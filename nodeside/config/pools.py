@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from nodeside.config.values import ConfigError
+from nodeside.config.values import ConfigError, section
 from nodeside.scheduler.pools import UNLIMITED, Pool
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
@@ -38,12 +38,7 @@ def parse_pools(raw: Any) -> dict[str, Pool]:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"pools: pool names must be non-empty strings, got {name!r}")
         spec = spec or {}
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected a mapping with guarantee, weight, maximum")
-        unknown = set(spec) - set(_POOL_KEYS)
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                              f"a pool takes {', '.join(_POOL_KEYS)}")
+        spec = section(spec, where, _POOL_KEYS)
         guarantee = _fraction(spec.get("guarantee", 0.0), f"{where}.guarantee")
         weight = _fraction(spec.get("weight", 1.0), f"{where}.weight")
         maximum = _fraction(spec.get("maximum", UNLIMITED), f"{where}.maximum",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from nodeside import limits
@@ -93,3 +93,17 @@ def parse_policy(value: Any, where: str = "policy") -> str:
     from nodeside.scheduler.policies import POLICIES  # the policies are listed there
 
     return one_of(value, sorted(POLICIES), where)
+
+
+def section(raw: Any, where: str, keys: Iterable[str]) -> Mapping[str, Any]:
+    """``raw`` as a mapping whose keys are all among ``keys``, else a ConfigError naming
+    ``where`` (a section's path; empty for the file's top level) and the keys it takes."""
+    known = sorted(keys)
+    prefix = f"{where}: " if where else "the config's top level: "
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix}expected a mapping with {', '.join(known)}")
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"{prefix}unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"known keys are {', '.join(known)}")
+    return raw

@@ -42,7 +42,12 @@ def test_yaml_and_toml_give_the_same_config(tmp_path):
 
 
 @pytest.mark.parametrize("raw, words", [
-    ({"tqq": 3}, ["unknown key", "tqq"]),
+    ({"tqq": 3}, ["top level", "unknown key", "tqq", "known keys are", "interactive"]),
+    ({"pools": {"a": "x"}}, ["pools.a", "expected a mapping with guarantee, maximum, weight"]),
+    ({"interactive": {"halflife": 3}}, ["interactive", "halflife", "known keys are", "half_life"]),
+    ({"access": {"rule": []}}, ["access", "rule", "known keys are", "rules"]),
+    ({"connections": 3}, ["connections", "expected a mapping with", "idle_timeout"]),
+    ({"connections": {"idle": 3}}, ["connections", "unknown key", "idle", "per_uid"]),
     ({"pools": {"a": {"guarantee": 0.1, "wieght": 2}}}, ["pools.a", "unknown key", "wieght"]),
     ({"pools": {"a": {"guarantee": "lots"}}}, ["pools.a.guarantee", "expected a number"]),
     ({"pools": {"a": {"weight": -2}}}, ["pools.a.weight", "non-negative"]),
