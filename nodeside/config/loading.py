@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields as dataclass_fields
 from dataclasses import replace
 from pathlib import Path
@@ -23,9 +23,6 @@ from nodeside.config.values import (
     parse_tq,
     section,
 )
-
-_TOP_KEYS = {"tq", "mode", "pools", "gpus", "grace", "window", "memory_reserve", "connections",
-             "admin_group", "socket_group", "socket_mode", "policy", "access", "interactive"}
 
 
 def parse_connections(raw: Any) -> limits.ConnectionLimits:
@@ -47,41 +44,24 @@ def parse_connections(raw: Any) -> limits.ConnectionLimits:
 def from_mapping(raw: Mapping[str, Any], base: SchedulerConfig | None = None) -> SchedulerConfig:
     """Validate a parsed config file and lay it over ``base`` (the defaults)."""
     config = base or SchedulerConfig()
-    raw = section(raw, "", _TOP_KEYS)
+    raw = section(raw, "", _PARSERS)
     changes: dict[str, Any] = {}
-    if "tq" in raw:
-        changes["tq"] = parse_tq(raw["tq"])
-    if "mode" in raw:
-        changes["mode"] = parse_mode(raw["mode"])
-    if "pools" in raw:
-        changes["pools"] = parse_pools(raw["pools"])
-    if "gpus" in raw:
-        changes["gpu_tq"] = _parse_gpus(raw["gpus"])
-    if "grace" in raw:
-        changes["grace"] = parse_tq(raw["grace"], "grace")
-    if "window" in raw:
-        changes["window"] = parse_tq(raw["window"], "window")
-    if "connections" in raw:
-        changes["connections"] = parse_connections(raw["connections"])
-    if "memory_reserve" in raw:
-        changes["memory_reserve"] = parse_size(raw["memory_reserve"])
-    for key in ("admin_group", "socket_group"):
-        if key in raw:
-            changes[key] = None if raw[key] is None else str(raw[key])
-    if "access" in raw:
-        changes["access"] = parse_access(raw["access"])
-    if "policy" in raw:
-        changes["policy"] = parse_policy(raw["policy"])
-    if "interactive" in raw:
-        changes["interactive"] = parse_interactive(raw["interactive"])
-    if "socket_mode" in raw:
-        mode = raw["socket_mode"]
-        try:
-            changes["socket_mode"] = int(mode, 8) if isinstance(mode, str) else int(mode)
-        except ValueError:
-            raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
-                              f"got {mode!r}") from None
+    for key, value in raw.items():
+        name, parse = _PARSERS[key]
+        changes[name] = parse(value)
     return replace(config, **changes)
+
+
+def _parse_group(raw: Any) -> str | None:
+    return None if raw is None else str(raw)
+
+
+def _parse_socket_mode(raw: Any) -> int:
+    try:
+        return int(raw, 8) if isinstance(raw, str) else int(raw)
+    except ValueError:
+        raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
+                          f"got {raw!r}") from None
 
 
 def _parse_gpus(raw: Any) -> dict[int, float]:
@@ -132,3 +112,22 @@ def load(path: str | os.PathLike[str] | None, base: SchedulerConfig | None = Non
         if str(exc).startswith(str(path)):
             raise
         raise ConfigError(f"{path}: {exc}") from None
+
+
+#: Each top-level key: the SchedulerConfig field it sets and how its value is read.
+_PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "tq": ("tq", parse_tq),
+    "mode": ("mode", parse_mode),
+    "pools": ("pools", parse_pools),
+    "gpus": ("gpu_tq", _parse_gpus),
+    "grace": ("grace", lambda value: parse_tq(value, "grace")),
+    "window": ("window", lambda value: parse_tq(value, "window")),
+    "connections": ("connections", parse_connections),
+    "memory_reserve": ("memory_reserve", parse_size),
+    "admin_group": ("admin_group", _parse_group),
+    "socket_group": ("socket_group", _parse_group),
+    "socket_mode": ("socket_mode", _parse_socket_mode),
+    "access": ("access", parse_access),
+    "policy": ("policy", parse_policy),
+    "interactive": ("interactive", parse_interactive),
+}
