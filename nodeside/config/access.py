@@ -6,7 +6,7 @@ User and group names are resolved to ids here, once, on this node; the core only
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from nodeside.config.values import ConfigError, one_of, section
@@ -42,8 +42,7 @@ def parse_access(raw: Any) -> AccessPolicy | None:
 
 def _parse_rule(raw: Any, where: str, *, who: bool) -> AccessRule:
     keys = _RULE_KEYS if who else _RULE_KEYS - {"uids", "gids", "namespaces"}
-    if not isinstance(raw, Mapping) or set(raw) - keys:
-        raise ConfigError(f"{where}: expected a mapping with {', '.join(sorted(keys))}")
+    raw = section(raw, where, keys)
     uids = frozenset(_ids(raw.get("uids"), f"{where}.uids", _uid_of))
     gids = frozenset(_ids(raw.get("gids"), f"{where}.gids", _gid_of))
     namespaces = frozenset(_namespaces(raw.get("namespaces"), f"{where}.namespaces"))

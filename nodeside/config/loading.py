@@ -73,8 +73,7 @@ def _parse_gpus(raw: Any) -> dict[int, float]:
             gpu = int(index)
         except (TypeError, ValueError):
             raise ConfigError(f"gpus: GPU index must be an integer, got {index!r}") from None
-        if not isinstance(spec, Mapping) or set(spec) - {"tq"}:
-            raise ConfigError(f"gpus.{index}: expected {{tq: seconds}}")
+        spec = section(spec, f"gpus.{index}", ("tq",))
         if "tq" in spec:
             out[gpu] = parse_tq(spec["tq"], f"gpus.{index}.tq")
     return out
