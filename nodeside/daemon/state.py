@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from nodeside.config import ConfigError, parse_mode
 from nodeside.limits import LimitError, tq_seconds
-from nodeside.protocol import MODES
 
 log = logging.getLogger("kiwi.state")
 
@@ -38,10 +38,10 @@ class StateFile:
         saved = self.load()
         out: dict[str, Any] = {}
         if "mode" in saved:
-            if saved["mode"] in MODES:
-                out["mode"] = saved["mode"]
-            else:
-                self._ignored("mode", f"must be one of {', '.join(MODES)}, got {saved['mode']!r}")
+            try:  # read as the config reads it: a hand-edited "Off" means off
+                out["mode"] = parse_mode(saved["mode"])
+            except ConfigError as exc:
+                self._ignored("mode", str(exc))
         if "tq" in saved:
             try:
                 out["tq"] = tq_seconds(saved["tq"], "tq")
