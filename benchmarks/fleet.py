@@ -1,8 +1,11 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
-                               [--explain]
-    python -m benchmarks.fleet --seeds 1-20 [--jobs N]   (the key runs over many seeds)
+                               [--explain] [--oracle]
+    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle]   (the key runs over seeds)
+
+``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
+(``fleet_oracle``): how far any real policy could get under the same rules.
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as

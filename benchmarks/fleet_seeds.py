@@ -8,7 +8,9 @@ a closed loop, and one cell served a moment earlier changes every later arrival.
 judged on many seeds, never on one. Each run of ``KEY_RUNS`` replays every seed; a table gives
 each figure's mean over the seeds and its range, and counts the seeds that meet the issue's
 target (short cells' mean slowdown at most 2x, long cells within 10% of round robin TQ 30 s).
-Seeds run in parallel processes (the replays are independent and single-threaded).
+Seeds run in parallel processes (the replays are independent and single-threaded). With
+``--oracle`` the clairvoyant reference and its variant (``fleet.ORACLE_RUNS``) follow, in pure
+Python processes (``fleet_oracle``), as columns of the same table.
 """
 
 from __future__ import annotations
