@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 from support import scaled
-from test_interactive_policy import Overtakes
+from test_interactive_policy import AnyContentionInteractive, Overtakes
 
 from benchmarks.fleet import ORACLE_RUNS, main, run
-from benchmarks.fleet_oracle import install
+from benchmarks.fleet_oracle import ClairvoyantPolicy, install
 from nodeside import compiled
 from nodeside.scheduler.core import Action, Grant
 from nodeside.scheduler.replay import Replay
@@ -171,6 +171,24 @@ def test_the_oracle_keeps_maximums_priorities_and_the_starvation_bound(clients):
     assert rules.picks > 0
     assert overtakes.worst <= sched.config.interactive.pass_bound
     assert all(w.remaining == 0 for w in replay.workers.values() if w.name != "trainer")
+
+
+class AnyContentionClairvoyant(AnyContentionInteractive):
+    """The invariants of any contention (deadlines, hold states, queue positions, ticks that
+    settle what is due) hold with the oracle too. Each client has a fixed amount of work left,
+    less the later it registered (c1 30 s, c2 15 s, ...), so later clients' requests often cut
+    a quantum at once (a quantum of 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched.choice = ClairvoyantPolicy(
+            self.sched, lambda client, now: 30.0 / int(client[1:]), low_cuts=True)
+
+
+AnyContentionClairvoyant.TestCase.settings = settings(max_examples=40, stateful_step_count=40,
+                                                      deadline=None)
+test_any_contention_keeps_the_invariants_under_the_oracle = pure_only(
+    AnyContentionClairvoyant.TestCase)
 
 
 @pure_only
