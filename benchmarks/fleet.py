@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--hours", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--json", type=Path, help="also write the figures here (with "
+                        "--seeds: each run's, seed by seed)")
     parser.add_argument("--plot", action="store_true",
                         help="draw docs/timeline.png and the fleet timelines into docs/")
     parser.add_argument("--explain", action="store_true",
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         result["label"] = label
         results.append(result)
     if args.oracle:  # on the pure Python core, in processes of their own; never explained
-        jobs = [(args.seed, run[0], args.notebooks, args.gpus, args.hours) for run in ORACLE_RUNS]
+        jobs = [(args.seed, oracle[0], args.notebooks, args.gpus, args.hours)
+                for oracle in ORACLE_RUNS]
         with pure_workers(args.jobs) as pool:
             for _, label, figures in pool.map(replay_one, jobs):
                 results.append({**figures, "label": label})

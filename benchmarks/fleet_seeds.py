@@ -81,7 +81,7 @@ def replay_seeds(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: fl
         for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures
     if oracle:
-        labels = [run[0] for run in ORACLE_RUNS]
+        labels = [oracle[0] for oracle in ORACLE_RUNS]
         results.update({label: {} for label in labels})
         work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in labels]
         with pure_workers(jobs) as pool:
