@@ -1,8 +1,11 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
-                               [--explain]
-    python -m benchmarks.fleet --seeds 1-20 [--jobs N]   (the key runs over many seeds)
+                               [--explain] [--oracle]
+    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle]   (the key runs over seeds)
+
+``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
+(``fleet_oracle``): how far any real policy could get under the same rules.
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
@@ -44,14 +47,16 @@ from pathlib import Path
 from benchmarks.common import percentile
 from benchmarks.fleet_bound import LowFloor
 from benchmarks.fleet_explain import Explain
+from benchmarks.fleet_oracle import ORACLES, install, pure_workers
 from benchmarks.fleet_report import explain_table, side_by_side
-from benchmarks.fleet_seeds import parse_seeds, replay_seeds, summary
+from benchmarks.fleet_seeds import parse_seeds, replay_one, replay_seeds, summary
 from benchmarks.fleet_workload import GPU_MEMORY, LINKS, POOLS, Cell, GiB, Workload, build_fleet
+from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.replay import Replay
 
-__all__ = ["GPU_MEMORY", "LINKS", "POOLS", "RUNS", "SHORT_CELL", "Cell", "Workload",
-           "build_fleet", "main", "run"]
+__all__ = ["GPU_MEMORY", "LINKS", "ORACLE_RUNS", "POOLS", "RUNS", "SHORT_CELL", "Cell",
+           "Workload", "build_fleet", "main", "run"]
 
 #: Cells shorter than this are the ones a person sits and waits for.
 SHORT_CELL = 10.0
@@ -62,13 +67,18 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None,
         explain: bool = False) -> dict:
     """One replay of the fleet; ``link`` names the host link (``none``: no switching costs);
-    ``explain`` adds where short cells' waiting went (``fleet_explain``)."""
+    ``explain`` adds where short cells' waiting went (``fleet_explain``). A ``policy`` in
+    ``fleet_oracle.ORACLES`` is the clairvoyant reference (on the pure Python core only)."""
     workload = Workload()
     duration = hours * 3600.0
     started = time.perf_counter()
     open_cells: dict[str, Cell] = {}
-    replay, cells, contention = build_fleet(notebooks, gpus, seed, workload, mode, memory, tq,
-                                            policy, LINKS[link], tuning, open_cells)
+    low_cuts = ORACLES.get(policy)
+    replay, cells, contention = build_fleet(
+        notebooks, gpus, seed, workload, mode, memory, tq,
+        POLICY_INTERACTIVE if low_cuts is not None else policy, LINKS[link], tuning, open_cells)
+    if low_cuts is not None:
+        install(replay, low_cuts=low_cuts)
     explainer = Explain(SHORT_CELL, open_cells) if explain else None
     floor = LowFloor(SHORT_CELL, open_cells)
     replay.observers.append(floor.observe)
@@ -166,6 +176,15 @@ RUNS = (
     ("interactive, TQ 30 s, Gen5", "on", 30.0, "interactive", "gen5"),
     ("auto, TQ 30 s", "auto", 30.0, "round-robin", "gen4"),
 )
+#: The clairvoyant reference (``fleet_oracle``), with ``--oracle``: it runs on the pure Python
+#: core, three times slower, so only when asked. The second lifts "a LOW request never cuts a
+#: quantum short", to price that rule.
+ORACLE_RUNS = (
+    ("clairvoyant, TQ 10 s (reference: knows each cell's length)", "on", 10.0, "clairvoyant",
+     "gen4"),
+    ("clairvoyant, TQ 10 s, LOW requests cut quanta (variant)", "on", 10.0,
+     "clairvoyant-low-cuts", "gen4"),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,18 +193,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--hours", type=float, default=8.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--json", type=Path, help="also write the figures here (with "
+                        "--seeds: each run's, seed by seed)")
     parser.add_argument("--plot", action="store_true",
                         help="draw docs/timeline.png and the fleet timelines into docs/")
     parser.add_argument("--explain", action="store_true",
                         help="also break short cells' waiting down by cause, run by run")
     parser.add_argument("--seeds", type=parse_seeds, metavar="1-20",
                         help="instead: the key runs over these seeds, as means and ranges")
-    parser.add_argument("--jobs", type=int, help="with --seeds: processes (default: CPUs)")
+    parser.add_argument("--jobs", type=int, help="processes for --seeds and --oracle "
+                        "(default: CPUs)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="also the clairvoyant reference and its variant (ORACLE_RUNS, "
+                             "fleet_oracle): a policy told each cell's length")
     args = parser.parse_args(argv)
     if args.seeds:
-        print(summary(replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours,
-                                   args.jobs)))
+        by_seed = replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours, args.jobs,
+                               oracle=args.oracle)
+        print(summary(by_seed))
+        if args.json:
+            args.json.write_text(json.dumps(by_seed, indent=2))
         return
     results = []
     # Side-by-side holds in mode auto are modelled as running at full speed, which flatters
@@ -195,6 +222,12 @@ def main(argv: list[str] | None = None) -> None:
                      policy, link, explain=args.explain)
         result["label"] = label
         results.append(result)
+    if args.oracle:  # on the pure Python core, in processes of their own; never explained
+        jobs = [(args.seed, oracle[0], args.notebooks, args.gpus, args.hours)
+                for oracle in ORACLE_RUNS]
+        with pure_workers(args.jobs) as pool:
+            for _, label, figures in pool.map(replay_one, jobs):
+                results.append({**figures, "label": label})
     print(side_by_side(results))
     if args.explain:
         print()

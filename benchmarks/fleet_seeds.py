@@ -8,7 +8,9 @@ a closed loop, and one cell served a moment earlier changes every later arrival.
 judged on many seeds, never on one. Each run of ``KEY_RUNS`` replays every seed; a table gives
 each figure's mean over the seeds and its range, and counts the seeds that meet the issue's
 target (short cells' mean slowdown at most 2x, long cells within 10% of round robin TQ 30 s).
-Seeds run in parallel processes (the replays are independent and single-threaded).
+Seeds run in parallel processes (the replays are independent and single-threaded). With
+``--oracle`` the clairvoyant reference and its variant (``fleet.ORACLE_RUNS``) follow, in pure
+Python processes (``fleet_oracle``), as columns of the same table.
 """
 
 from __future__ import annotations
@@ -56,44 +58,57 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def _replay(job: tuple[int, str, int, int, float]) -> tuple[int, str, dict]:
+def replay_one(job: tuple[int, str, int, int, float]) -> tuple[int, str, dict]:
     """One run of one seed, in a worker process: its figures without the replay itself."""
-    from benchmarks.fleet import GPU_MEMORY, RUNS, run
+    from benchmarks.fleet import GPU_MEMORY, ORACLE_RUNS, RUNS, run
 
     seed, label, notebooks, gpus, hours = job
-    _, mode, tq, policy, link = next(r for r in RUNS if r[0] == label)
+    _, mode, tq, policy, link = next(r for r in (*RUNS, *ORACLE_RUNS) if r[0] == label)
     result = run(notebooks, gpus, hours, seed, mode, GPU_MEMORY, tq, policy, link)
     return seed, label, {k: v for k, v in result.items() if not k.startswith("_")}
 
 
 def replay_seeds(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: float = 8.0,
-                 jobs: int | None = None) -> dict[str, dict[int, dict]]:
-    """Each of ``KEY_RUNS`` on each seed: label -> seed -> figures."""
-    work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in KEY_RUNS]
+                 jobs: int | None = None, oracle: bool = False) -> dict[str, dict[int, dict]]:
+    """Each of ``KEY_RUNS`` on each seed, and with ``oracle`` each of ``fleet.ORACLE_RUNS``
+    after them (on the pure Python core, ``fleet_oracle``): label -> seed -> figures."""
+    from benchmarks.fleet import ORACLE_RUNS
+    from benchmarks.fleet_oracle import pure_workers
+
     results: dict[str, dict[int, dict]] = {label: {} for label in KEY_RUNS}
+    work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in KEY_RUNS]
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        for seed, label, figures in pool.map(_replay, work):
+        for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures
+    if oracle:
+        labels = [oracle[0] for oracle in ORACLE_RUNS]
+        results.update({label: {} for label in labels})
+        work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in labels]
+        with pure_workers(jobs) as pool:
+            for seed, label, figures in pool.map(replay_one, work):
+                results[label][seed] = figures
     return results
 
 
 def summary(results: dict[str, dict[int, dict]]) -> str:
-    """The Markdown table: one column per run, each figure's mean over seeds (min-max)."""
+    """The Markdown table: one column per run (``KEY_RUNS`` first, the base), each figure's
+    mean over seeds (min-max)."""
     base = results[KEY_RUNS[0]]
     seeds = sorted(base)
+    labels = list(results)
     lines = [f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]}); each figure's mean over the seeds "
              "(lowest-highest)", "",
-             "| | " + " | ".join(KEY_RUNS) + " |", "| --- |" + " --- |" * len(KEY_RUNS)]
+             "| | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
     for name, figure, form in FIGURES:
         cells = []
-        for label in KEY_RUNS:
+        for label in labels:
             values = [figure(results[label][s], base[s]) for s in seeds]
             mean, low, high = (form.format(v) for v in
                                (statistics.fmean(values), min(values), max(values)))
             cells.append(f"{mean} ({low}-{high})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     met = []
-    for label in KEY_RUNS:
+    for label in labels:
         meeting = [s for s in seeds if results[label][s]["short_slowdown_mean"] <= TARGET_SHORT
                    and results[label][s]["long_slowdown_mean"]
                    <= TARGET_LONG * base[s]["long_slowdown_mean"]]
