@@ -51,6 +51,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.interactive",
     "nodeside.scheduler.light",
     "nodeside.scheduler.meter",
+    "nodeside.scheduler.moves",
     "nodeside.scheduler.policies",
     "nodeside.scheduler.pools",
     "nodeside.scheduler.pricing",

@@ -16,10 +16,11 @@ The rules, per GPU:
   request that does not fit waits, and contenders are served by quanta as in mode ``on``.
 
 The room is laid out by role: this file takes the events; ``turns`` says what follows on a GPU
-(grants, quanta, preemption, revocation); ``choosing`` picks the next holder (the policy seam:
-pools by entitlement, then priority, then request order); ``room`` answers mode auto's memory
-questions; ``queries`` answers the shell and the status (deadlines, queue, positions, shares);
-``state`` and ``queue`` hold the clients, the waiters and the hold state's transition table.
+(grants, quanta, preemption, revocation) and ``moves`` makes each change of a hold it decides;
+``choosing`` picks the next holder (the policy seam: pools by entitlement, then priority, then
+request order); ``room`` answers mode auto's memory questions; ``queries`` answers the shell and
+the status (deadlines, queue, positions, shares); ``state`` and ``queue`` hold the clients, the
+waiters and the hold state's transition table.
 
 A holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
 One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
