@@ -10,6 +10,7 @@ benchmark (benchmarks/fleet.py) replays notebook traces through it.
 With a ``SwitchingModel`` a grant whose working set must be moved in (or others' moved out to
 make room) starts working only when that is done: the seconds it takes are in the hold (the
 scheduler cannot tell them apart) but are nobody's work, and each span says how many there were.
+The spans it records, and what is measured from them, are ``SpanLog`` (spans.py).
 """
 
 from __future__ import annotations
@@ -22,30 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
+from nodeside.scheduler.spans import Span, SpanLog
 from nodeside.scheduler.switching import SwitchingModel
 
 # A tick whose deadline does not move forward this many times in a row is a core bug (a rule
 # that asks to be woken at a time it then does nothing about), not a slow simulation.
 _STUCK_LIMIT = 10_000
-
-
-@dataclass
-class Span:
-    """One hold of one GPU, for timelines and share accounting."""
-
-    client: str
-    name: str
-    pool: str
-    gpu: int
-    start: float
-    end: float | None = None
-    #: Seconds at the start of the hold spent moving memory (no work done).
-    switching: float = 0.0
-
-    def working(self, until: float) -> tuple[float, float]:
-        """The part of the hold, up to ``until``, in which the holder worked."""
-        stop = min(self.end if self.end is not None else until, until)
-        return min(self.start + self.switching, stop), stop
 
 
 @dataclass
@@ -68,7 +51,7 @@ class Worker:
     bursts_done: int = 0
 
 
-class Replay:
+class Replay(SpanLog):
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
                  release_delay: float = 0.0, switching: SwitchingModel | None = None) -> None:
         self.scheduler = scheduler
@@ -227,36 +210,3 @@ class Replay:
         beside = [c for c in self.scheduler.gpus[gpu].holders if c != worker.id]
         need = worker.working_set if worker.working_set is not None else self.switching.capacity
         return self.switching.grant_cost(gpu, worker.id, need, keep=beside)
-
-    def _close_span(self, client: str, spans: dict[str, Span] | None = None) -> None:
-        span = (self._open_spans if spans is None else spans).pop(client, None)
-        if span is not None:
-            span.end = self.now
-
-    # -- measuring ------------------------------------------------------------------------
-
-    def open_span(self, client: str) -> Span | None:
-        """The hold ``client`` is in now, if any (its ``switching`` says how long memory moves)."""
-        return self._open_spans.get(client)
-
-    def open_waits(self) -> dict[str, Span]:
-        """The waits in progress, by client: from each request to now."""
-        return dict(self._open_waits)
-
-    def gpu_seconds_by_pool(self, start: float, end: float, gpu: int = 0) -> dict[str, float]:
-        """GPU seconds each pool held ``gpu`` for between ``start`` and ``end``."""
-        seconds: dict[str, float] = {}
-        for span in self.spans:
-            if span.gpu != gpu:
-                continue
-            overlap = min(span.end if span.end is not None else self.now, end) - max(
-                span.start, start)
-            if overlap > 0:
-                seconds[span.pool] = seconds.get(span.pool, 0.0) + overlap
-        return seconds
-
-    def shares_between(self, start: float, end: float, gpu: int = 0) -> dict[str, float]:
-        """Each pool's fraction of the GPU time used between ``start`` and ``end``."""
-        seconds = self.gpu_seconds_by_pool(start, end, gpu)
-        total = sum(seconds.values())
-        return {pool: s / total for pool, s in seconds.items()} if total else {}

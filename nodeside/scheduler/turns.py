@@ -3,64 +3,28 @@
 ``Scheduler`` (core.py) takes the events; after each one it calls ``_schedule`` for the GPU it
 touched, and that is this file: grant while the GPU is free (or the next one fits, in mode auto),
 drop a LOW holder for a request owed its guarantee, end quanta that ran out while someone
-eligible waits, revoke a holder past its grace. Every hold state change goes through
-``Client.move``, which checks the transition table in state.py.
+eligible waits, revoke a holder past its grace. The moves these rules make (grant, drop, end a
+hold) and the state they read are ``Moves`` (moves.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 
 from nodeside import protocol as p
-from nodeside.config import SchedulerConfig
 from nodeside.scheduler import room
-from nodeside.scheduler.actions import Action, Drop, Grant, Revoke
-from nodeside.scheduler.choosing import PoolsPolicy, within_pool
-from nodeside.scheduler.pools import Pool, preemption_enabled
-from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
+from nodeside.scheduler.actions import Action, Revoke
+from nodeside.scheduler.choosing import within_pool
+from nodeside.scheduler.moves import Moves
+from nodeside.scheduler.state import Client, GpuState, Hold
 
 _EPS = 1e-9
 #: The request order of a holder competing as if it asked again: after every real request.
 TAIL_ORDER = 1 << 62
 
 
-class Turns:
+class Turns(Moves):
     """The scheduling rules shared by every event; ``Scheduler`` holds the state they use."""
-
-    config: SchedulerConfig
-    mode: str
-    tq: float
-    gpus: dict[int, GpuState]
-    _pools: dict[str, Pool]
-    clients: dict[str, Client]
-    counts: dict[str, int]
-    choice: PoolsPolicy
-    _order: itertools.count[int]
-    _events: int
-
-    def pool(self, name: str) -> Pool:
-        pool = self._pools.get(name)
-        if pool is None:
-            pool = self._pools[name] = self.config.pool(name)
-        return pool
-
-    def tq_for(self, gpu: int) -> float:
-        override = self.gpus[gpu].tq_override
-        return self.tq if override is None else override
-
-    def _quantum(self, gpu: int) -> float | None:
-        return None if self.mode == "off" else self.tq_for(gpu)
-
-    #: Read off the config once (``_read_config``), not on every event: may a holder be
-    #: preempted, and does any pool have a maximum below the whole GPU? Most nodes have no
-    #: maximum, and then no share needs measuring on a handoff's path.
-    preemption: bool
-    capped: bool
-
-    def _read_config(self) -> None:
-        self.preemption = preemption_enabled(self.config.pools)
-        self.capped = any(pool.cap < 1.0 for pool in self.config.pools.values())
 
     def _schedule_all(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -93,9 +57,17 @@ class Turns:
             actions.extend(self._end_quanta(gpu, now))
         return actions
 
-    @property
-    def _reserve(self) -> int:
-        return self.config.memory_reserve
+    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
+        promised, gpu.promised = gpu.promised, None
+        client = gpu.waiters.get(promised) if promised is not None else None
+        if client is None or self.choice.over_maximum(gpu, client.pool, now):
+            return None
+        # A request owed its guarantee that arrived during the handoff still goes first.
+        if not self.choice.below_guarantee(gpu, client, now) and any(
+                self.choice.below_guarantee(gpu, head, now)
+                for head in gpu.waiters.heads().values()):
+            return None
+        return client
 
     def _room_after(self, gpu: GpuState, claimant: Client, gone: list[Client]) -> bool:
         return room.room_after(gpu, claimant, gone, serial=self.mode == "on",
@@ -223,76 +195,6 @@ class Turns:
         against, the next quantum starts now.
         """
         return current_quantum_start(hold, tq, now) if not gpu.waiters else now
-
-    def _withdraw_drops(self, gpu: GpuState) -> None:
-        """Mode off: nobody has to leave any more, so no drop may stay armed (and revoke)."""
-        for holder in room.leaving(gpu):
-            hold = holder.hold
-            assert hold is not None
-            holder.move(HoldState.HOLDING)
-            hold.drop_reason = hold.drop_sent_at = hold.drop_incoming = None
-            hold.drop_evict = False
-        gpu.promised = None
-
-    # -- the moves ------------------------------------------------------------------------
-
-    def _grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
-        client.move(HoldState.HOLDING)
-        gpu.waiters.remove(client)
-        client.requested_at = None
-        client.hold = Hold(granted_at=now, quantum_start=now)
-        gpu.holders[client.id] = client
-        gpu.meter.open(client.id, client.pool, now, client.preemptible)
-        self.choice.on_grant(gpu, client, now)
-        self.counts["grants"] += 1
-        return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
-
-    def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-              incoming: Client | None, evict: bool | None = None) -> list[Action]:
-        holder.move(HoldState.DROPPING)
-        hold = holder.hold
-        assert hold is not None
-        hold.drop_reason = reason
-        hold.drop_sent_at = now
-        hold.drop_evict = self._evict_on_leave(gpu, holder, now, incoming) \
-            if evict is None else evict
-        hold.drop_incoming = incoming.id if incoming is not None else None
-        self.counts["drops"] += 1
-        return [Drop(holder.id, gpu.spec.index, reason, hold.drop_evict, self.config.grace)]
-
-    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
-        promised, gpu.promised = gpu.promised, None
-        client = gpu.waiters.get(promised) if promised is not None else None
-        if client is None or self.choice.over_maximum(gpu, client.pool, now):
-            return None
-        # A request owed its guarantee that arrived during the handoff still goes first.
-        if not self.choice.below_guarantee(gpu, client, now) and any(
-                self.choice.below_guarantee(gpu, head, now)
-                for head in gpu.waiters.heads().values()):
-            return None
-        return client
-
-    def _end_hold(self, client: Client, now: float) -> None:
-        client.move(HoldState.IDLE)
-        gpu = self.gpus[client.gpu]
-        hold = client.hold
-        assert hold is not None
-        self.choice.on_hold_end(client, now)
-        if hold.drop_incoming is not None:
-            gpu.promised = hold.drop_incoming
-        gpu.holders.pop(client.id, None)
-        gpu.meter.close(client.id, now)
-        held = now - hold.granted_at
-        client.gpu_seconds += held
-        gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held
-        client.hold = None
-
-    def _evict_on_leave(self, gpu: GpuState, leaving: Client, now: float,
-                        incoming: Client | None = None) -> bool:
-        """Must ``leaving`` move its memory out? Only when the next holder needs the room."""
-        if incoming is None:
-            incoming = self.choice.pick(gpu, now)
-        return room.evict_needed(gpu, leaving, incoming, self._reserve)
 
 
 def current_quantum_start(hold: Hold, tq: float, now: float) -> float:
