@@ -15,7 +15,7 @@ The rules, per GPU:
 * mode ``auto``: holders run side by side while their working sets fit in the GPU's memory; a
   request that does not fit waits, and contenders are served by quanta as in mode ``on``.
 
-The room is laid out by role: this file makes the scheduler and takes a client's requests and
+The code is laid out by role: this file makes the scheduler and takes a client's requests and
 the passing of time; ``membership`` takes clients joining and leaving, ``controls`` the admin's
 mode and TQ; ``turns`` says what follows on a GPU (grants, quanta, preemption, revocation) and
 ``moves`` makes each change of a hold it decides; ``choosing`` picks the next holder (the policy
@@ -65,6 +65,10 @@ __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "
            "SchedulerError"]
 
 class Scheduler(Controls):
+    """Every GPU of one node: its clients, pools, policy and clock-free rules. Each role is a
+    base class of its own module (``Moves`` <- ``Turns`` <- ``Queries`` <- ``Membership`` <-
+    ``Controls``), so the one object the shell holds answers every event."""
+
     def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
         self.config = config
         self._read_config()
