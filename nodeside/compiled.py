@@ -68,6 +68,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.daemon.connection",
     "nodeside.daemon.delivery",
     "nodeside.daemon.lograte",
+    "nodeside.daemon.options",
     "nodeside.daemon.peer",
     "nodeside.daemon.positions",
     "nodeside.daemon.registration",

@@ -19,7 +19,6 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,8 @@ from nodeside.daemon.admission import Admission
 from nodeside.daemon.changes import CHANGED_LINE, ChangeNotices
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.delivery import Delivery
-from nodeside.daemon.hostmem import PROC
-from nodeside.daemon.kube import PodNamespaces, PodSource
+from nodeside.daemon.kube import PodNamespaces
+from nodeside.daemon.options import DaemonError, DaemonOptions
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.daemon.positions import PositionNotices
@@ -40,38 +39,12 @@ from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.state import StateFile
 from nodeside.evict.evictor import CheckpointEvictor
-from nodeside.scheduler.core import GpuSpec, Scheduler
+from nodeside.scheduler.core import Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
 #: File descriptors kept for the daemon itself (state file, metrics, NVML, the log).
 _RESERVED_FDS = 64
-
-
-class DaemonError(Exception):
-    """The daemon cannot start; the message says why."""
-
-
-@dataclass
-class DaemonOptions:
-    socket: str
-    config: SchedulerConfig
-    gpus: list[GpuSpec]
-    memory_used: Callable[[], dict[int, int | None]] = dict
-    config_file: str | None = None
-    #: The command line's settings, laid over the config file again on every reload.
-    overrides: dict[str, Any] = field(default_factory=dict)
-    state_file: str | None = None
-    #: The driver whose checkpoint API suspends processes registered with evict "checkpoint".
-    cuda_library: str = "libcuda.so.1"
-    #: Where this node's pods are listed, for the namespaces in the access policy; None: not on
-    #: Kubernetes (or not asked), and no peer has a namespace.
-    pods: PodSource | None = None
-    #: Why a daemon in a Kubernetes pod cannot verify namespaces (``pods`` is then None): the
-    #: namespaces component is not deployed. None outside Kubernetes, or when it can.
-    pods_off: str | None = None
-    #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
-    proc_root: Path = PROC
 
 
 class Daemon:

@@ -1,0 +1,44 @@
+"""What the daemon is started with (``main.py`` builds it from the command line, the config
+file and the node), and the one error that stops it from starting.
+
+Kept apart from the shell (``server.py``) that runs on them: the entry point, the metrics
+server and the benchmarks name these without the running daemon's parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodeside.config import SchedulerConfig
+from nodeside.daemon.hostmem import PROC
+from nodeside.daemon.kube import PodSource
+from nodeside.scheduler.core import GpuSpec
+
+
+class DaemonError(Exception):
+    """The daemon cannot start; the message says why."""
+
+
+@dataclass
+class DaemonOptions:
+    socket: str
+    config: SchedulerConfig
+    gpus: list[GpuSpec]
+    memory_used: Callable[[], dict[int, int | None]] = dict
+    config_file: str | None = None
+    #: The command line's settings, laid over the config file again on every reload.
+    overrides: dict[str, Any] = field(default_factory=dict)
+    state_file: str | None = None
+    #: The driver whose checkpoint API suspends processes registered with evict "checkpoint".
+    cuda_library: str = "libcuda.so.1"
+    #: Where this node's pods are listed, for the namespaces in the access policy; None: not on
+    #: Kubernetes (or not asked), and no peer has a namespace.
+    pods: PodSource | None = None
+    #: Why a daemon in a Kubernetes pod cannot verify namespaces (``pods`` is then None): the
+    #: namespaces component is not deployed. None outside Kubernetes, or when it can.
+    pods_off: str | None = None
+    #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
+    proc_root: Path = PROC
