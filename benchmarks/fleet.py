@@ -47,9 +47,9 @@ from pathlib import Path
 from benchmarks.common import percentile
 from benchmarks.fleet_bound import LowFloor
 from benchmarks.fleet_explain import Explain
-from benchmarks.fleet_oracle import ORACLES, install, pure_workers
+from benchmarks.fleet_oracle import ORACLES, install
 from benchmarks.fleet_report import explain_table, side_by_side
-from benchmarks.fleet_seeds import parse_seeds, replay_one, replay_seeds, summary
+from benchmarks.fleet_seeds import parse_seeds, replay_oracles, replay_seeds, summary
 from benchmarks.fleet_workload import GPU_MEMORY, LINKS, POOLS, Cell, GiB, Workload, build_fleet
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.pools import entitlements
@@ -223,11 +223,9 @@ def main(argv: list[str] | None = None) -> None:
         result["label"] = label
         results.append(result)
     if args.oracle:  # on the pure Python core, in processes of their own; never explained
-        jobs = [(args.seed, oracle[0], args.notebooks, args.gpus, args.hours)
-                for oracle in ORACLE_RUNS]
-        with pure_workers(args.jobs) as pool:
-            for _, label, figures in pool.map(replay_one, jobs):
-                results.append({**figures, "label": label})
+        oracles = replay_oracles([args.seed], args.notebooks, args.gpus, args.hours, args.jobs)
+        for label, figures in oracles.items():
+            results.append({**figures[args.seed], "label": label})
     print(side_by_side(results))
     if args.explain:
         print()

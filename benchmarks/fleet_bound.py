@@ -44,7 +44,7 @@ from nodeside.scheduler.state import PRIORITY_RANK
 
 if TYPE_CHECKING:
     from benchmarks.fleet_workload import Cell
-    from nodeside.scheduler.replay import Replay, Worker
+    from nodeside.scheduler.replay import Replay
 
 
 @dataclass
@@ -77,7 +77,7 @@ class LowFloor:
                     asked = holder.hold.drop_sent_at  # already asked to leave: less to go
                     giving_back = replay.release_delay - (now - asked if asked is not None
                                                           else 0.0)
-                    self.handoff[id(cell)] = max(0.0, min(giving_back, _left(worker, now)))
+                    self.handoff[id(cell)] = max(0.0, min(giving_back, worker.left(now)))
             if cell.priority != "LOW" or sched.mode != "on":
                 continue  # (in mode auto a LOW cell may run beside NORMAL work that fits)
             ahead = 0.0
@@ -85,7 +85,7 @@ class LowFloor:
                 worker = replay.workers.get(other.id)
                 if other.preemptible or other.pool != cell.pool or worker is None:
                     continue
-                ahead += _left(worker, now)
+                ahead += worker.left(now)
             self.ahead[id(cell)] = ahead
             for holder in gpu.holders.values():
                 if holder.preemptible or holder.hold is None or holder.pool == cell.pool:
@@ -201,9 +201,3 @@ def _slowdown(cell: Cell, imposed: float) -> float:
 
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else 1.0
-
-
-def _left(worker: Worker, now: float) -> float:
-    """GPU seconds of ``worker``'s burst still to do at ``now``."""
-    done = max(0.0, now - worker.holding_since) if worker.holding_since is not None else 0.0
-    return max(0.0, worker.remaining - done)

@@ -92,11 +92,7 @@ def remaining_work(replay: Replay) -> Remaining:
     """The replay's own account of each worker's burst: what is left of it at ``now``."""
     def remaining(client_id: str, now: float) -> float:
         worker = replay.workers.get(client_id)
-        if worker is None:
-            return 0.0
-        since = worker.holding_since  # when its work (re)started: after its memory came in
-        worked = max(0.0, now - since) if since is not None else 0.0
-        return max(0.0, worker.remaining - worked)
+        return 0.0 if worker is None else worker.left(now)
     return remaining
 
 

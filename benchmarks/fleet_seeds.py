@@ -71,22 +71,29 @@ def replay_one(job: tuple[int, str, int, int, float]) -> tuple[int, str, dict]:
 def replay_seeds(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: float = 8.0,
                  jobs: int | None = None, oracle: bool = False) -> dict[str, dict[int, dict]]:
     """Each of ``KEY_RUNS`` on each seed, and with ``oracle`` each of ``fleet.ORACLE_RUNS``
-    after them (on the pure Python core, ``fleet_oracle``): label -> seed -> figures."""
-    from benchmarks.fleet import ORACLE_RUNS
-    from benchmarks.fleet_oracle import pure_workers
-
+    after them (``replay_oracles``): label -> seed -> figures."""
     results: dict[str, dict[int, dict]] = {label: {} for label in KEY_RUNS}
     work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in KEY_RUNS]
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures
     if oracle:
-        labels = [oracle[0] for oracle in ORACLE_RUNS]
-        results.update({label: {} for label in labels})
-        work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in labels]
-        with pure_workers(jobs) as pool:
-            for seed, label, figures in pool.map(replay_one, work):
-                results[label][seed] = figures
+        results.update(replay_oracles(seeds, notebooks, gpus, hours, jobs))
+    return results
+
+
+def replay_oracles(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: float = 8.0,
+                   jobs: int | None = None) -> dict[str, dict[int, dict]]:
+    """Each of ``fleet.ORACLE_RUNS`` on each seed, in pure Python processes (the clairvoyant
+    policy subclasses the compiled one, ``fleet_oracle``): label -> seed -> figures."""
+    from benchmarks.fleet import ORACLE_RUNS
+    from benchmarks.fleet_oracle import pure_workers
+
+    results: dict[str, dict[int, dict]] = {label: {} for label, *_ in ORACLE_RUNS}
+    work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in results]
+    with pure_workers(jobs) as pool:
+        for seed, label, figures in pool.map(replay_one, work):
+            results[label][seed] = figures
     return results
 
 

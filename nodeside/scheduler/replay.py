@@ -50,6 +50,13 @@ class Worker:
     requested_at: float | None = None
     bursts_done: int = 0
 
+    def left(self, now: float) -> float:
+        """GPU seconds of the current burst still to do at ``now`` (its work in a hold starts
+        at ``holding_since``, once its memory has come in)."""
+        if self.holding_since is None:
+            return self.remaining
+        return max(0.0, self.remaining - max(0.0, now - self.holding_since))
+
 
 class Replay(SpanLog):
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
@@ -158,8 +165,7 @@ class Replay(SpanLog):
     def _account(self, worker: Worker) -> None:
         """Charge the work done in the hold that ends now."""
         if worker.holding_since is not None:
-            worked = max(0.0, self.now - worker.holding_since)
-            worker.remaining = max(0.0, worker.remaining - worked)
+            worker.remaining = worker.left(self.now)
             worker.holding_since = None
         worker.finish_token += 1
         self._close_span(worker.id)
