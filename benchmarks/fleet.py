@@ -1,11 +1,13 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
-                               [--explain] [--oracle]
-    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle]   (the key runs over seeds)
+                               [--explain] [--oracle] [--hints]
+    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle] [--hints]   (over seeds)
 
 ``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
-(``fleet_oracle``): how far any real policy could get under the same rules.
+(``fleet_oracle``): how far any real policy could get under the same rules. ``--hints`` adds
+the same reference told estimates from length hints of stated quality (``fleet_hints``): what
+a hint from the kernel could buy.
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
@@ -47,15 +49,16 @@ from pathlib import Path
 from benchmarks.common import percentile
 from benchmarks.fleet_bound import LowFloor
 from benchmarks.fleet_explain import Explain
+from benchmarks.fleet_hints import HINT_RUNS, HintModel, install_hinted
 from benchmarks.fleet_oracle import ORACLES, install
 from benchmarks.fleet_report import explain_table, side_by_side
-from benchmarks.fleet_seeds import parse_seeds, replay_oracles, replay_seeds, summary
+from benchmarks.fleet_seeds import parse_seeds, replay_pure, replay_seeds, summary
 from benchmarks.fleet_workload import GPU_MEMORY, LINKS, POOLS, Cell, GiB, Workload, build_fleet
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.replay import Replay
 
-__all__ = ["GPU_MEMORY", "LINKS", "ORACLE_RUNS", "POOLS", "RUNS", "SHORT_CELL", "Cell",
+__all__ = ["GPU_MEMORY", "HINT_RUNS", "LINKS", "ORACLE_RUNS", "POOLS", "RUNS", "SHORT_CELL", "Cell",
            "Workload", "build_fleet", "main", "run"]
 
 #: Cells shorter than this are the ones a person sits and waits for.
@@ -68,16 +71,20 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         explain: bool = False) -> dict:
     """One replay of the fleet; ``link`` names the host link (``none``: no switching costs);
     ``explain`` adds where short cells' waiting went (``fleet_explain``). A ``policy`` in
-    ``fleet_oracle.ORACLES`` is the clairvoyant reference (on the pure Python core only)."""
+    ``fleet_oracle.ORACLES`` is the clairvoyant reference, one named ``hints:...`` the
+    reference on hinted estimates (``fleet_hints``); both on the pure Python core only."""
     workload = Workload()
     duration = hours * 3600.0
     started = time.perf_counter()
     open_cells: dict[str, Cell] = {}
-    low_cuts = ORACLES.get(policy)
+    low_cuts, hints = ORACLES.get(policy), HintModel.parse(policy)
+    reference = low_cuts is not None or hints is not None  # it replaces interactive
     replay, cells, contention = build_fleet(
         notebooks, gpus, seed, workload, mode, memory, tq,
-        POLICY_INTERACTIVE if low_cuts is not None else policy, LINKS[link], tuning, open_cells)
-    if low_cuts is not None:
+        POLICY_INTERACTIVE if reference else policy, LINKS[link], tuning, open_cells)
+    if hints is not None:
+        install_hinted(replay, open_cells, seed, hints)
+    elif low_cuts is not None:
         install(replay, low_cuts=low_cuts)
     explainer = Explain(SHORT_CELL, open_cells) if explain else None
     floor = LowFloor(SHORT_CELL, open_cells)
@@ -201,15 +208,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="also break short cells' waiting down by cause, run by run")
     parser.add_argument("--seeds", type=parse_seeds, metavar="1-20",
                         help="instead: the key runs over these seeds, as means and ranges")
-    parser.add_argument("--jobs", type=int, help="processes for --seeds and --oracle "
-                        "(default: CPUs)")
+    parser.add_argument("--jobs", type=int, help="processes for --seeds, --oracle and "
+                        "--hints (default: CPUs)")
     parser.add_argument("--oracle", action="store_true",
                         help="also the clairvoyant reference and its variant (ORACLE_RUNS, "
                              "fleet_oracle): a policy told each cell's length")
+    parser.add_argument("--hints", action="store_true",
+                        help="also that reference told estimates from length hints of falling "
+                             "quality (HINT_RUNS, fleet_hints)")
     args = parser.parse_args(argv)
+    pure = [*(ORACLE_RUNS if args.oracle else ()), *(HINT_RUNS if args.hints else ())]
     if args.seeds:
         by_seed = replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours, args.jobs,
-                               oracle=args.oracle)
+                               pure=pure)
         print(summary(by_seed))
         if args.json:
             args.json.write_text(json.dumps(by_seed, indent=2))
@@ -222,9 +233,10 @@ def main(argv: list[str] | None = None) -> None:
                      policy, link, explain=args.explain)
         result["label"] = label
         results.append(result)
-    if args.oracle:  # on the pure Python core, in processes of their own; never explained
-        oracles = replay_oracles([args.seed], args.notebooks, args.gpus, args.hours, args.jobs)
-        for label, figures in oracles.items():
+    if pure:  # on the pure Python core, in processes of their own; never explained
+        references = replay_pure([args.seed], pure, args.notebooks, args.gpus, args.hours,
+                                 args.jobs)
+        for label, figures in references.items():
             results.append({**figures[args.seed], "label": label})
     print(side_by_side(results))
     if args.explain:

@@ -96,8 +96,11 @@ def remaining_work(replay: Replay) -> Remaining:
     return remaining
 
 
-def install(replay: Replay, *, low_cuts: bool = False) -> ClairvoyantPolicy:
-    """Put the oracle in place of a replay's interactive policy, before the replay runs."""
+def install(replay: Replay, *, low_cuts: bool = False,
+            remaining: Remaining | None = None) -> ClairvoyantPolicy:
+    """Put the oracle in place of a replay's interactive policy, before the replay runs; told
+    ``remaining`` instead of the replay's true remaining work, it is a reference on estimates
+    (``fleet_hints``)."""
     scheduler = replay.scheduler
     if scheduler.config.policy != POLICY_INTERACTIVE:
         raise ValueError("the clairvoyant policy replaces policy: interactive (its settings "
@@ -106,7 +109,7 @@ def install(replay: Replay, *, low_cuts: bool = False) -> ClairvoyantPolicy:
         raise RuntimeError("the clairvoyant policy subclasses the interactive policy, which the "
                            f"compiled core does not allow: run it with {PURE_ENV}=1 "
                            "(benchmarks.fleet_oracle.pure_workers does)")
-    policy = ClairvoyantPolicy(scheduler, remaining_work(replay), low_cuts=low_cuts)
+    policy = ClairvoyantPolicy(scheduler, remaining or remaining_work(replay), low_cuts=low_cuts)
     scheduler.choice = policy
     return policy
 

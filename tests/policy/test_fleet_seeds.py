@@ -32,7 +32,23 @@ def test_every_key_run_replays_every_seed_and_the_summary_spans_them():
     table = summary(results)
     assert "2 seeds (3-4)" in table
     assert "| long cells against round robin TQ 30 s | 1.000x (1.000x-1.000x) |" in table
-    assert table.count("of 2") == len(KEY_RUNS)
+    assert table.count("of 2") == 2 * len(KEY_RUNS)  # all short cells, NORMAL notebooks'
+
+
+def test_the_summary_counts_the_seeds_meeting_the_target_for_all_and_for_normal_short_cells():
+    """Seed 1: all short cells 2.5x, NORMAL 1.8x; seed 2: 1.9x and 1.5x, but long cells 20%
+    slower than round robin TQ 30 s's."""
+    def figures(short, normal, long):
+        return {"short_slowdown_mean": short, "short_slowdown_mean_normal": normal,
+                "short_slowdown_mean_low": 5.0, "short_slowdown_mean_floor_any_policy": 1.2,
+                "long_slowdown_mean": long, "switching_loss": 0.01}
+    base = {1: figures(9.0, 8.0, 2.0), 2: figures(9.0, 8.0, 2.0)}
+    tried = {1: figures(2.5, 1.8, 2.1), 2: figures(1.9, 1.5, 2.4)}
+    table = summary({KEY_RUNS[0]: base, "tried": tried})
+    rows = [line for line in table.splitlines() if "seeds meeting the target" in line]
+    assert rows[0].startswith("| seeds meeting") and rows[0].endswith("| 0 of 2 | 0 of 2 |")
+    assert rows[1].startswith("| NORMAL notebooks' short cells: seeds meeting")
+    assert rows[1].endswith("| 0 of 2 | 1 of 2 |")
 
 
 def test_the_command_line_prints_the_summary(capsys):
