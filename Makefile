@@ -18,6 +18,8 @@ core: install
 
 ## What the lab needs (`.[lab]`): `make lab` installs only this.
 $(VENV)/.lab-installed: pyproject.toml
+	@echo "make: installing kiwi-jupyter[lab] into $(VENV); the install also builds the CUDA shim, the"
+	@echo "make: compiled scheduler core (mypyc) and the panel (npm): a few quiet minutes the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[lab]"
@@ -25,6 +27,7 @@ $(VENV)/.lab-installed: pyproject.toml
 
 ## Everything else the tests need (`.[test]`), on top of the lab's.
 $(VENV)/.installed: $(VENV)/.lab-installed pyproject.toml
+	@echo "make: installing the test tools (.[test]) into $(VENV)"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
