@@ -18,6 +18,8 @@ core: install
 
 ## What the lab needs (`.[lab]`): `make lab` installs only this.
 $(VENV)/.lab-installed: pyproject.toml
+	@echo "make: installing kiwi-jupyter[lab] into $(VENV); the install also builds the CUDA shim, the"
+	@echo "make: compiled scheduler core (mypyc) and the panel (npm): a few quiet minutes the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[lab]"
@@ -25,6 +27,7 @@ $(VENV)/.lab-installed: pyproject.toml
 
 ## Everything else the tests need (`.[test]`), on top of the lab's.
 $(VENV)/.installed: $(VENV)/.lab-installed pyproject.toml
+	@echo "make: installing the test tools (.[test]) into $(VENV)"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
@@ -34,6 +37,9 @@ lab: $(VENV)/.lab-installed labextension
 
 ## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
 ## from the venv's labextensions to the build so later builds (`npm run watch`) show at once.
+## JupyterLab 4.6 moved `jupyter labextension build|develop` to `jupyter-builder` and warns on
+## the old names; the older JupyterLabs that pyproject.toml allows have only the old ones.
+LABEXT_TOOL = $(if $(wildcard $(BIN)/jupyter-builder),$(BIN)/jupyter-builder,$(BIN)/jupyter labextension)
 LABEXT_BUILT := kiwi_jupyter/labextension/static/style.js
 LABEXT_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*)
 
@@ -45,7 +51,7 @@ labextension/node_modules/.package-lock.json: labextension/package.json labexten
 
 $(LABEXT_BUILT): $(VENV)/.lab-installed labextension/node_modules/.package-lock.json $(LABEXT_SOURCES)
 	cd labextension && PATH="$(abspath $(BIN)):$$PATH" npm run build:prod
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
+	PATH="$(abspath $(BIN)):$$PATH" $(LABEXT_TOOL) develop --overwrite .
 	touch $@
 
 ## The panel's model logic (Jest).

@@ -92,7 +92,7 @@ def format_status(doc: dict[str, Any]) -> str:
     policy = f", policy {doc['policy']}" if doc.get("policy") else ""  # older daemons: none
     lines = [f"Kiwi scheduler: mode {doc['mode'].upper()}, TQ {doc['tq']:g} s{policy}"]
     for gpu in doc["gpus"]:
-        memory = _bytes(gpu["memory_used"]) + " / " + _bytes(gpu["memory_total"])
+        memory = _memory(gpu["memory_used"], gpu["memory_total"])
         lines.append(f"GPU {gpu['index']} {gpu['name']} ({memory})")
         holders = ", ".join(names.get(h, h) for h in gpu["holders"]) or "nobody"
         left = gpu["quantum_remaining"]
@@ -130,8 +130,16 @@ def format_pools(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _bytes(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+def _memory(used: int | None, total: int | None) -> str:
+    """Used over total, in words for what the daemon does not know: without NVML or
+    --gpu-memory (the embedded scheduler on a laptop) it knows neither."""
+    if total is None:
+        return "memory unknown" if used is None else f"{_bytes(used)} used, size unknown"
+    return f"{'use unknown' if used is None else _bytes(used)} / {_bytes(total)}"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _info(message: str) -> None:

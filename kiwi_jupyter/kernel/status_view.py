@@ -74,7 +74,8 @@ class StatusTable:
             holders = f"held by {held}" if held else "free"
             left = gpu.get("quantum_remaining")
             quantum = "" if left is None else f", {left:.1f} s left in the quantum"
-            memory = human_bytes(gpu.get("memory_total"))
+            total = gpu.get("memory_total")
+            memory = "memory unknown" if total is None else human_bytes(total)
             lines.append(
                 f"GPU {gpu['index']} ({gpu.get('name') or 'unknown'}, {memory}): "
                 f"{holders}{quantum}; {len(gpu.get('queue', []))} waiting"

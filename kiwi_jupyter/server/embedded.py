@@ -14,6 +14,7 @@ default; the link is removed on shutdown. With several servers, the latest one's
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
@@ -101,6 +102,10 @@ class EmbeddedScheduler:
 
     def start(self) -> None:
         """Start the child and return once it answers on its socket (blocking: server start)."""
+        # A server that ends by KeyboardInterrupt (Ctrl-C without a terminal) or sys.exit
+        # never runs its extensions' stop; the child dies with it (parent-death signal), but
+        # its folder and the link published for kiwictl would stay behind.
+        atexit.register(self.stop)
         self._spawn()
         deadline = time.monotonic() + self.start_timeout
         while not daemon_answers(self.socket_path, timeout=0.5):
@@ -161,6 +166,7 @@ class EmbeddedScheduler:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the child (SIGTERM, then SIGKILL after ``timeout``) and remove its socket."""
+        atexit.unregister(self.stop)
         if self.published is not None:
             discovery.unpublish(self.socket_path)
             self.published = None

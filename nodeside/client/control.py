@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
 from typing import Any
 
@@ -111,7 +112,7 @@ class ControlClient(Commands):
             try:
                 self._sock = self._connect(path)
             except (OSError, p.ProtocolError) as exc:
-                tried.append((path, _reason(exc)))
+                tried.append((path, _reason(exc, path)))
                 continue
             self.socket_path = path
             return self._sock
@@ -143,8 +144,11 @@ class ControlClient(Commands):
         return p.decode(self._lines.pop(0))
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, path: str) -> str:
     if isinstance(exc, FileNotFoundError):
+        if os.path.islink(path):  # published by a Jupyter server that could not remove it
+            return (f"a stale link to {os.readlink(path)}, which is gone: the Jupyter server "
+                    "that published it has stopped")
         return "no such socket"
     if isinstance(exc, ConnectionRefusedError):
         return "nothing listens there" if exc.errno is not None else str(exc)

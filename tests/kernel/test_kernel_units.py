@@ -165,3 +165,10 @@ def test_a_statement_the_shell_may_display_stays_apart_from_the_gate(
 def test_a_cell_of_future_imports_only_ends_with_the_gate() -> None:
     assert gated("from __future__ import annotations") == [
         "from __future__ import annotations", GATE]
+
+
+def test_status_text_says_what_is_unknown_about_a_gpu_without_a_known_size() -> None:
+    document = {**DOCUMENT, "gpus": [{**DOCUMENT["gpus"][0], "name": "logical GPU",
+                                      "memory_total": None}]}
+    lines = StatusTable(document).text().splitlines()
+    assert lines[1].startswith("GPU 0 (logical GPU, memory unknown): held by kernel-a")

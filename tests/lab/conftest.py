@@ -7,7 +7,8 @@ autouse cleanup of a ServerApp) apply to these tests only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 
 import pytest
 from kiwiserver import kiwi_config
@@ -22,11 +23,13 @@ def kiwi_daemon(start_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
 
 
 @pytest.fixture
-def nowhere(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A KIWI_SOCKET at which nothing answers."""
-    path = str(short_tmpdir() / "absent.sock")
+def nowhere(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A KIWI_SOCKET at which nothing answers (in a folder removed afterwards)."""
+    directory = short_tmpdir()
+    path = str(directory / "absent.sock")
     monkeypatch.setenv("KIWI_SOCKET", path)
-    return path
+    yield path
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,3 +157,43 @@ def test_embedded_scheduler_is_off_by_default_inside_kubernetes(
     assert KiwiExtension().embedded_scheduler is False
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     assert KiwiExtension().embedded_scheduler is True
+
+
+def test_a_server_interrupted_without_a_terminal_leaves_no_folder_or_link(
+    tmp_path: Any, nowhere: str
+) -> None:
+    """Without a terminal, Ctrl-C (SIGINT) ends `jupyter lab` by KeyboardInterrupt, which skips
+    the extensions' own stop (as in `make lab` run from a script, or a container without -t):
+    the scheduler's private folder and the link published for kiwictl must go all the same."""
+    runtime = tmp_path / "runtime"
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "JUPYTER_RUNTIME_DIR": str(runtime),
+           "KIWI_SOCKET": nowhere}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "server", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=kiwi-test",
+         f"--ServerApp.root_dir={tmp_path}", *(["--allow-root"] if os.getuid() == 0 else [])],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )
+    try:
+        assert server.stderr is not None
+        socket_path = None
+        for line in server.stderr:  # ends when the server exits, so a failed start fails here
+            found = re.search(r"embedded scheduler listening on (\S+)", line)
+            socket_path = found.group(1) if found else socket_path
+            if "is running at" in line:
+                break
+        assert socket_path is not None, "the server started no embedded scheduler"
+        published = runtime / "kiwi" / "scheduler.sock"
+        assert os.readlink(published) == socket_path
+        server.send_signal(signal.SIGINT)
+        rest = server.communicate(timeout=scaled(60))[1]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert not os.path.exists(os.path.dirname(socket_path)), rest
+    assert not os.path.lexists(published), rest

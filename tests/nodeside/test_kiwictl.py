@@ -151,3 +151,13 @@ def test_admin_group_member_may_change_the_mode(start_daemon, scratch) -> None:
 def test_socket_group_owns_the_socket(start_daemon) -> None:
     daemon = start_daemon("--socket-group", "4243")
     assert os.stat(daemon.socket).st_gid == 4243
+
+
+def test_status_says_in_words_when_the_gpus_memory_is_unknown(daemon: DaemonProcess) -> None:
+    """A daemon without NVML and without --gpu-memory (the embedded one on a laptop) knows
+    neither the size nor the use of its logical GPU: say so, not `(? / ?)`."""
+    with Client(daemon.socket, name="nb-1") as holder:
+        holder.acquire(timeout=5)  # a holder that reported no working set: use unknown too
+        out = kiwictl(daemon.socket, "status").stdout
+    assert "(memory unknown)" in out.splitlines()[1], out
+    assert "?" not in out, out

@@ -53,6 +53,16 @@ def test_kiwictl_says_where_it_looked_and_how_to_point_elsewhere() -> None:
     assert "--socket" in result.stderr and "KIWI_SOCKET" in result.stderr
 
 
+def test_kiwictl_says_a_published_link_is_stale_when_its_server_has_gone(scratch: Path) -> None:
+    """A Jupyter server killed outright (SIGKILL, a lost machine) cannot remove its link."""
+    gone = scratch / "kiwi-gone" / "scheduler.sock"
+    assert discovery.publish(str(gone)) is not None
+    result = kiwictl("status")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert f"{discovery.published_socket_path()} (a stale link to {gone}" in result.stderr
+
+
 def test_kiwi_socket_is_the_only_place_looked_at_when_set(
         daemon: DaemonProcess, scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     discovery.publish(daemon.socket)
