@@ -92,7 +92,7 @@ class StatusTable:
             lines.append(
                 f"pool {pool['name']}: share {pool.get('share', 0.0):.0%}, "
                 f"guarantee {pool.get('guarantee', 0.0):.0%}, {cap}, "
-                f"{pool.get('clients', 0)} clients"
+                f"{_count(pool.get('clients', 0), 'client')}"
             )
         return lines
 
@@ -136,3 +136,7 @@ class StatusTable:
             f"<ul>{facts}</ul>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

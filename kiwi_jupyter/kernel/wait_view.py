@@ -57,8 +57,10 @@ def describe_wait(document: Document | None, me: str | None, waited: float,
     if holders:
         held = f"held by {', '.join(holders)}"
         left = gpu.get("quantum_remaining") if gpu else None
-        if left is not None:
-            held += f", {max(0.0, left - aged):.1f} s left in its quantum"
+        if left is not None and left - aged > 0.05:
+            held += f", {left - aged:.1f} s left in its quantum"
+        elif left is not None:  # not "0.0 s left" while the holder winds its work down
+            held += ", its quantum is over and it is giving the GPU back"
         parts.append(held)
     elif gpu is not None:
         parts.append("the GPU is being handed over")

@@ -125,9 +125,10 @@ class Daemon:
         os.chmod(path, config.socket_mode)
         if socket_gid is not None:
             os.chown(path, -1, socket_gid)
-        gpus = ", ".join(f"{g.index} ({g.name}, {_size(g.memory_total)})"
+        # "GPU 0 (logical GPU, memory unknown)", not "GPUs 0 (...)", which reads as none.
+        gpus = ", ".join(f"GPU {g.index} ({g.name}, {_size(g.memory_total)})"
                          for g in self.options.gpus)
-        log.info("kiwi-scheduler %s listening on %s: mode %s, TQ %s seconds, GPUs %s",
+        log.info("kiwi-scheduler %s listening on %s: mode %s, TQ %s seconds, %s",
                  __version__, path, self.scheduler.mode.upper(), f"{self.scheduler.tq:g}", gpus)
         self._warn_about_pools()
         self._arm_timer()

@@ -66,6 +66,19 @@ def test_waiting_line_names_position_holder_and_time_left() -> None:
         "12.3 s left in its quantum")
 
 
+def test_waiting_line_says_the_holder_is_giving_back_rather_than_0_s_left() -> None:
+    gpu = {**DOCUMENT["gpus"][0], "quantum_remaining": 0.0}
+    line = describe_wait({**DOCUMENT, "gpus": [gpu]}, "c3", 4.2)
+    assert line.endswith("held by kernel-a, its quantum is over and it is giving the GPU back")
+    assert describe_wait(DOCUMENT, "c3", 4.2, aged=12.3).endswith("giving the GPU back")
+
+
+def test_status_text_counts_one_client_in_the_singular() -> None:
+    pools = [{**DOCUMENT["pools"][0], "clients": 1}]
+    assert StatusTable({**DOCUMENT, "pools": pools}, me="c2").text().splitlines()[2].endswith(
+        "no maximum, 1 client")
+
+
 def test_waiting_line_without_an_answer_says_so() -> None:
     assert describe_wait(None, "c3", 1.0) == (
         "kiwi: waiting for the GPU (1 s), the scheduler did not say where this kernel is")

@@ -281,3 +281,11 @@ def test_grant_latency_is_measured_in_the_status_only_as_wall_time(daemon: Daemo
         c.release()
         seconds = next(x for x in c.status()["clients"] if x["id"] == c.id)["gpu_seconds"]
     assert 0.25 < seconds < scaled(5)
+
+
+def test_the_start_line_names_each_gpu_so_one_gpu_numbered_0_does_not_read_as_none(
+        start_daemon) -> None:
+    daemon = start_daemon("--gpus", "2", "--gpu-memory", "16GiB")
+    line = daemon.wait_log(r"listening on .*").group(0)
+    assert "GPU 0 (logical GPU, 16.0 GiB), GPU 1 (logical GPU, 16.0 GiB)" in line
+    assert "GPUs 0" not in line
