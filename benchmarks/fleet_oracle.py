@@ -37,8 +37,8 @@ import nodeside
 from nodeside.compiled import PURE_ENV
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.attained import AttainedService
-from nodeside.scheduler.interactive import COST_FACTOR, JUMP_QUANTUM, InteractivePolicy
-from nodeside.scheduler.pricing import switch_cost
+from nodeside.scheduler.interactive import InteractivePolicy
+from nodeside.scheduler.pricing import jump_quantum, switch_cost
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class ClairvoyantPolicy(InteractivePolicy):
         if self.remaining(winner.id, now) + 2 * handoff < self.remaining(holder.id, now):
             return 0.0  # over now
         if self.light.went_ahead(holder.id):  # the bound on a light request's jump, as today
-            return min(tq, max(JUMP_QUANTUM, COST_FACTOR * handoff))
+            return jump_quantum(tq, handoff)
         return tq
 
 

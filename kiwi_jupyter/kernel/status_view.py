@@ -89,10 +89,11 @@ class StatusTable:
         for pool in self.document.get("pools", []):
             maximum = pool.get("maximum", -1)
             cap = "no maximum" if maximum is None or maximum < 0 else f"maximum {maximum:.0%}"
+            clients = pool.get("clients", 0)
             lines.append(
                 f"pool {pool['name']}: share {pool.get('share', 0.0):.0%}, "
                 f"guarantee {pool.get('guarantee', 0.0):.0%}, {cap}, "
-                f"{_count(pool.get('clients', 0), 'client')}"
+                f"{clients} client{'' if clients == 1 else 's'}"
             )
         return lines
 
@@ -136,7 +137,3 @@ class StatusTable:
             f"<ul>{facts}</ul>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -32,8 +32,7 @@ def quantum(policy: InteractivePolicy, gpu: GpuState, holder: Client, winner: Cl
         return tq  # a LOW request never cuts a quantum short, a light one's included
     scheduler = policy.scheduler
     if policy.light.went_ahead(holder.id):
-        return min(tq, max(JUMP_QUANTUM, COST_FACTOR * switch_cost(scheduler, gpu, holder,
-                                                                    winner)))
+        return jump_quantum(tq, switch_cost(scheduler, gpu, holder, winner))
     service = policy.service
     if service.attained(winner.id, now) > CUT_RATIO * service.attained(holder.id, now):
         return tq
@@ -42,6 +41,13 @@ def quantum(policy: InteractivePolicy, gpu: GpuState, holder: Client, winner: Cl
     if tq - early <= 2 * cost:
         return tq  # the wait saved is worth less than moving the memory there and back
     return early
+
+
+def jump_quantum(tq: float, cost: float) -> float:
+    """The quantum of a light request that went ahead of a pool's rule, whose handoff costs
+    ``cost`` seconds of memory moves: JUMP_QUANTUM, or the TQ if shorter, or COST_FACTOR times
+    the moves if longer."""
+    return min(tq, max(JUMP_QUANTUM, COST_FACTOR * cost))
 
 
 def switch_cost(scheduler: Scheduler, gpu: GpuState, leaving: Client, coming: Client) -> float:
