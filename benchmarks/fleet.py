@@ -97,7 +97,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     offered = sum(c.burst for c in cells if c.start < duration)
     held = sum(min(s.end if s.end is not None else duration, duration) - s.start
                for s in replay.spans if s.start < duration)
-    busy = _busy_seconds(replay, duration)
+    busy = busy_seconds(replay, duration)
     switching = sum(max(0.0, s.working(duration)[0] - s.start)
                     for s in replay.spans if s.start < duration)
     waits = [c.wait for c in finished]
@@ -155,7 +155,7 @@ def _slowdown(cell: Cell) -> float:
     return (cell.wait + cell.burst) / cell.burst
 
 
-def _busy_seconds(replay: Replay, end: float) -> float:
+def busy_seconds(replay: Replay, end: float) -> float:
     """GPU seconds in which some holder worked (side-by-side work counts once; moving memory
     does not count)."""
     total = 0.0

@@ -27,6 +27,11 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
   fit; a grant that needs room moves the least recently granted ones to host and its own back,
   over a host link of 25 GB/s (PCIe Gen4) or 55 GB/s (Gen5), see
   ``nodeside.scheduler.switching``. That time is in the hold but is nobody's work.
+* Holders side by side (mode auto) share the GPU's time (``co_run`` 1.0): with k of them
+  working, each does 1/k of a second's work per second. Without MPS a GPU time-slices between
+  processes, so compute-bound cells side by side each run at about 1/k speed; cells too small
+  to fill the GPU would do better, the context switches a little worse. ``None`` runs them all
+  at full speed, the earlier model, which made mode auto look far better than it is.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class Workload:
     release_delay: float = 0.2
     working_set_median: float = 5.0 * GiB
     working_set_sigma: float = 1.0
+    co_run: float | None = 1.0
 
 
 @dataclass
@@ -103,7 +109,8 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
     switching = None
     if bandwidth is not None and memory is not None:
         switching = SwitchingModel(memory - config.memory_reserve, bandwidth)
-    replay = Replay(sched, release_delay=workload.release_delay, switching=switching)
+    replay = Replay(sched, release_delay=workload.release_delay, switching=switching,
+                    co_run=workload.co_run)
     contention = Contention(min_length=10 * tq)
     replay.observers.append(contention.observe)
     cells: list[Cell] = []

@@ -10,6 +10,11 @@ benchmark (benchmarks/fleet.py) replays notebook traces through it.
 With a ``SwitchingModel`` a grant whose working set must be moved in (or others' moved out to
 make room) starts working only when that is done: the seconds it takes are in the hold (the
 scheduler cannot tell them apart) but are nobody's work, and each span says how many there were.
+
+Holders side by side (mode auto, or off) share the GPU's time when a ``co_run`` efficiency is
+given: with k of them working, each does ``co_run / k`` seconds of work per second, as
+compute-bound kernels of different processes do on a GPU that time-slices between them. Without
+it each works at full speed, which flatters running side by side.
 The spans it records, and what is measured from them, are ``SpanLog`` (spans.py).
 """
 
@@ -42,7 +47,9 @@ class Worker:
     #: Follow drop requests (False: a client that ignores them, to be revoked).
     complies: bool = True
     remaining: float = 0.0  # GPU seconds of the current burst still to do
+    #: When its work in the current hold starts, or went on at ``rate`` (None: not holding).
     holding_since: float | None = None
+    rate: float = 1.0  # GPU seconds of work done per second while working
     finish_token: int = 0
     #: Called with (worker, now) when a burst is done and the GPU given back.
     on_done: Callable[[Worker, float], None] | None = None
@@ -55,16 +62,20 @@ class Worker:
         at ``holding_since``, once its memory has come in)."""
         if self.holding_since is None:
             return self.remaining
-        return max(0.0, self.remaining - max(0.0, now - self.holding_since))
+        return max(0.0, self.remaining - self.rate * max(0.0, now - self.holding_since))
 
 
 class Replay(SpanLog):
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
-                 release_delay: float = 0.0, switching: SwitchingModel | None = None) -> None:
+                 release_delay: float = 0.0, switching: SwitchingModel | None = None,
+                 co_run: float | None = None) -> None:
+        if co_run is not None and not 0.0 < co_run <= 1.0:
+            raise ValueError(f"co_run is a fraction of the GPU's work in (0, 1], not {co_run}")
         self.scheduler = scheduler
         self.now = now
         self.release_delay = release_delay
         self.switching = switching
+        self.co_run = co_run
         self.workers: dict[str, Worker] = {}
         self.spans: list[Span] = []  # holds
         self.wait_spans: list[Span] = []  # from a request to its grant
@@ -92,11 +103,15 @@ class Replay(SpanLog):
     def burst(self, worker: Worker, seconds: float, when: float | None = None) -> None:
         """``worker`` wants ``seconds`` of GPU work, from ``when`` (default now)."""
         def start() -> None:
-            worker.remaining += seconds
-            if worker.holding_since is None and worker.requested_at is None:
-                self._request(worker)
-            elif worker.holding_since is not None:
-                self._plan_finish(worker)
+            if worker.holding_since is None:
+                worker.remaining += seconds
+                if worker.requested_at is None:
+                    self._request(worker)
+                return
+            worker.remaining = worker.left(self.now) + seconds
+            worker.holding_since = max(worker.holding_since, self.now)
+            self._share(worker.gpu)
+            self._plan_finish(worker)
         self.at(self.now if when is None else when, start)
 
     def leave(self, worker: Worker, when: float | None = None) -> None:
@@ -105,6 +120,7 @@ class Replay(SpanLog):
             self._close_span(worker.id)
             self._close_span(worker.id, self._open_waits)
             self.workers.pop(worker.id, None)
+            self._share(worker.gpu)
             if self.switching is not None:
                 self.switching.forget(worker.id)
             self._apply(self.scheduler.unregister(self.now, worker.id))
@@ -150,7 +166,7 @@ class Replay(SpanLog):
         token = worker.finish_token
         assert worker.holding_since is not None
         # holding_since is when work starts: after the memory moved, if it had to.
-        done_at = max(self.now, worker.holding_since) + worker.remaining
+        done_at = max(self.now, worker.holding_since) + worker.remaining / worker.rate
         def finish() -> None:
             if worker.finish_token != token or worker.holding_since is None:
                 return
@@ -167,8 +183,29 @@ class Replay(SpanLog):
         if worker.holding_since is not None:
             worker.remaining = worker.left(self.now)
             worker.holding_since = None
+            self._share(worker.gpu)
         worker.finish_token += 1
         self._close_span(worker.id)
+
+    def _share(self, gpu: int) -> None:
+        """The holders working on ``gpu`` now share its time: each goes on at its new rate
+        (with ``co_run``; at full speed without)."""
+        if self.co_run is None:
+            return
+        working = [w for w in self.workers.values() if w.gpu == gpu and w.remaining > 0
+                   and w.holding_since is not None and w.holding_since <= self.now]
+        rate = 1.0 if len(working) <= 1 else self.co_run / len(working)
+        for worker in working:
+            if worker.rate != rate:
+                assert worker.holding_since is not None
+                worker.remaining = worker.left(self.now)
+                worker.holding_since = self.now
+                worker.rate = rate
+                self._plan_finish(worker)
+
+    def _side_by_side(self, gpu: int) -> bool:
+        """May a holder of ``gpu`` have others working beside it?"""
+        return self.scheduler.mode != "on" or len(self.scheduler.gpus[gpu].holders) > 1
 
     def _give_back(self, worker: Worker) -> None:
         if worker.id not in self.workers or worker.holding_since is None:
@@ -193,11 +230,17 @@ class Replay(SpanLog):
                 worker.requested_at = None
                 switching = self._switch_cost(worker, action.gpu)
                 worker.holding_since = self.now + switching
+                worker.rate = 1.0
                 self._close_span(worker.id, self._open_waits)
                 span = Span(worker.id, worker.name, worker.pool, action.gpu, self.now,
                             switching=switching)
                 self.spans.append(span)
                 self._open_spans[worker.id] = span
+                if self.co_run is not None and self._side_by_side(action.gpu):
+                    # Its work starts once its memory is in: the others share from then on.
+                    # (Never an event where nobody can be beside it: an extra event moves
+                    # the core's look-agains, and the fleet's figures with them.)
+                    self.at(worker.holding_since, functools.partial(self._share, action.gpu))
                 self._plan_finish(worker)
             elif isinstance(action, Drop) and worker.complies:
                 self.at(self.now + self.release_delay, functools.partial(self._give_back, worker))
