@@ -6,6 +6,9 @@ For every short cell (burst under ``fleet.SHORT_CELL``) that is not working, the
 to one cause, the first that applies:
 
 * ``own memory moves``: it holds the GPU, and its own grant is still moving memory;
+* ``side by side: sharing the GPU``: it works, beside other holders, so slower than alone (the
+  seconds its work took beyond its burst, from the replay's record of each cell, not an
+  interval's cause);
 * ``handoff: memory moves``: another holder's grant is moving memory;
 * ``handoff: holder giving back``: the holder was asked to leave and has not yet;
 * ``holder's remaining quantum``: it is next, and the holder works on; under a policy that cuts
@@ -50,12 +53,14 @@ if TYPE_CHECKING:
     from nodeside.scheduler.replay import Replay
 
 CAUSES = (
-    "own memory moves", "handoff: memory moves", "handoff: holder giving back",
+    "own memory moves", "side by side: sharing the GPU", "handoff: memory moves",
+    "handoff: holder giving back",
     "holder's remaining quantum", "holder's quantum: LOW never cuts",
     "holder's quantum: not lighter than half the holder", "holder's quantum: cut due",
     "pool at its maximum", "higher priority", "pool rule: guarantee owed", "pool rule: share",
     "other pool, less used", "counted heavy for earlier cells", "waiters ahead",
 )
+SHARING = CAUSES[1]
 _EPS = 1e-9
 
 
@@ -211,6 +216,9 @@ class Explain:
         their short cells' mean slowdown."""
         light = [mine for mine, _ in self.asked]
         short = [c for c in finished or [] if c.burst < self.short]
+        for cell in short:
+            if cell.shared > 0:
+                self._charge(cell, SHARING, cell.shared)
         slowdown: defaultdict[str, float] = defaultdict(float)
         for cell in short:
             for cause, seconds in self.by_cell.get(id(cell), {}).items():

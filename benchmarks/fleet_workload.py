@@ -82,6 +82,8 @@ class Cell:
     burst: float
     end: float | None = None
     priority: str = "NORMAL"
+    #: Seconds its work took beyond its burst by sharing the GPU's time with holders beside it.
+    shared: float = 0.0
 
     @property
     def wait(self) -> float:
@@ -138,7 +140,9 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
             start += rng.lognormvariate(_mu(w.away_median), w.away_sigma)
         if rng.random() < w.gpu_cell_probability:
             burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
-            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority)
+            # Its share of the time lost to sharing is what the notebook's loss grows by.
+            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority,
+                        shared=-worker.shared)
             open_cells[worker.id] = cell
             cells.append(cell)
             replay.burst(worker, burst, when=start)
@@ -150,6 +154,7 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
         cell = open_cells.pop(worker.id, None)
         if cell is not None:
             cell.end = now
+            cell.shared += worker.shared
         next_cell(now)
 
     worker.on_done = done

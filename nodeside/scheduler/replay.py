@@ -50,6 +50,8 @@ class Worker:
     #: When its work in the current hold starts, or went on at ``rate`` (None: not holding).
     holding_since: float | None = None
     rate: float = 1.0  # GPU seconds of work done per second while working
+    #: Seconds its work took beyond what it would have alone on the GPU, by sharing its time.
+    shared: float = 0.0
     finish_token: int = 0
     #: Called with (worker, now) when a burst is done and the GPU given back.
     on_done: Callable[[Worker, float], None] | None = None
@@ -63,6 +65,14 @@ class Worker:
         if self.holding_since is None:
             return self.remaining
         return max(0.0, self.remaining - self.rate * max(0.0, now - self.holding_since))
+
+    def settle(self, now: float) -> None:
+        """Charge the work done in its hold up to ``now``: the hold goes on from ``now``."""
+        assert self.holding_since is not None
+        working = max(0.0, now - self.holding_since)
+        self.remaining = self.left(now)
+        self.shared += (1.0 - self.rate) * working
+        self.holding_since = max(self.holding_since, now)
 
 
 class Replay(SpanLog):
@@ -108,8 +118,8 @@ class Replay(SpanLog):
                 if worker.requested_at is None:
                     self._request(worker)
                 return
-            worker.remaining = worker.left(self.now) + seconds
-            worker.holding_since = max(worker.holding_since, self.now)
+            worker.settle(self.now)
+            worker.remaining += seconds
             self._share(worker.gpu)
             self._plan_finish(worker)
         self.at(self.now if when is None else when, start)
@@ -181,7 +191,7 @@ class Replay(SpanLog):
     def _account(self, worker: Worker) -> None:
         """Charge the work done in the hold that ends now."""
         if worker.holding_since is not None:
-            worker.remaining = worker.left(self.now)
+            worker.settle(self.now)
             worker.holding_since = None
             self._share(worker.gpu)
         worker.finish_token += 1
@@ -197,9 +207,7 @@ class Replay(SpanLog):
         rate = 1.0 if len(working) <= 1 else self.co_run / len(working)
         for worker in working:
             if worker.rate != rate:
-                assert worker.holding_since is not None
-                worker.remaining = worker.left(self.now)
-                worker.holding_since = self.now
+                worker.settle(self.now)
                 worker.rate = rate
                 self._plan_finish(worker)
 

@@ -125,6 +125,16 @@ def test_the_fleet_explains_where_short_cells_waiting_went(policy):
     assert "holder's remaining quantum" in table and policy in table
 
 
+def test_in_mode_auto_the_explanation_counts_the_time_lost_sharing_the_gpu():
+    """Side by side, a short cell works slower than alone: that time is waiting too, put down
+    to sharing, and the causes still add up to the measured slowdown exactly."""
+    result = run(notebooks=12, gpus=1, hours=1.0, seed=3, mode="auto", tq=30.0, explain=True)
+    explained = result["explain"]
+    assert explained["short_wait_seconds"]["side by side: sharing the GPU"] > 0.0
+    added = explained["short_slowdown_by_cause"]
+    assert 1.0 + sum(added.values()) == pytest.approx(result["short_slowdown_mean"], rel=1e-6)
+
+
 def test_a_short_cell_of_a_pool_at_its_maximum_waits_for_the_maximum_not_a_holder():
     """Training (maximum 0.7) fills its share with a long run; its next short cell then waits
     with the GPU idle, and the breakdown says why (it once read "holder's remaining quantum")."""
