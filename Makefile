@@ -23,6 +23,9 @@ $(VENV)/.lab-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[lab]"
+	@# The wheel's kiwi kernelspec is a fixed file; this rewrites it with what the installed
+	@# ipykernel declares (kernel_protocol_version, supported_encryption: docs/kernel.md).
+	$(BIN)/python -m kiwi_jupyter.kernelspec install --sys-prefix
 	touch $@
 
 ## Everything else the tests need (`.[test]`), on top of the lab's.

@@ -7,7 +7,11 @@ another prefix's install, and images that want Kiwi to *be* their default Python
 built-in spec and opens new notebooks with).
 
 The installed spec runs this interpreter by its full path, as ``ipykernel install`` does, so it
-keeps working when Jupyter itself runs from another environment.
+keeps working when Jupyter itself runs from another environment. The Kiwi kernel is ipykernel's
+kernel, so the spec declares what ipykernel's own spec declares for the ipykernel installed here
+(``kernel_protocol_version``, ``metadata.supported_encryption``, ``metadata.debugger``, whichever
+that version has), asked of ipykernel when the spec is written: a fixed copy would claim a newer
+ipykernel's protocol or encryption for an older one, and jupyter_client acts on those fields.
 """
 
 from __future__ import annotations
@@ -18,13 +22,27 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from ipykernel.kernelspec import get_kernel_dict
 from jupyter_client.kernelspec import KernelSpecManager
 
 SPEC_SOURCE = Path(__file__).parent / "kernel" / "spec"
 NAME = "kiwi"
 DEFAULT_NAME = "python3"
 DISPLAY_NAME = "Python 3 (Kiwi vGPU)"
+
+
+def kernel_spec(source: dict[str, Any]) -> dict[str, Any]:
+    """The ``kiwi`` spec for this interpreter: ipykernel's own spec for the installed ipykernel,
+    with Kiwi's argv, display name, env and metadata (from ``source``, the packaged kernel.json)
+    in place of ipykernel's. In ``metadata`` ipykernel's keys win: they describe its kernel (the
+    packaged ``debugger: true`` is only the guess for an install that runs no code)."""
+    spec = get_kernel_dict()
+    own = {key: value for key, value in source.items() if key != "metadata"}
+    metadata = {**source.get("metadata", {}), **spec.get("metadata", {})}
+    spec.update(own, argv=[sys.executable, *source["argv"][1:]], metadata=metadata)
+    return spec
 
 
 def install(
@@ -41,8 +59,7 @@ def install(
         staged = Path(scratch) / kernel_name
         shutil.copytree(SPEC_SOURCE, staged)
         spec_file = staged / "kernel.json"
-        spec = json.loads(spec_file.read_text())
-        spec["argv"] = [sys.executable, *spec["argv"][1:]]
+        spec = kernel_spec(json.loads(spec_file.read_text()))
         spec["display_name"] = display_name or DISPLAY_NAME
         spec_file.write_text(json.dumps(spec, indent=1) + "\n")
         return KernelSpecManager().install_kernel_spec(

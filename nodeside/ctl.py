@@ -15,6 +15,7 @@ from nodeside import kai
 from nodeside.client import ControlClient, KiwiError
 from nodeside.client.discovery import published_socket_path
 from nodeside.config import argument_type, parse_mode, parse_tq
+from nodeside.headline import scheduler_headline
 from nodeside.names import names_by_id, shorten, who
 from nodeside.protocol import DEFAULT_SOCKET
 
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 def format_status(doc: dict[str, Any]) -> str:
     """The status document as a short report for a terminal."""
     names = names_by_id(doc, width=60)
-    policy = f", policy {doc['policy']}" if doc.get("policy") else ""  # older daemons: none
-    lines = [f"Kiwi scheduler: mode {doc['mode'].upper()}, TQ {doc['tq']:g} s{policy}"]
+    lines = [scheduler_headline(doc)]
     for gpu in doc["gpus"]:
         memory = _memory(gpu["memory_used"], gpu["memory_total"])
         lines.append(f"GPU {gpu['index']} {gpu['name']} ({memory})")

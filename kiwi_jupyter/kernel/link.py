@@ -121,6 +121,12 @@ class DaemonLink:
             self.priority = priority
         self.close()
 
+    def rejoin(self, *, pool: str | None, priority: str | None) -> None:
+        """Register again as before a ``regroup`` the daemon refused (None: from the
+        environment), instead of retrying a registration it will never take."""
+        self.pool, self.priority = pool, priority
+        self.close()
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:

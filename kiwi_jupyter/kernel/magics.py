@@ -11,6 +11,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from kiwi_jupyter.kernel.config import MODES
 from kiwi_jupyter.kernel.link import SchedulerUnreachable
+from kiwi_jupyter.kernel.pool_choice import pool_note, unknown_pool
 from kiwi_jupyter.kernel.status_view import StatusTable
 from nodeside.limits import TQ_MAX, TQ_MIN, LimitError, tq_seconds
 
@@ -54,7 +55,8 @@ class KiwiMagics(Magics):
                                    lazy lets the CUDA shim take it at the cell's first GPU call
                                    (needs the shim; eager is used without it); off does not
                                    arbitrate cells
-          %kiwi pool NAME          move this kernel to pool NAME (default: $KIWI_POOL)
+          %kiwi pool NAME          move this kernel to pool NAME (default: $KIWI_POOL); where
+                                   the scheduler configures pools, one of them or default
           %kiwi priority HIGH|NORMAL|LOW
                                    this kernel's priority in its pool; LOW can be preempted
           %kiwi on | off | auto    (admin) turn the node's scheduler on (one holder at a time,
@@ -149,15 +151,40 @@ class KiwiMagics(Magics):
                  "its pool and priority from KIWI_POOL and KIWI_PRIORITY when the kernel starts")
         return True
 
+    def _regroup(self, what: str, *, pool: str | None = None,
+                 priority: str | None = None) -> bool:
+        """Register again in another pool or at another priority (the daemon takes those at
+        registration only). A refusal (the access policy, docs/policy.md) puts the old ones back
+        and says so in one line."""
+        link = self.extension.link
+        asked = {"pool": link.pool, "priority": link.priority}
+        was = (link.client.pool, link.client.priority)
+        self.extension.arbiter.release()
+        link.regroup(pool=pool, priority=priority)
+        try:
+            link.check()
+        except SchedulerUnreachable as exc:
+            link.rejoin(**asked)
+            complain(f"could not {what}: {exc.reason}; this kernel stays in pool {was[0]} at "
+                     f"priority {was[1]}")
+            return False
+        return True
+
     def _pool(self, args: list[str]) -> None:
         if len(args) != 1:
             raise UsageError("usage: %kiwi pool NAME")
         if self._regroup_refused():
             return
-        self.extension.arbiter.release()
-        self.extension.link.regroup(pool=args[0])
-        if self._ask(lambda c: self.extension.link.check(), f"join pool {args[0]}")[0]:
-            say(f"this kernel is now in pool {args[0]}")
+        name = args[0]
+        ok, document = self._ask(lambda c: c.status(), f"join pool {name}")
+        if not ok:
+            return
+        refusal = unknown_pool(document, name)
+        if refusal:
+            complain(f"%kiwi pool {name}: {refusal}")
+            return
+        if self._regroup(f"join pool {name}", pool=name):
+            say(f"this kernel is now in pool {name}{pool_note(document, name)}")
 
     def _priority(self, args: list[str]) -> None:
         if len(args) != 1 or args[0].upper() not in PRIORITIES:
@@ -165,9 +192,7 @@ class KiwiMagics(Magics):
         priority = args[0].upper()
         if self._regroup_refused():
             return
-        self.extension.arbiter.release()
-        self.extension.link.regroup(priority=priority)
-        if self._ask(lambda c: self.extension.link.check(), f"take priority {priority}")[0]:
+        if self._regroup(f"take priority {priority}", priority=priority):
             say(f"this kernel's priority is now {priority}")
 
     def _set_scheduler_mode(self, mode: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from nodeside.headline import scheduler_headline
 from nodeside.names import names_by_id, who
 
 Document = dict[str, Any]
@@ -98,8 +99,7 @@ class StatusTable:
         return lines
 
     def _heading(self) -> str:
-        doc = self.document
-        return f"Kiwi scheduler: mode {doc.get('mode')}, TQ {doc.get('tq')} s"
+        return scheduler_headline(self.document)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.text())

@@ -66,6 +66,8 @@ def build_status(scheduler: Scheduler, now: float,
         "gpus": gpus,
         "clients": clients,
         "pools": [r.as_status() for r in pools],
+        # What the config's pools section names ([]: none): %kiwi pool refuses other names there.
+        "configured_pools": sorted(scheduler.config.pools),
         "preemption": scheduler.preemption,
         "preemption_off_reason": scheduler.preemption_off_reason,
     }

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ipykernel.kernelspec import get_kernel_dict
 from jupyter_client.kernelspec import KernelSpecManager
 from kernel_support import KernelUnderTest, entry, scheduler_status, start_kernels
-from support import DaemonProcess
+from support import DaemonProcess, scaled
 
 from kiwi_jupyter.kernel.launcher import (
     cuda_driver_present,
@@ -51,7 +52,8 @@ def preloadable(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def kernel(module_daemon: DaemonProcess, prefix: Path,
            preloadable: Path) -> Iterator[KernelUnderTest]:
-    """A kernel from the installed default (`python3`) spec, told to preload a library."""
+    """A kernel from the installed default (`python3`) spec, told to preload a library; the
+    spec is the one `install` wrote, with ipykernel's protocol fields in it."""
     (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket,
                               kernel_name="python3",
                               kernel_dirs=[str(prefix / "share/jupyter/kernels")],
@@ -69,6 +71,18 @@ def test_install_writes_the_kiwi_kernelspec_for_this_interpreter(prefix: Path) -
     assert spec["display_name"] == "Python 3 (Kiwi vGPU)"
     assert spec["language"] == "python"
     assert (folder / "logo-64x64.png").is_file()
+
+
+@pytest.mark.parametrize("name", ["kiwi", "python3"])
+def test_the_installed_spec_declares_what_ipykernels_own_spec_declares(prefix: Path,
+                                                                      name: str) -> None:
+    """kernel_protocol_version, metadata.supported_encryption, ...: what this ipykernel says."""
+    spec = json.loads((prefix / f"share/jupyter/kernels/{name}/kernel.json").read_text())
+    ipykernels = get_kernel_dict()
+    for field in set(ipykernels) - {"argv", "display_name", "metadata"}:
+        assert spec.get(field) == ipykernels[field], field
+    assert spec["metadata"] == {**ipykernels["metadata"], "kiwi": {"extension": "kiwi_jupyter"}}
+    assert spec["interrupt_mode"] == "signal"
 
 
 def test_as_default_installs_it_as_the_python3_kernel(prefix: Path) -> None:
@@ -95,6 +109,16 @@ def test_the_installed_kernelspec_launches_a_kernel_with_the_extension_loaded(
     assert kernel.run("'kiwi_jupyter' in get_ipython().extension_manager.loaded").value is True
     row = entry(scheduler_status(module_daemon.socket), kernel.kernel_id)
     assert row is not None, "the kernel did not register under its Jupyter kernel id"
+
+
+def test_the_kernel_from_the_derived_spec_answers_kernel_info(kernel: KernelUnderTest) -> None:
+    """The spec ipykernel's fields were merged into still starts a kernel that speaks the
+    protocol. (ipykernel 7.4's spec says 5.5 where its kernel_info says 5.3, so the two
+    versions are not compared: ours repeats ipykernel's spec, as a spec should.)"""
+    reply = kernel.client.kernel_info(reply=True, timeout=scaled(30))["content"]
+    assert reply["status"] == "ok"
+    assert (reply["implementation"], reply["language_info"]["name"]) == ("ipython", "python")
+    assert reply["protocol_version"].startswith("5.")
 
 
 def test_the_kernel_takes_its_pool_and_priority_from_the_environment(

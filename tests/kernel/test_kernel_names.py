@@ -4,11 +4,26 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+import nbformat
 import pytest
-from kernel_support import KernelUnderTest, entry, holders, scheduler_status, start_kernels
-from support import DaemonProcess, wait_for
+from kernel_support import (
+    KernelUnderTest,
+    entry,
+    holders,
+    kernel_env,
+    scheduler_status,
+    start_kernels,
+)
+from support import DaemonProcess, scaled, wait_for
 
 from kiwi_jupyter.kernel.identity import display_name, notebook_name
 
@@ -67,3 +82,45 @@ def test_kiwi_status_names_kernels_by_their_notebooks(
     _, b = named
     text = b.run("%kiwi status").result["text/plain"]
     assert "holder-analysis.ipynb" in text and "waiter.ipynb" in text
+
+
+# What the kernel sees of itself in the daemon's status, run by nbconvert (not a Jupyter server).
+WHO_AM_I = (
+    "import json\n"
+    "from kiwi_jupyter.kernel import extension\n"
+    "link = extension._loaded.link\n"
+    "link.check()\n"
+    "print(json.dumps([c for c in link.client.status()['clients'] if c['id'] == link.client.id]))"
+)
+
+
+def documented_nbconvert_command() -> str:
+    """The command docs/kernel.md gives for naming a kernel nbconvert runs."""
+    doc = (Path(__file__).parents[2] / "docs" / "kernel.md").read_text()
+    section = doc.split("### Naming a kernel that no Jupyter server started", 1)[1]
+    section = section.split("\n#", 1)[0]
+    (line,) = [line for line in section.splitlines() if line.startswith("    ")]  # the example
+    return line.strip()
+
+
+def test_the_documented_name_names_a_kernel_that_nbconvert_runs(
+        module_daemon: DaemonProcess, tmp_path: Path) -> None:
+    """nbclient gives the kernel neither a kernel id nor its notebook: the docs' variable does."""
+    words = shlex.split(documented_nbconvert_command())
+    leading = list(itertools.takewhile(lambda word: re.match(r"^[A-Z_]+=", word), words))
+    assignments = dict(word.split("=", 1) for word in leading)
+    command = words[len(leading):]
+    assert command[0] == "jupyter" and assignments.keys() == {"KIWI_DISPLAY_NAME"}
+    notebook = tmp_path / command[-1]
+    notebook.parent.mkdir(parents=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(WHO_AM_I)])
+    nb.metadata["kernelspec"] = {"name": "kiwi", "display_name": "Python 3 (Kiwi vGPU)",
+                                 "language": "python"}
+    nbformat.write(nb, notebook)
+    subprocess.run([str(Path(sys.executable).parent / "jupyter"), *command[1:]], cwd=tmp_path,
+                   env=kernel_env(module_daemon.socket, **assignments), check=True,
+                   capture_output=True, timeout=scaled(120))
+    ran = nbformat.read(notebook.with_suffix(".nbconvert.ipynb"), as_version=4)
+    (row,) = json.loads(ran.cells[0].outputs[0]["text"])
+    assert row["display_name"] == assignments["KIWI_DISPLAY_NAME"]
+    assert row["name"].startswith("ipython-")  # no kernel id reaches an nbclient kernel

@@ -10,6 +10,7 @@ from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.identity import connection_file_from_argv, kernel_id_from_connection_file
 from kiwi_jupyter.kernel.status_view import StatusTable, human_bytes
 from kiwi_jupyter.kernel.wait_view import describe_wait
+from nodeside.ctl import format_status
 
 DOCUMENT = {
     "version": 1, "mode": "on", "tq": 30.0,
@@ -87,7 +88,7 @@ def test_waiting_line_without_an_answer_says_so() -> None:
 def test_status_text_lists_every_client_and_marks_this_kernel() -> None:
     text = StatusTable(DOCUMENT, me="c2").text()
     lines = text.splitlines()
-    assert lines[0] == "Kiwi scheduler: mode on, TQ 30.0 s"
+    assert lines[0] == "Kiwi scheduler: mode on, TQ 30 s"
     assert lines[1] == ("GPU 0 (A100, 80.0 GiB): held by kernel-a, 12.3 s left in the quantum; "
                         "2 waiting")
     assert lines[2] == ("pool default: share 75%, guarantee 50%, no maximum, 2 clients")
@@ -185,3 +186,12 @@ def test_status_text_says_what_is_unknown_about_a_gpu_without_a_known_size() -> 
                                       "memory_total": None}]}
     lines = StatusTable(document).text().splitlines()
     assert lines[1].startswith("GPU 0 (logical GPU, memory unknown): held by kernel-a")
+
+
+@pytest.mark.parametrize("mode", ["on", "off", "auto"])
+def test_kiwi_status_and_kiwictl_status_head_with_the_same_mode_line(mode: str) -> None:
+    """One spelling, the document's and kiwictl -S's: 'mode on', never 'mode ON'."""
+    document = {**DOCUMENT, "mode": mode, "policy": "round-robin"}
+    expected = f"Kiwi scheduler: mode {mode}, TQ 30 s, policy round-robin"
+    assert StatusTable(document, me="c2").text().splitlines()[0] == expected
+    assert format_status(document).splitlines()[0] == expected

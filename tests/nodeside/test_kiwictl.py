@@ -70,7 +70,7 @@ def test_status_is_readable(daemon: DaemonProcess) -> None:
 
         wait_for(lambda: a.status()["gpus"][0]["queue"], what="nb-2 to queue")
         out = kiwictl(daemon.socket, "status").stdout
-    assert "mode ON" in out and "holding: nb-1" in out and "#1 waiting: nb-2" in out
+    assert "mode on," in out and "holding: nb-1" in out and "#1 waiting: nb-2" in out
 
 
 def test_unreachable_daemon_exits_1_with_one_line(scratch) -> None:

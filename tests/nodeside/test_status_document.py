@@ -81,3 +81,17 @@ def test_the_pools_entries_are_the_pools_report():
                 "stuck", "below_guarantee", "gpus"):
         assert key in training
     assert training["entitlement"] == pytest.approx(1.0 * 0.7)  # alone, capped at its maximum
+
+
+def test_configured_pools_names_the_configs_pools_and_not_the_ones_clients_made_up():
+    s = scheduler({"tq": 1.0, "pools": POOLS})
+    s.register(0.0, name="a", pool="made-up")
+    doc = build_status(s, 0.0)
+    assert doc["configured_pools"] == ["simulation", "training"]
+    assert "made-up" in {p["name"] for p in doc["pools"]}  # it exists, but is not configured
+
+
+def test_configured_pools_is_empty_when_the_config_has_no_pools():
+    s = scheduler()
+    s.register(0.0, name="a", pool="anything")
+    assert build_status(s, 0.0)["configured_pools"] == []
