@@ -226,8 +226,6 @@ def main(argv: list[str] | None = None) -> None:
             args.json.write_text(json.dumps(by_seed, indent=2))
         return
     results = []
-    # Side-by-side holds in mode auto are modelled as running at full speed, which flatters
-    # it: two kernels sharing the SMs each run slower in reality.
     for label, mode, tq, policy, link in RUNS:
         result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
                      policy, link, explain=args.explain)
