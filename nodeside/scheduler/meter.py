@@ -95,7 +95,7 @@ class ShareMeter:
         self._later: list[tuple[float, int, _Interval]] = []
         self._straddling: list[_Interval] = []
         self._seq = itertools.count()
-        self._last_close = started
+        self._booked_until = started
 
     def __len__(self) -> int:
         """Intervals kept: what long uptime must not grow."""
@@ -105,8 +105,8 @@ class ShareMeter:
         if key in self._open:
             self.close(key, now)
         self._cut(now)
-        self._open[key] = pool, preemptible
         holding = pool, preemptible
+        self._open[key] = holding
         self._holding[holding] = self._holding.get(holding, 0) + 1
 
     def close(self, key: object, now: float) -> None:
@@ -115,11 +115,10 @@ class ShareMeter:
             return
         self._cut(now)
         del self._open[key]
-        holding = opened
-        if self._holding[holding] == 1:
-            del self._holding[holding]
+        if self._holding[opened] == 1:
+            del self._holding[opened]
         else:
-            self._holding[holding] -= 1
+            self._holding[opened] -= 1
 
     def _cut(self, now: float) -> None:
         """Books the open holds' seconds since the last open or close, before their count changes.
@@ -133,7 +132,7 @@ class ShareMeter:
         self._cut_at = now
         if not self._holding:
             return
-        self._last_close = max(self._last_close, now)
+        self._booked_until = max(self._booked_until, now)
         self._trim(self._start(now))
         holders = len(self._open)
         for (pool, preemptible), holds in self._holding.items():
@@ -196,7 +195,7 @@ class ShareMeter:
         start = self._start(now)
         self._trim(start)
         seconds: dict[str, float] = dict.fromkeys(pools, 0.0)
-        if now < self._last_close:
+        if now < self._booked_until:
             # Asked about the past (never by the core, whose clock only moves on): count it
             # out interval by interval.
             spans = [(i.begin, i.end, i.pool, i.preemptible, i.held) for i in self._closed]
