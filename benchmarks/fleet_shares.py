@@ -10,7 +10,7 @@ from nodeside.scheduler.replay import Replay
 
 @dataclass
 class Contention:
-    """Per GPU, each pool's held seconds during sustained contention between pools.
+    """Per GPU, each pool's GPU seconds during sustained contention between pools.
 
     An episode is a stretch of time during which more than one pool contends for a GPU. Only
     episodes of at least ``min_quanta`` quanta count: the policy acts once per quantum, so a
@@ -34,8 +34,11 @@ class Contention:
         dt = replay.now - self.last
         for index, pools in self._holding.items():
             seconds = self._episodes.setdefault(index, (self.last, {}))[1]
+            # Holders side by side take turns on the GPU: each had 1/k of its time, as the
+            # share meter counts it (one holder: dt exactly, as before).
+            each = dt / len(pools) if len(pools) > 1 else dt
             for pool in pools:
-                seconds[pool] = seconds.get(pool, 0.0) + dt
+                seconds[pool] = seconds.get(pool, 0.0) + each
         self.last = replay.now
         self._holding = {}
         for index, gpu in replay.scheduler.gpus.items():

@@ -29,8 +29,8 @@ MAX_BYTES: Final = 2**50
 MAX_PASS_BOUND: Final = 1000
 
 
-#: Closed hold intervals one GPU's share meter keeps (see scheduler.pools.ShareMeter): past
-#: this, a closing hold is folded into its pool's latest interval, so memory stays flat.
+#: Booked intervals one GPU's share meter keeps (see scheduler.meter.ShareMeter): past this,
+#: a new interval is folded into its pool's latest one, so memory stays flat.
 MAX_SHARE_INTERVALS: Final = 1024
 
 #: Bytes of the API server's answer to "this node's pods" read at most (nodeside/daemon/kube.py):

@@ -107,3 +107,19 @@ def test_holders_that_fit_hear_nothing_at_quantum_end():
     assert len(replay.scheduler.gpus[0].holders) == 3
     assert not [a for _, a in replay.actions if isinstance(a, Drop)]
     assert len([a for _, a in replay.actions if isinstance(a, Grant)]) == 3
+
+
+def test_a_capped_pool_side_by_side_is_served_while_its_holders_use_less_than_its_maximum():
+    # Training capped at 0.7 of the GPU's time. Two training and two simulation holders side by
+    # side for 5 s had a quarter of the GPU each: training used 0.5, so a third training
+    # request is granted. Charged their wall time, they counted 2.0 and it was refused.
+    sched = auto(window=10.0, pools={
+        "training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
+        "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}})
+    first = [sched.register(0.0, name=f"{pool}-{n}", pool=pool, working_set=GiB)
+             for pool in ("training", "simulation") for n in range(2)]
+    for client in first:
+        assert kinds(sched.acquire(0.0, client.id)) == [("Grant", client.id)]
+    late = sched.register(5.0, name="training-late", pool="training", working_set=GiB)
+    assert kinds(sched.acquire(5.0, late.id)) == [("Grant", late.id)]
+    assert sched.shares(0, 5.0)["training"] == 0.5

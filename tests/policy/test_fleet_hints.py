@@ -15,6 +15,7 @@ from policy_helpers import make_scheduler
 
 from benchmarks.fleet import HINT_RUNS, main, run
 from benchmarks.fleet_hints import PRIOR, HintModel, estimated_work
+from benchmarks.fleet_seeds import KEY_RUNS
 from benchmarks.fleet_workload import Cell
 from nodeside import compiled
 from nodeside.scheduler.core import Grant
@@ -130,4 +131,4 @@ def test_the_seed_summary_carries_a_column_for_each_hinted_run(capsys):
           "--hints"])
     out = capsys.readouterr().out
     assert all(label in out for label, *_ in HINT_RUNS)
-    assert out.count("of 1") == 2 * (4 + len(HINT_RUNS))  # all, NORMAL notebooks'
+    assert out.count("of 1") == 2 * (len(KEY_RUNS) + len(HINT_RUNS))  # all, NORMAL notebooks'

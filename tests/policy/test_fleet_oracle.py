@@ -23,6 +23,7 @@ from test_interactive_policy import AnyContentionInteractive, Overtakes
 
 from benchmarks.fleet import ORACLE_RUNS, main, run
 from benchmarks.fleet_oracle import ClairvoyantPolicy, install
+from benchmarks.fleet_seeds import KEY_RUNS
 from nodeside import compiled
 from nodeside.scheduler.core import Action, Grant
 from nodeside.scheduler.replay import Replay
@@ -205,7 +206,7 @@ def test_the_seed_summary_and_the_side_by_side_carry_the_oracle_columns(capsys):
     small = ["--notebooks", "8", "--gpus", "1", "--hours", "0.25", "--jobs", "1"]
     main(["--seeds", "1-2", *small, "--oracle"])
     out = capsys.readouterr().out
-    assert out.count("of 2") == 2 * (4 + len(ORACLE_RUNS))  # all, NORMAL notebooks'
+    assert out.count("of 2") == 2 * (len(KEY_RUNS) + len(ORACLE_RUNS))  # all, NORMAL notebooks'
     assert all(label in out for label, *_ in ORACLE_RUNS)
     main(["--seed", "2", *small, "--oracle"])
     header = capsys.readouterr().out.splitlines()[2]

@@ -12,6 +12,7 @@ import pytest
 from policy_helpers import GiB, make_scheduler
 
 from benchmarks.fleet import busy_seconds
+from benchmarks.fleet_shares import Contention
 from benchmarks.fleet_workload import Workload, build_fleet
 from nodeside.scheduler.replay import Replay
 from nodeside.scheduler.switching import SwitchingModel
@@ -120,3 +121,25 @@ def test_in_the_fleet_no_gpu_does_more_than_a_second_of_work_per_second():
     # The model it replaces did more work than there was time for.
     done, busy, _ = fleet_work_and_busy_time(Workload(co_run=None))
     assert done > 1.05 * busy
+
+
+def test_the_fleets_pool_shares_split_the_gpus_time_between_holders_side_by_side():
+    pools = {"training": {"guarantee": 0.3, "weight": 1, "maximum": -1},
+             "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
+    replay = Replay(make_scheduler({"tq": 1000.0, "mode": "auto", "pools": pools}, memory=GPU),
+                    co_run=1.0)
+    contention = Contention(min_length=10.0)
+    replay.observers.append(contention.observe)
+    first, other = replay.add("a", pool="training", working_set=GiB), \
+        replay.add("s", pool="simulation", working_set=GiB)
+    second = replay.add("b", pool="training", working_set=GiB)
+    replay.burst(first, 1e6, when=0.0)
+    replay.burst(other, 1e6, when=0.0)
+    replay.burst(second, 1e6, when=50.0)
+    replay.call(lambda now: [], when=100.0)  # the observer charges time up to an event
+    replay.run_until(100.0)
+    contention.finish(100.0)
+    # Two holders for 50 s, then three: a half each, then a third each, of 100 s of GPU time.
+    assert contention.sustained == pytest.approx(100.0)
+    assert contention.held == pytest.approx({"training": 25.0 + 100 / 3,
+                                             "simulation": 25.0 + 50 / 3})
