@@ -4,10 +4,10 @@
                                    [--only tests,paging,overhead,checkpoint]
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
-runs ``pytest -m gpu tests/shim`` and every GPU benchmark (shim_paging, shim_overhead, and
-checkpoint where that module exists), each in a process of its own with a time limit inside one
-budget (18 minutes by default), and writes ONE Markdown report (GPU, driver, CUDA, versions,
-every result and ratio) to --out and to stdout, ready to paste into BENCHMARKS.md.
+runs ``pytest -m gpu tests/shim`` and every GPU benchmark (shim_paging, shim_overhead,
+checkpoint where that module exists, and gpu_corun), each in a process of its own with a time
+limit inside one budget (18 minutes by default), and writes ONE Markdown report (GPU, driver,
+CUDA, versions, every result and ratio) to --out and to stdout, ready to paste into BENCHMARKS.md.
 
 Without an NVIDIA GPU it is a dry run: it says so in one line, builds the shim, names what it
 would run and which of its packages are missing, and exits 0. docs/gpu-check.md says how to run
@@ -36,7 +36,7 @@ GiB = 1 << 30
 #: What the GPU steps import; a machine missing one gets a line naming it (and make gpu-wheels).
 NEEDED = ("torch", "cupy", "pytest", "yaml", "prometheus_client", "pynvml")
 #: The check's steps, in the order they run.
-STEPS = ("tests", "paging", "overhead", "checkpoint")
+STEPS = ("tests", "paging", "overhead", "checkpoint", "corun")
 
 
 @dataclass
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"Linux {platform.release()}; {versions()}.",
                    f"- Shim: {shim_line}.",
                    "- On a GPU machine this runs `pytest -m gpu tests/shim`, "
-                   "`benchmarks.shim_paging`, `benchmarks.shim_overhead` and "
-                   f"{checkpoint_line()}.",
+                   "`benchmarks.shim_paging`, `benchmarks.shim_overhead`, "
+                   f"{checkpoint_line()} and `benchmarks.gpu_corun`.",
                    f"- Packages it would need that are missing here: "
                    f"{', '.join(missing) or 'none'}."]
         return finish(report, args.out, started, 0 if shim_ok else 1)
@@ -253,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             report.append("Skipped: `benchmarks/checkpoint.py` is not in this tree.")
         else:
             report += markdown_benchmark("checkpoint", [], budget.limit(300))
+    if "corun" in steps:
+        seconds = "3" if args.quick else "5"
+        report += ["", "## Side by side: work done together against one alone (`co_run`)", "",
+                   *benchmark("gpu_corun", ["--seconds", seconds], budget.limit(180))]
     return finish(report, args.out, started, 0)
 
 
