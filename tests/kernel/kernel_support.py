@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import queue
+import subprocess
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -18,7 +20,7 @@ from typing import Any
 from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
-from support import scaled
+from support import DaemonProcess, scaled, short_tmpdir
 
 from nodeside.client import Client
 
@@ -199,3 +201,34 @@ def state_of(socket_path: str, name: str) -> str | None:
 # The names of the clients holding the GPU, asked from inside a cell while it runs.
 HOLDERS_NOW = ("_s = get_ipython().run_line_magic('kiwi', 'status --json'); "
                "[c['name'] for c in _s['clients'] if c['id'] in _s['gpus'][0]['holders']]")
+
+
+# A real IPython shell with Kiwi's extension that becomes ``nobody`` before it connects (the
+# daemon treats it as any other user: no admin, and the access policy's default rule).
+_NOBODY_SHELL = """
+import os
+from traitlets.config import Config
+from IPython.core.interactiveshell import InteractiveShell
+import json, stack_data, kiwi_jupyter.kernel.extension, kiwi_jupyter.kernel.magics
+config = Config()
+config.HistoryManager.enabled = False
+shell = InteractiveShell.instance(config=config)
+shell.run_cell("pass")  # imports what running a cell needs while files are still readable
+os.setgid(65534)
+os.setuid(65534)
+shell.extension_manager.load_extension("kiwi_jupyter")
+"""
+
+
+def run_as_nobody(config: str, code: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``code`` run by that shell (as ``shell``) against a daemon of its own with ``config``;
+    needs root, to become ``nobody``."""
+    directory = short_tmpdir()
+    directory.chmod(0o755)
+    (directory / "kiwi.yaml").write_text(config)
+    daemon = DaemonProcess(directory, "--config", str(directory / "kiwi.yaml")).start()
+    try:
+        return subprocess.run([sys.executable, "-c", _NOBODY_SHELL + code], capture_output=True,
+                              text=True, timeout=timeout, env=kernel_env(daemon.socket))
+    finally:
+        daemon.cleanup()

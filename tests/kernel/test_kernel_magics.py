@@ -14,9 +14,10 @@ from kernel_support import (
     entry,
     holders,
     kernel_env,
+    run_as_nobody,
     scheduler_status,
 )
-from support import DaemonProcess, short_tmpdir, wait_for
+from support import DaemonProcess, wait_for
 
 
 @pytest.fixture
@@ -166,20 +167,9 @@ def test_tq_outside_the_one_range_is_a_usage_error(kernel: KernelUnderTest) -> N
         assert kernel.run(f"%kiwi tq {text}").ename == "UsageError", text
 
 
-# A real IPython shell that becomes `nobody` before it connects: the daemon refuses admin
+# As `nobody` (run_as_nobody): the daemon refuses admin
 # requests from anyone but root, its own user and its admin group.
-AS_NOBODY = """
-import os
-from traitlets.config import Config
-from IPython.core.interactiveshell import InteractiveShell
-import stack_data, kiwi_jupyter.kernel.extension, kiwi_jupyter.kernel.magics
-config = Config()
-config.HistoryManager.enabled = False
-shell = InteractiveShell.instance(config=config)
-shell.run_cell("pass")  # imports what running a cell needs while files are still readable
-os.setgid(65534)
-os.setuid(65534)
-shell.extension_manager.load_extension("kiwi_jupyter")
+ADMIN_AS_NOBODY = """
 shell.run_cell("%kiwi on")
 shell.run_cell("%kiwi tq 5")
 """
@@ -187,15 +177,7 @@ shell.run_cell("%kiwi tq 5")
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_admin_subcommands_report_a_refusal_in_one_line() -> None:
-    directory = short_tmpdir()
-    directory.chmod(0o755)
-    (directory / "kiwi.yaml").write_text('socket_mode: "0666"\n')
-    daemon = DaemonProcess(directory, "--config", str(directory / "kiwi.yaml")).start()
-    try:
-        shell = subprocess.run([sys.executable, "-c", AS_NOBODY], capture_output=True,
-                               text=True, timeout=60, env=kernel_env(daemon.socket))
-    finally:
-        daemon.cleanup()
+    shell = run_as_nobody('socket_mode: "0666"\n', ADMIN_AS_NOBODY, 60)
     on, tq = shell.stderr.splitlines()  # one line each, no traceback
     assert on.startswith("kiwi: not allowed to turn the scheduler on: ")
     assert tq.startswith("kiwi: not allowed to set the scheduler's TQ: ")

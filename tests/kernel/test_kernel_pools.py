@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
-from kernel_support import KernelUnderTest, entry, kernel_env, scheduler_status, start_kernels
+from kernel_support import (
+    KernelUnderTest,
+    entry,
+    run_as_nobody,
+    scheduler_status,
+    start_kernels,
+)
 from support import DaemonProcess, scaled, short_tmpdir
 
 from kiwi_jupyter.kernel.pool_choice import pool_note, unknown_pool
@@ -81,18 +85,7 @@ access:
   default: {pools: [default, training], priorities: [NORMAL, LOW]}
 """
 
-AS_NOBODY = """
-import os
-from traitlets.config import Config
-from IPython.core.interactiveshell import InteractiveShell
-import json, stack_data, kiwi_jupyter.kernel.extension, kiwi_jupyter.kernel.magics
-config = Config()
-config.HistoryManager.enabled = False
-shell = InteractiveShell.instance(config=config)
-shell.run_cell("pass")  # imports what running a cell needs while files are still readable
-os.setgid(65534)
-os.setuid(65534)
-shell.extension_manager.load_extension("kiwi_jupyter")
+REFUSED_POOL = """
 link = kiwi_jupyter.kernel.extension._loaded.link
 link.check()
 shell.run_cell("%kiwi pool simulation")
@@ -104,15 +97,7 @@ print(json.dumps([link.client.pool, mine]), flush=True)
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_pool_the_access_policy_refuses_leaves_the_kernel_in_its_pool() -> None:
-    directory = short_tmpdir()
-    directory.chmod(0o755)
-    (directory / "kiwi.yaml").write_text(ACCESS_CONFIG)
-    daemon = DaemonProcess(directory, "--config", str(directory / "kiwi.yaml")).start()
-    try:
-        shell = subprocess.run([sys.executable, "-c", AS_NOBODY], capture_output=True,
-                               text=True, timeout=scaled(60), env=kernel_env(daemon.socket))
-    finally:
-        daemon.cleanup()
+    shell = run_as_nobody(ACCESS_CONFIG, REFUSED_POOL, scaled(60))
     assert shell.returncode == 0, shell.stderr
     (refusal,) = shell.stderr.splitlines()  # one line, no traceback
     assert refusal.startswith("kiwi: could not join pool simulation: ")
