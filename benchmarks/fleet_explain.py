@@ -52,15 +52,15 @@ if TYPE_CHECKING:
     from benchmarks.fleet_workload import Cell
     from nodeside.scheduler.replay import Replay
 
+#: The cause a cell's own record gives (``Cell.shared``), not an interval of waiting.
+SHARING = "side by side: sharing the GPU"
 CAUSES = (
-    "own memory moves", "side by side: sharing the GPU", "handoff: memory moves",
-    "handoff: holder giving back",
+    "own memory moves", SHARING, "handoff: memory moves", "handoff: holder giving back",
     "holder's remaining quantum", "holder's quantum: LOW never cuts",
     "holder's quantum: not lighter than half the holder", "holder's quantum: cut due",
     "pool at its maximum", "higher priority", "pool rule: guarantee owed", "pool rule: share",
     "other pool, less used", "counted heavy for earlier cells", "waiters ahead",
 )
-SHARING = CAUSES[1]
 _EPS = 1e-9
 
 
@@ -216,15 +216,17 @@ class Explain:
         their short cells' mean slowdown."""
         light = [mine for mine, _ in self.asked]
         short = [c for c in finished or [] if c.burst < self.short]
-        for cell in short:
-            if cell.shared > 0:
-                self._charge(cell, SHARING, cell.shared)
+        by_cause = dict(self.seconds)
         slowdown: defaultdict[str, float] = defaultdict(float)
         for cell in short:
-            for cause, seconds in self.by_cell.get(id(cell), {}).items():
+            causes = {**self.by_cell.get(id(cell), {})}
+            if cell.shared > 0:
+                causes[SHARING] = cell.shared
+                by_cause[SHARING] = by_cause.get(SHARING, 0.0) + cell.shared
+            for cause, seconds in causes.items():
                 slowdown[cause] += seconds / cell.burst / len(short)
         return {
-            "short_wait_seconds": dict(self.seconds),
+            "short_wait_seconds": by_cause,
             "short_slowdown_by_cause": dict(slowdown),
             "short_wait_total": waited,
             "quanta_ended": self.quantum_drops,

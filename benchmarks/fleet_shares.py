@@ -36,7 +36,7 @@ class Contention:
             seconds = self._episodes.setdefault(index, (self.last, {}))[1]
             # Holders side by side take turns on the GPU: each had 1/k of its time, as the
             # share meter counts it (one holder: dt exactly, as before).
-            each = dt / len(pools) if len(pools) > 1 else dt
+            each = dt / max(len(pools), 1)
             for pool in pools:
                 seconds[pool] = seconds.get(pool, 0.0) + each
         self.last = replay.now

@@ -133,16 +133,17 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
 
 def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workload,
                     cells: list[Cell], priority: str, open_cells: dict[str, Cell]) -> None:
+    shared_before = 0.0  # the worker's record of time lost sharing runs on from cell to cell
 
     def next_cell(now: float) -> None:
+        nonlocal shared_before
         start = now + rng.lognormvariate(_mu(w.think_median), w.think_sigma)
         if rng.random() < w.away_probability:
             start += rng.lognormvariate(_mu(w.away_median), w.away_sigma)
         if rng.random() < w.gpu_cell_probability:
             burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
-            # Its share of the time lost to sharing is what the notebook's loss grows by.
-            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority,
-                        shared=-worker.shared)
+            cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority)
+            shared_before = worker.shared
             open_cells[worker.id] = cell
             cells.append(cell)
             replay.burst(worker, burst, when=start)
@@ -154,7 +155,7 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
         cell = open_cells.pop(worker.id, None)
         if cell is not None:
             cell.end = now
-            cell.shared += worker.shared
+            cell.shared = worker.shared - shared_before
         next_cell(now)
 
     worker.on_done = done

@@ -15,6 +15,7 @@ Holders side by side (mode auto, or off) share the GPU's time when a ``co_run`` 
 given: with k of them working, each does ``co_run / k`` seconds of work per second, as
 compute-bound kernels of different processes do on a GPU that time-slices between them. Without
 it each works at full speed, which flatters running side by side.
+
 The spans it records, and what is measured from them, are ``SpanLog`` (spans.py).
 """
 
