@@ -182,6 +182,7 @@ RUNS = (
     ("round robin, TQ 5 s, Gen5", "on", 5.0, "round-robin", "gen5"),
     ("interactive, TQ 30 s, Gen5", "on", 30.0, "interactive", "gen5"),
     ("auto, TQ 30 s", "auto", 30.0, "round-robin", "gen4"),
+    ("auto, interactive, TQ 30 s", "auto", 30.0, "interactive", "gen4"),
 )
 #: The clairvoyant reference (``fleet_oracle``), with ``--oracle``: it runs on the pure Python
 #: core, three times slower, so only when asked. The second lifts "a LOW request never cuts a

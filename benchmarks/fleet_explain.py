@@ -11,6 +11,8 @@ to one cause, the first that applies:
   interval's cause);
 * ``handoff: memory moves``: another holder's grant is moving memory;
 * ``handoff: holder giving back``: the holder was asked to leave and has not yet;
+* ``held back: a light request's turn``: mode auto under ``policy: interactive``, it is heavy
+  beside a light holder in its turn (``nodeside.scheduler.aside``);
 * ``holder's remaining quantum``: it is next, and the holder works on; under a policy that cuts
   quanta, split by why the quantum is not cut yet: ``LOW never cuts``, ``not lighter than
   half the holder`` (``CUT_RATIO``), ``cut due`` (after the first quantum or the memory
@@ -54,9 +56,10 @@ if TYPE_CHECKING:
 
 #: The cause a cell's own record gives (``Cell.shared``), not an interval of waiting.
 SHARING = "side by side: sharing the GPU"
+HELD_BACK = "held back: a light request's turn"
 CAUSES = (
     "own memory moves", SHARING, "handoff: memory moves", "handoff: holder giving back",
-    "holder's remaining quantum", "holder's quantum: LOW never cuts",
+    HELD_BACK, "holder's remaining quantum", "holder's quantum: LOW never cuts",
     "holder's quantum: not lighter than half the holder", "holder's quantum: cut due",
     "pool at its maximum", "higher priority", "pool rule: guarantee owed", "pool rule: share",
     "other pool, less used", "counted heavy for earlier cells", "waiters ahead",
@@ -173,6 +176,8 @@ class Explain:
         las = policy if isinstance(policy, InteractivePolicy) else None
         if policy.over_maximum(gpu, waiter.pool, replay.now):
             return "pool at its maximum"
+        if policy.holds_back(gpu, waiter, replay.now):
+            return HELD_BACK
         if nxt is None or nxt.id == waiter.id:
             holder = next(iter(gpu.holders.values()), None)
             if las is None or holder is None:

@@ -45,6 +45,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.limits",
     "nodeside.scheduler.access",
     "nodeside.scheduler.actions",
+    "nodeside.scheduler.aside",
     "nodeside.scheduler.attained",
     "nodeside.scheduler.choosing",
     "nodeside.scheduler.controls",

@@ -97,6 +97,8 @@ class SchedulerCollector(Collector):
             "drops": "Requests to a holder to give its GPU back (quantum, preemption, room...).",
             "preemptions": "Preemptible holders asked to leave for a pool below its guarantee.",
             "revocations": "Holders that ignored a drop past its grace and lost the GPU.",
+            "steps_aside": "Mode auto, policy interactive: holders that left the GPU's time to a "
+                           "light request beside them.",
         }
         for name, text in helps.items():
             yield CounterMetricFamily(f"kiwi_{name}", text, value=sched.counts.get(name, 0))

@@ -166,6 +166,17 @@ class PoolsPolicy:
         """How long ``holder``'s quantum is, ``winner`` being who would go next."""
         return tq
 
+    # -- mode auto: whether a holder steps aside for a light one (see aside.py) -------------
+
+    def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
+        """Mode auto: is ``client``, which fits, kept from being granted beside the holders?"""
+        return False
+
+    def steps_aside_for(self, gpu: GpuState, holder: Client, tq: float,
+                        now: float) -> Client | None:
+        """The client ``holder`` is asked to step aside for now, if any."""
+        return None
+
     def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
         """``client`` was granted ``gpu`` (already out of the waiters)."""
 

@@ -90,7 +90,8 @@ class Scheduler(Controls):
         self._order = itertools.count(1)
         self.choice = POLICIES[config.policy](self)
         # Counters for metrics; the shell reads them.
-        self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0}
+        self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0,
+                       "steps_aside": 0}
         #: Events seen; the cached next deadline is good until this moves.
         self._events = 0
         self._deadline_cache: tuple[object, float | None] | None = None

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from nodeside.config import POLICY_INTERACTIVE, InteractiveSettings
 from nodeside.scheduler import pricing
+from nodeside.scheduler.aside import StepAside
 from nodeside.scheduler.attained import CUT_RATIO, GOES_ON_WITHIN, AttainedService
 from nodeside.scheduler.choosing import PoolsPolicy, contending_pools
 from nodeside.scheduler.light import JUMP_QUANTUM, LightRequests
@@ -62,6 +63,7 @@ class InteractivePolicy(PoolsPolicy):
         super().__init__(scheduler)
         self.service = AttainedService(scheduler)
         self.light = LightRequests(self)
+        self.aside = StepAside(self)
         #: Client id -> times passed over by a later request of its pool and priority, this wait.
         self.passed: dict[str, int] = {}
 
@@ -81,6 +83,8 @@ class InteractivePolicy(PoolsPolicy):
         self.service.granting(client.id)
         self.light.granted(gpu, client, now)  # before its hold counts: still fresh
         self.service.hold_starts(client.id, now)
+        if self.scheduler.mode == "auto":
+            self.aside.granted(gpu, client, now)
         self.passed.pop(client.id, None)
         for waiter in self._lane(gpu, client):
             if waiter.request_order < client.request_order:
@@ -99,6 +103,7 @@ class InteractivePolicy(PoolsPolicy):
         self.service.forget(client_id)
         self.passed.pop(client_id, None)
         self.light.forget(client_id)
+        self.aside.forget(client_id)
 
     # -- the order ------------------------------------------------------------------------
 
@@ -204,6 +209,15 @@ class InteractivePolicy(PoolsPolicy):
                 now: float) -> float:
         return pricing.quantum(self, gpu, holder, winner, tq, now)
 
+    # -- mode auto: the GPU's time to the light (aside.py) ---------------------------------
+
+    def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
+        return self.scheduler.mode == "auto" and self.aside.holds_back(gpu, client, now)
+
+    def steps_aside_for(self, gpu: GpuState, holder: Client, tq: float,
+                        now: float) -> Client | None:
+        return self.aside.steps_aside_for(gpu, holder, tq, now)
+
     def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
         """Why ``nxt`` goes next, for the status document: the first rule that decided."""
         promised = {h.hold.drop_incoming for h in gpu.holders.values() if h.hold}
@@ -213,6 +227,10 @@ class InteractivePolicy(PoolsPolicy):
             owed = [c.pool for c in gpu.waiters.heads().values() if c.pool != nxt.pool]
             return (f"a light request: goes once ahead of pool {', '.join(sorted(owed))}'s "
                     f"turn, for at most {JUMP_QUANTUM:g} s")
+        if self.holds_back(gpu, nxt, now):
+            tq = self.scheduler.tq_for(gpu.spec.index)
+            return (f"held back while a light request beside it has its turn: {tq:g} s at "
+                    "most")
         if self.below_guarantee(gpu, nxt, now):
             return f"pool {nxt.pool} is below its guarantee"
         if self.starved(nxt):

@@ -55,6 +55,12 @@ class Queries(Turns):
                         # no event to say so: look again after a first quantum.
                         deadlines.append(now + self.config.interactive.first_quantum)
                         timeless = False
+            if self.choice.cuts_quanta and self.mode == "auto" and self._light_may_come(gpu,
+                                                                                      now):
+                # Who is light beside whom, and whose turn is over, change as GPU time is used,
+                # with no event to say so: look again after a first quantum.
+                deadlines.append(now + self.config.interactive.first_quantum)
+                timeless = False
             if not gpu.waiters:
                 continue
             if capped:
@@ -73,6 +79,16 @@ class Queries(Turns):
                 timeless = False
         return (min(deadlines) if deadlines else None), timeless
 
+    def _light_may_come(self, gpu: GpuState, now: float) -> bool:
+        """Mode auto, ``policy: interactive``: may a holder yet step aside, or a held-back
+        request be granted? Only while someone waits, or while holders share the GPU and one
+        of them is in its turn (the first TQ of its hold, aside.py)."""
+        if gpu.waiters:
+            return True
+        tq = self.tq_for(gpu.spec.index)
+        return len(gpu.holders) > 1 and any(
+            h.hold is not None and now - h.hold.granted_at < tq for h in gpu.holders.values())
+
     def _grantable(self, gpu: GpuState, now: float) -> bool:
         """Would a schedule now grant someone? (mode on or auto)"""
         if gpu.holders and self.mode != "auto":
@@ -80,7 +96,8 @@ class Queries(Turns):
         candidate = self.choice.pick(gpu, now)
         if candidate is None:
             return False
-        return not gpu.holders or self._fits(gpu, [candidate])
+        return not gpu.holders or (self._fits(gpu, [candidate])
+                                   and not self.choice.holds_back(gpu, candidate, now))
 
     def _fits(self, gpu: GpuState, newcomers: list[Client]) -> bool:
         return room.fits_beside(gpu, newcomers, self.config.memory_reserve)

@@ -16,7 +16,7 @@ from nodeside.scheduler import room
 from nodeside.scheduler.actions import Action, Revoke
 from nodeside.scheduler.choosing import within_pool
 from nodeside.scheduler.moves import Moves
-from nodeside.scheduler.state import Client, GpuState, Hold
+from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 
 _EPS = 1e-9
 #: The request order of a holder competing as if it asked again: after every real request.
@@ -42,13 +42,14 @@ class Turns(Moves):
                 actions.append(self._grant(gpu, waiter, now))
             return actions
         # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
-        # the first waiter that does not fit stops the others, so a big request never starves
-        # behind a stream of small ones.
+        # the first waiter that does not fit, or that the policy holds back, stops the others,
+        # so a big request never starves behind a stream of small ones.
         while waiters and not (holders and self.mode == "on"):
             candidate = (gpu.promised is not None and self._keep_promise(gpu, now)) \
                 or self.choice.pick(gpu, now)
-            if candidate is None or (
-                    holders and not room.fits_beside(gpu, [candidate], self._reserve)):
+            if candidate is None or (holders and (
+                    not room.fits_beside(gpu, [candidate], self._reserve)
+                    or self.choice.holds_back(gpu, candidate, now))):
                 break
             actions.append(self._grant(gpu, candidate, now))
         if waiters and self.preemption:  # nobody waiting, or preemption off: no call at all
@@ -118,6 +119,11 @@ class Turns(Moves):
         for holder in room.staying(gpu):
             hold = holder.hold
             assert hold is not None
+            if cuts and self.mode == "auto":
+                light = self.choice.steps_aside_for(gpu, holder, tq, now)
+                if light is not None:
+                    actions.extend(self._step_aside(gpu, holder, light, now))
+                    continue
             length = self._quantum_length(gpu, holder, now) if cuts else tq
             if now < hold.quantum_start + length - _EPS:
                 continue
@@ -144,6 +150,16 @@ class Turns(Moves):
                 continue
             actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
         return actions
+
+    def _step_aside(self, gpu: GpuState, holder: Client, light: Client,
+                    now: float) -> list[Action]:
+        """Mode auto, ``policy: interactive``: ``holder`` leaves the GPU's time to ``light``
+        (aside.py). Beside a light holder its memory stays: they fit, nothing needs the room.
+        For a light waiter, the drop is for it and moves memory only if it needs the room."""
+        self.counts["steps_aside"] += 1
+        if light.hold_state is HoldState.WAITING:
+            return self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=light)
+        return self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=None, evict=False)
 
     def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
                             reason: str = p.REASON_ROOM) -> list[Action]:

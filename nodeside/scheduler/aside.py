@@ -1,0 +1,107 @@
+"""Mode auto under ``policy: interactive``: memory side by side, the GPU's time to the light.
+
+In mode auto, holders whose working sets fit share the GPU, each at its share of the GPU's time.
+That is fair to two training runs and hard on a person's short cell: beside two of them it goes
+at a third of its speed (the fleet benchmark's "side by side: sharing the GPU"). So under
+``policy: interactive`` the GPU's time goes to the light, as in mode on, while the memory stays
+side by side, as in mode auto:
+
+- light beside heavy: a client of no lower priority than another (a LOW request never cuts a
+  quantum short) that used at most CUT_RATIO of its GPU time (``attained``);
+- a light holder's turn: the first TQ of its hold;
+- a holder steps aside (a drop, reason ``quantum``) for a light holder in its turn, or for the
+  light waiter the policy would grant next, once its quantum priced as in mode on
+  (``pricing.quantum``: ``first_quantum`` at least, longer where memory must move) is over. Its
+  memory stays where it is unless that waiter needs the room;
+- a request heavy beside a light holder in its turn is held back (not granted beside it), for
+  at most one TQ of its wait. One granted because it waited that long is not asked to step aside
+  again for a TQ: however many light requests come, a heavy client waits at most one TQ for
+  them and then holds for one. Like a request that does not fit, a held-back one stops the
+  waiters behind it; they are no worse off than in mode on, where a request that used less goes
+  first, and the policy's bound on being passed over (``pass_bound``) holds for them too.
+
+A holder that steps aside asks again at once, as after any drop, and its request goes on
+(``attained``): it keeps what it used, and comes back beside the others when the light turns
+are over.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nodeside.scheduler.attained import CUT_RATIO
+from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
+
+if TYPE_CHECKING:
+    from nodeside.scheduler.interactive import InteractivePolicy
+
+_EPS = 1e-9
+
+
+class StepAside:
+    """Who is light beside whom in mode auto, and the heavy clients let through past a TQ."""
+
+    def __init__(self, policy: InteractivePolicy) -> None:
+        # The policy's measures (``service``, ``pick``, ``quantum``) and the scheduler's TQ.
+        self.policy = policy
+        #: Client id -> when it was granted for having been held back a whole TQ: it is not
+        #: asked to step aside again until a TQ later.
+        self._let_through: dict[str, float] = {}
+
+    def light_beside(self, light: Client, heavy: Client, now: float) -> bool:
+        if PRIORITY_RANK[light.priority] > PRIORITY_RANK[heavy.priority]:
+            return False
+        service = self.policy.service
+        used = service.attained(heavy.id, now)
+        # Two that used nothing yet are equals, not light and heavy.
+        return used > 0.0 and service.attained(light.id, now) <= CUT_RATIO * used
+
+    def in_turn(self, gpu: GpuState, tq: float, now: float) -> list[Client]:
+        """Holders in their turn: in the first TQ of their hold, and not asked to leave."""
+        return [h for h in gpu.holders.values() if h.hold_state is HoldState.HOLDING
+                and h.hold is not None and now - h.hold.granted_at < tq - _EPS]
+
+    def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
+        """Is ``client``'s request held back: heavy beside a light holder in its turn, and
+        waiting for less than a TQ?"""
+        tq = self.policy.scheduler.tq_for(gpu.spec.index)
+        return not self._waited_a_turn(client, tq, now) and self._heavy(gpu, client, tq, now)
+
+    def granted(self, gpu: GpuState, client: Client, now: float) -> None:
+        """``client`` was granted beside the holders. If it is heavy beside one in its turn, it
+        was let through for having waited a TQ: it is not asked to step aside for a TQ."""
+        tq = self.policy.scheduler.tq_for(gpu.spec.index)
+        if self._heavy(gpu, client, tq, now):
+            self._let_through[client.id] = now
+
+    def steps_aside_for(self, gpu: GpuState, holder: Client, tq: float,
+                        now: float) -> Client | None:
+        """The light client ``holder`` steps aside for now, if any: a light holder in its turn
+        or the waiter the policy would grant next, once ``holder``'s quantum for it is over."""
+        hold = holder.hold
+        assert hold is not None
+        let = self._let_through.get(holder.id)
+        if let is not None and now - let < tq - _EPS:
+            return None
+        policy = self.policy
+        lights = [h for h in self.in_turn(gpu, tq, now) if h is not holder]
+        waiter = policy.pick(gpu, now)
+        if waiter is not None:
+            lights.append(waiter)
+        for light in lights:
+            if self.light_beside(light, holder, now) and \
+                    now >= hold.quantum_start + policy.quantum(gpu, holder, light, tq, now) - _EPS:
+                return light
+        return None
+
+    def forget(self, client_id: str) -> None:
+        self._let_through.pop(client_id, None)
+
+    def _heavy(self, gpu: GpuState, client: Client, tq: float, now: float) -> bool:
+        return any(self.light_beside(h, client, now) for h in self.in_turn(gpu, tq, now)
+                   if h is not client)
+
+    @staticmethod
+    def _waited_a_turn(client: Client, tq: float, now: float) -> bool:
+        asked = client.requested_at
+        return asked is not None and now - asked >= tq - _EPS
