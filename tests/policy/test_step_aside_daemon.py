@@ -84,6 +84,22 @@ def test_a_heavy_holder_steps_aside_for_a_light_request_and_keeps_its_memory(int
         assert person.holding
 
 
+def test_a_light_request_early_in_a_heavy_hold_gets_its_drop_when_the_first_quantum_ends(
+        interactive):
+    """The trainer is heavy from its last hold and has just been granted again: the light
+    request comes (on a quiet machine) before its first quantum is over, no event follows, and
+    the drop comes from the daemon's own tick at that quantum's end."""
+    trainer = held_a_while(interactive)
+    trainer.release()
+    trainer.acquire(timeout=10)
+    with trainer, fresh(interactive) as person:
+        person.acquire(timeout=10)
+        wait_for(trainer.drop_requested.is_set, what="the trainer's drop")
+        assert trainer.last_drop is not None
+        assert (trainer.last_drop["reason"], trainer.last_drop["evict"]) == (
+            p.REASON_QUANTUM, False)
+
+
 def test_the_heavy_holder_is_held_back_during_the_light_turn_and_told_why(interactive):
     trainer = held_a_while(interactive)
     with trainer, fresh(interactive) as person:
