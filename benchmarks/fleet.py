@@ -68,12 +68,14 @@ SHORT_CELL = 10.0
 def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         mode: str = "on", memory: int | None = GPU_MEMORY, tq: float = 30.0,
         policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None,
-        explain: bool = False) -> dict:
+        explain: bool = False, co_run: float = 1.0) -> dict:
     """One replay of the fleet; ``link`` names the host link (``none``: no switching costs);
-    ``explain`` adds where short cells' waiting went (``fleet_explain``). A ``policy`` in
-    ``fleet_oracle.ORACLES`` is the clairvoyant reference, one named ``hints:...`` the
-    reference on hinted estimates (``fleet_hints``); both on the pure Python core only."""
-    workload = Workload()
+    ``explain`` adds where short cells' waiting went (``fleet_explain``); ``co_run`` is the
+    fraction of the GPU's work holders side by side get done together (1.0: sharing is free).
+    A ``policy`` in ``fleet_oracle.ORACLES`` is the clairvoyant reference, one named
+    ``hints:...`` the reference on hinted estimates (``fleet_hints``); both on the pure Python
+    core only."""
+    workload = Workload(co_run=co_run)
     duration = hours * 3600.0
     started = time.perf_counter()
     open_cells: dict[str, Cell] = {}
@@ -147,6 +149,13 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     }
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction in (0, 1], not {text}")
+    return value
+
+
 def _mean_or_nan(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
@@ -217,11 +226,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hints", action="store_true",
                         help="also that reference told estimates from length hints of falling "
                              "quality (HINT_RUNS, fleet_hints)")
+    parser.add_argument("--co-run", type=_fraction, default=1.0, metavar="FRACTION",
+                        help="the GPU's work holders side by side get done together, as "
+                             "benchmarks.gpu_corun measures it (default 1.0: sharing is free)")
     args = parser.parse_args(argv)
     pure = [*(ORACLE_RUNS if args.oracle else ()), *(HINT_RUNS if args.hints else ())]
+    if args.co_run != 1.0:
+        print(f"Holders side by side get {args.co_run:g} of the GPU's work done together "
+              "(--co-run).\n")
     if args.seeds:
         by_seed = replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours, args.jobs,
-                               pure=pure)
+                               pure=pure, co_run=args.co_run)
         print(summary(by_seed))
         if args.json:
             args.json.write_text(json.dumps(by_seed, indent=2))
@@ -229,12 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for label, mode, tq, policy, link in RUNS:
         result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
-                     policy, link, explain=args.explain)
+                     policy, link, explain=args.explain, co_run=args.co_run)
         result["label"] = label
         results.append(result)
     if pure:  # on the pure Python core, in processes of their own; never explained
         references = replay_pure([args.seed], pure, args.notebooks, args.gpus, args.hours,
-                                 args.jobs)
+                                 args.jobs, co_run=args.co_run)
         for label, figures in references.items():
             results.append({**figures[args.seed], "label": label})
     print(side_by_side(results))

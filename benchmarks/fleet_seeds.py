@@ -59,41 +59,49 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def replay_one(job: tuple[int, str, int, int, float]) -> tuple[int, str, dict]:
+#: (seed, run label, notebooks, GPUs, hours, co_run): one replay for a worker process.
+Job = tuple[int, str, int, int, float, float]
+
+
+def replay_one(job: Job) -> tuple[int, str, dict]:
     """One run of one seed, in a worker process: its figures without the replay itself."""
     from benchmarks.fleet import GPU_MEMORY, HINT_RUNS, ORACLE_RUNS, RUNS, run
 
-    seed, label, notebooks, gpus, hours = job
+    seed, label, notebooks, gpus, hours, co_run = job
     _, mode, tq, policy, link = next(r for r in (*RUNS, *ORACLE_RUNS, *HINT_RUNS)
                                      if r[0] == label)
-    result = run(notebooks, gpus, hours, seed, mode, GPU_MEMORY, tq, policy, link)
+    result = run(notebooks, gpus, hours, seed, mode, GPU_MEMORY, tq, policy, link,
+                 co_run=co_run)
     return seed, label, {k: v for k, v in result.items() if not k.startswith("_")}
 
 
 def replay_seeds(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: float = 8.0,
-                 jobs: int | None = None, pure: Sequence[tuple] = ()
+                 jobs: int | None = None, pure: Sequence[tuple] = (), co_run: float = 1.0
                  ) -> dict[str, dict[int, dict]]:
     """Each of ``KEY_RUNS`` on each seed, then each of the runs ``pure`` (rows of
     ``fleet.ORACLE_RUNS`` or ``fleet.HINT_RUNS``, ``replay_pure``): label -> seed -> figures."""
     results: dict[str, dict[int, dict]] = {label: {} for label in KEY_RUNS}
-    work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in KEY_RUNS]
+    work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run) for seed in seeds
+                       for label in KEY_RUNS]
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures
     if pure:
-        results.update(replay_pure(seeds, pure, notebooks, gpus, hours, jobs))
+        results.update(replay_pure(seeds, pure, notebooks, gpus, hours, jobs, co_run))
     return results
 
 
 def replay_pure(seeds: list[int], runs: Sequence[tuple], notebooks: int = 20, gpus: int = 2,
-                hours: float = 8.0, jobs: int | None = None) -> dict[str, dict[int, dict]]:
+                hours: float = 8.0, jobs: int | None = None, co_run: float = 1.0
+                ) -> dict[str, dict[int, dict]]:
     """Each of ``runs`` (the references of ``fleet.ORACLE_RUNS`` and ``fleet.HINT_RUNS``) on
     each seed, in pure Python processes (they subclass the compiled policy, ``fleet_oracle``):
     label -> seed -> figures."""
     from benchmarks.fleet_oracle import pure_workers
 
     results: dict[str, dict[int, dict]] = {label: {} for label, *_ in runs}
-    work = [(seed, label, notebooks, gpus, hours) for seed in seeds for label in results]
+    work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run) for seed in seeds
+                       for label in results]
     with pure_workers(jobs) as pool:
         for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures

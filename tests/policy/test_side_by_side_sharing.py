@@ -8,6 +8,8 @@ per second, and the rates change whenever a holder starts working or leaves.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from policy_helpers import GiB, make_scheduler
 
@@ -143,3 +145,32 @@ def test_the_fleets_pool_shares_split_the_gpus_time_between_holders_side_by_side
     assert contention.sustained == pytest.approx(100.0)
     assert contention.held == pytest.approx({"training": 25.0 + 100 / 3,
                                              "simulation": 25.0 + 50 / 3})
+
+
+def test_the_fleet_takes_the_measured_co_run_and_only_side_by_side_runs_move(tmp_path, capsys):
+    """``--co-run`` feeds ``benchmarks.gpu_corun``'s figure back into the fleet: mode auto's
+    runs move with it, mode on's (one holder at a time) read the same."""
+    from benchmarks.fleet import main
+
+    figures = {}
+    for co_run in ("1.0", "0.5"):
+        out = tmp_path / f"{co_run}.json"
+        main(["--seeds", "1", "--notebooks", "8", "--gpus", "1", "--hours", "0.5", "--jobs", "1",
+              "--co-run", co_run, "--json", str(out)])
+        figures[co_run] = json.loads(out.read_text())
+    assert "0.5 of the GPU's work done together" in capsys.readouterr().out
+    timing = {"wall_s", "simulated_seconds_per_wall_second"}  # the benchmark's own speed
+
+    def replayed(run: dict) -> dict:
+        return {k: v for k, v in run.items() if k not in timing}
+
+    for label, by_seed in figures["1.0"].items():
+        same = replayed(by_seed["1"]) == replayed(figures["0.5"][label]["1"])
+        assert same == (not label.startswith("auto")), label
+
+
+def test_a_co_run_outside_zero_to_one_is_refused():
+    from benchmarks.fleet import main
+
+    with pytest.raises(SystemExit):
+        main(["--co-run", "1.5"])
