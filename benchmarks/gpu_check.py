@@ -1,7 +1,7 @@
 """One command on a GPU machine: ``make gpu-check`` (``python -m benchmarks.gpu_check``).
 
     python -m benchmarks.gpu_check [--out gpu-check.md] [--quick] [--budget 1080]
-                                   [--only tests,paging,overhead,checkpoint]
+                                   [--only tests,paging,overhead,checkpoint,corun]
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
 runs ``pytest -m gpu tests/shim`` and every GPU benchmark (shim_paging, shim_overhead,

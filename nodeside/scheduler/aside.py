@@ -42,7 +42,7 @@ class StepAside:
     """Who is light beside whom in mode auto, and the heavy clients let through past a TQ."""
 
     def __init__(self, policy: InteractivePolicy) -> None:
-        # The policy's measures (``service``, ``pick``, ``quantum``) and the scheduler's TQ.
+        # The policy's measures (``service``, ``quantum``) and the scheduler's TQ.
         self.policy = policy
         #: Client id -> when it was granted for having been held back a whole TQ: it is not
         #: asked to step aside again until a TQ later.
@@ -74,10 +74,10 @@ class StepAside:
         if self._heavy(gpu, client, tq, now):
             self._let_through[client.id] = now
 
-    def steps_aside_for(self, gpu: GpuState, holder: Client, tq: float,
+    def steps_aside_for(self, gpu: GpuState, holder: Client, waiter: Client | None, tq: float,
                         now: float) -> Client | None:
         """The light client ``holder`` steps aside for now, if any: a light holder in its turn
-        or the waiter the policy would grant next, once ``holder``'s quantum for it is over."""
+        or ``waiter`` (the policy's next), once ``holder``'s quantum for it is over."""
         hold = holder.hold
         assert hold is not None
         let = self._let_through.get(holder.id)
@@ -85,7 +85,6 @@ class StepAside:
             return None
         policy = self.policy
         lights = [h for h in self.in_turn(gpu, tq, now) if h is not holder]
-        waiter = policy.pick(gpu, now)
         if waiter is not None:
             lights.append(waiter)
         for light in lights:

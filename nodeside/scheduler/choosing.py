@@ -172,9 +172,10 @@ class PoolsPolicy:
         """Mode auto: is ``client``, which fits, kept from being granted beside the holders?"""
         return False
 
-    def steps_aside_for(self, gpu: GpuState, holder: Client, tq: float,
+    def steps_aside_for(self, gpu: GpuState, holder: Client, waiter: Client | None, tq: float,
                         now: float) -> Client | None:
-        """The client ``holder`` is asked to step aside for now, if any."""
+        """The client ``holder`` is asked to step aside for now, if any (``waiter``: the one
+        ``pick`` would grant next)."""
         return None
 
     def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:

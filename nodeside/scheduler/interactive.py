@@ -214,9 +214,9 @@ class InteractivePolicy(PoolsPolicy):
     def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
         return self.scheduler.mode == "auto" and self.aside.holds_back(gpu, client, now)
 
-    def steps_aside_for(self, gpu: GpuState, holder: Client, tq: float,
+    def steps_aside_for(self, gpu: GpuState, holder: Client, waiter: Client | None, tq: float,
                         now: float) -> Client | None:
-        return self.aside.steps_aside_for(gpu, holder, tq, now)
+        return self.aside.steps_aside_for(gpu, holder, waiter, tq, now)
 
     def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
         """Why ``nxt`` goes next, for the status document: the first rule that decided."""

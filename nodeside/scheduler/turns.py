@@ -116,11 +116,14 @@ class Turns(Moves):
         actions: list[Action] = []
         tq = self.tq_for(gpu.spec.index)
         cuts = self.choice.cuts_quanta  # if not, every quantum is the TQ
+        aside = cuts and self.mode == "auto"
+        # Asked once for every holder: a drop below changes no waiter's place.
+        waiter = self.choice.pick(gpu, now) if aside and gpu.waiters else None
         for holder in room.staying(gpu):
             hold = holder.hold
             assert hold is not None
-            if cuts and self.mode == "auto":
-                light = self.choice.steps_aside_for(gpu, holder, tq, now)
+            if aside:
+                light = self.choice.steps_aside_for(gpu, holder, waiter, tq, now)
                 if light is not None:
                     actions.extend(self._step_aside(gpu, holder, light, now))
                     continue

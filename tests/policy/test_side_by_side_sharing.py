@@ -32,26 +32,27 @@ def ends(replay: Replay) -> dict[str, float | None]:
     return {s.name: s.end for s in replay.spans}
 
 
-def test_two_holders_side_by_side_each_work_at_half_speed():
-    replay = side_by_side(co_run=1.0)
+def a_long_cell_then_a_short_one_beside_it(co_run: float | None) -> dict[str, float | None]:
+    """A works 10 s from 0 s, B 2 s from 4 s, side by side: when each ends."""
+    replay = side_by_side(co_run=co_run)
     a = replay.add("A", working_set=GiB)
     b = replay.add("B", working_set=GiB)
     replay.burst(a, 10.0, when=0.0)
     replay.burst(b, 2.0, when=4.0)
     replay.run_until(100.0)
+    return ends(replay)
+
+
+def test_two_holders_side_by_side_each_work_at_half_speed():
     # A alone for 4 s (6 s left); from 4 s both at half speed: B's 2 s take 4 s, so B ends at
     # 8 s with A 2 s further (4 s left); A alone again ends at 12 s.
-    assert ends(replay) == {"A": pytest.approx(12.0), "B": pytest.approx(8.0)}
+    assert a_long_cell_then_a_short_one_beside_it(1.0) == {"A": pytest.approx(12.0),
+                                                         "B": pytest.approx(8.0)}
 
 
 def test_without_co_run_holders_side_by_side_work_at_full_speed():
-    replay = side_by_side(co_run=None)
-    a = replay.add("A", working_set=GiB)
-    b = replay.add("B", working_set=GiB)
-    replay.burst(a, 10.0, when=0.0)
-    replay.burst(b, 2.0, when=4.0)
-    replay.run_until(100.0)
-    assert ends(replay) == {"A": pytest.approx(10.0), "B": pytest.approx(6.0)}
+    assert a_long_cell_then_a_short_one_beside_it(None) == {"A": pytest.approx(10.0),
+                                                          "B": pytest.approx(6.0)}
 
 
 def test_an_efficiency_below_one_slows_every_holder_beside_another():
