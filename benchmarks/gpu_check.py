@@ -149,9 +149,16 @@ def build_shim() -> tuple[str, bool]:
         return f"**failed**: {exc}", False
 
 
+def per_test_limit() -> list[str]:
+    """One hung test must not spend the whole step: pytest-timeout stops it after 120 s."""
+    import importlib.util
+
+    return ["--timeout", "120"] if importlib.util.find_spec("pytest_timeout") else []
+
+
 def gpu_tests(seconds: float) -> list[str]:
     out, failed = step([sys.executable, "-m", "pytest", "-m", "gpu", "tests/shim", "-q",
-                        "-rfEs", "-p", "no:cacheprovider"], seconds)
+                        "-rfEs", "--tb=line", "-p", "no:cacheprovider", *per_test_limit()], seconds)
     lines = out.strip().splitlines()
     summary = next((line.strip("= ") for line in reversed(lines)
                     if re.search(r"\d+ (passed|failed|skipped|error)", line)), "no summary")

@@ -60,7 +60,10 @@ print(json.dumps({{"to_host": timed(lambda: host.copy_(device, non_blocking=True
 class Worker:
     def __init__(self, socket: str, shim: str, **env: str) -> None:
         environment = {**common.without_kiwi(), "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
-                       "KIWI_IDLE_RELEASE": "0", "PYTHONPATH": str(REPO), **env}
+                       "KIWI_IDLE_RELEASE": "0", "PYTHONPATH": str(REPO),
+                       # The managed pager is what these figures are of (auto would pick
+                       # the checkpoint evictor on an r570+ driver); **env may say otherwise.
+                       "KIWI_EVICT": "managed", **env}
         self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.shim_worker"],
                                         cwd=REPO, env=environment, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)

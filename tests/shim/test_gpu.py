@@ -69,7 +69,9 @@ def report(**fields):
 
 def environment(shim: Path | None, env: dict[str, str] | None = None) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
-    environ.update({"PYTHONPATH": str(REPO), "KIWI_IDLE_RELEASE": "0"})
+    # These tests prove the managed evictor (conversion, paging, PyTorch's allocators). On an
+    # r570+ driver the default, auto, picks the checkpoint evictor, which converts nothing.
+    environ.update({"PYTHONPATH": str(REPO), "KIWI_IDLE_RELEASE": "0", "KIWI_EVICT": "managed"})
     if shim:
         environ["LD_PRELOAD"] = str(shim)
     environ.update(env or {})
@@ -415,7 +417,7 @@ CACHED_FREE_BLOCK = """
     from nodeside.client import Client
     from kiwi_jupyter.kernel.free_blocks import FreeBlocks
     shim.cell_begin()
-    keep = torch.full((512 << 20) // 4, 3.0, device="cuda")
+    keep = torch.full(((512 << 20) // 4,), 3.0, device="cuda")
     big = torch.ones((2 << 30) // 4, device="cuda")
     torch.cuda.synchronize()
     del big  # PyTorch keeps its segment: 2 GiB free in the cache
