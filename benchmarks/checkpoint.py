@@ -1,10 +1,13 @@
 """Checkpoint evictor benchmarks (GPU, PyTorch, driver r570+): ``python -m benchmarks.checkpoint``.
 
-``main()`` returns the results as Markdown (``make gpu-check`` collects it) and skips cleanly,
-saying why, without a GPU, PyTorch or the driver's checkpoint API. Each figure is set against a
-floor measured in the same run on the same GPU:
+    python -m benchmarks.checkpoint [--sizes 1,10]   # --sizes 1,10,40 for the large one
 
-- checkpoint and restore of a process holding 1, 10 and 40 GiB of device memory (the driver's
+It prints its Markdown as it goes, each line flushed (so a step cut off by ``make gpu-check``'s
+time limit keeps what was measured), returns the whole of it from ``main()``, and skips cleanly,
+saying why, without a GPU, PyTorch or the driver's checkpoint API. The default fits in about four
+minutes on an H100. Each figure is set against a floor measured in the same run on the same GPU:
+
+- checkpoint and restore of a process holding each of ``--sizes`` GiB of device memory (the driver's
   cuCheckpointProcessCheckpoint / Restore, called from this process as the daemon does), as
   time and bandwidth against a pinned-host cudaMemcpy of the same bytes in a process without
   the shim;
@@ -20,6 +23,7 @@ never allocated.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -32,7 +36,8 @@ from benchmarks.common import without_kiwi
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
-SIZES_GIB = (1, 10, 40)
+#: Checkpoint round sizes by default; 40 GiB (a 40 GiB pinned floor too) costs minutes more.
+SIZES_GIB = (1, 10)
 HANDOFF_GIB = 10
 #: Room left free on the card and in host memory beside what a figure needs.
 HEADROOM = 2 * GiB
@@ -121,19 +126,53 @@ def training_step(env: dict[str, str], repeats: int = 3) -> float:
     return statistics.median(run(WORKLOADS["torch_training_step"], env) for _ in range(repeats))
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+class Report:
+    """The Markdown, printed line by line as it is known (flushed) and kept for main()."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, *lines: str) -> None:
+        for line in lines:
+            self.lines.append(line)
+            print(line, flush=True)
+
+    def table_header(self, *header: str) -> None:
+        self("| " + " | ".join(header) + " |", "|" + " --- |" * len(header))
+
+    def table_row(self, *cells: str) -> None:
+        self("| " + " | ".join(cells) + " |")
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``"1,10,40"`` -> (1, 10, 40); argparse reports a bad one."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"sizes are whole GiB, comma-separated: {text!r}") from None
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"sizes are whole GiB above 0: {text!r}")
+    return sizes
 
 
 def main(argv: list[str] | None = None) -> str:
-    """Run what this machine allows; the results as Markdown."""
-    del argv
-    out = ["## Checkpoint evictor", ""]
+    """Run what this machine allows; prints the Markdown as it goes and returns all of it."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.checkpoint",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=parse_sizes, default=SIZES_GIB,
+                        help="checkpoint round sizes in GiB, comma-separated (default 1,10)")
+    args = parser.parse_args(argv or [])
+    out = Report()
+    out("## Checkpoint evictor", "")
     free = _gpu_free()
     if free is None:
-        return "\n".join([*out, "Skipped: no GPU (or no PyTorch with CUDA)."])
+        out("Skipped: no GPU (or no PyTorch with CUDA).")
+        return out.text
     import torch
 
     from benchmarks.common import start_daemon
@@ -141,70 +180,70 @@ def main(argv: list[str] | None = None) -> str:
     from kiwi_jupyter.shim import library_path
     from nodeside.evict.checkpoint import CheckpointUnavailable, load
 
-    out.append(f"{torch.cuda.get_device_name(0)}, {time.strftime('%Y-%m-%d')}, "
-               f"{free / GiB:.1f} GiB free at the start.")
-    out.append("")
+    out(f"{torch.cuda.get_device_name(0)}, {time.strftime('%Y-%m-%d')}, "
+        f"{free / GiB:.1f} GiB free at the start.", "")
     try:
         api = load()
     except CheckpointUnavailable as exc:
-        return "\n".join([*out, f"Skipped: {exc}."])
+        out(f"Skipped: {exc}.")
+        return out.text
 
-    rows: list[tuple[str, ...]] = []
-    for gib in SIZES_GIB:
+    floors: dict[int, dict[str, float]] = {}  # one pinned floor per size: each costs seconds
+
+    def floor(nbytes: int) -> dict[str, float]:
+        if nbytes not in floors:
+            floors[nbytes] = pinned_copy_bandwidth(nbytes)
+        return floors[nbytes]
+
+    out.table_header("size", "checkpoint", "vs memcpy D->H", "restore", "vs memcpy H->D",
+                     "memory intact")
+    for gib in args.sizes:
         nbytes = gib * GiB
         if nbytes + HEADROOM > free or nbytes + HEADROOM > _host_available():
-            rows.append((f"{gib} GiB", "skipped: does not fit", "", "", "", ""))
+            out.table_row(f"{gib} GiB", "skipped: does not fit", "", "", "", "")
             continue
-        floor = pinned_copy_bandwidth(nbytes)
+        link = floor(nbytes)
         times = checkpoint_round(api, nbytes)
         out_bw, in_bw = nbytes / times["checkpoint_s"], nbytes / times["restore_s"]
-        rows.append((f"{gib} GiB", f"{times['checkpoint_s']:.3f} s / {out_bw / 1e9:.1f} GB/s",
-                     f"{out_bw / floor['to_host']:.2f}",
-                     f"{times['restore_s']:.3f} s / {in_bw / 1e9:.1f} GB/s",
-                     f"{in_bw / floor['to_device']:.2f}",
-                     "yes" if times["intact"] else "NO"))
-    out += _table(("size", "checkpoint", "vs memcpy D->H", "restore", "vs memcpy H->D",
-                   "memory intact"), rows)
-    out.append("")
+        out.table_row(f"{gib} GiB", f"{times['checkpoint_s']:.3f} s / {out_bw / 1e9:.1f} GB/s",
+                      f"{out_bw / link['to_host']:.2f}",
+                      f"{times['restore_s']:.3f} s / {in_bw / 1e9:.1f} GB/s",
+                      f"{in_bw / link['to_device']:.2f}", "yes" if times["intact"] else "NO")
+    out("")
 
     shim = str(library_path())
     nbytes = HANDOFF_GIB * GiB
-    handoffs: list[tuple[str, ...]] = []
-    steps: list[tuple[str, ...]] = []
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
         # The daemon is told the GPU holds 1.5 x N, so two N working sets never fit.
         daemon, socket = start_daemon(directory, "--tq", "0.05", "--grace", "120", "--gpus",
                                       "1", "--gpu-memory", str(int(nbytes * 1.5)))
         try:
+            out(f"Handoff of {HANDOFF_GIB} GiB each way (floor: out and back at pinned memcpy "
+                "speed):", "")
+            out.table_header("evictor", "handoff (s)", "floor / handoff")
             fits = 2 * nbytes + HEADROOM <= (_gpu_free() or 0)
-            link = pinned_copy_bandwidth(nbytes) if fits else None
             for evict in ("managed", "checkpoint"):
-                if link is None:
-                    handoffs.append((evict, "skipped: two working sets do not fit", ""))
+                if not fits:
+                    out.table_row(evict, "skipped: two working sets do not fit", "")
                     continue
+                link = floor(nbytes)
                 seconds = handoff(socket, shim, nbytes, evict)
                 ideal = 2 * nbytes / ((link["to_host"] + link["to_device"]) / 2)
-                handoffs.append((evict, f"{seconds:.3f}", f"{ideal / seconds:.2f}"))
+                out.table_row(evict, f"{seconds:.3f}", f"{ideal / seconds:.2f}")
+            out("", "PyTorch training step (small MLP, batch 4096), steady state:", "")
+            out.table_header("evictor", "step (ms)", "vs no shim")
             plain = training_step(without_kiwi())
-            steps.append(("no shim", f"{plain * 1e3:.3f}", "1.00"))
+            out.table_row("no shim", f"{plain * 1e3:.3f}", "1.00")
             for evict in ("managed", "checkpoint"):
                 env = {**without_kiwi(), "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
                        "KIWI_IDLE_RELEASE": "0", "KIWI_EVICT": evict, "PYTHONPATH": str(REPO)}
                 step = training_step(env)
-                steps.append((evict, f"{step * 1e3:.3f}", f"{step / plain:.3f}"))
+                out.table_row(evict, f"{step * 1e3:.3f}", f"{step / plain:.3f}")
         finally:
             daemon.terminate()
             daemon.wait(10)
-    out.append(f"Handoff of {HANDOFF_GIB} GiB each way (floor: out and back at pinned memcpy "
-               "speed):")
-    out.append("")
-    out += _table(("evictor", "handoff (s)", "floor / handoff"), handoffs)
-    out.append("")
-    out.append("PyTorch training step (small MLP, batch 4096), steady state:")
-    out.append("")
-    out += _table(("evictor", "step (ms)", "vs no shim"), steps)
-    return "\n".join(out)
+    return out.text
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1:]))
+    main(sys.argv[1:])

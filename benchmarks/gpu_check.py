@@ -1,7 +1,8 @@
 """One command on a GPU machine: ``make gpu-check`` (``python -m benchmarks.gpu_check``).
 
     python -m benchmarks.gpu_check [--out gpu-check.md] [--quick] [--budget 1080]
-                                   [--only tests,paging,overhead,checkpoint,corun]
+                                   [--only tests,paging,overhead,checkpoint,evict,corun]
+                                   [--checkpoint-sizes 1,10,40]
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
 runs ``pytest -m gpu tests/shim`` and every GPU benchmark (shim_paging, shim_overhead,
@@ -36,7 +37,7 @@ GiB = 1 << 30
 #: What the GPU steps import; a machine missing one gets a line naming it (and make gpu-wheels).
 NEEDED = ("torch", "cupy", "pytest", "yaml", "prometheus_client", "pynvml")
 #: The check's steps, in the order they run.
-STEPS = ("tests", "paging", "overhead", "checkpoint", "corun")
+STEPS = ("tests", "paging", "overhead", "checkpoint", "evict", "corun")
 
 
 @dataclass
@@ -177,20 +178,11 @@ def benchmark(module: str, args: list[str], seconds: float) -> list[str]:
     return rows
 
 
-# A benchmark module whose main() returns its Markdown: what it prints goes to stderr.
-RETURNS_MARKDOWN = """
-import contextlib, sys
-from benchmarks import {module} as bench
-with contextlib.redirect_stdout(sys.stderr):
-    text = bench.main({argv})
-print(text if isinstance(text, str) else "")
-"""
-
-
 def markdown_benchmark(module: str, argv: list[str], seconds: float) -> list[str]:
-    code = RETURNS_MARKDOWN.format(module=module, argv=repr(argv))
-    out, failed = step([sys.executable, "-c", code], seconds)
-    rows = demote_headings(out.strip().splitlines()) or ["(it returned no Markdown)"]
+    """A benchmark that prints Markdown as it goes, flushed: all of its lines are the result
+    (headings put under the report's), and a step cut off by its limit keeps what it printed."""
+    out, failed = step([sys.executable, "-m", f"benchmarks.{module}", *argv], seconds)
+    rows = demote_headings(out.rstrip().splitlines()) or ["(it printed no Markdown)"]
     if failed:
         rows.append(f"\n**{module} {failed}**")
     return rows
@@ -209,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu-check.md"))
     parser.add_argument("--quick", action="store_true", help="smaller working sets, fewer runs")
     parser.add_argument("--budget", type=float, default=18 * 60, help="seconds for everything")
+    parser.add_argument("--checkpoint-sizes", metavar="GIB,...",
+                        help="the checkpoint step's round sizes (its default: 1,10; 40 costs "
+                        "minutes more)")
     parser.add_argument("--only", help=f"comma-separated steps, of: {', '.join(STEPS)} "
                         "(the device tool allows 10 minutes a command: split the check in two)")
     args = parser.parse_args(argv)
@@ -228,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"- Shim: {shim_line}.",
                    "- On a GPU machine this runs `pytest -m gpu tests/shim`, "
                    "`benchmarks.shim_paging`, `benchmarks.shim_overhead`, "
-                   f"{checkpoint_line()} and `benchmarks.gpu_corun`.",
+                   f"{checkpoint_line()}, `benchmarks.evict_variants` and "
+                   "`benchmarks.gpu_corun`.",
                    f"- Packages it would need that are missing here: "
                    f"{', '.join(missing) or 'none'}."]
         return finish(report, args.out, started, 0 if shim_ok else 1)
@@ -259,7 +255,16 @@ def main(argv: list[str] | None = None) -> int:
         if importlib.util.find_spec("benchmarks.checkpoint") is None:
             report.append("Skipped: `benchmarks/checkpoint.py` is not in this tree.")
         else:
-            report += markdown_benchmark("checkpoint", [], budget.limit(300))
+            sizes = ["--sizes", args.checkpoint_sizes] if args.checkpoint_sizes else []
+            report += markdown_benchmark("checkpoint", sizes, budget.limit(300))
+    if "evict" in steps:
+        # evict_variants sizes its buffer down to what the card and the host have free.
+        gib = "2" if args.quick else "10"
+        report += ["", f"## Eviction strategies for managed memory ({gib} GiB at most, "
+                   "plain process, no shim)", "",
+                   *markdown_benchmark("evict_variants",
+                                       ["--gib", gib, "--rounds", "1" if args.quick else "2"],
+                                       budget.limit(420))]
     if "corun" in steps:
         seconds = "3" if args.quick else "5"
         report += ["", "## Side by side: work done together against one alone (`co_run`)", "",

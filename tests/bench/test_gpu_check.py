@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import subprocess
 import sys
@@ -31,4 +32,23 @@ def test_gpu_check_without_a_gpu_is_a_dry_run_that_says_so_and_writes_one_report
     assert "**No NVIDIA GPU here: dry run, nothing measured.**" in text
     assert "Shim: built `" in text  # the one step that needs no GPU still ran
     assert "pytest -m gpu tests/shim" in text and "benchmarks.shim_paging" in text
-    assert "benchmarks.gpu_corun" in text
+    assert "benchmarks.gpu_corun" in text and "benchmarks.evict_variants" in text
+
+
+def test_a_step_cut_off_by_its_limit_keeps_the_lines_it_printed_before() -> None:
+    from benchmarks.gpu_check import step
+
+    # It would print more after ten minutes; the 5 s limit stops it first.
+    code = "import time; print('| measured | 1 |', flush=True); time.sleep(600); print('| more |')"
+    out, failed = step([sys.executable, "-c", code], 5)
+    assert "| measured | 1 |" in out
+    assert failed == "stopped after its 5 s limit"
+
+
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None,
+                    reason="a CUDA driver is here: the skip is what machines without one do")
+def test_the_evict_step_reports_what_evict_variants_printed_and_why_it_skipped() -> None:
+    from benchmarks.gpu_check import markdown_benchmark
+
+    rows = markdown_benchmark("evict_variants", ["--gib", "1"], 120)
+    assert rows == [rows[0]] and rows[0].startswith("Skipped: no usable CUDA driver or GPU")
