@@ -24,14 +24,20 @@ def allocate(nbytes: int) -> None:
 
 def iterate(count: int) -> list[float]:
     """count passes over the whole working set; each pass's wall time, synchronized."""
+    return [end - start for start, end in passes(count)]
+
+
+def passes(count: int) -> list[tuple[float, float]]:
+    """count passes over the whole working set; when each began and ended, synchronized, on
+    CLOCK_MONOTONIC (time.monotonic: the clock of the shim's last_grant_at)."""
     assert tensor is not None
-    times = []
+    spans = []
     for _ in range(count):
-        started = time.perf_counter()
+        started = time.monotonic()
         tensor.mul_(1.0000001)
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return times
+        spans.append((started, time.monotonic()))
+    return spans
 
 
 def handle(command: dict[str, Any]) -> Any:
@@ -40,6 +46,8 @@ def handle(command: dict[str, Any]) -> Any:
         return allocate(command["bytes"])
     if op == "iterate":
         return iterate(command["count"])
+    if op == "passes":
+        return passes(command["count"])
     if op == "cell_begin":
         return shim.cell_begin() if shim else None
     if op == "release":

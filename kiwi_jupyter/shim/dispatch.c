@@ -9,6 +9,7 @@
 
 static void on_grant(const char *line)
 {
+    double arrived = kiwi_now();
     /* Restored on every grant, not only after an eviction of ours: while other processes held
      * the GPU the driver may have pushed pages out on its own, to make room for theirs. */
     struct kiwi_working_set ws;
@@ -33,6 +34,7 @@ static void on_grant(const char *line)
     }
     kiwi_comm.stats.hold = KIWI_HOLDING;
     kiwi_comm.stats.grants++;
+    kiwi_comm.stats.last_grant_at = arrived;
     kiwi_comm.stats.queue_position = 0;
     kiwi_comm.granted_at = kiwi_now();
     kiwi_comm.acquire_wanted = false;

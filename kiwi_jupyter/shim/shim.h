@@ -262,6 +262,9 @@ struct kiwi_stats {
     uint64_t restores, bytes_restored;
     double seconds_restoring;
     double seconds_waiting;  /* time gated calls spent waiting for the GPU */
+    /* CLOCK_MONOTONIC when the last grant arrived, before its restore: benchmarks time the
+     * way back to full speed from here, whichever way the pages come back. 0 before any. */
+    double last_grant_at;
 };
 
 /* The one lock around the hold's state; kiwi_changed is broadcast whenever it changes. */

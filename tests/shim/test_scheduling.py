@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -137,6 +138,25 @@ def test_a_regrant_restores_the_working_set_before_work_resumes(scheduler, workl
     assert prefetch_devices(w.log.calls("cuMemPrefetchAsync")) == [0, 0]
     stats = w.stats()  # the first grant restored too: the driver may have moved pages
     assert (stats["restores"], stats["bytes_restored"], stats["evicted"]) == (2, 12 * GiB, False)
+
+
+def test_the_stats_say_when_the_last_grant_arrived_on_the_monotonic_clock(scheduler,
+                                                                           workload) -> None:
+    """Benchmarks time the way back to full speed from the grant, not from the request (which
+    includes the other holder's eviction)."""
+    w = workload(KIWI_SOCKET=scheduler.socket)
+    assert w.stats()["last_grant_at"] == 0  # no grant yet
+    hold_with(w, scheduler, 1 * GiB)
+    with other_client(scheduler, "next", 8 * GiB) as next_holder:
+        next_holder.acquire(timeout=10)
+        launch = w.start("d.launch()")
+        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        handed_over = time.monotonic()  # the same clock as the shim's, across processes
+        next_holder.release()
+        assert launch.result() == 0
+        resumed = time.monotonic()
+    granted = w.stats()["last_grant_at"]
+    assert handed_over <= granted <= resumed
 
 
 def test_a_drop_that_fits_beside_moves_nothing(scheduler, workload) -> None:
