@@ -46,7 +46,11 @@ class Bench:
         self.driver, self.nbytes = driver, nbytes
         self.stream = driver.stream()
         self.streams: list[Stream] = []
+        started = time.perf_counter()
         self.pinned = driver.alloc_pinned(nbytes)
+        # A copying evictor needs such a buffer: what it costs to get one decides whether the
+        # shim may allocate it per eviction or must keep it.
+        self.pinning_s = time.perf_counter() - started
         self.pageable: mmap.mmap | None = None
         self.pageable_address = 0
         self.managed = 0
@@ -221,9 +225,11 @@ def run(driver: Driver, strategies: Sequence[Strategy], want: int, rounds: int) 
          f"free); driver API {driver.version}; discard API "
          f"{'yes' if driver.discard_batch else 'no'}; transparent huge pages: "
          f"{transparent_huge_pages()}.")
-    emit("")
     bench = Bench(driver, nbytes)
     try:
+        emit(f"Allocating the pinned host buffer (cuMemAllocHost, {nbytes / GiB:.2f} GiB) took "
+             f"{bench.pinning_s:.2f} s.")
+        emit("")
         to_host, to_device = bench.floor()
         bench.fill()
         for line in header():

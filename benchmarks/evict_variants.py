@@ -114,7 +114,7 @@ def row(measured: Round, floor_to_host: float, floor_to_device: float) -> str:
     restore_bw = measured.nbytes / measured.restore_s
     return table_row((measured.strategy, measured.round, f"{evict_bw / 1e9:.1f}",
                       f"{evict_bw / floor_to_host:.2f}", f"{measured.evict_call_s:.3f}",
-                      f"{measured.freed / GiB:.1f}", f"{restore_bw / 1e9:.1f}",
+                      f"{measured.freed / GiB:.2f}", f"{restore_bw / 1e9:.1f}",
                       f"{restore_bw / floor_to_device:.2f}",
                       "yes" if measured.intact else "**NO**"))
 

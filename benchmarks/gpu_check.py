@@ -259,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
             report += markdown_benchmark("checkpoint", sizes, budget.limit(300))
     if "evict" in steps:
         # evict_variants sizes its buffer down to what the card and the host have free.
-        gib = "2" if args.quick else "10"
-        report += ["", f"## Eviction strategies for managed memory ({gib} GiB at most, "
+        most = "2" if args.quick else "10"
+        report += ["", f"## Eviction strategies for managed memory ({most} GiB at most, "
                    "plain process, no shim)", "",
                    *markdown_benchmark("evict_variants",
-                                       ["--gib", gib, "--rounds", "1" if args.quick else "2"],
+                                       ["--gib", most, "--rounds", "1" if args.quick else "2"],
                                        budget.limit(420))]
     if "corun" in steps:
         seconds = "3" if args.quick else "5"

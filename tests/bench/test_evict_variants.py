@@ -77,7 +77,7 @@ def test_a_row_gives_each_direction_against_the_pinned_memcpy_of_the_same_run():
     measured = Round("prefetch", 2, nbytes=10 * 10**9, evict_s=2.0, evict_call_s=1.9991,
                      freed=10 * GiB, restore_s=0.25, intact=True)
     text = row(measured, floor_to_host=50e9, floor_to_device=50e9)
-    assert text == "| prefetch | 2 | 5.0 | 0.10 | 1.999 | 10.0 | 40.0 | 0.80 | yes |"
+    assert text == "| prefetch | 2 | 5.0 | 0.10 | 1.999 | 10.00 | 40.0 | 0.80 | yes |"
 
 
 def test_a_buffer_that_came_back_wrong_is_flagged_in_its_row():
@@ -103,3 +103,58 @@ def test_without_a_gpu_it_says_why_in_one_line_and_exits_0(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Skipped: no usable CUDA driver or GPU here (")
     assert len(done.stdout.strip().splitlines()) == 1
+
+
+def build_fake_driver(directory: Path) -> Path:
+    """tests/bench/fake_uvm.c as directory/libcuda.so.1: memory-backed, so bytes really move."""
+    subprocess.run(["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
+                    "-Werror", "-Wl,-soname,libcuda.so.1", "-o", str(directory / "libcuda.so.1"),
+                    str(REPO / "tests" / "bench" / "fake_uvm.c"), "-lpthread"],
+                   check=True, capture_output=True, text=True)
+    return directory
+
+
+def run_against_fake(tmp_path: Path, **env: str) -> tuple[list[str], list[str]]:
+    """The table's rows, and the driver calls the fake saw."""
+    log = tmp_path / "calls.log"
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_UVM_LOG": str(log),
+                   "LD_LIBRARY_PATH": str(build_fake_driver(tmp_path)), **env}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.evict_variants", "--gib", "0.0625"],
+                          cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    return rows, log.read_text().splitlines()
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_every_strategy_moves_the_bytes_out_and_back_intact_and_frees_the_gpu(tmp_path: Path):
+    rows, _ = run_against_fake(tmp_path)
+    measured = [cells(line) for line in rows[3:]]  # after the header, the rule and the floor
+    assert len(measured) == 2 * len(STRATEGIES)  # two rounds of each
+    assert [row[0] for row in measured[::2]] == [s.name for s in STRATEGIES]
+    for row_cells in measured:
+        assert row_cells[-1] == "yes", row_cells
+        assert row_cells[5] == "0.06", row_cells  # 64 MiB off the card, all of it
+
+
+def test_copy_out_then_discard_copies_before_it_drops_and_repopulates_before_copying_back(
+        tmp_path: Path):
+    _, calls = run_against_fake(tmp_path)
+    names = [line.split()[0] for line in calls]
+    first = names.index("cuMemDiscardBatchAsync")
+    assert names[first - 1] == "cuMemcpyDtoHAsync_v2"  # the bytes are out before the drop
+    back = names[first + 1:first + 3]
+    assert back == ["cuMemDiscardAndPrefetchBatchAsync", "cuMemcpyHtoDAsync_v2"]
+    assert "device=0" in calls[first + 1]  # fresh pages on the GPU, nothing migrated
+
+
+def test_a_driver_that_refuses_discards_gets_a_failed_row_and_the_run_goes_on(tmp_path: Path):
+    rows, _ = run_against_fake(tmp_path, FAKE_UVM_NO_DISCARD="1")
+    copies = [cells(line) for line in rows if line.startswith("| copy-")]
+    assert copies and all("failed: cuMem" in row[2] and "801" in row[2] for row in copies)
+    prefetches = [cells(line) for line in rows if line.startswith("| prefetch")]
+    assert len(prefetches) == 2 * sum(s.how == "prefetch" for s in STRATEGIES)
+    assert all(row[-1] == "yes" for row in prefetches)
