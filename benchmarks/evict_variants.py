@@ -146,11 +146,22 @@ def transparent_huge_pages() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="strategies (for --only):\n" + "\n".join(
+            f"  {number:2d}  {strategy.name}" for number, strategy in enumerate(STRATEGIES, 1)))
     parser.add_argument("--gib", type=float, default=10.0, help="the managed buffer, at most")
     parser.add_argument("--rounds", type=int, default=2, help="evictions per strategy")
-    parser.add_argument("--only", help="comma-separated strategy numbers (1-based), to re-run")
+    parser.add_argument("--only", help="comma-separated strategy numbers (listed below)")
     args = parser.parse_args(argv)
+    chosen = list(STRATEGIES)
+    if args.only is not None:
+        try:
+            chosen = [STRATEGIES[int(i) - 1] for i in args.only.split(",") if int(i) >= 1]
+        except (ValueError, IndexError):
+            parser.error(f"--only takes numbers 1-{len(STRATEGIES)}, comma-separated")
+        if not chosen:
+            parser.error(f"--only takes numbers 1-{len(STRATEGIES)}, comma-separated")
     try:
         from benchmarks.evict_driver import Driver
 
@@ -160,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from benchmarks.evict_measure import run
 
-    chosen = list(STRATEGIES)
-    if args.only:
-        chosen = [STRATEGIES[int(i) - 1] for i in args.only.split(",")]
     return run(driver, chosen, int(args.gib * GiB), args.rounds)
 
 

@@ -158,3 +158,11 @@ def test_a_driver_that_refuses_discards_gets_a_failed_row_and_the_run_goes_on(tm
     prefetches = [cells(line) for line in rows if line.startswith("| prefetch")]
     assert len(prefetches) == 2 * sum(s.how == "prefetch" for s in STRATEGIES)
     assert all(row[-1] == "yes" for row in prefetches)
+
+
+@pytest.mark.parametrize("only", ["0", "15", "two", ""])
+def test_only_takes_the_strategies_numbers_and_refuses_others(only: str):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.evict_variants", "--only", only],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2 and "--only takes numbers 1-14" in done.stderr
