@@ -225,33 +225,45 @@ def run(driver: Driver, strategies: Sequence[Strategy], want: int, rounds: int) 
          f"free); driver API {driver.version}; discard API "
          f"{'yes' if driver.discard_batch else 'no'}; transparent huge pages: "
          f"{transparent_huge_pages()}.")
-    bench = Bench(driver, nbytes)
     try:
-        emit(f"Allocating the pinned host buffer (cuMemAllocHost, {nbytes / GiB:.2f} GiB) took "
-             f"{bench.pinning_s:.2f} s.")
-        emit("")
-        to_host, to_device = bench.floor()
-        bench.fill()
-        for line in header():
-            emit(line)
-        emit(floor_row(nbytes, to_host, to_device))
-        for strategy in strategies:
-            if strategy.needs_discard and (driver.discard_batch is None or (
-                    strategy.drop != "discard" and driver.discard_and_prefetch_batch is None)):
-                emit(table_row((strategy.name, "skipped: this driver has no discard API",
-                                *("" for _ in range(7)))))
-                continue
-            for number in range(1, rounds + 1):
-                try:
-                    measured = bench.round(strategy, number)
-                    emit(row(measured, to_host, to_device))
-                    if not measured.intact:
-                        bench.fill()
-                except DriverError as exc:
-                    emit(table_row((strategy.name, number, f"failed: {exc}",
-                                    *("" for _ in range(6)))))
-                    bench.fill()  # whatever it left, the next strategy starts from the pattern
-                    break
+        bench = Bench(driver, nbytes)
+    except DriverError as exc:  # the pinned buffer: the host may not pin that much
+        emit(f"Stopped: {exc} allocating {nbytes / GiB:.2f} GiB of pinned host memory.")
+        return 1
+    try:
+        measure(bench, strategies, rounds)
+    except DriverError as exc:  # the floor or the buffer itself: nothing else can be measured
+        emit(f"Stopped: {exc}.")
+        return 1
     finally:
         bench.close()
     return 0
+
+
+def measure(bench: Bench, strategies: Sequence[Strategy], rounds: int) -> None:
+    driver, nbytes = bench.driver, bench.nbytes
+    emit(f"Allocating the pinned host buffer (cuMemAllocHost, {nbytes / GiB:.2f} GiB) took "
+         f"{bench.pinning_s:.2f} s.")
+    emit("")
+    to_host, to_device = bench.floor()
+    bench.fill()
+    for line in header():
+        emit(line)
+    emit(floor_row(nbytes, to_host, to_device))
+    for strategy in strategies:
+        if strategy.needs_discard and (driver.discard_batch is None or (
+                strategy.drop != "discard" and driver.discard_and_prefetch_batch is None)):
+            emit(table_row((strategy.name, "skipped: this driver has no discard API",
+                            *("" for _ in range(7)))))
+            continue
+        for number in range(1, rounds + 1):
+            try:
+                measured = bench.round(strategy, number)
+                emit(row(measured, to_host, to_device))
+                if not measured.intact:
+                    bench.fill()
+            except DriverError as exc:
+                emit(table_row((strategy.name, number, f"failed: {exc}",
+                                *("" for _ in range(6)))))
+                bench.fill()  # whatever it left, the next strategy starts from the pattern
+                break

@@ -4,7 +4,7 @@
  * live, so that cuMemGetInfo's free memory moves with prefetches and discards as on a card.
  * A discard scribbles over the bytes (their contents become indeterminate), so a benchmark
  * that forgot to copy them back would read garbage. FAKE_UVM_NO_DISCARD=1: a driver without
- * CUDA 13's discards. FAKE_UVM_LOG names a file that gets one line per call.
+ * CUDA 13's discards. FAKE_UVM_NO_PINNING=1: cuMemAllocHost fails. FAKE_UVM_LOG names a file that gets one line per call.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -139,6 +139,8 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr)
 }
 EXPORT CUresult cuMemAllocHost_v2(void **host, size_t size)
 {
+    if (getenv("FAKE_UVM_NO_PINNING"))
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     *host = malloc(size);
     return *host ? 0 : 2;
 }

@@ -114,16 +114,17 @@ def build_fake_driver(directory: Path) -> Path:
     return directory
 
 
-def run_against_fake(tmp_path: Path, **env: str) -> tuple[list[str], list[str]]:
-    """The table's rows, and the driver calls the fake saw."""
+def run_against_fake(tmp_path: Path, status: int = 0, **env: str) -> tuple[list[str], list[str]]:
+    """The table's rows (or the lines, when there is no table), and the calls the fake saw."""
     log = tmp_path / "calls.log"
     environment = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_UVM_LOG": str(log),
                    "LD_LIBRARY_PATH": str(build_fake_driver(tmp_path)), **env}
     done = subprocess.run([sys.executable, "-m", "benchmarks.evict_variants", "--gib", "0.0625"],
                           cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == status, done.stderr
+    assert not done.stderr  # no traceback, whatever happened
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    return rows, log.read_text().splitlines()
+    return rows or done.stdout.splitlines(), log.read_text().splitlines() if log.exists() else []
 
 
 def cells(line: str) -> list[str]:
@@ -166,3 +167,9 @@ def test_only_takes_the_strategies_numbers_and_refuses_others(only: str):
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 2 and "--only takes numbers 1-14" in done.stderr
+
+
+def test_a_host_that_cannot_pin_the_buffer_stops_the_run_with_one_line_saying_so(tmp_path: Path):
+    lines, _ = run_against_fake(tmp_path, status=1, FAKE_UVM_NO_PINNING="1")
+    assert lines[-1] == ("Stopped: cuMemAllocHost_v2 failed with CUresult 2 allocating 0.06 GiB "
+                         "of pinned host memory.")
