@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_check [--out gpu-check.md] [--quick] [--budget 1080]
                                    [--only tests,paging,overhead,checkpoint,evict,corun]
-                                   [--checkpoint-sizes 1,10,40]
+                                   [--checkpoint-sizes 1,10,40] [--evict-copy pinned]
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
 runs ``pytest -m gpu tests/shim`` and every GPU benchmark (shim_paging, shim_overhead,
@@ -201,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu-check.md"))
     parser.add_argument("--quick", action="store_true", help="smaller working sets, fewer runs")
     parser.add_argument("--budget", type=float, default=18 * 60, help="seconds for everything")
+    parser.add_argument("--evict-copy", choices=("off", "pinned", "pageable"), default="off",
+                        help="the paging step's KIWI_EVICT_COPY (default off: by prefetch)")
     parser.add_argument("--checkpoint-sizes", metavar="GIB,...",
                         help="the checkpoint step's round sizes (its default: 1,10; 40 costs "
                         "minutes more)")
@@ -245,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if "paging" in steps:
         gib = paging_gib(gpu, args.quick)
         report += ["", f"## Paging: eviction, restore and handoff ({gib:g} GiB working sets)",
-                   "", *benchmark("shim_paging", ["--gib", str(gib)], budget.limit(300))]
+                   "", *benchmark("shim_paging", ["--gib", str(gib), "--evict-copy",
+                                                  args.evict_copy], budget.limit(300))]
     if "overhead" in steps:
         repeats = "3" if args.quick else "5"
         report += ["", "## Overhead: shimmed / plain (median of alternating runs)", "",

@@ -88,13 +88,16 @@ def start_daemon(directory: str, gpu_memory: int) -> tuple[subprocess.Popen[byte
                                "--gpu-memory", str(gpu_memory))
 
 
-def handoff_round(socket: str, shim: str, nbytes: int, restore: str) -> dict[str, Any]:
+def handoff_round(socket: str, shim: str, nbytes: int, restore: str,
+                  evict_copy: str = "off") -> dict[str, Any]:
     """Two shimmed workers with nbytes each take turns; they never fit together, so each
     handoff evicts one and restores the other. Returns the handoff to A (B evicts, A restores),
     measured as A's first iteration after asking minus a steady iteration, and A's iteration
     times after the grant."""
-    a = Worker(socket, shim, KIWI_RESTORE=restore, KIWI_CLIENT_NAME="bench-a")
-    b = Worker(socket, shim, KIWI_RESTORE=restore, KIWI_CLIENT_NAME="bench-b")
+    a = Worker(socket, shim, KIWI_RESTORE=restore, KIWI_CLIENT_NAME="bench-a",
+               KIWI_EVICT_COPY=evict_copy)
+    b = Worker(socket, shim, KIWI_RESTORE=restore, KIWI_CLIENT_NAME="bench-b",
+               KIWI_EVICT_COPY=evict_copy)
     try:
         a("cell_begin")
         a("allocate", bytes=nbytes)
@@ -141,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gib", type=float, default=10.0, help="working set size in GiB")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--evict-copy", choices=("off", "pinned", "pageable"), default="off",
+                        help="KIWI_EVICT_COPY for the prefetch round: evict by copy and discard "
+                        "(docs/shim.md); the fault round always evicts by prefetch")
     args = parser.parse_args(argv)
     import torch
 
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
         daemon, socket = start_daemon(directory, int(nbytes * 1.5))
         try:
-            prefetch = handoff_round(socket, shim, nbytes, "prefetch")
+            prefetch = handoff_round(socket, shim, nbytes, "prefetch", args.evict_copy)
             fault = handoff_round(socket, shim, nbytes, "fault")
         finally:
             daemon.terminate()
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     handoff_floor = 2 * nbytes / ((floor["to_host"] + floor["to_device"]) / 2)
     results = {
         "gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
-        "working_set_gib": args.gib,
+        "working_set_gib": args.gib, "evict_copy": args.evict_copy,
         "memcpy_to_host_gbps": floor["to_host"] / 1e9,
         "memcpy_to_device_gbps": floor["to_device"] / 1e9,
         "evict_gbps": evict_bw / 1e9, "evict_ratio": evict_bw / floor["to_host"],
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     report_row("metric", "value", "floor", "ratio")
     report_row("---", "---", "---", "---")
-    report_row("eviction GB/s", f"{results['evict_gbps']:.1f}",
+    how = "" if args.evict_copy == "off" else f" (KIWI_EVICT_COPY={args.evict_copy})"
+    report_row(f"eviction GB/s{how}", f"{results['evict_gbps']:.1f}",
                f"{results['memcpy_to_host_gbps']:.1f}", f"{results['evict_ratio']:.2f}")
     report_row("restore GB/s", f"{results['restore_gbps']:.1f}",
                f"{results['memcpy_to_device_gbps']:.1f}", f"{results['restore_ratio']:.2f}")

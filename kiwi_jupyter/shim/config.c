@@ -147,6 +147,21 @@ static void load(void)
                                                             : KIWI_EVICT_AUTO;
     if (kiwi_cfg.evict == KIWI_EVICT_AUTO && strcasecmp(evict, "auto") != 0)
         kiwi_warn("KIWI_EVICT=%s is not auto, managed or checkpoint; using auto", evict);
+    /* Off unless asked: the default changes only after a GPU run has measured it. */
+    const char *evict_copy = env("KIWI_EVICT_COPY", "off");
+    kiwi_cfg.evict_copy = strcasecmp(evict_copy, "pinned") == 0     ? KIWI_EVICT_COPY_PINNED
+                          : strcasecmp(evict_copy, "pageable") == 0 ? KIWI_EVICT_COPY_PAGEABLE
+                                                                    : KIWI_EVICT_COPY_OFF;
+    if (kiwi_cfg.evict_copy == KIWI_EVICT_COPY_OFF && strcasecmp(evict_copy, "off") != 0 &&
+        *evict_copy)
+        kiwi_warn("KIWI_EVICT_COPY=%s is not off, pinned or pageable; evicting by prefetch",
+                  evict_copy);
+    if (kiwi_cfg.evict_copy != KIWI_EVICT_COPY_OFF && kiwi_cfg.restore_by_fault) {
+        /* Discarded ranges have no contents to fault back in: the copies must be written back. */
+        kiwi_warn("KIWI_EVICT_COPY needs a restore by prefetch, not KIWI_RESTORE=fault; "
+                  "evicting by prefetch");
+        kiwi_cfg.evict_copy = KIWI_EVICT_COPY_OFF;
+    }
     copy(kiwi_cfg.socket_path, sizeof kiwi_cfg.socket_path,
          env("KIWI_SOCKET", "/var/run/kiwi/scheduler.sock"));
     copy(kiwi_cfg.pool, sizeof kiwi_cfg.pool, env("KIWI_POOL", "default"));

@@ -53,6 +53,12 @@ static bool resolve(void)
             (prefetch_batch_fn)kiwi_driver_sym("cuMemPrefetchBatchAsync");
         kiwi_pager_driver.discard_batch =
             (discard_batch_fn)kiwi_driver_sym("cuMemDiscardBatchAsync");
+        kiwi_pager_driver.copy_to_host =
+            (copy_to_host_fn)kiwi_driver_sym("cuMemcpyDtoHAsync_v2");
+        kiwi_pager_driver.copy_to_device =
+            (copy_to_device_fn)kiwi_driver_sym("cuMemcpyHtoDAsync_v2");
+        kiwi_pager_driver.host_alloc = (host_alloc_fn)kiwi_driver_sym("cuMemAllocHost_v2");
+        kiwi_pager_driver.host_free = (host_free_fn)kiwi_driver_sym("cuMemFreeHost");
         kiwi_pager_driver.ctx_get = (ctx_get_fn)kiwi_driver_sym("cuCtxGetCurrent");
     }
     bool found = kiwi_pager_driver.ctx_get != NULL;
@@ -141,6 +147,8 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
         if (contexts[i].stream && kiwi_pager_driver.ctx_set(contexts[i].ctx) == CUDA_SUCCESS)
             kiwi_pager_driver.stream_sync(contexts[i].stream);
     }
+    if (!to_host)
+        kiwi_copy_back_done();
     pthread_mutex_unlock(&contexts_lock);
     free(pieces);
     kiwi_memory_paging_end(ranges);
@@ -152,9 +160,10 @@ static void move_working_set(bool to_host, struct kiwi_transfer *moved)
     moved->discarded = move.discarded;
     moved->seconds = kiwi_now() - started;
     kiwi_log("moved %llu bytes %s in %.6f s; %llu free in the framework's cache not moved "
-             "(%llu discarded)", (unsigned long long)move.bytes,
+             "(%llu discarded); %llu copied back", (unsigned long long)move.bytes,
              to_host ? "to host memory" : "to the GPU", moved->seconds,
-             (unsigned long long)skipped, (unsigned long long)move.discarded);
+             (unsigned long long)skipped, (unsigned long long)move.discarded,
+             (unsigned long long)move.copied_back);
 }
 
 void kiwi_pager_evict(struct kiwi_transfer *moved)

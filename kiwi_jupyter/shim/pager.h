@@ -4,6 +4,8 @@
  *   pager.c    the contexts the pager knows: synchronizing them, moving the working set
  *   transfer.c one context's share of a move: its ranges prefetched, in one batch where the
  *              driver can, and its free ranges discarded
+ *   copy_out.c KIWI_EVICT_COPY: live ranges copied to host buffers and discarded instead of
+ *              prefetched to the host, and copied back after the restore's prefetch
  */
 #ifndef KIWI_PAGER_H
 #define KIWI_PAGER_H
@@ -33,6 +35,11 @@ typedef CUresult (*prefetch_batch_fn)(CUdeviceptr *, size_t *, size_t, CUmemLoca
 /* CUDA 13: drops the pages of many ranges at once; their contents become undefined. */
 typedef CUresult (*discard_batch_fn)(CUdeviceptr *, size_t *, size_t, unsigned long long, CUstream);
 
+typedef CUresult (*copy_to_host_fn)(void *, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*copy_to_device_fn)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*host_alloc_fn)(void **, size_t);
+typedef CUresult (*host_free_fn)(void *);
+
 /* The driver functions the pager calls: pager.c resolves them on first use. */
 struct pager_driver {
     ctx_get_fn ctx_get;
@@ -45,6 +52,10 @@ struct pager_driver {
     prefetch_v2_fn prefetch_v2;
     prefetch_batch_fn prefetch_batch;
     discard_batch_fn discard_batch;
+    copy_to_host_fn copy_to_host;     /* cuMemcpyDtoHAsync_v2 */
+    copy_to_device_fn copy_to_device; /* cuMemcpyHtoDAsync_v2 */
+    host_alloc_fn host_alloc;         /* cuMemAllocHost_v2 */
+    host_free_fn host_free;           /* cuMemFreeHost */
 };
 extern struct pager_driver kiwi_pager_driver;
 
@@ -52,6 +63,7 @@ struct move {
     bool to_host;
     uint64_t bytes;
     uint64_t discarded;
+    uint64_t copied_back; /* KIWI_EVICT_COPY: bytes written back from host buffers */
     int failures;
 };
 
@@ -62,5 +74,25 @@ struct move {
 size_t kiwi_pager_move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
                                const struct kiwi_range *free_ranges, size_t free_count,
                                struct move *move);
+
+/* False once the driver said it cannot discard (a GPU without concurrent managed access). */
+bool kiwi_pager_discards(void);
+
+/* ---- copy_out.c -------------------------------------------------------------------------- */
+
+/* KIWI_EVICT_COPY is set, the driver copies asynchronously and can discard. */
+bool kiwi_copy_out_usable(void);
+/* Queues a copy of each of c's live ranges into a host buffer of its own on c's stream; marks
+ * copied[i] for each one queued. Returns how many. */
+size_t kiwi_copy_out(struct context *c, const struct kiwi_range *ranges, size_t count,
+                     bool *copied, struct move *move);
+/* Forgets c's copies (their stream must have been synchronized): the discard failed. */
+void kiwi_copy_out_undo(CUcontext ctx);
+/* After the restore's prefetch on c's stream: queues each saved copy back into its range, if
+ * that range is still allocated as it was. */
+void kiwi_copy_back(struct context *c, const struct kiwi_range *ranges, size_t count,
+                    struct move *move);
+/* After the streams' synchronize: frees every saved copy. */
+void kiwi_copy_back_done(void);
 
 #endif

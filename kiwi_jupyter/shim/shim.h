@@ -49,6 +49,9 @@ static inline CUstream kiwi_stream(CUstream stream, bool per_thread)
 
 enum kiwi_evict_request { KIWI_EVICT_AUTO, KIWI_EVICT_MANAGED, KIWI_EVICT_CHECKPOINT };
 
+/* How the managed evictor's way out goes: by prefetch (off), or copied out and discarded. */
+enum kiwi_evict_copy { KIWI_EVICT_COPY_OFF, KIWI_EVICT_COPY_PINNED, KIWI_EVICT_COPY_PAGEABLE };
+
 struct kiwi_config {
     bool enabled;            /* KIWI_SHIM != 0 */
     uint64_t memory_limit;   /* KIWI_GPU_MEMORY_LIMIT in bytes; 0 = the whole GPU */
@@ -60,6 +63,7 @@ struct kiwi_config {
     int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
     char gpu_uuid[96];       /* GPU-... or MIG-..., from those or the driver; "" while unknown */
     enum kiwi_evict_request evict; /* KIWI_EVICT: auto, managed or checkpoint */
+    enum kiwi_evict_copy evict_copy; /* KIWI_EVICT_COPY: off, pinned or pageable (copy_out.c) */
     char socket_path[108];   /* KIWI_SOCKET */
     char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
     char pool[64];           /* KIWI_POOL */

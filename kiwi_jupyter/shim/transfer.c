@@ -1,7 +1,9 @@
 /* One context's share of moving the working set (pager.c decides when, and for which
  * contexts): its live ranges prefetched, in one cuMemPrefetchBatchAsync where the driver has it
  * and else one by one, with cuMemPrefetchAsync or its _v2; on the way out, its free ranges
- * discarded first. Each driver variant the shim cannot use is asked once, then left alone.
+ * discarded first. With KIWI_EVICT_COPY the live ranges go out by copy and discard instead
+ * (copy_out.c), and come back by the same prefetch followed by the copies back. Each driver
+ * variant the shim cannot use is asked once, then left alone.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -59,6 +61,11 @@ static void batch_free(struct batch *b)
     free(b->sizes);
 }
 
+bool kiwi_pager_discards(void)
+{
+    return kiwi_pager_driver.discard_batch && !atomic_load(&no_discards);
+}
+
 /* One cuMemPrefetchBatchAsync for all of a context's ranges; false when the driver cannot. */
 static bool prefetch_batch(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
                            CUdevice to, CUstream stream, struct move *move)
@@ -99,6 +106,49 @@ static void discard(const struct kiwi_range *free_ranges, size_t count, CUcontex
         move->discarded += b.bytes;
 }
 
+/* KIWI_EVICT_COPY's way out: c's live ranges copied to host buffers, then discarded, all on
+ * c's stream (so no discard runs before its copy has read the bytes). A range that could not
+ * be copied is prefetched instead. False when nothing was discarded: the caller prefetches. */
+static bool copy_out_then_discard(struct context *c, const struct kiwi_range *ranges,
+                                  size_t count, struct move *move)
+{
+    bool *copied = calloc(count, sizeof *copied);
+    CUdeviceptr *ptrs = malloc(count * sizeof *ptrs);
+    size_t *sizes = malloc(count * sizeof *sizes);
+    uint64_t before = move->bytes;
+    size_t n = copied && ptrs && sizes ? kiwi_copy_out(c, ranges, count, copied, move) : 0;
+    for (size_t i = 0, j = 0; n && i < count; i++) {
+        if (copied[i]) {
+            ptrs[j] = ranges[i].ptr;
+            sizes[j++] = ranges[i].size;
+        }
+    }
+    CUresult result = n ? kiwi_pager_driver.discard_batch(ptrs, sizes, n, 0, c->stream)
+                        : CUDA_ERROR_OUT_OF_MEMORY;
+    if (n && result != CUDA_SUCCESS) {
+        if (result == CUDA_ERROR_NOT_SUPPORTED)
+            atomic_store(&no_discards, true);
+        kiwi_warn("discarding after the copy out failed (CUDA error %d); prefetching instead",
+                  result);
+        kiwi_pager_driver.stream_sync(c->stream); /* the copies still read their buffers */
+        kiwi_copy_out_undo(c->ctx);
+        move->bytes = before;
+    }
+    bool discarded = n && result == CUDA_SUCCESS;
+    for (size_t i = 0; discarded && i < count; i++) {
+        if (ranges[i].ctx != c->ctx || copied[i])
+            continue;
+        if (prefetch(ranges[i].ptr, ranges[i].size, CU_DEVICE_CPU, c->stream) == CUDA_SUCCESS)
+            move->bytes += ranges[i].size;
+        else
+            move->failures++;
+    }
+    free(copied);
+    free(ptrs);
+    free(sizes);
+    return discarded;
+}
+
 size_t kiwi_pager_move_context(struct context *c, const struct kiwi_range *ranges, size_t count,
                                const struct kiwi_range *free_ranges, size_t free_count,
                                struct move *move)
@@ -121,16 +171,21 @@ size_t kiwi_pager_move_context(struct context *c, const struct kiwi_range *range
         discard(free_ranges, free_count, c->ctx, c->stream, move);
     if (!mine)
         return 0;
-    CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
-    if (prefetch_batch(ranges, count, c->ctx, to, c->stream, move))
+    if (move->to_host && kiwi_copy_out_usable() && copy_out_then_discard(c, ranges, count, move))
         return mine;
-    for (size_t i = 0; i < count; i++) {
-        if (ranges[i].ctx != c->ctx)
-            continue;
-        if (prefetch(ranges[i].ptr, ranges[i].size, to, c->stream) == CUDA_SUCCESS)
-            move->bytes += ranges[i].size;
-        else
-            move->failures++;
+    CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
+    if (!prefetch_batch(ranges, count, c->ctx, to, c->stream, move)) {
+        for (size_t i = 0; i < count; i++) {
+            if (ranges[i].ctx != c->ctx)
+                continue;
+            if (prefetch(ranges[i].ptr, ranges[i].size, to, c->stream) == CUDA_SUCCESS)
+                move->bytes += ranges[i].size;
+            else
+                move->failures++;
+        }
     }
+    /* Discarded ranges came back as fresh pages: their bytes follow, in stream order. */
+    if (!move->to_host)
+        kiwi_copy_back(c, ranges, count, move);
     return mine;
 }

@@ -827,6 +827,41 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
     call_ends();
     return result;
 }
+/* The copies the pager's KIWI_EVICT_COPY makes (and that programs make): recorded with their
+ * arguments, nothing copied. (Kept out of RECORDED_WORK, which records names only.) */
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    call_begins();
+    record("cuMemcpyDtoHAsync_v2 dst=%p src=0x%llx n=%zu stream=%p", dst, src, n, s);
+    call_ends();
+    return 0;
+}
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    call_begins();
+    record("cuMemcpyHtoDAsync_v2 dst=0x%llx src=%p n=%zu stream=%p", dst, src, n, s);
+    call_ends();
+    return 0;
+}
+/* Pinned host memory: plain memory here, never touched by the fake's copies.
+ * FAKE_CUDA_NO_PINNING=1: it fails, as on a host that cannot pin that much. */
+EXPORT CUresult cuMemAllocHost_v2(void **host, size_t size)
+{
+    if (getenv("FAKE_CUDA_NO_PINNING")) {
+        record("cuMemAllocHost_v2 size=%zu refused", size);
+        return 2;
+    }
+    *host = malloc(1); /* the fake never reads or writes it: an address is enough */
+    record("cuMemAllocHost_v2 size=%zu host=%p", size, *host);
+    return *host ? 0 : 2;
+}
+EXPORT CUresult cuMemFreeHost(void *host)
+{
+    record("cuMemFreeHost host=%p", host);
+    free(host);
+    return 0;
+}
+
 static CUresult cuMemsetD8_v2_body(CUdeviceptr dst, unsigned char value, size_t n)
 {
     record("cuMemsetD8_v2 dst=0x%llx value=%u n=%zu", dst, value, n);
@@ -863,10 +898,8 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, 0)                                    \
     X(cuMemcpyPeerAsync_ptsz, "cuMemcpyPeerAsync", 7000, 1)                               \
     X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1)                                      \
-    X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0)                                 \
     X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1)                            \
     X(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", 7000, 1)                                      \
-    X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", 3020, 0)                                 \
     X(cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync", 7000, 1)                            \
     X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                                           \
     X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1)                                      \
@@ -1036,6 +1069,8 @@ static const struct entry entries[] = {
     ENTRY("cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2),
     ENTRY("cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2),
     ENTRY("cuMemsetD8", 3020, 0, cuMemsetD8_v2),
+    ENTRY("cuMemcpyHtoDAsync", 3020, 0, cuMemcpyHtoDAsync_v2),
+    ENTRY("cuMemcpyDtoHAsync", 3020, 0, cuMemcpyDtoHAsync_v2),
     ENTRY("cuMemPrefetchAsync", 8000, 0, cuMemPrefetchAsync),
     ENTRY("cuMemPrefetchBatchAsync", 13000, 0, cuMemPrefetchBatchAsync),
     ENTRY("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock),
