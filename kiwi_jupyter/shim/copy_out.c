@@ -50,7 +50,9 @@ static void host_free(struct saved *s)
         free(s->host);
 }
 
-static bool remember(struct saved s)
+/* Room for one more copy, made before its copy is queued: a buffer the driver is writing to
+ * must never be freed for want of a place to note it. */
+static bool room_for_one(void)
 {
     if (saved_count == saved_capacity) {
         size_t capacity = saved_capacity ? 2 * saved_capacity : 16;
@@ -60,7 +62,6 @@ static bool remember(struct saved s)
         saved = grown;
         saved_capacity = capacity;
     }
-    saved[saved_count++] = s;
     return true;
 }
 
@@ -79,14 +80,13 @@ size_t kiwi_copy_out(struct context *c, const struct kiwi_range *ranges, size_t 
         if (ranges[i].ctx != c->ctx)
             continue;
         struct saved s = {.ctx = c->ctx, .ptr = ranges[i].ptr, .size = ranges[i].size};
-        s.host = host_buffer(s.size, &s.pinned);
-        if (!s.host)
+        if (!room_for_one() || !(s.host = host_buffer(s.size, &s.pinned)))
             continue;
-        if (kiwi_pager_driver.copy_to_host(s.host, s.ptr, s.size, c->stream) != CUDA_SUCCESS ||
-            !remember(s)) {
-            host_free(&s);
+        if (kiwi_pager_driver.copy_to_host(s.host, s.ptr, s.size, c->stream) != CUDA_SUCCESS) {
+            host_free(&s); /* not queued: nothing reads it */
             continue;
         }
+        saved[saved_count++] = s;
         copied[i] = true;
         move->bytes += s.size;
         done++;
@@ -111,13 +111,21 @@ void kiwi_copy_back(struct context *c, const struct kiwi_range *ranges, size_t c
         if (saved[i].ctx != c->ctx)
             continue;
         for (size_t j = 0; j < count; j++) {
-            if (ranges[j].ctx == c->ctx && ranges[j].ptr == saved[i].ptr &&
-                ranges[j].size == saved[i].size &&
-                kiwi_pager_driver.copy_to_device(saved[i].ptr, saved[i].host, saved[i].size,
-                                                 c->stream) == CUDA_SUCCESS) {
+            if (ranges[j].ctx != c->ctx || ranges[j].ptr != saved[i].ptr ||
+                ranges[j].size != saved[i].size)
+                continue;
+            CUresult result = kiwi_pager_driver.copy_to_device(saved[i].ptr, saved[i].host,
+                                                               saved[i].size, c->stream);
+            if (result == CUDA_SUCCESS) {
                 move->copied_back += saved[i].size;
-                break;
+            } else {
+                /* Its GPU pages were discarded: what the range held is lost. Say so loudly. */
+                kiwi_warn("copying %zu bytes back to 0x%llx failed (CUDA error %d): their "
+                          "contents are lost", saved[i].size, (unsigned long long)saved[i].ptr,
+                          result);
+                move->failures++;
             }
+            break;
         }
     }
 }
@@ -128,4 +136,11 @@ void kiwi_copy_back_done(void)
     for (size_t i = 0; i < saved_count; i++)
         host_free(&saved[i]);
     saved_count = 0;
+}
+
+void kiwi_copy_after_fork(void)
+{
+    /* The parent's copies are the parent's to write back: the child forgets them. */
+    saved = NULL;
+    saved_count = saved_capacity = 0;
 }

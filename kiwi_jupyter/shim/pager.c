@@ -194,4 +194,5 @@ void kiwi_pager_after_fork(void)
     pthread_mutex_init(&contexts_lock, NULL);
     memset(contexts, 0, sizeof contexts);
     context_count = 0;
+    kiwi_copy_after_fork();
 }

@@ -94,5 +94,7 @@ void kiwi_copy_back(struct context *c, const struct kiwi_range *ranges, size_t c
                     struct move *move);
 /* After the streams' synchronize: frees every saved copy. */
 void kiwi_copy_back_done(void);
+/* In a forked child: the parent's copies are not its own. */
+void kiwi_copy_after_fork(void);
 
 #endif
