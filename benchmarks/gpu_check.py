@@ -168,10 +168,22 @@ def gpu_tests(seconds: float) -> list[str]:
     return rows
 
 
+def tables(out: str) -> list[str]:
+    """The Markdown tables in a benchmark's output, one blank line between two of them."""
+    rows: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif not line.strip() and rows and rows[-1]:
+            rows.append("")
+    while rows and not rows[-1]:
+        rows.pop()
+    return rows
+
+
 def benchmark(module: str, args: list[str], seconds: float) -> list[str]:
     out, failed = step([sys.executable, "-m", f"benchmarks.{module}", *args], seconds)
-    table = [line for line in out.splitlines() if line.startswith("|") or not line.strip()]
-    rows = [line for line in table if line.strip()]
+    rows = tables(out)
     if failed:
         rows.append(f"\n**{module} {failed}**")
     return rows

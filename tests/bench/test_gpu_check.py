@@ -32,3 +32,10 @@ def test_gpu_check_without_a_gpu_is_a_dry_run_that_says_so_and_writes_one_report
     assert "Shim: built `" in text  # the one step that needs no GPU still ran
     assert "pytest -m gpu tests/shim" in text and "benchmarks.shim_paging" in text
     assert "benchmarks.gpu_corun" in text
+
+
+def test_a_benchmarks_tables_keep_apart_and_its_prose_is_left_out():
+    from benchmarks.gpu_check import tables
+
+    out = "warming up\n| a |\n| --- |\n| 1 |\n\nnote\n\n| b |\n| --- |\n| 2 |\n\n"
+    assert tables(out) == ["| a |", "| --- |", "| 1 |", "", "| b |", "| --- |", "| 2 |"]
