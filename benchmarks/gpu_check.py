@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         report += ["", f"## Paging: eviction, restore and handoff ({gib:g} GiB working sets)",
                    "", *benchmark("shim_paging", ["--gib", str(gib)], budget.limit(300))]
     if "overhead" in steps:
-        repeats = "3" if args.quick else "5"
+        repeats = "2" if args.quick else "3"  # x 3 processes (plain and each evictor)
         report += ["", "## Overhead: shimmed / plain (median of alternating runs)", "",
                    *benchmark("shim_overhead", ["--repeats", repeats], budget.limit(300))]
     if "checkpoint" in steps:
