@@ -251,6 +251,27 @@ def test_an_evicted_process_leaves_the_card_to_the_holder(shim_library, gpu_sche
         assert max(report["in_cell"]) - idle < working_set + 2 * GiB, (name, report)
 
 
+def test_the_checkpoint_evictor_leaves_the_card_to_the_holder(shim_library, gpu_scheduler,
+                                                              tmp_path: Path) -> None:
+    """The same turns under the evictor ``auto`` picks on an r570+ driver: nothing converted,
+    the daemon checkpoints the one that leaves, and NVML shows one working set at a time."""
+    pytest.importorskip("torch")
+    pytest.importorskip("pynvml")
+    working_set = 4 * GiB
+    idle = run_python("report(used=gpu_memory())", shim=None)["used"]
+    env = {"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_GPU_MEMORY_LIMIT": "6GiB",
+           "WORKING_SET": str(working_set), "ROUNDS": "4", "KIWI_EVICT": "checkpoint"}
+    reports = run_together({"a": TAKE_TURNS, "b": TAKE_TURNS}, shim=shim_library,
+                           env=env, tmp_path=tmp_path)
+    used = {report["stats"]["evict"] for report in reports.values()}
+    if used != {"checkpoint"}:
+        pytest.skip(f"the daemon cannot checkpoint here (the shim used {used}); its log says why")
+    for name, report in reports.items():
+        assert report["correct"] and not report["managed"], (name, report)
+        took_part(report["stats"])
+        assert max(report["in_cell"]) - idle < working_set + 2 * GiB, (name, report)
+
+
 def test_an_evicted_process_keeps_only_its_context_on_the_card(shim_library, gpu_scheduler,
                                                                tmp_path: Path) -> None:
     """NVML's own view of the evicted process: about its context, not its working set."""
