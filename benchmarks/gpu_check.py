@@ -169,10 +169,22 @@ def gpu_tests(seconds: float) -> list[str]:
     return rows
 
 
+def tables(out: str) -> list[str]:
+    """The Markdown tables in a benchmark's output, one blank line between two of them."""
+    rows: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif not line.strip() and rows and rows[-1]:
+            rows.append("")
+    while rows and not rows[-1]:
+        rows.pop()
+    return rows
+
+
 def benchmark(module: str, args: list[str], seconds: float) -> list[str]:
     out, failed = step([sys.executable, "-m", f"benchmarks.{module}", *args], seconds)
-    table = [line for line in out.splitlines() if line.startswith("|") or not line.strip()]
-    rows = [line for line in table if line.strip()]
+    rows = tables(out)
     if failed:
         rows.append(f"\n**{module} {failed}**")
     return rows
@@ -250,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                    "", *benchmark("shim_paging", ["--gib", str(gib), "--evict-copy",
                                                   args.evict_copy], budget.limit(300))]
     if "overhead" in steps:
-        repeats = "3" if args.quick else "5"
+        repeats = "2" if args.quick else "3"  # x 3 processes (plain and each evictor)
         report += ["", "## Overhead: shimmed / plain (median of alternating runs)", "",
                    *benchmark("shim_overhead", ["--repeats", repeats], budget.limit(300))]
     if "checkpoint" in steps:

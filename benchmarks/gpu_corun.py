@@ -17,6 +17,10 @@ Each process warms up (CUDA context, cuBLAS, the first products), then all start
 count products for ``--seconds``. The figure for k processes is the sum of their rates over the
 rate of one process alone, measured in the same run (the floor). Each process holds a few
 hundred MiB at most: nothing near the card's memory.
+
+Then the mix mode auto is really about: one ``large`` and one ``small`` side by side, a short
+cell beside a training run. Each one's rate against its own kind alone says what each pays for
+the other's company (the fleet gives both ``co_run / 2``; which is nearer is the question).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import multiprocessing
 import sys
 import time
+from collections.abc import Sequence
 from multiprocessing.synchronize import Event
 
 #: (matrix side, dtype name, products per synchronize) per kind of cell.
@@ -52,18 +57,20 @@ def _products(kind: str, seconds: float, ready: multiprocessing.SimpleQueue, go:
     results.put(done / (time.perf_counter() - started))
 
 
-def rates(kind: str, processes: int, seconds: float) -> list[float]:
-    """Products per second of each of ``processes`` started together, side by side."""
+def rates(kinds: Sequence[str], seconds: float) -> list[float]:
+    """Products per second of one process per kind in ``kinds``, started together, side by
+    side; in the order of ``kinds``."""
     ctx = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
-    ready, results, go = ctx.SimpleQueue(), ctx.SimpleQueue(), ctx.Event()
-    workers = [ctx.Process(target=_products, args=(kind, seconds, ready, go, results))
-               for _ in range(processes)]
+    ready, go = ctx.SimpleQueue(), ctx.Event()
+    results = [ctx.SimpleQueue() for _ in kinds]  # one each: the order must be kept
+    workers = [ctx.Process(target=_products, args=(kind, seconds, ready, go, result))
+               for kind, result in zip(kinds, results, strict=True)]
     for worker in workers:
         worker.start()
     for _ in workers:
         ready.get()
     go.set()
-    out = [results.get() for _ in workers]
+    out = [result.get() for result in results]
     for worker in workers:
         worker.join()
     return out
@@ -88,14 +95,28 @@ def table(measured: dict[str, dict[int, list[float]]]) -> str:
     return "\n".join(rows)
 
 
+def mix_table(alone: dict[str, float], together: dict[str, float]) -> str:
+    """Markdown: each kind's rate beside the other against its rate alone."""
+    rows = ["| side by side | cell | products/s alone | beside the other | speed kept |",
+            "| --- | --- | --- | --- | --- |"]
+    for kind in together:
+        rows.append(f"| {' + '.join(together)} | {kind} | {alone[kind]:.1f} | "
+                    f"{together[kind]:.1f} | {together[kind] / alone[kind]:.3f} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="each measurement")
     parser.add_argument("--most", type=int, default=3, help="processes side by side, at most")
     args = parser.parse_args(argv)
-    measured = {kind: {k: rates(kind, k, args.seconds) for k in range(1, args.most + 1)}
+    measured = {kind: {k: rates([kind] * k, args.seconds) for k in range(1, args.most + 1)}
                 for kind in KINDS}
-    print(table(measured))
+    print(table(measured), flush=True)
+    pair = list(KINDS)
+    mixed = dict(zip(pair, rates(pair, args.seconds), strict=True))
+    print()
+    print(mix_table({kind: measured[kind][1][0] for kind in pair}, mixed))
     return 0
 
 

@@ -52,3 +52,10 @@ def test_the_evict_step_reports_what_evict_variants_printed_and_why_it_skipped()
 
     rows = markdown_benchmark("evict_variants", ["--gib", "1"], 120)
     assert rows == [rows[0]] and rows[0].startswith("Skipped: no usable CUDA driver or GPU")
+
+
+def test_a_benchmarks_tables_keep_apart_and_its_prose_is_left_out():
+    from benchmarks.gpu_check import tables
+
+    out = "warming up\n| a |\n| --- |\n| 1 |\n\nnote\n\n| b |\n| --- |\n| 2 |\n\n"
+    assert tables(out) == ["| a |", "| --- |", "| 1 |", "", "| b |", "| --- |", "| 2 |"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.gpu_corun import KINDS, efficiency, table
+from benchmarks.gpu_corun import KINDS, efficiency, mix_table, table
 
 
 def test_efficiency_is_the_work_done_together_over_one_alone():
@@ -20,3 +20,11 @@ def test_the_table_gives_each_kind_and_count_against_the_same_kinds_one_alone():
     assert "| large (8192x8192 float16) | 2 | 4.0, 4.5 | 0.850 |" in rows
     assert "| small (512x512 float32) | 2 | 150.0, 150.0 | 1.500 |" in rows
     assert set(KINDS) == {"large", "small"}
+
+
+def test_the_mix_gives_each_kind_its_speed_beside_the_other_against_its_own_alone():
+    rows = mix_table({"large": 600.0, "small": 50000.0},
+                     {"large": 540.0, "small": 10000.0}).splitlines()
+    assert rows[0].startswith("| side by side | cell |")
+    assert "| large + small | large | 600.0 | 540.0 | 0.900 |" in rows
+    assert "| large + small | small | 50000.0 | 10000.0 | 0.200 |" in rows
