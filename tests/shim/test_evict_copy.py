@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from support import wait_for
-from test_scheduling import after, hold_with, other_client, prefetch_devices, state_of
+from test_scheduling import after, hold_with, other_client, prefetch_devices, regrant, state_of
 
 GiB = 1 << 30
 
@@ -14,17 +14,6 @@ GiB = 1 << 30
 def evict(scheduler, w) -> None:
     with other_client(scheduler, "next", 6 * GiB) as next_holder:
         next_holder.acquire(timeout=10)
-
-
-def regrant(scheduler, w) -> None:
-    """w is evicted, asks again and is granted (which restores)."""
-    with other_client(scheduler, "next", 6 * GiB) as next_holder:
-        next_holder.acquire(timeout=10)
-        w.log.clear()
-        launch = w.start("d.launch()")
-        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
-        next_holder.release()
-        assert launch.result() == 0
 
 
 def field(line: str, name: str) -> str:
