@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kernel_support import KernelUnderTest, start_kernels
+from kernel_support import KernelUnderTest, one_kernel, running_daemon
 from support import DaemonProcess, short_tmpdir
 
 
@@ -18,15 +18,10 @@ def module_daemon() -> Iterator[DaemonProcess]:
     """``kiwi-scheduler --tq 0.2`` for one test module. The grace is long: a holder that
     overruns its quantum is asked to drop the GPU but never revoked during these tests, so a
     hand-over happens exactly when a cell ends."""
-    daemon = DaemonProcess(short_tmpdir(), "--tq", "0.2", "--grace", "60")
-    daemon.start()
-    yield daemon
-    daemon.cleanup()
+    yield from running_daemon(short_tmpdir(), "--tq", "0.2", "--grace", "60")
 
 
 @pytest.fixture(scope="module")
 def kernel(module_daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
     """One Kiwi kernel for the module's tests (modules that need other kernels define theirs)."""
-    (kernel,) = start_kernels(module_daemon.directory, module_daemon.socket)
-    yield kernel
-    kernel.shutdown()
+    yield from one_kernel(module_daemon)

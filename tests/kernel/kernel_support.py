@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,20 @@ def start_kernels(directory: Path, socket_path: str, count: int = 1, *,
             manager.shutdown_kernel(now=True)
         raise
     return kernels
+
+
+def running_daemon(directory: Path, *args: str) -> Iterator[DaemonProcess]:
+    """A fixture's body: ``kiwi-scheduler`` started in ``directory`` for as long as it is used."""
+    daemon = DaemonProcess(directory, *args).start()
+    yield daemon
+    daemon.cleanup()
+
+
+def one_kernel(daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
+    """A fixture's body: one Kiwi kernel on ``daemon`` for as long as it is used."""
+    (kernel,) = start_kernels(daemon.directory, daemon.socket)
+    yield kernel
+    kernel.shutdown()
 
 
 def scheduler_status(socket_path: str) -> dict[str, Any]:

@@ -12,9 +12,10 @@ import pytest
 from kernel_support import (
     KernelUnderTest,
     entry,
+    one_kernel,
     run_as_nobody,
+    running_daemon,
     scheduler_status,
-    start_kernels,
 )
 from support import DaemonProcess, scaled, short_tmpdir
 
@@ -32,17 +33,12 @@ pools:
 def pooled_daemon() -> Iterator[DaemonProcess]:
     directory = short_tmpdir()
     (directory / "kiwi.yaml").write_text(CONFIG)
-    daemon = DaemonProcess(directory, "--config", str(directory / "kiwi.yaml"),
-                           "--grace", "60").start()
-    yield daemon
-    daemon.cleanup()
+    yield from running_daemon(directory, "--config", str(directory / "kiwi.yaml"), "--grace", "60")
 
 
 @pytest.fixture(scope="module")
 def pooled_kernel(pooled_daemon: DaemonProcess) -> Iterator[KernelUnderTest]:
-    (kernel,) = start_kernels(pooled_daemon.directory, pooled_daemon.socket)
-    yield kernel
-    kernel.shutdown()
+    yield from one_kernel(pooled_daemon)
 
 
 def test_pool_refuses_a_name_the_scheduler_does_not_configure_and_names_its_pools(
