@@ -24,6 +24,11 @@ GiB = 1 << 30
 #: Past the first quantum (0.25 s) with room to spare, so the holder is heavy and its quantum
 #: for a light request is over when that request comes.
 HELD_FOR = 0.4
+#: For a test that must see the light turn still going after several round trips and a
+#: ``kiwictl`` start: the light request stays light while it used at most CUT_RATIO (half) of
+#: this, 4 s of holding, which a busy 2-core machine's slowest step stays well inside (with
+#: HELD_FOR it had 0.2 s, and a loaded CI run overran it).
+HELD_LONG = 8.0
 
 
 def auto_daemon(start_daemon: Callable[..., DaemonProcess], scratch, policy: str) -> DaemonProcess:
@@ -39,13 +44,14 @@ def gpu_seconds(client: Client) -> float:
     return next(c["gpu_seconds"] for c in doc["clients"] if c["id"] == client.id)
 
 
-def held_a_while(daemon: DaemonProcess) -> Client:
+def held_a_while(daemon: DaemonProcess, seconds: float = HELD_FOR) -> Client:
     """A client that acquired, reported a working set that fits beside another, and has held
-    past its first quantum."""
+    for ``seconds`` of GPU time (past its first quantum)."""
     trainer = Client(daemon.socket, name="trainer")
     trainer.acquire(timeout=10)
     trainer.report_working_set(2 * GiB)
-    wait_for(lambda: gpu_seconds(trainer) >= HELD_FOR, what="the trainer to hold a while")
+    wait_for(lambda: gpu_seconds(trainer) >= seconds, timeout=seconds + 30,
+             what="the trainer to hold a while")
     return trainer
 
 
@@ -101,7 +107,7 @@ def test_a_light_request_early_in_a_heavy_hold_gets_its_drop_when_the_first_quan
 
 
 def test_the_heavy_holder_is_held_back_during_the_light_turn_and_told_why(interactive):
-    trainer = held_a_while(interactive)
+    trainer = held_a_while(interactive, HELD_LONG)
     with trainer, fresh(interactive) as person:
         person.acquire(timeout=10)
         wait_for(trainer.drop_requested.is_set, what="the trainer's drop")
