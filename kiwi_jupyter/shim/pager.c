@@ -186,6 +186,7 @@ void kiwi_pager_forget_context(CUcontext ctx)
             break;
         }
     }
+    kiwi_copy_forget_context(ctx);
     pthread_mutex_unlock(&contexts_lock);
 }
 

@@ -82,8 +82,9 @@ bool kiwi_pager_discards(void);
 
 /* KIWI_EVICT_COPY is set, the driver copies asynchronously and can discard. */
 bool kiwi_copy_out_usable(void);
-/* Queues a copy of each of c's live ranges into a host buffer of its own on c's stream; marks
- * copied[i] for each one queued. Returns how many. */
+/* Queues a copy of each of c's live ranges into a host buffer of its own on c's stream (a spare
+ * of the same size from an earlier eviction where there is one; spares left over are freed);
+ * marks copied[i] for each one queued. Returns how many. */
 size_t kiwi_copy_out(struct context *c, const struct kiwi_range *ranges, size_t count,
                      bool *copied, struct move *move);
 /* Forgets c's copies (their stream must have been synchronized): the discard failed. */
@@ -92,8 +93,10 @@ void kiwi_copy_out_undo(CUcontext ctx);
  * that range is still allocated as it was. */
 void kiwi_copy_back(struct context *c, const struct kiwi_range *ranges, size_t count,
                     struct move *move);
-/* After the streams' synchronize: frees every saved copy. */
+/* After the streams' synchronize: every buffer becomes a spare for the next eviction. */
 void kiwi_copy_back_done(void);
+/* c's context ended: its copies and spares are forgotten (pinned ones went with it). */
+void kiwi_copy_forget_context(CUcontext ctx);
 /* In a forked child: the parent's copies are not its own. */
 void kiwi_copy_after_fork(void);
 

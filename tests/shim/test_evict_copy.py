@@ -55,7 +55,60 @@ def test_a_restore_repopulates_on_the_gpu_then_copies_each_range_back_before_wor
     first_copy = restore.index("cuMemcpyHtoDAsync_v2")
     assert first_copy > max(i for i, n in enumerate(restore) if n == "cuMemPrefetchAsync")
     assert "cuStreamSynchronize" in restore[first_copy:]
-    assert len(w.log.calls("cuMemFreeHost")) == 2  # the buffers go once the copies are done
+    assert not w.log.calls("cuMemFreeHost")  # the buffers stay, for the next eviction
+
+
+def test_the_next_eviction_reuses_the_buffers_of_the_last_one(scheduler, workload) -> None:
+    """Fresh host pages cost about what the copy does: a working set of the same shape is
+    copied into the buffers it was copied into last time, none allocated or freed."""
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_EVICT_COPY="pinned", FAKE_CUDA_DISCARD="1")
+    hold_with(w, scheduler, 6 * GiB)
+    regrant(scheduler, w)
+    first = {field(line, "src"): field(line, "dst")
+             for line in w.log.calls("cuMemcpyHtoDAsync_v2")}  # buffer -> range
+    w.log.clear()
+    evict(scheduler, w)
+    second = {field(line, "dst"): field(line, "src")
+              for line in w.log.calls("cuMemcpyDtoHAsync_v2")}
+    assert len(second) == 2 and second == first
+    assert not w.log.calls("cuMemAllocHost_v2") and not w.log.calls("cuMemFreeHost")
+    assert w.stats()["bytes_evicted"] == 12 * GiB  # both evictions, each in full
+
+
+def test_buffers_the_next_eviction_has_no_range_for_are_freed(scheduler, workload) -> None:
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_EVICT_COPY="pinned", FAKE_CUDA_DISCARD="1")
+    hold_with(w, scheduler, 6 * GiB)
+    regrant(scheduler, w)
+    buffers = {field(line, "dst"): field(line, "src")  # range -> buffer
+               for line in w.log.calls("cuMemcpyHtoDAsync_v2")}
+    # The working set changes shape: one range freed, one of another size allocated.
+    gone, stays = sorted(buffers)
+    assert w.call(f"d.free({int(gone, 16)})") == 0
+    w.call(f"d.alloc({4 * GiB})")
+    w.log.clear()
+    evict(scheduler, w)
+    copies = {field(line, "src"): field(line, "dst")
+              for line in w.log.calls("cuMemcpyDtoHAsync_v2")}
+    assert len(copies) == 2 and copies[stays] == buffers[stays]
+    assert len(w.log.calls("cuMemAllocHost_v2")) == 1  # the new range's buffer
+    assert [field(line, "host") for line in w.log.calls("cuMemFreeHost")] == [buffers[gone]]
+
+
+def test_a_context_that_ends_takes_its_buffers_with_it(scheduler, workload) -> None:
+    """Pinned buffers belong to the context they were allocated in: once it is destroyed the
+    shim neither frees them again nor copies into them, even for a new context that the driver
+    hands the same handle."""
+    w = workload(KIWI_SOCKET=scheduler.socket, KIWI_EVICT_COPY="pinned", FAKE_CUDA_DISCARD="1")
+    w.call("d.set_context(0xABC)")
+    hold_with(w, scheduler, 6 * GiB)
+    regrant(scheduler, w)
+    assert len(w.log.calls("cuMemcpyHtoDAsync_v2")) == 2
+    assert w.call("d.destroy_context(0xABC)") == 0
+    w.call("d.set_context(0xABC)")  # a new context, the old handle
+    hold_with(w, scheduler, 6 * GiB)  # the same shape as before
+    evict(scheduler, w)
+    assert len(w.log.calls("cuMemAllocHost_v2")) == 2  # fresh buffers, for the live context
+    assert not w.log.calls("cuMemFreeHost")
 
 
 def test_the_buffers_come_back_to_the_ranges_they_were_copied_from(scheduler, workload) -> None:
