@@ -87,7 +87,8 @@ class Queries(Turns):
             return True
         tq = self.tq_for(gpu.spec.index)
         return len(gpu.holders) > 1 and any(
-            h.hold is not None and now - h.hold.granted_at < tq for h in gpu.holders.values())
+            h.hold_state is HoldState.HOLDING and h.hold is not None
+            and now - h.hold.granted_at < tq for h in gpu.holders.values())
 
     def _grantable(self, gpu: GpuState, now: float) -> bool:
         """Would a schedule now grant someone? (mode on or auto)"""

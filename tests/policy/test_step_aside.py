@@ -184,3 +184,19 @@ def test_no_stream_of_light_requests_starves_a_training_run(tq, lights):
             assert wait.end - wait.start <= bound + 1e-6
     # Every light cell got done.
     assert all(w.remaining == 0 for w in replay.workers.values() if w.name != "trainer")
+
+
+def test_a_holder_leaving_in_its_first_tq_is_no_reason_to_look_again():
+    """Only a holder in its turn (holding, in the first TQ of its hold) can make another step
+    aside: one already asked to leave, with nobody waiting, leaves the daemon nothing to look
+    again for but its grace."""
+    sched = make_scheduler({**AUTO_INTERACTIVE, "grace": 20}, memory=40 * GiB)
+    trainer = sched.register(0.0, name="trainer", working_set=8 * GiB)
+    explorer = sched.register(0.0, name="explorer", priority="LOW", working_set=8 * GiB)
+    sched.acquire(0.0, trainer.id)
+    [grant] = sched.acquire(100.0, explorer.id)  # a LOW request shares, cutting nothing
+    assert grant.client == explorer.id
+    # The trainer's working set grows past the room: the explorer must leave, and has not yet.
+    [drop] = sched.report_working_set(101.0, trainer.id, 35 * GiB)
+    assert (drop.client, drop.evict) == (explorer.id, True)
+    assert sched.next_deadline(101.0) == pytest.approx(101.0 + 20)
