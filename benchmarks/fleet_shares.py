@@ -31,15 +31,7 @@ class Contention:
     _episodes: dict[int, tuple[float, dict[str, float]]] = field(default_factory=dict)
 
     def observe(self, replay: Replay, _: list[Action]) -> None:
-        dt = replay.now - self.last
-        for index, pools in self._holding.items():
-            seconds = self._episodes.setdefault(index, (self.last, {}))[1]
-            # Holders side by side take turns on the GPU: each had 1/k of its time, as the
-            # share meter counts it (one holder: dt exactly, as before).
-            each = dt / max(len(pools), 1)
-            for pool in pools:
-                seconds[pool] = seconds.get(pool, 0.0) + each
-        self.last = replay.now
+        self._charge(replay.now)
         self._holding = {}
         for index, gpu in replay.scheduler.gpus.items():
             if len({c.pool for c in (*gpu.holders.values(), *gpu.waiters.values())}) > 1:
@@ -50,8 +42,21 @@ class Contention:
         self.concurrent_peak = max(self.concurrent_peak, wanting)
 
     def finish(self, now: float) -> None:
+        self._charge(now)  # the stretch after the last event, too
         for index in list(self._episodes):
             self._close(index, now)
+
+    def _charge(self, now: float) -> None:
+        """Charge the time since the last call to the pools holding each contended GPU."""
+        dt = now - self.last
+        for index, pools in self._holding.items():
+            seconds = self._episodes.setdefault(index, (self.last, {}))[1]
+            # Holders side by side take turns on the GPU: each had 1/k of its time, as the
+            # share meter counts it (one holder: dt exactly, as before).
+            each = dt / max(len(pools), 1)
+            for pool in pools:
+                seconds[pool] = seconds.get(pool, 0.0) + each
+        self.last = now
 
     def _close(self, index: int, now: float) -> None:
         began, seconds = self._episodes.pop(index)

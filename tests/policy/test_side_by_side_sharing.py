@@ -139,9 +139,8 @@ def test_the_fleets_pool_shares_split_the_gpus_time_between_holders_side_by_side
     replay.burst(first, 1e6, when=0.0)
     replay.burst(other, 1e6, when=0.0)
     replay.burst(second, 1e6, when=50.0)
-    replay.call(lambda now: [], when=100.0)  # the observer charges time up to an event
     replay.run_until(100.0)
-    contention.finish(100.0)
+    contention.finish(100.0)  # charges the 50 s after the last event too
     # Two holders for 50 s, then three: a half each, then a third each, of 100 s of GPU time.
     assert contention.sustained == pytest.approx(100.0)
     assert contention.held == pytest.approx({"training": 25.0 + 100 / 3,
