@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from nodeside.daemon.listen import answers as socket_answers
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -53,15 +54,6 @@ def utc_now() -> str:
 def without_kiwi(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment without any Kiwi setting or preload: a plain process."""
     return {k: v for k, v in environ.items() if not k.startswith("KIWI_") and k != "LD_PRELOAD"}
-
-
-def socket_answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX) as probe:
-        try:
-            probe.connect(path)
-            return True
-        except OSError:
-            return False
 
 
 def start_daemon(directory: str | os.PathLike[str], *args: str,

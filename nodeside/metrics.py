@@ -27,7 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from nodeside.daemon.server import Daemon, DaemonError
+from nodeside.daemon.options import DaemonError
+from nodeside.daemon.server import Daemon
 from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
 from nodeside.scheduler.pools import entitlements
 

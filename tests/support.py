@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from nodeside.daemon.listen import answers as socket_answers
 
 T = TypeVar("T")
 
@@ -56,15 +57,6 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
 def short_tmpdir() -> Path:
     """A directory whose socket paths fit the 108-byte limit, whatever the test is called."""
     return Path(tempfile.mkdtemp(prefix="kiwi-", dir="/tmp"))
-
-
-def socket_answers(path: str | os.PathLike[str]) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-        return True
 
 
 class DaemonProcess:

@@ -25,7 +25,8 @@ from nodeside.config import (
 from nodeside.daemon.gpus import discover
 from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
-from nodeside.daemon.server import Daemon, DaemonError, DaemonOptions
+from nodeside.daemon.options import DaemonError, DaemonOptions
+from nodeside.daemon.server import Daemon
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import resource
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,14 +22,15 @@ from typing import Any
 
 from nodeside import __version__
 from nodeside import protocol as p
-from nodeside.config import ConfigError, SchedulerConfig
+from nodeside.config import ConfigError
 from nodeside.config import load as load_config
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.changes import CHANGED_LINE, ChangeNotices
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.delivery import Delivery
 from nodeside.daemon.kube import PodNamespaces
-from nodeside.daemon.options import DaemonError, DaemonOptions
+from nodeside.daemon.listen import listen
+from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.daemon.positions import PositionNotices
@@ -52,7 +51,6 @@ class Daemon:
         self.options = options
         self.socket_path = Path(options.socket)
         self.state = StateFile(options.state_file)
-        self._restored: dict[str, Any] = {}
         self.connections: set[Connection] = set()
         self.loop = asyncio.get_running_loop()
         #: The loop's clock, asked several times a request: its own method, no frame between.
@@ -60,9 +58,9 @@ class Daemon:
         #: called directly instead (a C function, no frame); another loop's (uvloop's) is kept.
         self.now: Callable[[], float] = time.monotonic \
             if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
-        config = self._with_state(options.config)
+        config = self.state.apply(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
-        self._restore_gpu_tq()
+        self.state.restore_gpu_tq(self.scheduler)
         self.requests = Requests(self.scheduler, resolve_group(config.admin_group),
                                  options.memory_used)
         self.admission = Admission(config.connections, _connection_cap())
@@ -100,31 +98,13 @@ class Daemon:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        path = self.socket_path
-        if len(os.fsencode(path)) >= 104:
-            raise DaemonError(f"socket path is too long for a Unix socket: {path}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            if _answers(path):
-                raise DaemonError(f"another kiwi-scheduler is already listening on {path}")
-            path.unlink()
         # Handlers first: a SIGHUP sent the moment the socket answers must reload, not kill.
         for signum, handler in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop),
                                 (signal.SIGHUP, self.reload)):
             self.loop.add_signal_handler(signum, handler)
-        config = self.scheduler.config
-        socket_gid = resolve_group(config.socket_group)
-        # Bind under a tight umask so the socket is never reachable by others, not even for
-        # the moment between bind and chmod.
-        old_umask = os.umask(0o177)
-        try:
-            self._server = await self.loop.create_unix_server(
-                lambda: Connection(self), path=str(path), backlog=config.connections.backlog)
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, config.socket_mode)
-        if socket_gid is not None:
-            os.chown(path, -1, socket_gid)
+        path = self.socket_path
+        self._server = await listen(self.loop, path, self.scheduler.config,
+                                    lambda: Connection(self))
         # "GPU 0 (logical GPU, memory unknown)", not "GPUs 0 (...)", which reads as none.
         gpus = ", ".join(f"GPU {g.index} ({g.name}, {_size(g.memory_total)})"
                          for g in self.options.gpus)
@@ -165,14 +145,14 @@ class Daemon:
         """SIGHUP: read the config file again; keep every client and every runtime change."""
         try:
             config = load_config(self.options.config_file)
-            config = self._with_state(config.with_runtime(**self.options.overrides))
+            config = self.state.apply(config.with_runtime(**self.options.overrides))
         except ConfigError as exc:
             log.error("Config reload failed, keeping the running config: %s", exc)
             return
         self.requests.admin_gid = resolve_group(config.admin_group)
         self.admission.limits = config.connections
         self.delivery.apply(self.scheduler.reconfigure(config, self.now()))
-        self._restore_gpu_tq()
+        self.state.restore_gpu_tq(self.scheduler)
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
         self._note_change()  # pools, TQ or mode may read otherwise now
         self._warn_about_pools()
@@ -213,7 +193,7 @@ class Daemon:
         if not conn.settled:
             self._settle(conn)
         if outcome.broadcast is not None:
-            self._save_state()
+            self.state.save_from(self.scheduler)
             self._broadcast(outcome.broadcast)
         if outcome.close:
             conn.close()
@@ -354,29 +334,6 @@ class Daemon:
             if conn.session.greeted:
                 conn.send(line)
 
-    def _with_state(self, config: SchedulerConfig) -> SchedulerConfig:
-        saved = self._restored = self.state.restore()
-        changes = {k: v for k, v in saved.items() if k in ("mode", "tq")}
-        if changes:
-            log.info("Restored runtime settings from %s: %s", self.state.path,
-                     ", ".join(f"{k} {v}" for k, v in changes.items()))
-        return config.with_runtime(**changes)
-
-    def _restore_gpu_tq(self) -> None:
-        # What _with_state read just before: the file is read (and its faults named) once.
-        for index, seconds in self._restored.get("gpu_tq", {}).items():
-            if index in self.scheduler.gpus:
-                self.scheduler.gpus[index].tq_override = seconds
-
-    def _save_state(self) -> None:
-        overrides = {str(i): g.tq_override for i, g in self.scheduler.gpus.items()
-                     if g.tq_override is not None}
-        try:
-            self.state.save({"mode": self.scheduler.mode, "tq": self.scheduler.tq,
-                             "gpu_tq": overrides})
-        except (OSError, ValueError) as exc:  # ValueError: a value JSON cannot hold
-            log.error("Could not save runtime settings to %s: %s", self.state.path, exc)
-
     def _say_if_namespaces_are_off(self) -> None:
         """One line when the namespaces of peers' pods cannot be verified (fail closed: rules
         by namespace match nobody): a warning if the policy names namespaces, else an info
@@ -408,16 +365,6 @@ def _connection_cap() -> int:
     if soft == resource.RLIM_INFINITY:
         return 1 << 20
     return max(16, soft - _RESERVED_FDS)
-
-
-def _answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-        return True
 
 
 def _size(nbytes: int | None) -> str:

@@ -1,4 +1,8 @@
-"""Runtime changes (``kiwictl -S`` / ``-T``) kept on disk so that they survive a restart."""
+"""Runtime changes (``kiwictl -S`` / ``-T``) kept on disk so that they survive a restart.
+
+The daemon reads the file once at start and at each reload (``apply``, then
+``restore_gpu_tq``), and writes it after each change (``save_from``).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,13 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodeside.config import ConfigError, parse_mode
+from nodeside.config import ConfigError, SchedulerConfig, parse_mode
 from nodeside.limits import LimitError, tq_seconds
+
+if TYPE_CHECKING:
+    from nodeside.scheduler.core import Scheduler
 
 log = logging.getLogger("kiwi.state")
 
@@ -18,6 +25,33 @@ log = logging.getLogger("kiwi.state")
 class StateFile:
     def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = Path(path) if path else None
+        #: What ``apply`` read last: ``restore_gpu_tq`` uses it, so the file is read (and its
+        #: faults named) once.
+        self._restored: dict[str, Any] = {}
+
+    def apply(self, config: SchedulerConfig) -> SchedulerConfig:
+        """``config`` with the saved mode and TQ in place of its own."""
+        saved = self._restored = self.restore()
+        changes = {k: v for k, v in saved.items() if k in ("mode", "tq")}
+        if changes:
+            log.info("Restored runtime settings from %s: %s", self.path,
+                     ", ".join(f"{k} {v}" for k, v in changes.items()))
+        return config.with_runtime(**changes)
+
+    def restore_gpu_tq(self, scheduler: Scheduler) -> None:
+        """Put back the per-GPU TQs that ``apply`` read, on the GPUs the scheduler has."""
+        for index, seconds in self._restored.get("gpu_tq", {}).items():
+            if index in scheduler.gpus:
+                scheduler.gpus[index].tq_override = seconds
+
+    def save_from(self, scheduler: Scheduler) -> None:
+        """Save the scheduler's runtime settings; a failure is logged, never raised."""
+        overrides = {str(i): g.tq_override for i, g in scheduler.gpus.items()
+                     if g.tq_override is not None}
+        try:
+            self.save({"mode": scheduler.mode, "tq": scheduler.tq, "gpu_tq": overrides})
+        except (OSError, ValueError) as exc:  # ValueError: a value JSON cannot hold
+            log.error("Could not save runtime settings to %s: %s", self.path, exc)
 
     def load(self) -> dict[str, Any]:
         if self.path is None or not self.path.exists():
