@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install lab test lint bench clean labextension jstest gpu-check gpu-wheels core
+.PHONY: install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels core
 
 install: $(VENV)/.installed
 
@@ -61,9 +61,16 @@ $(LABEXT_BUILT): $(VENV)/.lab-installed labextension/node_modules/.package-lock.
 jstest: labextension/node_modules/.package-lock.json
 	cd labextension && npm test
 
-## The whole test suite: lint, types, then every test.
+## The whole test suite: lint, types, then every test, then the shim's tests once more against
+## a build under AddressSanitizer and UndefinedBehaviorSanitizer.
 test: install core lint labextension jstest
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory sanitize
+
+## The shim's tests (no GPU) against a sanitized build: a memory error or undefined behaviour in
+## the C code fails the test that caused it, with the sanitizer's report (about 1.5 minutes).
+sanitize: install
+	KIWI_TEST_SANITIZE=1 $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 
 lint: install
 	$(BIN)/ruff check .

@@ -48,6 +48,11 @@ LDFLAGS = [
     "-Wl,--as-needed",
 ]
 LIBS = ["-ldl", "-lpthread"]
+#: A build for tests only: AddressSanitizer and UndefinedBehaviorSanitizer, every error fatal.
+#: Its library needs the sanitizers' runtimes and must be preloaded after libasan
+#: (``sanitizer_runtime``); the hardening flags that conflict with them are left out.
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+                  "-fno-omit-frame-pointer", "-g", "-O1"]
 
 
 class BuildError(RuntimeError):
@@ -73,20 +78,37 @@ def compiler() -> str:
     return cc
 
 
-def compile_library(output: Path, directory: Path = HERE) -> Path:
-    """Build the shim from the C files in ``directory`` into ``output`` (atomically)."""
+def compile_library(output: Path, directory: Path = HERE, *, sanitize: bool = False) -> Path:
+    """Build the shim from the C files in ``directory`` into ``output`` (atomically);
+    ``sanitize``: the tests' sanitized build (SANITIZE_FLAGS), never one to ship."""
     output.parent.mkdir(parents=True, exist_ok=True)
     c_files = [str(p) for p in sources(directory) if p.suffix == ".c"]
+    flags = [*CFLAGS, *LDFLAGS]
+    if sanitize:
+        flags = [f for f in flags if f not in ("-O2", "-g0", "-D_FORTIFY_SOURCE=2")]
+        flags += SANITIZE_FLAGS
     with tempfile.TemporaryDirectory(dir=output.parent) as scratch:
         built = Path(scratch) / LIBRARY_NAME
-        command = [compiler(), *CFLAGS, *LDFLAGS, "-o", str(built), *c_files, *LIBS]
+        command = [compiler(), *flags, "-o", str(built), *c_files, *LIBS]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise BuildError(f"building the CUDA shim failed:\n{' '.join(command)}\n"
                              f"{result.stdout}{result.stderr}")
         os.replace(built, output)
-    Path(str(output) + STAMP_SUFFIX).write_text(sources_hash(directory) + "\n")
+    if not sanitize:  # a test build never passes for the packaged one
+        Path(str(output) + STAMP_SUFFIX).write_text(sources_hash(directory) + "\n")
     return output
+
+
+def sanitizer_runtime() -> str:
+    """The AddressSanitizer runtime the compiler links a sanitized build against: it must come
+    first in ``LD_PRELOAD``, before the shim."""
+    result = subprocess.run([compiler(), "-print-file-name=libasan.so"], capture_output=True,
+                            text=True, check=False)
+    runtime = result.stdout.strip()
+    if result.returncode != 0 or not os.path.isabs(runtime):
+        raise BuildError(f"the compiler has no AddressSanitizer runtime ({runtime!r})")
+    return runtime
 
 
 def is_current(library: Path, directory: Path = HERE) -> bool:

@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import shim_harness
 from shim_harness import Workload, build_fake_cuda
 from support import DaemonProcess
 
 from kiwi_jupyter.shim import library_path
+from kiwi_jupyter.shim.build import (
+    LIBRARY_NAME,
+    BuildError,
+    compile_library,
+    sanitizer_runtime,
+)
 
 
 @pytest.fixture(scope="session")
-def shim_library() -> Path:
-    return library_path()
+def shim_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shim as shipped; with KIWI_TEST_SANITIZE=1, a build under AddressSanitizer and
+    UndefinedBehaviorSanitizer (``make test`` runs these tests both ways)."""
+    if not os.environ.get("KIWI_TEST_SANITIZE"):
+        return library_path()
+    try:
+        runtime = sanitizer_runtime()
+    except BuildError as exc:
+        pytest.skip(f"no sanitized build: {exc}")
+    library = compile_library(tmp_path_factory.mktemp("sanitized") / LIBRARY_NAME,
+                              sanitize=True)
+    shim_harness.SANITIZER_RUNTIME = runtime
+    return library
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +58,9 @@ def workload(shim_library: Path, fake_cuda: Path, tmp_path: Path) -> Iterator[Wo
     yield start
     for w in started:
         w.close()
+    reports = [w.sanitizer_reports() for w in started]
+    if any(reports):
+        pytest.fail("a sanitizer found an error in the shim:\n" + "\n".join(filter(None, reports)))
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -15,6 +16,24 @@ from support import scaled, wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+
+#: The AddressSanitizer runtime, when the shim under test is the sanitized build (conftest,
+#: ``KIWI_TEST_SANITIZE=1``); None for the shim as shipped.
+SANITIZER_RUNTIME: str | None = None
+#: What a sanitizer writes to stderr when it finds an error.
+SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:")
+
+
+def preload(shim: Path) -> dict[str, str]:
+    """The environment that preloads the shim under test: after the sanitizer's runtime, which
+    must come first, and with every sanitizer error fatal, when it is the sanitized build."""
+    if SANITIZER_RUNTIME is None:
+        return {"LD_PRELOAD": str(shim)}
+    return {"LD_PRELOAD": f"{SANITIZER_RUNTIME}:{shim}",
+            # Python's own allocations outlive it by design: leaks are not what is looked for.
+            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+
 
 #: workload.py's unasked first line: it has started, with the shim loaded and attached.
 READY_ID = 0
@@ -105,7 +124,7 @@ class Workload:
         self.log = CudaLog(log)
         environment = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
         environment.update({
-            "LD_PRELOAD": str(shim),
+            **preload(shim),
             "FAKE_CUDA_LOG": str(log),
             "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]),
             "PYTHONUNBUFFERED": "1",
@@ -176,6 +195,11 @@ class Workload:
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = self.call("shim.stats()")
         return result
+
+    def sanitizer_reports(self) -> str:
+        """What a sanitizer said in this workload's stderr, if anything."""
+        text = "".join(self.stderr)
+        return text if SANITIZER_REPORT.search(text) else ""
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -25,6 +25,7 @@ from cuda_toolkits import (
     superseded,
     toolkits,
 )
+from shim_harness import preload
 
 from kiwi_jupyter.shim import build
 
@@ -113,7 +114,7 @@ def test_the_real_runtime_gets_the_shims_replacements(
     must end at the replacement of the very variant the driver meant."""
     assert toolkit.runtime
     log = tmp_path / "cuda.log"
-    env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(shim_library),
+    env = {"PATH": "/usr/bin:/bin", **preload(shim_library),
            "LD_LIBRARY_PATH": str(fake_cuda.parent), "FAKE_CUDA_LOG": str(log),
            "KIWI_SHIM_LOG": "1", "KIWI_SOCKET": str(tmp_path / "no-daemon.sock")}
     if answers == "internal":

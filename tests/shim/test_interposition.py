@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cuda_toolkits import shim_hooks
-from shim_harness import CudaLog, build_direct_program
+from shim_harness import CudaLog, build_direct_program, preload
 
 from kiwi_jupyter.shim import build
 
@@ -155,7 +155,7 @@ def test_a_program_linked_against_libcuda_is_interposed(shim_library, fake_cuda,
     program = build_direct_program(tmp_path, fake_cuda)
     log = CudaLog(tmp_path / "cuda.log")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("KIWI_")},
-           "LD_PRELOAD": str(shim_library), "FAKE_CUDA_LOG": str(log.path),
+           **preload(shim_library), "FAKE_CUDA_LOG": str(log.path),
            "KIWI_SOCKET": "/nonexistent/kiwi.sock", "KIWI_FAIL_POLICY": "closed",
            "KIWI_FAIL_TIMEOUT": "0"}
     out = subprocess.run([str(program)], env=env, check=True, capture_output=True, text=True,
