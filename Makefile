@@ -61,16 +61,18 @@ $(LABEXT_BUILT): $(VENV)/.lab-installed labextension/node_modules/.package-lock.
 jstest: labextension/node_modules/.package-lock.json
 	cd labextension && npm test
 
-## The whole test suite: lint, types, then every test, then the shim's tests once more against
-## a build under AddressSanitizer and UndefinedBehaviorSanitizer.
+## The whole test suite: lint, types, then every test, then the shim's tests again under the
+## sanitizers.
 test: install core lint labextension jstest
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory sanitize
 
-## The shim's tests (no GPU) against a sanitized build: a memory error or undefined behaviour in
-## the C code fails the test that caused it, with the sanitizer's report (about 1.5 minutes).
+## The shim's tests (no GPU) against sanitized builds: a memory error, undefined behaviour or
+## a data race in the C code fails the test that caused it, with the sanitizer's report.
+## AddressSanitizer with UBSan, then ThreadSanitizer (about 1.5 and 3.5 minutes).
 sanitize: install
-	KIWI_TEST_SANITIZE=1 $(BIN)/python -m pytest -q -m "not gpu" tests/shim
+	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim
+	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 
 lint: install
 	$(BIN)/ruff check .

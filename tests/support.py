@@ -19,15 +19,20 @@ from nodeside.daemon.listen import answers as socket_answers
 T = TypeVar("T")
 
 
+#: How much slower a process with a sanitized shim runs (``KIWI_TEST_SANITIZE``, tests/shim).
+_SANITIZER_SLOWDOWN = {"address": 2.0, "thread": 5.0}
+
+
 def _load_factor() -> float:
     """How much slower than a quiet machine this run may be: ``KIWI_TEST_SLOWDOWN`` when set,
-    else the load per core when the tests started (never below 1). A loaded 2-core machine
-    runs a kernel's start-up several times slower; a deadline that cannot stretch with it
-    fails tests that are right."""
+    else the load per core when the tests started (never below 1), times a sanitized shim's
+    own slowdown. A loaded 2-core machine runs a kernel's start-up several times slower; a
+    deadline that cannot stretch with it fails tests that are right."""
     explicit = os.environ.get("KIWI_TEST_SLOWDOWN")
     if explicit:
         return max(1.0, float(explicit))
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    load = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    return load * _SANITIZER_SLOWDOWN.get(os.environ.get("KIWI_TEST_SANITIZE", ""), 1.0)
 
 
 #: The one load factor every deadline in the tests is multiplied by.

@@ -128,10 +128,11 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         snprintf(client, sizeof client, "\"%s\"", s.client);
     if (s.mode[0])
         snprintf(mode, sizeof mode, "\"%s\"", s.mode);
-    char uuid[sizeof kiwi_cfg.gpu_uuid + 8] = "null";
-    if (kiwi_cfg.gpu_uuid[0]) {
+    char known[sizeof kiwi_cfg.gpu_uuid], uuid[sizeof known + 8] = "null";
+    kiwi_gpu_uuid(known, sizeof known);
+    if (known[0]) {
         uuid[0] = '\0';
-        kiwi_json_quote(uuid, sizeof uuid, kiwi_cfg.gpu_uuid);
+        kiwi_json_quote(uuid, sizeof uuid, known);
     }
     return snprintf(
         buffer, size,

@@ -48,11 +48,15 @@ LDFLAGS = [
     "-Wl,--as-needed",
 ]
 LIBS = ["-ldl", "-lpthread"]
-#: A build for tests only: AddressSanitizer and UndefinedBehaviorSanitizer, every error fatal.
-#: Its library needs the sanitizers' runtimes and must be preloaded after libasan
-#: (``sanitizer_runtime``); the hardening flags that conflict with them are left out.
-SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                  "-fno-omit-frame-pointer", "-g", "-O1"]
+#: Builds for tests only, by sanitizer: ``address`` (AddressSanitizer and UndefinedBehavior-
+#: Sanitizer, every error fatal) and ``thread`` (ThreadSanitizer). Such a library needs the
+#: sanitizer's runtime, preloaded before it (``sanitizer_runtime``); the hardening flags that
+#: conflict with the sanitizers are left out.
+SANITIZERS = {
+    "address": (["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"], "libasan.so"),
+    "thread": (["-fsanitize=thread"], "libtsan.so"),
+}
+SANITIZE_FLAGS = ["-fno-omit-frame-pointer", "-g", "-O1"]
 
 
 class BuildError(RuntimeError):
@@ -78,15 +82,16 @@ def compiler() -> str:
     return cc
 
 
-def compile_library(output: Path, directory: Path = HERE, *, sanitize: bool = False) -> Path:
+def compile_library(output: Path, directory: Path = HERE, *, sanitize: str | None = None
+                    ) -> Path:
     """Build the shim from the C files in ``directory`` into ``output`` (atomically);
-    ``sanitize``: the tests' sanitized build (SANITIZE_FLAGS), never one to ship."""
+    ``sanitize``: a test build under one of SANITIZERS, never one to ship."""
     output.parent.mkdir(parents=True, exist_ok=True)
     c_files = [str(p) for p in sources(directory) if p.suffix == ".c"]
     flags = [*CFLAGS, *LDFLAGS]
     if sanitize:
         flags = [f for f in flags if f not in ("-O2", "-g0", "-D_FORTIFY_SOURCE=2")]
-        flags += SANITIZE_FLAGS
+        flags += [*SANITIZERS[sanitize][0], *SANITIZE_FLAGS]
     with tempfile.TemporaryDirectory(dir=output.parent) as scratch:
         built = Path(scratch) / LIBRARY_NAME
         command = [compiler(), *flags, "-o", str(built), *c_files, *LIBS]
@@ -100,14 +105,15 @@ def compile_library(output: Path, directory: Path = HERE, *, sanitize: bool = Fa
     return output
 
 
-def sanitizer_runtime() -> str:
-    """The AddressSanitizer runtime the compiler links a sanitized build against: it must come
-    first in ``LD_PRELOAD``, before the shim."""
-    result = subprocess.run([compiler(), "-print-file-name=libasan.so"], capture_output=True,
+def sanitizer_runtime(sanitize: str) -> str:
+    """The runtime the compiler links a build under ``sanitize`` against: it must come first in
+    ``LD_PRELOAD``, before the shim."""
+    name = SANITIZERS[sanitize][1]
+    result = subprocess.run([compiler(), f"-print-file-name={name}"], capture_output=True,
                             text=True, check=False)
     runtime = result.stdout.strip()
     if result.returncode != 0 or not os.path.isabs(runtime):
-        raise BuildError(f"the compiler has no AddressSanitizer runtime ({runtime!r})")
+        raise BuildError(f"the compiler has no {name} ({runtime!r})")
     return runtime
 
 

@@ -26,6 +26,7 @@ pthread_cond_t kiwi_changed = PTHREAD_COND_INITIALIZER;
 struct kiwi_comm_state kiwi_comm;
 atomic_bool kiwi_working_set_dirty;
 int kiwi_wake_pipe[2] = {-1, -1};
+atomic_int kiwi_wake_fd = -1;
 
 /* ---- connecting ---------------------------------------------------------------------- */
 

@@ -29,8 +29,11 @@ struct kiwi_comm_state {
 
 extern struct kiwi_comm_state kiwi_comm;
 extern atomic_bool kiwi_working_set_dirty;
-/* Other threads wake the comm thread by writing a byte; it polls the read end. */
+/* Other threads wake the comm thread by writing a byte to kiwi_wake_fd, the pipe's write end
+ * (-1 until the pipe exists: published with an atomic store, so that a thread or signal handler
+ * writing to it is ordered after the pipe's creation); it polls the read end. */
 extern int kiwi_wake_pipe[2];
+extern atomic_int kiwi_wake_fd;
 
 /* ---- comm.c ------------------------------------------------------------------------------ */
 

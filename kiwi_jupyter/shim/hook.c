@@ -72,20 +72,25 @@ static atomic_bool missing[KIWI_HOOK_COUNT];
 static _Atomic(void *) driver_handle;
 
 typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym;
-static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
+static _Atomic(dlsym_fn) real_dlsym_fn;
 
 /* dlsym and what it calls first run inside a sanitizer's own start-up, when a sanitized build of
- * the shim is tested (AddressSanitizer resolves its interceptors with dlsym before its shadow
- * memory exists): they are left uninstrumented, so that the rest of the shim can be checked. */
-#define KIWI_SANITIZER_SAFE __attribute__((no_sanitize_address))
+ * the shim is tested: AddressSanitizer and ThreadSanitizer resolve their interceptors with dlsym
+ * before their shadow memory exists. These functions are left uninstrumented, and the real dlsym
+ * is found without pthread_once (itself intercepted, and not ready then); threads racing here
+ * all find the same function. */
+#define KIWI_SANITIZER_SAFE __attribute__((no_sanitize_address, no_sanitize_thread))
 
-KIWI_SANITIZER_SAFE static void find_real_dlsym(void)
+KIWI_SANITIZER_SAFE static dlsym_fn real_dlsym(void)
 {
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17",
                                            "GLIBC_2.0"};
-    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && !real_dlsym; i++)
-        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    dlsym_fn found = atomic_load_explicit(&real_dlsym_fn, memory_order_acquire);
+    for (size_t i = 0; !found && i < sizeof versions / sizeof versions[0]; i++)
+        found = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    if (found)
+        atomic_store_explicit(&real_dlsym_fn, found, memory_order_release);
+    return found;
 }
 
 KIWI_SANITIZER_SAFE static int find_hook(const char *symbol)
@@ -108,10 +113,10 @@ static int hook_at(void *address)
 
 static void *lookup(void *handle, const char *symbol)
 {
-    pthread_once(&dlsym_once, find_real_dlsym);
-    if (!real_dlsym)
+    dlsym_fn real = real_dlsym();
+    if (!real)
         return NULL;
-    void *address = real_dlsym(handle, symbol);
+    void *address = real(handle, symbol);
     /* A lookup in the global scope finds the shim's own export first: that is not the driver. */
     return address && hook_at(address) < 0 ? address : NULL;
 }
@@ -163,14 +168,14 @@ static void remember(int id, void *address, void *handle)
 
 KIWI_EXPORT KIWI_SANITIZER_SAFE void *dlsym(void *handle, const char *symbol)
 {
-    pthread_once(&dlsym_once, find_real_dlsym);
-    if (!real_dlsym)
+    dlsym_fn real = real_dlsym();
+    if (!real)
         return NULL;
     int id = find_hook(symbol);
     if (id < 0)
-        return real_dlsym(handle, symbol);
+        return real(handle, symbol);
     kiwi_init();
-    void *address = real_dlsym(handle, symbol);
+    void *address = real(handle, symbol);
     if (!address || hook_at(address) >= 0)
         return address;
     remember(id, address, handle);

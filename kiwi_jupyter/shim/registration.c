@@ -34,6 +34,28 @@ static bool device_uuid(char *text, size_t size)
     return true;
 }
 
+void kiwi_gpu_uuid(char *text, size_t size)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    snprintf(text, size, "%s", kiwi_cfg.gpu_uuid);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* The UUID the configuration named, or else the driver's, learnt once and kept in kiwi_cfg
+ * under kiwi_lock: the statistics read it from other threads. */
+static bool gpu_uuid(char *text, size_t size)
+{
+    kiwi_gpu_uuid(text, size);
+    if (text[0])
+        return true;
+    if (!device_uuid(text, size))
+        return false;
+    pthread_mutex_lock(&kiwi_lock);
+    snprintf(kiwi_cfg.gpu_uuid, sizeof kiwi_cfg.gpu_uuid, "%s", text);
+    pthread_mutex_unlock(&kiwi_lock);
+    return true;
+}
+
 /* The register request's fields: the client's labels, quoted, its GPU and its working set. */
 void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
 {
@@ -58,9 +80,10 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
         }
         append(fields, size, "}");
     }
-    if (kiwi_cfg.gpu_uuid[0] || device_uuid(kiwi_cfg.gpu_uuid, sizeof kiwi_cfg.gpu_uuid)) {
+    char uuid[sizeof kiwi_cfg.gpu_uuid];
+    if (gpu_uuid(uuid, sizeof uuid)) {
         append(fields, size, ",\"gpu_uuid\":");
-        kiwi_json_quote(fields, size, kiwi_cfg.gpu_uuid);
+        kiwi_json_quote(fields, size, uuid);
     }
     size_t n = strlen(fields);
     snprintf(fields + n, size - n,

@@ -324,6 +324,8 @@ void kiwi_link_after_fork(void);
 
 /* The register request's fields: the client's labels, quoted, its GPU and its working set. */
 void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set);
+/* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
+void kiwi_gpu_uuid(char *text, size_t size);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 

@@ -35,6 +35,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&kiwi_lock, NULL);
     pthread_cond_init(&kiwi_changed, NULL);
     pthread_mutex_init(&start_lock, NULL);
+    atomic_store(&kiwi_wake_fd, -1);
     kiwi_link_after_fork();
     kiwi_release_after_fork();
     for (int i = 0; i < 2; i++) {
@@ -81,6 +82,7 @@ void kiwi_comm_start(void)
     pthread_once(&fork_once, register_fork_handlers);
     pthread_mutex_lock(&start_lock);
     if (!atomic_load(&started) && pipe2(kiwi_wake_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+        atomic_store(&kiwi_wake_fd, kiwi_wake_pipe[1]);
         pthread_mutex_lock(&kiwi_lock);
         kiwi_comm.outage_since = kiwi_now();
         if (!kiwi_comm.policy_set) {

@@ -10,8 +10,9 @@
 
 static void wake(void)
 {
-    if (kiwi_wake_pipe[1] >= 0) {
-        ssize_t ignored = write(kiwi_wake_pipe[1], "!", 1);
+    int fd = atomic_load(&kiwi_wake_fd); /* lock-free: safe in a signal handler too */
+    if (fd >= 0) {
+        ssize_t ignored = write(fd, "!", 1);
         (void)ignored; /* a full pipe already means "wake up" */
     }
 }

@@ -14,6 +14,7 @@ from support import DaemonProcess
 from kiwi_jupyter.shim import library_path
 from kiwi_jupyter.shim.build import (
     LIBRARY_NAME,
+    SANITIZERS,
     BuildError,
     compile_library,
     sanitizer_runtime,
@@ -22,16 +23,20 @@ from kiwi_jupyter.shim.build import (
 
 @pytest.fixture(scope="session")
 def shim_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shim as shipped; with KIWI_TEST_SANITIZE=1, a build under AddressSanitizer and
-    UndefinedBehaviorSanitizer (``make test`` runs these tests both ways)."""
-    if not os.environ.get("KIWI_TEST_SANITIZE"):
+    """The shim as shipped; with KIWI_TEST_SANITIZE=address (AddressSanitizer and
+    UndefinedBehaviorSanitizer) or thread (ThreadSanitizer), a build under those (``make test``
+    runs these tests all three ways)."""
+    sanitize = os.environ.get("KIWI_TEST_SANITIZE")
+    if not sanitize:
         return library_path()
+    if sanitize not in SANITIZERS:
+        raise pytest.UsageError(f"KIWI_TEST_SANITIZE is one of {', '.join(SANITIZERS)}")
     try:
-        runtime = sanitizer_runtime()
+        runtime = sanitizer_runtime(sanitize)
     except BuildError as exc:
-        pytest.skip(f"no sanitized build: {exc}")
+        pytest.skip(f"no {sanitize} sanitizer build: {exc}")
     library = compile_library(tmp_path_factory.mktemp("sanitized") / LIBRARY_NAME,
-                              sanitize=True)
+                              sanitize=sanitize)
     shim_harness.SANITIZER_RUNTIME = runtime
     return library
 

@@ -17,22 +17,25 @@ from support import scaled, wait_for
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-#: The AddressSanitizer runtime, when the shim under test is the sanitized build (conftest,
-#: ``KIWI_TEST_SANITIZE=1``); None for the shim as shipped.
+#: The sanitizer's runtime, when the shim under test is a sanitized build (conftest,
+#: ``KIWI_TEST_SANITIZE=address|thread``); None for the shim as shipped.
 SANITIZER_RUNTIME: str | None = None
 #: What a sanitizer writes to stderr when it finds an error.
-SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:")
+SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer")
+#: Every error fatal, and reported. Python's own allocations outlive it by design: leaks are
+#: not what is looked for. A forked child starts a comm thread of its own, by design, which
+#: ThreadSanitizer refuses unless told (die_after_fork).
+SANITIZER_OPTIONS = {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
+                     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+                     "TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1:die_after_fork=0"}
 
 
 def preload(shim: Path) -> dict[str, str]:
     """The environment that preloads the shim under test: after the sanitizer's runtime, which
-    must come first, and with every sanitizer error fatal, when it is the sanitized build."""
+    must come first, when it is a sanitized build."""
     if SANITIZER_RUNTIME is None:
         return {"LD_PRELOAD": str(shim)}
-    return {"LD_PRELOAD": f"{SANITIZER_RUNTIME}:{shim}",
-            # Python's own allocations outlive it by design: leaks are not what is looked for.
-            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
-            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+    return {"LD_PRELOAD": f"{SANITIZER_RUNTIME}:{shim}", **SANITIZER_OPTIONS}
 
 
 #: workload.py's unasked first line: it has started, with the shim loaded and attached.
