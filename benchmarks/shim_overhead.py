@@ -74,16 +74,19 @@ print(json.dumps(shim.stats()["evict"] if shim else None))
 """
 
 
-def evictor_used(env: dict[str, str]) -> str:
-    out = subprocess.run([sys.executable, "-c", EVICTOR_PROBE], env=env, check=True,
+def last_line(code: str, env: dict[str, str]) -> str:
+    """The last line ``code`` prints, run in a Python process of its own with ``env``."""
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True).stdout
-    return str(json.loads(out.strip().splitlines()[-1]))
+    return out.strip().splitlines()[-1]
+
+
+def evictor_used(env: dict[str, str]) -> str:
+    return str(json.loads(last_line(EVICTOR_PROBE, env)))
 
 
 def run(code: str, env: dict[str, str]) -> float:
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return float(out.strip().splitlines()[-1])
+    return float(last_line(code, env))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

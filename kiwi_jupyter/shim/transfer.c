@@ -41,12 +41,14 @@ struct batch {
     uint64_t bytes;
 };
 
-static struct batch batch_of(const struct kiwi_range *ranges, size_t count, CUcontext ctx)
+/* ctx's ranges; with `only`, just those i where only[i]. */
+static struct batch batch_of(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
+                             const bool *only)
 {
     struct batch b = {.ptrs = malloc(count * sizeof *b.ptrs),
                       .sizes = malloc(count * sizeof *b.sizes)};
     for (size_t i = 0; b.ptrs && b.sizes && i < count; i++) {
-        if (ranges[i].ctx == ctx) {
+        if (ranges[i].ctx == ctx && (!only || only[i])) {
             b.ptrs[b.count] = ranges[i].ptr;
             b.sizes[b.count++] = ranges[i].size;
             b.bytes += ranges[i].size;
@@ -66,13 +68,27 @@ bool kiwi_pager_discards(void)
     return kiwi_pager_driver.discard_batch && !atomic_load(&no_discards);
 }
 
+/* Each of ctx's ranges prefetched on its own call; with `skip`, not those i where skip[i]. */
+static void prefetch_each(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
+                          CUdevice to, CUstream stream, const bool *skip, struct move *move)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (ranges[i].ctx != ctx || (skip && skip[i]))
+            continue;
+        if (prefetch(ranges[i].ptr, ranges[i].size, to, stream) == CUDA_SUCCESS)
+            move->bytes += ranges[i].size;
+        else
+            move->failures++;
+    }
+}
+
 /* One cuMemPrefetchBatchAsync for all of a context's ranges; false when the driver cannot. */
 static bool prefetch_batch(const struct kiwi_range *ranges, size_t count, CUcontext ctx,
                            CUdevice to, CUstream stream, struct move *move)
 {
     if (!kiwi_pager_driver.prefetch_batch || atomic_load(&no_batches) || count < 2)
         return false;
-    struct batch b = batch_of(ranges, count, ctx);
+    struct batch b = batch_of(ranges, count, ctx, NULL);
     CUmemLocation where = location_of(to);
     size_t first = 0; /* the one location applies from the first range on */
     CUresult result = b.count ? kiwi_pager_driver.prefetch_batch(b.ptrs, b.sizes, b.count, &where,
@@ -94,7 +110,7 @@ static void discard(const struct kiwi_range *free_ranges, size_t count, CUcontex
 {
     if (!kiwi_pager_driver.discard_batch || atomic_load(&no_discards) || !count)
         return;
-    struct batch b = batch_of(free_ranges, count, ctx);
+    struct batch b = batch_of(free_ranges, count, ctx, NULL);
     CUresult result = b.count ? kiwi_pager_driver.discard_batch(b.ptrs, b.sizes, b.count, 0, stream)
                               : CUDA_SUCCESS;
     batch_free(&b);
@@ -113,18 +129,15 @@ static bool copy_out_then_discard(struct context *c, const struct kiwi_range *ra
                                   size_t count, struct move *move)
 {
     bool *copied = calloc(count, sizeof *copied);
-    CUdeviceptr *ptrs = malloc(count * sizeof *ptrs);
-    size_t *sizes = malloc(count * sizeof *sizes);
     uint64_t before = move->bytes;
-    size_t n = copied && ptrs && sizes ? kiwi_copy_out(c, ranges, count, copied, move) : 0;
-    for (size_t i = 0, j = 0; n && i < count; i++) {
-        if (copied[i]) {
-            ptrs[j] = ranges[i].ptr;
-            sizes[j++] = ranges[i].size;
-        }
-    }
-    CUresult result = n ? kiwi_pager_driver.discard_batch(ptrs, sizes, n, 0, c->stream)
-                        : CUDA_ERROR_OUT_OF_MEMORY;
+    size_t n = copied ? kiwi_copy_out(c, ranges, count, copied, move) : 0;
+    struct batch b = {0};
+    if (n)
+        b = batch_of(ranges, count, c->ctx, copied);
+    CUresult result = b.count ? kiwi_pager_driver.discard_batch(b.ptrs, b.sizes, b.count, 0,
+                                                                c->stream)
+                              : CUDA_ERROR_OUT_OF_MEMORY;
+    batch_free(&b);
     if (n && result != CUDA_SUCCESS) {
         if (result == CUDA_ERROR_NOT_SUPPORTED)
             atomic_store(&no_discards, true);
@@ -135,17 +148,9 @@ static bool copy_out_then_discard(struct context *c, const struct kiwi_range *ra
         move->bytes = before;
     }
     bool discarded = n && result == CUDA_SUCCESS;
-    for (size_t i = 0; discarded && i < count; i++) {
-        if (ranges[i].ctx != c->ctx || copied[i])
-            continue;
-        if (prefetch(ranges[i].ptr, ranges[i].size, CU_DEVICE_CPU, c->stream) == CUDA_SUCCESS)
-            move->bytes += ranges[i].size;
-        else
-            move->failures++;
-    }
+    if (discarded) /* the ranges that could not be copied */
+        prefetch_each(ranges, count, c->ctx, CU_DEVICE_CPU, c->stream, copied, move);
     free(copied);
-    free(ptrs);
-    free(sizes);
     return discarded;
 }
 
@@ -174,16 +179,8 @@ size_t kiwi_pager_move_context(struct context *c, const struct kiwi_range *range
     if (move->to_host && kiwi_copy_out_usable() && copy_out_then_discard(c, ranges, count, move))
         return mine;
     CUdevice to = move->to_host ? CU_DEVICE_CPU : c->device;
-    if (!prefetch_batch(ranges, count, c->ctx, to, c->stream, move)) {
-        for (size_t i = 0; i < count; i++) {
-            if (ranges[i].ctx != c->ctx)
-                continue;
-            if (prefetch(ranges[i].ptr, ranges[i].size, to, c->stream) == CUDA_SUCCESS)
-                move->bytes += ranges[i].size;
-            else
-                move->failures++;
-        }
-    }
+    if (!prefetch_batch(ranges, count, c->ctx, to, c->stream, move))
+        prefetch_each(ranges, count, c->ctx, to, c->stream, NULL, move);
     /* Discarded ranges came back as fresh pages: their bytes follow, in stream order. */
     if (!move->to_host)
         kiwi_copy_back(c, ranges, count, move);

@@ -61,6 +61,14 @@ class StepAside:
         return [h for h in gpu.holders.values() if h.hold_state is HoldState.HOLDING
                 and h.hold is not None and now - h.hold.granted_at < tq - _EPS]
 
+    def may_come(self, gpu: GpuState, now: float) -> bool:
+        """May a holder yet step aside, or a held-back request be granted? Only while someone
+        waits, or while holders share the GPU and one of them is in its turn."""
+        if gpu.waiters:
+            return True
+        tq = self.policy.scheduler.tq_for(gpu.spec.index)
+        return len(gpu.holders) > 1 and bool(self.in_turn(gpu, tq, now))
+
     def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
         """Is ``client``'s request held back: heavy beside a light holder in its turn, and
         waiting for less than a TQ?"""

@@ -178,6 +178,12 @@ class PoolsPolicy:
         ``pick`` would grant next)."""
         return None
 
+    def aside_may_come(self, gpu: GpuState, now: float) -> bool:
+        """Mode auto: may a holder yet step aside, or a held-back request be granted, as GPU
+        time is used with no event to say so? (The core then looks again after a first
+        quantum.)"""
+        return False
+
     def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
         """``client`` was granted ``gpu`` (already out of the waiters)."""
 

@@ -218,6 +218,9 @@ class InteractivePolicy(PoolsPolicy):
                         now: float) -> Client | None:
         return self.aside.steps_aside_for(gpu, holder, waiter, tq, now)
 
+    def aside_may_come(self, gpu: GpuState, now: float) -> bool:
+        return self.aside.may_come(gpu, now)
+
     def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
         """Why ``nxt`` goes next, for the status document: the first rule that decided."""
         promised = {h.hold.drop_incoming for h in gpu.holders.values() if h.hold}

@@ -55,8 +55,7 @@ class Queries(Turns):
                         # no event to say so: look again after a first quantum.
                         deadlines.append(now + self.config.interactive.first_quantum)
                         timeless = False
-            if self.choice.cuts_quanta and self.mode == "auto" and self._light_may_come(gpu,
-                                                                                      now):
+            if self.mode == "auto" and self.choice.aside_may_come(gpu, now):
                 # Who is light beside whom, and whose turn is over, change as GPU time is used,
                 # with no event to say so: look again after a first quantum.
                 deadlines.append(now + self.config.interactive.first_quantum)
@@ -78,17 +77,6 @@ class Queries(Turns):
                 deadlines.append(now)
                 timeless = False
         return (min(deadlines) if deadlines else None), timeless
-
-    def _light_may_come(self, gpu: GpuState, now: float) -> bool:
-        """Mode auto, ``policy: interactive``: may a holder yet step aside, or a held-back
-        request be granted? Only while someone waits, or while holders share the GPU and one
-        of them is in its turn (the first TQ of its hold, aside.py)."""
-        if gpu.waiters:
-            return True
-        tq = self.tq_for(gpu.spec.index)
-        return len(gpu.holders) > 1 and any(
-            h.hold_state is HoldState.HOLDING and h.hold is not None
-            and now - h.hold.granted_at < tq for h in gpu.holders.values())
 
     def _grantable(self, gpu: GpuState, now: float) -> bool:
         """Would a schedule now grant someone? (mode on or auto)"""
