@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if "corun" in steps:
         seconds = "3" if args.quick else "5"
         report += ["", "## Side by side: work done together against one alone (`co_run`)", "",
-                   *benchmark("gpu_corun", ["--seconds", seconds], budget.limit(180))]
+                   *benchmark("gpu_corun", ["--seconds", seconds], budget.limit(300))]
     return finish(report, args.out, started, 0)
 
 

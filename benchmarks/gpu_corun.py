@@ -21,16 +21,35 @@ hundred MiB at most: nothing near the card's memory.
 Then the mix mode auto is really about: one ``large`` and one ``small`` side by side, a short
 cell beside a training run. Each one's rate against its own kind alone says what each pays for
 the other's company (the fleet gives both ``co_run / 2``; which is nearer is the question).
+
+Last, the same pairs taking turns through Kiwi instead: each process under the shim, a daemon
+in mode on with a TQ of a second or less, their memory small enough to stay where it is. The
+GPU then runs one process at a time and switches every TQ, not every few milliseconds as the
+driver does, and nothing moves at a switch. Whether that loses less than the driver's own
+time-slicing is what decides if the scheduler should hand out short turns to holders side by
+side instead of letting them share (docs/policy.md, "Why not 2x").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import NamedTuple
+
+from benchmarks.common import start_daemon
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: The TQs (seconds) the pairs take turns at through Kiwi.
+TURNS = (1.0, 0.25)
 
 #: (matrix side, dtype name, products per synchronize) per kind of cell.
 KINDS = {"large": (8192, "float16", 4), "small": (512, "float32", 64)}
@@ -54,12 +73,29 @@ def _products(kind: str, seconds: float, ready: multiprocessing.SimpleQueue, go:
             a @ b
         torch.cuda.synchronize()  # count only what the GPU finished
         done += batch
-    results.put(done / (time.perf_counter() - started))
+    rate = done / (time.perf_counter() - started)
+    from kiwi_jupyter.shim import Shim
+
+    shim = Shim.attach()  # under Kiwi: the turns it took, and whether its memory ever moved
+    stats = shim.stats() if shim is not None else {}
+    results.put(Worked(rate, stats.get("grants", 0), stats.get("evictions", 0)))
+
+
+class Worked(NamedTuple):
+    rate: float  # products per second
+    grants: int  # under Kiwi: the turns it was given (0 without the shim)
+    evictions: int  # under Kiwi: the times its memory was moved out
 
 
 def rates(kinds: Sequence[str], seconds: float) -> list[float]:
     """Products per second of one process per kind in ``kinds``, started together, side by
     side; in the order of ``kinds``."""
+    return [w.rate for w in work(kinds, seconds)]
+
+
+def work(kinds: Sequence[str], seconds: float) -> list[Worked]:
+    """What one process per kind in ``kinds`` did, started together; in the order of
+    ``kinds``. Processes started in ``environment`` inherit it."""
     ctx = multiprocessing.get_context("spawn")  # CUDA does not survive a fork
     ready, go = ctx.SimpleQueue(), ctx.Event()
     results = [ctx.SimpleQueue() for _ in kinds]  # one each: the order must be kept
@@ -74,6 +110,46 @@ def rates(kinds: Sequence[str], seconds: float) -> list[float]:
     for worker in workers:
         worker.join()
     return out
+
+
+@contextlib.contextmanager
+def environment(changes: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` while the block runs: a spawned process starts with the
+    parent's environment as it is then (this process, already started, is not preloaded)."""
+    saved = {key: os.environ.get(key) for key in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def kiwi_environment(shim: str, socket: str) -> dict[str, str]:
+    """What a process needs to take its turns through the daemon on ``socket``: the shim
+    preloaded, no release of its own when idle (the processes wait for each other to warm up),
+    and the checkpoint evictor, which leaves memory as it is (the pairs always fit)."""
+    return {"LD_PRELOAD": shim, "KIWI_SOCKET": socket, "KIWI_IDLE_RELEASE": "0",
+            "KIWI_EVICT": "checkpoint", "PYTHONPATH": str(REPO)}
+
+
+def work_in_turns(kinds: Sequence[str], seconds: float, tq: float) -> list[Worked]:
+    """As ``rates``, each process under the shim, taking turns of ``tq`` seconds through a
+    daemon in mode on. The count runs at least ten turns."""
+    from kiwi_jupyter.shim import library_path
+
+    with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
+        daemon, socket = start_daemon(directory, "--gpus", "1", "--mode", "on",
+                                      "--tq", str(tq))
+        try:
+            with environment(kiwi_environment(str(library_path()), socket)):
+                return work(kinds, max(seconds, 10 * tq * len(kinds)))
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
 
 
 def efficiency(alone: float, together: list[float]) -> float:
@@ -105,10 +181,29 @@ def mix_table(alone: dict[str, float], together: dict[str, float]) -> str:
     return "\n".join(rows)
 
 
+def turns_table(alone: dict[str, float], turns: dict[float, dict[str, list[Worked]]],
+                shared: dict[str, float]) -> str:
+    """Markdown: for each TQ and kind, two processes' rates in turns through Kiwi, the turns
+    they took and the times their memory moved, their work together against one alone, and
+    the same pair side by side (``shared``) for comparison."""
+    rows = ["| two processes taking turns through Kiwi | TQ (s) | products/s each | turns | "
+            "memory moved out | together / one alone | side by side, for comparison |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for tq, by_kind in turns.items():
+        for kind, each in by_kind.items():
+            rate = [w.rate for w in each]
+            rows.append(f"| {kind} | {tq:g} | {', '.join(f'{r:.1f}' for r in rate)} | "
+                        f"{sum(w.grants for w in each)} | {sum(w.evictions for w in each)} | "
+                        f"{efficiency(alone[kind], rate):.3f} | {shared[kind]:.3f} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="each measurement")
     parser.add_argument("--most", type=int, default=3, help="processes side by side, at most")
+    parser.add_argument("--no-turns", dest="turns", action="store_false",
+                        help="leave out the pairs taking turns through Kiwi")
     args = parser.parse_args(argv)
     measured = {kind: {k: rates([kind] * k, args.seconds) for k in range(1, args.most + 1)}
                 for kind in KINDS}
@@ -116,7 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     pair = list(KINDS)
     mixed = dict(zip(pair, rates(pair, args.seconds), strict=True))
     print()
-    print(mix_table({kind: measured[kind][1][0] for kind in pair}, mixed))
+    alone = {kind: measured[kind][1][0] for kind in pair}
+    print(mix_table(alone, mixed), flush=True)
+    if args.turns and args.most >= 2:
+        turns = {tq: {kind: work_in_turns([kind] * 2, args.seconds, tq) for kind in KINDS}
+                 for tq in TURNS}
+        shared = {kind: efficiency(alone[kind], measured[kind][2]) for kind in KINDS}
+        print()
+        print(turns_table(alone, turns, shared))
     return 0
 
 
