@@ -51,6 +51,8 @@ BENCHMARKS = {
     "lab": Benchmark("Jupyter server and panel", (), ()),
     "kernel_cells": Benchmark("Notebook kernel", (), ("--cells", "100", "--handoffs", "20")),
     "shim_gate": Benchmark("CUDA shim gate (fake driver)", (), ()),
+    "shim_turns": Benchmark("CUDA shim: a turn between two processes (fake driver)", (),
+                            ("--seconds", "2")),
 }
 
 

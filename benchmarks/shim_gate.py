@@ -61,16 +61,22 @@ int main(int argc, char **argv) {
 """
 
 
-def build(directory: Path) -> tuple[Path, Path]:
+def fake_driver(directory: Path) -> Path:
+    """The test suite's fake libcuda, built into ``directory``."""
     fake = directory / "libcuda.so.1"
     subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-o", str(fake),
                     str(REPO / "tests" / "shim" / "fake_cuda.c"), "-lpthread"], check=True)
-    program = directory / "launch_loop"
-    source = directory / "launch_loop.c"
-    source.write_text(DRIVER)
+    return fake
+
+
+def compile_program(directory: Path, name: str, code: str) -> Path:
+    """The C program ``code``, built into ``directory`` as ``name``."""
+    program = directory / name
+    source = directory / f"{name}.c"
+    source.write_text(code)
     subprocess.run(["gcc", "-O2", "-o", str(program), str(source), "-ldl", "-lpthread"],
                    check=True)
-    return fake, program
+    return program
 
 
 def measure(program: Path, fake: Path, threads: int, calls: int, env: dict[str, str]) -> float:
@@ -94,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as scratch:
         directory = Path(scratch)
-        fake, program = build(directory)
+        fake = fake_driver(directory)
+        program = compile_program(directory, "launch_loop", DRIVER)
         daemon, socket = start_daemon(directory, "--gpus", "1")
         try:
             ways = {
