@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from nodeside.daemon.listen import answers as socket_answers
@@ -52,8 +53,10 @@ def utc_now() -> str:
 
 
 def without_kiwi(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment without any Kiwi setting or preload: a plain process."""
-    return {k: v for k, v in environ.items() if not k.startswith("KIWI_") and k != "LD_PRELOAD"}
+    """The environment without any Kiwi setting or preload, nor the test suite's fake-driver
+    settings: a plain process."""
+    return {k: v for k, v in environ.items()
+            if not k.startswith(("KIWI_", "FAKE_CUDA")) and k != "LD_PRELOAD"}
 
 
 def start_daemon(directory: str | os.PathLike[str], *args: str,
@@ -69,3 +72,14 @@ def start_daemon(directory: str | os.PathLike[str], *args: str,
             raise RuntimeError("the daemon did not start")
         time.sleep(0.02)
     return daemon, path
+
+
+@contextlib.contextmanager
+def running_daemon(directory: str | os.PathLike[str], *args: str) -> Iterator[str]:
+    """``start_daemon`` for the block, which gets the socket's path; stopped after it."""
+    daemon, path = start_daemon(directory, *args)
+    try:
+        yield path
+    finally:
+        daemon.terminate()
+        daemon.wait(10)

@@ -44,7 +44,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.common import start_daemon
+from benchmarks.common import running_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,15 +141,10 @@ def work_in_turns(kinds: Sequence[str], seconds: float, tq: float) -> list[Worke
     daemon in mode on. The count runs at least ten turns."""
     from kiwi_jupyter.shim import library_path
 
-    with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
-        daemon, socket = start_daemon(directory, "--gpus", "1", "--mode", "on",
-                                      "--tq", str(tq))
-        try:
-            with environment(kiwi_environment(str(library_path()), socket)):
-                return work(kinds, max(seconds, 10 * tq * len(kinds)))
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
+    with (tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory,
+          running_daemon(directory, "--gpus", "1", "--mode", "on", "--tq", str(tq)) as socket,
+          environment(kiwi_environment(str(library_path()), socket))):
+        return work(kinds, max(seconds, 10 * tq * len(kinds)))
 
 
 def efficiency(alone: float, together: list[float]) -> float:

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import report_row, start_daemon
+from benchmarks.common import report_row, running_daemon, without_kiwi
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,15 +94,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from kiwi_jupyter.shim import library_path
 
     shim = str(library_path())
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("KIWI_", "FAKE_CUDA")) and k != "LD_PRELOAD"}
+    base = without_kiwi()
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as scratch:
         directory = Path(scratch)
         fake = fake_driver(directory)
         program = compile_program(directory, "launch_loop", DRIVER)
-        daemon, socket = start_daemon(directory, "--gpus", "1")
-        try:
+        with running_daemon(directory, "--gpus", "1") as socket:
             ways = {
                 "plain": base,
                 "pass-through": {**base, "LD_PRELOAD": shim, "KIWI_SHIM": "0"},
@@ -119,9 +116,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 results.update({f"{way}_{threads}t_ns": v for way, v in row.items()})
                 results[f"added_{threads}t_ns"] = added
                 report_row(threads, *(f"{v:.1f}" for v in row.values()), f"{added:.1f}")
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
     if json_path:
         Path(json_path).write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import percentile, report_row, start_daemon
+from benchmarks.common import percentile, report_row, running_daemon, without_kiwi
 from benchmarks.daemon import relay_floor
 from benchmarks.shim_gate import compile_program, fake_driver
 
@@ -97,14 +96,10 @@ def measure(seconds: float, tq: float, gap_us: int) -> tuple[list[float], int]:
         directory = Path(scratch)
         fake = fake_driver(directory)
         program = compile_program(directory, "turner", TURNER)
-        daemon, socket = start_daemon(directory, "--gpus", "1", "--mode", "on", "--tq",
-                                      str(tq))
-        try:
-            base = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("KIWI_", "FAKE_CUDA")) and k != "LD_PRELOAD"}
+        with running_daemon(directory, "--gpus", "1", "--mode", "on", "--tq", str(tq)) as socket:
             # The fake driver has no checkpoint API for the daemon to load: managed memory,
             # which stays where it is at every turn here as the checkpoint evictor's would.
-            env = {**base, "LD_PRELOAD": str(library_path()), "KIWI_SOCKET": socket,
+            env = {**without_kiwi(), "LD_PRELOAD": str(library_path()), "KIWI_SOCKET": socket,
                    "KIWI_IDLE_RELEASE": "0", "KIWI_EVICT": "managed"}
             procs = [subprocess.Popen([str(program), str(fake), str(seconds), str(gap_us)],
                                       env=env, stdout=subprocess.PIPE, text=True)
@@ -112,9 +107,6 @@ def measure(seconds: float, tq: float, gap_us: int) -> tuple[list[float], int]:
             outs = [proc.communicate(timeout=seconds + 60)[0] for proc in procs]
             if any(proc.returncode for proc in procs):
                 raise RuntimeError(f"a turner failed: {[proc.returncode for proc in procs]}")
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
     gaps = [[(int(a), int(b)) for a, b in (line.split() for line in out.splitlines())]
             for out in outs]
     # A process waits a whole turn of the other's; half a TQ tells waiting from interruptions.
