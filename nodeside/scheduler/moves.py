@@ -65,11 +65,13 @@ class Moves:
     def _grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
         client.move(HoldState.HOLDING)
         gpu.waiters.remove(client)
-        client.requested_at = None
         client.hold = Hold(granted_at=now, quantum_start=now)
         gpu.holders[client.id] = client
         gpu.meter.open(client.id, client.pool, now, client.preemptible)
+        # The policy still sees when it asked: a request that went on after a drop is told
+        # from a new one by that, not by when it was granted (attained.py).
         self.choice.on_grant(gpu, client, now)
+        client.requested_at = None
         self.counts["grants"] += 1
         return Grant(client.id, gpu.spec.index, self._quantum(gpu.spec.index))
 

@@ -337,3 +337,20 @@ class AnyContentionInteractive(AnyContention):
 AnyContentionInteractive.TestCase.settings = settings(max_examples=40,
                                                       stateful_step_count=40, deadline=None)
 test_any_contention_keeps_the_invariants_under_interactive = AnyContentionInteractive.TestCase
+
+
+def test_a_request_that_goes_on_after_a_drop_keeps_its_work_however_long_it_waited():
+    """A holder dropped mid-cell asks again at once; granted a TQ later, its cell has still
+    done what it did (attained.py decides by when it asked, not when it was granted: the
+    core tells the policy of a grant before it forgets when the request came)."""
+    sched = make_scheduler({"mode": "on", "policy": "interactive", "tq": 10.0})
+    trainer = sched.register(0.0, name="trainer")
+    other = sched.register(0.0, name="other")
+    sched.acquire(0.0, trainer.id)
+    [drop] = sched.acquire(1.0, other.id)  # a light request: the trainer's quantum is cut
+    assert drop.client == trainer.id
+    sched.release(1.0, trainer.id)
+    sched.acquire(1.0, trainer.id)  # at once: the cell goes on
+    sched.release(25.0, other.id)  # granted 24 s after it asked
+    assert trainer.state == "holding"
+    assert sched.choice.request_seconds(trainer.id) == pytest.approx(1.0)
