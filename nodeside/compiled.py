@@ -65,6 +65,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.state",
     "nodeside.scheduler.status",
     "nodeside.scheduler.switching",
+    "nodeside.scheduler.taking_turns",
     "nodeside.scheduler.turns",
     "nodeside.daemon.connection",
     "nodeside.daemon.delivery",

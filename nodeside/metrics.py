@@ -100,6 +100,8 @@ class SchedulerCollector(Collector):
             "revocations": "Holders that ignored a drop past its grace and lost the GPU.",
             "steps_aside": "Mode auto, policy interactive: holders that left the GPU's time to a "
                            "light request beside them.",
+            "turns": "Mode auto, interactive.turns: turns handed to a holder side by side "
+                     "(a resume after a pause).",
         }
         for name, text in helps.items():
             yield CounterMetricFamily(f"kiwi_{name}", text, value=sched.counts.get(name, 0))

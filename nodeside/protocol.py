@@ -73,6 +73,9 @@ RELEASED: Final = "released"        # reply to release
 DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"};
                                     # also the reply to release with evict_first (with its seq)
 REVOKED: Final = "revoked"          # event: the daemon took the GPU back; stop using it
+PAUSE: Final = "pause"              # event to a holder that registered "pausable": keep the GPU
+                                    # and your memory, start no GPU work until "resume" {"gpu"}
+RESUME: Final = "resume"            # event: your turn, GPU work may go on {"gpu"}
 CHANGED: Final = "changed"          # event (no fields) to peers whose hello asked for
                                     # FEATURE_CHANGES: the status document people see changed
 MODE: Final = "mode"                # event to every connection: {"mode", "tq"} changed
@@ -295,6 +298,7 @@ _FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
         ("display_name", (str,), False),  # what people see (a notebook's path); name stays the key
         ("gpu_uuid", (str,), False),      # the GPU's UUID, matched by the daemon when it knows it
         ("evict", (str,), False),         # "managed" or "checkpoint": how this process is paged
+        ("pausable", (bool,), False),     # it honours "pause" and "resume" (taking turns)
     ),
     RELEASE: (("evict_first", (bool,), False), ("requeue", (bool,), False)),
     WORKING_SET: (("bytes", (int,), True), ("evictable", (int,), False)),

@@ -8,7 +8,7 @@ from typing import Any
 from nodeside import limits
 from nodeside.config.values import ConfigError, parse_size, section
 
-_INTERACTIVE_KEYS = ("first_quantum", "half_life", "pass_bound", "link_bandwidth")
+_INTERACTIVE_KEYS = ("first_quantum", "half_life", "pass_bound", "link_bandwidth", "turns")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class InteractiveSettings:
     pass_bound: int = 3
     #: Host-link bytes per second, to price moving working sets (25 GB/s: PCIe Gen4).
     link_bandwidth: int = 25 * 10**9
+    #: Mode auto: seconds of a turn when holders side by side take turns at the GPU's time,
+    #: least attained first, instead of the driver time-slicing between them (``taking_turns``);
+    #: 0, the default, leaves them to the driver. Only clients that can pause take turns.
+    turns: float = 0.0
 
 
 def parse_interactive(raw: Any) -> InteractiveSettings:
@@ -41,6 +45,8 @@ def parse_interactive(raw: Any) -> InteractiveSettings:
         for key in ("first_quantum", "half_life"):
             if key in raw:
                 changes[key] = limits.tq_seconds(raw[key], f"interactive.{key}")
+        if "turns" in raw:
+            changes["turns"] = _turns(raw["turns"])
         if "pass_bound" in raw:
             changes["pass_bound"] = limits.pass_bound(raw["pass_bound"], "interactive.pass_bound")
     except limits.LimitError as exc:
@@ -52,3 +58,14 @@ def parse_interactive(raw: Any) -> InteractiveSettings:
                               f"per second (try 25GB), got {raw['link_bandwidth']!r}")
         changes["link_bandwidth"] = bandwidth
     return replace(settings, **changes)
+
+
+def _turns(value: Any) -> float:
+    """0 (off) or a turn's seconds in the TQ's range."""
+    if value is False:
+        return 0.0
+    seconds = limits.seconds_in_range(value, "interactive.turns", 0.0, limits.TQ_MAX)
+    if 0.0 < seconds < limits.TQ_MIN:
+        raise limits.LimitError(f"interactive.turns: 0 (off) or between {limits.TQ_MIN:g} and "
+                                f"{limits.TQ_MAX:g} seconds, got {value!r}")
+    return seconds

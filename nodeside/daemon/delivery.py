@@ -1,4 +1,5 @@
-"""The scheduler's actions, delivered to the clients they name: grants, drops, revocations.
+"""The scheduler's actions, delivered to the clients they name: grants, drops, revocations,
+and the pauses and resumes of holders taking turns.
 
 The one place that turns an action into the line its client reads, logs what admins look for
 (preemptions, revocations) and feeds the metrics' observers. A grant's line is cached: it is
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
 from nodeside.daemon import hostmem
-from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
+from nodeside.scheduler.core import Action, Drop, Grant, Pause, Released, Resume, Revoke, Scheduler
 
 if TYPE_CHECKING:
     from nodeside.daemon.connection import Connection
@@ -89,6 +90,10 @@ class Delivery:
                          self.name(action.client), action.gpu)
             if conn is not None:
                 conn.send(p.drop_line(action.gpu, action.reason, action.evict, action.grace))
+        elif isinstance(action, (Pause, Resume)):
+            if conn is not None:
+                conn.send(p.encode(p.PAUSE if isinstance(action, Pause) else p.RESUME,
+                                   gpu=action.gpu))
         elif isinstance(action, Revoke):
             log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
                         "%.1f seconds", action.gpu, self.name(action.client),

@@ -61,7 +61,7 @@ class Registrations:
             else limits.byte_count(working_set, "working_set"),
             evict=_optional_text(msg, "evict") or "managed",
             pid=peer.pid, uid=peer.uid, gids=groups_of(peer), user=user_name(peer.uid),
-            namespace=namespace,
+            namespace=namespace, pausable=msg.get("pausable") is True,
         )
         self.label_bytes[client.id] = label_bytes
         self.label_bytes_total += label_bytes

@@ -74,4 +74,29 @@ class Released:
         self.evict = evict
 
 
-Action = Grant | Drop | Revoke | Released
+@dataclass(init=False, unsafe_hash=True)
+class Pause:
+    """Mode auto, ``interactive.turns``: hold on to the GPU and its memory, but start no GPU
+    work until ``Resume``; another holder beside you has its turn (taking_turns.py)."""
+
+    client: Final[str]
+    gpu: Final[int]
+
+    def __init__(self, client: str, gpu: int) -> None:
+        self.client = client
+        self.gpu = gpu
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Resume:
+    """Your turn: GPU work may start again."""
+
+    client: Final[str]
+    gpu: Final[int]
+
+    def __init__(self, client: str, gpu: int) -> None:
+        self.client = client
+        self.gpu = gpu
+
+
+Action = Grant | Drop | Revoke | Released | Pause | Resume

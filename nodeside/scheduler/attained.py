@@ -59,6 +59,21 @@ class AttainedService:
         self._settle(client_id)
         return self._request.get(client_id, 0.0)
 
+    def request_work(self, client_id: str, now: float) -> float:
+        """GPU seconds of the request in progress: its holds so far, less their pauses, and its
+        open hold if it works. What taking turns orders by: the current cell's own work."""
+        since = self._holding_since.get(client_id)
+        return self.request_seconds(client_id) + (now - since if since is not None else 0.0)
+
+    def pause(self, client_id: str, now: float) -> None:
+        """A holder waits for its turn: the hold goes on, its GPU time stops counting."""
+        since = self._holding_since.pop(client_id, None)
+        if since is not None:
+            self._request[client_id] = self._request.get(client_id, 0.0) + now - since
+
+    def resume(self, client_id: str, now: float) -> None:
+        self._holding_since[client_id] = now
+
     def _history(self, client_id: str, now: float) -> float:
         value, at = self._used.get(client_id, (0.0, now))
         return value * 0.5 ** (max(0.0, now - at) / self.settings.half_life)

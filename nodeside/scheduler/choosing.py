@@ -184,6 +184,22 @@ class PoolsPolicy:
         quantum.)"""
         return False
 
+    # -- mode auto: holders taking turns (see taking_turns.py) ------------------------------
+
+    def turn_length(self) -> float:
+        """Seconds of a turn when pausable holders side by side take turns; 0: they do not."""
+        return 0.0
+
+    def request_work(self, client_id: str, now: float) -> float:
+        """GPU seconds the client's request in progress has worked: who has the next turn."""
+        return 0.0
+
+    def on_pause(self, client: Client, now: float) -> None:
+        """``client`` holds on, paused while another has its turn."""
+
+    def on_resume(self, client: Client, now: float) -> None:
+        """``client``'s turn: it works again."""
+
     def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
         """``client`` was granted ``gpu`` (already out of the waiters)."""
 

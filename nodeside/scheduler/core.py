@@ -41,7 +41,9 @@ from nodeside.scheduler.actions import (
     Action,
     Drop,
     Grant,
+    Pause,
     Released,
+    Resume,
     Revoke,
     SchedulerError,
 )
@@ -61,8 +63,8 @@ from nodeside.scheduler.state import (
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
 __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "Grant", "Hold",
-           "HoldState", "IllegalTransition", "Released", "Revoke", "Scheduler",
-           "SchedulerError"]
+           "HoldState", "IllegalTransition", "Pause", "Released", "Resume", "Revoke",
+           "Scheduler", "SchedulerError"]
 
 class Scheduler(Controls):
     """Every GPU of one node: its clients, pools, policy and clock-free rules. Each role is a
@@ -91,7 +93,7 @@ class Scheduler(Controls):
         self.choice = POLICIES[config.policy](self)
         # Counters for metrics; the shell reads them.
         self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0,
-                       "steps_aside": 0}
+                       "steps_aside": 0, "turns": 0}
         #: Events seen; the cached next deadline is good until this moves.
         self._events = 0
         self._deadline_cache: tuple[object, float | None] | None = None

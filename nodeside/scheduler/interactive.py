@@ -79,6 +79,18 @@ class InteractivePolicy(PoolsPolicy):
     def request_seconds(self, client_id: str) -> float:
         return self.service.request_seconds(client_id)
 
+    def turn_length(self) -> float:
+        return self.settings.turns
+
+    def request_work(self, client_id: str, now: float) -> float:
+        return self.service.request_work(client_id, now)
+
+    def on_pause(self, client: Client, now: float) -> None:
+        self.service.pause(client.id, now)
+
+    def on_resume(self, client: Client, now: float) -> None:
+        self.service.resume(client.id, now)
+
     def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
         self.service.granting(client.id)
         self.light.granted(gpu, client, now)  # before its hold counts: still fresh

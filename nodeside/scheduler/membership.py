@@ -29,12 +29,12 @@ class Membership(Queries):
                  working_set: int | None = None, gids: Iterable[int] = (),
                  display_name: str | None = None, user: str | None = None,
                  evict: str = "managed", gpu_uuid: str | None = None,
-                 namespace: str | None = None) -> Client:
+                 namespace: str | None = None, pausable: bool = False) -> Client:
         """A new client. ``uid`` and ``gids`` are the peer's credentials, read by the shell from
         the socket, never from what the client says: the access policy judges the claimed pool
         and priority by them, and by ``namespace``, its pod's namespace as the shell verified
         it (None: not in a pod, or not verified). A downgraded claim leaves its reason in
-        ``Client.warning``.
+        ``Client.warning``. ``pausable``: it honours ``Pause`` and ``Resume`` (taking turns).
         """
         gpu = self._gpu_named(gpu, gpu_uuid)
         if priority not in PRIORITY_RANK:
@@ -53,7 +53,8 @@ class Membership(Queries):
                         priority=verdict.priority, pid=pid, uid=uid, gids=gids, kind=kind,
                         labels=dict(labels or {}), working_set=working_set,
                         registered_at=now, display_name=display_name or name, user=user,
-                        evict=evict, warning=verdict.warning, namespace=namespace)
+                        evict=evict, warning=verdict.warning, namespace=namespace,
+                        pausable=pausable)
         self.clients[client.id] = client
         self._pool_members[client.pool] = self._pool_members.get(client.pool, 0) + 1
         return client

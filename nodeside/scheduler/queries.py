@@ -55,6 +55,9 @@ class Queries(Turns):
                         # no event to say so: look again after a first quantum.
                         deadlines.append(now + self.config.interactive.first_quantum)
                         timeless = False
+            turn_end = self._turn_deadline(gpu) if self.mode == "auto" else None
+            if turn_end is not None:
+                deadlines.append(turn_end)
             if self.mode == "auto" and self.choice.aside_may_come(gpu, now):
                 # Who is light beside whom, and whose turn is over, change as GPU time is used,
                 # with no event to say so: look again after a first quantum.

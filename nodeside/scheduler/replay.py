@@ -14,7 +14,9 @@ scheduler cannot tell them apart) but are nobody's work, and each span says how 
 Holders side by side (mode auto, or off) share the GPU's time when a ``co_run`` efficiency is
 given: with k of them working, each does ``co_run / k`` seconds of work per second, as
 compute-bound kernels of different processes do on a GPU that time-slices between them. Without
-it each works at full speed, which flatters running side by side.
+it each works at full speed, which flatters running side by side. A holder the scheduler paused
+(``Pause``, mode auto taking turns) does no work until ``Resume``, and then starts after
+``resume_cost`` seconds, the GPU switching to it.
 
 The spans it records, and what is measured from them, are ``SpanLog`` (spans.py).
 """
@@ -28,7 +30,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
+from nodeside.scheduler.core import (
+    Action,
+    Drop,
+    Grant,
+    Pause,
+    Released,
+    Resume,
+    Revoke,
+    Scheduler,
+)
 from nodeside.scheduler.spans import Span, SpanLog
 from nodeside.scheduler.switching import SwitchingModel
 
@@ -47,6 +58,8 @@ class Worker:
     working_set: int | None = None
     #: Follow drop requests (False: a client that ignores them, to be revoked).
     complies: bool = True
+    #: Paused by the scheduler (holders taking turns): it holds, but does no work.
+    paused: bool = False
     remaining: float = 0.0  # GPU seconds of the current burst still to do
     #: When its work in the current hold starts, or went on at ``rate`` (None: not holding).
     holding_since: float | None = None
@@ -63,7 +76,7 @@ class Worker:
     def left(self, now: float) -> float:
         """GPU seconds of the current burst still to do at ``now`` (its work in a hold starts
         at ``holding_since``, once its memory has come in)."""
-        if self.holding_since is None:
+        if self.holding_since is None or self.paused:
             return self.remaining
         return max(0.0, self.remaining - self.rate * max(0.0, now - self.holding_since))
 
@@ -72,14 +85,14 @@ class Worker:
         assert self.holding_since is not None
         working = max(0.0, now - self.holding_since)
         self.remaining = self.left(now)
-        self.shared += (1.0 - self.rate) * working
+        self.shared += working if self.paused else (1.0 - self.rate) * working
         self.holding_since = max(self.holding_since, now)
 
 
 class Replay(SpanLog):
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
                  release_delay: float = 0.0, switching: SwitchingModel | None = None,
-                 co_run: float | None = None) -> None:
+                 co_run: float | None = None, resume_cost: float = 0.0) -> None:
         if co_run is not None and not 0.0 < co_run <= 1.0:
             raise ValueError(f"co_run is a fraction of the GPU's work in (0, 1], not {co_run}")
         self.scheduler = scheduler
@@ -87,6 +100,7 @@ class Replay(SpanLog):
         self.release_delay = release_delay
         self.switching = switching
         self.co_run = co_run
+        self.resume_cost = resume_cost
         self.workers: dict[str, Worker] = {}
         self.spans: list[Span] = []  # holds
         self.wait_spans: list[Span] = []  # from a request to its grant
@@ -101,9 +115,11 @@ class Replay(SpanLog):
     # -- setting the scene ----------------------------------------------------------------
 
     def add(self, name: str, *, pool: str = "default", priority: str = "NORMAL", gpu: int = 0,
-            working_set: int | None = None, complies: bool = True) -> Worker:
+            working_set: int | None = None, complies: bool = True,
+            pausable: bool = False) -> Worker:
         client = self.scheduler.register(self.now, name=name, gpu=gpu, pool=pool,
-                                         priority=priority, working_set=working_set)
+                                         priority=priority, working_set=working_set,
+                                         pausable=pausable)
         worker = Worker(client.id, name, pool, gpu, working_set=working_set, complies=complies)
         self.workers[client.id] = worker
         return worker
@@ -176,6 +192,8 @@ class Replay(SpanLog):
         worker.finish_token += 1
         token = worker.finish_token
         assert worker.holding_since is not None
+        if worker.paused:
+            return  # it finishes once it works again
         # holding_since is when work starts: after the memory moved, if it had to.
         done_at = max(self.now, worker.holding_since) + worker.remaining / worker.rate
         def finish() -> None:
@@ -194,6 +212,7 @@ class Replay(SpanLog):
         if worker.holding_since is not None:
             worker.settle(self.now)
             worker.holding_since = None
+            worker.paused = False
             self._share(worker.gpu)
         worker.finish_token += 1
         self._close_span(worker.id)
@@ -204,7 +223,8 @@ class Replay(SpanLog):
         if self.co_run is None:
             return
         working = [w for w in self.workers.values() if w.gpu == gpu and w.remaining > 0
-                   and w.holding_since is not None and w.holding_since <= self.now]
+                   and not w.paused and w.holding_since is not None
+                   and w.holding_since <= self.now]
         rate = 1.0 if len(working) <= 1 else self.co_run / len(working)
         for worker in working:
             if worker.rate != rate:
@@ -240,6 +260,7 @@ class Replay(SpanLog):
                 switching = self._switch_cost(worker, action.gpu)
                 worker.holding_since = self.now + switching
                 worker.rate = 1.0
+                worker.paused = False
                 self._close_span(worker.id, self._open_waits)
                 span = Span(worker.id, worker.name, worker.pool, action.gpu, self.now,
                             switching=switching)
@@ -257,6 +278,18 @@ class Replay(SpanLog):
                 self._account(worker)
                 if worker.remaining > 0:
                     self._request(worker)
+            elif isinstance(action, Pause) and worker.holding_since is not None:
+                worker.settle(self.now)
+                worker.paused = True
+                worker.finish_token += 1  # its finish, planned while it worked, is off
+                self._share(worker.gpu)
+            elif isinstance(action, Resume) and worker.holding_since is not None:
+                worker.settle(self.now)
+                worker.paused = False
+                # Its work goes on once the GPU has switched to it (and its memory is in).
+                worker.holding_since = max(worker.holding_since, self.now + self.resume_cost)
+                self._plan_finish(worker)
+                self.at(worker.holding_since, functools.partial(self._share, worker.gpu))
             elif isinstance(action, Released):
                 pass
         for observe in self.observers:

@@ -86,6 +86,12 @@ class Hold:
     #: Choosing afresh at that instant would leave the holder's pool out of the entitlements
     #: for a moment and tilt every handoff towards the other pools.
     drop_incoming: str | None
+    #: Taking turns (taking_turns.py): when this holder's turn began, None while it is paused;
+    #: since when it has been paused, None while it works; and whether the turn it has is one
+    #: it was owed for having been paused a whole TQ (no lighter holder cuts that one short).
+    turn_start: float | None
+    paused_since: float | None
+    owed_turn: bool
 
     def __init__(self, granted_at: float, quantum_start: float, drop_reason: str | None = None,
                  drop_sent_at: float | None = None, drop_evict: bool = False,
@@ -96,6 +102,9 @@ class Hold:
         self.drop_sent_at = drop_sent_at
         self.drop_evict = drop_evict
         self.drop_incoming = drop_incoming
+        self.turn_start = granted_at
+        self.paused_since = None
+        self.owed_turn = False
 
 
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply
@@ -124,6 +133,9 @@ class Client:
     #: The namespace of the peer's pod, as the daemon verified it (pid -> cgroup -> pod UID ->
     #: Kubernetes API); None when not in a pod or not verified. Never what the client says.
     namespace: str | None = None
+    #: The client stops its GPU work on ``pause`` and goes on at ``resume`` (the CUDA shim
+    #: does), so it may take turns with the holders beside it (taking_turns.py).
+    pausable: bool = False
     hold_state: HoldState = HoldState.IDLE
     request_order: int = 0  # global counter: request order, also across pools
     requested_at: float | None = None
@@ -148,6 +160,11 @@ class Client:
     @property
     def preemptible(self) -> bool:
         return self.priority == "LOW"
+
+    @property
+    def paused(self) -> bool:
+        """Holding, but waiting for its turn at the GPU's time."""
+        return self.hold is not None and self.hold.paused_since is not None
 
 
 class GpuState:

@@ -48,6 +48,9 @@ def build_status(scheduler: Scheduler, now: float,
             "policy": scheduler.choice.name,
             "next_reason": scheduler.choice.reason(gpu, queues[index][0], now)
             if queues[index] else None,
+            # Seconds of a turn when its pausable holders take turns (mode auto,
+            # interactive.turns); 0: the driver time-slices between them.
+            "turns": scheduler.turn_length(),
         })
     clients = []
     for client in scheduler.clients.values():
@@ -85,6 +88,8 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
         "pool": client.pool,
         "priority": client.priority,
         "state": client.state,
+        # Holding, but paused while a holder beside it has its turn (taking_turns.py).
+        "paused": client.paused,
         "queue_position": position,
         "working_set": client.working_set or 0,
         "gpu_seconds": round(scheduler.gpu_seconds(client, now), 6),

@@ -3,8 +3,9 @@
 ``Scheduler`` (core.py) takes the events; after each one it calls ``_schedule`` for the GPU it
 touched, and that is this file: grant while the GPU is free (or the next one fits, in mode auto),
 drop a LOW holder for a request owed its guarantee, end quanta that ran out while someone
-eligible waits, revoke a holder past its grace. The moves these rules make (grant, drop, end a
-hold) and the state they read are ``Moves`` (moves.py).
+eligible waits, revoke a holder past its grace, and (mode auto, ``interactive.turns``) say which
+holder side by side has its turn (taking_turns.py). The moves these rules make (grant, drop, end
+a hold) and the state they read are ``Moves`` (moves.py).
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from nodeside import protocol as p
 from nodeside.scheduler import room
 from nodeside.scheduler.actions import Action, Revoke
 from nodeside.scheduler.choosing import within_pool
-from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
+from nodeside.scheduler.taking_turns import TakingTurns
 
 _EPS = 1e-9
 #: The request order of a holder competing as if it asked again: after every real request.
 TAIL_ORDER = 1 << 62
 
 
-class Turns(Moves):
+class Turns(TakingTurns):
     """The scheduling rules shared by every event; ``Scheduler`` holds the state they use."""
 
     def _schedule_all(self, now: float) -> list[Action]:
@@ -40,6 +41,7 @@ class Turns(Moves):
         if self.mode == "off":
             for waiter in list(gpu.waiters.values()):
                 actions.append(self._grant(gpu, waiter, now))
+            actions.extend(self._take_turns(gpu, now))  # nobody takes turns: all work
             return actions
         # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
         # the first waiter that does not fit, or that the policy holds back, stops the others,
@@ -56,6 +58,7 @@ class Turns(Moves):
             actions.extend(self._preempt(gpu, now))
         if holders:
             actions.extend(self._end_quanta(gpu, now))
+            actions.extend(self._take_turns(gpu, now))
         return actions
 
     def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:

@@ -1,0 +1,148 @@
+"""Mode auto under ``interactive.turns``: holders side by side take turns at the GPU's time.
+
+In mode auto the holders whose working sets fit run side by side, and the GPU time-slices
+between their processes every few milliseconds. That costs work (two processes of large matrix
+products on an H100 got 0.901 of one's work done together, ``benchmarks/gpu_corun.py``) and
+knows nobody: a person's half-second cell beside two training runs gets a third of the GPU.
+With ``turns`` set, Kiwi divides that time itself, in turns of ``turns`` seconds, while every
+holder's memory stays where it is. A turn ends with a ``Pause`` to the holder leaving and a
+``Resume`` to the one coming, one line each; the shim stops its process's launches on the
+first and lets them go on at the second (about 0.1 ms on the CPU's side, ``shim_turns``).
+
+The rules, per GPU, among its holders that can pause (``Client.pausable``: the shim can, a
+plain Python client cannot) and are not leaving:
+
+- **One works at a time**; the others are paused, and hold on to the GPU and its memory.
+- **Least attained first.** The turn goes to the holder whose request in progress has worked
+  least on the GPU (``request_work``: its own cell, not its notebook's past; the time it was
+  paused does not count). A holder just granted has done nothing yet and takes the GPU at once,
+  so a short cell runs alone beside a training run instead of at a fraction of its speed. When
+  a turn ends, the one that has done least goes next, the holder whose turn ended included;
+  equals alternate, longest paused first.
+- **Never starving.** A holder paused for a whole TQ is owed the next turn (the longest paused
+  first), and nobody cuts an owed turn short. However many fresh requests come, a holder
+  waits at most a TQ and the turns owed before its own.
+- **Everything else stays as in mode auto**: who is granted (memory, pools, priorities,
+  stepping aside), quanta and drops. A lone holder always works, and holders that cannot pause
+  work beside whoever's turn it is, time-sliced by the driver as before.
+
+The share meter charges only the holders working, so a pool's share is the GPU time its turns
+took. The fleet benchmark (``python -m benchmarks.fleet --turns``) measures what this buys.
+"""
+
+from __future__ import annotations
+
+from nodeside.scheduler.actions import Action, Pause, Resume
+from nodeside.scheduler.moves import Moves
+from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
+
+_EPS = 1e-9
+
+
+class TakingTurns(Moves):
+    """Who works among the holders side by side, and the pauses and resumes that say so."""
+
+    def turn_length(self) -> float:
+        """Seconds of a turn where holders take turns now; 0 where they do not."""
+        return self.choice.turn_length() if self.mode == "auto" else 0.0
+
+    def _take_turns(self, gpu: GpuState, now: float) -> list[Action]:
+        """Pause and resume ``gpu``'s holders so that the right one works (see above)."""
+        takers = [h for h in gpu.holders.values()
+                  if h.pausable and h.hold_state is HoldState.HOLDING]
+        turn = self.turn_length()
+        if turn <= 0.0 or len(takers) <= 1:
+            # Nobody to take turns with (or turns are off now): every holder works.
+            return [self._resume(gpu, h, now, owed=False) for h in takers if h.paused]
+        runner, owed = self._next_turn(gpu, takers, turn, now)
+        actions: list[Action] = [self._pause(gpu, h, now) for h in takers
+                                 if h is not runner and not h.paused]
+        hold = runner.hold
+        assert hold is not None
+        if runner.paused:
+            actions.append(self._resume(gpu, runner, now, owed))
+        elif hold.turn_start is not None and now >= hold.turn_start + turn - _EPS:
+            hold.turn_start = now  # it goes on: a new turn, heard of by nobody
+            hold.owed_turn = owed
+        return actions
+
+    def _next_turn(self, gpu: GpuState, takers: list[Client], turn: float,
+                   now: float) -> tuple[Client, bool]:
+        """Who works from now, and whether that turn is an owed one."""
+        tq = self.tq_for(gpu.spec.index)
+        working = [h for h in takers if not h.paused]
+        # The holder in its turn: the one that started working first (others working are
+        # fresh grants, or were all working when turns came on).
+        incumbent = min(working, key=_turn_started) if working else None
+        over = incumbent is None or now >= _turn_started(incumbent) + turn - _EPS
+        if incumbent is not None and not over and _hold(incumbent).owed_turn:
+            return incumbent, True
+        owed = [h for h in takers if h.paused and now - _paused_since(h) >= tq - _EPS]
+        if owed and over:
+            return min(owed, key=_paused_since), True
+        work = {h.id: self.choice.request_work(h.id, now) for h in takers}
+        if incumbent is not None and not over:
+            # Mid-turn, only a holder that has done less takes over: a fresh grant.
+            rivals = [h for h in takers if h is not incumbent
+                      and work[h.id] < work[incumbent.id] - _EPS]
+            if not rivals:
+                return incumbent, False
+            return min(rivals, key=lambda h: (work[h.id], _waiting_since(h, now))), False
+        least = min(work.values())
+        equals = [h for h in takers if work[h.id] <= least + _EPS]
+        # Among equals the longest paused goes first, so equals alternate turn by turn.
+        return min(equals, key=lambda h: _waiting_since(h, now)), False
+
+    def _pause(self, gpu: GpuState, holder: Client, now: float) -> Pause:
+        hold = _hold(holder)
+        hold.turn_start = None
+        hold.paused_since = now
+        hold.owed_turn = False
+        gpu.meter.close(holder.id, now)  # a paused holder uses none of the GPU's time
+        self.choice.on_pause(holder, now)
+        return Pause(holder.id, gpu.spec.index)
+
+    def _resume(self, gpu: GpuState, holder: Client, now: float, owed: bool) -> Resume:
+        hold = _hold(holder)
+        hold.turn_start = now
+        hold.paused_since = None
+        hold.owed_turn = owed
+        gpu.meter.open(holder.id, holder.pool, now, holder.preemptible)
+        self.choice.on_resume(holder, now)
+        self.counts["turns"] += 1
+        return Resume(holder.id, gpu.spec.index)
+
+    def _turn_deadline(self, gpu: GpuState) -> float | None:
+        """When the turn on ``gpu`` ends, if anyone is paused waiting for it."""
+        if self.turn_length() <= 0.0:
+            return None
+        takers = [h for h in gpu.holders.values()
+                  if h.pausable and h.hold_state is HoldState.HOLDING]
+        if not any(h.paused for h in takers):
+            return None
+        starts = [_turn_started(h) for h in takers if not h.paused]
+        return min(starts) + self.turn_length() if starts else None
+
+
+def _hold(client: Client) -> Hold:
+    hold = client.hold
+    assert hold is not None
+    return hold
+
+
+def _turn_started(client: Client) -> float:
+    start = _hold(client).turn_start
+    assert start is not None
+    return start
+
+
+def _paused_since(client: Client) -> float:
+    since = _hold(client).paused_since
+    assert since is not None
+    return since
+
+
+def _waiting_since(client: Client, now: float) -> tuple[float, int]:
+    """For equals: the longest paused first, then a working one, then the earlier request."""
+    since = _hold(client).paused_since
+    return (since if since is not None else now), client.request_order
