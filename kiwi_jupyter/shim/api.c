@@ -144,7 +144,8 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"bytes_evicted\":%llu,\"bytes_skipped\":%llu,\"bytes_discarded\":%llu,"
         "\"free_in_cache\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
-        "\"last_grant_at\":%.6f,\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s,\"evict\":\"%s\"}",
+        "\"last_grant_at\":%.6f,\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s,\"evict\":\"%s\","
+        "\"paused\":%s,\"pauses\":%llu}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -159,5 +160,6 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         s.seconds_evicting,
         (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
         s.seconds_restoring, s.seconds_waiting, s.last_grant_at, kiwi_gate_in_flight(),
-        kiwi_cfg.gpu, uuid, kiwi_evict_name());
+        kiwi_cfg.gpu, uuid, kiwi_evict_name(), s.paused ? "true" : "false",
+        (unsigned long long)s.pauses);
 }

@@ -1,5 +1,6 @@
 /* What each line from the daemon does to the hold: grants open the gate (after restoring the
- * working set), drops start the release sequence, the rest is counted and kept for the stats.
+ * working set), drops start the release sequence, pauses close the gate while another holder
+ * has its turn and resumes open it again; the rest is counted and kept for the stats.
  * Read on the comm thread, or by link.c for a line that came while a reply was awaited.
  */
 #define _GNU_SOURCE
@@ -33,6 +34,7 @@ static void on_grant(const char *line)
         kiwi_comm.stats.seconds_restoring += moved.seconds;
     }
     kiwi_comm.stats.hold = KIWI_HOLDING;
+    kiwi_comm.stats.paused = false;
     kiwi_comm.stats.grants++;
     kiwi_comm.stats.last_grant_at = arrived;
     kiwi_comm.stats.queue_position = 0;
@@ -41,6 +43,26 @@ static void on_grant(const char *line)
     kiwi_json_number(line, "quantum", &kiwi_comm.stats.quantum);
     kiwi_gate_open();
     pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* A turn of the holders side by side (mode auto, the daemon's interactive.turns). Pausing only
+ * closes the gate: calls already inside finish queueing their work, which the GPU runs out
+ * while the next holder starts; new ones wait at the gate, and ask for nothing, since the GPU
+ * is still this process's. The memory stays where it is. */
+static void on_turn(bool pause)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    if (kiwi_comm.stats.hold == KIWI_HOLDING && kiwi_comm.stats.paused != pause) {
+        kiwi_comm.stats.paused = pause;
+        if (pause) {
+            kiwi_comm.stats.pauses++;
+            kiwi_gate_close();
+        } else {
+            kiwi_gate_open();
+        }
+        pthread_cond_broadcast(&kiwi_changed);
+    }
     pthread_mutex_unlock(&kiwi_lock);
 }
 
@@ -55,6 +77,8 @@ void kiwi_comm_handle_line(const char *line)
         kiwi_release_on_yield_answer(op, line);
     } else if (strcmp(op, "grant") == 0) {
         on_grant(line);
+    } else if (strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) {
+        on_turn(op[0] == 'p');
     } else if (strcmp(op, "waiting") == 0) {
         double position = 0;
         kiwi_json_number(line, "position", &position);
@@ -79,6 +103,7 @@ void kiwi_comm_handle_line(const char *line)
         kiwi_comm.stats.revokes++;
         if (kiwi_comm.stats.hold == KIWI_HOLDING) {
             kiwi_comm.stats.hold = KIWI_IDLE;
+            kiwi_comm.stats.paused = false;
             kiwi_gate_close();
         }
         pthread_cond_broadcast(&kiwi_changed);

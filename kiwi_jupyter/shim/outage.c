@@ -18,6 +18,7 @@ void kiwi_comm_link_lost(const char *why)
     kiwi_yield_seq = 0;
     if (kiwi_comm.stats.hold != KIWI_IDLE) {
         kiwi_comm.stats.hold = KIWI_IDLE; /* whatever was held went with the connection */
+        kiwi_comm.stats.paused = false;
         kiwi_gate_close();
     }
     pthread_cond_broadcast(&kiwi_changed);

@@ -87,6 +87,7 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
     }
     size_t n = strlen(fields);
     snprintf(fields + n, size - n,
-             ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu,\"evict\":\"%s\"",
+             ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu,\"evict\":\"%s\","
+             "\"pausable\":true",
              kiwi_cfg.gpu, (unsigned long long)working_set, kiwi_evict_proposal());
 }

@@ -61,7 +61,8 @@ static void keep_holding(void)
 {
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.hold = KIWI_HOLDING;
-    kiwi_gate_open();
+    if (!kiwi_comm.stats.paused) /* a holder paused for another's turn waits for its resume */
+        kiwi_gate_open();
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
 }
@@ -71,6 +72,7 @@ static void released(void)
 {
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.hold = KIWI_IDLE;
+    kiwi_comm.stats.paused = false;
     kiwi_comm.stats.releases++;
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);

@@ -253,6 +253,7 @@ struct kiwi_stats {
     bool failed_closed;      /* the daemon is unreachable and the policy refuses work */
     bool in_cell;
     bool evicted;            /* the working set is in host memory now */
+    bool paused;             /* holding, but another holder beside it has its turn */
     enum kiwi_hold hold;
     int queue_position;      /* 0 when not waiting */
     bool position_live;      /* the daemon sends an event whenever queue_position changes */
@@ -260,6 +261,7 @@ struct kiwi_stats {
     char mode[8];
     double quantum;
     uint64_t grants, drops, revokes, releases;
+    uint64_t pauses;         /* turns taken by holders beside this one (mode auto, turns) */
     uint64_t evictions, bytes_evicted;
     uint64_t bytes_skipped, bytes_discarded; /* free blocks of the framework's cache */
     double seconds_evicting;
