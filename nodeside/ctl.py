@@ -94,9 +94,14 @@ def format_status(doc: dict[str, Any]) -> str:
     for gpu in doc["gpus"]:
         memory = _memory(gpu["memory_used"], gpu["memory_total"])
         lines.append(f"GPU {gpu['index']} {gpu['name']} ({memory})")
-        holders = ", ".join(names.get(h, h) for h in gpu["holders"]) or "nobody"
+        paused = {c["id"] for c in doc["clients"] if c.get("paused")}
+        holders = ", ".join(names.get(h, h) + (" (paused)" if h in paused else "")
+                            for h in gpu["holders"]) or "nobody"
         left = gpu["quantum_remaining"]
         lines.append(f"  holding: {holders}" + ("" if left is None else f" ({left:.1f} s left)"))
+        if gpu.get("turns"):
+            lines.append(f"  taking turns of {gpu['turns']:g} s, least GPU time in the cell "
+                         "first")
         for position, client_id in enumerate(gpu["queue"], 1):
             lines.append(f"  #{position} waiting: {names.get(client_id, client_id)}")
         if gpu.get("next_reason"):
@@ -107,7 +112,8 @@ def format_status(doc: dict[str, Any]) -> str:
                      f"{'GPU s':>8}")
         for c in doc["clients"]:
             lines.append(f"{who(c, 36):<36} {c['id']:<6} {shorten(c['pool'], 12):<12} "
-                         f"{c['priority']:<8} {c['state']:<8} {c['gpu_seconds']:>8.1f}")
+                         f"{c['priority']:<8} {'paused' if c.get('paused') else c['state']:<8} "
+                         f"{c['gpu_seconds']:>8.1f}")
     return "\n".join(lines)
 
 

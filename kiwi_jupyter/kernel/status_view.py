@@ -57,7 +57,7 @@ class StatusTable:
                         who(c, NAME_WIDTH),
                         c.get("pool", ""),
                         c.get("priority", ""),
-                        c.get("state", ""),
+                        "paused" if c.get("paused") else c.get("state", ""),
                         "" if position is None else f"#{position}",
                         f"{c.get('gpu_seconds', 0.0):.1f} s",
                         human_bytes(c.get("working_set")),

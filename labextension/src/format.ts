@@ -61,6 +61,8 @@ export function describeStanding(standing: KernelStanding, trans: TranslationBun
   switch (standing.kind) {
     case 'holding':
       return trans.__('GPU: holding');
+    case 'paused':
+      return trans.__("GPU: holding, paused for another cell's turn");
     case 'waiting':
       return trans.__('GPU: waiting #%1', standing.position);
     case 'unreachable':

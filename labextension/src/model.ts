@@ -20,6 +20,7 @@ export type KernelStanding =
   | { kind: 'no-kernel' }
   | { kind: 'idle' }
   | { kind: 'holding' }
+  | { kind: 'paused' }
   | { kind: 'waiting'; position: number };
 
 export interface IHolderView {
@@ -28,6 +29,8 @@ export interface IHolderView {
   mine: boolean;
   /** 'managed' or 'checkpoint', with the checkpoint's state when it is not running. */
   evict: string;
+  /** Holding, but paused while another holder has its turn. */
+  paused: boolean;
 }
 
 export interface IQueueEntry {
@@ -57,6 +60,8 @@ export interface IGpuView {
   policy: string | null;
   /** Why the first in the queue goes next, null when nobody waits or the daemon does not say. */
   nextReason: string | null;
+  /** Seconds of a turn when the holders take turns, null when they do not. */
+  turns: number | null;
 }
 
 export interface IPoolView {
@@ -173,8 +178,9 @@ export class KiwiModel {
     if (this._kernelId === null || mine.length === 0) {
       return this._kernelId === null ? { kind: 'no-kernel' } : { kind: 'idle' };
     }
-    if (mine.some(c => c.state === 'holding')) {
-      return { kind: 'holding' };
+    const holding = mine.filter(c => c.state === 'holding');
+    if (holding.length > 0) {
+      return holding.every(c => c.paused === true) ? { kind: 'paused' } : { kind: 'holding' };
     }
     const positions = mine
       .filter(c => c.state === 'waiting' && c.queue_position !== null)
@@ -260,14 +266,16 @@ export class KiwiModel {
         clientId,
         label: this.labelFor(clientId),
         mine: this._isMine(clientId),
-        evict: this._evictOf(clientId)
+        evict: this._evictOf(clientId),
+        paused: this._clientsById.get(clientId)?.paused === true
       })),
       evictBlocked: gpu.evict_blocked ?? null,
       quantumLeft:
         gpu.quantum_remaining === null ? null : Math.max(0, gpu.quantum_remaining - elapsed),
       queue,
       policy: gpu.policy ?? null,
-      nextReason: gpu.queue.length > 0 ? gpu.next_reason ?? null : null
+      nextReason: gpu.queue.length > 0 ? gpu.next_reason ?? null : null,
+      turns: gpu.turns ? gpu.turns : null
     };
   }
 

@@ -128,6 +128,10 @@ export class KiwiPanel extends Widget {
           item.classList.add('jp-Kiwi-mine');
           item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));
         }
+        if (holder.paused) {
+          item.classList.add('jp-Kiwi-paused');
+          item.append(el('span', 'jp-Kiwi-badge', this._trans.__('paused: another has its turn')));
+        }
         holders.append(item);
       }
     }
@@ -161,6 +165,9 @@ export class KiwiPanel extends Widget {
     }
     if (gpu.nextReason !== null) {
       section.append(this._field(this._trans.__('Next because'), el('span', 'jp-Kiwi-nextReason', gpu.nextReason)));
+    }
+    if (gpu.turns !== null) {
+      section.append(this._field(this._trans.__('Turns'), el('span', 'jp-Kiwi-turns', this._trans.__('%1 each, least GPU time in the cell first', formatSeconds(gpu.turns)))));
     }
     return section;
   }

@@ -20,6 +20,8 @@ export interface IGpuStatus {
   policy?: string;
   /** Why the first in the queue is next, in words; null when nobody waits. */
   next_reason?: string | null;
+  /** Seconds of a turn when holders side by side take turns; 0 or absent: they do not. */
+  turns?: number;
   /** Why nothing is granted on this GPU (a failed checkpoint); null or absent when nothing is held back. */
   evict_blocked?: string | null;
 }
@@ -46,6 +48,8 @@ export interface IClientStatus {
   evict?: 'managed' | 'checkpoint';
   /** Checkpointed clients: running, checkpointing, checkpointed, restoring or failed. */
   checkpoint_state?: string;
+  /** Holding, but paused while a holder beside it has its turn (mode auto, taking turns). */
+  paused?: boolean;
 }
 
 /** A pool's share of GPU time against what it is promised (fractions of one GPU). */

@@ -45,6 +45,7 @@ describe('the status bar words', () => {
 
   it('says holding, waiting with the position, idle or unreachable', () => {
     expect(describeStanding({ kind: 'holding' }, trans)).toBe('GPU: holding');
+    expect(describeStanding({ kind: 'paused' }, trans)).toBe("GPU: holding, paused for another cell's turn");
     expect(describeStanding({ kind: 'waiting', position: 2 }, trans)).toBe('GPU: waiting #2');
     expect(describeStanding({ kind: 'idle' }, trans)).toBe('GPU: idle');
     expect(describeStanding({ kind: 'no-kernel' }, trans)).toBe('GPU: idle');

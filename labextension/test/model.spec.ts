@@ -38,6 +38,19 @@ describe('KiwiModel: where this notebook stands', () => {
     expect(model.unreachableReason).toBe('connection refused');
   });
 
+  it('is paused when its kernel holds but another holder has its turn', () => {
+    const model = new KiwiModel();
+    model.kernelId = KERNEL_A;
+    const doc = statusWith(['c1', 'c2'], []);
+    doc.clients![0] = { ...doc.clients![0], paused: true };
+    model.update(doc, 0);
+    expect(model.standing()).toEqual({ kind: 'paused' });
+    const [gpu] = model.gpus(0);
+    expect(gpu.holders.map(h => h.paused)).toEqual([true, false]);
+    model.kernelId = KERNEL_B;
+    expect(model.standing()).toEqual({ kind: 'holding' });
+  });
+
   it('holds over waits when the kernel has two clients (the kernel hook and the shim)', () => {
     const model = new KiwiModel();
     model.kernelId = KERNEL_A;
@@ -59,7 +72,7 @@ describe('KiwiModel: the GPU view', () => {
       [2, 'train.ipynb', true]
     ]);
     expect(gpu.holders).toEqual([
-      { clientId: 'c1', label: 'kernel 3f2a9c1e', mine: false, evict: 'managed' }
+      { clientId: 'c1', label: 'kernel 3f2a9c1e', mine: false, evict: 'managed', paused: false }
     ]);
   });
 
@@ -142,6 +155,17 @@ describe('KiwiModel: the policy and why the next holder is next', () => {
     const [gpu] = model.gpus(0);
     expect(gpu.policy).toBe('interactive');
     expect(gpu.nextReason).toBe('least GPU time recently: 0 s');
+  });
+
+  it('shows the turn only where holders take turns', () => {
+    const model = new KiwiModel();
+    const doc = statusWith(['c1'], []);
+    doc.gpus![0] = { ...doc.gpus![0], turns: 1 };
+    model.update(doc, 0);
+    expect(model.gpus(0)[0].turns).toBe(1);
+    doc.gpus![0] = { ...doc.gpus![0], turns: 0 };
+    model.update(doc, 1);
+    expect(model.gpus(1)[0].turns).toBeNull();
   });
 
   it('shows no reason when nobody waits, and no policy from a daemon that does not say', () => {

@@ -110,6 +110,14 @@ def test_status_says_how_each_client_is_paged_and_why_a_gpu_is_held_back() -> No
                for line in lines)
 
 
+def test_status_shows_a_holder_paused_for_another_ones_turn() -> None:
+    document = {**DOCUMENT, "clients": [{**DOCUMENT["clients"][0], "paused": True},
+                                        *DOCUMENT["clients"][1:]]}
+    [row] = [line for line in StatusTable(document).text().splitlines()
+             if line.startswith("kernel-a")]
+    assert " paused " in row and " holding " not in row
+
+
 def test_status_html_escapes_names_and_marks_this_kernel() -> None:
     html = StatusTable(DOCUMENT, me="c3")._repr_html_()
     assert "kernel-&lt;c&gt;" in html and "kernel-<c>" not in html
@@ -195,3 +203,14 @@ def test_kiwi_status_and_kiwictl_status_head_with_the_same_mode_line(mode: str) 
     expected = f"Kiwi scheduler: mode {mode}, TQ 30 s, policy round-robin"
     assert StatusTable(document, me="c2").text().splitlines()[0] == expected
     assert format_status(document).splitlines()[0] == expected
+
+
+def test_kiwictl_status_marks_the_paused_holder_and_the_turns_in_effect() -> None:
+    document = {**DOCUMENT, "mode": "auto",
+                "gpus": [{**DOCUMENT["gpus"][0], "holders": ["c1", "c3"], "turns": 1.0}],
+                "clients": [{**DOCUMENT["clients"][0], "paused": True}, DOCUMENT["clients"][1],
+                            {**DOCUMENT["clients"][2], "state": "holding", "paused": False}]}
+    lines = format_status(document).splitlines()
+    assert "  holding: kernel-a (paused), kernel-<c> (12.3 s left)" in lines
+    assert "  taking turns of 1 s, least GPU time in the cell first" in lines
+    assert any(line.startswith("kernel-a") and " paused " in line for line in lines)
