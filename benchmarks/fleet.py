@@ -1,13 +1,14 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
-                               [--explain] [--oracle] [--hints]
-    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle] [--hints]   (over seeds)
+                               [--explain] [--oracle] [--hints] [--turns]
+    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle] [--hints] [--turns]
 
 ``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
 (``fleet_oracle``): how far any real policy could get under the same rules. ``--hints`` adds
 the same reference told estimates from length hints of stated quality (``fleet_hints``): what
-a hint from the kernel could buy.
+a hint from the kernel could buy. ``--turns`` adds the run of holders taking turns (mode auto,
+``interactive.turns``) at several costs of a switch (``fleet_turns``).
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
@@ -53,13 +54,14 @@ from benchmarks.fleet_hints import HINT_RUNS, HintModel, install_hinted
 from benchmarks.fleet_oracle import ORACLES, install
 from benchmarks.fleet_report import explain_table, side_by_side
 from benchmarks.fleet_seeds import parse_seeds, replay_pure, replay_seeds, summary
+from benchmarks.fleet_turns import KEY_TURNS, TURN_RUNS, TurnRun
 from benchmarks.fleet_workload import GPU_MEMORY, LINKS, POOLS, Cell, GiB, Workload, build_fleet
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.replay import Replay
 
-__all__ = ["GPU_MEMORY", "HINT_RUNS", "LINKS", "ORACLE_RUNS", "POOLS", "RUNS", "SHORT_CELL", "Cell",
-           "Workload", "build_fleet", "main", "run"]
+__all__ = ["GPU_MEMORY", "HINT_RUNS", "LINKS", "ORACLE_RUNS", "POOLS", "RUNS", "SHORT_CELL",
+           "TURN_RUNS", "Cell", "Workload", "build_fleet", "main", "run"]
 
 #: Cells shorter than this are the ones a person sits and waits for.
 SHORT_CELL = 10.0
@@ -74,20 +76,26 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     fraction of the GPU's work holders side by side get done together (1.0: sharing is free).
     A ``policy`` in ``fleet_oracle.ORACLES`` is the clairvoyant reference, one named
     ``hints:...`` the reference on hinted estimates (``fleet_hints``); both on the pure Python
-    core only."""
+    core only. One named ``turns:...`` is ``interactive`` with holders taking turns
+    (``fleet_turns``)."""
     workload = Workload(co_run=co_run)
     duration = hours * 3600.0
     started = time.perf_counter()
     open_cells: dict[str, Cell] = {}
     low_cuts, hints = ORACLES.get(policy), HintModel.parse(policy)
+    turns = TurnRun.parse(policy)
+    if turns is not None:
+        tuning = {**(tuning or {}), "turns": turns.turn}
     reference = low_cuts is not None or hints is not None  # it replaces interactive
     replay, cells, contention = build_fleet(
         notebooks, gpus, seed, workload, mode, memory, tq,
-        POLICY_INTERACTIVE if reference else policy, LINKS[link], tuning, open_cells)
+        POLICY_INTERACTIVE if reference or turns else policy, LINKS[link], tuning, open_cells)
     if hints is not None:
         install_hinted(replay, open_cells, seed, hints)
     elif low_cuts is not None:
         install(replay, low_cuts=low_cuts)
+    if turns is not None:
+        replay.resume_cost = turns.switch_cost
     explainer = Explain(SHORT_CELL, open_cells) if explain else None
     floor = LowFloor(SHORT_CELL, open_cells)
     replay.observers.append(floor.observe)
@@ -113,6 +121,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     by_priority = {p: [_slowdown(c) for c in finished if c.burst < SHORT_CELL
                        and c.priority == p] for p in ("NORMAL", "LOW")}
     long = [_slowdown(c) for c in finished if c.burst >= SHORT_CELL]
+    long_by_priority = {p: [_slowdown(c) for c in finished if c.burst >= SHORT_CELL
+                            and c.priority == p] for p in ("NORMAL", "LOW")}
     explained = {}
     if explainer is not None:
         explainer.observe(replay, [])  # charge the last interval
@@ -137,6 +147,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         # A small fleet may have no LOW notebook (two in eight, from the seventh on).
         "short_slowdown_mean_normal": _mean_or_nan(by_priority["NORMAL"]),
         "short_slowdown_mean_low": _mean_or_nan(by_priority["LOW"]),
+        "long_slowdown_mean_normal": _mean_or_nan(long_by_priority["NORMAL"]),
+        "long_slowdown_mean_low": _mean_or_nan(long_by_priority["LOW"]),
         **floor.report(replay, finished, cells),
         "share_error": share_error, "shares_in_contention": shares,
         "contended_fraction": contention.contended / (duration * gpus),
@@ -192,6 +204,7 @@ RUNS = (
     ("interactive, TQ 30 s, Gen5", "on", 30.0, "interactive", "gen5"),
     ("auto, TQ 30 s", "auto", 30.0, "round-robin", "gen4"),
     ("auto, interactive, TQ 30 s", "auto", 30.0, "interactive", "gen4"),
+    ("auto, interactive, TQ 30 s, 1 s turns", "auto", 30.0, KEY_TURNS.policy, "gen4"),
 )
 #: The clairvoyant reference (``fleet_oracle``), with ``--oracle``: it runs on the pure Python
 #: core, three times slower, so only when asked. The second lifts "a LOW request never cuts a
@@ -226,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hints", action="store_true",
                         help="also that reference told estimates from length hints of falling "
                              "quality (HINT_RUNS, fleet_hints)")
+    parser.add_argument("--turns", action="store_true",
+                        help="also the run taking turns with a switch costing 10, 50 and 200 "
+                             "ms (TURN_RUNS, fleet_turns)")
     parser.add_argument("--co-run", type=_fraction, default=1.0, metavar="FRACTION",
                         help="the GPU's work holders side by side get done together, as "
                              "benchmarks.gpu_corun measures it (default 1.0: sharing is free)")
@@ -236,13 +252,14 @@ def main(argv: list[str] | None = None) -> None:
               "(--co-run).\n")
     if args.seeds:
         by_seed = replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours, args.jobs,
-                               pure=pure, co_run=args.co_run)
+                               pure=pure, co_run=args.co_run,
+                               more=[r[0] for r in TURN_RUNS] if args.turns else ())
         print(summary(by_seed))
         if args.json:
             args.json.write_text(json.dumps(by_seed, indent=2))
         return
     results = []
-    for label, mode, tq, policy, link in RUNS:
+    for label, mode, tq, policy, link in (*RUNS, *(TURN_RUNS if args.turns else ())):
         result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
                      policy, link, explain=args.explain, co_run=args.co_run)
         result["label"] = label

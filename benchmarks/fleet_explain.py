@@ -6,9 +6,9 @@ For every short cell (burst under ``fleet.SHORT_CELL``) that is not working, the
 to one cause, the first that applies:
 
 * ``own memory moves``: it holds the GPU, and its own grant is still moving memory;
-* ``side by side: sharing the GPU``: it works, beside other holders, so slower than alone (the
-  seconds its work took beyond its burst, from the replay's record of each cell, not an
-  interval's cause);
+* ``side by side: sharing the GPU``: it works, beside other holders, so slower than alone, or
+  it holds but is paused while another has its turn (``interactive.turns``): the seconds its
+  work took beyond its burst, from the replay's record of each cell, not an interval's cause;
 * ``handoff: memory moves``: another holder's grant is moving memory;
 * ``handoff: holder giving back``: the holder was asked to leave and has not yet;
 * ``held back: a light request's turn``: mode auto under ``policy: interactive``, it is heavy

@@ -11,7 +11,8 @@ target (short cells' mean slowdown at most 2x, long cells within 10% of round ro
 Seeds run in parallel processes (the replays are independent and single-threaded). With
 ``--oracle`` the clairvoyant reference and its variant (``fleet.ORACLE_RUNS``), and with
 ``--hints`` the reference on hinted estimates (``fleet.HINT_RUNS``), follow in pure Python
-processes (``fleet_oracle``), as columns of the same table.
+processes (``fleet_oracle``), as columns of the same table; with ``--turns`` the run taking
+turns at dearer switches (``fleet.TURN_RUNS``), on the compiled core like the key runs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 #: The runs compared over seeds, by their label in ``fleet.RUNS``; the first is the base that
 #: long cells are measured against.
 KEY_RUNS = ("round robin, TQ 30 s", "round robin, TQ 5 s", "interactive, TQ 30 s",
-            "interactive, TQ 10 s", "auto, TQ 30 s", "auto, interactive, TQ 30 s")
+            "interactive, TQ 10 s", "auto, TQ 30 s", "auto, interactive, TQ 30 s",
+            "auto, interactive, TQ 30 s, 1 s turns")
 #: Issue 16's target: short cells' mean slowdown at most this, ...
 TARGET_SHORT = 2.0
 #: ... while long cells' mean slowdown is at most this times round robin TQ 30 s's.
@@ -40,6 +42,11 @@ FIGURES: tuple[Figure, ...] = (
      lambda r, _: r["short_slowdown_mean_floor_any_policy"], "{:.2f}x"),
     ("long cells against round robin TQ 30 s",
      lambda r, base: r["long_slowdown_mean"] / base["long_slowdown_mean"], "{:.3f}x"),
+    ("NORMAL notebooks' long cells against round robin TQ 30 s",
+     lambda r, base: r["long_slowdown_mean_normal"] / base["long_slowdown_mean_normal"],
+     "{:.3f}x"),
+    ("LOW notebooks' long cells against round robin TQ 30 s",
+     lambda r, base: r["long_slowdown_mean_low"] / base["long_slowdown_mean_low"], "{:.3f}x"),
     ("switching loss", lambda r, _: r["switching_loss"], "{:.3f}"),
 )
 
@@ -65,10 +72,10 @@ Job = tuple[int, str, int, int, float, float]
 
 def replay_one(job: Job) -> tuple[int, str, dict]:
     """One run of one seed, in a worker process: its figures without the replay itself."""
-    from benchmarks.fleet import GPU_MEMORY, HINT_RUNS, ORACLE_RUNS, RUNS, run
+    from benchmarks.fleet import GPU_MEMORY, HINT_RUNS, ORACLE_RUNS, RUNS, TURN_RUNS, run
 
     seed, label, notebooks, gpus, hours, co_run = job
-    _, mode, tq, policy, link = next(r for r in (*RUNS, *ORACLE_RUNS, *HINT_RUNS)
+    _, mode, tq, policy, link = next(r for r in (*RUNS, *ORACLE_RUNS, *HINT_RUNS, *TURN_RUNS)
                                      if r[0] == label)
     result = run(notebooks, gpus, hours, seed, mode, GPU_MEMORY, tq, policy, link,
                  co_run=co_run)
@@ -76,13 +83,15 @@ def replay_one(job: Job) -> tuple[int, str, dict]:
 
 
 def replay_seeds(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: float = 8.0,
-                 jobs: int | None = None, pure: Sequence[tuple] = (), co_run: float = 1.0
-                 ) -> dict[str, dict[int, dict]]:
-    """Each of ``KEY_RUNS`` on each seed, then each of the runs ``pure`` (rows of
-    ``fleet.ORACLE_RUNS`` or ``fleet.HINT_RUNS``, ``replay_pure``): label -> seed -> figures."""
-    results: dict[str, dict[int, dict]] = {label: {} for label in KEY_RUNS}
+                 jobs: int | None = None, pure: Sequence[tuple] = (), co_run: float = 1.0,
+                 more: Sequence[str] = ()) -> dict[str, dict[int, dict]]:
+    """Each of ``KEY_RUNS`` and of the labels ``more`` (rows of ``fleet.TURN_RUNS``) on each
+    seed, then each of the runs ``pure`` (rows of ``fleet.ORACLE_RUNS`` or
+    ``fleet.HINT_RUNS``, ``replay_pure``): label -> seed -> figures."""
+    labels = (*KEY_RUNS, *more)
+    results: dict[str, dict[int, dict]] = {label: {} for label in labels}
     work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run) for seed in seeds
-                       for label in KEY_RUNS]
+                       for label in labels]
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures

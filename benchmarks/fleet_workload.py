@@ -124,8 +124,9 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
         if memory is not None:
             size = min(size, memory - config.memory_reserve)
         # Pools alternate, GPUs every two notebooks: each GPU gets notebooks of both pools.
+        # Each notebook's kernel runs under the shim, which can pause (taking turns).
         worker = replay.add(f"nb{n:02d}", pool=pool, priority=priority, gpu=(n // 2) % gpus,
-                            working_set=size if memory else None)
+                            working_set=size if memory else None, pausable=True)
         _start_notebook(replay, worker, rng, workload, cells, priority,
                         {} if open_cells is None else open_cells)
     return replay, cells, contention

@@ -23,11 +23,13 @@ cell beside a training run. Each one's rate against its own kind alone says what
 the other's company (the fleet gives both ``co_run / 2``; which is nearer is the question).
 
 Last, the same pairs taking turns through Kiwi instead: each process under the shim, a daemon
-in mode on with a TQ of a second or less, their memory small enough to stay where it is. The
-GPU then runs one process at a time and switches every TQ, not every few milliseconds as the
-driver does, and nothing moves at a switch. Whether that loses less than the driver's own
-time-slicing is what decides if the scheduler should hand out short turns to holders side by
-side instead of letting them share (docs/policy.md, "Why not 2x").
+in mode auto under ``interactive`` with ``turns`` of a second or a quarter of one
+(nodeside/scheduler/taking_turns.py), their memory small enough to stay where it is. The GPU
+then runs one process at a time and switches at every turn (a ``pause`` to one, a ``resume`` to
+the other), not every few milliseconds as the driver does, and nothing moves at a switch.
+Whether that loses less than the driver's own time-slicing is what the fleet's figures for
+``interactive.turns`` assume (docs/policy.md, "Taking turns"): the table gives it as work
+together against one alone, and the cost of a switch that this implies.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from benchmarks.common import running_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: The TQs (seconds) the pairs take turns at through Kiwi.
+#: The turns (seconds, ``interactive.turns``) the pairs take through Kiwi.
 TURNS = (1.0, 0.25)
 
 #: (matrix side, dtype name, products per synchronize) per kind of cell.
@@ -78,12 +80,12 @@ def _products(kind: str, seconds: float, ready: multiprocessing.SimpleQueue, go:
 
     shim = Shim.attach()  # under Kiwi: the turns it took, and whether its memory ever moved
     stats = shim.stats() if shim is not None else {}
-    results.put(Worked(rate, stats.get("grants", 0), stats.get("evictions", 0)))
+    results.put(Worked(rate, stats.get("pauses", 0), stats.get("evictions", 0)))
 
 
 class Worked(NamedTuple):
     rate: float  # products per second
-    grants: int  # under Kiwi: the turns it was given (0 without the shim)
+    pauses: int  # under Kiwi: the times it was paused for the other's turn (0 without it)
     evictions: int  # under Kiwi: the times its memory was moved out
 
 
@@ -136,15 +138,27 @@ def kiwi_environment(shim: str, socket: str) -> dict[str, str]:
             "KIWI_EVICT": "checkpoint", "PYTHONPATH": str(REPO)}
 
 
-def work_in_turns(kinds: Sequence[str], seconds: float, tq: float) -> list[Worked]:
-    """As ``rates``, each process under the shim, taking turns of ``tq`` seconds through a
-    daemon in mode on. The count runs at least ten turns."""
+def turns_config(turn: float) -> str:
+    """The daemon's config for taking turns of ``turn`` seconds: mode auto, ``interactive``,
+    and a first quantum of a TQ so that neither process steps aside (aside.py) for the other
+    while it warms up: they only take turns."""
+    return (f"mode: auto\npolicy: interactive\ninteractive:\n  turns: {turn:g}\n"
+            "  first_quantum: 30\n")
+
+
+def work_in_turns(kinds: Sequence[str], seconds: float, turn: float) -> list[Worked]:
+    """As ``rates``, each process under the shim, taking turns of ``turn`` seconds through a
+    daemon in mode auto (a logical GPU of 64 GiB, which both pairs' memory fits). The count
+    runs at least ten turns."""
     from kiwi_jupyter.shim import library_path
 
-    with (tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory,
-          running_daemon(directory, "--gpus", "1", "--mode", "on", "--tq", str(tq)) as socket,
-          environment(kiwi_environment(str(library_path()), socket))):
-        return work(kinds, max(seconds, 10 * tq * len(kinds)))
+    with tempfile.TemporaryDirectory(prefix="kiwi-", dir="/tmp") as directory:
+        config = Path(directory) / "kiwi.yaml"
+        config.write_text(turns_config(turn))
+        with (running_daemon(directory, "--gpus", "1", "--gpu-memory", "64GiB", "--tq", "30",
+                             "--config", str(config)) as socket,
+              environment(kiwi_environment(str(library_path()), socket))):
+            return work(kinds, max(seconds, 10 * turn * len(kinds)))
 
 
 def efficiency(alone: float, together: list[float]) -> float:
@@ -178,19 +192,29 @@ def mix_table(alone: dict[str, float], together: dict[str, float]) -> str:
 
 def turns_table(alone: dict[str, float], turns: dict[float, dict[str, list[Worked]]],
                 shared: dict[str, float]) -> str:
-    """Markdown: for each TQ and kind, two processes' rates in turns through Kiwi, the turns
-    they took and the times their memory moved, their work together against one alone, and
-    the same pair side by side (``shared``) for comparison."""
-    rows = ["| two processes taking turns through Kiwi | TQ (s) | products/s each | turns | "
-            "memory moved out | together / one alone | side by side, for comparison |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for tq, by_kind in turns.items():
+    """Markdown: for each turn and kind, two processes' rates taking turns through Kiwi, the
+    pauses (switches) and the times their memory moved, their work together against one
+    alone, the same pair side by side (``shared``) for comparison, and what one switch cost
+    the GPU: the work lost over the switches made (``switch_cost``)."""
+    rows = ["| two processes taking turns through Kiwi | turn (s) | products/s each | switches | "
+            "memory moved out | together / one alone | side by side, for comparison | "
+            "GPU time lost a switch (ms) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for turn, by_kind in turns.items():
         for kind, each in by_kind.items():
             rate = [w.rate for w in each]
-            rows.append(f"| {kind} | {tq:g} | {', '.join(f'{r:.1f}' for r in rate)} | "
-                        f"{sum(w.grants for w in each)} | {sum(w.evictions for w in each)} | "
-                        f"{efficiency(alone[kind], rate):.3f} | {shared[kind]:.3f} |")
+            together = efficiency(alone[kind], rate)
+            rows.append(f"| {kind} | {turn:g} | {', '.join(f'{r:.1f}' for r in rate)} | "
+                        f"{sum(w.pauses for w in each)} | {sum(w.evictions for w in each)} | "
+                        f"{together:.3f} | {shared[kind]:.3f} | "
+                        f"{switch_cost(together, turn) * 1e3:.2f} |")
     return "\n".join(rows)
+
+
+def switch_cost(together: float, turn: float) -> float:
+    """Seconds of GPU work one switch loses, when turns of ``turn`` seconds get ``together`` of
+    one process's work done: the fleet's ``fleet_turns`` charges each switch this much."""
+    return max(0.0, (1.0 - together) * turn)
 
 
 def main(argv: list[str] | None = None) -> int:

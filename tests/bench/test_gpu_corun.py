@@ -16,9 +16,12 @@ from benchmarks.gpu_corun import (
     environment,
     kiwi_environment,
     mix_table,
+    switch_cost,
     table,
+    turns_config,
     turns_table,
 )
+from nodeside.config import from_mapping
 
 
 def test_efficiency_is_the_work_done_together_over_one_alone():
@@ -43,11 +46,21 @@ def test_the_mix_gives_each_kind_its_speed_beside_the_other_against_its_own_alon
     assert "| large + small | small | 50000.0 | 10000.0 | 0.200 |" in rows
 
 
-def test_turns_report_each_tq_and_kind_with_the_turns_taken_and_memory_moved():
-    pair = [Worked(4.0, 10, 0), Worked(4.5, 11, 0)]
-    rows = turns_table({"large": 10.0}, {1.0: {"large": pair}}, {"large": 0.9}).splitlines()
-    assert rows[0].startswith("| two processes taking turns through Kiwi | TQ (s) |")
-    assert "| large | 1 | 4.0, 4.5 | 21 | 0 | 0.850 | 0.900 |" in rows
+def test_turns_report_each_turn_and_kind_with_the_switches_memory_moved_and_switch_cost():
+    pair = [Worked(4.9, 10, 0), Worked(4.9, 11, 0)]
+    rows = turns_table({"large": 10.0}, {0.25: {"large": pair}}, {"large": 0.9}).splitlines()
+    assert rows[0].startswith("| two processes taking turns through Kiwi | turn (s) |")
+    # 2% of the work lost at a switch every quarter second: 5 ms a switch.
+    assert "| large | 0.25 | 4.9, 4.9 | 21 | 0 | 0.980 | 0.900 | 5.00 |" in rows
+    assert switch_cost(1.01, 1.0) == 0.0  # a gain is no cost
+
+
+def test_the_pairs_take_turns_under_interactive_turns_in_mode_auto_and_never_step_aside():
+    import yaml
+
+    config = from_mapping(yaml.safe_load(turns_config(0.25)))
+    assert (config.mode, config.policy, config.interactive.turns) == ("auto", "interactive", 0.25)
+    assert config.interactive.first_quantum == config.tq == 30.0
 
 
 def test_a_process_spawned_in_the_kiwi_environment_is_preloaded_and_the_parent_is_restored(

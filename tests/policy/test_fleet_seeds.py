@@ -41,7 +41,8 @@ def test_the_summary_counts_the_seeds_meeting_the_target_for_all_and_for_normal_
     def figures(short, normal, long):
         return {"short_slowdown_mean": short, "short_slowdown_mean_normal": normal,
                 "short_slowdown_mean_low": 5.0, "short_slowdown_mean_floor_any_policy": 1.2,
-                "long_slowdown_mean": long, "switching_loss": 0.01}
+                "long_slowdown_mean": long, "long_slowdown_mean_normal": long,
+                "long_slowdown_mean_low": long, "switching_loss": 0.01}
     base = {1: figures(9.0, 8.0, 2.0), 2: figures(9.0, 8.0, 2.0)}
     tried = {1: figures(2.5, 1.8, 2.1), 2: figures(1.9, 1.5, 2.4)}
     table = summary({KEY_RUNS[0]: base, "tried": tried})
