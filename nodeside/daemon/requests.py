@@ -19,7 +19,16 @@ from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Session
 from nodeside.daemon.status_line import status_line
-from nodeside.scheduler.core import Action, Drop, Grant, Released, Scheduler, SchedulerError
+from nodeside.scheduler.core import (
+    Action,
+    Drop,
+    Grant,
+    Pause,
+    Released,
+    Resume,
+    Scheduler,
+    SchedulerError,
+)
 from nodeside.scheduler.status import build_status
 
 if TYPE_CHECKING:
@@ -150,7 +159,10 @@ class Requests:
             handed: list[Action] = self.scheduler.release(now, client_id)
             again = self.scheduler.acquire(now, client_id)
             reply = self._granted_or_waiting(session, again, seq, now)
-            return Outcome([*handed, *again, reply], handoff=True, gpus=gpus)
+            # A pause (taking turns) for the caller follows the grant it pauses.
+            own = [a for a in again if isinstance(a, (Pause, Resume)) and a.client == client_id]
+            others = [a for a in again if a not in own]
+            return Outcome([*handed, *others, reply, *own], handoff=True, gpus=gpus)
         actions = self.scheduler.release(now, client_id, evict_first=evict_first)
         out: list[bytes | Action] = []
         released: list[bytes | Action] = []

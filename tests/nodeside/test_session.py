@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from nodeside import limits
 from nodeside import protocol as p
-from nodeside.config import SchedulerConfig
+from nodeside.config import SchedulerConfig, from_mapping
 from nodeside.daemon.peer import Peer
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
-from nodeside.scheduler.core import GpuSpec, Grant, Released, Scheduler
+from nodeside.scheduler.core import GpuSpec, Grant, Pause, Released, Scheduler
 
 ADMIN = os.getuid()
 NOBODY = 65534
@@ -337,6 +337,24 @@ def test_requeue_hands_over_first_and_answers_once_with_the_position() -> None:
     assert isinstance(grant, Grant) and grant.client == waiter.client_id  # the waiter first
     assert json.loads(reply) == {"op": "waiting", "seq": 2, "position": 1}  # no "released"
     assert outcome.handoff
+
+
+def test_a_requeue_granted_and_paused_at_once_hears_its_grant_before_its_pause() -> None:
+    """Taking turns: the caller granted again beside a holder of as little work keeps its
+    memory but waits for its turn; the reply (its grant) must reach it before the pause."""
+    config = from_mapping({"mode": "auto", "policy": "interactive", "tq": 30.0,
+                           "interactive": {"turns": 1.0, "first_quantum": 30.0}})
+    rules = Requests(Scheduler(config, [GpuSpec(0, "logical GPU", None, 40 << 30)], 0.0),
+                     admin_gid=None)
+    a = registered(rules, "a", pausable=True, working_set=1 << 30)
+    b = registered(rules, "b", pausable=True, working_set=1 << 30)
+    say(a, p.encode(p.ACQUIRE, seq=1))
+    say(b, p.encode(p.ACQUIRE, seq=1))  # granted beside a, paused: a keeps its turn
+    # a asks again at once: b has the turn now, and a, granted again, waits for its own.
+    (outcome,) = say(a, p.encode(p.RELEASE, seq=2, requeue=True))
+    *_, reply, pause = outcome.out
+    assert json.loads(reply) == {"op": "grant", "seq": 2, "gpu": 0, "quantum": 30.0}
+    assert pause == Pause(a.client_id, 0)
 
 
 def test_requeue_alone_is_granted_again_at_once() -> None:
