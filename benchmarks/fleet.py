@@ -283,12 +283,13 @@ def main(argv: list[str] | None = None) -> None:
         draw_seed_example(docs / "timeline.png")
         by_label = {r["label"]: r for r in results}
         for label, name in (("round robin, TQ 30 s", "fleet-timeline.png"),
-                            ("interactive, TQ 10 s", "fleet-timeline-interactive.png")):
+                            ("interactive, TQ 10 s", "fleet-timeline-interactive.png"),
+                            ("auto, interactive, TQ 30 s, 1 s turns", "fleet-timeline-turns.png")):
             # The same quarter hour of GPU 0 in both.
             draw_fleet(by_label[label]["_replay"], docs / name, title=label, gpu=0,
                        start=3600.0, end=3600.0 + 900.0)
-        print(f"wrote timeline.png, fleet-timeline.png and fleet-timeline-interactive.png "
-              f"into {docs}")
+        print(f"wrote timeline.png, fleet-timeline.png, fleet-timeline-interactive.png and "
+              f"fleet-timeline-turns.png into {docs}")
 
 
 if __name__ == "__main__":

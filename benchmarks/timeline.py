@@ -24,6 +24,8 @@ POOL_COLOURS = {"training": "#1f77b4", "simulation": "#ff7f0e", "default": "#2ca
 CPU_COLOUR = "#d9d9d9"
 WAIT_COLOUR = "#d62728"
 SWITCH_COLOUR = "#000000"
+#: A holder paused while another has its turn (mode auto, ``interactive.turns``).
+PAUSED_COLOUR = "#d9d9d9"
 
 
 def draw_seed_example(path: Path) -> None:
@@ -82,6 +84,8 @@ def draw_fleet(replay: Replay, path: Path, *, gpu: int, start: float, end: float
             _bars(ax, row, [(begin, stop)], POOL_COLOURS.get(span.pool, "grey"))
             moving = (begin, min(span.start + span.switching, stop))
             _bars(ax, row, [moving], SWITCH_COLOUR, height=0.6)
+            paused = [(max(a, begin), min(b, stop)) for a, b in span.paused]
+            _bars(ax, row, paused, PAUSED_COLOUR, height=0.6)
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_xlim(start, end)
     ticks = [start + i * 60 for i in range(int((end - start) // 60) + 1)]
@@ -90,7 +94,9 @@ def draw_fleet(replay: Replay, path: Path, *, gpu: int, start: float, end: float
     ax.legend(handles=[Patch(color=c, label=f"holds: pool {p}") for p, c in
                        POOL_COLOURS.items() if p != "default"]
               + [Patch(color=WAIT_COLOUR, alpha=0.35, label="waits"),
-                 Patch(color=SWITCH_COLOUR, label="moves memory (nobody works)")],
+                 Patch(color=SWITCH_COLOUR, label="moves memory (nobody works)")]
+              + ([Patch(color=PAUSED_COLOUR, label="holds, paused: another's turn")]
+                 if any(s.paused for s in replay.spans) else []),
               loc="upper right", fontsize=7, ncol=4, bbox_to_anchor=(1.0, -0.12))
     ax.set_title(f"Notebook fleet on one shared GPU: holders by quantum ({title})",
                  fontsize=10)

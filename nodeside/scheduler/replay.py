@@ -213,9 +213,16 @@ class Replay(SpanLog):
             worker.settle(self.now)
             worker.holding_since = None
             worker.paused = False
+            self._end_pause(worker.id)
             self._share(worker.gpu)
         worker.finish_token += 1
         self._close_span(worker.id)
+
+    def _end_pause(self, client: str) -> None:
+        held = self._open_spans.get(client)
+        if held is not None and held.paused_since is not None:
+            held.paused.append((held.paused_since, self.now))
+            held.paused_since = None
 
     def _share(self, gpu: int) -> None:
         """The holders working on ``gpu`` now share its time: each goes on at its new rate
@@ -279,11 +286,15 @@ class Replay(SpanLog):
                 if worker.remaining > 0:
                     self._request(worker)
             elif isinstance(action, Pause) and worker.holding_since is not None:
+                held = self._open_spans.get(worker.id)
+                if held is not None:
+                    held.paused_since = self.now
                 worker.settle(self.now)
                 worker.paused = True
                 worker.finish_token += 1  # its finish, planned while it worked, is off
                 self._share(worker.gpu)
             elif isinstance(action, Resume) and worker.holding_since is not None:
+                self._end_pause(worker.id)
                 worker.settle(self.now)
                 worker.paused = False
                 # Its work goes on once the GPU has switched to it (and its memory is in).

@@ -7,7 +7,7 @@ or the hold ends; the tests and the fleet benchmark read them here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,6 +22,10 @@ class Span:
     end: float | None = None
     #: Seconds at the start of the hold spent moving memory (no work done).
     switching: float = 0.0
+    #: Stretches of the hold paused while another holder had its turn (start, end), and
+    #: since when it is paused now (None: it is not).
+    paused: list[tuple[float, float]] = field(default_factory=list)
+    paused_since: float | None = None
 
     def working(self, until: float) -> tuple[float, float]:
         """The part of the hold, up to ``until``, in which the holder worked."""

@@ -36,6 +36,9 @@ def test_a_short_cell_beside_a_training_run_runs_alone_and_the_run_pays_only_the
                             "trainer": pytest.approx(12.0 + resume_cost)}
     paused = [a for _, a in replay.actions if isinstance(a, (Pause, Resume))]
     assert paused == [Pause(trainer.id, 0), Resume(trainer.id, 0)]
+    # The timeline draws the trainer's hold with the stretch it was paused.
+    [hold] = [s for s in replay.spans if s.name == "trainer"]
+    assert hold.paused == [(4.0, pytest.approx(6.0))] and hold.paused_since is None
 
 
 def test_without_pausing_the_two_share_the_gpu_at_the_co_run_rate():
