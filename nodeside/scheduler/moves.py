@@ -104,6 +104,8 @@ class Moves:
         hold = client.hold
         assert hold is not None
         self.choice.on_hold_end(client, now)
+        if hold.paused_since is not None:
+            gpu.paused -= 1
         if hold.drop_incoming is not None:
             gpu.promised = hold.drop_incoming
         gpu.holders.pop(client.id, None)

@@ -176,6 +176,9 @@ class GpuState:
         self.tq_override = tq_override
         #: The waiter a leaving holder was dropped for; served first by the next schedule.
         self.promised: str | None = None
+        #: Holders paused for another's turn (taking_turns.py): with none, and turns off, a
+        #: handoff never looks at turns.
+        self.paused = 0
         #: GPU seconds of ended holds, by pool, since start: metrics count them as counters
         #: that must not fall when a client goes away. See Scheduler.pool_gpu_seconds.
         self.pool_seconds: dict[str, float] = {}

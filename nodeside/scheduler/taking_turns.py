@@ -48,9 +48,11 @@ class TakingTurns(Moves):
 
     def _take_turns(self, gpu: GpuState, now: float) -> list[Action]:
         """Pause and resume ``gpu``'s holders so that the right one works (see above)."""
+        turn = self.turn_length()
+        if turn <= 0.0 and not gpu.paused:
+            return []  # every handoff without turns: nothing to look at
         takers = [h for h in gpu.holders.values()
                   if h.pausable and h.hold_state is HoldState.HOLDING]
-        turn = self.turn_length()
         if turn <= 0.0 or len(takers) <= 1:
             # Nobody to take turns with (or turns are off now): every holder works.
             return [self._resume(gpu, h, now, owed=False) for h in takers if h.paused]
@@ -82,8 +84,10 @@ class TakingTurns(Moves):
             return min(owed, key=_paused_since), True
         work = {h.id: self.choice.request_work(h.id, now) for h in takers}
         if incumbent is not None and not over:
-            # Mid-turn, only a holder that has done less takes over: a fresh grant.
-            rivals = [h for h in takers if h is not incumbent
+            # Mid-turn, only a fresh grant that has done less takes over. A paused holder waits
+            # for the turn's end, however close the race: equals alternate by turns, not at
+            # every event, and an owed turn is never put off by a mid-turn switch.
+            rivals = [h for h in working if h is not incumbent
                       and work[h.id] < work[incumbent.id] - _EPS]
             if not rivals:
                 return incumbent, False
@@ -98,6 +102,7 @@ class TakingTurns(Moves):
         hold.turn_start = None
         hold.paused_since = now
         hold.owed_turn = False
+        gpu.paused += 1
         gpu.meter.close(holder.id, now)  # a paused holder uses none of the GPU's time
         self.choice.on_pause(holder, now)
         return Pause(holder.id, gpu.spec.index)
@@ -107,6 +112,7 @@ class TakingTurns(Moves):
         hold.turn_start = now
         hold.paused_since = None
         hold.owed_turn = owed
+        gpu.paused -= 1
         gpu.meter.open(holder.id, holder.pool, now, holder.preemptible)
         self.choice.on_resume(holder, now)
         self.counts["turns"] += 1
