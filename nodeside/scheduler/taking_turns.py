@@ -51,8 +51,7 @@ class TakingTurns(Moves):
         turn = self.turn_length()
         if turn <= 0.0 and not gpu.paused:
             return []  # every handoff without turns: nothing to look at
-        takers = [h for h in gpu.holders.values()
-                  if h.pausable and h.hold_state is HoldState.HOLDING]
+        takers = _takers(gpu)
         if turn <= 0.0 or len(takers) <= 1:
             # Nobody to take turns with (or turns are off now): every holder works.
             return [self._resume(gpu, h, now, owed=False) for h in takers if h.paused]
@@ -122,12 +121,16 @@ class TakingTurns(Moves):
         """When the turn on ``gpu`` ends, if anyone is paused waiting for it."""
         if self.turn_length() <= 0.0:
             return None
-        takers = [h for h in gpu.holders.values()
-                  if h.pausable and h.hold_state is HoldState.HOLDING]
+        takers = _takers(gpu)
         if not any(h.paused for h in takers):
             return None
         starts = [_turn_started(h) for h in takers if not h.paused]
         return min(starts) + self.turn_length() if starts else None
+
+
+def _takers(gpu: GpuState) -> list[Client]:
+    """The holders that take turns: those that can pause, and are not leaving."""
+    return [h for h in gpu.holders.values() if h.pausable and h.hold_state is HoldState.HOLDING]
 
 
 def _hold(client: Client) -> Hold:
