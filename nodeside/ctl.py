@@ -16,7 +16,7 @@ from nodeside.client import ControlClient, KiwiError
 from nodeside.client.discovery import published_socket_path
 from nodeside.config import argument_type, parse_mode, parse_tq
 from nodeside.headline import scheduler_headline
-from nodeside.names import names_by_id, shorten, who
+from nodeside.names import names_by_id, shorten, state_word, who
 from nodeside.protocol import DEFAULT_SOCKET
 
 _MODE_DONE = {
@@ -112,7 +112,7 @@ def format_status(doc: dict[str, Any]) -> str:
                      f"{'GPU s':>8}")
         for c in doc["clients"]:
             lines.append(f"{who(c, 36):<36} {c['id']:<6} {shorten(c['pool'], 12):<12} "
-                         f"{c['priority']:<8} {'paused' if c.get('paused') else c['state']:<8} "
+                         f"{c['priority']:<8} {state_word(c):<8} "
                          f"{c['gpu_seconds']:>8.1f}")
     return "\n".join(lines)
 

@@ -112,6 +112,12 @@ def who(client: dict[str, Any], width: int | None = None) -> str:
     return shorten_path(name, width - len(suffix)) + suffix
 
 
+def state_word(client: dict[str, Any]) -> str:
+    """A client's state for a text view: ``paused`` for a holder waiting for its turn (taking
+    turns), else the status document's ``idle``, ``waiting`` or ``holding``."""
+    return "paused" if client.get("paused") else client.get("state", "")
+
+
 def names_by_id(document: dict[str, Any], width: int | None = None) -> dict[str, str]:
     """Client id -> ``who`` for every client of a status document."""
     return {c["id"]: who(c, width) for c in document.get("clients", [])}

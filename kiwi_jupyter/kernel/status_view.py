@@ -10,7 +10,7 @@ import html
 from typing import Any
 
 from nodeside.headline import scheduler_headline
-from nodeside.names import names_by_id, who
+from nodeside.names import names_by_id, state_word, who
 
 Document = dict[str, Any]
 
@@ -57,7 +57,7 @@ class StatusTable:
                         who(c, NAME_WIDTH),
                         c.get("pool", ""),
                         c.get("priority", ""),
-                        "paused" if c.get("paused") else c.get("state", ""),
+                        state_word(c),
                         "" if position is None else f"#{position}",
                         f"{c.get('gpu_seconds', 0.0):.1f} s",
                         human_bytes(c.get("working_set")),

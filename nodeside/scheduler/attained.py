@@ -48,11 +48,8 @@ class AttainedService:
     def attained(self, client_id: str, now: float) -> float:
         """GPU seconds used: the request in progress in full, its open hold included, and the
         earlier ones each counting half after ``half_life`` seconds."""
-        self._settle(client_id)
-        value = self._history(client_id, now)
-        since = self._holding_since.get(client_id)
-        value += self._request.get(client_id, 0.0)
-        return value + (now - since if since is not None else 0.0)
+        work = self.request_work(client_id, now)  # settles first: history may take its part
+        return work + self._history(client_id, now)
 
     def request_seconds(self, client_id: str) -> float:
         """GPU seconds of the request in progress held before drops (its open hold aside)."""

@@ -218,6 +218,11 @@ class Replay(SpanLog):
         worker.finish_token += 1
         self._close_span(worker.id)
 
+    def _begin_pause(self, client: str) -> None:
+        held = self._open_spans.get(client)
+        if held is not None:
+            held.paused_since = self.now
+
     def _end_pause(self, client: str) -> None:
         held = self._open_spans.get(client)
         if held is not None and held.paused_since is not None:
@@ -286,9 +291,7 @@ class Replay(SpanLog):
                 if worker.remaining > 0:
                     self._request(worker)
             elif isinstance(action, Pause) and worker.holding_since is not None:
-                held = self._open_spans.get(worker.id)
-                if held is not None:
-                    held.paused_since = self.now
+                self._begin_pause(worker.id)
                 worker.settle(self.now)
                 worker.paused = True
                 worker.finish_token += 1  # its finish, planned while it worked, is off

@@ -119,13 +119,14 @@ class TakingTurns(Moves):
 
     def _turn_deadline(self, gpu: GpuState) -> float | None:
         """When the turn on ``gpu`` ends, if anyone is paused waiting for it."""
-        if self.turn_length() <= 0.0:
+        turn = self.turn_length()
+        if turn <= 0.0 or not gpu.paused:
             return None
         takers = _takers(gpu)
         if not any(h.paused for h in takers):
-            return None
+            return None  # only holders leaving are paused: no turn to end
         starts = [_turn_started(h) for h in takers if not h.paused]
-        return min(starts) + self.turn_length() if starts else None
+        return min(starts) + turn if starts else None
 
 
 def _takers(gpu: GpuState) -> list[Client]:
