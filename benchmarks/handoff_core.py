@@ -6,7 +6,7 @@
 `benchmarks/handoff.py` measures the handoff end to end, so its figures carry the machine's
 load and the event loop. This one drives the daemon's real per-request path (``Connection``,
 ``Session``, ``Requests``, the scheduler core, ``Delivery`` and the quantum timer's bookkeeping
-in ``Daemon.carry_out``) with N registered clients, every one waiting: the holder writes
+in the router's ``carry_out``) with N registered clients, every one waiting: the holder writes
 ``release`` and ``acquire`` in one write, as the C harness does, and the one granted next does
 the same. Nothing is read from a socket: each connection's transport keeps what it is given and
 notes a grant, so what is counted is the daemon's rules and not the kernel's.
@@ -162,7 +162,7 @@ def kiwi_clients(n: int, ring: Ring, sockets: list[socket.socket]) -> list[Peer]
                                   gpus=[GpuSpec(0, "logical GPU")]))
     peers: list[Peer] = []
     for i in range(n):
-        conn = Connection(daemon)
+        conn = Connection(daemon.router)
         conn.connection_made(Transport(ring, i, sockets[i]))  # type: ignore[arg-type]
         conn.data_received(b"".join(_hello_register_acquire(i)))
         peers.append(conn)
