@@ -1,14 +1,14 @@
 """The fleet's runs with holders taking turns (mode auto, ``interactive.turns``), and what a
 switch between them may cost.
 
-``nodeside/scheduler/taking_turns.py`` gives the GPU's time to one holder side by side at a
-time, least attained first, instead of leaving the driver to time-slice between them. What a
-switch costs the GPU is not measured yet: on the CPU's side a turn between two processes
-through the shim takes about 0.1 ms (``shim_turns``), but the GPU may lose more (the leaving
-process's queue draining while nothing new starts, caches warming for the one coming). So the
-replay charges each ``Resume`` a cost (``Replay.resume_cost``): the resumed holder's work starts
-that much later and nobody else's goes on meanwhile. ``--turns`` runs the same setting at
-several costs, to show how dear a switch may be before taking turns stops paying.
+``nodeside/scheduler/taking_turns.py`` gives the GPU's time to one holder side by side at a time,
+least attained first, instead of leaving the driver to time-slice between them. What a switch costs
+the GPU is not measured yet: on the CPU's side a turn between two processes through the shim takes
+about 0.1 ms (``benchmarks.shim.turns``), but the GPU may lose more (the leaving process's queue
+draining while nothing new starts, caches warming for the one coming). So the replay charges each
+``Resume`` a cost (``Replay.resume_cost``): the resumed holder's work starts that much later and
+nobody else's goes on meanwhile. ``--turns`` runs the same setting at several costs, to show how
+dear a switch may be before taking turns stops paying.
 
 A fleet ``policy`` name ``turns:TURN:COST`` is ``interactive`` with ``interactive.turns`` set
 to TURN seconds, its replay charging COST seconds a switch.

@@ -10,7 +10,7 @@ in a tight loop, from 1 and from 8 threads, three ways in the same run:
 
 It reports nanoseconds per call and the nanoseconds the shim adds. A real kernel launch costs
 2-5 microseconds of CPU time, so the added nanoseconds divided by that is the launch overhead
-the GPU benchmark (shim_overhead.py, launch_bound) measures end to end.
+the GPU benchmark (overhead.py, launch_bound) measures end to end.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The process under test in the shim benchmarks: PyTorch with the shim preloaded, driven by
-JSON commands on stdin, one JSON answer per line on stdout. Started by shim_paging.py."""
+JSON commands on stdin, one JSON answer per line on stdout. Started by paging.py."""
 
 from __future__ import annotations
 
