@@ -90,7 +90,7 @@ bench: install core
 GPU_PYTHON ?= python3
 GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) -m benchmarks.shim.gpu_check $(GPU_CHECK_ARGS)
 
 ## Wheels for a GPU machine that lacks a package gpu-check needs (it names any it misses), for
 ## its Python 3.12 on x86-64, into the ignored .whl/ to carry there. The package's own runtime

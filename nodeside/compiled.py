@@ -65,7 +65,6 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.room",
     "nodeside.scheduler.state",
     "nodeside.scheduler.status",
-    "nodeside.scheduler.switching",
     "nodeside.scheduler.taking_turns",
     "nodeside.scheduler.turns",
     "nodeside.daemon.connection",

@@ -67,6 +67,7 @@ def test_the_sdist_installs_with_the_panel_and_no_node_or_npm(tmp_path: Path) ->
         names = set(archive.namelist())
         install = json.loads(archive.read(f"{DATA}/install.json"))
     assert f"{DATA}/package.json" in names
+    assert not any(n.startswith("benchmarks/") for n in names)  # the product's packages only
     # The compiled scheduler core (nodeside/compiled.py) came with it, never its C sources.
     assert "nodeside/compiled.sha256" in names
     assert any(re.fullmatch(r"nodeside/core__mypyc\..+\.so", n) for n in names), names
