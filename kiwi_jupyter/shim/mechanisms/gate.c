@@ -25,11 +25,14 @@
 
 #include "../shim.h"
 
-/* Each on a cache line of its own: in_flight is written by every call, gate_open only read,
+/* Each on a cache line of its own, and no other variable on theirs (a struct, so that the
+ * linker cannot put a neighbour there): in_flight is written by every call, open only read,
  * and last_activity written rarely (see kiwi_gate_exit). */
-static _Alignas(64) atomic_int gate_open;
-static _Alignas(64) atomic_int in_flight;
-static _Alignas(64) _Atomic double last_activity;
+static struct {
+    _Alignas(64) atomic_int open;
+    _Alignas(64) atomic_int in_flight;
+    _Alignas(64) _Atomic double last_activity;
+} gate;
 
 pthread_mutex_t kiwi_lock = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t kiwi_changed = PTHREAD_COND_INITIALIZER;
@@ -41,17 +44,17 @@ static bool refusing;
 
 void kiwi_gate_open(void)
 {
-    atomic_store(&gate_open, 1);
+    atomic_store(&gate.open, 1);
 }
 
 void kiwi_gate_close(void)
 {
-    atomic_store(&gate_open, 0);
+    atomic_store(&gate.open, 0);
 }
 
 bool kiwi_gate_is_open(void)
 {
-    return atomic_load(&gate_open) != 0;
+    return atomic_load(&gate.open) != 0;
 }
 
 int kiwi_gate_waiters(void)
@@ -76,7 +79,7 @@ bool kiwi_gate_refusing(void)
 
 int kiwi_gate_in_flight(void)
 {
-    return atomic_load(&in_flight);
+    return atomic_load(&gate.in_flight);
 }
 
 /* The idle timer needs milliseconds, not nanoseconds: the coarse clock costs a few
@@ -93,25 +96,25 @@ static inline double coarse_now(void)
  * since. Free for the gate's fast path, which stores the time anyway. */
 double kiwi_gate_last_activity(void)
 {
-    double when = atomic_load_explicit(&last_activity, memory_order_relaxed);
+    double when = atomic_load_explicit(&gate.last_activity, memory_order_relaxed);
     return when < 0 ? -when : when;
 }
 
 void kiwi_gate_mark(void)
 {
     double now = coarse_now();
-    atomic_store(&last_activity, now > 0 ? -now : -1e-9);
+    atomic_store(&gate.last_activity, now > 0 ? -now : -1e-9);
 }
 
 bool kiwi_gate_used_since_mark(void)
 {
-    return atomic_load(&last_activity) >= 0;
+    return atomic_load(&gate.last_activity) >= 0;
 }
 
 /* Leaves the gate; the last one out of a closed gate wakes the comm thread waiting to drain. */
 static void leave(bool locked)
 {
-    if (atomic_fetch_sub(&in_flight, 1) == 1 && !atomic_load(&gate_open)) {
+    if (atomic_fetch_sub(&gate.in_flight, 1) == 1 && !atomic_load(&gate.open)) {
         if (!locked)
             pthread_mutex_lock(&kiwi_lock);
         pthread_cond_broadcast(&kiwi_changed);
@@ -122,8 +125,8 @@ static void leave(bool locked)
 
 static bool try_enter(bool locked)
 {
-    atomic_fetch_add(&in_flight, 1);
-    if (atomic_load(&gate_open))
+    atomic_fetch_add(&gate.in_flight, 1);
+    if (atomic_load(&gate.open))
         return true;
     leave(locked);
     return false;
@@ -186,15 +189,15 @@ void kiwi_gate_exit(void)
     /* Storing only when the coarse clock moved keeps threads launching at once from fighting
      * over the cache line. */
     double now = coarse_now();
-    if (atomic_load_explicit(&last_activity, memory_order_relaxed) != now)
-        atomic_store_explicit(&last_activity, now, memory_order_relaxed);
+    if (atomic_load_explicit(&gate.last_activity, memory_order_relaxed) != now)
+        atomic_store_explicit(&gate.last_activity, now, memory_order_relaxed);
     leave(false);
 }
 
 void kiwi_gate_drain(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    while (atomic_load(&in_flight) > 0) {
+    while (atomic_load(&gate.in_flight) > 0) {
         struct timespec deadline;
         deadline_after(&deadline, 0.05);
         pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &deadline);
@@ -207,8 +210,8 @@ void kiwi_gate_after_fork(void)
     /* The child holds nothing: its first GPU call asks the daemon as a client of its own. */
     pthread_mutex_init(&kiwi_lock, NULL);
     pthread_cond_init(&kiwi_changed, NULL);
-    atomic_store(&gate_open, 0);
-    atomic_store(&in_flight, 0);
+    atomic_store(&gate.open, 0);
+    atomic_store(&gate.in_flight, 0);
     waiters = 0;
     seconds_waiting = 0;
     refusing = false;
