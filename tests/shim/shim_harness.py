@@ -20,8 +20,10 @@ REPO = HERE.parents[1]
 #: The sanitizer's runtime, when the shim under test is a sanitized build (conftest,
 #: ``KIWI_TEST_SANITIZE=address|thread``); None for the shim as shipped.
 SANITIZER_RUNTIME: str | None = None
-#: What a sanitizer writes to stderr when it finds an error.
-SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer")
+#: What a sanitizer writes to stderr when it finds an error, or the shim's own checks in a
+#: sanitized build when they find one (KIWI_CHECKED: client/hold.c, a move the table forbids).
+SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer"
+                              r"|warning: BUG: ")
 #: Every error fatal, and reported. Python's own allocations outlive it by design: leaks are
 #: not what is looked for. A forked child starts a comm thread of its own, by design, which
 #: ThreadSanitizer refuses unless told (die_after_fork).
