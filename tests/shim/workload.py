@@ -16,6 +16,8 @@ import sys
 import threading
 from typing import Any
 
+from vmm_calls import AllocationProp, pinned_on
+
 from kiwi_jupyter.shim import Shim
 
 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
@@ -113,9 +115,11 @@ class Driver:
         return pool.value or 0
 
     def alloc_vmm(self, size: int) -> int:
+        """A physical handle of the VMM API, as an application's own cuMemCreate makes it."""
         handle = c_u64()
-        fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr, c_u64)
-        if fn(ctypes.byref(handle), size, None, 0) != 0:
+        fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t,
+                        ctypes.POINTER(AllocationProp), c_u64)
+        if fn(ctypes.byref(handle), size, ctypes.byref(pinned_on(0)), 0) != 0:
             raise MemoryError
         return handle.value
 
