@@ -2020,11 +2020,13 @@ static CUresult run_fake_kernel(void *f, void **params)
     return -1;
 }
 
+/* delayed: FAKE_CUDA_LAUNCH_SECONDS applies (to cuLaunchKernel, as ever). */
 static CUresult launch(const char *name, void *f, unsigned gx, unsigned bx, CUstream s,
-                       void **params)
+                       void **params, bool delayed)
 {
     call_begins();
-    launch_delay();
+    if (delayed)
+        launch_delay();
     CUresult result = run_fake_kernel(f, params);
     if (result == -1)
         record("%s f=%p grid=%u block=%u stream=%p", name, f, gx, bx, s);
@@ -2039,14 +2041,14 @@ EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
                                void **params, void **extra)
 {
     (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)extra;
-    return launch("cuLaunchKernel", f, gx, bx, s, params);
+    return launch("cuLaunchKernel", f, gx, bx, s, params, true);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                     unsigned by, unsigned bz, unsigned shared, CUstream s,
                                     void **params, void **extra)
 {
     (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)extra;
-    return launch("cuLaunchKernel_ptsz", f, gx, bx, s, params);
+    return launch("cuLaunchKernel_ptsz", f, gx, bx, s, params, false);
 }
 static CUresult cuLaunchKernelEx_body(const void *config, void *f, void **params, void **extra)
 {
