@@ -190,7 +190,7 @@ def report(evictor: str, ran_as: str, size: int, floor: dict[str, float], idle: 
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("pair", ["vmm", "auto"], indirect=True)
 def test_two_kernels_that_do_not_fit_together_take_turns_and_the_idle_one_leaves_the_card(
         pair: Pair) -> None:
