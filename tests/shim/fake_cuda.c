@@ -159,8 +159,9 @@ struct device_memory {
 
 static struct device_memory private_card;
 static struct device_memory *card = &private_card;
-static struct device_process *own_row;
+static struct device_process *_Atomic own_row;
 static long long own_pid;
+static atomic_bool left_card; /* set at exit: nothing more is counted */
 
 static struct device_memory *map_card(void)
 {
@@ -182,6 +183,15 @@ static struct device_memory *map_card(void)
     return page == MAP_FAILED ? &private_card : page;
 }
 
+/* Takes bytes off a count, never below zero: a thread still freeing while the process exits
+ * must not wrap the card's count for the other processes. */
+static void count_down(atomic_ullong *count, unsigned long long bytes)
+{
+    unsigned long long now = atomic_load(count);
+    while (!atomic_compare_exchange_weak(count, &now, now > bytes ? now - bytes : 0))
+        ;
+}
+
 /* A process that died without giving its bytes back (killed): its row is taken back and its
  * bytes leave the card, as the driver frees a dead process's memory. */
 static void reap_dead_processes(void)
@@ -193,7 +203,7 @@ static void reap_dead_processes(void)
             continue;
         if (!atomic_compare_exchange_strong(&row->pid, &pid, -1))
             continue; /* another process reaps it */
-        atomic_fetch_sub(&card->used, atomic_exchange(&row->bytes, 0));
+        count_down(&card->used, atomic_exchange(&row->bytes, 0));
         atomic_store(&row->checkpointed, 0);
         atomic_store(&row->pid, 0);
     }
@@ -202,28 +212,31 @@ static void reap_dead_processes(void)
 static void take_row(void)
 {
     own_pid = getpid();
-    for (int round = 0; round < 2 && !own_row; round++) {
-        for (int i = 0; i < DEVICE_PROCESSES && !own_row; i++) {
+    atomic_store(&own_row, NULL);
+    for (int round = 0; round < 2 && !atomic_load(&own_row); round++) {
+        for (int i = 0; i < DEVICE_PROCESSES && !atomic_load(&own_row); i++) {
+            struct device_process *row = &card->process[i];
             long long free_row = 0;
-            if (atomic_compare_exchange_strong(&card->process[i].pid, &free_row, own_pid)) {
-                own_row = &card->process[i];
-                atomic_store(&own_row->bytes, 0);
-                atomic_store(&own_row->checkpointed, 0);
+            if (atomic_compare_exchange_strong(&row->pid, &free_row, own_pid)) {
+                atomic_store(&row->bytes, 0);
+                atomic_store(&row->checkpointed, 0);
+                atomic_store(&own_row, row);
             }
         }
-        if (!own_row)
+        if (!atomic_load(&own_row))
             reap_dead_processes();
     }
 }
 
-/* At exit the process's memory leaves the card (a forked child that exits leaves its
- * parent's row alone). */
+/* At exit the process's memory leaves the card. (A forked child has a row of its own.) */
 static void give_row_back(void)
 {
-    if (!own_row || atomic_load(&own_row->pid) != (long long)getpid())
+    struct device_process *row = atomic_load(&own_row);
+    if (!row || atomic_load(&row->pid) != (long long)getpid())
         return;
-    atomic_fetch_sub(&card->used, atomic_exchange(&own_row->bytes, 0));
-    atomic_store(&own_row->pid, 0);
+    atomic_store(&left_card, true);
+    count_down(&card->used, atomic_exchange(&row->bytes, 0));
+    atomic_store(&row->pid, 0);
 }
 
 /* Puts bytes on the card for this process. refuse_when_full: fail when they do not fit (the
@@ -231,6 +244,8 @@ static void give_row_back(void)
  * the tests' workloads "allocate" far more than a card has. */
 static bool card_take(unsigned long long bytes, bool refuse_when_full)
 {
+    if (atomic_load(&left_card))
+        return true; /* the process exits: nothing more is on the card for it */
     bool reaped = false;
     for (;;) {
         unsigned long long used = atomic_load(&card->used);
@@ -247,16 +262,20 @@ static bool card_take(unsigned long long bytes, bool refuse_when_full)
         if (atomic_compare_exchange_weak(&card->used, &used, used + bytes))
             break;
     }
-    if (own_row)
-        atomic_fetch_add(&own_row->bytes, bytes);
+    struct device_process *row = atomic_load(&own_row);
+    if (row)
+        atomic_fetch_add(&row->bytes, bytes);
     return true;
 }
 
 static void card_give(unsigned long long bytes)
 {
-    atomic_fetch_sub(&card->used, bytes);
-    if (own_row)
-        atomic_fetch_sub(&own_row->bytes, bytes);
+    if (atomic_load(&left_card))
+        return; /* the process exits: its bytes left the card with its row */
+    struct device_process *row = atomic_load(&own_row);
+    count_down(&card->used, bytes);
+    if (row)
+        count_down(&row->bytes, bytes);
 }
 
 static struct device_process *row_of(int pid)
@@ -276,7 +295,7 @@ static void card_checkpoint(int pid)
         return;
     unsigned long long bytes = atomic_exchange(&row->bytes, 0);
     atomic_fetch_add(&row->checkpointed, bytes);
-    atomic_fetch_sub(&card->used, bytes);
+    count_down(&card->used, bytes);
 }
 
 /* The restore brings it back, where it fits. */
@@ -307,7 +326,8 @@ EXPORT unsigned long long fake_cuda_physical_used(void)
 
 EXPORT unsigned long long fake_cuda_process_used(void)
 {
-    return own_row ? atomic_load(&own_row->bytes) : 0;
+    struct device_process *row = atomic_load(&own_row);
+    return row ? atomic_load(&row->bytes) : 0;
 }
 
 /* ---- sorted tables ------------------------------------------------------------------------
@@ -1637,15 +1657,14 @@ EXPORT CUresult cuMemHostUnregister(void *host)
 /* Events: work is done when it is submitted, so an event is complete once recorded; it keeps
  * the time it was recorded for cuEventElapsedTime. */
 struct fake_event {
-    double recorded_at;
-    bool recorded;
+    atomic_llong recorded_at; /* ns on CLOCK_MONOTONIC; 0 until recorded */
 };
 
-static double monotonic_seconds(void)
+static long long monotonic_ns(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
 EXPORT CUresult cuEventCreate(struct fake_event **event, unsigned flags)
@@ -1662,8 +1681,7 @@ static CUresult record_event(const char *name, struct fake_event *event, CUstrea
     if (!event)
         return CUDA_ERROR_INVALID_VALUE;
     call_begins();
-    event->recorded_at = monotonic_seconds();
-    event->recorded = true;
+    atomic_store(&event->recorded_at, monotonic_ns());
     record("%s event=%p stream=%p", name, (void *)event, stream);
     call_ends();
     return 0;
@@ -1695,9 +1713,10 @@ EXPORT CUresult cuEventElapsedTime(float *milliseconds, struct fake_event *start
 {
     if (!milliseconds || !start || !end)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!start->recorded || !end->recorded)
+    long long from = atomic_load(&start->recorded_at), to = atomic_load(&end->recorded_at);
+    if (!from || !to)
         return CUDA_ERROR_NOT_READY;
-    *milliseconds = (float)((end->recorded_at - start->recorded_at) * 1e3);
+    *milliseconds = (float)((double)(to - from) / 1e6);
     return 0;
 }
 EXPORT CUresult cuEventDestroy_v2(struct fake_event *event)
@@ -2536,6 +2555,7 @@ __attribute__((constructor)) static void fake_cuda_loaded(void)
 {
     card = map_card();
     take_row();
+    pthread_atfork(NULL, NULL, take_row); /* a child's memory is its own */
     own_state = map_state((int)getpid(), true);
     if (own_state && getenv("FAKE_CUDA_CHECKPOINT_FAIL"))
         atomic_store(&own_state->uses_uvm, 1);
