@@ -20,6 +20,8 @@ CU_MEMHOSTREGISTER_PORTABLE = 1
 CU_STREAM_NON_BLOCKING = 1
 CU_MEM_ATTACH_GLOBAL = 1
 CU_DEVICE_CPU = -1
+CU_MEM_LOCATION_TYPE_HOST = 2
+CU_EVENT_DISABLE_TIMING = 2
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 Ptr = ctypes.c_uint64  # CUdeviceptr
@@ -114,7 +116,14 @@ class Driver:
         return ptr.value
 
     def prefetch(self, ptr: int, nbytes: int, device: int, stream: Stream) -> None:
-        self._call("cuMemPrefetchAsync", Ptr(ptr), ctypes.c_size_t(nbytes), device, stream)
+        """CUDA 12.2's _v2 (a location) where the driver has it, else the first form."""
+        if getattr(self.lib, "cuMemPrefetchAsync_v2", None) is not None:
+            where = (_Location(CU_MEM_LOCATION_TYPE_HOST, 0) if device == CU_DEVICE_CPU
+                     else _Location(CU_MEM_LOCATION_TYPE_DEVICE, device))
+            self._call("cuMemPrefetchAsync_v2", Ptr(ptr), ctypes.c_size_t(nbytes), where,
+                       ctypes.c_uint(0), stream)
+        else:
+            self._call("cuMemPrefetchAsync", Ptr(ptr), ctypes.c_size_t(nbytes), device, stream)
 
     def alloc_pinned(self, nbytes: int) -> int:
         host = ctypes.c_void_p()
@@ -142,7 +151,7 @@ class Driver:
 
     def event(self) -> Event:
         event = Event()
-        self._call("cuEventCreate", ctypes.byref(event), 0)
+        self._call("cuEventCreate", ctypes.byref(event), CU_EVENT_DISABLE_TIMING)
         return event
 
     def record(self, event: Event, stream: Stream) -> None:
