@@ -207,8 +207,8 @@ def gpu_tests(seconds: float) -> list[str]:
                                  or "no test ended")
         if running:
             summary += f"; running then: {running}"
-    where = " ".join(f"`{path}`" for path in GPU_TESTS)
-    rows = [f"`pytest -m gpu {where}`: **{summary}**" + (f" ({failed})" if failed else "")]
+    rows = [f"`pytest -m gpu {' '.join(GPU_TESTS)}`: **{summary}**"
+            + (f" ({failed})" if failed else "")]
     if not per_test_limit():
         rows.append("- pytest-timeout is missing: a hung test costs the whole step "
                     "(`make gpu-wheels`)")
