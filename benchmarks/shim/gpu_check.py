@@ -1,15 +1,18 @@
 """One command on a GPU machine: ``make gpu-check`` (``python -m benchmarks.shim.gpu_check``).
 
     python -m benchmarks.shim.gpu_check [--out gpu-check.md] [--quick] [--budget 1080]
-                                        [--only tests,paging,overhead,checkpoint,evict,corun]
+                                        [--only decisive | tests,evictors,probe,paging,overhead,
+                                                checkpoint,evict,corun]
                                         [--checkpoint-sizes 1,10,40] [--evict-copy pinned]
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
-runs ``pytest -m gpu tests/shim`` and every GPU benchmark of this folder (paging, overhead,
-checkpoint where that module exists, evict_variants and gpu_corun), each in a process of its
-own with a time limit inside one budget (18 minutes by default), and writes ONE Markdown report
-(GPU, driver, CUDA, versions, every result and ratio) to --out and to stdout, ready to paste
-into BENCHMARKS.md.
+runs the GPU tests (``pytest -m gpu tests/shim`` and the two-kernel test), the evictors side by
+side, the vmm device probe and every GPU benchmark (paging, overhead, checkpoint where
+that module exists, evict_variants and gpu_corun), each in a process of its own with a time limit inside one
+budget (18 minutes by default), and writes ONE Markdown report (GPU, driver, CUDA, versions,
+every result and ratio) to --out and to stdout, ready to paste into BENCHMARKS.md. The decisive
+steps come first; ``--only decisive`` runs just them (the tests and the evictors, about 6
+minutes on an H100).
 
 Without an NVIDIA GPU it is a dry run: it says so in one line, builds the shim, names what it
 would run and which of its packages are missing, and exits 0. docs/gpu-check.md says how to run
@@ -26,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +39,14 @@ from benchmarks.common import REPO, demote_headings, utc_now, without_kiwi
 GiB = 1 << 30
 
 #: What the GPU steps import; a machine missing one gets a line naming it (and make gpu-wheels).
-NEEDED = ("torch", "cupy", "pytest", "yaml", "prometheus_client", "pynvml")
-#: The check's steps, in the order they run.
-STEPS = ("tests", "paging", "overhead", "checkpoint", "evict", "corun")
+NEEDED = ("torch", "cupy", "pytest", "yaml", "prometheus_client", "pynvml", "jupyter_client",
+          "ipykernel")
+#: The check's steps, in the order they run: the decisive ones first.
+STEPS = ("tests", "evictors", "probe", "paging", "overhead", "checkpoint", "evict", "corun")
+#: Names for several steps at once.
+PRESETS = {"decisive": ("tests", "evictors")}
+#: The GPU tests: the shim's, and two real Kiwi kernels taking turns.
+GPU_TESTS = ("tests/shim", "tests/kernel/test_kernel_gpu_switch.py")
 
 
 @dataclass
@@ -117,18 +126,21 @@ class Budget:
     def __init__(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
 
-    def limit(self, cap: float) -> float:
-        return max(0.0, min(cap, self.deadline - time.monotonic()))
+    def limit(self, cap: float, keep: float = 0.0) -> float:
+        """At most cap seconds, leaving keep seconds of the budget for the steps after."""
+        return max(0.0, min(cap, self.deadline - time.monotonic() - keep))
 
 
-def step(command: list[str], seconds: float) -> tuple[str, str]:
-    """Run one step; its stdout, and how it ended ("" when it succeeded)."""
+def step(command: list[str], seconds: float,
+         env: dict[str, str] | None = None) -> tuple[str, str]:
+    """Run one step (``env``: added to the plain environment); its stdout, and how it ended
+    ("" when it succeeded)."""
     if seconds < 5:
         return "", "skipped: the check's time budget is spent"
     started = time.monotonic()
     try:
-        done = subprocess.run(command, cwd=REPO, env=plain_env(), capture_output=True,
-                              text=True, timeout=seconds)
+        done = subprocess.run(command, cwd=REPO, env={**plain_env(), **(env or {})},
+                              capture_output=True, text=True, timeout=seconds)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         return out, f"stopped after its {seconds:.0f} s limit"
@@ -157,15 +169,52 @@ def per_test_limit() -> list[str]:
     return ["--timeout", "120"] if importlib.util.find_spec("pytest_timeout") else []
 
 
+#: pytest -v's line for a test that ended, and for the one running when the step was cut off.
+TEST_ENDED = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+TEST_RUNNING = re.compile(r"^(\S+::\S+)\s*$")
+
+
+def ended_tests(out: str) -> tuple[dict[str, int], str | None]:
+    """From pytest -v's output: how many tests ended each way, and the test that was running
+    when the output stops (None when none was)."""
+    counts: dict[str, int] = {}
+    running = None
+    for line in out.splitlines():
+        if ended := TEST_ENDED.match(line):
+            counts[ended.group(2).lower()] = counts.get(ended.group(2).lower(), 0) + 1
+            running = None
+        elif started := TEST_RUNNING.match(line):
+            running = started.group(1)
+    return counts, running
+
+
 def gpu_tests(seconds: float) -> list[str]:
-    out, failed = step([sys.executable, "-m", "pytest", "-m", "gpu", "tests/shim", "-q",
-                        "-rfEs", "--tb=line", "-p", "no:cacheprovider", *per_test_limit()], seconds)
+    """The GPU tests, each bounded by pytest-timeout: a hung test fails, the step goes on. Cut
+    off by the step's own limit, the report still says how each finished test ended and which
+    one was running. Tests that write a report (the two-kernel test) have it included."""
+    with tempfile.TemporaryDirectory(prefix="kiwi-gpu-reports-") as reports:
+        out, failed = step([sys.executable, "-m", "pytest", "-m", "gpu", *GPU_TESTS, "-v",
+                            "-rfEs", "--tb=line", "-p", "no:cacheprovider", *per_test_limit()],
+                           seconds, env={"KIWI_GPU_REPORT_DIR": reports})
+        written = [path.read_text() for path in sorted(Path(reports).glob("*.md"))]
     lines = out.strip().splitlines()
     summary = next((line.strip("= ") for line in reversed(lines)
-                    if re.search(r"\d+ (passed|failed|skipped|error)", line)), "no summary")
-    rows = [f"`pytest -m gpu tests/shim`: **{summary}**" + (f" ({failed})" if failed else "")]
+                    if re.search(r"\d+ (passed|failed|skipped|error)", line)), None)
+    if summary is None:
+        counts, running = ended_tests(out)
+        summary = "cut off: " + (", ".join(f"{n} {how}" for how, n in counts.items())
+                                 or "no test ended")
+        if running:
+            summary += f"; running then: {running}"
+    rows = [f"`pytest -m gpu {' '.join(GPU_TESTS)}`: **{summary}**"
+            + (f" ({failed})" if failed else "")]
+    if not per_test_limit():
+        rows.append("- pytest-timeout is missing: a hung test costs the whole step "
+                    "(`make gpu-wheels`)")
     problems = [line for line in lines if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
     rows += [f"- {line}" for line in problems[:30]]
+    for text in written:
+        rows += ["", *demote_headings(text.rstrip().splitlines(), top=3)]
     return rows
 
 
@@ -218,10 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-sizes", metavar="GIB,...",
                         help="the checkpoint step's round sizes (its default: 1,10; 40 costs "
                         "minutes more)")
-    parser.add_argument("--only", help=f"comma-separated steps, of: {', '.join(STEPS)} "
-                        "(the device tool allows 10 minutes a command: split the check in two)")
+    parser.add_argument("--only", help=f"comma-separated steps, of: {', '.join(STEPS)}, or "
+                        f"{', '.join(PRESETS)} (= {'; '.join(map(','.join, PRESETS.values()))}; "
+                        "the device tool allows 10 minutes a command: split the check)")
     args = parser.parse_args(argv)
-    steps = args.only.split(",") if args.only else list(STEPS)
+    named = args.only.split(",") if args.only else list(STEPS)
+    steps = [one for name in named for one in PRESETS.get(name, (name,))]
     if unknown := [s for s in steps if s not in STEPS]:
         parser.error(f"no step {', '.join(unknown)}; there are {', '.join(STEPS)}")
     started = time.monotonic()
@@ -235,10 +286,13 @@ def main(argv: list[str] | None = None) -> int:
                    f"- Machine: {platform.node()}, {os.cpu_count()} CPUs, "
                    f"Linux {platform.release()}; {versions()}.",
                    f"- Shim: {shim_line}.",
-                   "- On a GPU machine this runs `pytest -m gpu tests/shim`, "
+                   "- On a GPU machine this runs `pytest -m gpu tests/shim` and "
+                   "`tests/kernel/test_kernel_gpu_switch.py` (two Kiwi kernels taking turns), "
+                   "`benchmarks.shim.evictors`, `benchmarks.shim.vmm_probe`, "
                    "`benchmarks.shim.paging`, `benchmarks.shim.overhead`, "
                    f"{checkpoint_line()}, `benchmarks.shim.evict_variants` and "
                    "`benchmarks.shim.gpu_corun`.",
+                   f"- Evictors: managed, checkpoint and {vmm_line()}.",
                    f"- Packages it would need that are missing here: "
                    f"{', '.join(missing) or 'none'}."]
         return finish(report, args.out, started, 0 if shim_ok else 1)
@@ -255,7 +309,19 @@ def main(argv: list[str] | None = None) -> int:
     if not shim_ok:
         return finish(report, args.out, started, 1)
     if "tests" in steps:
-        report += ["", "## GPU tests", "", *gpu_tests(budget.limit(480))]
+        # The evictors' table is as decisive as the tests: a slow test step leaves it time.
+        keep = 150.0 if "evictors" in steps else 0.0
+        report += ["", "## GPU tests", "",
+                   *gpu_tests(budget.limit(300 if args.quick else 480, keep))]
+    if "evictors" in steps:
+        # Sized down by the module itself to what the card has free.
+        report += ["", "## Evictors side by side", "",
+                   *markdown_benchmark("evictors", ["--gib", "2" if args.quick else "4"],
+                                       budget.limit(240))]
+    if "probe" in steps:
+        report += ["", "## VMM device probe (design step 1)", "",
+                   *markdown_benchmark("vmm_probe", ["--gib", "4" if args.quick else "16"],
+                                       budget.limit(300))]
     if "paging" in steps:
         gib = paging_gib(gpu, args.quick)
         report += ["", f"## Paging: eviction, restore and handoff ({gib:g} GiB working sets)",
@@ -285,6 +351,17 @@ def main(argv: list[str] | None = None) -> int:
         report += ["", "## Side by side: work done together against one alone (`co_run`)", "",
                    *benchmark("gpu_corun", ["--seconds", seconds], budget.limit(300))]
     return finish(report, args.out, started, 0)
+
+
+def vmm_line() -> str:
+    """Whether the shim has the vmm evictor yet, asked over the tests' fake driver."""
+    try:
+        from benchmarks.shim.evictors import vmm_status
+        from kiwi_jupyter.shim import library_path
+
+        return vmm_status(str(library_path()))
+    except Exception as exc:  # the dry run says what it could not find out, and goes on
+        return f"vmm: unknown here ({exc})"
 
 
 def checkpoint_line() -> str:

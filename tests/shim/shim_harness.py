@@ -47,11 +47,16 @@ READY_ID = 0
 STARTUP_TIMEOUT = 30.0
 
 
-def build_fake_cuda(directory: Path) -> Path:
-    """Compile tests/shim/fake_cuda.c into directory/libcuda.so.1."""
+def build_fake_cuda(directory: Path, sanitize: str | None = None) -> Path:
+    """Compile tests/shim/fake_cuda.c into directory/libcuda.so.1; ``sanitize``: under one of
+    the shim's SANITIZERS (the fake's own tests check its memory model so)."""
+    from kiwi_jupyter.shim.build import SANITIZE_FLAGS, SANITIZERS
+
     output = directory / "libcuda.so.1"
+    flags = [*SANITIZERS[sanitize][0], *SANITIZE_FLAGS] if sanitize else []
     subprocess.run(
         ["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror",
+         *flags,
          # -Bsymbolic: like the real driver, it hands out its own functions, not the shim's
          "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic", "-o", str(output),
          str(HERE / "fake_cuda.c"), "-lpthread"],
