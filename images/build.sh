@@ -48,8 +48,10 @@ fi
 # chroot isolation on the host's network: in VMs like CI's an OCI runtime may not set up its
 # limits and namespaces (`podman run` fails at setrlimit), while a chroot works. --layers keeps
 # each step's layer, so that a second build reuses every step whose inputs did not change.
+# Docker's image format, as Docker builds: OCI's has no SHELL, and the RUN steps' pipes need it.
 bud() {
-    nice buildah bud --isolation chroot --network host --layers --quiet "${build_volumes[@]}" "$@"
+    nice buildah bud --isolation chroot --network host --layers --format docker --quiet \
+        "${build_volumes[@]}" "$@"
 }
 
 arg_default() {  # arg_default DOCKERFILE NAME: the default of ARG NAME in DOCKERFILE
@@ -162,16 +164,20 @@ if [ -z "$KIWI_WHEEL" ]; then
     upstream "$node_image" || node_image=$(stand_in_node "$python_image")
     bases+=(--build-arg "NODE_IMAGE=$node_image")
 fi
-upstream "$notebook_base" || notebook_base=$(stand_in_notebook_base "$python_image")
 
 node_tag=${IMAGE_PREFIX}kiwi-node:$IMAGE_TAG
 notebook_tag=${IMAGE_PREFIX}kiwi-notebook:$IMAGE_TAG
 wheel_arg=(--build-arg "KIWI_WHEEL=$KIWI_WHEEL")
+# The node image and the notebook's base side by side: both spend most of their time on
+# downloads and on writing layers, not on the two cores.
 say "building $node_tag on $python_image"
-bud -f "$node_file" "${bases[@]}" "${wheel_arg[@]}" -t "$node_tag" . > /dev/null
+bud -f "$node_file" "${bases[@]}" "${wheel_arg[@]}" -t "$node_tag" . > "$work/node.log" 2>&1 &
+node_build=$!
+upstream "$notebook_base" || notebook_base=$(stand_in_notebook_base "$python_image")
 say "building $notebook_tag on $notebook_base"
 bud -f "$notebook_file" "${bases[@]}" "${wheel_arg[@]}" --build-arg "BASE_IMAGE=$notebook_base" \
     -t "$notebook_tag" . > /dev/null
+wait "$node_build" || { cat "$work/node.log" >&2; echo "images: $node_tag failed" >&2; exit 1; }
 say "done"
 for image in "$node_tag" "$notebook_tag" "$python_image" "$notebook_base"; do
     say "$(buildah images --format '{{.Name}}:{{.Tag}}  {{.Size}}' "$image" | head -n 1)"

@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
 import urllib.request
 
 
@@ -63,6 +65,32 @@ def get(url: str, timeout: float) -> object:
         return json.load(answer)
 
 
+def first_answer(url: str, server: subprocess.Popen[str], timeout: float) -> object:
+    """GET url once the server listens. Jupyter Server says where it runs before its event loop
+    binds the port, so the first connections may be refused; retried until the deadline, or
+    until the server has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return get(url, timeout)
+        except urllib.error.URLError as error:
+            refused = isinstance(error.reason, ConnectionRefusedError)
+            if not refused or server.poll() is not None or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
+def stop(server: subprocess.Popen[str], timeout: float) -> None:
+    """SIGTERM, as Kubernetes stops a pod, and SIGKILL if the server does not end in time."""
+    server.terminate()
+    try:
+        server.wait(timeout)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(timeout)
+        raise
+
+
 def main(timeout: float) -> dict[str, object]:
     seen = {"kernelspecs": json.loads(jupyter("kernelspec", "list", "--json", timeout=timeout)),
             "server_extensions": jupyter("server", "extension", "list", timeout=timeout),
@@ -73,19 +101,21 @@ def main(timeout: float) -> dict[str, object]:
         ["jupyter", "lab", f"--notebook-dir={os.environ['HOME']}", "--ip=127.0.0.1",
          "--no-browser", f"--port={free_port()}", "--ServerApp.token=", "--ServerApp.password=",
          "--ServerApp.allow_origin=*", f"--ServerApp.base_url={prefix}"],
-        stderr=subprocess.PIPE, text=True, cwd=os.environ["HOME"])
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=os.environ["HOME"])
     log: list[str] = []
     try:
         lines = lines_of(server.stderr)
         wait_for_line(lines, r"Kiwi: embedded scheduler listening on", timeout, log)
         url = wait_for_line(lines, r"(http://(?:127\.0\.0\.1|localhost):\d+/\S*?)lab\b", timeout,
                             log)[1]
-        seen["kiwi_status"] = get(f"{url}kiwi/api/status", timeout)
+        seen["kiwi_status"] = first_answer(f"{url}kiwi/api/status", server, timeout)
         seen["api_kernelspecs"] = get(f"{url}api/kernelspecs", timeout)
         seen["url"] = url
+    except Exception as error:
+        raise RuntimeError(f"{error}: the server said:\n" + "".join(log)) from error
     finally:
-        server.terminate()
-        server.wait(timeout)
+        stop(server, timeout)
     seen["server_log"] = "".join(log)
     return seen
 

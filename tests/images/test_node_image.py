@@ -17,6 +17,7 @@ from shim.shim_harness import build_fake_cuda
 from support import scaled
 
 FAKE_DRIVER_INSIDE = "/kiwi-fake-cuda"
+pytestmark = pytest.mark.timeout(scaled(240))
 
 
 def shim_installed_from() -> str:
@@ -30,7 +31,9 @@ def shim_installed_from() -> str:
 
 @pytest.fixture(scope="module")
 def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake_cuda(tmp_path_factory.mktemp("fakecuda"))
+    directory = tmp_path_factory.mktemp("fakecuda")
+    directory.chmod(0o755)  # for the image's user, who is not this one
+    return build_fake_cuda(directory)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from image_containers import NOTEBOOK_IMAGE, TESTS_INSIDE, Container, container_
 from support import scaled
 
 PREFIX = "/notebook/kiwi-user/smoke/"
+# Listing the extensions and starting JupyterLab take tens of seconds on a loaded machine.
+pytestmark = pytest.mark.timeout(scaled(240))
 
 
 def plain(text: str) -> str:
@@ -53,12 +55,15 @@ def test_the_server_extension_is_enabled(seen: dict[str, Any]) -> None:
     assert re.search(validated, listing), listing
 
 
-@pytest.mark.xfail(strict=True, reason="the panel asks for @jupyterlab/application ^4.5 and "
-                   "@jupyterlab/apputils ^4.6 (labextension/package.json), so the JupyterLab 4.2 "
-                   "of Kubeflow 1.9's base lists it enabled but incompatible (X) and does not "
-                   "load it")
 def test_the_panel_is_enabled(seen: dict[str, Any]) -> None:
     listing = plain(seen["lab_extensions"])
+    assert re.search(r"kiwi-jupyter v\S+ enabled", listing), listing
+    if (re.search(r"kiwi-jupyter v\S+ enabled +X", listing)
+            and "not compatible with the current JupyterLab" in listing):
+        # Known, and only this: the panel asks for @jupyterlab/application ^4.5 and
+        # @jupyterlab/apputils ^4.6 (labextension/package.json), which JupyterLab 4.2, Kubeflow
+        # 1.9's and so the stand-in's, does not satisfy: it lists the panel and does not load it.
+        pytest.xfail("the panel needs JupyterLab 4.5 or newer; the base has an older one")
     assert re.search(r"kiwi-jupyter v\S+ enabled OK", listing), listing
 
 
