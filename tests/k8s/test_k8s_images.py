@@ -149,7 +149,7 @@ def test_a_given_wheel_needs_neither_node_nor_the_source_build(path):
     assert "wheel-given" in given and not {"node", "wheel"} & given
 
 
-def test_both_images_install_their_wheel_from_the_same_kind_of_stage():
+def test_both_images_take_the_wheel_in_the_same_build_argument():
     # images/build.sh builds one wheel and hands it to both as KIWI_WHEEL.
     for path in (NODE, NOTEBOOK):
         assert _arg_defaults(path)["KIWI_WHEEL"] == ""
