@@ -147,6 +147,9 @@ if [ -z "${KIWI_WHEEL+set}" ]; then
 elif [ "$KIWI_WHEEL" = source ]; then
     KIWI_WHEEL=""
 fi
+# A build from the sources compiles the scheduler core against Python's headers, which
+# python:3.11-slim has; Debian keeps them apart.
+[ -n "$KIWI_WHEEL" ] || PYTHON_PACKAGES+=,libpython3.11-dev
 
 node_file=nodeside/Dockerfile
 notebook_file=images/notebook/Dockerfile
