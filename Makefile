@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels core
+.PHONY: install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels core \
+	images
 
 install: $(VENV)/.installed
 
@@ -77,6 +78,15 @@ sanitize: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
+## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their
+## bases upstream where they can be pulled, else stand-ins from Debian's packages
+## (images/build.sh says how). Then each image is started and checked (tests/images).
+## Needs buildah and mmdebstrap (apt-get install buildah mmdebstrap) and root.
+images: install core labextension
+	PYTHON=$(BIN)/python images/build.sh
+	KIWI_TEST_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/images
 
 ## Every benchmark that needs no GPU, each run three times, as one Markdown report with ranges.
 ## BENCH_ARGS="--quick --repeat 1" to see it work; "--only handoff,attack" for some of them.

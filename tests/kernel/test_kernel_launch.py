@@ -215,9 +215,13 @@ def test_without_a_cuda_driver_the_shim_is_not_preloaded(preloadable: Path) -> N
 
 
 def documented_config_snippet() -> str:
-    """The ipython_kernel_config.py snippet docs/kernel.md gives for images."""
+    """The ipython_kernel_config.py snippet docs/kernel.md gives for images: its one Python
+    block that reads IPython's config (``get_config()``), wherever it stands; it must parse."""
     doc = (Path(__file__).parents[2] / "docs" / "kernel.md").read_text()
-    return textwrap.dedent(doc.split("```python\n", 1)[1].split("```", 1)[0])
+    blocks = [textwrap.dedent(b.split("```", 1)[0]) for b in doc.split("```python\n")[1:]]
+    [snippet] = [block for block in blocks if "get_config()" in block]
+    compile(snippet, "ipython_kernel_config.py", "exec")
+    return snippet
 
 
 def test_the_documented_config_snippet_loads_the_extension_in_a_plain_kernel(
