@@ -1,0 +1,182 @@
+"""The panel and the status bar tell one story, in real headless Chromium: what the status bar
+says with no notebook in focus, a holder history that every tab and every reload shows alike,
+colours and names that keep two notebooks apart, pools and memory in plain words, and NVML's
+figures where the server's machine has NVML (here a stand-in library, tests/browser/fake_nvml.c).
+
+One server for the module: two notebooks named like the demo's took turns before any page was
+loaded (the demo held and gave the GPU back; the partner holds now and the demo waits again).
+Each test opens its own pages on it."""
+
+from __future__ import annotations
+
+import colorsys
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from labserver import ARTIFACTS, LabServer, hold_gpu_code, run_cell
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+DEMO, PARTNER = "kiwi-demo.ipynb", "kiwi-demo-partner.ipynb"
+PANEL_TAB = 'li.lm-TabBar-tab[data-id="jp-kiwi-panel"]'
+PANEL = "#jp-kiwi-panel"
+STATUS_ITEM = ".jp-Kiwi-statusItem"
+
+
+@pytest.fixture(scope="module")
+def turns_taken(browser: Any) -> Iterator[LabServer]:
+    """The server after the turns: DEMO held and released, PARTNER holds, DEMO waits."""
+    lab = LabServer("--KiwiExtension.tq=120", notebooks=(DEMO, PARTNER), fake_nvml=True).start()
+    clients = []
+    try:
+        demo, partner = lab.start_session(DEMO), lab.start_session(PARTNER)
+        clients = [lab.kernel_client(demo), lab.kernel_client(partner)]
+        run_cell(clients[0], hold_gpu_code(demo, wait=True))
+        run_cell(clients[0], "kiwi.release()")
+        run_cell(clients[1], hold_gpu_code(partner, wait=True))
+        run_cell(clients[0], "import threading\n"
+                             "threading.Thread(target=kiwi.acquire, kwargs={'timeout': 300},"
+                             " daemon=True).start()")
+        yield lab
+    finally:
+        for client in clients:
+            client.stop_channels()
+        lab.stop()
+
+
+def open_launcher_with_panel(browser: Any, lab: LabServer) -> Any:
+    """A page on JupyterLab's Launcher (no notebook, no kernel in focus), the panel open."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(lab.url("lab"))
+    page.wait_for_selector(".jp-Launcher", timeout=90_000)
+    page.click(PANEL_TAB)
+    page.locator(f"{PANEL} .jp-Kiwi-holderName").wait_for(timeout=30_000)
+    page.locator(f"{PANEL} .jp-Kiwi-timelineItem").nth(1).wait_for(timeout=30_000)
+    return page
+
+
+def timeline(page: Any) -> list[str]:
+    return page.locator(f"{PANEL} .jp-Kiwi-timelineItem .jp-Kiwi-name").evaluate_all(
+        "names => names.map(n => n.title)")
+
+
+def test_the_status_bar_names_the_holder_with_a_launcher_in_focus(
+        browser: Any, turns_taken: LabServer) -> None:
+    page = open_launcher_with_panel(browser, turns_taken)
+    try:
+        page.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent"
+            f" === 'GPU: held by {PARTNER} · 1 waiting'", timeout=20_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "kiwi-launcher-status-bar.png"))
+    finally:
+        page.close()
+
+
+def test_every_tab_and_every_reload_shows_the_turns_taken_before_it_was_opened(
+        browser: Any, turns_taken: LabServer) -> None:
+    first = open_launcher_with_panel(browser, turns_taken)
+    second = open_launcher_with_panel(browser, turns_taken)
+    try:
+        # Newest first: the partner (holding now), then the demo's turn that ended before
+        # either page existed.
+        assert timeline(first) == [PARTNER, DEMO]
+        assert timeline(second) == timeline(first)
+        first.reload()
+        first.wait_for_selector(PANEL_TAB, timeout=90_000)
+        if not first.locator(PANEL).is_visible():
+            first.click(PANEL_TAB)
+        first.locator(f"{PANEL} .jp-Kiwi-timelineItem").nth(1).wait_for(timeout=30_000)
+        assert timeline(first) == [PARTNER, DEMO]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_two_notebooks_get_colours_far_apart_the_same_in_every_view(
+        browser: Any, turns_taken: LabServer) -> None:
+    page = open_launcher_with_panel(browser, turns_taken)
+    try:
+        colours = page.locator(f"{PANEL} .jp-Kiwi-timelineItem").evaluate_all(
+            "rows => rows.map(r => [r.dataset.clientId,"
+            " getComputedStyle(r.querySelector('.jp-Kiwi-swatch')).backgroundColor])")
+        hues = {client: hue_of(colour) for client, colour in colours}
+        assert len(hues) == 2, colours
+        first, second = hues.values()
+        assert min(abs(first - second), 360 - abs(first - second)) >= 30, colours
+        # The holder and the queue show each client in the colour the timeline gives it.
+        elsewhere = page.locator(
+            f"{PANEL} .jp-Kiwi-holderName, {PANEL} .jp-Kiwi-queueItem").evaluate_all(
+            "items => items.map(i => [i.dataset.clientId,"
+            " getComputedStyle(i.querySelector('.jp-Kiwi-swatch')).backgroundColor])")
+        assert len(elsewhere) == 2
+        for client, colour in elsewhere:
+            assert hue_of(colour) == hues[client]
+    finally:
+        page.close()
+
+
+def test_cut_names_keep_the_end_that_tells_the_two_notebooks_apart(
+        browser: Any, turns_taken: LabServer) -> None:
+    page = open_launcher_with_panel(browser, turns_taken)
+    try:
+        # A narrow sidebar: the names no longer fit whole.
+        page.evaluate(f"document.querySelector('{PANEL}').style.width = '150px'")
+        page.wait_for_timeout(1500)  # the panel redraws each second
+        rows = page.locator(f"{PANEL} .jp-Kiwi-timelineItem .jp-Kiwi-name").evaluate_all(
+            """names => names.map(n => {
+                const head = n.querySelector('.jp-Kiwi-nameHead');
+                const tail = n.querySelector('.jp-Kiwi-nameTail');
+                return {title: n.title, tail: tail.textContent,
+                        cut: head.scrollWidth > head.clientWidth,
+                        tailShown: tail.getBoundingClientRect().right
+                                   <= n.getBoundingClientRect().right + 0.5};
+            })""")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "kiwi-panel-narrow.png"))
+    finally:
+        page.close()
+    assert [r["title"] for r in rows] == [PARTNER, DEMO]  # whole on hover
+    assert any(r["cut"] for r in rows), rows  # the test narrowed it enough to cut
+    assert all(r["tailShown"] for r in rows), rows
+    tails = [r["tail"] for r in rows]
+    assert tails[0] != tails[1] and tails[0].endswith("partner.ipynb"), tails
+
+
+def test_the_pool_bar_says_in_words_what_it_shows(browser: Any, turns_taken: LabServer) -> None:
+    page = open_launcher_with_panel(browser, turns_taken)
+    try:
+        bar = page.locator(f"{PANEL} .jp-Kiwi-shareBar").first
+        title = bar.get_attribute("title")
+        legend = page.locator(f"{PANEL} .jp-Kiwi-legend").inner_text()
+        line = page.locator(f"{PANEL} .jp-Kiwi-pool .jp-Kiwi-detail").first.inner_text()
+    finally:
+        page.close()
+    assert re.fullmatch(r"default: using \d+% of the GPU; guaranteed 100%; no maximum", title)
+    assert re.fullmatch(r"using \d+% of the GPU · guaranteed 100% · no maximum", line)
+    assert "guaranteed" in legend
+
+
+def test_memory_is_said_without_daemon_flags_and_nvml_figures_are_shown(
+        browser: Any, turns_taken: LabServer) -> None:
+    page = open_launcher_with_panel(browser, turns_taken)
+    try:
+        nvml = page.locator(f"{PANEL} .jp-Kiwi-nvml")
+        nvml.wait_for(timeout=20_000)
+        memory = nvml.locator(".jp-Kiwi-nvmlMemory").inner_text()
+        utilization = nvml.locator(".jp-Kiwi-nvmlUtilization").inner_text()
+        text = page.locator(PANEL).inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "kiwi-panel-nvml.png"))
+    finally:
+        page.close()
+    assert (memory, utilization) == ("6.00 GiB of 16.0 GiB", "37%")
+    assert "--gpu-memory" not in text and "NVML, no" not in text
+
+
+def hue_of(css_colour: str) -> float:
+    """The hue in degrees of an `rgb(r, g, b)` colour."""
+    r, g, b = (int(v) / 255 for v in re.findall(r"\d+", css_colour)[:3])
+    return round(colorsys.rgb_to_hls(r, g, b)[0] * 360) % 360
