@@ -53,7 +53,8 @@ class KiwiMagics(Magics):
         def getdoc() -> str:
             socket = self.extension.link.socket_path
             where = "$KIWI_SOCKET" if os.environ.get("KIWI_SOCKET") == socket else "found"
-            return f"{inspect.cleandoc(magic.__doc__ or '')}\n\nThis kernel uses {socket} ({where})."
+            usage = inspect.cleandoc(magic.__doc__ or "")
+            return f"{usage}\n\nThis kernel uses {socket} ({where})."
 
         kiwi.__doc__ = magic.__doc__
         kiwi.getdoc = getdoc  # type: ignore[attr-defined]

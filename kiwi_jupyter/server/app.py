@@ -143,6 +143,7 @@ class KiwiExtension(ExtensionApp):
         if self.embedded_scheduler and not daemon_answers(socket_path):
             # Runtime changes (the panel's mode and TQ) survive the child's restarts; the file
             # lives as long as this server, next to its own runtime files.
+            assert self.serverapp is not None  # settings are initialized inside a server
             state_file = Path(self.serverapp.runtime_dir) / f"kiwi-scheduler-{os.getpid()}.json"
             self.embedded = EmbeddedScheduler(self.scheduler_command, self._scheduler_options(),
                                               publish=self.publish_socket,
