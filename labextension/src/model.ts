@@ -283,15 +283,19 @@ export class KiwiModel {
 
   /**
    * What to call a client: its notebook (this server's session for it, else the display name it
-   * registered), else its name; with its user when the daemon knows it. The view cuts long
-   * labels with an ellipsis (CSS) and keeps the whole label in the tooltip.
+   * registered), else its name; with its user when the daemon knows it, except for this
+   * server's own kernels, which are all its user's (the suffix would only cost room). The view
+   * cuts long labels in front (format.splitName) and keeps the whole label in the tooltip.
    */
   labelFor(clientId: string): string {
     const client = this._clientsById.get(clientId);
     const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
+    const session = this._kernelLabels.get(name);
+    if (session) {
+      return session;
+    }
     const known = client ?? this._lastPeople.get(clientId);
     const label =
-      this._kernelLabels.get(name) ||
       known?.display_name ||
       // A kernel we know nothing more of (another user's, or started outside this server):
       // its full uuid is noise, the first group is enough to tell kernels apart.

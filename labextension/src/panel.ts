@@ -185,7 +185,7 @@ export class KiwiPanel extends Widget {
       'section',
       'jp-Kiwi-nvml',
       el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('Device %1', device.index), el('span', 'jp-Kiwi-gpuName', ` · ${device.name}`)),
-      el('p', 'jp-Kiwi-detail', this._trans.__('As NVML reads it: every process on the GPU counted.'))
+      el('p', 'jp-Kiwi-note', this._trans.__('As NVML reads it: every process on the GPU counted.'))
     );
     section.dataset.uuid = device.uuid;
     const used = device.memory_total > 0 ? device.memory_used / device.memory_total : 0;

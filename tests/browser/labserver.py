@@ -165,6 +165,9 @@ class LabServer:
             time.sleep(0.1)
         client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
+        # The heartbeat declares a kernel dead after 1 s without an answer, which a loaded
+        # 2-core machine exceeds at a kernel's start ("Kernel died before replying").
+        client.hb_channel.time_to_dead = 10.0
         client.start_channels()
         client.wait_for_ready(timeout=timeout)
         return client
