@@ -130,7 +130,8 @@ def test_a_long_notebook_name_is_cut_with_an_ellipsis_and_whole_in_its_tooltip(
         kernel_id = open_notebook_with_panel(page, lab, notebook)
         client = lab.kernel_client(kernel_id)
         run_cell(client, hold_gpu_code(kernel_id, wait=True))
-        name = page.locator(f"{PANEL} .jp-Kiwi-holderName .jp-Kiwi-name")
+        # Once the panel knows the kernel's notebook (its session), not before.
+        name = page.locator(f"{PANEL} .jp-Kiwi-holderName .jp-Kiwi-name[title='{notebook}']")
         name.wait_for()
         # The name's head is cut (its tail, the end of the name, stays whole: format.splitName).
         cut, overflow, title, lines = name.evaluate(
