@@ -173,6 +173,13 @@ export class KiwiModel {
     this._changed.emit();
   }
 
+  /** Kernels (by their ids) the scheduler knows that no running session names yet. */
+  unlabelledKernels(): string[] {
+    return (this._document?.clients ?? [])
+      .map(c => c.name)
+      .filter(name => UUID_PREFIX.test(name) && !this._kernelLabels.has(name));
+  }
+
   /** Take a fresh status document received at `now` (seconds). */
   update(document: IStatusDocument, now: number): void {
     this._document = document;

@@ -77,3 +77,12 @@ describe('KiwiModel: NVML readings', () => {
     expect(model.nvml()).toEqual([]);
   });
 });
+
+describe('KiwiModel: kernels no session names yet', () => {
+  it('lists the kernel ids the scheduler knows and this page cannot name', () => {
+    const model = new KiwiModel();
+    model.setKernelLabels(new Map([[KERNEL_A, 'kiwi-demo.ipynb']]));
+    model.update(statusWith(['c1'], ['c2', 'c3']), 0);
+    expect(model.unlabelledKernels()).toEqual([KERNEL_B]);
+  });
+});
