@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from labserver import ARTIFACTS, LabServer
+from support import scaled
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,6 +45,7 @@ def run_all(page: Any) -> None:
     page.click('li.lm-Menu-item:has-text("Run All Cells")')
 
 
+@pytest.mark.timeout(int(scaled(300)))  # two Kiwi kernels, two bursts of 10 s each
 def test_the_two_demo_notebooks_take_turns_in_two_tabs(browser: Any) -> None:
     lab = LabServer("--KiwiExtension.tq=2", notebooks=(), fake_nvml=True,
                     env={"KIWI_DEMO_SECONDS": "10"})
