@@ -133,7 +133,12 @@ def test_a_long_notebook_name_is_cut_with_an_ellipsis_and_whole_in_its_tooltip(
         # Once the panel knows the kernel's notebook (its session), not before.
         name = page.locator(f"{PANEL} .jp-Kiwi-holderName .jp-Kiwi-name[title='{notebook}']")
         name.wait_for()
-        # The name's head is cut (its tail, the end of the name, stays whole: format.splitName).
+        # Laid out in the sidebar (the panel redraws each second, and a row just drawn may not
+        # be measured yet): the name's head is cut, its tail (the name's end) kept.
+        page.wait_for_function(
+            f"() => {{ const h = document.querySelector('{PANEL} .jp-Kiwi-holderName"
+            " .jp-Kiwi-nameHead'); return h !== null && h.scrollWidth > h.clientWidth; }",
+            timeout=20_000)
         cut, overflow, title, lines = name.evaluate(
             "e => { const head = e.querySelector('.jp-Kiwi-nameHead');"
             " return [head.scrollWidth > head.clientWidth, getComputedStyle(head).textOverflow,"
