@@ -80,11 +80,15 @@ class EmbeddedScheduler:
         *,
         start_timeout: float = 15.0,
         publish: bool = True,
+        state_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self._directory = tempfile.mkdtemp(prefix="kiwi-")
         #: Short on purpose: Unix socket paths are limited to about 100 bytes.
         self.socket_path = os.path.join(self._directory, "scheduler.sock")
-        self.command = [*command, "--socket", self.socket_path, *extra_args]
+        #: Where the child keeps runtime changes (mode, TQ) across its restarts; removed by stop.
+        self.state_file = Path(state_file) if state_file is not None else None
+        kept = ["--state-file", str(self.state_file)] if self.state_file is not None else []
+        self.command = [*command, "--socket", self.socket_path, *kept, *extra_args]
         self.start_timeout = start_timeout
         self.restarts = 0
         self.publish = publish
@@ -179,6 +183,9 @@ class EmbeddedScheduler:
                 process.kill()
                 process.wait()
         shutil.rmtree(self._directory, ignore_errors=True)
+        if self.state_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.state_file.unlink()
 
 
 def _die_with_parent() -> None:
