@@ -41,7 +41,8 @@ from types import ModuleType
 #: per-request path (a connection's turn, its session, its requests, carrying out what they
 #: return, delivering actions). Not anything a client, a kernel or kiwictl needs on its own.
 MODULES: tuple[str, ...] = (
-    "nodeside.protocol",
+    "nodeside.protocol.names",
+    "nodeside.protocol.wire",
     "nodeside.limits",
     "nodeside.scheduler.access",
     "nodeside.scheduler.actions",
