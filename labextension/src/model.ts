@@ -229,9 +229,11 @@ export class KiwiModel {
     const client = this._clientsById.get(clientId);
     const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
     const known = client ?? this._lastPeople.get(clientId);
+    // The daemon sends the name itself as the display name of a client that registered none.
+    const displayName = known?.display_name !== name ? known?.display_name : null;
     const label =
       this._kernelLabels.get(name) ||
-      known?.display_name ||
+      displayName ||
       // A kernel we know nothing more of (another user's, or started outside this server):
       // its full uuid is noise, the first group is enough to tell kernels apart.
       (UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name);
