@@ -74,9 +74,13 @@ sanitize: install
 	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 
+## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
+## and from the daemon's status document (the panel's fixture) read what those make now.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python -m nodeside.protocol.generate --check
+	$(BIN)/python tests/status_fixtures.py --check
 
 ## Every benchmark that needs no GPU, each run three times, as one Markdown report with ranges.
 ## BENCH_ARGS="--quick --repeat 1" to see it work; "--only handoff,attack" for some of them.
