@@ -3,6 +3,8 @@ around them stays hand-written; ``generate.splice`` puts each block between its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nodeside.protocol import document as d
 from nodeside.protocol import messages as m
 
@@ -22,7 +24,7 @@ def _fields(message: m.Message) -> str:
     return ", ".join(_field(f) for f in message.fields)
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
               for row in rows]
