@@ -6,12 +6,11 @@ the client does not know yet, and lines cross on the wire. Every client moves it
 through ``ClientSession``, which checks each move against ``MOVES``; the shim's C header carries
 the same table (generated), for its own ``kiwi_hold_move``::
 
-    IDLE --ask--> ASKING --waiting--> WAITING --grant--> HOLDING --drop--> DROPPING
-                    |  \\-----------grant------------------^  |  ^--grant--/  |
-                    |                                         |               |
-     ASKING, WAITING --cancel--> RELEASING --released--> IDLE  |               |
-     HOLDING, DROPPING --release (evict_first)--> RELEASING --drop (its answer)--> DROPPING
-     HOLDING, DROPPING --release, revoked--> IDLE;  --requeue--> ASKING
+    IDLE --acquire--> ASKING --waiting--> WAITING --grant--> HOLDING --drop--> DROPPING
+                        +------------grant-----------------^     ^----grant----/
+    ASKING, WAITING --cancel--> RELEASING --released--> IDLE
+    HOLDING, DROPPING --release, revoked--> IDLE;  --requeue--> ASKING
+    HOLDING, DROPPING --evict_first--> RELEASING --released--> IDLE, or --drop--> DROPPING
 
 A lost connection takes everything: any state goes to IDLE, and a client that still wants the
 GPU asks again on the next connection.
@@ -24,19 +23,11 @@ from typing import Final
 
 
 class Hold(Enum):
-    #: Nothing asked, nothing held.
     IDLE = "idle"
-    #: An acquire (or a requeue) is out; its answer has not been read.
     ASKING = "asking"
-    #: Queued: the grant comes as an event.
     WAITING = "waiting"
-    #: The GPU is this client's.
     HOLDING = "holding"
-    #: Still this client's, but the daemon asked for it back (a ``drop``): release soon.
     DROPPING = "dropping"
-    #: A release is out whose answer decides what happens (a cancelled wait, whose grant may
-    #: cross it; a release with ``evict_first``, answered ``released`` or ``drop``). Nothing is
-    #: asked meanwhile, and a grant read meanwhile is one that crossed the release.
     RELEASING = "releasing"
 
     __hash__ = object.__hash__
@@ -45,6 +36,20 @@ class Hold(Enum):
     def holds(self) -> bool:
         """The GPU is this client's (to use, or to give back)."""
         return self is Hold.HOLDING or self is Hold.DROPPING
+
+
+#: What each state means.
+MEANING: Final[dict[Hold, str]] = {
+    Hold.IDLE: "nothing asked, nothing held",
+    Hold.ASKING: "an acquire (or a requeue) is out; its answer has not been read",
+    Hold.WAITING: "queued: the grant comes as an event",
+    Hold.HOLDING: "the GPU is this client's",
+    Hold.DROPPING: "still this client's, but the daemon asked for it back (a `drop`): "
+                   "release soon",
+    Hold.RELEASING: "a release is out whose answer decides what happens: a cancelled wait "
+                    "(a grant read meanwhile crossed it) or a release with `evict_first` "
+                    "(answered `released` or `drop`); nothing is asked meanwhile",
+}
 
 
 #: Every legal move, with what makes it. Anything else is a bug in a client.
@@ -60,11 +65,12 @@ MOVES: Final[dict[tuple[Hold, Hold], str]] = {
     (Hold.HOLDING, Hold.DROPPING): "drop event",
     (Hold.HOLDING, Hold.IDLE): "release sent (a plain one: the GPU changes hands at once); "
                                "revoked; the connection was lost",
-    (Hold.HOLDING, Hold.RELEASING): "release with evict_first sent",
+    (Hold.HOLDING, Hold.RELEASING): "release with evict_first sent, or a release whose answer "
+                                    "is awaited (a cancel)",
     (Hold.HOLDING, Hold.ASKING): "release with requeue sent",
     (Hold.DROPPING, Hold.HOLDING): "grant event: the drop is withdrawn (mode off)",
     (Hold.DROPPING, Hold.IDLE): "release sent; revoked; the connection was lost",
-    (Hold.DROPPING, Hold.RELEASING): "release with evict_first sent",
+    (Hold.DROPPING, Hold.RELEASING): "likewise",
     (Hold.DROPPING, Hold.ASKING): "release with requeue sent",
     (Hold.RELEASING, Hold.IDLE): "its answer: released (or an error); the connection was lost",
     (Hold.RELEASING, Hold.DROPPING): "its answer: drop (evict_first and the room is needed): "

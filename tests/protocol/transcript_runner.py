@@ -24,19 +24,24 @@ A transcript (``transcripts/*.jsonl``) is one JSON object a line, each a step:
   ``position`` and ``paused``: what the client reports after it, when given.
 - ``include``: the steps of another transcript, here.
 
-``run`` takes any ``Implementation``: ``PythonSession`` drives ``ClientSession``; the shim's
-comm thread can be driven the same way through ctypes once it exposes what ``Implementation``
-needs (docs/protocol.md, "Conformance").
+``run`` takes any ``Implementation``: ``PythonSession`` drives ``ClientSession``, ``ShimSession``
+the shim's C client through the conformance entry points docs/protocol.md ("Conformance")
+names, in a process of its own:
+
+    python tests/protocol/transcript_runner.py --shim LIBRARY [TRANSCRIPT...]
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
 from nodeside.protocol import encode
 from nodeside.protocol.client_session import ClientSession
+from nodeside.protocol.hold import Hold
 
 HERE = Path(__file__).parent / "transcripts"
 #: What ``connect`` registers with, for implementations that take it from the runner.
@@ -84,6 +89,47 @@ class PythonSession:
 
 class TranscriptFailed(AssertionError):
     pass
+
+
+#: What the shim's C client must export for the transcripts (docs/protocol.md, "Conformance").
+SHIM_ENTRY_POINTS = ("kiwi_conformance_reset", "kiwi_conformance_call",
+                     "kiwi_conformance_receive", "kiwi_conformance_sent", "kiwi_hold_state",
+                     "kiwi_conformance_position", "kiwi_conformance_paused")
+
+
+class ShimSession:
+    """The shim's C client, loaded with ctypes; only ever in a process of its own (``main``)."""
+
+    def __init__(self, library: str) -> None:
+        lib = self.lib = ctypes.CDLL(library)
+        lib.kiwi_conformance_call.argtypes = [ctypes.c_char_p]
+        lib.kiwi_conformance_receive.argtypes = [ctypes.c_char_p]
+        lib.kiwi_conformance_sent.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.kiwi_conformance_sent.restype = ctypes.c_size_t
+        lib.kiwi_conformance_reset()
+
+    def call(self, name: str) -> None:
+        if self.lib.kiwi_conformance_call(name.encode()) != 0:
+            raise TranscriptFailed(f"the shim knows no call {name!r}")
+
+    def receive(self, line: bytes) -> None:
+        self.lib.kiwi_conformance_receive(line.rstrip(b"\n"))
+
+    def take_sent(self) -> list[dict[str, Any]]:
+        out = ctypes.create_string_buffer(1 << 16)
+        length = self.lib.kiwi_conformance_sent(out, len(out))
+        if length >= len(out):
+            raise TranscriptFailed(f"the shim sent {length} bytes in one step")
+        return [json.loads(line) for line in out.value.splitlines()]
+
+    def state(self) -> str:
+        return list(Hold)[self.lib.kiwi_hold_state()].name  # protocol.h's enum, in Hold's order
+
+    def position(self) -> int | None:
+        return self.lib.kiwi_conformance_position() or None
+
+    def paused(self) -> bool:
+        return bool(self.lib.kiwi_conformance_paused())
 
 
 def steps(name: str) -> list[tuple[str, int, dict[str, Any]]]:
@@ -164,3 +210,31 @@ def _match(message: dict[str, Any], pattern: dict[str, Any],
     extra = set(message) - set(pattern) - {"seq"}
     if extra and not loose:
         raise TranscriptFailed(f"{message} carries {sorted(extra)} besides the pattern's keys")
+
+
+def main(argv: list[str]) -> int:
+    """``--shim LIBRARY [TRANSCRIPT...]``: run the transcripts (all but the building blocks,
+    when none is named) against the shim, each from a fresh reset; exit 1 if one fails, 3 if the
+    library lacks the entry points."""
+    library, names = argv[1], argv[2:] or [p.name for p in sorted(HERE.glob("*.jsonl"))]
+    exported = ctypes.CDLL(library)
+    missing = [name for name in SHIM_ENTRY_POINTS if not hasattr(exported, name)]
+    if missing:
+        print(f"the shim exports none of {missing}", file=sys.stderr)
+        return 3
+    failed = 0
+    for name in names:
+        try:
+            run(name, ShimSession(library))
+        except TranscriptFailed as failure:
+            failed += 1
+            print(f"FAILED {failure}", file=sys.stderr)
+        else:
+            print(f"ok {name}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--shim"] or len(sys.argv) < 3:
+        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...]")
+    sys.exit(main(sys.argv[1:]))

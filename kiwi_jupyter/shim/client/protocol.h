@@ -143,11 +143,19 @@ static inline bool kiwi_error_fatal(const char *code)
 /* ---- the client's hold (nodeside/protocol/hold.py) ------------------------------------------- */
 
 enum kiwi_hold_state {
+    /* nothing asked, nothing held */
     KIWI_HOLD_IDLE,
+    /* an acquire (or a requeue) is out; its answer has not been read */
     KIWI_HOLD_ASKING,
+    /* queued: the grant comes as an event */
     KIWI_HOLD_WAITING,
+    /* the GPU is this client's */
     KIWI_HOLD_HOLDING,
+    /* still this client's, but the daemon asked for it back (a drop): release soon */
     KIWI_HOLD_DROPPING,
+    /* a release is out whose answer decides what happens: a cancelled wait (a grant read
+     * meanwhile crossed it) or a release with evict_first (answered released or drop);
+     * nothing is asked meanwhile */
     KIWI_HOLD_RELEASING,
 };
 #define KIWI_HOLD_STATES 6
@@ -193,7 +201,8 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
          * connection was lost */
         /* -> ASKING: release with requeue sent */
         /* -> DROPPING: drop event */
-        /* -> RELEASING: release with evict_first sent */
+        /* -> RELEASING: release with evict_first sent, or a release whose answer is awaited
+         * (a cancel) */
         return to == KIWI_HOLD_IDLE ||
                to == KIWI_HOLD_ASKING ||
                to == KIWI_HOLD_DROPPING ||
@@ -202,7 +211,7 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
         /* -> IDLE: release sent; revoked; the connection was lost */
         /* -> ASKING: release with requeue sent */
         /* -> HOLDING: grant event: the drop is withdrawn (mode off) */
-        /* -> RELEASING: release with evict_first sent */
+        /* -> RELEASING: likewise */
         return to == KIWI_HOLD_IDLE ||
                to == KIWI_HOLD_ASKING ||
                to == KIWI_HOLD_HOLDING ||

@@ -102,6 +102,9 @@ def _holds() -> list[str]:
     lines = _section("the client's hold (nodeside/protocol/hold.py)")
     lines.append("enum kiwi_hold_state {")
     for state in states:
+        meaning = hold.MEANING[state].replace("`", "") + " */"
+        lines += textwrap.wrap(meaning, 92, initial_indent="    /* ",
+                               subsequent_indent="     * ")
         lines.append(f"    KIWI_HOLD_{state.name},")
     lines += ["};", f"#define KIWI_HOLD_STATES {len(states)}", ""]
     lines += ["static inline const char *kiwi_hold_state_name(enum kiwi_hold_state state)", "{",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nodeside.protocol import document as d
+from nodeside.protocol import hold
 from nodeside.protocol import messages as m
 
 _TYPE_WORDS = {"list": "list of str"}
@@ -86,6 +87,15 @@ def document() -> str:
     return "".join(out)[:-1]
 
 
+def holds() -> str:
+    """A client's hold states, then every legal move between them."""
+    states = _table(("state", "meaning"), [(f"`{h.name}`", hold.MEANING[h]) for h in hold.Hold])
+    moves = _table(("from", "to", "when"),
+                   [(f"`{a.name}`", f"`{b.name}`", why) for (a, b), why in hold.MOVES.items()])
+    return f"{states}\n{moves}"
+
+
 def blocks() -> dict[str, str]:
     return {"requests": requests(), "replies": replies(), "events": events(),
-            "errors": errors(), "reasons": reasons(), "document": document()}
+            "errors": errors(), "reasons": reasons(), "document": document(),
+            "holds": holds()}
