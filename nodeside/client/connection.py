@@ -137,6 +137,8 @@ class Connection(SocketLending):
             deadline = time.monotonic() + self.request_timeout
         self._await_connection(deadline)
         with self._cond:
+            if self._closed:
+                raise ConnectionError("the client was closed")
             if not self._connected:  # lost again since
                 raise ConnectionError(self._unreachable())
             seq = self._session.request(op, **fields)
