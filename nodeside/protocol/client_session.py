@@ -30,7 +30,7 @@ from typing import Any
 from nodeside import __version__
 from nodeside.protocol import events as ev
 from nodeside.protocol import names as p
-from nodeside.protocol.hold import Hold, IllegalMove, legal
+from nodeside.protocol.hold import MOVES, Hold, IllegalMove
 from nodeside.protocol.wire import LineBuffer, decode, encode
 
 #: What a client says in hello about itself.
@@ -102,6 +102,8 @@ class ClientSession:
         return self.state is Hold.WAITING or (self.state is Hold.ASKING and self._ask_seq is None)
 
     def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
         out, self._out = b"".join(self._out), []
         return out
 
@@ -238,7 +240,7 @@ class ClientSession:
     # -- internals ------------------------------------------------------------------------
 
     def _move(self, to: Hold) -> None:
-        if not legal(self.state, to):
+        if (self.state, to) not in MOVES:
             raise IllegalMove(self.state, to)
         self.state = to
 

@@ -10,8 +10,12 @@ Markdown file keeps its prose: only the text between a pair of markers is replac
     ...
     <!-- end generated: NAME -->
 
-where NAME is one of the blocks ``render.markdown.BLOCKS`` makes. ``make lint`` runs the check,
+where NAME is one of the blocks ``render.markdown.blocks`` makes. ``make lint`` runs the check,
 and so does a test.
+
+The package imports ``names.py`` itself, so a change to the table that ``wire`` needs before the
+names exist (a new entry of ``names.REQUEST_FIELDS``'s kind) is generated in two steps: add the
+entry, generate, then use the new name.
 """
 
 from __future__ import annotations

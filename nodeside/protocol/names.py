@@ -57,6 +57,28 @@ PING: Final = "ping"
 REQUESTS: Final = frozenset({
     HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, STATUS, SET_MODE, SET_TQ, PING
 })
+#: Each request's fields as (name, type, required), the types those of messages.TYPES: what
+#: wire.check_request checks.
+REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
+    HELLO: (("version", "int", True), ("software", "str", False), ("features", "list", False)),
+    REGISTER: (
+        ("name", "str", False),
+        ("pool", "str", False),
+        ("priority", "str", False),
+        ("gpu", "int", False),
+        ("working_set", "int", False),
+        ("kind", "str", False),
+        ("labels", "object", False),
+        ("display_name", "str", False),
+        ("gpu_uuid", "str", False),
+        ("evict", "str", False),
+        ("pausable", "bool", False),
+    ),
+    RELEASE: (("evict_first", "bool", False), ("requeue", "bool", False)),
+    WORKING_SET: (("bytes", "int", True), ("evictable", "int", False)),
+    SET_MODE: (("mode", "str", True),),
+    SET_TQ: (("tq", "number", True), ("gpu", "int", False)),
+}
 
 # -- what the daemon sends: replies (with the request's seq), events (without) ---------------------
 
@@ -163,7 +185,7 @@ __all__ = [
     "FEATURE_POSITION", "GRANT", "HELLO", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE",
     "MODES", "OK", "PAUSE", "PING", "PONG", "PRIORITIES", "REASONS", "REASON_GRACE",
     "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT", "REASON_QUANTUM", "REASON_RELEASE",
-    "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE", "RELEASED", "REQUESTS", "RESUME",
-    "REVOKED", "SET_MODE", "SET_TQ", "STATUS", "STATUS_REPLY", "VERSION", "WAITING", "WELCOME",
-    "WORKING_SET"
+    "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE", "RELEASED", "REQUESTS",
+    "REQUEST_FIELDS", "RESUME", "REVOKED", "SET_MODE", "SET_TQ", "STATUS", "STATUS_REPLY",
+    "VERSION", "WAITING", "WELCOME", "WORKING_SET"
 ]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from nodeside.limits import MAX_INTEGER
-from nodeside.protocol import messages
 from nodeside.protocol.names import (
     DROP,
     E_MALFORMED,
@@ -24,11 +23,13 @@ from nodeside.protocol.names import (
     GRANT,
     MAX_REQUEST_BYTES,
     RELEASED,
+    REQUEST_FIELDS,
     REQUESTS,
     WAITING,
 )
 
-# Each field's type (messages.TYPES) as the Python types a value of it may have.
+# Each field's type (messages.TYPES) as the Python types a value of it may have. The table
+# itself (messages.py) is not imported: what the wire needs of it is generated into names.py.
 _PYTHON_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "int": (int,), "number": (int, float), "str": (str,), "bool": (bool,), "list": (list,),
     "object": (dict,)}
@@ -204,12 +205,12 @@ def check_request(message: dict[str, Any]) -> None:
             raise ProtocolError(E_MALFORMED, f"{op}: field {name!r} must be {want}")
 
 
-# (field, accepted types, required) per request, from the table. Range checks (a known mode, a
-# positive TQ) are the daemon's business and answered with E_INVALID, which does not close the
-# connection.
+# (field, accepted types, required) per request, from the table (names.REQUEST_FIELDS). Range
+# checks (a known mode, a positive TQ) are the daemon's business and answered with E_INVALID,
+# which does not close the connection.
 _FIELDS: Final[dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]]] = {
-    request.op: tuple((f.name, _PYTHON_TYPES[f.type], f.required) for f in request.fields)
-    for request in messages.requests() if request.fields}
+    op: tuple((name, _PYTHON_TYPES[kind], required) for name, kind, required in fields)
+    for op, fields in REQUEST_FIELDS.items()}
 
 
 @dataclass

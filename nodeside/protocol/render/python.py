@@ -95,10 +95,23 @@ def render() -> str:
         lines += _constant(message.const, message.op, f"Answered with {message.doc}")
     lines += _wrapped("REQUESTS: Final = frozenset({", ", ".join(r.const for r in requests),
                       "})")
+    lines += _comment("Each request's fields as (name, type, required), the types those of "
+                      "messages.TYPES: what wire.check_request checks.")
+    lines.append("REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {")
+    for message in requests:
+        if not message.fields:
+            continue
+        fields = [f'("{f.name}", "{f.type}", {f.required})' for f in message.fields]
+        one = f"    {message.const}: ({', '.join(fields)}{',' if len(fields) == 1 else ''}),"
+        if len(one) <= 100:
+            lines.append(one)
+        else:
+            lines += [f"    {message.const}: (", *(f"        {f}," for f in fields), "    ),"]
+    lines.append("}")
     lines += _rule("what the daemon sends: replies (with the request's seq), events (without)")
     for message in m.daemon_messages():
         lines += _constant(message.const, message.op, f"{answered(message)}: {message.doc}.")
-    names += [msg.const for msg in m.MESSAGES] + ["REQUESTS"]
+    names += [msg.const for msg in m.MESSAGES] + ["REQUESTS", "REQUEST_FIELDS"]
 
     lines += _group("error codes", m.ERRORS, "FATAL_ERRORS",
                     "The codes after which the daemon closes the connection: the peer is not "
