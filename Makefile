@@ -80,9 +80,13 @@ sanitize: install
 	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 
+## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
+## and from the daemon's status document (the panel's fixture) read what those make now.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python -m nodeside.protocol.generate --check
+	$(BIN)/python tests/status_fixtures.py --check
 
 ## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
 ## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their

@@ -22,6 +22,7 @@ from kiwi_jupyter.server.link import DaemonLink
 from kiwi_jupyter.server.nvml import GpuReadings
 from kiwi_jupyter.server.terminals import keep_on_terminal_path, with_on_path
 from kiwi_jupyter.server.watch import StatusWatch
+from nodeside.client.backoff import Backoff
 from nodeside.protocol import DEFAULT_SOCKET, MODES
 
 
@@ -208,18 +209,19 @@ class KiwiExtension(ExtensionApp):
 
     async def _watch_embedded(self) -> None:
         """Restart the embedded scheduler whenever it dies, backing off if it keeps dying."""
-        backoff = 0.0
+        restarts, extra = Backoff(1.0, 30.0), 0.0
         while self.embedded is not None:
-            await asyncio.sleep(self.watch_interval + backoff)
+            await asyncio.sleep(self.watch_interval + extra)
             try:
                 if await self.embedded.restart_if_dead():
-                    backoff = min(30.0, backoff * 2 or 1.0)
+                    extra = restarts.next()
                     self.log.info("Kiwi: embedded scheduler restarted (pid %s)", self.embedded.pid)
                 else:
-                    backoff = 0.0
+                    restarts.reset()
+                    extra = 0.0
             except Exception:  # noqa: BLE001 - keep watching: the next round tries again
                 self.log.exception("Kiwi: could not restart the embedded scheduler")
-                backoff = min(30.0, backoff * 2 or 1.0)
+                extra = restarts.next()
 
     def _scheduler_options(self) -> list[str]:
         options: list[str] = []

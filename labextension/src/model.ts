@@ -16,22 +16,6 @@ import {
   SchedulerMode
 } from './tokens';
 
-/**
- * One hold in the scheduler's own history of a GPU (`recent_holders` in the status document):
- * times are seconds before the document was made, `ended` null while it still holds.
- */
-export interface IHeldSpan {
-  client: string;
-  name: string;
-  display_name?: string | null;
-  user?: string | null;
-  started: number;
-  ended: number | null;
-}
-
-/** A GPU of the status document with the scheduler's holder history (absent from older daemons). */
-type GpuWithHistory = IGpuStatus & { recent_holders?: IHeldSpan[] };
-
 /** Where this notebook's kernel stands with the GPU. */
 export type KernelStanding =
   | { kind: 'unreachable' }
@@ -185,7 +169,7 @@ export class KiwiModel {
     this._document = document;
     this._receivedAt = now;
     this._clientsById = new Map((document.clients ?? []).map(c => [c.id, c]));
-    const gpus: GpuWithHistory[] = document.reachable ? document.gpus ?? [] : [];
+    const gpus: IGpuStatus[] = document.reachable ? document.gpus ?? [] : [];
     if (gpus.length > 0 && gpus.every(gpu => Array.isArray(gpu.recent_holders))) {
       this._takeHistory(gpus, now);
     } else {
@@ -302,8 +286,10 @@ export class KiwiModel {
       return session;
     }
     const known = client ?? this._lastPeople.get(clientId);
+    // The daemon sends the name itself as the display name of a client that registered none.
+    const displayName = known?.display_name !== name ? known?.display_name : null;
     const label =
-      known?.display_name ||
+      displayName ||
       // A kernel we know nothing more of (another user's, or started outside this server):
       // its full uuid is noise, the first group is enough to tell kernels apart.
       (UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name);
@@ -374,7 +360,7 @@ export class KiwiModel {
    * The timeline from the scheduler's own history: the same in every tab and after a reload,
    * and with holds no document showed (one that began and ended between two of them).
    */
-  private _takeHistory(gpus: GpuWithHistory[], now: number): void {
+  private _takeHistory(gpus: IGpuStatus[], now: number): void {
     this._open.clear();
     this._timeline = gpus.flatMap(gpu =>
       (gpu.recent_holders ?? []).map(span => {

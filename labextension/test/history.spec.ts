@@ -1,4 +1,5 @@
-import { IHeldSpan, KiwiModel } from '../src/model';
+import { KiwiModel } from '../src/model';
+import type { IHeldSpan } from '../src/tokens';
 import { KERNEL_A, KERNEL_B, statusWith } from './documents';
 
 /** A status document whose GPU carries the scheduler's own holder history. */
