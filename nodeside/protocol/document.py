@@ -6,8 +6,9 @@ The panel's TypeScript types are generated from this table (``generate``), and a
 ``build_status`` returns to it, so the three cannot drift apart.
 
 Types are those of ``messages.TYPES``, plus ``list[<part>]`` for a list of one of the parts
-below and ``list[str]``. ``contract`` keys are the ones docs/interfaces.md section 5 fixes: the panel may
-count on them; the others are ours and may be absent from an older daemon.
+below and ``list[str]``. ``contract`` keys are the ones docs/interfaces.md section 5 fixes: the
+panel may count on them; ``always`` keys are ours but always there with their part; the others
+are ours and may be absent from an older daemon.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Final
 
 from nodeside.protocol.messages import EVICTORS, MODES, PRIORITIES
 
-__all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MODES", "PARTS", "POOL", "POOL_GPU",
-           "Key", "Part", "part"]
+__all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MODES", "PARTS", "POOL",
+           "POOL_GPU", "Key", "Part", "part"]
 
 
 @dataclass(frozen=True)
