@@ -157,15 +157,18 @@ export class KiwiPanel extends Widget {
     }
     section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
 
-    const memoryText = describeMemory(gpu.memoryUsed, gpu.memoryTotal, this._trans);
-    if (memoryText !== null) {
-      section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
-    }
-    if (gpu.memoryFraction !== null) {
-      section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));
-    }
     if (gpu.memory !== null) {
+      // The scheduler says where each kernel's memory is: one bar, split by kernel, in place
+      // of the used-of-total line (NVML's own figures still show under "Device").
       section.append(this._residentMemory(gpu.memory));
+    } else {
+      const memoryText = describeMemory(gpu.memoryUsed, gpu.memoryTotal, this._trans);
+      if (memoryText !== null) {
+        section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
+      }
+      if (gpu.memoryFraction !== null) {
+        section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));
+      }
     }
 
     const queue = el('ol', 'jp-Kiwi-queue');
