@@ -43,8 +43,8 @@ def keeps_memory(document: dict[str, Any]) -> bool:
 
 def residency_word(client: dict[str, Any]) -> str:
     """``on GPU``, ``moving out``, ``in host memory`` or ``moving in``; empty when not said."""
-    residency = client.get("residency")
-    return RESIDENCY_WORDS.get(residency, residency or "")
+    residency = str(client.get("residency") or "")
+    return RESIDENCY_WORDS.get(residency, residency)
 
 
 def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = None,

@@ -96,9 +96,9 @@ class StatusTable:
             )
             if gpu.get("evict_blocked"):
                 lines.append(f"GPU {gpu['index']} grants nobody: {gpu['evict_blocked']}")
-            memory = gpu_memory_words(gpu)
-            if memory is not None:
-                lines.append(f"GPU {gpu['index']} memory: {memory}")
+            resident = gpu_memory_words(gpu)
+            if resident is not None:
+                lines.append(f"GPU {gpu['index']} memory: {resident}")
         for client in self.document.get("clients", []):
             waiting = waiting_for_words(client, self.document, NAME_WIDTH)
             if waiting is not None:
