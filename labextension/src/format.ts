@@ -205,6 +205,20 @@ export function describeClientMemory(residentBytes: number, hostBytes: number, t
   return trans.__('%1 on GPU, %2 in host memory', formatBytes(residentBytes), formatBytes(hostBytes));
 }
 
+/** Where a kernel's memory figures come from, for the figures' tooltip. */
+export function describeMemorySource(source: string | null, trans: TranslationBundle): string {
+  switch (source) {
+    case 'shim':
+      return trans.__("as the kernel's CUDA shim reports them");
+    case 'nvml':
+      return trans.__('as NVML reads the process (more than the kernel reported)');
+    case 'working_set':
+      return trans.__('the working set the kernel declared (nothing measured yet)');
+    default:
+      return trans.__('source not said');
+  }
+}
+
 /** What a waiting kernel waits for: "waiting for nbA.ipynb to move 24.0 GiB to host memory". */
 export function describeWaitingFor(
   waiting: { label: string; bytes: number; action: WaitingAction },

@@ -63,6 +63,8 @@ export interface IMemoryShare {
   residency: Residency;
   residentBytes: number;
   hostBytes: number;
+  /** Where the figures come from: 'shim', 'nvml' or 'working_set'; null when not said. */
+  source: string | null;
   waitingFor: IWaitingForView | null;
 }
 
@@ -397,6 +399,7 @@ export class KiwiModel {
         residency: client.residency,
         residentBytes: client.resident_bytes ?? 0,
         hostBytes: client.host_bytes ?? 0,
+        source: client.memory_source ?? null,
         waitingFor: this._waitingForOf(client)
       });
     }

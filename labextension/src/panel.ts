@@ -11,6 +11,7 @@ import { el } from './dom';
 import {
   describeClientMemory,
   describeMemory,
+  describeMemorySource,
   describePool,
   describeResidency,
   describeResidentMemory,
@@ -239,6 +240,7 @@ export class KiwiPanel extends Widget {
         el('div', 'jp-Kiwi-detail jp-Kiwi-memoryFigures', describeClientMemory(kernel.residentBytes, kernel.hostBytes, this._trans))
       );
       item.dataset.clientId = kernel.clientId;
+      item.title = describeMemorySource(kernel.source, this._trans);
       if (kernel.mine) {
         item.classList.add('jp-Kiwi-mine');
       }

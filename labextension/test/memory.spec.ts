@@ -7,6 +7,7 @@
 
 import {
   describeClientMemory,
+  describeMemorySource,
   describeResidency,
   describeResidentMemory,
   describeWaitingFor
@@ -37,6 +38,11 @@ describe('the model: a GPU memory split by kernel', () => {
       ['nbC.ipynb', 'resident', 0, 0],
       ['nbD.ipynb', 'evicted', 0, 20]
     ]);
+  });
+
+  it('says where each kernel\'s figures come from', () => {
+    expect(memoryOfGpu0().memory!.kernels.map(k => k.source)).toEqual(['shim', 'nvml', 'working_set', 'shim']);
+    expect(describeMemorySource('nvml', trans)).toBe('as NVML reads the process (more than the kernel reported)');
   });
 
   it('has the totals against the capacity and the host budget', () => {
