@@ -4,7 +4,7 @@ non-admin may see, and the daemon's one rule for "below its guarantee"."""
 from __future__ import annotations
 
 import pytest
-from status_fixtures import sample_status
+from status_fixtures import memory_status, sample_status
 
 from nodeside.config import from_mapping
 from nodeside.protocol import document
@@ -100,13 +100,23 @@ def test_configured_pools_is_empty_when_the_config_has_no_pools():
     assert build_status(s, 0.0)["configured_pools"] == []
 
 
-def test_every_key_build_status_makes_is_in_the_documents_table():
-    doc = sample_status()
-    assert set(doc) <= {k.name for k in document.DOCUMENT.keys}
+def follows_the_table(part: document.Part, entry: dict) -> None:
+    keys = {k.name: k for k in part.keys}
+    assert set(entry) <= set(keys), set(entry) - set(keys)
+    for name, value in entry.items():
+        if keys[name].values and value is not None:
+            assert value in keys[name].values, (name, value)
+
+
+@pytest.mark.parametrize("doc", [sample_status(), memory_status()], ids=["sample", "memory"])
+def test_every_key_of_the_views_samples_is_in_the_documents_table(doc: dict):
+    follows_the_table(document.DOCUMENT, doc)
     for gpu in doc["gpus"]:
-        assert set(gpu) <= {k.name for k in document.GPU.keys}
+        follows_the_table(document.GPU, gpu)
     for client in doc["clients"]:
-        assert set(client) <= {k.name for k in document.CLIENT.keys}
+        follows_the_table(document.CLIENT, client)
+        if client.get("waiting_for"):
+            follows_the_table(document.WAITING_FOR, client["waiting_for"])
 
 
 def test_the_memory_keys_are_there_exactly_when_the_scheduler_keeps_resident_memory():
