@@ -40,7 +40,7 @@ static bool connect_and_register(void)
     while (kiwi_link_up() && !kiwi_session_ready()) {
         if (kiwi_link_next_line(line, sizeof line)) {
             kiwi_comm_handle_line(line);
-            if (kiwi_session_welcomed() != welcomed) {
+            if (!welcomed && kiwi_session_welcomed()) {
                 welcomed = true;
                 deadline = kiwi_now() + 5.0;
             }
@@ -48,12 +48,9 @@ static bool connect_and_register(void)
         }
         double left = deadline - kiwi_now();
         if (left <= 0) {
-            if (!welcomed)
-                kiwi_link_close("no welcome from the daemon");
-            else {
+            if (welcomed)
                 kiwi_warn("the daemon did not register this process: no answer");
-                kiwi_link_close("registration refused");
-            }
+            kiwi_link_close(welcomed ? "registration refused" : "no welcome from the daemon");
             return false;
         }
         kiwi_link_fill(left);

@@ -15,6 +15,9 @@
 
 #include "client.h"
 
+#define KIWI_DIGITS(number) #number
+#define KIWI_TEXT(number) KIWI_DIGITS(number)
+
 static enum { CLOSED, GREETING, REGISTERING, READY } phase;
 static unsigned next_seq;
 static unsigned register_seq;
@@ -56,8 +59,9 @@ void kiwi_session_connect(void)
     phase = GREETING;
     /* Asking for position events costs nothing on the hot path (the daemon coalesces them)
      * and lets the waiting line show the place in the queue without asking for the status. */
-    send_line("{\"op\":\"" KIWI_OP_HELLO "\",\"version\":1,\"software\":\"kiwi-shim "
-              KIWI_SHIM_VERSION "\",\"features\":[\"" KIWI_FEATURE_POSITION "\"]}");
+    send_line("{\"op\":\"" KIWI_OP_HELLO "\",\"version\":" KIWI_TEXT(KIWI_PROTOCOL_VERSION)
+              ",\"software\":\"kiwi-shim " KIWI_SHIM_VERSION "\",\"features\":[\""
+              KIWI_FEATURE_POSITION "\"]}");
 }
 
 void kiwi_session_closed(void)
