@@ -82,14 +82,18 @@ KIWI_EXPORT int kiwi_conformance_call(const char *call)
     } else if (strcmp(call, "ask") == 0) { /* as kiwi_shim_acquire, then the comm thread */
         set_wish(true);
         kiwi_ask_if_wanted();
-    } else if (strcmp(call, "release") == 0 || strcmp(call, "cancel") == 0) {
+    } else if (strcmp(call, "release") == 0) {
         /* As a cell's end: a hold is given back (the sequence's last step), a request taken
-         * back; a cancel takes back a request only. */
+         * back. */
         set_wish(false);
-        if (call[0] == 'r' && holds())
+        if (holds())
             kiwi_release_finish();
         else
             kiwi_ask_cancel();
+    } else if (strcmp(call, "cancel") == 0) { /* a request only: the shim gives a hold back
+                                                 through its release sequence */
+        set_wish(false);
+        kiwi_ask_cancel();
     } else if (strcmp(call, "yield") == 0) {
         set_wish(false);
         if (holds())
