@@ -9,8 +9,9 @@ A transcript (``transcripts/*.jsonl``) is one JSON object a line, each a step:
 
 - ``call``: the client's caller does something: ``connect`` (a new connection; the client
   says hello), ``lost`` (the connection ended), ``ask`` (wants the GPU), ``release`` (gives it
-  back, or takes back a request), ``cancel`` (takes back and waits for the answer), ``yield``
-  (releases of its own accord with ``evict_first``), ``requeue``.
+  back, or takes back a request), ``cancel`` (takes back a request and waits for the answer;
+  the shim gives a hold back only through ``release``, so transcripts cancel requests only),
+  ``yield`` (releases of its own accord with ``evict_first``), ``requeue``.
 - ``receive``: one line from the daemon, written as the object it encodes. A string value
   ``"$name"`` is a seq bound earlier; when the client sent that request without a seq, the key
   is left out, as the daemon would.
