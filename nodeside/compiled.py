@@ -43,6 +43,7 @@ from types import ModuleType
 MODULES: tuple[str, ...] = (
     "nodeside.protocol",
     "nodeside.limits",
+    "nodeside.model",
     "nodeside.scheduler.access",
     "nodeside.scheduler.actions",
     "nodeside.scheduler.aside",

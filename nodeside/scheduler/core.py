@@ -37,6 +37,7 @@ from collections.abc import Iterable
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
+from nodeside.model import Pool
 from nodeside.scheduler.actions import (
     Action,
     Drop,
@@ -49,7 +50,7 @@ from nodeside.scheduler.actions import (
 )
 from nodeside.scheduler.controls import Controls
 from nodeside.scheduler.policies import POLICIES
-from nodeside.scheduler.pools import Pool, preemption_off_reason
+from nodeside.scheduler.pools import preemption_off_reason
 from nodeside.scheduler.state import (
     PRIORITY_RANK,
     Client,

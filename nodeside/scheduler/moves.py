@@ -12,10 +12,11 @@ from __future__ import annotations
 import itertools
 
 from nodeside.config import SchedulerConfig
+from nodeside.model import Pool
 from nodeside.scheduler import room
 from nodeside.scheduler.actions import Action, Drop, Grant
 from nodeside.scheduler.choosing import PoolsPolicy
-from nodeside.scheduler.pools import Pool, preemption_enabled
+from nodeside.scheduler.pools import preemption_enabled
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 
 
