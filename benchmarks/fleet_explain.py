@@ -176,7 +176,8 @@ class Explain:
         las = policy if isinstance(policy, InteractivePolicy) else None
         if policy.over_maximum(gpu, waiter.pool, replay.now):
             return "pool at its maximum"
-        if policy.holds_back(gpu, waiter, replay.now):
+        light_first = policy.light_first
+        if light_first is not None and light_first.holds_back(gpu, waiter, replay.now):
             return HELD_BACK
         if nxt is None or nxt.id == waiter.id:
             holder = next(iter(gpu.holders.values()), None)
