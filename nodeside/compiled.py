@@ -38,10 +38,12 @@ from pathlib import Path
 from types import ModuleType
 
 #: The modules mypyc compiles: the wire format, the bounds, the scheduler core and the daemon's
-#: per-request path (a connection's turn, its session, its requests, carrying out what they
-#: return, delivering actions). Not anything a client, a kernel or kiwictl needs on its own.
+#: per-request path (a connection's turn, its session, its requests, the router carrying out
+#: what they return, delivering actions past the checkpoint evictor's lines, the timers). Not
+#: anything a client, a kernel or kiwictl needs on its own.
 MODULES: tuple[str, ...] = (
-    "nodeside.protocol",
+    "nodeside.protocol.names",
+    "nodeside.protocol.wire",
     "nodeside.limits",
     "nodeside.model",
     "nodeside.scheduler.access",
@@ -51,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.clients",
     "nodeside.scheduler.controls",
     "nodeside.scheduler.core",
+    "nodeside.scheduler.history",
     "nodeside.scheduler.interactive",
     "nodeside.scheduler.light",
     "nodeside.scheduler.light_first",
@@ -67,7 +70,6 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.room",
     "nodeside.scheduler.state",
     "nodeside.scheduler.status",
-    "nodeside.scheduler.switching",
     "nodeside.scheduler.taking_turns",
     "nodeside.scheduler.turns",
     "nodeside.scheduler.view",
@@ -79,9 +81,13 @@ MODULES: tuple[str, ...] = (
     "nodeside.daemon.positions",
     "nodeside.daemon.registration",
     "nodeside.daemon.requests",
+    "nodeside.daemon.router",
     "nodeside.daemon.server",
     "nodeside.daemon.session",
+    "nodeside.daemon.shell",
     "nodeside.daemon.status_line",
+    "nodeside.daemon.timers",
+    "nodeside.evict.lines",
 )
 #: mypyc's group: its shared library is ``nodeside/core__mypyc.<suffix>``.
 GROUP = "nodeside.core"

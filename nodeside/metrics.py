@@ -21,14 +21,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from nodeside.daemon.options import DaemonError
-from nodeside.daemon.server import Daemon
+from nodeside.errors import DaemonError
 from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
 from nodeside.scheduler.pools import entitlements
 
@@ -196,7 +196,19 @@ class Metrics:
             writer.close()
 
 
-async def serve_metrics(daemon: Daemon, port: int, address: str = "0.0.0.0") -> Metrics:
+class Observed(Protocol):
+    """What the metrics need of the running daemon (``nodeside.daemon.server.Daemon``), named
+    here so that this module never imports the daemon that imports it."""
+
+    scheduler: Scheduler
+    handoff_observers: list[Callable[[float], None]]
+    action_observers: list[Callable[[list[Action], float], None]]
+    closers: list[Callable[[], None]]
+
+    def now(self) -> float: ...
+
+
+async def serve_metrics(daemon: Observed, port: int, address: str = "0.0.0.0") -> Metrics:
     """Wire metrics into a daemon and serve them on ``address:port`` (``--metrics-port``)."""
     metrics = Metrics(lambda: daemon.scheduler, clock=daemon.now)
     daemon.handoff_observers.append(metrics.handoff.observe)

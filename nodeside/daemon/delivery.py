@@ -1,9 +1,12 @@
 """The scheduler's actions, delivered to the clients they name: grants, drops, revocations,
 and the pauses and resumes of holders taking turns.
 
-The one place that turns an action into the line its client reads, logs what admins look for
-(preemptions, revocations) and feeds the metrics' observers. A grant's line is cached: it is
-the same few bytes every time, and encoding it would be work in the middle of a handoff.
+The one place that turns an action into the line its client reads (sent through the router),
+logs what admins look for (preemptions, revocations) and feeds the metrics' observers. While
+anyone is checkpointed, actions pass the evictor's lines on the way (``nodeside.evict.lines``):
+what they let go is sent, the jobs they ask for are started, and what they let go after a job
+comes back here. A grant's line is cached: it is the same few bytes every time, and encoding it
+would be work in the middle of a handoff.
 """
 
 from __future__ import annotations
@@ -11,14 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
 from nodeside.daemon import hostmem
+from nodeside.daemon.router import Router
+from nodeside.evict.evictor import CheckpointEvictor
+from nodeside.evict.lines import Checkpoint, Job, Restore
 from nodeside.scheduler.core import Action, Drop, Grant, Pause, Released, Resume, Revoke, Scheduler
-
-if TYPE_CHECKING:
-    from nodeside.daemon.connection import Connection
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -27,32 +29,31 @@ _GRANT_LINES = 64
 
 
 class Delivery:
-    def __init__(self, scheduler: Scheduler, clock: Callable[[], float]) -> None:
+    def __init__(self, scheduler: Scheduler, router: Router, clock: Callable[[], float],
+                 evictor: CheckpointEvictor | None = None) -> None:
         self.scheduler = scheduler
+        self.router = router
         self.clock = clock
-        #: The connection of each registered client, by client id.
-        self.by_client: dict[str, Connection] = {}
+        #: Starts the jobs the lines ask for; None: nobody is ever checkpointed.
+        self.evictor = evictor
+        self.lines = evictor.lines if evictor is not None else None
         #: Called with the seconds between a release arriving and the next grant being sent.
         self.handoff_observers: list[Callable[[float], None]] = []
         #: Called with every list of actions carried out and the time (metrics).
         self.action_observers: list[Callable[[list[Action], float], None]] = []
         self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
-        #: What may go out now of a list of actions; the rest comes back through ``apply``
-        #: later (the checkpoint evictor, which holds a grant until its GPU is free).
-        self.gate: Callable[[list[Action]], list[Action]] | None = None
 
     def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
         """Deliver every action; ``handoff_started``: when the release that led here arrived."""
         if not actions:
             return
         self.observe(actions)
-        for action in actions if self.gate is None else self.gate(actions):
-            self._send(action, handoff_started)
-
-    def resume(self, actions: list[Action]) -> None:
-        """Send what the gate held back and now lets go; observers heard of it already."""
-        for action in actions if self.gate is None else self.gate(actions):
-            self._send(action, None)
+        lines = self.lines
+        if lines is None or lines.quiet():
+            for action in actions:
+                self._send(action, handoff_started)
+        else:
+            self.carry(lines.take(actions), handoff_started)
 
     def observe(self, actions: list[Action]) -> None:
         for notify in self.action_observers:
@@ -60,21 +61,31 @@ class Delivery:
 
     def deliver(self, action: Action, handoff_started: float | None = None) -> None:
         """Deliver one action (its observers are told by ``observe``)."""
-        if self.gate is None:
+        lines = self.lines
+        if lines is None or lines.quiet():  # nobody is checkpointed: the hot path
             self._send(action, handoff_started)
         else:
-            for ready in self.gate([action]):
-                self._send(ready, handoff_started)
+            self.carry(lines.take([action]), handoff_started)
+
+    def carry(self, items: list[Action | Job], handoff_started: float | None = None) -> None:
+        """Carry out what the evictor's lines let go: send the actions, start the jobs (what
+        the lines let go after a job comes back here)."""
+        for item in items:
+            if isinstance(item, (Checkpoint, Restore)):
+                if self.evictor is not None:
+                    self.evictor.start(item, self.carry)
+            else:
+                self._send(item, handoff_started)
 
     def _send(self, action: Action, handoff_started: float | None) -> None:
-        # A Released sends nothing here: the releaser's reply is its session's; the gate
-        # needed to see it (a checkpoint to take before the next grant).
+        # A Released sends nothing here: the releaser's reply is its session's; the evictor's
+        # lines needed to see it (a checkpoint to take before the next grant).
         if type(action) is Released:
             return
-        conn = self.by_client.get(action.client)
+        conn = self.router.by_client.get(action.client)
         if isinstance(action, Grant):
             if conn is not None:
-                conn.session.told_position = None
+                conn.session.grant_sent()
                 conn.send(self._grant_line(action))
             if handoff_started is not None:
                 elapsed = time.perf_counter() - handoff_started

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nodeside.config import SchedulerConfig
-from nodeside.daemon.options import DaemonError
 from nodeside.daemon.peer import resolve_group
+from nodeside.errors import DaemonError
 
 #: The longest Unix socket path (sun_path is 108 bytes on Linux, 104 on the BSDs).
 MAX_PATH_BYTES = 103

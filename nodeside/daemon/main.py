@@ -25,8 +25,9 @@ from nodeside.config import (
 from nodeside.daemon.gpus import discover
 from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
-from nodeside.daemon.options import DaemonError, DaemonOptions
+from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.server import Daemon
+from nodeside.errors import DaemonError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """What the daemon is started with (``main.py`` builds it from the command line, the config
-file and the node), and the one error that stops it from starting.
+file and the node).
 
 Kept apart from the shell (``server.py``) that runs on them: the entry point, the metrics
 server and the benchmarks name these without the running daemon's parts.
@@ -16,10 +16,6 @@ from nodeside.config import SchedulerConfig
 from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodSource
 from nodeside.scheduler.core import GpuSpec
-
-
-class DaemonError(Exception):
-    """The daemon cannot start; the message says why."""
 
 
 @dataclass

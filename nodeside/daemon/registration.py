@@ -20,15 +20,16 @@ from nodeside.scheduler.core import Client, Scheduler
 
 
 class Registrations:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler,
+                 namespace_of: Callable[[int | None], str | None] | None = None) -> None:
         self.scheduler = scheduler
         self.by_uuid = {g.spec.uuid: i for i, g in scheduler.gpus.items() if g.spec.uuid}
         #: Label bytes per registered client, and their sum.
         self.label_bytes: dict[str, int] = {}
         self.label_bytes_total = 0
-        #: The verified namespace of a peer's pod by its pid (``kube.PodNamespaces.of``), set
-        #: by the shell; None for a peer in no pod, or one that could not be verified.
-        self.namespace_of: Callable[[int | None], str | None] = lambda pid: None
+        #: The verified namespace of a peer's pod by its pid (``kube.PodNamespaces.of``); None
+        #: for a peer in no pod, or one that could not be verified.
+        self.namespace_of: Callable[[int | None], str | None] = namespace_of or _no_namespace
 
     def register(self, peer: Peer, msg: dict[str, Any], now: float) -> Client:
         """Register ``peer`` as the request ``msg`` asks; LimitError or SchedulerError if not."""
@@ -77,6 +78,10 @@ class Registrations:
         # daemon on logical GPUs) leaves the index to decide, so it is resolved here and not
         # passed on: the scheduler would refuse a UUID it does not know.
         return index if uuid is None else self.by_uuid.get(uuid, index)
+
+
+def _no_namespace(pid: int | None) -> str | None:
+    return None
 
 
 def _optional_text(msg: dict[str, Any], key: str) -> str | None:

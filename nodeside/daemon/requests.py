@@ -1,24 +1,27 @@
 """What each request does: the node's side of every session, calling the scheduler.
 
 ``Requests`` is shared by all sessions of one daemon. Each ``_on_<op>`` takes a session, the
-checked message, its seq and the time, calls the scheduler, and returns an ``Outcome``. Values a
-peer chose are checked against ``nodeside.limits`` before the scheduler sees them. Nothing here
-does I/O; logging is the only thing it says to the world.
+checked message, its seq and the time, calls the scheduler, and returns an ``Outcome``; what it
+changes of the session (a hello's features, a registration, a position told) is in the outcome,
+for the session to take. Values a peer chose are checked against ``nodeside.limits`` before the
+scheduler sees them. Nothing here does I/O; logging is the only thing it says to the world.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nodeside import __version__, limits
 from nodeside import protocol as p
 from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
-from nodeside.daemon.session import Outcome, Session
+from nodeside.daemon.session import Outcome, Rules, Session
 from nodeside.daemon.status_line import status_line
+from nodeside.evict.evictor import CheckpointEvictor
+from nodeside.evict.lines import EvictionLines
 from nodeside.scheduler.core import (
     Action,
     Drop,
@@ -31,9 +34,6 @@ from nodeside.scheduler.core import (
 )
 from nodeside.scheduler.status import build_status
 
-if TYPE_CHECKING:
-    from nodeside.evict.evictor import CheckpointEvictor
-
 log = logging.getLogger("kiwi.daemon")
 
 #: Requests after which the scheduler's next deadline cannot have moved.
@@ -43,17 +43,20 @@ _NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING})
 _NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING})
 
 
-class Requests:
+class Requests(Rules):
     def __init__(self, scheduler: Scheduler, admin_gid: int | None,
-                 memory_used: Callable[[], Mapping[int, int | None]] = dict) -> None:
+                 memory_used: Callable[[], Mapping[int, int | None]] = dict,
+                 evictor: CheckpointEvictor | None = None,
+                 namespace_of: Callable[[int | None], str | None] | None = None) -> None:
         self.scheduler = scheduler
         self.admin_gid = admin_gid
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
-        self.registrations = Registrations(scheduler)
-        #: Who moves each process's memory off the GPU (the shell sets it): it answers
-        #: ``register`` with the evictor chosen and may hold a grant back until a restore.
-        self.evictor: CheckpointEvictor | None = None
+        self.registrations = Registrations(scheduler, namespace_of)
+        #: Who moves each process's memory off the GPU: it answers ``register`` with the
+        #: evictor chosen, and its lines may hold a grant back until a restore.
+        self.evictor = evictor
+        self.lines: EvictionLines | None = evictor.lines if evictor is not None else None
         #: Each request's handler, looked up once rather than by name on every request.
         self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
                                            Outcome]] = {
@@ -101,13 +104,13 @@ class Requests:
         if session.greeted:
             raise p.ProtocolError(p.E_MALFORMED, "hello was already said")
         asked = msg.get("features") or []
-        session.features = frozenset(f for f in asked if isinstance(f, str)) & p.FEATURES
-        session.greeted = True
+        features = frozenset(f for f in asked if isinstance(f, str)) & p.FEATURES
         return Outcome([p.encode(p.WELCOME, seq=seq, version=p.VERSION,
                                  daemon=f"kiwi-scheduler {__version__}",
                                  max_message=p.MAX_REQUEST_BYTES, mode=self.scheduler.mode,
                                  tq=self.scheduler.tq,
-                                 features=sorted(session.features) if asked else None)])
+                                 features=sorted(features) if asked else None)],
+                       features=features)
 
     def _on_register(self, session: Session, msg: dict[str, Any], seq: int | None,
                      now: float) -> Outcome:
@@ -116,8 +119,6 @@ class Requests:
         client = self.registrations.register(session.peer, msg, now)
         if self.evictor is not None:  # what it can carry out, not merely what was asked
             client.evict = self.evictor.register(client, msg.get("evict"))
-        session.client_id = client.id
-        session.label = client.name
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
                  session.peer.fd)
@@ -128,7 +129,8 @@ class Requests:
                                  mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu),
                                  pool=client.pool if client.warning else None,
                                  priority=client.priority if client.warning else None,
-                                 warning=client.warning, evict=client.evict)])
+                                 warning=client.warning, evict=client.evict)],
+                       client_id=client.id, label=client.name)
 
     def forget(self, client_id: str) -> None:
         """The client's connection is gone (the shell unregisters it from the scheduler)."""
@@ -140,9 +142,11 @@ class Requests:
                     now: float) -> Outcome:
         client_id = _registered(session)
         actions = self.scheduler.acquire(now, client_id)
-        out: list[bytes | Action] = [self._granted_or_waiting(session, actions, seq, now)]
+        reply, position = self._granted_or_waiting(client_id, actions, seq, now)
+        out: list[bytes | Action] = [reply]
         out.extend(actions)
-        return Outcome(out, gpus=(self.scheduler.clients[client_id].gpu,))
+        return Outcome(out, gpus=(self.scheduler.clients[client_id].gpu,), told=True,
+                       position=position)
 
     def _on_release(self, session: Session, msg: dict[str, Any], seq: int | None,
                     now: float) -> Outcome:
@@ -158,11 +162,12 @@ class Requests:
             # goes first.
             handed: list[Action] = self.scheduler.release(now, client_id)
             again = self.scheduler.acquire(now, client_id)
-            reply = self._granted_or_waiting(session, again, seq, now)
+            reply, position = self._granted_or_waiting(client_id, again, seq, now)
             # A pause (taking turns) for the caller follows the grant it pauses.
             own = [a for a in again if isinstance(a, (Pause, Resume)) and a.client == client_id]
             others = [a for a in again if a not in own]
-            return Outcome([*handed, *others, reply, *own], handoff=True, gpus=gpus)
+            return Outcome([*handed, *others, reply, *own], handoff=True, gpus=gpus, told=True,
+                           position=position)
         actions = self.scheduler.release(now, client_id, evict_first=evict_first)
         out: list[bytes | Action] = []
         released: list[bytes | Action] = []
@@ -185,22 +190,19 @@ class Requests:
         out.extend(released)
         return Outcome(out, handoff=True, gpus=gpus)
 
-    def _granted_or_waiting(self, session: Session, actions: list[Action], seq: int | None,
-                            now: float) -> bytes:
-        """The reply to an acquire; removes the caller's own grant from ``actions``."""
-        client_id = session.client_id
+    def _granted_or_waiting(self, client_id: str, actions: list[Action], seq: int | None,
+                            now: float) -> tuple[bytes, int | None]:
+        """The reply to an acquire and the position it tells (None: granted); removes the
+        caller's own grant from ``actions``."""
         for i, action in enumerate(actions):
             if isinstance(action, Grant) and action.client == client_id:
-                if self.evictor is not None and self.evictor.hold_back(action):
+                if self.lines is not None and self.lines.hold_back(action):
                     # It is restored (or its GPU freed) first; the grant follows as an event.
-                    session.told_position = 1
-                    return p.waiting_line(1, seq)
+                    return p.waiting_line(1, seq), 1
                 del actions[i]
-                session.told_position = None
-                return p.grant_line(action.gpu, action.quantum, seq)
-        position = self.scheduler.queue_position(client_id or "", now)
-        session.told_position = position
-        return p.waiting_line(position, seq)
+                return p.grant_line(action.gpu, action.quantum, seq), None
+        position = self.scheduler.queue_position(client_id, now)
+        return p.waiting_line(position, seq), position
 
     def _on_working_set(self, session: Session, msg: dict[str, Any], seq: int | None,
                         now: float) -> Outcome:
@@ -221,11 +223,10 @@ class Requests:
     def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
         """The status document as ``viewer`` may see it (None: everything, for metrics)."""
         if viewer is None:
-            doc = build_status(self.scheduler, now, self.memory_used())
-        else:
-            doc = build_status(self.scheduler, now, self.memory_used(),
-                               viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid)
-        return doc if self.evictor is None else self.evictor.annotate(doc)
+            return build_status(self.scheduler, now, self.memory_used(), evictions=self.lines)
+        return build_status(self.scheduler, now, self.memory_used(),
+                            viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid,
+                            evictions=self.lines)
 
     def _on_ping(self, session: Session, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:

@@ -5,7 +5,10 @@ answers with an ``Outcome``: the lines to send back and the scheduler's actions 
 carry out, in the order they must go. It knows the protocol's order of things (hello first and
 once, register once, admin-only requests), matches replies to requests by ``seq``, holds every
 bound a peer could push against, and turns each broken request into its typed error. It never
-touches a socket, a clock or a timer: ``connection.py`` and ``server.py`` do that.
+touches a socket, a clock or a timer: ``connection.py`` and the shell do that. Its fields are
+written here only: what a request changes of them (hello's features, the client a registration
+made, the queue position a reply told) comes back inside the ``Outcome``, and the session takes
+it from there.
 
 Requests are taken one line at a time so that the shell decides how many to answer in one turn
 (backpressure); the bytes not yet taken stay here, never more than one read's worth beyond a
@@ -15,15 +18,12 @@ line, because the shell stops reading while requests are pending.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from nodeside import protocol as p
 from nodeside.daemon.peer import Peer
 from nodeside.limits import LimitError
 from nodeside.scheduler.core import Action, SchedulerError
-
-if TYPE_CHECKING:
-    from nodeside.daemon.requests import Requests
 
 #: Said when a request comes before hello; the first words an unknown peer hears.
 _HELLO_FIRST = "the first message must be hello"
@@ -51,13 +51,24 @@ class Outcome:
     gpus: tuple[int, ...]
     #: Something the status document shows may have changed (for ``changed`` events).
     changed: bool
+    # What the request changed of the session itself; the session takes it (``_take``).
+    #: Hello was answered: the features this peer asked for and is served.
+    features: frozenset[str] | None
+    #: A registration: the client id, and the name the log calls the peer by.
+    client_id: str | None
+    label: str | None
+    #: The reply told the peer its queue position: ``position`` (None: it was granted).
+    told: bool
+    position: int | None
 
     # Written out, not the dataclass's: two are made per handoff, and compiled (mypyc) a
     # generated __init__ stays interpreted (see scheduler/actions.py).
     def __init__(self, out: list[bytes | Action] | None = None, close: bool = False,
                  handoff: bool = False, reschedule: bool = False,
                  broadcast: bytes | None = None, gpus: tuple[int, ...] = (),
-                 changed: bool = False) -> None:
+                 changed: bool = False, features: frozenset[str] | None = None,
+                 client_id: str | None = None, label: str | None = None, told: bool = False,
+                 position: int | None = None) -> None:
         self.out = [] if out is None else out
         self.close = close
         self.handoff = handoff
@@ -65,12 +76,37 @@ class Outcome:
         self.broadcast = broadcast
         self.gpus = gpus
         self.changed = changed
+        self.features = features
+        self.client_id = client_id
+        self.label = label
+        self.told = told
+        self.position = position
+
+
+class Rules:
+    """What a session asks of the node's rules: to answer a request, and to hear of a broken
+    one. ``requests.Requests`` is them; a session never sees more of the node than this.
+
+    A base class rather than a protocol: compiled (mypyc), a call through it stays a C call."""
+
+    def dispatch(self, session: Session, op: str, message: dict[str, Any], seq: int | None,
+                 now: float) -> Outcome:
+        """Answer one checked request of a greeted session (or its hello)."""
+        raise NotImplementedError
+
+    def complain(self, session: Session, exc: p.ProtocolError) -> None:
+        """A request was refused: say so (or not) in the log."""
+        raise NotImplementedError
+
+    def trouble(self, session: Session, exc: Exception) -> None:
+        """A request failed on a fault of the daemon's own: say so in the log."""
+        raise NotImplementedError
 
 
 class Session:
     """The protocol state of one connection. ``rules`` is the node's ``Requests`` dispatcher."""
 
-    def __init__(self, rules: Requests, peer: Peer, opened_at: float) -> None:
+    def __init__(self, rules: Rules, peer: Peer, opened_at: float) -> None:
         self.rules = rules
         self.peer = peer
         self.opened_at = opened_at
@@ -150,7 +186,10 @@ class Session:
             if not self.greeted and op != p.HELLO:
                 raise p.ProtocolError(p.E_VERSION, _HELLO_FIRST)
             self.active_at = now
-            return self.rules.dispatch(self, op, message, seq, now)
+            outcome = self.rules.dispatch(self, op, message, seq, now)
+            if outcome.told or outcome.features is not None or outcome.client_id is not None:
+                self._take(outcome)
+            return outcome
         # One name per clause: compiled (mypyc), a name keeps the type of its first clause.
         except p.ProtocolError as broken:
             return self._failed(broken, seq)
@@ -164,6 +203,17 @@ class Session:
                                     f"({type(bug).__name__}); see its log", seq)],
                            reschedule=True)
 
+    def _take(self, outcome: Outcome) -> None:
+        """What an answered request changed of this session."""
+        if outcome.features is not None:
+            self.features = outcome.features
+            self.greeted = True
+        if outcome.client_id is not None:
+            self.client_id = outcome.client_id
+            self.label = outcome.label or outcome.client_id
+        if outcome.told:
+            self.told_position = outcome.position
+
     def _failed(self, exc: p.ProtocolError, seq: int | None) -> Outcome:
         self.rules.complain(self, exc)
         if exc.fatal:
@@ -173,6 +223,11 @@ class Session:
         return Outcome([p.error(exc.code, exc.message, seq)], close=exc.fatal)
 
     # -- events out -----------------------------------------------------------------------
+
+    def grant_sent(self) -> None:
+        """The peer's grant went out (as an event): the next queue position it hears is news,
+        whatever it heard before."""
+        self.told_position = None
 
     def position_event(self, position: int | None) -> bytes | None:
         """A ``waiting`` event if this peer asked for positions and its position moved."""

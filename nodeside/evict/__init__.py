@@ -8,10 +8,11 @@ Two evictors, chosen per process when it registers:
   checkpoint API (lock, checkpoint; restore, unlock on its next grant), so device memory stays
   device memory and even a process that ignores a drop gives the GPU up.
 
-``checkpoint`` holds the ctypes binding of the API, ``policy`` who may be checkpointed, and
-``evictor`` the part of the daemon that carries checkpoints out between the scheduler's actions
-(with ``lines``, each GPU's order of actions and jobs, ``runner``, which runs the jobs, and
-``jobs``, their blocking part).
+``checkpoint`` holds the ctypes binding of the API and ``policy`` who may be checkpointed.
+``lines`` is the sans-I/O part beside the scheduler's core: each GPU's order of actions and of
+the ``Checkpoint`` and ``Restore`` jobs they wait for, taking the jobs' results as events.
+``evictor`` is its shell (it runs each job's blocking part, ``jobs``, on a worker thread and
+feeds the result back).
 """
 
 from __future__ import annotations

@@ -1,166 +1,309 @@
-"""Each GPU's line of work under the checkpoint evictor: the scheduler's actions and the jobs
-they wait for, in order.
+"""Each GPU's line of work under the checkpoint evictor, sans I/O: the scheduler's actions, and
+the checkpoints and restores they must wait for, in order.
 
-The scheduler decides as before; this sits between its actions and the sockets. Each GPU has
-one line of work, in order: actions to send, and checkpoint jobs (lock, checkpoint) or restore
-jobs (restore, unlock) that run on a worker thread. While a job runs, what comes after it on
-the same GPU waits, so a grant that follows a checkpoint is sent only once the checkpoint is
-done, and a holder's grant only once it is restored. When no job is under way, actions go out
-at once: the handoff's hot path is one dictionary look-up longer.
+The scheduler decides as before; the shell passes its actions through ``take`` on their way to
+the clients. Each GPU has one line: while a job (``Checkpoint``: lock, then checkpoint;
+``Restore``: restore, then unlock) runs on that GPU, what comes after it waits, so a grant that
+follows a checkpoint goes out only once the checkpoint is done, and a holder's grant only once
+it is restored. ``take`` and every event (``checkpoint_done``, ``checkpoint_failed``,
+``restore_done``, ``restore_failed``, ``memory_seen``, ``forget``) return what may go now, in
+order: scheduler actions to deliver and jobs to start. The shell (``evictor.py``) runs each job
+on a worker thread and feeds its result back here; nothing here blocks, waits or keeps a clock.
+
+When nobody is checkpointed ``quiet`` is true and the shell delivers actions without asking:
+the handoff's hot path does not come here at all.
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
 from collections import deque
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Final
 
-from nodeside.evict.jobs import Record
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
 
+log = logging.getLogger("kiwi.daemon")
 
-class Shell(Protocol):
-    """What the evictor needs of the daemon."""
-
-    scheduler: Scheduler
-
-    def resume(self, actions: list[Action]) -> None:
-        """Carry out actions the evictor held back (already counted when they first came)."""
-
-
-@dataclass
-class Job:
-    record: Record
-    kind: str  # "checkpoint" | "restore"
-    forced: bool = False
+#: A checkpointed client's states: what it is, and what is under way.
+RUNNING: Final = "running"
+CHECKPOINTING: Final = "checkpointing"
+CHECKPOINTED: Final = "checkpointed"
+RESTORING: Final = "restoring"
+FAILED: Final = "failed"
 
 
-@dataclass
+# Values like the scheduler's actions (and written the same way: see scheduler/actions.py).
+@dataclass(init=False, unsafe_hash=True)
+class Checkpoint:
+    """Suspend a process: lock its CUDA calls once its submitted work is done, then move its
+    device memory to host memory. ``forced``: it ignored a drop (a revocation)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    pid: Final[int]
+    forced: Final[bool]
+
+    def __init__(self, client: str, gpu: int, pid: int, forced: bool = False) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.pid = pid
+        self.forced = forced
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Restore:
+    """Resume a process: restore its device memory (when checkpointed), then unlock it."""
+
+    client: Final[str]
+    gpu: Final[int]
+    pid: Final[int]
+
+    def __init__(self, client: str, gpu: int, pid: int) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.pid = pid
+
+
+Job = Checkpoint | Restore
+
+
+class Record:
+    """One process registered with the checkpoint evictor, and what is known of it."""
+
+    def __init__(self, client: str, pid: int, gpu: int, name: str) -> None:
+        self.client = client
+        self.pid = pid
+        self.gpu = gpu
+        self.name = name
+        #: RUNNING, CHECKPOINTING, CHECKPOINTED, RESTORING or FAILED
+        self.state: str = RUNNING
+        #: Why the last job failed, or what keeps the current one waiting.
+        self.error: str | None = None
+
+
 class Line:
-    queue: deque[Action | Job] = field(default_factory=deque)
-    busy: bool = False
-    #: Why nothing more is granted on this GPU (a failed checkpoint), and by whom.
-    blocked: str | None = None
-    blocker: Record | None = None
+    """One GPU's line: what waits, the job under way, and why nothing more goes (if so)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Action | Job] = deque()
+        self.running: Job | None = None
+        #: Why nothing more is granted on this GPU (a failed checkpoint), and whose.
+        self.blocked: str | None = None
+        self.blocker: str | None = None
 
     @property
     def idle(self) -> bool:
         """No job under way, nothing queued, not blocked: an action on this GPU may go now."""
-        return not self.busy and not self.queue and self.blocked is None
+        return self.running is None and not self.queue and self.blocked is None
 
 
-class GpuLines:
-    """The lines half of ``CheckpointEvictor``: which actions wait, and for what."""
+class EvictionLines:
+    def __init__(self, scheduler: Scheduler) -> None:
+        #: Read only, for the room a blocked line's next holder needs.
+        self.scheduler = scheduler
+        self.records: dict[str, Record] = {}
+        self._lines: dict[int, Line] = {}
 
-    shell: Shell
-    records: dict[str, Record]
-    _lines: dict[int, Line]
-    _passed: set[int]  # ids of actions already let through once
+    def quiet(self) -> bool:
+        """Nobody is checkpointed and no line has work: every action may go as it comes."""
+        return not self.records and not self._lines
 
-    def _run(self, gpu: int, job: Job) -> Coroutine[Any, Any, None]:
-        raise NotImplementedError
+    # -- who is checkpointed ------------------------------------------------------------------
+
+    def register(self, client: str, pid: int, gpu: int, name: str) -> None:
+        """A client whose process this daemon checkpoints (the shell chose it for it)."""
+        self.records[client] = Record(client, pid, gpu, name)
+
+    def forget(self, client: str) -> list[Action | Job]:
+        """The client's connection closed: what was queued for it is stale, and a process that
+        died takes its checkpoint (or the memory a failed one left) with it."""
+        self._discard(client)
+        record = self.records.pop(client, None)
+        if record is None:
+            return []
+        if record.state != RUNNING:
+            log.info("Client %s (%s, pid %d) went away while %s; nothing to restore",
+                     record.name, client, record.pid, record.state)
+        line = self._lines.get(record.gpu)
+        if line is None or line.blocker != client:
+            return []
+        log.info("GPU %d: the process whose checkpoint failed is gone; granting again",
+                 record.gpu)
+        line.blocked = line.blocker = None
+        return self._pump(record.gpu)
+
+    # -- the scheduler's actions --------------------------------------------------------------
 
     def hold_back(self, grant: Grant) -> bool:
-        """Must this grant (about to be sent as acquire's reply) wait for the GPU's line?"""
+        """Must this grant (about to be sent as acquire's reply) wait for its GPU's line?"""
         record = self.records.get(grant.client)
         line = self._lines.get(grant.gpu)
         return (line is not None and not line.idle) or \
-            (record is not None and record.state != "running")
+            (record is not None and record.state != RUNNING)
 
-    def filter(self, actions: list[Action]) -> list[Action]:
-        """The actions that may be carried out now; the others are carried out (through the
-        daemon's apply) once the jobs before them on their GPU are done."""
-        if not self.records and not self._lines and not self._passed:
-            return actions  # nobody is checkpointed: the hot path
-        now: list[Action] = []
+    def take(self, actions: list[Action]) -> list[Action | Job]:
+        """What may go now of ``actions``, and the jobs to start; the rest waits on its GPU's
+        line and comes out of a later event, once the jobs before it are done."""
+        ready: list[Action | Job] = []
         touched: list[int] = []
         for action in actions:
-            if id(action) in self._passed:
-                self._passed.discard(id(action))
-                now.append(action)
-                continue
             items = self._items(action)
             if items is None:
-                now.append(action)
+                ready.append(action)
                 continue
-            gpu = self._gpu_of(action)
+            gpu = self.records[action.client].gpu if isinstance(action, Released) \
+                else action.gpu
             self._line(gpu).queue.extend(items)
             touched.append(gpu)
         for gpu in dict.fromkeys(touched):
-            now.extend(self._pump(gpu))
-        return now
+            ready.extend(self._pump(gpu))
+        return ready
 
     def _items(self, action: Action) -> list[Action | Job] | None:
         """What the action becomes on its GPU's line; None when it bypasses the line."""
+        record = self.records.get(action.client)
         if isinstance(action, Released):
             # A hold that ended (or a wait cancelled) before its grant went out: that grant,
             # and any drop behind it, are stale now.
             self._discard(action.client)
-            record = self.records.get(action.client)
             if record is not None and action.evict:
-                return [Job(record, "checkpoint")]
-            return None  # the reply to a release is the daemon's own business
-        record = self.records.get(action.client)
+                return [Checkpoint(record.client, record.gpu, record.pid)]
+            return None  # the reply to a release is the session's own business
         line = self._lines.get(action.gpu)
         idle = line is None or line.idle
         if isinstance(action, Revoke) and record is not None:
             # It ignored the drop: take the GPU from outside the process.
-            return [action, Job(record, "checkpoint", forced=True)]
+            return [action, Checkpoint(record.client, record.gpu, record.pid, forced=True)]
         if isinstance(action, Grant) and record is not None and \
-                (record.state != "running" or not idle):
-            return [Job(record, "restore"), action]
-        if idle or (isinstance(action, (Drop, Revoke)) and not self._queued(line, action.client)):
+                (record.state != RUNNING or not idle):
+            return [Restore(record.client, record.gpu, record.pid), action]
+        if idle or (isinstance(action, (Drop, Revoke)) and not _queued(line, action.client)):
             # Asking a holder to leave depends on nothing queued, unless its own grant still
             # is (it must not hear the drop first). A drop that answers a release keeps its seq.
             return None
         return [action]
 
-    def _queued(self, line: Line | None, client_id: str) -> bool:
-        return line is not None and any(
-            (item.record.client if isinstance(item, Job) else item.client) == client_id
-            for item in line.queue)
+    # -- the jobs' results ----------------------------------------------------------------------
 
-    def _discard(self, client_id: str) -> None:
-        for line in self._lines.values():
-            stale = [item for item in line.queue
-                     if not isinstance(item, Job) and item.client == client_id]
-            for item in stale:
-                line.queue.remove(item)
+    def checkpoint_slow(self, job: Checkpoint, why: str) -> None:
+        """The lock still waits for the process's GPU work (the job goes on trying)."""
+        record = self.records.get(job.client)
+        if record is not None:
+            record.error = why
 
-    def _gpu_of(self, action: Action) -> int:
-        if isinstance(action, Released):
-            return self.records[action.client].gpu
-        return action.gpu
+    def checkpoint_done(self, job: Checkpoint) -> list[Action | Job]:
+        """The process is checkpointed (or was gone before it could be)."""
+        record = self.records.get(job.client)
+        if record is not None:
+            record.state, record.error = CHECKPOINTED, None
+        return self._finished(job)
+
+    def checkpoint_failed(self, job: Checkpoint, error: str) -> list[Action | Job]:
+        """The process may still hold its memory (the driver leaves it FAILED): its GPU's line
+        stops here until the process is gone or the memory is seen free (``memory_seen``)."""
+        record = self.records.get(job.client)
+        if record is not None:  # else it died under the job: its memory went with it
+            record.state, record.error = FAILED, error
+            line = self._line(job.gpu)
+            line.blocked = (f"the checkpoint of {record.name} ({record.client}, pid "
+                            f"{record.pid}) failed: {error}; nothing is granted on GPU "
+                            f"{job.gpu} until it exits or NVML shows its memory free")
+            line.blocker = record.client
+            log.error("GPU %d: %s", job.gpu, line.blocked)
+        return self._finished(job)
+
+    def restore_done(self, job: Restore) -> list[Action | Job]:
+        record = self.records.get(job.client)
+        if record is not None:
+            record.state, record.error = RUNNING, None
+        return self._finished(job)
+
+    def restore_failed(self, job: Restore, error: str) -> list[Action | Job]:
+        """The process cannot run on the GPU again; its grant still goes out, so that its CUDA
+        calls fail and say so, rather than wait for ever."""
+        record = self.records.get(job.client)
+        if record is not None:
+            record.state, record.error = FAILED, error
+            log.error("Could not restore %s (%s, pid %d): %s", record.name, record.client,
+                      record.pid, error)
+        return self._finished(job)
+
+    def memory_seen(self, gpu: int, used: int | None) -> list[Action | Job]:
+        """What NVML reads as used on a GPU whose line a failed checkpoint blocks: when the
+        next holder's working set fits in what is free, the line goes on."""
+        line = self._lines.get(gpu)
+        if line is None or line.blocked is None or not self._room_free(gpu, line, used):
+            return []
+        log.warning("GPU %d: NVML shows the memory free despite the failed checkpoint of %s; "
+                    "granting again", gpu, line.blocker or "?")
+        line.blocked = line.blocker = None
+        return self._pump(gpu)
+
+    # -- what the status document shows -------------------------------------------------------
+
+    def blocked(self, gpu: int) -> str | None:
+        line = self._lines.get(gpu)
+        return line.blocked if line is not None else None
+
+    def checkpoint(self, client: str) -> tuple[str, str | None] | None:
+        record = self.records.get(client)
+        return (record.state, record.error) if record is not None else None
+
+    # -- the lines ------------------------------------------------------------------------------
+
+    def _finished(self, job: Job) -> list[Action | Job]:
+        line = self._line(job.gpu)
+        line.running = None
+        return self._pump(job.gpu)
 
     def _line(self, gpu: int) -> Line:
-        return self._lines.setdefault(gpu, Line())
+        line = self._lines.get(gpu)
+        if line is None:
+            line = self._lines[gpu] = Line()
+        return line
 
-    def _pump(self, gpu: int) -> list[Action]:
+    def _pump(self, gpu: int) -> list[Action | Job]:
         """Take from the GPU's line what can go now, up to the next job (which starts)."""
         line = self._line(gpu)
-        ready: list[Action] = []
-        while line.queue and not line.busy and line.blocked is None:
+        ready: list[Action | Job] = []
+        while line.queue and line.running is None and line.blocked is None:
             item = line.queue.popleft()
-            if not isinstance(item, Job):
+            if not isinstance(item, (Checkpoint, Restore)):
                 ready.append(item)
                 continue
-            if item.record.gone or not self._needed(item):
-                continue
-            line.busy = True
-            asyncio.ensure_future(self._run(gpu, item))
+            record = self.records.get(item.client)
+            if record is None or not _needed(item, record):
+                continue  # gone, or already where the job would put it
+            record.state = CHECKPOINTING if isinstance(item, Checkpoint) else RESTORING
+            line.running = item
+            ready.append(item)
         if line.idle:
             del self._lines[gpu]
         return ready
 
-    def _needed(self, job: Job) -> bool:
-        state = job.record.state
-        return state == "running" if job.kind == "checkpoint" else state != "running"
+    def _discard(self, client: str) -> None:
+        for line in self._lines.values():
+            stale = [item for item in line.queue
+                     if not isinstance(item, (Checkpoint, Restore)) and item.client == client]
+            for item in stale:
+                line.queue.remove(item)
 
-    def _resume(self, gpu: int) -> None:
-        ready = self._pump(gpu)
-        if ready:
-            # They come back through the daemon's delivery, which asks filter again: let them by.
-            self._passed.update(id(a) for a in ready)
-            self.shell.resume(ready)
+    def _room_free(self, gpu: int, line: Line, used: int | None) -> bool:
+        state = self.scheduler.gpus.get(gpu)
+        total = state.spec.memory_total if state is not None else None
+        if used is None or total is None:
+            return False  # without NVML nothing says the memory is free
+        incoming = next((a for a in line.queue if isinstance(a, Grant)), None)
+        client = self.scheduler.clients.get(incoming.client) if incoming is not None else None
+        need = client.working_set if client is not None and client.working_set is not None \
+            else total
+        return total - used >= need
+
+
+def _needed(job: Job, record: Record) -> bool:
+    return record.state == RUNNING if isinstance(job, Checkpoint) else record.state != RUNNING
+
+
+def _queued(line: Line | None, client: str) -> bool:
+    return line is not None and any(item.client == client for item in line.queue)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nodeside.scheduler.clients import TRANSITIONS, Client, Hold, HoldState, IllegalTransition
+from nodeside.scheduler.history import HolderHistory
 from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
@@ -32,6 +33,8 @@ class GpuState:
         self.holders: dict[str, Client] = {}  # in grant order
         self.waiters = WaitQueue()
         self.meter = ShareMeter(0.0, now)
+        #: Recent holds, whole and named, for the status document's timeline (history.py).
+        self.history = HolderHistory()
         self.tq_override = tq_override
         #: The waiter a leaving holder was dropped for; served first by the next schedule.
         self.promised: str | None = None

@@ -8,7 +8,7 @@ added.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from nodeside.scheduler.core import Client, Scheduler
 from nodeside.scheduler.report import pool_reports
@@ -16,10 +16,24 @@ from nodeside.scheduler.report import pool_reports
 STATUS_VERSION = 1
 
 
+class Evictions(Protocol):
+    """What the daemon's checkpoint evictor knows beside the scheduler (its sans-I/O lines,
+    ``nodeside.evict.lines.EvictionLines``): shown in the document, not patched into it."""
+
+    def blocked(self, gpu: int) -> str | None:
+        """Why nothing is granted on this GPU now (a failed checkpoint), or None."""
+
+    def checkpoint(self, client_id: str) -> tuple[str, str | None] | None:
+        """A checkpointed client's state and last error; None for any other client."""
+
+
 def build_status(scheduler: Scheduler, now: float,
                  memory_used: Mapping[int, int | None] | None = None, *,
-                 viewer_admin: bool = True, viewer_uid: int | None = None) -> dict[str, Any]:
-    """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can.
+                 viewer_admin: bool = True, viewer_uid: int | None = None,
+                 evictions: Evictions | None = None) -> dict[str, Any]:
+    """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can;
+    ``evictions`` adds the checkpoint evictor's state (``evict_blocked`` per GPU,
+    ``checkpoint_state`` and ``checkpoint_error`` per client it checkpoints).
 
     A viewer that is not an admin sees every client's name and state, but the pid and labels
     only of clients with its own uid (``viewer_uid``): others' pids, labels (a pod's name, a
@@ -51,10 +65,18 @@ def build_status(scheduler: Scheduler, now: float,
             # Seconds of a turn when its pausable holders take turns (mode auto,
             # interactive.turns); 0: the driver time-slices between them.
             "turns": scheduler.turn_length(),
+            # Its recent holds, whole and named, oldest first (history.py): the panel's
+            # timeline, the same in every tab and after every reload.
+            "recent_holders": gpu.history.recent(now),
         })
+        if evictions is not None:
+            gpus[-1]["evict_blocked"] = evictions.blocked(index)
     clients = []
     for client in scheduler.clients.values():
         entry = _client_entry(scheduler, client, positions.get(client.id), now)
+        checkpoint = evictions.checkpoint(client.id) if evictions is not None else None
+        if checkpoint is not None:
+            entry["checkpoint_state"], entry["checkpoint_error"] = checkpoint
         if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
             entry["pid"] = None
             entry["namespace"] = None  # as hidden as the labels it was verified against

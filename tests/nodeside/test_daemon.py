@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from support import DaemonProcess, scaled, wait_for
+from support import DaemonProcess, wait_for
 
 from nodeside import protocol as p
 from nodeside.client import Client
@@ -280,7 +280,9 @@ def test_grant_latency_is_measured_in_the_status_only_as_wall_time(daemon: Daemo
         time.sleep(0.3)
         c.release()
         seconds = next(x for x in c.status()["clients"] if x["id"] == c.id)["gpu_seconds"]
-    assert 0.25 < seconds < scaled(5)
+    # At least the time it held; no upper bound, which only a loaded machine's clock would
+    # test (the exact figure: test_daemon_in_process.py, on virtual time, and the core's tests).
+    assert seconds > 0.25
 
 
 def test_the_start_line_names_each_gpu_so_one_gpu_numbered_0_does_not_read_as_none(

@@ -451,3 +451,20 @@ def test_requests_cut_anywhere_across_reads_are_answered_whole_and_in_order(cuts
         answered += replies(say(session, piece))
         assert not session.has_requests()
     assert answered == [{"op": "pong", "seq": seq} for seq in range(6)]
+
+
+def test_requests_return_what_they_change_of_a_session_and_only_the_session_writes_it() -> None:
+    rules = node()
+    session = connect(rules, hello=False)
+    hello = {"op": p.HELLO, "version": 1, "features": ["position", "nonsense"]}
+    outcome = rules.dispatch(session, p.HELLO, hello, None, 0.0)
+    assert outcome.features == {p.FEATURE_POSITION} and not session.greeted
+    say(session, p.encode(p.HELLO, version=1, features=["position"]))
+    assert session.greeted and session.features == {p.FEATURE_POSITION}
+    (outcome,) = say(session, p.encode(p.REGISTER, name="k"))
+    assert (outcome.client_id, outcome.label) == (session.client_id, session.label) == \
+        ("c1", "k")
+    (outcome,) = say(registered(rules, "holder"), p.encode(p.ACQUIRE))
+    assert outcome.told and outcome.position is None  # granted
+    (outcome,) = say(session, p.encode(p.ACQUIRE))
+    assert (outcome.told, outcome.position, session.told_position) == (True, 1, 1)

@@ -1,0 +1,145 @@
+"""What a connection sees of the daemon: the router, and each connection's way out.
+
+A ``Connection`` (``connection.py``) moves one peer's bytes in and decides how much to answer
+at a time. Everything it sends goes through its ``Endpoint``, and everything that happens to it
+(opened, a request's outcome to carry out, the end of its turn, lost) it tells the ``Router``.
+The router knows every endpoint, by session and by registered client, and sends lines to them:
+to one client, to one session, or to every greeted peer. What the daemon does about each event
+is the router's implementation (``shell.py``); a connection never sees more of it than this.
+
+Both are base classes rather than protocols: compiled (mypyc), calls through them stay C calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from nodeside import protocol as p
+from nodeside.daemon.session import Outcome, Rules, Session
+
+
+class Endpoint:
+    """One connection's way out: what is sent to its peer, held while its requests are answered
+    so that it goes out in one write, and how much the peer has not read yet."""
+
+    def __init__(self, session: Session, transport: asyncio.Transport | None) -> None:
+        self.session = session
+        self.transport = transport
+        #: While requests are answered, what is sent here waits, to go out in one write: a
+        #: client that gives the GPU back and asks again wakes up once. Messages for other
+        #: connections (the next holder's grant) still go out at once.
+        self.held: list[bytes] | None = None
+        #: Bytes in ``held`` (kept as they come: backpressure asks after every request).
+        self.held_bytes = 0
+        #: Closed, or closing: nothing more is sent or answered.
+        self.closing = False
+        #: The router's notes: counted among the peers that asked for events, and both that
+        #: and registered (nothing more to note about it on later requests).
+        self.counted_as_listener = False
+        self.settled = False
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.closing:
+            if self.held is not None:
+                self.held.append(data)
+                self.held_bytes += len(data)
+            else:
+                self.transport.write(data)
+
+    def hold(self) -> None:
+        """Keep what is sent from now on until ``flush``."""
+        self.held = []
+
+    def flush(self) -> None:
+        held, self.held = self.held, None
+        self.held_bytes = 0
+        if held and self.transport is not None and not self.closing:
+            self.transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def owed(self) -> int:
+        """Bytes written to this peer that it has not read yet, and those about to be."""
+        held = self.held_bytes if self.held is not None else 0
+        return held + (self.transport.get_write_buffer_size() if self.transport else 0)
+
+    def close(self, last_words: bytes | None = None) -> None:
+        """Send ``last_words`` (an error reply) after what is held, then close."""
+        if last_words is not None:
+            self.send(last_words)
+        self.flush()
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()  # writes what is buffered first
+
+    def refuse(self, code: str, message: str) -> None:
+        self.close(p.error(code, message))
+
+
+class Router:
+    """Every connection of the daemon, and the lines sent to them.
+
+    ``rules`` answer each session's requests (``Requests``), ``now`` is the daemon's clock and
+    ``loop`` its event loop (a connection's next turn is called soon on it)."""
+
+    def __init__(self, rules: Rules, now: Callable[[], float],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.rules = rules
+        self.now = now
+        self.loop = loop
+        self.endpoints: set[Endpoint] = set()
+        self.by_session: dict[Session, Endpoint] = {}
+        #: The endpoint of each registered client, by client id.
+        self.by_client: dict[str, Endpoint] = {}
+
+    # -- what happens to a connection (the daemon's shell implements these) -----------------
+
+    def opened(self, endpoint: Endpoint) -> None:
+        """A peer connected; admit it (``add``) or refuse it."""
+        raise NotImplementedError
+
+    def carry_out(self, endpoint: Endpoint, outcome: Outcome) -> None:
+        """Send a session's replies and carry out the scheduler's actions, in their order."""
+        raise NotImplementedError
+
+    def end_turn(self) -> None:
+        """A connection's batch of requests is answered."""
+        raise NotImplementedError
+
+    def lost(self, endpoint: Endpoint) -> None:
+        """The connection closed, whoever closed it."""
+        raise NotImplementedError
+
+    # -- who is where -------------------------------------------------------------------------
+
+    def add(self, endpoint: Endpoint) -> None:
+        self.endpoints.add(endpoint)
+        self.by_session[endpoint.session] = endpoint
+
+    def remove(self, endpoint: Endpoint) -> None:
+        self.endpoints.discard(endpoint)
+        self.by_session.pop(endpoint.session, None)
+        client_id = endpoint.session.client_id
+        if client_id is not None and self.by_client.get(client_id) is endpoint:
+            del self.by_client[client_id]
+
+    def session_of(self, client_id: str) -> Session | None:
+        endpoint = self.by_client.get(client_id)
+        return endpoint.session if endpoint is not None else None
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def send_to(self, session: Session, line: bytes) -> None:
+        endpoint = self.by_session.get(session)
+        if endpoint is not None:
+            endpoint.send(line)
+
+    def refuse(self, session: Session, code: str, message: str) -> None:
+        endpoint = self.by_session.get(session)
+        if endpoint is not None:
+            endpoint.refuse(code, message)
+
+    def broadcast(self, line: bytes) -> None:
+        """To every peer that said hello."""
+        for endpoint in self.endpoints:
+            if endpoint.session.greeted:
+                endpoint.send(line)
