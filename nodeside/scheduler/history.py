@@ -46,26 +46,13 @@ class HolderHistory:
 
     def __init__(self, max_spans: int = MAX_SPANS, keep: float = KEEP_SECONDS) -> None:
         self.keep = keep
-        self.max_spans = max_spans
         self._spans: deque[HeldSpan] = deque(maxlen=max_spans)
         self._open: dict[str, HeldSpan] = {}
 
     def opened(self, client: Holder, now: float) -> None:
         """``client`` was granted the GPU at ``now``."""
-        spans = self._spans
-        oldest = spans[0] if len(spans) == self.max_spans else None
-        if oldest is not None and oldest.end is not None:
-            # Full, and the oldest hold is over: it leaves the window now, so its record is
-            # written over rather than a new one made (one allocation fewer per handoff, and
-            # the collector runs less often on a node with many clients).
-            spans.popleft()
-            span = oldest
-            span.client, span.name, span.display_name = client.id, client.name, \
-                client.display_name
-            span.user, span.start, span.end = client.user, now, None
-        else:
-            span = HeldSpan(client.id, client.name, client.display_name, client.user, now)
-        spans.append(span)
+        span = HeldSpan(client.id, client.name, client.display_name, client.user, now)
+        self._spans.append(span)
         self._open[client.id] = span
 
     def closed(self, client_id: str, now: float) -> None:
