@@ -9,6 +9,7 @@ types and ``nodeside.scheduler`` applies them; neither imports the other for the
   the config; the scheduler's ``access.judge`` applies them to each registration).
 - The policy names ``policy:`` accepts (``POLICY_NAMES``); ``nodeside.scheduler.policies`` has
   a policy for each.
+- ``RESIDENCIES``: where a client's memory is (issue 31), the status document's words for it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nodeside import protocol as p
+from nodeside.protocol.document import RESIDENCIES
 
 __all__ = ["ANY", "DOWNGRADE", "ON_VIOLATION", "POLICY_INTERACTIVE", "POLICY_NAMES",
-           "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "UNLIMITED", "AccessPolicy",
-           "AccessRule", "Pool"]
+           "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "RESIDENCIES", "UNLIMITED",
+           "AccessPolicy", "AccessRule", "Pool"]
 
 # -- pools --------------------------------------------------------------------------------------
 

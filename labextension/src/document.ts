@@ -60,6 +60,29 @@ export interface IGpuStatus {
    * daemons).
    */
   recent_holders?: IHeldSpan[];
+  /** Bytes its clients have on it now, summed. */
+  resident_bytes?: number;
+  /** The bytes the scheduler plans with (`--gpu-memory`, else NVML's total); null when unknown. */
+  capacity?: number | null;
+  /** Host RAM held by its evicted clients' memory, in bytes. */
+  host_bytes?: number;
+  /** The host RAM evicted memory may take, in bytes; null: no limit set. */
+  host_budget?: number | null;
+}
+
+/** What a waiting client waits for before its grant can go out: another client to move memory. */
+export interface IWaitingFor {
+  /** The id of the client that must move its memory. */
+  client: string;
+  /** Its display name. */
+  name: string;
+  /** The bytes it is asked to move. */
+  bytes: number;
+  /**
+   * `evict`: to host RAM; `checkpoint`: checkpointed by the driver; `restore`: back onto the
+   * GPU.
+   */
+  action: 'evict' | 'checkpoint' | 'restore';
 }
 
 /** One scheduling client: a kernel registers under its Jupyter kernel id as `name`. */
@@ -100,6 +123,22 @@ export interface IClientStatus {
   checkpoint_state?: string;
   /** Why its last checkpoint failed. */
   checkpoint_error?: string | null;
+  /**
+   * Where its memory is: `resident` on the GPU, `evicting` moving out to host RAM, `evicted`
+   * in host RAM, `restoring` moving back in.
+   */
+  residency?: 'resident' | 'evicting' | 'evicted' | 'restoring';
+  /** Bytes of its memory on the GPU now. */
+  resident_bytes?: number;
+  /** Bytes of its memory in host RAM now. */
+  host_bytes?: number;
+  /**
+   * Where the two figures come from: the client's own reports (`shim`), NVML's per-process
+   * figure when larger (`nvml`), or only its declared working set.
+   */
+  memory_source?: 'shim' | 'nvml' | 'working_set';
+  /** What it waits for before its grant can go out; null when nothing. */
+  waiting_for?: IWaitingFor | null;
 }
 
 /** A pool on one GPU. */

@@ -30,10 +30,15 @@ class Evictions(Protocol):
 def build_status(scheduler: Scheduler, now: float,
                  memory_used: Mapping[int, int | None] | None = None, *,
                  viewer_admin: bool = True, viewer_uid: int | None = None,
-                 evictions: Evictions | None = None) -> dict[str, Any]:
+                 evictions: Evictions | None = None,
+                 host_budget: int | None = None) -> dict[str, Any]:
     """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can;
     ``evictions`` adds the checkpoint evictor's state (``evict_blocked`` per GPU,
     ``checkpoint_state`` and ``checkpoint_error`` per client it checkpoints).
+
+    Where the scheduler keeps each client's resident memory (issue 31), every client says where
+    its memory is and every GPU sums it (the document's keys ``added_by="memory"``);
+    ``host_budget`` is the host RAM the daemon lets evicted memory take (None: no limit).
 
     A viewer that is not an admin sees every client's name and state, but the pid and labels
     only of clients with its own uid (``viewer_uid``): others' pids, labels (a pod's name, a
@@ -71,9 +76,13 @@ def build_status(scheduler: Scheduler, now: float,
         })
         if evictions is not None:
             gpus[-1]["evict_blocked"] = evictions.blocked(index)
+        if keeps_memory():
+            gpus[-1].update(_gpu_memory(scheduler, index, host_budget))
     clients = []
     for client in scheduler.clients.values():
         entry = _client_entry(scheduler, client, positions.get(client.id), now)
+        if keeps_memory():
+            entry.update(_client_memory(client))
         checkpoint = evictions.checkpoint(client.id) if evictions is not None else None
         if checkpoint is not None:
             entry["checkpoint_state"], entry["checkpoint_error"] = checkpoint
@@ -121,6 +130,41 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
         "labels": dict(client.labels),
         "waiting_since": None if client.requested_at is None
         else round(now - client.requested_at, 6),
+    }
+
+
+def keeps_memory() -> bool:
+    """Whether the scheduler keeps each client's resident memory (residency, bytes on the GPU
+    and in host RAM): a scheduler from before issue 31 does not, and its document has none of
+    the memory keys, as before."""
+    return hasattr(Client, "residency")
+
+
+def _client_memory(client: Client) -> dict[str, Any]:
+    """Where a client's memory is, from the record the scheduler keeps (names fixed in
+    docs/protocol.md: residency, resident_bytes, host_bytes, memory_source, waiting_for)."""
+    record: Any = client  # the fields are the memory-keeping scheduler's (keeps_memory)
+    waiting = record.waiting_for
+    return {
+        "residency": record.residency,
+        "resident_bytes": record.resident_bytes,
+        "host_bytes": record.host_bytes,
+        "memory_source": record.memory_source,
+        "waiting_for": None if waiting is None else {
+            "client": waiting.client, "name": waiting.name, "bytes": waiting.bytes,
+            "action": waiting.action},
+    }
+
+
+def _gpu_memory(scheduler: Scheduler, index: int, host_budget: int | None) -> dict[str, Any]:
+    """A GPU's resident total against what the scheduler plans with, and the host RAM its
+    evicted clients hold against the daemon's budget for it."""
+    on_it: list[Any] = [c for c in scheduler.clients.values() if c.gpu == index]
+    return {
+        "resident_bytes": sum(c.resident_bytes for c in on_it),
+        "capacity": scheduler.gpus[index].spec.memory_total,
+        "host_bytes": sum(c.host_bytes for c in on_it),
+        "host_budget": host_budget,
     }
 
 

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodeside.compiled",),
     # What every part shares: the package's version, the bounds, the wire format, names.
     ("nodeside", "nodeside.limits", "nodeside.protocol", "nodeside.names",
-     "nodeside.headline", "nodeside.errors"),
+     "nodeside.headline", "nodeside.errors", "nodeside.memory_words"),
     # The domain's values that the config names and the scheduler applies.
     ("nodeside.model",),
     ("nodeside.config",),

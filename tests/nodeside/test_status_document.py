@@ -4,10 +4,13 @@ non-admin may see, and the daemon's one rule for "below its guarantee"."""
 from __future__ import annotations
 
 import pytest
+from status_fixtures import memory_status, sample_status
 
 from nodeside.config import from_mapping
+from nodeside.protocol import document
+from nodeside.protocol.render import typescript
 from nodeside.scheduler.core import GpuSpec, Scheduler, SchedulerError
-from nodeside.scheduler.status import build_status
+from nodeside.scheduler.status import build_status, keeps_memory
 
 POOLS = {"training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
          "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
@@ -95,3 +98,39 @@ def test_configured_pools_is_empty_when_the_config_has_no_pools():
     s = scheduler()
     s.register(0.0, name="a", pool="anything")
     assert build_status(s, 0.0)["configured_pools"] == []
+
+
+def follows_the_table(part: document.Part, entry: dict) -> None:
+    keys = {k.name: k for k in part.keys}
+    assert set(entry) <= set(keys), set(entry) - set(keys)
+    for name, value in entry.items():
+        if keys[name].values and value is not None:
+            assert value in keys[name].values, (name, value)
+
+
+@pytest.mark.parametrize("doc", [sample_status(), memory_status()], ids=["sample", "memory"])
+def test_every_key_of_the_views_samples_is_in_the_documents_table(doc: dict):
+    follows_the_table(document.DOCUMENT, doc)
+    for gpu in doc["gpus"]:
+        follows_the_table(document.GPU, gpu)
+    for client in doc["clients"]:
+        follows_the_table(document.CLIENT, client)
+        if client.get("waiting_for"):
+            follows_the_table(document.WAITING_FOR, client["waiting_for"])
+
+
+def test_the_memory_keys_are_there_exactly_when_the_scheduler_keeps_resident_memory():
+    """Today's daemon is unchanged until its scheduler keeps each client's memory (issue 31):
+    then every client and every GPU carries all of them."""
+    doc = sample_status()
+    for part, entries in ((document.CLIENT, doc["clients"]), (document.GPU, doc["gpus"])):
+        memory_keys = {k.name for k in part.keys if k.added_by == "memory"}
+        for entry in entries:
+            assert memory_keys & set(entry) == (memory_keys if keeps_memory() else set())
+
+
+def test_the_panel_reads_what_a_kernel_waits_for_as_one_object_of_its_own_part():
+    types = typescript.render()
+    assert "  waiting_for?: IWaitingFor | null;" in types
+    assert "export interface IWaitingFor {" in types
+    assert "  action: 'evict' | 'checkpoint' | 'restore';" in types

@@ -30,8 +30,10 @@ def _type(part: d.Part, key: d.Key) -> str:
     elif key.type.startswith("list["):
         inner = key.type[5:-1]
         said = f"{_SCALARS.get(inner, inner)}[]"
-    else:
+    elif key.type in _SCALARS:
         said = _SCALARS[key.type]
+    else:
+        said = d.part(key.type).interface  # one object of another part
     return f"{said} | null" if key.nullable else said
 
 
