@@ -86,7 +86,7 @@ export interface IClientStatus {
   /** `kernel`, `shim` or `client`. */
   kind?: string;
   /** How its memory leaves the GPU: the shim's managed memory, or the driver's checkpoint. */
-  evict?: 'managed' | 'checkpoint';
+  evict?: 'managed' | 'checkpoint' | 'vmm';
   /** The Kubernetes namespace verified for it; null when none (or hidden from this viewer). */
   namespace?: string | null;
   /**
