@@ -173,6 +173,8 @@ class Client:
     checkpointable: bool = False
     #: A checkpoint was asked for (and not yet undone by a grant).
     checkpoint_asked: bool = False
+    #: When its restore began (its grant after an eviction), while it restores.
+    restoring_since: float | None = None
 
     def __post_init__(self) -> None:
         if not self.display_name:

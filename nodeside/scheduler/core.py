@@ -231,6 +231,10 @@ class Scheduler:
         self._residency.checkpointed(client, error, now)
         return self._turns.schedule(self._state.gpus[client.gpu], now)
 
+    def count_evicted_bytes(self, nbytes: int) -> None:
+        """Bytes an eviction moved to host memory (its ``evicted``), for the metrics."""
+        self._state.counts["evicted_bytes"] += nbytes
+
     def memory_seen(self, now: float, used: Mapping[str, int | None]) -> list[Action]:
         """NVML's per-process used memory, by client id, where the daemon reads it."""
         touched: set[int] = set()

@@ -36,7 +36,7 @@ class Moves:
         gpu.meter.open(client.id, client.pool, now, client.preemptible)
         gpu.history.opened(client, now)
         if client.memory:
-            granted(client)
+            granted(client, now)
         # The policy still sees when it asked: a request that went on after a drop is told
         # from a new one by that, not by when it was granted (attained.py).
         choice = self.state.choice

@@ -50,12 +50,13 @@ def need(client: Client) -> int:
     return resident if working_set is None or resident > working_set else working_set
 
 
-def granted(client: Client) -> None:
+def granted(client: Client, now: float) -> None:
     """A memory client was granted: what it waited for is over; evicted, it moves back in."""
     client.waiting_for = None
     client.checkpoint_asked = False
     if client.residency == EVICTED or client.residency == EVICTING:
         client.residency = RESTORING
+        client.restoring_since = now
 
 
 def gib(nbytes: int) -> str:
@@ -104,6 +105,8 @@ class Residency:
         if client.residency == RESTORING and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
             client.residency = RESIDENT
+            client.restoring_since = None
+            self.state.counts["restores"] += 1
         elif client.residency == EVICTED and resident:
             client.residency = RESIDENT  # it came back without a grant (mode off)
         self._check_nvml(client)
@@ -133,6 +136,7 @@ class Residency:
             client.evict_failed = failed
             # A restore that ran out of memory rolled back: its memory is in host memory.
             client.residency = EVICTED if asked == RESTORING else RESIDENT
+            client.restoring_since = None
             return
         client.evict_failed = None
         client.residency = EVICTED
@@ -142,6 +146,11 @@ class Residency:
         """A holder released with ``evicting``: its memory is on its way out."""
         client.residency = EVICTING
         client.evict_asked_at = now
+        self._count(client, "release")
+
+    def _count(self, client: Client, reason: str) -> None:
+        books = self.state.gpus[client.gpu].evictions
+        books[reason] = books.get(reason, 0) + 1
 
 
     def checkpointed(self, client: Client, error: str | None, now: float) -> None:
@@ -213,6 +222,7 @@ class Residency:
             client.evict_asked_at = now
             on_the_way.append(client)
             self.state.counts["evictions"] += 1
+            self._count(client, "room")
             if client.evict in PAGES_ITSELF:
                 actions.append(Evict(client.id, gpu.spec.index, nbytes,
                                      candidate.display_name))
@@ -249,6 +259,7 @@ class Residency:
                     not client.checkpoint_asked and now >= asked + config.evict_timeout:
                 if client.checkpointable:
                     client.checkpoint_asked = True
+                    self._count(client, "timeout")
                     actions.append(Suspend(client.id, gpu.spec.index, "timeout"))
                     for waiter in gpu.waiters.values():
                         if waiter.waiting_for is not None and \
@@ -264,6 +275,7 @@ class Residency:
             at = self._second_stage_at(client)
             if at is not None and now >= at:
                 client.checkpoint_asked = True
+                self._count(client, "idle")
                 actions.append(Suspend(client.id, gpu.spec.index, "idle"))
         return actions
 

@@ -47,3 +47,6 @@ class GpuState:
         #: Clients on this GPU that speak the ``memory`` feature (residency.py): their resident
         #: memory counts in every "does it fit". Empty, the rules are those of holders only.
         self.memory_clients: dict[str, Client] = {}
+        #: Evictions asked on this GPU, by reason: ``room`` (for a grant), ``release`` (a holder
+        #: released ``evicting``), ``timeout`` and ``idle`` (checkpoints), for the metrics.
+        self.evictions: dict[str, int] = {}

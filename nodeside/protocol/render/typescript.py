@@ -31,7 +31,7 @@ def _type(part: d.Part, key: d.Key) -> str:
         inner = key.type[5:-1]
         said = f"{_SCALARS.get(inner, inner)}[]"
     else:
-        said = _SCALARS[key.type]
+        said = _SCALARS.get(key.type, key.type)  # a part of its own: its interface
     return f"{said} | null" if key.nullable else said
 
 
