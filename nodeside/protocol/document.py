@@ -5,10 +5,10 @@ checkpoint evictor adds its keys, and the Jupyter server adds its own before the
 The panel's TypeScript types are generated from this table (``generate``), and a test holds what
 ``build_status`` returns to it, so the three cannot drift apart.
 
-Types are those of ``messages.TYPES``, plus a part's interface (``IWaitingFor``) for one object
-of a part below, ``list[<part>]`` for a list of them and ``list[str]``. ``contract`` keys are the
-ones docs/interfaces.md section 5 fixes: the panel may count on them; ``always`` keys are ours
-but always there with their part; the others are ours and may be absent from an older daemon.
+Types are those of ``messages.TYPES``, plus ``list[<part>]`` for a list of one of the parts
+below and ``list[str]``. ``contract`` keys are the ones docs/interfaces.md section 5 fixes: the
+panel may count on them; ``always`` keys are ours but always there with their part; the others
+are ours and may be absent from an older daemon.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from nodeside.model import RESIDENCIES
 from nodeside.protocol.messages import EVICTORS, MODES, PRIORITIES
 
 __all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MEMORY_SOURCES", "MODES",
-           "PARTS", "POOL", "POOL_GPU", "RESIDENCIES", "WAITING_ACTIONS", "WAITING_FOR", "Key",
-           "Part", "part"]
+           "PARTS", "POOL", "POOL_GPU", "RESIDENCIES", "WAITING_FOR", "Key", "Part", "part"]
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class Key:
     #: The strings it takes, when it is one of a few.
     values: tuple[str, ...] = ()
     #: Who adds it, when not ``build_status``: "evictor" (the checkpoint evictor, in the
-    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long),
-    #: "memory" (``build_status``, from a scheduler that keeps each client's resident memory:
-    #: issue 31; absent from older daemons).
+    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long);
+    #: "memory": ``build_status``, for clients that speak the ``memory`` feature (and the GPUs
+    #: they are on).
     added_by: str = ""
 
 
@@ -56,26 +56,6 @@ class Part:
 #: A client's state in the document: DROPPING is still "holding" (scheduler/state.py).
 CLIENT_STATES: Final[tuple[str, ...]] = ("idle", "waiting", "holding")
 
-#: Where a client's memory is (issue 31): on the GPU, on its way out to host RAM, in host RAM, on
-#: its way back in. A client with no memory on any GPU is resident with 0 bytes.
-RESIDENCIES: Final[tuple[str, ...]] = ("resident", "evicting", "evicted", "restoring")
-
-#: Where a client's memory figures come from: its own reports (the shim's), NVML's per-process
-#: figure when that was larger, or only the working set it declared.
-MEMORY_SOURCES: Final[tuple[str, ...]] = ("shim", "nvml", "working_set")
-
-#: What a waiting client waits for another to do before its grant can go out.
-WAITING_ACTIONS: Final[tuple[str, ...]] = ("evict", "checkpoint", "restore")
-
-WAITING_FOR: Final = Part("IWaitingFor", "What a waiting client waits for before its grant can "
-                                         "go out: another client to move memory.", (
-    Key("client", "str", "The id of the client that must move its memory.", always=True),
-    Key("name", "str", "Its display name.", always=True),
-    Key("bytes", "int", "The bytes it is asked to move.", always=True),
-    Key("action", "str", "`evict`: to host RAM; `checkpoint`: checkpointed by the driver; "
-                         "`restore`: back onto the GPU.", always=True, values=WAITING_ACTIONS),
-))
-
 HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of a GPU: times "
                                     "are seconds before the document was made.", (
     Key("client", "str", "The holder's client id.", always=True),
@@ -86,6 +66,17 @@ HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of
         always=True),
     Key("ended", "number", "Seconds before the document when it ended; null while it holds.",
         nullable=True, always=True),
+))
+
+#: Where a client's resident bytes come from.
+MEMORY_SOURCES: Final[tuple[str, ...]] = ("shim", "nvml", "working_set")
+
+WAITING_FOR: Final = Part("IWaitingFor", "What a waiter waits for besides its turn: another "
+                                         "client to move memory out of the way.", (
+    Key("client", "str", "The client id of who moves the memory.", always=True),
+    Key("name", "str", "Its display name.", always=True),
+    Key("bytes", "int", "How much it moves.", always=True),
+    Key("action", "str", always=True, values=("evict", "checkpoint", "restore")),
 ))
 
 GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
@@ -112,13 +103,13 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
         added_by="evictor"),
     Key("recent_holders", "list[IHeldSpan]", "The holds of the last minutes, oldest first (the "
                                              "panel's timeline; absent from older daemons)."),
-    Key("resident_bytes", "int", "Bytes its clients have on it now, summed.", added_by="memory"),
-    Key("capacity", "int", "The bytes the scheduler plans with (`--gpu-memory`, else NVML's "
-                           "total); null when unknown.", nullable=True, added_by="memory"),
-    Key("host_bytes", "int", "Host RAM held by its evicted clients' memory, in bytes.",
+    Key("resident_bytes", "int", "Bytes its clients have on it, holders or not.",
         added_by="memory"),
-    Key("host_budget", "int", "The host RAM evicted memory may take, in bytes; null: no limit "
-                              "set.", nullable=True, added_by="memory"),
+    Key("capacity", "int", "Bytes the scheduler plans with (`--gpu-memory` or NVML's total).",
+        nullable=True, added_by="memory"),
+    Key("host_bytes", "int", "Host memory held by its evicted clients.", added_by="memory"),
+    Key("host_budget", "int", "The daemon's host-memory limit for evictions; null: none.",
+        nullable=True, added_by="memory"),
 ))
 
 CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers under its "
@@ -154,17 +145,14 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
         added_by="evictor"),
     Key("checkpoint_error", "str", "Why its last checkpoint failed.", nullable=True,
         added_by="evictor"),
-    Key("residency", "str", "Where its memory is: `resident` on the GPU, `evicting` moving out "
-                            "to host RAM, `evicted` in host RAM, `restoring` moving back in.",
-        values=RESIDENCIES, added_by="memory"),
-    Key("resident_bytes", "int", "Bytes of its memory on the GPU now.", added_by="memory"),
-    Key("host_bytes", "int", "Bytes of its memory in host RAM now.", added_by="memory"),
-    Key("memory_source", "str", "Where the two figures come from: the client's own reports "
-                                "(`shim`), NVML's per-process figure when larger (`nvml`), or "
-                                "only its declared working set.", values=MEMORY_SOURCES,
+    Key("residency", "str", "Where its memory is: on the GPU, moving out, in host memory, "
+                            "moving in.", values=RESIDENCIES, added_by="memory"),
+    Key("resident_bytes", "int", "Bytes on the GPU now.", added_by="memory"),
+    Key("host_bytes", "int", "Bytes in host memory now.", added_by="memory"),
+    Key("memory_source", "str", "Where `resident_bytes` comes from.", values=MEMORY_SOURCES,
         added_by="memory"),
-    Key("waiting_for", "IWaitingFor", "What it waits for before its grant can go out; null "
-                                      "when nothing.", nullable=True, added_by="memory"),
+    Key("waiting_for", "IWaitingFor", "What it waits for besides its turn; null: nothing.",
+        nullable=True, added_by="memory"),
 ))
 
 POOL_GPU: Final = Part("IPoolGpuStatus", "A pool on one GPU.", (
@@ -230,7 +218,8 @@ DOCUMENT: Final = Part("IStatusDocument", "`GET kiwi/api/status`: the status doc
 ), partial=True)
 
 #: Every part, the document last: the order the generated TypeScript declares them in.
-PARTS: Final[tuple[Part, ...]] = (HELD_SPAN, GPU, WAITING_FOR, CLIENT, POOL_GPU, POOL, DOCUMENT)
+PARTS: Final[tuple[Part, ...]] = (HELD_SPAN, WAITING_FOR, GPU, CLIENT, POOL_GPU, POOL,
+                                  DOCUMENT)
 
 
 def part(interface: str) -> Part:

@@ -1,4 +1,4 @@
-"""The status document (docs/interfaces.md section 5), built in this one place.
+"""The status document (CONTRACT section 5), built in this one place.
 
 ``Client.status()``, ``kiwictl status --json``, the server extension's REST endpoint and the
 panel all show what this function returns. Keys named by the contract are fixed; others may be
@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from nodeside.scheduler.core import Client, Scheduler
 from nodeside.scheduler.report import pool_reports
+from nodeside.scheduler.residency import holding, need, occupies
 
 STATUS_VERSION = 1
 
@@ -35,10 +36,6 @@ def build_status(scheduler: Scheduler, now: float,
     """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can;
     ``evictions`` adds the checkpoint evictor's state (``evict_blocked`` per GPU,
     ``checkpoint_state`` and ``checkpoint_error`` per client it checkpoints).
-
-    Where the scheduler keeps each client's resident memory (issue 31), every client says where
-    its memory is and every GPU sums it (the document's keys ``added_by="memory"``);
-    ``host_budget`` is the host RAM the daemon lets evicted memory take (None: no limit).
 
     A viewer that is not an admin sees every client's name and state, but the pid and labels
     only of clients with its own uid (``viewer_uid``): others' pids, labels (a pod's name, a
@@ -76,16 +73,31 @@ def build_status(scheduler: Scheduler, now: float,
         })
         if evictions is not None:
             gpus[-1]["evict_blocked"] = evictions.blocked(index)
-        if keeps_memory():
-            gpus[-1].update(_gpu_memory(scheduler, index, host_budget))
+        if gpu.memory_clients:
+            on_it = [c for c in scheduler.clients.values() if c.gpu == index]
+            gpus[-1].update({
+                "resident_bytes": sum(_resident(c) for c in on_it),
+                "capacity": spec.memory_total,
+                "host_bytes": sum(c.host_bytes for c in on_it if c.memory),
+                "host_budget": host_budget,
+            })
     clients = []
     for client in scheduler.clients.values():
         entry = _client_entry(scheduler, client, positions.get(client.id), now)
-        if keeps_memory():
-            entry.update(_client_memory(client))
         checkpoint = evictions.checkpoint(client.id) if evictions is not None else None
         if checkpoint is not None:
             entry["checkpoint_state"], entry["checkpoint_error"] = checkpoint
+        if client.memory:
+            waiting_for = client.waiting_for
+            entry.update({
+                "residency": client.residency,
+                "resident_bytes": occupies(client),
+                "host_bytes": client.host_bytes,
+                "memory_source": client.memory_source,
+                "waiting_for": None if waiting_for is None else {
+                    "client": waiting_for.client, "name": waiting_for.name,
+                    "bytes": waiting_for.bytes, "action": waiting_for.action},
+            })
         if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
             entry["pid"] = None
             entry["namespace"] = None  # as hidden as the labels it was verified against
@@ -133,39 +145,12 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
     }
 
 
-def keeps_memory() -> bool:
-    """Whether the scheduler keeps each client's resident memory (residency, bytes on the GPU
-    and in host RAM): a scheduler from before issue 31 does not, and its document has none of
-    the memory keys, as before."""
-    return hasattr(Client, "residency")
-
-
-def _client_memory(client: Client) -> dict[str, Any]:
-    """Where a client's memory is, from the record the scheduler keeps (names fixed in
-    docs/protocol.md: residency, resident_bytes, host_bytes, memory_source, waiting_for)."""
-    record: Any = client  # the fields are the memory-keeping scheduler's (keeps_memory)
-    waiting = record.waiting_for
-    return {
-        "residency": record.residency,
-        "resident_bytes": record.resident_bytes,
-        "host_bytes": record.host_bytes,
-        "memory_source": record.memory_source,
-        "waiting_for": None if waiting is None else {
-            "client": waiting.client, "name": waiting.name, "bytes": waiting.bytes,
-            "action": waiting.action},
-    }
-
-
-def _gpu_memory(scheduler: Scheduler, index: int, host_budget: int | None) -> dict[str, Any]:
-    """A GPU's resident total against what the scheduler plans with, and the host RAM its
-    evicted clients hold against the daemon's budget for it."""
-    on_it: list[Any] = [c for c in scheduler.clients.values() if c.gpu == index]
-    return {
-        "resident_bytes": sum(c.resident_bytes for c in on_it),
-        "capacity": scheduler.gpus[index].spec.memory_total,
-        "host_bytes": sum(c.host_bytes for c in on_it),
-        "host_budget": host_budget,
-    }
+def _resident(client: Client) -> int:
+    """Bytes a client has on its GPU: reported (feature ``memory``), else a holder's working
+    set."""
+    if client.memory:
+        return need(client) if holding(client) else occupies(client)
+    return (client.working_set or 0) if client.state == "holding" else 0
 
 
 def _reported_use(clients: Any) -> int | None:

@@ -40,7 +40,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "nodeside.scheduler.choosing", "nodeside.scheduler.interactive",
      "nodeside.scheduler.policies"),
     # ... the node's state and the components that take it ...
-    ("nodeside.scheduler.node", "nodeside.scheduler.room", "nodeside.scheduler.moves",
+    ("nodeside.scheduler.node", "nodeside.scheduler.residency", "nodeside.scheduler.room",
+     "nodeside.scheduler.moves",
      "nodeside.scheduler.taking_turns", "nodeside.scheduler.turns",
      "nodeside.scheduler.membership", "nodeside.scheduler.controls",
      "nodeside.scheduler.queries"),

@@ -4,13 +4,13 @@ non-admin may see, and the daemon's one rule for "below its guarantee"."""
 from __future__ import annotations
 
 import pytest
-from status_fixtures import memory_status, sample_status
+from status_fixtures import GiB, memory_status, sample_status
 
 from nodeside.config import from_mapping
 from nodeside.protocol import document
 from nodeside.protocol.render import typescript
 from nodeside.scheduler.core import GpuSpec, Scheduler, SchedulerError
-from nodeside.scheduler.status import build_status, keeps_memory
+from nodeside.scheduler.status import build_status
 
 POOLS = {"training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
          "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
@@ -119,14 +119,25 @@ def test_every_key_of_the_views_samples_is_in_the_documents_table(doc: dict):
             follows_the_table(document.WAITING_FOR, client["waiting_for"])
 
 
-def test_the_memory_keys_are_there_exactly_when_the_scheduler_keeps_resident_memory():
-    """Today's daemon is unchanged until its scheduler keeps each client's memory (issue 31):
-    then every client and every GPU carries all of them."""
-    doc = sample_status()
-    for part, entries in ((document.CLIENT, doc["clients"]), (document.GPU, doc["gpus"])):
-        memory_keys = {k.name for k in part.keys if k.added_by == "memory"}
-        for entry in entries:
-            assert memory_keys & set(entry) == (memory_keys if keeps_memory() else set())
+def test_the_memory_keys_are_there_exactly_for_clients_that_speak_memory_and_their_gpus():
+    """An old client's entry, and a GPU with only old clients on it, read as before; a client
+    that speaks the ``memory`` feature, and its GPU, carry every memory key."""
+    scheduler = Scheduler(from_mapping({"tq": 30.0}),
+                          [GpuSpec(0, memory_total=80 * GiB), GpuSpec(1, memory_total=80 * GiB)],
+                          0.0)
+    old = scheduler.register(0.0, name="old", pid=101, gpu=0)
+    new = scheduler.register(0.0, name="new", pid=102, gpu=1)
+    scheduler.track_memory(new.id, resident=2 * GiB, host=0)
+    doc = build_status(scheduler, 1.0, host_budget=64 * GiB)
+    client_keys = {k.name for k in document.CLIENT.keys if k.added_by == "memory"}
+    gpu_keys = {k.name for k in document.GPU.keys if k.added_by == "memory"}
+    entries = {c["id"]: c for c in doc["clients"]}
+    assert not client_keys & set(entries[old.id])
+    assert client_keys <= set(entries[new.id])
+    assert entries[new.id]["resident_bytes"] == 2 * GiB
+    assert not gpu_keys & set(doc["gpus"][0])
+    assert gpu_keys <= set(doc["gpus"][1])
+    assert doc["gpus"][1]["host_budget"] == 64 * GiB
 
 
 def test_the_panel_reads_what_a_kernel_waits_for_as_one_object_of_its_own_part():

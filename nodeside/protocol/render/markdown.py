@@ -63,7 +63,7 @@ def reasons() -> str:
 
 _ADDED_BY = {"evictor": "the checkpoint evictor", "server": "the Jupyter server only",
              "status_line": "only when the document had to be cut",
-             "memory": "a scheduler that keeps resident memory"}
+             "memory": "the daemon where clients speak the `memory` feature"}
 
 
 def _key(key: d.Key) -> tuple[str, ...]:
