@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from support import client_state, wait_for, wait_for_status
+from support import client_state, wait_for, wait_for_status, wait_on_client
 
 from nodeside.client import Client
 
@@ -669,9 +669,9 @@ def test_a_waiting_shim_follows_its_queue_position_from_the_daemons_events(
     with Client(long_quantum.socket, name="holder") as holder, \
             Client(long_quantum.socket, name="first") as first:
         holder.acquire(timeout=5)
-        wait_for(lambda: first.connected, what="the first waiter's connection")
+        wait_on_client(first, lambda: first.connected, what="the first waiter's connection")
         first.request()
-        wait_for(lambda: first.position == 1, what="the first waiter in the queue")
+        wait_on_client(first, lambda: first.position == 1, what="the first waiter in the queue")
         launch = w.start("d.launch()")
         wait_for(lambda: w.stats()["queue_position"] == 2, what="the shim's place in the queue")
         assert w.stats()["position_live"] is True  # its hello asked for position events
