@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nodeside import protocol as p
+from nodeside.protocol.document import RESIDENCIES
 
 __all__ = ["ANY", "DOWNGRADE", "EVICTED", "EVICTING", "ON_VIOLATION", "POLICY_INTERACTIVE",
            "POLICY_NAMES", "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "RESIDENCIES",
@@ -117,13 +118,10 @@ POLICY_NAMES = (POLICY_ROUND_ROBIN, POLICY_POOLS, POLICY_INTERACTIVE)
 
 # -- where a client's memory is ------------------------------------------------------------------
 
-#: On the GPU (a client with no memory anywhere is resident with 0 bytes).
-RESIDENT = "resident"
-#: Asked to move to host memory (or released with ``evicting``), on its way out.
-EVICTING = "evicting"
-#: In host memory; restored when the client is next granted.
-EVICTED = "evicted"
-#: Granted after an eviction, moving back in until a report says nothing is left in host memory.
-RESTORING = "restoring"
-#: Every residency, in the order a client goes through them.
-RESIDENCIES = (RESIDENT, EVICTING, EVICTED, RESTORING)
+#: Every residency, in the order a client goes through them (the status document's values,
+#: ``protocol.document``), and each by name:
+#: on the GPU (a client with no memory anywhere is resident with 0 bytes);
+#: asked to move to host memory (or released with ``evicting``), on its way out;
+#: in host memory, restored when the client is next granted;
+#: granted after an eviction, moving back in until a report says nothing is left in host memory.
+RESIDENT, EVICTING, EVICTED, RESTORING = RESIDENCIES

@@ -161,15 +161,19 @@ class Requests(Rules):
     def _on_release(self, session: Session, msg: dict[str, Any], seq: int | None,
                     now: float) -> Outcome:
         client_id = _registered(session)
-        evict_first = msg.get("evict_first") is True
         gpus = (self.scheduler.clients[client_id].gpu,)
-        if msg.get("evicting") is True and p.FEATURE_MEMORY in session.features:
-            if evict_first or msg.get("requeue") is True:
-                raise SchedulerError(p.E_INVALID, "evicting ends the hold; evict_first and "
-                                     "requeue do not go with it")
-            ended = self.scheduler.release(now, client_id, evicting=True)
-            return Outcome([*ended, p.released_line(True, seq)], handoff=True, gpus=gpus)
-        if msg.get("requeue") is True:
+        evict_first = requeue = False
+        # Only op and seq (every handoff's release): no field to look up.
+        if len(msg) > (1 if seq is None else 2):
+            evict_first = msg.get("evict_first") is True
+            requeue = msg.get("requeue") is True
+            if msg.get("evicting") is True and p.FEATURE_MEMORY in session.features:
+                if evict_first or requeue:
+                    raise SchedulerError(p.E_INVALID, "evicting ends the hold; evict_first "
+                                         "and requeue do not go with it")
+                ended = self.scheduler.release(now, client_id, evicting=True)
+                return Outcome([*ended, p.released_line(True, seq)], handoff=True, gpus=gpus)
+        if requeue:
             if evict_first:
                 raise SchedulerError(p.E_INVALID, "requeue asks for the GPU again at once; "
                                      "evict_first is for leaving it")

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from nodeside.model import RESIDENCIES
 from nodeside.protocol.messages import EVICTORS, MODES, PRIORITIES
 
 __all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MEMORY_SOURCES", "MODES",
@@ -67,6 +66,10 @@ HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of
     Key("ended", "number", "Seconds before the document when it ended; null while it holds.",
         nullable=True, always=True),
 ))
+
+#: Where a client's memory is (feature ``memory``): on the GPU, moving out, in host memory,
+#: moving in. ``nodeside.model`` names each for the scheduler.
+RESIDENCIES: Final[tuple[str, ...]] = ("resident", "evicting", "evicted", "restoring")
 
 #: Where a client's resident bytes come from.
 MEMORY_SOURCES: Final[tuple[str, ...]] = ("shim", "nvml", "working_set")
