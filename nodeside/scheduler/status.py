@@ -20,8 +20,9 @@ class Evictions(Protocol):
     """What the daemon's checkpoint evictor knows beside the scheduler (its sans-I/O lines,
     ``nodeside.evict.lines.EvictionLines``): shown in the document, not patched into it."""
 
-    def blocked(self, gpu: int) -> str | None:
-        """Why nothing is granted on this GPU now (a failed checkpoint), or None."""
+    def blocked(self, gpu: int, full: bool = True) -> str | None:
+        """Why nothing is granted on this GPU now (a failed checkpoint), or None; ``full``
+        False: as a non-admin may read it (without a pid)."""
 
     def checkpoint(self, client_id: str) -> tuple[str, str | None] | None:
         """A checkpointed client's state and last error; None for any other client."""
@@ -67,7 +68,7 @@ def build_status(scheduler: Scheduler, now: float,
             "turns": scheduler.turn_length(),
         })
         if evictions is not None:
-            gpus[-1]["evict_blocked"] = evictions.blocked(index)
+            gpus[-1]["evict_blocked"] = evictions.blocked(index, viewer_admin)
     clients = []
     for client in scheduler.clients.values():
         entry = _client_entry(scheduler, client, positions.get(client.id), now)

@@ -123,7 +123,7 @@ def test_a_wait_cancelled_before_its_grant_went_out_takes_the_grant_with_it(
 def test_a_failed_checkpoint_stops_the_line_and_says_why(lines: EvictionLines) -> None:
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])
-    assert lines.checkpoint_failed(job, "lock failed (process state FAILED)") == []
+    assert lines.checkpoint_failed(job, "lock failed (process state FAILED)", now=0.0) == []
     assert lines.checkpoint("c1") == (FAILED, "lock failed (process state FAILED)")
     blocked = lines.blocked(0)
     assert blocked is not None
@@ -135,7 +135,7 @@ def test_a_failed_checkpoint_stops_the_line_and_says_why(lines: EvictionLines) -
 def test_the_failed_process_going_away_lets_the_line_go_on(lines: EvictionLines) -> None:
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])
-    lines.checkpoint_failed(job, "failed")
+    lines.checkpoint_failed(job, "failed", now=0.0)
     assert lines.forget("c1") == [Grant("c2", 0, 1.0)]
     assert lines.blocked(0) is None and lines.quiet()
 
@@ -144,7 +144,7 @@ def test_nvml_showing_room_for_the_next_holder_lets_the_line_go_on(
         lines: EvictionLines) -> None:
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])  # c2 needs 6 GiB of the 8
-    lines.checkpoint_failed(job, "failed")
+    lines.checkpoint_failed(job, "failed", now=0.0)
     assert lines.memory_seen(0, None) == []  # no NVML: nothing says it is free
     assert lines.memory_seen(0, 3 * GiB) == []  # 5 GiB free
     assert lines.blocked(0) is not None
@@ -175,7 +175,7 @@ def test_a_job_whose_client_went_away_ends_quietly_and_frees_the_line(
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])
     assert lines.forget("c1") == []  # its job still runs: the grant waits for it
-    assert lines.checkpoint_failed(job, "no such process") == [Grant("c2", 0, 1.0)]
+    assert lines.checkpoint_failed(job, "no such process", now=0.0) == [Grant("c2", 0, 1.0)]
     assert lines.blocked(0) is None and lines.quiet()
 
 
