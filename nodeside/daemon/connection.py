@@ -4,7 +4,9 @@ The rules live in ``session.py``; this file only moves bytes and decides how muc
 a time. A peer that pipelines thousands of requests is answered ``REQUESTS_PER_TURN`` at a time,
 with every other connection's turn in between, and not at all while it owes the daemon more
 than ``MAX_OWED_BYTES`` of unread replies: while requests wait here the socket is not read, so
-the rest stay in the kernel's buffer, not in the daemon's memory.
+the rest stay in the kernel's buffer, not in the daemon's memory. A peer whose writing stays
+paused (it does not read what it is owed, replies or events) for the router's
+``stall_timeout`` is cut off: the bytes it never read are dropped with it.
 
 Of the daemon a connection knows only the ``Router`` (``router.py``): it tells it what happens
 and sends through its own ``Endpoint``.
@@ -32,6 +34,9 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._turn_pending = False
+        #: When writing was last paused, and whether a look at the stall is arranged.
+        self._paused_at = 0.0
+        self._stall_check = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -56,13 +61,34 @@ class Connection(asyncio.Protocol):
         self.router.lost(self.endpoint)
 
     def pause_writing(self) -> None:
-        # The peer owes reading MAX_OWED_BYTES: answer nothing more until it reads.
+        # The peer owes reading MAX_OWED_BYTES, or fell behind on its events: answer nothing
+        # more until it reads.
         self._writing_paused = True
+        router = self.router
+        self._paused_at = router.now()
         self._pause_reading()
+        if not self._stall_check:
+            self._stall_check = True
+            router.loop.call_later(router.stall_timeout(), self._look_at_stall)
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self.endpoint.parked is not None:
+            self.endpoint.caught_up()
         self._next_turn()
+
+    def _look_at_stall(self) -> None:
+        self._stall_check = False
+        if not self._writing_paused or self.endpoint.closing:
+            return
+        router = self.router
+        behind = router.now() - self._paused_at
+        limit = router.stall_timeout()
+        if behind >= limit:
+            router.stalled(self.endpoint, behind)
+        else:  # it read, and fell behind again since: look again when this pause would end
+            self._stall_check = True
+            router.loop.call_later(limit - behind, self._look_at_stall)
 
     # -- answering --------------------------------------------------------------------------
 

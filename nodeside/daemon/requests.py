@@ -20,6 +20,7 @@ from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
 from nodeside.daemon.status_line import status_line
+from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
 from nodeside.scheduler.core import (
@@ -53,6 +54,10 @@ class Requests(Rules):
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
         self.registrations = Registrations(scheduler, namespace_of)
+        #: What the scheduler hears of working sets: rate-limited and damped per client.
+        self.working_sets = WorkingSetDamper()
+        #: A working set waits in the damper: the shell arms its timer at the turn's end.
+        self.working_sets_waiting = False
         #: Who moves each process's memory off the GPU: it answers ``register`` with the
         #: evictor chosen, and its lines may hold a grant back until a restore.
         self.evictor = evictor
@@ -116,9 +121,10 @@ class Requests(Rules):
                      now: float) -> Outcome:
         if session.client_id is not None:
             raise SchedulerError(p.E_STATE, "this connection is already registered")
-        client = self.registrations.register(session.peer, msg, now)
+        client = self.registrations.register(session.peer, msg, now, self.is_admin(session))
         if self.evictor is not None:  # what it can carry out, not merely what was asked
-            client.evict = self.evictor.register(client, msg.get("evict"))
+            client.evict = self.evictor.register(client, msg.get("evict"),
+                                                 session.peer.identity)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
                  session.peer.fd)
@@ -135,6 +141,7 @@ class Requests(Rules):
     def forget(self, client_id: str) -> None:
         """The client's connection is gone (the shell unregisters it from the scheduler)."""
         self.registrations.forget(client_id)
+        self.working_sets.forget(client_id)
 
     # -- the GPU --------------------------------------------------------------------------
 
@@ -211,8 +218,29 @@ class Requests(Rules):
         evictable = msg.get("evictable")
         if evictable is not None:
             evictable = limits.byte_count(evictable, "working_set.evictable")
-        actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
+        damper = self.working_sets
+        heard = damper.report(client_id, nbytes, evictable, now)
+        if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer
+            self.working_sets_waiting = True
+            if damper.flaps(client_id) == 1:
+                self.warnings.warning((session.peer.uid, "working_set"),
+                                      "%s (%s, uid %s) reports its working set up and down "
+                                      "faster than the scheduler follows; the larger one "
+                                      "stands until a smaller one holds %g s [FD=%d]",
+                                      session.label, client_id, session.peer.uid, damper.hold,
+                                      session.peer.fd)
+            return Outcome([p.encode(p.OK, seq=seq)])
+        actions = self.scheduler.report_working_set(now, client_id, heard[0], heard[1])
         return Outcome([p.encode(p.OK, seq=seq), *actions])
+
+    def working_sets_due(self, now: float) -> list[Action]:
+        """The working sets that waited long enough, told to the scheduler now (the shell's
+        timer, ``next_working_set``)."""
+        actions: list[Action] = []
+        for client_id, (nbytes, evictable) in self.working_sets.due(now):
+            if client_id in self.scheduler.clients:
+                actions += self.scheduler.report_working_set(now, client_id, nbytes, evictable)
+        return actions
 
     # -- looking and steering -------------------------------------------------------------
 

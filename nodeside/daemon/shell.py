@@ -43,7 +43,7 @@ class Shell(Router):
         # Made here, for they send through this router.
         self.delivery = Delivery(self.scheduler, self, now, evictor)
         self.timers = Timers(loop, now, self.scheduler, self, self.delivery, admission,
-                             requests.warnings)
+                             requests)
         #: A request of this turn may have moved the scheduler's next deadline.
         self._reschedule = False
 
@@ -115,6 +115,9 @@ class Shell(Router):
         if self._reschedule:
             self._reschedule = False
             self.timers.arm_deadline()
+            if self.requests.working_sets_waiting:
+                self.requests.working_sets_waiting = False
+                self.timers.arm_working_sets()
 
     def lost(self, endpoint: Endpoint) -> None:
         session = endpoint.session
@@ -144,6 +147,17 @@ class Shell(Router):
         timers.arm_deadline()
         if gpu is not None:
             timers.queues_moved((gpu,))
+
+    def stall_timeout(self) -> float:
+        return self.admission.limits.stall_timeout
+
+    def stalled(self, endpoint: Endpoint, seconds: float) -> None:
+        session = endpoint.session
+        self.requests.warnings.warning(
+            ("stalled", session.peer.uid), "Cutting off %s (uid %s) [FD=%d]: it left what the "
+            "daemon owes it unread for %.1f s (connections.stall_timeout)", session.label,
+            session.peer.uid, session.peer.fd, seconds)
+        endpoint.cut_off()
 
     def _limited(self, message: str, *args: Any) -> None:
         self.requests.warnings.warning(message, message, *args)
