@@ -43,7 +43,7 @@ def kiwictl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[st
 
 def test_metrics_are_scraped_over_http_from_a_running_daemon(start_daemon):
     daemon = start_daemon("--tq", "0.2", "--grace", "2", "--metrics-port", "0",
-                          "--metrics-address", "127.0.0.1")
+                          "--metrics-address", "127.0.0.1", "--metrics-pod-labels")
     url = metrics_url(daemon)
     labels = {"pod": "nb-pod", "namespace": "team-a"}
     with Client(daemon.socket, name="nb-1", labels=labels) as a, \
