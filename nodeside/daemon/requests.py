@@ -15,11 +15,11 @@ from typing import Any
 
 from nodeside import __version__, limits
 from nodeside import protocol as p
+from nodeside.daemon.documents import StatusDocuments, StatusMeter
 from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
-from nodeside.daemon.status_line import status_line
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
@@ -33,7 +33,6 @@ from nodeside.scheduler.core import (
     Scheduler,
     SchedulerError,
 )
-from nodeside.scheduler.status import build_status
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -62,6 +61,13 @@ class Requests(Rules):
         #: evictor chosen, and its lines may hold a grant back until a restore.
         self.evictor = evictor
         self.lines: EvictionLines | None = evictor.lines if evictor is not None else None
+        #: The status document, kept between requests while nothing it shows changed, and
+        #: what building it costs each uid.
+        self.documents = StatusDocuments(scheduler, memory_used, self.lines)
+        self.meter = StatusMeter()
+        #: Bumped whenever something the status document shows may have changed: a request
+        #: that changes it (here), and what the shell notes (``Timers.note_change``).
+        self.generation = 0
         #: Each request's handler, looked up once rather than by name on every request.
         self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
                                            Outcome]] = {
@@ -81,6 +87,7 @@ class Requests(Rules):
             outcome.reschedule = True
         if op not in _NO_CHANGE:
             outcome.changed = True
+            self.generation += 1
         return outcome
 
     def complain(self, session: Session, exc: p.ProtocolError) -> None:
@@ -246,15 +253,26 @@ class Requests(Rules):
 
     def _on_status(self, session: Session, msg: dict[str, Any], seq: int | None,
                    now: float) -> Outcome:
-        return Outcome([status_line(self.status(now, session), seq)])
+        uid = session.peer.uid
+        viewer = (self.is_admin(session), uid)
+        kept = self.documents.kept(viewer, seq, now, self.generation)
+        if kept is not None:  # nothing it shows changed: it costs nothing, whoever asks
+            return Outcome([kept])
+        wait = self.meter.owed(uid, now)
+        if wait > 0:  # the uid took more than its share: this request waits its turn
+            self.warnings.warning((uid, p.STATUS), "Status requests of uid %s take more than "
+                                  "their share of the daemon's time; they wait %.1f s [FD=%d]",
+                                  uid, wait, session.peer.fd)
+            return Outcome(wait=wait)
+        line, cost = self.documents.build(viewer, seq, now, self.generation)
+        self.meter.charge(uid, cost, now)
+        return Outcome([line])
 
     def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
-        """The status document as ``viewer`` may see it (None: everything, for metrics)."""
+        """The status document as ``viewer`` may see it (None: everything), built now."""
         if viewer is None:
-            return build_status(self.scheduler, now, self.memory_used(), evictions=self.lines)
-        return build_status(self.scheduler, now, self.memory_used(),
-                            viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid,
-                            evictions=self.lines)
+            return self.documents.document(now)
+        return self.documents.document(now, (self.is_admin(viewer), viewer.peer.uid))
 
     def _on_ping(self, session: Session, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:

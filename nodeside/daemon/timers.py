@@ -131,6 +131,7 @@ class Timers:
 
     def note_change(self) -> None:
         """Something the status document shows changed: a round of ``changed`` events."""
+        self.requests.generation += 1  # kept status documents are built again
         now = self.now()
         due = self.changes.mark(now)
         if due is None:

@@ -128,6 +128,9 @@ class EvictionLines:
         self.scheduler = scheduler
         self.records: dict[str, Record] = {}
         self._lines: dict[int, Line] = {}
+        #: Bumped whenever what the status document shows of the lines may have changed (a
+        #: record's state or error, a line blocked or freed): kept documents are built again.
+        self.version = 0
 
     def quiet(self) -> bool:
         """Nobody is checkpointed and no line has work: every action may go as it comes."""
@@ -140,6 +143,7 @@ class EvictionLines:
         """A client whose process this daemon checkpoints (the shell chose it for it);
         ``identity``: the process as it connected, checked before every job acts on it."""
         self.records[client] = Record(client, pid, gpu, name, identity)
+        self.version += 1
 
     def forget(self, client: str) -> list[Action | Job]:
         """The client's connection closed: what was queued for it is stale, and a process that
@@ -148,6 +152,7 @@ class EvictionLines:
         record = self.records.pop(client, None)
         if record is None:
             return []
+        self.version += 1
         if record.state != RUNNING:
             log.info("Client %s (%s, pid %d) went away while %s; nothing to restore",
                      record.name, client, record.pid, record.state)
@@ -221,6 +226,7 @@ class EvictionLines:
         record = self.records.get(job.client)
         if record is not None:
             record.error = why
+            self.version += 1
 
     def checkpoint_done(self, job: Checkpoint) -> list[Action | Job]:
         """The process is checkpointed (or was gone before it could be)."""
@@ -288,6 +294,7 @@ class EvictionLines:
         log.warning("GPU %d: NVML shows the memory free despite the failed checkpoint of %s; "
                     "granting again", gpu, line.blocker or "?")
         line.blocked = line.blocker = line.blocked_publicly = None
+        self.version += 1
         return self._pump(gpu)
 
     def next_deadline(self) -> float | None:
@@ -306,6 +313,7 @@ class EvictionLines:
                         "grace period; granting again (the next holder may find less memory "
                         "free)", gpu, line.blocker or "?")
             line.blocked = line.blocker = line.blocked_publicly = None
+            self.version += 1
             ready.extend(self._pump(gpu))
         return ready
 
@@ -326,6 +334,7 @@ class EvictionLines:
     # -- the lines ------------------------------------------------------------------------------
 
     def _finished(self, job: Job) -> list[Action | Job]:
+        self.version += 1  # every job's end changes a state the status document shows
         line = self._line(job.gpu)
         line.running = None
         return self._pump(job.gpu)
@@ -349,6 +358,7 @@ class EvictionLines:
             if record is None or not _needed(item, record):
                 continue  # gone, or already where the job would put it
             record.state = CHECKPOINTING if isinstance(item, Checkpoint) else RESTORING
+            self.version += 1
             line.running = item
             ready.append(item)
         if line.idle:
