@@ -151,6 +151,10 @@ REQUESTS_PER_TURN: Final = 32
 #: this, that connection's requests wait until the peer reads: a peer that never reads costs
 #: the daemon this much memory, not one status document per request it sent.
 MAX_OWED_BYTES: Final = 1024 * 1024
+#: Bytes the daemon may owe all the peers that stopped reading together (past their own
+#: MAX_OWED_BYTES, or behind on their events): past this, the one behind longest is cut off.
+#: Thousands of peers that never read then cost the daemon this much, not a MiB each.
+MAX_OWED_BYTES_TOTAL: Final = 32 * 1024 * 1024
 #: Bytes of labels (keys and values) of all registered clients together: pod labels take a few
 #: hundred bytes a client; this leaves room for thousands while keeping the status bounded.
 MAX_LABEL_BYTES_TOTAL: Final = 2 * 1024 * 1024

@@ -190,6 +190,14 @@ class Router:
         """A peer stayed behind ``seconds``: cut it off."""
         raise NotImplementedError
 
+    def fell_behind(self, endpoint: Endpoint) -> None:
+        """A peer stopped reading what it is owed (its writing paused)."""
+        raise NotImplementedError
+
+    def kept_up(self, endpoint: Endpoint) -> None:
+        """A peer that fell behind read what it was owed."""
+        raise NotImplementedError
+
     # -- who is where -------------------------------------------------------------------------
 
     def add(self, endpoint: Endpoint) -> None:

@@ -18,6 +18,7 @@ from test_daemon_hardening import registered_raw, rss_bytes
 
 from nodeside import protocol as p
 from nodeside.client import Client
+from nodeside.limits import MAX_OWED_BYTES, MAX_OWED_BYTES_TOTAL
 
 
 def read_to_the_end(sock: socket.socket, within: float) -> tuple[bool, int]:
@@ -74,6 +75,34 @@ def test_peers_that_never_read_are_cut_off_and_the_daemon_stays_bounded(
                     r"daemon owes it unread for \d+\.\d s")
     assert "Traceback" not in daemon.log()
     for conn in crowd:  # the registered kernels that read were never touched
+        conn.sendall(p.encode(p.PING, seq=5))
+        assert conn.read() == {"op": "pong", "seq": 5}
+
+
+def test_peers_that_never_read_are_cut_off_once_together_they_are_owed_too_much(
+        start_daemon, scratch: Path) -> None:
+    config = scratch / "kiwi.yaml"
+    config.write_text("connections: {stall_timeout: 3600}\n")  # only the total cuts them off
+    daemon: DaemonProcess = start_daemon("--config", str(config))
+    labels = {f"label{i}": "v" * 200 for i in range(8)}
+    crowd = [registered_raw(daemon, f"kernel-{i:03d}-" + "n" * 100, labels=labels)
+             for i in range(100)]
+    before = rss_bytes(daemon.process.pid)
+    deaf = []
+    for _ in range(80):  # each owed past MAX_OWED_BYTES: together far past the total
+        peer = Raw(daemon)
+        peer.sendall(p.encode(p.STATUS) * 8)
+        deaf.append(peer)
+    daemon.wait_log(r"Cutting off <UNREGISTERED> \(uid \d+\) \[FD=\d+\]: the peers that do "
+                    rf"not read are owed more than {MAX_OWED_BYTES_TOTAL >> 20} MiB together")
+    with Client(daemon.socket, name="probe") as probe:
+        probe.acquire(timeout=10)
+        probe.release()
+    grown = rss_bytes(daemon.process.pid) - before
+    assert grown < 2 * (MAX_OWED_BYTES_TOTAL >> 20) * 2**20, f"grew {grown / 2**20:.0f} MiB"
+    cut = sum(read_to_the_end(peer.sock, within=0.5)[0] for peer in deaf)
+    assert cut >= 80 - MAX_OWED_BYTES_TOTAL // MAX_OWED_BYTES
+    for conn in crowd:
         conn.sendall(p.encode(p.PING, seq=5))
         assert conn.read() == {"op": "pong", "seq": 5}
 
