@@ -116,9 +116,12 @@ class SchedulerHandler(KiwiHandler):
         try:
             return json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            raise web.HTTPError(400, "the body is not UTF-8 text") from None
+            why = "the body is not UTF-8 text"
         except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            raise web.HTTPError(400, "the body is not JSON") from None
+            why = "the body is not JSON"
+        # As the reason only: tornado logs an error's message as a line of its own, and the
+        # access log's line says it already.
+        raise web.HTTPError(400, reason=why)
 
 
 def _parse_change(body: Any) -> tuple[str | None, float | None]:
