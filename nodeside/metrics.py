@@ -271,7 +271,9 @@ class MetricsServer(ThreadingHTTPServer):
     """HTTP on threads of its own, at most MAX_SCRAPERS connections at once."""
 
     daemon_threads = True
-    request_queue_size = MAX_SCRAPERS
+    #: The listen backlog: a burst of connections waits in the kernel, not in a SYN retry,
+    #: and each past the cap is accepted and closed at once (the backlog holds no descriptor).
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], exposition: _Exposition,
                  max_scrapers: int = MAX_SCRAPERS) -> None:

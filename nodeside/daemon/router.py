@@ -64,7 +64,7 @@ class Endpoint:
                 self.held.append(data)
                 self.held_bytes += len(data)
             else:
-                if self.parked:  # what it was told before this goes first
+                if self.parked is not None:  # behind: what it was told before goes first
                     self._unpark()
                 self.transport.write(data)
 
@@ -118,7 +118,7 @@ class Endpoint:
         held, self.held = self.held, None
         self.held_bytes = 0
         if held and self.transport is not None and not self.closing:
-            if self.parked:
+            if self.parked is not None:
                 self._unpark()
             self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
