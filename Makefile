@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels core
+.PHONY: install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels core \
+	images
 
 install: $(VENV)/.installed
 
@@ -34,9 +35,14 @@ $(VENV)/.installed: $(VENV)/.lab-installed pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-## Start JupyterLab with Kiwi (embedded scheduler, no other setup).
+## Start JupyterLab with Kiwi (embedded scheduler, no other setup). Its time quantum is the
+## Binder demo's, 5 s: the demo notebooks' bursts last 15 s, so while the other notebook waits
+## each burst outlives a quantum and the quantum's end shows (the panel counts down to 0, the
+## cell says the GPU was asked back); with the daemon's default of 30 s no burst ever reaches
+## one. LAB_TQ=30 make lab for the default; kiwictl -T or the panel change it while it runs.
+LAB_TQ ?= 5
 lab: $(VENV)/.lab-installed labextension
-	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) --KiwiExtension.tq=$(LAB_TQ) $(LAB_ARGS)
 
 ## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
 ## from the venv's labextensions to the build so later builds (`npm run watch`) show at once.
@@ -74,9 +80,22 @@ sanitize: install
 	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 
+## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
+## and from the daemon's status document (the panel's fixture) read what those make now.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python -m nodeside.protocol.generate --check
+	$(BIN)/python tests/status_fixtures.py --check
+
+## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
+## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their
+## bases upstream where they can be pulled, else stand-ins from Debian's packages
+## (images/build.sh says how). Then each image is started and checked (tests/images).
+## Needs buildah and mmdebstrap (apt-get install buildah mmdebstrap) and root.
+images: install core labextension
+	PYTHON=$(BIN)/python images/build.sh
+	KIWI_TEST_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/images
 
 ## Every benchmark that needs no GPU, each run three times, as one Markdown report with ranges.
 ## BENCH_ARGS="--quick --repeat 1" to see it work; "--only handoff,attack" for some of them.
@@ -90,7 +109,7 @@ bench: install core
 GPU_PYTHON ?= python3
 GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) -m benchmarks.shim.gpu_check $(GPU_CHECK_ARGS)
 
 ## Wheels for a GPU machine that lacks a package gpu-check needs (it names any it misses), for
 ## its Python 3.12 on x86-64, into the ignored .whl/ to carry there. The package's own runtime

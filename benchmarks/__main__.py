@@ -8,7 +8,7 @@ logs) goes to a log file named in the report, shown only when the run fails. The
 benchmark are merged into one section in which every figure that moved between runs carries its
 range (benchmarks/ranges.py), under a line giving the machine's load before each run.
 
-The GPU benchmarks run with ``python -m benchmarks.gpu_check`` (``make gpu-check``).
+The GPU benchmarks run with ``python -m benchmarks.shim.gpu_check`` (``make gpu-check``).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.common import demote_headings, utc_now
+from benchmarks.common import REPO, demote_headings, utc_now
 from benchmarks.ranges import merge
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class Benchmark(NamedTuple):
     title: str
+    #: The module it runs, under ``benchmarks.``.
+    module: str
     args: tuple[str, ...]
     quick: tuple[str, ...]
 
@@ -38,21 +38,23 @@ class Benchmark(NamedTuple):
 # In the order they run; the arguments keep a whole `make bench` to minutes on a 2-core machine.
 BENCHMARKS = {
     "handoff": Benchmark("Handoff with every client waiting (C harness, relay-ring floor)",
-                         ("--repeats", "1"),
+                         "daemon.handoff", ("--repeats", "1"),
                          ("--repeats", "1", "--handoffs", "1000", "--clients", "2,64,512")),
     "handoff_core": Benchmark("The daemon's work per handoff, in-process (bare relay floor)",
-                              ("--callgrind", "--clients", "2,512"),
+                              "daemon.handoff_core", ("--callgrind", "--clients", "2,512"),
                               ("--handoffs", "500", "--repeats", "1", "--clients", "2,512")),
-    "attack": Benchmark("Probe under attack", ("--seconds", "4"), ("--seconds", "2")),
-    "soak": Benchmark("Soak", ("--handoffs", "1000000", "--seconds", "300"),
+    "attack": Benchmark("Probe under attack", "daemon.attack", ("--seconds", "4"),
+                        ("--seconds", "2")),
+    "soak": Benchmark("Soak", "daemon.soak", ("--handoffs", "1000000", "--seconds", "300"),
                       ("--handoffs", "50000", "--seconds", "60")),
-    "daemon": Benchmark("Daemon as Python clients see it", (), ()),
-    "fleet": Benchmark("Scheduling policy: the notebook fleet", (), ()),
-    "lab": Benchmark("Jupyter server and panel", (), ()),
-    "kernel_cells": Benchmark("Notebook kernel", (), ("--cells", "100", "--handoffs", "20")),
-    "shim_gate": Benchmark("CUDA shim gate (fake driver)", (), ()),
-    "shim_turns": Benchmark("CUDA shim: a turn between two processes (fake driver)", (),
-                            ("--seconds", "2")),
+    "daemon": Benchmark("Daemon as Python clients see it", "daemon.python_clients", (), ()),
+    "fleet": Benchmark("Scheduling policy: the notebook fleet", "fleet", (), ()),
+    "lab": Benchmark("Jupyter server and panel", "lab.panel", (), ()),
+    "kernel_cells": Benchmark("Notebook kernel", "lab.kernel_cells", (),
+                              ("--cells", "100", "--handoffs", "20")),
+    "shim_gate": Benchmark("CUDA shim gate (fake driver)", "shim.gate", (), ()),
+    "shim_turns": Benchmark("CUDA shim: a turn between two processes (fake driver)",
+                            "shim.turns", (), ("--seconds", "2")),
 }
 
 
@@ -68,12 +70,12 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.2f}"
 
 
-def run_once(name: str, args: tuple[str, ...], log: Path) -> tuple[str, str | None]:
+def run_once(module: str, args: tuple[str, ...], log: Path) -> tuple[str, str | None]:
     """One run's Markdown, and why it failed (None when it did not)."""
     with log.open("a") as errors:
-        errors.write(f"\n==== {name} {' '.join(args)}\n")
+        errors.write(f"\n==== {module} {' '.join(args)}\n")
         errors.flush()
-        done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=errors, text=True)
     if done.returncode != 0:
         tail = log.read_text().splitlines()[-5:]
@@ -81,13 +83,12 @@ def run_once(name: str, args: tuple[str, ...], log: Path) -> tuple[str, str | No
     return done.stdout, None
 
 
-def section(name: str, title: str, outputs: list[str], loads: list[str],
-            failures: list[str]) -> str:
+def section(bench: Benchmark, outputs: list[str], loads: list[str], failures: list[str]) -> str:
     body = merge(outputs).splitlines() if outputs else []
     body = demote_headings(body)  # each benchmark's headings go under its section
     while body and not body[0].strip():
         body.pop(0)
-    lines = [f"## {title} (`benchmarks/{name}.py`)", "",
+    lines = [f"## {bench.title} (`python -m benchmarks.{bench.module}`)", "",
              f"{len(loads)} run{'s' if len(loads) != 1 else ''}; 1-minute load average "
              f"before each: {', '.join(loads)}.", ""]
     lines += body
@@ -120,12 +121,12 @@ def main(argv: list[str] | None = None) -> str:
         outputs, loads, failures = [], [], []
         for _ in range(args.repeat):
             loads.append(load())
-            out, failed = run_once(name, bench.quick if args.quick else bench.args, log)
+            out, failed = run_once(bench.module, bench.quick if args.quick else bench.args, log)
             if failed:
                 failures.append(failed)
             elif out.strip():
                 outputs.append(out)
-        text = section(name, bench.title, outputs, loads, failures)
+        text = section(bench, outputs, loads, failures)
         print(text + "\n", flush=True)
         report.append(text + "\n")
     tail = f"All benchmarks took {time.monotonic() - started:.0f} s."

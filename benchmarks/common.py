@@ -13,6 +13,9 @@ from pathlib import Path
 
 from nodeside.daemon.listen import answers as socket_answers
 
+#: The repository's root: benchmarks run from a clone, never from an installed package.
+REPO = Path(__file__).resolve().parent.parent
+
 
 def percentile(samples: Sequence[float], q: float) -> float:
     """The q-th percentile by the nearest-rank method."""

@@ -28,18 +28,17 @@ from typing import Any
 
 from kiwi_jupyter.server.link import served_document
 from nodeside import protocol as p
-from nodeside.client.common import HELLO_FIELDS
+from nodeside.client.backoff import Backoff
+from nodeside.protocol import events as ev
+from nodeside.protocol.client_session import ClientSession
 
 log = logging.getLogger("kiwi_jupyter")
-
-_BACKOFF_START = 0.1
+#: Seconds before asking an older daemon (one without ``changes``) again: after an upgrade.
+_OLD_DAEMON_RETRY = 60.0
 #: Bytes a second the watch reads of the document at most, for all its panels together: a
 #: large document (thousands of clients) is read after a change less often than ten times a
 #: second, and each browser is sent it as often (issue 34.7).
 DOCUMENT_BYTES_PER_SECOND = 1024 * 1024
-_BACKOFF_MAX = 5.0
-#: Seconds before asking an older daemon (one without ``changes``) again: after an upgrade.
-_OLD_DAEMON_RETRY = 60.0
 
 
 class StatusWatch:
@@ -60,8 +59,8 @@ class StatusWatch:
         self._tags = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count(1))
         self._news = asyncio.Event()
         self._writer: asyncio.StreamWriter | None = None
+        self._session = ClientSession(features=[p.FEATURE_CHANGES])
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._seq = itertools.count(1)
         self._reading: asyncio.Task[None] | None = None
         self._again = False
         #: The size of the last document read, and a re-read arranged for later.
@@ -106,7 +105,7 @@ class StatusWatch:
     # -- the connection -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        backoff = _BACKOFF_START
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
@@ -114,13 +113,13 @@ class StatusWatch:
                     self.timeout)
             except (OSError, asyncio.TimeoutError):
                 self._tried.set()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                await asyncio.sleep(backoff.next())
                 continue
-            pause = backoff
+            pause = backoff.next()
             try:
                 if await self._greet(reader, writer):
-                    backoff = pause = _BACKOFF_START
+                    backoff.reset()
+                    pause = backoff.next()
                     await self._listen(reader, writer)
                 else:
                     log.info("Kiwi: the daemon at %s sends no change events; the panel polls "
@@ -136,14 +135,16 @@ class StatusWatch:
                 self._disconnected(writer)
                 self._tried.set()
             await asyncio.sleep(pause)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
 
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        hello = {**HELLO_FIELDS, "features": [p.FEATURE_CHANGES]}
-        writer.write(p.encode(p.HELLO, **hello))
-        welcome = p.decode((await asyncio.wait_for(reader.readline(), self.timeout)).rstrip())
-        return welcome.get("op") == p.WELCOME and \
-            p.FEATURE_CHANGES in (welcome.get("features") or ())
+        self._session.connect()
+        writer.write(self._session.data_to_send())
+        line = await asyncio.wait_for(reader.readline(), self.timeout)
+        if not line:
+            raise ConnectionResetError("the daemon closed the connection")
+        said = self._session.receive_data(line if line.endswith(b"\n") else line + b"\n")
+        return bool(said) and isinstance(said[0], ev.Ready) and \
+            p.FEATURE_CHANGES in self._session.features
 
     async def _listen(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
@@ -151,16 +152,15 @@ class StatusWatch:
         self.pushing = True
         while True:
             line = await reader.readuntil(b"\n")
-            message = p.decode(line.rstrip(b"\n"))
-            seq = message.get("seq")
-            if message.get("op") == p.STATUS_REPLY:
-                self._document_bytes = len(line)
-            if seq is not None:
-                future = self._replies.pop(seq, None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-            elif message.get("op") == p.CHANGED:
-                self._changed()
+            for event in self._session.receive_data(line):
+                if isinstance(event, ev.Reply):
+                    if event.message.get("op") == p.STATUS_REPLY:
+                        self._document_bytes = len(line)  # what the next read will cost
+                    future = self._replies.pop(event.seq, None)
+                    if future is not None and not future.done():
+                        future.set_result(event.message)
+                elif isinstance(event, ev.StatusChanged):
+                    self._changed()
 
     def _changed(self) -> None:
         if self._reading is not None and not self._reading.done():
@@ -195,10 +195,10 @@ class StatusWatch:
             return
         news = news or self._again
         self._again = False
-        seq = next(self._seq)
+        seq = self._session.request(p.STATUS)
         future = self._replies[seq] = asyncio.get_running_loop().create_future()
         try:
-            writer.write(p.encode(p.STATUS, seq=seq))
+            writer.write(self._session.data_to_send())
             reply = await asyncio.wait_for(future, self.timeout)
         except (OSError, asyncio.TimeoutError, asyncio.CancelledError):
             self._replies.pop(seq, None)
@@ -212,7 +212,7 @@ class StatusWatch:
             self.tag = next(self._tags)
             self._wake()
         self._tried.set()
-        if self._again:
+        if self._again and self._writer is writer:
             self._again = False
             asyncio.get_running_loop().call_soon(self._changed)
 
@@ -223,6 +223,7 @@ class StatusWatch:
     def _disconnected(self, writer: asyncio.StreamWriter) -> None:
         self.pushing = False
         self._writer = None
+        self._session.connection_lost()
         for future in self._replies.values():
             if not future.done():
                 future.cancel()

@@ -45,7 +45,7 @@ typedef struct CUmemLocation_st {
     int id;
 } CUmemLocation;
 
-/* Filled in by the shim (pool.c); CUDA 13 names the reserved bytes' first one
+/* Filled in by the shim (mechanisms/pools.c); CUDA 13 names the reserved bytes' first one
  * gpuDirectRDMACapable. allocType and handleTypes are enums of int width. */
 typedef struct CUmemPoolProps_st {
     int allocType;

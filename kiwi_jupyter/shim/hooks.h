@@ -8,7 +8,7 @@
  *               per-thread default stream (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).
  *
  * base/version/per_thread are only a fallback: cuGetProcAddress answers are matched first by
- * address against what dlsym finds for each symbol (see hook.c).
+ * address against what dlsym finds for each symbol (see interpose/hook.c).
  */
 #ifndef KIWI_SHIM_HOOKS_H
 #define KIWI_SHIM_HOOKS_H
@@ -35,8 +35,8 @@
     X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                 \
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)
 
-/* Graph capture (capture.c): a release must not synchronize while a capture is open, since
- * cuCtxSynchronize would invalidate it. */
+/* Graph capture (interpose/capture.c): a release must not synchronize while a capture is open,
+ * since cuCtxSynchronize would invalidate it. */
 #define KIWI_CAPTURE_HOOKS(X)                                             \
     X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, 0)             \
     X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, 1)        \
@@ -47,8 +47,8 @@
     X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0)                 \
     X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1)
 
-/* Contexts (context.c): destroying one frees what was allocated in it, so the shim forgets
- * those records and the pager's stream there. */
+/* Contexts (interpose/context.c): destroying one frees what was allocated in it, so the shim
+ * forgets those records and the pager's stream there. */
 #define KIWI_CONTEXT_HOOKS(X)                                             \
     X(cuCtxDestroy, "cuCtxDestroy", 2000, 0)                              \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                           \

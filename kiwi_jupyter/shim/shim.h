@@ -1,28 +1,55 @@
-/* What the shim's files share. Each .c file is one concern:
+/* What the shim's tiers share. The C files live in three tiers, and calls only go down:
  *
- *   hook.c    interposition: dlsym, cuGetProcAddress(_v2), finding the real driver functions
- *   memory.c  the table of allocations: the working set, and the ranges the pager moves; with
- *             limit.c (the memory limit), alloc.c and alloc_async.c (allocations become managed
- *             memory) and free.c (frees), sharing memory.h
- *   meminfo.c cuMemGetInfo and cuDeviceTotalMem: what the process is told of the GPU's memory
- *   pool.c    a managed memory pool per device, for stream-ordered allocations (CUDA 13)
- *   gated.c   the driver calls that run work on the GPU, each wrapped by the gate
- *   gate.c    the gate itself: work waits there until this process holds its GPU
- *   pager.c   synchronizing, and moving the working set to host memory and back by prefetch;
- *             with transfer.c (one context's prefetches and discards), sharing pager.h
- *   free_ranges.c what the framework's cache holds free: discarded, not copied, on eviction
- *   capture.c graph captures in progress, which a release must wait for
- *   context.c contexts destroyed or reset: the shim forgets what was allocated in them
- *   interrupt.c Ctrl-C ends a wait for the GPU
- *   comm.c    the daemon client, on a thread of its own; the hold's state machine; with
- *             release.c (the release sequence), dispatch.c (the daemon's lines), wishes.c (what
- *             other threads ask of it) and start.c (starting it; fork), sharing comm.h
- *   link.c    the connection: socket, framing, hello and register
- *   registration.c what the register request says of the process: names, labels, GPU
- *   wire.c    protocol lines: writing requests, reading the daemon's flat JSON objects
- *   config.c  environment variables, read once
- *   evict.c   which evictor pages this process out: managed memory, or the driver's checkpoint
- *   api.c     the small C API the kernel hook calls through ctypes
+ *     interpose/    the driver's entry points, and nothing else    \   both call down into the
+ *     client/       the daemon client: its thread, the hold, api.c /   mechanisms, never each other
+ *     mechanisms/   the gate, the memory table, the pager, and what every tier stands on
+ *
+ * The mechanisms never call up. What the client must hear from them (a call waits at the
+ * closed gate, the allocations changed, a graph capture ended, an interrupt) they post as news:
+ * an atomic flag and a byte down the comm thread's pipe (news.c). tests/shim/test_tiers.py
+ * holds the sources to this, and to "no file calls back into a file that calls it".
+ *
+ *   interpose/  hook.c        dlsym, cuGetProcAddress(_v2): each caller lands on a replacement
+ *               gated.c       the driver calls that run work on the GPU, each behind the gate
+ *               alloc.c       allocations become managed memory (or stay device memory)
+ *               alloc_async.c stream-ordered allocations
+ *               pool.c        cuDeviceGetMemPool: a framework sees the shim's managed pool
+ *               free.c        frees, and stream-ordered frees
+ *               meminfo.c     cuMemGetInfo and cuDeviceTotalMem: what the process is told
+ *               context.c     contexts destroyed or reset: what was allocated in them goes
+ *               capture.c     graph captures beginning and ending
+ *               (interpose.h: what they share)
+ *   client/     comm.c        the daemon client, on a thread of its own: connecting, its loop
+ *               hold.c        the hold's one writer, kiwi_hold_move, against hold.h's table
+ *               dispatch.c    what each line from the daemon does to the hold
+ *               release.c     the release sequence, whatever asked for it
+ *               outage.c      while the daemon is away: the lost connection, the fail policy
+ *               wishes.c      what other threads ask of the comm thread (api.c's calls)
+ *               start.c       starting the thread, and starting afresh in a forked child
+ *               link.c        the connection: socket, framing, hello and register
+ *               registration.c what register says of the process: names, labels, GPU
+ *               wire.c        protocol lines: writing requests, reading flat JSON objects
+ *               evict.c       the evictor register proposes, and the daemon's answer
+ *               api.c         the small C API the kernel hook calls through ctypes
+ *               (client.h: what they share)
+ *   mechanisms/ config.c      environment variables, read once; logging; the clock
+ *               driver.c      finding the driver's own functions
+ *               news.c        what the mechanisms tell the client, without calling it
+ *               gate.c        the gate: work waits there until this process holds its GPU
+ *               interrupt.c   Ctrl-C ends a wait for the GPU
+ *               captures.c    graph captures in progress, which a release must wait for
+ *               memory.c      the table of allocations, and frees deferred past a capture;
+ *               limit.c       with the memory limit (memory.h)
+ *               pools.c       a managed memory pool per device (CUDA 13)
+ *               pager.c       the pager's one entry, kiwi_pager_move, and which evictor runs;
+ *               contexts.c    with the contexts it synchronizes and moves memory in,
+ *               managed.c     the managed evictor's move: the working set by prefetch,
+ *               transfer.c    one context's prefetches and discards,
+ *               copy_out.c    KIWI_EVICT_COPY's host buffers,
+ *               free_ranges.c and what the framework's cache holds free (pager.h)
+ *
+ * This header declares what the tiers above call in the mechanisms, and the pieces every file
+ * needs (driver.h's types, hooks.h's table of entry points).
  */
 #ifndef KIWI_SHIM_H
 #define KIWI_SHIM_H
@@ -80,24 +107,23 @@ double kiwi_now(void); /* CLOCK_MONOTONIC seconds */
 void kiwi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kiwi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* ---- evict.c ----------------------------------------------------------------------------- */
-
-/* Do allocations become managed memory? Decided once, before the first allocation; may wait
- * (bounded) for the daemon's answer to register. */
-bool kiwi_evict_converts(void);
-/* Is the daemon checkpointing this process (decided, and decided so)? Never waits. */
-bool kiwi_evict_checkpointing(void);
-/* What register proposes ("managed" or "checkpoint"); the daemon's answer, "" when it gave none. */
-const char *kiwi_evict_proposal(void);
-void kiwi_evict_answered(const char *evictor);
-const char *kiwi_evict_name(void); /* "managed", "checkpoint" or "undecided" */
-
-/* ---- hook.c ------------------------------------------------------------------------------ */
+/* ---- driver.c ---------------------------------------------------------------------------- */
 
 /* The driver's own function for a hooked symbol, or NULL when no driver is loaded. */
 void *kiwi_real(enum kiwi_hook_id id);
 /* The driver's function for any other symbol the shim calls itself (cuCtxSynchronize, ...). */
 void *kiwi_driver_sym(const char *symbol);
+/* dlsym and what it calls first run inside a sanitizer's own start-up, when a sanitized build of
+ * the shim is tested: AddressSanitizer and ThreadSanitizer resolve their interceptors with dlsym
+ * before their shadow memory exists. Such functions are left uninstrumented. */
+#define KIWI_SANITIZER_SAFE __attribute__((no_sanitize_address, no_sanitize_thread))
+
+typedef void *(*kiwi_dlsym_fn)(void *, const char *);
+/* The dynamic linker's own dlsym (hook.c replaces dlsym); sanitizer-safe. */
+kiwi_dlsym_fn kiwi_driver_dlsym(void);
+/* hook.c found the driver's function for a hooked symbol (by dlsym on handle, or through
+ * cuGetProcAddress with a NULL handle): the first one found stands. */
+void kiwi_driver_found(enum kiwi_hook_id id, void *address, void *handle);
 
 /* The start of every hook, inside the replacement for symbol: reads the environment, and
  * declares var, the driver's own symbol with the replacement's own type; with no driver loaded
@@ -108,7 +134,33 @@ void *kiwi_driver_sym(const char *symbol);
     if (!var)                                                                  \
         return CUDA_ERROR_NOT_INITIALIZED
 
+/* ---- news.c ------------------------------------------------------------------------------ */
+
+/* News the comm thread takes when it wakes (kiwi_news_take). */
+enum { KIWI_NEWS_WORKING_SET = 1u << 0 }; /* the allocation totals changed: report them */
+
+/* The client, as the library loads: the function that starts it (its thread). */
+void kiwi_news_subscribe(void (*start)(void));
+/* The client's thread runs: fd is the write end of its wake-up pipe. */
+void kiwi_news_listen(int fd);
+/* Something needs the client (GPU work, an allocation): starts it, the first time. */
+void kiwi_news_need_client(void);
+/* Wakes the client's thread, if it runs; async-signal-safe. */
+void kiwi_news_wake(void);
+/* Starts the client if need be, notes the news, and wakes it (once, until it takes them). */
+void kiwi_news_post(unsigned news);
+/* For the comm thread itself: notes news without waking anyone. */
+void kiwi_news_set(unsigned news);
+/* For the comm thread: which of news were posted since it last took them (and clears them). */
+unsigned kiwi_news_take(unsigned news);
+void kiwi_news_after_fork(void);
+
 /* ---- gate.c ------------------------------------------------------------------------------ */
+
+/* The one lock around the gate's waiters and the hold's state (client/); kiwi_changed is
+ * broadcast whenever either changes. */
+extern pthread_mutex_t kiwi_lock;
+extern pthread_cond_t kiwi_changed;
 
 /* Around every gated call. enter returns CUDA_SUCCESS when the call may run, or the error the
  * call must return instead (fail-closed policy while the daemon is unreachable). */
@@ -122,20 +174,19 @@ void kiwi_gate_drain(void);
 double kiwi_gate_last_activity(void);
 int kiwi_gate_in_flight(void);
 bool kiwi_gate_is_open(void);
+/* Under kiwi_lock: the calls waiting at the closed gate now (each wakes the client as it
+ * starts waiting), and the seconds all calls have waited there. */
+int kiwi_gate_waiters(void);
+double kiwi_gate_seconds_waiting(void);
+/* Under kiwi_lock: whether calls at the closed gate fail instead of waiting (the fail-closed
+ * policy, while the daemon is away). */
+void kiwi_gate_refuse(bool refuse);
+bool kiwi_gate_refusing(void);
 /* From now on kiwi_gate_used_since_mark says whether any call has left the gate (free_ranges.c). */
 void kiwi_gate_mark(void);
 bool kiwi_gate_used_since_mark(void);
+/* A forked child: kiwi_lock afresh, the gate closed, nobody waiting. */
 void kiwi_gate_after_fork(void);
-
-/* ---- capture.c --------------------------------------------------------------------------- */
-
-/* How many streams are being captured into graphs now. */
-int kiwi_capture_open(void);
-/* For the comm thread: true when no capture is open, and then none can begin until
- * kiwi_capture_unhold (the synchronization in between would invalidate it). */
-bool kiwi_capture_hold(void);
-void kiwi_capture_unhold(void);
-void kiwi_capture_after_fork(void);
 
 /* ---- interrupt.c ------------------------------------------------------------------------- */
 
@@ -146,7 +197,23 @@ void kiwi_interrupt(void);
 /* Puts the shim's SIGINT handler in front of the one installed now; 0 on success. */
 int kiwi_interrupt_catch(void);
 
-/* ---- memory.c, limit.c, alloc.c, alloc_async.c, free.c ---------------------------------- */
+/* ---- captures.c -------------------------------------------------------------------------- */
+
+/* Around the driver's call that begins a capture on stream: no synchronization can start
+ * meanwhile; began says whether it did. */
+void kiwi_capture_beginning(void);
+void kiwi_capture_began(CUstream stream, bool began);
+/* After the driver's call that ends a capture on stream (whether or not it succeeded). */
+void kiwi_capture_ended(CUstream stream);
+/* How many streams are being captured into graphs now. */
+int kiwi_capture_open(void);
+/* For the comm thread: true when no capture is open, and then none can begin until
+ * kiwi_capture_unhold (the synchronization in between would invalidate it). */
+bool kiwi_capture_hold(void);
+void kiwi_capture_unhold(void);
+void kiwi_capture_after_fork(void);
+
+/* ---- memory.c, limit.c (memory.h: the table's entries, for the allocating entry points) --- */
 
 struct kiwi_working_set {
     uint64_t bytes;      /* everything this process allocated on the GPU through the driver */
@@ -177,21 +244,16 @@ size_t kiwi_memory_managed(struct kiwi_range **ranges, uint64_t *generation);
 uint64_t kiwi_memory_generation(void);
 void kiwi_memory_paging_end(struct kiwi_range *ranges);
 void kiwi_memory_after_fork(void);
-/* Around a driver call that frees memory the shim did not free itself (a context's end): the
- * pager does not move the working set meanwhile. */
+/* Around a driver call that frees memory: the pager does not move the working set meanwhile. */
 void kiwi_memory_free_begin(void);
 void kiwi_memory_free_end(void);
 /* A context ended: forgets every allocation made in it; returns their bytes. */
 uint64_t kiwi_memory_forget_context(CUcontext ctx);
-
-/* ---- context.c --------------------------------------------------------------------------- */
-
-void kiwi_context_after_fork(void);
 /* Frees what graph capture kept from being freed; the comm thread calls it after it has
  * synchronized every context. */
 void kiwi_memory_free_deferred(void);
 
-/* ---- pool.c ------------------------------------------------------------------------------ */
+/* ---- pools.c ----------------------------------------------------------------------------- */
 
 /* The device's managed memory pool, made on first use; NULL where the driver has none. */
 CUmemoryPool kiwi_pool_of(CUdevice device);
@@ -201,25 +263,13 @@ void kiwi_pool_trim(void);
 void kiwi_pool_forget_device(CUdevice device);
 void kiwi_pool_after_fork(void);
 
-/* ---- free_ranges.c ----------------------------------------------------------------------- */
+/* ---- the pager: pager.c, contexts.c, free_ranges.c (pager.h: the files behind them) ------- */
 
-/* Before the kernel reads its framework's free blocks: marks the gate, notes the table. */
-void kiwi_free_ranges_begin(void);
-/* The free blocks read since begin; returns the bytes believed (whole 2 MiB blocks inside
- * managed allocations), or -1 without a begin or with bad arguments. */
-long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned long long *sizes,
-                               size_t count);
-/* What is believed now: 0 once any GPU call has run, or the table changed, since begin. */
-uint64_t kiwi_free_ranges_bytes(void);
-/* For the pager: ranges cut into pieces, the live ones first (*live of them), then the free
- * ones; returns the number of pieces, or 0 (and no copy) when no free range is believed. */
-size_t kiwi_free_ranges_split(const struct kiwi_range *ranges, size_t count,
-                              struct kiwi_range **pieces, size_t *live);
-/* A grant: the hints end (the gate opens). */
-void kiwi_free_ranges_forget(void);
-void kiwi_free_ranges_after_fork(void);
-
-/* ---- pager.c ----------------------------------------------------------------------------- */
+/* Which evictor pages this process out. Managed: the shim converts allocations to managed
+ * memory and moves them itself (managed.c). Checkpoint: allocations stay device memory, and
+ * the daemon suspends the process from outside with the driver's checkpoint API. */
+enum kiwi_evictor { KIWI_EVICTOR_UNDECIDED, KIWI_EVICTOR_MANAGED, KIWI_EVICTOR_CHECKPOINT };
+enum kiwi_page_direction { KIWI_PAGE_OUT, KIWI_PAGE_IN };
 
 struct kiwi_transfer {
     uint64_t bytes;
@@ -228,122 +278,51 @@ struct kiwi_transfer {
     uint64_t discarded; /* of those, dropped by the driver (cuMemDiscardBatchAsync) */
 };
 
+/* The evictor this side can offer the daemon (the one chosen, once chosen): checkpoint where
+ * KIWI_EVICT allows it and the driver has the API, else managed. */
+enum kiwi_evictor kiwi_pager_offer(void);
+/* An offer of managed memory needs nobody's answer: chooses it, and says so. False when the
+ * offer is checkpoint, which the daemon must confirm. */
+bool kiwi_pager_settle_offer(void);
+/* The first choice stands (allocations are made for it); why, when the offer was not taken. */
+void kiwi_pager_choose(enum kiwi_evictor evictor, const char *why);
+/* The choice so far; never waits. */
+enum kiwi_evictor kiwi_pager_evictor(void);
+bool kiwi_pager_checkpointing(void);
+/* For an allocation, which cannot change kind later: the choice, waiting (bounded) for the
+ * daemon's word when the offer is checkpoint. True when allocations become managed memory. */
+bool kiwi_pager_converts(void);
+const char *kiwi_evictor_name(enum kiwi_evictor evictor); /* "undecided" before a choice */
+
+/* The one entry: moves the working set to host memory (out) or back to its GPU (in), by the
+ * chosen evictor, and waits for it. What the framework's cache holds free (free_ranges.c) is
+ * not moved either way, and discarded on the way out where it can be. The checkpoint evictor
+ * moves nothing here: the daemon does, from outside. */
+void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
 /* Remembers the calling thread's current context, so that the comm thread can synchronize it
- * and prefetch in it; returns it (NULL when none is current). */
+ * and move memory in it; returns it (NULL when none is current). */
 CUcontext kiwi_pager_note_context(CUdevice *device);
 /* Waits for all work this process queued on the GPU; false when a context's synchronization
  * failed, so that work may still be running. */
 bool kiwi_pager_synchronize(void);
-/* Moves the managed working set to host memory (evict) or back to its GPU (restore) with
- * prefetches on the pager's own streams, and waits for them. What the framework's cache holds
- * free (free_ranges.c) is not moved either way, and discarded on eviction where it can be. */
-void kiwi_pager_evict(struct kiwi_transfer *moved);
-void kiwi_pager_restore(struct kiwi_transfer *moved);
-void kiwi_pager_after_fork(void);
-/* A context ended: the pager no longer synchronizes it or prefetches in it. */
+/* The device's primary context was retained (that is how the runtime gets it); and, once it
+ * has ended, which it was (NULL when unknown): its allocations and pool go with it. */
+void kiwi_pager_note_primary(CUdevice device, CUcontext ctx);
+CUcontext kiwi_pager_primary_ended(CUdevice device);
+/* A context ended: the pager no longer synchronizes it or moves memory in it. */
 void kiwi_pager_forget_context(CUcontext ctx);
+void kiwi_pager_after_fork(void);
 
-/* ---- comm.c, release.c, dispatch.c, wishes.c, start.c ----------------------------------- */
-
-enum kiwi_hold { KIWI_IDLE, KIWI_WAITING, KIWI_HOLDING, KIWI_RELEASING };
-
-struct kiwi_stats {
-    bool connected;
-    bool failed_open;        /* the daemon is unreachable and the policy lets work through */
-    bool failed_closed;      /* the daemon is unreachable and the policy refuses work */
-    bool in_cell;
-    bool evicted;            /* the working set is in host memory now */
-    bool paused;             /* holding, but another holder beside it has its turn */
-    enum kiwi_hold hold;
-    int queue_position;      /* 0 when not waiting */
-    bool position_live;      /* the daemon sends an event whenever queue_position changes */
-    char client[32];         /* the daemon's id for this process */
-    char mode[8];
-    double quantum;
-    uint64_t grants, drops, revokes, releases;
-    uint64_t pauses;         /* turns taken by holders beside this one (mode auto, turns) */
-    uint64_t evictions, bytes_evicted;
-    uint64_t bytes_skipped, bytes_discarded; /* free blocks of the framework's cache */
-    double seconds_evicting;
-    uint64_t restores, bytes_restored;
-    double seconds_restoring;
-    double seconds_waiting;  /* time gated calls spent waiting for the GPU */
-    /* CLOCK_MONOTONIC when the last grant arrived, before its restore: benchmarks time the
-     * way back to full speed from here, whichever way the pages come back. 0 before any. */
-    double last_grant_at;
-};
-
-/* The one lock around the hold's state; kiwi_changed is broadcast whenever it changes. */
-extern pthread_mutex_t kiwi_lock;
-extern pthread_cond_t kiwi_changed;
-
-/* Starts the daemon client's thread the first time the process does GPU work. */
-void kiwi_comm_start(void);
-bool kiwi_comm_started(void);
-/* Under kiwi_lock: a gated call starts or stops waiting for the GPU. */
-void kiwi_comm_waiter(int delta);
-/* Under kiwi_lock: is this call refused (fail-closed outage)? */
-bool kiwi_comm_refusing(void);
-/* The allocation totals changed: report them to the daemon soon. */
-void kiwi_comm_working_set_changed(void);
-void kiwi_comm_add_waiting_time(double seconds);
-/* Wakes the comm thread from a signal handler (async-signal-safe); it wakes the waiters. */
-void kiwi_comm_wake_from_signal(void);
-/* The last open graph capture ended: a deferred release may go ahead. */
-void kiwi_comm_captures_closed(void);
-
-/* For api.c. */
-void kiwi_comm_cell_begin(void);
-int kiwi_comm_acquire(double timeout);
-int kiwi_comm_release(void);
-void kiwi_comm_stats(struct kiwi_stats *out);
-void kiwi_comm_set_policy(bool fail_closed, double timeout);
-
-/* For link.c: a line the daemon sent on its own while a reply was awaited, and the end of
- * the connection. */
-void kiwi_comm_handle_line(const char *line);
-void kiwi_comm_link_lost(const char *why);
-
-/* ---- link.c ------------------------------------------------------------------------------ */
-
-/* Connects, says hello and registers (with the working set so far); the registered reply is
- * left in registered. */
-bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size);
-/* Whether the daemon of the current connection sends "waiting" events as the position moves. */
-bool kiwi_link_position_events(void);
-bool kiwi_link_up(void);
-int kiwi_link_fd(void);
-/* Sends a request with the next seq; returns the seq, or 0 when the connection is gone. */
-unsigned kiwi_link_request(const char *op, const char *fields);
-/* Reads what the socket has, waiting at most timeout seconds; false when nothing came. */
-bool kiwi_link_fill(double timeout);
-bool kiwi_link_next_line(char *line, size_t size);
-/* Closes the connection and tells the comm thread why. */
-void kiwi_link_close(const char *why);
-void kiwi_link_after_fork(void);
-
-/* ---- registration.c ---------------------------------------------------------------------- */
-
-/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
-void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set);
-/* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
-void kiwi_gpu_uuid(char *text, size_t size);
-
-/* ---- wire.c ------------------------------------------------------------------------------ */
-
-/* A value of a flat JSON object: points into the line; strings are not unescaped. */
-struct kiwi_json_value {
-    const char *start;
-    size_t length;
-    char kind; /* 's' string (without quotes), 'n' number, 't' true, 'f' false, 'z' null,
-                  'o' object or array (skipped) */
-};
-
-bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *out);
-bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size);
-bool kiwi_json_number(const char *line, const char *key, double *out);
-bool kiwi_json_true(const char *line, const char *key);
-/* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */
-bool kiwi_json_quote(char *buf, size_t size, const char *text);
+/* free_ranges.c: before the kernel reads its framework's free blocks: marks the gate, notes
+ * the table. */
+void kiwi_free_ranges_begin(void);
+/* The free blocks read since begin; returns the bytes believed (whole 2 MiB blocks inside
+ * managed allocations), or -1 without a begin or with bad arguments. */
+long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned long long *sizes,
+                               size_t count);
+/* What is believed now: 0 once any GPU call has run, or the table changed, since begin. */
+uint64_t kiwi_free_ranges_bytes(void);
+/* A grant: the hints end (the gate opens). */
+void kiwi_free_ranges_forget(void);
 
 #endif

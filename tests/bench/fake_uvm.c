@@ -1,4 +1,4 @@
-/* A memory-backed stand-in for the few libcuda.so.1 calls benchmarks/evict_driver.py makes,
+/* A memory-backed stand-in for the few libcuda.so.1 calls benchmarks/shim/evict_driver.py makes,
  * so that evict_variants runs end to end without a GPU: "device" and managed memory are host
  * memory, copies are memcpy, and the managed allocation's 2 MiB blocks remember where they
  * live, so that cuMemGetInfo's free memory moves with prefetches and discards as on a card.

@@ -11,7 +11,7 @@ import re
 import pytest
 
 import benchmarks.__main__ as runner
-from benchmarks import attack, handoff, handoff_core, soak
+from benchmarks.daemon import attack, handoff, handoff_core, soak
 
 
 def tables(text: str) -> list[list[str]]:
@@ -64,10 +64,11 @@ def test_probe_under_attack_ends_by_itself_and_reports_both_phases() -> None:
 def test_the_runner_repeats_a_benchmark_into_one_section_with_ranges_and_load(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     tiny = ("--handoffs", "2000", "--seconds", "60", "--contenders", "2")
-    monkeypatch.setitem(runner.BENCHMARKS, "soak", runner.Benchmark("Soak", tiny, tiny))
+    monkeypatch.setitem(runner.BENCHMARKS, "soak",
+                        runner.Benchmark("Soak", "daemon.soak", tiny, tiny))
     text = runner.main(["--only", "soak", "--repeat", "2"])
     well_formed(text)
-    assert "## Soak (`benchmarks/soak.py`)" in text
+    assert "## Soak (`python -m benchmarks.daemon.soak`)" in text
     assert re.search(r"2 runs; 1-minute load average before each: [\d.]+, [\d.]+\.", text)
     assert "### Soak: 2,000 handoffs" in text  # the benchmark's heading, one level under
     assert "Run failed" not in text

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from benchmarks.checkpoint import SIZES_GIB, Report, parse_sizes
+from benchmarks.shim.checkpoint import SIZES_GIB, Report, parse_sizes
 
 
 def test_each_line_of_the_report_is_printed_as_soon_as_it_is_known(capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.evict_variants import (
+from benchmarks.shim.evict_strategies import (
     CHUNK_ALIGN,
     HEADER,
     HEADROOM,
@@ -98,7 +98,7 @@ def test_the_table_has_a_header_a_rule_and_the_floor_as_its_first_row():
                     reason="a CUDA driver is here: the skip is what machines without one do")
 def test_without_a_gpu_it_says_why_in_one_line_and_exits_0(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.evict_variants"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.shim.evict_variants"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Skipped: no usable CUDA driver or GPU here (")
@@ -119,8 +119,9 @@ def run_against_fake(tmp_path: Path, status: int = 0, **env: str) -> tuple[list[
     log = tmp_path / "calls.log"
     environment = {**os.environ, "PYTHONPATH": str(REPO), "FAKE_UVM_LOG": str(log),
                    "LD_LIBRARY_PATH": str(build_fake_driver(tmp_path)), **env}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.evict_variants", "--gib", "0.0625"],
-                          cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.shim.evict_variants", "--gib",
+                           "0.0625"], cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == status, done.stderr
     assert not done.stderr  # no traceback, whatever happened
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
@@ -163,7 +164,7 @@ def test_a_driver_that_refuses_discards_gets_a_failed_row_and_the_run_goes_on(tm
 
 @pytest.mark.parametrize("only", ["0", "15", "two", ""])
 def test_only_takes_the_strategies_numbers_and_refuses_others(only: str):
-    done = subprocess.run([sys.executable, "-m", "benchmarks.evict_variants", "--only", only],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.shim.evict_variants", "--only", only],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 2 and "--only takes numbers 1-14" in done.stderr

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks.gpu_corun import (
+from benchmarks.shim.gpu_corun import (
     KINDS,
     Worked,
     efficiency,

@@ -1,7 +1,7 @@
 """The C harness and the relay-ring floor that the handoff benchmarks stand on.
 
 Small runs, to show each part works and measures what it says; the figures themselves are the
-benchmarks' business (benchmarks/handoff.py), never asserted here.
+benchmarks' business (benchmarks/daemon/handoff.py), never asserted here.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from support import short_tmpdir
 
-from benchmarks.cprograms import build
-from benchmarks.servers import SERVERS, harness, serving
+from benchmarks.daemon.cprograms import build
+from benchmarks.daemon.servers import SERVERS, harness, serving
 
 #: Exact CPU time per thread; without it the harness falls back to 10 ms ticks.
 SCHEDSTAT = Path("/proc/self/schedstat").exists()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.shim_paging import full_speed_after, seconds
+from benchmarks.shim.paging import full_speed_after, seconds
 
 
 def test_full_speed_counts_from_the_grant_not_from_the_request():

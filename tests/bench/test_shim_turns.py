@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.shim_turns import main, turn_costs
+from benchmarks.shim.turns import main, turn_costs
 
 MS = 1_000_000  # nanoseconds
 

@@ -1,4 +1,5 @@
-"""The wheel's shared data: every file has one source, so repeated editable installs keep working.
+"""What the wheel carries: the product's packages only, and shared data whose every file has one
+source, so repeated editable installs keep working.
 
 After `make labextension` the venv's labextensions/kiwi-jupyter is a link to the built panel's
 folder, so an editable install writes the panel's shared data through that link into the folder
@@ -34,3 +35,18 @@ def test_no_shared_data_entry_lands_inside_another_entrys_folder() -> None:
             assert not PurePosixPath(target).is_relative_to(folder), \
                 f"{source} -> {target} lands inside the folder entry {folder}"
 
+
+
+def test_the_wheel_carries_the_products_packages_and_no_benchmark_or_simulator() -> None:
+    """benchmarks/ and the fleet simulator in it run from a clone: the wheel installs only
+    ``nodeside`` and ``kiwi_jupyter`` (it once installed a top-level ``benchmarks`` too). The
+    files are the ones hatchling itself selects for the wheel; its build hooks add only the
+    compiled shim and core (tests/lab/test_sdist_install.py looks inside a built wheel)."""
+    from hatchling.builders.wheel import WheelBuilder
+
+    files = {included.distribution_path
+             for included in WheelBuilder(str(REPO)).recurse_included_files()}
+    assert "nodeside/scheduler/core.py" in files and "kiwi_jupyter/__init__.py" in files
+    assert {PurePosixPath(path).parts[0] for path in files} == {"nodeside", "kiwi_jupyter"}
+    simulator = {f"nodeside/scheduler/{name}.py" for name in ("replay", "spans", "switching")}
+    assert not files & simulator

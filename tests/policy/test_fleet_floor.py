@@ -1,15 +1,16 @@
 """The fleet benchmark's floor under short cells' slowdown that the priority rules impose
-(``benchmarks.fleet_bound``), on the real scheduler core."""
+(``benchmarks.fleet.bound``), on the real scheduler core."""
 
 from __future__ import annotations
 
 import pytest
 from policy_helpers import make_scheduler
 
-from benchmarks.fleet import Cell, run
-from benchmarks.fleet_bound import LowFloor, higher_priority_backlog, restores
-from nodeside.scheduler.replay import Replay
-from nodeside.scheduler.switching import SwitchingModel
+from benchmarks.fleet.bound import LowFloor, higher_priority_backlog, restores
+from benchmarks.fleet.replay import Replay
+from benchmarks.fleet.runs import run
+from benchmarks.fleet.switching import SwitchingModel
+from benchmarks.fleet.workload import Cell
 
 POOLS = {"a": {"guarantee": 0.3, "weight": 1, "maximum": -1},
          "b": {"guarantee": 0.3, "weight": 1, "maximum": -1}}

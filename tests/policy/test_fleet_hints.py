@@ -1,4 +1,4 @@
-"""The fleet benchmark's reference on hinted estimates (``benchmarks.fleet_hints``): the
+"""The fleet benchmark's reference on hinted estimates (``benchmarks.fleet.hints``): the
 clairvoyant reference told estimates from length hints of stated quality.
 
 Like the oracle it runs on the pure Python core: its replays run where ``KIWI_PURE_PYTHON`` is
@@ -13,13 +13,14 @@ import os
 import pytest
 from policy_helpers import make_scheduler
 
-from benchmarks.fleet import HINT_RUNS, main, run
-from benchmarks.fleet_hints import PRIOR, HintModel, estimated_work
-from benchmarks.fleet_seeds import KEY_RUNS
-from benchmarks.fleet_workload import Cell
+from benchmarks.fleet.cli import main
+from benchmarks.fleet.hints import HINT_RUNS, PRIOR, HintModel, estimated_work
+from benchmarks.fleet.replay import Replay
+from benchmarks.fleet.runs import run
+from benchmarks.fleet.seeds import KEY_RUNS
+from benchmarks.fleet.workload import Cell
 from nodeside import compiled
 from nodeside.scheduler.core import Grant
-from nodeside.scheduler.replay import Replay
 
 PURE = compiled.pure_asked(os.environ)
 pure_only = pytest.mark.skipif(not PURE, reason="runs on the pure core (the child run in "
@@ -98,7 +99,7 @@ def test_a_short_hinted_cell_goes_first_and_cuts_a_longer_holder_a_long_one_goes
     estimate of a fresh cell without a hint: the prior, 6 s), at 2 ``short`` (hinted 1 s) and
     ``long`` (hinted 30 s). No memory to move: ``short`` cuts the holder (1 s < 3 s left),
     the holder goes on (3 s < 6 s), then ``blind``, then ``long``."""
-    from benchmarks.fleet_hints import install_hinted
+    from benchmarks.fleet.hints import install_hinted
 
     replay = Replay(make_scheduler({"tq": 30.0, "policy": "interactive"}))
     plan = {"holder": (0.0, 5.0), "blind": (1.0, 4.0), "short": (2.0, 1.0), "long": (2.0, 30.0)}

@@ -1,4 +1,4 @@
-"""The fleet benchmark's clairvoyant reference (``benchmarks.fleet_oracle``): the interactive
+"""The fleet benchmark's clairvoyant reference (``benchmarks.fleet.oracle``): the interactive
 policy told each cell's length, on the real scheduler core through ``Replay``.
 
 The oracle subclasses the interactive policy, which only the pure Python core allows: the tests
@@ -21,12 +21,13 @@ from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 from support import scaled
 from test_interactive_policy import AnyContentionInteractive, Overtakes
 
-from benchmarks.fleet import ORACLE_RUNS, main, run
-from benchmarks.fleet_oracle import ClairvoyantPolicy, install
-from benchmarks.fleet_seeds import KEY_RUNS
+from benchmarks.fleet.cli import main
+from benchmarks.fleet.oracle import ClairvoyantPolicy, install
+from benchmarks.fleet.replay import Replay
+from benchmarks.fleet.runs import ORACLE_RUNS, run
+from benchmarks.fleet.seeds import KEY_RUNS
 from nodeside import compiled
 from nodeside.scheduler.core import Action, Grant
-from nodeside.scheduler.replay import Replay
 
 PURE = compiled.pure_asked(os.environ)
 pure_only = pytest.mark.skipif(not PURE, reason="runs on the pure core (the child run below)")

@@ -1,4 +1,4 @@
-"""The fleet over many seeds (``benchmarks.fleet_seeds``): real replays in worker processes."""
+"""The fleet over many seeds (``benchmarks.fleet.seeds``): real replays in worker processes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from benchmarks.fleet import main, run
-from benchmarks.fleet_seeds import KEY_RUNS, parse_seeds, replay_seeds, summary
+from benchmarks.fleet.cli import main
+from benchmarks.fleet.runs import run
+from benchmarks.fleet.seeds import KEY_RUNS, parse_seeds, replay_seeds, summary
 
 
 @pytest.mark.parametrize(("text", "seeds"), [("1-3", [1, 2, 3]), ("4", [4]),

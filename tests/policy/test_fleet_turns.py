@@ -1,4 +1,4 @@
-"""The fleet's runs taking turns (``benchmarks.fleet_turns``) and the replay's side of a turn:
+"""The fleet's runs taking turns (``benchmarks.fleet.turns``) and the replay's side of a turn:
 a paused holder does no work, and a resumed one starts after the switch's cost."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from policy_helpers import GiB, make_scheduler
 
-from benchmarks.fleet import RUNS, run
-from benchmarks.fleet_turns import KEY_TURNS, TURN_RUNS, TurnRun
+from benchmarks.fleet.replay import Replay
+from benchmarks.fleet.runs import RUNS, run
+from benchmarks.fleet.turns import KEY_TURNS, TURN_RUNS, TurnRun
 from nodeside.scheduler.core import Pause, Resume
-from nodeside.scheduler.replay import Replay
 
 TURNS = {"mode": "auto", "policy": "interactive", "tq": 30.0,
          "interactive": {"turns": 1.0, "first_quantum": 30.0}}

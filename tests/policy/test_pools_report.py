@@ -4,7 +4,7 @@ the reason a stuck pool is stuck."""
 import pytest
 from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 
-from nodeside.scheduler.replay import Replay
+from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.report import pool_reports
 
 

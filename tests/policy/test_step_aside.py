@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_helpers import GiB, greedy, make_scheduler
 
+from benchmarks.fleet.replay import Replay
 from nodeside import protocol as p
 from nodeside.scheduler.core import Drop, Grant
-from nodeside.scheduler.replay import Replay
 from nodeside.scheduler.status import build_status
 
 TQ = 30.0

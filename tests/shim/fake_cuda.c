@@ -1,9 +1,11 @@
 /* A fake libcuda.so.1 for the shim's tests: no GPU, every call recorded.
  *
  * Each call appends one line "name key=value ..." to the file named by FAKE_CUDA_LOG, with a
- * single write, so the test can read the order of calls across threads. Device pointers are
- * addresses handed out from a counter: nothing is allocated, so tests may "allocate" far more
- * than the machine has. FAKE_CUDA_TOTAL sets the GPU's memory (default 16 GiB);
+ * single write, so the test can read the order of calls across threads. Device pointers of
+ * cuMemAlloc, cuMemAllocManaged, cuMemAllocPitch and the stream-ordered allocations are
+ * addresses handed out from a counter, with no bytes behind them: tests may "allocate" far more
+ * than the machine has, and copies to and from them are only recorded. They are counted all the
+ * same (see "The card's memory" below). FAKE_CUDA_TOTAL sets the GPU's memory (default 16 GiB);
  * FAKE_CUDA_LAUNCH_SECONDS makes each kernel launch take that long, like a synchronous call
  * that waits for the GPU; FAKE_CUDA_CAPTURING_STREAM names a stream under graph capture;
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
@@ -22,6 +24,39 @@
  * left FAILED, as the r570 driver does. FAKE_CUDA_NO_CHECKPOINT=1 makes cuGetProcAddress deny
  * the API, as a driver before r570 does.
  *
+ * The card's memory. The fake counts the bytes on the card: every allocation above until it is
+ * freed (managed memory too, even after a prefetch to the host: the real driver keeps its
+ * chunks, docs in ../shared/design/gpu-memory-swap.md, section 2), freed stream-ordered memory
+ * until its pool is trimmed (by cuMemPoolTrimTo, or at a synchronize: release threshold 0), and
+ * the physical handles of the virtual memory management API. cuMemGetInfo reports what is left
+ * (less FAKE_CUDA_OTHERS_USED). With FAKE_CUDA_DEVICE naming a file, the count is the card's,
+ * shared by every process that loads the fake with the same file, with one row per process, as
+ * NVML has (device_memory below; tests read it with fake_device.py); a process's bytes leave the
+ * card when it exits, or when it dies and another process looks. Without it the count is this
+ * process's alone. A checkpoint (above) moves the process's bytes off a shared card and the
+ * restore brings them back, failing with CUDA_ERROR_OUT_OF_MEMORY when they no longer fit.
+ * fake_cuda_physical_used() and fake_cuda_process_used() say the same to a caller in-process.
+ *
+ * The virtual memory management API (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess,
+ * ...) is modelled with real bytes: each physical handle is backed by anonymous memory
+ * (committed only where written), counted on the card from cuMemCreate until it is released AND
+ * unmapped everywhere, and refused with CUDA_ERROR_OUT_OF_MEMORY past the card's capacity. The
+ * fake refuses what the driver refuses: sizes, offsets and addresses that are not multiples of
+ * the granularity (FAKE_CUDA_VMM_GRANULARITY, default 2 MiB), a map outside one reservation or
+ * over another map, an unmap or a cuMemSetAccess that cuts a mapping (it must cover whole
+ * mappings: no sub-range), freeing a reservation that still has mappings, a released handle.
+ * Copies (cuMemcpy*, the memsets) to and from reserved addresses move real bytes: a byte that is
+ * not mapped fails the call with CUDA_ERROR_INVALID_VALUE, one mapped without the access it
+ * needs (cuMemSetAccess; a new mapping has none) with CUDA_ERROR_ILLEGAL_ADDRESS. So do the
+ * fake's two kernels, launched with cuLaunchKernel: FAKE_KERNEL_FILL (0xF111; parameters: the
+ * device pointer, the size_t byte count, the unsigned char value) and FAKE_KERNEL_COPY (0xF222;
+ * destination, source, byte count). Any other launch only records itself.
+ * cuDeviceGetAttribute says the device supports the API; FAKE_CUDA_NO_VMM=1 makes it say not,
+ * and the API's calls fail with CUDA_ERROR_NOT_SUPPORTED, as on a device without it. Host
+ * memory from cuMemAllocHost is real (and anonymous, committed where written); cuMemHostRegister
+ * refuses an overlap, cuMemHostUnregister what was not registered. Streams complete work at
+ * once, so an event is complete as soon as it is recorded.
+ *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
  * the same names do not stand in for them), except "cuMemGetInfo", for which it hands out an
@@ -34,6 +69,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -51,10 +87,19 @@ typedef void *CUcontext;
 typedef void *CUstream;
 
 #define EXPORT __attribute__((visibility("default")))
+
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_ILLEGAL_STATE 401
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700
+#define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
+#define CUDA_ERROR_NOT_SUPPORTED 801
 #define PRIMARY_CONTEXT ((CUcontext)0xC0FFEE)
 
 static atomic_ullong next_address = 0x7f0000000000ull;
-static atomic_ullong allocated;
 static atomic_ullong next_stream = 0x5000;
 static __thread CUcontext current;
 
@@ -87,20 +132,383 @@ static unsigned long long total_memory(void)
     return text ? strtoull(text, NULL, 10) : 16ull << 30;
 }
 
-static CUdeviceptr take_addresses(size_t size)
+static unsigned long long others_used(void)
+{
+    const char *others = getenv("FAKE_CUDA_OTHERS_USED"); /* may change while a test runs */
+    return others ? strtoull(others, NULL, 10) : 0;
+}
+
+/* ---- the card's memory: bytes in use, per card and per process ----------------------------
+ *
+ * The layout is read by the tests (fake_device.py): 8 bytes of bytes in use on the card, then
+ * DEVICE_PROCESSES rows of (pid, bytes on the card, bytes a checkpoint moved off), 8 bytes
+ * each, native byte order. A row's pid is 0 when free and -1 while a process reaps it. */
+
+#define DEVICE_PROCESSES 64
+
+struct device_process {
+    _Atomic long long pid;
+    atomic_ullong bytes;
+    atomic_ullong checkpointed;
+};
+
+struct device_memory {
+    atomic_ullong used;
+    struct device_process process[DEVICE_PROCESSES];
+};
+
+static struct device_memory private_card;
+static struct device_memory *card = &private_card;
+static struct device_process *_Atomic own_row;
+static long long own_pid;
+static atomic_bool left_card; /* set at exit: nothing more is counted */
+
+static struct device_memory *map_card(void)
+{
+    const char *path = getenv("FAKE_CUDA_DEVICE");
+    if (!path)
+        return &private_card;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return &private_card;
+    struct stat status;
+    /* Several processes may create it at once: each makes it at least this long (zeros). */
+    bool sized = fstat(fd, &status) == 0 &&
+                 (status.st_size >= (off_t)sizeof(struct device_memory) ||
+                  ftruncate(fd, sizeof(struct device_memory)) == 0);
+    void *page = sized ? mmap(NULL, sizeof(struct device_memory), PROT_READ | PROT_WRITE,
+                              MAP_SHARED, fd, 0)
+                       : MAP_FAILED;
+    close(fd);
+    return page == MAP_FAILED ? &private_card : page;
+}
+
+/* Takes bytes off a count, never below zero: a thread still freeing while the process exits
+ * must not wrap the card's count for the other processes. */
+static void count_down(atomic_ullong *count, unsigned long long bytes)
+{
+    unsigned long long now = atomic_load(count);
+    while (!atomic_compare_exchange_weak(count, &now, now > bytes ? now - bytes : 0))
+        ;
+}
+
+/* A process that died without giving its bytes back (killed): its row is taken back and its
+ * bytes leave the card, as the driver frees a dead process's memory. */
+static void reap_dead_processes(void)
+{
+    for (int i = 0; i < DEVICE_PROCESSES; i++) {
+        struct device_process *row = &card->process[i];
+        long long pid = atomic_load(&row->pid);
+        if (pid <= 0 || pid == own_pid || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        if (!atomic_compare_exchange_strong(&row->pid, &pid, -1))
+            continue; /* another process reaps it */
+        count_down(&card->used, atomic_exchange(&row->bytes, 0));
+        atomic_store(&row->checkpointed, 0);
+        atomic_store(&row->pid, 0);
+    }
+}
+
+static void take_row(void)
+{
+    own_pid = getpid();
+    atomic_store(&own_row, NULL);
+    for (int round = 0; round < 2 && !atomic_load(&own_row); round++) {
+        for (int i = 0; i < DEVICE_PROCESSES && !atomic_load(&own_row); i++) {
+            struct device_process *row = &card->process[i];
+            long long free_row = 0;
+            if (atomic_compare_exchange_strong(&row->pid, &free_row, own_pid)) {
+                atomic_store(&row->bytes, 0);
+                atomic_store(&row->checkpointed, 0);
+                atomic_store(&own_row, row);
+            }
+        }
+        if (!atomic_load(&own_row))
+            reap_dead_processes();
+    }
+}
+
+/* At exit the process's memory leaves the card. (A forked child has a row of its own.) */
+static void give_row_back(void)
+{
+    struct device_process *row = atomic_load(&own_row);
+    if (!row || atomic_load(&row->pid) != (long long)getpid())
+        return;
+    atomic_store(&left_card, true);
+    count_down(&card->used, atomic_exchange(&row->bytes, 0));
+    atomic_store(&row->pid, 0);
+}
+
+/* Puts bytes on the card for this process. refuse_when_full: fail when they do not fit (the
+ * physical handles of cuMemCreate); the other allocations never fail for want of room, since
+ * the tests' workloads "allocate" far more than a card has. */
+static bool card_take(unsigned long long bytes, bool refuse_when_full)
+{
+    if (atomic_load(&left_card))
+        return true; /* the process exits: nothing more is on the card for it */
+    bool reaped = false;
+    for (;;) {
+        unsigned long long used = atomic_load(&card->used);
+        unsigned long long capacity = total_memory(), others = others_used();
+        bool fits = others <= capacity && bytes <= capacity - others &&
+                    used <= capacity - others - bytes;
+        if (refuse_when_full && !fits) {
+            if (reaped)
+                return false;
+            reap_dead_processes();
+            reaped = true;
+            continue;
+        }
+        if (atomic_compare_exchange_weak(&card->used, &used, used + bytes))
+            break;
+    }
+    struct device_process *row = atomic_load(&own_row);
+    if (row)
+        atomic_fetch_add(&row->bytes, bytes);
+    return true;
+}
+
+static void card_give(unsigned long long bytes)
+{
+    if (atomic_load(&left_card))
+        return; /* the process exits: its bytes left the card with its row */
+    struct device_process *row = atomic_load(&own_row);
+    count_down(&card->used, bytes);
+    if (row)
+        count_down(&row->bytes, bytes);
+}
+
+static struct device_process *row_of(int pid)
+{
+    for (int i = 0; i < DEVICE_PROCESSES; i++)
+        if (atomic_load(&card->process[i].pid) == pid)
+            return &card->process[i];
+    return NULL;
+}
+
+/* A checkpoint releases all of the process's GPU memory. (The process is locked: its own
+ * calls, which change its row, wait.) */
+static void card_checkpoint(int pid)
+{
+    struct device_process *row = row_of(pid);
+    if (!row)
+        return;
+    unsigned long long bytes = atomic_exchange(&row->bytes, 0);
+    atomic_fetch_add(&row->checkpointed, bytes);
+    count_down(&card->used, bytes);
+}
+
+/* The restore brings it back, where it fits. */
+static bool card_restore(int pid)
+{
+    struct device_process *row = row_of(pid);
+    if (!row)
+        return true;
+    unsigned long long bytes = atomic_load(&row->checkpointed);
+    for (;;) {
+        unsigned long long used = atomic_load(&card->used);
+        unsigned long long capacity = total_memory(), others = others_used();
+        if (others > capacity || bytes > capacity - others || used > capacity - others - bytes)
+            return false;
+        if (atomic_compare_exchange_weak(&card->used, &used, used + bytes))
+            break;
+    }
+    atomic_store(&row->checkpointed, 0);
+    atomic_fetch_add(&row->bytes, bytes);
+    return true;
+}
+
+/* NVML's used memory of the card, and this process's row, for a caller in-process. */
+EXPORT unsigned long long fake_cuda_physical_used(void)
+{
+    return atomic_load(&card->used) + others_used();
+}
+
+EXPORT unsigned long long fake_cuda_process_used(void)
+{
+    struct device_process *row = atomic_load(&own_row);
+    return row ? atomic_load(&row->bytes) : 0;
+}
+
+/* ---- sorted tables ------------------------------------------------------------------------
+ *
+ * Each row starts with its key, an unsigned 64-bit address or id; rows are kept in key order.
+ * All of the memory model's tables are guarded by memory_lock: written under its write lock,
+ * read (copies included) under its read lock, so copies on several streams run at once. */
+
+static pthread_rwlock_t memory_lock = PTHREAD_RWLOCK_INITIALIZER;
+
+struct table {
+    unsigned char *rows;
+    size_t count, room, row_size;
+};
+
+static unsigned long long key_at(const struct table *t, size_t i)
+{
+    unsigned long long key;
+    memcpy(&key, t->rows + i * t->row_size, sizeof key);
+    return key;
+}
+
+static void *row_at(const struct table *t, size_t i)
+{
+    return t->rows + i * t->row_size;
+}
+
+/* How many rows have a key <= key: the row before that index is the last one at or below. */
+static size_t rows_up_to(const struct table *t, unsigned long long key)
+{
+    size_t low = 0, high = t->count;
+    while (low < high) {
+        size_t middle = low + (high - low) / 2;
+        if (key_at(t, middle) <= key)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low;
+}
+
+/* The row whose key is exactly key, or NULL. */
+static void *row_with_key(const struct table *t, unsigned long long key, size_t *index)
+{
+    size_t at = rows_up_to(t, key);
+    if (at == 0 || key_at(t, at - 1) != key)
+        return NULL;
+    if (index)
+        *index = at - 1;
+    return row_at(t, at - 1);
+}
+
+static bool table_insert(struct table *t, const void *row)
+{
+    if (t->count == t->room) {
+        size_t room = t->room ? t->room * 2 : 64;
+        unsigned char *rows = realloc(t->rows, room * t->row_size);
+        if (!rows)
+            return false;
+        t->rows = rows;
+        t->room = room;
+    }
+    unsigned long long key;
+    memcpy(&key, row, sizeof key);
+    size_t at = rows_up_to(t, key);
+    memmove(t->rows + (at + 1) * t->row_size, t->rows + at * t->row_size,
+            (t->count - at) * t->row_size);
+    memcpy(t->rows + at * t->row_size, row, t->row_size);
+    t->count++;
+    return true;
+}
+
+static void table_remove(struct table *t, size_t at)
+{
+    memmove(t->rows + at * t->row_size, t->rows + (at + 1) * t->row_size,
+            (t->count - at - 1) * t->row_size);
+    t->count--;
+}
+
+/* ---- allocations with no bytes behind them: cuMemAlloc, managed, pitch, stream-ordered ---- */
+
+enum allocation_kind { DEVICE_MEMORY, MANAGED_MEMORY, POOL_MEMORY };
+
+struct allocation {
+    CUdeviceptr address;
+    unsigned long long size;
+    int kind;
+    void *pool;
+};
+
+static struct table allocations = {.row_size = sizeof(struct allocation)};
+
+/* Stream-ordered memory freed to a pool stays on the card until the pool is trimmed. */
+#define MAX_POOLS 64
+#define DEFAULT_POOL ((void *)0xDEF)
+struct pool {
+    void *id;
+    unsigned long long idle;
+};
+static struct pool pools[MAX_POOLS];
+static size_t pool_count;
+
+/* Under the write lock. */
+static struct pool *pool_of(void *id)
+{
+    for (size_t i = 0; i < pool_count; i++)
+        if (pools[i].id == id)
+            return &pools[i];
+    if (pool_count == MAX_POOLS)
+        return NULL;
+    pools[pool_count] = (struct pool){id, 0};
+    return &pools[pool_count++];
+}
+
+/* Under the write lock. */
+static void trim_pool(struct pool *pool, unsigned long long keep)
+{
+    if (pool->idle > keep) {
+        card_give(pool->idle - keep);
+        pool->idle = keep;
+    }
+}
+
+/* Every synchronization releases what pools hold idle (release threshold 0, the default). */
+static void trim_pools(void)
+{
+    pthread_rwlock_wrlock(&memory_lock);
+    for (size_t i = 0; i < pool_count; i++)
+        trim_pool(&pools[i], 0);
+    pthread_rwlock_unlock(&memory_lock);
+}
+
+static CUdeviceptr take_addresses(size_t size, int kind, void *pool)
 {
     unsigned long long rounded = (size + 0xFFFFF) & ~0xFFFFFull;
-    atomic_fetch_add(&allocated, size);
-    return atomic_fetch_add(&next_address, rounded ? rounded : 0x100000);
+    CUdeviceptr address = atomic_fetch_add(&next_address, rounded ? rounded : 0x100000);
+    struct allocation row = {address, size, kind, pool};
+    pthread_rwlock_wrlock(&memory_lock);
+    struct pool *from = kind == POOL_MEMORY ? pool_of(pool) : NULL;
+    if (from && from->idle >= size)
+        from->idle -= size; /* the pool's idle memory, handed out again */
+    else
+        card_take(size, false);
+    if (!table_insert(&allocations, &row))
+        card_give(size); /* out of host memory: uncounted, as if never made */
+    pthread_rwlock_unlock(&memory_lock);
+    return address;
+}
+
+/* Frees an allocation made above; false when address is none of them. stream_ordered: a
+ * cuMemFreeAsync, whose pool keeps the bytes until it is trimmed. */
+static bool give_addresses(CUdeviceptr address, bool stream_ordered)
+{
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t at;
+    struct allocation *row = row_with_key(&allocations, address, &at);
+    if (row) {
+        struct pool *pool = row->kind == POOL_MEMORY && stream_ordered ? pool_of(row->pool) : NULL;
+        if (pool)
+            pool->idle += row->size;
+        else
+            card_give(row->size);
+        table_remove(&allocations, at);
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return row != NULL;
+}
+
+/* Under a lock: is address inside one of those allocations? */
+static bool inside_allocation(CUdeviceptr address)
+{
+    size_t at = rows_up_to(&allocations, address);
+    if (at == 0)
+        return false;
+    const struct allocation *row = row_at(&allocations, at - 1);
+    return address - row->address < (row->size ? row->size : 1);
 }
 
 /* ---- the checkpoint API's state, shared between processes ------------------------------ */
 
 enum { RUNNING, LOCKED, CHECKPOINTED, FAILED };
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_ILLEGAL_STATE 401
-#define CUDA_ERROR_NOT_READY 600
-#define CUDA_ERROR_NOT_SUPPORTED 801
 
 struct shared_state {
     atomic_int state;
@@ -209,6 +617,7 @@ EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, void *args)
         const char *delay = getenv("FAKE_CUDA_CHECKPOINT_SECONDS");
         if (delay)
             usleep((useconds_t)(atof(delay) * 1e6));
+        card_checkpoint(pid);
         atomic_store(&s->state, CHECKPOINTED);
     }
     done_with(s);
@@ -231,6 +640,14 @@ static CUresult transition(const char *name, int pid, int from, int to)
 EXPORT CUresult cuCheckpointProcessRestore(int pid, void *args)
 {
     (void)args;
+    struct shared_state *s = target(pid);
+    bool checkpointed = s && atomic_load(&s->state) == CHECKPOINTED;
+    if (s)
+        done_with(s);
+    if (checkpointed && !card_restore(pid)) { /* its memory no longer fits on the card */
+        record("cuCheckpointProcessRestore pid=%d result=%d", pid, CUDA_ERROR_OUT_OF_MEMORY);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return transition("cuCheckpointProcessRestore", pid, CHECKPOINTED, LOCKED);
 }
 
@@ -334,6 +751,8 @@ static CUresult cuCtxSynchronize_body(void)
 {
     const char *error = getenv("FAKE_CUDA_SYNC_ERROR");
     bool invalidating = invalidate_captures();
+    if (!invalidating)
+        trim_pools();
     record("cuCtxSynchronize ctx=%p%s", current ? current : PRIMARY_CONTEXT,
            invalidating ? " invalidated-capture" : "");
     if (invalidating)
@@ -360,6 +779,7 @@ static atomic_int last_prefetch_device = 0;
 static CUresult cuStreamSynchronize_body(CUstream stream)
 {
     record("cuStreamSynchronize stream=%p", stream);
+    trim_pools();
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
     while (gate && atomic_load(&last_prefetch_device) == -1 && access(gate, F_OK) != 0)
         usleep(1000);
@@ -481,9 +901,846 @@ EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
     return 0;
 }
 
+/* ---- the virtual memory management API: reservations, physical handles, mappings --------- */
+
+#define MIB (1ull << 20)
+#define VA_BASE 0x600000000000ull /* reservations: far from the counter's addresses above */
+#define VA_END 0x700000000000ull
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_ACCESS_FLAGS_PROT_NONE 0
+#define CU_MEM_ACCESS_FLAGS_PROT_READ 1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+
+/* CUmemLocation, CUmemAllocationProp and CUmemAccessDesc as cuda.h lays them out (checked
+ * against NVIDIA's headers by test_fake_vmm.py). */
+struct mem_location {
+    int type;
+    int id;
+};
+struct allocation_prop {
+    int type;
+    int requested_handle_types;
+    struct mem_location location;
+    void *win32_metadata;
+    unsigned char compression_type;
+    unsigned char gpu_direct_rdma_capable;
+    unsigned short usage;
+    unsigned char reserved[4];
+};
+struct access_desc {
+    struct mem_location location;
+    int flags;
+};
+
+struct reservation {
+    CUdeviceptr start;
+    unsigned long long size;
+};
+
+/* A physical handle: on the card from cuMemCreate until it has no reference (cuMemRelease
+ * drops the creator's, cuMemRetainAllocationHandle adds one) and no mapping. */
+struct handle {
+    unsigned long long id;
+    unsigned long long size;
+    unsigned char *backing;
+    int references;
+    int mappings;
+    struct allocation_prop prop;
+};
+
+struct mapping {
+    CUdeviceptr start;
+    unsigned long long size;
+    unsigned long long offset; /* into the handle */
+    unsigned long long handle;
+    unsigned char *backing;    /* the handle's, which outlives the mapping */
+    int access;                /* device 0's; CU_MEM_ACCESS_FLAGS_PROT_NONE until set */
+};
+
+static struct table reservations = {.row_size = sizeof(struct reservation)};
+static struct table handles = {.row_size = sizeof(struct handle)};
+static struct table mappings = {.row_size = sizeof(struct mapping)};
+static unsigned long long next_reservation = VA_BASE;
+static unsigned long long next_handle = 1ull << 32; /* not an address the fake hands out */
+
+static bool vmm_supported(void)
+{
+    return !getenv("FAKE_CUDA_NO_VMM");
+}
+
+static unsigned long long granularity(void)
+{
+    const char *text = getenv("FAKE_CUDA_VMM_GRANULARITY");
+    unsigned long long bytes = text ? strtoull(text, NULL, 0) : 2 * MIB;
+    return bytes ? bytes : 2 * MIB;
+}
+
+static bool whole_granules(unsigned long long value)
+{
+    return value % granularity() == 0;
+}
+
+/* Under a lock: the reservation holding all of [start, start + size), or NULL. */
+static const struct reservation *reservation_holding(CUdeviceptr start, unsigned long long size)
+{
+    size_t at = rows_up_to(&reservations, start);
+    if (at == 0)
+        return NULL;
+    const struct reservation *r = row_at(&reservations, at - 1);
+    bool inside = start - r->start < r->size && size <= r->size - (start - r->start);
+    return inside ? r : NULL;
+}
+
+/* Under a lock: does [start, start + size) overlap a row of t ((start, size) rows)? */
+static bool overlaps(const struct table *t, CUdeviceptr start, unsigned long long size)
+{
+    size_t at = rows_up_to(t, start + size - 1);
+    if (at == 0)
+        return false;
+    const struct reservation *before = row_at(t, at - 1); /* both row types begin so */
+    return before->start + before->size > start;
+}
+
+/* Under a lock: the mapping holding address, or NULL. */
+static struct mapping *mapping_at(CUdeviceptr address)
+{
+    size_t at = rows_up_to(&mappings, address);
+    if (at == 0)
+        return NULL;
+    struct mapping *m = row_at(&mappings, at - 1);
+    return address - m->start < m->size ? m : NULL;
+}
+
+/* Under a lock: the index of the first of the mappings that together are exactly
+ * [start, start + size), one after the other, or -1 when a byte is not mapped or a mapping
+ * sticks out at either end (a sub-range). *count: how many. */
+static long whole_mappings(CUdeviceptr start, unsigned long long size, size_t *count)
+{
+    size_t first;
+    if (!size || !row_with_key(&mappings, start, &first))
+        return -1;
+    unsigned long long covered = 0;
+    size_t i = first;
+    while (covered < size && i < mappings.count) {
+        const struct mapping *m = row_at(&mappings, i);
+        if (m->start != start + covered)
+            return -1;
+        covered += m->size;
+        i++;
+    }
+    if (covered != size)
+        return -1;
+    *count = i - first;
+    return (long)first;
+}
+
+static CUresult check_prop(const struct allocation_prop *prop)
+{
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_NOT_SUPPORTED; /* host VMM memory is not modelled */
+    return prop->location.id == 0 ? 0 : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Under the write lock: a handle with no reference and no mapping leaves the card. */
+static void drop_if_unused(size_t at)
+{
+    struct handle *h = row_at(&handles, at);
+    if (h->references > 0 || h->mappings > 0)
+        return;
+    munmap(h->backing, h->size);
+    card_give(h->size);
+    table_remove(&handles, at);
+}
+
+static CUresult memory_get_granularity_body(size_t *bytes, const struct allocation_prop *prop,
+                                            int option)
+{
+    CUresult result = check_prop(prop);
+    if (!vmm_supported())
+        result = CUDA_ERROR_NOT_SUPPORTED;
+    else if (!bytes || (option != 0 && option != 1))
+        result = CUDA_ERROR_INVALID_VALUE;
+    if (result == 0)
+        *bytes = granularity();
+    record("cuMemGetAllocationGranularity option=%d result=%d", option, result);
+    return result;
+}
+
+static CUresult address_reserve_body(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                     CUdeviceptr hint, unsigned long long flags)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!ptr || !size || !whole_granules(size) || flags || (alignment & (alignment - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long align = alignment > granularity() ? alignment : granularity();
+    CUresult result = CUDA_ERROR_OUT_OF_MEMORY; /* the driver's answer when VA runs out */
+    pthread_rwlock_wrlock(&memory_lock);
+    CUdeviceptr start = 0;
+    bool hint_free = hint && hint % align == 0 && hint >= VA_BASE && size <= VA_END - hint &&
+                     !overlaps(&reservations, hint, size);
+    if (hint_free) {
+        start = hint; /* a hint, taken when it is free */
+    } else {
+        start = (next_reservation + align - 1) / align * align;
+        if (start >= VA_END || size > VA_END - start)
+            start = 0;
+        else
+            next_reservation = start + size;
+    }
+    struct reservation row = {start, size};
+    if (start && table_insert(&reservations, &row)) {
+        *ptr = start;
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult address_free_body(CUdeviceptr ptr, size_t size)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t at;
+    const struct reservation *r = row_with_key(&reservations, ptr, &at);
+    /* The whole reservation, as reserved, and nothing mapped in it any more. */
+    if (r && r->size == size && !overlaps(&mappings, ptr, size)) {
+        table_remove(&reservations, at);
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult memory_create_body(unsigned long long *id, size_t size,
+                                   const struct allocation_prop *prop, unsigned long long flags)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult result = check_prop(prop);
+    if (result)
+        return result;
+    if (!id || !size || !whole_granules(size) || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!card_take(size, true))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Committed only where written: a test may create far more than the host has. */
+    void *backing = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (backing == MAP_FAILED) {
+        card_give(size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_rwlock_wrlock(&memory_lock);
+    struct handle row = {next_handle, size, backing, 1, 0, *prop};
+    if (table_insert(&handles, &row)) {
+        *id = next_handle++;
+    } else {
+        munmap(backing, size);
+        card_give(size);
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult memory_release_body(unsigned long long id)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t at;
+    struct handle *h = row_with_key(&handles, id, &at);
+    if (h && h->references > 0) {
+        h->references--;
+        drop_if_unused(at);
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult memory_map_body(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long id,
+                                unsigned long long flags)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!size || flags || !whole_granules(ptr) || !whole_granules(size) || !whole_granules(offset))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    struct handle *h = row_with_key(&handles, id, NULL);
+    bool fits = h && h->references > 0 && offset <= h->size && size <= h->size - offset;
+    if (fits && reservation_holding(ptr, size) && !overlaps(&mappings, ptr, size)) {
+        struct mapping row = {ptr, size, offset, id, h->backing, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+        if (table_insert(&mappings, &row)) {
+            h->mappings++;
+            result = 0;
+        } else {
+            result = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult memory_unmap_body(CUdeviceptr ptr, size_t size)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t count = 0;
+    long first = whole_mappings(ptr, size, &count);
+    for (size_t n = 0; first >= 0 && n < count; n++) {
+        const struct mapping *m = row_at(&mappings, (size_t)first);
+        size_t at;
+        struct handle *h = row_with_key(&handles, m->handle, &at);
+        table_remove(&mappings, (size_t)first);
+        if (h) {
+            h->mappings--;
+            drop_if_unused(at);
+        }
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult memory_set_access_body(CUdeviceptr ptr, size_t size,
+                                       const struct access_desc *desc, size_t count)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!desc || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    int flags = -1;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (desc[i].location.id != 0)
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+        flags = desc[i].flags;
+    }
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t n = 0;
+    long first = whole_mappings(ptr, size, &n);
+    for (size_t i = 0; first >= 0 && i < n; i++) {
+        ((struct mapping *)row_at(&mappings, (size_t)first + i))->access = flags;
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult memory_get_access_body(unsigned long long *flags,
+                                       const struct mem_location *where, CUdeviceptr ptr)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!flags || !where || where->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (where->id != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_rwlock_rdlock(&memory_lock);
+    const struct mapping *m = mapping_at(ptr);
+    if (m)
+        *flags = (unsigned long long)m->access;
+    pthread_rwlock_unlock(&memory_lock);
+    return m ? 0 : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult memory_properties_body(struct allocation_prop *prop, unsigned long long id)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_rdlock(&memory_lock);
+    const struct handle *h = row_with_key(&handles, id, NULL);
+    bool valid = h && h->references > 0;
+    if (valid)
+        *prop = h->prop;
+    pthread_rwlock_unlock(&memory_lock);
+    return valid ? 0 : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult memory_retain_body(unsigned long long *id, CUdeviceptr address)
+{
+    if (!vmm_supported())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!id)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    const struct mapping *m = mapping_at(address);
+    struct handle *h = m ? row_with_key(&handles, m->handle, NULL) : NULL;
+    if (h) {
+        h->references++; /* released or not: the mapping keeps the handle */
+        *id = h->id;
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+/* ---- bytes: copies, memsets and the fake's kernels on VMM memory -------------------------- */
+
+/* Under the read lock: may [ptr, ptr + n) be accessed so (need: READ or READWRITE)? */
+static CUresult check_mapped(CUdeviceptr ptr, size_t n, int need, CUresult unmapped)
+{
+    CUdeviceptr address = ptr;
+    while (address - ptr < n) {
+        const struct mapping *m = mapping_at(address);
+        if (!m)
+            return unmapped;
+        if ((m->access & need) != need)
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        address = m->start + m->size;
+        if (address == 0) /* the top of the address space */
+            break;
+    }
+    return 0;
+}
+
+/* Under the read lock, after check_mapped: the bytes behind address, and how many of them
+ * follow in the same mapping (at most n). */
+static unsigned char *bytes_at(CUdeviceptr address, size_t n, size_t *run)
+{
+    const struct mapping *m = mapping_at(address);
+    unsigned long long into = address - m->start, left = m->size - into;
+    *run = left < n ? (size_t)left : n;
+    return m->backing + m->offset + into;
+}
+
+/* What an address is to a copy: VMM memory (real bytes), one of the counter's allocations (no
+ * bytes), or host memory. Under a lock. */
+enum side { VMM_SIDE, COUNTED_SIDE, HOST_SIDE };
+
+static enum side side_of(CUdeviceptr address)
+{
+    if (reservation_holding(address, 1))
+        return VMM_SIDE;
+    return inside_allocation(address) ? COUNTED_SIDE : HOST_SIDE;
+}
+
+/* What the caller knows of an address it copies to or from: device memory, host memory, or
+ * either (cuMemcpy's unified addressing). */
+enum known { DEVICE_ADDRESS, HOST_ADDRESS, EITHER_ADDRESS };
+
+static enum side side_for(CUdeviceptr address, enum known known)
+{
+    if (known == HOST_ADDRESS)
+        return HOST_SIDE;
+    enum side side = side_of(address);
+    /* A device address the fake never made: as before the model, the copy is a record. */
+    return known == DEVICE_ADDRESS && side == HOST_SIDE ? COUNTED_SIDE : side;
+}
+
+/* Copies n bytes. Where a side is one of the counter's allocations, or neither is VMM memory,
+ * nothing is moved (the fake has no bytes there) and the copy is a record only. unmapped: the
+ * error for a byte that is not mapped (a copy's, or a kernel's). *vmm: whether VMM memory was
+ * involved. */
+static CUresult move_bytes(CUdeviceptr dst, enum known dst_known, CUdeviceptr src,
+                           enum known src_known, size_t n, CUresult unmapped, bool *vmm)
+{
+    *vmm = false;
+    if (!n)
+        return 0;
+    pthread_rwlock_rdlock(&memory_lock);
+    enum side to = side_for(dst, dst_known), from = side_for(src, src_known);
+    CUresult result = 0;
+    if (to == VMM_SIDE)
+        result = check_mapped(dst, n, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, unmapped);
+    if (!result && from == VMM_SIDE)
+        result = check_mapped(src, n, CU_MEM_ACCESS_FLAGS_PROT_READ, unmapped);
+    *vmm = to == VMM_SIDE || from == VMM_SIDE;
+    bool real = *vmm && to != COUNTED_SIDE && from != COUNTED_SIDE;
+    for (size_t done = 0; !result && real && done < n;) {
+        size_t run = n - done, run_in = run;
+        unsigned char *out = to == VMM_SIDE ? bytes_at(dst + done, run, &run)
+                                            : (unsigned char *)(uintptr_t)(dst + done);
+        const unsigned char *in = from == VMM_SIDE ? bytes_at(src + done, run_in, &run_in)
+                                                   : (unsigned char *)(uintptr_t)(src + done);
+        run = run < run_in ? run : run_in;
+        memmove(out, in, run);
+        done += run;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+/* Sets count elements of width bytes (1 or 4) at dst to value. */
+static CUresult fill_bytes(CUdeviceptr dst, unsigned value, size_t width, size_t count,
+                           CUresult unmapped, bool *vmm)
+{
+    *vmm = false;
+    size_t n = width * count;
+    if (!n)
+        return 0;
+    pthread_rwlock_rdlock(&memory_lock);
+    CUresult result = 0;
+    if (side_of(dst) == VMM_SIDE) {
+        *vmm = true;
+        result = dst % width ? CUDA_ERROR_INVALID_VALUE
+                             : check_mapped(dst, n, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, unmapped);
+        for (size_t done = 0; !result && done < n;) {
+            size_t run;
+            unsigned char *out = bytes_at(dst + done, n - done, &run);
+            if (width == 1) {
+                memset(out, (int)value, run);
+            } else {
+                uint32_t word = value;
+                for (size_t i = 0; i < run; i += sizeof word)
+                    memcpy(out + i, &word, sizeof word); /* runs are whole granules */
+            }
+            done += run;
+        }
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+/* ---- host memory: cuMemAllocHost and cuMemHostRegister --------------------------------- */
+
+struct host_range {
+    unsigned long long start;
+    unsigned long long size;
+    bool allocated; /* by cuMemAllocHost: unmapped at cuMemFreeHost */
+};
+
+static struct table host_ranges = {.row_size = sizeof(struct host_range)};
+
+/* Under a lock: does [start, start + size) overlap a host range? */
+static bool host_overlap(unsigned long long start, unsigned long long size)
+{
+    return size && overlaps(&host_ranges, start, size);
+}
+
+static CUresult host_alloc_body(void **host, size_t size)
+{
+    if (!host)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t length = size ? size : 1;
+    void *memory = mmap(NULL, length, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct host_range row = {(uintptr_t)memory, length, true};
+    pthread_rwlock_wrlock(&memory_lock);
+    bool kept = table_insert(&host_ranges, &row);
+    pthread_rwlock_unlock(&memory_lock);
+    if (!kept) {
+        munmap(memory, length);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *host = memory;
+    return 0;
+}
+
+static CUresult host_free_body(void *host)
+{
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t at;
+    struct host_range *row = row_with_key(&host_ranges, (uintptr_t)host, &at);
+    struct host_range gone = row && row->allocated ? *row : (struct host_range){0, 0, false};
+    if (gone.size)
+        table_remove(&host_ranges, at);
+    pthread_rwlock_unlock(&memory_lock);
+    if (!gone.size)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap(host, gone.size);
+    return 0;
+}
+
+static CUresult host_register_body(void *host, size_t size)
+{
+    if (!host || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    pthread_rwlock_wrlock(&memory_lock);
+    struct host_range row = {(uintptr_t)host, size, false};
+    if (!host_overlap(row.start, size))
+        result = table_insert(&host_ranges, &row) ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult host_unregister_body(void *host)
+{
+    CUresult result = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    pthread_rwlock_wrlock(&memory_lock);
+    size_t at;
+    struct host_range *row = row_with_key(&host_ranges, (uintptr_t)host, &at);
+    if (row && !row->allocated) {
+        table_remove(&host_ranges, at);
+        result = 0;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+/* ---- the entry points ------------------------------------------------------------------- */
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
+{
+    if (!value || device != 0)
+        return device != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        *value = vmm_supported();
+        break;
+    case 16: /* MULTIPROCESSOR_COUNT, an H100's */
+        *value = 132;
+        break;
+    case 75: /* COMPUTE_CAPABILITY_MAJOR */
+        *value = 9;
+        break;
+    case 41:  /* UNIFIED_ADDRESSING */
+    case 83:  /* MANAGED_MEMORY */
+    case 89:  /* CONCURRENT_MANAGED_ACCESS */
+    case 103: /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    case 115: /* MEMORY_POOLS_SUPPORTED */
+        *value = 1;
+        break;
+    default: /* what the fake does not model reads as absent */
+        *value = 0;
+    }
+    record("cuDeviceGetAttribute attribute=%d device=%d value=%d", attribute, device, *value);
+    return 0;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *bytes, const struct allocation_prop *prop,
+                                              int option)
+{
+    call_begins();
+    CUresult result = memory_get_granularity_body(bytes, prop, option);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr hint, unsigned long long flags)
+{
+    call_begins();
+    CUresult result = address_reserve_body(ptr, size, alignment, hint, flags);
+    record("cuMemAddressReserve size=%zu alignment=%zu hint=0x%llx ptr=0x%llx result=%d", size,
+           alignment, hint, result ? 0ull : *ptr, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    call_begins();
+    CUresult result = address_free_body(ptr, size);
+    record("cuMemAddressFree ptr=0x%llx size=%zu result=%d", ptr, size, result);
+    call_ends();
+    return result;
+}
+
+static CUresult cuMemCreate_body(unsigned long long *handle, size_t size,
+                                 const struct allocation_prop *prop, unsigned long long flags)
+{
+    CUresult result = memory_create_body(handle, size, prop, flags);
+    record("cuMemCreate size=%zu flags=%llu handle=0x%llx result=%d", size, flags,
+           result ? 0ull : *handle, result);
+    return result;
+}
+EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size,
+                            const struct allocation_prop *prop, unsigned long long flags)
+{
+    call_begins();
+    CUresult result = cuMemCreate_body(handle, size, prop, flags);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemRelease(unsigned long long handle)
+{
+    call_begins();
+    CUresult result = memory_release_body(handle);
+    record("cuMemRelease handle=0x%llx result=%d", handle, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long handle,
+                         unsigned long long flags)
+{
+    call_begins();
+    CUresult result = memory_map_body(ptr, size, offset, handle, flags);
+    record("cuMemMap ptr=0x%llx size=%zu offset=%zu handle=0x%llx result=%d", ptr, size, offset,
+           handle, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    call_begins();
+    CUresult result = memory_unmap_body(ptr, size);
+    record("cuMemUnmap ptr=0x%llx size=%zu result=%d", ptr, size, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct access_desc *desc,
+                               size_t count)
+{
+    call_begins();
+    CUresult result = memory_set_access_body(ptr, size, desc, count);
+    record("cuMemSetAccess ptr=0x%llx size=%zu count=%zu flags=%d result=%d", ptr, size, count,
+           desc && count ? desc[count - 1].flags : -1, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const struct mem_location *where,
+                               CUdeviceptr ptr)
+{
+    call_begins();
+    CUresult result = memory_get_access_body(flags, where, ptr);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(struct allocation_prop *prop,
+                                                       unsigned long long handle)
+{
+    call_begins();
+    CUresult result = memory_properties_body(prop, handle);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(unsigned long long *handle, void *address)
+{
+    call_begins();
+    CUresult result = memory_retain_body(handle, (CUdeviceptr)(uintptr_t)address);
+    record("cuMemRetainAllocationHandle address=%p handle=0x%llx result=%d", address,
+           result ? 0ull : *handle, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *host, size_t size, unsigned flags)
+{
+    call_begins();
+    CUresult result = host_register_body(host, size);
+    record("cuMemHostRegister_v2 host=%p size=%zu flags=%u result=%d", host, size, flags, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *host)
+{
+    call_begins();
+    CUresult result = host_unregister_body(host);
+    record("cuMemHostUnregister host=%p result=%d", host, result);
+    call_ends();
+    return result;
+}
+
+/* Events: work is done when it is submitted, so an event is complete once recorded; it keeps
+ * the time it was recorded for cuEventElapsedTime. */
+struct fake_event {
+    atomic_llong recorded_at; /* ns on CLOCK_MONOTONIC; 0 until recorded */
+};
+
+static long long monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+EXPORT CUresult cuEventCreate(struct fake_event **event, unsigned flags)
+{
+    if (!event)
+        return CUDA_ERROR_INVALID_VALUE;
+    *event = calloc(1, sizeof **event);
+    record("cuEventCreate event=%p flags=%u", (void *)*event, flags);
+    return *event ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult record_event(const char *name, struct fake_event *event, CUstream stream)
+{
+    if (!event)
+        return CUDA_ERROR_INVALID_VALUE;
+    call_begins();
+    atomic_store(&event->recorded_at, monotonic_ns());
+    record("%s event=%p stream=%p", name, (void *)event, stream);
+    call_ends();
+    return 0;
+}
+EXPORT CUresult cuEventRecord(struct fake_event *event, CUstream stream)
+{
+    return record_event("cuEventRecord", event, stream);
+}
+EXPORT CUresult cuEventRecord_ptsz(struct fake_event *event, CUstream stream)
+{
+    return record_event("cuEventRecord_ptsz", event, stream);
+}
+EXPORT CUresult cuEventQuery(struct fake_event *event)
+{
+    return event ? 0 : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuEventSynchronize(struct fake_event *event)
+{
+    if (!event)
+        return CUDA_ERROR_INVALID_VALUE;
+    call_begins();
+    trim_pools();
+    record("cuEventSynchronize event=%p", (void *)event);
+    call_ends();
+    return 0;
+}
+EXPORT CUresult cuEventElapsedTime(float *milliseconds, struct fake_event *start,
+                                   struct fake_event *end)
+{
+    if (!milliseconds || !start || !end)
+        return CUDA_ERROR_INVALID_VALUE;
+    long long from = atomic_load(&start->recorded_at), to = atomic_load(&end->recorded_at);
+    if (!from || !to)
+        return CUDA_ERROR_NOT_READY;
+    *milliseconds = (float)((double)(to - from) / 1e6);
+    return 0;
+}
+EXPORT CUresult cuEventDestroy_v2(struct fake_event *event)
+{
+    record("cuEventDestroy_v2 event=%p", (void *)event);
+    free(event);
+    return 0;
+}
+EXPORT CUresult cuStreamWaitEvent(CUstream stream, struct fake_event *event, unsigned flags)
+{
+    record("cuStreamWaitEvent stream=%p event=%p flags=%u", stream, (void *)event, flags);
+    return event ? 0 : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
+{
+    record("cuStreamDestroy_v2 stream=%p", stream);
+    return 0;
+}
+
+/* ---- allocations, frees and copies -------------------------------------------------------- */
+
 static CUresult cuMemAlloc_v2_body(CUdeviceptr *dptr, size_t size)
 {
-    *dptr = take_addresses(size);
+    *dptr = take_addresses(size, DEVICE_MEMORY, NULL);
     record("cuMemAlloc_v2 size=%zu ptr=0x%llx", size, *dptr);
     return 0;
 }
@@ -512,7 +1769,7 @@ static CUresult alloc_managed_body(CUdeviceptr *dptr, size_t size, unsigned flag
         record("cuMemAllocManaged size=%zu refused=%s", size, refuse);
         return atoi(refuse);
     }
-    *dptr = take_addresses(size);
+    *dptr = take_addresses(size, MANAGED_MEMORY, NULL);
     if (own_state)
         atomic_store(&own_state->uses_uvm, 1);
     record("cuMemAllocManaged size=%zu flags=%u ptr=0x%llx", size, flags, *dptr);
@@ -522,7 +1779,7 @@ static CUresult cuMemAllocPitch_v2_body(CUdeviceptr *dptr, size_t *pitch, size_t
                                    unsigned element)
 {
     *pitch = (w + 255) & ~(size_t)255;
-    *dptr = take_addresses(*pitch * h);
+    *dptr = take_addresses(*pitch * h, DEVICE_MEMORY, NULL);
     record("cuMemAllocPitch_v2 width=%zu height=%zu element=%u", w, h, element);
     return 0;
 }
@@ -536,7 +1793,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
 }
 static CUresult cuMemAllocAsync_body(CUdeviceptr *dptr, size_t size, CUstream s)
 {
-    *dptr = take_addresses(size);
+    *dptr = take_addresses(size, POOL_MEMORY, DEFAULT_POOL);
     record("cuMemAllocAsync size=%zu stream=%p", size, s);
     return 0;
 }
@@ -549,7 +1806,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
 }
 static CUresult cuMemAllocFromPoolAsync_body(CUdeviceptr *dptr, size_t size, void *pool, CUstream s)
 {
-    *dptr = take_addresses(size);
+    *dptr = take_addresses(size, POOL_MEMORY, pool);
     record("cuMemAllocFromPoolAsync size=%zu pool=%p stream=%p", size, pool, s);
     return 0;
 }
@@ -559,6 +1816,27 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *po
     CUresult result = cuMemAllocFromPoolAsync_body(dptr, size, pool, s);
     call_ends();
     return result;
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    call_begins();
+    *dptr = take_addresses(size, POOL_MEMORY, DEFAULT_POOL);
+    record("cuMemAllocAsync_ptsz size=%zu stream=%p", size, s);
+    call_ends();
+    return 0;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, void *pool,
+                                             CUstream s)
+{
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    call_begins();
+    *dptr = take_addresses(size, POOL_MEMORY, pool);
+    record("cuMemAllocFromPoolAsync_ptsz size=%zu pool=%p stream=%p", size, pool, s);
+    call_ends();
+    return 0;
 }
 /* FAKE_CUDA_FREE_ERROR: the error every cuMemFree_v2 returns. */
 /* Memory pools. FAKE_CUDA_MANAGED_POOLS=1: a CUDA 13 driver, which makes managed pools;
@@ -579,12 +1857,17 @@ EXPORT CUresult cuMemPoolCreate(void **pool, const int *props)
 }
 EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep)
 {
+    pthread_rwlock_wrlock(&memory_lock);
+    struct pool *trimmed = pool_of(pool);
+    if (trimmed)
+        trim_pool(trimmed, keep);
+    pthread_rwlock_unlock(&memory_lock);
     record("cuMemPoolTrimTo pool=%p keep=%zu", pool, keep);
     return 0;
 }
 static CUresult device_pool(const char *name, void **pool, int device)
 {
-    *pool = (void *)0xDEF;
+    *pool = DEFAULT_POOL;
     record("%s device=%d", name, device);
     return 0;
 }
@@ -600,6 +1883,15 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, int device)
 static CUresult cuMemFree_v2_body(CUdeviceptr dptr)
 {
     const char *error = getenv("FAKE_CUDA_FREE_ERROR");
+    pthread_rwlock_rdlock(&memory_lock);
+    bool vmm = reservation_holding(dptr, 1) != NULL;
+    pthread_rwlock_unlock(&memory_lock);
+    if (vmm) { /* VMM memory is freed by unmapping and releasing it */
+        record("cuMemFree_v2 ptr=0x%llx refused", dptr);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!error)
+        give_addresses(dptr, false); /* an address it never made: as before, no error */
     record("cuMemFree_v2 ptr=0x%llx%s", dptr, error ? " refused" : "");
     return error ? atoi(error) : 0;
 }
@@ -612,6 +1904,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 }
 static CUresult cuMemFreeAsync_body(CUdeviceptr dptr, CUstream s)
 {
+    give_addresses(dptr, true);
     record("cuMemFreeAsync ptr=0x%llx stream=%p", dptr, s);
     return 0;
 }
@@ -622,12 +1915,20 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
     call_ends();
     return result;
 }
-/* FAKE_CUDA_OTHERS_USED: bytes other processes hold on the GPU and cannot give up. */
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+    call_begins();
+    give_addresses(dptr, true);
+    record("cuMemFreeAsync_ptsz ptr=0x%llx stream=%p", dptr, s);
+    call_ends();
+    return 0;
+}
+/* The card's capacity less what is on it: this process's, and with FAKE_CUDA_DEVICE the other
+ * processes' too. FAKE_CUDA_OTHERS_USED: bytes other processes hold on the GPU and cannot give
+ * up (the same on every card). */
 static CUresult cuMemGetInfo_v2_body(size_t *free_bytes, size_t *total_bytes)
 {
-    const char *others = getenv("FAKE_CUDA_OTHERS_USED");
-    unsigned long long total = total_memory(), used = atomic_load(&allocated);
-    used += others ? strtoull(others, NULL, 10) : 0;
+    unsigned long long total = total_memory(), used = fake_cuda_physical_used();
     *free_bytes = used < total ? total - used : 0;
     *total_bytes = total;
     record("cuMemGetInfo_v2");
@@ -644,27 +1945,6 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 static CUresult internal_mem_get_info(size_t *free_bytes, size_t *total_bytes)
 {
     return cuMemGetInfo_v2(free_bytes, total_bytes);
-}
-static CUresult cuMemCreate_body(unsigned long long *handle, size_t size, const void *prop,
-                            unsigned long long flags)
-{
-    (void)prop;
-    *handle = take_addresses(size);
-    record("cuMemCreate size=%zu flags=%llu", size, flags);
-    return 0;
-}
-EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop,
-                            unsigned long long flags)
-{
-    call_begins();
-    CUresult result = cuMemCreate_body(handle, size, prop, flags);
-    call_ends();
-    return result;
-}
-EXPORT CUresult cuMemRelease(unsigned long long handle)
-{
-    record("cuMemRelease handle=0x%llx", handle);
-    return 0;
 }
 static CUresult cuMemPrefetchAsync_body(CUdeviceptr dptr, size_t size, int device, CUstream s)
 {
@@ -740,40 +2020,54 @@ static void launch_delay(void)
     nanosleep(&ts, NULL);
 }
 
-static CUresult cuLaunchKernel_body(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                               unsigned by, unsigned bz, unsigned shared, CUstream s,
-                               void **params, void **extra)
+/* The fake's kernels, which touch VMM memory as a real kernel would: FAKE_KERNEL_FILL writes
+ * (device pointer, size_t bytes, unsigned char value), FAKE_KERNEL_COPY copies (destination,
+ * source, size_t bytes). A byte mapped without the access, or not mapped, is an illegal
+ * address, as a kernel's fault is. Returns -1 for any other function (nothing touched). */
+#define FAKE_KERNEL_FILL ((void *)0xF111)
+#define FAKE_KERNEL_COPY ((void *)0xF222)
+
+static CUresult run_fake_kernel(void *f, void **params)
 {
-    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)params; (void)extra;
-    launch_delay();
-    record("cuLaunchKernel f=%p grid=%u block=%u stream=%p", f, gx, bx, s);
-    return 0;
+    bool vmm;
+    if (f == FAKE_KERNEL_FILL && params)
+        return fill_bytes(*(CUdeviceptr *)params[0], *(unsigned char *)params[2], 1,
+                          *(size_t *)params[1], CUDA_ERROR_ILLEGAL_ADDRESS, &vmm);
+    if (f == FAKE_KERNEL_COPY && params)
+        return move_bytes(*(CUdeviceptr *)params[0], DEVICE_ADDRESS, *(CUdeviceptr *)params[1],
+                          DEVICE_ADDRESS, *(size_t *)params[2], CUDA_ERROR_ILLEGAL_ADDRESS, &vmm);
+    return -1;
 }
+
+/* delayed: FAKE_CUDA_LAUNCH_SECONDS applies (to cuLaunchKernel, as ever). */
+static CUresult launch(const char *name, void *f, unsigned gx, unsigned bx, CUstream s,
+                       void **params, bool delayed)
+{
+    call_begins();
+    if (delayed)
+        launch_delay();
+    CUresult result = run_fake_kernel(f, params);
+    if (result == -1)
+        record("%s f=%p grid=%u block=%u stream=%p", name, f, gx, bx, s);
+    else
+        record("%s f=%p grid=%u block=%u stream=%p result=%d", name, f, gx, bx, s, result);
+    call_ends();
+    return result == -1 ? 0 : result;
+}
+
 EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shared, CUstream s,
                                void **params, void **extra)
 {
-    call_begins();
-    CUresult result = cuLaunchKernel_body(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
-    call_ends();
-    return result;
-}
-static CUresult cuLaunchKernel_ptsz_body(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                    unsigned by, unsigned bz, unsigned shared, CUstream s,
-                                    void **params, void **extra)
-{
-    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)params; (void)extra;
-    record("cuLaunchKernel_ptsz f=%p grid=%u block=%u stream=%p", f, gx, bx, s);
-    return 0;
+    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)extra;
+    return launch("cuLaunchKernel", f, gx, bx, s, params, true);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                     unsigned by, unsigned bz, unsigned shared, CUstream s,
                                     void **params, void **extra)
 {
-    call_begins();
-    CUresult result = cuLaunchKernel_ptsz_body(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
-    call_ends();
-    return result;
+    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)extra;
+    return launch("cuLaunchKernel_ptsz", f, gx, bx, s, params, false);
 }
 static CUresult cuLaunchKernelEx_body(const void *config, void *f, void **params, void **extra)
 {
@@ -801,78 +2095,172 @@ EXPORT CUresult cuGraphLaunch(void *graph, CUstream s)
     record("cuGraphLaunch graph=%p stream=%p", graph, s);
     return 0;
 }
-static CUresult cuMemcpyHtoD_v2_body(CUdeviceptr dst, const void *src, size_t n)
-{
-    (void)src;
-    record("cuMemcpyHtoD_v2 dst=0x%llx n=%zu", dst, n);
-    return 0;
-}
-EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+/* Copies and memsets: real bytes where VMM memory is involved (failing where it is not mapped
+ * or not accessible), a record only for the counter's allocations. Every variant records its
+ * own name; a copy that touched VMM memory adds its result. */
+static CUresult copy(const char *name, CUdeviceptr dst, enum known dst_known, CUdeviceptr src,
+                     enum known src_known, size_t n, CUstream s, bool on_stream)
 {
     call_begins();
-    CUresult result = cuMemcpyHtoD_v2_body(dst, src, n);
+    bool vmm;
+    CUresult result = move_bytes(dst, dst_known, src, src_known, n, CUDA_ERROR_INVALID_VALUE, &vmm);
+    char stream[40] = "", outcome[24] = "";
+    if (on_stream)
+        snprintf(stream, sizeof stream, " stream=%p", s);
+    if (vmm)
+        snprintf(outcome, sizeof outcome, " result=%d", result);
+    if (dst_known == HOST_ADDRESS)
+        record("%s dst=%p src=0x%llx n=%zu%s%s", name, (void *)(uintptr_t)dst, src, n, stream,
+               outcome);
+    else if (src_known == HOST_ADDRESS)
+        record("%s dst=0x%llx src=%p n=%zu%s%s", name, dst, (void *)(uintptr_t)src, n, stream,
+               outcome);
+    else
+        record("%s dst=0x%llx src=0x%llx n=%zu%s%s", name, dst, src, n, stream, outcome);
     call_ends();
     return result;
 }
-static CUresult cuMemcpyDtoH_v2_body(void *dst, CUdeviceptr src, size_t n)
+
+#define HOST(pointer) ((CUdeviceptr)(uintptr_t)(pointer))
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
-    (void)dst;
-    record("cuMemcpyDtoH_v2 src=0x%llx n=%zu", src, n);
-    return 0;
+    return copy("cuMemcpyHtoD_v2", dst, DEVICE_ADDRESS, HOST(src), HOST_ADDRESS, n, NULL, false);
+}
+EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
+{
+    return copy("cuMemcpyHtoD_v2_ptds", dst, DEVICE_ADDRESS, HOST(src), HOST_ADDRESS, n, NULL,
+                false);
 }
 EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
-    call_begins();
-    CUresult result = cuMemcpyDtoH_v2_body(dst, src, n);
-    call_ends();
-    return result;
+    return copy("cuMemcpyDtoH_v2", HOST(dst), HOST_ADDRESS, src, DEVICE_ADDRESS, n, NULL, false);
 }
-/* The copies the pager's KIWI_EVICT_COPY makes (and that programs make): recorded with their
- * arguments, nothing copied. (Kept out of RECORDED_WORK, which records names only.) */
+EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
+{
+    return copy("cuMemcpyDtoH_v2_ptds", HOST(dst), HOST_ADDRESS, src, DEVICE_ADDRESS, n, NULL,
+                false);
+}
+/* The copies the pager's KIWI_EVICT_COPY makes (and that programs make). */
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    call_begins();
-    record("cuMemcpyDtoHAsync_v2 dst=%p src=0x%llx n=%zu stream=%p", dst, src, n, s);
-    call_ends();
-    return 0;
+    return copy("cuMemcpyDtoHAsync_v2", HOST(dst), HOST_ADDRESS, src, DEVICE_ADDRESS, n, s, true);
+}
+EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return copy("cuMemcpyDtoHAsync_v2_ptsz", HOST(dst), HOST_ADDRESS, src, DEVICE_ADDRESS, n, s,
+                true);
 }
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    call_begins();
-    record("cuMemcpyHtoDAsync_v2 dst=0x%llx src=%p n=%zu stream=%p", dst, src, n, s);
-    call_ends();
-    return 0;
+    return copy("cuMemcpyHtoDAsync_v2", dst, DEVICE_ADDRESS, HOST(src), HOST_ADDRESS, n, s, true);
 }
-/* Pinned host memory: plain memory here, never touched by the fake's copies.
- * FAKE_CUDA_NO_PINNING=1: it fails, as on a host that cannot pin that much. */
+EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    return copy("cuMemcpyHtoDAsync_v2_ptsz", dst, DEVICE_ADDRESS, HOST(src), HOST_ADDRESS, n, s,
+                true);
+}
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return copy("cuMemcpyDtoD_v2", dst, DEVICE_ADDRESS, src, DEVICE_ADDRESS, n, NULL, false);
+}
+EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return copy("cuMemcpyDtoD_v2_ptds", dst, DEVICE_ADDRESS, src, DEVICE_ADDRESS, n, NULL, false);
+}
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return copy("cuMemcpyDtoDAsync_v2", dst, DEVICE_ADDRESS, src, DEVICE_ADDRESS, n, s, true);
+}
+EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n,
+                                          CUstream s)
+{
+    return copy("cuMemcpyDtoDAsync_v2_ptsz", dst, DEVICE_ADDRESS, src, DEVICE_ADDRESS, n, s,
+                true);
+}
+/* Unified addressing: either side may be host or device memory. */
+EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return copy("cuMemcpy", dst, EITHER_ADDRESS, src, EITHER_ADDRESS, n, NULL, false);
+}
+EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return copy("cuMemcpy_ptds", dst, EITHER_ADDRESS, src, EITHER_ADDRESS, n, NULL, false);
+}
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return copy("cuMemcpyAsync", dst, EITHER_ADDRESS, src, EITHER_ADDRESS, n, s, true);
+}
+EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return copy("cuMemcpyAsync_ptsz", dst, EITHER_ADDRESS, src, EITHER_ADDRESS, n, s, true);
+}
+
+/* Pinned host memory: real (anonymous, committed where written), so copies from VMM memory
+ * can land in it. FAKE_CUDA_NO_PINNING=1: it fails, as on a host that cannot pin that much. */
 EXPORT CUresult cuMemAllocHost_v2(void **host, size_t size)
 {
     if (getenv("FAKE_CUDA_NO_PINNING")) {
         record("cuMemAllocHost_v2 size=%zu refused", size);
-        return 2;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *host = malloc(1); /* the fake never reads or writes it: an address is enough */
-    record("cuMemAllocHost_v2 size=%zu host=%p", size, *host);
-    return *host ? 0 : 2;
+    CUresult result = host_alloc_body(host, size);
+    record("cuMemAllocHost_v2 size=%zu host=%p", size, result ? NULL : *host);
+    return result;
 }
 EXPORT CUresult cuMemFreeHost(void *host)
 {
-    record("cuMemFreeHost host=%p", host);
-    free(host);
-    return 0;
+    CUresult result = host_free_body(host);
+    record("cuMemFreeHost host=%p%s", host, result ? " refused" : "");
+    return result;
 }
 
-static CUresult cuMemsetD8_v2_body(CUdeviceptr dst, unsigned char value, size_t n)
+static CUresult memset_device(const char *name, CUdeviceptr dst, unsigned value, size_t width,
+                              size_t count, CUstream s, bool on_stream)
 {
-    record("cuMemsetD8_v2 dst=0x%llx value=%u n=%zu", dst, value, n);
-    return 0;
+    call_begins();
+    bool vmm;
+    CUresult result = fill_bytes(dst, value, width, count, CUDA_ERROR_INVALID_VALUE, &vmm);
+    char stream[40] = "", outcome[24] = "";
+    if (on_stream)
+        snprintf(stream, sizeof stream, " stream=%p", s);
+    if (vmm)
+        snprintf(outcome, sizeof outcome, " result=%d", result);
+    record("%s dst=0x%llx value=%u n=%zu%s%s", name, dst, value, count, stream, outcome);
+    call_ends();
+    return result;
 }
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
 {
-    call_begins();
-    CUresult result = cuMemsetD8_v2_body(dst, value, n);
-    call_ends();
-    return result;
+    return memset_device("cuMemsetD8_v2", dst, value, 1, n, NULL, false);
+}
+EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char value, size_t n)
+{
+    return memset_device("cuMemsetD8_v2_ptds", dst, value, 1, n, NULL, false);
+}
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s)
+{
+    return memset_device("cuMemsetD8Async", dst, value, 1, n, s, true);
+}
+EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char value, size_t n, CUstream s)
+{
+    return memset_device("cuMemsetD8Async_ptsz", dst, value, 1, n, s, true);
+}
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, size_t n)
+{
+    return memset_device("cuMemsetD32_v2", dst, value, 4, n, NULL, false);
+}
+EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dst, unsigned value, size_t n)
+{
+    return memset_device("cuMemsetD32_v2_ptds", dst, value, 4, n, NULL, false);
+}
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream s)
+{
+    return memset_device("cuMemsetD32Async", dst, value, 4, n, s, true);
+}
+EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned value, size_t n, CUstream s)
+{
+    return memset_device("cuMemsetD32Async_ptsz", dst, value, 4, n, s, true);
 }
 
 /* The rest of the GPU work the runtimes ask for: each only records its name. Declared without
@@ -886,25 +2274,10 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)               \
     X(cuLaunchCooperativeKernelMultiDevice, "cuLaunchCooperativeKernelMultiDevice", 9000, 0) \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                                      \
-    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1)                                  \
-    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1)                  \
-    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                    \
-    X(cuMemcpy, "cuMemcpy", 4000, 0)                                                      \
-    X(cuMemcpy_ptds, "cuMemcpy", 7000, 1)                                                 \
-    X(cuMemcpyAsync, "cuMemcpyAsync", 4000, 0)                                            \
-    X(cuMemcpyAsync_ptsz, "cuMemcpyAsync", 7000, 1)                                       \
     X(cuMemcpyPeer, "cuMemcpyPeer", 4000, 0)                                              \
     X(cuMemcpyPeer_ptds, "cuMemcpyPeer", 7000, 1)                                         \
     X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, 0)                                    \
     X(cuMemcpyPeerAsync_ptsz, "cuMemcpyPeerAsync", 7000, 1)                               \
-    X(cuMemcpyHtoD_v2_ptds, "cuMemcpyHtoD", 7000, 1)                                      \
-    X(cuMemcpyHtoDAsync_v2_ptsz, "cuMemcpyHtoDAsync", 7000, 1)                            \
-    X(cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH", 7000, 1)                                      \
-    X(cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync", 7000, 1)                            \
-    X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                                           \
-    X(cuMemcpyDtoD_v2_ptds, "cuMemcpyDtoD", 7000, 1)                                      \
-    X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync", 3020, 0)                                 \
-    X(cuMemcpyDtoDAsync_v2_ptsz, "cuMemcpyDtoDAsync", 7000, 1)                            \
     X(cuMemcpy2DUnaligned_v2, "cuMemcpy2DUnaligned", 3020, 0)                             \
     X(cuMemcpy2DUnaligned_v2_ptds, "cuMemcpy2DUnaligned", 7000, 1)                        \
     X(cuMemcpy2DAsync_v2, "cuMemcpy2DAsync", 3020, 0)                                     \
@@ -931,11 +2304,8 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuMemPrefetchBatchAsync_ptsz, "cuMemPrefetchBatchAsync", 13000, 1)                  \
     X(cuMemDiscardAndPrefetchBatchAsync, "cuMemDiscardAndPrefetchBatchAsync", 13000, 0)   \
     X(cuMemDiscardAndPrefetchBatchAsync_ptsz, "cuMemDiscardAndPrefetchBatchAsync", 13000, 1) \
-    X(cuMemsetD8_v2_ptds, "cuMemsetD8", 7000, 1)                                          \
     X(cuMemsetD2D8_v2, "cuMemsetD2D8", 3020, 0)                                           \
     X(cuMemsetD2D8_v2_ptds, "cuMemsetD2D8", 7000, 1)                                      \
-    X(cuMemsetD8Async, "cuMemsetD8Async", 3020, 0)                                        \
-    X(cuMemsetD8Async_ptsz, "cuMemsetD8Async", 7000, 1)                                   \
     X(cuMemsetD2D8Async, "cuMemsetD2D8Async", 3020, 0)                                    \
     X(cuMemsetD2D8Async_ptsz, "cuMemsetD2D8Async", 7000, 1)                               \
     X(cuLaunch, "cuLaunch", 2000, 0)                                                      \
@@ -963,16 +2333,12 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n)
     X(cuMemcpy3DWithAttributesAsync_ptsz, "cuMemcpy3DWithAttributesAsync", 13020, 1)      \
     X(cuMemsetD16_v2, "cuMemsetD16", 3020, 0)                                             \
     X(cuMemsetD16_v2_ptds, "cuMemsetD16", 7000, 1)                                        \
-    X(cuMemsetD32_v2, "cuMemsetD32", 3020, 0)                                             \
-    X(cuMemsetD32_v2_ptds, "cuMemsetD32", 7000, 1)                                        \
     X(cuMemsetD2D16_v2, "cuMemsetD2D16", 3020, 0)                                         \
     X(cuMemsetD2D16_v2_ptds, "cuMemsetD2D16", 7000, 1)                                    \
     X(cuMemsetD2D32_v2, "cuMemsetD2D32", 3020, 0)                                         \
     X(cuMemsetD2D32_v2_ptds, "cuMemsetD2D32", 7000, 1)                                    \
     X(cuMemsetD16Async, "cuMemsetD16Async", 3020, 0)                                      \
     X(cuMemsetD16Async_ptsz, "cuMemsetD16Async", 7000, 1)                                 \
-    X(cuMemsetD32Async, "cuMemsetD32Async", 3020, 0)                                      \
-    X(cuMemsetD32Async_ptsz, "cuMemsetD32Async", 7000, 1)                                 \
     X(cuMemsetD2D16Async, "cuMemsetD2D16Async", 3020, 0)                                  \
     X(cuMemsetD2D16Async_ptsz, "cuMemsetD2D16Async", 7000, 1)                             \
     X(cuMemsetD2D32Async, "cuMemsetD2D32Async", 3020, 0)                                  \
@@ -1051,9 +2417,12 @@ static const struct entry entries[] = {
     ENTRY("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
     ENTRY("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
     ENTRY("cuMemAllocAsync", 11020, 0, cuMemAllocAsync),
+    ENTRY("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz),
     ENTRY("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync),
+    ENTRY("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz),
     ENTRY("cuMemFree", 3020, 0, cuMemFree_v2),
     ENTRY("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
+    ENTRY("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
     ENTRY("cuMemGetInfo", 3020, 0, internal_mem_get_info),
     ENTRY("cuMemCreate", 10020, 0, cuMemCreate),
     ENTRY("cuMemPoolCreate", 11020, 0, cuMemPoolCreate),
@@ -1061,16 +2430,60 @@ static const struct entry entries[] = {
     ENTRY("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
     ENTRY("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
     ENTRY("cuMemRelease", 10020, 0, cuMemRelease),
+    ENTRY("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity),
+    ENTRY("cuMemAddressReserve", 10020, 0, cuMemAddressReserve),
+    ENTRY("cuMemAddressFree", 10020, 0, cuMemAddressFree),
+    ENTRY("cuMemMap", 10020, 0, cuMemMap),
+    ENTRY("cuMemUnmap", 10020, 0, cuMemUnmap),
+    ENTRY("cuMemSetAccess", 10020, 0, cuMemSetAccess),
+    ENTRY("cuMemGetAccess", 10020, 0, cuMemGetAccess),
+    ENTRY("cuMemGetAllocationPropertiesFromHandle", 10020, 0,
+          cuMemGetAllocationPropertiesFromHandle),
+    ENTRY("cuMemRetainAllocationHandle", 11000, 0, cuMemRetainAllocationHandle),
+    ENTRY("cuMemAllocHost", 3020, 0, cuMemAllocHost_v2),
+    ENTRY("cuMemFreeHost", 2000, 0, cuMemFreeHost),
+    ENTRY("cuMemHostRegister", 6050, 0, cuMemHostRegister_v2),
+    ENTRY("cuMemHostUnregister", 4000, 0, cuMemHostUnregister),
+    ENTRY("cuDeviceGetAttribute", 2000, 0, cuDeviceGetAttribute),
+    ENTRY("cuStreamCreate", 2000, 0, cuStreamCreate),
+    ENTRY("cuStreamDestroy", 4000, 0, cuStreamDestroy_v2),
+    ENTRY("cuStreamWaitEvent", 3020, 0, cuStreamWaitEvent),
+    ENTRY("cuEventCreate", 2000, 0, cuEventCreate),
+    ENTRY("cuEventRecord", 2000, 0, cuEventRecord),
+    ENTRY("cuEventRecord", 7000, 1, cuEventRecord_ptsz),
+    ENTRY("cuEventQuery", 2000, 0, cuEventQuery),
+    ENTRY("cuEventSynchronize", 2000, 0, cuEventSynchronize),
+    ENTRY("cuEventElapsedTime", 2000, 0, cuEventElapsedTime),
+    ENTRY("cuEventDestroy", 4000, 0, cuEventDestroy_v2),
     ENTRY("cuLaunchKernel", 4000, 0, cuLaunchKernel),
     ENTRY("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
     ENTRY("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),
     ENTRY("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
     ENTRY("cuGraphLaunch", 10000, 0, cuGraphLaunch),
     ENTRY("cuMemcpyHtoD", 3020, 0, cuMemcpyHtoD_v2),
+    ENTRY("cuMemcpyHtoD", 7000, 1, cuMemcpyHtoD_v2_ptds),
     ENTRY("cuMemcpyDtoH", 3020, 0, cuMemcpyDtoH_v2),
+    ENTRY("cuMemcpyDtoH", 7000, 1, cuMemcpyDtoH_v2_ptds),
+    ENTRY("cuMemcpyDtoD", 3020, 0, cuMemcpyDtoD_v2),
+    ENTRY("cuMemcpyDtoD", 7000, 1, cuMemcpyDtoD_v2_ptds),
+    ENTRY("cuMemcpy", 4000, 0, cuMemcpy),
+    ENTRY("cuMemcpy", 7000, 1, cuMemcpy_ptds),
     ENTRY("cuMemsetD8", 3020, 0, cuMemsetD8_v2),
+    ENTRY("cuMemsetD8", 7000, 1, cuMemsetD8_v2_ptds),
+    ENTRY("cuMemsetD8Async", 3020, 0, cuMemsetD8Async),
+    ENTRY("cuMemsetD8Async", 7000, 1, cuMemsetD8Async_ptsz),
+    ENTRY("cuMemsetD32", 3020, 0, cuMemsetD32_v2),
+    ENTRY("cuMemsetD32", 7000, 1, cuMemsetD32_v2_ptds),
+    ENTRY("cuMemsetD32Async", 3020, 0, cuMemsetD32Async),
+    ENTRY("cuMemsetD32Async", 7000, 1, cuMemsetD32Async_ptsz),
     ENTRY("cuMemcpyHtoDAsync", 3020, 0, cuMemcpyHtoDAsync_v2),
+    ENTRY("cuMemcpyHtoDAsync", 7000, 1, cuMemcpyHtoDAsync_v2_ptsz),
     ENTRY("cuMemcpyDtoHAsync", 3020, 0, cuMemcpyDtoHAsync_v2),
+    ENTRY("cuMemcpyDtoHAsync", 7000, 1, cuMemcpyDtoHAsync_v2_ptsz),
+    ENTRY("cuMemcpyDtoDAsync", 3020, 0, cuMemcpyDtoDAsync_v2),
+    ENTRY("cuMemcpyDtoDAsync", 7000, 1, cuMemcpyDtoDAsync_v2_ptsz),
+    ENTRY("cuMemcpyAsync", 4000, 0, cuMemcpyAsync),
+    ENTRY("cuMemcpyAsync", 7000, 1, cuMemcpyAsync_ptsz),
     ENTRY("cuMemPrefetchAsync", 8000, 0, cuMemPrefetchAsync),
     ENTRY("cuMemPrefetchBatchAsync", 13000, 0, cuMemPrefetchBatchAsync),
     ENTRY("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock),
@@ -1140,8 +2553,16 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
 
 __attribute__((constructor)) static void fake_cuda_loaded(void)
 {
+    card = map_card();
+    take_row();
+    pthread_atfork(NULL, NULL, take_row); /* a child's memory is its own */
     own_state = map_state((int)getpid(), true);
     if (own_state && getenv("FAKE_CUDA_CHECKPOINT_FAIL"))
         atomic_store(&own_state->uses_uvm, 1);
     record("loaded");
+}
+
+__attribute__((destructor)) static void fake_cuda_unloaded(void)
+{
+    give_row_back();
 }

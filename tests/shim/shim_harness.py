@@ -20,8 +20,10 @@ REPO = HERE.parents[1]
 #: The sanitizer's runtime, when the shim under test is a sanitized build (conftest,
 #: ``KIWI_TEST_SANITIZE=address|thread``); None for the shim as shipped.
 SANITIZER_RUNTIME: str | None = None
-#: What a sanitizer writes to stderr when it finds an error.
-SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer")
+#: What a sanitizer writes to stderr when it finds an error, or the shim's own checks in a
+#: sanitized build when they find one (KIWI_CHECKED: client/hold.c, a move the table forbids).
+SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer"
+                              r"|warning: BUG: ")
 #: Every error fatal, and reported. Python's own allocations outlive it by design: leaks are
 #: not what is looked for. A forked child starts a comm thread of its own, by design, which
 #: ThreadSanitizer refuses unless told (die_after_fork).
@@ -45,11 +47,16 @@ READY_ID = 0
 STARTUP_TIMEOUT = 30.0
 
 
-def build_fake_cuda(directory: Path) -> Path:
-    """Compile tests/shim/fake_cuda.c into directory/libcuda.so.1."""
+def build_fake_cuda(directory: Path, sanitize: str | None = None) -> Path:
+    """Compile tests/shim/fake_cuda.c into directory/libcuda.so.1; ``sanitize``: under one of
+    the shim's SANITIZERS (the fake's own tests check its memory model so)."""
+    from kiwi_jupyter.shim.build import SANITIZE_FLAGS, SANITIZERS
+
     output = directory / "libcuda.so.1"
+    flags = [*SANITIZERS[sanitize][0], *SANITIZE_FLAGS] if sanitize else []
     subprocess.run(
         ["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror",
+         *flags,
          # -Bsymbolic: like the real driver, it hands out its own functions, not the shim's
          "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic", "-o", str(output),
          str(HERE / "fake_cuda.c"), "-lpthread"],

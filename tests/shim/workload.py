@@ -16,6 +16,8 @@ import sys
 import threading
 from typing import Any
 
+from vmm_calls import FAKE_KERNEL_FILL, AllocationProp, pinned_on
+
 from kiwi_jupyter.shim import Shim
 
 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
@@ -113,9 +115,11 @@ class Driver:
         return pool.value or 0
 
     def alloc_vmm(self, size: int) -> int:
+        """A physical handle of the VMM API, as an application's own cuMemCreate makes it."""
         handle = c_u64()
-        fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr, c_u64)
-        if fn(ctypes.byref(handle), size, None, 0) != 0:
+        fn = self.dlsym("cuMemCreate", ctypes.POINTER(c_u64), ctypes.c_size_t,
+                        ctypes.POINTER(AllocationProp), c_u64)
+        if fn(ctypes.byref(handle), size, ctypes.byref(pinned_on(0)), 0) != 0:
             raise MemoryError
         return handle.value
 
@@ -203,6 +207,27 @@ class Driver:
     def copy_to_device(self, ptr: int, n: int = 16) -> int:
         data = ctypes.create_string_buffer(n)
         return int(self.dlsym("cuMemcpyHtoD_v2", c_u64, c_ptr, ctypes.c_size_t)(ptr, data, n))
+
+    # ---- bytes (the fake driver keeps real ones for VMM memory only) ----
+    def write(self, ptr: int, data: bytes) -> int:
+        buffer = ctypes.create_string_buffer(data, len(data))
+        return int(self.dlsym("cuMemcpyHtoD_v2", c_u64, c_ptr, ctypes.c_size_t)(
+            ptr, buffer, len(data)))
+
+    def read(self, ptr: int, n: int) -> bytes:
+        buffer = ctypes.create_string_buffer(n)
+        result = self.dlsym("cuMemcpyDtoH_v2", c_ptr, c_u64, ctypes.c_size_t)(buffer, ptr, n)
+        if result != 0:
+            raise RuntimeError(f"cuMemcpyDtoH_v2 = {result}")
+        return buffer.raw
+
+    def launch_fill(self, ptr: int, n: int, value: int) -> int:
+        """The fake driver's FILL kernel (a gated launch that writes n bytes at ptr)."""
+        params = [c_u64(ptr), ctypes.c_size_t(n), ctypes.c_ubyte(value)]
+        array = (c_ptr * 3)(*[ctypes.cast(ctypes.byref(p), c_ptr) for p in params])
+        u = ctypes.c_uint
+        fn = self.dlsym("cuLaunchKernel", c_ptr, u, u, u, u, u, u, u, c_ptr, c_ptr, c_ptr)
+        return int(fn(FAKE_KERNEL_FILL, 1, 1, 1, 1, 1, 1, 0, None, array, None))
 
 
 def _base(name: str) -> str:

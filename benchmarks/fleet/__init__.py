@@ -1,0 +1,17 @@
+"""The fleet simulator: notebook traces replayed through the real scheduler core in simulated
+time, to judge scheduling policies (``python -m benchmarks.fleet``).
+
+It drives ``nodeside.scheduler.core.Scheduler`` through its public methods, as the daemon does,
+and is no part of the product: nothing here is compiled into the daemon or shipped in the wheel.
+
+- the engine: ``replay`` (the daemon's and the clients' part, in simulated time), ``spans``
+  (what a replay records), ``switching`` (what moving working sets over the host link costs);
+- the fleet: ``workload`` (who the notebooks are and when they ask), ``runs`` (one replay and
+  its figures; the runs compared), ``seeds`` (many seeds in worker processes), ``report``
+  (the tables), ``cli`` (the command);
+- what a run measures beside its figures: ``bound`` (floors under short cells' slowdown),
+  ``explain`` (where their waiting went), ``shares`` (pools' shares in contention);
+- references and variants: ``oracle`` (a clairvoyant policy), ``hints`` (it on hinted
+  estimates), ``turns`` (holders taking turns at several switch costs);
+- ``timeline``: the timelines in docs/.
+"""

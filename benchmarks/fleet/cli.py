@@ -1,0 +1,112 @@
+"""A notebook fleet replayed through the real scheduler core, in simulated time.
+
+    python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
+                               [--explain] [--oracle] [--hints] [--turns]
+    python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle] [--hints] [--turns]
+
+``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
+(``oracle``): how far any real policy could get under the same rules. ``--hints`` adds
+the same reference told estimates from length hints of stated quality (``hints``): what
+a hint from the kernel could buy. ``--turns`` adds the run of holders taking turns (mode auto,
+``interactive.turns``) at several costs of a switch (``turns``).
+
+What a run replays and reports is ``runs``'s; ``--seeds`` is ``seeds``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import REPO
+from benchmarks.fleet.hints import HINT_RUNS
+from benchmarks.fleet.report import explain_table, side_by_side
+from benchmarks.fleet.runs import ORACLE_RUNS, RUNS, run
+from benchmarks.fleet.seeds import parse_seeds, replay_pure, replay_seeds, summary
+from benchmarks.fleet.turns import TURN_RUNS
+from benchmarks.fleet.workload import GPU_MEMORY
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction in (0, 1], not {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--notebooks", type=int, default=20)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--hours", type=float, default=8.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the figures here (with "
+                        "--seeds: each run's, seed by seed)")
+    parser.add_argument("--plot", action="store_true",
+                        help="draw docs/timeline.png and the fleet timelines into docs/")
+    parser.add_argument("--explain", action="store_true",
+                        help="also break short cells' waiting down by cause, run by run")
+    parser.add_argument("--seeds", type=parse_seeds, metavar="1-20",
+                        help="instead: the key runs over these seeds, as means and ranges")
+    parser.add_argument("--jobs", type=int, help="processes for --seeds, --oracle and "
+                        "--hints (default: CPUs)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="also the clairvoyant reference and its variant (ORACLE_RUNS, "
+                             "oracle): a policy told each cell's length")
+    parser.add_argument("--hints", action="store_true",
+                        help="also that reference told estimates from length hints of falling "
+                             "quality (HINT_RUNS, hints)")
+    parser.add_argument("--turns", action="store_true",
+                        help="also the run taking turns with a switch costing 10, 50 and 200 "
+                             "ms (TURN_RUNS, turns)")
+    parser.add_argument("--co-run", type=_fraction, default=1.0, metavar="FRACTION",
+                        help="the GPU's work holders side by side get done together, as "
+                             "benchmarks.shim.gpu_corun measures it (default 1.0: sharing is free)")
+    args = parser.parse_args(argv)
+    pure = [*(ORACLE_RUNS if args.oracle else ()), *(HINT_RUNS if args.hints else ())]
+    if args.co_run != 1.0:
+        print(f"Holders side by side get {args.co_run:g} of the GPU's work done together "
+              "(--co-run).\n")
+    if args.seeds:
+        by_seed = replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours, args.jobs,
+                               pure=pure, co_run=args.co_run,
+                               more=[r[0] for r in TURN_RUNS] if args.turns else ())
+        print(summary(by_seed))
+        if args.json:
+            args.json.write_text(json.dumps(by_seed, indent=2))
+        return
+    results = []
+    for label, mode, tq, policy, link in (*RUNS, *(TURN_RUNS if args.turns else ())):
+        result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
+                     policy, link, explain=args.explain, co_run=args.co_run)
+        result["label"] = label
+        results.append(result)
+    if pure:  # on the pure Python core, in processes of their own; never explained
+        references = replay_pure([args.seed], pure, args.notebooks, args.gpus, args.hours,
+                                 args.jobs, co_run=args.co_run)
+        for label, figures in references.items():
+            results.append({**figures[args.seed], "label": label})
+    print(side_by_side(results))
+    if args.explain:
+        print()
+        print(explain_table(results))
+    if args.json:
+        args.json.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")}
+                                         for r in results], indent=2))
+    if args.plot:
+        from benchmarks.fleet.timeline import draw_fleet, draw_seed_example
+
+        docs = REPO / "docs"
+        draw_seed_example(docs / "timeline.png")
+        by_label = {r["label"]: r for r in results}
+        for label, name in (("round robin, TQ 30 s", "fleet-timeline.png"),
+                            ("interactive, TQ 10 s", "fleet-timeline-interactive.png"),
+                            ("auto, interactive, TQ 30 s, 1 s turns", "fleet-timeline-turns.png")):
+            # The same quarter hour of GPU 0 in both.
+            draw_fleet(by_label[label]["_replay"], docs / name, title=label, gpu=0,
+                       start=3600.0, end=3600.0 + 900.0)
+        print(f"wrote timeline.png, fleet-timeline.png, fleet-timeline-interactive.png and "
+              f"fleet-timeline-turns.png into {docs}")
+

@@ -1,0 +1,1 @@
+"""Benchmarks of the CUDA shim and the GPU (issue 32's ``benchmarks/shim/``)."""

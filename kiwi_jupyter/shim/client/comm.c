@@ -1,0 +1,169 @@
+/* The daemon client: one thread of the shim's own, speaking docs/protocol.md.
+ *
+ * It has to be a thread of its own, and must never need Python: the thread that waits at the
+ * gate may be a notebook cell's, holding the GIL, and the grant that opens the gate has to
+ * arrive anyway. Everything that changes the hold happens here, in order, and only through
+ * kiwi_hold_move (hold.c): asking for the GPU when a gated call waits, opening the gate on a
+ * grant (after restoring the working set), and the release sequence on a drop, at a cell's end
+ * or after an idle spell. Other threads only set wishes under kiwi_lock, or post news
+ * (mechanisms/news.c), and wake this one through a pipe.
+ *
+ * When the daemon cannot be reached the client keeps retrying, with backoff, and registers
+ * again when it is back (client ids do not survive a restart); outage.c says what happens
+ * meanwhile.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client.h"
+
+struct kiwi_comm_state kiwi_comm;
+int kiwi_wake_pipe[2] = {-1, -1};
+
+/* ---- connecting ---------------------------------------------------------------------- */
+
+static bool connect_and_register(void)
+{
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    kiwi_news_take(KIWI_NEWS_WORKING_SET); /* register says it */
+    char line[1024];
+    if (!kiwi_link_connect(ws.bytes, line, sizeof line, kiwi_comm_handle_line))
+        return false;
+    if (ws.evictable) /* register has no field for the evictable part */
+        kiwi_news_set(KIWI_NEWS_WORKING_SET);
+    char evictor[16] = "";
+    kiwi_json_string(line, "evict", evictor, sizeof evictor);
+    kiwi_evict_answered(evictor);
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_json_string(line, "client", kiwi_comm.stats.client, sizeof kiwi_comm.stats.client);
+    kiwi_json_string(line, "mode", kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode);
+    bool was_failed_open = kiwi_comm.stats.failed_open;
+    kiwi_comm.stats.connected = true;
+    kiwi_comm.stats.position_live = kiwi_link_position_events();
+    kiwi_comm.stats.failed_open = false;
+    kiwi_gate_refuse(false);
+    if (was_failed_open)
+        kiwi_gate_close(); /* from now on, work waits for a grant again */
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_log("registered as %s with %s", kiwi_comm.stats.client, kiwi_cfg.socket_path);
+    return true;
+}
+
+/* Under kiwi_lock: since when the GPU has gone unused, for the idle release (a grant counts
+ * as a use). */
+static double idle_since(void)
+{
+    double since = kiwi_gate_last_activity();
+    return since < kiwi_comm.granted_at ? kiwi_comm.granted_at : since;
+}
+
+/* Acts on what other threads asked for since the last turn of the loop. */
+static void act(void)
+{
+    kiwi_release_act_deferred();
+    pthread_mutex_lock(&kiwi_lock);
+    if (kiwi_comm.release_asked != kiwi_comm.release_done) {
+        unsigned asked = kiwi_comm.release_asked;
+        enum kiwi_hold hold = kiwi_comm.stats.hold;
+        if (hold == KIWI_HOLDING) {
+            pthread_mutex_unlock(&kiwi_lock);
+            kiwi_release_yield("cell end");
+            pthread_mutex_lock(&kiwi_lock);
+        } else if (hold == KIWI_WAITING && kiwi_hold_move(KIWI_IDLE)) {
+            kiwi_comm.stats.queue_position = 0;
+            pthread_mutex_unlock(&kiwi_lock);
+            kiwi_release_seq = kiwi_link_request("release", "");
+            pthread_mutex_lock(&kiwi_lock);
+        }
+        kiwi_comm.release_done = asked;
+        pthread_cond_broadcast(&kiwi_changed);
+    }
+    bool want = kiwi_gate_waiters() > 0 || kiwi_comm.acquire_wanted;
+    if (want && kiwi_comm.stats.hold == KIWI_IDLE && kiwi_link_up() &&
+        kiwi_hold_move(KIWI_WAITING)) {
+        pthread_mutex_unlock(&kiwi_lock);
+        kiwi_link_request("acquire", "");
+        pthread_mutex_lock(&kiwi_lock);
+    }
+    double since = idle_since();
+    bool idle = kiwi_comm.stats.hold == KIWI_HOLDING && !kiwi_comm.stats.in_cell &&
+                kiwi_cfg.idle_release > 0 && !want && kiwi_gate_in_flight() == 0 &&
+                kiwi_capture_open() == 0 && kiwi_now() - since >= kiwi_cfg.idle_release;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (idle)
+        kiwi_release_yield("idle");
+    if (kiwi_link_up() && kiwi_news_take(KIWI_NEWS_WORKING_SET)) {
+        struct kiwi_working_set ws;
+        kiwi_memory_working_set(&ws);
+        char fields[96];
+        snprintf(fields, sizeof fields, "\"bytes\":%llu,\"evictable\":%llu",
+                 (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
+        kiwi_link_request("working_set", fields);
+    }
+}
+
+/* Sleeps until woken, the socket has data, or timeout seconds pass. */
+static void wait_for_news(double timeout)
+{
+    struct pollfd p[2] = {{.fd = kiwi_wake_pipe[0], .events = POLLIN},
+                          {.fd = kiwi_link_fd(), .events = POLLIN}};
+    int ms = timeout > 3600 ? 3600000 : (int)(timeout * 1000) + 1;
+    if (poll(p, kiwi_link_up() ? 2 : 1, ms) <= 0)
+        return;
+    if (p[0].revents) {
+        char drained[64];
+        while (read(kiwi_wake_pipe[0], drained, sizeof drained) > 0)
+            ;
+        /* Perhaps an interrupt (interrupt.c): waiters look at the count when woken. */
+        pthread_mutex_lock(&kiwi_lock);
+        pthread_cond_broadcast(&kiwi_changed);
+        pthread_mutex_unlock(&kiwi_lock);
+    }
+    if (kiwi_link_up() && p[1].revents && kiwi_link_fill(0)) {
+        char line[1024];
+        while (kiwi_link_up() && kiwi_link_next_line(line, sizeof line))
+            kiwi_comm_handle_line(line);
+    }
+}
+
+static double next_idle_check(void)
+{
+    if (kiwi_cfg.idle_release <= 0)
+        return 1.0;
+    pthread_mutex_lock(&kiwi_lock);
+    double since = idle_since();
+    bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
+    pthread_mutex_unlock(&kiwi_lock);
+    double left = since + kiwi_cfg.idle_release - kiwi_now();
+    if (!holding || left > 1.0)
+        return 1.0;
+    return left > 0.001 ? left : 0.001;
+}
+
+void *kiwi_comm_main(void *unused)
+{
+    (void)unused;
+    double backoff = 0.05;
+    for (;;) {
+        if (!kiwi_link_up()) {
+            if (connect_and_register()) {
+                backoff = 0.05;
+            } else {
+                double policy_left = kiwi_outage_act();
+                wait_for_news(backoff < policy_left ? backoff : policy_left);
+                backoff = backoff * 2 < 2.0 ? backoff * 2 : 2.0;
+                continue;
+            }
+        }
+        act();
+        if (kiwi_link_up())
+            wait_for_news(next_idle_check());
+    }
+    return NULL;
+}

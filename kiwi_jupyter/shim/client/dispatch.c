@@ -1,0 +1,138 @@
+/* What each line from the daemon does to the hold: grants open the gate (after restoring the
+ * working set), drops start the release sequence, pauses close the gate while another holder
+ * has its turn and resumes open it again; the rest is counted and kept for the stats.
+ * Read on the comm thread, or by link.c for a line that came while a reply was awaited.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "client.h"
+
+static void on_grant(const char *line)
+{
+    double arrived = kiwi_now();
+    /* Restored on every grant, not only after an eviction of ours: while other processes held
+     * the GPU the driver may have pushed pages out on its own, to make room for theirs. */
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    pthread_mutex_lock(&kiwi_lock);
+    bool expected = kiwi_comm.stats.hold == KIWI_WAITING;
+    /* A checkpointed process was restored by the daemon before this grant was sent. */
+    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault && !kiwi_pager_checkpointing();
+    pthread_mutex_unlock(&kiwi_lock);
+    if (!expected)
+        return; /* a grant that crossed our release on the wire: the release ended it */
+    struct kiwi_transfer moved = {0};
+    if (restore)
+        kiwi_pager_move(KIWI_PAGE_IN, &moved);
+    kiwi_free_ranges_forget(); /* the gate opens: what the cache held free may be used now */
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.evicted = false; /* restored, or left to fault back in (KIWI_RESTORE=fault) */
+    if (restore) {
+        kiwi_comm.stats.restores++;
+        kiwi_comm.stats.bytes_restored += moved.bytes;
+        kiwi_comm.stats.seconds_restoring += moved.seconds;
+    }
+    if (!kiwi_hold_move(KIWI_HOLDING)) {
+        pthread_mutex_unlock(&kiwi_lock);
+        return;
+    }
+    kiwi_comm.stats.paused = false;
+    kiwi_comm.stats.grants++;
+    kiwi_comm.stats.last_grant_at = arrived;
+    kiwi_comm.stats.queue_position = 0;
+    kiwi_comm.granted_at = kiwi_now();
+    kiwi_comm.acquire_wanted = false;
+    kiwi_json_number(line, "quantum", &kiwi_comm.stats.quantum);
+    kiwi_gate_open();
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* A turn of the holders side by side (mode auto, the daemon's interactive.turns). Pausing only
+ * closes the gate: calls already inside finish queueing their work, which the GPU runs out
+ * while the next holder starts; new ones wait at the gate, and ask for nothing, since the GPU
+ * is still this process's. The memory stays where it is. */
+static void on_turn(bool pause)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    if (kiwi_comm.stats.hold == KIWI_HOLDING && kiwi_comm.stats.paused != pause) {
+        kiwi_comm.stats.paused = pause;
+        if (pause) {
+            kiwi_comm.stats.pauses++;
+            kiwi_gate_close();
+        } else {
+            kiwi_gate_open();
+        }
+        pthread_cond_broadcast(&kiwi_changed);
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+void kiwi_comm_handle_line(const char *line)
+{
+    char op[32] = "";
+    kiwi_json_string(line, "op", op, sizeof op);
+    kiwi_log("<- %s", line);
+    double seq = -1;
+    kiwi_json_number(line, "seq", &seq);
+    if (kiwi_yield_seq && seq == (double)kiwi_yield_seq) {
+        kiwi_release_on_yield_answer(op, line);
+    } else if (strcmp(op, "grant") == 0) {
+        on_grant(line);
+    } else if (strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) {
+        on_turn(op[0] == 'p');
+    } else if (strcmp(op, "waiting") == 0) {
+        double position = 0;
+        kiwi_json_number(line, "position", &position);
+        pthread_mutex_lock(&kiwi_lock);
+        /* An event may cross a release of the wait: a process not waiting has no place. */
+        if (kiwi_comm.stats.hold == KIWI_WAITING)
+            kiwi_comm.stats.queue_position = (int)position;
+        pthread_mutex_unlock(&kiwi_lock);
+    } else if (strcmp(op, "drop") == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
+        if (holding)
+            kiwi_comm.stats.drops++;
+        pthread_mutex_unlock(&kiwi_lock);
+        if (holding)
+            kiwi_release_sequence(kiwi_json_true(line, "evict"), "drop");
+    } else if (strcmp(op, "revoked") == 0) {
+        /* Usually read after our own late release (the drain outlasted the grace period), so
+         * the hold may already be idle; it is counted either way, because the next holder
+         * may have started while this process still had work running. */
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_comm.stats.revokes++;
+        if (kiwi_comm.stats.hold == KIWI_HOLDING && kiwi_hold_move(KIWI_IDLE)) {
+            kiwi_comm.stats.paused = false;
+            kiwi_gate_close();
+        }
+        pthread_cond_broadcast(&kiwi_changed);
+        pthread_mutex_unlock(&kiwi_lock);
+        kiwi_warn("the scheduler took the GPU back: the release came after the grace period");
+    } else if (strcmp(op, "released") == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        bool evict = seq == (double)kiwi_release_seq && kiwi_json_true(line, "evict") &&
+                     !kiwi_comm.stats.evicted && kiwi_comm.stats.hold != KIWI_HOLDING;
+        if (evict && kiwi_pager_checkpointing()) {
+            kiwi_comm.stats.evicted = true; /* the daemon is checkpointing this process */
+            kiwi_comm.stats.evictions++;
+            evict = false;
+        }
+        pthread_mutex_unlock(&kiwi_lock);
+        if (evict)
+            kiwi_release_evict_now();
+    } else if (strcmp(op, "mode") == 0) {
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_json_string(line, "mode", kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode);
+        pthread_mutex_unlock(&kiwi_lock);
+    } else if (strcmp(op, "error") == 0) {
+        char code[32] = "";
+        kiwi_json_string(line, "code", code, sizeof code);
+        kiwi_warn("the scheduler refused a request: %s", line);
+        if (strcmp(code, "permission") != 0 && strcmp(code, "invalid") != 0 &&
+            strcmp(code, "state") != 0)
+            kiwi_link_close(code);
+    }
+}

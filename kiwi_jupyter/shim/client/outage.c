@@ -1,0 +1,54 @@
+/* While the daemon is away: losing the connection, and the fail policy.
+ *
+ * Whatever the process held went with the connection: the gate closes at once. The comm
+ * thread keeps retrying (comm.c); after KIWI_FAIL_TIMEOUT of outage the policy decides: open
+ * lets GPU work run ungated, closed makes gated calls fail with CUDA_ERROR_SYSTEM_NOT_READY.
+ * The process never exits because of the daemon.
+ */
+#define _GNU_SOURCE
+#include "client.h"
+
+void kiwi_comm_link_lost(const char *why)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool was_connected = kiwi_comm.stats.connected;
+    kiwi_comm.stats.connected = false;
+    kiwi_comm.stats.position_live = false;
+    kiwi_comm.outage_since = kiwi_now();
+    kiwi_yield_seq = 0;
+    /* Whatever was held went with the connection. */
+    if (kiwi_comm.stats.hold != KIWI_IDLE && kiwi_hold_move(KIWI_IDLE)) {
+        kiwi_comm.stats.paused = false;
+        kiwi_gate_close();
+    }
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    if (was_connected)
+        kiwi_warn("lost the scheduler at %s (%s); reconnecting", kiwi_cfg.socket_path, why);
+}
+
+/* The comm thread's turn while the daemon is away: releases are trivially done, and after the
+ * policy's timeout work is let through (open) or refused (closed). Returns how long to sleep
+ * at most before the policy would apply. */
+double kiwi_outage_act(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.release_done = kiwi_comm.release_asked;
+    double outage = kiwi_now() - kiwi_comm.outage_since;
+    double left = kiwi_comm.policy_timeout - outage;
+    if (left <= 0 && !kiwi_comm.stats.failed_open && !kiwi_gate_refusing()) {
+        if (kiwi_comm.policy_closed) {
+            kiwi_gate_refuse(true);
+            kiwi_warn("no scheduler at %s: GPU work is refused until it is back (fail closed)",
+                      kiwi_cfg.socket_path);
+        } else {
+            kiwi_comm.stats.failed_open = true;
+            kiwi_gate_open();
+            kiwi_warn("no scheduler at %s: GPU work runs unscheduled until it is back "
+                      "(fail open)", kiwi_cfg.socket_path);
+        }
+    }
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    return left > 0 ? left : 1e9;
+}

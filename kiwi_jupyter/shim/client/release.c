@@ -1,0 +1,209 @@
+/* The release sequence, whatever asked for it:
+ *   1. close the gate (no new work), and wait for the calls already inside to return;
+ *   2. synchronize every context the process used;
+ *   3. when the daemon said the next holder needs the room, prefetch the working set to host
+ *      memory on the pager's streams, and wait for that;
+ *   4. send release.
+ * A release the process chose itself (cell end, idle) does not know whether the next holder
+ * needs the room, so steps 3 and 4 become a question: it sends `release` with `evict_first`.
+ * The daemon either answers `released` (no room needed: the GPU has changed hands, nothing
+ * moves) or keeps the hold and answers with a `drop` carrying the request's seq; then the
+ * working set goes to host memory and a plain `release` follows, and only that one hands the
+ * GPU over. The next holder's restore never races this process's eviction. (A daemon that
+ * predates evict_first ignores it and answers `released` with `evict: true`: the eviction then
+ * runs right after, as the only thing left to do.)
+ *
+ * Under the checkpoint evictor (mechanisms/pager.c) the sequence is the same with nothing to
+ * move: the daemon locks and checkpoints the process from outside after the release, when the
+ * room is needed, and restores it before the next grant. The comm thread then makes no CUDA call of
+ * its own on the way out (step 2 included): the process may be locked at any moment from then
+ * on (a revocation), and a call made after the lock would block until the next grant, which
+ * this very thread must ask for. The lock itself waits for the work still queued.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "client.h"
+
+unsigned kiwi_release_seq;
+unsigned kiwi_yield_seq; /* see client.h */
+
+void kiwi_release_evict_now(void)
+{
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    if (!ws.evictable)
+        return;
+    kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
+    struct kiwi_transfer moved;
+    kiwi_pager_move(KIWI_PAGE_OUT, &moved);
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.evicted = true;
+    kiwi_comm.stats.evictions++;
+    kiwi_comm.stats.bytes_evicted += moved.bytes;
+    kiwi_comm.stats.bytes_skipped += moved.skipped;
+    kiwi_comm.stats.bytes_discarded += moved.discarded;
+    kiwi_comm.stats.seconds_evicting += moved.seconds;
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* A release that must wait for graph captures to end (mechanisms/captures.c): a drop, and
+ * whether it asked for eviction, or a release of the process's own accord. Done by act() once
+ * the last capture has ended. */
+static struct {
+    bool drop;
+    bool evict;
+    bool yield;
+} deferred;
+
+static void keep_holding(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    /* A holder paused for another's turn waits for its resume. */
+    if (kiwi_hold_move(KIWI_HOLDING) && !kiwi_comm.stats.paused)
+        kiwi_gate_open();
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+/* The hold ends: the GPU is, or is about to be, the daemon's to hand over. */
+static void released(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    if (kiwi_hold_move(KIWI_IDLE)) {
+        kiwi_comm.stats.paused = false;
+        kiwi_comm.stats.releases++;
+    }
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+enum quiesced { QUIESCED, CAPTURING, NOT_SYNCHRONIZED };
+
+/* Steps 1 and 2 of the release sequence: no new work, none in flight, none queued. When it
+ * cannot be done now the process still holds the GPU, gate open: a graph capture is open
+ * (synchronizing would invalidate it; the caller defers), or synchronizing failed, so work may
+ * still be running and the GPU is not released (the daemon revokes it after its grace). */
+static enum quiesced quiesce(const char *why, bool evict)
+{
+    if (kiwi_capture_open() > 0)
+        return CAPTURING;
+    kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_hold_move(KIWI_RELEASING);
+    kiwi_gate_close();
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_gate_drain();
+    if (kiwi_pager_checkpointing())
+        return QUIESCED; /* no CUDA call of ours: the daemon's lock waits for queued work */
+    if (!kiwi_capture_hold()) {
+        keep_holding(); /* a capture began while the gate closed */
+        return CAPTURING;
+    }
+    bool synchronized = kiwi_pager_synchronize();
+    kiwi_capture_unhold();
+    if (!synchronized) {
+        kiwi_warn("not releasing the GPU (%s): work may still be running on it", why);
+        keep_holding();
+        return NOT_SYNCHRONIZED;
+    }
+    kiwi_memory_free_deferred();
+    return QUIESCED;
+}
+
+static void defer(const char *why)
+{
+    kiwi_log("release (%s) deferred: %d graph capture(s) open", why, kiwi_capture_open());
+}
+
+/* Steps 3 and 4, once it is known whether the room is needed. */
+static void finish_release(bool evict)
+{
+    if (evict)
+        kiwi_release_evict_now();
+    /* Idle before the release leaves: once the daemon has it, the next holder may be running,
+     * and nothing here may still say this process holds the GPU. */
+    released();
+    kiwi_release_seq = kiwi_link_request("release", "");
+}
+
+/* The daemon asked for the GPU back and said whether the next holder needs the room. */
+void kiwi_release_sequence(bool evict, const char *why)
+{
+    enum quiesced quiesced = quiesce(why, evict);
+    if (quiesced == QUIESCED) {
+        finish_release(evict);
+    } else if (quiesced == CAPTURING) {
+        deferred.drop = true; /* act_deferred looks again, even if the capture is over now */
+        deferred.evict = evict;
+        defer(why);
+    }
+}
+
+/* The process gives the GPU back of its own accord (cell end, idle): ask the daemon whether
+ * to evict first. The answer finishes the sequence (on_yield_answer). With nothing evictable
+ * there is nothing to wait for, and a plain release saves the daemon's round trip. */
+void kiwi_release_yield(const char *why)
+{
+    enum quiesced quiesced = quiesce(why, false);
+    if (quiesced == CAPTURING) {
+        deferred.yield = true; /* act_deferred looks again, even if the capture is over now */
+        defer(why);
+    }
+    if (quiesced != QUIESCED)
+        return;
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    if (!ws.evictable) {
+        finish_release(false);
+        return;
+    }
+    /* The hold stays KIWI_RELEASING, not holding: if the daemon hands over at once, the next
+     * holder may be running before the answer is read. */
+    kiwi_yield_seq = kiwi_link_request("release", "\"evict_first\":true");
+}
+
+/* The answer to a release sent with evict_first: `released` (handed over; nothing to move)
+ * or a `drop` with our seq (the hold is kept until the working set is out). An error that
+ * leaves the connection open still must not leave the hold half released: release plainly. */
+void kiwi_release_on_yield_answer(const char *op, const char *line)
+{
+    kiwi_yield_seq = 0;
+    if (strcmp(op, "drop") == 0) {
+        finish_release(kiwi_json_true(line, "evict"));
+        return;
+    }
+    if (strcmp(op, "released") != 0) {
+        kiwi_warn("the scheduler refused a release: %s", line);
+        finish_release(false);
+        return;
+    }
+    released();
+    if (kiwi_json_true(line, "evict"))
+        kiwi_release_evict_now(); /* a daemon that does not know evict_first handed over already */
+}
+
+/* A release deferred for graph captures, once they are over; a drop wins over a release of
+ * the process's own accord, as it carries the daemon's word on eviction. */
+void kiwi_release_act_deferred(void)
+{
+    if ((!deferred.drop && !deferred.yield) || kiwi_capture_open() > 0)
+        return;
+    pthread_mutex_lock(&kiwi_lock);
+    bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
+    pthread_mutex_unlock(&kiwi_lock);
+    bool drop = deferred.drop, evict = deferred.evict;
+    deferred.drop = deferred.yield = false;
+    if (!holding)
+        return; /* revoked meanwhile: nothing left to release */
+    if (drop)
+        kiwi_release_sequence(evict, "drop, after graph capture");
+    else
+        kiwi_release_yield("cell end, after graph capture");
+}
+void kiwi_release_after_fork(void)
+{
+    kiwi_yield_seq = 0;
+    deferred.drop = deferred.yield = false;
+}

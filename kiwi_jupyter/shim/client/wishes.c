@@ -1,0 +1,112 @@
+/* What the other threads ask of the comm thread through api.c: a cell's begin and end, an
+ * eager acquire, the fail policy, the statistics. They only set wishes under kiwi_lock and wake
+ * the comm thread through its pipe (news.c); it acts on them in order. (The gate's waiters and
+ * the allocations' working set reach it as news from the mechanisms.)
+ */
+#define _GNU_SOURCE
+#include <time.h>
+
+#include "client.h"
+
+static void deadline_after(struct timespec *ts, double seconds)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    double whole = (double)ts->tv_nsec * 1e-9 + seconds;
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec = (long)((whole - (double)(time_t)whole) * 1e9);
+}
+
+void kiwi_comm_cell_begin(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.in_cell = true;
+    /* A checkpointed process's driver calls block until it is restored, and not all of them
+     * pass the gate (queries, module loads): a cell asks for the GPU at once instead. */
+    if (kiwi_comm.stats.evicted && kiwi_pager_checkpointing() &&
+        kiwi_comm.stats.hold == KIWI_IDLE) {
+        kiwi_comm.acquire_wanted = true;
+        kiwi_news_wake();
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+int kiwi_comm_acquire(double timeout)
+{
+    if (!kiwi_cfg.enabled)
+        return 0;
+    kiwi_comm_start();
+    kiwi_pager_note_context(NULL);
+    double deadline = timeout > 0 ? kiwi_now() + timeout : 0;
+    unsigned interrupts = kiwi_interrupts();
+    int result = 0;
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.acquire_wanted = true;
+    kiwi_news_wake();
+    while (kiwi_comm.stats.hold != KIWI_HOLDING && !kiwi_comm.stats.failed_open) {
+        if (kiwi_gate_refusing()) {
+            result = -1;
+            break;
+        }
+        if (kiwi_interrupts() != interrupts) {
+            result = 2;
+            break;
+        }
+        double left = deadline ? deadline - kiwi_now() : 0.5;
+        if (left <= 0) {
+            result = 1;
+            break;
+        }
+        struct timespec until;
+        deadline_after(&until, left < 0.5 ? left : 0.5);
+        pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &until);
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+    return result;
+}
+
+int kiwi_comm_release(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.in_cell = false;
+    kiwi_comm.acquire_wanted = false;
+    if (!kiwi_comm_started()) {
+        pthread_mutex_unlock(&kiwi_lock);
+        return 0;
+    }
+    unsigned asked = ++kiwi_comm.release_asked;
+    kiwi_news_wake();
+    while ((int)(kiwi_comm.release_done - asked) < 0) {
+        struct timespec until;
+        deadline_after(&until, 0.5);
+        pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &until);
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+    return 0;
+}
+
+void kiwi_comm_stats(struct kiwi_stats *out)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    *out = kiwi_comm.stats;
+    out->failed_closed = kiwi_gate_refusing();
+    out->seconds_waiting = kiwi_gate_seconds_waiting();
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+void kiwi_comm_set_policy(bool fail_closed, double timeout)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.policy_set = true;
+    kiwi_comm.policy_closed = fail_closed;
+    kiwi_comm.policy_timeout = timeout > 0 ? timeout : 0;
+    /* A policy change during an outage applies at the next turn of the comm thread. */
+    if (kiwi_comm.stats.failed_open && fail_closed) {
+        kiwi_comm.stats.failed_open = false;
+        kiwi_gate_close();
+    } else if (kiwi_gate_refusing() && !fail_closed) {
+        kiwi_gate_refuse(false);
+    }
+    kiwi_news_wake();
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+}

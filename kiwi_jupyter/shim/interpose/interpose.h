@@ -1,0 +1,21 @@
+/* What the entry points share. They are the top of the shim, called by the process and by
+ * nothing inside the shim: each takes a driver call, asks the mechanisms below
+ * (../mechanisms/, declared in ../shim.h and memory.h) and calls the driver.
+ */
+#ifndef KIWI_INTERPOSE_H
+#define KIWI_INTERPOSE_H
+
+#include "../mechanisms/memory.h"
+
+/* ---- alloc.c ----------------------------------------------------------------------------- */
+
+/* Allocates size bytes of managed memory in place of device memory, within the limit; or,
+ * under the checkpoint evictor, device memory as asked. */
+CUresult kiwi_memory_allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags);
+
+/* ---- alloc_async.c ----------------------------------------------------------------------- */
+
+/* Is the stream being captured into a CUDA graph? */
+bool kiwi_memory_capturing(CUstream stream);
+
+#endif
