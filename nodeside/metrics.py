@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -246,6 +248,10 @@ class _Scrape(BaseHTTPRequestHandler):
     timeout = SCRAPE_TIMEOUT
     protocol_version = "HTTP/1.0"
 
+    def parse_request(self) -> bool:
+        self.server.asked(self.connection)  # it said something: no longer idle
+        return super().parse_request()
+
     def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
         path = self.path.split("?", 1)[0]
         if path not in ("/metrics", "/"):
@@ -268,7 +274,10 @@ class _Scrape(BaseHTTPRequestHandler):
 
 
 class MetricsServer(ThreadingHTTPServer):
-    """HTTP on threads of its own, at most MAX_SCRAPERS connections at once."""
+    """HTTP on threads of its own, at most MAX_SCRAPERS connections at once. At the cap, the
+    oldest connection that has not sent its request yet makes room for the newcomer (idle
+    connections, however many, never keep a scraper out); when every one has asked, the
+    newcomer is closed."""
 
     daemon_threads = True
     #: The listen backlog: a burst of connections waits in the kernel, not in a SYN retry,
@@ -280,21 +289,39 @@ class MetricsServer(ThreadingHTTPServer):
         self.exposition = exposition
         self.max_scrapers = max_scrapers
         self._active = 0
+        #: Connections served that have not sent their request yet, oldest first.
+        self._silent: dict[Any, None] = {}
         self._count = threading.Lock()
         self._said_at = 0.0
         self._unsaid = 0
         super().__init__(address, _Scrape)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
+        victim = None
         with self._count:
             if self._active >= self.max_scrapers:
-                over = True
+                victim = next(iter(self._silent), None)
+                if victim is None:  # every one of them asked: the newcomer waits its turn
+                    over = True
+                else:
+                    del self._silent[victim]
+                    over = False
             else:
-                self._active += 1
                 over = False
-        if over:
+            if not over:
+                self._active += 1
+                self._silent[request] = None
+        if victim is not None:
+            # Its thread's read fails at once, and the thread ends (``_active`` falls then).
+            with contextlib.suppress(OSError):
+                victim.shutdown(socket.SHUT_RDWR)
+        if over or victim is not None:
             self.refused(f"more than {self.max_scrapers} connections at once", client_address)
         return not over
+
+    def asked(self, request: Any) -> None:
+        with self._count:
+            self._silent.pop(request, None)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -302,6 +329,7 @@ class MetricsServer(ThreadingHTTPServer):
         finally:
             with self._count:
                 self._active -= 1
+                self._silent.pop(request, None)
 
     def refused(self, why: str, client_address: Any) -> None:
         """One line a minute at most, however many scrapers misbehave."""
