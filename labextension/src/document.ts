@@ -100,6 +100,11 @@ export interface IClientStatus {
   checkpoint_state?: string;
   /** Why its last checkpoint failed. */
   checkpoint_error?: string | null;
+  /**
+   * Pauses this `pausable` client was seen working through (NVML's per-process samples);
+   * absent when none.
+   */
+  pause_ignored?: number;
 }
 
 /** A pool on one GPU. */

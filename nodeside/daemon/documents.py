@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from nodeside import protocol as p
+from nodeside.daemon.pause_watch import PauseWatch
 from nodeside.daemon.status_line import status_line
 from nodeside.evict.lines import EvictionLines
 from nodeside.scheduler.core import Scheduler
@@ -57,15 +58,25 @@ class StatusDocuments:
         self.scheduler = scheduler
         self.memory_used = memory_used
         self.lines = lines
+        #: Paused holders seen working (pause_watch.py): their count is in their entries.
+        self.pauses = PauseWatch()
         self._kept: dict[Viewer, _Kept] = {}
 
     def document(self, now: float, viewer: Viewer | None = None) -> dict[str, Any]:
         """The document as ``viewer`` may see it (None: everything), built now."""
         if viewer is None:
-            return build_status(self.scheduler, now, self.memory_used(), evictions=self.lines)
-        admin, uid = viewer
-        return build_status(self.scheduler, now, self.memory_used(), viewer_admin=admin,
-                            viewer_uid=uid, evictions=self.lines)
+            document = build_status(self.scheduler, now, self.memory_used(),
+                                    evictions=self.lines)
+        else:
+            admin, uid = viewer
+            document = build_status(self.scheduler, now, self.memory_used(), viewer_admin=admin,
+                                    viewer_uid=uid, evictions=self.lines)
+        counts = self.pauses.counts
+        if counts:
+            for entry in document["clients"]:
+                if entry["id"] in counts:
+                    entry["pause_ignored"] = counts[entry["id"]]
+        return document
 
     def kept(self, viewer: Viewer, seq: int | None, now: float,
              generation: int) -> bytes | None:

@@ -36,7 +36,8 @@ class Key:
     #: The strings it takes, when it is one of a few.
     values: tuple[str, ...] = ()
     #: Who adds it, when not ``build_status``: "evictor" (the checkpoint evictor, in the
-    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long).
+    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long),
+    #: "pause_watch" (the daemon, where NVML samples each process's use of the GPU).
     added_by: str = ""
 
 
@@ -124,6 +125,9 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
         added_by="evictor"),
     Key("checkpoint_error", "str", "Why its last checkpoint failed.", nullable=True,
         added_by="evictor"),
+    Key("pause_ignored", "int", "Pauses this `pausable` client was seen working through "
+                                "(NVML's per-process samples); absent when none.",
+        added_by="pause_watch"),
 ))
 
 POOL_GPU: Final = Part("IPoolGpuStatus", "A pool on one GPU.", (
