@@ -192,3 +192,17 @@ def test_a_queued_job_for_a_client_that_went_away_is_skipped(
 def test_only_checkpointed_clients_have_a_checkpoint_state(lines: EvictionLines) -> None:
     assert lines.checkpoint("c1") == (RUNNING, None)
     assert lines.checkpoint("c2") is None
+
+
+def test_a_client_whose_checkpoint_failed_is_never_checkpointed_again(
+        lines: EvictionLines) -> None:
+    job = evicted(lines)
+    lines.take([Grant("c2", 0, 1.0)])
+    assert lines.checkpoint_failed(job, "no CUDA process", now=0.0, memory_free=True) == \
+        [Grant("c2", 0, 1.0)]
+    # Its next holds end like a managed client's: no job, and a revoke takes nothing by force.
+    assert lines.take([Released("c1", evict=True)]) == [Released("c1", evict=True)]
+    revoke = Revoke("c1", 0, p.REASON_QUANTUM, 5.0)
+    assert lines.take([revoke]) == [revoke]
+    assert lines.checkpoint("c1") == (FAILED, "no CUDA process")
+    assert lines.blocked(0) is None
