@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_checkpoint_evictor import checkpoint_state, hold_with, kernel
+from other_users import Peer, as_user
+from test_checkpoint_evictor import checkpoint_state, hold_with, kernel, status_of
 
 from nodeside import protocol as p
 from nodeside.client import Client
@@ -109,6 +110,28 @@ def test_a_failed_checkpoint_blocks_the_gpu_one_grace_period_at_most(
         assert checkpoint_state(scheduler, w) == "failed"
     assert scheduler.log().count("[ERROR] GPU 0: the checkpoint of") == 1
     assert "Traceback" not in scheduler.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to be another user")
+def test_a_non_admin_reads_why_the_gpu_is_blocked_but_not_the_pid(
+        start_checkpointing, workload, cuda_dir) -> None:
+    scheduler = start_checkpointing("--grace", "30")
+    Path(scheduler.socket).chmod(0o666)
+    Path(scheduler.socket).parent.chmod(0o755)
+    # Named: a default name ("python-<pid>") says the pid itself, to admins and others alike.
+    w = kernel(workload, scheduler, cuda_dir, FAKE_CUDA_CHECKPOINT_FAIL="1",
+               KIWI_CLIENT_NAME="notebook")
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="next") as next_holder:
+        next_holder.report_working_set(6 * GiB)
+        next_holder.request()
+        scheduler.wait_log(r"\[ERROR\] GPU 0: the checkpoint of .* failed")
+        admin = status_of(scheduler)["gpus"][0]["evict_blocked"]
+        public = as_user(NOBODY, lambda: Peer(scheduler.socket).request(
+            {"op": p.STATUS})["status"]["gpus"][0]["evict_blocked"])
+    assert f"pid {w.process.pid}" in admin
+    assert public is not None and "the checkpoint of notebook (c1) failed" in public
+    assert "pid" not in public and str(w.process.pid) not in public
 
 
 # -- a pid taken by another user's process ----------------------------------------------------
