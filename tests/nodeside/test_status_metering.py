@@ -19,6 +19,10 @@ from nodeside import protocol as p
 from nodeside.client import Client
 from nodeside.daemon.documents import StatusMeter
 
+#: The daemon's warnings about peers: one line per uid and kind every 10 s (lograte.py's
+#: RateLimitedLog, as requests.py makes it).
+LOG_INTERVAL = 10.0
+
 
 def crowded_daemon(start_daemon, scratch: Path) -> tuple[DaemonProcess, list[Raw]]:
     config = scratch / "kiwi.yaml"
@@ -71,6 +75,7 @@ def test_a_status_flood_waits_for_its_own_uid_s_share_and_others_are_served(
                                  daemon=True) for _ in range(8)]
     churning = threading.Thread(target=churn, daemon=True)
     churning.start()
+    started = time.monotonic()
     for thread in flooders:
         thread.start()
     try:
@@ -88,8 +93,11 @@ def test_a_status_flood_waits_for_its_own_uid_s_share_and_others_are_served(
         stop.set()
         churning.join(10)
     assert replies  # every flooder was answered, only slower
-    assert daemon.log().count("take more than their share") <= 2 and \
-        "Traceback" not in daemon.log()
+    # One line per uid every LOG_INTERVAL seconds, however many requests wait (the flood lasts
+    # longer on a loaded machine).
+    lines = 1 + int((time.monotonic() - started) // LOG_INTERVAL)
+    assert 1 <= daemon.log().count("take more than their share") <= lines
+    assert "Traceback" not in daemon.log()
     for conn in crowd:
         conn.sock.close()
 
