@@ -138,6 +138,10 @@ async def watch(pauses: PauseWatch, scheduler: Scheduler, read: Reader,
         except Unsupported as exc:
             log.info("Paused clients that go on working are not noted: %s", exc)
             return
+        except Exception as exc:  # noqa: BLE001 - a report, never a reason to stop the daemon
+            log.warning("Reading NVML's process samples failed (%s); paused clients that go "
+                        "on working are no longer noted", exc)
+            return
         # NVML stamps its samples with the wall clock; the scheduler runs on the daemon's.
         offset = time.time() - now()
         notes = pauses.seen(scheduler, [Sample(gpu, pid, wall - offset, sm)
