@@ -68,6 +68,9 @@ class Requests(Rules):
         #: Bumped whenever something the status document shows may have changed: a request
         #: that changes it (here), and what the shell notes (``Timers.note_change``).
         self.generation = 0
+        #: Feature ``memory``: called with ("eviction" or "restore", the GPU, its seconds)
+        #: (metrics).
+        self.memory_observers: list[Callable[[str, int, float], None]] = []
         #: Each request's handler, looked up once rather than by name on every request.
         self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
                                            Outcome]] = {
@@ -128,10 +131,17 @@ class Requests(Rules):
                      now: float) -> Outcome:
         if session.client_id is not None:
             raise SchedulerError(p.E_STATE, "this connection is already registered")
+        memory = p.FEATURE_MEMORY in session.features
+        if msg.get("evict") == "vmm" and not memory:
+            raise SchedulerError(p.E_INVALID, "evict vmm needs the memory feature (hello)")
         client = self.registrations.register(session.peer, msg, now, self.is_admin(session))
         if self.evictor is not None:  # what it can carry out, not merely what was asked
             client.evict = self.evictor.register(client, msg.get("evict"),
                                                  session.peer.identity)
+        if memory:
+            self.scheduler.track_memory(
+                client.id, resident=_bytes(msg, "resident"), host=_bytes(msg, "host"),
+                checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
                  session.peer.fd)
@@ -167,6 +177,12 @@ class Requests(Rules):
         client_id = _registered(session)
         evict_first = msg.get("evict_first") is True
         gpus = (self.scheduler.clients[client_id].gpu,)
+        if msg.get("evicting") is True and p.FEATURE_MEMORY in session.features:
+            if evict_first or msg.get("requeue") is True:
+                raise SchedulerError(p.E_INVALID, "evicting ends the hold; evict_first and "
+                                     "requeue do not go with it")
+            ended = self.scheduler.release(now, client_id, evicting=True)
+            return Outcome([*ended, p.released_line(True, seq)], handoff=True, gpus=gpus)
         if msg.get("requeue") is True:
             if evict_first:
                 raise SchedulerError(p.E_INVALID, "requeue asks for the GPU again at once; "
@@ -226,6 +242,7 @@ class Requests(Rules):
         if evictable is not None:
             evictable = limits.byte_count(evictable, "working_set.evictable")
         damper = self.working_sets
+        memory = p.FEATURE_MEMORY in session.features
         heard = damper.report(client_id, nbytes, evictable, now)
         if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer
             self.working_sets_waiting = True
@@ -236,8 +253,23 @@ class Requests(Rules):
                                       "stands until a smaller one holds %g s [FD=%d]",
                                       session.label, client_id, session.peer.uid, damper.hold,
                                       session.peer.fd)
-            return Outcome([p.encode(p.OK, seq=seq)])
-        actions = self.scheduler.report_working_set(now, client_id, heard[0], heard[1])
+            heard_before = self.scheduler.clients[client_id]
+            if not memory or heard_before.working_set is None:
+                return Outcome([p.encode(p.OK, seq=seq)])
+            # What it says of its memory (resident, host) is heard at once; the working set
+            # the scheduler has stands until the damper lets the new one through.
+            heard = (heard_before.working_set, heard_before.evictable)
+        nbytes, evictable = heard
+        if memory:
+            client = self.scheduler.clients[client_id]
+            restoring_since = client.restoring_since
+            actions = self.scheduler.report_working_set(
+                now, client_id, nbytes, evictable, resident=_bytes(msg, "resident"),
+                host=_bytes(msg, "host"))
+            if restoring_since is not None and client.restoring_since is None:
+                self._observe_memory("restore", client.gpu, now - restoring_since)
+        else:
+            actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
         return Outcome([p.encode(p.OK, seq=seq), *actions])
 
     def working_sets_due(self, now: float) -> list[Action]:
@@ -248,6 +280,29 @@ class Requests(Rules):
             if client_id in self.scheduler.clients:
                 actions += self.scheduler.report_working_set(now, client_id, nbytes, evictable)
         return actions
+
+    def _on_evicted(self, session: Session, msg: dict[str, Any], seq: int | None,
+                    now: float) -> Outcome:
+        client_id = _registered(session)
+        if p.FEATURE_MEMORY not in session.features:
+            raise SchedulerError(p.E_STATE, "evicted needs the memory feature (hello)")
+        failed = msg.get("failed")
+        failed = None if failed is None else limits.short_text(failed, "evicted.failed")
+        client = self.scheduler.clients[client_id]
+        actions = self.scheduler.evicted(now, client_id, resident=_bytes(msg, "resident"),
+                                         host=_bytes(msg, "host"), failed=failed)
+        if failed is not None:
+            log.warning("%s (%s) could not evict: %s", client.name, client_id, failed)
+        else:
+            seconds = msg.get("seconds")
+            if isinstance(seconds, (int, float)) and 0 <= seconds < 86_400:
+                self._observe_memory("eviction", client.gpu, float(seconds))
+            self.scheduler.count_evicted_bytes(_bytes(msg, "moved") or 0)
+        return Outcome([p.encode(p.OK, seq=seq), *actions], gpus=(client.gpu,))
+
+    def _observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
+        for observe in self.memory_observers:
+            observe(kind, gpu, seconds)
 
     # -- looking and steering -------------------------------------------------------------
 
@@ -317,6 +372,11 @@ class Requests(Rules):
                                   session.peer.fd)
             raise SchedulerError(p.E_PERMISSION, f"Permission denied: only root, the "
                                  f"scheduler's user and the admin group may {what}")
+
+
+def _bytes(msg: dict[str, Any], key: str) -> int | None:
+    value = msg.get(key)
+    return None if value is None else limits.byte_count(value, key)
 
 
 def _registered(session: Session) -> str:

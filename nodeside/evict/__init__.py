@@ -21,4 +21,7 @@ from typing import Final
 
 MANAGED: Final = "managed"
 CHECKPOINT: Final = "checkpoint"
+#: Feature ``memory``: the shim pages its own memory (``cuMem*`` mappings), which the checkpoint
+#: API can also suspend (it has no managed memory).
+VMM: Final = "vmm"
 EVICTORS: Final = (MANAGED, CHECKPOINT)

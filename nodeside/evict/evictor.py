@@ -14,14 +14,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from nodeside.evict import CHECKPOINT, MANAGED
+from nodeside.evict import CHECKPOINT, MANAGED, VMM
 from nodeside.evict import checkpoint as api_module
 from nodeside.evict.checkpoint import CheckpointApi, CheckpointUnavailable
 from nodeside.evict.identity import ProcessIdentity
 from nodeside.evict.jobs import Failure, ProcessChanged, failure, resume, suspend
-from nodeside.evict.lines import Checkpoint, EvictionLines, Job
-from nodeside.evict.policy import choose, unbound
-from nodeside.scheduler.core import Action, Client
+from nodeside.evict.lines import Checkpoint, EvictionLines, Item, Job
+from nodeside.evict.policy import cannot_act_on, choose, unbound
+from nodeside.scheduler.core import Client
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -29,7 +29,7 @@ log = logging.getLogger("kiwi.daemon")
 RECHECK_SECONDS = 1.0
 
 #: Where what the lines let go is carried out (the daemon's delivery).
-Then = Callable[[list[Action | Job]], None]
+Then = Callable[[list[Item]], None]
 
 
 class Running:
@@ -65,7 +65,17 @@ class CheckpointEvictor:
                  identity: ProcessIdentity | None = None) -> str:
         """The evictor for a newly registered client: the one it asked for when this daemon
         can carry it out, else managed, said in one log line. ``identity``: the process that
-        connected (``Peer.identity``); without it nobody is checkpointed."""
+        connected (``Peer.identity``); without it nobody is checkpointed. A ``vmm`` client
+        (feature ``memory``) pages itself; where the checkpoint API reaches its process (the
+        one that connected, of the peer's uid) it is recorded too, to be checkpointed when the
+        core asks (``Suspend``)."""
+        if requested == VMM:
+            if client.pid is not None and identity is not None and \
+                    identity.uid == client.uid and self._load_api() is None and \
+                    cannot_act_on(client.pid, client.uid) is None:
+                self.lines.register(client.id, client.pid, client.gpu, client.name, identity,
+                                    on_demand=True)
+            return VMM
         missing = self._load_api() if requested == CHECKPOINT else None
         evictor, why = choose(requested, client.pid, client.uid, missing)
         if evictor == CHECKPOINT:
@@ -89,7 +99,7 @@ class CheckpointEvictor:
                 self._api_missing = str(exc)
         return self._api_missing
 
-    def forget(self, client_id: str) -> list[Action | Job]:
+    def forget(self, client_id: str) -> list[Item]:
         """The client's connection closed: a job working on it gives up at its next chance,
         and what its lines let go now is returned."""
         running = self._running.get(client_id)

@@ -99,9 +99,13 @@ MESSAGES: Final[tuple[Message, ...]] = (
         _f("gpu_uuid", "str", "the GPU's UUID; when the daemon knows a GPU by that UUID the "
                               "client is placed on it, whatever `gpu` says"),
         _f("evict", "str", "`managed` or `checkpoint`: how this process's memory leaves the "
-                           "GPU"),
+                           "GPU; with the `memory` feature also `vmm` (the client pages itself, "
+                           "like `managed`)"),
         _f("pausable", "bool", "default false: the client honours `pause` and `resume`, so it "
                                "may take turns"),
+        _f("resident", "int", "`memory` feature: bytes it has on the GPU already (a daemon "
+                              "restart learns where memory is)"),
+        _f("host", "int", "`memory` feature: bytes it has in host memory already"),
     ), doc="`registered`: become a scheduling client; a connection registers at most once"),
     Message("ACQUIRE", "acquire", "request",
             doc="`grant` if granted now, else `waiting` with `position` (1-based); the `grant` "
@@ -109,6 +113,9 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("RELEASE", "release", "request", (
         _f("evict_first", "bool", "default false"),
         _f("requeue", "bool", "default false"),
+        _f("evicting", "bool", "`memory` feature, default false: from a holder told `drop` with "
+                               "`evict`: the hold ends now, its memory is still on its way out "
+                               "(progress in `working_set`, the end in `evicted`)"),
     ), doc="`released` with `evict` (bool); gives back the GPU, or cancels a pending acquire; a "
            "no-op when neither. With `evict_first: true` from a holder whose next holder needs "
            "the room: `drop` instead, and the GPU is kept. With `requeue: true`: release and "
@@ -116,7 +123,18 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("WORKING_SET", "working_set", "request", (
         _f("bytes", "int", "the GPU memory this client needs", required=True),
         _f("evictable", "int", "bytes that can be paged out"),
+        _f("resident", "int", "`memory` feature: bytes on the GPU now"),
+        _f("host", "int", "`memory` feature: bytes in host memory now; 0 ends a restore"),
     ), doc="`ok`"),
+    Message("EVICTED", "evicted", "request", (
+        _f("resident", "int", "bytes still on the GPU"),
+        _f("host", "int", "bytes in host memory now"),
+        _f("moved", "int", "bytes this eviction moved"),
+        _f("seconds", "number", "how long it took"),
+        _f("failed", "str", "why it could not evict (instead of the figures); the client is "
+                            "not asked again until its next report"),
+    ), doc="`ok`; `memory` feature: an eviction ended, asked (`evict`) or of the client's own "
+           "accord"),
     Message("STATUS", "status", "request",
             doc="`status` with field `status`: the status document ([interfaces.md](interfaces.md) "
                 "section 5); besides the contract's keys, `configured_pools` (the names the "
@@ -185,6 +203,14 @@ MESSAGES: Final[tuple[Message, ...]] = (
                 "start no GPU work until `resume`; a holder beside you has its turn"),
     Message("RESUME", "resume", "daemon", (_GPU,), event=True,
             doc="your turn: GPU work may go on"),
+    Message("EVICT", "evict", "daemon", (
+        _GPU,
+        _f("bytes", "int", "the room needed"),
+        _f("for", "str", "the display name of who needs the room"),
+    ), event=True, doc="`memory` feature, only to an idle client that pages itself (`managed` or "
+                       "`vmm`): move your memory to host memory now; report progress in "
+                       "`working_set` and the end in `evicted`. A holder gets `drop` with "
+                       "`evict` instead"),
     Message("CHANGED", "changed", "daemon", event=True,
             doc="only to connections whose `hello` asked for `changes`: the status document "
                 "reads otherwise now; ask for it with `status`"),
@@ -195,7 +221,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("OK", "ok", "daemon", (
         _f("mode", "str", "after `set_mode` and `set_tq`"),
         _f("tq", "number", "likewise"),
-    ), answers=("working_set", "set_mode", "set_tq"), doc="done"),
+    ), answers=("working_set", "evicted", "set_mode", "set_tq"), doc="done"),
     Message("PONG", "pong", "daemon", answers=("ping",), doc="alive"),
     Message("STATUS_REPLY", "status", "daemon", (
         _f("status", "object", "the status document"),
@@ -203,7 +229,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("ERROR", "error", "daemon", (
         _f("code", "str", "one of the codes below"),
         _f("message", "str", "for people"),
-    ), answers=("hello", "register", "acquire", "release", "working_set", "status",
+    ), answers=("hello", "register", "acquire", "release", "working_set", "evicted", "status",
                 "set_mode", "set_tq", "ping"), event=True,
         doc="the request was refused; without a `seq` when the line had none or could not "
             "be read"),
@@ -229,11 +255,17 @@ ERRORS: Final[tuple[Word, ...]] = (
                              "2,048 clients, a uid past its share of either "
                              "(`connections.uid_share`); the message says which. Also the last "
                              "line of a connection closed for a connection limit"),
+    Word("E_ROOM", "room", "`memory` feature, as an event to a waiter: the room it needs cannot "
+                           "be made (the message names who holds the memory); it is idle "
+                           "again"),
 )
 
 FEATURES: Final[tuple[Word, ...]] = (
     Word("FEATURE_POSITION", "position", "`waiting` events as the queue position changes"),
     Word("FEATURE_CHANGES", "changes", "`changed` events when the status document changes"),
+    Word("FEATURE_MEMORY", "memory", "resident memory: `evict` events, the `evicted` request, "
+                                     "`resident`/`host` in `register` and `working_set`, "
+                                     "`release` with `evicting`, `error` `room` events"),
 )
 
 REASONS: Final[tuple[Word, ...]] = (
@@ -252,7 +284,7 @@ REASONS: Final[tuple[Word, ...]] = (
 #: The values some string fields take (a mode, a priority, an evictor), in the docs' order.
 MODES: Final[tuple[str, ...]] = ("on", "off", "auto")
 PRIORITIES: Final[tuple[str, ...]] = ("HIGH", "NORMAL", "LOW")
-EVICTORS: Final[tuple[str, ...]] = ("managed", "checkpoint")
+EVICTORS: Final[tuple[str, ...]] = ("managed", "checkpoint", "vmm")
 
 CONSTANTS: Final[tuple[Constant, ...]] = (
     Constant("VERSION", 1, "The protocol version spoken by this code. A peer announcing another "

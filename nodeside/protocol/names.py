@@ -24,7 +24,7 @@ MODES: Final[tuple[str, ...]] = ("on", "off", "auto")
 #: A client's priorities (``register``), highest first.
 PRIORITIES: Final[tuple[str, ...]] = ("HIGH", "NORMAL", "LOW")
 #: How a client's memory leaves the GPU (``register``'s ``evict``).
-EVICTORS: Final[tuple[str, ...]] = ("managed", "checkpoint")
+EVICTORS: Final[tuple[str, ...]] = ("managed", "checkpoint", "vmm")
 
 # -- requests a client sends -----------------------------------------------------------------------
 
@@ -45,6 +45,9 @@ ACQUIRE: Final = "acquire"
 RELEASE: Final = "release"
 #: Answered with `ok`
 WORKING_SET: Final = "working_set"
+#: Answered with `ok`; `memory` feature: an eviction ended, asked (`evict`) or of the client's
+#: own accord
+EVICTED: Final = "evicted"
 #: Answered with `status` with field `status`: the status document
 #: ([interfaces.md](interfaces.md) section 5); besides the contract's keys, `configured_pools`
 #: (the names the config's `pools:` section gives, sorted; empty when it gives none: any other
@@ -58,7 +61,7 @@ SET_TQ: Final = "set_tq"
 #: Answered with `pong`: liveness and benchmarks
 PING: Final = "ping"
 REQUESTS: Final = frozenset({
-    HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, STATUS, SET_MODE, SET_TQ, PING
+    HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, EVICTED, STATUS, SET_MODE, SET_TQ, PING
 })
 #: Each request's fields as (name, type, required), the types those of messages.TYPES: what
 #: wire.check_request checks.
@@ -76,9 +79,27 @@ REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
         ("gpu_uuid", "str", False),
         ("evict", "str", False),
         ("pausable", "bool", False),
+        ("resident", "int", False),
+        ("host", "int", False),
     ),
-    RELEASE: (("evict_first", "bool", False), ("requeue", "bool", False)),
-    WORKING_SET: (("bytes", "int", True), ("evictable", "int", False)),
+    RELEASE: (
+        ("evict_first", "bool", False),
+        ("requeue", "bool", False),
+        ("evicting", "bool", False),
+    ),
+    WORKING_SET: (
+        ("bytes", "int", True),
+        ("evictable", "int", False),
+        ("resident", "int", False),
+        ("host", "int", False),
+    ),
+    EVICTED: (
+        ("resident", "int", False),
+        ("host", "int", False),
+        ("moved", "int", False),
+        ("seconds", "number", False),
+        ("failed", "str", False),
+    ),
     SET_MODE: (("mode", "str", True),),
     SET_TQ: (("tq", "number", True), ("gpu", "int", False)),
 }
@@ -109,12 +130,16 @@ REVOKED: Final = "revoked"
 PAUSE: Final = "pause"
 #: Event: your turn: GPU work may go on.
 RESUME: Final = "resume"
+#: Event: `memory` feature, only to an idle client that pages itself (`managed` or `vmm`): move
+#: your memory to host memory now; report progress in `working_set` and the end in `evicted`. A
+#: holder gets `drop` with `evict` instead.
+EVICT: Final = "evict"
 #: Event: only to connections whose `hello` asked for `changes`: the status document reads
 #: otherwise now; ask for it with `status`.
 CHANGED: Final = "changed"
 #: Event: the scheduler's mode or TQ changed (sent to every connection).
 MODE: Final = "mode"
-#: Reply to working_set, set_mode, set_tq: done.
+#: Reply to working_set, evicted, set_mode, set_tq: done.
 OK: Final = "ok"
 #: Reply to ping: alive.
 PONG: Final = "pong"
@@ -149,6 +174,9 @@ E_STATE: Final = "state"
 #: past its share of either (`connections.uid_share`); the message says which. Also the last
 #: line of a connection closed for a connection limit
 E_LIMIT: Final = "limit"
+#: `memory` feature, as an event to a waiter: the room it needs cannot be made (the message
+#: names who holds the memory); it is idle again
+E_ROOM: Final = "room"
 #: The codes after which the daemon closes the connection: the peer is not speaking this
 #: protocol and nothing it sends next can be trusted.
 FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSION})
@@ -159,8 +187,11 @@ FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSI
 FEATURE_POSITION: Final = "position"
 #: `changed` events when the status document changes
 FEATURE_CHANGES: Final = "changes"
+#: resident memory: `evict` events, the `evicted` request, `resident`/`host` in `register` and
+#: `working_set`, `release` with `evicting`, `error` `room` events
+FEATURE_MEMORY: Final = "memory"
 #: Every feature; a client that asks for none hears nothing new.
-FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES})
+FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES, FEATURE_MEMORY})
 
 # -- why a holder is asked to drop the GPU (drop, revoked) -----------------------------------------
 
@@ -186,12 +217,12 @@ REASONS: Final = frozenset({
 
 __all__ = [
     "ACQUIRE", "CHANGED", "DEFAULT_POOL", "DEFAULT_PRIORITY", "DEFAULT_SOCKET", "DROP", "ERROR",
-    "EVICTORS", "E_INVALID", "E_LIMIT", "E_MALFORMED", "E_PERMISSION", "E_STATE", "E_TOO_LARGE",
-    "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES", "FEATURE_CHANGES",
-    "FEATURE_POSITION", "GRANT", "HELLO", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE",
-    "MODES", "OK", "PAUSE", "PING", "PONG", "PRIORITIES", "REASONS", "REASON_GRACE",
-    "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT", "REASON_QUANTUM", "REASON_RELEASE",
-    "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE", "RELEASED", "REQUESTS",
-    "REQUEST_FIELDS", "RESUME", "REVOKED", "SET_MODE", "SET_TQ", "STATUS", "STATUS_REPLY",
-    "VERSION", "WAITING", "WELCOME", "WORKING_SET"
+    "EVICT", "EVICTED", "EVICTORS", "E_INVALID", "E_LIMIT", "E_MALFORMED", "E_PERMISSION",
+    "E_ROOM", "E_STATE", "E_TOO_LARGE", "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES",
+    "FEATURE_CHANGES", "FEATURE_MEMORY", "FEATURE_POSITION", "GRANT", "HELLO",
+    "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE", "MODES", "OK", "PAUSE", "PING", "PONG",
+    "PRIORITIES", "REASONS", "REASON_GRACE", "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT",
+    "REASON_QUANTUM", "REASON_RELEASE", "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE",
+    "RELEASED", "REQUESTS", "REQUEST_FIELDS", "RESUME", "REVOKED", "SET_MODE", "SET_TQ",
+    "STATUS", "STATUS_REPLY", "VERSION", "WAITING", "WELCOME", "WORKING_SET"
 ]

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
+from graphs import cycles
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "nodeside"
@@ -26,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # What every part shares: the package's version, the bounds, the wire format, names, and
     # the checks on files the daemon reads.
     ("nodeside", "nodeside.limits", "nodeside.protocol", "nodeside.names",
-     "nodeside.headline", "nodeside.errors", "nodeside.files"),
+     "nodeside.headline", "nodeside.errors", "nodeside.files", "nodeside.memory_words"),
     # The domain's values that the config names and the scheduler applies.
     ("nodeside.model",),
     ("nodeside.config",),
@@ -40,7 +41,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "nodeside.scheduler.choosing", "nodeside.scheduler.interactive",
      "nodeside.scheduler.policies"),
     # ... the node's state and the components that take it ...
-    ("nodeside.scheduler.node", "nodeside.scheduler.room", "nodeside.scheduler.moves",
+    ("nodeside.scheduler.node", "nodeside.scheduler.residency", "nodeside.scheduler.room",
+     "nodeside.scheduler.moves",
      "nodeside.scheduler.taking_turns", "nodeside.scheduler.turns",
      "nodeside.scheduler.membership", "nodeside.scheduler.controls",
      "nodeside.scheduler.queries"),
@@ -116,41 +118,6 @@ def layer(module: str) -> int:
     if best is None:
         raise LookupError(f"{module} has no place in LAYERS: add it to the layer it belongs to")
     return best[1]
-
-
-def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for after in sorted(edges.get(node, ())):
-            if after not in index:
-                visit(after)
-                low[node] = min(low[node], low[after])
-            elif after in on_stack:
-                low[node] = min(low[node], index[after])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
-    return found
 
 
 def without_allowed(edges: Mapping[str, set[str]]) -> dict[str, set[str]]:
