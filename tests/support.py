@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,28 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_event(event: threading.Event, timeout: float = 10.0, what: str = "the event") -> None:
+    """Wait for ``event`` (a client's ``drop_requested``, say); fail the test with ``what``
+    after ``timeout`` (a quiet machine's figure, stretched by the load factor)."""
+    if not event.wait(scaled(timeout)):
+        raise AssertionError(f"timed out after {scaled(timeout):.1f} s waiting for {what}")
+
+
+def wait_on_client(client: Any, predicate: Callable[[], T], timeout: float = 10.0,
+                   what: str = "condition") -> T:
+    """``predicate()`` once it is truthy, for what a ``nodeside.client`` client learns on its
+    own thread (``connected``, ``position``, ``holding``): checked again each time that thread
+    notifies the client's condition, which it does on every message it reads and every
+    connection made or lost. No polling. Fails the test with ``what`` after ``timeout`` (a
+    quiet machine's figure, stretched by the load factor)."""
+    timeout = scaled(timeout)
+    with client._cond:
+        value = client._cond.wait_for(predicate, timeout)
+    if not value:
+        raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
+    return value
 
 
 class StatusEvents:

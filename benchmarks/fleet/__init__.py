@@ -12,6 +12,7 @@ and is no part of the product: nothing here is compiled into the daemon or shipp
 - what a run measures beside its figures: ``bound`` (floors under short cells' slowdown),
   ``explain`` (where their waiting went), ``shares`` (pools' shares in contention);
 - references and variants: ``oracle`` (a clairvoyant policy), ``hints`` (it on hinted
-  estimates), ``turns`` (holders taking turns at several switch costs);
+  estimates), ``turns`` (holders taking turns at several switch costs), ``memory`` (handoffs
+  whose way out and way in overlap, as a chunked evictor's would);
 - ``timeline``: the timelines in docs/.
 """

@@ -1,14 +1,19 @@
 """A notebook fleet replayed through the real scheduler core, in simulated time.
 
     python -m benchmarks.fleet [--notebooks 20] [--gpus 2] [--hours 8] [--seed 1] [--plot]
-                               [--explain] [--oracle] [--hints] [--turns]
+                               [--explain] [--oracle] [--hints] [--turns] [--overlap]
+                               [--link gen5]
     python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle] [--hints] [--turns]
+                               [--overlap] [--link gen5]
 
 ``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
 (``oracle``): how far any real policy could get under the same rules. ``--hints`` adds
 the same reference told estimates from length hints of stated quality (``hints``): what
 a hint from the kernel could buy. ``--turns`` adds the run of holders taking turns (mode auto,
-``interactive.turns``) at several costs of a switch (``turns``).
+``interactive.turns``) at several costs of a switch (``turns``). ``--overlap`` adds beside each
+run that moves memory its twin with each handoff's way out and way in overlapped, as a chunked
+evictor would run them, and the table of what that gains (``memory``); ``--link`` puts every
+run that moves memory on one host link.
 
 What a run replays and reports is ``runs``'s; ``--seeds`` is ``seeds``'s.
 """
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.common import REPO
 from benchmarks.fleet.hints import HINT_RUNS
+from benchmarks.fleet.memory import OVERLAPPED, gains, on_link, twins_only, with_twins
 from benchmarks.fleet.report import explain_table, side_by_side
 from benchmarks.fleet.runs import ORACLE_RUNS, RUNS, run
 from benchmarks.fleet.seeds import parse_seeds, replay_pure, replay_seeds, summary
@@ -61,6 +67,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", action="store_true",
                         help="also the run taking turns with a switch costing 10, 50 and 200 "
                              "ms (TURN_RUNS, turns)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="also each run that moves memory with its handoffs' way out and "
+                             "way in overlapped (a chunked evictor: max(out, in) and a chunk, "
+                             "not out + in), and what that gains (memory)")
+    parser.add_argument("--link", choices=("gen4", "gen5"),
+                        help="the host link of every run that moves memory (default: each "
+                             "run's own, gen4 but for the Gen5 columns; gen5 is 55 GB/s, the "
+                             "pinned copy measured on the H100 and H200)")
     parser.add_argument("--co-run", type=_fraction, default=1.0, metavar="FRACTION",
                         help="the GPU's work holders side by side get done together, as "
                              "benchmarks.shim.gpu_corun measures it (default 1.0: sharing is free)")
@@ -69,26 +83,39 @@ def main(argv: list[str] | None = None) -> None:
     if args.co_run != 1.0:
         print(f"Holders side by side get {args.co_run:g} of the GPU's work done together "
               "(--co-run).\n")
+    if args.link:
+        print(f"Every run that moves memory does so over the host link {args.link} "
+              "(--link).\n")
     if args.seeds:
         by_seed = replay_seeds(args.seeds, args.notebooks, args.gpus, args.hours, args.jobs,
                                pure=pure, co_run=args.co_run,
-                               more=[r[0] for r in TURN_RUNS] if args.turns else ())
-        print(summary(by_seed))
+                               more=[r[0] for r in TURN_RUNS] if args.turns else (),
+                               overlap=args.overlap, link=args.link)
+        print(summary({k: v for k, v in by_seed.items() if not k.endswith(OVERLAPPED)}))
+        if args.overlap:
+            print("\nThe same runs with each handoff's way out and way in overlapped:\n")
+            print(summary(twins_only(by_seed)))
+            print()
+            print(gains(by_seed))
         if args.json:
             args.json.write_text(json.dumps(by_seed, indent=2))
         return
     results = []
-    for label, mode, tq, policy, link in (*RUNS, *(TURN_RUNS if args.turns else ())):
+    rows = [on_link(row, args.link) for row in (*RUNS, *(TURN_RUNS if args.turns else ()))]
+    for label, mode, tq, policy, link in with_twins(rows) if args.overlap else rows:
         result = run(args.notebooks, args.gpus, args.hours, args.seed, mode, GPU_MEMORY, tq,
                      policy, link, explain=args.explain, co_run=args.co_run)
         result["label"] = label
         results.append(result)
     if pure:  # on the pure Python core, in processes of their own; never explained
         references = replay_pure([args.seed], pure, args.notebooks, args.gpus, args.hours,
-                                 args.jobs, co_run=args.co_run)
+                                 args.jobs, co_run=args.co_run, link=args.link)
         for label, figures in references.items():
             results.append({**figures[args.seed], "label": label})
     print(side_by_side(results))
+    if args.overlap:
+        print()
+        print(gains({r["label"]: {args.seed: r} for r in results}))
     if args.explain:
         print()
         print(explain_table(results))

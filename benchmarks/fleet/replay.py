@@ -210,6 +210,8 @@ class Replay(SpanLog):
     def _account(self, worker: Worker) -> None:
         """Charge the work done in the hold that ends now."""
         if worker.holding_since is not None:
+            if self.switching is not None:  # its memory stays, the most recently used
+                self.switching.used(worker.gpu, worker.id)
             worker.settle(self.now)
             worker.holding_since = None
             worker.paused = False

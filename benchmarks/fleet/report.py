@@ -31,6 +31,9 @@ def rows(base: dict) -> list[Row]:
         ("GPU utilization (working)", lambda r: f"{r['utilization']:.3f}"),
         ("switching loss (GPU time moving memory)", lambda r: f"{r['switching_loss']:.3f}"),
         ("memory moved over the link", lambda r: f"{r['moved_gib']:.0f} GiB"),
+        ("grants that moved memory; their switch, mean / p95",
+         lambda r: f"{r['switches']}; {r['switch_seconds'] / max(1, r['switches']):.2f} s / "
+                   f"{r['switch_p95_s']:.2f} s"),
         ("wait per GPU cell, mean / p95",
          lambda r: f"{r['wait_mean_s']:.1f} s / {r['wait_p95_s']:.1f} s"),
         ("slowdown, all cells, mean", lambda r: f"{r['slowdown_mean']:.2f}x"),

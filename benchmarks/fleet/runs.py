@@ -15,7 +15,9 @@ What it reports, each against a floor measured in the same run:
 
 * GPU utilization: the fraction of GPU time spent working, against the offered load (the GPU
   seconds the fleet asked for over the GPU time there was): 1.0 means every request was served
-  in the end. Switching loss: the fraction of GPU time spent moving memory.
+  in the end. Switching loss: the fraction of GPU time spent moving memory. The switches: how
+  many grants had to move memory (the others found their working set resident, with room), and
+  how long those took, mean and p95 (``memory`` compares them with handoffs overlapped).
 * Wait per GPU cell, mean and p95, in seconds and as slowdown against the floor of an exclusive
   GPU (where a cell takes exactly its burst, its memory already in place), for all cells, for
   short ones (burst under 10 s: what a person waits for) and for long ones.
@@ -44,7 +46,15 @@ from benchmarks.fleet.hints import HintModel, install_hinted
 from benchmarks.fleet.oracle import ORACLES, install
 from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.turns import KEY_TURNS, TurnRun
-from benchmarks.fleet.workload import GPU_MEMORY, LINKS, POOLS, Cell, GiB, Workload, build_fleet
+from benchmarks.fleet.workload import (
+    GPU_MEMORY,
+    POOLS,
+    Cell,
+    GiB,
+    Workload,
+    build_fleet,
+    parse_link,
+)
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.pools import entitlements
 
@@ -58,7 +68,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         mode: str = "on", memory: int | None = GPU_MEMORY, tq: float = 30.0,
         policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None,
         explain: bool = False, co_run: float = 1.0) -> dict:
-    """One replay of the fleet; ``link`` names the host link (``none``: no switching costs);
+    """One replay of the fleet; ``link`` names the host link (``none``: no switching costs;
+    ``gen5+overlap``: a handoff's moves overlapped, ``workload.parse_link``);
     ``explain`` adds where short cells' waiting went (``explain``); ``co_run`` is the
     fraction of the GPU's work holders side by side get done together (1.0: sharing is free).
     A ``policy`` in ``oracle.ORACLES`` is the clairvoyant reference, one named
@@ -71,12 +82,14 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     open_cells: dict[str, Cell] = {}
     low_cuts, hints = ORACLES.get(policy), HintModel.parse(policy)
     turns = TurnRun.parse(policy)
+    bandwidth, overlap = parse_link(link)
     if turns is not None:
         tuning = {**(tuning or {}), "turns": turns.turn}
     reference = low_cuts is not None or hints is not None  # it replaces interactive
     replay, cells, contention = build_fleet(
         notebooks, gpus, seed, workload, mode, memory, tq,
-        POLICY_INTERACTIVE if reference or turns else policy, LINKS[link], tuning, open_cells)
+        POLICY_INTERACTIVE if reference or turns else policy, bandwidth, tuning, open_cells,
+        overlap)
     if hints is not None:
         install_hinted(replay, open_cells, seed, hints)
     elif low_cuts is not None:
@@ -123,6 +136,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "utilization": busy / (duration * gpus),
         "switching_loss": switching / (duration * gpus),
         "moved_gib": (replay.switching.moved_bytes / GiB) if replay.switching else 0.0,
+        **_switches(replay),
         "held_gpu_seconds_per_gpu_second": held / (duration * gpus),
         "served_fraction": (held - switching) / offered if offered else 1.0,
         "wait_mean_s": statistics.fmean(waits), "wait_p95_s": percentile(waits, 95),
@@ -146,6 +160,16 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "counts": dict(replay.scheduler.counts),
         "_replay": replay,
     }
+
+
+def _switches(replay: Replay) -> dict:
+    """The grants that had to move memory: how many, their seconds in all, and the p95."""
+    switches = replay.switching.switches if replay.switching else []
+    return {"overlap": bool(replay.switching and replay.switching.overlap),
+            "switches": len(switches), "switch_seconds": sum(switches),
+            "switch_p95_s": percentile(switches, 95) if switches else 0.0,
+            "evicted_gib": replay.switching.evicted_bytes / GiB if replay.switching else 0.0,
+            "restored_gib": replay.switching.restored_bytes / GiB if replay.switching else 0.0}
 
 
 def _mean_or_nan(values: list[float]) -> float:

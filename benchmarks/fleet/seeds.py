@@ -12,7 +12,9 @@ Seeds run in parallel processes (the replays are independent and single-threaded
 ``--oracle`` the clairvoyant reference and its variant (``runs.ORACLE_RUNS``), and with
 ``--hints`` the reference on hinted estimates (``hints.HINT_RUNS``), follow in pure Python
 processes (``oracle``), as columns of the same table; with ``--turns`` the run taking
-turns at dearer switches (``turns.TURN_RUNS``), on the compiled core like the key runs.
+turns at dearer switches (``turns.TURN_RUNS``), on the compiled core like the key runs. With
+``--overlap`` each run that moves memory also replays with its handoffs overlapped
+(``memory``), and ``--link`` puts them all on one host link.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.fleet.hints import HINT_RUNS
+from benchmarks.fleet.memory import find, on_link, overlapped
 from benchmarks.fleet.oracle import pure_workers
 from benchmarks.fleet.runs import ORACLE_RUNS, RUNS, run
 from benchmarks.fleet.turns import TURN_RUNS
@@ -72,15 +75,16 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-#: (seed, run label, notebooks, GPUs, hours, co_run): one replay for a worker process.
-Job = tuple[int, str, int, int, float, float]
+#: (seed, run label, notebooks, GPUs, hours, co_run, host link or None for the run's own):
+#: one replay for a worker process. The label may be an overlapped twin's (``memory``).
+Job = tuple[int, str, int, int, float, float, str | None]
 
 
 def replay_one(job: Job) -> tuple[int, str, dict]:
     """One run of one seed, in a worker process: its figures without the replay itself."""
-    seed, label, notebooks, gpus, hours, co_run = job
-    _, mode, tq, policy, link = next(r for r in (*RUNS, *ORACLE_RUNS, *HINT_RUNS, *TURN_RUNS)
-                                     if r[0] == label)
+    seed, label, notebooks, gpus, hours, co_run, on = job
+    _, mode, tq, policy, link = on_link(
+        find(label, (*RUNS, *ORACLE_RUNS, *HINT_RUNS, *TURN_RUNS)), on)
     result = run(notebooks, gpus, hours, seed, mode, GPU_MEMORY, tq, policy, link,
                  co_run=co_run)
     return seed, label, {k: v for k, v in result.items() if not k.startswith("_")}
@@ -88,30 +92,35 @@ def replay_one(job: Job) -> tuple[int, str, dict]:
 
 def replay_seeds(seeds: list[int], notebooks: int = 20, gpus: int = 2, hours: float = 8.0,
                  jobs: int | None = None, pure: Sequence[tuple] = (), co_run: float = 1.0,
-                 more: Sequence[str] = ()) -> dict[str, dict[int, dict]]:
+                 more: Sequence[str] = (), overlap: bool = False, link: str | None = None
+                 ) -> dict[str, dict[int, dict]]:
     """Each of ``KEY_RUNS`` and of the labels ``more`` (rows of ``turns.TURN_RUNS``) on each
-    seed, then each of the runs ``pure`` (rows of ``runs.ORACLE_RUNS`` or
-    ``hints.HINT_RUNS``, ``replay_pure``): label -> seed -> figures."""
-    labels = (*KEY_RUNS, *more)
+    seed, with ``overlap`` each followed by its overlapped twin (``memory``), then each of the
+    runs ``pure`` (rows of ``runs.ORACLE_RUNS`` or ``hints.HINT_RUNS``, ``replay_pure``), all
+    on the host link ``link`` where given: label -> seed -> figures."""
+    labels: list[str] = []
+    for label in (*KEY_RUNS, *more):
+        twin = overlapped(find(label, (*RUNS, *TURN_RUNS))) if overlap else None
+        labels += [label] if twin is None else [label, twin[0]]
     results: dict[str, dict[int, dict]] = {label: {} for label in labels}
-    work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run) for seed in seeds
+    work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run, link) for seed in seeds
                        for label in labels]
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         for seed, label, figures in pool.map(replay_one, work):
             results[label][seed] = figures
     if pure:
-        results.update(replay_pure(seeds, pure, notebooks, gpus, hours, jobs, co_run))
+        results.update(replay_pure(seeds, pure, notebooks, gpus, hours, jobs, co_run, link))
     return results
 
 
 def replay_pure(seeds: list[int], runs: Sequence[tuple], notebooks: int = 20, gpus: int = 2,
-                hours: float = 8.0, jobs: int | None = None, co_run: float = 1.0
-                ) -> dict[str, dict[int, dict]]:
+                hours: float = 8.0, jobs: int | None = None, co_run: float = 1.0,
+                link: str | None = None) -> dict[str, dict[int, dict]]:
     """Each of ``runs`` (the references of ``runs.ORACLE_RUNS`` and ``hints.HINT_RUNS``) on
-    each seed, in pure Python processes (they subclass the compiled policy, ``oracle``):
-    label -> seed -> figures."""
+    each seed, in pure Python processes (they subclass the compiled policy, ``oracle``), on
+    the host link ``link`` where given: label -> seed -> figures."""
     results: dict[str, dict[int, dict]] = {label: {} for label, *_ in runs}
-    work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run) for seed in seeds
+    work: list[Job] = [(seed, label, notebooks, gpus, hours, co_run, link) for seed in seeds
                        for label in results]
     with pure_workers(jobs) as pool:
         for seed, label, figures in pool.map(replay_one, work):

@@ -24,9 +24,12 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
   with median 5 GiB and sigma 1.0 (a mid-sized model with its activations and optimizer state;
   the 99th percentile near 50 GiB, so a few notebooks hold tens of GiB), bounded by the GPU's
   memory (40 GiB, less the scheduler's reserve). A GPU keeps working sets resident while they
-  fit; a grant that needs room moves the least recently granted ones to host and its own back,
-  over a host link of 25 GB/s (PCIe Gen4) or 55 GB/s (Gen5), see
-  ``benchmarks.fleet.switching``. That time is in the hold but is nobody's work.
+  fit; a grant that needs room moves the least recently used ones to host and its own back,
+  over a host link of 25 GB/s (PCIe Gen4) or 55 GB/s (Gen5: the pinned copy measured on the
+  H100 and the H200), see ``benchmarks.fleet.switching``. That time is in the hold but is
+  nobody's work. The two moves follow each other (out + in), as today's evictors do them; a
+  link named with ``+overlap`` (``gen5+overlap``) runs them at once, as a chunked evictor
+  would: max(out, in) and one chunk.
 * Holders side by side (mode auto) share the GPU's time (``co_run`` 1.0): with k of them
   working, each does 1/k of a second's work per second. Without MPS a GPU time-slices between
   processes, so compute-bound cells side by side each run at about 1/k speed; cells too small
@@ -53,6 +56,17 @@ POOLS = {
 GiB = 1024**3
 GPU_MEMORY = 40 * GiB
 LINKS = {"none": None, "gen4": PCIE_GEN4, "gen5": PCIE_GEN5}
+#: A link name with this suffix overlaps a handoff's way out and way in (``switch_seconds``).
+OVERLAP = "+overlap"
+
+
+def parse_link(name: str) -> tuple[float | None, bool]:
+    """(bytes per second or None, overlapped) for a link name: ``gen4``, ``gen5+overlap`` ..."""
+    base = name.removesuffix(OVERLAP)
+    if base not in LINKS or (base != name and LINKS[base] is None):
+        raise ValueError(f"no host link {name!r}: one of {', '.join(LINKS)}, the last two "
+                         f"optionally with {OVERLAP}")
+    return LINKS[base], base != name
 
 
 @dataclass
@@ -94,10 +108,11 @@ class Cell:
 def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: str,
                 memory: int | None, tq: float, policy: str = "round-robin",
                 bandwidth: float | None = None, tuning: dict | None = None,
-                open_cells: dict[str, Cell] | None = None
+                open_cells: dict[str, Cell] | None = None, overlap: bool = False
                 ) -> tuple[Replay, list[Cell], Contention]:
     """The fleet, ready to run; ``open_cells`` (if given) maps each client id to its GPU cell
-    in progress, for observers that explain the waits."""
+    in progress, for observers that explain the waits; ``overlap`` runs each handoff's moves
+    at once (``switching.switch_seconds``)."""
     rng = random.Random(seed)
     sizes = random.Random(seed + 1)  # its own stream: the same traces in every mode
     settings = {"tq": tq, "mode": mode, "pools": POOLS}
@@ -110,7 +125,7 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
     sched = Scheduler(config, [GpuSpec(i, memory_total=memory) for i in range(gpus)], 0.0)
     switching = None
     if bandwidth is not None and memory is not None:
-        switching = SwitchingModel(memory - config.memory_reserve, bandwidth)
+        switching = SwitchingModel(memory - config.memory_reserve, bandwidth, overlap=overlap)
     replay = Replay(sched, release_delay=workload.release_delay, switching=switching,
                     co_run=workload.co_run)
     contention = Contention(min_length=10 * tq)

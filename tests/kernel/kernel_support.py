@@ -6,8 +6,10 @@ A kernel is started the way Jupyter starts it, with a connection file named
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import socket
 import subprocess
 import sys
 import time
@@ -125,12 +127,77 @@ class KernelUnderTest:
         self._pump(0.05)
         return [m for m in self._iopub.get(msg_id, []) if m["header"]["msg_type"] == msg_type]
 
+    def wait_seen(self, msg_id: str, msg_type: str, count: int = 1,
+                  timeout: float = 30.0) -> list[Message]:
+        """The messages of a type that a request still running has published, once there are
+        ``count``: read from iopub as they come (``timeout``: a quiet machine's figure,
+        stretched by the load factor). Fails at once if the request ends with fewer."""
+        timeout = scaled(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = [m for m in self._iopub.get(msg_id, []) if m["header"]["msg_type"] == msg_type]
+            if len(seen) >= count:
+                return seen
+            left = deadline - time.monotonic()
+            if msg_id in self._idle or left <= 0:
+                raise AssertionError(f"{len(seen)} of {count} {msg_type} messages "
+                                     + ("before the request ended" if msg_id in self._idle
+                                        else f"after {timeout:.0f} s"))
+            self._pump(min(left, 1.0))
+
     def interrupt(self) -> None:
         self.manager.interrupt_kernel()
 
     def shutdown(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+
+
+class Holder:
+    """GPU work in a cell that lasts until the test ends it: the cell connects to a Unix socket
+    the test listens on and reads until the test closes its end. The test knows when the cell's
+    own code runs (``started``: past the gate, so the GPU is the kernel's) and says when it ends
+    (``release``), so no check depends on a sleep outlasting it on a busy machine. An interrupt
+    ends the read with KeyboardInterrupt, as it would end GPU work."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = str(directory / f"hold-{uuid.uuid4().hex[:8]}.sock")
+        self._listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listening.bind(self.path)
+        self._listening.listen(1)
+        self._cell: socket.socket | None = None
+
+    @property
+    def code(self) -> str:
+        """The statements that hold, on one line (to join others with ``;``)."""
+        return (f"import socket as _hs; _h = _hs.socket(_hs.AF_UNIX); _h.connect({self.path!r}); "
+                "_h.recv(1); _h.close()")
+
+    def started(self, timeout: float = 30.0) -> None:
+        """Wait until the cell's holding code runs (``timeout``: a quiet machine's figure,
+        stretched by the load factor)."""
+        if self._cell is None:
+            self._listening.settimeout(scaled(timeout))
+            try:
+                self._cell, _ = self._listening.accept()
+            except TimeoutError:
+                raise AssertionError(f"the holding cell did not start in {scaled(timeout):.0f} s"
+                                     ) from None
+
+    def release(self) -> None:
+        """End the hold: the cell goes on past it. A hold that never started is refused (the
+        cell fails there, if it ever gets so far), so no kernel is left stuck in it."""
+        if self._cell is not None:
+            self._cell.close()
+        self._listening.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def __enter__(self) -> Holder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def kernel_env(socket_path: str, **extra: str) -> dict[str, str]:

@@ -8,11 +8,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kernel_support import Execution, KernelUnderTest, holders, start_kernels, state_of
-from support import DaemonProcess, scaled, wait_for
+from kernel_support import Execution, Holder, KernelUnderTest, holders, start_kernels, state_of
+from support import DaemonProcess, client_state, wait_for_status
 
-# A cell that reports when its own code started and ended (the GPU is taken before the start).
-TIMED = "import time as _t; _start = _t.time(); _t.sleep({seconds}); (_start, _t.time())"
+# A cell that reports when its own code started and ended (the GPU is taken before the start),
+# holding in between as the test says: ``work`` is a Holder's code, or a statement that ends.
+TIMED = "import time as _t; _start = _t.time(); {work}; (_start, _t.time())"
+
+#: The waiting line and its note come only after this long (KiwiKernelConfig.waited_note_after).
+WAITED_NOTE_AFTER = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -23,33 +27,50 @@ def pair(module_daemon: DaemonProcess) -> Iterator[tuple[KernelUnderTest, Kernel
     b.shutdown()
 
 
-def wait_holding(socket: str, kernel: KernelUnderTest) -> None:
-    wait_for(lambda: holders(socket) == [kernel.kernel_id], what=f"{kernel.kernel_id} to hold")
+def hold_started(socket: str, kernel: KernelUnderTest, holder: Holder) -> None:
+    """Once the holding cell runs, its kernel holds the GPU (it was granted before the cell)."""
+    holder.started()
+    assert holders(socket) == [kernel.kernel_id]
 
 
 def wait_waiting(socket: str, kernel: KernelUnderTest) -> None:
-    wait_for(lambda: state_of(socket, kernel.kernel_id) == "waiting",
-             what=f"{kernel.kernel_id} to wait in the queue")
+    wait_for_status(socket, lambda doc: client_state(doc, kernel.kernel_id) == "waiting",
+                    what=f"{kernel.kernel_id} to wait in the queue")
+
+
+# A listener on the kernel's own client: set when the daemon's drop reaches it, after the
+# kernel's listener has noted why (listeners run in the order they were added).
+HEAR_DROP = ("import threading as _th; from kiwi_jupyter.kernel import extension as _ke; "
+             "_dropped = _th.Event(); "
+             "_ke._loaded.link.add_listener("
+             "lambda m: m.get('op') == 'drop' and _dropped.set())")
 
 
 @pytest.fixture(scope="module")
 def contention(pair: tuple[KernelUnderTest, KernelUnderTest],
                module_daemon: DaemonProcess) -> dict[str, Any]:
-    """A holds the GPU for 2 s (longer on a loaded machine); B asks meanwhile; then A asks
-    again behind B. The test's own clock marks when B could have asked at the earliest (A held)
-    and when its cell was certainly waiting (its line is up), to bound B's wait by what
-    happened, not by a guess."""
+    """A holds the GPU until the test lets go; B asks meanwhile; then A asks again behind B.
+    A lets go once B's line has been refreshed, the daemon's drop has reached A (A's quantum
+    ended with B waiting), and B has waited over a second (for its closing note). The test's
+    own clock marks when B could have asked at the earliest (A held) and when its cell was
+    certainly waiting (its line is up), to bound B's wait by what happened, not by a guess."""
     a, b = pair
     socket = module_daemon.socket
-    a1 = a.submit(TIMED.format(seconds=scaled(2.0)))
-    wait_holding(socket, a)
-    a_held = time.time()
-    b1 = b.submit(TIMED.format(seconds=0.3))
-    wait_waiting(socket, b)
-    # The line shows once the cell itself waits (the kernel asks before it compiles the cell).
-    wait_for(lambda: b.seen(b1, "display_data"), what="B's waiting line")
-    b_waiting = time.time()
-    a2 = a.submit(TIMED.format(seconds=0.1))
+    a.run(HEAR_DROP)
+    with Holder(module_daemon.directory) as hold:
+        a1 = a.submit(TIMED.format(work=f"{hold.code}; _dropped.wait(60)"))
+        hold_started(socket, a, hold)
+        a_held = time.time()
+        b1 = b.submit(TIMED.format(work="_t.sleep(0.3)"))
+        wait_waiting(socket, b)
+        # The line shows once the cell itself waits (the kernel asks before it compiles it).
+        b.wait_seen(b1, "display_data")
+        b_waiting = time.time()
+        a2 = a.submit(TIMED.format(work="_t.sleep(0.1)"))
+        b.wait_seen(b1, "update_display_data")  # refreshed in place while B waits
+        # A lower bound, not a race: the longer B waits, the surer its note.
+        time.sleep(max(0.0, b_waiting + WAITED_NOTE_AFTER + 0.1 - time.time()))
+    # A's cell ends only once the drop has reached it (the listener), however slow the daemon.
     return {"a1": a.collect(a1), "b1": b.collect(b1), "a2": a.collect(a2),
             "a": a, "b": b, "a_held": a_held, "b_waiting": b_waiting}
 
@@ -115,21 +136,22 @@ def test_interrupt_while_waiting_withdraws_the_request(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, b = pair
     socket = module_daemon.socket
-    holding = a.submit("import time; time.sleep(2)")
-    wait_holding(socket, a)
-    waiting = b.submit("reached = True")
-    wait_waiting(socket, b)
-    # The request goes out before the cell is compiled; interrupt only once the cell itself
-    # waits (its waiting line is up), not while IPython is still compiling it.
-    wait_for(lambda: b.seen(waiting, "display_data"), what="the waiting line")
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold_started(socket, a, hold)
+        waiting = b.submit("reached = True")
+        wait_waiting(socket, b)
+        # The request goes out before the cell is compiled; interrupt only once the cell
+        # itself waits (its waiting line is up), not while IPython is still compiling it.
+        b.wait_seen(waiting, "display_data")
 
-    b.interrupt()
-    interrupted = b.collect(waiting)
+        b.interrupt()
+        interrupted = b.collect(waiting)
 
-    assert interrupted.ename == "KeyboardInterrupt"
-    assert "the request was withdrawn" in interrupted.reply["evalue"]
-    assert state_of(socket, b.kernel_id) == "idle"
-    assert holders(socket) == [a.kernel_id]
+        assert interrupted.ename == "KeyboardInterrupt"
+        assert "the request was withdrawn" in interrupted.reply["evalue"]
+        assert state_of(socket, b.kernel_id) == "idle"
+        assert holders(socket) == [a.kernel_id]
     assert a.collect(holding).status == "ok"
     assert b.run("'reached' in globals()").value is False  # usable, and the cell never ran
 
@@ -139,44 +161,48 @@ def test_a_cell_that_does_not_compile_withdraws_its_request(
     # The request goes out when the cell starts, before IPython compiles it; a cell that never
     # reaches its first statement must not stay in the queue.
     a, b = pair
-    holding = a.submit("import time; time.sleep(1.5)")
-    wait_holding(module_daemon.socket, a)
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold_started(module_daemon.socket, a, hold)
 
-    broken = b.run("x = (")
+        broken = b.run("x = (")
 
-    assert broken.ename == "SyntaxError"
-    assert state_of(module_daemon.socket, b.kernel_id) == "idle"
-    assert holders(module_daemon.socket) == [a.kernel_id]
-    a.collect(holding)
+        assert broken.ename == "SyntaxError"
+        assert state_of(module_daemon.socket, b.kernel_id) == "idle"
+        assert holders(module_daemon.socket) == [a.kernel_id]
+    assert a.collect(holding).status == "ok"
     assert holders(module_daemon.socket) == []
 
 
 def test_silent_executions_never_wait_for_the_gpu(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, b = pair
-    holding = a.submit("import time; time.sleep(1.5)")
-    wait_holding(module_daemon.socket, a)
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold_started(module_daemon.socket, a, hold)
 
-    silent = b.run("silent_ran = True", silent=True)
+        # While A holds until the test lets go: a run that waited for A would never end.
+        silent = b.run("silent_ran = True", silent=True)
 
-    assert silent.status == "ok"
-    assert holders(module_daemon.socket) == [a.kernel_id], "B's silent run waited for A"
-    assert state_of(module_daemon.socket, b.kernel_id) == "idle"
-    a.collect(holding)
+        assert silent.status == "ok"
+        assert holders(module_daemon.socket) == [a.kernel_id], "B's silent run waited for A"
+        assert state_of(module_daemon.socket, b.kernel_id) == "idle"
+    assert a.collect(holding).status == "ok"
     assert b.run("silent_ran").value is True
 
 
 def test_a_cell_of_kiwi_magics_never_waits_for_the_gpu(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, b = pair
-    holding = a.submit("import time; time.sleep(1.5)")
-    wait_holding(module_daemon.socket, a)
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold_started(module_daemon.socket, a, hold)
 
-    status = b.run("# what is going on?\n%kiwi status")
+        status = b.run("# what is going on?\n%kiwi status")  # would never end if it waited
 
-    assert f"kernel {a.kernel_id[:8]}" in status.result["text/plain"]  # no notebook: its id
-    assert holders(module_daemon.socket) == [a.kernel_id]
-    a.collect(holding)
+        assert f"kernel {a.kernel_id[:8]}" in status.result["text/plain"]  # no notebook: its id
+        assert holders(module_daemon.socket) == [a.kernel_id]
+    assert a.collect(holding).status == "ok"
 
 
 @pytest.mark.parametrize("ending, code, ename", [
@@ -195,15 +221,16 @@ def test_the_gpu_is_given_back_when_a_cell_ends(
 def test_the_gpu_is_given_back_when_a_cell_is_interrupted(
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, _ = pair
-    running = a.submit("import time; print('running', flush=True); time.sleep(30)")
-    wait_holding(module_daemon.socket, a)
-    # The daemon grants as soon as the request arrives, while IPython may still be compiling the
-    # cell, where an interrupt is printed and the cell runs anyway: interrupt the cell's own code.
-    wait_for(lambda: a.seen(running, "stream"), what="the cell to run")
+    with Holder(module_daemon.directory) as hold:
+        running = a.submit(hold.code)
+        # The daemon grants as soon as the request arrives, while IPython may still be compiling
+        # the cell, where an interrupt is printed and the cell runs anyway: interrupt the cell's
+        # own code.
+        hold_started(module_daemon.socket, a, hold)
 
-    a.interrupt()
+        a.interrupt()
 
-    assert a.collect(running).ename == "KeyboardInterrupt"
+        assert a.collect(running).ename == "KeyboardInterrupt"
     assert holders(module_daemon.socket) == []
     assert a.run("2 + 2").value == 4
 
@@ -246,16 +273,18 @@ def test_in_eager_mode_a_cell_that_only_defines_functions_does_not_wait_for_the_
         pair: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess,
         gpu_cells_only: KernelUnderTest) -> None:
     a, b = pair
-    holding = a.submit(f"import time; time.sleep({scaled(1.5)})")
-    wait_holding(module_daemon.socket, a)
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold_started(module_daemon.socket, a, hold)
 
-    defined = b.run("def encode(rows):\n    import json\n    return json.dumps(rows)\n")
+        # While A holds until the test lets go: a cell that waited for A would never end.
+        defined = b.run("def encode(rows):\n    import json\n    return json.dumps(rows)\n")
 
-    assert defined.status == "ok"
-    assert not defined.of_type("display_data"), "the cell showed a waiting line"
-    assert holders(module_daemon.socket) == [a.kernel_id], "B's cell waited for A"
-    assert state_of(module_daemon.socket, b.kernel_id) == "idle"
-    a.collect(holding)
+        assert defined.status == "ok"
+        assert not defined.of_type("display_data"), "the cell showed a waiting line"
+        assert holders(module_daemon.socket) == [a.kernel_id], "B's cell waited for A"
+        assert state_of(module_daemon.socket, b.kernel_id) == "idle"
+    assert a.collect(holding).status == "ok"
 
 
 def test_in_eager_mode_a_cell_that_calls_into_a_gpu_library_waits_for_the_gpu(
@@ -263,11 +292,12 @@ def test_in_eager_mode_a_cell_that_calls_into_a_gpu_library_waits_for_the_gpu(
         gpu_cells_only: KernelUnderTest) -> None:
     a, b = pair
     b.run("def encode(rows):\n    import json\n    return json.dumps(rows)\n")
-    holding = a.submit(f"import time; time.sleep({scaled(1.5)})")
-    wait_holding(module_daemon.socket, a)
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold_started(module_daemon.socket, a, hold)
 
-    calling = b.submit("encode([1, 2])")
-    wait_waiting(module_daemon.socket, b)
+        calling = b.submit("encode([1, 2])")
+        wait_waiting(module_daemon.socket, b)
     a_done = a.collect(holding)
     called = b.collect(calling)
 

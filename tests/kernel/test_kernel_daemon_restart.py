@@ -8,12 +8,12 @@ import pytest
 from kernel_support import (
     HOLDERS_NOW,
     Execution,
+    Holder,
     KernelUnderTest,
     entry,
     holders,
-    scheduler_status,
 )
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_for_status
 
 
 @pytest.fixture
@@ -34,8 +34,14 @@ def fail_closed(kernel: KernelUnderTest) -> Iterator[None]:
 
 
 def registered(daemon: DaemonProcess, kernel: KernelUnderTest) -> None:
-    wait_for(lambda: entry(scheduler_status(daemon.socket), kernel.kernel_id) is not None,
-             timeout=15, what="the kernel to register with the daemon")
+    wait_for_status(daemon.socket, lambda doc: entry(doc, kernel.kernel_id) is not None,
+                    timeout=15, what="the kernel to register with the daemon")
+
+
+# Waits until the kernel's own client has noticed that the daemon went away (it takes the GPU
+# as lost then), so the cell does not end before the kernel could know.
+NOTICED_THE_LOSS = ("from kiwi_jupyter.kernel import extension as _ke; "
+                    "_ke._loaded.link.client.drop_requested.wait(60)")
 
 
 def displayed(cell: Execution) -> list[str]:
@@ -77,13 +83,14 @@ def test_after_a_restart_the_kernel_registers_again_and_cells_are_arbitrated(
 
 def test_a_cell_holding_the_gpu_when_the_daemon_dies_finishes_and_says_so(
         kernel: KernelUnderTest, module_daemon: DaemonProcess, daemon_back: None) -> None:
-    running = kernel.submit("import time; print('running', flush=True); time.sleep(0.5); "
-                            "'finished'")
-    # The cell's own output, not the daemon's view: the kernel must have seen its grant.
-    wait_for(lambda: kernel.seen(running, "stream"), what="the cell to run")
-    assert holders(module_daemon.socket) == [kernel.kernel_id]
+    with Holder(module_daemon.directory) as hold:
+        running = kernel.submit(f"print('running', flush=True); {hold.code}; "
+                                f"{NOTICED_THE_LOSS}; 'finished'")
+        # The cell's own code, not the daemon's view: the kernel must have seen its grant.
+        hold.started()
+        assert holders(module_daemon.socket) == [kernel.kernel_id]
 
-    module_daemon.kill()
+        module_daemon.kill()
     cell = kernel.collect(running)
 
     assert cell.value == "finished"
@@ -129,7 +136,7 @@ def test_fail_closed_waits_for_a_restarting_daemon_then_runs_the_cell(
         daemon_back: None) -> None:
     module_daemon.kill()
     waiting = kernel.submit(HOLDERS_NOW)
-    wait_for(lambda: kernel.seen(waiting, "display_data"), what="the waiting line")
+    kernel.wait_seen(waiting, "display_data")  # the waiting line
 
     module_daemon.start()
     cell = kernel.collect(waiting)

@@ -17,7 +17,7 @@ from kernel_support import (
     run_as_nobody,
     scheduler_status,
 )
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_for_status
 
 
 @pytest.fixture
@@ -202,8 +202,8 @@ def test_unload_ext_leaves_no_hook_and_load_ext_restores_them(
         " 'kiwi' in _ip.magics_manager.magics['line'],"
         " [c for c in _ip.configurables if type(c).__name__ == 'KiwiKernelConfig'])").value
     assert leftovers == ([], [], False, [])
-    wait_for(lambda: entry(scheduler_status(module_daemon.socket), kernel.kernel_id) is None,
-             what="the kernel to leave the scheduler")
+    wait_for_status(module_daemon.socket, lambda doc: entry(doc, kernel.kernel_id) is None,
+                    what="the kernel to leave the scheduler")
     assert kernel.run("import time; time.sleep(0.05)").status == "ok"
     assert kernel.run("%kiwi").ename == "UsageError"  # the magic is gone
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from kernel_support import (
+    Holder,
     KernelUnderTest,
     entry,
     holders,
@@ -23,7 +24,7 @@ from kernel_support import (
     scheduler_status,
     start_kernels,
 )
-from support import DaemonProcess, scaled, wait_for
+from support import DaemonProcess, scaled
 
 from kiwi_jupyter.kernel.identity import display_name, notebook_name
 
@@ -66,10 +67,14 @@ def test_a_kernel_started_for_a_notebook_registers_its_path_as_display_name(
 def test_the_waiting_line_names_the_holder_by_its_notebook(
         named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, b = named
-    holding = a.submit("import time; time.sleep(1.5)")
-    wait_for(lambda: holders(module_daemon.socket) == [a.kernel_id], what="A to hold")
-    waited = b.run("1")
+    with Holder(module_daemon.directory) as hold:
+        holding = a.submit(hold.code)
+        hold.started()
+        assert holders(module_daemon.socket) == [a.kernel_id]
+        waiting = b.submit("1")
+        b.wait_seen(waiting, "display_data")  # B's line is up while A holds
     assert a.collect(holding).status == "ok"
+    waited = b.collect(waiting)
     lines = [m["content"]["data"].get("text/plain", "")
              for m in waited.of_type("display_data", "update_display_data")]
     assert lines, "B did not wait long enough to show its waiting line"

@@ -8,12 +8,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernel_support import KernelUnderTest, holders, start_kernels, state_of
-from support import DaemonProcess, short_tmpdir, wait_for
+from kernel_support import Holder, KernelUnderTest, holders, start_kernels, state_of
+from support import DaemonProcess, client_state, short_tmpdir, wait_for_status
 
 shim = pytest.importorskip("kiwi_jupyter.shim", reason="the CUDA shim is not in this tree")
 FAKE_CUDA = Path(__file__).parents[1] / "shim" / "fake_cuda.c"
@@ -25,6 +26,21 @@ SETUP = ("import ctypes\n_cu = ctypes.CDLL('libcuda.so.1')\n_cu.cuInit(0)\n"
          "_launch = _cu.cuLaunchKernel\n"
          "_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3\n")
 LAUNCH = "_launch(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)"
+
+#: A cell that waited longer than this ends with a note saying how long
+#: (KiwiKernelConfig.waited_note_after).
+WAITED_NOTE_AFTER = 1.0
+
+
+def shim_holds(daemon: DaemonProcess, kernel: KernelUnderTest, holder: Holder) -> None:
+    """Once the cell runs past its launch (to the hold), the kernel's shim holds the GPU."""
+    holder.started()
+    assert holders(daemon.socket) == [kernel.kernel_id]
+
+
+def wait_waiting(daemon: DaemonProcess, kernel: KernelUnderTest) -> None:
+    wait_for_status(daemon.socket, lambda doc: client_state(doc, kernel.kernel_id) == "waiting",
+                    what=f"{kernel.kernel_id} to wait in the queue")
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +79,17 @@ def test_the_kiwi_kernel_preloads_the_shim_where_a_driver_loads(
 def test_lazy_cells_wait_in_the_shim_with_the_waiting_line(
         pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
     a, b = pair
-    first = a.submit(f"import time; {LAUNCH}; time.sleep(1.5); time.time()")
-    wait_for(lambda: holders(daemon.socket) == [a.kernel_id], what="A's shim to hold")
-    second = b.submit(f"import time; {LAUNCH}; time.time()")
-
+    with Holder(daemon.directory) as hold:
+        first = a.submit(f"import time; {LAUNCH}; {hold.code}; time.time()")
+        shim_holds(daemon, a, hold)
+        a_held = time.time()
+        second = b.submit(f"import time; {LAUNCH}; time.time()")
+        wait_waiting(daemon, b)
+        b.wait_seen(second, "display_data")
+        b_waiting = time.time()
+        # A lower bound, not a race: B must wait over a second for its closing note.
+        time.sleep(WAITED_NOTE_AFTER + 0.1)
+        released = time.time()
     ended, waited = a.collect(first), b.collect(second)
 
     assert ended.value <= waited.value
@@ -75,7 +98,10 @@ def test_lazy_cells_wait_in_the_shim_with_the_waiting_line(
     assert lines[0].startswith("kiwi: waiting for the GPU")
     assert f"held by kernel {a.kernel_id[:8]}" in lines[0]  # no notebook: its id
     assert lines[-1] == ""
-    assert re.search(r"^kiwi: waited 1\.\d s for the GPU$", waited.stdout, re.MULTILINE)
+    # B waited at least from when its line was up until A let go, and at most from when A held
+    # until B's launch returned; the note rounds to a tenth.
+    (note,) = re.findall(r"^kiwi: waited (\d+\.\d) s for the GPU$", waited.stdout, re.MULTILINE)
+    assert released - b_waiting - 0.05 <= float(note) <= waited.value - a_held + 0.05
     assert holders(daemon.socket) == []
 
 
@@ -84,15 +110,16 @@ def test_eager_with_the_shim_interrupt_while_waiting_withdraws(
     a, b = pair
     b.run("%kiwi mode eager")
     try:
-        holding = a.submit(f"import time; {LAUNCH}; time.sleep(2)")
-        wait_for(lambda: holders(daemon.socket) == [a.kernel_id], what="A's shim to hold")
-        waiting = b.submit("reached = True")
-        wait_for(lambda: state_of(daemon.socket, b.kernel_id) == "waiting", what="B waits")
+        with Holder(daemon.directory) as hold:
+            holding = a.submit(f"{LAUNCH}; {hold.code}")
+            shim_holds(daemon, a, hold)
+            waiting = b.submit("reached = True")
+            wait_waiting(daemon, b)
 
-        b.interrupt()
+            b.interrupt()
 
-        assert b.collect(waiting).ename == "KeyboardInterrupt"
-        assert state_of(daemon.socket, b.kernel_id) == "idle"
+            assert b.collect(waiting).ename == "KeyboardInterrupt"
+            assert state_of(daemon.socket, b.kernel_id) == "idle"
         assert a.collect(holding).status == "ok"
         assert b.run("'reached' in globals()").value is False
     finally:
@@ -129,15 +156,16 @@ def test_lazy_ctrl_c_ends_a_wait_inside_a_cuda_call(
     """The wait is in C, inside the launch: Python's handler alone would raise only once A's
     cell had ended and the launch had run."""
     a, b = pair
-    holding = a.submit(f"import time; {LAUNCH}; time.sleep(30)")
-    wait_for(lambda: holders(daemon.socket) == [a.kernel_id], what="A's shim to hold")
-    waiting = b.submit(f"{LAUNCH}; reached = True")
-    wait_for(lambda: state_of(daemon.socket, b.kernel_id) == "waiting", what="B waits")
+    with Holder(daemon.directory) as hold:
+        holding = a.submit(f"{LAUNCH}; {hold.code}")
+        shim_holds(daemon, a, hold)
+        waiting = b.submit(f"{LAUNCH}; reached = True")
+        wait_waiting(daemon, b)
 
-    b.interrupt()
+        b.interrupt()
 
-    assert b.collect(waiting).ename == "KeyboardInterrupt"
-    assert holders(daemon.socket) == [a.kernel_id]  # A's cell still runs: B did not wait it out
-    assert b.run("'reached' in globals()").value is False
-    a.interrupt()
-    assert a.collect(holding).ename == "KeyboardInterrupt"
+        assert b.collect(waiting).ename == "KeyboardInterrupt"
+        assert holders(daemon.socket) == [a.kernel_id]  # A's cell still holds: B did not wait
+        assert b.run("'reached' in globals()").value is False
+        a.interrupt()
+        assert a.collect(holding).ename == "KeyboardInterrupt"

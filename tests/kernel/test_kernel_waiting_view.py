@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_on_client
 
 from kiwi_jupyter.kernel.wait_view import Place, WaitView, describe_wait
 from nodeside import protocol as p
@@ -96,11 +96,13 @@ def test_a_waiting_line_over_a_real_daemon_asks_only_on_change(calm: DaemonProce
             Client(calm.socket, name="first") as first, \
             Client(calm.socket, name="me") as me:
         holder.acquire(timeout=5)
-        wait_for(lambda: first.connected and me.connected, what="the two connections")
+        wait_on_client(first, lambda: first.connected, what="the first connection")
+        wait_on_client(me, lambda: me.connected, what="my connection")
         first.request()
-        wait_for(lambda: first.position == 1, what="the first waiter in the queue")
+        wait_on_client(first, lambda: first.position == 1, what="the first waiter in the queue")
         me.request()
-        wait_for(lambda: me.position == 2, what=f"my place in the queue (at {me.position})")
+        wait_on_client(me, lambda: me.position == 2,
+                       what=f"my place in the queue (at {me.position})")
         live = p.FEATURE_POSITION in me.features
         view = WaitView(me.status, lambda: Place(me.position, live=live))
         assert "position 2 of 2" in view.text(me.id, 0)
@@ -109,6 +111,6 @@ def test_a_waiting_line_over_a_real_daemon_asks_only_on_change(calm: DaemonProce
         assert view.asked == (1 if live else 5)
         first.release()
         if live:
-            wait_for(lambda: me.position == 1, what="the position event")
+            wait_on_client(me, lambda: me.position == 1, what="the position event")
             assert "position 1 of 1" in view.text(me.id, 5)
             assert view.asked == 2

@@ -3,11 +3,13 @@ stand for users with fewer rights, and reading the status endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.auth.authorizer import Authorizer
+from support import scaled
 
 
 class KiwiReadOnly(Authorizer):
@@ -37,6 +39,30 @@ async def get_status(jp_fetch: Callable[..., Any]) -> dict[str, Any]:
     response = await jp_fetch("kiwi", "api", "status")
     assert response.code == 200
     return json.loads(response.body)
+
+
+async def wait_status(jp_fetch: Callable[..., Any], predicate: Callable[[dict[str, Any]], Any],
+                      timeout: float = 10.0) -> dict[str, Any]:
+    """The status document once ``predicate`` holds: read at once, then each time the server's
+    long-poll (``?after=TAG``) answers with a change, as the panel waits. No polling while the
+    server hears the daemon's changes; until its watch is up (``pushed`` false, answered at
+    once), it asks again after a short pause. Fails after ``timeout`` (a quiet machine's
+    figure, stretched by the load factor)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + scaled(timeout)
+    tag = ""
+    while True:
+        response = await jp_fetch("kiwi", "api", "status", params={"after": tag},
+                                  request_timeout=max(deadline - loop.time(), 1.0) + 30)
+        assert response.code == 200
+        status: dict[str, Any] = json.loads(response.body)
+        if predicate(status):
+            return status
+        assert loop.time() < deadline, f"status never matched; last: {status}"
+        if status["pushed"]:
+            tag = status["etag"]
+        else:
+            await asyncio.sleep(0.05)
 
 
 def kiwi_app(serverapp: Any) -> Any:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
-import time
 from typing import Any
 
 import pytest
-from kiwiserver import KiwiReadOnly, NoKiwi, get_status, kiwi_config
+from kiwiserver import KiwiReadOnly, NoKiwi, get_status, kiwi_config, wait_status
 from support import DaemonProcess, scaled
 from tornado.httpclient import HTTPClientError
 
@@ -99,7 +97,7 @@ async def test_status_shows_the_queue_in_order(jp_fetch: Any, clients: Any) -> N
     for client in waiting:
         clients.start_waiting(client)
         # Wait for each to be queued before the next asks, so the order is known.
-        await _wait_status(jp_fetch, lambda s, n=client.name: _state(s, n) == "waiting")
+        await wait_status(jp_fetch, lambda s, n=client.name: _state(s, n) == "waiting")
     status = await get_status(jp_fetch)
     names = {c["id"]: c["name"] for c in status["clients"]}
     assert [names[i] for i in status["gpus"][0]["queue"]] == ["kernel-b", "kernel-c"]
@@ -210,17 +208,6 @@ def _client(status: dict, name: str) -> dict:
 def _state(status: dict, name: str) -> str | None:
     found = [c for c in status["clients"] if c["name"] == name]
     return found[0]["state"] if found else None
-
-
-async def _wait_status(jp_fetch: Any, predicate: Any, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        status = await get_status(jp_fetch)
-        if predicate(status):
-            return status
-        assert time.monotonic() < deadline, f"status never matched; last: {status}"
-        await asyncio.sleep(0.02)
-
 
 
 @pytest.mark.parametrize("body", [b"\xff\xfe not text", b'{"mode": "on"', b"[" * 100_000])

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_on_client
 
 from nodeside import limits
 from nodeside.client import Client
@@ -23,7 +23,7 @@ def test_a_client_registers_its_display_name_and_keeps_its_name_as_the_key(
         daemon: DaemonProcess) -> None:
     with Client(daemon.socket, name="3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
                 display_name="~/team/forecast.ipynb") as client:
-        wait_for(lambda: client.connected, what="the registration")
+        wait_on_client(client, lambda: client.connected, what="the registration")
         entry = row(client, client)
     assert entry["name"] == "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01"
     assert entry["display_name"] == "~/team/forecast.ipynb"
@@ -45,7 +45,7 @@ def test_kiwictl_status_names_clients_by_display_name_and_user(daemon: DaemonPro
                 display_name="~/team/forecast.ipynb") as holder, \
             Client(daemon.socket, name="afd00fc2-b218-4c1e-9f3a-0123456789ab") as bare:
         holder.acquire(timeout=5)
-        wait_for(lambda: bare.connected, what="the second client")
+        wait_on_client(bare, lambda: bare.connected, what="the second client")
         out = subprocess.run([sys.executable, "-m", "nodeside.ctl", "--socket", daemon.socket,
                               "status"], capture_output=True, text=True, timeout=60).stdout
     user = getpass.getuser()
@@ -75,5 +75,5 @@ def test_a_client_takes_its_display_name_from_the_environment(
     # What a process a Kiwi kernel starts (`!python train.py`) inherits from the launcher.
     monkeypatch.setenv("KIWI_DISPLAY_NAME", "~/runs/train.ipynb")
     with Client(daemon.socket, name="child") as client:
-        wait_for(lambda: client.connected, what="the registration")
+        wait_on_client(client, lambda: client.connected, what="the registration")
         assert row(client, client)["display_name"] == "~/runs/train.ipynb"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_on_client
 
 from nodeside import protocol as p
 from nodeside.client import Client
@@ -34,11 +34,12 @@ def test_a_waiting_client_knows_its_position_from_the_daemons_answer(
             Client(calm.socket, name="second") as second:
         holder.acquire(timeout=5)
         assert holder.position is None
-        wait_for(lambda: first.connected and second.connected, what="the connections")
+        wait_on_client(first, lambda: first.connected, what="the first connection")
+        wait_on_client(second, lambda: second.connected, what="the second connection")
         first.request()
-        wait_for(lambda: first.position == 1, what="the first waiter's position")
+        wait_on_client(first, lambda: first.position == 1, what="the first waiter's position")
         second.request()
-        wait_for(lambda: second.position == 2, what="the second waiter's position")
+        wait_on_client(second, lambda: second.position == 2, what="the second waiter's position")
         assert queued(holder, second) == 2  # the same as the status document says
         holder.release()
         assert first.wait_for_grant(timeout=5)
@@ -52,13 +53,14 @@ def test_the_position_follows_the_queue_where_the_daemon_sends_events(
             Client(calm.socket, name="second") as second:
         holder.acquire(timeout=5)
         assert p.FEATURE_POSITION in holder.features
-        wait_for(lambda: first.connected and second.connected, what="the connections")
+        wait_on_client(first, lambda: first.connected, what="the first connection")
+        wait_on_client(second, lambda: second.connected, what="the second connection")
         first.request()
-        wait_for(lambda: first.position == 1, what="the first waiter's position")
+        wait_on_client(first, lambda: first.position == 1, what="the first waiter's position")
         second.request()
-        wait_for(lambda: second.position == 2, what="the second waiter's position")
+        wait_on_client(second, lambda: second.position == 2, what="the second waiter's position")
         first.release()  # withdraws: the second moves up without asking anything
-        wait_for(lambda: second.position == 1, what="the position event")
+        wait_on_client(second, lambda: second.position == 1, what="the position event")
 
 
 def test_a_withdrawn_request_forgets_its_position(calm: DaemonProcess) -> None:
@@ -66,7 +68,7 @@ def test_a_withdrawn_request_forgets_its_position(calm: DaemonProcess) -> None:
             Client(calm.socket, name="asker") as asker:
         holder.acquire(timeout=5)
         asker.request()
-        wait_for(lambda: asker.position == 1, what="the waiter's position")
+        wait_on_client(asker, lambda: asker.position == 1, what="the waiter's position")
         asker.release()
         assert asker.position is None
 
@@ -75,7 +77,7 @@ def test_a_timed_out_acquire_names_the_position_it_had(calm: DaemonProcess) -> N
     with Client(calm.socket, name="holder") as holder, \
             Client(calm.socket, name="asker") as asker:
         holder.acquire(timeout=5)
-        wait_for(lambda: asker.connected, what="the connection")
+        wait_on_client(asker, lambda: asker.connected, what="the connection")
         with pytest.raises(TimeoutError, match=r"queue position 1\)"):
             asker.acquire(timeout=1.0)
 
@@ -85,10 +87,11 @@ def test_requeue_gives_the_gpu_to_the_next_and_asks_again(calm: DaemonProcess) -
             Client(calm.socket, name="waiter") as waiter:
         holder.acquire(timeout=5)
         waiter.request()
-        wait_for(lambda: waiter.position == 1, what="the waiter in the queue")
+        wait_on_client(waiter, lambda: waiter.position == 1, what="the waiter in the queue")
         holder.requeue()
         assert waiter.wait_for_grant(timeout=5)
-        wait_for(lambda: holder.position == 1, what="the requeued holder back in the queue")
+        wait_on_client(holder, lambda: holder.position == 1,
+                       what="the requeued holder back in the queue")
         assert not holder.holding
         waiter.release()
         assert holder.wait_for_grant(timeout=5)
@@ -104,6 +107,6 @@ def test_requeue_alone_keeps_the_gpu(calm: DaemonProcess) -> None:
 
 def test_requeue_without_a_hold_is_a_request(calm: DaemonProcess) -> None:
     with Client(calm.socket, name="asker") as asker:
-        wait_for(lambda: asker.connected, what="the connection")
+        wait_on_client(asker, lambda: asker.connected, what="the connection")
         asker.requeue()
         assert asker.wait_for_grant(timeout=5)

@@ -15,7 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support import DaemonProcess, client_state, scaled, short_tmpdir, wait_for, wait_for_status
+from support import (
+    DaemonProcess,
+    client_state,
+    scaled,
+    short_tmpdir,
+    wait_for_status,
+    wait_on_client,
+)
 
 from nodeside.client import Client, connection
 
@@ -27,9 +34,9 @@ def state_of(observer: Client, client: Client) -> str | None:
 
 def test_request_returns_at_once_and_the_grant_arrives_by_itself(daemon: DaemonProcess) -> None:
     with Client(daemon.socket, name="asker") as asker:
-        wait_for(lambda: asker.connected, what="the connection")
+        wait_on_client(asker, lambda: asker.connected, what="the connection")
         asker.request()
-        wait_for(lambda: asker.holding, what="the grant, with nobody waiting for it")
+        wait_on_client(asker, lambda: asker.holding, what="the grant, with nobody waiting for it")
         assert asker.wait_for_grant(timeout=0) is True
         assert state_of(asker, asker) == "holding"
 
@@ -148,6 +155,7 @@ def test_a_request_made_while_the_client_connects_goes_out_once_it_is_connected(
     made = threading.Event()
     clients: list[Client] = []
     callers: list[threading.Thread] = []
+    asked = threading.Event()
 
     def request_from_another_thread() -> None:
         """In the connection thread, its handshake done: another thread asks, as a caller
@@ -157,12 +165,13 @@ def test_a_request_made_while_the_client_connects_goes_out_once_it_is_connected(
         caller.start()
         caller.join(scaled(10))
         callers.append(caller)
+        asked.set()
 
     monkeypatch.setattr(connection, "socket", _SocketModule())
     monkeypatch.setattr(_HandshakeEnd, "hook", request_from_another_thread)
     with Client(daemon.socket, name="asker") as asker:
         clients.append(asker)
         made.set()
-        wait_for(lambda: callers, what="the request made at the end of the handshake")
+        assert asked.wait(scaled(10)), "no request made at the end of the handshake"
         assert not callers[0].is_alive(), "request() blocked: the hook ran under the lock"
-        wait_for(lambda: asker.holding, what="the grant, with nobody waiting for it")
+        wait_on_client(asker, lambda: asker.holding, what="the grant, with nobody waiting for it")

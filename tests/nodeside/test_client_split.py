@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_on_client
 
 from nodeside import limits
 from nodeside import protocol as p
@@ -114,7 +114,7 @@ def test_every_client_reads_a_status_document_longer_than_any_request(
     clients = [Client(daemon.socket, name=f"labelled-{i}", labels=labels) for i in range(6)]
     try:
         for client in clients:
-            wait_for(lambda c=client: c.connected, what="the labelled client")
+            wait_on_client(client, lambda c=client: c.connected, what="the labelled client")
         with ControlClient(daemon.socket) as control:
             document = control.status()
         assert len(json.dumps(document)) > p.MAX_REQUEST_BYTES

@@ -14,7 +14,7 @@ import textwrap
 import threading
 from typing import Any
 
-from support import DaemonProcess, client_state, wait_for, wait_for_status
+from support import DaemonProcess, client_state, scaled, wait_for_status
 
 from nodeside.client import Client
 
@@ -46,7 +46,14 @@ def test_while_a_caller_waits_other_threads_get_replies_and_listeners_get_events
             Client(daemon.socket, name="waiter") as waiter:
         holder.acquire(timeout=5)
         events: list[dict[str, Any]] = []
-        waiter.add_listener(events.append)
+        told_mode = threading.Event()
+
+        def hear(event: dict[str, Any]) -> None:
+            events.append(event)
+            if event.get("op") == "mode":
+                told_mode.set()
+
+        waiter.add_listener(hear)
         outcome: list[BaseException | None] = []
 
         def wait_for_the_gpu() -> None:
@@ -69,11 +76,11 @@ def test_while_a_caller_waits_other_threads_get_replies_and_listeners_get_events
         thread.join(timeout=10)
         assert outcome == [None]
         assert waiter.holding
-        wait_for(lambda: any(e.get("op") == "mode" for e in events), what="the mode event")
+        assert told_mode.wait(scaled(10)), f"no mode event among {events}"
 
         # The connection thread has the socket back: events while holding still arrive.
         holder.set_mode("on")
-        wait_for(lambda: waiter.drop_requested.is_set(), what="the drop request")
+        assert waiter.drop_requested.wait(scaled(10)), "no drop request"
 
 
 def test_ctrl_c_while_waiting_withdraws_the_request_and_the_client_goes_on(

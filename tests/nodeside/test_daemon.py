@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, client_state, scaled, wait_for_status
 
 from nodeside import protocol as p
 from nodeside.client import Client
@@ -82,7 +82,7 @@ def test_two_clients_take_turns_by_quantum(daemon: DaemonProcess) -> None:
         a.acquire(timeout=5)
         got = threading.Event()
         threading.Thread(target=lambda: (b.acquire(timeout=10), got.set()), daemon=True).start()
-        wait_for(lambda: a.drop_requested.is_set(), 5, what="A's drop request")
+        assert a.drop_requested.wait(scaled(5)), "no drop request for A"
         assert not got.is_set()
         a.release()
         assert got.wait(5) and b.holding
@@ -102,7 +102,8 @@ def test_kill_9_of_the_holder_frees_the_gpu_for_the_next_waiter(daemon: DaemonPr
 
             threading.Thread(target=wait, daemon=True).start()
             started.wait()
-            wait_for(lambda: waiter.status()["gpus"][0]["queue"], 5, what="the waiter queued")
+            wait_for_status(daemon.socket, lambda doc: client_state(doc, "next") == "waiting", 5,
+                            what="the waiter queued")
             os.kill(holder.pid, signal.SIGKILL)
             assert done.wait(5), "the waiter was not granted after the holder died"
             daemon.wait_log(r"Client doomed \(c\d+\) went away while holding")

@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from support import wait_for
+from support import wait_on_client
 
 from nodeside.client import Client
 from nodeside.daemon import hostmem
@@ -83,4 +83,4 @@ def test_the_daemon_says_when_an_eviction_has_no_room(start_daemon) -> None:
         daemon.wait_log(r"to evict: no room in host memory for an eviction of 524288\.0 GiB")
         holder.release()
         acquiring.join(timeout=20)
-        wait_for(lambda: next_holder.holding, what="the next holder's grant")
+        wait_on_client(next_holder, lambda: next_holder.holding, what="the next holder's grant")

@@ -7,9 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 
 import pytest
-from support import DaemonProcess
+from support import DaemonProcess, client_state, scaled, wait_for_status
 
 from nodeside.client import Client
 
@@ -56,19 +58,21 @@ def test_status_json_is_the_status_document(daemon: DaemonProcess) -> None:
     assert doc["version"] == 1 and doc["clients"][0]["name"] == "nb-1"
 
 
-def test_status_is_readable(daemon: DaemonProcess) -> None:
+def test_status_is_readable(start_daemon: Callable[..., DaemonProcess]) -> None:
+    # Quantum and grace outlast the test: nb-1 holds and nb-2 waits until the test ends, however
+    # long kiwictl takes to start (with the usual 0.2 s and 1 s, nb-1 lost the GPU to nb-2 when
+    # it took longer than 1.2 s on a loaded machine).
+    daemon = start_daemon("--tq", "3600", "--grace", "3600")
     with Client(daemon.socket, name="nb-1") as a, Client(daemon.socket, name="nb-2") as b:
-        a.acquire(timeout=5)
-        import threading
+        a.acquire(timeout=scaled(5))
 
         def wait() -> None:
             with contextlib.suppress(ConnectionError):
-                b.acquire(timeout=10)
+                b.acquire()  # until the test ends: closing b ends the wait
 
         threading.Thread(target=wait, daemon=True).start()
-        from support import wait_for
-
-        wait_for(lambda: a.status()["gpus"][0]["queue"], what="nb-2 to queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "nb-2") == "waiting",
+                        what="nb-2 to queue")
         out = kiwictl(daemon.socket, "status").stdout
     assert "mode on," in out and "holding: nb-1" in out and "#1 waiting: nb-2" in out
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_on_client
 
 from nodeside.client import Client, ControlClient, discovery
 from nodeside.protocol import DEFAULT_SOCKET
@@ -82,7 +82,8 @@ def test_a_client_given_no_path_finds_the_published_scheduler(
 
 def test_an_unreachable_client_names_where_it_looked(no_kiwi_socket: None) -> None:
     with Client(name="lost", reconnect_timeout=0.2) as client:
-        wait_for(lambda: client.last_error != "not connected yet", what="a failed attempt")
+        wait_on_client(client, lambda: client.last_error != "not connected yet",
+                       what="a failed attempt")
         with pytest.raises(ConnectionError) as failed:
             client.status()
     message = str(failed.value)

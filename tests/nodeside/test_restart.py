@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from support import DaemonProcess, scaled, wait_for, wait_for_status
+from support import DaemonProcess, scaled, wait_for_status, wait_on_client
 
 from nodeside.client import Client
 
@@ -14,9 +14,9 @@ from nodeside.client import Client
 def test_client_reconnects_and_registers_again_by_itself(daemon: DaemonProcess) -> None:
     with Client(daemon.socket, name="survivor") as c:
         daemon.kill()
-        wait_for(lambda: not c.connected, 5, what="the client to notice")
+        wait_on_client(c, lambda: not c.connected, 5, what="the client to notice")
         daemon.start()
-        wait_for(lambda: c.connected, 10, what="the client to reconnect")
+        wait_on_client(c, lambda: c.connected, 10, what="the client to reconnect")
         names = [x["name"] for x in c.status()["clients"]]
         assert names == ["survivor"]
 
@@ -25,10 +25,10 @@ def test_holder_loses_the_gpu_with_the_daemon_and_gets_it_back(daemon: DaemonPro
     with Client(daemon.socket, name="holder") as c:
         c.acquire(timeout=5)
         daemon.kill()
-        wait_for(lambda: not c.holding, 5, what="the hold to end with the daemon")
+        wait_on_client(c, lambda: not c.holding, 5, what="the hold to end with the daemon")
         assert c.drop_requested.is_set()
         daemon.start()
-        wait_for(lambda: c.holding, 10, what="the hold to come back after the restart")
+        wait_on_client(c, lambda: c.holding, 10, what="the hold to come back after the restart")
 
 
 def test_pending_acquire_resumes_after_a_restart(daemon: DaemonProcess) -> None:
@@ -51,7 +51,7 @@ def test_pending_acquire_resumes_after_a_restart(daemon: DaemonProcess) -> None:
 def test_acquire_fails_with_connection_error_after_its_timeout(daemon: DaemonProcess) -> None:
     with Client(daemon.socket, name="lonely") as c:
         daemon.kill()
-        wait_for(lambda: not c.connected, 5, what="the client to notice")
+        wait_on_client(c, lambda: not c.connected, 5, what="the client to notice")
         started = time.monotonic()
         with pytest.raises(ConnectionError, match="cannot reach the Kiwi scheduler"):
             c.acquire(timeout=0.5)

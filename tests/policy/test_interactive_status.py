@@ -9,7 +9,7 @@ import sys
 import threading
 
 from policy_helpers import make_scheduler
-from support import wait_for
+from support import client_state, wait_for_status
 
 from nodeside.client import Client
 from nodeside.scheduler.status import build_status
@@ -67,7 +67,8 @@ def test_kiwictl_status_prints_the_policy_and_why_the_next_holder_is_next(start_
                 explorer.acquire(timeout=20)
 
         threading.Thread(target=wait, daemon=True).start()
-        wait_for(lambda: trainer.status()["gpus"][0]["queue"], what="the explorer to queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "explorer") == "waiting",
+                        what="the explorer to queue")
         result = subprocess.run([sys.executable, "-m", "nodeside.ctl", "--socket",
                                  daemon.socket, "status"], capture_output=True, text=True,
                                 timeout=30)

@@ -11,7 +11,7 @@ import threading
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, client_state, wait_event, wait_for, wait_for_status
 
 from nodeside.client import Client
 
@@ -58,7 +58,7 @@ def test_metrics_are_scraped_over_http_from_a_running_daemon(start_daemon):
         waiter = _start_acquire(b)
         wait_for(lambda: scrape(url)[("kiwi_gpu_queue_length", (("gpu", "0"),))] == 1,
                  what="b to queue")
-        wait_for(a.drop_requested.is_set, what="a's quantum to end")
+        wait_event(a.drop_requested, what="a's quantum to end")
         a.release()
         waiter.join(10)
         assert b.holding
@@ -107,7 +107,8 @@ def test_partial_pools_turn_preemption_off_and_status_and_kiwictl_say_why(start_
             Client(daemon.socket, name="claimant", pool="simulation") as claimant:
         low.acquire(timeout=5)
         _start_acquire(claimant)
-        wait_for(lambda: claimant.status()["gpus"][0]["queue"], what="the claimant to queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "claimant") == "waiting",
+                        what="the claimant to queue")
         doc = claimant.status()
         result = kiwictl(daemon, "pools")
     assert doc["preemption"] is False

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, wait_event, wait_for, wait_for_status
 
 from nodeside import protocol as p
 from nodeside.client import Client
@@ -83,7 +83,7 @@ def test_a_heavy_holder_steps_aside_for_a_light_request_and_keeps_its_memory(int
     trainer = held_a_while(interactive)
     with trainer, fresh(interactive) as person:
         person.acquire(timeout=10)  # granted at once, beside the trainer
-        wait_for(trainer.drop_requested.is_set, what="the trainer's drop")
+        wait_event(trainer.drop_requested, what="the trainer's drop")
         assert trainer.last_drop is not None
         assert (trainer.last_drop["reason"], trainer.last_drop["evict"]) == (
             p.REASON_QUANTUM, False)
@@ -100,7 +100,7 @@ def test_a_light_request_early_in_a_heavy_hold_gets_its_drop_when_the_first_quan
     trainer.acquire(timeout=10)
     with trainer, fresh(interactive) as person:
         person.acquire(timeout=10)
-        wait_for(trainer.drop_requested.is_set, what="the trainer's drop")
+        wait_event(trainer.drop_requested, what="the trainer's drop")
         assert trainer.last_drop is not None
         assert (trainer.last_drop["reason"], trainer.last_drop["evict"]) == (
             p.REASON_QUANTUM, False)
@@ -110,10 +110,10 @@ def test_the_heavy_holder_is_held_back_during_the_light_turn_and_told_why(intera
     trainer = held_a_while(interactive, HELD_LONG)
     with trainer, fresh(interactive) as person:
         person.acquire(timeout=10)
-        wait_for(trainer.drop_requested.is_set, what="the trainer's drop")
+        wait_event(trainer.drop_requested, what="the trainer's drop")
         trainer.requeue()  # gives back and asks again, as after any drop
-        wait_for(lambda: trainer.status()["gpus"][0]["queue"] == [trainer.id],
-                 what="the trainer to wait")
+        wait_for_status(interactive.socket, lambda doc: doc["gpus"][0]["queue"] == [trainer.id],
+                        what="the trainer to wait")
         assert not trainer.holding
         assert trainer.status()["gpus"][0]["holders"] == [person.id]
         result = kiwictl_status(interactive)
@@ -129,10 +129,10 @@ def test_the_metrics_count_the_step_aside(interactive):
     assert steps_aside_total(interactive) == 0
     with trainer, fresh(interactive) as person:
         person.acquire(timeout=10)
-        wait_for(trainer.drop_requested.is_set, what="the trainer's drop")
+        wait_event(trainer.drop_requested, what="the trainer's drop")
         trainer.requeue()
-        wait_for(lambda: trainer.status()["gpus"][0]["queue"] == [trainer.id],
-                 what="the trainer to wait")
+        wait_for_status(interactive.socket, lambda doc: doc["gpus"][0]["queue"] == [trainer.id],
+                        what="the trainer to wait")
         person.release()
         assert trainer.wait_for_grant(timeout=10)
         assert steps_aside_total(interactive) == 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from support import wait_for
-from test_scheduling import after, hold_with, other_client, prefetch_devices, regrant, state_of
+from support import wait_for_status
+from test_scheduling import after, hold_with, other_client, prefetch_devices, regrant, state_in
 
 GiB = 1 << 30
 
@@ -121,7 +121,8 @@ def test_the_buffers_come_back_to_the_ranges_they_were_copied_from(scheduler, wo
                  for line in w.log.calls("cuMemcpyDtoHAsync_v2")}
         w.log.clear()
         launch = w.start("d.launch()")
-        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                        what="the shim to queue again")
         next_holder.release()
         assert launch.result() == 0
     restored = {field(line, "dst"): field(line, "src")

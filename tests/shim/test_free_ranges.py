@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from support import wait_for
-from test_scheduling import after, other_client, prefetch_devices, working_set_of
+from support import wait_for, wait_for_status
+from test_scheduling import after, other_client, prefetch_devices, working_set_in
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -23,7 +23,8 @@ def hold_with_free_blocks(w, scheduler) -> tuple[int, int]:
     GiB) and [b, b + 512 MiB) are free in its cache. The log starts afresh."""
     a, b = w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 6 * GiB,
+                    what="the working set report")
     w.call("shim.free_ranges_begin()")
     believed = w.call(f"shim.set_free_ranges([({a + GiB}, {GiB}), ({b}, {512 * MiB})])")
     assert believed == GiB + 512 * MiB
@@ -114,7 +115,8 @@ def test_free_blocks_of_an_allocation_freed_and_made_again_are_not_discarded(
     assert w.call(f"d.free({a})") == 0
     c = w.call(f"d.alloc({3 * GiB})")
     assert w.stats()["free_in_cache"] == 0
-    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 6 * GiB,
+                    what="the working set report")
     w.log.clear()
     evict(scheduler, w)
     assert not w.log.calls("cuMemDiscardBatchAsync")
@@ -130,7 +132,8 @@ def test_gpu_work_after_the_cache_was_read_makes_its_free_blocks_unbelieved(
     w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_DISCARD="1")
     a, b = w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 6 * GiB,
+                    what="the working set report")
     w.call("shim.free_ranges_begin()")
     assert w.call(f"d.memset({a + GiB})") == 0
     assert w.call(f"shim.set_free_ranges([({a + GiB}, {GiB})])") == GiB

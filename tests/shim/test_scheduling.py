@@ -9,27 +9,36 @@ import time
 from typing import Any
 
 import pytest
-from support import wait_for
+from support import client_state, wait_for, wait_for_status, wait_on_client
 
 from nodeside.client import Client
 
 GiB = 1 << 30
 
 
+def row_in(document: dict[str, Any], w) -> dict[str, Any] | None:
+    """The workload's client in a status document."""
+    return next((c for c in document["clients"] if c["pid"] == w.process.pid), None)
+
+
+def state_in(document: dict[str, Any], w) -> str | None:
+    client = row_in(document, w)
+    return client["state"] if client else None
+
+
+def working_set_in(document: dict[str, Any], w) -> int | None:
+    client = row_in(document, w)
+    return client["working_set"] if client else None
+
+
 def client_of(scheduler, w) -> dict[str, Any] | None:
     with Client(scheduler.socket, register=False) as admin:
-        status = admin.status()
-    return next((c for c in status["clients"] if c["pid"] == w.process.pid), None)
+        return row_in(admin.status(), w)
 
 
 def state_of(scheduler, w) -> str | None:
     client = client_of(scheduler, w)
     return client["state"] if client else None
-
-
-def working_set_of(scheduler, w) -> int | None:
-    client = client_of(scheduler, w)
-    return client["working_set"] if client else None
 
 
 def after(names: list[str], marker: str, nth: int = -1) -> list[str]:
@@ -60,7 +69,8 @@ def test_a_launch_waits_at_the_gate_until_the_grant(scheduler, workload, holder)
     w = workload(KIWI_SOCKET=scheduler.socket)
     holder.acquire(timeout=5)
     launch = w.start("d.launch()")
-    wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                    what="the shim to queue")
     assert not launch.done()
     assert not w.log.calls("cuLaunchKernel")
     holder.release()
@@ -72,7 +82,8 @@ def test_a_launch_waits_at_the_gate_until_the_grant(scheduler, workload, holder)
 def test_the_first_gpu_call_acquires_lazily(scheduler, workload) -> None:
     w = workload(KIWI_SOCKET=scheduler.socket, KIWI_CLIENT_NAME="lazy-one")
     w.call("d.alloc(1024)")  # an allocation registers, but asks for nothing
-    wait_for(lambda: state_of(scheduler, w) == "idle", what="the shim to register")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "idle",
+                    what="the shim to register")
     assert client_of(scheduler, w)["name"] == "lazy-one"
     assert w.call("d.launch()") == 0
     assert state_of(scheduler, w) == "holding"
@@ -82,7 +93,8 @@ def test_the_shim_reports_its_working_set(scheduler, workload) -> None:
     w = workload(KIWI_SOCKET=scheduler.socket)
     w.call("d.alloc(3 * 1024 ** 3)")
     w.call("d.alloc_vmm(1024 ** 3)")
-    wait_for(lambda: working_set_of(scheduler, w) == 4 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 4 * GiB,
+                    what="the working set report")
 
 
 def hold_with(w, scheduler, nbytes: int) -> str | None:
@@ -91,7 +103,8 @@ def hold_with(w, scheduler, nbytes: int) -> str | None:
     KIWI_RESTORE=fault)."""
     w.call(f"[d.alloc({nbytes // 2}), d.alloc({nbytes - nbytes // 2})]")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: working_set_of(scheduler, w) == nbytes, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == nbytes,
+                    what="the working set report")
     created = w.log.calls("cuStreamCreate")
     w.log.clear()
     if not created:
@@ -127,7 +140,8 @@ def test_a_regrant_restores_the_working_set_before_work_resumes(scheduler, workl
         next_holder.acquire(timeout=10)
         w.log.clear()
         launch = w.start("d.launch()")
-        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                        what="the shim to queue again")
         assert not w.log.calls("cuMemPrefetchAsync")
         next_holder.release()
         assert launch.result() == 0
@@ -150,7 +164,8 @@ def test_the_stats_say_when_the_last_grant_arrived_on_the_monotonic_clock(schedu
     with other_client(scheduler, "next", 8 * GiB) as next_holder:
         next_holder.acquire(timeout=10)
         launch = w.start("d.launch()")
-        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                        what="the shim to queue again")
         handed_over = time.monotonic()  # the same clock as the shim's, across processes
         next_holder.release()
         assert launch.result() == 0
@@ -179,7 +194,8 @@ def test_a_cell_end_synchronizes_and_releases(scheduler, workload) -> None:
     w.call("shim.release()")
     assert w.call("shim.holding") is False
     assert after(w.log.names(), "cuLaunchKernel") == ["cuCtxSynchronize"]
-    wait_for(lambda: state_of(scheduler, w) == "idle", what="the daemon to see the release")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "idle",
+                    what="the daemon to see the release")
 
 
 def test_a_cell_end_waits_for_work_still_inside_the_gate(scheduler, workload) -> None:
@@ -206,7 +222,8 @@ def waiting_for(scheduler, name: str, working_set: int) -> tuple[Client, threadi
     client = other_client(scheduler, name, working_set)
     acquiring = threading.Thread(target=client.acquire, kwargs={"timeout": 20})
     acquiring.start()
-    wait_for(lambda: state_of_name(scheduler, name) == "waiting", what=f"{name} to queue")
+    wait_for_status(scheduler.socket, lambda doc: client_state(doc, name) == "waiting",
+                    what=f"{name} to queue")
     return client, acquiring
 
 
@@ -263,7 +280,8 @@ def test_a_cell_end_with_nobody_waiting_keeps_the_working_set(long_quantum, work
     w.call("shim.cell_begin()")
     hold_with(w, scheduler, 6 * GiB)
     w.call("shim.release()")
-    wait_for(lambda: state_of(scheduler, w) == "idle", what="the daemon to see the release")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "idle",
+                    what="the daemon to see the release")
     wait_for(lambda: w.stats()["state"] == "idle", what="the released reply")
     assert not w.log.calls("cuMemPrefetchAsync")
     assert w.stats()["evicted"] is False
@@ -276,13 +294,15 @@ def test_an_idle_release_evicts_before_the_next_holder_is_granted(
     w = workload(KIWI_SOCKET=scheduler.socket, KIWI_IDLE_RELEASE="0.2",
                  FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
     w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
-    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 6 * GiB,
+                    what="the working set report")
     # The queue is holder, then the shim, then next: next already waits when the shim's idle
     # time runs out after its launch.
     holder = other_client(scheduler, "holder")
     holder.acquire(timeout=5)
     launch = w.start("d.launch()")
-    wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                    what="the shim to queue")
     next_holder, acquiring = waiting_for(scheduler, "next", 6 * GiB)
     with next_holder:
         holder.release()
@@ -310,7 +330,8 @@ def test_many_threads_launching_at_once_share_one_grant(scheduler, workload, hol
     w = workload(KIWI_SOCKET=scheduler.socket)
     holder.acquire(timeout=5)
     launches = w.start("launch_from_threads(16)")
-    wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                    what="the shim to queue")
     assert not launches.done()
     holder.release()
     assert launches.result() == [0] * 16
@@ -338,8 +359,8 @@ def test_the_shim_registers_again_after_a_daemon_restart(scheduler, workload) ->
     assert w.call("d.launch()") == 0
     first = w.stats()["client"]
     scheduler.restart()
-    wait_for(lambda: state_of(scheduler, w) == "idle", timeout=15,
-             what="the shim to register with the new daemon")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "idle", timeout=15,
+                    what="the shim to register with the new daemon")
     assert w.call("d.launch()") == 0
     assert state_of(scheduler, w) == "holding"
     assert w.stats()["connected"] and w.stats()["client"] is not None
@@ -349,7 +370,8 @@ def test_the_shim_registers_again_after_a_daemon_restart(scheduler, workload) ->
 def test_outside_cells_the_gpu_goes_back_after_the_idle_time(scheduler, workload) -> None:
     w = workload(KIWI_SOCKET=scheduler.socket, KIWI_IDLE_RELEASE="0.2")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: state_of(scheduler, w) == "idle", what="the idle release")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "idle",
+                    what="the idle release")
     assert w.stats()["releases"] == 1
 
 
@@ -386,7 +408,8 @@ def regrant(scheduler, w) -> None:
         next_holder.acquire(timeout=10)
         w.log.clear()
         launch = w.start("d.launch()")
-        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                        what="the shim to queue again")
         next_holder.release()
         assert launch.result() == 0
 
@@ -404,7 +427,8 @@ def test_the_shim_registers_with_its_name_pool_priority_and_pod(scheduler, workl
                  KIWI_POOL="training", KIWI_PRIORITY="LOW", KIWI_POD_NAME="jupyter-ann",
                  KIWI_POD_NAMESPACE="team-a")
     w.call("d.alloc(1024)")
-    client = wait_for(lambda: client_of(scheduler, w), what="the shim to register")
+    client = wait_for_status(scheduler.socket, lambda doc: row_in(doc, w),
+                             what="the shim to register")
     assert client["name"] == 'kernel "quoted" \\ name'
     assert (client["pool"], client["priority"]) == ("training", "LOW")
     # The pod's labels travel too (the status shows them to the peer's own user and root).
@@ -486,7 +510,8 @@ def test_a_cell_end_during_graph_capture_releases_when_the_capture_ends(
     assert w.call("shim.holding") is True
     assert not w.log.calls("cuCtxSynchronize")
     assert w.call("d.end_capture(0, name='cuStreamEndCapture_ptsz')") == 0
-    wait_for(lambda: state_of(long_quantum, w) == "idle", what="the deferred release")
+    wait_for_status(long_quantum.socket, lambda doc: state_in(doc, w) == "idle",
+                    what="the deferred release")
     assert w.stats()["releases"] == 1
 
 
@@ -511,7 +536,8 @@ def test_a_free_waits_while_the_working_set_is_moving(scheduler, workload, tmp_p
     w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_STREAM_SYNC_GATE=str(transfer_done))
     first, _ = w.call(f"[d.alloc({3 * GiB}), d.alloc({3 * GiB})]")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 6 * GiB,
+                    what="the working set report")
     w.log.clear()  # the grant's restore is over
     with other_client(scheduler, "next", 6 * GiB) as next_holder:
         acquiring = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 20})
@@ -557,7 +583,8 @@ def test_an_interrupt_ends_an_eager_acquire(scheduler, workload, holder) -> None
     w = workload(KIWI_SOCKET=scheduler.socket)
     holder.acquire(timeout=5)
     waiting = w.start("shim.acquire(30)")
-    wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue")
+    wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                    what="the shim to queue")
     w.call("shim.interrupt()")
     assert waiting.result(timeout=5) is False
 
@@ -568,7 +595,7 @@ def test_the_shim_registers_the_uuid_of_its_gpu(scheduler, workload) -> None:
     w = workload(KIWI_SOCKET=scheduler.socket, KIWI_SHIM_LOG="1", CUDA_VISIBLE_DEVICES="",
                  NVIDIA_VISIBLE_DEVICES="")
     w.call("d.alloc(1024)")
-    wait_for(lambda: client_of(scheduler, w), what="the shim to register")
+    wait_for_status(scheduler.socket, lambda doc: row_in(doc, w), what="the shim to register")
     register = next(line for line in w.stderr if '"op":"register"' in line)
     assert '"gpu_uuid":"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"' in register
     assert w.stats()["gpu_uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
@@ -582,7 +609,8 @@ def test_every_grant_restores_the_working_set(scheduler, workload) -> None:
     with other_client(scheduler, "small", 1 * GiB) as small:
         small.acquire(timeout=10)  # fits beside: nothing evicted
         launch = w.start("d.launch()")
-        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the shim to queue again")
+        wait_for_status(scheduler.socket, lambda doc: state_in(doc, w) == "waiting",
+                        what="the shim to queue again")
         small.release()
         assert launch.result() == 0
     names = w.log.names()
@@ -597,7 +625,8 @@ def test_an_eviction_trims_the_managed_pools_then_moves_their_allocations(
     w = workload(KIWI_SOCKET=scheduler.socket, FAKE_CUDA_MANAGED_POOLS="1")
     w.call(f"[d.alloc_async({3 * GiB}), d.alloc_async({3 * GiB})]")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: working_set_of(scheduler, w) == 6 * GiB, what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == 6 * GiB,
+                    what="the working set report")
     w.log.clear()
     with other_client(scheduler, "next", 6 * GiB) as next_holder:
         next_holder.acquire(timeout=10)
@@ -630,7 +659,7 @@ def test_a_context_the_driver_says_is_gone_does_not_hold_a_release_up(long_quant
     w.call("shim.cell_begin()")
     assert w.call("d.launch()") == 0
     w.call("shim.release()")
-    wait_for(lambda: state_of(long_quantum, w) == "idle", what="the release")
+    wait_for_status(long_quantum.socket, lambda doc: state_in(doc, w) == "idle", what="the release")
     assert w.stats()["releases"] == 1
 
 
@@ -640,9 +669,9 @@ def test_a_waiting_shim_follows_its_queue_position_from_the_daemons_events(
     with Client(long_quantum.socket, name="holder") as holder, \
             Client(long_quantum.socket, name="first") as first:
         holder.acquire(timeout=5)
-        wait_for(lambda: first.connected, what="the first waiter's connection")
+        wait_on_client(first, lambda: first.connected, what="the first waiter's connection")
         first.request()
-        wait_for(lambda: first.position == 1, what="the first waiter in the queue")
+        wait_on_client(first, lambda: first.position == 1, what="the first waiter in the queue")
         launch = w.start("d.launch()")
         wait_for(lambda: w.stats()["queue_position"] == 2, what="the shim's place in the queue")
         assert w.stats()["position_live"] is True  # its hello asked for position events
