@@ -60,6 +60,14 @@ def seconds_in_range(value: Any, where: str, low: float, high: float) -> float:
     return seconds
 
 
+def share(value: Any, where: str) -> float:
+    """A fraction of a whole, above 0 and at most 1, or LimitError saying why."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or not 0 < value <= 1:
+        raise LimitError(f"{where}: expected a fraction above 0 and at most 1, got {value!r}")
+    return float(value)
+
+
 def byte_count(value: Any, where: str = "bytes") -> int:
     """A non-negative integer count of bytes up to MAX_BYTES, or LimitError saying why."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -91,6 +99,39 @@ def short_text(value: Any, where: str) -> str:
     return value
 
 
+def lone_surrogate(message: Any) -> str | None:
+    """Where a decoded message holds a string that is no sequence of Unicode scalar values (a
+    lone UTF-16 surrogate, which JSON's ``\\ud800`` escape can make), or None when it holds none.
+
+    Such a string cannot be encoded as UTF-8 again: stored as a name or a pool, it would break
+    every status document and metrics scrape that carries it, so the protocol refuses the line
+    where it is read (``nodeside.protocol.decode``). Walked without recursion: a line nests at
+    most as deep as the JSON decoder let it, but the walk must not be the thing that breaks."""
+    stack: list[tuple[str, Any]] = [("", message)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _has_surrogate(value):
+                return where or "the message"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and not key.isascii() and _has_surrogate(key):
+                    return f"a key of {where or 'the message'}"
+                stack.append((name, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def labels(value: Any, where: str = "labels") -> dict[str, str]:
     """At most MAX_LABELS string labels, each key and value a short text."""
     if not isinstance(value, dict):
@@ -110,6 +151,10 @@ REQUESTS_PER_TURN: Final = 32
 #: this, that connection's requests wait until the peer reads: a peer that never reads costs
 #: the daemon this much memory, not one status document per request it sent.
 MAX_OWED_BYTES: Final = 1024 * 1024
+#: Bytes the daemon may owe all the peers that stopped reading together (past their own
+#: MAX_OWED_BYTES, or behind on their events): past this, the one behind longest is cut off.
+#: Thousands of peers that never read then cost the daemon this much, not a MiB each.
+MAX_OWED_BYTES_TOTAL: Final = 32 * 1024 * 1024
 #: Bytes of labels (keys and values) of all registered clients together: pod labels take a few
 #: hundred bytes a client; this leaves room for thousands while keeping the status bounded.
 MAX_LABEL_BYTES_TOTAL: Final = 2 * 1024 * 1024
@@ -130,8 +175,16 @@ class ConnectionLimits:
     #: Seconds a connection that never registered may stay silent before it is closed (a status
     #: watcher polls far more often; a forgotten or hostile socket does not).
     idle_timeout: float = 300.0
+    #: Seconds a peer may leave what the daemon owes it unread (past MAX_OWED_BYTES of replies,
+    #: or behind on its events) before it is cut off, registered or not. Every client we ship
+    #: reads its socket all the time; a peer that stops for this long is stuck or hostile.
+    stall_timeout: float = 30.0
     #: Connections one uid may hold at once. At the cap, the uid's oldest connection that never
     #: registered makes room; when all of them are registered the newcomer is refused (E_LIMIT).
     per_uid: int = 4096
     #: The listen backlog: kernels of a busy node connecting at the same moment.
     backlog: int = 4096
+    #: The fraction of the node's budgets (MAX_CLIENTS registered clients, MAX_LABEL_BYTES_TOTAL
+    #: bytes of labels) one uid may hold, admins (root, the daemon's user, the admin group)
+    #: excepted: one user can exhaust only their own share, never everyone's.
+    uid_share: float = 0.25

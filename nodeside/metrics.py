@@ -8,9 +8,17 @@ arriving to the next grant being sent, and ``kiwi_drop_to_grant_seconds``, from 
 for the GPU back to granting it to the next client (what a waiting notebook feels: it includes
 the holder's time to finish and move its memory out).
 
-The scrape is served from the daemon's own asyncio loop (``serve``), not from
-prometheus_client's HTTP thread: the collector walks the scheduler's dicts, and only the loop
-may touch them.
+Scrapers are served off the scheduling loop (``MetricsServer``): a small HTTP server on a thread
+of its own, at most ``MAX_SCRAPERS`` connections at a time (more are closed at once, so idle
+scrapers can never take the file descriptors kernels need), each given ``SCRAPE_TIMEOUT``
+seconds to ask. The exposition itself is built on the loop, since the collector walks the
+scheduler's dicts and only the loop may touch them: always after the scrape asked, one build for
+all the scrapers waiting at the time, and never more than a hundredth of the loop's time
+(``DUTY``): a scrape waits for its turn rather than the loop for the scrapers.
+
+Where clients carry ``pod`` and ``namespace`` labels, the per-client series carry them only
+when the operator asks (``--metrics-pod-labels``): the socket's status document hides them from
+non-admins, and whoever reaches the port is nobody the daemon knows.
 
 Names are prefixed ``kiwi_`` and use base units (seconds, bytes); counters end in ``_total``.
 """
@@ -18,10 +26,15 @@ Names are prefixed ``kiwi_`` and use base units (seconds, bytes); counters end i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,7 +48,18 @@ from nodeside.scheduler.residency import occupies
 
 log = logging.getLogger("kiwi.metrics")
 
-CLIENT_LABELS = ("gpu", "pool", "client", "pod", "namespace")
+CLIENT_LABELS = ("gpu", "pool", "client")
+#: Added to CLIENT_LABELS with ``--metrics-pod-labels``.
+POD_LABELS = ("pod", "namespace")
+
+#: Scrapers served at once; a connection past this is closed as it comes.
+MAX_SCRAPERS = 8
+#: Seconds a scraper has to send its request, and to read the answer.
+SCRAPE_TIMEOUT = 5.0
+#: The loop spends at most one part in DUTY of its time building the exposition: after a
+#: build of T seconds the next waits DUTY * T (up to MAX_PAUSE), however many scrapers ask.
+DUTY = 100
+MAX_PAUSE = 5.0
 #: The per-GPU gauges carry the GPU's UUID under dcgm-exporter's own label name, so a query can
 #: join Kiwi's view of a GPU with its utilization and memory (``on(UUID)``) without relabelling.
 #: Left out where the daemon knows no UUIDs (no NVML, ``--gpus N``).
@@ -52,9 +76,10 @@ class SchedulerCollector(Collector):
     """Every gauge and counter, read from ``scheduler`` when Prometheus scrapes."""
 
     def __init__(self, scheduler: Scheduler | Callable[[], Scheduler],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pod_labels: bool = False) -> None:
         self._scheduler = scheduler
         self._clock = clock
+        self._labels = CLIENT_LABELS + POD_LABELS if pod_labels else CLIENT_LABELS
 
     def collect(self) -> Iterator[Metric]:
         sched = self._scheduler if isinstance(self._scheduler, Scheduler) else self._scheduler()
@@ -131,14 +156,17 @@ class SchedulerCollector(Collector):
         yield from (share, entitled, seconds)
 
     def _clients(self, sched: Scheduler, now: float) -> Iterator[Metric]:
+        names = self._labels
         seconds = CounterMetricFamily("kiwi_client_gpu_seconds",
-                                      "Seconds the client held its GPU.", labels=CLIENT_LABELS)
+                                      "Seconds the client held its GPU.", labels=names)
         working_set = GaugeMetricFamily("kiwi_client_working_set_bytes",
                                         "GPU memory the client reported needing.",
-                                        labels=CLIENT_LABELS)
+                                        labels=names)
+        pods = len(names) > len(CLIENT_LABELS)
         for client in sched.clients.values():
-            labels = [str(client.gpu), client.pool, client.name,
-                      client.labels.get("pod", ""), client.labels.get("namespace", "")]
+            labels = [str(client.gpu), client.pool, client.name]
+            if pods:
+                labels += [client.labels.get("pod", ""), client.labels.get("namespace", "")]
             seconds.add_metric(labels, sched.gpu_seconds(client, now))
             if client.working_set is not None:
                 working_set.add_metric(labels, client.working_set)
@@ -177,9 +205,9 @@ class Metrics:
     """The daemon's registry: the collector plus the handoff histogram it observes."""
 
     def __init__(self, scheduler: Scheduler | Callable[[], Scheduler],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pod_labels: bool = False) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(SchedulerCollector(scheduler, clock))
+        self.registry.register(SchedulerCollector(scheduler, clock, pod_labels))
         self.handoff = Histogram(
             "kiwi_handoff_seconds",
             "The daemon's time from a release arriving to the next grant being sent.",
@@ -215,28 +243,159 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    async def serve(self, port: int, host: str = "0.0.0.0") -> asyncio.Server:
-        """Serve ``GET /metrics`` on the running loop (see the module docstring for why)."""
-        return await asyncio.start_server(self._handle, host, port)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-            method, _, rest = head.decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            if method != "GET" or path not in ("/metrics", "/"):
-                status, body, kind = "404 Not Found", b"try /metrics\n", "text/plain"
+
+class _Exposition:
+    """The exposition as scrapers get it: built on the loop after the scrape asked (never
+    older than the request), one build shared by every scraper waiting at the time, and the
+    loop's time bounded: after a build that took T seconds, the next starts no sooner than
+    ``DUTY * T`` seconds later (the scrape waits for it)."""
+
+    def __init__(self, metrics: Metrics, loop: asyncio.AbstractEventLoop) -> None:
+        self.metrics = metrics
+        self.loop = loop
+        self._body = b""
+        self._built_at = float("-inf")  # when the last build started
+        self._next_at = float("-inf")   # the next may start then
+        self._lock = threading.Lock()
+
+    def body(self) -> bytes:
+        """On a server thread: an exposition built after this call began."""
+        asked = time.monotonic()
+        with self._lock:  # scrapers queue here: one build at a time
+            if self._built_at >= asked:
+                return self._body  # built while this one waited its turn
+            pause = self._next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self._built_at = time.monotonic()
+            future = asyncio.run_coroutine_threadsafe(self._build(), self.loop)
+            try:
+                self._body, seconds = future.result(timeout=SCRAPE_TIMEOUT)
+            except concurrent.futures.TimeoutError:
+                future.cancel()  # the loop is stuck: the last exposition is all there is
+                seconds = SCRAPE_TIMEOUT
+            self._next_at = time.monotonic() + min(MAX_PAUSE, DUTY * seconds)
+            return self._body
+
+    async def _build(self) -> tuple[bytes, float]:
+        started = time.perf_counter()
+        body = self.metrics.exposition()
+        return body, time.perf_counter() - started
+
+
+class _Scrape(BaseHTTPRequestHandler):
+    """One scraper's request: ``GET /metrics`` (or ``/``); anything else is a 404."""
+
+    server: MetricsServer
+    timeout = SCRAPE_TIMEOUT
+    protocol_version = "HTTP/1.0"
+
+    def parse_request(self) -> bool:
+        self.server.asked(self.connection)  # it said something: no longer idle
+        return super().parse_request()
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        path = self.path.split("?", 1)[0]
+        if path not in ("/metrics", "/"):
+            self._answer(404, b"try /metrics\n", "text/plain")
+            return
+        self._answer(200, self.server.exposition.body(), CONTENT_TYPE_LATEST)
+
+    def _answer(self, code: int, body: bytes, kind: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - its signature
+        pass  # a scrape is no event; a bad request is said once by the server (refused)
+
+    def log_error(self, format: str, *args: Any) -> None:  # noqa: A002
+        self.server.refused("a bad request", self.client_address)
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """HTTP on threads of its own, at most MAX_SCRAPERS connections at once. At the cap, the
+    oldest connection that has not sent its request yet makes room for the newcomer (idle
+    connections, however many, never keep a scraper out); when every one has asked, the
+    newcomer is closed."""
+
+    daemon_threads = True
+    #: The listen backlog: a burst of connections waits in the kernel, not in a SYN retry,
+    #: and each past the cap is accepted and closed at once (the backlog holds no descriptor).
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], exposition: _Exposition,
+                 max_scrapers: int = MAX_SCRAPERS) -> None:
+        self.exposition = exposition
+        self.max_scrapers = max_scrapers
+        self._active = 0
+        #: Connections served that have not sent their request yet, oldest first.
+        self._silent: dict[Any, None] = {}
+        self._count = threading.Lock()
+        self._said_at = 0.0
+        self._unsaid = 0
+        super().__init__(address, _Scrape)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        victim = None
+        with self._count:
+            if self._active >= self.max_scrapers:
+                victim = next(iter(self._silent), None)
+                if victim is None:  # every one of them asked: the newcomer waits its turn
+                    over = True
+                else:
+                    del self._silent[victim]
+                    over = False
             else:
-                status, body, kind = "200 OK", self.exposition(), CONTENT_TYPE_LATEST
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                         + body)
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
-                ConnectionError):
-            pass  # a scraper that hung up or sent garbage: nothing to answer
+                over = False
+            if not over:
+                self._active += 1
+                self._silent[request] = None
+        if victim is not None:
+            # Its thread's read fails at once, and the thread ends (``_active`` falls then).
+            with contextlib.suppress(OSError):
+                victim.shutdown(socket.SHUT_RDWR)
+        if over or victim is not None:
+            self.refused(f"more than {self.max_scrapers} connections at once", client_address)
+        return not over
+
+    def asked(self, request: Any) -> None:
+        with self._count:
+            self._silent.pop(request, None)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
         finally:
-            writer.close()
+            with self._count:
+                self._active -= 1
+                self._silent.pop(request, None)
+
+    def refused(self, why: str, client_address: Any) -> None:
+        """One line a minute at most, however many scrapers misbehave."""
+        now = time.monotonic()
+        with self._count:
+            self._unsaid += 1
+            if now - self._said_at < 60.0:
+                return
+            count, self._unsaid, self._said_at = self._unsaid, 0, now
+        log.warning("Metrics: refused %s from %s (%d refused in the last minute)", why,
+                    client_address[0] if client_address else "?", count)
+
+    def start(self) -> None:
+        threading.Thread(target=self.serve_forever, name="kiwi-metrics", daemon=True).start()
+
+
+def start_server(metrics: Metrics, address: str, port: int,
+                 loop: asyncio.AbstractEventLoop) -> MetricsServer:
+    """Serve ``metrics`` on ``address:port`` from threads of their own; the exposition is
+    built on ``loop`` (the one the scheduler runs on). Stop it with ``shutdown``."""
+    server = MetricsServer((address, port), _Exposition(metrics, loop))
+    server.start()
+    return server
 
 
 class Observed(Protocol):
@@ -252,17 +411,22 @@ class Observed(Protocol):
     def now(self) -> float: ...
 
 
-async def serve_metrics(daemon: Observed, port: int, address: str = "0.0.0.0") -> Metrics:
-    """Wire metrics into a daemon and serve them on ``address:port`` (``--metrics-port``)."""
-    metrics = Metrics(lambda: daemon.scheduler, clock=daemon.now)
+async def serve_metrics(daemon: Observed, port: int, address: str = "127.0.0.1",
+                        pod_labels: bool = False) -> Metrics:
+    """Wire metrics into a daemon and serve them on ``address:port`` (``--metrics-port``), on
+    threads of their own."""
+    metrics = Metrics(lambda: daemon.scheduler, clock=daemon.now, pod_labels=pod_labels)
     daemon.handoff_observers.append(metrics.handoff.observe)
     daemon.action_observers.append(metrics.observe)
     daemon.memory_observers.append(metrics.observe_memory)
     try:
-        server = await metrics.serve(port, address)
-    except OSError as exc:
-        raise DaemonError(f"cannot serve metrics on {address}:{port}: {exc.strerror}") from None
-    bound = server.sockets[0].getsockname()[1] if server.sockets else port
-    log.info("Serving Prometheus metrics on http://%s:%d/metrics", address, bound)
-    daemon.closers.append(server.close)
+        server = start_server(metrics, address, port, asyncio.get_running_loop())
+    except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DaemonError(f"cannot serve metrics on {address}:{port}: {why}") from None
+    bound = server.server_address[1]
+    log.info("Serving Prometheus metrics on http://%s:%d/metrics%s", address, bound,
+             " with pod and namespace labels" if pod_labels else "")
+    daemon.closers.append(server.shutdown)
+    daemon.closers.append(server.server_close)
     return metrics

@@ -35,6 +35,10 @@ from nodeside.protocol.client_session import ClientSession
 log = logging.getLogger("kiwi_jupyter")
 #: Seconds before asking an older daemon (one without ``changes``) again: after an upgrade.
 _OLD_DAEMON_RETRY = 60.0
+#: Bytes a second the watch reads of the document at most, for all its panels together: a
+#: large document (thousands of clients) is read after a change less often than ten times a
+#: second, and each browser is sent it as often (issue 34.7).
+DOCUMENT_BYTES_PER_SECOND = 1024 * 1024
 
 
 class StatusWatch:
@@ -59,6 +63,9 @@ class StatusWatch:
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reading: asyncio.Task[None] | None = None
         self._again = False
+        #: The size of the last document read, and a re-read arranged for later.
+        self._document_bytes = 0
+        self._later: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         #: Set once the first connection attempt has an outcome (a document, or a failure).
         self._tried = asyncio.Event()
@@ -144,8 +151,11 @@ class StatusWatch:
         self._reading = asyncio.ensure_future(self._read_status(news=True))
         self.pushing = True
         while True:
-            for event in self._session.receive_data(await reader.readuntil(b"\n")):
+            line = await reader.readuntil(b"\n")
+            for event in self._session.receive_data(line):
                 if isinstance(event, ev.Reply):
+                    if event.message.get("op") == p.STATUS_REPLY:
+                        self._document_bytes = len(line)  # what the next read will cost
                     future = self._replies.pop(event.seq, None)
                     if future is not None and not future.done():
                         future.set_result(event.message)
@@ -155,8 +165,20 @@ class StatusWatch:
     def _changed(self) -> None:
         if self._reading is not None and not self._reading.done():
             self._again = True  # the document on its way may predate this change
-        else:
-            self._reading = asyncio.ensure_future(self._read_status(news=True))
+            return
+        # Read again no sooner than the document's size allows at DOCUMENT_BYTES_PER_SECOND.
+        pause = self._read_at + self._document_bytes / DOCUMENT_BYTES_PER_SECOND - \
+            time.monotonic()
+        if pause > 0:
+            if self._later is None:
+                self._later = asyncio.get_running_loop().call_later(pause, self._read_later)
+            return
+        self._reading = asyncio.ensure_future(self._read_status(news=True))
+
+    def _read_later(self) -> None:
+        self._later = None
+        if self.pushing:
+            self._changed()
 
     async def _refresh(self) -> None:
         """A fresh document (the one on its way, if any), under the same tag unless it changed."""
@@ -166,35 +188,33 @@ class StatusWatch:
         await asyncio.shield(self._reading)
 
     async def _read_status(self, news: bool) -> None:
-        """Ask for the document; publish it under a new tag when it follows a change."""
+        """Ask for the document; publish it under a new tag when it follows a change. A change
+        that comes while it is on its way asks for another, at the pace (``_changed``)."""
         writer = self._writer
         if writer is None:
             return
-        while True:
-            if self._writer is not writer:
-                return  # disconnected meanwhile
-            news = news or self._again
+        news = news or self._again
+        self._again = False
+        seq = self._session.request(p.STATUS)
+        future = self._replies[seq] = asyncio.get_running_loop().create_future()
+        try:
+            writer.write(self._session.data_to_send())
+            reply = await asyncio.wait_for(future, self.timeout)
+        except (OSError, asyncio.TimeoutError, asyncio.CancelledError):
+            self._replies.pop(seq, None)
+            return
+        status = reply.get("status")
+        if reply.get("op") != p.STATUS_REPLY or not isinstance(status, dict):
+            return
+        self.document = served_document(status, self.socket_path)
+        self._read_at = time.monotonic()
+        if news:
+            self.tag = next(self._tags)
+            self._wake()
+        self._tried.set()
+        if self._again and self._writer is writer:
             self._again = False
-            seq = self._session.request(p.STATUS)
-            future = self._replies[seq] = asyncio.get_running_loop().create_future()
-            try:
-                writer.write(self._session.data_to_send())
-                reply = await asyncio.wait_for(future, self.timeout)
-            except (OSError, asyncio.TimeoutError, asyncio.CancelledError):
-                self._replies.pop(seq, None)
-                return
-            status = reply.get("status")
-            if reply.get("op") != p.STATUS_REPLY or not isinstance(status, dict):
-                return
-            self.document = served_document(status, self.socket_path)
-            self._read_at = time.monotonic()
-            if news:
-                self.tag = next(self._tags)
-                self._wake()
-            self._tried.set()
-            if not self._again:
-                return
-            news = False
+            asyncio.get_running_loop().call_soon(self._changed)
 
     def _wake(self) -> None:
         waiting, self._news = self._news, asyncio.Event()

@@ -129,6 +129,11 @@ export interface IClientStatus {
   memory_source?: 'shim' | 'nvml' | 'working_set';
   /** What it waits for besides its turn; null: nothing. */
   waiting_for?: IWaitingFor | null;
+  /**
+   * Pauses this `pausable` client was seen working through (NVML's per-process samples);
+   * absent when none.
+   */
+  pause_ignored?: number;
 }
 
 /** A pool on one GPU. */

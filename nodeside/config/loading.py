@@ -24,16 +24,23 @@ from nodeside.config.values import (
     parse_tq,
     section,
 )
+from nodeside.files import FileRefused, read_trusted_text
 
 
 def parse_connections(raw: Any) -> limits.ConnectionLimits:
-    """The ``connections:`` section: hello_timeout, idle_timeout (seconds), per_uid, backlog."""
+    """The ``connections:`` section: hello_timeout, idle_timeout, stall_timeout (seconds),
+    per_uid, backlog, uid_share (a fraction)."""
     raw = section(raw, "connections", (f.name for f in dataclass_fields(limits.ConnectionLimits)))
     changes: dict[str, Any] = {}
     for key, value in raw.items():
         where = f"connections.{key}"
         if key.endswith("_timeout"):
             changes[key] = parse_tq(value, where)
+        elif key.endswith("_share"):
+            try:
+                changes[key] = limits.share(value, where)
+            except limits.LimitError as exc:
+                raise ConfigError(str(exc)) from None
         elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
             raise ConfigError(f"{where}: expected a whole number from 1 to {1 << 20}, "
                               f"got {value!r}")
@@ -80,13 +87,20 @@ def _parse_gpus(raw: Any) -> dict[int, float]:
     return out
 
 
+#: A config file is a few KiB; a larger one is a mistake (or a symlink to something else).
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a YAML or TOML file (by extension; YAML otherwise) into a mapping."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        # Owned by root or the daemon's user, writable by no one else, UTF-8, bounded.
+        text = read_trusted_text(path, MAX_CONFIG_BYTES)
+    except FileNotFoundError:
+        raise ConfigError(f"cannot read config {path}: no such file") from None
+    except FileRefused as exc:
+        raise ConfigError(f"refusing config {path}: {exc}") from None
     try:
         if path.suffix.lower() == ".toml":
             try:
@@ -97,9 +111,21 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         import yaml
 
         data = yaml.safe_load(text)
-    except Exception as exc:  # the parsers' own errors carry line and column
-        raise ConfigError(f"{path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any parser error: said without the file's text
+        raise ConfigError(f"{path}: {parse_error(exc)}") from None
     return data if data is not None else {}
+
+
+def parse_error(exc: Exception) -> str:
+    """A parser's error without the lines it quotes: where, and what kind of problem."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is not None:  # YAML: the message quotes the offending line; say where instead
+        return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}" + \
+            (f": {problem}" if problem and len(problem) < 80 else "")
+    if type(exc).__name__ == "TOMLDecodeError":  # "Invalid value (at line 3, column 7)"
+        return f"not valid TOML: {str(exc)[:120]}"
+    return f"cannot be parsed ({type(exc).__name__})"
 
 
 def load(path: str | os.PathLike[str] | None, base: SchedulerConfig | None = None

@@ -4,7 +4,9 @@ The rules live in ``session.py``; this file only moves bytes and decides how muc
 a time. A peer that pipelines thousands of requests is answered ``REQUESTS_PER_TURN`` at a time,
 with every other connection's turn in between, and not at all while it owes the daemon more
 than ``MAX_OWED_BYTES`` of unread replies: while requests wait here the socket is not read, so
-the rest stay in the kernel's buffer, not in the daemon's memory.
+the rest stay in the kernel's buffer, not in the daemon's memory. A peer whose writing stays
+paused (it does not read what it is owed, replies or events) for the router's
+``stall_timeout`` is cut off: the bytes it never read are dropped with it.
 
 Of the daemon a connection knows only the ``Router`` (``router.py``): it tells it what happens
 and sends through its own ``Endpoint``.
@@ -32,6 +34,11 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._turn_pending = False
+        #: When writing was last paused, and whether a look at the stall is arranged.
+        self._paused_at = 0.0
+        self._stall_check = False
+        #: A request waits its time (``Outcome.wait``): no turn until then.
+        self._waiting = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -56,13 +63,36 @@ class Connection(asyncio.Protocol):
         self.router.lost(self.endpoint)
 
     def pause_writing(self) -> None:
-        # The peer owes reading MAX_OWED_BYTES: answer nothing more until it reads.
+        # The peer owes reading MAX_OWED_BYTES, or fell behind on its events: answer nothing
+        # more until it reads.
         self._writing_paused = True
+        router = self.router
+        self._paused_at = router.now()
         self._pause_reading()
+        router.fell_behind(self.endpoint)
+        if not self._stall_check:
+            self._stall_check = True
+            router.loop.call_later(router.stall_timeout(), self._look_at_stall)
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self.router.kept_up(self.endpoint)
+        if self.endpoint.parked is not None:
+            self.endpoint.caught_up()
         self._next_turn()
+
+    def _look_at_stall(self) -> None:
+        self._stall_check = False
+        if not self._writing_paused or self.endpoint.closing:
+            return
+        router = self.router
+        behind = router.now() - self._paused_at
+        limit = router.stall_timeout()
+        if behind >= limit:
+            router.stalled(self.endpoint, behind)
+        else:  # it read, and fell behind again since: look again when this pause would end
+            self._stall_check = True
+            router.loop.call_later(limit - behind, self._look_at_stall)
 
     # -- answering --------------------------------------------------------------------------
 
@@ -70,7 +100,7 @@ class Connection(asyncio.Protocol):
         """Answer up to REQUESTS_PER_TURN requests, then let the other connections have theirs."""
         self._turn_pending = False
         session, endpoint = self.session, self.endpoint
-        if endpoint.closing or self._writing_paused:
+        if endpoint.closing or self._writing_paused or self._waiting:
             return
         # Methods called on their objects, not bound to locals first: compiled (mypyc), a call
         # on a native object is a C call, a bound method a generic Python call.
@@ -81,13 +111,16 @@ class Connection(asyncio.Protocol):
                 outcome = session.step(router.now())
                 if outcome is None:
                     break
+                if outcome.wait:
+                    self._wait(outcome.wait)
+                    break
                 router.carry_out(endpoint, outcome)
                 if endpoint.closing or endpoint.owed() > MAX_OWED_BYTES:
                     break
         finally:
             endpoint.flush()
             router.end_turn()
-        if session.has_requests():
+        if session.has_requests() or self._waiting:
             self._pause_reading()
             self._next_turn()
         elif self._reading_paused and not self._writing_paused and not endpoint.closing:
@@ -95,8 +128,18 @@ class Connection(asyncio.Protocol):
             if endpoint.transport is not None:
                 endpoint.transport.resume_reading()
 
+    def _wait(self, seconds: float) -> None:
+        """The next request is answered in ``seconds``: until then this peer is not read."""
+        self._waiting = True
+        self.router.loop.call_later(seconds, self._waited)
+
+    def _waited(self) -> None:
+        self._waiting = False
+        self._next_turn()
+
     def _next_turn(self) -> None:
-        if not self._turn_pending and not self._writing_paused and not self.endpoint.closing:
+        if not self._turn_pending and not self._writing_paused and not self.endpoint.closing \
+                and not self._waiting:
             self._turn_pending = True
             self.router.loop.call_soon(self._take_turn)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from nodeside import protocol as p
 from nodeside.daemon import hostmem
-from nodeside.daemon.router import Router
+from nodeside.daemon.router import TURN_EVENT, Router
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import Checkpoint, Checkpointed, Item, Restore
 from nodeside.scheduler.core import (
@@ -118,9 +118,9 @@ class Delivery:
             if conn is not None:
                 conn.send(p.drop_line(action.gpu, action.reason, action.evict, action.grace))
         elif isinstance(action, (Pause, Resume)):
-            if conn is not None:
-                conn.send(p.encode(p.PAUSE if isinstance(action, Pause) else p.RESUME,
-                                   gpu=action.gpu))
+            if conn is not None:  # only the latest matters to a holder that is behind
+                conn.send_event(TURN_EVENT, p.encode(
+                    p.PAUSE if isinstance(action, Pause) else p.RESUME, gpu=action.gpu))
         elif isinstance(action, Revoke):
             log.warning("Revoked GPU %d from %s (%s): it ignored a drop request for "
                         "%.1f seconds", action.gpu, self.name(action.client),

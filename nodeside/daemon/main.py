@@ -27,6 +27,7 @@ from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
 from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.server import Daemon
+from nodeside.daemon.utilization import nvml_reader
 from nodeside.errors import DaemonError
 
 
@@ -57,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--socket-group", help="group that owns the socket")
     parser.add_argument("--metrics-port", type=int,
                         help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-address", default="0.0.0.0",
-                        help="address for --metrics-port (default %(default)s)")
+    parser.add_argument("--metrics-address", default="127.0.0.1",
+                        help="address for --metrics-port (default %(default)s; in a pod, "
+                        "its IP: docs/kubernetes.md)")
+    parser.add_argument("--metrics-pod-labels", action="store_true",
+                        help="label per-client metrics with their pod and namespace (shown to "
+                        "whoever reaches the metrics port)")
     parser.add_argument("--log-level", default=os.environ.get("KIWI_LOG_LEVEL", "INFO"),
                         type=str.upper, choices=["DEBUG", "INFO", "WARN", "WARNING", "ERROR"])
     # For tests only, so hidden: a fake /proc keyed by real peer pids, and a stand-in API
@@ -94,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                             memory_used=memory_used, config_file=args.config,
                             overrides=overrides, state_file=args.state_file,
                             cuda_library=args.cuda_library, pods=pods, pods_off=pods_off,
-                            proc_root=args.proc_root)
+                            proc_root=args.proc_root,
+                            process_utilization=nvml_reader(gpus))
     try:
         event_loop_runner()(_run(options, args))
     except DaemonError as exc:
@@ -146,7 +152,8 @@ async def _run(options: DaemonOptions, args: argparse.Namespace) -> None:
     if args.metrics_port is not None:
         from nodeside.metrics import serve_metrics
 
-        await serve_metrics(daemon, args.metrics_port, args.metrics_address)
+        await serve_metrics(daemon, args.metrics_port, args.metrics_address,
+                            args.metrics_pod_labels)
     await daemon.serve_forever()
 
 

@@ -7,7 +7,7 @@ server and the benchmarks name these without the running daemon's parts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,3 +38,6 @@ class DaemonOptions:
     pods_off: str | None = None
     #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
     proc_root: Path = PROC
+    #: Reads each process's use of each GPU as NVML samples it (utilization.py), for the pause
+    #: watch (pause_watch.py); None where NVML cannot.
+    process_utilization: Callable[[], Sequence[tuple[int, int, float, int]]] | None = None

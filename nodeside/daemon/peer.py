@@ -9,6 +9,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from nodeside.evict.identity import ProcessIdentity, read_identity
+
 _UCRED = struct.Struct("3i")
 
 
@@ -18,6 +20,10 @@ class Peer:
     uid: int | None
     gid: int | None
     fd: int
+    #: The process behind ``pid`` as it was when the peer connected (its start time and uid),
+    #: so that the pid, once reused, is never taken for it; None when it could not be read
+    #: (gone already, or outside the daemon's PID namespace).
+    identity: ProcessIdentity | None = None
 
     @classmethod
     def of(cls, sock: socket.socket) -> Peer:
@@ -26,7 +32,10 @@ class Peer:
             pid, uid, gid = _UCRED.unpack(raw)
         except (OSError, AttributeError):
             pid = uid = gid = None
-        return cls(pid, uid, gid, sock.fileno())
+        identity = read_identity(pid)
+        if identity is not None and identity.uid != uid:
+            identity = None  # not the process that connected, or it changed its uid since
+        return cls(pid, uid, gid, sock.fileno(), identity)
 
 
 def resolve_group(name_or_gid: str | None) -> int | None:

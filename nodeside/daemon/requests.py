@@ -15,11 +15,12 @@ from typing import Any
 
 from nodeside import __version__, limits
 from nodeside import protocol as p
+from nodeside.daemon.documents import StatusDocuments, StatusMeter
 from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
-from nodeside.daemon.status_line import status_line
+from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
 from nodeside.scheduler.core import (
@@ -32,7 +33,6 @@ from nodeside.scheduler.core import (
     Scheduler,
     SchedulerError,
 )
-from nodeside.scheduler.status import build_status
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -53,10 +53,21 @@ class Requests(Rules):
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
         self.registrations = Registrations(scheduler, namespace_of)
+        #: What the scheduler hears of working sets: rate-limited and damped per client.
+        self.working_sets = WorkingSetDamper()
+        #: A working set waits in the damper: the shell arms its timer at the turn's end.
+        self.working_sets_waiting = False
         #: Who moves each process's memory off the GPU: it answers ``register`` with the
         #: evictor chosen, and its lines may hold a grant back until a restore.
         self.evictor = evictor
         self.lines: EvictionLines | None = evictor.lines if evictor is not None else None
+        #: The status document, kept between requests while nothing it shows changed, and
+        #: what building it costs each uid.
+        self.documents = StatusDocuments(scheduler, memory_used, self.lines)
+        self.meter = StatusMeter()
+        #: Bumped whenever something the status document shows may have changed: a request
+        #: that changes it (here), and what the shell notes (``Timers.note_change``).
+        self.generation = 0
         #: Feature ``memory``: called with ("eviction" or "restore", the GPU, its seconds)
         #: (metrics).
         self.memory_observers: list[Callable[[str, int, float], None]] = []
@@ -79,6 +90,7 @@ class Requests(Rules):
             outcome.reschedule = True
         if op not in _NO_CHANGE:
             outcome.changed = True
+            self.generation += 1
         return outcome
 
     def complain(self, session: Session, exc: p.ProtocolError) -> None:
@@ -122,9 +134,10 @@ class Requests(Rules):
         memory = p.FEATURE_MEMORY in session.features
         if msg.get("evict") == "vmm" and not memory:
             raise SchedulerError(p.E_INVALID, "evict vmm needs the memory feature (hello)")
-        client = self.registrations.register(session.peer, msg, now)
+        client = self.registrations.register(session.peer, msg, now, self.is_admin(session))
         if self.evictor is not None:  # what it can carry out, not merely what was asked
-            client.evict = self.evictor.register(client, msg.get("evict"))
+            client.evict = self.evictor.register(client, msg.get("evict"),
+                                                 session.peer.identity)
         if memory:
             self.scheduler.track_memory(
                 client.id, resident=_bytes(msg, "resident"), host=_bytes(msg, "host"),
@@ -145,6 +158,7 @@ class Requests(Rules):
     def forget(self, client_id: str) -> None:
         """The client's connection is gone (the shell unregisters it from the scheduler)."""
         self.registrations.forget(client_id)
+        self.working_sets.forget(client_id)
 
     # -- the GPU --------------------------------------------------------------------------
 
@@ -231,7 +245,26 @@ class Requests(Rules):
         evictable = msg.get("evictable")
         if evictable is not None:
             evictable = limits.byte_count(evictable, "working_set.evictable")
-        if p.FEATURE_MEMORY in session.features:
+        damper = self.working_sets
+        memory = p.FEATURE_MEMORY in session.features
+        heard = damper.report(client_id, nbytes, evictable, now)
+        if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer
+            self.working_sets_waiting = True
+            if damper.flaps(client_id) == 1:
+                self.warnings.warning((session.peer.uid, "working_set"),
+                                      "%s (%s, uid %s) reports its working set up and down "
+                                      "faster than the scheduler follows; the larger one "
+                                      "stands until a smaller one holds %g s [FD=%d]",
+                                      session.label, client_id, session.peer.uid, damper.hold,
+                                      session.peer.fd)
+            heard_before = self.scheduler.clients[client_id]
+            if not memory or heard_before.working_set is None:
+                return Outcome([p.encode(p.OK, seq=seq)])
+            # What it says of its memory (resident, host) is heard at once; the working set
+            # the scheduler has stands until the damper lets the new one through.
+            heard = (heard_before.working_set, heard_before.evictable)
+        nbytes, evictable = heard
+        if memory:
             client = self.scheduler.clients[client_id]
             restoring_since = client.restoring_since
             actions = self.scheduler.report_working_set(
@@ -242,6 +275,15 @@ class Requests(Rules):
         else:
             actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
         return Outcome([p.encode(p.OK, seq=seq), *actions])
+
+    def working_sets_due(self, now: float) -> list[Action]:
+        """The working sets that waited long enough, told to the scheduler now (the shell's
+        timer, ``next_working_set``)."""
+        actions: list[Action] = []
+        for client_id, (nbytes, evictable) in self.working_sets.due(now):
+            if client_id in self.scheduler.clients:
+                actions += self.scheduler.report_working_set(now, client_id, nbytes, evictable)
+        return actions
 
     def _on_evicted(self, session: Session, msg: dict[str, Any], seq: int | None,
                     now: float) -> Outcome:
@@ -270,15 +312,26 @@ class Requests(Rules):
 
     def _on_status(self, session: Session, msg: dict[str, Any], seq: int | None,
                    now: float) -> Outcome:
-        return Outcome([status_line(self.status(now, session), seq)])
+        uid = session.peer.uid
+        viewer = (self.is_admin(session), uid)
+        kept = self.documents.kept(viewer, seq, now, self.generation)
+        if kept is not None:  # nothing it shows changed: it costs nothing, whoever asks
+            return Outcome([kept])
+        wait = self.meter.owed(uid, now)
+        if wait > 0:  # the uid took more than its share: this request waits its turn
+            self.warnings.warning((uid, p.STATUS), "Status requests of uid %s take more than "
+                                  "their share of the daemon's time; they wait %.1f s [FD=%d]",
+                                  uid, wait, session.peer.fd)
+            return Outcome(wait=wait)
+        line, cost = self.documents.build(viewer, seq, now, self.generation)
+        self.meter.charge(uid, cost, now)
+        return Outcome([line])
 
     def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
-        """The status document as ``viewer`` may see it (None: everything, for metrics)."""
+        """The status document as ``viewer`` may see it (None: everything), built now."""
         if viewer is None:
-            return build_status(self.scheduler, now, self.memory_used(), evictions=self.lines)
-        return build_status(self.scheduler, now, self.memory_used(),
-                            viewer_admin=self.is_admin(viewer), viewer_uid=viewer.peer.uid,
-                            evictions=self.lines)
+            return self.documents.document(now)
+        return self.documents.document(now, (self.is_admin(viewer), viewer.peer.uid))
 
     def _on_ping(self, session: Session, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:

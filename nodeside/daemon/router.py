@@ -7,6 +7,14 @@ The router knows every endpoint, by session and by registered client, and sends 
 to one client, to one session, or to every greeted peer. What the daemon does about each event
 is the router's implementation (``shell.py``); a connection never sees more of it than this.
 
+Everything owed to a peer is bounded together, replies and events: replies by backpressure
+(``connection.py``: past ``MAX_OWED_BYTES`` unread, its requests wait), events by coalescing. An
+event that only says how things stand now (``changed``, a queue position, the mode, a pause or
+resume) is sent with ``send_event`` under its kind; while the peer is behind (bytes it has not
+read wait in the daemon), only the latest of each kind is kept, and they go out, in the order
+they came, once it has read everything or before the next line that must go as it is (a grant,
+a drop, a reply). A peer that stays behind for ``connections.stall_timeout`` is cut off.
+
 Both are base classes rather than protocols: compiled (mypyc), calls through them stay C calls.
 """
 
@@ -17,6 +25,13 @@ from collections.abc import Callable
 
 from nodeside import protocol as p
 from nodeside.daemon.session import Outcome, Rules, Session
+from nodeside.limits import MAX_OWED_BYTES
+
+#: The kinds of state events: of each, only the latest matters to a peer that is behind.
+CHANGED_EVENT = "changed"
+POSITION_EVENT = "waiting"
+MODE_EVENT = "mode"
+TURN_EVENT = "turn"  # pause or resume: a client holds one GPU, so one kind for both
 
 
 class Endpoint:
@@ -38,14 +53,62 @@ class Endpoint:
         #: and registered (nothing more to note about it on later requests).
         self.counted_as_listener = False
         self.settled = False
+        #: While the peer is behind, the latest state event of each kind, in the order they
+        #: came; None while it keeps up (the usual case: no dict at all).
+        self.parked: dict[str, bytes] | None = None
 
     def send(self, data: bytes) -> None:
+        """A line that must reach the peer as it is: a reply, a grant, a drop, a revocation."""
         if self.transport is not None and not self.closing:
             if self.held is not None:
                 self.held.append(data)
                 self.held_bytes += len(data)
             else:
+                if self.parked is not None:  # behind: what it was told before goes first
+                    self._unpark()
                 self.transport.write(data)
+
+    def send_event(self, kind: str, line: bytes) -> None:
+        """A state event: to a peer that is behind, only the latest of its ``kind`` is sent."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        if self.held is not None:  # its own turn: it is reading
+            self.held.append(line)
+            self.held_bytes += len(line)
+            return
+        parked = self.parked
+        if parked is None:
+            if not transport.get_write_buffer_size():
+                transport.write(line)
+                return
+            parked = self._fall_behind(transport)
+        parked.pop(kind, None)  # the latest goes after what came before it
+        parked[kind] = line
+
+    def _fall_behind(self, transport: asyncio.Transport) -> dict[str, bytes]:
+        parked: dict[str, bytes] = {}
+        self.parked = parked
+        # With the high-water mark at zero the transport pauses the connection's writing now,
+        # and resumes it once its buffer is empty (asyncio's documented rule): that resume is
+        # when the parked events go (``caught_up``).
+        transport.set_write_buffer_limits(high=0)
+        return parked
+
+    def caught_up(self) -> None:
+        """The peer read everything owed: the parked events go, and it keeps up again."""
+        parked, self.parked = self.parked, None
+        if self.transport is None or self.closing:
+            return
+        self.transport.set_write_buffer_limits(high=MAX_OWED_BYTES)
+        if parked:
+            self.transport.write(b"".join(parked.values()))
+
+    def _unpark(self) -> None:
+        parked = self.parked
+        if parked and self.transport is not None:
+            self.parked = {}  # still behind: later events are parked again
+            self.transport.write(b"".join(parked.values()))
 
     def hold(self) -> None:
         """Keep what is sent from now on until ``flush``."""
@@ -55,6 +118,8 @@ class Endpoint:
         held, self.held = self.held, None
         self.held_bytes = 0
         if held and self.transport is not None and not self.closing:
+            if self.parked is not None:
+                self._unpark()
             self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def owed(self) -> int:
@@ -73,6 +138,14 @@ class Endpoint:
 
     def refuse(self, code: str, message: str) -> None:
         self.close(p.error(code, message))
+
+    def cut_off(self) -> None:
+        """Close at once, dropping what the peer never read (closing would keep it until the
+        peer reads, which a peer that stopped reading never does)."""
+        self.closing = True
+        self.parked = None
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class Router:
@@ -109,6 +182,22 @@ class Router:
         """The connection closed, whoever closed it."""
         raise NotImplementedError
 
+    def stall_timeout(self) -> float:
+        """Seconds a peer may stay behind (not reading what it is owed) before it is cut off."""
+        raise NotImplementedError
+
+    def stalled(self, endpoint: Endpoint, seconds: float) -> None:
+        """A peer stayed behind ``seconds``: cut it off."""
+        raise NotImplementedError
+
+    def fell_behind(self, endpoint: Endpoint) -> None:
+        """A peer stopped reading what it is owed (its writing paused)."""
+        raise NotImplementedError
+
+    def kept_up(self, endpoint: Endpoint) -> None:
+        """A peer that fell behind read what it was owed."""
+        raise NotImplementedError
+
     # -- who is where -------------------------------------------------------------------------
 
     def add(self, endpoint: Endpoint) -> None:
@@ -128,18 +217,18 @@ class Router:
 
     # -- sending ------------------------------------------------------------------------------
 
-    def send_to(self, session: Session, line: bytes) -> None:
-        endpoint = self.by_session.get(session)
-        if endpoint is not None:
-            endpoint.send(line)
-
     def refuse(self, session: Session, code: str, message: str) -> None:
         endpoint = self.by_session.get(session)
         if endpoint is not None:
             endpoint.refuse(code, message)
 
+    def send_event_to(self, session: Session, kind: str, line: bytes) -> None:
+        endpoint = self.by_session.get(session)
+        if endpoint is not None:
+            endpoint.send_event(kind, line)
+
     def broadcast(self, line: bytes) -> None:
-        """To every peer that said hello."""
+        """The mode and TQ, to every peer that said hello."""
         for endpoint in self.endpoints:
             if endpoint.session.greeted:
-                endpoint.send(line)
+                endpoint.send_event(MODE_EVENT, line)

@@ -28,7 +28,10 @@ from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.kube import PodNamespaces
 from nodeside.daemon.listen import listen
+from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.options import DaemonOptions
+from nodeside.daemon.pause_watch import Note
+from nodeside.daemon.pause_watch import watch as watch_pauses
 from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.shell import Shell
@@ -86,6 +89,10 @@ class Daemon:
         #: What was said about namespaces being off: "info" at start, "warning" once rules
         #: name namespaces; never more than that, however often the config is reloaded.
         self._pods_off_said: str | None = None
+        #: Paused holders seen working (pause_watch.py): read from NVML while one is paused.
+        self.pauses = self.requests.documents.pauses
+        self._pause_watch: asyncio.Task[None] | None = None
+        self._pause_log = RateLimitedLog(logging.getLogger("kiwi.pauses"), 60.0, self.now)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -107,6 +114,10 @@ class Daemon:
         self.timers.arm_deadline()
         self.pods.start()
         self._say_if_namespaces_are_off()
+        read = self.options.process_utilization
+        if read is not None:
+            self._pause_watch = self.loop.create_task(
+                watch_pauses(self.pauses, self.scheduler, read, self.now, self._paused_working))
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -119,6 +130,8 @@ class Daemon:
 
     async def close(self) -> None:
         self.timers.close()
+        if self._pause_watch is not None:
+            self._pause_watch.cancel()
         for close in self.closers:
             close()
         await self.pods.close()
@@ -172,6 +185,15 @@ class Daemon:
             log.info("Namespaces in the access policy are off (%s; the component "
                      "nodeside/deploy/components/namespaces turns them on)", reason)
             self._pods_off_said = "info"
+
+    def _paused_working(self, notes: list[Note]) -> None:
+        for n in notes:
+            self._pause_log.warning(
+                n.client, "%s (%s, pid %d) works on GPU %d while paused: %d %% of its SMs "
+                "%.1f s into its pause, %d pause(s) so far; it says pausable but does not "
+                "pause (status: pause_ignored)", n.name, n.client, n.pid, n.gpu, n.sm,
+                n.into_pause, n.count)
+        self.timers.note_change()  # the document's pause_ignored moved
 
     def _warn_about_pools(self) -> None:
         reason = self.scheduler.preemption_off_reason

@@ -60,6 +60,9 @@ class Outcome:
     #: The reply told the peer its queue position: ``position`` (None: it was granted).
     told: bool
     position: int | None
+    #: Not answered: the request was put back, to be answered in this many seconds (a uid
+    #: over its share of status documents). Nothing else in the outcome counts.
+    wait: float
 
     # Written out, not the dataclass's: two are made per handoff, and compiled (mypyc) a
     # generated __init__ stays interpreted (see scheduler/actions.py).
@@ -68,7 +71,7 @@ class Outcome:
                  broadcast: bytes | None = None, gpus: tuple[int, ...] = (),
                  changed: bool = False, features: frozenset[str] | None = None,
                  client_id: str | None = None, label: str | None = None, told: bool = False,
-                 position: int | None = None) -> None:
+                 position: int | None = None, wait: float = 0.0) -> None:
         self.out = [] if out is None else out
         self.close = close
         self.handoff = handoff
@@ -81,6 +84,7 @@ class Outcome:
         self.label = label
         self.told = told
         self.position = position
+        self.wait = wait
 
 
 class Rules:
@@ -164,7 +168,10 @@ class Session:
                     self._pending, self._taken = b"", 0
                 else:
                     self._taken = end + 1
-                return self.handle(line, now)
+                outcome = self.handle(line, now)
+                if outcome.wait:  # not answered yet: the same line comes out next time
+                    self._pending, self._taken = pending, taken
+                return outcome
             if len(pending) - taken < p.MAX_REQUEST_BYTES:
                 return None
             # No newline within the limit: a peer may not make the daemon buffer without end.

@@ -25,6 +25,7 @@ from nodeside.daemon.session import Outcome
 from nodeside.daemon.state import StateFile
 from nodeside.daemon.timers import Timers
 from nodeside.evict.evictor import CheckpointEvictor
+from nodeside.limits import MAX_OWED_BYTES_TOTAL
 from nodeside.scheduler.core import Scheduler
 
 log = logging.getLogger("kiwi.daemon")
@@ -43,9 +44,11 @@ class Shell(Router):
         # Made here, for they send through this router.
         self.delivery = Delivery(self.scheduler, self, now, evictor)
         self.timers = Timers(loop, now, self.scheduler, self, self.delivery, admission,
-                             requests.warnings)
+                             requests)
         #: A request of this turn may have moved the scheduler's next deadline.
         self._reschedule = False
+        #: Peers that stopped reading what they are owed, the one behind longest first.
+        self.behind: dict[Endpoint, None] = {}
 
     # -- connections --------------------------------------------------------------------------
 
@@ -115,10 +118,14 @@ class Shell(Router):
         if self._reschedule:
             self._reschedule = False
             self.timers.arm_deadline()
+            if self.requests.working_sets_waiting:
+                self.requests.working_sets_waiting = False
+                self.timers.arm_working_sets()
 
     def lost(self, endpoint: Endpoint) -> None:
         session = endpoint.session
         self.remove(endpoint)
+        self.behind.pop(endpoint, None)
         self.admission.gone(session)
         timers = self.timers
         if endpoint.counted_as_listener and p.FEATURE_POSITION in session.features:
@@ -144,6 +151,38 @@ class Shell(Router):
         timers.arm_deadline()
         if gpu is not None:
             timers.queues_moved((gpu,))
+
+    def stall_timeout(self) -> float:
+        return self.admission.limits.stall_timeout
+
+    def stalled(self, endpoint: Endpoint, seconds: float) -> None:
+        self.behind.pop(endpoint, None)
+        session = endpoint.session
+        self.requests.warnings.warning(
+            ("stalled", session.peer.uid), "Cutting off %s (uid %s) [FD=%d]: it left what the "
+            "daemon owes it unread for %.1f s (connections.stall_timeout)", session.label,
+            session.peer.uid, session.peer.fd, seconds)
+        endpoint.cut_off()
+
+    def fell_behind(self, endpoint: Endpoint) -> None:
+        """Past MAX_OWED_BYTES_TOTAL owed to peers that do not read, the one behind longest
+        is cut off (and the next, until the rest fits)."""
+        self.behind[endpoint] = None
+        owed = sum(behind.owed() for behind in self.behind)
+        while owed > MAX_OWED_BYTES_TOTAL and len(self.behind) > 1:
+            oldest = next(iter(self.behind))
+            owed -= oldest.owed()
+            session = oldest.session
+            self.requests.warnings.warning(
+                ("overflow", session.peer.uid), "Cutting off %s (uid %s) [FD=%d]: the peers "
+                "that do not read are owed more than %d MiB together, and it is behind "
+                "longest", session.label, session.peer.uid, session.peer.fd,
+                MAX_OWED_BYTES_TOTAL >> 20)
+            del self.behind[oldest]
+            oldest.cut_off()
+
+    def kept_up(self, endpoint: Endpoint) -> None:
+        self.behind.pop(endpoint, None)
 
     def _limited(self, message: str, *args: Any) -> None:
         self.requests.warnings.warning(message, message, *args)

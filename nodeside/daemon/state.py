@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodeside.config import ConfigError, SchedulerConfig, parse_mode
+from nodeside.files import FileRefused, read_trusted_text
 from nodeside.limits import LimitError, tq_seconds
 
 if TYPE_CHECKING:
     from nodeside.scheduler.core import Scheduler
 
 log = logging.getLogger("kiwi.state")
+
+#: The file holds a mode and a TQ per GPU: a few hundred bytes.
+MAX_STATE_BYTES = 64 * 1024
 
 
 class StateFile:
@@ -54,14 +58,26 @@ class StateFile:
             log.error("Could not save runtime settings to %s: %s", self.path, exc)
 
     def load(self) -> dict[str, Any]:
-        if self.path is None or not self.path.exists():
+        """What the file holds, when the daemon may trust it (``nodeside.files``); one line
+        naming the file and why it is ignored otherwise, never what it holds."""
+        if self.path is None:
             return {}
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("Ignoring unreadable state file %s: %s", self.path, exc)
+            data = json.loads(read_trusted_text(self.path, MAX_STATE_BYTES))
+        except FileNotFoundError:
             return {}
-        return data if isinstance(data, dict) else {}
+        except FileRefused as exc:
+            log.warning("Ignoring state file %s: %s", self.path, exc)
+            return {}
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError; nesting past the stack
+            why = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" \
+                if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            log.warning("Ignoring state file %s: not a JSON object (%s)", self.path, why)
+            return {}
+        if not isinstance(data, dict):
+            log.warning("Ignoring state file %s: not a JSON object", self.path)
+            return {}
+        return data
 
     def restore(self) -> dict[str, Any]:
         """The saved mode, tq and per-GPU tq that are valid; each bad field is named and skipped.

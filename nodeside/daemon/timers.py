@@ -1,10 +1,11 @@
 """The daemon's timers: the scheduler's next deadline, the connection deadlines, and the rounds
 of queue-position and ``changed`` events.
 
-Four timers on the event loop, each armed from a sans-I/O answer: the scheduler's
+Five timers on the event loop, each armed from a sans-I/O answer: the scheduler's
 ``next_deadline`` (a quantum's end, a drop's grace), ``Admission.next_check`` (hello and idle
-limits), ``PositionNotices`` and ``ChangeNotices`` (when the next round of events is due). When
-one fires, this file asks the same object what is due and sends it through the router. The
+limits), ``WorkingSetDamper.next_due`` (a working set that waited its turn), ``PositionNotices``
+and ``ChangeNotices`` (when the next round of events is due). When one fires, this file asks the
+same object what is due and sends it through the router. The
 time is the daemon's clock (the loop's), so a test on a virtual-time loop runs them all in
 milliseconds.
 """
@@ -18,33 +19,36 @@ from nodeside import protocol as p
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.changes import CHANGED_LINE, ChangeNotices
 from nodeside.daemon.delivery import Delivery
-from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.daemon.positions import PositionNotices
-from nodeside.daemon.router import Router
+from nodeside.daemon.requests import Requests
+from nodeside.daemon.router import CHANGED_EVENT, POSITION_EVENT, Router
 from nodeside.scheduler.core import Scheduler
 
 
 class Timers:
     def __init__(self, loop: asyncio.AbstractEventLoop, now: Callable[[], float],
                  scheduler: Scheduler, router: Router, delivery: Delivery,
-                 admission: Admission, warnings: RateLimitedLog) -> None:
+                 admission: Admission, requests: Requests) -> None:
         self.loop = loop
+        self.requests = requests
         self.now = now
         self.scheduler = scheduler
         self.router = router
         self.delivery = delivery
         self.admission = admission
-        self.warnings = warnings
+        self.warnings = requests.warnings
         self.positions = PositionNotices()
         self.changes = ChangeNotices()
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_at: float | None = None
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at: float | None = None
+        self._working_sets: asyncio.TimerHandle | None = None
+        self._working_sets_at: float | None = None
 
     def close(self) -> None:
-        for timer in (self._deadline, self._sweep):
+        for timer in (self._deadline, self._sweep, self._working_sets):
             if timer is not None:
                 timer.cancel()
 
@@ -71,6 +75,26 @@ class Timers:
         if actions:
             self.queues_moved(self.scheduler.gpus)
             self.note_change()
+
+    # -- working sets that waited (``working_sets.py``) -------------------------------------
+
+    def arm_working_sets(self) -> None:
+        due = self.requests.working_sets.next_due()
+        if due is None or (self._working_sets_at is not None and self._working_sets_at <= due):
+            return
+        if self._working_sets is not None:
+            self._working_sets.cancel()
+        self._working_sets_at = due
+        self._working_sets = self.loop.call_at(due, self._on_working_sets)
+
+    def _on_working_sets(self) -> None:
+        self._working_sets = self._working_sets_at = None
+        actions = self.requests.working_sets_due(self.now())
+        self.delivery.apply(actions)
+        self.arm_working_sets()
+        self.arm_deadline()
+        self.queues_moved(self.scheduler.gpus)
+        self.note_change()
 
     # -- connection deadlines -----------------------------------------------------------------
 
@@ -103,10 +127,11 @@ class Timers:
         router = self.router
         for session, line in self.positions.collect(self.scheduler, router.session_of,
                                                     self.now()):
-            router.send_to(session, line)
+            router.send_event_to(session, POSITION_EVENT, line)
 
     def note_change(self) -> None:
         """Something the status document shows changed: a round of ``changed`` events."""
+        self.requests.generation += 1  # kept status documents are built again
         now = self.now()
         due = self.changes.mark(now)
         if due is None:
@@ -118,4 +143,4 @@ class Timers:
 
     def _tell_changes(self) -> None:
         for session in self.changes.collect(self.now()):
-            self.router.send_to(session, CHANGED_LINE)
+            self.router.send_event_to(session, CHANGED_EVENT, CHANGED_LINE)

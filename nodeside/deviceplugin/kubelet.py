@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 
 from nodeside.deviceplugin.api import api_pb2, api_pb2_grpc
-from nodeside.deviceplugin.service import DevicePluginService
+from nodeside.deviceplugin.service import UNARY_WORKERS, DevicePluginService
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,11 @@ class PluginLifecycle:
     def _serve(self) -> None:
         self._stop_server()
         self.socket_path.unlink(missing_ok=True)
-        # One worker per ListAndWatch stream (the kubelet keeps one open) plus headroom for
-        # Allocate calls arriving while a stale stream is still winding down.
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
+        # A worker per ListAndWatch stream the service lets a peer open (the kubelet keeps
+        # one, and a second while a stale one winds down), and the rest for Allocate and the
+        # other unary calls, which no number of streams can then take.
+        workers = self.service.max_streams_per_peer + UNARY_WORKERS
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
                                                         thread_name_prefix="deviceplugin"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
         server.add_insecure_port(f"unix://{self.socket_path}")

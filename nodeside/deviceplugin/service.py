@@ -2,12 +2,19 @@
 
 ``VgpuBoard`` is the one place that knows every vGPU and its health; the health monitor writes to
 it and every ListAndWatch stream waits on it, so a health change reaches all streams at once.
+
+Each ListAndWatch stream holds one of the server's worker threads for as long as it is open, so
+a peer may hold at most ``MAX_STREAMS_PER_PEER`` of them: the kubelet keeps one (and, while it
+restarts, briefly a second); a stream past that is refused with RESOURCE_EXHAUSTED and one log
+line, and the other workers stay free for Allocate. gRPC names every peer of a Unix socket
+alike, so on the kubelet's socket the bound holds for all peers together.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,6 +28,11 @@ log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+
+#: ListAndWatch streams one peer may keep open at once.
+MAX_STREAMS_PER_PEER = 2
+#: Worker threads for unary calls (Allocate, GetPreferredAllocation, ...) beside the streams.
+UNARY_WORKERS = 6
 
 
 class VgpuBoard:
@@ -82,9 +94,14 @@ class VgpuBoard:
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, board: VgpuBoard, placement: vgpus.Placement) -> None:
+    def __init__(self, board: VgpuBoard, placement: vgpus.Placement,
+                 max_streams_per_peer: int = MAX_STREAMS_PER_PEER) -> None:
         self.board = board
         self.placement = placement
+        self.max_streams_per_peer = max_streams_per_peer
+        #: Open ListAndWatch streams per peer.
+        self._streams: Counter[str] = Counter()
+        self._streams_lock = threading.Lock()
 
     def GetDevicePluginOptions(self, request: api_pb2.Empty, context: Any
                                ) -> api_pb2.DevicePluginOptions:
@@ -93,6 +110,37 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     def ListAndWatch(self, request: api_pb2.Empty, context: Any
                      ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        peer = context.peer() or "unknown"
+        with self._streams_lock:
+            if self._streams[peer] >= self.max_streams_per_peer:
+                refused = True
+            else:
+                self._streams[peer] += 1
+                refused = False
+        if refused:
+            log.warning("refused a ListAndWatch stream from %s: it has %d open already, the "
+                        "most one peer may hold", peer, self.max_streams_per_peer)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"at most {self.max_streams_per_peer} ListAndWatch streams per peer")
+        closed = threading.Event()
+
+        def close() -> None:  # once, whether the peer hangs up or the stream ends here
+            with self._streams_lock:
+                if closed.is_set():
+                    return
+                closed.set()
+                self._streams[peer] -= 1
+                if not self._streams[peer]:
+                    del self._streams[peer]
+
+        # The slot is free the moment the peer hangs up, not at the stream's next wake-up.
+        context.add_callback(close)
+        try:
+            yield from self._watch(context)
+        finally:
+            close()
+
+    def _watch(self, context: Any) -> Iterator[api_pb2.ListAndWatchResponse]:
         version, devices = self.board.snapshot()
         log.info("kubelet is watching %d vGPUs", len(devices))
         yield api_pb2.ListAndWatchResponse(devices=devices)

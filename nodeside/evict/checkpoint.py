@@ -24,6 +24,7 @@ _ENTRY_POINTS = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
 _ERRORS = {1: "invalid value (no such CUDA process)", 3: "driver not initialized",
            401: "illegal state", 600: "not ready (lock timed out)", 801: "not supported"}
 NOT_READY = 600
+INVALID_VALUE = 1
 
 
 class ProcessState(enum.IntEnum):

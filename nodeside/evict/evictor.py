@@ -3,8 +3,9 @@ for on worker threads, and feeds their results back.
 
 What waits for what is decided in ``lines.py``, sans I/O; the blocking calls are ``jobs.py``.
 This file is the I/O between them: the driver's API, loaded once; a worker thread per job; and,
-while a failed checkpoint blocks a GPU, a look at NVML every ``RECHECK_SECONDS``. Whatever the
-lines let go after an event goes to the ``then`` the shell gave with the job (its delivery).
+while a failed checkpoint blocks a GPU, a look at NVML every ``RECHECK_SECONDS`` and at the
+lines' deadline (``EvictionLines.expire``). Whatever the lines let go after an event goes to the
+``then`` the shell gave with the job (its delivery).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from nodeside.evict import CHECKPOINT, VMM
+from nodeside.evict import CHECKPOINT, MANAGED, VMM
 from nodeside.evict import checkpoint as api_module
 from nodeside.evict.checkpoint import CheckpointApi, CheckpointUnavailable
-from nodeside.evict.jobs import failure, resume, suspend
+from nodeside.evict.identity import ProcessIdentity
+from nodeside.evict.jobs import Failure, ProcessChanged, failure, resume, suspend
 from nodeside.evict.lines import Checkpoint, EvictionLines, Item, Job
-from nodeside.evict.policy import cannot_act_on, choose
+from nodeside.evict.policy import cannot_act_on, choose, unbound
 from nodeside.scheduler.core import Client
 
 log = logging.getLogger("kiwi.daemon")
@@ -59,24 +61,34 @@ class CheckpointEvictor:
 
     # -- registration ----------------------------------------------------------------------
 
-    def register(self, client: Client, requested: str | None) -> str:
+    def register(self, client: Client, requested: str | None,
+                 identity: ProcessIdentity | None = None) -> str:
         """The evictor for a newly registered client: the one it asked for when this daemon
-        can carry it out, else managed, said in one log line. A ``vmm`` client (feature
-        ``memory``) pages itself; where the checkpoint API reaches its process it is recorded
-        too, to be checkpointed when the core asks (``Suspend``)."""
+        can carry it out, else managed, said in one log line. ``identity``: the process that
+        connected (``Peer.identity``); without it nobody is checkpointed. A ``vmm`` client
+        (feature ``memory``) pages itself; where the checkpoint API reaches its process (the
+        one that connected, of the peer's uid) it is recorded too, to be checkpointed when the
+        core asks (``Suspend``)."""
         if requested == VMM:
-            if client.pid is not None and self._load_api() is None and \
+            if client.pid is not None and identity is not None and \
+                    identity.uid == client.uid and self._load_api() is None and \
                     cannot_act_on(client.pid, client.uid) is None:
-                self.lines.register(client.id, client.pid, client.gpu, client.name,
+                self.lines.register(client.id, client.pid, client.gpu, client.name, identity,
                                     on_demand=True)
             return VMM
         missing = self._load_api() if requested == CHECKPOINT else None
         evictor, why = choose(requested, client.pid, client.uid, missing)
+        if evictor == CHECKPOINT:
+            why = unbound(identity)
+            if why is None and identity is not None and identity.uid != client.uid:
+                why = f"the process runs as uid {identity.uid}, not as the peer's {client.uid}"
+            if why is not None:
+                evictor = MANAGED
         if why is not None:
             log.warning("%s (pid %s) asked to be checkpointed; paging it as managed memory "
                         "instead: %s", client.name, client.pid, why)
         if evictor == CHECKPOINT and client.pid is not None:
-            self.lines.register(client.id, client.pid, client.gpu, client.name)
+            self.lines.register(client.id, client.pid, client.gpu, client.name, identity)
         return evictor
 
     def _load_api(self) -> str | None:
@@ -105,7 +117,7 @@ class CheckpointEvictor:
         future = self.loop.run_in_executor(None, self._work, running)
         future.add_done_callback(lambda done: self._ended(running, done, then))
 
-    def _work(self, running: Running) -> str | None:
+    def _work(self, running: Running) -> Failure | None:
         """The job's blocking part, on a worker thread: None, or why it failed."""
         job = running.job
         try:
@@ -116,26 +128,32 @@ class CheckpointEvictor:
                         running.is_cancelled, lambda why: self._slow(job, why))
             else:
                 resume(self._api, job, running.name)
+        except ProcessChanged as exc:  # never asked the driver anything about that pid
+            log.warning("Leaving pid %d alone (%s, %s): %s", job.pid, running.name, job.client,
+                        exc)
+            return Failure(str(exc), memory_free=True)
         except Exception as exc:  # CheckpointError, or a bug: neither may leave a line stuck
-            return failure(self._api, job.pid, exc)
+            return failure(self._api, job, exc)
         return None
 
     def _slow(self, job: Checkpoint, why: str) -> None:
         self.loop.call_soon_threadsafe(self.lines.checkpoint_slow, job, why)
 
-    def _ended(self, running: Running, done: asyncio.Future[str | None], then: Then) -> None:
+    def _ended(self, running: Running, done: asyncio.Future[Failure | None],
+               then: Then) -> None:
         job = running.job
         if self._running.get(job.client) is running:
             del self._running[job.client]
         if done.cancelled():
             return  # the loop is closing: nothing more goes out
-        error = done.result()
+        failed = done.result()
         lines = self.lines
         if isinstance(job, Checkpoint):
-            ready = lines.checkpoint_done(job) if error is None \
-                else lines.checkpoint_failed(job, error)
+            ready = lines.checkpoint_done(job) if failed is None else lines.checkpoint_failed(
+                job, failed.error, self.loop.time(), memory_free=failed.memory_free)
         else:
-            ready = lines.restore_done(job) if error is None else lines.restore_failed(job, error)
+            ready = lines.restore_done(job) if failed is None \
+                else lines.restore_failed(job, failed.error)
         if lines.blocked(job.gpu) is not None:
             self._watch(job.gpu, then)
         then(ready)
@@ -145,13 +163,17 @@ class CheckpointEvictor:
     def _watch(self, gpu: int, then: Then) -> None:
         if gpu not in self._watched:
             self._watched.add(gpu)
-            self.loop.call_later(RECHECK_SECONDS, self._recheck, gpu, then)
+            at = self.loop.time() + RECHECK_SECONDS
+            deadline = self.lines.next_deadline()
+            self.loop.call_at(at if deadline is None else min(at, deadline), self._recheck,
+                              gpu, then)
 
     def _recheck(self, gpu: int, then: Then) -> None:
         self._watched.discard(gpu)
         if self.lines.blocked(gpu) is None:
             return  # its process went away meanwhile
         ready = self.lines.memory_seen(gpu, self.memory_used().get(gpu))
+        ready += self.lines.expire(self.loop.time())
         if self.lines.blocked(gpu) is not None:
             self._watch(gpu, then)
         then(ready)

@@ -8,7 +8,13 @@ follows a checkpoint goes out only once the checkpoint is done, and a holder's g
 it is restored. ``take`` and every event (``checkpoint_done``, ``checkpoint_failed``,
 ``restore_done``, ``restore_failed``, ``memory_seen``, ``forget``) return what may go now, in
 order: scheduler actions to deliver and jobs to start. The shell (``evictor.py``) runs each job
-on a worker thread and feeds its result back here; nothing here blocks, waits or keeps a clock.
+on a worker thread and feeds its result back here; nothing here blocks, waits or keeps a clock:
+the shell passes the time in.
+
+A failed checkpoint stops its GPU's line only while the process may still hold its memory, and
+never past a deadline: one grace period (config ``grace``) after the failure the line goes on
+(``expire``). Either way the client is marked not checkpointable: no job is started for it again
+but one unlock of a process the driver may have left locked.
 
 When nobody is checkpointed ``quiet`` is true and the shell delivers actions without asking:
 the handoff's hot path does not come here at all.
@@ -27,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
+from nodeside.evict.identity import ProcessIdentity
 from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler, Suspend
 
 log = logging.getLogger("kiwi.daemon")
@@ -43,18 +50,22 @@ FAILED: Final = "failed"
 @dataclass(init=False, unsafe_hash=True)
 class Checkpoint:
     """Suspend a process: lock its CUDA calls once its submitted work is done, then move its
-    device memory to host memory. ``forced``: it ignored a drop (a revocation)."""
+    device memory to host memory. ``forced``: it ignored a drop (a revocation). ``identity``:
+    the process that registered, checked before each call (None: only in tests)."""
 
     client: Final[str]
     gpu: Final[int]
     pid: Final[int]
     forced: Final[bool]
+    identity: Final[ProcessIdentity | None]
 
-    def __init__(self, client: str, gpu: int, pid: int, forced: bool = False) -> None:
+    def __init__(self, client: str, gpu: int, pid: int, forced: bool = False,
+                 identity: ProcessIdentity | None = None) -> None:
         self.client = client
         self.gpu = gpu
         self.pid = pid
         self.forced = forced
+        self.identity = identity
 
 
 @dataclass(init=False, unsafe_hash=True)
@@ -64,11 +75,14 @@ class Restore:
     client: Final[str]
     gpu: Final[int]
     pid: Final[int]
+    identity: Final[ProcessIdentity | None]
 
-    def __init__(self, client: str, gpu: int, pid: int) -> None:
+    def __init__(self, client: str, gpu: int, pid: int,
+                 identity: ProcessIdentity | None = None) -> None:
         self.client = client
         self.gpu = gpu
         self.pid = pid
+        self.identity = identity
 
 
 Job = Checkpoint | Restore
@@ -95,17 +109,23 @@ class Record:
     """One process registered with the checkpoint evictor, and what is known of it."""
 
     def __init__(self, client: str, pid: int, gpu: int, name: str,
-                 on_demand: bool = False) -> None:
+                 identity: ProcessIdentity | None, on_demand: bool = False) -> None:
         self.client = client
         self.pid = pid
         self.gpu = gpu
         self.name = name
+        self.identity = identity
         #: It moves its own memory out (``vmm``): checkpointed only when the core asks.
         self.on_demand = on_demand
         #: A checkpoint under way was the core's ``Suspend``: its result goes back to it.
         self.suspended = False
         #: RUNNING, CHECKPOINTING, CHECKPOINTED, RESTORING or FAILED
         self.state: str = RUNNING
+        #: False once a checkpoint of it failed: it is never checkpointed again.
+        self.checkpointable = True
+        #: A failed checkpoint may have left the process locked: one restore (its unlock) is
+        #: still tried, at its next grant.
+        self.may_be_locked = False
         #: Why the last job failed, or what keeps the current one waiting.
         self.error: str | None = None
 
@@ -116,9 +136,12 @@ class Line:
     def __init__(self) -> None:
         self.queue: deque[Item] = deque()
         self.running: Job | None = None
-        #: Why nothing more is granted on this GPU (a failed checkpoint), and whose.
+        #: Why nothing more is granted on this GPU (a failed checkpoint), whose, and until when.
         self.blocked: str | None = None
         self.blocker: str | None = None
+        self.blocked_until = 0.0
+        #: The same reason, as a non-admin may read it (no pid).
+        self.blocked_publicly: str | None = None
 
     @property
     def idle(self) -> bool:
@@ -132,6 +155,9 @@ class EvictionLines:
         self.scheduler = scheduler
         self.records: dict[str, Record] = {}
         self._lines: dict[int, Line] = {}
+        #: Bumped whenever what the status document shows of the lines may have changed (a
+        #: record's state or error, a line blocked or freed): kept documents are built again.
+        self.version = 0
 
     def quiet(self) -> bool:
         """Nobody is checkpointed and no line has work: every action may go as it comes."""
@@ -140,10 +166,12 @@ class EvictionLines:
     # -- who is checkpointed ------------------------------------------------------------------
 
     def register(self, client: str, pid: int, gpu: int, name: str,
-                 on_demand: bool = False) -> None:
+                 identity: ProcessIdentity | None = None, on_demand: bool = False) -> None:
         """A client whose process this daemon checkpoints (the shell chose it for it);
+        ``identity``: the process as it connected, checked before every job acts on it;
         ``on_demand``: only when the core asks (``Suspend``)."""
-        self.records[client] = Record(client, pid, gpu, name, on_demand)
+        self.records[client] = Record(client, pid, gpu, name, identity, on_demand)
+        self.version += 1
 
     def forget(self, client: str) -> list[Item]:
         """The client's connection closed: what was queued for it is stale, and a process that
@@ -152,6 +180,7 @@ class EvictionLines:
         record = self.records.pop(client, None)
         if record is None:
             return []
+        self.version += 1
         if record.state != RUNNING:
             log.info("Client %s (%s, pid %d) went away while %s; nothing to restore",
                      record.name, client, record.pid, record.state)
@@ -160,7 +189,7 @@ class EvictionLines:
             return []
         log.info("GPU %d: the process whose checkpoint failed is gone; granting again",
                  record.gpu)
-        line.blocked = line.blocker = None
+        line.blocked = line.blocker = line.blocked_publicly = None
         return self._pump(record.gpu)
 
     # -- the scheduler's actions --------------------------------------------------------------
@@ -197,25 +226,32 @@ class EvictionLines:
             # A hold that ended (or a wait cancelled) before its grant went out: that grant,
             # and any drop behind it, are stale now.
             self._discard(action.client)
-            if record is not None and action.evict and not record.on_demand:
-                return [Checkpoint(record.client, record.gpu, record.pid)]
+            if record is not None and action.evict and record.checkpointable and \
+                    not record.on_demand:
+                return [Checkpoint(record.client, record.gpu, record.pid,
+                                   identity=record.identity)]
             return None  # the reply to a release is the session's own business
         if isinstance(action, Suspend):
             if record is None:
                 return [Checkpointed(action.client, "the checkpoint evictor does not reach "
                                                     "this process")]
+            if not record.checkpointable:  # a checkpoint of it failed: never again
+                return [Checkpointed(action.client, record.error or "its checkpoint failed")]
             if record.state != RUNNING:
                 return [Checkpointed(action.client, None)]  # already checkpointed
             record.suspended = True
-            return [Checkpoint(record.client, record.gpu, record.pid)]
+            return [Checkpoint(record.client, record.gpu, record.pid, identity=record.identity)]
         line = self._lines.get(action.gpu)
         idle = line is None or line.idle
-        if isinstance(action, Revoke) and record is not None:
+        if isinstance(action, Revoke) and record is not None and record.checkpointable:
             # It ignored the drop: take the GPU from outside the process.
-            return [action, Checkpoint(record.client, record.gpu, record.pid, forced=True)]
+            return [action, Checkpoint(record.client, record.gpu, record.pid, forced=True,
+                                       identity=record.identity)]
         if isinstance(action, Grant) and record is not None and \
+                (record.checkpointable or record.may_be_locked) and \
                 (record.state != RUNNING or not idle):
-            return [Restore(record.client, record.gpu, record.pid), action]
+            return [Restore(record.client, record.gpu, record.pid, identity=record.identity),
+                    action]
         if idle or (isinstance(action, (Drop, Revoke)) and not _queued(line, action.client)):
             # Asking a holder to leave depends on nothing queued, unless its own grant still
             # is (it must not hear the drop first). A drop that answers a release keeps its seq.
@@ -229,6 +265,7 @@ class EvictionLines:
         record = self.records.get(job.client)
         if record is not None:
             record.error = why
+            self.version += 1
 
     def checkpoint_done(self, job: Checkpoint) -> list[Item]:
         """The process is checkpointed (or was gone before it could be)."""
@@ -237,19 +274,39 @@ class EvictionLines:
             record.state, record.error = CHECKPOINTED, None
         return [*self._told(record, None), *self._finished(job)]
 
-    def checkpoint_failed(self, job: Checkpoint, error: str) -> list[Item]:
-        """The process may still hold its memory (the driver leaves it FAILED): its GPU's line
-        stops here until the process is gone or the memory is seen free (``memory_seen``)."""
+    def checkpoint_failed(self, job: Checkpoint, error: str, now: float,
+                          memory_free: bool = False) -> list[Item]:
+        """The checkpoint failed at ``now``; the client is never checkpointed again.
+
+        ``memory_free``: the process holds no GPU memory (the driver knows no CUDA process by
+        its pid, or the pid names another process now): the line goes on at once. Otherwise
+        the process may still hold its memory (the driver leaves it FAILED): its GPU's line
+        stops until the process is gone, the memory is seen free (``memory_seen``), or one
+        grace period has passed (``expire``)."""
         record = self.records.get(job.client)
-        if record is not None:  # else it died under the job: its memory went with it
-            record.state, record.error = FAILED, error
-            line = self._line(job.gpu)
-            line.blocked = (f"the checkpoint of {record.name} ({record.client}, pid "
-                            f"{record.pid}) failed: {error}; nothing is granted on GPU "
-                            f"{job.gpu} until it exits or NVML shows its memory free")
-            line.blocker = record.client
-            log.error("GPU %d: %s", job.gpu, line.blocked)
-        return [*self._told(record, error), *self._finished(job)]
+        if record is None:  # it died under the job: its memory went with it
+            return self._finished(job)
+        told = self._told(record, error)
+        record.state, record.error = FAILED, error
+        record.checkpointable = False
+        record.may_be_locked = not memory_free
+        if memory_free:
+            log.warning("GPU %d: the checkpoint of %s (%s, pid %d) failed: %s; it holds no GPU "
+                        "memory, so the GPU goes on; it is not checkpointed again", job.gpu,
+                        record.name, record.client, record.pid, error)
+            return [*told, *self._finished(job)]
+        line = self._line(job.gpu)
+        grace = self.scheduler.config.grace
+        until = (f"nothing is granted on GPU {job.gpu} until it exits, NVML shows its memory "
+                 f"free, or {grace:g} s (grace) have passed")
+        line.blocked = (f"the checkpoint of {record.name} ({record.client}, pid {record.pid}) "
+                        f"failed: {error}; {until}")
+        line.blocked_publicly = f"the checkpoint of {record.name} ({record.client}) failed; " \
+            f"{until}"
+        line.blocker = record.client
+        line.blocked_until = now + grace
+        log.error("GPU %d: %s", job.gpu, line.blocked)
+        return [*told, *self._finished(job)]
 
     def restore_done(self, job: Restore) -> list[Item]:
         record = self.records.get(job.client)
@@ -263,6 +320,7 @@ class EvictionLines:
         record = self.records.get(job.client)
         if record is not None:
             record.state, record.error = FAILED, error
+            record.may_be_locked = False  # tried once: never again
             log.error("Could not restore %s (%s, pid %d): %s", record.name, record.client,
                       record.pid, error)
         return self._finished(job)
@@ -275,14 +333,39 @@ class EvictionLines:
             return []
         log.warning("GPU %d: NVML shows the memory free despite the failed checkpoint of %s; "
                     "granting again", gpu, line.blocker or "?")
-        line.blocked = line.blocker = None
+        line.blocked = line.blocker = line.blocked_publicly = None
+        self.version += 1
         return self._pump(gpu)
+
+    def next_deadline(self) -> float | None:
+        """When the first line a failed checkpoint blocks must go on anyway (``expire``)."""
+        due = [line.blocked_until for line in self._lines.values() if line.blocked is not None]
+        return min(due) if due else None
+
+    def expire(self, now: float) -> list[Item]:
+        """Lines blocked past their deadline go on: the waiter is granted, the failed client
+        is not checkpointed again, and its memory is its own business (and the driver's)."""
+        ready: list[Item] = []
+        for gpu, line in list(self._lines.items()):
+            if line.blocked is None or line.blocked_until > now:
+                continue
+            log.warning("GPU %d: the failed checkpoint of %s still holds the GPU after the "
+                        "grace period; granting again (the next holder may find less memory "
+                        "free)", gpu, line.blocker or "?")
+            line.blocked = line.blocker = line.blocked_publicly = None
+            self.version += 1
+            ready.extend(self._pump(gpu))
+        return ready
 
     # -- what the status document shows -------------------------------------------------------
 
-    def blocked(self, gpu: int) -> str | None:
+    def blocked(self, gpu: int, full: bool = True) -> str | None:
+        """Why nothing is granted on ``gpu`` now; ``full=False``: as a non-admin may read it
+        (without the pid of the process that blocks it)."""
         line = self._lines.get(gpu)
-        return line.blocked if line is not None else None
+        if line is None:
+            return None
+        return line.blocked if full else line.blocked_publicly
 
     def checkpoint(self, client: str) -> tuple[str, str | None] | None:
         record = self.records.get(client)
@@ -299,6 +382,7 @@ class EvictionLines:
         return [Checkpointed(record.client, error)]
 
     def _finished(self, job: Job) -> list[Item]:
+        self.version += 1  # every job's end changes a state the status document shows
         line = self._line(job.gpu)
         line.running = None
         return self._pump(job.gpu)
@@ -322,6 +406,7 @@ class EvictionLines:
             if record is None or not _needed(item, record):
                 continue  # gone, or already where the job would put it
             record.state = CHECKPOINTING if isinstance(item, Checkpoint) else RESTORING
+            self.version += 1
             line.running = item
             ready.append(item)
         if line.idle:
@@ -348,7 +433,9 @@ class EvictionLines:
 
 
 def _needed(job: Job, record: Record) -> bool:
-    return record.state == RUNNING if isinstance(job, Checkpoint) else record.state != RUNNING
+    if isinstance(job, Checkpoint):
+        return record.state == RUNNING and record.checkpointable
+    return record.state != RUNNING and (record.checkpointable or record.may_be_locked)
 
 
 def _queued(line: Line | None, client: str) -> bool:

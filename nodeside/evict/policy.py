@@ -3,7 +3,9 @@
 The driver lets a process act on another only with the rights ptrace would need: the same user,
 or root / CAP_SYS_PTRACE. The pid must also mean the same process to the daemon as to the
 kernel, which holds only when the daemon sees it in its own PID namespace (on Kubernetes: the
-node daemon with ``hostPID``). A process that fails any of these is paged the ``managed`` way.
+node daemon with ``hostPID``). And the daemon must know which process the pid named when the peer
+connected (``identity``), so that a pid reused since is never taken for it. A process that fails
+any of these is paged the ``managed`` way.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 
 from nodeside.evict import CHECKPOINT, EVICTORS, MANAGED
+from nodeside.evict.identity import ProcessIdentity
 
 _CAP_SYS_PTRACE = 19
 
@@ -47,3 +50,12 @@ def _has_cap_sys_ptrace() -> bool:
     except (OSError, ValueError):
         pass
     return False
+
+
+def unbound(identity: ProcessIdentity | None) -> str | None:
+    """Why the process that connected cannot be told apart from a later one with its pid (its
+    identity could not be read when it connected, or its pid names another process now)."""
+    if identity is None:
+        return ("the daemon could not read which process connected (it exited at once, or is "
+                "outside the daemon's PID namespace)")
+    return identity.mismatch()

@@ -38,7 +38,8 @@ class Key:
     #: Who adds it, when not ``build_status``: "evictor" (the checkpoint evictor, in the
     #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long);
     #: "memory": ``build_status``, for clients that speak the ``memory`` feature (and the GPUs
-    #: they are on).
+    #: they are on); "pause_watch" (the daemon, where NVML samples each process's use of the
+    #: GPU).
     added_by: str = ""
 
 
@@ -156,6 +157,9 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
         added_by="memory"),
     Key("waiting_for", "IWaitingFor", "What it waits for besides its turn; null: nothing.",
         nullable=True, added_by="memory"),
+    Key("pause_ignored", "int", "Pauses this `pausable` client was seen working through "
+                                "(NVML's per-process samples); absent when none.",
+        added_by="pause_watch"),
 ))
 
 POOL_GPU: Final = Part("IPoolGpuStatus", "A pool on one GPU.", (

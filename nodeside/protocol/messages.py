@@ -236,8 +236,10 @@ MESSAGES: Final[tuple[Message, ...]] = (
 )
 
 ERRORS: Final[tuple[Word, ...]] = (
-    Word("E_MALFORMED", "malformed", "not JSON, not an object, no string `op`, a field of the "
-                                     "wrong type", fatal=True),
+    Word("E_MALFORMED", "malformed", "not JSON, not UTF-8, a string that is no sequence of "
+                                     "Unicode scalar values (a lone UTF-16 surrogate such as "
+                                     "`\"\\ud800\"`; a pair is fine), not an object, no "
+                                     "string `op`, a field of the wrong type", fatal=True),
     Word("E_TOO_LARGE", "too_large", "a line over 65,536 bytes", fatal=True),
     Word("E_UNKNOWN_OP", "unknown_op", "an `op` this version does not define", fatal=True),
     Word("E_VERSION", "version", "`hello` with another version, or a request before `hello`",
@@ -250,8 +252,9 @@ ERRORS: Final[tuple[Word, ...]] = (
                              "outside 0..2^50, a name, display name, pool, kind, label key or "
                              "value over 256 UTF-8 bytes or holding a control character, more "
                              "than 64 labels, more than 2 MiB of labels on the node, more than "
-                             "2,048 clients; the message says which. Also the last line of a "
-                             "connection closed for a connection limit"),
+                             "2,048 clients, a uid past its share of either "
+                             "(`connections.uid_share`); the message says which. Also the last "
+                             "line of a connection closed for a connection limit"),
     Word("E_ROOM", "room", "`memory` feature, as an event to a waiter: the room it needs cannot "
                            "be made (the message names who holds the memory); it is idle "
                            "again"),

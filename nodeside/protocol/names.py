@@ -151,7 +151,9 @@ ERROR: Final = "error"
 
 # -- error codes -----------------------------------------------------------------------------------
 
-#: not JSON, not an object, no string `op`, a field of the wrong type
+#: not JSON, not UTF-8, a string that is no sequence of Unicode scalar values (a lone UTF-16
+#: surrogate such as `"\ud800"`; a pair is fine), not an object, no string `op`, a field of the
+#: wrong type
 E_MALFORMED: Final = "malformed"
 #: a line over 65,536 bytes
 E_TOO_LARGE: Final = "too_large"
@@ -168,8 +170,9 @@ E_INVALID: Final = "invalid"
 E_STATE: Final = "state"
 #: a bound exceeded: a TQ outside 0.01 s..1 day, a byte count outside 0..2^50, a name, display
 #: name, pool, kind, label key or value over 256 UTF-8 bytes or holding a control character,
-#: more than 64 labels, more than 2 MiB of labels on the node, more than 2,048 clients; the
-#: message says which. Also the last line of a connection closed for a connection limit
+#: more than 64 labels, more than 2 MiB of labels on the node, more than 2,048 clients, a uid
+#: past its share of either (`connections.uid_share`); the message says which. Also the last
+#: line of a connection closed for a connection limit
 E_LIMIT: Final = "limit"
 #: `memory` feature, as an event to a waiter: the room it needs cannot be made (the message
 #: names who holds the memory); it is idle again

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
-from nodeside.limits import MAX_INTEGER
+from nodeside.limits import MAX_INTEGER, lone_surrogate
 from nodeside.protocol.names import (
     DROP,
     E_MALFORMED,
@@ -177,6 +177,11 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError(E_MALFORMED, f"not a JSON line: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError(E_MALFORMED, "a message must be a JSON object")
+    # Only an escape can make a surrogate (the UTF-8 decode above refuses encoded ones).
+    if line.find(b"\\u") >= 0:
+        where = lone_surrogate(message)
+        if where is not None:
+            raise ProtocolError(E_MALFORMED, f"{where}: a lone UTF-16 surrogate is no text")
     op = message.get("op")
     if not isinstance(op, str):
         raise ProtocolError(E_MALFORMED, 'a message needs a string "op"')

@@ -21,8 +21,9 @@ class Evictions(Protocol):
     """What the daemon's checkpoint evictor knows beside the scheduler (its sans-I/O lines,
     ``nodeside.evict.lines.EvictionLines``): shown in the document, not patched into it."""
 
-    def blocked(self, gpu: int) -> str | None:
-        """Why nothing is granted on this GPU now (a failed checkpoint), or None."""
+    def blocked(self, gpu: int, full: bool = True) -> str | None:
+        """Why nothing is granted on this GPU now (a failed checkpoint), or None; ``full``
+        False: as a non-admin may read it (without a pid)."""
 
     def checkpoint(self, client_id: str) -> tuple[str, str | None] | None:
         """A checkpointed client's state and last error; None for any other client."""
@@ -72,7 +73,7 @@ def build_status(scheduler: Scheduler, now: float,
             "recent_holders": gpu.history.recent(now),
         })
         if evictions is not None:
-            gpus[-1]["evict_blocked"] = evictions.blocked(index)
+            gpus[-1]["evict_blocked"] = evictions.blocked(index, viewer_admin)
         if gpu.memory_clients:
             on_it = [c for c in scheduler.clients.values() if c.gpu == index]
             gpus[-1].update({

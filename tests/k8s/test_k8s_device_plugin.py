@@ -9,6 +9,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from k8s_standins import DEADLINE, KubeletStandIn, PluginProcess  # noqa: E402
+from support import wait_for  # noqa: E402
 
 from nodeside.deviceplugin.api import api_pb2  # noqa: E402
 from nodeside.deviceplugin.main import build_parser  # noqa: E402
@@ -192,3 +193,39 @@ def test_plugin_refuses_a_malformed_resource_name(start_plugin):
     plugin = start_plugin("--fake-gpus", "1", "--resource-name", "no-slash")
     assert plugin.proc.wait(timeout=DEADLINE) == 2
     assert "not an extended resource name" in plugin.log
+
+
+def test_streams_past_the_bound_are_refused_and_allocate_is_still_served(kubelet, plugin):
+    """Issue 34.10: seven extra ListAndWatch streams once took every worker thread, and
+    Allocate timed out."""
+    stub = kubelet.dial("kiwi.sock")
+    streams, advertised, refused = [], [], []
+    for _ in range(8):
+        stream = stub.ListAndWatch(api_pb2.Empty(), timeout=DEADLINE)
+        try:
+            advertised.append(sorted(_devices(next(stream))))
+            streams.append(stream)
+        except grpc.RpcError as exc:
+            refused.append(exc.code())
+    try:
+        assert len(streams) == 2
+        assert refused == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 6
+        response = stub.Allocate(api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=advertised[0][:1])]), timeout=5)
+        assert len(response.container_responses) == 1
+        assert plugin.log.count("refused a ListAndWatch stream") == 6
+    finally:
+        for stream in streams:
+            stream.cancel()
+    # A slot is free again as soon as its stream is gone.
+    again = wait_for(lambda: _open(stub), what="a stream slot to free")
+    again.cancel()
+
+
+def _open(stub):
+    stream = stub.ListAndWatch(api_pb2.Empty(), timeout=DEADLINE)
+    try:
+        next(stream)
+    except grpc.RpcError:
+        return None
+    return stream

@@ -89,4 +89,9 @@ def test_the_scheduler_serves_metrics_on_the_port_its_pod_declares():
     assert args.metrics_port is not None, "metrics are off in Kubernetes"
     assert declared["metrics"]["containerPort"] == args.metrics_port
     assert declared["metrics"]["protocol"] == "TCP"
-    assert args.metrics_address == "0.0.0.0"  # reachable from outside the pod
+    # Reachable from outside the pod on the pod's own IP (the kubelet expands $(POD_IP) from
+    # the downward API), not on every address the pod has (issue 34.8).
+    assert args.metrics_address == "$(POD_IP)"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert not args.metrics_pod_labels  # pods and namespaces only where the operator asks

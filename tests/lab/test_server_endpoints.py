@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from typing import Any
 
@@ -207,3 +208,20 @@ def _client(status: dict, name: str) -> dict:
 def _state(status: dict, name: str) -> str | None:
     found = [c for c in status["clients"] if c["name"] == name]
     return found[0]["state"] if found else None
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe not text", b'{"mode": "on"', b"[" * 100_000])
+async def test_a_body_that_is_not_json_text_is_400_logged_as_any_bad_change_without_traceback(
+        jp_fetch: Any, body: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 34.12: such bodies once logged tracebacks. Now they log what any bad change logs
+    (the server's lines for a 400), at most."""
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch("kiwi", "api", "scheduler", method="POST", body=body)
+    assert refused.value.code == 400
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    caplog.clear()
+    with pytest.raises(HTTPClientError):
+        await post_change(jp_fetch, {"mode": "sometimes"})
+    ordinary = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) <= len(ordinary)
+    assert all(r.exc_info is None and "Traceback" not in r.getMessage() for r in said)

@@ -147,6 +147,10 @@ class Transport(asyncio.Transport):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self.high = 64 * 1024 if high is None else high
         self.low = self.high // 4 if low is None else low
+        # As asyncio's transports do: limits below what is buffered pause writing at once.
+        if not self.writing_paused and len(self.unread) > self.high:
+            self.writing_paused = True
+            self.protocol.pause_writing()
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return self.low, self.high
@@ -165,6 +169,11 @@ class Transport(asyncio.Transport):
         if not self.closed:
             self.closed = True
             self.loop.call_soon(self.protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        """Close without writing what is buffered: the test reads nothing more."""
+        self.unread.clear()
+        self.close()
 
     def is_closing(self) -> bool:
         return self.closed

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,33 @@ def test_the_socket_listens_with_a_backlog_for_a_busy_node(start_daemon, scratch
     listening = subprocess.run(["ss", "-xln"], capture_output=True, text=True).stdout
     (row,) = [line.split() for line in listening.splitlines() if daemon.socket in line]
     assert int(row[3]) == min(backlog, int(Path("/proc/sys/net/core/somaxconn").read_text()))
+
+
+@pytest.mark.parametrize("field", ["name", "pool", "display_name"])
+def test_a_lone_surrogate_is_refused_where_it_is_read_and_status_and_metrics_stay_whole(
+        start_daemon, field: str) -> None:
+    daemon = start_daemon("--metrics-port", "0")
+    conn = Raw(daemon)
+    conn.sendall(b'{"op":"register","seq":1,"' + field.encode() + b'":"bad\\ud800"}\n')
+    reply = conn.read()
+    assert reply["code"] == p.E_MALFORMED
+    assert "surrogate" in reply["message"] and field in reply["message"]
+    assert conn.closed()
+    with Client(daemon.socket, name="bystander") as bystander:
+        bystander.acquire(timeout=10)
+        shown = subprocess.run([sys.executable, "-m", "nodeside.ctl", "--socket", daemon.socket,
+                                "status"], capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0 and "bystander" in shown.stdout, shown.stderr
+        url = daemon.wait_log(r"Serving Prometheus metrics on (\S+)").group(1)
+        with urllib.request.urlopen(url, timeout=30) as scraped:
+            assert b'client="bystander"' in scraped.read()
+    log = daemon.log()
+    assert log.count("surrogate") == 1 and "Traceback" not in log
+
+
+def test_a_surrogate_pair_is_text_and_stays(daemon: DaemonProcess) -> None:
+    conn = Raw(daemon)
+    conn.sendall(b'{"op":"register","seq":1,"name":"snow \\ud83c\\udf28"}\n')
+    assert conn.read()["op"] == p.REGISTERED
+    with Client(daemon.socket, register=False) as viewer:
+        assert "snow \U0001f328" in [c["name"] for c in viewer.status()["clients"]]

@@ -92,7 +92,8 @@ def test_a_peer_that_pipelines_is_answered_a_turn_at_a_time_with_others_between(
 
 
 def test_a_peer_that_never_reads_is_not_answered_past_the_bound_and_others_are_served() -> None:
-    with Node() as node:
+    # Stalled for a minute, short of being cut off (test_event_backlog.py: what comes after).
+    with Node(connections={"stall_timeout": 120}) as node:
         big = node.client("big-" + "n" * 200, labels={f"l{i}": "v" * 200 for i in range(8)})
         reader = node.client("reader")
         flood = node.connect()

@@ -123,7 +123,7 @@ def test_a_wait_cancelled_before_its_grant_went_out_takes_the_grant_with_it(
 def test_a_failed_checkpoint_stops_the_line_and_says_why(lines: EvictionLines) -> None:
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])
-    assert lines.checkpoint_failed(job, "lock failed (process state FAILED)") == []
+    assert lines.checkpoint_failed(job, "lock failed (process state FAILED)", now=0.0) == []
     assert lines.checkpoint("c1") == (FAILED, "lock failed (process state FAILED)")
     blocked = lines.blocked(0)
     assert blocked is not None
@@ -135,7 +135,7 @@ def test_a_failed_checkpoint_stops_the_line_and_says_why(lines: EvictionLines) -
 def test_the_failed_process_going_away_lets_the_line_go_on(lines: EvictionLines) -> None:
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])
-    lines.checkpoint_failed(job, "failed")
+    lines.checkpoint_failed(job, "failed", now=0.0)
     assert lines.forget("c1") == [Grant("c2", 0, 1.0)]
     assert lines.blocked(0) is None and lines.quiet()
 
@@ -144,7 +144,7 @@ def test_nvml_showing_room_for_the_next_holder_lets_the_line_go_on(
         lines: EvictionLines) -> None:
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])  # c2 needs 6 GiB of the 8
-    lines.checkpoint_failed(job, "failed")
+    lines.checkpoint_failed(job, "failed", now=0.0)
     assert lines.memory_seen(0, None) == []  # no NVML: nothing says it is free
     assert lines.memory_seen(0, 3 * GiB) == []  # 5 GiB free
     assert lines.blocked(0) is not None
@@ -175,7 +175,7 @@ def test_a_job_whose_client_went_away_ends_quietly_and_frees_the_line(
     job = evicted(lines)
     lines.take([Grant("c2", 0, 1.0)])
     assert lines.forget("c1") == []  # its job still runs: the grant waits for it
-    assert lines.checkpoint_failed(job, "no such process") == [Grant("c2", 0, 1.0)]
+    assert lines.checkpoint_failed(job, "no such process", now=0.0) == [Grant("c2", 0, 1.0)]
     assert lines.blocked(0) is None and lines.quiet()
 
 
@@ -192,3 +192,17 @@ def test_a_queued_job_for_a_client_that_went_away_is_skipped(
 def test_only_checkpointed_clients_have_a_checkpoint_state(lines: EvictionLines) -> None:
     assert lines.checkpoint("c1") == (RUNNING, None)
     assert lines.checkpoint("c2") is None
+
+
+def test_a_client_whose_checkpoint_failed_is_never_checkpointed_again(
+        lines: EvictionLines) -> None:
+    job = evicted(lines)
+    lines.take([Grant("c2", 0, 1.0)])
+    assert lines.checkpoint_failed(job, "no CUDA process", now=0.0, memory_free=True) == \
+        [Grant("c2", 0, 1.0)]
+    # Its next holds end like a managed client's: no job, and a revoke takes nothing by force.
+    assert lines.take([Released("c1", evict=True)]) == [Released("c1", evict=True)]
+    revoke = Revoke("c1", 0, p.REASON_QUANTUM, 5.0)
+    assert lines.take([revoke]) == [revoke]
+    assert lines.checkpoint("c1") == (FAILED, "no CUDA process")
+    assert lines.blocked(0) is None

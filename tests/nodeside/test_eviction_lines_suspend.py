@@ -33,7 +33,7 @@ def test_a_suspend_becomes_a_checkpoint_whose_result_goes_back_to_the_core() -> 
 def test_a_failed_checkpoint_is_told_to_the_core() -> None:
     lines = lines_with_a_vmm_client()
     (job,) = lines.take([Suspend("c1", 0, "idle")])
-    assert lines.checkpoint_failed(job, "lock timed out")[0] == \
+    assert lines.checkpoint_failed(job, "lock timed out", now=0.0)[0] == \
         Checkpointed("c1", "lock timed out")
 
 

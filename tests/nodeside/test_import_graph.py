@@ -24,9 +24,10 @@ PACKAGE = "nodeside"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # Which core runs (compiled or pure): loaded before anything else, by path at build time.
     ("nodeside.compiled",),
-    # What every part shares: the package's version, the bounds, the wire format, names.
+    # What every part shares: the package's version, the bounds, the wire format, names, and
+    # the checks on files the daemon reads.
     ("nodeside", "nodeside.limits", "nodeside.protocol", "nodeside.names",
-     "nodeside.headline", "nodeside.errors", "nodeside.memory_words"),
+     "nodeside.headline", "nodeside.errors", "nodeside.files", "nodeside.memory_words"),
     # The domain's values that the config names and the scheduler applies.
     ("nodeside.model",),
     ("nodeside.config",),

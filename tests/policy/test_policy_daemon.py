@@ -42,8 +42,11 @@ def kiwictl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[st
 
 
 def test_metrics_are_scraped_over_http_from_a_running_daemon(start_daemon):
-    daemon = start_daemon("--tq", "0.2", "--grace", "2", "--metrics-port", "0",
-                          "--metrics-address", "127.0.0.1")
+    # A long grace: b stays queued until a releases (a revoke at 2.2 s ended the window in
+    # which a scrape, paced by what building the exposition costs, could see it on a loaded
+    # machine).
+    daemon = start_daemon("--tq", "0.2", "--grace", "30", "--metrics-port", "0",
+                          "--metrics-address", "127.0.0.1", "--metrics-pod-labels")
     url = metrics_url(daemon)
     labels = {"pod": "nb-pod", "namespace": "team-a"}
     with Client(daemon.socket, name="nb-1", labels=labels) as a, \

@@ -1,13 +1,15 @@
 """Prometheus metrics read from the scheduler's state at scrape time, and served over HTTP."""
 
 import asyncio
+import urllib.error
+import urllib.request
 
 import pytest
 from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.fleet.replay import Replay
-from nodeside.metrics import Metrics
+from nodeside.metrics import Metrics, start_server
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -26,7 +28,7 @@ def scrape(metrics: Metrics) -> dict[tuple[str, tuple], float]:
 def contended():
     replay = Replay(make_scheduler({"tq": 1.0, "pools": SEED_POOLS}))
     clock = {"now": 0.0}
-    metrics = Metrics(replay.scheduler, clock=lambda: clock["now"])
+    metrics = Metrics(replay.scheduler, clock=lambda: clock["now"], pod_labels=True)
     replay.observers.append(lambda r, actions: metrics.observe(actions, r.now))
     greedy(replay, "a", "training")
     worker = replay.add("b", pool="simulation")
@@ -90,7 +92,7 @@ def test_pool_seconds_do_not_fall_when_a_client_leaves(contended):
 def test_working_set_gauge():
     sched = make_scheduler(memory=16 * GiB)
     sched.register(0.0, name="k", working_set=3 * GiB)
-    got = scrape(Metrics(sched, clock=lambda: 0.0))
+    got = scrape(Metrics(sched, clock=lambda: 0.0, pod_labels=True))
     assert got[("kiwi_client_working_set_bytes", (("client", "k"), ("gpu", "0"),
                 ("namespace", ""), ("pod", ""), ("pool", "default")))] == 3 * GiB
     assert got[("kiwi_gpu_memory_total_bytes", (("gpu", "0"),))] == 16 * GiB
@@ -109,29 +111,33 @@ def test_drop_to_grant_histogram_measures_from_the_drop_to_the_next_grant():
     assert got[("kiwi_drop_to_grant_seconds_sum", (("gpu", "0"),))] == pytest.approx(0.25)
 
 
-def test_metrics_are_served_over_http_from_the_loop():
+def test_metrics_are_served_over_http_off_the_loop_and_built_on_it():
     sched = make_scheduler()
     sched.register(0.0, name="k")
     metrics = Metrics(sched, clock=lambda: 0.0)
 
-    async def fetch(path: str) -> bytes:
-        server = await metrics.serve(0, host="127.0.0.1")
-        port = server.sockets[0].getsockname()[1]
+    def get(url: str) -> tuple[int, bytes]:
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            reply = await asyncio.wait_for(reader.read(), timeout=10)
-            writer.close()
-            return reply
-        finally:
-            server.close()
-            await server.wait_closed()
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
 
-    reply = asyncio.run(fetch("/metrics"))
-    head, _, body = reply.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200")
+    async def fetch(*paths: str) -> list[tuple[int, bytes]]:
+        loop = asyncio.get_running_loop()
+        server = start_server(metrics, "127.0.0.1", 0, loop)
+        port = server.server_address[1]
+        try:  # the requests block a thread; the loop stays free to build the exposition
+            return [await loop.run_in_executor(None, get, f"http://127.0.0.1:{port}{path}")
+                    for path in paths]
+        finally:
+            await loop.run_in_executor(None, server.shutdown)
+            server.server_close()
+
+    (code, body), (missing, _) = asyncio.run(fetch("/metrics", "/nope"))
+    assert code == 200
     assert ("kiwi_gpu_holders", (("gpu", "0"),)) in samples(body.decode())
-    assert asyncio.run(fetch("/nope")).startswith(b"HTTP/1.1 404")
+    assert missing == 404
 
 
 def test_gpu_metrics_carry_the_uuid_that_joins_dcgm_exporters_metrics():

@@ -63,6 +63,7 @@ def reasons() -> str:
 
 _ADDED_BY = {"evictor": "the checkpoint evictor", "server": "the Jupyter server only",
              "status_line": "only when the document had to be cut",
+             "pause_watch": "the daemon where NVML samples each process",
              "memory": "the daemon where clients speak the `memory` feature"}
 
 
