@@ -147,6 +147,8 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "pools": ("pools", parse_pools),
     "gpus": ("gpu_tq", _parse_gpus),
     "grace": ("grace", lambda value: parse_tq(value, "grace")),
+    "checkpoint_timeout": ("checkpoint_timeout",
+                           lambda value: parse_tq(value, "checkpoint_timeout")),
     "window": ("window", lambda value: parse_tq(value, "window")),
     "connections": ("connections", parse_connections),
     "memory_reserve": ("memory_reserve", parse_size),

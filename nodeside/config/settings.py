@@ -28,6 +28,11 @@ class SchedulerConfig:
     #: Seconds a holder has, after a drop request, before the GPU is taken from it. Giving the
     #: GPU back may mean moving tens of GiB to host memory, so this is generous.
     grace: float = 10.0
+    #: Seconds a checkpoint or a restore by the driver may take before the daemon gives up on
+    #: it and says so (the process's memory counts as still on the GPU). The driver's API moves
+    #: ~1.5-2 GB/s, so 120 s covers a full 80 GiB card; past that it is the driver's known
+    #: cross-process hang (NVIDIA/cuda-checkpoint #30, #44, #45), not a slow copy.
+    checkpoint_timeout: float = 120.0
     #: Seconds over which pool shares are measured; None: 50 quanta of the GPU's TQ, long
     #: enough that one quantum moves a share by 0.02, short enough to forget last hour's burst.
     window: float | None = None

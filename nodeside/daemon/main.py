@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="GPU memory for scheduling, e.g. 80GiB (overrides NVML)")
     parser.add_argument("--grace", type=argument_type(parse_tq),
                         help="seconds a holder has to give the GPU back when asked (default 10)")
+    parser.add_argument("--checkpoint-timeout", type=argument_type(parse_tq),
+                        help="seconds the driver's checkpoint or restore of a process may take "
+                        "before the daemon gives up on it (default 120)")
     parser.add_argument("--cuda-library", default=os.environ.get("KIWI_CUDA_LIBRARY",
                                                                  "libcuda.so.1"),
                         help="CUDA driver whose checkpoint API suspends processes that "
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("kiwi-scheduler %s: scheduler core %s", __version__, core())
     overrides: dict[str, Any] = {k: v for k, v in {
         "tq": args.tq, "mode": args.mode, "grace": args.grace,
+        "checkpoint_timeout": args.checkpoint_timeout,
         "admin_group": args.admin_group, "socket_group": args.socket_group,
     }.items() if v is not None}
     try:

@@ -66,7 +66,8 @@ class Daemon:
         self.evictor = CheckpointEvictor(EvictionLines(self.scheduler), self.loop,
                                          options.cuda_library,
                                          lambda: self.scheduler.config.grace,
-                                         options.memory_used)
+                                         options.memory_used,
+                                         lambda: self.scheduler.config.checkpoint_timeout)
         self.pods = PodNamespaces(options.pods, options.proc_root)
         self.requests = Requests(self.scheduler, resolve_group(config.admin_group),
                                  options.memory_used, self.evictor, self.pods.of)

@@ -11,7 +11,9 @@ lines' deadline (``EvictionLines.expire``). Whatever the lines let go after an e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 
 from nodeside.evict import CHECKPOINT, MANAGED, VMM
@@ -33,27 +35,34 @@ Then = Callable[[list[Item]], None]
 
 
 class Running:
-    """A job on a worker thread, and whether its client went away meanwhile (the thread reads
-    it between lock attempts)."""
+    """A job on a worker thread, and whether its client went away meanwhile or the daemon gave
+    up on it (the thread reads that between lock attempts)."""
 
     def __init__(self, job: Job, name: str) -> None:
         self.job = job
         self.name = name
         self.cancelled = False
+        #: The job ran past the checkpoint timeout: its lines were told it failed, and
+        #: whatever the thread returns later changes nothing.
+        self.given_up = False
+        self.deadline: asyncio.TimerHandle | None = None
 
     def is_cancelled(self) -> bool:
-        return self.cancelled
+        return self.cancelled or self.given_up
 
 
 class CheckpointEvictor:
     def __init__(self, lines: EvictionLines, loop: asyncio.AbstractEventLoop, library: str,
                  lock_timeout: Callable[[], float],
-                 memory_used: Callable[[], Mapping[int, int | None]]) -> None:
+                 memory_used: Callable[[], Mapping[int, int | None]],
+                 job_timeout: Callable[[], float] = lambda: 120.0) -> None:
         self.lines = lines
         self.loop = loop
         self.library = library
         self.lock_timeout = lock_timeout
         self.memory_used = memory_used
+        #: Seconds a job may run before the daemon gives up on it (``checkpoint_timeout``).
+        self.job_timeout = job_timeout
         self._api: CheckpointApi | None = None
         self._api_missing: str | None = None
         self._running: dict[str, Running] = {}
@@ -114,8 +123,47 @@ class CheckpointEvictor:
         record = self.lines.records.get(job.client)
         running = Running(job, record.name if record is not None else job.client)
         self._running[job.client] = running
-        future = self.loop.run_in_executor(None, self._work, running)
+        future: asyncio.Future[Failure | None] = self.loop.create_future()
         future.add_done_callback(lambda done: self._ended(running, done, then))
+        # A thread of its own, a daemon one, not the loop's executor: a driver call that never
+        # returns must neither take an executor worker for good nor keep the daemon from
+        # exiting (the executor's threads are joined at exit).
+        threading.Thread(target=self._work_then_answer, args=(running, future), daemon=True,
+                         name=f"kiwi-{type(job).__name__.lower()}-{job.pid}").start()
+        running.deadline = self.loop.call_later(self.job_timeout(), self._overdue, running,
+                                                then)
+
+    def _overdue(self, running: Running, then: Then) -> None:
+        """The job has run past the checkpoint timeout: the driver's call has not returned.
+
+        Nothing can interrupt a thread inside the driver, so the thread is left to finish or
+        hang; the lines hear that the job failed, which bounds what waits on it (a failed
+        checkpoint holds the GPU's grants one grace period at most, or until NVML shows the
+        memory free), and the one error line says what to look at."""
+        job = running.job
+        if running.given_up or self._running.get(job.client) is not running:
+            return
+        running.given_up = True
+        del self._running[job.client]
+        step = "checkpoint" if isinstance(job, Checkpoint) else "restore"
+        error = (f"the driver's {step} did not return in {self.job_timeout():g} s "
+                 "(checkpoint_timeout); given up, its memory counted as still on the GPU")
+        log.error("GPU %d: the %s of %s (%s, pid %d) did not return in %g s: given up. A "
+                  "driver call that never returns is the checkpoint API's known hang with "
+                  "several CUDA processes (NVIDIA/cuda-checkpoint #30, #44, #45)", job.gpu,
+                  step, running.name, job.client, job.pid, self.job_timeout())
+        self._settle(job, Failure(error), then)
+
+    def _work_then_answer(self, running: Running,
+                          future: asyncio.Future[Failure | None]) -> None:
+        failed = self._work(running)
+
+        def answer() -> None:
+            if not future.done():
+                future.set_result(failed)
+        # RuntimeError: the loop has closed; the daemon is gone and there is nobody to tell.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(answer)
 
     def _work(self, running: Running) -> Failure | None:
         """The job's blocking part, on a worker thread: None, or why it failed."""
@@ -142,11 +190,22 @@ class CheckpointEvictor:
     def _ended(self, running: Running, done: asyncio.Future[Failure | None],
                then: Then) -> None:
         job = running.job
+        if running.deadline is not None:
+            running.deadline.cancel()
+        if running.given_up:
+            if not done.cancelled():
+                log.warning("The driver's call for %s (%s, pid %d) returned %s after the daemon "
+                            "had given up on it", running.name, job.client, job.pid,
+                            "an error" if done.result() is not None else "at last")
+            return
         if self._running.get(job.client) is running:
             del self._running[job.client]
         if done.cancelled():
             return  # the loop is closing: nothing more goes out
-        failed = done.result()
+        self._settle(job, done.result(), then)
+
+    def _settle(self, job: Job, failed: Failure | None, then: Then) -> None:
+        """Feed a job's result to the lines, and carry out what they let go."""
         lines = self.lines
         if isinstance(job, Checkpoint):
             ready = lines.checkpoint_done(job) if failed is None else lines.checkpoint_failed(

@@ -216,3 +216,27 @@ def test_a_checkpointed_kernel_asks_for_its_gpu_at_the_start_of_a_cell(
         w.call("shim.cell_begin()")
         wait_for(lambda: client_of(scheduler, w)["state"] == "waiting",
                  what="the cell to ask for the GPU")
+
+
+def test_a_checkpoint_the_driver_never_finishes_is_given_up_with_a_clear_error(
+        checkpointing, workload, checkpoint_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's checkpoint call outlives checkpoint_timeout (the fake sleeps in it, as the
+    real API hangs with several processes): the daemon gives up on it in bounded time, says so
+    once, and the GPU's line goes on after one grace period instead of never."""
+    monkeypatch.setenv("FAKE_CUDA_CHECKPOINT_SECONDS", "6")  # the daemon's call, in its thread
+    scheduler = checkpointing("--grace", "1", "--checkpoint-timeout", "0.5")
+    w = kernel(workload, scheduler, checkpoint_dir)
+    hold_with(w, scheduler, 6 * GiB)
+    with Client(scheduler.socket, name="next") as next_holder:
+        next_holder.report_working_set(6 * GiB)
+        next_holder.request()  # needs the room: the holder's quantum ends in a checkpoint
+        scheduler.wait_log(r"\[ERROR\] GPU 0: the checkpoint of .* did not return in 0\.5 s: "
+                           r"given up")
+        assert checkpoint_state(scheduler, w) == "failed"
+        error = client_of(scheduler, w)["checkpoint_error"]
+        assert "the driver's checkpoint did not return in 0.5 s (checkpoint_timeout)" in error
+        # One grace period later the line goes on, though the driver's call may still run.
+        assert next_holder.wait_for_grant(timeout=10)
+        next_holder.release()
+    scheduler.wait_log(r"returned at last after the daemon had given up on it", timeout=30)
+    assert "Traceback" not in scheduler.log()
