@@ -126,6 +126,33 @@ class Driver:
     def release_vmm(self, handle: int) -> int:
         return int(self.dlsym("cuMemRelease", c_u64)(handle))
 
+    def retain(self, ptr: int) -> int:
+        """cuMemRetainAllocationHandle of ptr (as an export or an NCCL registration asks);
+        the CUresult."""
+        handle = c_u64()
+        return int(self.dlsym("cuMemRetainAllocationHandle", ctypes.POINTER(c_u64), c_ptr)(
+            ctypes.byref(handle), ptr))
+
+    def ipc_handle(self, ptr: int) -> int:
+        """cuIpcGetMemHandle of ptr (legacy IPC, as PyTorch's tensor sharing); the CUresult."""
+        handle = ctypes.create_string_buffer(64)
+        return int(self.dlsym("cuIpcGetMemHandle", c_ptr, c_u64)(handle, ptr))
+
+    def pool_attribute(self, pool: int, attribute: int) -> int:
+        value = c_u64()
+        fn = self.dlsym("cuMemPoolGetAttribute", c_ptr, ctypes.c_int, c_ptr)
+        if fn(pool, attribute, ctypes.byref(value)) != 0:
+            raise RuntimeError("cuMemPoolGetAttribute")
+        return value.value
+
+    def reset_pool_high(self, pool: int, attribute: int) -> int:
+        zero = c_u64(0)
+        return int(self.dlsym("cuMemPoolSetAttribute", c_ptr, ctypes.c_int, c_ptr)(
+            pool, attribute, ctypes.byref(zero)))
+
+    def enable_peer(self, peer: int) -> int:
+        return int(self.dlsym("cuCtxEnablePeerAccess", c_ptr, ctypes.c_uint)(peer, 0))
+
     def free(self, ptr: int) -> int:
         return int(self.dlsym("cuMemFree_v2", c_u64)(ptr))
 
