@@ -297,7 +297,7 @@ _FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
         ("labels", (dict,), False),
         ("display_name", (str,), False),  # what people see (a notebook's path); name stays the key
         ("gpu_uuid", (str,), False),      # the GPU's UUID, matched by the daemon when it knows it
-        ("evict", (str,), False),         # "managed" or "checkpoint": how this process is paged
+        ("evict", (str,), False),         # "vmm", "managed" or "checkpoint": how it is paged
         ("pausable", (bool,), False),     # it honours "pause" and "resume" (taking turns)
     ),
     RELEASE: (("evict_first", (bool,), False), ("requeue", (bool,), False)),

@@ -21,4 +21,6 @@ from typing import Final
 
 MANAGED: Final = "managed"
 CHECKPOINT: Final = "checkpoint"
-EVICTORS: Final = (MANAGED, CHECKPOINT)
+#: The shim pages the process itself, as with managed, by mapping and unmapping its memory.
+VMM: Final = "vmm"
+EVICTORS: Final = (MANAGED, CHECKPOINT, VMM)

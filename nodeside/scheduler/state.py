@@ -25,7 +25,7 @@ from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 __all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "Client", "GpuSpec", "GpuState",
            "Hold", "HoldState", "IllegalTransition", "WaitQueue"]
 
-EVICT_MODES = ("managed", "checkpoint")
+EVICT_MODES = ("managed", "checkpoint", "vmm")
 
 
 class HoldState(Enum):
@@ -125,7 +125,7 @@ class Client:
     display_name: str = ""
     #: The user name of the peer's uid, resolved by the shell (the core does no I/O).
     user: str | None = None
-    #: How the client gives memory back: "managed" (the shim pages it) or "checkpoint".
+    #: How the client gives memory back: "managed" or "vmm" (the shim pages it), "checkpoint".
     evict: str = "managed"
     gids: tuple[int, ...] = ()
     #: Why the access policy changed the claimed pool or priority (for the log); None if not.
