@@ -29,6 +29,7 @@ struct kiwi_stats {
     double seconds_evicting;
     uint64_t restores, bytes_restored;
     double seconds_restoring;
+    uint64_t restore_failures; /* restores rolled back for want of room: the grant went back */
     double seconds_waiting;  /* time gated calls spent waiting for the GPU */
     /* CLOCK_MONOTONIC when the last grant arrived, before its restore: benchmarks time the
      * way back to full speed from here, whichever way the pages come back. 0 before any. */
@@ -46,6 +47,8 @@ struct kiwi_comm_state {
     unsigned release_done;
     double outage_since;
     double granted_at;
+    double retry_after;      /* after a failed restore: no acquire before this */
+    double retry_backoff;    /* and how long the next failure waits */
     bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
     bool policy_closed;
     double policy_timeout;
@@ -133,8 +136,9 @@ void kiwi_link_after_fork(void);
 
 /* ---- registration.c ---------------------------------------------------------------------- */
 
-/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
-void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set);
+/* The register request's fields: the client's labels, quoted, its GPU and its working set;
+ * compatible: for a daemon that refused the evictor vmm (it predates it), managed instead. */
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible);
 /* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
 void kiwi_gpu_uuid(char *text, size_t size);
 
@@ -157,8 +161,8 @@ bool kiwi_json_quote(char *buf, size_t size, const char *text);
 
 /* ---- evict.c ----------------------------------------------------------------------------- */
 
-/* What register proposes ("managed" or "checkpoint"), and the daemon's answer ("" when it gave
- * none): the pager's choice (mechanisms/pager.c) follows it. */
+/* What register proposes ("vmm", "managed" or "checkpoint"), and the daemon's answer ("" when
+ * it gave none): the pager's choice (mechanisms/pager.c) follows it. */
 const char *kiwi_evict_proposal(void);
 void kiwi_evict_answered(const char *evictor);
 

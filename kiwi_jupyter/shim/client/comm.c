@@ -85,7 +85,8 @@ static void act(void)
         pthread_cond_broadcast(&kiwi_changed);
     }
     bool want = kiwi_gate_waiters() > 0 || kiwi_comm.acquire_wanted;
-    if (want && kiwi_comm.stats.hold == KIWI_IDLE && kiwi_link_up() &&
+    bool backing_off = kiwi_now() < kiwi_comm.retry_after; /* a restore failed just now */
+    if (want && !backing_off && kiwi_comm.stats.hold == KIWI_IDLE && kiwi_link_up() &&
         kiwi_hold_move(KIWI_WAITING)) {
         pthread_mutex_unlock(&kiwi_lock);
         kiwi_link_request("acquire", "");
@@ -134,6 +135,11 @@ static void wait_for_news(double timeout)
 
 static double next_idle_check(void)
 {
+    pthread_mutex_lock(&kiwi_lock);
+    double retry = kiwi_comm.retry_after - kiwi_now();
+    pthread_mutex_unlock(&kiwi_lock);
+    if (retry > 0 && retry < 1.0)
+        return retry + 0.001; /* the acquire a failed restore put off */
     if (kiwi_cfg.idle_release <= 0)
         return 1.0;
     pthread_mutex_lock(&kiwi_lock);

@@ -8,6 +8,27 @@
 
 #include "client.h"
 
+#define RETRY_FIRST 0.5
+#define RETRY_MOST 8.0
+
+/* The restore could not be made (no room on the card: another process took it) and was rolled
+ * back: the grant goes back to the daemon, and the calls at the gate ask again after a while,
+ * longer each time it fails. */
+static void give_grant_back(const char *why)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.restore_failures++;
+    double backoff = kiwi_comm.retry_backoff > 0 ? kiwi_comm.retry_backoff : RETRY_FIRST;
+    kiwi_comm.retry_after = kiwi_now() + backoff;
+    kiwi_comm.retry_backoff = backoff * 2 < RETRY_MOST ? backoff * 2 : RETRY_MOST;
+    if (kiwi_hold_move(KIWI_IDLE))
+        kiwi_comm.stats.queue_position = 0;
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_warn("giving the GPU back (%s); asking again in %.1f s", why, backoff);
+    kiwi_release_seq = kiwi_link_request("release", "");
+}
+
 static void on_grant(const char *line)
 {
     double arrived = kiwi_now();
@@ -17,14 +38,20 @@ static void on_grant(const char *line)
     kiwi_memory_working_set(&ws);
     pthread_mutex_lock(&kiwi_lock);
     bool expected = kiwi_comm.stats.hold == KIWI_WAITING;
-    /* A checkpointed process was restored by the daemon before this grant was sent. */
-    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault && !kiwi_pager_checkpointing();
+    /* A checkpointed process was restored by the daemon before this grant was sent. Memory the
+     * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
+    bool restore = !kiwi_pager_checkpointing() &&
+                   (kiwi_pager_away() || (ws.evictable && !kiwi_cfg.restore_by_fault));
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release on the wire: the release ended it */
     struct kiwi_transfer moved = {0};
     if (restore)
         kiwi_pager_move(KIWI_PAGE_IN, &moved);
+    if (moved.failed) {
+        give_grant_back(moved.failed);
+        return;
+    }
     kiwi_free_ranges_forget(); /* the gate opens: what the cache held free may be used now */
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.evicted = false; /* restored, or left to fault back in (KIWI_RESTORE=fault) */
@@ -38,6 +65,7 @@ static void on_grant(const char *line)
         return;
     }
     kiwi_comm.stats.paused = false;
+    kiwi_comm.retry_backoff = 0;
     kiwi_comm.stats.grants++;
     kiwi_comm.stats.last_grant_at = arrived;
     kiwi_comm.stats.queue_position = 0;

@@ -161,6 +161,18 @@ bool kiwi_link_position_events(void)
     return position_events;
 }
 
+/* A daemon that predates the vmm evictor refuses it by name in register (an invalid value,
+ * which leaves the connection open). */
+static bool refused_vmm(const char *reply)
+{
+    char op[16] = "", code[16] = "", message[256] = "";
+    kiwi_json_string(reply, "op", op, sizeof op);
+    kiwi_json_string(reply, "code", code, sizeof code);
+    kiwi_json_string(reply, "message", message, sizeof message);
+    return strcmp(op, "error") == 0 && strcmp(code, "invalid") == 0 &&
+           strstr(message, "evict") && strcmp(kiwi_evict_proposal(), "vmm") == 0;
+}
+
 bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
                        void (*on_event)(const char *line))
 {
@@ -185,9 +197,17 @@ bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
     }
     position_events = welcome_lists(registered, "position");
     char fields[2048];
-    kiwi_registration_fields(fields, sizeof fields, working_set);
+    kiwi_registration_fields(fields, sizeof fields, working_set, false);
     unsigned seq = kiwi_link_request("register", fields);
-    if (!seq || !await_reply("registered", seq, registered, size, 5.0, on_event)) {
+    bool done = seq && await_reply("registered", seq, registered, size, 5.0, on_event);
+    if (!done && link_fd >= 0 && refused_vmm(registered)) {
+        kiwi_log("the daemon does not know the vmm evictor; registering as managed (this "
+                 "process pages itself either way)");
+        kiwi_registration_fields(fields, sizeof fields, working_set, true);
+        seq = kiwi_link_request("register", fields);
+        done = seq && await_reply("registered", seq, registered, size, 5.0, on_event);
+    }
+    if (!done) {
         kiwi_warn("the daemon did not register this process: %s",
                   link_fd >= 0 ? registered : "connection lost");
         kiwi_link_close("registration refused");

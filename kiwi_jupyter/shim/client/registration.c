@@ -57,8 +57,11 @@ static bool gpu_uuid(char *text, size_t size)
 }
 
 /* The register request's fields: the client's labels, quoted, its GPU and its working set. */
-void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible)
 {
+    const char *evict = kiwi_evict_proposal();
+    if (compatible && strcmp(evict, "vmm") == 0)
+        evict = "managed"; /* to a daemon that predates vmm: the process pages itself */
     snprintf(fields, size, "\"name\":");
     kiwi_json_quote(fields, size, kiwi_cfg.name);
     append(fields, size, ",\"pool\":");
@@ -89,5 +92,5 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
     snprintf(fields + n, size - n,
              ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu,\"evict\":\"%s\","
              "\"pausable\":true",
-             kiwi_cfg.gpu, (unsigned long long)working_set, kiwi_evict_proposal());
+             kiwi_cfg.gpu, (unsigned long long)working_set, evict);
 }

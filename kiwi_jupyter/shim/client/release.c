@@ -31,12 +31,10 @@ unsigned kiwi_yield_seq; /* see client.h */
 
 void kiwi_release_evict_now(void)
 {
-    struct kiwi_working_set ws;
-    kiwi_memory_working_set(&ws);
-    if (!ws.evictable)
+    if (!kiwi_pager_movable())
         return;
     kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
-    struct kiwi_transfer moved;
+    struct kiwi_transfer moved = {0};
     kiwi_pager_move(KIWI_PAGE_OUT, &moved);
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.evicted = true;
@@ -108,7 +106,7 @@ static enum quiesced quiesce(const char *why, bool evict)
         keep_holding();
         return NOT_SYNCHRONIZED;
     }
-    kiwi_memory_free_deferred();
+    kiwi_pager_free_deferred();
     return QUIESCED;
 }
 
@@ -153,9 +151,7 @@ void kiwi_release_yield(const char *why)
     }
     if (quiesced != QUIESCED)
         return;
-    struct kiwi_working_set ws;
-    kiwi_memory_working_set(&ws);
-    if (!ws.evictable) {
+    if (!kiwi_pager_movable()) {
         finish_release(false);
         return;
     }

@@ -108,7 +108,7 @@ long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned lo
     forget();
     struct kiwi_range *allocations = NULL;
     uint64_t now = 0;
-    size_t allocated = kiwi_memory_managed(&allocations, &now);
+    size_t allocated = kiwi_memory_ranges(KIWI_RANGES_EVICTABLE, &allocations, &now);
     if (count > MAX_RANGES)
         count = MAX_RANGES; /* a bound on host memory; the rest are copied as before */
     struct span *kept = now == table_generation && count ? malloc(count * sizeof *kept) : NULL;
@@ -117,7 +117,7 @@ long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned lo
         qsort(allocations, allocated, sizeof *allocations, by_address);
     for (size_t i = 0; kept && i < count; i++) {
         if (!holder(allocations, allocated, ptrs[i], sizes[i]))
-            continue; /* not wholly inside one managed allocation: not ours to discard */
+            continue; /* not wholly inside one evictable allocation: not ours to discard */
         CUdeviceptr start = (ptrs[i] + BLOCK - 1) & ~(BLOCK - 1);
         CUdeviceptr end = (ptrs[i] + sizes[i]) & ~(BLOCK - 1);
         if (end > start)
