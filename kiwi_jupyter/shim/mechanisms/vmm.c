@@ -14,9 +14,9 @@
  * stream-ordered free records an event on its stream instead, and the memory is reclaimed once
  * the event has completed: at later allocations, frees and evictions. While a graph capture is
  * open nothing can be waited for (a synchronization would invalidate the capture), and the
- * memory waits for the next release, which synchronizes everything. A region freed whole is
- * kept mapped for the next allocation of its size (up to CACHE_BYTES), and the cache is
- * trimmed before each eviction and when the card runs out.
+ * memory waits for the next release, which synchronizes everything. A region freed whole (or
+ * a slab left empty) is kept mapped for the next allocation of its size (up to CACHE_BYTES), and
+ * the cache is trimmed before each eviction and when the card runs out.
  *
  * While an eviction's memory is away (kiwi_vmm_evicted), a new allocation only reserves its
  * addresses: the card is another process's now, and the restore on the next grant backs it,
@@ -357,11 +357,12 @@ static void destroy_region(struct vmm_region *r)
     free(r);
 }
 
-/* A region whose last allocation went: kept mapped for the next allocation of its size (one
- * chunk, all of it on the card, room in the cache), else destroyed. */
+/* A region whose last allocation went: kept mapped for the next allocation of its size, or
+ * the next small one for a slab (one chunk, all of it on the card, room in the cache), else
+ * destroyed. */
 static void let_go(struct vmm_region *r)
 {
-    bool keep = !r->slab && !r->pinned && !kiwi_vmm_evicted && r->chunk_count == 1 &&
+    bool keep = !r->pinned && !kiwi_vmm_evicted && r->chunk_count == 1 &&
                 r->chunks[0].resident && cached_bytes + r->size <= CACHE_BYTES;
     if (!keep) {
         destroy_region(r);
@@ -382,15 +383,21 @@ void kiwi_vmm_trim_cache(void)
     }
 }
 
-/* A cached region of exactly size bytes on device, taken out of the cache; or NULL. */
-static struct vmm_region *take_cached(size_t size, CUdevice device, CUcontext ctx)
+static void uncache(struct vmm_region *r, CUcontext ctx)
 {
-    for (struct vmm_region *r = first_region; r && cached_bytes; r = r->next) {
-        if (!r->cached || r->size != size || r->device != device)
+    r->cached = false;
+    r->ctx = ctx;
+    cached_bytes -= r->size;
+}
+
+/* A cached region (a slab, or not) of exactly size bytes on device, taken out of the cache; or
+ * NULL. */
+static struct vmm_region *take_cached(size_t size, CUdevice device, CUcontext ctx, bool slab)
+{
+    for (struct vmm_region *r = last_region; r && cached_bytes; r = r->prev) {
+        if (!r->cached || r->slab != slab || r->size != size || r->device != device)
             continue;
-        r->cached = false;
-        r->ctx = ctx;
-        cached_bytes -= size;
+        uncache(r, ctx);
         return r;
     }
     return NULL;
@@ -438,11 +445,14 @@ static size_t free_run(const struct vmm_region *slab, size_t count)
 
 static void mark_units(struct vmm_region *slab, size_t first, size_t count, bool used)
 {
-    for (size_t i = first; i < first + count; i++) {
+    for (size_t i = first, end = first + count; i < end;) {
+        size_t bit = i & 63, n = end - i < 64 - bit ? end - i : 64 - bit;
+        uint64_t mask = (n == 64 ? ~0ull : (1ull << n) - 1) << bit;
         if (used)
-            slab->units[i / 64] |= 1ull << (i & 63);
+            slab->units[i / 64] |= mask;
         else
-            slab->units[i / 64] &= ~(1ull << (i & 63));
+            slab->units[i / 64] &= ~mask;
+        i += n;
     }
     slab->units_used = used ? slab->units_used + count : slab->units_used - count;
 }
@@ -489,7 +499,7 @@ static struct vmm_region *slab_with_room(size_t count, CUcontext ctx, CUdevice d
                                          size_t *first)
 {
     for (struct vmm_region *r = last_region; r; r = r->prev) {
-        if (!r->slab || r->pinned || r->ctx != ctx || r->device != device ||
+        if (!r->slab || r->pinned || r->cached || r->ctx != ctx || r->device != device ||
             r->unit_count - r->units_used < count)
             continue;
         *first = free_run(r, count);
@@ -507,9 +517,11 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         size_t count = (a->size + VMM_UNIT - 1) / VMM_UNIT, first = 0;
         struct vmm_region *slab = slab_with_room(count ? count : 1, ctx, device, &first);
         if (!slab) {
-            slab = make_region(granule, granule, ctx, device, true, &result);
             first = 0;
+            slab = take_cached(granule, device, ctx, true);
         }
+        if (!slab)
+            slab = make_region(granule, granule, ctx, device, true, &result);
         if (!slab)
             return result;
         a->first_unit = first;
@@ -519,7 +531,7 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         a->ptr = slab->va + first * VMM_UNIT;
     } else {
         size_t size = round_up(a->size, granule);
-        struct vmm_region *r = take_cached(size, device, ctx);
+        struct vmm_region *r = take_cached(size, device, ctx, false);
         if (!r)
             r = make_region(size, granule, ctx, device, false, &result);
         if (!r)
