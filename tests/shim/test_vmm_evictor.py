@@ -305,6 +305,20 @@ def test_slabs_move_only_what_is_allocated_in_them(scheduler, workload, card) ->
     assert card.used_by(w.process.pid) == 0
 
 
+def test_allocations_of_every_size_keep_their_bytes_through_churn_and_evictions(
+        scheduler, workload, card) -> None:
+    w = vmm(workload, card, scheduler.socket)
+    assert w.call("d.launch()") == 0  # holds
+    for round_ in range(3):
+        assert w.call(f"churn({round_}, 150)") > 0
+        assert evicted_by_next(scheduler, w, lambda: card.used_by(w.process.pid)) == 0
+        assert w.call("unchanged()") == [], f"round {round_}"  # the first read restores
+    w.call("free_all()")
+    assert w.stats()["working_set"] == 0
+    evicted_by_next(scheduler, w)  # and what was kept for reuse goes too
+    assert card.used_by(w.process.pid) == 0
+
+
 # ---- frees ---------------------------------------------------------------------------------
 
 def test_a_free_waits_for_the_gpu_then_unmaps_and_releases(workload, card) -> None:

@@ -47,6 +47,7 @@ pthread_mutex_t kiwi_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 bool kiwi_vmm_evicted;
 
 static struct vmm_region *first_region, *last_region;
+static struct vmm_region *slabs, *cache; /* (side lists) slabs in use; regions kept for reuse */
 static uint64_t next_serial = 1;
 static struct vmm_allocation *allocations[BUCKETS];
 static struct vmm_allocation *pending_first, *pending_last;
@@ -246,8 +247,12 @@ static void spare_put(struct vmm_shadow *shadow)
 
 /* ---- regions --------------------------------------------------------------------------- */
 
+static void side_link(struct vmm_region **head, struct vmm_region *r);
+
 static void link_region(struct vmm_region *r)
 {
+    if (r->slab)
+        side_link(&slabs, r);
     r->serial = next_serial++;
     r->prev = last_region;
     r->next = NULL;
@@ -258,8 +263,32 @@ static void link_region(struct vmm_region *r)
     last_region = r;
 }
 
+static void side_link(struct vmm_region **head, struct vmm_region *r)
+{
+    r->side_prev = NULL;
+    r->side_next = *head;
+    if (*head)
+        (*head)->side_prev = r;
+    *head = r;
+}
+
+static void side_unlink(struct vmm_region **head, struct vmm_region *r)
+{
+    if (r->side_prev)
+        r->side_prev->side_next = r->side_next;
+    else
+        *head = r->side_next;
+    if (r->side_next)
+        r->side_next->side_prev = r->side_prev;
+    r->side_next = r->side_prev = NULL;
+}
+
 static void unlink_region(struct vmm_region *r)
 {
+    if (r->cached)
+        side_unlink(&cache, r);
+    else if (r->slab)
+        side_unlink(&slabs, r);
     if (r->prev)
         r->prev->next = r->next;
     else
@@ -368,23 +397,24 @@ static void let_go(struct vmm_region *r)
         destroy_region(r);
         return;
     }
+    if (r->slab)
+        side_unlink(&slabs, r);
+    side_link(&cache, r);
     r->cached = true;
     cached_bytes += r->size;
 }
 
 void kiwi_vmm_trim_cache(void)
 {
-    struct vmm_region *r = first_region;
-    while (r) {
-        struct vmm_region *next = r->next;
-        if (r->cached)
-            destroy_region(r);
-        r = next;
-    }
+    while (cache)
+        destroy_region(cache);
 }
 
 static void uncache(struct vmm_region *r, CUcontext ctx)
 {
+    side_unlink(&cache, r);
+    if (r->slab)
+        side_link(&slabs, r);
     r->cached = false;
     r->ctx = ctx;
     cached_bytes -= r->size;
@@ -394,8 +424,8 @@ static void uncache(struct vmm_region *r, CUcontext ctx)
  * NULL. */
 static struct vmm_region *take_cached(size_t size, CUdevice device, CUcontext ctx, bool slab)
 {
-    for (struct vmm_region *r = last_region; r && cached_bytes; r = r->prev) {
-        if (!r->cached || r->slab != slab || r->size != size || r->device != device)
+    for (struct vmm_region *r = cache; r; r = r->side_next) {
+        if (r->slab != slab || r->size != size || r->device != device)
             continue;
         uncache(r, ctx);
         return r;
@@ -498,8 +528,8 @@ static struct vmm_region *make_region(size_t size, size_t granule, CUcontext ctx
 static struct vmm_region *slab_with_room(size_t count, CUcontext ctx, CUdevice device,
                                          size_t *first)
 {
-    for (struct vmm_region *r = last_region; r; r = r->prev) {
-        if (!r->slab || r->pinned || r->cached || r->ctx != ctx || r->device != device ||
+    for (struct vmm_region *r = slabs; r; r = r->side_next) {
+        if (r->pinned || r->ctx != ctx || r->device != device ||
             r->unit_count - r->units_used < count)
             continue;
         *first = free_run(r, count);
@@ -999,7 +1029,7 @@ void kiwi_vmm_after_fork(void)
      * parent's tables hold is left behind unfreed, as memory.c leaves its records. */
     pthread_mutex_init(&kiwi_vmm_lock, NULL);
     pthread_cond_init(&shadow_work, NULL);
-    first_region = last_region = NULL;
+    first_region = last_region = slabs = cache = NULL;
     memset(allocations, 0, sizeof allocations);
     pending_first = pending_last = NULL;
     cached_bytes = 0;

@@ -61,6 +61,8 @@ struct vmm_chunk {
 
 struct vmm_region {
     struct vmm_region *next, *prev; /* every region, in the order they were made */
+    /* The slabs in use, or the regions kept for reuse, so that an allocation looks only there */
+    struct vmm_region *side_next, *side_prev;
     uint64_t serial;                /* never reused: the shadow builder finds it again by it */
     CUdeviceptr va;
     size_t size; /* reserved: whole granules */
