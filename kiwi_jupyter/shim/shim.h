@@ -11,12 +11,14 @@
  *
  *   interpose/  hook.c        dlsym, cuGetProcAddress(_v2): each caller lands on a replacement
  *               gated.c       the driver calls that run work on the GPU, each behind the gate
- *               alloc.c       allocations become managed memory (or stay device memory)
+ *               alloc.c       allocations become memory the pager can move (vmm's or managed)
  *               alloc_async.c stream-ordered allocations
- *               pool.c        cuDeviceGetMemPool: a framework sees the shim's managed pool
+ *               pool.c        a framework's pool: the shim's managed one, or its vmm counts
  *               free.c        frees, and stream-ordered frees
+ *               handles.c     legacy IPC handles, and VMM handles handed out (pinned in place)
  *               meminfo.c     cuMemGetInfo and cuDeviceTotalMem: what the process is told
- *               context.c     contexts destroyed or reset: what was allocated in them goes
+ *               context.c     contexts destroyed or reset: what was allocated in them goes;
+ *                             peer access, which the vmm evictor's mappings get
  *               capture.c     graph captures beginning and ending
  *               (interpose.h: what they share)
  *   client/     comm.c        the daemon client, on a thread of its own: connecting, its loop
@@ -46,6 +48,11 @@
  *               managed.c     the managed evictor's move: the working set by prefetch,
  *               transfer.c    one context's prefetches and discards,
  *               copy_out.c    KIWI_EVICT_COPY's host buffers,
+ *               vmm_move.c    the vmm evictor's move: copies out and releases, maps and copies
+ *                             back (vmm.h),
+ *               vmm.c         its allocations: regions, chunks, slabs, frees, shadows' thread,
+ *               vmm_shadows.c its host shadows,
+ *               vmm_chunks.c  its physical handles, mapped and unmapped,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file
