@@ -257,9 +257,14 @@ def _timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def vmm_status(directory: str, shim: str) -> str:
-    """Whether this shim runs KIWI_EVICT=vmm as vmm: asked over the fake driver built in
-    directory, which supports the VMM API (no GPU needed)."""
+def vmm_status(shim: str, directory: str | None = None) -> str:
+    """Whether this shim runs KIWI_EVICT=vmm as vmm: asked over the tests' fake driver, which
+    supports the VMM API (no GPU needed), built in directory (or a directory of its own)."""
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix="kiwi-fake-") as scratch:
+            if build_fake(scratch) is None:
+                return "vmm: unknown here (no tests/shim/fake_cuda.c, or it did not build)"
+            return vmm_status(shim, scratch)
     code = ("import ctypes; from kiwi_jupyter.shim import Shim\n"
             "cu = ctypes.CDLL('libcuda.so.1'); cu.cuInit(0); p = ctypes.c_uint64()\n"
             "cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 21))\n"
@@ -308,7 +313,7 @@ def dry_run(shim: str, shadow: str) -> None:
             daemon.wait(10)
         if rounds:
             say("| " + " | ".join(row_cells("vmm", nbytes, rounds, floor)) + " |")
-        say("", *([f"- {why}"] if why else []), vmm_status(directory, shim))
+        say("", *([f"- {why}"] if why else []), vmm_status(shim, directory))
 
 
 def say(*lines: str) -> None:

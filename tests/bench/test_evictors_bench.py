@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.shim.gpu_check import find_gpu
 from benchmarks.shim.evictors import (
     DAEMON_RESERVE,
     HEADER,
@@ -22,6 +21,7 @@ from benchmarks.shim.evictors import (
     row_cells,
     working_set,
 )
+from benchmarks.shim.gpu_check import find_gpu
 
 REPO = Path(__file__).resolve().parents[2]
 FLOOR = {"to_host": 50e9, "to_device": 50e9}

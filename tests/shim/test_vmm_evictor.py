@@ -23,8 +23,6 @@ from fake_device import FakeCard
 from support import scaled, wait_for
 from test_scheduling import after, client_of, other_client, state_of, working_set_of
 
-from nodeside.client import Client
-
 MiB = 1 << 20
 GiB = 1 << 30
 #: cuMemPoolGetAttribute's counters.
@@ -214,13 +212,14 @@ def test_addresses_and_contents_survive_eviction_cycles(scheduler, workload, car
     w = vmm(workload, card, scheduler.socket)
     sizes = [24 * MiB, 3 * MiB, 4096, 700]
     pointers = hold_with(w, scheduler, sizes)
-    for i, (ptr, size) in enumerate(zip(pointers, sizes)):
+    for i, (ptr, size) in enumerate(zip(pointers, sizes, strict=True)):
         for offset in {0, size // 2, size - 64}:
             assert w.call(f"d.write({ptr + offset}, {pattern(i + offset, 64)!r})") == 0
     reserved = len(w.log.calls("cuMemAddressReserve"))
     for cycle in range(3):
         assert evicted_by_next(scheduler, w, lambda: card.used_by(w.process.pid)) == 0
-        for i, (ptr, size) in enumerate(zip(pointers, sizes)):  # the first read restores
+        # The first read waits for the GPU, and so for the restore.
+        for i, (ptr, size) in enumerate(zip(pointers, sizes, strict=True)):
             for offset in {0, size // 2, size - 64}:
                 assert holds(w, ptr + offset, pattern(i + offset, 64)), (
                     f"cycle {cycle}: allocation {i} at offset {offset}")
