@@ -35,9 +35,14 @@ $(VENV)/.installed: $(VENV)/.lab-installed pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-## Start JupyterLab with Kiwi (embedded scheduler, no other setup).
+## Start JupyterLab with Kiwi (embedded scheduler, no other setup). Its time quantum is the
+## Binder demo's, 5 s: the demo notebooks' bursts last 15 s, so while the other notebook waits
+## each burst outlives a quantum and the quantum's end shows (the panel counts down to 0, the
+## cell says the GPU was asked back); with the daemon's default of 30 s no burst ever reaches
+## one. LAB_TQ=30 make lab for the default; kiwictl -T or the panel change it while it runs.
+LAB_TQ ?= 5
 lab: $(VENV)/.lab-installed labextension
-	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) --KiwiExtension.tq=$(LAB_TQ) $(LAB_ARGS)
 
 ## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
 ## from the venv's labextensions to the build so later builds (`npm run watch`) show at once.
@@ -75,9 +80,13 @@ sanitize: install
 	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim
 
+## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
+## and from the daemon's status document (the panel's fixture) read what those make now.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python -m nodeside.protocol.generate --check
+	$(BIN)/python tests/status_fixtures.py --check
 
 ## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
 ## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their

@@ -1,5 +1,6 @@
-"""Wheel build hook: compiles the CUDA shim (kiwi_jupyter/shim/*.c) and the daemon's
-scheduler core (mypyc, nodeside/compiled.py) into the wheel.
+"""Build hook: compiles the CUDA shim (kiwi_jupyter/shim/*.c) and the daemon's scheduler core
+(mypyc, nodeside/compiled.py) into the wheel, and first checks that the JupyterLab panel can be
+had: built already (an sdist carries it), or buildable with npm.
 
 Runs for ``pip install .``, ``python -m build`` and editable installs (``pip install -e .``):
 both are written next to their sources, where the shim's library_path() and Python's import
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,10 +57,31 @@ def _compiled_core(root: Path) -> list[Path]:
     return [path for path in core.built_files(root) if path.exists()]
 
 
+#: The built panel's file that pyproject.toml's jupyter-builder hook looks for.
+PANEL_BUILT = Path("kiwi_jupyter") / "labextension" / "static" / "style.js"
+
+NO_NPM = ("kiwi-jupyter: building from source needs node and npm to build the JupyterLab panel "
+          "(labextension/), and npm is not on PATH: install Node.js (https://nodejs.org), or "
+          "install a built wheel or the sdist, which carry the panel (README.md, Install)")
+
+
+def _panel_or_npm(root: Path) -> None:
+    """Stop the build with one line when the panel is neither built nor buildable.
+
+    Otherwise hatch-jupyter-builder, which runs next, fails with a traceback that ends in
+    "Could not find cmd (npm) in path". SystemExit carries only the message to pip or build.
+    """
+    if not (root / PANEL_BUILT).exists() and shutil.which("npm") is None:
+        raise SystemExit(NO_NPM)
+
+
 class ShimBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        # An editable install without node still works (no panel): the panel's own hook says so.
+        if version != "editable":
+            _panel_or_npm(Path(self.root))
         if self.target_name != "wheel":
             return
         build = _shim_build_module()

@@ -42,7 +42,8 @@ from types import ModuleType
 #: what they return, delivering actions past the checkpoint evictor's lines, the timers). Not
 #: anything a client, a kernel or kiwictl needs on its own.
 MODULES: tuple[str, ...] = (
-    "nodeside.protocol",
+    "nodeside.protocol.names",
+    "nodeside.protocol.wire",
     "nodeside.limits",
     "nodeside.scheduler.access",
     "nodeside.scheduler.actions",

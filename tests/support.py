@@ -1,4 +1,5 @@
-"""What the tests share: a real daemon process on a real socket, and waiting with a deadline."""
+"""What the tests share: a real daemon process on a real socket, waiting with a deadline, and
+waiting on the daemon's own change events for what its status document shows."""
 
 from __future__ import annotations
 
@@ -6,15 +7,19 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from nodeside import protocol as p
 from nodeside.daemon.listen import answers as socket_answers
+from nodeside.protocol import events
+from nodeside.protocol.client_session import ClientSession
 
 T = TypeVar("T")
 
@@ -57,6 +62,107 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
         time.sleep(interval)
+
+
+class StatusEvents:
+    """One connection to the daemon that hears its ``changed`` events (hello feature
+    ``changes``): ``wait_for`` reads the status document, and again after each change the daemon
+    tells of, until what the test waits for shows. No polling, and one connection, however long
+    it waits: the way to wait for something the document shows (a client queued, a holder
+    changed). Not for what only counts down (``quantum_remaining``, ``gpu_seconds``, shares):
+    the daemon tells of no change there (docs/protocol.md), so nothing would wake it."""
+
+    def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
+        self.timeout = scaled(timeout)
+        self.changes = 0  #: ``changed`` events heard so far
+        self._session = ClientSession(features=[p.FEATURE_CHANGES])
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        #: What was read and not yet taken: replies, and the changes told since the last read
+        #: of the document.
+        self._inbox: list[events.Event] = []
+        try:
+            self._sock.connect(socket_path)
+            self._session.connect()
+            self._sock.sendall(self._session.data_to_send())
+            self._take(lambda e: isinstance(e, (events.Ready, events.Refused)),
+                       time.monotonic() + self.timeout)
+            if p.FEATURE_CHANGES not in self._session.features:
+                raise ConnectionError("the daemon does not tell of changes")
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def status(self) -> dict[str, Any]:
+        """The status document now."""
+        seq = self._session.request(p.STATUS)
+        self._sock.sendall(self._session.data_to_send())
+        reply = self._take(lambda e: isinstance(e, events.Reply) and e.seq == seq,
+                           time.monotonic() + self.timeout)
+        document: dict[str, Any] = reply.message["status"]
+        return document
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], T], timeout: float = 10.0,
+                 what: str = "condition") -> T:
+        """``predicate(document)`` once it is truthy, reading the document at once and after
+        each change the daemon tells of; fails the test with ``what`` after ``timeout``
+        (a quiet machine's figure, stretched by the load factor)."""
+        deadline = time.monotonic() + scaled(timeout)
+        while True:
+            # Changes told before this read are in the document it returns.
+            self._inbox = [e for e in self._inbox if not isinstance(e, events.StatusChanged)]
+            document = self.status()
+            value = predicate(document)
+            if value:
+                return value
+            try:
+                self._take(lambda e: isinstance(e, events.StatusChanged), deadline)
+            except TimeoutError:
+                raise AssertionError(f"timed out after {scaled(timeout):.1f} s waiting for "
+                                     f"{what}; the last document: {document}") from None
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> StatusEvents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take(self, wanted: Callable[[events.Event], bool], deadline: float) -> events.Event:
+        """The first event read that is ``wanted``, reading until one comes."""
+        while True:
+            for i, event in enumerate(self._inbox):
+                if wanted(event):
+                    return self._inbox.pop(i)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("nothing from the daemon in time")
+            self._sock.settimeout(left)
+            try:
+                data = self._sock.recv(1 << 20)
+            except TimeoutError:
+                raise TimeoutError("nothing from the daemon in time") from None
+            if not data:
+                raise ConnectionError("the daemon closed the connection")
+            for event in self._session.receive_data(data):
+                if isinstance(event, events.StatusChanged):
+                    self.changes += 1
+                if isinstance(event, (events.Ready, events.Refused, events.Reply,
+                                      events.StatusChanged)):
+                    self._inbox.append(event)
+
+
+def wait_for_status(socket_path: str, predicate: Callable[[dict[str, Any]], T],
+                    timeout: float = 10.0, what: str = "condition") -> T:
+    """``StatusEvents.wait_for`` on a connection of its own."""
+    with StatusEvents(socket_path) as watch:
+        return watch.wait_for(predicate, timeout, what)
+
+
+def client_state(document: dict[str, Any], name: str) -> str | None:
+    """The state ("idle", "waiting", "holding") of the client registered as ``name``."""
+    return next((c["state"] for c in document["clients"] if c["name"] == name), None)
 
 
 def short_tmpdir() -> Path:

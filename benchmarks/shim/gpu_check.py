@@ -7,12 +7,12 @@
 
 With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
 runs the GPU tests (``pytest -m gpu tests/shim`` and the two-kernel test), the evictors side by
-side, the vmm device probe and every GPU benchmark (paging, overhead, checkpoint where
-that module exists, evict_variants and gpu_corun), each in a process of its own with a time limit inside one
-budget (18 minutes by default), and writes ONE Markdown report (GPU, driver, CUDA, versions,
-every result and ratio) to --out and to stdout, ready to paste into BENCHMARKS.md. The decisive
-steps come first; ``--only decisive`` runs just them (the tests and the evictors, about 6
-minutes on an H100).
+side, the vmm device probe and every GPU benchmark (paging, overhead, checkpoint where that
+module exists, evict_variants and gpu_corun), each in a process of its own with a time limit
+inside one budget (18 minutes by default), and writes ONE Markdown report (GPU, driver, CUDA,
+versions, every result and ratio) to --out and to stdout, ready to paste into BENCHMARKS.md.
+The decisive steps come first; ``--only decisive`` runs just them (the tests and the evictors,
+about 6 minutes on an H100).
 
 Without an NVIDIA GPU it is a dry run: it says so in one line, builds the shim, names what it
 would run and which of its packages are missing, and exits 0. docs/gpu-check.md says how to run

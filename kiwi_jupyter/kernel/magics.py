@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,6 +37,28 @@ class KiwiMagics(Magics):
     def __init__(self, shell: Any, extension: KiwiExtension) -> None:
         super().__init__(shell)
         self.extension = extension
+        self.magics["line"]["kiwi"] = self._with_live_help(self.magics["line"]["kiwi"])
+
+    def _with_live_help(self, magic: Callable[[str], Any]) -> Callable[[str], Any]:
+        """``%kiwi`` whose help (``%kiwi?``) ends with the socket this kernel really uses: the
+        embedded scheduler's private one under `jupyter lab`, not the node's default.
+
+        IPython's inspector asks an object's ``getdoc()`` before its docstring, so the help is
+        written when it is asked for (the link may have found another socket since the start).
+        """
+
+        def kiwi(line: str) -> Any:
+            return magic(line)
+
+        def getdoc() -> str:
+            socket = self.extension.link.socket_path
+            where = "$KIWI_SOCKET" if os.environ.get("KIWI_SOCKET") == socket else "found"
+            usage = inspect.cleandoc(magic.__doc__ or "")
+            return f"{usage}\n\nThis kernel uses {socket} ({where})."
+
+        kiwi.__doc__ = magic.__doc__
+        kiwi.getdoc = getdoc  # type: ignore[attr-defined]
+        return kiwi
 
     @line_magic
     def kiwi(self, line: str) -> Any:
@@ -67,7 +91,8 @@ class KiwiMagics(Magics):
         Every cell gives the GPU back when it ends (success, error or interrupt); interrupting a
         cell that waits for the GPU withdraws its request. A cell made only of %kiwi lines never
         waits for the GPU. Admin commands need the node's permission; a refusal is one line.
-        The kernel reaches the scheduler at $KIWI_SOCKET (/var/run/kiwi/scheduler.sock).
+        The kernel reaches the scheduler at $KIWI_SOCKET, else /var/run/kiwi/scheduler.sock,
+        else the socket a Jupyter server published for its own scheduler.
         """
         words = line.split()
         command, args = (words[0].lower(), words[1:]) if words else ("status", [])

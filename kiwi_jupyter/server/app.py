@@ -9,15 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Enum, Float, List, Unicode, default
 
 from kiwi_jupyter.server.embedded import EmbeddedScheduler, daemon_answers, default_command
-from kiwi_jupyter.server.handlers import SchedulerHandler, StatusHandler
+from kiwi_jupyter.server.handlers import NvmlHandler, SchedulerHandler, StatusHandler
 from kiwi_jupyter.server.link import DaemonLink
+from kiwi_jupyter.server.nvml import GpuReadings
+from kiwi_jupyter.server.terminals import keep_on_terminal_path, with_on_path
 from kiwi_jupyter.server.watch import StatusWatch
+from nodeside.client.backoff import Backoff
 from nodeside.protocol import DEFAULT_SOCKET, MODES
 
 
@@ -46,6 +51,16 @@ class KiwiExtension(ExtensionApp):
         help="""Publish the embedded scheduler's socket for this user, as a symlink at
         $XDG_RUNTIME_DIR/kiwi/scheduler.sock (else in Jupyter's runtime directory), so that
         `kiwictl` finds it with no --socket. Removed when the server stops.""",
+    )
+
+    scripts_on_path = Bool(
+        True,
+        config=True,
+        help="""Put the folder of this Python's commands (a venv's bin: kiwictl,
+        kiwi-scheduler) first on PATH for the kernels and terminals this server starts, so
+        `kiwictl` works in JupyterLab's terminal although the venv was never activated. A
+        terminal that starts a login shell (the server runs without a terminal of its own)
+        gets it back after the shell's profile has set PATH.""",
     )
 
     socket = Unicode(
@@ -122,10 +137,18 @@ class KiwiExtension(ExtensionApp):
         self.embedded: EmbeddedScheduler | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._saved_socket_env = os.environ.get("KIWI_SOCKET")
+        self._saved_path = os.environ.get("PATH")
+        if self.scripts_on_path:
+            os.environ["PATH"] = with_on_path(self.scripts, os.environ.get("PATH", ""))
         socket_path = self.socket
         if self.embedded_scheduler and not daemon_answers(socket_path):
+            # Runtime changes (the panel's mode and TQ) survive the child's restarts; the file
+            # lives as long as this server, next to its own runtime files.
+            assert self.serverapp is not None  # settings are initialized inside a server
+            state_file = Path(self.serverapp.runtime_dir) / f"kiwi-scheduler-{os.getpid()}.json"
             self.embedded = EmbeddedScheduler(self.scheduler_command, self._scheduler_options(),
-                                              publish=self.publish_socket)
+                                              publish=self.publish_socket,
+                                              state_file=state_file)
             self.embedded.start()
             socket_path = self.embedded.socket_path
             self.log.info("Kiwi: embedded scheduler listening on %s", socket_path)
@@ -142,19 +165,30 @@ class KiwiExtension(ExtensionApp):
         # The panel's long-polls wait on this one connection, which hears the daemon's changes.
         self.watch = StatusWatch(socket_path, timeout=self.daemon_timeout,
                                  max_age=self.status_max_age)
+        self.nvml = GpuReadings()
         self.settings.update({"kiwi_link": self.link, "kiwi_watch": self.watch,
                               "kiwi_long_poll_timeout": self.long_poll_timeout,
-                              "kiwi_extension": self})
+                              "kiwi_nvml": self.nvml, "kiwi_extension": self})
+
+    @property
+    def scripts(self) -> str:
+        """Where this Python's commands are installed (kiwictl beside jupyter)."""
+        return sysconfig.get_path("scripts")
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(
             [
                 (r"/kiwi/api/status", StatusHandler),
                 (r"/kiwi/api/scheduler", SchedulerHandler),
+                (r"/kiwi/api/nvml", NvmlHandler),
             ]
         )
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if self.scripts_on_path:
+            keep_on_terminal_path(serverapp.web_app.settings.get("terminal_manager"),
+                                  self.scripts, configured=bool(
+                                      serverapp.terminado_settings.get("shell_command")))
         if self.embedded is not None:
             self._watcher = asyncio.ensure_future(self._watch_embedded())
 
@@ -165,28 +199,29 @@ class KiwiExtension(ExtensionApp):
                 await self._watcher
         await self.watch.stop()
         self.link.close()
+        self.nvml.close()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
-            if self._saved_socket_env is None:
-                os.environ.pop("KIWI_SOCKET", None)
-            else:
-                os.environ["KIWI_SOCKET"] = self._saved_socket_env
+            _restore_env("KIWI_SOCKET", self._saved_socket_env)
+        if self.scripts_on_path:
+            _restore_env("PATH", self._saved_path)
 
     async def _watch_embedded(self) -> None:
         """Restart the embedded scheduler whenever it dies, backing off if it keeps dying."""
-        backoff = 0.0
+        restarts, extra = Backoff(1.0, 30.0), 0.0
         while self.embedded is not None:
-            await asyncio.sleep(self.watch_interval + backoff)
+            await asyncio.sleep(self.watch_interval + extra)
             try:
                 if await self.embedded.restart_if_dead():
-                    backoff = min(30.0, backoff * 2 or 1.0)
+                    extra = restarts.next()
                     self.log.info("Kiwi: embedded scheduler restarted (pid %s)", self.embedded.pid)
                 else:
-                    backoff = 0.0
+                    restarts.reset()
+                    extra = 0.0
             except Exception:  # noqa: BLE001 - keep watching: the next round tries again
                 self.log.exception("Kiwi: could not restart the embedded scheduler")
-                backoff = min(30.0, backoff * 2 or 1.0)
+                extra = restarts.next()
 
     def _scheduler_options(self) -> list[str]:
         options: list[str] = []
@@ -197,3 +232,10 @@ class KiwiExtension(ExtensionApp):
         if self.config_file:
             options += ["--config", self.config_file]
         return options + list(self.scheduler_args)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

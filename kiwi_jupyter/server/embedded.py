@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -31,6 +30,8 @@ from pathlib import Path
 
 from nodeside import protocol
 from nodeside.client import discovery
+from nodeside.protocol import events
+from nodeside.protocol.client_session import ClientSession
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +46,21 @@ def daemon_answers(socket_path: str, timeout: float = 1.0) -> bool:
     A socket file alone proves nothing (a crashed daemon leaves one behind), and any listener
     is not enough either: only a welcome in our protocol version counts.
     """
+    session = ClientSession(software=None)  # a bare hello: {"op":"hello","version":1}
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(socket_path)
-            sock.sendall(protocol.encode(protocol.HELLO, version=protocol.VERSION))
-            reply = b""
-            while not reply.endswith(b"\n") and len(reply) < protocol.MAX_REPLY_BYTES:
+            session.connect()
+            sock.sendall(session.data_to_send())
+            said: list[events.Event] = []
+            while not said:
                 chunk = sock.recv(4096)
                 if not chunk:
                     return False
-                reply += chunk
-        return protocol.decode(reply.rstrip(b"\n")).get("op") == protocol.WELCOME
-    except (OSError, ValueError, json.JSONDecodeError, protocol.ProtocolError):
+                said = session.receive_data(chunk)
+        return isinstance(said[0], events.Ready)
+    except (OSError, ValueError, protocol.ProtocolError):
         return False
 
 
@@ -80,11 +83,15 @@ class EmbeddedScheduler:
         *,
         start_timeout: float = 15.0,
         publish: bool = True,
+        state_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self._directory = tempfile.mkdtemp(prefix="kiwi-")
         #: Short on purpose: Unix socket paths are limited to about 100 bytes.
         self.socket_path = os.path.join(self._directory, "scheduler.sock")
-        self.command = [*command, "--socket", self.socket_path, *extra_args]
+        #: Where the child keeps runtime changes (mode, TQ) across its restarts; removed by stop.
+        self.state_file = Path(state_file) if state_file is not None else None
+        kept = ["--state-file", str(self.state_file)] if self.state_file is not None else []
+        self.command = [*command, "--socket", self.socket_path, *kept, *extra_args]
         self.start_timeout = start_timeout
         self.restarts = 0
         self.publish = publish
@@ -179,6 +186,9 @@ class EmbeddedScheduler:
                 process.kill()
                 process.wait()
         shutil.rmtree(self._directory, ignore_errors=True)
+        if self.state_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.state_file.unlink()
 
 
 def _die_with_parent() -> None:

@@ -1,5 +1,5 @@
-"""The endpoints of CONTRACT section 8. Each one needs the server's authentication; changing the
-scheduler needs the authorizer's leave to write resource ``kiwi``."""
+"""The endpoints of docs/interfaces.md section 8. Each one needs the server's authentication;
+changing the scheduler needs the authorizer's leave to write resource ``kiwi``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
 from kiwi_jupyter.server.link import DaemonLink, DaemonUnavailable
+from kiwi_jupyter.server.nvml import GpuReadings
 from kiwi_jupyter.server.watch import StatusWatch
 from nodeside.limits import LimitError, tq_seconds
 from nodeside.protocol import MODES
@@ -81,6 +82,18 @@ class StatusHandler(KiwiHandler):
         if self._gone is not None:
             self._gone.set()
         super().on_connection_close()
+
+
+class NvmlHandler(KiwiHandler):
+    """``GET kiwi/api/nvml``: each GPU's memory used and utilization as NVML reads them on this
+    server's machine, or ``{"nvml": false, "reason": ...}`` where NVML is not there."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        readings: GpuReadings = self.settings["kiwi_nvml"]
+        answer = await asyncio.get_running_loop().run_in_executor(None, readings.read)
+        self.finish(json.dumps(answer))
 
 
 class SchedulerHandler(KiwiHandler):

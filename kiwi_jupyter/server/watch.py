@@ -28,12 +28,11 @@ from typing import Any
 
 from kiwi_jupyter.server.link import served_document
 from nodeside import protocol as p
-from nodeside.client.common import HELLO_FIELDS
+from nodeside.client.backoff import Backoff
+from nodeside.protocol import events as ev
+from nodeside.protocol.client_session import ClientSession
 
 log = logging.getLogger("kiwi_jupyter")
-
-_BACKOFF_START = 0.1
-_BACKOFF_MAX = 5.0
 #: Seconds before asking an older daemon (one without ``changes``) again: after an upgrade.
 _OLD_DAEMON_RETRY = 60.0
 
@@ -56,8 +55,8 @@ class StatusWatch:
         self._tags = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count(1))
         self._news = asyncio.Event()
         self._writer: asyncio.StreamWriter | None = None
+        self._session = ClientSession(features=[p.FEATURE_CHANGES])
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._seq = itertools.count(1)
         self._reading: asyncio.Task[None] | None = None
         self._again = False
         self._task: asyncio.Task[None] | None = None
@@ -99,7 +98,7 @@ class StatusWatch:
     # -- the connection -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        backoff = _BACKOFF_START
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
@@ -107,13 +106,13 @@ class StatusWatch:
                     self.timeout)
             except (OSError, asyncio.TimeoutError):
                 self._tried.set()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                await asyncio.sleep(backoff.next())
                 continue
-            pause = backoff
+            pause = backoff.next()
             try:
                 if await self._greet(reader, writer):
-                    backoff = pause = _BACKOFF_START
+                    backoff.reset()
+                    pause = backoff.next()
                     await self._listen(reader, writer)
                 else:
                     log.info("Kiwi: the daemon at %s sends no change events; the panel polls "
@@ -129,29 +128,29 @@ class StatusWatch:
                 self._disconnected(writer)
                 self._tried.set()
             await asyncio.sleep(pause)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
 
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        hello = {**HELLO_FIELDS, "features": [p.FEATURE_CHANGES]}
-        writer.write(p.encode(p.HELLO, **hello))
-        welcome = p.decode((await asyncio.wait_for(reader.readline(), self.timeout)).rstrip())
-        return welcome.get("op") == p.WELCOME and \
-            p.FEATURE_CHANGES in (welcome.get("features") or ())
+        self._session.connect()
+        writer.write(self._session.data_to_send())
+        line = await asyncio.wait_for(reader.readline(), self.timeout)
+        if not line:
+            raise ConnectionResetError("the daemon closed the connection")
+        said = self._session.receive_data(line if line.endswith(b"\n") else line + b"\n")
+        return bool(said) and isinstance(said[0], ev.Ready) and \
+            p.FEATURE_CHANGES in self._session.features
 
     async def _listen(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
         self._reading = asyncio.ensure_future(self._read_status(news=True))
         self.pushing = True
         while True:
-            line = await reader.readuntil(b"\n")
-            message = p.decode(line.rstrip(b"\n"))
-            seq = message.get("seq")
-            if seq is not None:
-                future = self._replies.pop(seq, None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-            elif message.get("op") == p.CHANGED:
-                self._changed()
+            for event in self._session.receive_data(await reader.readuntil(b"\n")):
+                if isinstance(event, ev.Reply):
+                    future = self._replies.pop(event.seq, None)
+                    if future is not None and not future.done():
+                        future.set_result(event.message)
+                elif isinstance(event, ev.StatusChanged):
+                    self._changed()
 
     def _changed(self) -> None:
         if self._reading is not None and not self._reading.done():
@@ -172,12 +171,14 @@ class StatusWatch:
         if writer is None:
             return
         while True:
+            if self._writer is not writer:
+                return  # disconnected meanwhile
             news = news or self._again
             self._again = False
-            seq = next(self._seq)
+            seq = self._session.request(p.STATUS)
             future = self._replies[seq] = asyncio.get_running_loop().create_future()
             try:
-                writer.write(p.encode(p.STATUS, seq=seq))
+                writer.write(self._session.data_to_send())
                 reply = await asyncio.wait_for(future, self.timeout)
             except (OSError, asyncio.TimeoutError, asyncio.CancelledError):
                 self._replies.pop(seq, None)
@@ -202,6 +203,7 @@ class StatusWatch:
     def _disconnected(self, writer: asyncio.StreamWriter) -> None:
         self.pushing = False
         self._writer = None
+        self._session.connection_lost()
         for future in self._replies.values():
             if not future.done():
                 future.cancel()

@@ -6,6 +6,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import type { INvmlReading } from './nvml';
 import { ISchedulerChange, IStatusDocument } from './tokens';
 
 /** A request the server answered with an error status; `status` says which. */
@@ -73,4 +74,9 @@ export async function canWriteKiwi(): Promise<boolean> {
     `api/me?permissions=${query}`
   );
   return me.permissions?.kiwi?.includes('write') ?? false;
+}
+
+/** What NVML reads on the server's machine (nvml.ts). */
+export function fetchNvml(): Promise<INvmlReading> {
+  return request<INvmlReading>('kiwi/api/nvml');
 }

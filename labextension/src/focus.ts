@@ -45,4 +45,17 @@ export function labelKernelsBySession(model: KiwiModel, sessions: Session.IManag
   };
   sessions.runningChanged.connect(label);
   label();
+  // A kernel started from another tab or browser shows in the scheduler's document before this
+  // page's session list polls again: ask for the list then, at most every few seconds.
+  let asked = 0;
+  model.changed.connect(() => {
+    const now = Date.now();
+    if (now - asked > REFRESH_SESSIONS_MS && model.unlabelledKernels().length > 0) {
+      asked = now;
+      void sessions.refreshRunning();
+    }
+  });
 }
+
+/** Least milliseconds between two session-list refreshes asked for unnamed kernels. */
+const REFRESH_SESSIONS_MS = 3000;

@@ -47,17 +47,100 @@ export function formatShare(fraction: number | null): string {
   return `${Math.round(fraction * 100)}%`;
 }
 
-/** A stable hue per client, so a client keeps its colour across the timeline and the queue. */
+/** Degrees between the hues of consecutive clients: the golden angle, so that any run of them
+ * stays spread around the colour wheel (c1, c2, c3 land 137.5 degrees apart). */
+const GOLDEN_ANGLE = 137.508;
+
+/**
+ * A stable hue per client, so a client keeps its colour across the timeline, the holder and the
+ * queue, in every tab and after every reload. The daemon numbers its clients (c1, c2, ...), and
+ * two clients seen together are nearly always close in that order: stepping the golden angle
+ * per number keeps them far apart. An id without a trailing number gets a well-mixed hash.
+ */
 export function hueOf(id: string): number {
-  let hash = 0;
-  for (let i = 0; i < id.length; i++) {
-    hash = (hash * 31 + id.charCodeAt(i)) | 0;
-  }
-  return Math.abs(hash) % 360;
+  const numbered = /^(.*?)(\d+)$/.exec(id);
+  const base = mix(numbered ? numbered[1] : id);
+  const step = numbered ? Number(numbered[2]) * GOLDEN_ANGLE : 0;
+  return Math.round((base % 360) + step) % 360;
 }
 
-/** The words for a standing; the model decides the standing, this only names it. */
-export function describeStanding(standing: KernelStanding, trans: TranslationBundle): string {
+/** FNV-1a with a final avalanche: nearby strings get unrelated numbers. */
+function mix(text: string): number {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    hash = Math.imul(hash ^ text.charCodeAt(i), 0x01000193);
+  }
+  hash = Math.imul(hash ^ (hash >>> 16), 0x85ebca6b);
+  hash = Math.imul(hash ^ (hash >>> 13), 0xc2b2ae35);
+  return (hash ^ (hash >>> 16)) >>> 0;
+}
+
+/** Characters a cut name keeps at its end at least (".ipynb" and a few before it). */
+export const MIN_TAIL = 12;
+/** ...and at most, so the part before it still shows where the sidebar is narrow. */
+export const MAX_TAIL = 24;
+
+/**
+ * Where to cut a name so that it stays told apart from `others` shown beside it: the view
+ * shortens the head with an ellipsis and keeps the tail whole. The tail starts where the name
+ * first differs from the most alike of the others ("kiwi-demo.ipynb" and
+ * "kiwi-demo-partner.ipynb" keep "…demo.ipynb" and "…-partner.ipynb"), and is at least
+ * MIN_TAIL and at most MAX_TAIL characters long.
+ */
+export function splitName(name: string, others: Iterable<string> = []): [string, string] {
+  // Where the name first differs from the most alike of the others; null when there are none.
+  let differsAt: number | null = null;
+  for (const other of others) {
+    if (other === name) {
+      continue;
+    }
+    let common = 0;
+    while (common < name.length && common < other.length && name[common] === other[common]) {
+      common++;
+    }
+    differsAt = Math.max(differsAt ?? 0, common);
+  }
+  const wanted = differsAt === null ? MIN_TAIL : Math.max(MIN_TAIL, name.length - differsAt);
+  let start = name.length - Math.min(MAX_TAIL, wanted, name.length);
+  // Start the tail at a word where one is near ("demo.ipynb", not "i-demo.ipynb"), as long as it
+  // still holds where the name differs from the others.
+  const limit = differsAt ?? name.length;
+  if (start > 0 && !SEPARATOR.test(name[start - 1])) {
+    for (let i = start; i < name.length; i++) {
+      if (SEPARATOR.test(name[i])) {
+        if (i + 1 <= limit && name.length - (i + 1) >= MIN_WORD_TAIL) {
+          start = i + 1;
+        }
+        break;
+      }
+    }
+  }
+  return [name.slice(0, start), name.slice(start)];
+}
+
+/** What ends a word in a notebook's name or path. */
+const SEPARATOR = /[-_. /]/;
+/** The shortest tail a cut at a word may leave. */
+const MIN_WORD_TAIL = 8;
+
+/** Who has the GPU, for a status bar that no kernel of its own is focused on. */
+export interface IGpuGlance {
+  /** Labels of the holders on the GPUs looked at. */
+  holders: string[];
+  /** How many wait for them. */
+  waiting: number;
+}
+
+/**
+ * The status bar's words. The focused kernel's own standing comes first ("GPU: holding",
+ * "GPU: waiting #2"); where it has none (a Launcher, a terminal, an idle notebook) the bar says
+ * who holds the GPU and how many wait, as the panel does, and "GPU: idle" only when nobody does.
+ */
+export function describeStanding(
+  standing: KernelStanding,
+  trans: TranslationBundle,
+  glance: IGpuGlance = { holders: [], waiting: 0 }
+): string {
   switch (standing.kind) {
     case 'holding':
       return trans.__('GPU: holding');
@@ -69,19 +152,45 @@ export function describeStanding(standing: KernelStanding, trans: TranslationBun
       return trans.__('GPU: scheduler unreachable');
     case 'idle':
     case 'no-kernel':
-      return trans.__('GPU: idle');
+      return describeGlance(glance, trans);
   }
 }
 
+function describeGlance(glance: IGpuGlance, trans: TranslationBundle): string {
+  const [first, ...more] = glance.holders;
+  if (first === undefined) {
+    return glance.waiting > 0 ? trans.__('GPU: %1 waiting', glance.waiting) : trans.__('GPU: idle');
+  }
+  const held =
+    more.length === 0 ? trans.__('GPU: held by %1', first) : trans.__('GPU: held by %1 and %2 more', first, more.length);
+  return glance.waiting > 0 ? trans.__('%1 · %2 waiting', held, glance.waiting) : held;
+}
+
 /**
- * The GPU's memory line. Without a capacity (no NVML on the node and no `--gpu-memory` given to
- * the scheduler) it reads the same whether the GPU is idle or busy, and says why; what the
- * clients use is then shown after it, not instead of it.
+ * The GPU's memory line, in words a notebook user can act on (nothing names a daemon flag).
+ * With a capacity: used of total. Without one (no NVIDIA driver where the scheduler runs, and
+ * no size given to it), what the kernels report if they report anything, and that the size is
+ * not known here; null when there is nothing true to say, so the view leaves the line out.
  */
-export function describeMemory(used: number | null, total: number | null, trans: TranslationBundle): string {
+export function describeMemory(used: number | null, total: number | null, trans: TranslationBundle): string | null {
   if (total === null) {
-    const unknown = trans.__('capacity unknown (no NVML, no --gpu-memory)');
-    return used ? trans.__('%1; %2 in use', unknown, formatBytes(used)) : unknown;
+    return used ? trans.__('kernels use %1 (the GPU\'s size is not known here)', formatBytes(used)) : null;
   }
   return trans.__('%1 of %2', formatBytes(used ?? 0), formatBytes(total));
+}
+
+/** A pool's figures in plain words: "using 23% of the GPU; guaranteed 100%; no maximum". */
+export function describePool(
+  pool: { share: number; guarantee: number; maximum: number | null; belowGuarantee: boolean },
+  trans: TranslationBundle
+): string[] {
+  const words = [
+    trans.__('using %1 of the GPU', formatShare(pool.share)),
+    pool.guarantee > 0 ? trans.__('guaranteed %1', formatShare(pool.guarantee)) : trans.__('nothing guaranteed'),
+    pool.maximum === null ? trans.__('no maximum') : trans.__('at most %1', formatShare(pool.maximum))
+  ];
+  if (pool.belowGuarantee) {
+    words.push(trans.__('below its guarantee: it goes first'));
+  }
+  return words;
 }

@@ -1,6 +1,6 @@
 /**
- * Wires the Kiwi GPU plugins into JupyterLab: the model and its long-poll, the sidebar panel,
- * the status bar item, the commands and the settings. The behaviour lives in the modules
+ * Wires the Kiwi GPU plugins into JupyterLab: the model and its long-poll, NVML's readings, the
+ * sidebar panel, the status bar item, the commands and the settings. The behaviour lives in the modules
  * imported.
  */
 
@@ -15,10 +15,11 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 
-import { canWriteKiwi, changeScheduler, fetchStatus, waitForStatus } from './api';
+import { canWriteKiwi, changeScheduler, fetchNvml, fetchStatus, waitForStatus } from './api';
 import { followFocusedKernel, labelKernelsBySession } from './focus';
 import { kiwiIcon } from './icon';
 import { KiwiModel } from './model';
+import { pollNvml } from './nvml';
 import { KiwiPanel } from './panel';
 import { StatusPoller } from './poller';
 import { KiwiStatusItem } from './statusbar';
@@ -55,6 +56,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.title.icon = kiwiIcon;
     app.shell.add(panel, 'left', { rank: 900 });
     restorer?.add(panel, 'kiwi-gpu-panel');
+    // NVML's figures (memory used, utilization) while the panel is open, as nvdashboard shows.
+    pollNvml({ read: fetchNvml, take: reading => model.setNvml(reading), shown: () => panel.isVisible });
     canWriteKiwi().then(
       allowed => (panel.canWrite = allowed),
       () => (panel.canWrite = false)

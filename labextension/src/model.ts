@@ -7,6 +7,8 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
+import type { IGpuGlance } from './format';
+import type { INvmlGpu, INvmlReading } from './nvml';
 import {
   IClientStatus,
   IGpuStatus,
@@ -155,13 +157,63 @@ export class KiwiModel {
     this._changed.emit();
   }
 
+  /** Kernels (by their ids) the scheduler knows that no running session names yet. */
+  unlabelledKernels(): string[] {
+    return (this._document?.clients ?? [])
+      .map(c => c.name)
+      .filter(name => UUID_PREFIX.test(name) && !this._kernelLabels.has(name));
+  }
+
   /** Take a fresh status document received at `now` (seconds). */
   update(document: IStatusDocument, now: number): void {
     this._document = document;
     this._receivedAt = now;
     this._clientsById = new Map((document.clients ?? []).map(c => [c.id, c]));
-    this._recordHolders(document.reachable ? document.gpus ?? [] : [], now);
+    const gpus: IGpuStatus[] = document.reachable ? document.gpus ?? [] : [];
+    if (gpus.length > 0 && gpus.every(gpu => Array.isArray(gpu.recent_holders))) {
+      this._takeHistory(gpus, now);
+    } else {
+      this._recordHolders(gpus, now);
+    }
     this._changed.emit();
+  }
+
+  /** What NVML reads on the server's machine (`kiwi/api/nvml`), or that it cannot. */
+  setNvml(reading: INvmlReading): void {
+    this._nvml = reading;
+    this._changed.emit();
+  }
+
+  /** The GPUs NVML reads on the server's machine; none where there is no NVML. */
+  nvml(): INvmlGpu[] {
+    return this._nvml?.nvml ? this._nvml.gpus ?? [] : [];
+  }
+
+  /**
+   * Who holds the GPUs and how many wait, for a status bar with no kernel of its own in focus:
+   * the focused kernel's GPU when it has registered, else every GPU.
+   */
+  glance(): IGpuGlance {
+    if (!this.reachable) {
+      return { holders: [], waiting: 0 };
+    }
+    const mine = new Set(this._myClients().map(c => c.gpu));
+    const gpus = (this._document?.gpus ?? []).filter(gpu => mine.size === 0 || mine.has(gpu.index));
+    return {
+      holders: gpus.flatMap(gpu => gpu.holders.map(id => this.labelFor(id))),
+      waiting: gpus.reduce((sum, gpu) => sum + gpu.queue.length, 0)
+    };
+  }
+
+  /** Every client label the panel shows at `now`, so names can be cut apart from each other. */
+  labels(now: number): string[] {
+    const shown = new Set<string>();
+    for (const gpu of this.gpus(now)) {
+      gpu.holders.forEach(h => shown.add(h.label));
+      gpu.queue.forEach(q => shown.add(q.label));
+    }
+    this.timeline(now).forEach(e => shown.add(e.label));
+    return [...shown];
   }
 
   /** The server itself could not be asked (network error, server gone). */
@@ -222,16 +274,22 @@ export class KiwiModel {
 
   /**
    * What to call a client: its notebook (this server's session for it, else the display name it
-   * registered), else its name; with its user when the daemon knows it. The view cuts long
-   * labels with an ellipsis (CSS) and keeps the whole label in the tooltip.
+   * registered), else its name; with its user when the daemon knows it, except for this
+   * server's own kernels, which are all its user's (the suffix would only cost room). The view
+   * cuts long labels in front (format.splitName) and keeps the whole label in the tooltip.
    */
   labelFor(clientId: string): string {
     const client = this._clientsById.get(clientId);
     const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
+    const session = this._kernelLabels.get(name);
+    if (session) {
+      return session;
+    }
     const known = client ?? this._lastPeople.get(clientId);
+    // The daemon sends the name itself as the display name of a client that registered none.
+    const displayName = known?.display_name !== name ? known?.display_name : null;
     const label =
-      this._kernelLabels.get(name) ||
-      known?.display_name ||
+      displayName ||
       // A kernel we know nothing more of (another user's, or started outside this server):
       // its full uuid is noise, the first group is enough to tell kernels apart.
       (UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name);
@@ -299,8 +357,32 @@ export class KiwiModel {
   }
 
   /**
-   * Open a timeline entry for each new holder and close the entries of those that stopped.
-   * Snapshots are all we see, so a hold shorter than one refresh may be missed: the timeline is
+   * The timeline from the scheduler's own history: the same in every tab and after a reload,
+   * and with holds no document showed (one that began and ended between two of them).
+   */
+  private _takeHistory(gpus: IGpuStatus[], now: number): void {
+    this._open.clear();
+    this._timeline = gpus.flatMap(gpu =>
+      (gpu.recent_holders ?? []).map(span => {
+        this._lastNames.set(span.client, span.name);
+        this._lastPeople.set(span.client, { display_name: span.display_name, user: span.user });
+        return {
+          gpu: gpu.index,
+          clientId: span.client,
+          label: '',
+          mine: false,
+          start: now - span.started,
+          end: span.ended === null ? null : now - span.ended
+        };
+      })
+    );
+    this._timeline.sort((a, b) => a.start - b.start);
+    this._forgetOld(now);
+  }
+
+  /**
+   * For a daemon that keeps no history (older ones): open a timeline entry for each new holder
+   * and close the entries of those that stopped. Snapshots are all we see, so a hold shorter than one refresh may be missed: the timeline is
    * a picture of recent turns, not an audit log (the daemon's gpu_seconds is the exact count).
    */
   private _recordHolders(gpus: IGpuStatus[], now: number): void {
@@ -364,6 +446,7 @@ export class KiwiModel {
 
   private _changed = new Signal<this, void>(this);
   private _document: IStatusDocument | null = null;
+  private _nvml: INvmlReading | null = null;
   private _receivedAt = 0;
   private _clientsById = new Map<string, IClientStatus>();
   private _kernelId: string | null = null;

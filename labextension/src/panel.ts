@@ -8,8 +8,9 @@ import { Widget } from '@lumino/widgets';
 
 import { KiwiRequestError } from './api';
 import { el } from './dom';
-import { describeMemory, formatSeconds, formatShare, hueOf } from './format';
+import { describeMemory, describePool, formatBytes, formatSeconds, hueOf, splitName } from './format';
 import { IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
+import { INvmlGpu } from './nvml';
 import { ISchedulerChange, SchedulerMode } from './tokens';
 
 export interface IKiwiPanelOptions {
@@ -67,6 +68,7 @@ export class KiwiPanel extends Widget {
     this._controls.hidden = !(this._canWrite && model.reachable);
     this._syncControls();
     const parts: HTMLElement[] = [];
+    this._shownLabels = model.reachable ? model.labels(now) : [];
     if (!model.loaded) {
       parts.push(el('p', 'jp-Kiwi-connecting', this._trans.__('Connecting to the Kiwi scheduler…')));
     } else if (!model.reachable) {
@@ -75,6 +77,9 @@ export class KiwiPanel extends Widget {
       parts.push(this._scheduler());
       for (const gpu of model.gpus(now)) {
         parts.push(this._gpu(gpu));
+      }
+      for (const device of model.nvml()) {
+        parts.push(this._nvmlDevice(device));
       }
       parts.push(this._pools(model.pools()));
       parts.push(this._timeline(model.timeline(now), now));
@@ -121,7 +126,7 @@ export class KiwiPanel extends Widget {
       holders.append(el('span', 'jp-Kiwi-muted', this._trans.__('Nobody holds this GPU.')));
     } else {
       for (const holder of gpu.holders) {
-        const item = el('span', 'jp-Kiwi-holderName', this._name(holder.label));
+        const item = el('span', 'jp-Kiwi-holderName', this._swatch(holder.clientId), this._name(holder.label));
         item.dataset.clientId = holder.clientId;
         item.title = this._trans.__('paged out by: %1', holder.evict);
         if (holder.mine) {
@@ -142,14 +147,16 @@ export class KiwiPanel extends Widget {
     section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
 
     const memoryText = describeMemory(gpu.memoryUsed, gpu.memoryTotal, this._trans);
-    section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
+    if (memoryText !== null) {
+      section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
+    }
     if (gpu.memoryFraction !== null) {
       section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));
     }
 
     const queue = el('ol', 'jp-Kiwi-queue');
     for (const entry of gpu.queue) {
-      const item = el('li', 'jp-Kiwi-queueItem', el('span', 'jp-Kiwi-queuePosition', `#${entry.position}`), ' ', this._name(entry.label));
+      const item = el('li', 'jp-Kiwi-queueItem', el('span', 'jp-Kiwi-queuePosition', `#${entry.position}`), ' ', this._swatch(entry.clientId), this._name(entry.label));
       item.dataset.clientId = entry.clientId;
       item.title = `${entry.label} · ${entry.pool} · ${entry.priority} · ${entry.evict}`;
       if (entry.mine) {
@@ -172,8 +179,45 @@ export class KiwiPanel extends Widget {
     return section;
   }
 
+  /** One GPU as NVML reads it on the server's machine, as jupyterlab-nvdashboard shows it. */
+  private _nvmlDevice(device: INvmlGpu): HTMLElement {
+    const section = el(
+      'section',
+      'jp-Kiwi-nvml',
+      el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('Device %1', device.index), el('span', 'jp-Kiwi-gpuName', ` · ${device.name}`)),
+      el('p', 'jp-Kiwi-note', this._trans.__('As NVML reads it: every process on the GPU counted.'))
+    );
+    section.dataset.uuid = device.uuid;
+    const used = device.memory_total > 0 ? device.memory_used / device.memory_total : 0;
+    section.append(
+      this._field(this._trans.__('Memory used'), el('span', 'jp-Kiwi-nvmlMemory', this._trans.__('%1 of %2', formatBytes(device.memory_used), formatBytes(device.memory_total)))),
+      this._bar(used, 'jp-Kiwi-nvmlMemoryBar')
+    );
+    if (device.utilization !== null) {
+      section.append(
+        this._field(this._trans.__('Utilization'), el('span', 'jp-Kiwi-nvmlUtilization', `${device.utilization}%`)),
+        this._bar(device.utilization / 100, 'jp-Kiwi-nvmlUtilizationBar')
+      );
+    }
+    return section;
+  }
+
   private _pools(pools: IPoolView[]): HTMLElement {
     const section = el('section', 'jp-Kiwi-pools', el('h3', 'jp-Kiwi-sectionTitle', this._trans.__('Pools')));
+    if (pools.length > 0) {
+      section.append(
+        el(
+          'p',
+          'jp-Kiwi-legend',
+          this._trans.__('Each bar: the GPU time a pool used lately.'),
+          ' ',
+          el('span', 'jp-Kiwi-legendMark jp-Kiwi-guaranteeMark'),
+          ` ${this._trans.__('guaranteed')} `,
+          el('span', 'jp-Kiwi-legendMark jp-Kiwi-maximumMark'),
+          ` ${this._trans.__('most it may use')}`
+        )
+      );
+    }
     for (const pool of pools) {
       const row = el('div', 'jp-Kiwi-pool');
       row.dataset.pool = pool.name;
@@ -181,15 +225,14 @@ export class KiwiPanel extends Widget {
         row.classList.add('jp-Kiwi-pool-below');
       }
       // Each figure is kept whole; a narrow sidebar breaks the line between them.
-      const limits = [
-        this._trans.__('share %1', formatShare(pool.share)),
-        this._trans.__('guarantee %1', formatShare(pool.guarantee)),
-        pool.maximum === null ? this._trans.__('no maximum') : this._trans.__('maximum %1', formatShare(pool.maximum))
-      ].flatMap((text, i) => [...(i ? [' · '] : []), el('span', 'jp-Kiwi-figure', text)]);
+      const words = describePool(pool, this._trans);
+      const figures = words.flatMap((text, i) => [...(i ? [' · '] : []), el('span', 'jp-Kiwi-figure', text)]);
+      const bar = this._bar(pool.share, 'jp-Kiwi-shareBar', pool.guarantee, pool.maximum);
+      bar.title = `${pool.name}: ${words.join('; ')}`;
       row.append(
         el('div', 'jp-Kiwi-poolName', pool.name, el('span', 'jp-Kiwi-muted', ` ${this._trans._n('%1 client', '%1 clients', pool.clients)}`)),
-        this._bar(pool.share, 'jp-Kiwi-shareBar', pool.guarantee, pool.maximum),
-        el('div', 'jp-Kiwi-detail', ...limits)
+        bar,
+        el('div', 'jp-Kiwi-detail', ...figures)
       );
       section.append(row);
     }
@@ -215,8 +258,8 @@ export class KiwiPanel extends Widget {
       segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
       segment.title = entry.label;
       track.append(segment);
-      const item = el('li', 'jp-Kiwi-timelineItem', el('span', 'jp-Kiwi-swatch'), ' ', this._name(entry.label), ' ', el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
-      (item.firstChild as HTMLElement).style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
+      const item = el('li', 'jp-Kiwi-timelineItem', this._swatch(entry.clientId), ' ', this._name(entry.label), ' ', el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
+      item.dataset.clientId = entry.clientId;
       if (entry.mine) {
         item.classList.add('jp-Kiwi-mine');
       }
@@ -226,11 +269,22 @@ export class KiwiPanel extends Widget {
     return section;
   }
 
-  /** A client's label, cut with an ellipsis where the sidebar is too narrow; whole on hover. */
+  /**
+   * A client's label, whole on hover. Where the sidebar is too narrow its head is cut with an
+   * ellipsis and its tail kept, the part that tells it from the other names shown.
+   */
   private _name(label: string): HTMLElement {
-    const name = el('span', 'jp-Kiwi-name', label);
+    const [head, tail] = splitName(label, this._shownLabels);
+    const name = el('span', 'jp-Kiwi-name', el('span', 'jp-Kiwi-nameHead', head), el('span', 'jp-Kiwi-nameTail', tail));
     name.title = label;
     return name;
+  }
+
+  /** The client's colour, the same wherever it shows (format.hueOf). */
+  private _swatch(clientId: string): HTMLElement {
+    const swatch = el('span', 'jp-Kiwi-swatch');
+    swatch.style.setProperty('--jp-Kiwi-hue', String(hueOf(clientId)));
+    return swatch;
   }
 
   private _field(label: string, value: HTMLElement): HTMLElement {
@@ -338,6 +392,7 @@ export class KiwiPanel extends Widget {
   private _tqInput!: HTMLInputElement;
   private _message!: HTMLElement;
   private _canWrite = false;
+  private _shownLabels: string[] = [];
   private _pending = false;
   private _ticker: ReturnType<typeof setInterval>;
 }

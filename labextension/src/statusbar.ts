@@ -1,4 +1,8 @@
-/** The status bar item: where this notebook's kernel stands ("GPU: holding", "GPU: waiting #2"). */
+/**
+ * The status bar item: where this notebook's kernel stands ("GPU: holding", "GPU: waiting #2"),
+ * and otherwise (a Launcher, a terminal, an idle notebook in focus) who holds the GPU and how many
+ * wait: the same story as the panel.
+ */
 
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
@@ -14,7 +18,6 @@ export class KiwiStatusItem extends Widget {
   ) {
     super();
     this.addClass('jp-Kiwi-statusItem');
-    this.node.title = this._trans.__('Kiwi GPU: open the panel');
     this.node.addEventListener('click', onClick);
     this._model.changed.connect(this._render, this);
     this._render();
@@ -27,7 +30,13 @@ export class KiwiStatusItem extends Widget {
 
   private _render(): void {
     const standing = this._model.standing();
-    this.node.textContent = describeStanding(standing, this._trans);
+    const glance = this._model.glance();
+    this.node.textContent = describeStanding(standing, this._trans, glance);
     this.node.dataset.standing = standing.kind;
+    this.node.dataset.held = String(glance.holders.length > 0);
+    this.node.title =
+      glance.holders.length > 0
+        ? this._trans.__('Kiwi GPU: held by %1; click to open the panel', glance.holders.join(', '))
+        : this._trans.__('Kiwi GPU: open the panel');
   }
 }

@@ -129,7 +129,9 @@ describe('KiwiModel: the GPU view', () => {
 
   it('gives the memory fraction only when both figures are known', () => {
     const model = new KiwiModel();
-    model.update(statusWith([], []), 0);
+    const known = statusWith([], []);
+    known.gpus![0] = { ...known.gpus![0], memory_total: 16 * 1024 ** 3, memory_used: 4 * 1024 ** 3 };
+    model.update(known, 0);
     expect(model.gpus(0)[0].memoryFraction).toBe(0.25);
     const unknown = statusWith([], []);
     unknown.gpus![0].memory_total = null;
@@ -172,6 +174,7 @@ describe('KiwiModel: the policy and why the next holder is next', () => {
     const model = new KiwiModel();
     const doc = statusWith(['c1'], []);
     doc.gpus![0] = { ...doc.gpus![0], next_reason: 'stale' };
+    delete doc.gpus![0].policy; // as an older daemon sends it
     model.update(doc, 0);
     const [gpu] = model.gpus(0);
     expect(gpu.policy).toBeNull();

@@ -5,7 +5,11 @@
   connection thread of ``connection`` through daemon restarts.
 - ``control.ControlClient``: one blocking connection for callers that ask and go (``kiwictl``, the
   Jupyter server's link): status and admin requests, no thread, no hold.
-- ``discovery``: where the scheduler's socket is when nobody says.
+- ``discovery``: where the scheduler's socket is when nobody says; ``backoff``: how long to
+  wait before connecting again.
+
+Both clients are I/O shells over ``nodeside.protocol.client_session.ClientSession``, which says
+what the protocol says (hello, register, the hold, which reply answers what).
 
 Importing this package imports the protocol and its bounds, never the scheduler or the config.
 """

@@ -29,6 +29,7 @@ from nodeside.client.common import (
 )
 from nodeside.client.connection import Connection
 from nodeside.names import shorten_to_bytes
+from nodeside.protocol.hold import Hold
 
 #: A name for people to see in place of ``name`` (a notebook's path); the Kiwi kernel sets it.
 DISPLAY_NAME_ENV = "KIWI_DISPLAY_NAME"
@@ -63,7 +64,7 @@ class Client(Connection, Commands):
 
     @property
     def holding(self) -> bool:
-        return self._holding
+        return self._session.holds
 
     def acquire(self, timeout: float | None = None) -> None:
         """Block until this client holds its GPU. TimeoutError on timeout; ConnectionError if
@@ -89,12 +90,13 @@ class Client(Connection, Commands):
         """
         self._must_register()
         with self._cond:
-            if self._holding or self._wanted:
+            if self._session.holds or self._session.wanted:
                 return
-            self._wanted = True
-            self._asked_in = -1  # not asked on any connection yet
             self._refusal = None
-            self._ask_locked()
+            self._session.ask()
+            # A send that fails means the connection is going: the session asks again on the
+            # next one, because we still want the GPU.
+            self._flush_quietly()
 
     def wait_for_grant(self, timeout: float | None = None) -> bool:
         """After ``request``: block until the GPU is held (True) or ``timeout`` passes (False;
@@ -117,20 +119,14 @@ class Client(Connection, Commands):
     def release(self) -> None:
         """Give the GPU back, or cancel a pending request. A no-op when neither."""
         with self._cond:
-            wanted, self._wanted = self._wanted, False
-            held, self._holding = self._holding, False
-            self.position = None
-            connected = self._connected
-        if not (wanted and connected):
-            return
-        with contextlib.suppress(ConnectionError):
-            if held:
-                # No answer to wait for: nothing the daemon sends can cross the release of a
+            if self._session.holds:
+                # No answer to wait for: nothing the daemon sends can undo the release of a
                 # hold, and not waiting keeps this process off the CPU while the GPU changes
                 # hands. A cancelled wait is different: see _cancel.
-                self._send(p.encode(p.RELEASE))
-            else:
-                self._cancel()
+                self._session.release()
+                self._flush_quietly()
+                return
+        self._cancel()
 
     def requeue(self) -> None:
         """Give the GPU back and ask for it again, in one request (a holder asked to drop that
@@ -138,25 +134,22 @@ class Client(Connection, Commands):
         hold it is ``request``."""
         self._must_register()
         with self._cond:
-            held = self._holding and self._connected
-            if held:
-                self._holding = False
-                self._wanted = True
+            if self._session.holds or not self._session.wanted:
                 self._refusal = None
-                self._asked_in = self._generation
-                self._ask_seq = next(self._seq)  # its answer is acquire's: see _answered
-                with contextlib.suppress(ConnectionError):
-                    self._send(p.encode(p.RELEASE, seq=self._ask_seq, requeue=True))
-        if not held:
-            self.request()
+            # Its answer is acquire's; a daemon that predates requeue answers "released",
+            # and the session then asks the plain way.
+            self._session.requeue()
+            self._flush_quietly()
 
     def report_working_set(self, nbytes: int, evictable: int | None = None) -> None:
         limits.byte_count(nbytes, "working set")
-        with self._cond:  # against _connect: either it sends this, or we do
-            self._working_set = nbytes
-            connected = self._connected
-        if connected:
-            self._request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable)
+        deadline = time.monotonic() + self.request_timeout
+        with self._cond:  # against _connect: either it sends this, or the session does
+            seq = self._session.report_working_set(nbytes, evictable)
+            if seq is None:
+                return  # kept for the register of the next connection
+            self._flush()
+        self._await_reply(seq, p.WORKING_SET, deadline)
 
     def ping(self) -> float:
         """Round trip to the daemon, in seconds."""
@@ -191,22 +184,21 @@ class Client(Connection, Commands):
 
     def _wait_for_grant_locked(self, deadline: float | None) -> bool:
         """Wait with self._cond held; False on timeout."""
-        while not self._holding:
+        while not self._session.holds:
             if self._closed:
                 raise ConnectionError("the client was closed")
             if self._refusal is not None:
                 refused, self._refusal = self._refusal, None
                 raise KiwiError(refused.get("code", "?"), refused.get("message", "refused"))
-            if not self._wanted:
+            if not self._session.wanted:
                 raise RuntimeError("no request to wait for: call request() first, "
                                    "or the request was withdrawn")
-            self._ask_locked()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
             if not self._connected and self._down_too_long():
                 raise ConnectionError(self._unreachable())
-            if self._connected and self._asked_in == self._generation and self._ask_seq is None:
+            if self._connected and self._session.queued:
                 # Queued (the answer to our acquire came, and it was not a grant): from here
                 # the grant comes as an event, best read by this thread. Not earlier: the
                 # wake-up this costs the connection thread is better spent while another
@@ -216,39 +208,24 @@ class Client(Connection, Commands):
             self._wait(0.1 if remaining is None else min(remaining, 0.1))
         return True
 
-    def _ask_locked(self) -> None:
-        """Send our acquire on a connection it has not gone out on yet, without waiting for
-        the answer (``_dispatch`` takes it). Called with ``_cond`` held; the connection thread
-        asks by itself when it reconnects while we want the GPU."""
-        if not self._connected or self._asked_in == self._generation:
-            return
-        self._asked_in = self._generation
-        self._ask_seq = next(self._seq)
-        # A send that fails means the connection is going: its thread sees the loss, and the
-        # next connection asks again because we still want the GPU.
-        with contextlib.suppress(ConnectionError):
-            self._send(p.encode(p.ACQUIRE, seq=self._ask_seq))
-
-    def _answered(self, message: dict[str, Any]) -> None:
-        if message.get("op") == p.RELEASED and self._wanted:
-            # A daemon that predates "requeue" only released: ask again the old way.
-            self._ask_seq = None
-            self._asked_in = -1
-            self._ask_locked()
-            return
-        super()._answered(message)
-
     def _cancel(self) -> None:
         """Take back a request. Waits for the daemon's answer: a grant that crossed the
-        cancel arrives before it, and is then ignored because we no longer want the GPU."""
+        cancel arrives before it, and the session ignores it, since it is releasing."""
+        deadline = time.monotonic() + self.request_timeout
         with self._cond:
-            self._wanted = False
-            self._holding = False
-            self.position = None
-            connected = self._connected and not self._closed
-        if connected:
-            with contextlib.suppress(ConnectionError, TimeoutError, KiwiError):
-                self._request(p.RELEASE)
+            if self._closed or self._session.cancel() is None:
+                return
+            try:
+                self._flush()
+            except ConnectionError:
+                return
+            generation = self._session.generation
+            while self._session.state is Hold.RELEASING and self._connected and \
+                    self._session.generation == generation and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._wait(min(remaining, 0.5))
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         return self._request(op, **fields)

@@ -7,15 +7,8 @@ import os
 import sys
 from typing import Any
 
-from nodeside import __version__, limits
+from nodeside import limits
 from nodeside import protocol as p
-
-#: What a client says in hello: who it is, and the optional behaviours it understands.
-HELLO_FIELDS: dict[str, Any] = {
-    "version": p.VERSION,
-    "software": f"nodeside.client {__version__}",
-    "features": [p.FEATURE_POSITION],
-}
 
 
 class KiwiError(RuntimeError):

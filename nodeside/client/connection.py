@@ -1,18 +1,17 @@
-"""The connection thread under ``Client``: it connects, says hello, registers, reads every
-message and reconnects with backoff when the daemon goes away (a restart must not kill a kernel).
+"""The connection thread under ``Client``: it connects, reads every message and reconnects with
+backoff when the daemon goes away (a restart must not kill a kernel).
 
-Caller threads write requests and wait on a condition for their replies. One exception, for
-speed: a caller waiting for a grant borrows the socket and reads it itself (``lending``).
-
-Every message is handled in ``_dispatch``, whichever thread read it, so the hold state (holding,
-wanted, the queue position, the last drop) lives here beside it; ``api.Client`` is what callers
-do with that state.
+What the protocol says (hello, register, the hold and its races, which reply answers what) is
+``ClientSession``'s; this is its I/O shell. Every call on the session is made with ``_cond``
+held, and what it has to send is sent at once, still under it, so lines leave in the order the
+session made them. Caller threads write requests and wait on the condition for their replies.
+One exception, for speed: a caller waiting for a grant borrows the socket and reads it itself
+(``lending``). Every message is handled in ``_dispatch``, whichever thread read it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import socket
 import threading
 import time
@@ -20,15 +19,15 @@ from collections.abc import Callable
 from typing import Any
 
 from nodeside import protocol as p
-from nodeside.client.common import HELLO_FIELDS, refusal
+from nodeside.client.backoff import Backoff
+from nodeside.client.common import refusal
 from nodeside.client.discovery import SOCKET_ENV, candidates, find_socket
 from nodeside.client.lending import SocketLending
 from nodeside.client.reader import WOKEN, LineReader
+from nodeside.protocol import events as ev
+from nodeside.protocol.client_session import ClientSession
 
 Listener = Callable[[dict[str, Any]], None]
-
-_BACKOFF_START = 0.05
-_BACKOFF_MAX = 2.0
 
 
 class Connection(SocketLending):
@@ -42,16 +41,9 @@ class Connection(SocketLending):
         self.reconnect_timeout = reconnect_timeout
         self.request_timeout = request_timeout
         self.drop_requested = threading.Event()
-        #: The last drop request: {"reason", "evict", "grace"}; None until one comes.
-        self.last_drop: dict[str, Any] | None = None
-        #: This client's 1-based place in its GPU's queue while it waits, from the daemon's
-        #: ``waiting`` reply and events; None while not waiting (or not known yet).
-        self.position: int | None = None
-        #: The optional protocol features the daemon serves us (from its welcome).
-        self.features: frozenset[str] = frozenset()
-        self.id: str | None = None
         self.mode: str | None = None
         self.tq: float | None = None
+        self._session = ClientSession(features=[p.FEATURE_POSITION])
         self._register = register
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
@@ -63,12 +55,7 @@ class Connection(SocketLending):
         self._reader: LineReader | None = None
         self._connected = False
         self._closed = False
-        self._holding = False
-        self._wanted = False  # an acquire is pending or held: re-ask after a reconnect
-        self._working_set: int | None = None
         self._replies: dict[int, dict[str, Any]] = {}
-        self._seq = itertools.count(1)
-        self._generation = 0  # bumps on every (re)connection, so waiters see a drop in between
         self._attempts = 0
         self._last_error = "not connected yet"
         self._listeners: list[Listener] = []
@@ -82,14 +69,33 @@ class Connection(SocketLending):
         self._thread = threading.Thread(target=self._run, name="kiwi-client", daemon=True)
         self._thread.start()
 
-    _asked_in = -1  # the connection generation our acquire last went out on
-    _ask_seq: int | None = None  # the seq of that acquire, whose answer nobody waits on
-    _refusal: dict[str, Any] | None = None  # the daemon's error answer to it
+    _refusal: dict[str, Any] | None = None  # the daemon's error answer to our acquire
     _down_since: float | None = None
 
     @property
     def connected(self) -> bool:
         return self._connected
+
+    @property
+    def position(self) -> int | None:
+        """This client's 1-based place in its GPU's queue while it waits, from the daemon's
+        ``waiting`` reply and events; None while not waiting (or not known yet)."""
+        return self._session.position
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The optional protocol features the daemon serves us (from its welcome)."""
+        return self._session.features
+
+    @property
+    def id(self) -> str | None:
+        """The daemon's id for this client, once registered."""
+        return self._session.client_id
+
+    @property
+    def last_drop(self) -> dict[str, Any] | None:
+        """The last drop request: {"reason", "evict", "grace"}; None until one comes."""
+        return self._session.last_drop
 
     @property
     def last_error(self) -> str:
@@ -106,8 +112,7 @@ class Connection(SocketLending):
             if self._closed:
                 return
             self._closed = True
-            self._holding = False
-            self.position = None
+            self._session.connection_lost()
             self._cond.notify_all()
             self._socket_returned.notify_all()
         sock = self._sock
@@ -131,13 +136,21 @@ class Connection(SocketLending):
         if deadline is None:
             deadline = time.monotonic() + self.request_timeout
         self._await_connection(deadline)
-        seq = next(self._seq)
         with self._cond:
-            generation = self._generation
-        self._send(p.encode(op, seq=seq, **fields))
+            if self._closed:
+                raise ConnectionError("the client was closed")
+            if not self._connected:  # lost again since
+                raise ConnectionError(self._unreachable())
+            seq = self._session.request(op, **fields)
+            self._flush()
+        return self._await_reply(seq, op, deadline)
+
+    def _await_reply(self, seq: int, op: str, deadline: float) -> dict[str, Any]:
         with self._cond:
+            generation = self._session.generation
             while seq not in self._replies:
-                if self._closed or self._generation != generation or not self._connected:
+                if self._closed or self._session.generation != generation or \
+                        not self._connected:
                     raise ConnectionError(f"lost the Kiwi scheduler at {self.socket_path} "
                                           f"while waiting for the reply to {op}")
                 remaining = deadline - time.monotonic()
@@ -157,12 +170,28 @@ class Connection(SocketLending):
             while not self._connected:
                 if self._closed:
                     raise ConnectionError("the client was closed")
-                if self._attempts > attempts and not self._wanted:
+                wanted = self._session.wanted
+                if self._attempts > attempts and not wanted:
                     raise ConnectionError(self._unreachable())
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self._wanted and self._down_too_long()):
+                if remaining <= 0 or (wanted and self._down_too_long()):
                     raise ConnectionError(self._unreachable())
                 self._cond.wait(min(remaining, 0.1))
+
+    def _flush(self) -> None:
+        """Send what the session has to send (with ``_cond`` held); ConnectionError when the
+        connection is gone, which its thread sees too."""
+        data = self._session.data_to_send()
+        if data:
+            self._send(data)
+
+    def _flush_quietly(self) -> None:
+        """``_flush``, for lines nobody waits on: a connection that is going takes what they
+        asked with it, and the next one asks again where the session still wants it."""
+        try:  # noqa: SIM105 - suppress() would make an object for every line read
+            self._flush()
+        except ConnectionError:
+            pass
 
     def _send(self, data: bytes) -> None:
         sock = self._sock
@@ -178,7 +207,7 @@ class Connection(SocketLending):
     # -- the connection thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = _BACKOFF_START
+        backoff = Backoff(0.05, 2.0)
         while not self._closed:
             try:
                 sock = self._connect()
@@ -188,22 +217,22 @@ class Connection(SocketLending):
                     self._last_error = exc.strerror or str(exc)
                     if self._down_since is None:
                         self._down_since = time.monotonic()
+                    self._session.connection_lost()
                     self._cond.notify_all()
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                    self._cond.wait(backoff.next())
                 continue
-            backoff = _BACKOFF_START
+            backoff.reset()
             self._read()
             with self._cond:
                 self._socket_lent_to = None
                 self._connected = False
-                self._holding = False
-                self.position = None
                 self._sock = None
                 self._down_since = time.monotonic()
-                if self._wanted:
-                    # The GPU was taken with the connection; ask for it back on the next one.
+                if self._session.wanted:
+                    # The GPU was taken with the connection; the session asks for it back on
+                    # the next one.
                     self.drop_requested.set()
+                self._session.connection_lost()
                 self._cond.notify_all()
             with contextlib.suppress(OSError):
                 sock.close()
@@ -217,44 +246,45 @@ class Connection(SocketLending):
             sock.settimeout(self.request_timeout)
             sock.connect(self.socket_path)
             reader = LineReader(sock, self._wake_rx)
-            sock.sendall(p.encode(p.HELLO, **HELLO_FIELDS))
-            welcome = reader.expect(p.WELCOME)
-            if self._register:
-                registered_working_set = self._working_set
-                sock.sendall(p.encode(p.REGISTER, **self._registration(),
-                                      working_set=registered_working_set))
-                registered = reader.expect(p.REGISTERED)
-            sock.settimeout(None)
-            # One critical section from the look at _wanted to _connected: request() asks by
-            # itself only on a connection it sees, so one made between the two would be asked
-            # by nobody, and a caller that watches its position instead of waiting for the
-            # grant would wait for ever.
             with self._cond:
-                asked = self._register and self._wanted
-                if asked:
-                    sock.sendall(p.encode(p.ACQUIRE))
-                if self._register and self._working_set != registered_working_set:
-                    # Reported while we registered, when report_working_set saw no connection.
-                    sock.sendall(p.encode(p.WORKING_SET, seq=next(self._seq),
-                                          bytes=int(self._working_set or 0)))
-                self._sock = sock
-                self._reader = reader
-                self.mode, self.tq = welcome.get("mode"), welcome.get("tq")
-                self.features = frozenset(welcome.get("features") or ())
-                if self._register:
-                    self.id = registered["client"]
-                    self.tq = registered.get("tq", self.tq)
-                self._connected = True
-                self._down_since = None
-                self._generation += 1
-                if asked:
-                    self._asked_in = self._generation
-                    self._ask_seq = None  # that acquire carries no seq: its answer is an event
-                self._cond.notify_all()
+                self._session.connect(self._registration() if self._register else None)
+                hello = self._session.data_to_send()
+            sock.sendall(hello)
+            while not self._handshake(sock, reader):
+                pass
         except BaseException:
             sock.close()
             raise
         return sock
+
+    def _handshake(self, sock: socket.socket, reader: LineReader) -> bool:
+        """Read one line of the handshake; True once the connection is ready."""
+        message = reader.next()
+        if message is None:
+            raise ConnectionResetError("the Kiwi scheduler closed the connection")
+        sock.settimeout(None)  # outside the lock, should this be the handshake's end
+        # One critical section from the session's look at whether we want the GPU to
+        # _connected: request() asks by itself only on a ready connection, so one made ready
+        # between the two would be asked by nobody, and a caller that watches its position
+        # instead of waiting for the grant would wait for ever.
+        with self._cond:
+            happened = self._session.receive(message)
+            out = self._session.data_to_send()
+            if any(isinstance(e, ev.Refused) for e in happened):
+                raise ConnectionRefusedError(f"the Kiwi scheduler refused us: "
+                                             f"{message.get('message', message.get('op'))}")
+            if not any(isinstance(e, ev.Ready) for e in happened):
+                sock.settimeout(self.request_timeout)
+                sock.sendall(out)  # register, after the welcome
+                return False
+            sock.sendall(out)  # the acquire we want, a working set reported meanwhile
+            self._sock = sock
+            self._reader = reader
+            self.mode, self.tq = self._session.mode, self._session.tq
+            self._connected = True
+            self._down_since = None
+            self._cond.notify_all()
+        return True
 
     def _read(self) -> None:
         reader = self._reader
@@ -276,44 +306,30 @@ class Connection(SocketLending):
                 self._dispatch(message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        op = message.get("op")
         with self._cond:
-            if op == p.GRANT:
-                if self._wanted:  # else a grant that crossed our cancel: see Client._cancel
-                    self._holding = True
-                    self.position = None
-                    self.drop_requested.clear()
-            elif op == p.WAITING:
-                position = message.get("position")
-                if self._wanted and not self._holding and isinstance(position, int):
-                    self.position = position
-            elif op == p.DROP:
-                self.last_drop = message
-                self.drop_requested.set()
-            elif op == p.REVOKED:
-                self._holding = False
-                self._wanted = False
-                self.position = None
-                self.drop_requested.set()
-            elif op == p.MODE:
-                self.mode, self.tq = message.get("mode"), message.get("tq")
-            seq = message.get("seq")
-            if seq is not None and seq == self._ask_seq:
-                self._answered(message)
-            elif seq is not None:
-                self._replies[seq] = message
+            for event in self._session.receive(message):
+                self._react(event)
+            # A line the session answers by itself (asking again after a release of ours).
+            self._flush_quietly()
             self._cond.notify_all()
-        if seq is None:
+        if message.get("seq") is None:
             for listener in list(self._listeners):
                 with contextlib.suppress(Exception):
                     listener(message)
 
-    def _answered(self, message: dict[str, Any]) -> None:
-        """The answer to our acquire (with self._cond held): a grant or a position is handled
-        by ``_dispatch``; a refusal is kept for the waiting caller."""
-        self._ask_seq = None
-        if message.get("op") == p.ERROR and self._wanted:
-            self._refusal = message
+    def _react(self, event: ev.Event) -> None:
+        """What this shell does about an event (with ``_cond`` held; the session has moved
+        the hold already)."""
+        if isinstance(event, ev.Reply):
+            self._replies[event.seq] = event.message
+        elif isinstance(event, ev.Granted):
+            self.drop_requested.clear()
+        elif isinstance(event, ev.DropAsked) or (isinstance(event, ev.Revoked) and event.held):
+            self.drop_requested.set()
+        elif isinstance(event, ev.AskRefused):
+            self._refusal = event.message  # for the caller waiting for the grant
+        elif isinstance(event, ev.ModeChanged):
+            self.mode, self.tq = self._session.mode, self._session.tq
 
     def _down_too_long(self) -> bool:
         return self._down_since is not None and \

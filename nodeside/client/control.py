@@ -13,14 +13,15 @@ Given no path, it tries the places ``discovery`` lists in turn and keeps the fir
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import socket
 from typing import Any
 
 from nodeside import protocol as p
-from nodeside.client.common import HELLO_FIELDS, Commands, refusal
+from nodeside.client.common import Commands, refusal
 from nodeside.client.discovery import candidates, not_found
+from nodeside.protocol import events as ev
+from nodeside.protocol.client_session import ClientSession
 
 
 class ControlClient(Commands):
@@ -39,9 +40,8 @@ class ControlClient(Commands):
         self.mode: str | None = None
         self.tq: float | None = None
         self._sock: socket.socket | None = None
-        self._buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
-        self._lines: list[bytes] = []
-        self._seq = itertools.count(1)
+        self._session = ClientSession(features=[p.FEATURE_POSITION])
+        self._events: list[ev.Event] = []
 
     def ping(self) -> None:
         self.request(p.PING)
@@ -64,14 +64,14 @@ class ControlClient(Commands):
     def _exchange(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
         """One request and its reply (whatever it says) over the connection, made if needed."""
         sock = self._connection()
-        seq = next(self._seq)
+        seq = self._session.request(op, **fields)
         try:
-            sock.sendall(p.encode(op, seq=seq, **fields))
+            sock.sendall(self._session.data_to_send())
             while True:
-                message = self._next_message(sock)
-                if message.get("seq") == seq:
-                    return message
-                self._note(message)  # an event (a mode change) that crossed our request
+                event = self._next_event(sock)
+                if isinstance(event, ev.Reply) and event.seq == seq:
+                    return event.message
+                self._note(event)  # an event (a mode change) that crossed our request
         except (OSError, p.ProtocolError) as exc:
             self.close()
             if isinstance(exc, TimeoutError):
@@ -82,8 +82,8 @@ class ControlClient(Commands):
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
-        self._buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
-        self._lines = []
+        self._session.connection_lost()
+        self._events = []
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -99,10 +99,10 @@ class ControlClient(Commands):
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         return self.request(op, **fields)
 
-    def _note(self, message: dict[str, Any]) -> None:
-        if message.get("op") in (p.MODE, p.OK, p.WELCOME):
-            self.mode = message.get("mode", self.mode)
-            self.tq = message.get("tq", self.tq)
+    def _note(self, event: ev.Event) -> None:
+        if isinstance(event, (ev.ModeChanged, ev.Ready)):
+            self.mode = event.message.get("mode", self.mode)
+            self.tq = event.message.get("tq", self.tq)
 
     def _connection(self) -> socket.socket:
         if self._sock is not None:
@@ -123,25 +123,29 @@ class ControlClient(Commands):
         try:
             sock.settimeout(self.timeout)
             sock.connect(path)
-            sock.sendall(p.encode(p.HELLO, **HELLO_FIELDS))
-            welcome = self._next_message(sock)
+            self._session.connect()
+            sock.sendall(self._session.data_to_send())
+            welcome = self._next_event(sock)  # the session's first: Ready, or Refused
         except BaseException:
             sock.close()
-            self._buffer, self._lines = p.LineBuffer(p.MAX_REPLY_BYTES), []
+            self._session.connection_lost()
+            self._events = []
             raise
-        if welcome.get("op") != p.WELCOME:
+        if not isinstance(welcome, ev.Ready):
             sock.close()
-            raise ConnectionRefusedError(f"refused: {welcome.get('message', welcome.get('op'))}")
+            self._session.connection_lost()
+            said = welcome.message
+            raise ConnectionRefusedError(f"refused: {said.get('message', said.get('op'))}")
         self._note(welcome)
         return sock
 
-    def _next_message(self, sock: socket.socket) -> dict[str, Any]:
-        while not self._lines:
+    def _next_event(self, sock: socket.socket) -> ev.Event:
+        while not self._events:
             data = sock.recv(65536)
             if not data:
                 raise ConnectionResetError("the scheduler closed the connection")
-            self._lines.extend(self._buffer.feed(data))
-        return p.decode(self._lines.pop(0))
+            self._events.extend(self._session.receive_data(data))
+        return self._events.pop(0)
 
 
 def _reason(exc: BaseException, path: str) -> str:

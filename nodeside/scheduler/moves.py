@@ -68,6 +68,7 @@ class Moves:
         client.hold = Hold(granted_at=now, quantum_start=now)
         gpu.holders[client.id] = client
         gpu.meter.open(client.id, client.pool, now, client.preemptible)
+        gpu.history.opened(client, now)
         # The policy still sees when it asked: a request that went on after a drop is told
         # from a new one by that, not by when it was granted (attained.py).
         self.choice.on_grant(gpu, client, now)
@@ -110,6 +111,7 @@ class Moves:
             gpu.promised = hold.drop_incoming
         gpu.holders.pop(client.id, None)
         gpu.meter.close(client.id, now)
+        gpu.history.closed(client.id, now)
         held = now - hold.granted_at
         client.gpu_seconds += held
         gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from nodeside.scheduler.history import HolderHistory
 from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
@@ -173,6 +174,8 @@ class GpuState:
         self.holders: dict[str, Client] = {}  # in grant order
         self.waiters = WaitQueue()
         self.meter = ShareMeter(0.0, now)
+        #: Recent holds, whole and named, for the status document's timeline (history.py).
+        self.history = HolderHistory()
         self.tq_override = tq_override
         #: The waiter a leaving holder was dropped for; served first by the next schedule.
         self.promised: str | None = None

@@ -65,6 +65,9 @@ def build_status(scheduler: Scheduler, now: float,
             # Seconds of a turn when its pausable holders take turns (mode auto,
             # interactive.turns); 0: the driver time-slices between them.
             "turns": scheduler.turn_length(),
+            # Its recent holds, whole and named, oldest first (history.py): the panel's
+            # timeline, the same in every tab and after every reload.
+            "recent_holders": gpu.history.recent(now),
         })
         if evictions is not None:
             gpus[-1]["evict_blocked"] = evictions.blocked(index)

@@ -36,6 +36,18 @@ CHROMIUM_ARGS = [
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
+FAKE_NVML = Path(__file__).with_name("fake_nvml.c")
+
+
+def build_fake_nvml(folder: Path) -> Path:
+    """Compile fake_nvml.c as ``folder/libnvidia-ml.so.1``; returns ``folder`` (for
+    LD_LIBRARY_PATH). Only processes started with it there see the stand-in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1",
+                    "-o", str(folder / "libnvidia-ml.so.1"), str(FAKE_NVML)], check=True)
+    return folder
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -57,8 +69,13 @@ class LabServer:
     """`jupyter lab` with Kiwi; ``kiwi_args`` are extra ``--KiwiExtension.x=`` options."""
 
     def __init__(self, *kiwi_args: str, notebooks: tuple[str, ...] = ("a.ipynb", "b.ipynb"),
-                 panel_settings: dict[str, Any] | None = None):
+                 panel_settings: dict[str, Any] | None = None, fake_nvml: bool = False,
+                 env: dict[str, str] | None = None):
         self.home = Path(tempfile.mkdtemp(prefix="kiwi-lab-", dir="/tmp"))
+        #: More environment for the server (and so its kernels, terminals and scheduler).
+        self.env = dict(env or {})
+        if fake_nvml:  # the server and its scheduler see one GPU through a stand-in NVML
+            self.env["LD_LIBRARY_PATH"] = str(build_fake_nvml(self.home / "nvml"))
         if panel_settings:  # the user's settings of the panel's plugin, as Settings would save
             plugin = self.home / "settings" / "kiwi-jupyter" / "plugin.jupyterlab-settings"
             plugin.parent.mkdir(parents=True)
@@ -82,6 +99,7 @@ class LabServer:
             "JUPYTERLAB_SETTINGS_DIR": str(self.home / "settings"),
             "JUPYTERLAB_WORKSPACES_DIR": str(self.home / "workspaces"),
             "PYTHONUNBUFFERED": "1",
+            **self.env,
         }
         # Nothing answers here, so the server starts its embedded scheduler unless told not to.
         env["KIWI_SOCKET"] = str(self.home / "no-daemon.sock")
@@ -126,10 +144,10 @@ class LabServer:
     def kiwi_status(self) -> dict[str, Any]:
         return self.api("GET", "kiwi/api/status")
 
-    def start_session(self, path: str) -> str:
+    def start_session(self, path: str, kernel: str = "python3") -> str:
         """A kernel for notebook ``path`` started through the REST API; its kernel id."""
         session = self.api("POST", "api/sessions", {
-            "path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}})
+            "path": path, "name": path, "type": "notebook", "kernel": {"name": kernel}})
         return str(session["kernel"]["id"])
 
     def kernel_of(self, path: str) -> str | None:
@@ -147,6 +165,9 @@ class LabServer:
             time.sleep(0.1)
         client = BlockingKernelClient(connection_file=str(connection))
         client.load_connection_file()
+        # The heartbeat declares a kernel dead after 1 s without an answer, which a loaded
+        # 2-core machine exceeds at a kernel's start ("Kernel died before replying").
+        client.hb_channel.time_to_dead = 10.0
         client.start_channels()
         client.wait_for_ready(timeout=timeout)
         return client

@@ -65,6 +65,13 @@ def test_help_documents_every_subcommand(kernel: KernelUnderTest) -> None:
         assert subcommand in page
 
 
+def test_help_names_the_socket_this_kernel_really_uses(
+    kernel: KernelUnderTest, module_daemon: DaemonProcess
+) -> None:
+    page = kernel.run("%kiwi?").reply["payload"][0]["data"]["text/plain"]
+    assert f"This kernel uses {module_daemon.socket} ($KIWI_SOCKET)." in page
+
+
 def test_an_unknown_subcommand_is_a_usage_error(kernel: KernelUnderTest) -> None:
     failed = kernel.run("%kiwi frobnicate")
     assert failed.ename == "UsageError"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 import pytest
+from status_fixtures import sample_status
 
 from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
 from kiwi_jupyter.kernel.identity import connection_file_from_argv, kernel_id_from_connection_file
@@ -12,25 +13,10 @@ from kiwi_jupyter.kernel.status_view import StatusTable, human_bytes
 from kiwi_jupyter.kernel.wait_view import describe_wait
 from nodeside.ctl import format_status
 
-DOCUMENT = {
-    "version": 1, "mode": "on", "tq": 30.0,
-    "gpus": [{"index": 0, "name": "A100", "uuid": None, "memory_total": 80 * 2**30,
-              "memory_used": None, "holders": ["c1"], "queue": ["c2", "c3"],
-              "quantum_remaining": 12.34}],
-    "clients": [
-        {"id": "c1", "name": "kernel-a", "pid": 1, "gpu": 0, "pool": "default",
-         "priority": "NORMAL", "state": "holding", "queue_position": None,
-         "working_set": 3 * 2**30, "gpu_seconds": 17.5},
-        {"id": "c2", "name": "kernel-b", "pid": 2, "gpu": 0, "pool": "training",
-         "priority": "LOW", "state": "waiting", "queue_position": 1, "working_set": 0,
-         "gpu_seconds": 0.0},
-        {"id": "c3", "name": "kernel-<c>", "pid": 3, "gpu": 0, "pool": "default",
-         "priority": "HIGH", "state": "waiting", "queue_position": 2, "working_set": 0,
-         "gpu_seconds": 1.0},
-    ],
-    "pools": [{"name": "default", "guarantee": 0.5, "weight": 1.0, "maximum": -1.0,
-               "share": 0.75, "clients": 2}],
-}
+#: Made by the daemon's build_status from a real scheduler (tests/status_fixtures.py): c1
+#: kernel-a holds GPU 0 (an A100, 80 GiB) with 12.5 s left of its quantum and 17.5 s of GPU
+#: time; c2 kernel-b (pool training, LOW) and c3 kernel-<c> (default, HIGH) wait, in that order.
+DOCUMENT = sample_status()
 
 
 def test_the_kernel_id_comes_from_jupyters_connection_file_name() -> None:
@@ -64,14 +50,14 @@ def test_only_cells_of_housekeeping_magics_or_comments_skip_the_gpu(cell: str, o
 def test_waiting_line_names_position_holder_and_time_left() -> None:
     assert describe_wait(DOCUMENT, "c3", 4.2) == (
         "kiwi: waiting for the GPU (4 s) · position 2 of 2 in the queue · held by kernel-a, "
-        "12.3 s left in its quantum")
+        "12.5 s left in its quantum")
 
 
 def test_waiting_line_says_the_holder_is_giving_back_rather_than_0_s_left() -> None:
     gpu = {**DOCUMENT["gpus"][0], "quantum_remaining": 0.0}
     line = describe_wait({**DOCUMENT, "gpus": [gpu]}, "c3", 4.2)
     assert line.endswith("held by kernel-a, its quantum is over and it is giving the GPU back")
-    assert describe_wait(DOCUMENT, "c3", 4.2, aged=12.3).endswith("giving the GPU back")
+    assert describe_wait(DOCUMENT, "c3", 4.2, aged=12.46).endswith("giving the GPU back")
 
 
 def test_status_text_counts_one_client_in_the_singular() -> None:
@@ -88,10 +74,10 @@ def test_waiting_line_without_an_answer_says_so() -> None:
 def test_status_text_lists_every_client_and_marks_this_kernel() -> None:
     text = StatusTable(DOCUMENT, me="c2").text()
     lines = text.splitlines()
-    assert lines[0] == "Kiwi scheduler: mode on, TQ 30 s"
-    assert lines[1] == ("GPU 0 (A100, 80.0 GiB): held by kernel-a, 12.3 s left in the quantum; "
+    assert lines[0] == "Kiwi scheduler: mode on, TQ 30 s, policy round-robin"
+    assert lines[1] == ("GPU 0 (A100, 80.0 GiB): held by kernel-a, 12.5 s left in the quantum; "
                         "2 waiting")
-    assert lines[2] == ("pool default: share 75%, guarantee 50%, no maximum, 2 clients")
+    assert lines[2] == ("pool default: share 100%, guarantee 50%, no maximum, 2 clients")
     mine = [line for line in lines if line.endswith("<- this kernel")]
     assert len(mine) == 1 and mine[0].startswith("kernel-b  ")
     assert "17.5 s" in text and "3.0 GiB" in text
@@ -211,6 +197,6 @@ def test_kiwictl_status_marks_the_paused_holder_and_the_turns_in_effect() -> Non
                 "clients": [{**DOCUMENT["clients"][0], "paused": True}, DOCUMENT["clients"][1],
                             {**DOCUMENT["clients"][2], "state": "holding", "paused": False}]}
     lines = format_status(document).splitlines()
-    assert "  holding: kernel-a (paused), kernel-<c> (12.3 s left)" in lines
+    assert "  holding: kernel-a (paused), kernel-<c> (12.5 s left)" in lines
     assert "  taking turns of 1 s, least GPU time in the cell first" in lines
     assert any(line.startswith("kernel-a") and " paused " in line for line in lines)

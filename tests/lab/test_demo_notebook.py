@@ -91,3 +91,15 @@ def test_the_demos_workload_definitions_run_without_waiting_for_the_gpu(
             # daemon took the GPU from it, and its waiting line would be in its output.
             assert scheduler(kiwi_daemon.socket)["gpus"][0]["holders"] == [holder.id]
     assert [o for o in definitions.outputs if o.output_type == "display_data"] == []
+
+
+def test_make_labs_quantum_ends_inside_a_demo_burst() -> None:
+    """`make lab`'s TQ is shorter than the demo's bursts, so a burst beside a waiting partner
+    outlives its quantum and the quantum's end shows (with 30 s against 15 s it never did)."""
+    makefile = (BINDER.parent / "Makefile").read_text()
+    tq = float(re.search(r"^LAB_TQ \?= ([\d.]+)$", makefile, re.M).group(1))
+    assert re.search(r"^\tjupyter lab .*--KiwiExtension\.tq=\$\(LAB_TQ\)",
+                     makefile.replace("$(BIN)/", ""), re.M)
+    notebook = nbformat.read(BINDER / "kiwi-demo.ipynb", as_version=4)
+    burst = float(re.search(r'"KIWI_DEMO_SECONDS", "([\d.]+)"', code_of(notebook)).group(1))
+    assert tq < burst

@@ -4,6 +4,7 @@ dies, stopped with the server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,6 +90,33 @@ class TestWhenNoDaemonAnswers:
         await wait_until(lambda: daemon_answers(embedded.socket_path), what="it to answer")
         assert embedded.restarts == 1
         assert (await get_status(jp_fetch))["reachable"] is True
+
+    async def test_what_was_set_in_the_panel_survives_its_restart(
+        self, jp_serverapp: Any, jp_fetch: Any
+    ) -> None:
+        await jp_serverapp._post_start()
+        embedded = kiwi_app(jp_serverapp).embedded
+        changed = await jp_fetch("kiwi", "api", "scheduler", method="POST",
+                                 body=json.dumps({"mode": "on", "tq": 3.25}))
+        assert changed.code == 200
+        first = embedded.pid
+        os.kill(first, signal.SIGKILL)
+        await wait_until(lambda: embedded.pid != first and embedded.running,
+                         what="a new scheduler process")
+        await wait_until(lambda: daemon_answers(embedded.socket_path), what="it to answer")
+        status = await get_status(jp_fetch)
+        assert (status["mode"], status["tq"]) == ("on", 3.25)
+
+    async def test_it_keeps_its_state_in_the_servers_runtime_dir_while_the_server_runs(
+        self, jp_serverapp: Any, jp_fetch: Any
+    ) -> None:
+        extension = kiwi_app(jp_serverapp)
+        state_file = extension.embedded.state_file
+        assert state_file.parent == Path(jp_serverapp.runtime_dir)
+        await jp_fetch("kiwi", "api", "scheduler", method="POST", body=json.dumps({"tq": 4}))
+        assert json.loads(state_file.read_text())["tq"] == 4
+        await extension.stop_extension()
+        assert not state_file.exists()
 
     async def test_it_stops_with_the_server(self, jp_serverapp: Any, nowhere: str) -> None:
         extension = kiwi_app(jp_serverapp)
@@ -197,3 +226,4 @@ def test_a_server_interrupted_without_a_terminal_leaves_no_folder_or_link(
             server.wait()
     assert not os.path.exists(os.path.dirname(socket_path)), rest
     assert not os.path.lexists(published), rest
+    assert list(runtime.glob("kiwi-scheduler-*.json")) == [], rest

@@ -1,9 +1,8 @@
-"""The REST endpoints of CONTRACT section 8, against a real server and a real daemon."""
+"""The REST endpoints of docs/interfaces.md section 8, against a real server and a real daemon."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -17,18 +16,63 @@ from tornado.httpclient import HTTPClientError
 from nodeside.client import Client
 
 
-@pytest.fixture
-def clients(kiwi_daemon: DaemonProcess) -> Any:
-    opened: list[Client] = []
+class Waiter:
+    """Asks for the GPU from a thread, as a kernel's cell would, and keeps what ended it."""
 
-    def connect(name: str) -> Client:
-        client = Client(kiwi_daemon.socket, name=name)
-        opened.append(client)
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.error: BaseException | None = None
+        #: Set just before the test closes the client: a ConnectionError after it is expected.
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._wait, daemon=True)
+        self.thread.start()
+
+    def _wait(self) -> None:
+        try:
+            self.client.acquire(timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - kept, and raised in the test's thread
+            self.error = exc
+
+    def check(self) -> None:
+        """Fail with what ended the thread, unless it was the client's close."""
+        self.thread.join(scaled(10))
+        assert not self.thread.is_alive(), f"{self.client.name}: still waiting after its close"
+        expected = isinstance(self.error, ConnectionError) and self.closing.is_set()
+        if self.error is not None and not expected:
+            raise AssertionError(f"{self.client.name} failed while it waited") from self.error
+
+
+class Clients:
+    """Registered clients of the test's daemon; closed, and their waiting threads checked, after
+    the test."""
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        self.opened: list[Client] = []
+        self.waiters: list[Waiter] = []
+
+    def __call__(self, name: str) -> Client:
+        client = Client(self.socket, name=name)
+        self.opened.append(client)
         return client
 
-    yield connect
-    for client in opened:
-        client.close()
+    def start_waiting(self, client: Client) -> None:
+        self.waiters.append(Waiter(client))
+
+    def close(self) -> None:
+        for waiter in self.waiters:
+            waiter.closing.set()
+        for client in self.opened:
+            client.close()
+        for waiter in self.waiters:
+            waiter.check()
+
+
+@pytest.fixture
+def clients(kiwi_daemon: DaemonProcess) -> Any:
+    opened = Clients(kiwi_daemon.socket)
+    yield opened
+    opened.close()
 
 
 async def post_change(jp_fetch: Any, body: Any, **kwargs: Any) -> Any:
@@ -52,7 +96,7 @@ async def test_status_shows_the_queue_in_order(jp_fetch: Any, clients: Any) -> N
     clients("kernel-a").acquire(timeout=10)
     waiting = [clients("kernel-b"), clients("kernel-c")]
     for client in waiting:
-        _start_waiting(client)
+        clients.start_waiting(client)
         # Wait for each to be queued before the next asks, so the order is known.
         await _wait_status(jp_fetch, lambda s, n=client.name: _state(s, n) == "waiting")
     status = await get_status(jp_fetch)
@@ -156,16 +200,6 @@ class TestAUserKeptAwayFromKiwi:
 async def test_an_admin_is_told_it_may_write(jp_fetch: Any) -> None:
     response = await jp_fetch("api", "me", params={"permissions": '{"kiwi": ["write"]}'})
     assert json.loads(response.body)["permissions"]["kiwi"] == ["write"]
-
-
-def _start_waiting(client: Client) -> None:
-    """Ask for the GPU from a thread, as a kernel's cell would; the test closes the client."""
-
-    def wait() -> None:
-        with contextlib.suppress(ConnectionError):
-            client.acquire(timeout=60)
-
-    threading.Thread(target=wait, daemon=True).start()
 
 
 def _client(status: dict, name: str) -> dict:

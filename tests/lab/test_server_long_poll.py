@@ -37,21 +37,26 @@ def holder_names(document: dict[str, Any]) -> list[str]:
     return [names[i] for i in document["gpus"][0]["holders"]]
 
 
-async def test_a_long_poll_answers_when_a_kernel_takes_the_gpu(
+async def test_a_pending_long_poll_answers_with_the_change_and_not_before(
         jp_fetch: Any, kiwi_daemon: DaemonProcess) -> None:
     first = await pushed_document(jp_fetch)
     assert first["pushed"] is True and first["reachable"] is True and first["etag"]
     waiting = asyncio.ensure_future(long_poll(jp_fetch, first["etag"]))
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # time for it to reach the server and wait there
     assert not waiting.done()  # nothing changed: it waits (for 25 s, the default)
-    client = Client(kiwi_daemon.socket, name="kernel-a")
+    client = Client(kiwi_daemon.socket, name="kernel-a")  # registers: the change
     try:
-        client.acquire(timeout=10)
-        document = await long_poll(jp_fetch, first["etag"]) if waiting.done() else await waiting
-        # Registering and taking the GPU may come as one change or two: poll on to the grant.
-        while holder_names(document) != ["kernel-a"]:
-            document = await long_poll(jp_fetch, document["etag"])
+        # The poll that was pending answers, under a new tag, with the change that woke it: a
+        # long-poll that answered without one (on a timer, or at once) would show no kernel-a.
+        document = await asyncio.wait_for(waiting, scaled(20))
         assert document["etag"] != first["etag"]
+        assert "kernel-a" in [c["name"] for c in document["clients"]]
+        client.acquire(timeout=10)
+        # The grant is a change of its own (or came in the same one): each poll answers the next.
+        while holder_names(document) != ["kernel-a"]:
+            later = await asyncio.wait_for(long_poll(jp_fetch, document["etag"]), scaled(20))
+            assert later["etag"] != document["etag"]
+            document = later
     finally:
         client.close()
         waiting.cancel()

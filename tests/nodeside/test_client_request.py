@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support import DaemonProcess, scaled, short_tmpdir, wait_for
+from support import DaemonProcess, client_state, scaled, short_tmpdir, wait_for, wait_for_status
 
 from nodeside.client import Client, connection
 
@@ -39,7 +39,8 @@ def test_request_while_the_gpu_is_held_queues_without_blocking(daemon: DaemonPro
             Client(daemon.socket, name="asker") as asker:
         holder.acquire(timeout=5)
         asker.request()
-        wait_for(lambda: state_of(holder, asker) == "waiting", what="the request in the queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "asker") == "waiting",
+                        what="the request in the queue")
         assert not asker.holding
 
 
@@ -61,7 +62,8 @@ def test_release_withdraws_a_pending_request(daemon: DaemonProcess) -> None:
             Client(daemon.socket, name="next") as after:
         holder.acquire(timeout=5)
         asker.request()
-        wait_for(lambda: state_of(holder, asker) == "waiting", what="the request in the queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "asker") == "waiting",
+                        what="the request in the queue")
         asker.release()
         assert state_of(holder, asker) != "waiting"
         holder.release()
@@ -76,7 +78,8 @@ def test_an_interrupt_while_waiting_for_the_grant_withdraws_the_request(
             Client(daemon.socket, name="next") as after:
         holder.acquire(timeout=5)
         asker.request()
-        wait_for(lambda: state_of(holder, asker) == "waiting", what="the request in the queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "asker") == "waiting",
+                        what="the request in the queue")
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             asker.wait_for_grant()

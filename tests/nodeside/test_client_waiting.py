@@ -14,7 +14,7 @@ import textwrap
 import threading
 from typing import Any
 
-from support import DaemonProcess, wait_for
+from support import DaemonProcess, client_state, wait_for, wait_for_status
 
 from nodeside.client import Client
 
@@ -58,7 +58,8 @@ def test_while_a_caller_waits_other_threads_get_replies_and_listeners_get_events
 
         thread = threading.Thread(target=wait_for_the_gpu)
         thread.start()
-        wait_for(lambda: state_of(holder, "waiter") == "waiting", what="the waiter to queue")
+        wait_for_status(daemon.socket, lambda doc: client_state(doc, "waiter") == "waiting",
+                        what="the waiter to queue")
 
         # The waiting thread holds the socket: these replies reach us through it.
         assert state_of(waiter, "waiter") == "waiting"
@@ -85,13 +86,14 @@ def test_ctrl_c_while_waiting_withdraws_the_request_and_the_client_goes_on(
         assert proc.stdin is not None and proc.stdout is not None
         try:
             assert proc.stdout.readline().strip() == "ready"
-            wait_for(lambda: state_of(holder, "waiter") == "waiting", what="the waiter to queue")
+            wait_for_status(daemon.socket, lambda doc: client_state(doc, "waiter") == "waiting",
+                        what="the waiter to queue")
 
             proc.send_signal(signal.SIGINT)
             assert proc.stdout.readline().strip() == "interrupted"
             try:
-                wait_for(lambda: state_of(holder, "waiter") == "idle",
-                         what="the request to be withdrawn")
+                wait_for_status(daemon.socket, lambda doc: client_state(doc, "waiter") == "idle",
+                                what="the request to be withdrawn")
             except AssertionError as failed:
                 # Seen once in a full run beside stress-ng, never alone: say what was left.
                 waiters = [(c["id"], c["state"]) for c in holder.status()["clients"]

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from support import DaemonProcess, scaled, wait_for
+from support import DaemonProcess, scaled, wait_for, wait_for_status
 
 from nodeside.client import Client
 
@@ -39,7 +39,8 @@ def test_pending_acquire_resumes_after_a_restart(daemon: DaemonProcess) -> None:
         thread = threading.Thread(target=lambda: outcome.append(waiter.acquire(timeout=20)),
                                   daemon=True)
         thread.start()
-        wait_for(lambda: holder.status()["gpus"][0]["queue"], what="the waiter to queue")
+        wait_for_status(daemon.socket, lambda doc: doc["gpus"][0]["queue"],
+                        what="the waiter to queue")
         daemon.kill()
         holder.close()  # the holder is gone for good; only the waiter comes back
         daemon.start()

@@ -1,11 +1,8 @@
-"""The wire protocol between the node daemon and its clients: the one definition.
+"""The wire: bytes into messages and messages into bytes, and whether a request is well formed.
 
 Every message is one JSON object on one line of UTF-8, ended by ``\\n``, over a Unix stream
-socket. docs/protocol.md is the prose version of this file, written for someone implementing a
-client in another language (the CUDA shim speaks it from C); the two must agree.
-
-This module is sans-I/O: it turns bytes into messages and messages into bytes, and checks that a
-message is well formed. It never touches a socket.
+socket. Which fields a request may carry, and their types, is the table's (``messages``). This
+module is sans-I/O, and compiled (mypyc): the daemon reads and writes every line through it.
 """
 
 from __future__ import annotations
@@ -16,100 +13,26 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from nodeside.limits import MAX_INTEGER
-
-#: The protocol version spoken by this code. A peer announcing another one is refused.
-VERSION: Final = 1
-
-#: Largest line a client may send, newline included. Requests are small; anything larger is a
-#: broken or hostile peer, and the daemon must not buffer without bound for it.
-MAX_REQUEST_BYTES: Final = 64 * 1024
-
-#: Largest line the daemon may send. Status documents grow with the number of clients (about
-#: 300 bytes each), so replies get far more room than requests.
-MAX_REPLY_BYTES: Final = 16 * 1024 * 1024
-
-# Typed out: mypyc's type check cannot infer them through the scheduler's import cycle.
-PRIORITIES: Final[tuple[str, ...]] = ("HIGH", "NORMAL", "LOW")
-MODES: Final[tuple[str, ...]] = ("on", "off", "auto")
-
-# Defaults every peer shares. They live here, not in nodeside.config, so that a client (a kernel,
-# kiwictl) learns them without importing the scheduler or the config loader.
-#: Where the node daemon listens unless told otherwise (``KIWI_SOCKET``, ``--socket``).
-DEFAULT_SOCKET: Final = "/var/run/kiwi/scheduler.sock"
-#: The pool a client joins unless it names one (``KIWI_POOL``).
-DEFAULT_POOL: Final = "default"
-#: The priority a client asks for unless it names one (``KIWI_PRIORITY``).
-DEFAULT_PRIORITY: Final = "NORMAL"
-
-# Requests a client sends. Each may carry an integer "seq"; the reply to it carries the same
-# "seq", so a client can match replies to requests while events arrive in between.
-HELLO: Final = "hello"              # must come first: {"version": 1, "software": str?,
-                                    #   "features": [str]?}; welcome lists those it serves
-REGISTER: Final = "register"        # become a scheduling client (name, pool, priority, gpu, ...)
-ACQUIRE: Final = "acquire"          # ask for the GPU; reply is "grant" or "waiting"
-RELEASE: Final = "release"          # give it back, or cancel a wait; reply is "released", or
-                                    # "drop" when {"evict_first": true} and the room is needed;
-                                    # with {"requeue": true} release and ask again in one
-                                    # request: the reply is acquire's ("grant" or "waiting")
-WORKING_SET: Final = "working_set"  # {"bytes": int}: the GPU memory this client needs
-STATUS: Final = "status"            # reply "status" with {"status": the status document}
-SET_MODE: Final = "set_mode"        # {"mode": "on"|"off"|"auto"}; admin only
-SET_TQ: Final = "set_tq"            # {"tq": seconds, "gpu": int?}; admin only
-PING: Final = "ping"                # reply "pong"; liveness and benchmarks
-
-REQUESTS: Final = frozenset(
-    {HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, STATUS, SET_MODE, SET_TQ, PING}
+from nodeside.protocol.names import (
+    DROP,
+    E_MALFORMED,
+    E_TOO_LARGE,
+    E_UNKNOWN_OP,
+    ERROR,
+    FATAL_ERRORS,
+    GRANT,
+    MAX_REQUEST_BYTES,
+    RELEASED,
+    REQUEST_FIELDS,
+    REQUESTS,
+    WAITING,
 )
 
-# What the daemon sends: replies (carrying "seq" when the request had one) and events (no "seq").
-WELCOME: Final = "welcome"          # reply to hello
-REGISTERED: Final = "registered"    # reply to register: {"client": id, "gpu", "mode", "tq",
-                                    #   "evict": the evictor the daemon carries out for it}
-GRANT: Final = "grant"              # reply or event: the client now holds its GPU
-WAITING: Final = "waiting"          # reply to acquire: queued, {"position": 1-based}; also an
-                                    # event (no seq) when the position changes, to peers whose
-                                    # hello asked for FEATURE_POSITION
-RELEASED: Final = "released"        # reply to release
-DROP: Final = "drop"                # event: give the GPU back soon {"reason", "evict", "grace"};
-                                    # also the reply to release with evict_first (with its seq)
-REVOKED: Final = "revoked"          # event: the daemon took the GPU back; stop using it
-PAUSE: Final = "pause"              # event to a holder that registered "pausable": keep the GPU
-                                    # and your memory, start no GPU work until "resume" {"gpu"}
-RESUME: Final = "resume"            # event: your turn, GPU work may go on {"gpu"}
-CHANGED: Final = "changed"          # event (no fields) to peers whose hello asked for
-                                    # FEATURE_CHANGES: the status document people see changed
-MODE: Final = "mode"                # event to every connection: {"mode", "tq"} changed
-OK: Final = "ok"                    # reply to working_set, set_mode, set_tq
-PONG: Final = "pong"
-STATUS_REPLY: Final = "status"
-ERROR: Final = "error"              # {"code", "message"}; codes below
-
-# Error codes. The first four close the connection after the reply: the peer is not speaking
-# this protocol and nothing it sends next can be trusted. The others leave it open.
-E_MALFORMED: Final = "malformed"          # not JSON, not an object, missing or mistyped field
-E_TOO_LARGE: Final = "too_large"          # a line over MAX_REQUEST_BYTES
-E_UNKNOWN_OP: Final = "unknown_op"        # an "op" this version does not define
-E_VERSION: Final = "version"              # hello with another version, or a request before hello
-E_PERMISSION: Final = "permission"        # admin request from a peer that is not an admin
-E_INVALID: Final = "invalid"              # well formed, but a value out of range
-E_STATE: Final = "state"                  # not possible now (acquire before register, ...)
-E_LIMIT: Final = "limit"                  # a bound of nodeside.limits exceeded (a name too long,
-                                          # too many labels or connections); the message says which
-FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSION})
-
-# Optional behaviours a client asks for in hello's "features"; old clients hear nothing new.
-FEATURE_POSITION: Final = "position"  # "waiting" events as the queue position changes
-FEATURE_CHANGES: Final = "changes"    # "changed" events when the status document changes
-FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES})
-
-# Why a holder is asked to drop the GPU, in "drop" and "revoked" events.
-REASON_QUANTUM: Final = "quantum"    # its quantum ended and someone waits
-REASON_PREEMPT: Final = "preempt"    # a non-preemptible request of a pool below its guarantee
-REASON_MODE: Final = "mode"          # the scheduler was turned on while several held
-REASON_ROOM: Final = "room"          # auto mode: a newcomer's working set does not fit
-REASON_MAXIMUM: Final = "maximum"    # its pool reached its maximum share of the GPU's time
-REASON_GRACE: Final = "grace"        # (revoked) the holder ignored a drop past its grace period
-REASON_RELEASE: Final = "release"    # (reply to release with evict_first) evict, then release
+# Each field's type (messages.TYPES) as the Python types a value of it may have. The table
+# itself (messages.py) is not imported: what the wire needs of it is generated into names.py.
+_PYTHON_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "int": (int,), "number": (int, float), "str": (str,), "bool": (bool,), "list": (list,),
+    "object": (dict,)}
 
 
 class ProtocolError(Exception):
@@ -282,29 +205,12 @@ def check_request(message: dict[str, Any]) -> None:
             raise ProtocolError(E_MALFORMED, f"{op}: field {name!r} must be {want}")
 
 
-_NUMBER = (int, float)
-# (field, accepted types, required) per request. Range checks (a known mode, a positive TQ) are
-# the daemon's business and answered with E_INVALID, which does not close the connection.
-_FIELDS: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
-    HELLO: (("version", (int,), True), ("software", (str,), False), ("features", (list,), False)),
-    REGISTER: (
-        ("name", (str,), False),
-        ("pool", (str,), False),
-        ("priority", (str,), False),
-        ("gpu", (int,), False),
-        ("working_set", (int,), False),
-        ("kind", (str,), False),
-        ("labels", (dict,), False),
-        ("display_name", (str,), False),  # what people see (a notebook's path); name stays the key
-        ("gpu_uuid", (str,), False),      # the GPU's UUID, matched by the daemon when it knows it
-        ("evict", (str,), False),         # "vmm", "managed" or "checkpoint": how it is paged
-        ("pausable", (bool,), False),     # it honours "pause" and "resume" (taking turns)
-    ),
-    RELEASE: (("evict_first", (bool,), False), ("requeue", (bool,), False)),
-    WORKING_SET: (("bytes", (int,), True), ("evictable", (int,), False)),
-    SET_MODE: (("mode", (str,), True),),
-    SET_TQ: (("tq", _NUMBER, True), ("gpu", (int,), False)),
-}
+# (field, accepted types, required) per request, from the table (names.REQUEST_FIELDS). Range
+# checks (a known mode, a positive TQ) are the daemon's business and answered with E_INVALID,
+# which does not close the connection.
+_FIELDS: Final[dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]]] = {
+    op: tuple((name, _PYTHON_TYPES[kind], required) for name, kind, required in fields)
+    for op, fields in REQUEST_FIELDS.items()}
 
 
 @dataclass

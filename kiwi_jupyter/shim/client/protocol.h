@@ -1,0 +1,230 @@
+/* The Kiwi wire protocol's names and the client's hold table, for the CUDA shim.
+ *
+ * Generated from nodeside/protocol/messages.py and hold.py by
+ * `python -m nodeside.protocol.generate`: edit the table there and run it, never this file (a
+ * test fails while the two differ). docs/protocol.md says what each message means.
+ */
+#ifndef KIWI_PROTOCOL_H
+#define KIWI_PROTOCOL_H
+
+#include <stdbool.h>
+#include <string.h>
+
+/* ---- limits and defaults --------------------------------------------------------------------- */
+
+/* The protocol version spoken by this code. A peer announcing another one is refused. */
+#define KIWI_PROTOCOL_VERSION 1
+/*
+ * Largest line a client may send, newline included. Requests are small; anything larger is a
+ * broken or hostile peer, and the daemon must not buffer without bound for it.
+ */
+#define KIWI_MAX_REQUEST_BYTES 65536
+/*
+ * Largest line the daemon may send. Status documents grow with the number of clients (about 300
+ * bytes each), so replies get far more room than requests.
+ */
+#define KIWI_MAX_REPLY_BYTES 16777216
+/* Where the node daemon listens unless told otherwise (KIWI_SOCKET, --socket). */
+#define KIWI_DEFAULT_SOCKET "/var/run/kiwi/scheduler.sock"
+/* The pool a client joins unless it names one (KIWI_POOL). */
+#define KIWI_DEFAULT_POOL "default"
+/* The priority a client asks for unless it names one (KIWI_PRIORITY). */
+#define KIWI_DEFAULT_PRIORITY "NORMAL"
+
+/* ---- ops: what a client sends, then what the daemon sends ------------------------------------ */
+
+#define KIWI_OP_HELLO "hello" /* request */
+#define KIWI_OP_REGISTER "register" /* request */
+#define KIWI_OP_ACQUIRE "acquire" /* request */
+#define KIWI_OP_RELEASE "release" /* request */
+#define KIWI_OP_WORKING_SET "working_set" /* request */
+#define KIWI_OP_STATUS "status" /* request */
+#define KIWI_OP_SET_MODE "set_mode" /* request */
+#define KIWI_OP_SET_TQ "set_tq" /* request */
+#define KIWI_OP_PING "ping" /* request */
+#define KIWI_OP_WELCOME "welcome" /* reply */
+#define KIWI_OP_REGISTERED "registered" /* reply */
+#define KIWI_OP_GRANT "grant" /* reply and event */
+#define KIWI_OP_WAITING "waiting" /* reply and event */
+#define KIWI_OP_RELEASED "released" /* reply */
+#define KIWI_OP_DROP "drop" /* reply and event */
+#define KIWI_OP_REVOKED "revoked" /* event */
+#define KIWI_OP_PAUSE "pause" /* event */
+#define KIWI_OP_RESUME "resume" /* event */
+#define KIWI_OP_CHANGED "changed" /* event */
+#define KIWI_OP_MODE "mode" /* event */
+#define KIWI_OP_OK "ok" /* reply */
+#define KIWI_OP_PONG "pong" /* reply */
+#define KIWI_OP_STATUS_REPLY "status" /* reply */
+#define KIWI_OP_ERROR "error" /* reply and event */
+
+/* ---- field names (every message has an op; requests and replies may have a seq) -------------- */
+
+#define KIWI_FIELD_BYTES "bytes"
+#define KIWI_FIELD_CLIENT "client"
+#define KIWI_FIELD_CODE "code"
+#define KIWI_FIELD_DAEMON "daemon"
+#define KIWI_FIELD_DISPLAY_NAME "display_name"
+#define KIWI_FIELD_EVICT "evict"
+#define KIWI_FIELD_EVICT_FIRST "evict_first"
+#define KIWI_FIELD_EVICTABLE "evictable"
+#define KIWI_FIELD_FEATURES "features"
+#define KIWI_FIELD_GPU "gpu"
+#define KIWI_FIELD_GPU_UUID "gpu_uuid"
+#define KIWI_FIELD_GRACE "grace"
+#define KIWI_FIELD_KIND "kind"
+#define KIWI_FIELD_LABELS "labels"
+#define KIWI_FIELD_MAX_MESSAGE "max_message"
+#define KIWI_FIELD_MESSAGE "message"
+#define KIWI_FIELD_MODE "mode"
+#define KIWI_FIELD_NAME "name"
+#define KIWI_FIELD_OP "op"
+#define KIWI_FIELD_PAUSABLE "pausable"
+#define KIWI_FIELD_POOL "pool"
+#define KIWI_FIELD_POSITION "position"
+#define KIWI_FIELD_PRIORITY "priority"
+#define KIWI_FIELD_QUANTUM "quantum"
+#define KIWI_FIELD_REASON "reason"
+#define KIWI_FIELD_REQUEUE "requeue"
+#define KIWI_FIELD_SEQ "seq"
+#define KIWI_FIELD_SOFTWARE "software"
+#define KIWI_FIELD_STATUS "status"
+#define KIWI_FIELD_TQ "tq"
+#define KIWI_FIELD_VERSION "version"
+#define KIWI_FIELD_WARNING "warning"
+#define KIWI_FIELD_WORKING_SET "working_set"
+
+/* ---- the values of mode, priority and evict -------------------------------------------------- */
+
+#define KIWI_MODE_ON "on"
+#define KIWI_MODE_OFF "off"
+#define KIWI_MODE_AUTO "auto"
+#define KIWI_PRIORITY_HIGH "HIGH"
+#define KIWI_PRIORITY_NORMAL "NORMAL"
+#define KIWI_PRIORITY_LOW "LOW"
+#define KIWI_EVICT_MANAGED "managed"
+#define KIWI_EVICT_CHECKPOINT "checkpoint"
+#define KIWI_EVICT_VMM "vmm"
+
+/* ---- error codes ----------------------------------------------------------------------------- */
+
+#define KIWI_E_MALFORMED "malformed"
+#define KIWI_E_TOO_LARGE "too_large"
+#define KIWI_E_UNKNOWN_OP "unknown_op"
+#define KIWI_E_VERSION "version"
+#define KIWI_E_PERMISSION "permission"
+#define KIWI_E_INVALID "invalid"
+#define KIWI_E_STATE "state"
+#define KIWI_E_LIMIT "limit"
+
+/* The daemon closes the connection after these errors. */
+static inline bool kiwi_error_fatal(const char *code)
+{
+    return strcmp(code, KIWI_E_MALFORMED) == 0 ||
+           strcmp(code, KIWI_E_TOO_LARGE) == 0 ||
+           strcmp(code, KIWI_E_UNKNOWN_OP) == 0 ||
+           strcmp(code, KIWI_E_VERSION) == 0;
+}
+
+/* ---- features a client may ask for in hello -------------------------------------------------- */
+
+#define KIWI_FEATURE_POSITION "position"
+#define KIWI_FEATURE_CHANGES "changes"
+
+/* ---- why a holder is asked to drop the GPU --------------------------------------------------- */
+
+#define KIWI_REASON_QUANTUM "quantum"
+#define KIWI_REASON_PREEMPT "preempt"
+#define KIWI_REASON_MODE "mode"
+#define KIWI_REASON_ROOM "room"
+#define KIWI_REASON_MAXIMUM "maximum"
+#define KIWI_REASON_GRACE "grace"
+#define KIWI_REASON_RELEASE "release"
+
+/* ---- the client's hold (nodeside/protocol/hold.py) ------------------------------------------- */
+
+enum kiwi_hold_state {
+    /* nothing asked, nothing held */
+    KIWI_HOLD_IDLE,
+    /* an acquire (or a requeue) is out; its answer has not been read */
+    KIWI_HOLD_ASKING,
+    /* queued: the grant comes as an event */
+    KIWI_HOLD_WAITING,
+    /* the GPU is this client's */
+    KIWI_HOLD_HOLDING,
+    /* still this client's, but the daemon asked for it back (a drop): release soon */
+    KIWI_HOLD_DROPPING,
+    /* a release is out whose answer decides what happens: a cancelled wait (a grant read
+     * meanwhile crossed it) or a release with evict_first (answered released or drop);
+     * nothing is asked meanwhile */
+    KIWI_HOLD_RELEASING,
+};
+#define KIWI_HOLD_STATES 6
+
+static inline const char *kiwi_hold_state_name(enum kiwi_hold_state state)
+{
+    switch (state) {
+    case KIWI_HOLD_IDLE: return "IDLE";
+    case KIWI_HOLD_ASKING: return "ASKING";
+    case KIWI_HOLD_WAITING: return "WAITING";
+    case KIWI_HOLD_HOLDING: return "HOLDING";
+    case KIWI_HOLD_DROPPING: return "DROPPING";
+    case KIWI_HOLD_RELEASING: return "RELEASING";
+    }
+    return "?";
+}
+
+/* Every legal move of the hold; anything else is a bug in the client. */
+static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_state to)
+{
+    switch (from) {
+    case KIWI_HOLD_IDLE:
+        /* -> ASKING: acquire sent */
+        return to == KIWI_HOLD_ASKING;
+    case KIWI_HOLD_ASKING:
+        /* -> IDLE: its answer: an error; or the connection was lost */
+        /* -> WAITING: its answer: waiting */
+        /* -> HOLDING: its answer: grant (or a grant event after a seq-less acquire) */
+        /* -> RELEASING: cancelled before its answer: release sent */
+        return to == KIWI_HOLD_IDLE ||
+               to == KIWI_HOLD_WAITING ||
+               to == KIWI_HOLD_HOLDING ||
+               to == KIWI_HOLD_RELEASING;
+    case KIWI_HOLD_WAITING:
+        /* -> IDLE: the connection was lost */
+        /* -> HOLDING: grant event */
+        /* -> RELEASING: cancelled: release sent */
+        return to == KIWI_HOLD_IDLE ||
+               to == KIWI_HOLD_HOLDING ||
+               to == KIWI_HOLD_RELEASING;
+    case KIWI_HOLD_HOLDING:
+        /* -> IDLE: release sent (a plain one: the GPU changes hands at once); revoked; the
+         * connection was lost */
+        /* -> ASKING: release with requeue sent */
+        /* -> DROPPING: drop event */
+        /* -> RELEASING: release with evict_first sent, or a release whose answer is awaited
+         * (a cancel) */
+        return to == KIWI_HOLD_IDLE ||
+               to == KIWI_HOLD_ASKING ||
+               to == KIWI_HOLD_DROPPING ||
+               to == KIWI_HOLD_RELEASING;
+    case KIWI_HOLD_DROPPING:
+        /* -> IDLE: release sent; revoked; the connection was lost */
+        /* -> ASKING: release with requeue sent */
+        /* -> HOLDING: grant event: the drop is withdrawn (mode off) */
+        /* -> RELEASING: likewise */
+        return to == KIWI_HOLD_IDLE ||
+               to == KIWI_HOLD_ASKING ||
+               to == KIWI_HOLD_HOLDING ||
+               to == KIWI_HOLD_RELEASING;
+    case KIWI_HOLD_RELEASING:
+        /* -> IDLE: its answer: released (or an error); the connection was lost */
+        /* -> DROPPING: its answer: drop (evict_first and the room is needed): evict, then
+         * release */
+        return to == KIWI_HOLD_IDLE ||
+               to == KIWI_HOLD_DROPPING;
+    }
+    return false;
+}
+
+#endif

@@ -1,0 +1,199 @@
+"""The status document's shape (docs/interfaces.md section 5): every key, its type, and who adds it.
+
+``status`` replies carry this document; ``nodeside.scheduler.status.build_status`` builds it, the
+checkpoint evictor adds its keys, and the Jupyter server adds its own before the panel reads it.
+The panel's TypeScript types are generated from this table (``generate``), and a test holds what
+``build_status`` returns to it, so the three cannot drift apart.
+
+Types are those of ``messages.TYPES``, plus ``list[<part>]`` for a list of one of the parts
+below and ``list[str]``. ``contract`` keys are the ones docs/interfaces.md section 5 fixes: the
+panel may count on them; ``always`` keys are ours but always there with their part; the others
+are ours and may be absent from an older daemon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from nodeside.protocol.messages import EVICTORS, MODES, PRIORITIES
+
+__all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MODES", "PARTS", "POOL",
+           "POOL_GPU", "Key", "Part", "part"]
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: str
+    doc: str = ""
+    #: Fixed by docs/interfaces.md section 5.
+    contract: bool = False
+    #: Not fixed by the contract, but always there when its part is.
+    always: bool = False
+    #: May be null.
+    nullable: bool = False
+    #: The strings it takes, when it is one of a few.
+    values: tuple[str, ...] = ()
+    #: Who adds it, when not ``build_status``: "evictor" (the checkpoint evictor, in the
+    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long).
+    added_by: str = ""
+
+
+@dataclass(frozen=True)
+class Part:
+    #: The name of the TypeScript interface.
+    interface: str
+    doc: str
+    keys: tuple[Key, ...]
+    #: The daemon's keys may all be missing (the server's answer when the daemon is away).
+    partial: bool = False
+
+
+#: A client's state in the document: DROPPING is still "holding" (scheduler/state.py).
+CLIENT_STATES: Final[tuple[str, ...]] = ("idle", "waiting", "holding")
+
+HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of a GPU: times "
+                                    "are seconds before the document was made.", (
+    Key("client", "str", "The holder's client id.", always=True),
+    Key("name", "str", always=True),
+    Key("display_name", "str", nullable=True, always=True),
+    Key("user", "str", nullable=True, always=True),
+    Key("started", "number", "Seconds before the document when the hold began.",
+        always=True),
+    Key("ended", "number", "Seconds before the document when it ended; null while it holds.",
+        nullable=True, always=True),
+))
+
+GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
+    Key("index", "int", contract=True),
+    Key("name", "str", contract=True),
+    Key("uuid", "str", contract=True, nullable=True),
+    Key("memory_total", "int", "bytes", contract=True, nullable=True),
+    Key("memory_used", "int", "bytes", contract=True, nullable=True),
+    Key("holders", "list[str]", "Client ids holding this GPU now (several only in mode off or "
+                                "auto).", contract=True),
+    Key("queue", "list[str]", "Client ids waiting for it, next first.", contract=True),
+    Key("quantum_remaining", "number", "Seconds left in the current holder's quantum; null "
+                                       "when nobody holds or no quantum runs.", contract=True,
+        nullable=True),
+    Key("tq", "number", "This GPU's time quantum, in seconds."),
+    Key("policy", "str", "How the next holder is chosen: `round-robin` or `interactive` (absent "
+                         "from older daemons)."),
+    Key("next_reason", "str", "Why the first in the queue is next, in words; null when nobody "
+                              "waits.", nullable=True),
+    Key("turns", "number", "Seconds of a turn when holders side by side take turns; 0 or "
+                           "absent: they do not."),
+    Key("evict_blocked", "str", "Why nothing is granted on this GPU (a failed checkpoint); null "
+                                "or absent when nothing is held back.", nullable=True,
+        added_by="evictor"),
+    Key("recent_holders", "list[IHeldSpan]", "The holds of the last minutes, oldest first (the "
+                                             "panel's timeline; absent from older daemons)."),
+))
+
+CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers under its "
+                                      "Jupyter kernel id as `name`.", (
+    Key("id", "str", contract=True),
+    Key("name", "str", contract=True),
+    Key("pid", "int", contract=True, nullable=True),
+    Key("gpu", "int", contract=True),
+    Key("pool", "str", contract=True),
+    Key("priority", "str", contract=True, values=PRIORITIES),
+    Key("state", "str", contract=True, values=CLIENT_STATES),
+    Key("queue_position", "int", "1-based; null while not waiting.", contract=True,
+        nullable=True),
+    Key("working_set", "int", "bytes", contract=True),
+    Key("gpu_seconds", "number", "Wall time it has held a GPU.", contract=True),
+    Key("display_name", "str", "What people call it (a kernel's notebook path); falls back to "
+                               "`name`.", nullable=True),
+    Key("user", "str", "The user name of the client's process, when the daemon knows it.",
+        nullable=True),
+    Key("paused", "bool", "Holding, but paused while a holder beside it has its turn (mode "
+                          "auto, taking turns)."),
+    Key("kind", "str", "`kernel`, `shim` or `client`."),
+    Key("evict", "str", "How its memory leaves the GPU: the shim's mapped (vmm) or managed "
+                        "memory, or the driver's checkpoint.", values=EVICTORS),
+    Key("namespace", "str", "The Kubernetes namespace verified for it; null when none (or "
+                            "hidden from this viewer).", nullable=True),
+    Key("labels", "object", "Its labels (a pod's name, a namespace); absent for a viewer who "
+                            "may not see them, or when the document had to be cut."),
+    Key("waiting_since", "number", "Seconds it has waited; null while not waiting.",
+        nullable=True),
+    Key("checkpoint_state", "str", "Checkpointed clients: running, checkpointing, "
+                                   "checkpointed, restoring or failed.",
+        added_by="evictor"),
+    Key("checkpoint_error", "str", "Why its last checkpoint failed.", nullable=True,
+        added_by="evictor"),
+))
+
+POOL_GPU: Final = Part("IPoolGpuStatus", "A pool on one GPU.", (
+    Key("index", "int"),
+    Key("share", "number", "Fraction of this GPU's time over the share window."),
+    Key("entitlement", "number", "Null while the pool does not contend for this GPU.",
+        nullable=True),
+    Key("holding", "int"),
+    Key("waiting", "int"),
+    Key("stuck", "str", "Why the pool waits here, when it waits for a reason worth telling.",
+        nullable=True),
+    Key("below_guarantee", "bool"),
+))
+
+POOL: Final = Part("IPoolStatus", "A pool's share of GPU time against what it is promised "
+                                  "(fractions of one GPU).", (
+    Key("name", "str", contract=True),
+    Key("guarantee", "number", contract=True),
+    Key("weight", "number", contract=True),
+    Key("maximum", "number", "-1 means no maximum.", contract=True),
+    Key("share", "number", contract=True),
+    Key("clients", "int", contract=True),
+    Key("entitlement", "number", "Among the pools with a client holding or waiting, node-wide; "
+                                 "null when not contending.", nullable=True),
+    Key("waiting", "int", "How many of its clients wait."),
+    Key("holding", "int", "How many of its clients hold a GPU."),
+    Key("configured", "bool", "The config's `pools:` section names it."),
+    Key("complete", "bool", "Guarantee, weight and maximum all configured."),
+    Key("missing", "list[str]", "What its configuration leaves out."),
+    Key("waiting_clients", "list[str]", "Names of the waiting clients, next first."),
+    Key("stuck", "str", "Why the pool waits, when it waits for a reason worth telling.",
+        nullable=True),
+    Key("below_guarantee", "bool", "The daemon's verdict: the pool contends and gets less than "
+                                   "its guarantee."),
+    Key("gpus", "list[IPoolGpuStatus]", "The pool on each GPU."),
+))
+
+DOCUMENT: Final = Part("IStatusDocument", "`GET kiwi/api/status`: the status document plus "
+                                          "whether the daemon answered.", (
+    Key("reachable", "bool", contract=True, added_by="server"),
+    Key("reason", "str", "Why the daemon could not be reached, when it could not.",
+        added_by="server"),
+    Key("socket", "str", "The socket the server talks to, for the unreachable message.",
+        added_by="server"),
+    Key("version", "int", contract=True),
+    Key("mode", "str", contract=True, values=MODES),
+    Key("tq", "number", contract=True),
+    Key("gpus", "list[IGpuStatus]", contract=True),
+    Key("clients", "list[IClientStatus]", contract=True),
+    Key("pools", "list[IPoolStatus]", contract=True),
+    Key("policy", "str", "How the next holder is chosen on every GPU."),
+    Key("configured_pools", "list[str]", "The names the config's `pools:` section gives, "
+                                         "sorted; empty when it gives none."),
+    Key("preemption", "bool", "Whether a request may cut a holder's quantum short."),
+    Key("preemption_off_reason", "str", "Why preemption is off.", nullable=True),
+    Key("labels_omitted", "bool", "The clients' labels were left out to keep the document "
+                                  "within what a client reads.", added_by="status_line"),
+    Key("etag", "str", "Long-poll answers only: the document's tag, to name in the next "
+                       "`?after=`.", added_by="server"),
+    Key("pushed", "bool", "Long-poll answers only: true when the server hears the daemon's "
+                          "changes, so asking again at once waits for the next one; false "
+                          "when it does not (poll at the refresh rate).", added_by="server"),
+), partial=True)
+
+#: Every part, the document last: the order the generated TypeScript declares them in.
+PARTS: Final[tuple[Part, ...]] = (HELD_SPAN, GPU, CLIENT, POOL_GPU, POOL, DOCUMENT)
+
+
+def part(interface: str) -> Part:
+    for each in PARTS:
+        if each.interface == interface:
+            return each
+    raise KeyError(interface)

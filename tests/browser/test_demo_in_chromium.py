@@ -1,0 +1,84 @@
+"""The two demo notebooks (binder/) run from two browser tabs, as README tells a new user to:
+each tab's status bar and panel follow the turns, and screenshots of the panel are kept in
+test-artifacts/ (docs/lab.md shows two of them).
+
+Shorter than the demo's own settings (bursts of 10 s against a TQ of 2 s instead of 15 s against
+5 s), the same story: one notebook holds, the other waits with its place shown, a quantum ends
+during a burst, and the GPU changes hands."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labserver import ARTIFACTS, LabServer
+from support import scaled
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+BINDER = Path(__file__).resolve().parents[2] / "binder"
+DEMO, PARTNER = "kiwi-demo.ipynb", "kiwi-demo-partner.ipynb"
+PANEL_TAB = 'li.lm-TabBar-tab[data-id="jp-kiwi-panel"]'
+PANEL = "#jp-kiwi-panel"
+STATUS_ITEM = ".jp-Kiwi-statusItem"
+
+
+def open_with_panel(browser: Any, lab: LabServer, path: str) -> Any:
+    page = browser.new_page(viewport={"width": 1500, "height": 950})
+    # `reset`: a fresh workspace, so the panel is closed however the other tab left it.
+    page.goto(lab.url(f"lab/tree/{path}") + "&reset")
+    page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
+    page.click(PANEL_TAB)
+    page.wait_for_selector(f"{PANEL} .jp-Kiwi-scheduler", timeout=30_000)
+    # The Kiwi kernel is up and registered: the panel lists it among the pools' clients.
+    page.wait_for_function(
+        f"document.querySelector('{STATUS_ITEM}').textContent.startsWith('GPU: ')",
+        timeout=90_000)
+    return page
+
+
+def run_all(page: Any) -> None:
+    page.click(".jp-NotebookPanel .jp-Cell >> nth=0")
+    page.click('li.lm-MenuBar-item:has-text("Run")')
+    page.click('li.lm-Menu-item:has-text("Run All Cells")')
+
+
+@pytest.mark.timeout(int(scaled(300)))  # two Kiwi kernels, two bursts of 10 s each
+def test_the_two_demo_notebooks_take_turns_in_two_tabs(browser: Any) -> None:
+    lab = LabServer("--KiwiExtension.tq=2", notebooks=(), fake_nvml=True,
+                    env={"KIWI_DEMO_SECONDS": "10"})
+    for name in (DEMO, PARTNER):
+        shutil.copy(BINDER / name, lab.root / name)
+    lab.start()
+    demo = partner = None
+    try:
+        demo = open_with_panel(browser, lab, DEMO)
+        partner = open_with_panel(browser, lab, PARTNER)
+        run_all(partner)
+        run_all(demo)
+        ARTIFACTS.mkdir(exist_ok=True)
+        # One holds a burst, the other waits: the live line under the waiting cell, and the
+        # waiting tab's status bar and panel, all say the same.
+        demo.get_by_text("kiwi: waiting for the GPU").first.wait_for(timeout=120_000)
+        demo.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: waiting #1'",
+            timeout=30_000)
+        demo.locator(f"{PANEL} .jp-Kiwi-queueItem.jp-Kiwi-mine").wait_for()
+        demo.screenshot(path=str(ARTIFACTS / "kiwi-demo-waiting.png"))
+        # The holder's quantum ends inside its burst: its cell says so when it ends, and the
+        # GPU changes hands.
+        partner.bring_to_front()
+        partner.get_by_text("the scheduler asked for the GPU back during this cell").first.wait_for(
+            timeout=120_000)
+        partner.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: held by {DEMO}'",
+            timeout=60_000)
+        partner.locator(f"{PANEL} .jp-Kiwi-timelineItem").nth(1).wait_for(timeout=30_000)
+        partner.screenshot(path=str(ARTIFACTS / "kiwi-demo-handoff.png"))
+    finally:
+        for page in (demo, partner):
+            if page is not None:
+                page.close()
+        lab.stop()
