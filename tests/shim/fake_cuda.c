@@ -1240,10 +1240,15 @@ static CUresult memory_map_body(CUdeviceptr ptr, size_t size, size_t offset, uns
     return result;
 }
 
+/* FAKE_CUDA_UNMAP_GATE names a file: cuMemUnmap waits until it exists, so a test can hold an
+ * eviction of VMM memory in the middle and look around. */
 static CUresult memory_unmap_body(CUdeviceptr ptr, size_t size)
 {
     if (!vmm_supported())
         return CUDA_ERROR_NOT_SUPPORTED;
+    const char *gate = getenv("FAKE_CUDA_UNMAP_GATE");
+    while (gate && access(gate, F_OK) != 0)
+        usleep(1000);
     CUresult result = CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_wrlock(&memory_lock);
     size_t count = 0;
