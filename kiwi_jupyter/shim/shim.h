@@ -301,23 +301,6 @@ enum kiwi_evictor {
 };
 enum kiwi_page_direction { KIWI_PAGE_OUT, KIWI_PAGE_IN };
 
-struct kiwi_transfer {
-    uint64_t bytes;
-    double seconds;
-    uint64_t skipped;   /* free in the framework's cache: left where they were */
-    uint64_t discarded; /* of those, dropped by the driver (cuMemDiscardBatchAsync), or under
-                           vmm released without a copy */
-    /* A move that could not be made and was rolled back (a restore without room on the card):
-     * why, for the scheduler and the log; NULL when the move went through. */
-    const char *failed;
-    /* Called on the mover's thread as the way out releases the card, at least every
-     * KIWI_PROGRESS_BYTES (the client reports it); NULL for none. */
-    void (*progress)(uint64_t released, void *arg);
-    void *progress_arg;
-};
-
-#define KIWI_PROGRESS_BYTES (256ull << 20)
-
 /* Where this process's memory is now: on its GPU (what the shim allocated and mapped there)
  * and in host memory (moved there by an eviction); and the host memory the vmm evictor holds
  * for its shadows, and how much of that is pinned. */
@@ -328,6 +311,24 @@ struct kiwi_residency {
     uint64_t shadow_pinned;
     double seconds_pinning; /* spent making shadows, off the switch path */
 };
+
+struct kiwi_transfer {
+    uint64_t bytes;
+    double seconds;
+    uint64_t skipped;   /* free in the framework's cache: left where they were */
+    uint64_t discarded; /* of those, dropped by the driver (cuMemDiscardBatchAsync), or under
+                           vmm released without a copy */
+    /* A move that could not be made and was rolled back (a restore without room on the card):
+     * why, for the scheduler and the log; NULL when the move went through. */
+    const char *failed;
+    /* Called on the mover's thread each time the way out has released another
+     * KIWI_PROGRESS_BYTES from the card, with where the memory is then (the client reports
+     * it, so the next holder's way in may start); NULL for none. It must not call the pager. */
+    void (*progress)(const struct kiwi_residency *now, void *arg);
+    void *progress_arg;
+};
+
+#define KIWI_PROGRESS_BYTES (256ull << 20)
 
 /* The evictor this side can offer the daemon (the one chosen, once chosen): vmm where
  * KIWI_EVICT allows it and the device supports the virtual memory management API, else

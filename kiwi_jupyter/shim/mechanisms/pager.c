@@ -214,7 +214,7 @@ static void move_managed_too(enum kiwi_page_direction direction, struct kiwi_tra
 
 void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
 {
-    void (*progress)(uint64_t, void *) = moved->progress;
+    void (*progress)(const struct kiwi_residency *, void *) = moved->progress;
     void *progress_arg = moved->progress_arg;
     switch (kiwi_pager_evictor()) {
     case KIWI_EVICTOR_CHECKPOINT: /* the daemon moves the whole process, from outside */

@@ -832,8 +832,14 @@ void kiwi_vmm_peer_enabled(CUcontext peer)
 
 void kiwi_vmm_residency(struct kiwi_residency *out)
 {
-    *out = (struct kiwi_residency){0};
     pthread_mutex_lock(&kiwi_vmm_lock);
+    kiwi_vmm_residency_locked(out);
+    pthread_mutex_unlock(&kiwi_vmm_lock);
+}
+
+void kiwi_vmm_residency_locked(struct kiwi_residency *out)
+{
+    *out = (struct kiwi_residency){0};
     for (struct vmm_region *r = first_region; r; r = r->next) {
         for (int i = 0; i < r->chunk_count; i++) {
             const struct vmm_chunk *c = &r->chunks[i];
@@ -852,7 +858,6 @@ void kiwi_vmm_residency(struct kiwi_residency *out)
             out->shadow_pinned += s->shadow.size;
     }
     out->seconds_pinning = seconds_pinning;
-    pthread_mutex_unlock(&kiwi_vmm_lock);
 }
 
 bool kiwi_vmm_movable(void)

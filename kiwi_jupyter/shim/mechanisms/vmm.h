@@ -171,9 +171,6 @@ struct vmm_region *kiwi_vmm_regions(void);
 /* Under kiwi_vmm_lock: whether an eviction moved memory out that is not back yet; while it is,
  * new allocations only reserve their addresses, and the restore backs them. */
 extern bool kiwi_vmm_evicted;
-/* Under kiwi_vmm_lock: the bytes of chunks in host memory now (what an eviction copied), of
- * shadows' memory held, and of that pinned. */
-extern uint64_t kiwi_vmm_host_bytes;
 /* Under kiwi_vmm_lock: reclaims the pending frees whose memory may go: those whose event has
  * completed, and with synchronized (every context synchronized since) all of them. */
 void kiwi_vmm_reclaim(bool synchronized);
@@ -185,10 +182,10 @@ CUstream kiwi_vmm_second_stream(CUcontext ctx);
 /* Under kiwi_vmm_lock: an event of ctx (it must be current), from the spares or new; and back. */
 CUevent kiwi_vmm_event_take(CUcontext ctx);
 void kiwi_vmm_event_give(CUcontext ctx, CUevent event);
+/* Under kiwi_vmm_lock: kiwi_vmm_residency's figures. */
+void kiwi_vmm_residency_locked(struct kiwi_residency *out);
 /* Under kiwi_vmm_lock: the shadows moved; the builder may have work. */
 void kiwi_vmm_shadows_changed(void);
-/* Under kiwi_vmm_lock: the resident bytes changed by delta (a move's unmaps and maps). */
-void kiwi_vmm_resident_add(int64_t delta);
 
 /* ---- vmm_move.c -------------------------------------------------------------------------- */
 

@@ -49,6 +49,8 @@ struct mover {
     struct flight window[WINDOW];
     int in_flight, oldest;
     uint64_t bytes, released, reported;
+    uint64_t copied_out; /* of the chunks off the card: what their shadows hold now */
+    struct kiwi_residency before;
     int failures;
     struct kiwi_transfer *moved;
 };
@@ -146,6 +148,18 @@ static size_t live_pieces(const struct kiwi_range *live, size_t count, CUdevicep
     return k;
 }
 
+/* Another KIWI_PROGRESS_BYTES off the card since the last report: where the memory is now. */
+static void report(struct mover *m)
+{
+    if (!m->moved->progress || m->released - m->reported < KIWI_PROGRESS_BYTES)
+        return;
+    m->reported = m->released;
+    struct kiwi_residency now = m->before;
+    now.resident = now.resident > m->released ? now.resident - m->released : 0;
+    now.host += m->copied_out;
+    m->moved->progress(&now, m->moved->progress_arg);
+}
+
 /* The oldest chunk in flight: once its copy is done, off the card. */
 static void retire_oldest(struct mover *m)
 {
@@ -170,10 +184,9 @@ static void retire_oldest(struct mover *m)
         return;
     }
     m->released += c->size;
-    if (m->moved->progress && m->released - m->reported >= KIWI_PROGRESS_BYTES) {
-        m->reported = m->released;
-        m->moved->progress(m->released, m->moved->progress_arg);
-    }
+    for (size_t p = 0; p < c->piece_count; p++)
+        m->copied_out += c->pieces[p].size;
+    report(m);
 }
 
 /* One chunk: its live pieces copied out and the chunk queued to be taken off; or, with
@@ -185,10 +198,12 @@ static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, 
     free(c->pieces);
     c->piece_count = live_pieces(live, live_count, r->va + c->offset, c->size, &c->pieces);
     if (!c->piece_count) {
-        if (kiwi_vmm_unmap_chunk(r->va, c) == CUDA_SUCCESS)
+        if (kiwi_vmm_unmap_chunk(r->va, c) == CUDA_SUCCESS) {
             m->released += c->size;
-        else
+            report(m);
+        } else {
             m->failures++;
+        }
         return;
     }
     if (c->shadow.kind == SHADOW_NONE)
@@ -231,6 +246,7 @@ static void evict(struct mover *m, struct context *contexts, int context_count,
 {
     kiwi_vmm_reclaim(true); /* every context was synchronized: every event has completed */
     kiwi_vmm_trim_cache();
+    kiwi_vmm_residency_locked(&m->before);
     for (int i = 0; kiwi_vmm_driver.graph_trim && i < context_count; i++)
         if (make_current(m, contexts[i].ctx))
             kiwi_vmm_driver.graph_trim(contexts[i].device);
