@@ -41,6 +41,11 @@ _NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING})
 #: Requests after which the status document reads the same (every other one may change it:
 #: a client came, asked, gave back, reported a working set, or the mode or TQ moved).
 _NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING})
+#: The hello features this daemon serves. ``memory`` (where each client's memory is, the
+#: `evict` event and `evicted`) is in the table for the shim's side; the scheduler's side is
+#: not built here yet, so a client that asks for it is not told it is served and speaks
+#: today's protocol.
+_SERVED_FEATURES = p.FEATURES - {p.FEATURE_MEMORY}
 
 
 class Requests(Rules):
@@ -104,7 +109,7 @@ class Requests(Rules):
         if session.greeted:
             raise p.ProtocolError(p.E_MALFORMED, "hello was already said")
         asked = msg.get("features") or []
-        features = frozenset(f for f in asked if isinstance(f, str)) & p.FEATURES
+        features = frozenset(f for f in asked if isinstance(f, str)) & _SERVED_FEATURES
         return Outcome([p.encode(p.WELCOME, seq=seq, version=p.VERSION,
                                  daemon=f"kiwi-scheduler {__version__}",
                                  max_message=p.MAX_REQUEST_BYTES, mode=self.scheduler.mode,
@@ -213,6 +218,12 @@ class Requests(Rules):
             evictable = limits.byte_count(evictable, "working_set.evictable")
         actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
         return Outcome([p.encode(p.OK, seq=seq), *actions])
+
+    def _on_evicted(self, session: Session, msg: dict[str, Any], seq: int | None,
+                    now: float) -> Outcome:
+        # Only a client whose welcome listed ``memory`` may send it, and none is told so yet.
+        raise p.ProtocolError(p.E_STATE, "evicted: this daemon does not serve the hello "
+                                         "feature memory")
 
     # -- looking and steering -------------------------------------------------------------
 

@@ -102,6 +102,8 @@ MESSAGES: Final[tuple[Message, ...]] = (
                            "leaves the GPU"),
         _f("pausable", "bool", "default false: the client honours `pause` and `resume`, so it "
                                "may take turns"),
+        _f("resident", "int", "with `memory`: bytes of its memory on the GPU now"),
+        _f("host", "int", "with `memory`: bytes of its memory in host RAM now (evicted)"),
     ), doc="`registered`: become a scheduling client; a connection registers at most once"),
     Message("ACQUIRE", "acquire", "request",
             doc="`grant` if granted now, else `waiting` with `position` (1-based); the `grant` "
@@ -109,6 +111,9 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("RELEASE", "release", "request", (
         _f("evict_first", "bool", "default false"),
         _f("requeue", "bool", "default false"),
+        _f("evicting", "bool", "with `memory`, from a holder dropped with `evict: true`: the "
+                               "hold ends now, its memory is still on its way out (`working_set` "
+                               "reports, then `evicted`)"),
     ), doc="`released` with `evict` (bool); gives back the GPU, or cancels a pending acquire; a "
            "no-op when neither. With `evict_first: true` from a holder whose next holder needs "
            "the room: `drop` instead, and the GPU is kept. With `requeue: true`: release and "
@@ -116,7 +121,21 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("WORKING_SET", "working_set", "request", (
         _f("bytes", "int", "the GPU memory this client needs", required=True),
         _f("evictable", "int", "bytes that can be paged out"),
-    ), doc="`ok`"),
+        _f("resident", "int", "with `memory`: bytes on the GPU now"),
+        _f("host", "int", "with `memory`: bytes in host RAM now; 0 after a grant ends a "
+                          "restore"),
+    ), doc="`ok`; with `memory`, sent when the figures change (at most every 50 ms, and during "
+           "an eviction each time another 256 MiB left the GPU)"),
+    Message("EVICTED", "evicted", "request", (
+        _f("resident", "int", "bytes still on the GPU"),
+        _f("host", "int", "bytes in host RAM"),
+        _f("moved", "int", "bytes this eviction copied out"),
+        _f("seconds", "number", "how long it took"),
+        _f("failed", "str", "instead of `moved`: why the memory could not be moved, or "
+                            "`restore: out of memory` (a restore rolled back)"),
+    ), doc="`ok`; only with `memory`: ends an eviction, asked by `evict` or for a drop, or "
+           "of the client's own accord; with `failed` the daemon treats the client as not "
+           "evictable until its next report"),
     Message("STATUS", "status", "request",
             doc="`status` with field `status`: the status document ([interfaces.md](interfaces.md) "
                 "section 5); besides the contract's keys, `configured_pools` (the names the "
@@ -185,6 +204,14 @@ MESSAGES: Final[tuple[Message, ...]] = (
                 "start no GPU work until `resume`; a holder beside you has its turn"),
     Message("RESUME", "resume", "daemon", (_GPU,), event=True,
             doc="your turn: GPU work may go on"),
+    Message("EVICT", "evict", "daemon", (
+        _GPU,
+        _f("bytes", "int", "the room needed"),
+        _f("for", "str", "the display name of who needs it"),
+    ), event=True, doc="only with `memory`, to an idle client that pages itself (`vmm`, "
+                       "`managed`): move your memory to host RAM now, report with `working_set` "
+                       "as it goes, then send `evicted`. A holder gets `drop` with `evict: "
+                       "true` instead"),
     Message("CHANGED", "changed", "daemon", event=True,
             doc="only to connections whose `hello` asked for `changes`: the status document "
                 "reads otherwise now; ask for it with `status`"),
@@ -195,7 +222,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("OK", "ok", "daemon", (
         _f("mode", "str", "after `set_mode` and `set_tq`"),
         _f("tq", "number", "likewise"),
-    ), answers=("working_set", "set_mode", "set_tq"), doc="done"),
+    ), answers=("working_set", "evicted", "set_mode", "set_tq"), doc="done"),
     Message("PONG", "pong", "daemon", answers=("ping",), doc="alive"),
     Message("STATUS_REPLY", "status", "daemon", (
         _f("status", "object", "the status document"),
@@ -203,7 +230,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("ERROR", "error", "daemon", (
         _f("code", "str", "one of the codes below"),
         _f("message", "str", "for people"),
-    ), answers=("hello", "register", "acquire", "release", "working_set", "status",
+    ), answers=("hello", "register", "acquire", "release", "working_set", "evicted", "status",
                 "set_mode", "set_tq", "ping"), event=True,
         doc="the request was refused; without a `seq` when the line had none or could not "
             "be read"),
@@ -231,6 +258,9 @@ ERRORS: Final[tuple[Word, ...]] = (
 FEATURES: Final[tuple[Word, ...]] = (
     Word("FEATURE_POSITION", "position", "`waiting` events as the queue position changes"),
     Word("FEATURE_CHANGES", "changes", "`changed` events when the status document changes"),
+    Word("FEATURE_MEMORY", "memory", "where each client's memory is: `resident` and `host` in "
+                                     "`register` and `working_set`, `release` with `evicting`, "
+                                     "the `evict` event and the `evicted` request"),
 )
 
 REASONS: Final[tuple[Word, ...]] = (

@@ -43,8 +43,13 @@ ACQUIRE: Final = "acquire"
 #: the room: `drop` instead, and the GPU is kept. With `requeue: true`: release and ask again in
 #: one request, answered as `acquire` is
 RELEASE: Final = "release"
-#: Answered with `ok`
+#: Answered with `ok`; with `memory`, sent when the figures change (at most every 50 ms, and
+#: during an eviction each time another 256 MiB left the GPU)
 WORKING_SET: Final = "working_set"
+#: Answered with `ok`; only with `memory`: ends an eviction, asked by `evict` or for a drop, or
+#: of the client's own accord; with `failed` the daemon treats the client as not evictable until
+#: its next report
+EVICTED: Final = "evicted"
 #: Answered with `status` with field `status`: the status document
 #: ([interfaces.md](interfaces.md) section 5); besides the contract's keys, `configured_pools`
 #: (the names the config's `pools:` section gives, sorted; empty when it gives none: any other
@@ -58,7 +63,7 @@ SET_TQ: Final = "set_tq"
 #: Answered with `pong`: liveness and benchmarks
 PING: Final = "ping"
 REQUESTS: Final = frozenset({
-    HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, STATUS, SET_MODE, SET_TQ, PING
+    HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, EVICTED, STATUS, SET_MODE, SET_TQ, PING
 })
 #: Each request's fields as (name, type, required), the types those of messages.TYPES: what
 #: wire.check_request checks.
@@ -76,9 +81,27 @@ REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
         ("gpu_uuid", "str", False),
         ("evict", "str", False),
         ("pausable", "bool", False),
+        ("resident", "int", False),
+        ("host", "int", False),
     ),
-    RELEASE: (("evict_first", "bool", False), ("requeue", "bool", False)),
-    WORKING_SET: (("bytes", "int", True), ("evictable", "int", False)),
+    RELEASE: (
+        ("evict_first", "bool", False),
+        ("requeue", "bool", False),
+        ("evicting", "bool", False),
+    ),
+    WORKING_SET: (
+        ("bytes", "int", True),
+        ("evictable", "int", False),
+        ("resident", "int", False),
+        ("host", "int", False),
+    ),
+    EVICTED: (
+        ("resident", "int", False),
+        ("host", "int", False),
+        ("moved", "int", False),
+        ("seconds", "number", False),
+        ("failed", "str", False),
+    ),
     SET_MODE: (("mode", "str", True),),
     SET_TQ: (("tq", "number", True), ("gpu", "int", False)),
 }
@@ -109,12 +132,16 @@ REVOKED: Final = "revoked"
 PAUSE: Final = "pause"
 #: Event: your turn: GPU work may go on.
 RESUME: Final = "resume"
+#: Event: only with `memory`, to an idle client that pages itself (`vmm`, `managed`): move your
+#: memory to host RAM now, report with `working_set` as it goes, then send `evicted`. A holder
+#: gets `drop` with `evict: true` instead.
+EVICT: Final = "evict"
 #: Event: only to connections whose `hello` asked for `changes`: the status document reads
 #: otherwise now; ask for it with `status`.
 CHANGED: Final = "changed"
 #: Event: the scheduler's mode or TQ changed (sent to every connection).
 MODE: Final = "mode"
-#: Reply to working_set, set_mode, set_tq: done.
+#: Reply to working_set, evicted, set_mode, set_tq: done.
 OK: Final = "ok"
 #: Reply to ping: alive.
 PONG: Final = "pong"
@@ -156,8 +183,11 @@ FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSI
 FEATURE_POSITION: Final = "position"
 #: `changed` events when the status document changes
 FEATURE_CHANGES: Final = "changes"
+#: where each client's memory is: `resident` and `host` in `register` and `working_set`,
+#: `release` with `evicting`, the `evict` event and the `evicted` request
+FEATURE_MEMORY: Final = "memory"
 #: Every feature; a client that asks for none hears nothing new.
-FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES})
+FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES, FEATURE_MEMORY})
 
 # -- why a holder is asked to drop the GPU (drop, revoked) -----------------------------------------
 
@@ -183,12 +213,12 @@ REASONS: Final = frozenset({
 
 __all__ = [
     "ACQUIRE", "CHANGED", "DEFAULT_POOL", "DEFAULT_PRIORITY", "DEFAULT_SOCKET", "DROP", "ERROR",
-    "EVICTORS", "E_INVALID", "E_LIMIT", "E_MALFORMED", "E_PERMISSION", "E_STATE", "E_TOO_LARGE",
-    "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES", "FEATURE_CHANGES",
-    "FEATURE_POSITION", "GRANT", "HELLO", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE",
-    "MODES", "OK", "PAUSE", "PING", "PONG", "PRIORITIES", "REASONS", "REASON_GRACE",
-    "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT", "REASON_QUANTUM", "REASON_RELEASE",
-    "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE", "RELEASED", "REQUESTS",
-    "REQUEST_FIELDS", "RESUME", "REVOKED", "SET_MODE", "SET_TQ", "STATUS", "STATUS_REPLY",
-    "VERSION", "WAITING", "WELCOME", "WORKING_SET"
+    "EVICT", "EVICTED", "EVICTORS", "E_INVALID", "E_LIMIT", "E_MALFORMED", "E_PERMISSION",
+    "E_STATE", "E_TOO_LARGE", "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES",
+    "FEATURE_CHANGES", "FEATURE_MEMORY", "FEATURE_POSITION", "GRANT", "HELLO",
+    "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE", "MODES", "OK", "PAUSE", "PING", "PONG",
+    "PRIORITIES", "REASONS", "REASON_GRACE", "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT",
+    "REASON_QUANTUM", "REASON_RELEASE", "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE",
+    "RELEASED", "REQUESTS", "REQUEST_FIELDS", "RESUME", "REVOKED", "SET_MODE", "SET_TQ",
+    "STATUS", "STATUS_REPLY", "VERSION", "WAITING", "WELCOME", "WORKING_SET"
 ]

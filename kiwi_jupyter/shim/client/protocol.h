@@ -38,6 +38,7 @@
 #define KIWI_OP_ACQUIRE "acquire" /* request */
 #define KIWI_OP_RELEASE "release" /* request */
 #define KIWI_OP_WORKING_SET "working_set" /* request */
+#define KIWI_OP_EVICTED "evicted" /* request */
 #define KIWI_OP_STATUS "status" /* request */
 #define KIWI_OP_SET_MODE "set_mode" /* request */
 #define KIWI_OP_SET_TQ "set_tq" /* request */
@@ -51,6 +52,7 @@
 #define KIWI_OP_REVOKED "revoked" /* event */
 #define KIWI_OP_PAUSE "pause" /* event */
 #define KIWI_OP_RESUME "resume" /* event */
+#define KIWI_OP_EVICT "evict" /* event */
 #define KIWI_OP_CHANGED "changed" /* event */
 #define KIWI_OP_MODE "mode" /* event */
 #define KIWI_OP_OK "ok" /* reply */
@@ -68,15 +70,20 @@
 #define KIWI_FIELD_EVICT "evict"
 #define KIWI_FIELD_EVICT_FIRST "evict_first"
 #define KIWI_FIELD_EVICTABLE "evictable"
+#define KIWI_FIELD_EVICTING "evicting"
+#define KIWI_FIELD_FAILED "failed"
 #define KIWI_FIELD_FEATURES "features"
+#define KIWI_FIELD_FOR "for"
 #define KIWI_FIELD_GPU "gpu"
 #define KIWI_FIELD_GPU_UUID "gpu_uuid"
 #define KIWI_FIELD_GRACE "grace"
+#define KIWI_FIELD_HOST "host"
 #define KIWI_FIELD_KIND "kind"
 #define KIWI_FIELD_LABELS "labels"
 #define KIWI_FIELD_MAX_MESSAGE "max_message"
 #define KIWI_FIELD_MESSAGE "message"
 #define KIWI_FIELD_MODE "mode"
+#define KIWI_FIELD_MOVED "moved"
 #define KIWI_FIELD_NAME "name"
 #define KIWI_FIELD_OP "op"
 #define KIWI_FIELD_PAUSABLE "pausable"
@@ -86,6 +93,8 @@
 #define KIWI_FIELD_QUANTUM "quantum"
 #define KIWI_FIELD_REASON "reason"
 #define KIWI_FIELD_REQUEUE "requeue"
+#define KIWI_FIELD_RESIDENT "resident"
+#define KIWI_FIELD_SECONDS "seconds"
 #define KIWI_FIELD_SEQ "seq"
 #define KIWI_FIELD_SOFTWARE "software"
 #define KIWI_FIELD_STATUS "status"
@@ -130,6 +139,7 @@ static inline bool kiwi_error_fatal(const char *code)
 
 #define KIWI_FEATURE_POSITION "position"
 #define KIWI_FEATURE_CHANGES "changes"
+#define KIWI_FEATURE_MEMORY "memory"
 
 /* ---- why a holder is asked to drop the GPU --------------------------------------------------- */
 
