@@ -123,6 +123,8 @@ bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
                        void (*on_event)(const char *line));
 /* Whether the daemon of the current connection sends "waiting" events as the position moves. */
 bool kiwi_link_position_events(void);
+/* Whether it speaks of where memory is (hello feature "memory": residency.c). */
+bool kiwi_link_memory(void);
 bool kiwi_link_up(void);
 int kiwi_link_fd(void);
 /* Sends a request with the next seq; returns the seq, or 0 when the connection is gone. */
@@ -136,9 +138,26 @@ void kiwi_link_after_fork(void);
 
 /* ---- registration.c ---------------------------------------------------------------------- */
 
-/* The register request's fields: the client's labels, quoted, its GPU and its working set;
+/* The register request's fields: the client's names and labels, quoted, its GPU and its
+ * working set; with memory (the daemon's welcome listed the feature) where its memory is;
  * compatible: for a daemon that refused the evictor vmm (it predates it), managed instead. */
-void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible);
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible,
+                              bool memory);
+
+/* ---- residency.c ------------------------------------------------------------------------- */
+
+/* Appends "resident" and "host" (where's figures) to a request's fields. */
+void kiwi_residency_fields(char *fields, size_t size, const struct kiwi_residency *where);
+/* Sends working_set (with where the memory is, when the daemon speaks of it); or, too soon
+ * after the last report, keeps the news for later and returns the seconds to wait. */
+double kiwi_residency_report(void);
+/* A move's progress callback (struct kiwi_transfer): working_set with those figures. */
+void kiwi_residency_progress(const struct kiwi_residency *now, void *unused);
+/* Ends an eviction for the daemon: `evicted` with where the memory is and what moved, or with
+ * failed (why the memory could not be moved, or a restore rolled back). Nothing to a daemon
+ * without the memory feature. */
+void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed);
+void kiwi_residency_after_fork(void);
 /* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
 void kiwi_gpu_uuid(char *text, size_t size);
 

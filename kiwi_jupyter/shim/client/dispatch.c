@@ -26,7 +26,24 @@ static void give_grant_back(const char *why)
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_warn("giving the GPU back (%s); asking again in %.1f s", why, backoff);
+    kiwi_residency_evicted(NULL, why); /* with the memory feature: the daemon hears why */
     kiwi_release_seq = kiwi_link_request("release", "");
+}
+
+/* The daemon asks an idle process to move its memory to host memory now (the memory feature):
+ * it evicts, reports as it goes, and answers `evicted`. A holder never gets this (it gets a
+ * drop); should one come, it says it cannot. */
+static void on_evict(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool holding = kiwi_comm.stats.hold == KIWI_HOLDING || kiwi_comm.stats.hold == KIWI_RELEASING;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (holding)
+        kiwi_residency_evicted(NULL, "holding the GPU: a drop moves its memory");
+    else if (kiwi_pager_checkpointing())
+        kiwi_residency_evicted(NULL, "the checkpoint evictor: the daemon moves this process");
+    else
+        kiwi_release_evict_now();
 }
 
 static void on_grant(const char *line)
@@ -60,6 +77,8 @@ static void on_grant(const char *line)
         kiwi_comm.stats.bytes_restored += moved.bytes;
         kiwi_comm.stats.seconds_restoring += moved.seconds;
     }
+    if (restore)
+        kiwi_news_set(KIWI_NEWS_WORKING_SET); /* where the memory is now: back (residency.c) */
     if (!kiwi_hold_move(KIWI_HOLDING)) {
         pthread_mutex_unlock(&kiwi_lock);
         return;
@@ -108,6 +127,8 @@ void kiwi_comm_handle_line(const char *line)
         kiwi_release_on_yield_answer(op, line);
     } else if (strcmp(op, "grant") == 0) {
         on_grant(line);
+    } else if (strcmp(op, "evict") == 0) {
+        on_evict();
     } else if (strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) {
         on_turn(op[0] == 'p');
     } else if (strcmp(op, "waiting") == 0) {

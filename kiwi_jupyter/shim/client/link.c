@@ -161,6 +161,14 @@ bool kiwi_link_position_events(void)
     return position_events;
 }
 
+/* The memory feature (residency.c): whether the latest welcome listed it. */
+static bool memory_feature;
+
+bool kiwi_link_memory(void)
+{
+    return memory_feature && link_fd >= 0;
+}
+
 /* A daemon that predates the vmm evictor refuses it by name in register (an invalid value,
  * which leaves the connection open). */
 static bool refused_vmm(const char *reply)
@@ -190,20 +198,21 @@ bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
     /* Asking for position events costs nothing on the hot path (the daemon coalesces them)
      * and lets the waiting line show the place in the queue without asking for the status. */
     send_line("{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-shim " KIWI_SHIM_VERSION
-              "\",\"features\":[\"position\"]}");
+              "\",\"features\":[\"position\",\"memory\"]}");
     if (!await_reply("welcome", 0, registered, size, 5.0, on_event)) {
         kiwi_link_close("no welcome from the daemon");
         return false;
     }
     position_events = welcome_lists(registered, "position");
+    memory_feature = welcome_lists(registered, "memory");
     char fields[2048];
-    kiwi_registration_fields(fields, sizeof fields, working_set, false);
+    kiwi_registration_fields(fields, sizeof fields, working_set, false, memory_feature);
     unsigned seq = kiwi_link_request("register", fields);
     bool done = seq && await_reply("registered", seq, registered, size, 5.0, on_event);
     if (!done && link_fd >= 0 && refused_vmm(registered)) {
         kiwi_log("the daemon does not know the vmm evictor; registering as managed (this "
                  "process pages itself either way)");
-        kiwi_registration_fields(fields, sizeof fields, working_set, true);
+        kiwi_registration_fields(fields, sizeof fields, working_set, true, memory_feature);
         seq = kiwi_link_request("register", fields);
         done = seq && await_reply("registered", seq, registered, size, 5.0, on_event);
     }

@@ -31,19 +31,24 @@ unsigned kiwi_yield_seq; /* see client.h */
 
 void kiwi_release_evict_now(void)
 {
-    if (!kiwi_pager_movable())
-        return;
-    kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
-    struct kiwi_transfer moved = {0};
-    kiwi_pager_move(KIWI_PAGE_OUT, &moved);
-    pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.stats.evicted = true;
-    kiwi_comm.stats.evictions++;
-    kiwi_comm.stats.bytes_evicted += moved.bytes;
-    kiwi_comm.stats.bytes_skipped += moved.skipped;
-    kiwi_comm.stats.bytes_discarded += moved.discarded;
-    kiwi_comm.stats.seconds_evicting += moved.seconds;
-    pthread_mutex_unlock(&kiwi_lock);
+    if (kiwi_pager_checkpointing())
+        return; /* the daemon moves this process, from outside */
+    /* With the memory feature the daemon hears the way out as it goes (residency.c). */
+    struct kiwi_transfer moved = {.progress = kiwi_link_memory() ? kiwi_residency_progress
+                                                                 : NULL};
+    if (kiwi_pager_movable()) {
+        kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
+        kiwi_pager_move(KIWI_PAGE_OUT, &moved);
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_comm.stats.evicted = true;
+        kiwi_comm.stats.evictions++;
+        kiwi_comm.stats.bytes_evicted += moved.bytes;
+        kiwi_comm.stats.bytes_skipped += moved.skipped;
+        kiwi_comm.stats.bytes_discarded += moved.discarded;
+        kiwi_comm.stats.seconds_evicting += moved.seconds;
+        pthread_mutex_unlock(&kiwi_lock);
+    }
+    kiwi_residency_evicted(&moved, NULL);
 }
 
 /* A release that must wait for graph captures to end (mechanisms/captures.c): a drop, and
@@ -115,9 +120,18 @@ static void defer(const char *why)
     kiwi_log("release (%s) deferred: %d graph capture(s) open", why, kiwi_capture_open());
 }
 
-/* Steps 3 and 4, once it is known whether the room is needed. */
+/* Steps 3 and 4, once it is known whether the room is needed. To a daemon with the memory
+ * feature the release goes first, saying the memory is on its way out (`evicting`): the hold
+ * ends now, compute being quiesced, and the next holder's way in may overlap this way out,
+ * which the progress reports and `evicted` follow. */
 static void finish_release(bool evict)
 {
+    if (evict && kiwi_link_memory() && !kiwi_pager_checkpointing()) {
+        released();
+        kiwi_release_seq = kiwi_link_request("release", "\"evicting\":true");
+        kiwi_release_evict_now();
+        return;
+    }
     if (evict)
         kiwi_release_evict_now();
     /* Idle before the release leaves: once the daemon has it, the next holder may be running,
