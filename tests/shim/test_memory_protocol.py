@@ -103,10 +103,11 @@ def test_working_set_reports_are_at_most_one_each_50_ms(daemon, workload, card) 
     final = daemon.wait_op("working_set", bytes=62 * MiB)  # the last figures do get through
     assert (final["resident"], final["host"]) == (62 * MiB, 0)
     during = [t for t, _ in daemon.timed("working_set") if t >= started]
-    # Sent from the burst's start to at most one interval after its end: one per interval.
+    # Sent from the burst's start to at most one interval after its end (the one held back):
+    # at most one per interval, however the daemon's reading of them bunches them up; and the
+    # 30 changes were not 30 reports.
     assert len(during) <= math.ceil((ended + 0.05 - started) / 0.05) + 1
-    gaps = [b - a for a, b in zip(during, during[1:])]
-    assert len(during) < 30 and (not gaps or sum(gaps) / len(gaps) >= 0.04)
+    assert len(during) < 30
 
 
 def test_an_evict_event_moves_the_memory_out_reports_as_it_goes_and_says_evicted(
