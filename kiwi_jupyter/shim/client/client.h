@@ -146,8 +146,6 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, b
 
 /* ---- residency.c ------------------------------------------------------------------------- */
 
-/* Appends "resident" and "host" (where's figures) to a request's fields. */
-void kiwi_residency_fields(char *fields, size_t size, const struct kiwi_residency *where);
 /* Sends working_set (with where the memory is, when the daemon speaks of it); or, too soon
  * after the last report, keeps the news for later and returns the seconds to wait. */
 double kiwi_residency_report(void);

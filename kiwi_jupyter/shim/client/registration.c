@@ -163,6 +163,8 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, b
     if (memory) { /* where its memory already is, so a daemon that restarted learns it */
         struct kiwi_residency where;
         kiwi_pager_residency(&where);
-        kiwi_residency_fields(fields, size, &where);
+        n = strlen(fields);
+        snprintf(fields + n, size - n, ",\"resident\":%llu,\"host\":%llu",
+                 (unsigned long long)where.resident, (unsigned long long)where.host);
     }
 }

@@ -13,18 +13,16 @@
 #include <string.h>
 
 #include "client.h"
-#include "protocol.h"
 
 #define REPORT_INTERVAL 0.05
 
 static double last_report; /* the comm thread's own */
 
-void kiwi_residency_fields(char *fields, size_t size, const struct kiwi_residency *where)
+static void append_residency(char *fields, size_t size, const struct kiwi_residency *where)
 {
     size_t n = strlen(fields);
-    snprintf(fields + n, size - n, "%s\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST
-             "\":%llu", n ? "," : "", (unsigned long long)where->resident,
-             (unsigned long long)where->host);
+    snprintf(fields + n, size - n, "%s\"resident\":%llu,\"host\":%llu", n ? "," : "",
+             (unsigned long long)where->resident, (unsigned long long)where->host);
 }
 
 static void send_working_set(const struct kiwi_residency *where)
@@ -32,11 +30,11 @@ static void send_working_set(const struct kiwi_residency *where)
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     char fields[160];
-    snprintf(fields, sizeof fields, "\"" KIWI_FIELD_BYTES "\":%llu,\"" KIWI_FIELD_EVICTABLE
-             "\":%llu", (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
+    snprintf(fields, sizeof fields, "\"bytes\":%llu,\"evictable\":%llu",
+             (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
     if (where)
-        kiwi_residency_fields(fields, sizeof fields, where);
-    kiwi_link_request(KIWI_OP_WORKING_SET, fields);
+        append_residency(fields, sizeof fields, where);
+    kiwi_link_request("working_set", fields);
     last_report = kiwi_now();
 }
 
@@ -70,17 +68,16 @@ void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *faile
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
     char fields[320] = "";
-    kiwi_residency_fields(fields, sizeof fields, &where);
+    append_residency(fields, sizeof fields, &where);
     size_t n = strlen(fields);
     if (failed) {
-        snprintf(fields + n, sizeof fields - n, ",\"" KIWI_FIELD_FAILED "\":");
+        snprintf(fields + n, sizeof fields - n, ",\"failed\":");
         kiwi_json_quote(fields, sizeof fields, failed);
     } else {
-        snprintf(fields + n, sizeof fields - n,
-                 ",\"" KIWI_FIELD_MOVED "\":%llu,\"" KIWI_FIELD_SECONDS "\":%.6f",
+        snprintf(fields + n, sizeof fields - n, ",\"moved\":%llu,\"seconds\":%.6f",
                  (unsigned long long)(moved ? moved->bytes : 0), moved ? moved->seconds : 0.0);
     }
-    kiwi_link_request(KIWI_OP_EVICTED, fields);
+    kiwi_link_request("evicted", fields);
     last_report = kiwi_now();
 }
 
