@@ -27,6 +27,8 @@ class ScriptedDaemon:
     def __init__(self, path: Path, features: Iterable[str] = ("position", "memory")) -> None:
         self.path = path
         self.features = tuple(features)
+        #: What ``released`` says of the room (``evict``): whether the next holder needed it.
+        self.released_evict = False
         self.received: list[tuple[float, Message]] = []
         self._changed = threading.Condition()
         self._connection: socket.socket | None = None
@@ -93,7 +95,7 @@ class ScriptedDaemon:
         if op == "acquire":
             return {"op": "grant", "seq": seq, "gpu": 0, "quantum": 30}
         if op == "release":
-            return {"op": "released", "seq": seq, "evict": False}
+            return {"op": "released", "seq": seq, "evict": self.released_evict}
         return {"op": "ok", "seq": seq}
 
     def _serve(self) -> None:

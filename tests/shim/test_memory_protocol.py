@@ -139,6 +139,7 @@ def test_a_drop_that_needs_the_room_releases_before_the_way_out(daemon, workload
                                                                tmp_path: Path) -> None:
     gate = tmp_path / "unmap-may-go"
     w = vmm(workload, card, daemon, FAKE_CUDA_UNMAP_GATE=str(gate))
+    daemon.released_evict = True  # the room was needed: the way out, once, is the answer
     ptr = w.call(f"d.alloc({16 * MiB})")
     assert w.call("d.launch()") == 0
     w.call(f"d.write({ptr}, b'kept')")
@@ -152,6 +153,7 @@ def test_a_drop_that_needs_the_room_releases_before_the_way_out(daemon, workload
     evicted = daemon.wait_op("evicted")
     assert (evicted["resident"], evicted["host"], evicted["moved"]) == (0, 16 * MiB, 16 * MiB)
     assert card.used_by(w.process.pid) == 0
+    assert w.stats()["evictions"] == 1 and len(daemon.messages("evicted")) == 1
     ops = [m["op"] for m in daemon.messages()]
     assert ops.index("release", ops.index("grant") if "grant" in ops else 0) < ops.index(
         "evicted")
@@ -208,3 +210,22 @@ def test_the_real_daemon_registers_the_shim_under_its_display_name(
         assert client["display_name"].startswith("\u2026") and client["display_name"].endswith(
             "/ä/train.ipynb")
         assert len(client["display_name"].encode()) <= 256
+
+
+def test_the_answer_to_an_evicting_release_moves_nothing_more(daemon, workload, card) -> None:
+    """`released` with `evict: true` answers a release with `evicting` when the room was needed;
+    the way out already followed the release, so nothing is evicted or said again, even when
+    there was nothing to move. And a holder asked to evict says it cannot."""
+    w = vmm(workload, card, daemon)
+    daemon.released_evict = True
+    assert w.call("d.launch()") == 0  # holding, nothing allocated
+    daemon.send(op="drop", gpu=0, reason="room", evict=True, grace=30)
+    assert daemon.wait_op("release").get("evicting") is True
+    first = daemon.wait_op("evicted")
+    assert first["moved"] == 0
+    assert w.call("d.launch()") == 0  # holding again: the released was read before the grant
+    daemon.send(op="evict", gpu=0, bytes=MiB, **{"for": "nbA.ipynb"})
+    refused = daemon.wait_for(lambda m: m["op"] == "evicted" and "failed" in m,
+                              what="evicted with failed")
+    assert refused["failed"].startswith("holding the GPU")
+    assert [m for m in daemon.messages("evicted") if "failed" not in m] == [first]

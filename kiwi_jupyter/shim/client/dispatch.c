@@ -59,6 +59,8 @@ static void on_grant(const char *line)
      * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
     bool restore = !kiwi_pager_checkpointing() &&
                    (kiwi_pager_away() || (ws.evictable && !kiwi_cfg.restore_by_fault));
+    /* To a daemon that hears where memory is, a report after the restore ends it. */
+    bool report = kiwi_link_memory() && (kiwi_comm.stats.evicted || kiwi_pager_away());
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release on the wire: the release ended it */
@@ -77,7 +79,7 @@ static void on_grant(const char *line)
         kiwi_comm.stats.bytes_restored += moved.bytes;
         kiwi_comm.stats.seconds_restoring += moved.seconds;
     }
-    if (restore)
+    if (report)
         kiwi_news_set(KIWI_NEWS_WORKING_SET); /* where the memory is now: back (residency.c) */
     if (!kiwi_hold_move(KIWI_HOLDING)) {
         pthread_mutex_unlock(&kiwi_lock);

@@ -128,7 +128,8 @@ static void finish_release(bool evict)
 {
     if (evict && kiwi_link_memory() && !kiwi_pager_checkpointing()) {
         released();
-        kiwi_release_seq = kiwi_link_request("release", "\"evicting\":true");
+        kiwi_link_request("release", "\"evicting\":true");
+        kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
         kiwi_release_evict_now();
         return;
     }
