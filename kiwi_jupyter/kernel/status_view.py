@@ -1,4 +1,4 @@
-"""``%kiwi status``: the status document (CONTRACT section 5) as a table.
+"""``%kiwi status``: the status document (docs/interfaces.md section 5) as a table.
 
 ``StatusTable`` is what the magic returns. IPython shows it with ``_repr_html_`` in a notebook and
 with ``_repr_pretty_`` in a terminal, so one object serves both.

@@ -1,5 +1,5 @@
 /**
- * The status document (CONTRACT section 5) as the server extension returns it.
+ * The status document (docs/interfaces.md section 5) as the server extension returns it.
  *
  * Generated from nodeside/protocol/document.py by `python -m nodeside.protocol.generate`: edit
  * the table there and run it, never this file (a test fails while the two differ).

@@ -1,4 +1,4 @@
-"""The Python clients of the node daemon (CONTRACT section 4); ``kiwi_jupyter.Client`` is
+"""The Python clients of the node daemon (docs/interfaces.md section 4); ``kiwi_jupyter.Client`` is
 ``Client``.
 
 - ``api.Client``: a process that holds a GPU (a kernel, a script); kept connected by the

@@ -1,4 +1,4 @@
-"""``Client``: what a process that holds a GPU does with its connection (CONTRACT section 4).
+"""``Client``: what a process that holds a GPU does with its connection (docs/interfaces.md 4).
 
 ``acquire`` can be interrupted (Ctrl-C in a notebook) and then cancels its request. It also comes
 in two halves, ``request`` and ``wait_for_grant``, for callers that have work to do while the

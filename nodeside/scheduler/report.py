@@ -54,7 +54,7 @@ class PoolReport:
         return any(g.below_guarantee for g in self.gpus)
 
     def as_status(self) -> dict[str, Any]:
-        """The status document's entry (CONTRACT section 5 keys, then ours)."""
+        """The status document's entry (docs/interfaces.md section 5 keys, then ours)."""
         return {
             "name": self.name, "guarantee": self.guarantee, "weight": self.weight,
             "maximum": self.maximum, "share": round(self.share, 6),

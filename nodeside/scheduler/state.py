@@ -10,7 +10,7 @@ asked fails loudly in tests instead of quietly corrupting the queue::
       +------------------release-----------+                     |
       +------------------release or revoke-----------------------+
 
-The status document shows three words (CONTRACT section 5): DROPPING is still "holding".
+The status document shows three words (docs/interfaces.md section 5): DROPPING is still "holding".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The status document (CONTRACT section 5), built in this one place.
+"""The status document (docs/interfaces.md section 5), built in this one place.
 
 ``Client.status()``, ``kiwictl status --json``, the server extension's REST endpoint and the
 panel all show what this function returns. Keys named by the contract are fixed; others may be

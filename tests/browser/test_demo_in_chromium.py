@@ -56,7 +56,14 @@ def test_the_two_demo_notebooks_take_turns_in_two_tabs(browser: Any) -> None:
     try:
         demo = open_with_panel(browser, lab, DEMO)
         partner = open_with_panel(browser, lab, PARTNER)
+        # The partner goes first and is inside its burst, holding, before the demo starts:
+        # which kernel gets the GPU first is otherwise a race the story does not tell.
         run_all(partner)
+        partner.locator(".jp-OutputArea-output", has_text="this kernel's mode is eager").wait_for(
+            timeout=120_000)
+        partner.wait_for_function(
+            f"document.querySelector('{STATUS_ITEM}').textContent === 'GPU: holding'",
+            timeout=60_000)
         run_all(demo)
         ARTIFACTS.mkdir(exist_ok=True)
         # One holds a burst, the other waits: the live line under the waiting cell, and the

@@ -14,7 +14,7 @@ from nodeside import kai
 from nodeside.config import parse_pools
 
 REPO = Path(__file__).resolve().parents[2]
-# The pools of CONTRACT section 6 (the seed's Training and Simulation pools).
+# The pools of docs/interfaces.md section 6 (the seed's Training and Simulation pools).
 SEED_POOLS = {"training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
               "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
 

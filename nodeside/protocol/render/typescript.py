@@ -9,7 +9,7 @@ from nodeside.protocol import document as d
 
 HEADER = """\
 /**
- * The status document (CONTRACT section 5) as the server extension returns it.
+ * The status document (docs/interfaces.md section 5) as the server extension returns it.
  *
  * Generated from nodeside/protocol/document.py by `python -m nodeside.protocol.generate`: edit
  * the table there and run it, never this file (a test fails while the two differ).
