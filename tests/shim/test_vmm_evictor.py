@@ -565,7 +565,9 @@ def test_vmm_asked_on_a_device_without_it_is_managed_and_says_why(workload) -> N
                  KIWI_FAIL_TIMEOUT="0")
     w.call(f"d.alloc({4 * MiB})")
     assert w.stats()["evict"] == "managed"
-    assert any("virtual memory management" in line for line in w.stderr)
+    # stderr is read by a thread of the harness: the line comes when it comes.
+    wait_for(lambda: any("virtual memory management" in line for line in w.stderr),
+             what="the warning that the device lacks VMM")
 
 
 def test_vmm_and_managed_are_each_chosen_by_name_where_vmm_is_supported(workload,
