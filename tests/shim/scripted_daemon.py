@@ -48,6 +48,12 @@ class ScriptedDaemon:
         self.wait_op("register")
         self._write(message)
 
+    def hang_up(self) -> None:
+        """Closes the client's connection, as a daemon that stops does; it may connect again."""
+        with self._send_lock:
+            if self._connection:
+                self._connection.shutdown(socket.SHUT_RDWR)
+
     def messages(self, op: str | None = None) -> list[Message]:
         with self._changed:
             return [m for _, m in self.received if op is None or m["op"] == op]

@@ -74,6 +74,18 @@ def test_hello_asks_for_memory_and_register_says_where_it_is_and_the_display_nam
     assert (report["resident"], report["host"]) == (12 * MiB, 0)
 
 
+def test_a_daemon_that_comes_back_hears_where_the_memory_is_in_register(
+        daemon, workload, card) -> None:
+    w = vmm(workload, card, daemon)
+    w.call(f"d.alloc({8 * MiB})")  # allocations are not gated: it never held the GPU
+    daemon.send(op="evict", gpu=0, bytes=8 * MiB, **{"for": "nbA.ipynb"})
+    daemon.wait_op("evicted")
+    daemon.hang_up()
+    again = daemon.wait_for(lambda m: m["op"] == "register" and m is not
+                            daemon.messages("register")[0], what="a second register")
+    assert (again["resident"], again["host"]) == (0, 8 * MiB)
+
+
 def test_a_daemon_without_the_feature_hears_todays_protocol(old_daemon, workload,
                                                             card) -> None:
     w = vmm(workload, card, old_daemon, KIWI_DISPLAY_NAME="nbB.ipynb")
