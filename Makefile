@@ -73,12 +73,15 @@ test: install core lint labextension jstest
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory sanitize
 
-## The shim's tests (no GPU) against sanitized builds: a memory error, undefined behaviour or
-## a data race in the C code fails the test that caused it, with the sanitizer's report.
+## The shim's tests (no GPU), and the protocol's transcripts against its C client, against
+## sanitized builds: a memory error, undefined behaviour or a data race in the C code fails the
+## test that caused it, with the sanitizer's report.
 ## AddressSanitizer with UBSan, then ThreadSanitizer (about 1.5 and 3.5 minutes).
 sanitize: install
-	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim
-	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim
+	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
+		tests/protocol/test_transcripts.py
+	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
+		tests/protocol/test_transcripts.py
 
 ## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
 ## and from the daemon's status document (the panel's fixture) read what those make now.

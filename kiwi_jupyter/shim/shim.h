@@ -22,17 +22,20 @@
  *               capture.c     graph captures beginning and ending
  *               (interpose.h: what they share)
  *   client/     comm.c        the daemon client, on a thread of its own: connecting, its loop
- *               hold.c        the hold's one writer, kiwi_hold_move, against hold.h's table
+ *               hold.c        the hold's one writer, kiwi_hold_move, against protocol.h's table
+ *               session.c     hello, register and numbered requests, apart from the socket
+ *               asking.c      acquire, cancel, requeue, and their answers
  *               dispatch.c    what each line from the daemon does to the hold
  *               release.c     the release sequence, whatever asked for it
  *               outage.c      while the daemon is away: the lost connection, the fail policy
  *               wishes.c      what other threads ask of the comm thread (api.c's calls)
  *               start.c       starting the thread, and starting afresh in a forked child
- *               link.c        the connection: socket, framing, hello and register
+ *               link.c        the connection: socket and framing
  *               registration.c what register says of the process: names, labels, GPU
  *               wire.c        protocol lines: writing requests, reading flat JSON objects
  *               evict.c       the evictor register proposes, and the daemon's answer
  *               api.c         the small C API the kernel hook calls through ctypes
+ *               conformance.c the entry points the protocol's transcripts drive
  *               (client.h: what they share)
  *   mechanisms/ config.c      environment variables, read once; logging; the clock
  *               driver.c      finding the driver's own functions

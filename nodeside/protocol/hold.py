@@ -14,6 +14,11 @@ the same table (generated), for its own ``kiwi_hold_move``::
 
 A lost connection takes everything: any state goes to IDLE, and a client that still wants the
 GPU asks again on the next connection.
+
+The shim gives a hold back through a release sequence (close its gate, drain, synchronize, maybe
+evict) before its release leaves, whether the daemon asked (a drop) or not (a cell's end, an idle
+spell): it spends the sequence in DROPPING, and goes back to HOLDING when the sequence cannot go
+ahead yet (docs/shim.md, "The hold").
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ MEANING: Final[dict[Hold, str]] = {
     Hold.WAITING: "queued: the grant comes as an event",
     Hold.HOLDING: "the GPU is this client's",
     Hold.DROPPING: "still this client's, but the daemon asked for it back (a `drop`): "
-                   "release soon",
+                   "release soon (the shim: also while its release sequence runs)",
     Hold.RELEASING: "a release is out whose answer decides what happens: a cancelled wait "
                     "(a grant read meanwhile crossed it) or a release with `evict_first` "
                     "(answered `released` or `drop`); nothing is asked meanwhile",
@@ -62,13 +67,15 @@ MOVES: Final[dict[tuple[Hold, Hold], str]] = {
     (Hold.WAITING, Hold.HOLDING): "grant event",
     (Hold.WAITING, Hold.RELEASING): "cancelled: release sent",
     (Hold.WAITING, Hold.IDLE): "the connection was lost",
-    (Hold.HOLDING, Hold.DROPPING): "drop event",
+    (Hold.HOLDING, Hold.DROPPING): "drop event; the shim: its release sequence begins",
     (Hold.HOLDING, Hold.IDLE): "release sent (a plain one: the GPU changes hands at once); "
                                "revoked; the connection was lost",
     (Hold.HOLDING, Hold.RELEASING): "release with evict_first sent, or a release whose answer "
                                     "is awaited (a cancel)",
     (Hold.HOLDING, Hold.ASKING): "release with requeue sent",
-    (Hold.DROPPING, Hold.HOLDING): "grant event: the drop is withdrawn (mode off)",
+    (Hold.DROPPING, Hold.HOLDING): "grant event: the drop is withdrawn (mode off); the shim: "
+                                   "the release cannot go ahead yet (a graph capture is open, "
+                                   "or synchronizing failed)",
     (Hold.DROPPING, Hold.IDLE): "release sent; revoked; the connection was lost",
     (Hold.DROPPING, Hold.RELEASING): "likewise",
     (Hold.DROPPING, Hold.ASKING): "release with requeue sent",

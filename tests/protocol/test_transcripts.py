@@ -4,15 +4,24 @@ others include runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from shim.shim_harness import SANITIZER_OPTIONS, SANITIZER_REPORT
 from support import scaled
 from transcript_runner import HERE, PythonSession, TranscriptFailed, run
 
 from kiwi_jupyter.shim import library_path
+from kiwi_jupyter.shim.build import (
+    LIBRARY_NAME,
+    SANITIZERS,
+    BuildError,
+    compile_library,
+    sanitizer_runtime,
+)
 
 #: Included by others, and run through them.
 BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl"}
@@ -38,12 +47,34 @@ def test_a_transcript_fails_where_the_client_does_other_than_it_says() -> None:
         run("grant_crossing_a_cancel.jsonl", Grabs())
 
 
-def test_the_shims_c_client_follows_every_transcript() -> None:
-    """In a process of its own: the shim is never loaded into the test process."""
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("transcript_runner.py")),
-                           "--shim", str(library_path()), *TRANSCRIPTS],
-                          capture_output=True, text=True, timeout=scaled(60))
-    if done.returncode == 3:
-        pytest.skip(f"the shim has no conformance entry points yet: {done.stderr.strip()} "
-                    "(docs/protocol.md, Conformance)")
-    assert done.returncode == 0, done.stdout + done.stderr
+@pytest.fixture(scope="module")
+def shim_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """Every transcript against the shim's C client, in a process of its own (the shim is never
+    loaded into the test process): the shim as shipped, or with KIWI_TEST_SANITIZE=address or
+    thread a build under those sanitizers, their runtime preloaded (as tests/shim do)."""
+    library, env = library_path(), dict(os.environ)
+    sanitize = os.environ.get("KIWI_TEST_SANITIZE")
+    if sanitize:
+        if sanitize not in SANITIZERS:
+            raise pytest.UsageError(f"KIWI_TEST_SANITIZE is one of {', '.join(SANITIZERS)}")
+        try:
+            runtime = sanitizer_runtime(sanitize)
+        except BuildError as exc:
+            pytest.skip(f"no {sanitize} sanitizer build: {exc}")
+        library = compile_library(tmp_path_factory.mktemp("sanitized") / LIBRARY_NAME,
+                                  sanitize=sanitize)
+        env.update(LD_PRELOAD=runtime, **SANITIZER_OPTIONS)
+    return subprocess.run([sys.executable, str(Path(__file__).with_name("transcript_runner.py")),
+                           "--shim", str(library), *TRANSCRIPTS],
+                          capture_output=True, text=True, timeout=scaled(60), env=env)
+
+
+@pytest.mark.parametrize("name", TRANSCRIPTS)
+def test_the_shims_c_client_follows_the_transcript(
+        name: str, shim_run: subprocess.CompletedProcess[str]) -> None:
+    said = shim_run.stdout + shim_run.stderr
+    assert shim_run.returncode != 3, f"the shim lacks the conformance entry points: {said}"
+    assert not SANITIZER_REPORT.search(shim_run.stderr), shim_run.stderr
+    verdict = next((line for line in shim_run.stdout.splitlines()
+                    if line.split(":", 1)[0].split(" ", 1)[-1] == name), None)
+    assert verdict == f"ok {name}", verdict or f"no word on {name}:\n{said}"

@@ -9,8 +9,9 @@ A transcript (``transcripts/*.jsonl``) is one JSON object a line, each a step:
 
 - ``call``: the client's caller does something: ``connect`` (a new connection; the client
   says hello), ``lost`` (the connection ended), ``ask`` (wants the GPU), ``release`` (gives it
-  back, or takes back a request), ``cancel`` (takes back and waits for the answer), ``yield``
-  (releases of its own accord with ``evict_first``), ``requeue``.
+  back, or takes back a request), ``cancel`` (takes back a request and waits for the answer;
+  the shim gives a hold back only through ``release``, so transcripts cancel requests only),
+  ``yield`` (releases of its own accord with ``evict_first``), ``requeue``.
 - ``receive``: one line from the daemon, written as the object it encodes. A string value
   ``"$name"`` is a seq bound earlier; when the client sent that request without a seq, the key
   is left out, as the daemon would.
@@ -58,10 +59,12 @@ class Implementation(Protocol):
 
 
 class PythonSession:
-    """``ClientSession``, registering, asking for position events like ``Client``."""
+    """``ClientSession``, registering, asking for position events like ``Client``; and for
+    ``memory``, as the shim does (the transcripts' daemon does not serve it: both clients then
+    speak without it, which is what they hold)."""
 
     def __init__(self) -> None:
-        self.session = ClientSession(features=["position"])
+        self.session = ClientSession(features=["position", "memory"])
 
     def call(self, name: str) -> None:
         session = self.session
@@ -213,9 +216,9 @@ def _match(message: dict[str, Any], pattern: dict[str, Any],
 
 
 def main(argv: list[str]) -> int:
-    """``--shim LIBRARY [TRANSCRIPT...]``: run the transcripts (all but the building blocks,
-    when none is named) against the shim, each from a fresh reset; exit 1 if one fails, 3 if the
-    library lacks the entry points."""
+    """``--shim LIBRARY [TRANSCRIPT...]``: run the transcripts (all, when none is named)
+    against the shim, each from a fresh reset, printing ``ok NAME`` or ``FAILED NAME: why`` for
+    each; exit 1 if one fails, 3 if the library lacks the entry points."""
     library, names = argv[1], argv[2:] or [p.name for p in sorted(HERE.glob("*.jsonl"))]
     exported = ctypes.CDLL(library)
     missing = [name for name in SHIM_ENTRY_POINTS if not hasattr(exported, name)]
@@ -228,9 +231,9 @@ def main(argv: list[str]) -> int:
             run(name, ShimSession(library))
         except TranscriptFailed as failure:
             failed += 1
-            print(f"FAILED {failure}", file=sys.stderr)
+            print(f"FAILED {name}: {failure}", flush=True)
         else:
-            print(f"ok {name}")
+            print(f"ok {name}", flush=True)
     return 1 if failed else 0
 
 

@@ -65,7 +65,7 @@ KIWI_EXPORT int kiwi_shim_holding(void)
     kiwi_init();
     struct kiwi_stats stats;
     kiwi_comm_stats(&stats);
-    return stats.hold == KIWI_HOLDING ? 1 : 0;
+    return stats.hold == KIWI_HOLD_HOLDING ? 1 : 0;
 }
 
 /* What the daemon cannot be reached: fail_closed 0 lets GPU work run unscheduled, 1 makes it
@@ -137,7 +137,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"host_shadow_pinned\":%llu,\"seconds_pinning\":%.6f,\"restore_failures\":%llu}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
-        kiwi_hold_name(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
+        kiwi_hold_word(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
         s.position_live ? "true" : "false", s.quantum, (unsigned long long)ws.bytes,
         (unsigned long long)ws.evictable, (unsigned long long)ws.allocations,
         (unsigned long long)kiwi_memory_limit(), s.evicted ? "true" : "false",

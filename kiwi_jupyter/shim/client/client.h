@@ -7,7 +7,7 @@
 #define KIWI_CLIENT_H
 
 #include "../shim.h"
-#include "hold.h"
+#include "protocol.h"
 
 struct kiwi_stats {
     bool connected;
@@ -16,7 +16,7 @@ struct kiwi_stats {
     bool in_cell;
     bool evicted;            /* the working set is in host memory now */
     bool paused;             /* holding, but another holder beside it has its turn */
-    enum kiwi_hold hold;     /* written by kiwi_hold_move only */
+    enum kiwi_hold_state hold; /* written by kiwi_hold_move only */
     int queue_position;      /* 0 when not waiting */
     bool position_live;      /* the daemon sends an event whenever queue_position changes */
     char client[32];         /* the daemon's id for this process */
@@ -43,6 +43,8 @@ struct kiwi_stats {
 struct kiwi_comm_state {
     struct kiwi_stats stats;
     bool acquire_wanted;     /* kiwi_shim_acquire: eager acquisition */
+    bool ask_refused;        /* the daemon refused an acquire: not asked again for the same
+                                wish (a new cell, eager acquire or connection clears it) */
     unsigned release_asked;  /* generations: kiwi_shim_release waits for done to catch up */
     unsigned release_done;
     double outage_since;
@@ -61,16 +63,77 @@ extern int kiwi_wake_pipe[2];
 
 /* ---- hold.c ------------------------------------------------------------------------------ */
 
-/* Under kiwi_lock: moves the hold to `to` when hold.h's table allows the move from where it
- * is; otherwise refuses it (a bug: said aloud in checked builds) and returns false. */
-bool kiwi_hold_move(enum kiwi_hold to);
-const char *kiwi_hold_name(enum kiwi_hold hold);
+/* Under kiwi_lock: moves the hold to `to` when the protocol's table (kiwi_hold_legal,
+ * protocol.h) allows the move from where it is; otherwise refuses it (a bug: said aloud in
+ * checked builds) and returns false. */
+bool kiwi_hold_move(enum kiwi_hold_state to);
+/* The word the statistics show for a state: idle, waiting, holding or releasing. */
+const char *kiwi_hold_word(enum kiwi_hold_state hold);
 
 /* ---- comm.c ------------------------------------------------------------------------------ */
 
 void *kiwi_comm_main(void *unused);
-/* A line the daemon sent on its own while a reply was awaited (link.c hands it over). */
+
+/* ---- dispatch.c -------------------------------------------------------------------------- */
+
+/* What a line from the daemon does: the hold, the counts, the gate, the answers. */
+void kiwi_dispatch_line(const char *line);
+/* The comm thread's: kiwi_dispatch_line, then what a drop leaves to do (the release sequence). */
 void kiwi_comm_handle_line(const char *line);
+
+/* ---- session.c --------------------------------------------------------------------------- */
+
+/* Where the session's lines go (link.c's kiwi_link_send, or the conformance buffer); false
+ * when a line could not be sent. */
+void kiwi_session_send_to(bool (*send)(const char *line));
+/* Sends a request with the next seq; returns the seq, or 0 when it could not be sent. */
+unsigned kiwi_session_request(const char *op, const char *fields);
+/* A new connection: says hello; the welcome is answered with register (the working set so
+ * far), and registered makes the session ready. */
+void kiwi_session_connect(void);
+/* Reads the answers to hello and register; NONE for any other line, which dispatch.c reads
+ * on. WELCOMED: the handshake goes on (register sent, or sent again: a daemon that predates
+ * the vmm evictor refused it). REFUSED: the daemon would not register this process; the
+ * connection is of no use. */
+enum kiwi_handshake {
+    KIWI_HANDSHAKE_NONE,
+    KIWI_HANDSHAKE_WELCOMED,
+    KIWI_HANDSHAKE_REGISTERED,
+    KIWI_HANDSHAKE_REFUSED,
+};
+enum kiwi_handshake kiwi_session_handshake(const char *op, double seq, const char *line);
+bool kiwi_session_welcomed(void);
+bool kiwi_session_ready(void);
+/* Whether the daemon of this ready session speaks of where memory is (the hello feature
+ * `memory`: residency.c). */
+bool kiwi_session_memory(void);
+/* The connection ended (outage.c), or a forked child starts afresh. */
+void kiwi_session_closed(void);
+void kiwi_session_after_fork(void);
+
+/* ---- asking.c ---------------------------------------------------------------------------- */
+
+/* The acquire (or requeue) whose answer has not been read; 0 when none. */
+extern unsigned kiwi_ask_seq;
+/* The release taking a request back, whose answer is awaited (RELEASING); 0 when none. */
+extern unsigned kiwi_cancel_seq;
+
+/* Under kiwi_lock: whether the process wants the GPU (a gated call waits, or an eager
+ * acquire), and was not refused it for that wish. */
+bool kiwi_ask_wanted(void);
+/* Sends acquire when the GPU is wanted, nothing is asked, held or being released, and the
+ * session is ready. */
+void kiwi_ask_if_wanted(void);
+/* Takes back a request out (ASKING, WAITING): RELEASING until its answer comes. */
+void kiwi_ask_cancel(void);
+/* Whether a line with this seq answers the cancel (the hold is IDLE then) or the ask (an error
+ * or `released` are read here; a grant or `waiting` are dispatch.c's). */
+bool kiwi_ask_cancel_answered(double seq);
+bool kiwi_ask_answered(const char *op, double seq);
+/* Gives the hold back and asks again in one request (release with requeue); without a hold,
+ * asks. */
+void kiwi_ask_requeue(void);
+void kiwi_ask_after_lost(void);
 
 /* ---- outage.c ---------------------------------------------------------------------------- */
 
@@ -84,7 +147,7 @@ double kiwi_outage_act(void);
 /* The seq of the last plain release sent. */
 extern unsigned kiwi_release_seq;
 /* The seq of a release sent with evict_first whose answer has not come yet; 0 when none. The
- * hold stays KIWI_RELEASING meanwhile: the gate is closed, and no acquire is sent. */
+ * hold stays KIWI_HOLD_RELEASING meanwhile: the gate is closed, and no acquire is sent. */
 extern unsigned kiwi_yield_seq;
 
 /* Moves the working set to host memory, if any of it is evictable, and counts it. */
@@ -95,6 +158,15 @@ void kiwi_release_sequence(bool evict, const char *why);
 void kiwi_release_yield(const char *why);
 /* The answer to a release sent with evict_first. */
 void kiwi_release_on_yield_answer(const char *op, const char *line);
+/* The decisions that end a release sequence, once the gate is closed and the work done: the
+ * plain release (the hold is idle: the GPU changes hands at once), and the release asking
+ * whether to evict first (RELEASING until the answer). */
+void kiwi_release_finish(void);
+void kiwi_release_ask_evict_first(void);
+/* A drop was read (DROPPING): with evict, the next holder needs the room; quiesced, it answers
+ * evict_first and only the eviction and the release are left. kiwi_release_carry_out does it. */
+void kiwi_release_dropped(bool evict, bool quiesced);
+void kiwi_release_carry_out(void);
 /* A release deferred for graph captures, once they are over. */
 void kiwi_release_act_deferred(void);
 /* A forked child: no release of its parent's is under way in it. */
@@ -114,21 +186,18 @@ void kiwi_comm_set_policy(bool fail_closed, double timeout);
  * through the mechanisms' kiwi_news_need_client). */
 void kiwi_comm_start(void);
 bool kiwi_comm_started(void);
+/* For the conformance entry points: true when the thread has not started, and never will in
+ * this process. */
+bool kiwi_comm_hold_off(void);
 
 /* ---- link.c ------------------------------------------------------------------------------ */
 
-/* Connects, says hello and registers (with the working set so far); the registered reply is
- * left in registered. A line the daemon sends on its own meanwhile goes to on_event. */
-bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
-                       void (*on_event)(const char *line));
-/* Whether the daemon of the current connection sends "waiting" events as the position moves. */
-bool kiwi_link_position_events(void);
-/* Whether it speaks of where memory is (hello feature "memory": residency.c). */
-bool kiwi_link_memory(void);
+/* Connects the socket (session.c says hello on it). */
+bool kiwi_link_open(void);
 bool kiwi_link_up(void);
 int kiwi_link_fd(void);
-/* Sends a request with the next seq; returns the seq, or 0 when the connection is gone. */
-unsigned kiwi_link_request(const char *op, const char *fields);
+/* Writes one line (its newline added); false, with the connection closed, when it fails. */
+bool kiwi_link_send(const char *line);
 /* Reads what the socket has, waiting at most timeout seconds; false when nothing came. */
 bool kiwi_link_fill(double timeout);
 bool kiwi_link_next_line(char *line, size_t size);
@@ -143,6 +212,8 @@ void kiwi_link_after_fork(void);
  * compatible: for a daemon that refused the evictor vmm (it predates it), managed instead. */
 void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible,
                               bool memory);
+/* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
+void kiwi_gpu_uuid(char *text, size_t size);
 
 /* ---- residency.c ------------------------------------------------------------------------- */
 
@@ -156,8 +227,6 @@ void kiwi_residency_progress(const struct kiwi_residency *now, void *unused);
  * without the memory feature. */
 void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed);
 void kiwi_residency_after_fork(void);
-/* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
-void kiwi_gpu_uuid(char *text, size_t size);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 

@@ -26,33 +26,36 @@ int kiwi_wake_pipe[2] = {-1, -1};
 
 /* ---- connecting ---------------------------------------------------------------------- */
 
+/* Opens the socket and lets the session say hello and register (with the working set so
+ * far), reading what the daemon answers; an event it sends meanwhile is read as ever. Each
+ * answer has 5 seconds to come. */
 static bool connect_and_register(void)
 {
-    struct kiwi_working_set ws;
-    kiwi_memory_working_set(&ws);
-    kiwi_news_take(KIWI_NEWS_WORKING_SET); /* register says it */
-    char line[1024];
-    if (!kiwi_link_connect(ws.bytes, line, sizeof line, kiwi_comm_handle_line))
+    if (!kiwi_link_open())
         return false;
-    if (ws.evictable) /* register has no field for the evictable part */
-        kiwi_news_set(KIWI_NEWS_WORKING_SET);
-    char evictor[16] = "";
-    kiwi_json_string(line, "evict", evictor, sizeof evictor);
-    kiwi_evict_answered(evictor);
-    pthread_mutex_lock(&kiwi_lock);
-    kiwi_json_string(line, "client", kiwi_comm.stats.client, sizeof kiwi_comm.stats.client);
-    kiwi_json_string(line, "mode", kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode);
-    bool was_failed_open = kiwi_comm.stats.failed_open;
-    kiwi_comm.stats.connected = true;
-    kiwi_comm.stats.position_live = kiwi_link_position_events();
-    kiwi_comm.stats.failed_open = false;
-    kiwi_gate_refuse(false);
-    if (was_failed_open)
-        kiwi_gate_close(); /* from now on, work waits for a grant again */
-    pthread_cond_broadcast(&kiwi_changed);
-    pthread_mutex_unlock(&kiwi_lock);
-    kiwi_log("registered as %s with %s", kiwi_comm.stats.client, kiwi_cfg.socket_path);
-    return true;
+    kiwi_session_connect();
+    bool welcomed = false;
+    double deadline = kiwi_now() + 5.0;
+    char line[1024];
+    while (kiwi_link_up() && !kiwi_session_ready()) {
+        if (kiwi_link_next_line(line, sizeof line)) {
+            kiwi_comm_handle_line(line);
+            if (!welcomed && kiwi_session_welcomed()) {
+                welcomed = true;
+                deadline = kiwi_now() + 5.0;
+            }
+            continue;
+        }
+        double left = deadline - kiwi_now();
+        if (left <= 0) {
+            if (welcomed)
+                kiwi_warn("the daemon did not register this process: no answer");
+            kiwi_link_close(welcomed ? "registration refused" : "no welcome from the daemon");
+            return false;
+        }
+        kiwi_link_fill(left);
+    }
+    return kiwi_session_ready();
 }
 
 /* Under kiwi_lock: since when the GPU has gone unused, for the idle release (a grant counts
@@ -73,30 +76,22 @@ static void act(void)
     pthread_mutex_lock(&kiwi_lock);
     if (kiwi_comm.release_asked != kiwi_comm.release_done) {
         unsigned asked = kiwi_comm.release_asked;
-        enum kiwi_hold hold = kiwi_comm.stats.hold;
-        if (hold == KIWI_HOLDING) {
-            pthread_mutex_unlock(&kiwi_lock);
+        bool holding = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING;
+        pthread_mutex_unlock(&kiwi_lock);
+        if (holding)
             kiwi_release_yield("cell end");
-            pthread_mutex_lock(&kiwi_lock);
-        } else if (hold == KIWI_WAITING && kiwi_hold_move(KIWI_IDLE)) {
-            kiwi_comm.stats.queue_position = 0;
-            pthread_mutex_unlock(&kiwi_lock);
-            kiwi_release_seq = kiwi_link_request("release", "");
-            pthread_mutex_lock(&kiwi_lock);
-        }
+        else
+            kiwi_ask_cancel(); /* a request out is taken back (asking.c) */
+        pthread_mutex_lock(&kiwi_lock);
         kiwi_comm.release_done = asked;
         pthread_cond_broadcast(&kiwi_changed);
     }
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_ask_if_wanted();
+    pthread_mutex_lock(&kiwi_lock);
     bool want = kiwi_gate_waiters() > 0 || kiwi_comm.acquire_wanted;
-    bool backing_off = kiwi_now() < kiwi_comm.retry_after; /* a restore failed just now */
-    if (want && !backing_off && kiwi_comm.stats.hold == KIWI_IDLE && kiwi_link_up() &&
-        kiwi_hold_move(KIWI_WAITING)) {
-        pthread_mutex_unlock(&kiwi_lock);
-        kiwi_link_request("acquire", "");
-        pthread_mutex_lock(&kiwi_lock);
-    }
     double since = idle_since();
-    bool idle = kiwi_comm.stats.hold == KIWI_HOLDING && !kiwi_comm.stats.in_cell &&
+    bool idle = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING && !kiwi_comm.stats.in_cell &&
                 kiwi_cfg.idle_release > 0 && !want && kiwi_gate_in_flight() == 0 &&
                 kiwi_capture_open() == 0 && kiwi_now() - since >= kiwi_cfg.idle_release;
     pthread_mutex_unlock(&kiwi_lock);
@@ -146,7 +141,7 @@ static double next_idle_check(void)
         return 1.0;
     pthread_mutex_lock(&kiwi_lock);
     double since = idle_since();
-    bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
+    bool holding = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING;
     pthread_mutex_unlock(&kiwi_lock);
     double left = since + kiwi_cfg.idle_release - kiwi_now();
     if (!holding || left > 1.0)
@@ -157,6 +152,7 @@ static double next_idle_check(void)
 void *kiwi_comm_main(void *unused)
 {
     (void)unused;
+    kiwi_session_send_to(kiwi_link_send);
     double backoff = 0.05;
     for (;;) {
         if (!kiwi_link_up()) {

@@ -1,7 +1,9 @@
 /* What each line from the daemon does to the hold: grants open the gate (after restoring the
- * working set), drops start the release sequence, pauses close the gate while another holder
- * has its turn and resumes open it again; the rest is counted and kept for the stats.
- * Read on the comm thread, or by link.c for a line that came while a reply was awaited.
+ * working set), drops leave the GPU to be given back, pauses close the gate while another
+ * holder has its turn and resumes open it again; the rest is counted and kept for the stats.
+ * kiwi_dispatch_line decides; kiwi_comm_handle_line, the comm thread's, then carries out what
+ * a drop leaves to do (the release sequence, release.c). The conformance entry points
+ * (conformance.c) call kiwi_dispatch_line alone.
  */
 #define _GNU_SOURCE
 #include <string.h>
@@ -21,13 +23,13 @@ static void give_grant_back(const char *why)
     double backoff = kiwi_comm.retry_backoff > 0 ? kiwi_comm.retry_backoff : RETRY_FIRST;
     kiwi_comm.retry_after = kiwi_now() + backoff;
     kiwi_comm.retry_backoff = backoff * 2 < RETRY_MOST ? backoff * 2 : RETRY_MOST;
-    if (kiwi_hold_move(KIWI_IDLE))
+    if (kiwi_hold_move(KIWI_HOLD_IDLE))
         kiwi_comm.stats.queue_position = 0;
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_warn("giving the GPU back (%s); asking again in %.1f s", why, backoff);
     kiwi_residency_evicted(NULL, why); /* with the memory feature: the daemon hears why */
-    kiwi_release_seq = kiwi_link_request("release", "");
+    kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
 }
 
 /* The daemon asks an idle process to move its memory to host memory now (the memory feature):
@@ -36,7 +38,9 @@ static void give_grant_back(const char *why)
 static void on_evict(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    bool holding = kiwi_comm.stats.hold == KIWI_HOLDING || kiwi_comm.stats.hold == KIWI_RELEASING;
+    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    bool holding = hold == KIWI_HOLD_HOLDING || hold == KIWI_HOLD_DROPPING ||
+                   hold == KIWI_HOLD_RELEASING;
     pthread_mutex_unlock(&kiwi_lock);
     if (holding)
         kiwi_residency_evicted(NULL, "holding the GPU: a drop moves its memory");
@@ -54,16 +58,19 @@ static void on_grant(const char *line)
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     pthread_mutex_lock(&kiwi_lock);
-    bool expected = kiwi_comm.stats.hold == KIWI_WAITING;
+    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    /* In DROPPING, a grant withdraws the drop (mode off). */
+    bool expected = hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING ||
+                    hold == KIWI_HOLD_DROPPING;
     /* A checkpointed process was restored by the daemon before this grant was sent. Memory the
      * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
     bool restore = !kiwi_pager_checkpointing() &&
                    (kiwi_pager_away() || (ws.evictable && !kiwi_cfg.restore_by_fault));
     /* To a daemon that hears where memory is, a report after the restore ends it. */
-    bool report = kiwi_link_memory() && (kiwi_comm.stats.evicted || kiwi_pager_away());
+    bool report = kiwi_session_memory() && (kiwi_comm.stats.evicted || kiwi_pager_away());
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
-        return; /* a grant that crossed our release on the wire: the release ended it */
+        return; /* a grant that crossed our release or cancel: the release ended it */
     struct kiwi_transfer moved = {0};
     if (restore)
         kiwi_pager_move(KIWI_PAGE_IN, &moved);
@@ -81,7 +88,7 @@ static void on_grant(const char *line)
     }
     if (report)
         kiwi_news_set(KIWI_NEWS_WORKING_SET); /* where the memory is now: back (residency.c) */
-    if (!kiwi_hold_move(KIWI_HOLDING)) {
+    if (!kiwi_hold_move(KIWI_HOLD_HOLDING)) {
         pthread_mutex_unlock(&kiwi_lock);
         return;
     }
@@ -105,7 +112,7 @@ static void on_grant(const char *line)
 static void on_turn(bool pause)
 {
     pthread_mutex_lock(&kiwi_lock);
-    if (kiwi_comm.stats.hold == KIWI_HOLDING && kiwi_comm.stats.paused != pause) {
+    if (kiwi_comm.stats.hold == KIWI_HOLD_HOLDING && kiwi_comm.stats.paused != pause) {
         kiwi_comm.stats.paused = pause;
         if (pause) {
             kiwi_comm.stats.pauses++;
@@ -118,18 +125,28 @@ static void on_turn(bool pause)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-void kiwi_comm_handle_line(const char *line)
+void kiwi_dispatch_line(const char *line)
 {
     char op[32] = "";
     kiwi_json_string(line, "op", op, sizeof op);
     kiwi_log("<- %s", line);
     double seq = -1;
     kiwi_json_number(line, "seq", &seq);
+    enum kiwi_handshake handshake = kiwi_session_handshake(op, seq, line);
+    if (handshake == KIWI_HANDSHAKE_REGISTERED)
+        kiwi_ask_if_wanted(); /* what was wanted while away is asked now */
+    else if (handshake == KIWI_HANDSHAKE_REFUSED)
+        kiwi_link_close("registration refused");
+    if (handshake != KIWI_HANDSHAKE_NONE)
+        return;
+    /* A request whose answer this is: the rest of the line is read below, as an event is. */
+    bool cancelled = kiwi_ask_cancel_answered(seq);
+    bool answers_ask = kiwi_ask_answered(op, seq);
     if (kiwi_yield_seq && seq == (double)kiwi_yield_seq) {
         kiwi_release_on_yield_answer(op, line);
     } else if (strcmp(op, "grant") == 0) {
         on_grant(line);
-    } else if (strcmp(op, "evict") == 0) {
+    } else if (strcmp(op, KIWI_OP_EVICT) == 0) {
         on_evict();
     } else if (strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) {
         on_turn(op[0] == 'p');
@@ -137,25 +154,31 @@ void kiwi_comm_handle_line(const char *line)
         double position = 0;
         kiwi_json_number(line, "position", &position);
         pthread_mutex_lock(&kiwi_lock);
+        if (answers_ask && kiwi_comm.stats.hold == KIWI_HOLD_ASKING)
+            kiwi_hold_move(KIWI_HOLD_WAITING);
         /* An event may cross a release of the wait: a process not waiting has no place. */
-        if (kiwi_comm.stats.hold == KIWI_WAITING)
+        if (kiwi_comm.stats.hold == KIWI_HOLD_WAITING)
             kiwi_comm.stats.queue_position = (int)position;
         pthread_mutex_unlock(&kiwi_lock);
     } else if (strcmp(op, "drop") == 0) {
+        /* Read while not holding, it crossed our release, and changes nothing. */
         pthread_mutex_lock(&kiwi_lock);
-        bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
-        if (holding)
+        bool dropped = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING &&
+                       kiwi_hold_move(KIWI_HOLD_DROPPING);
+        if (dropped)
             kiwi_comm.stats.drops++;
         pthread_mutex_unlock(&kiwi_lock);
-        if (holding)
-            kiwi_release_sequence(kiwi_json_true(line, "evict"), "drop");
+        if (dropped)
+            kiwi_release_dropped(kiwi_json_true(line, "evict"), false);
     } else if (strcmp(op, "revoked") == 0) {
         /* Usually read after our own late release (the drain outlasted the grace period), so
          * the hold may already be idle; it is counted either way, because the next holder
          * may have started while this process still had work running. */
         pthread_mutex_lock(&kiwi_lock);
         kiwi_comm.stats.revokes++;
-        if (kiwi_comm.stats.hold == KIWI_HOLDING && kiwi_hold_move(KIWI_IDLE)) {
+        enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+        if ((hold == KIWI_HOLD_HOLDING || hold == KIWI_HOLD_DROPPING) &&
+            kiwi_hold_move(KIWI_HOLD_IDLE)) {
             kiwi_comm.stats.paused = false;
             kiwi_gate_close();
         }
@@ -165,7 +188,8 @@ void kiwi_comm_handle_line(const char *line)
     } else if (strcmp(op, "released") == 0) {
         pthread_mutex_lock(&kiwi_lock);
         bool evict = seq == (double)kiwi_release_seq && kiwi_json_true(line, "evict") &&
-                     !kiwi_comm.stats.evicted && kiwi_comm.stats.hold != KIWI_HOLDING;
+                     !kiwi_comm.stats.evicted && kiwi_comm.stats.hold != KIWI_HOLD_HOLDING &&
+                     kiwi_comm.stats.hold != KIWI_HOLD_DROPPING;
         if (evict && kiwi_pager_checkpointing()) {
             kiwi_comm.stats.evicted = true; /* the daemon is checkpointing this process */
             kiwi_comm.stats.evictions++;
@@ -186,4 +210,12 @@ void kiwi_comm_handle_line(const char *line)
             strcmp(code, "state") != 0)
             kiwi_link_close(code);
     }
+    if (cancelled)
+        kiwi_ask_if_wanted(); /* asked again while the cancel was on its way */
+}
+
+void kiwi_comm_handle_line(const char *line)
+{
+    kiwi_dispatch_line(line);
+    kiwi_release_carry_out();
 }

@@ -1,9 +1,7 @@
 /* The connection to the daemon: a Unix socket speaking docs/protocol.md, one JSON object per
- * line. Only the comm thread calls these. The register line's fields are built apart
- * (registration.c), since they come from the user and must be quoted and bounded with care.
- * The link carries lines and knows nothing of what they mean: a line that comes while it
- * awaits a reply goes to the handler the comm thread gave it (dispatch.c's), and a lost
- * connection is told to outage.c.
+ * line. Only the comm thread calls these. The link carries lines and knows nothing of what
+ * they mean: what to say (hello, register, the requests) is session.c's, which hands its lines
+ * to kiwi_link_send, and a lost connection is told to outage.c.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,7 +17,6 @@
 static int link_fd = -1;
 static char inbox[65536]; /* daemon lines other than status are under 1 KiB */
 static size_t inbox_length;
-static unsigned next_seq;
 
 bool kiwi_link_up(void)
 {
@@ -50,7 +47,7 @@ void kiwi_link_after_fork(void)
     inbox_length = 0;
 }
 
-static bool send_line(const char *line)
+bool kiwi_link_send(const char *line)
 {
     if (link_fd < 0)
         return false;
@@ -71,15 +68,6 @@ static bool send_line(const char *line)
         sent += (size_t)k;
     }
     return true;
-}
-
-unsigned kiwi_link_request(const char *op, const char *fields)
-{
-    char line[2200];
-    unsigned seq = ++next_seq;
-    snprintf(line, sizeof line, "{\"op\":\"%s\",\"seq\":%u%s%s}", op, seq, *fields ? "," : "",
-             fields);
-    return send_line(line) ? seq : 0;
 }
 
 bool kiwi_link_next_line(char *line, size_t size)
@@ -116,73 +104,7 @@ bool kiwi_link_fill(double timeout)
     return true;
 }
 
-/* Waits up to timeout for the reply to seq (or, with seq 0, for a line whose op is op),
- * handing events that arrive first to on_event. The reply is left in line. */
-static bool await_reply(const char *op, unsigned seq, char *line, size_t size, double timeout,
-                        void (*on_event)(const char *line))
-{
-    double deadline = kiwi_now() + timeout;
-    while (link_fd >= 0) {
-        while (kiwi_link_next_line(line, size)) {
-            char got[32] = "";
-            double got_seq = -1;
-            kiwi_json_string(line, "op", got, sizeof got);
-            kiwi_json_number(line, "seq", &got_seq);
-            if ((seq && got_seq == (double)seq) || (!seq && strcmp(got, op) == 0))
-                return strcmp(got, op) == 0;
-            on_event(line);
-        }
-        double left = deadline - kiwi_now();
-        if (left <= 0)
-            return false;
-        kiwi_link_fill(left);
-    }
-    return false;
-}
-
-/* Position events (hello feature "position"): whether the latest welcome listed them. The
- * daemon writes compact JSON, "features":["position",...], and the list holds no brackets. */
-static bool position_events;
-
-static bool welcome_lists(const char *welcome, const char *feature)
-{
-    const char *list = strstr(welcome, "\"features\":[");
-    if (!list)
-        return false;
-    const char *end = strchr(list, ']');
-    char quoted[48];
-    snprintf(quoted, sizeof quoted, "\"%s\"", feature);
-    const char *found = strstr(list, quoted);
-    return end && found && found < end;
-}
-
-bool kiwi_link_position_events(void)
-{
-    return position_events;
-}
-
-/* The memory feature (residency.c): whether the latest welcome listed it. */
-static bool memory_feature;
-
-bool kiwi_link_memory(void)
-{
-    return memory_feature && link_fd >= 0;
-}
-
-/* A daemon that predates the vmm evictor refuses it by name in register (an invalid value,
- * which leaves the connection open). */
-static bool refused_vmm(const char *reply)
-{
-    char op[16] = "", code[16] = "", message[256] = "";
-    kiwi_json_string(reply, "op", op, sizeof op);
-    kiwi_json_string(reply, "code", code, sizeof code);
-    kiwi_json_string(reply, "message", message, sizeof message);
-    return strcmp(op, "error") == 0 && strcmp(code, "invalid") == 0 &&
-           strstr(message, "evict") && strcmp(kiwi_evict_proposal(), "vmm") == 0;
-}
-
-bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
-                       void (*on_event)(const char *line))
+bool kiwi_link_open(void)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -195,32 +117,5 @@ bool kiwi_link_connect(uint64_t working_set, char *registered, size_t size,
     }
     link_fd = fd;
     inbox_length = 0;
-    /* Asking for position events costs nothing on the hot path (the daemon coalesces them)
-     * and lets the waiting line show the place in the queue without asking for the status. */
-    send_line("{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-shim " KIWI_SHIM_VERSION
-              "\",\"features\":[\"position\",\"memory\"]}");
-    if (!await_reply("welcome", 0, registered, size, 5.0, on_event)) {
-        kiwi_link_close("no welcome from the daemon");
-        return false;
-    }
-    position_events = welcome_lists(registered, "position");
-    memory_feature = welcome_lists(registered, "memory");
-    char fields[2048];
-    kiwi_registration_fields(fields, sizeof fields, working_set, false, memory_feature);
-    unsigned seq = kiwi_link_request("register", fields);
-    bool done = seq && await_reply("registered", seq, registered, size, 5.0, on_event);
-    if (!done && link_fd >= 0 && refused_vmm(registered)) {
-        kiwi_log("the daemon does not know the vmm evictor; registering as managed (this "
-                 "process pages itself either way)");
-        kiwi_registration_fields(fields, sizeof fields, working_set, true, memory_feature);
-        seq = kiwi_link_request("register", fields);
-        done = seq && await_reply("registered", seq, registered, size, 5.0, on_event);
-    }
-    if (!done) {
-        kiwi_warn("the daemon did not register this process: %s",
-                  link_fd >= 0 ? registered : "connection lost");
-        kiwi_link_close("registration refused");
-        return false;
-    }
     return true;
 }

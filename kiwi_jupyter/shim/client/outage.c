@@ -16,8 +16,11 @@ void kiwi_comm_link_lost(const char *why)
     kiwi_comm.stats.position_live = false;
     kiwi_comm.outage_since = kiwi_now();
     kiwi_yield_seq = 0;
-    /* Whatever was held went with the connection. */
-    if (kiwi_comm.stats.hold != KIWI_IDLE && kiwi_hold_move(KIWI_IDLE)) {
+    kiwi_ask_after_lost();
+    kiwi_session_closed();
+    /* Whatever was held or asked went with the connection. */
+    kiwi_comm.stats.queue_position = 0;
+    if (kiwi_comm.stats.hold != KIWI_HOLD_IDLE && kiwi_hold_move(KIWI_HOLD_IDLE)) {
         kiwi_comm.stats.paused = false;
         kiwi_gate_close();
     }

@@ -162,7 +162,8 @@ enum kiwi_hold_state {
     KIWI_HOLD_WAITING,
     /* the GPU is this client's */
     KIWI_HOLD_HOLDING,
-    /* still this client's, but the daemon asked for it back (a drop): release soon */
+    /* still this client's, but the daemon asked for it back (a drop): release soon (the
+     * shim: also while its release sequence runs) */
     KIWI_HOLD_DROPPING,
     /* a release is out whose answer decides what happens: a cancelled wait (a grant read
      * meanwhile crossed it) or a release with evict_first (answered released or drop);
@@ -211,7 +212,7 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
         /* -> IDLE: release sent (a plain one: the GPU changes hands at once); revoked; the
          * connection was lost */
         /* -> ASKING: release with requeue sent */
-        /* -> DROPPING: drop event */
+        /* -> DROPPING: drop event; the shim: its release sequence begins */
         /* -> RELEASING: release with evict_first sent, or a release whose answer is awaited
          * (a cancel) */
         return to == KIWI_HOLD_IDLE ||
@@ -221,7 +222,8 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
     case KIWI_HOLD_DROPPING:
         /* -> IDLE: release sent; revoked; the connection was lost */
         /* -> ASKING: release with requeue sent */
-        /* -> HOLDING: grant event: the drop is withdrawn (mode off) */
+        /* -> HOLDING: grant event: the drop is withdrawn (mode off); the shim: the release
+         * cannot go ahead yet (a graph capture is open, or synchronizing failed) */
         /* -> RELEASING: likewise */
         return to == KIWI_HOLD_IDLE ||
                to == KIWI_HOLD_ASKING ||

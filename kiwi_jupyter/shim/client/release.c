@@ -13,6 +13,13 @@
  * predates evict_first ignores it and answers `released` with `evict: true`: the eviction then
  * runs right after, as the only thing left to do.)
  *
+ * The hold is DROPPING from the first step to the release (a drop read, or the sequence begun
+ * of the process's own accord), back to HOLDING when it cannot go ahead now, and RELEASING
+ * while a release with evict_first awaits its answer. What decides (the moves, the lines sent)
+ * is kept apart from what carries it out (the gate, the pager): kiwi_release_finish and
+ * kiwi_release_ask_evict_first are the decisions, which the conformance entry points call
+ * alone; dispatch.c reads a drop, and kiwi_release_carry_out runs the sequence it asks for.
+ *
  * Under the checkpoint evictor (mechanisms/pager.c) the sequence is the same with nothing to
  * move: the daemon locks and checkpoints the process from outside after the release, when the
  * room is needed, and restores it before the next grant. The comm thread then makes no CUDA call of
@@ -34,8 +41,8 @@ void kiwi_release_evict_now(void)
     if (kiwi_pager_checkpointing())
         return; /* the daemon moves this process, from outside */
     /* With the memory feature the daemon hears the way out as it goes (residency.c). */
-    struct kiwi_transfer moved = {.progress = kiwi_link_memory() ? kiwi_residency_progress
-                                                                 : NULL};
+    struct kiwi_transfer moved = {.progress = kiwi_session_memory() ? kiwi_residency_progress
+                                                                    : NULL};
     if (kiwi_pager_movable()) {
         kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
         kiwi_pager_move(KIWI_PAGE_OUT, &moved);
@@ -60,11 +67,18 @@ static struct {
     bool yield;
 } deferred;
 
+/* What a drop read left to do (kiwi_release_dropped), while the hold is DROPPING. */
+static struct {
+    bool evict;
+    bool quiesced; /* the answer to evict_first: steps 1 and 2 are done */
+} dropped;
+
 static void keep_holding(void)
 {
     pthread_mutex_lock(&kiwi_lock);
     /* A holder paused for another's turn waits for its resume. */
-    if (kiwi_hold_move(KIWI_HOLDING) && !kiwi_comm.stats.paused)
+    if (kiwi_comm.stats.hold == KIWI_HOLD_DROPPING && kiwi_hold_move(KIWI_HOLD_HOLDING) &&
+        !kiwi_comm.stats.paused)
         kiwi_gate_open();
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
@@ -74,7 +88,7 @@ static void keep_holding(void)
 static void released(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    if (kiwi_hold_move(KIWI_IDLE)) {
+    if (kiwi_hold_move(KIWI_HOLD_IDLE)) {
         kiwi_comm.stats.paused = false;
         kiwi_comm.stats.releases++;
     }
@@ -90,11 +104,14 @@ enum quiesced { QUIESCED, CAPTURING, NOT_SYNCHRONIZED };
  * still be running and the GPU is not released (the daemon revokes it after its grace). */
 static enum quiesced quiesce(const char *why, bool evict)
 {
-    if (kiwi_capture_open() > 0)
+    if (kiwi_capture_open() > 0) {
+        keep_holding(); /* a drop read: held on, gate open, until the capture is over */
         return CAPTURING;
+    }
     kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_hold_move(KIWI_RELEASING);
+    if (kiwi_comm.stats.hold == KIWI_HOLD_HOLDING)
+        kiwi_hold_move(KIWI_HOLD_DROPPING);
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
@@ -124,21 +141,60 @@ static void defer(const char *why)
  * feature the release goes first, saying the memory is on its way out (`evicting`): the hold
  * ends now, compute being quiesced, and the next holder's way in may overlap this way out,
  * which the progress reports and `evicted` follow. */
+static void finish_evicting(void)
+{
+    released();
+    kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICTING "\":true");
+    kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
+}
+
 static void finish_release(bool evict)
 {
-    if (evict && kiwi_link_memory() && !kiwi_pager_checkpointing()) {
-        released();
-        kiwi_link_request("release", "\"evicting\":true");
-        kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
+    if (evict && kiwi_session_memory() && !kiwi_pager_checkpointing()) {
+        finish_evicting();
         kiwi_release_evict_now();
         return;
     }
     if (evict)
         kiwi_release_evict_now();
+    kiwi_release_finish();
+}
+
+void kiwi_release_finish(void)
+{
     /* Idle before the release leaves: once the daemon has it, the next holder may be running,
      * and nothing here may still say this process holds the GPU. */
     released();
-    kiwi_release_seq = kiwi_link_request("release", "");
+    kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
+}
+
+void kiwi_release_ask_evict_first(void)
+{
+    /* RELEASING, not holding: if the daemon hands over at once, the next holder may be
+     * running before the answer is read. */
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_hold_move(KIWI_HOLD_RELEASING);
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_yield_seq = kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICT_FIRST "\":true");
+}
+
+void kiwi_release_dropped(bool evict, bool quiesced)
+{
+    dropped.evict = evict;
+    dropped.quiesced = quiesced;
+}
+
+void kiwi_release_carry_out(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool dropping = kiwi_comm.stats.hold == KIWI_HOLD_DROPPING;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (!dropping)
+        return;
+    if (dropped.quiesced)
+        finish_release(dropped.evict);
+    else
+        kiwi_release_sequence(dropped.evict, "drop");
 }
 
 /* The daemon asked for the GPU back and said whether the next holder needs the room. */
@@ -170,19 +226,21 @@ void kiwi_release_yield(const char *why)
         finish_release(false);
         return;
     }
-    /* The hold stays KIWI_RELEASING, not holding: if the daemon hands over at once, the next
-     * holder may be running before the answer is read. */
-    kiwi_yield_seq = kiwi_link_request("release", "\"evict_first\":true");
+    kiwi_release_ask_evict_first();
 }
 
 /* The answer to a release sent with evict_first: `released` (handed over; nothing to move)
- * or a `drop` with our seq (the hold is kept until the working set is out). An error that
- * leaves the connection open still must not leave the hold half released: release plainly. */
+ * or a `drop` with our seq (the hold is kept, DROPPING, until the working set is out: carried
+ * out by kiwi_release_carry_out). An error that leaves the connection open still must not
+ * leave the hold half released: release plainly. */
 void kiwi_release_on_yield_answer(const char *op, const char *line)
 {
     kiwi_yield_seq = 0;
     if (strcmp(op, "drop") == 0) {
-        finish_release(kiwi_json_true(line, "evict"));
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_hold_move(KIWI_HOLD_DROPPING);
+        pthread_mutex_unlock(&kiwi_lock);
+        kiwi_release_dropped(kiwi_json_true(line, "evict"), true);
         return;
     }
     if (strcmp(op, "released") != 0) {
@@ -202,7 +260,7 @@ void kiwi_release_act_deferred(void)
     if ((!deferred.drop && !deferred.yield) || kiwi_capture_open() > 0)
         return;
     pthread_mutex_lock(&kiwi_lock);
-    bool holding = kiwi_comm.stats.hold == KIWI_HOLDING;
+    bool holding = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING;
     pthread_mutex_unlock(&kiwi_lock);
     bool drop = deferred.drop, evict = deferred.evict;
     deferred.drop = deferred.yield = false;

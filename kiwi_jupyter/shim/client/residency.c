@@ -21,7 +21,8 @@ static double last_report; /* the comm thread's own */
 static void append_residency(char *fields, size_t size, const struct kiwi_residency *where)
 {
     size_t n = strlen(fields);
-    snprintf(fields + n, size - n, "%s\"resident\":%llu,\"host\":%llu", n ? "," : "",
+    snprintf(fields + n, size - n,
+             "%s\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu", n ? "," : "",
              (unsigned long long)where->resident, (unsigned long long)where->host);
 }
 
@@ -30,17 +31,18 @@ static void send_working_set(const struct kiwi_residency *where)
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     char fields[160];
-    snprintf(fields, sizeof fields, "\"bytes\":%llu,\"evictable\":%llu",
+    snprintf(fields, sizeof fields,
+             "\"" KIWI_FIELD_BYTES "\":%llu,\"" KIWI_FIELD_EVICTABLE "\":%llu",
              (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
     if (where)
         append_residency(fields, sizeof fields, where);
-    kiwi_link_request("working_set", fields);
+    kiwi_session_request(KIWI_OP_WORKING_SET, fields);
     last_report = kiwi_now();
 }
 
 double kiwi_residency_report(void)
 {
-    if (!kiwi_link_memory()) {
+    if (!kiwi_session_memory()) {
         send_working_set(NULL); /* today's report, as soon as the news comes */
         return 0;
     }
@@ -63,7 +65,7 @@ void kiwi_residency_progress(const struct kiwi_residency *now, void *unused)
 
 void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed)
 {
-    if (!kiwi_link_memory())
+    if (!kiwi_session_memory())
         return;
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
@@ -71,13 +73,14 @@ void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *faile
     append_residency(fields, sizeof fields, &where);
     size_t n = strlen(fields);
     if (failed) {
-        snprintf(fields + n, sizeof fields - n, ",\"failed\":");
+        snprintf(fields + n, sizeof fields - n, ",\"" KIWI_FIELD_FAILED "\":");
         kiwi_json_quote(fields, sizeof fields, failed);
     } else {
-        snprintf(fields + n, sizeof fields - n, ",\"moved\":%llu,\"seconds\":%.6f",
+        snprintf(fields + n, sizeof fields - n,
+                 ",\"" KIWI_FIELD_MOVED "\":%llu,\"" KIWI_FIELD_SECONDS "\":%.6f",
                  (unsigned long long)(moved ? moved->bytes : 0), moved ? moved->seconds : 0.0);
     }
-    kiwi_link_request("evicted", fields);
+    kiwi_session_request(KIWI_OP_EVICTED, fields);
     last_report = kiwi_now();
 }
 

@@ -17,6 +17,7 @@
 #include "client.h"
 
 static atomic_bool started;
+static atomic_bool held_off; /* the conformance entry points drive the client: no thread */
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
@@ -40,6 +41,8 @@ static void after_fork_child(void)
     pthread_mutex_init(&start_lock, NULL);
     kiwi_news_after_fork();
     kiwi_link_after_fork();
+    kiwi_session_after_fork();
+    kiwi_ask_after_lost();
     kiwi_release_after_fork();
     kiwi_residency_after_fork();
     for (int i = 0; i < 2; i++) {
@@ -75,13 +78,22 @@ bool kiwi_comm_started(void)
     return atomic_load(&started);
 }
 
+bool kiwi_comm_hold_off(void)
+{
+    pthread_mutex_lock(&start_lock);
+    if (!atomic_load(&started))
+        atomic_store(&held_off, true);
+    pthread_mutex_unlock(&start_lock);
+    return atomic_load(&held_off);
+}
+
 void kiwi_comm_start(void)
 {
-    if (!kiwi_cfg.enabled || atomic_load(&started))
+    if (!kiwi_cfg.enabled || atomic_load(&started) || atomic_load(&held_off))
         return;
     pthread_once(&fork_once, register_fork_handlers);
     pthread_mutex_lock(&start_lock);
-    if (!atomic_load(&started) && pipe2(kiwi_wake_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+    if (!atomic_load(&started) && !atomic_load(&held_off) && pipe2(kiwi_wake_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
         kiwi_news_listen(kiwi_wake_pipe[1]);
         pthread_mutex_lock(&kiwi_lock);
         kiwi_comm.outage_since = kiwi_now();

@@ -20,10 +20,11 @@ void kiwi_comm_cell_begin(void)
 {
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.in_cell = true;
+    kiwi_comm.ask_refused = false; /* a refused acquire is asked again for a new cell */
     /* A checkpointed process's driver calls block until it is restored, and not all of them
      * pass the gate (queries, module loads): a cell asks for the GPU at once instead. */
     if (kiwi_comm.stats.evicted && kiwi_pager_checkpointing() &&
-        kiwi_comm.stats.hold == KIWI_IDLE) {
+        kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
         kiwi_comm.acquire_wanted = true;
         kiwi_news_wake();
     }
@@ -41,8 +42,9 @@ int kiwi_comm_acquire(double timeout)
     int result = 0;
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.acquire_wanted = true;
+    kiwi_comm.ask_refused = false;
     kiwi_news_wake();
-    while (kiwi_comm.stats.hold != KIWI_HOLDING && !kiwi_comm.stats.failed_open) {
+    while (kiwi_comm.stats.hold != KIWI_HOLD_HOLDING && !kiwi_comm.stats.failed_open) {
         if (kiwi_gate_refusing()) {
             result = -1;
             break;
@@ -69,6 +71,7 @@ int kiwi_comm_release(void)
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.in_cell = false;
     kiwi_comm.acquire_wanted = false;
+    kiwi_comm.ask_refused = false;
     if (!kiwi_comm_started()) {
         pthread_mutex_unlock(&kiwi_lock);
         return 0;

@@ -1,0 +1,153 @@
+/* The conformance entry points (docs/protocol.md, "Conformance"): the protocol's transcripts
+ * (tests/protocol/transcripts) drive the client through these, in a process of their own, on
+ * the caller's thread, with the comm thread never started and no socket. They call the very
+ * decisions the comm thread makes (session.c, asking.c, dispatch.c, release.c); only where the
+ * lines go differs: into a buffer the caller reads, instead of down the socket. What the comm
+ * thread does beyond the decisions is left out: no release sequence after a drop (the gate, the
+ * pager), no idle release, no asking for threads waiting at the gate (there are none).
+ *
+ * A process whose client has started cannot use them, and one that used them never starts its
+ * client: the two would share the one hold.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "client.h"
+
+static bool usable;
+static char sent[1 << 16];
+static size_t sent_length;
+
+static bool keep(const char *line)
+{
+    size_t length = strlen(line);
+    if (sent_length + length + 2 > sizeof sent)
+        return false;
+    memcpy(sent + sent_length, line, length);
+    sent_length += length;
+    sent[sent_length++] = '\n';
+    sent[sent_length] = '\0';
+    return true;
+}
+
+/* A fresh client: no connection, hold IDLE, nothing wanted, nothing sent. */
+KIWI_EXPORT void kiwi_conformance_reset(void)
+{
+    kiwi_init();
+    usable = kiwi_comm_hold_off();
+    if (!usable) {
+        kiwi_warn("the conformance entry points need a process whose client has not started");
+        return;
+    }
+    pthread_mutex_lock(&kiwi_lock);
+    memset(&kiwi_comm, 0, sizeof kiwi_comm); /* the hold too: idle (hold.c) */
+    kiwi_gate_refuse(false);
+    kiwi_gate_close();
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_session_after_fork();
+    kiwi_ask_after_lost();
+    kiwi_release_after_fork();
+    kiwi_release_seq = 0;
+    kiwi_session_send_to(keep);
+    sent_length = 0;
+    sent[0] = '\0';
+}
+
+static void set_wish(bool wanted)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.acquire_wanted = wanted;
+    kiwi_comm.ask_refused = false;
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+static bool holds(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    pthread_mutex_unlock(&kiwi_lock);
+    return hold == KIWI_HOLD_HOLDING || hold == KIWI_HOLD_DROPPING;
+}
+
+/* 0 after doing call, -1 for a call it does not know (or before a usable reset). */
+KIWI_EXPORT int kiwi_conformance_call(const char *call)
+{
+    if (!usable || !call)
+        return -1;
+    if (strcmp(call, "connect") == 0) {
+        kiwi_session_connect();
+    } else if (strcmp(call, "lost") == 0) {
+        kiwi_comm_link_lost("the transcript says so");
+    } else if (strcmp(call, "ask") == 0) { /* as kiwi_shim_acquire, then the comm thread */
+        set_wish(true);
+        kiwi_ask_if_wanted();
+    } else if (strcmp(call, "release") == 0) {
+        /* As a cell's end: a hold is given back (the sequence's last step), a request taken
+         * back. */
+        set_wish(false);
+        if (holds())
+            kiwi_release_finish();
+        else
+            kiwi_ask_cancel();
+    } else if (strcmp(call, "cancel") == 0) { /* a request only: the shim gives a hold back
+                                                 through its release sequence */
+        set_wish(false);
+        kiwi_ask_cancel();
+    } else if (strcmp(call, "yield") == 0) {
+        set_wish(false);
+        if (holds())
+            kiwi_release_ask_evict_first();
+    } else if (strcmp(call, "requeue") == 0) {
+        kiwi_ask_requeue();
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* One line from the daemon, without its newline, as the comm thread reads it. */
+KIWI_EXPORT void kiwi_conformance_receive(const char *line)
+{
+    if (usable && line)
+        kiwi_dispatch_line(line);
+}
+
+/* The lines sent since the last call, each ended by a newline, NUL-terminated as size allows;
+ * returns their length. */
+KIWI_EXPORT size_t kiwi_conformance_sent(char *out, size_t size)
+{
+    size_t length = sent_length;
+    if (out && size)
+        snprintf(out, size, "%s", sent);
+    sent_length = 0;
+    sent[0] = '\0';
+    return length;
+}
+
+/* The hold, as enum kiwi_hold_state (protocol.h). */
+KIWI_EXPORT int kiwi_hold_state(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    int hold = (int)kiwi_comm.stats.hold;
+    pthread_mutex_unlock(&kiwi_lock);
+    return hold;
+}
+
+/* The queue position (0 when not waiting). */
+KIWI_EXPORT int kiwi_conformance_position(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    int position = kiwi_comm.stats.queue_position;
+    pthread_mutex_unlock(&kiwi_lock);
+    return position;
+}
+
+/* 1 while a holder beside this one has its turn. */
+KIWI_EXPORT int kiwi_conformance_paused(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    int paused = kiwi_comm.stats.paused ? 1 : 0;
+    pthread_mutex_unlock(&kiwi_lock);
+    return paused;
+}
