@@ -148,7 +148,7 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, b
     if (display && *display) {
         char fit[DISPLAY_NAME_BYTES + 1];
         fit_display_name(fit, sizeof fit, display);
-        append_quoted(fields, size, "display_name", fit);
+        append_quoted(fields, size, KIWI_FIELD_DISPLAY_NAME, fit);
     }
     char uuid[sizeof kiwi_cfg.gpu_uuid];
     if (gpu_uuid(uuid, sizeof uuid)) {
@@ -164,7 +164,8 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, b
         struct kiwi_residency where;
         kiwi_pager_residency(&where);
         n = strlen(fields);
-        snprintf(fields + n, size - n, ",\"resident\":%llu,\"host\":%llu",
+        snprintf(fields + n, size - n,
+                 ",\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu",
                  (unsigned long long)where.resident, (unsigned long long)where.host);
     }
 }
