@@ -2,7 +2,8 @@
  * working set), drops leave the GPU to be given back, pauses close the gate while another
  * holder has its turn and resumes open it again; the rest is counted and kept for the stats.
  * kiwi_dispatch_line decides; kiwi_comm_handle_line, the comm thread's, then carries out what
- * a drop leaves to do (the release sequence, release.c). The conformance entry points
+ * a drop leaves to do (the release sequence, release.c), or an `evict` (the way out, then
+ * `evicted`: the memory feature, residency.c). The conformance entry points
  * (conformance.c) call kiwi_dispatch_line alone.
  */
 #define _GNU_SOURCE
@@ -32,9 +33,12 @@ static void give_grant_back(const char *why)
     kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
 }
 
+/* An `evict` read, for kiwi_comm_handle_line to carry out. */
+static bool evict_asked;
+
 /* The daemon asks an idle process to move its memory to host memory now (the memory feature):
- * it evicts, reports as it goes, and answers `evicted`. A holder never gets this (it gets a
- * drop); should one come, it says it cannot. */
+ * it evicts, reports as it goes, and answers `evicted` (carried out after the line is read). A
+ * holder never gets this (it gets a drop); should one come, it says it cannot. */
 static void on_evict(void)
 {
     pthread_mutex_lock(&kiwi_lock);
@@ -47,7 +51,7 @@ static void on_evict(void)
     else if (kiwi_pager_checkpointing())
         kiwi_residency_evicted(NULL, "the checkpoint evictor: the daemon moves this process");
     else
-        kiwi_release_evict_now();
+        evict_asked = true;
 }
 
 static void on_grant(const char *line)
@@ -218,4 +222,8 @@ void kiwi_comm_handle_line(const char *line)
 {
     kiwi_dispatch_line(line);
     kiwi_release_carry_out();
+    if (evict_asked) {
+        evict_asked = false;
+        kiwi_release_evict_now();
+    }
 }
