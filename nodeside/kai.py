@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from nodeside.scheduler.pools import UNLIMITED, Pool
+from nodeside.model import UNLIMITED, Pool
 
 QUEUE_API_VERSION = "scheduling.run.ai/v2"
 QUEUE_LABEL = "kai.scheduler/queue"

@@ -12,7 +12,7 @@ to one cause, the first that applies:
 * ``handoff: memory moves``: another holder's grant is moving memory;
 * ``handoff: holder giving back``: the holder was asked to leave and has not yet;
 * ``held back: a light request's turn``: mode auto under ``policy: interactive``, it is heavy
-  beside a light holder in its turn (``nodeside.scheduler.aside``);
+  beside a light holder in its turn (``nodeside.scheduler.light_first``);
 * ``holder's remaining quantum``: it is next, and the holder works on; under a policy that cuts
   quanta, split by why the quantum is not cut yet: ``LOW never cuts``, ``not lighter than
   half the holder`` (``CUT_RATIO``), ``cut due`` (after the first quantum or the memory
@@ -175,7 +175,8 @@ class Explain:
         las = policy if isinstance(policy, InteractivePolicy) else None
         if policy.over_maximum(gpu, waiter.pool, replay.now):
             return "pool at its maximum"
-        if policy.holds_back(gpu, waiter, replay.now):
+        light_first = policy.light_first
+        if light_first is not None and light_first.holds_back(gpu, waiter, replay.now):
             return HELD_BACK
         if nxt is None or nxt.id == waiter.id:
             holder = next(iter(gpu.holders.values()), None)

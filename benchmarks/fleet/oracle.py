@@ -39,7 +39,10 @@ from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.attained import AttainedService
 from nodeside.scheduler.core import PRIORITY_RANK, Client, GpuState, Scheduler
 from nodeside.scheduler.interactive import InteractivePolicy
+from nodeside.scheduler.light import LightRequests
+from nodeside.scheduler.light_first import LightFirst
 from nodeside.scheduler.pricing import jump_quantum, switch_cost
+from nodeside.scheduler.view import PolicyView
 
 if TYPE_CHECKING:
     from benchmarks.fleet.replay import Replay
@@ -56,8 +59,8 @@ class RemainingWork(AttainedService):
     policy asks for attained service (``attained``). Its bookkeeping (which request is fresh,
     which holds are open) stays the attained service's, as the light request rule reads it."""
 
-    def __init__(self, scheduler: Scheduler, remaining: Remaining) -> None:
-        super().__init__(scheduler)
+    def __init__(self, view: PolicyView, remaining: Remaining) -> None:
+        super().__init__(view)
         self.remaining = remaining
 
     def attained(self, client_id: str, now: float) -> float:
@@ -69,8 +72,21 @@ class ClairvoyantPolicy(InteractivePolicy):
 
     def __init__(self, scheduler: Scheduler, remaining: Remaining, *,
                  low_cuts: bool = False) -> None:
-        super().__init__(scheduler)
-        self.service = RemainingWork(scheduler, remaining)
+        view = scheduler.view
+        super().__init__(view, RemainingWork(view, remaining))
+        self.light_first = ClairvoyantCuts(view, self.service, self.light, remaining,
+                                           low_cuts=low_cuts)
+        self.remaining = remaining
+        self.low_cuts = low_cuts
+
+
+class ClairvoyantCuts(LightFirst):
+    """The interactive policy's rules for the light, with the quantum priced by remaining
+    work (stepping aside, in mode auto, asks this quantum too)."""
+
+    def __init__(self, view: PolicyView, service: AttainedService, light: LightRequests,
+                 remaining: Remaining, *, low_cuts: bool) -> None:
+        super().__init__(view, service, light)
         self.remaining = remaining
         self.low_cuts = low_cuts
 
@@ -78,7 +94,7 @@ class ClairvoyantPolicy(InteractivePolicy):
                 now: float) -> float:
         if not self.low_cuts and PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
             return tq  # a LOW request never cuts a quantum short
-        handoff = switch_cost(self.scheduler, gpu, holder, winner)
+        handoff = switch_cost(self.view, gpu, holder, winner)
         # The cut moves memory twice: to the winner now, back to the holder once it is done.
         if self.remaining(winner.id, now) + 2 * handoff < self.remaining(holder.id, now):
             return 0.0  # over now

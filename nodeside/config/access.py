@@ -1,4 +1,4 @@
-"""The ``access:`` section: its rules read into ``nodeside.scheduler.access``'s types.
+"""The ``access:`` section: its rules read into the domain's types (``nodeside.model``).
 
 User and group names are resolved to ids here, once, on this node; the core only compares ids.
 """
@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nodeside.config.values import ConfigError, one_of, section
+from nodeside.model import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 from nodeside.protocol import PRIORITIES
-from nodeside.scheduler.access import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 
 _ACCESS_KEYS = {"on_violation", "default", "rules"}
 _RULE_KEYS = {"uids", "gids", "namespaces", "pools", "priorities"}

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nodeside.config.values import ConfigError, section
-from nodeside.scheduler.pools import UNLIMITED, Pool
+from nodeside.model import UNLIMITED, Pool
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
 

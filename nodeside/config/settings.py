@@ -8,15 +8,13 @@ from typing import Any
 
 from nodeside import limits
 from nodeside.config.interactive import InteractiveSettings
+from nodeside.model import POLICY_INTERACTIVE, POLICY_ROUND_ROBIN, UNLIMITED, AccessPolicy, Pool
 from nodeside.protocol import DEFAULT_POOL
-from nodeside.scheduler.access import AccessPolicy
-from nodeside.scheduler.pools import UNLIMITED, Pool
+
+# The policy names are the domain's; ``nodeside.config`` names them too, where they used to live.
+__all__ = ["DEFAULT_TQ", "POLICY_INTERACTIVE", "POLICY_ROUND_ROBIN", "SchedulerConfig"]
 
 DEFAULT_TQ = 30.0
-
-#: How the next holder is chosen within the pools' rules (docs/policy.md says when to use which).
-POLICY_ROUND_ROBIN = "round-robin"
-POLICY_INTERACTIVE = "interactive"
 
 
 @dataclass(frozen=True)
@@ -44,8 +42,8 @@ class SchedulerConfig:
     connections: limits.ConnectionLimits = field(default_factory=limits.ConnectionLimits)
     #: Who may claim which pools and priorities; None: anyone may claim anything.
     access: AccessPolicy | None = None
-    #: How the next holder is chosen: a name in ``nodeside.scheduler.policies.POLICIES``,
-    #: ``round-robin`` (the seed's rule, default) or ``interactive``.
+    #: How the next holder is chosen: one of ``nodeside.model.POLICY_NAMES``, ``round-robin``
+    #: (the seed's rule, default) or ``interactive`` (``nodeside.scheduler.policies``).
     policy: str = POLICY_ROUND_ROBIN
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from nodeside import limits
+from nodeside.model import POLICY_NAMES
 from nodeside.protocol import MODES
 
 T = TypeVar("T")
@@ -90,9 +91,7 @@ def parse_mode(value: Any, where: str = "mode") -> str:
 
 
 def parse_policy(value: Any, where: str = "policy") -> str:
-    from nodeside.scheduler.policies import POLICIES  # the policies are listed there
-
-    return one_of(value, sorted(POLICIES), where)
+    return one_of(value, sorted(POLICY_NAMES), where)
 
 
 def section(raw: Any, where: str, keys: Iterable[str]) -> Mapping[str, Any]:

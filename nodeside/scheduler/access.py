@@ -10,67 +10,18 @@ pod's namespace from the Kubernetes API (nodeside/daemon/kube.py). What a client
 itself (its environment, its labels, a namespace it names) is never used here; see
 docs/policy.md.
 
-Sans-I/O like the rest of the core: uid, gids and verified namespace in, a verdict out.
+Sans-I/O like the rest of the core: uid, gids and verified namespace in, a verdict out. The
+policy's types (``AccessPolicy``, ``AccessRule``) are the domain's, in ``nodeside.model``, where
+the config reads them too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nodeside import protocol as p
-
-ANY = "*"
-REFUSE = "refuse"
-DOWNGRADE = "downgrade"
-ON_VIOLATION = (REFUSE, DOWNGRADE)
-
-
-@dataclass(frozen=True)
-class AccessRule:
-    """Peers with one of ``uids`` or ``gids``, or whose pod is in one of ``namespaces``, may
-    use ``pools`` at ``priorities``."""
-
-    uids: frozenset[int] = frozenset()
-    gids: frozenset[int] = frozenset()
-    pools: frozenset[str] = frozenset({ANY})
-    priorities: frozenset[str] = frozenset(p.PRIORITIES)
-    namespaces: frozenset[str] = frozenset()
-
-    def matches(self, uid: int | None, gids: Iterable[int], namespace: str | None = None) -> bool:
-        return ((uid is not None and uid in self.uids) or bool(self.gids.intersection(gids))
-                or (namespace is not None and namespace in self.namespaces))
-
-    def allows(self, pool: str, priority: str) -> bool:
-        return (ANY in self.pools or pool in self.pools) and priority in self.priorities
-
-
-@dataclass(frozen=True)
-class AccessPolicy:
-    #: What everyone may claim, whatever their uid (when no rule below says more).
-    default: AccessRule = AccessRule(pools=frozenset({"default"}),
-                                     priorities=frozenset({"NORMAL", "LOW"}))
-    rules: tuple[AccessRule, ...] = ()
-    #: ``refuse``: a claim outside the policy is an E_PERMISSION error. ``downgrade``: the
-    #: client is registered with the nearest claim it may make, and a warning says so.
-    on_violation: str = REFUSE
-    uids_exempt: frozenset[int] = field(default_factory=lambda: frozenset({0}))
-
-    @property
-    def names_namespaces(self) -> bool:
-        """Whether some rule names a namespace (and so needs the daemon to verify them)."""
-        return any(r.namespaces for r in (self.default, *self.rules))
-
-    def rules_for(self, uid: int | None, gids: Iterable[int],
-                  namespace: str | None = None) -> list[AccessRule]:
-        gids = tuple(gids)
-        return [self.default, *(r for r in self.rules if r.matches(uid, gids, namespace))]
-
-    def allowed(self, uid: int | None, gids: Iterable[int], pool: str, priority: str,
-                namespace: str | None = None) -> bool:
-        if uid in self.uids_exempt:
-            return True
-        return any(r.allows(pool, priority) for r in self.rules_for(uid, gids, namespace))
+from nodeside.model import ANY, REFUSE, AccessPolicy
 
 
 @dataclass(frozen=True)

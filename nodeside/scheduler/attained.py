@@ -10,14 +10,10 @@ times its GPU time (``pricing`` cuts a quantum short for it, ``light`` lets it g
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from nodeside import protocol as p
 from nodeside.config import InteractiveSettings
 from nodeside.scheduler.state import Client
-
-if TYPE_CHECKING:
-    from nodeside.scheduler.core import Scheduler
+from nodeside.scheduler.view import PolicyView
 
 #: Seconds between a hold that ended by a drop and the client's next request within which the
 #: request goes on (the client asks again at once to continue its work); later, it is a new one.
@@ -30,20 +26,21 @@ CUT_RATIO = 0.5
 class AttainedService:
     """Each client's GPU seconds: the request in progress, and the decayed history before it."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        # Read-only use: the clients (when they asked again) and the interactive settings.
-        self.scheduler = scheduler
+    def __init__(self, view: PolicyView) -> None:
+        # The interactive settings, read each time: SIGHUP may change them.
+        self.view = view
         #: Client id -> (decayed GPU seconds of ended requests, when that was computed).
         self._used: dict[str, tuple[float, float]] = {}
         #: Client id -> GPU seconds of the request in progress (its holds so far, across drops).
         self._request: dict[str, float] = {}
         self._holding_since: dict[str, float] = {}
-        #: Client id -> when its last hold ended by a drop, its request left open (``_settle``).
-        self._dropped_at: dict[str, float] = {}
+        #: Client id -> when its last hold ended by a drop, its request left open, and the client
+        #: (``_settle`` reads when it asked again); gone with the client (``forget``).
+        self._dropped_at: dict[str, tuple[float, Client]] = {}
 
     @property
     def settings(self) -> InteractiveSettings:
-        return self.scheduler.config.interactive  # read each time: SIGHUP may change it
+        return self.view.settings.interactive
 
     def attained(self, client_id: str, now: float) -> float:
         """GPU seconds used: the request in progress in full, its open hold included, and the
@@ -80,12 +77,12 @@ class AttainedService:
         to go on. If instead it asked again only later (its cell had ended while the drop was
         out: the release answered the drop and the work both), that request was over when
         the hold ended, and its GPU time is history from then on."""
-        ended = self._dropped_at.get(client_id)
-        if ended is None:
+        dropped = self._dropped_at.get(client_id)
+        if dropped is None:
             return
-        client = self.scheduler.clients.get(client_id)
-        asked = client.requested_at if client is not None else None
-        if asked is None and client is not None and client.hold is not None:
+        ended, client = dropped
+        asked = client.requested_at
+        if asked is None and client.hold is not None:
             asked = client.hold.granted_at
         if asked is None or asked - ended <= GOES_ON_WITHIN:
             return  # not asked again yet, or asked at once: it goes on
@@ -113,7 +110,7 @@ class AttainedService:
             self._used[client.id] = (self.attained(client.id, now), now)
             self._request.pop(client.id, None)
         else:
-            self._dropped_at[client.id] = now
+            self._dropped_at[client.id] = (now, client)
 
     def fresh(self, client: Client) -> bool:
         """Has ``client``'s request not held the GPU yet (no hold open, none before a drop)?"""

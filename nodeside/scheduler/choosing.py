@@ -1,29 +1,30 @@
 """Choosing the next holder: the seam where a scheduling policy plugs in.
 
-The core asks a policy three things: who goes next on a GPU (``pick``), in which order the
-waiters can expect to be served (``order``, for queue positions), and the two pool rules that
-also drive preemption and quanta (``below_guarantee``, ``over_maximum``). ``PoolsPolicy`` is the
-default, after the KAI scheduler: the contending pool furthest below its entitlement, never a
-pool at its maximum; within a pool HIGH before NORMAL before LOW, then request order. A request
-of a pool below its guarantee goes before any split by weight.
+The core asks a policy who goes next on a GPU (``pick``), in which order the waiters can expect
+to be served (``order`` and ``position``, for queue positions), the two pool rules that also
+drive preemption and quanta (``below_guarantee``, ``over_maximum``), and why the next one is
+next (``reason``, for the status). ``PoolsPolicy`` is the default, round robin after the KAI
+scheduler: the contending pool furthest below its entitlement, never a pool at its maximum;
+within a pool HIGH before NORMAL before LOW, then request order. A request of a pool below its
+guarantee goes before any split by weight.
 
-Another policy subclasses ``PoolsPolicy`` and is listed under its config name in
-``policies.POLICIES`` (``policy: <name>`` in the config file). The hooks at the end of
-``PoolsPolicy`` (what each grant, kept turn and ended hold did; how long a quantum is; why the
-next holder is next) do nothing here: round robin needs no memory of what clients used.
+A policy reads the node through a ``PolicyView`` only (view.py), and learns what happened
+through ``observe`` if it ``observes``: round robin remembers nothing, so the core makes no
+event for it. A policy that gives the GPU's time to light clients first has a ``light_first``
+(light_first.py: cutting quanta short, stepping aside, taking turns), which the core consults;
+round robin has none. Another policy subclasses ``PoolsPolicy`` and is listed under its config
+name in ``policies.POLICIES`` (``policy: <name>`` in the config file).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
-from nodeside.config import POLICY_ROUND_ROBIN
+from nodeside.model import POLICY_ROUND_ROBIN
+from nodeside.scheduler.light_first import LightFirst
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
-
-if TYPE_CHECKING:
-    from nodeside.scheduler.core import Scheduler
+from nodeside.scheduler.view import Event, PolicyView
 
 _EPS = 1e-9
 
@@ -37,12 +38,14 @@ class PoolsPolicy:
     """Pools by entitlement, then priority, then request order."""
 
     name = POLICY_ROUND_ROBIN
-    #: Whether ``quantum`` may be shorter than the TQ (a deadline that moves with time).
-    cuts_quanta = False
+    #: Whether the policy learns from what happens (``observe``). Round robin does not: the core
+    #: makes no event for it, and a handoff costs none.
+    observes = False
+    #: The rules giving the GPU's time to light clients first, where the policy has them.
+    light_first: LightFirst | None = None
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        # Read-only use: the pools, the TQs and the GPUs' meters.
-        self.scheduler = scheduler
+    def __init__(self, view: PolicyView) -> None:
+        self.view = view
 
     def pick(self, gpu: GpuState, now: float, tail: Client | None = None) -> Client | None:
         """The next client to serve on ``gpu``, or None (nobody waits, or only capped pools).
@@ -66,7 +69,7 @@ class PoolsPolicy:
                  if not self.over_maximum(gpu, name, now, shares)}
         if len(heads) <= 1:
             return next(iter(heads.values()), None)
-        ent = entitlements(self.scheduler.pool(name) for name in contending_pools(gpu))
+        ent = entitlements(self.view.pool(name) for name in contending_pools(gpu))
 
         def urgency(c: Client) -> tuple[bool, float, int]:
             # Guarantees come first: a non-preemptible request of a pool below its guarantee
@@ -126,9 +129,9 @@ class PoolsPolicy:
         return ahead + 1
 
     def _urgency(self, gpu: GpuState, now: float) -> Callable[[str, int], float]:
-        shares = self.scheduler.shares(gpu.spec.index, now)
-        ent = entitlements(self.scheduler.pool(name) for name in contending_pools(gpu))
-        step = self.scheduler.tq_for(gpu.spec.index) / max(gpu.meter.window, _EPS)
+        shares = self.view.shares(gpu.spec.index, now)
+        ent = entitlements(self.view.pool(name) for name in contending_pools(gpu))
+        step = self.view.tq_for(gpu.spec.index) / max(gpu.meter.window, _EPS)
 
         def urgency(pool: str, j: int) -> float:
             # One expression for order and position alike, so both round the same way.
@@ -145,72 +148,21 @@ class PoolsPolicy:
         if client.preemptible:
             return False
         used = gpu.meter.shares(now, [client.pool], non_preemptible=True)[client.pool]
-        return used < self.scheduler.pool(client.pool).guarantee - _EPS
+        return used < self.view.pool(client.pool).guarantee - _EPS
 
     def over_maximum(self, gpu: GpuState, pool: str, now: float,
                      shares: Mapping[str, float] | None = None) -> bool:
-        if not self.scheduler.capped:
+        if not self.view.capped:
             return False
-        cap = self.scheduler.pool(pool).cap
+        cap = self.view.pool(pool).cap
         if cap >= 1.0:
             return False
         if shares is None or pool not in shares:
             shares = gpu.meter.shares(now, [pool])
         return shares.get(pool, 0.0) >= cap - _EPS
 
-
-    # -- hooks for policies that remember what clients used (see interactive.py) -----------
-
-    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
-                now: float) -> float:
-        """How long ``holder``'s quantum is, ``winner`` being who would go next."""
-        return tq
-
-    # -- mode auto: whether a holder steps aside for a light one (see aside.py) -------------
-
-    def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
-        """Mode auto: is ``client``, which fits, kept from being granted beside the holders?"""
-        return False
-
-    def steps_aside_for(self, gpu: GpuState, holder: Client, waiter: Client | None, tq: float,
-                        now: float) -> Client | None:
-        """The client ``holder`` is asked to step aside for now, if any (``waiter``: the one
-        ``pick`` would grant next)."""
-        return None
-
-    def aside_may_come(self, gpu: GpuState, now: float) -> bool:
-        """Mode auto: may a holder yet step aside, or a held-back request be granted, as GPU
-        time is used with no event to say so? (The core then looks again after a first
-        quantum.)"""
-        return False
-
-    # -- mode auto: holders taking turns (see taking_turns.py) ------------------------------
-
-    def turn_length(self) -> float:
-        """Seconds of a turn when pausable holders side by side take turns; 0: they do not."""
-        return 0.0
-
-    def request_work(self, client_id: str, now: float) -> float:
-        """GPU seconds the client's request in progress has worked: who has the next turn."""
-        return 0.0
-
-    def on_pause(self, client: Client, now: float) -> None:
-        """``client`` holds on, paused while another has its turn."""
-
-    def on_resume(self, client: Client, now: float) -> None:
-        """``client``'s turn: it works again."""
-
-    def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
-        """``client`` was granted ``gpu`` (already out of the waiters)."""
-
-    def on_keep(self, gpu: GpuState, holder: Client, now: float) -> None:
-        """``holder``'s quantum ended with waiters, and it won again at the tail."""
-
-    def on_hold_end(self, client: Client, now: float) -> None:
-        """``client``'s hold ends now (its ``hold`` still says how)."""
-
-    def forget(self, client_id: str) -> None:
-        """The client is gone."""
+    def observe(self, event: Event) -> None:
+        """Something happened (view.py's events); told only to a policy that ``observes``."""
 
     def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
         """Why ``nxt`` is the next holder, in words for the status document."""

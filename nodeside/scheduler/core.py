@@ -3,8 +3,8 @@
 One ``Scheduler`` arbitrates every GPU of a node. The asyncio shell (nodeside.daemon) calls a
 method for each thing that happens (a client registers, asks for its GPU, gives it back, goes
 away; an admin changes the mode or the TQ; time passes) and carries out the actions returned:
-grant, ask to drop, revoke. There are no sockets, clocks or threads here, so every rule can be
-tested to the millisecond with a fake clock.
+grant, ask to drop, revoke, pause, resume. There are no sockets, clocks or threads here, so
+every rule can be tested to the millisecond with a fake clock.
 
 The rules, per GPU:
 
@@ -13,30 +13,39 @@ The rules, per GPU:
   eligible waits, the holder is asked to drop the GPU; a holder that still wants it asks again and
   joins the tail. When nobody waits it keeps the GPU for another quantum and hears nothing;
 * mode ``auto``: holders run side by side while their working sets fit in the GPU's memory; a
-  request that does not fit waits, and contenders are served by quanta as in mode ``on``.
+  request that does not fit waits, and contenders are served by quanta as in mode ``on``;
+* who is next: the pool furthest below its entitlement (guarantee first, then weight, never
+  past a maximum), HIGH before NORMAL before LOW, then request order (``policy: round-robin``),
+  or least GPU time used recently (``policy: interactive``); a request owed its pool's
+  guarantee has a LOW holder give the GPU back at once (preemption);
+* a holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
+  One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
+  room is needed it is kept as a drop until it has moved its memory out, so the GPU never has
+  two working sets paging through it at once.
 
-The code is laid out by role: this file makes the scheduler and takes a client's requests and
-the passing of time; ``membership`` takes clients joining and leaving, ``controls`` the admin's
-mode and TQ; ``turns`` says what follows on a GPU (grants, quanta, preemption, revocation) and
-``moves`` makes each change of a hold it decides; ``choosing`` picks the next holder (the policy
-seam: pools by entitlement, then priority, then request order); ``room`` answers mode auto's
-memory questions; ``queries`` answers the shell and the status (deadlines, queue, positions,
-shares); ``state`` and ``queue`` hold the clients, the waiters and the hold state's transition
-table.
+Where each rule lives. ``Scheduler`` is a facade: it makes the node's state and the components
+that change it, and hands each event to the one that takes it.
 
-A holder that must leave (a drop) is told whether the next holder needs its room (``evict``).
-One that leaves of its own accord can ask first (``release(..., evict_first=True)``): when the
-room is needed it is kept as a drop until it has moved its memory out, so the GPU never has two
-working sets paging through it at once.
+* ``node.NodeState``: the config, mode and TQ, the GPUs (state.py) and clients with their hold
+  state (clients.py), the policy, the counters;
+* ``membership.Membership``: clients registering (claims judged by access.py) and leaving;
+* ``controls.Controls``: the admin's mode and TQ, a reloaded config;
+* ``turns.Turns``: every change of a hold (through ``moves.Moves``, its own) and what follows
+  each event on a GPU: grants, quanta ending, preemption, revocation;
+* ``taking_turns.TakingTurns``: mode auto, which holder side by side works now;
+* ``room.Room``: what fits in a GPU's memory, and who must evict;
+* ``queries.Queries``: the next deadline, the queue and positions, for the shell and the status;
+* the policy (``choosing.PoolsPolicy``, ``interactive.InteractivePolicy``, by name in
+  ``policies.POLICIES``), which sees the node only through ``view.PolicyView``.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import final
 
-from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
+from nodeside.model import Pool
 from nodeside.scheduler.actions import (
     Action,
     Drop,
@@ -47,9 +56,13 @@ from nodeside.scheduler.actions import (
     Revoke,
     SchedulerError,
 )
+from nodeside.scheduler.choosing import PoolsPolicy
 from nodeside.scheduler.controls import Controls
-from nodeside.scheduler.policies import POLICIES
-from nodeside.scheduler.pools import Pool, preemption_off_reason
+from nodeside.scheduler.membership import Membership
+from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.pools import preemption_off_reason
+from nodeside.scheduler.queries import Queries
+from nodeside.scheduler.room import Room
 from nodeside.scheduler.state import (
     PRIORITY_RANK,
     Client,
@@ -59,6 +72,9 @@ from nodeside.scheduler.state import (
     HoldState,
     IllegalTransition,
 )
+from nodeside.scheduler.taking_turns import TakingTurns
+from nodeside.scheduler.turns import Turns
+from nodeside.scheduler.view import PolicyView
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
@@ -66,73 +82,96 @@ __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "
            "HoldState", "IllegalTransition", "Pause", "Released", "Resume", "Revoke",
            "Scheduler", "SchedulerError"]
 
-class Scheduler(Controls):
-    """Every GPU of one node: its clients, pools, policy and clock-free rules. Each role is a
-    base class of its own module (``Moves`` <- ``Turns`` <- ``Queries`` <- ``Membership`` <-
-    ``Controls``), so the one object the shell holds answers every event."""
+
+@final
+class Scheduler:
+    """Every GPU of one node: its clients, pools, policy and clock-free rules, behind one
+    object the shell holds. Each method hands its event to the component that takes it."""
 
     def __init__(self, config: SchedulerConfig, gpus: Iterable[GpuSpec], now: float) -> None:
-        self.config = config
-        self._read_config()
-        self._pools: dict[str, Pool] = {}
-        self.mode = config.mode
-        self.tq = config.tq
-        self.gpus = {}
-        for spec in gpus:
-            self.gpus[spec.index] = GpuState(spec, config.gpu_tq.get(spec.index), now)
-        self._resize_windows()
-        if not self.gpus:
-            raise ValueError("a scheduler needs at least one GPU")
-        self.clients = {}
-        #: Registered clients by pool name. A pool the config does not name exists while it has
-        #: clients: when its last one leaves, what the scheduler keeps by its name goes too, so
-        #: peers registering under ever new names cannot grow the daemon.
-        self._pool_members: dict[str, int] = {}
-        self._ids = itertools.count(1)
-        self._order = itertools.count(1)
-        self.choice = POLICIES[config.policy](self)
-        # Counters for metrics; the shell reads them.
-        self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0,
-                       "steps_aside": 0, "turns": 0}
-        #: Events seen; the cached next deadline is good until this moves.
-        self._events = 0
-        self._deadline_cache: tuple[object, float | None] | None = None
+        self._state = state = NodeState(config, gpus, now)
+        room = Room(state)
+        taking = TakingTurns(state)
+        self._turns = turns = Turns(state, room, taking)
+        self._membership = Membership(state, turns)
+        self._controls = Controls(state, turns)
+        self._queries = Queries(state, room, turns, taking)
+        self._taking = taking
+        # The same dicts as the state's, for ever: read here without a call.
+        self.gpus: dict[int, GpuState] = state.gpus
+        self.clients: dict[str, Client] = state.clients
+        self.counts: dict[str, int] = state.counts
 
-    # -- configuration --------------------------------------------------------------------
+    # -- the node's state, as the shell and the status read it ----------------------------
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._state.config
+
+    @property
+    def mode(self) -> str:
+        return self._state.mode
+
+    @property
+    def tq(self) -> float:
+        return self._state.tq
+
+    @property
+    def preemption(self) -> bool:
+        return self._state.preemption
+
+    @property
+    def capped(self) -> bool:
+        return self._state.capped
+
+    @property
+    def choice(self) -> PoolsPolicy:
+        """The policy choosing the next holder (``policy:`` in the config)."""
+        return self._state.choice
+
+    @choice.setter
+    def choice(self, policy: PoolsPolicy) -> None:
+        self._state.choice = policy
+
+    @property
+    def view(self) -> PolicyView:
+        """What a policy made for this scheduler is given to read."""
+        return self._state
 
     @property
     def preemption_off_reason(self) -> str | None:
         """Why preemption is off (for the start-up log, status and ``kiwictl pools``)."""
-        return preemption_off_reason(self.config.pools)
+        return preemption_off_reason(self._state.config.pools)
 
-    def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
-        """Apply a reloaded config (SIGHUP) without dropping anyone."""
-        self.config = config
-        self._read_config()
-        self._pools = {}
-        if config.policy != self.choice.name:
-            self.choice = POLICIES[config.policy](self)
-        for gpu in self.gpus.values():
-            gpu.tq_override = config.gpu_tq.get(gpu.spec.index)
-        self._resize_windows()
-        return self._schedule_all(now)
+    def pool(self, name: str) -> Pool:
+        return self._state.pool(name)
 
-    # -- a client's requests, and time passing --------------------------------------------
+    def tq_for(self, gpu: int) -> float:
+        return self._state.tq_for(gpu)
+
+    # -- clients joining and leaving (membership.py) --------------------------------------
+
+    def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
+                 priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
+                 kind: str = "client", labels: Mapping[str, str] | None = None,
+                 working_set: int | None = None, gids: Iterable[int] = (),
+                 display_name: str | None = None, user: str | None = None,
+                 evict: str = "managed", gpu_uuid: str | None = None,
+                 namespace: str | None = None, pausable: bool = False) -> Client:
+        """A new client (``Membership.register`` says how its claims are judged)."""
+        return self._membership.register(
+            now, name=name, gpu=gpu, pool=pool, priority=priority, pid=pid, uid=uid, kind=kind,
+            labels=labels, working_set=working_set, gids=gids, display_name=display_name,
+            user=user, evict=evict, gpu_uuid=gpu_uuid, namespace=namespace, pausable=pausable)
+
+    def unregister(self, now: float, client_id: str) -> list[Action]:
+        """The client's connection is gone: free whatever it held or waited for, at once."""
+        return self._membership.unregister(now, client_id)
+
+    # -- a client's requests, and time passing (turns.py) ---------------------------------
 
     def acquire(self, now: float, client_id: str) -> list[Action]:
-        client = self._client(client_id)
-        if client.hold_state is not HoldState.IDLE:
-            # Asking again while holding is answered with the grant; while waiting, nothing.
-            return [Grant(client.id, client.gpu, self._quantum(client.gpu))] \
-                if client.state == "holding" else []
-        gpu = self.gpus[client.gpu]
-        if not gpu.waiters:
-            self._renew_lone_quanta(gpu, now)
-        client.move(HoldState.WAITING)
-        client.request_order = next(self._order)
-        client.requested_at = now
-        gpu.waiters.add(client)
-        return self._schedule(gpu, now)
+        return self._turns.acquire(self._state.client(client_id), now)
 
     def release(self, now: float, client_id: str, *, evict_first: bool = False) -> list[Action]:
         """Give the GPU back, or cancel a wait. Only ever the caller's own hold.
@@ -145,44 +184,66 @@ class Scheduler(Controls):
         over at once. Handing over first would have the next holder's restore race the old
         holder's eviction, and the driver page on demand between the two.
         """
-        client = self._client(client_id)
-        gpu = self.gpus[client.gpu]
-        if client.hold_state is HoldState.WAITING:
-            gpu.waiters.remove(client)
-            client.move(HoldState.IDLE)
-            client.requested_at = None
-            return [Released(client.id, evict=False), *self._schedule(gpu, now)]
-        if client.hold_state is HoldState.IDLE:
-            return [Released(client.id, evict=False)]
-        hold = client.hold
-        assert hold is not None
-        if client.hold_state is HoldState.DROPPING:
-            evict = hold.drop_evict
-            if evict_first and evict:
-                # Already asked to leave (the drop crossed this release on the wire): the drain
-                # goes on under that drop, and its grace is not extended.
-                left = max(0.0, (hold.drop_sent_at or now) + self.config.grace - now)
-                assert hold.drop_reason is not None
-                return [Drop(client.id, gpu.spec.index, hold.drop_reason, True, left)]
-        else:
-            incoming = self.choice.pick(gpu, now)
-            evict = self._evict_on_leave(gpu, client, now, incoming)
-            if evict_first and evict:
-                return [*self._drop(gpu, client, p.REASON_RELEASE, now, incoming, evict=True),
-                        *self._schedule(gpu, now)]
-        self._end_hold(client, now)
-        return [Released(client.id, evict=evict), *self._schedule(gpu, now)]
+        return self._turns.release(self._state.client(client_id), now, evict_first)
 
     def report_working_set(self, now: float, client_id: str, nbytes: int,
                            evictable: int | None = None) -> list[Action]:
-        if nbytes < 0:
-            raise SchedulerError(p.E_INVALID, "working set must not be negative")
-        client = self._client(client_id)
-        client.working_set = nbytes
-        client.evictable = evictable
-        gpu = self.gpus[client.gpu]
-        return [*self._relieve_overcommit(gpu, client, now), *self._schedule(gpu, now)]
+        return self._turns.report_working_set(self._state.client(client_id), nbytes, evictable,
+                                              now)
 
     def tick(self, now: float) -> list[Action]:
         """Time has passed: end quanta, revoke holders past their grace."""
-        return self._schedule_all(now)
+        return self._turns.schedule_all(now)
+
+    # -- the admin's controls (controls.py) -----------------------------------------------
+
+    def set_mode(self, now: float, mode: str) -> list[Action]:
+        return self._controls.set_mode(now, mode)
+
+    def set_tq(self, now: float, seconds: float, gpu: int | None = None) -> list[Action]:
+        """A new TQ applies to running quanta too, measured from their start."""
+        return self._controls.set_tq(now, seconds, gpu)
+
+    def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
+        """Apply a reloaded config (SIGHUP) without dropping anyone."""
+        return self._controls.reconfigure(config, now)
+
+    # -- questions between events (queries.py) --------------------------------------------
+
+    def next_deadline(self, now: float) -> float | None:
+        """When ``tick`` must next be called, or None if nothing is due until the next event."""
+        return self._queries.next_deadline(now)
+
+    def queue(self, gpu_index: int, now: float) -> list[Client]:
+        """Waiters in the order they are expected to be granted, next first."""
+        return self._queries.queue(gpu_index, now)
+
+    def queue_position(self, client_id: str, now: float) -> int | None:
+        """A waiter's 1-based place in ``queue``, without building the queue."""
+        return self._queries.queue_position(client_id, now)
+
+    def shares(self, gpu_index: int, now: float) -> dict[str, float]:
+        return self._state.shares(gpu_index, now)
+
+    def quantum_remaining(self, gpu_index: int, now: float) -> float | None:
+        return self._queries.quantum_remaining(gpu_index, now)
+
+    def gpu_seconds(self, client: Client, now: float) -> float:
+        return self._queries.gpu_seconds(client, now)
+
+    def pool_gpu_seconds(self, gpu_index: int, now: float) -> dict[str, float]:
+        """GPU seconds each pool has held ``gpu_index`` for since start, open holds included."""
+        return self._queries.pool_gpu_seconds(gpu_index, now)
+
+    def turn_length(self) -> float:
+        """Seconds of a turn where holders take turns now; 0 where they do not."""
+        return self._taking.turn_length()
+
+    # -- for the tests: a rule's parts, asked directly ------------------------------------
+
+    def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
+              incoming: Client | None, evict: bool | None = None) -> list[Action]:
+        return self._turns.drop(gpu, holder, reason, now, incoming, evict)
+
+    def _compute_deadline(self, now: float) -> tuple[float | None, bool]:
+        return self._queries.compute_deadline(now)

@@ -24,27 +24,35 @@ Three rules keep that safe (docs/policy.md; tests/policy/test_interactive_policy
   clients report; an unknown one counts as the whole GPU, as in mode auto.
 
 The policy composes its parts, each a module of its own: what a client used (``attained``),
-the light request that goes ahead of a pool's rule (``light``) and the quantum's pricing
-(``pricing``); the order within and between pools, and why the next holder is next, are here.
+the light request that goes ahead of a pool's rule (``light``), and ``light_first``, the
+component the core consults for the GPU's time to the light (a quantum cut short, priced by
+``pricing``; stepping aside in mode auto; taking turns). The order within and between pools, and
+why the next holder is next, are here; what happens comes in as events (``observe``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from nodeside.config import POLICY_INTERACTIVE, InteractiveSettings
-from nodeside.scheduler import pricing
-from nodeside.scheduler.aside import StepAside
+from nodeside.config import InteractiveSettings
+from nodeside.model import POLICY_INTERACTIVE
 from nodeside.scheduler.attained import CUT_RATIO, GOES_ON_WITHIN, AttainedService
 from nodeside.scheduler.choosing import PoolsPolicy, contending_pools
-from nodeside.scheduler.light import JUMP_QUANTUM, LightRequests
+from nodeside.scheduler.light import JUMP_QUANTUM, LightRequests, Ranking
+from nodeside.scheduler.light_first import LightFirst
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.pricing import COST_FACTOR
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
-
-if TYPE_CHECKING:
-    from nodeside.scheduler.core import Scheduler
+from nodeside.scheduler.view import (
+    Event,
+    Gone,
+    Granted,
+    HoldEnded,
+    Kept,
+    Paused,
+    PolicyView,
+    Resumed,
+)
 
 # The rules' constants live with their rules; named here too, as tests and benchmarks read them.
 __all__ = ["COST_FACTOR", "CUT_RATIO", "GOES_ON_WITHIN", "JUMP_QUANTUM", "SHARE_TOLERANCE",
@@ -55,21 +63,22 @@ __all__ = ["COST_FACTOR", "CUT_RATIO", "GOES_ON_WITHIN", "JUMP_QUANTUM", "SHARE_
 SHARE_TOLERANCE = 0.05
 
 
-class InteractivePolicy(PoolsPolicy):
+class InteractivePolicy(PoolsPolicy, Ranking):
     name = POLICY_INTERACTIVE
-    cuts_quanta = True
+    observes = True
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        super().__init__(scheduler)
-        self.service = AttainedService(scheduler)
-        self.light = LightRequests(self)
-        self.aside = StepAside(self)
+    def __init__(self, view: PolicyView, service: AttainedService | None = None) -> None:
+        """``service``: what the order measures clients by; what they used, unless told."""
+        super().__init__(view)
+        self.service = service if service is not None else AttainedService(view)
+        self.light = LightRequests(self, self.service)
+        self.light_first = LightFirst(view, self.service, self.light)
         #: Client id -> times passed over by a later request of its pool and priority, this wait.
         self.passed: dict[str, int] = {}
 
     @property
     def settings(self) -> InteractiveSettings:
-        return self.scheduler.config.interactive  # read each time: SIGHUP may change it
+        return self.view.settings.interactive  # read each time: SIGHUP may change it
 
     # -- what a client used (attained.py) -------------------------------------------------
 
@@ -79,43 +88,46 @@ class InteractivePolicy(PoolsPolicy):
     def request_seconds(self, client_id: str) -> float:
         return self.service.request_seconds(client_id)
 
-    def turn_length(self) -> float:
-        return self.settings.turns
-
     def request_work(self, client_id: str, now: float) -> float:
         return self.service.request_work(client_id, now)
 
-    def on_pause(self, client: Client, now: float) -> None:
-        self.service.pause(client.id, now)
+    # -- what happened --------------------------------------------------------------------
 
-    def on_resume(self, client: Client, now: float) -> None:
-        self.service.resume(client.id, now)
+    def observe(self, event: Event) -> None:
+        client, now = event.client, event.now
+        if isinstance(event, Granted):
+            self._granted(event.gpu, client, now)
+        elif isinstance(event, HoldEnded):
+            self.light.hold_ends(client)
+            self.service.hold_ends(client, now)
+        elif isinstance(event, Paused):
+            self.service.pause(client.id, now)
+        elif isinstance(event, Resumed):
+            self.service.resume(client.id, now)
+        elif isinstance(event, Kept):
+            # The holder won again at its quantum's end: everyone waiting in its lane was passed.
+            for waiter in self._lane(event.gpu, client):
+                self.passed[waiter.id] = self.passed.get(waiter.id, 0) + 1
+        elif isinstance(event, Gone):
+            self.service.forget(client.id)
+            self.passed.pop(client.id, None)
+            self.light.forget(client.id)
+            self._light_first().forget(client.id)
 
-    def on_grant(self, gpu: GpuState, client: Client, now: float) -> None:
+    def _granted(self, gpu: GpuState, client: Client, now: float) -> None:
         self.service.granting(client.id)
         self.light.granted(gpu, client, now)  # before its hold counts: still fresh
         self.service.hold_starts(client.id, now)
-        if self.scheduler.mode == "auto":
-            self.aside.granted(gpu, client, now)
+        self._light_first().granted(gpu, client, now)
         self.passed.pop(client.id, None)
         for waiter in self._lane(gpu, client):
             if waiter.request_order < client.request_order:
                 self.passed[waiter.id] = self.passed.get(waiter.id, 0) + 1
 
-    def on_keep(self, gpu: GpuState, holder: Client, now: float) -> None:
-        """The holder won again at its quantum's end: everyone waiting in its lane was passed."""
-        for waiter in self._lane(gpu, holder):
-            self.passed[waiter.id] = self.passed.get(waiter.id, 0) + 1
-
-    def on_hold_end(self, client: Client, now: float) -> None:
-        self.light.hold_ends(client)
-        self.service.hold_ends(client, now)
-
-    def forget(self, client_id: str) -> None:
-        self.service.forget(client_id)
-        self.passed.pop(client_id, None)
-        self.light.forget(client_id)
-        self.aside.forget(client_id)
+    def _light_first(self) -> LightFirst:
+        rules = self.light_first
+        assert rules is not None
+        return rules
 
     # -- the order ------------------------------------------------------------------------
 
@@ -171,7 +183,7 @@ class InteractivePolicy(PoolsPolicy):
                     if not self.over_maximum(gpu, name, now, shares)]
         if len(eligible) <= 1:
             return next(iter(eligible), None), False, eligible
-        ent = entitlements(self.scheduler.pool(name) for name in contending_pools(gpu))
+        ent = entitlements(self.view.pool(name) for name in contending_pools(gpu))
         shortfall = {c.pool: ent.get(c.pool, 0.0) - shares.get(c.pool, 0.0) for c in eligible}
         least = min(shortfall.values())
 
@@ -215,24 +227,6 @@ class InteractivePolicy(PoolsPolicy):
         return [w for w in gpu.waiters.in_order(client.pool)
                 if w.priority == client.priority and w.id != client.id]
 
-    # -- the quantum (pricing.py) ---------------------------------------------------------
-
-    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
-                now: float) -> float:
-        return pricing.quantum(self, gpu, holder, winner, tq, now)
-
-    # -- mode auto: the GPU's time to the light (aside.py) ---------------------------------
-
-    def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
-        return self.scheduler.mode == "auto" and self.aside.holds_back(gpu, client, now)
-
-    def steps_aside_for(self, gpu: GpuState, holder: Client, waiter: Client | None, tq: float,
-                        now: float) -> Client | None:
-        return self.aside.steps_aside_for(gpu, holder, waiter, tq, now)
-
-    def aside_may_come(self, gpu: GpuState, now: float) -> bool:
-        return self.aside.may_come(gpu, now)
-
     def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
         """Why ``nxt`` goes next, for the status document: the first rule that decided."""
         promised = {h.hold.drop_incoming for h in gpu.holders.values() if h.hold}
@@ -242,8 +236,8 @@ class InteractivePolicy(PoolsPolicy):
             owed = [c.pool for c in gpu.waiters.heads().values() if c.pool != nxt.pool]
             return (f"a light request: goes once ahead of pool {', '.join(sorted(owed))}'s "
                     f"turn, for at most {JUMP_QUANTUM:g} s")
-        if self.holds_back(gpu, nxt, now):
-            tq = self.scheduler.tq_for(gpu.spec.index)
+        if self._light_first().holds_back(gpu, nxt, now):
+            tq = self.view.tq_for(gpu.spec.index)
             return (f"held back while a light request beside it has its turn: {tq:g} s at "
                     "most")
         if self.below_guarantee(gpu, nxt, now):

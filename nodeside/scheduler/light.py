@@ -11,25 +11,40 @@ its own: its rule is delayed by a bounded amount, not broken.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-from nodeside.scheduler.attained import CUT_RATIO
+from nodeside.scheduler.attained import CUT_RATIO, AttainedService
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
-
-if TYPE_CHECKING:
-    from nodeside.scheduler.interactive import InteractivePolicy
 
 #: Seconds a light request that went ahead of a pool's rule (a guarantee owed, a pool behind its
 #: entitlement) may hold before the request it went ahead of is served.
 JUMP_QUANTUM = 5.0
 
 
+class Ranking(Protocol):
+    """The policy's order, which this rule bends once (``InteractivePolicy``'s)."""
+
+    def heads(self, gpu: GpuState, now: float) -> dict[str, Client]:
+        """Each pool's next waiter in the policy's own order."""
+        ...
+
+    def before(self, tail: Client, head: Client, now: float) -> bool:
+        """Does ``tail`` go before ``head`` within their pool?"""
+        ...
+
+    def by_rules(self, gpu: GpuState, heads: Mapping[str, Client],
+                 now: float) -> tuple[Client | None, bool, list[Client]]:
+        """The winner among ``heads``, whether a pool's rule chose it, and the eligible."""
+        ...
+
+
 class LightRequests:
     """Which pools a light request went ahead of, and who holds for having done so."""
 
-    def __init__(self, policy: InteractivePolicy) -> None:
-        # The policy's order (``heads``, ``before``, ``by_rules``) and what clients used.
-        self.policy = policy
+    def __init__(self, ranking: Ranking, service: AttainedService) -> None:
+        self.ranking = ranking
+        self.service = service
         #: (GPU index, pool) a light request went ahead of, until that pool's next grant there:
         #: at most once between two of a pool's grants.
         self._jumped: set[tuple[int, str]] = set()
@@ -71,7 +86,7 @@ class LightRequests:
         pool's last grant on the GPU."""
         if (gpu.spec.index, best.pool) in self._jumped:
             return None
-        service = self.policy.service
+        service = self.service
         limit = CUT_RATIO * service.attained(best.id, now)
         light = [c for c in eligible if c.pool != best.pool and service.fresh(c)
                  and PRIORITY_RANK[c.priority] <= PRIORITY_RANK[best.priority]
@@ -81,8 +96,8 @@ class LightRequests:
 
     def going_ahead(self, gpu: GpuState, now: float) -> Client | None:
         """The waiter that would go ahead of a pool's rule if the GPU were free now, if any."""
-        policy = self.policy
-        best, by_rule, eligible = policy.by_rules(gpu, policy.heads(gpu, now), now)
+        ranking = self.ranking
+        best, by_rule, eligible = ranking.by_rules(gpu, ranking.heads(gpu, now), now)
         if best is None or not by_rule:
             return None
         return self.over(gpu, best, eligible, now)
@@ -97,17 +112,17 @@ class LightRequests:
         others = pools > 1 or (pools == 1 and not gpu.waiters.pool_waits(client.pool))
         if not others and (left is None or left.pool == client.pool):
             return None  # no other pool contends: the common grant, decided at once
-        policy = self.policy
-        if not policy.service.fresh(client):
+        if not self.service.fresh(client):
             return None
-        heads = policy.heads(gpu, now)
-        if left is not None and left.id != client.id and left.id in policy.scheduler.clients \
-                and left.id not in gpu.waiters:
+        ranking = self.ranking
+        heads = ranking.heads(gpu, now)
+        # ``left`` is still on the node: ``forget`` takes a client that leaves out of ``_left``.
+        if left is not None and left.id != client.id and left.id not in gpu.waiters:
             mine = heads.get(left.pool)
-            if mine is None or policy.before(left, mine, now):
+            if mine is None or ranking.before(left, mine, now):
                 heads[left.pool] = left
         heads[client.pool] = client
-        best, by_rule, eligible = policy.by_rules(gpu, heads, now)
+        best, by_rule, eligible = ranking.by_rules(gpu, heads, now)
         if best is None or best is client or not by_rule:
             return None
         return best.pool if self.over(gpu, best, eligible, now) is client else None

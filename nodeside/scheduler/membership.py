@@ -1,27 +1,31 @@
 """Who is on the node: clients registering, their claims checked, and clients leaving.
 
 ``register`` judges a client's claimed pool and priority by its credentials (access.py) and
-finds the GPU it named; ``unregister`` frees whatever it held or waited for. A pool the config
-does not name lives as long as it has clients. ``Scheduler`` (core.py) holds the state.
+finds the GPU it named; ``unregister`` frees whatever it held or waited for (through the turns,
+turns.py) and tells the policy. A pool the config does not name lives as long as it has clients.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
+from typing import final
 
 from nodeside import protocol as p
 from nodeside.scheduler.access import judge
 from nodeside.scheduler.actions import Action, SchedulerError
-from nodeside.scheduler.queries import Queries
-from nodeside.scheduler.state import EVICT_MODES, PRIORITY_RANK, Client, HoldState
+from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.state import EVICT_MODES, PRIORITY_RANK, Client
+from nodeside.scheduler.turns import Turns
+from nodeside.scheduler.view import Gone
 
 
-class Membership(Queries):
-    """The events that add a client to the node or take one away; ``Scheduler`` holds the state."""
+@final
+class Membership:
+    """The events that add a client to the node or take one away."""
 
-    _ids: itertools.count[int]
-    _pool_members: dict[str, int]
+    def __init__(self, state: NodeState, turns: Turns) -> None:
+        self.state = state
+        self.turns = turns
 
     def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
                  priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
@@ -45,63 +49,59 @@ class Membership(Queries):
             raise SchedulerError(p.E_INVALID, f"evict must be one of {', '.join(EVICT_MODES)}")
         gids = tuple(gids)
         try:
-            verdict = judge(self.config.access, uid=uid, gids=gids, pool=pool,
+            verdict = judge(self.state.config.access, uid=uid, gids=gids, pool=pool,
                             priority=priority, namespace=namespace)
         except PermissionError as exc:
             raise SchedulerError(p.E_PERMISSION, str(exc)) from None
-        client = Client(id=f"c{next(self._ids)}", name=name, gpu=gpu, pool=verdict.pool,
+        state = self.state
+        client = Client(id=f"c{next(state.ids)}", name=name, gpu=gpu, pool=verdict.pool,
                         priority=verdict.priority, pid=pid, uid=uid, gids=gids, kind=kind,
                         labels=dict(labels or {}), working_set=working_set,
                         registered_at=now, display_name=display_name or name, user=user,
                         evict=evict, warning=verdict.warning, namespace=namespace,
                         pausable=pausable)
-        self.clients[client.id] = client
-        self._pool_members[client.pool] = self._pool_members.get(client.pool, 0) + 1
+        state.clients[client.id] = client
+        state.pool_members[client.pool] = state.pool_members.get(client.pool, 0) + 1
         return client
 
     def _gpu_named(self, gpu: int, uuid: str | None) -> int:
         """The GPU a client asked for: by UUID when it gave one and the node knows UUIDs."""
-        known = {g.spec.uuid: index for index, g in self.gpus.items() if g.spec.uuid}
+        gpus = self.state.gpus
+        known = {g.spec.uuid: index for index, g in gpus.items() if g.spec.uuid}
         if uuid and known:
             if uuid not in known:
                 raise SchedulerError(p.E_INVALID, f"no GPU {uuid} on this node")
             return known[uuid]
-        if gpu not in self.gpus:
+        if gpu not in gpus:
             raise SchedulerError(p.E_INVALID, f"no GPU {gpu} on this node "
-                                 f"(it has {', '.join(map(str, self.gpus))})")
+                                 f"(it has {', '.join(map(str, gpus))})")
         return gpu
 
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""
-        client = self.clients.pop(client_id, None)
+        state = self.state
+        client = state.clients.pop(client_id, None)
         if client is None:
             return []
-        gpu = self.gpus[client.gpu]
-        if client.hold_state is HoldState.WAITING:
-            gpu.waiters.remove(client)
-            client.move(HoldState.IDLE)
-        elif client.hold_state is not HoldState.IDLE:
-            self._end_hold(client, now)
-        self.choice.forget(client.id)
+        gpu = state.gpus[client.gpu]
+        self.turns.free(client, now)
+        # Before the GPU is scheduled again: a grant there must not count a client gone.
+        if state.choice.observes:
+            state.choice.observe(Gone(gpu, client, now))
         self._leave_pool(client.pool)
-        return self._schedule(gpu, now)
+        return self.turns.schedule(gpu, now)
 
     def _leave_pool(self, name: str) -> None:
-        left = self._pool_members[name] - 1
+        state = self.state
+        left = state.pool_members[name] - 1
         if left:
-            self._pool_members[name] = left
+            state.pool_members[name] = left
             return
-        del self._pool_members[name]
-        if name in self.config.pools:
+        del state.pool_members[name]
+        if name in state.config.pools:
             return
         # An ad-hoc pool with no clients left: its GPU-seconds counter (metrics) and cached
         # Pool go. The share meter forgets it as its holds leave the window.
-        self._pools.pop(name, None)
-        for state in self.gpus.values():
-            state.pool_seconds.pop(name, None)
-
-    def _client(self, client_id: str) -> Client:
-        try:
-            return self.clients[client_id]
-        except KeyError:
-            raise SchedulerError(p.E_STATE, f"no client {client_id}") from None
+        state.pools.pop(name, None)
+        for gpu in state.gpus.values():
+            gpu.pool_seconds.pop(name, None)

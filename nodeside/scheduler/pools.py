@@ -4,38 +4,19 @@ Quantities are fractions of one GPU's time. While pools contend for a GPU, each 
 guarantee first, the rest is divided by weight, and no pool passes its maximum; what a capped
 pool cannot take flows to the others. ``entitlements`` computes that division; ``ShareMeter``
 measures what each pool actually got over a sliding window, so the core can serve the pool
-furthest below its entitlement.
+furthest below its entitlement. A ``Pool`` itself is the domain's (``nodeside.model``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from nodeside.model import Pool
 from nodeside.scheduler.meter import ShareMeter
 
-__all__ = ["UNLIMITED", "Pool", "ShareMeter", "entitlements", "preemption_enabled",
-           "preemption_off_reason"]
+__all__ = ["ShareMeter", "entitlements", "preemption_enabled", "preemption_off_reason"]
 
-UNLIMITED = -1.0
 _EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class Pool:
-    name: str
-    guarantee: float = 0.0
-    weight: float = 1.0
-    maximum: float = UNLIMITED
-    #: False when the config left out guarantee, weight or maximum. KAI turns preemption off for
-    #: every pool when any pool is partially configured; so do we.
-    complete: bool = True
-    #: Which of guarantee, weight and maximum the config left out (for the reason shown to users).
-    missing: tuple[str, ...] = ()
-
-    @property
-    def cap(self) -> float:
-        return 1.0 if self.maximum < 0 else min(self.maximum, 1.0)
 
 
 def entitlements(pools: Iterable[Pool]) -> dict[str, float]:

@@ -10,34 +10,28 @@ pool's rule (``light``) holds for JUMP_QUANTUM at most.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from nodeside.scheduler.attained import CUT_RATIO
-from nodeside.scheduler.light import JUMP_QUANTUM
+from nodeside.scheduler.attained import CUT_RATIO, AttainedService
+from nodeside.scheduler.light import JUMP_QUANTUM, LightRequests
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
-
-if TYPE_CHECKING:
-    from nodeside.scheduler.core import Scheduler
-    from nodeside.scheduler.interactive import InteractivePolicy
+from nodeside.scheduler.view import PolicyView
 
 #: A cut-short quantum lasts at least this many times the handoff's memory traffic, so that at
 #: most a third of the GPU's time goes to moving memory, however often clients alternate.
 COST_FACTOR = 2.0
 
 
-def quantum(policy: InteractivePolicy, gpu: GpuState, holder: Client, winner: Client,
-            tq: float, now: float) -> float:
-    """How long ``holder``'s quantum is, with ``winner`` the client that would go next."""
+def quantum(view: PolicyView, service: AttainedService, light: LightRequests, gpu: GpuState,
+            holder: Client, winner: Client, tq: float, now: float) -> float:
+    """How long ``holder``'s quantum is, with ``winner`` the client that would go next:
+    ``service`` says what each used, ``light`` whether the holder went ahead of a pool's rule."""
     if PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
         return tq  # a LOW request never cuts a quantum short, a light one's included
-    scheduler = policy.scheduler
-    if policy.light.went_ahead(holder.id):
-        return jump_quantum(tq, switch_cost(scheduler, gpu, holder, winner))
-    service = policy.service
+    if light.went_ahead(holder.id):
+        return jump_quantum(tq, switch_cost(view, gpu, holder, winner))
     if service.attained(winner.id, now) > CUT_RATIO * service.attained(holder.id, now):
         return tq
-    cost = switch_cost(scheduler, gpu, holder, winner)
-    early = max(policy.settings.first_quantum, COST_FACTOR * cost)
+    cost = switch_cost(view, gpu, holder, winner)
+    early = max(view.settings.interactive.first_quantum, COST_FACTOR * cost)
     if tq - early <= 2 * cost:
         return tq  # the wait saved is worth less than moving the memory there and back
     return early
@@ -50,16 +44,17 @@ def jump_quantum(tq: float, cost: float) -> float:
     return min(tq, max(JUMP_QUANTUM, COST_FACTOR * cost))
 
 
-def switch_cost(scheduler: Scheduler, gpu: GpuState, leaving: Client, coming: Client) -> float:
+def switch_cost(view: PolicyView, gpu: GpuState, leaving: Client, coming: Client) -> float:
     """Seconds to move ``leaving``'s working set out and ``coming``'s in, if they must."""
+    settings = view.settings
     capacity = gpu.spec.memory_total
-    bandwidth = scheduler.config.interactive.link_bandwidth
+    bandwidth = settings.interactive.link_bandwidth
     if capacity is None:
         sizes = [leaving.working_set, coming.working_set]
         if any(s is None for s in sizes):
             return 0.0  # nothing known to price: the first quantum alone applies
         return sum(s or 0 for s in sizes) / bandwidth
-    room = capacity - scheduler.config.memory_reserve
+    room = capacity - settings.memory_reserve
     need = [capacity if c.working_set is None else c.working_set for c in (leaving, coming)]
     if sum(need) <= room:
         return 0.0

@@ -14,10 +14,9 @@ import itertools
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator, ValuesView
-from typing import TYPE_CHECKING, Final, final
+from typing import Final, final
 
-if TYPE_CHECKING:
-    from nodeside.scheduler.state import Client
+from nodeside.scheduler.clients import Client
 
 PRIORITY_RANK: Final = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
 

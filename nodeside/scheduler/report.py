@@ -14,6 +14,7 @@ from typing import Any
 
 from nodeside.scheduler.core import PRIORITY_RANK, Client, GpuState, Scheduler
 from nodeside.scheduler.pools import entitlements
+from nodeside.scheduler.room import fits_together
 
 GiB = 1024**3
 
@@ -163,7 +164,7 @@ def _room_note(scheduler: Scheduler, gpu: GpuState, head: Client) -> str | None:
         return "the GPU's memory is unknown (no NVML, no --gpu-memory): mode auto serializes"
     if head.working_set is None:
         return "its working set is unknown, so it needs the whole GPU"
-    if scheduler._fits(gpu, [head]):
+    if fits_together(gpu, [*gpu.holders.values(), head], scheduler.config.memory_reserve):
         return None
     used = sum(h.working_set or capacity for h in gpu.holders.values())
     free = max(0, capacity - scheduler.config.memory_reserve - used)

@@ -1,14 +1,25 @@
-"""Mode auto's room: which working sets fit side by side in one GPU's memory.
+"""The GPU's room: which working sets fit side by side in one GPU's memory, and who must evict.
 
-Pure functions of a GPU's holders and the clients asked about; the core decides what to do with
-the answers (grant beside, drop with ``evict``, ask an overgrown holder's neighbours to leave).
-A client whose working set is unknown, or a GPU whose capacity is unknown, needs the whole GPU.
+``fits_together`` is the arithmetic, a pure function of the clients asked about. ``Room`` is the
+component the rules consult (turns.py for grants, preemption, quanta and drops, queries.py for
+deadlines): it answers with the node's reserve and mode, and the rules decide what to do with the
+answers (grant beside, drop with ``evict``, ask an overgrown holder's neighbours to leave). A
+client whose working set is unknown, or a GPU whose capacity is unknown, needs the whole GPU.
+
+Today the room counts the holders' working sets only. Where each client's resident memory
+becomes state (bytes on the GPU and in host memory, and whether they are resident, evicting,
+evicted or restoring), it is kept here, beside the hold state of clients.py, moved by this
+component's own events (a report, an eviction asked and acknowledged), and every "does it fit"
+below counts every resident client, holder or not; a grant that does not fit then asks ``Room``
+which idle residents to evict first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import final
 
+from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import Client, GpuState, HoldState
 
 
@@ -26,11 +37,6 @@ def fits_together(gpu: GpuState, clients: list[Client], reserve: int) -> bool:
     return need <= capacity - reserve
 
 
-def fits_beside(gpu: GpuState, newcomers: list[Client], reserve: int) -> bool:
-    """Would ``newcomers`` fit beside the current holders?"""
-    return fits_together(gpu, [*gpu.holders.values(), *newcomers], reserve)
-
-
 def leaving(gpu: GpuState) -> list[Client]:
     """Holders already asked to drop: their room is on its way back."""
     return [h for h in gpu.holders.values() if h.hold_state is HoldState.DROPPING]
@@ -40,36 +46,46 @@ def staying(gpu: GpuState) -> list[Client]:
     return [h for h in gpu.holders.values() if h.hold_state is HoldState.HOLDING]
 
 
-def room_after(gpu: GpuState, claimant: Client, gone: Iterable[Client], *, serial: bool,
-               reserve: int) -> bool:
-    """Would ``claimant`` be granted once ``gone`` have left? ``serial``: mode on."""
-    gone = list(gone)
-    rest = [h for h in gpu.holders.values() if h not in gone]
-    if serial:
-        return not rest
-    return fits_together(gpu, [*rest, claimant], reserve)
+@final
+class Room:
+    """What fits where on the node, with its memory reserve and mode."""
 
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
 
-def evict_needed(gpu: GpuState, leaver: Client, incoming: Client | None, reserve: int) -> bool:
-    """Must ``leaver`` move its memory out? Only when ``incoming`` needs the room."""
-    if incoming is None:
-        return False
-    rest = [h for h in gpu.holders.values() if h is not leaver and h is not incoming]
-    return not fits_together(gpu, [*rest, incoming, leaver], reserve)
+    def fits_beside(self, gpu: GpuState, newcomers: list[Client]) -> bool:
+        """Would ``newcomers`` fit beside ``gpu``'s holders?"""
+        return fits_together(gpu, [*gpu.holders.values(), *newcomers], self.state.reserve)
 
+    def room_after(self, gpu: GpuState, claimant: Client, gone: Iterable[Client]) -> bool:
+        """Would ``claimant`` be granted once ``gone`` have left? (In mode on, only once
+        nobody holds.)"""
+        gone = list(gone)
+        rest = [h for h in gpu.holders.values() if h not in gone]
+        if self.state.mode == "on":
+            return not rest
+        return fits_together(gpu, [*rest, claimant], self.state.reserve)
 
-def overcommitted(gpu: GpuState, keep: Client, reserve: int) -> list[Client]:
-    """Holders to ask to leave, longest-running first, until the rest fits beside ``keep``.
+    def evict_needed(self, gpu: GpuState, leaver: Client, incoming: Client | None) -> bool:
+        """Must ``leaver`` move its memory out? Only when ``incoming`` needs the room."""
+        if incoming is None:
+            return False
+        rest = [h for h in gpu.holders.values() if h is not leaver and h is not incoming]
+        return not fits_together(gpu, [*rest, incoming, leaver], self.state.reserve)
 
-    Happens when a holder's working set grows (side by side was granted on the sizes reported
-    then) and when the mode turns auto while several hold.
-    """
-    going: list[Client] = []
-    for holder in gpu.holders.values():
-        rest = [h for h in staying(gpu) if h not in going]
-        if fits_together(gpu, rest, reserve):
-            break
-        if holder is keep or holder.hold_state is not HoldState.HOLDING:
-            continue
-        going.append(holder)
-    return going
+    def overcommitted(self, gpu: GpuState, keep: Client) -> list[Client]:
+        """Holders to ask to leave, longest-running first, until the rest fits beside ``keep``.
+
+        Happens when a holder's working set grows (side by side was granted on the sizes
+        reported then) and when the mode turns auto while several hold.
+        """
+        reserve = self.state.reserve
+        going: list[Client] = []
+        for holder in gpu.holders.values():
+            rest = [h for h in staying(gpu) if h not in going]
+            if fits_together(gpu, rest, reserve):
+                break
+            if holder is keep or holder.hold_state is not HoldState.HOLDING:
+                continue
+            going.append(holder)
+        return going

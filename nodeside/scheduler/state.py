@@ -1,24 +1,14 @@
-"""What the scheduler knows: each GPU, its holders and waiters, and each client.
+"""What the scheduler knows of each GPU: its holders and waiters, its meter and its quanta.
 
-A client's hold goes through four states. Each move the scheduler makes is checked against the
-one table below, so a rule that tries to grant a holder twice or release a client that never
-asked fails loudly in tests instead of quietly corrupting the queue::
-
-    IDLE --acquire--> WAITING --grant--> HOLDING --drop--> DROPPING
-      ^                 |                   |    <--withdrawn--   |
-      +----cancel-------+                   |   (mode off)        |
-      +------------------release-----------+                     |
-      +------------------release or revoke-----------------------+
-
-The status document shows three words (docs/interfaces.md section 5): DROPPING is still "holding".
+The clients and their hold state are ``clients.py``; the waiters' order is ``queue.py``. The
+names are all here too, as the rest of the core and the daemon import them from this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
+from nodeside.scheduler.clients import TRANSITIONS, Client, Hold, HoldState, IllegalTransition
 from nodeside.scheduler.history import HolderHistory
 from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
@@ -29,143 +19,12 @@ __all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "Client", "GpuSpec", "
 EVICT_MODES = ("managed", "checkpoint", "vmm")
 
 
-class HoldState(Enum):
-    IDLE = "idle"
-    WAITING = "waiting"
-    HOLDING = "holding"
-    #: Holding, and asked to give the GPU back (a drop is out); the grace runs.
-    DROPPING = "dropping"
-
-    # Enum hashes by name in Python code; the members are singletons compared by identity, so
-    # the identity hash is the same answer in C (every hold move looks a pair up in the table).
-    __hash__ = object.__hash__
-
-    @property
-    def public(self) -> str:
-        """The word the status document and the protocol use."""
-        return "holding" if self is HoldState.DROPPING else self.value
-
-
-#: Every legal move. Anything else is a bug in the rules.
-TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
-    (HoldState.IDLE, HoldState.WAITING),        # acquire
-    (HoldState.WAITING, HoldState.IDLE),        # the wait is cancelled, or the client leaves
-    (HoldState.WAITING, HoldState.HOLDING),     # grant
-    (HoldState.HOLDING, HoldState.DROPPING),    # asked to drop (quantum, preemption, room...)
-    (HoldState.HOLDING, HoldState.IDLE),        # released, or the client leaves
-    (HoldState.DROPPING, HoldState.IDLE),       # released after the drop, or revoked
-    (HoldState.DROPPING, HoldState.HOLDING),    # the drop is withdrawn: mode off grants all
-})
-
-
-class IllegalTransition(Exception):  # not RuntimeError: mypyc compiles Exception subclasses only
-    """The rules tried a move the table does not allow: a scheduler bug, never a peer's."""
-
-    def __init__(self, client: str, before: HoldState, after: HoldState) -> None:
-        super().__init__(f"client {client}: {before.value} -> {after.value} is not a legal move")
-        self.before = before
-        self.after = after
-
-
 @dataclass(frozen=True)
 class GpuSpec:
     index: int
     name: str = "GPU"
     uuid: str | None = None
     memory_total: int | None = None
-
-
-@dataclass(init=False)  # one per grant: compiled, a dataclass's __init__ stays interpreted
-class Hold:
-    granted_at: float
-    quantum_start: float
-    drop_reason: str | None
-    drop_sent_at: float | None
-    drop_evict: bool
-    #: Who the GPU was asked back for. The choice was made with this holder still contending
-    #: (as if it asked again at the tail); when it gives the GPU back, that choice stands.
-    #: Choosing afresh at that instant would leave the holder's pool out of the entitlements
-    #: for a moment and tilt every handoff towards the other pools.
-    drop_incoming: str | None
-    #: Taking turns (taking_turns.py): when this holder's turn began, None while it is paused;
-    #: since when it has been paused, None while it works; and whether the turn it has is one
-    #: it was owed for having been paused a whole TQ (no lighter holder cuts that one short).
-    turn_start: float | None
-    paused_since: float | None
-    owed_turn: bool
-
-    def __init__(self, granted_at: float, quantum_start: float, drop_reason: str | None = None,
-                 drop_sent_at: float | None = None, drop_evict: bool = False,
-                 drop_incoming: str | None = None) -> None:
-        self.granted_at = granted_at
-        self.quantum_start = quantum_start
-        self.drop_reason = drop_reason
-        self.drop_sent_at = drop_sent_at
-        self.drop_evict = drop_evict
-        self.drop_incoming = drop_incoming
-        self.turn_start = granted_at
-        self.paused_since = None
-        self.owed_turn = False
-
-
-@dataclass(eq=False)  # one object per client: compared by identity, and cheaply
-class Client:
-    id: str
-    name: str
-    gpu: int
-    pool: str
-    priority: str
-    pid: int | None = None
-    uid: int | None = None
-    kind: str = "client"
-    labels: Mapping[str, str] = field(default_factory=dict)
-    working_set: int | None = None  # bytes; None while unknown, which counts as the whole GPU
-    evictable: int | None = None
-    registered_at: float = 0.0
-    #: What people see (a notebook's path); ``name`` stays the key.
-    display_name: str = ""
-    #: The user name of the peer's uid, resolved by the shell (the core does no I/O).
-    user: str | None = None
-    #: How the client gives memory back: "managed" or "vmm" (the shim pages it), "checkpoint".
-    evict: str = "managed"
-    gids: tuple[int, ...] = ()
-    #: Why the access policy changed the claimed pool or priority (for the log); None if not.
-    warning: str | None = None
-    #: The namespace of the peer's pod, as the daemon verified it (pid -> cgroup -> pod UID ->
-    #: Kubernetes API); None when not in a pod or not verified. Never what the client says.
-    namespace: str | None = None
-    #: The client stops its GPU work on ``pause`` and goes on at ``resume`` (the CUDA shim
-    #: does), so it may take turns with the holders beside it (taking_turns.py).
-    pausable: bool = False
-    hold_state: HoldState = HoldState.IDLE
-    request_order: int = 0  # global counter: request order, also across pools
-    requested_at: float | None = None
-    hold: Hold | None = None
-    gpu_seconds: float = 0.0  # closed holds only; see Scheduler.gpu_seconds
-
-    def __post_init__(self) -> None:
-        if not self.display_name:
-            self.display_name = self.name
-
-    @property
-    def state(self) -> str:
-        """idle | waiting | holding, as the status document says it."""
-        return self.hold_state.public
-
-    def move(self, to: HoldState) -> None:
-        """Change the hold state, or raise IllegalTransition."""
-        if (self.hold_state, to) not in TRANSITIONS:
-            raise IllegalTransition(self.id, self.hold_state, to)
-        self.hold_state = to
-
-    @property
-    def preemptible(self) -> bool:
-        return self.priority == "LOW"
-
-    @property
-    def paused(self) -> bool:
-        """Holding, but waiting for its turn at the GPU's time."""
-        return self.hold is not None and self.hold.paused_since is not None
 
 
 class GpuState:

@@ -32,21 +32,33 @@ took. The fleet benchmark (``python -m benchmarks.fleet --turns``) measures what
 
 from __future__ import annotations
 
+from typing import final
+
 from nodeside.scheduler.actions import Action, Pause, Resume
-from nodeside.scheduler.moves import Moves
+from nodeside.scheduler.light_first import LightFirst
+from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
+from nodeside.scheduler.view import Paused, Resumed
 
 _EPS = 1e-9
 
 
-class TakingTurns(Moves):
-    """Who works among the holders side by side, and the pauses and resumes that say so."""
+@final
+class TakingTurns:
+    """Who works among the holders side by side, and the pauses and resumes that say so.
+    ``Turns`` (turns.py) asks after every event on a GPU; queries.py asks when a turn ends."""
+
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
 
     def turn_length(self) -> float:
         """Seconds of a turn where holders take turns now; 0 where they do not."""
-        return self.choice.turn_length() if self.mode == "auto" else 0.0
+        if self.state.mode != "auto":
+            return 0.0
+        light_first = self.state.choice.light_first
+        return light_first.turn_length() if light_first is not None else 0.0
 
-    def _take_turns(self, gpu: GpuState, now: float) -> list[Action]:
+    def take_turns(self, gpu: GpuState, now: float) -> list[Action]:
         """Pause and resume ``gpu``'s holders so that the right one works (see above)."""
         turn = self.turn_length()
         if turn <= 0.0 and not gpu.paused:
@@ -55,7 +67,9 @@ class TakingTurns(Moves):
         if turn <= 0.0 or len(takers) <= 1:
             # Nobody to take turns with (or turns are off now): every holder works.
             return [self._resume(gpu, h, now, owed=False) for h in takers if h.paused]
-        runner, owed = self._next_turn(gpu, takers, turn, now)
+        light_first = self.state.choice.light_first
+        assert light_first is not None  # turns are taken only where the policy has them
+        runner, owed = self._next_turn(gpu, takers, turn, light_first, now)
         actions: list[Action] = [self._pause(gpu, h, now) for h in takers
                                  if h is not runner and not h.paused]
         hold = runner.hold
@@ -68,9 +82,9 @@ class TakingTurns(Moves):
         return actions
 
     def _next_turn(self, gpu: GpuState, takers: list[Client], turn: float,
-                   now: float) -> tuple[Client, bool]:
+                   light_first: LightFirst, now: float) -> tuple[Client, bool]:
         """Who works from now, and whether that turn is an owed one."""
-        tq = self.tq_for(gpu.spec.index)
+        tq = self.state.tq_for(gpu.spec.index)
         working = [h for h in takers if not h.paused]
         # The holder in its turn: the one that started working first (others working are
         # fresh grants, or were all working when turns came on).
@@ -81,7 +95,7 @@ class TakingTurns(Moves):
         owed = [h for h in takers if h.paused and now - _paused_since(h) >= tq - _EPS]
         if owed and over:
             return min(owed, key=_paused_since), True
-        work = {h.id: self.choice.request_work(h.id, now) for h in takers}
+        work = {h.id: light_first.request_work(h.id, now) for h in takers}
         if incumbent is not None and not over:
             # Mid-turn, only a fresh grant that has done less takes over. A paused holder waits
             # for the turn's end, however close the race: equals alternate by turns, not at
@@ -103,7 +117,9 @@ class TakingTurns(Moves):
         hold.owed_turn = False
         gpu.paused += 1
         gpu.meter.close(holder.id, now)  # a paused holder uses none of the GPU's time
-        self.choice.on_pause(holder, now)
+        choice = self.state.choice
+        if choice.observes:
+            choice.observe(Paused(gpu, holder, now))
         return Pause(holder.id, gpu.spec.index)
 
     def _resume(self, gpu: GpuState, holder: Client, now: float, owed: bool) -> Resume:
@@ -113,11 +129,13 @@ class TakingTurns(Moves):
         hold.owed_turn = owed
         gpu.paused -= 1
         gpu.meter.open(holder.id, holder.pool, now, holder.preemptible)
-        self.choice.on_resume(holder, now)
-        self.counts["turns"] += 1
+        choice = self.state.choice
+        if choice.observes:
+            choice.observe(Resumed(gpu, holder, now))
+        self.state.counts["turns"] += 1
         return Resume(holder.id, gpu.spec.index)
 
-    def _turn_deadline(self, gpu: GpuState) -> float | None:
+    def turn_deadline(self, gpu: GpuState) -> float | None:
         """When the turn on ``gpu`` ends, if anyone is paused waiting for it."""
         turn = self.turn_length()
         if turn <= 0.0 or not gpu.paused:

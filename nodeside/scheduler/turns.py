@@ -1,171 +1,305 @@
-"""Turns: what follows each event on a GPU. Grants, quanta ending, preemption, revocation.
+"""Turns: every change of a hold, and what follows each event on a GPU.
 
-``Scheduler`` (core.py) takes the events; after each one it calls ``_schedule`` for the GPU it
-touched, and that is this file: grant while the GPU is free (or the next one fits, in mode auto),
-drop a LOW holder for a request owed its guarantee, end quanta that ran out while someone
-eligible waits, revoke a holder past its grace, and (mode auto, ``interactive.turns``) say which
-holder side by side has its turn (taking_turns.py). The moves these rules make (grant, drop, end
-a hold) and the state they read are ``Moves`` (moves.py).
+A client asks for its GPU (``acquire``), gives it back or cancels its wait (``release``), reports
+its working set, or leaves; the admin changes the mode; time passes. Each is taken here, and
+then ``schedule`` says what follows on the GPU it touched: grant while the GPU is free (or the
+next one fits, in mode auto), drop a LOW holder for a request owed its guarantee, end quanta that
+ran out while someone eligible waits, revoke a holder past its grace, and (mode auto,
+``interactive.turns``) say which holder side by side has its turn (taking_turns.py).
+
+Who goes next is the policy's (``NodeState.choice``: choosing.py, interactive.py) and what fits
+is the room's (room.py); the policy's ``light_first``, where it has one, may cut a quantum short
+or ask a holder to step aside. Every change of a hold is made by ``Moves`` (moves.py), which
+only this object holds.
 """
 
 from __future__ import annotations
 
 import math
+from typing import final
 
 from nodeside import protocol as p
-from nodeside.scheduler import room
-from nodeside.scheduler.actions import Action, Revoke
+from nodeside.scheduler.actions import Action, Drop, Grant, Released, Revoke, SchedulerError
 from nodeside.scheduler.choosing import within_pool
+from nodeside.scheduler.moves import Moves
+from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
+from nodeside.scheduler.view import Kept
 
 _EPS = 1e-9
 #: The request order of a holder competing as if it asked again: after every real request.
 TAIL_ORDER = 1 << 62
 
 
-class Turns(TakingTurns):
-    """The scheduling rules shared by every event; ``Scheduler`` holds the state they use."""
+@final
+class Turns:
+    """The hold events, and the scheduling rules that follow every event."""
 
-    def _schedule_all(self, now: float) -> list[Action]:
+    def __init__(self, state: NodeState, room: Room, taking: TakingTurns) -> None:
+        self.state = state
+        self.room = room
+        self.taking = taking
+        self._moves = Moves(state, room)
+
+    # -- a client's requests --------------------------------------------------------------
+
+    def acquire(self, client: Client, now: float) -> list[Action]:
+        state = self.state
+        if client.hold_state is not HoldState.IDLE:
+            # Asking again while holding is answered with the grant; while waiting, nothing.
+            return [Grant(client.id, client.gpu, state.quantum(client.gpu))] \
+                if client.state == "holding" else []
+        gpu = state.gpus[client.gpu]
+        if not gpu.waiters:
+            self._renew_lone_quanta(gpu, now)
+        client.move(HoldState.WAITING)
+        client.request_order = next(state.order)
+        client.requested_at = now
+        gpu.waiters.add(client)
+        return self.schedule(gpu, now)
+
+    def release(self, client: Client, now: float, evict_first: bool) -> list[Action]:
+        """Give the GPU back, or cancel a wait (``Scheduler.release`` says what
+        ``evict_first`` does)."""
+        gpu = self.state.gpus[client.gpu]
+        if client.hold_state is HoldState.WAITING:
+            gpu.waiters.remove(client)
+            client.move(HoldState.IDLE)
+            client.requested_at = None
+            return [Released(client.id, evict=False), *self.schedule(gpu, now)]
+        if client.hold_state is HoldState.IDLE:
+            return [Released(client.id, evict=False)]
+        hold = client.hold
+        assert hold is not None
+        moves = self._moves
+        if client.hold_state is HoldState.DROPPING:
+            evict = hold.drop_evict
+            if evict_first and evict:
+                # Already asked to leave (the drop crossed this release on the wire): the drain
+                # goes on under that drop, and its grace is not extended.
+                left = max(0.0, (hold.drop_sent_at or now) + self.state.grace - now)
+                assert hold.drop_reason is not None
+                return [Drop(client.id, gpu.spec.index, hold.drop_reason, True, left)]
+        else:
+            incoming = self.state.choice.pick(gpu, now)
+            evict = moves.evict_on_leave(gpu, client, now, incoming)
+            if evict_first and evict:
+                return [*moves.drop(gpu, client, p.REASON_RELEASE, now, incoming, evict=True),
+                        *self.schedule(gpu, now)]
+        moves.end_hold(client, now)
+        return [Released(client.id, evict=evict), *self.schedule(gpu, now)]
+
+    def report_working_set(self, client: Client, nbytes: int, evictable: int | None,
+                           now: float) -> list[Action]:
+        if nbytes < 0:
+            raise SchedulerError(p.E_INVALID, "working set must not be negative")
+        client.working_set = nbytes
+        client.evictable = evictable
+        gpu = self.state.gpus[client.gpu]
+        return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
+
+    def free(self, client: Client, now: float) -> None:
+        """``client`` is leaving the node: whatever it held or waited for is free, at once
+        (the caller schedules its GPU once the client is gone)."""
+        if client.hold_state is HoldState.WAITING:
+            self.state.gpus[client.gpu].waiters.remove(client)
+            client.move(HoldState.IDLE)
+        elif client.hold_state is not HoldState.IDLE:
+            self._moves.end_hold(client, now)
+
+    def drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
+             incoming: Client | None, evict: bool | None = None) -> list[Action]:
+        """Ask ``holder`` to give ``gpu`` back now, for ``incoming``."""
+        return self._moves.drop(gpu, holder, reason, now, incoming, evict)
+
+    # -- the admin's mode -----------------------------------------------------------------
+
+    def mode_changed(self, previous: str, now: float) -> list[Action]:
+        """The mode is now ``state.mode``, and was ``previous``: what follows on every GPU."""
+        state = self.state
+        mode = state.mode
         actions: list[Action] = []
-        for gpu in self.gpus.values():
-            actions.extend(self._schedule(gpu, now))
+        if mode != "off" and previous == "off":
+            # Running side by side ends now: every holder gets a fresh quantum measured from
+            # the switch, so none is dropped the instant the scheduler comes on.
+            for gpu in state.gpus.values():
+                for holder in gpu.holders.values():
+                    assert holder.hold is not None
+                    holder.hold.quantum_start = now
+        if mode == "on":
+            for gpu in state.gpus.values():
+                keeper, *others = gpu.holders.values() if gpu.holders else (None,)
+                for holder in others:
+                    if holder.hold_state is HoldState.HOLDING:
+                        actions.extend(self._moves.drop(gpu, holder, p.REASON_MODE, now,
+                                                        incoming=keeper))
+        elif mode == "auto":
+            for gpu in state.gpus.values():
+                first = next(iter(gpu.holders.values()), None)
+                actions.extend(self._relieve_overcommit(gpu, first, now, p.REASON_MODE))
+        else:
+            for gpu in state.gpus.values():
+                self._moves.withdraw_drops(gpu)
+        return actions + self.schedule_all(now)
+
+    # -- what follows ---------------------------------------------------------------------
+
+    def schedule_all(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for gpu in self.state.gpus.values():
+            actions.extend(self.schedule(gpu, now))
         return actions
 
-    def _schedule(self, gpu: GpuState, now: float) -> list[Action]:
-        self._events += 1  # every event schedules: what the next deadline depends on moved
+    def schedule(self, gpu: GpuState, now: float) -> list[Action]:
+        state = self.state
+        state.events += 1  # every event schedules: what the next deadline depends on moved
         waiters, holders = gpu.waiters, gpu.holders
+        mode = state.mode
         # No holder, none to revoke: a release's schedule (half of every handoff) skips the call.
         actions: list[Action] = self._revoke_overdue(gpu, now) if holders else []
-        if self.mode == "off":
+        if mode == "off":
             for waiter in list(gpu.waiters.values()):
-                actions.append(self._grant(gpu, waiter, now))
-            actions.extend(self._take_turns(gpu, now))  # nobody takes turns: all work
+                actions.append(self._moves.grant(gpu, waiter, now))
+            actions.extend(self.taking.take_turns(gpu, now))  # nobody takes turns: all work
             return actions
         # Grant while the GPU is free (mode on) or the next one fits (mode auto). Head-of-line:
         # the first waiter that does not fit, or that the policy holds back, stops the others,
         # so a big request never starves behind a stream of small ones.
-        while waiters and not (holders and self.mode == "on"):
+        while waiters and not (holders and mode == "on"):
             candidate = (gpu.promised is not None and self._keep_promise(gpu, now)) \
-                or self.choice.pick(gpu, now)
+                or state.choice.pick(gpu, now)
             if candidate is None or (holders and (
-                    not room.fits_beside(gpu, [candidate], self._reserve)
-                    or self.choice.holds_back(gpu, candidate, now))):
+                    not self.room.fits_beside(gpu, [candidate])
+                    or self._held_back(gpu, candidate, now))):
                 break
-            actions.append(self._grant(gpu, candidate, now))
-        if waiters and self.preemption:  # nobody waiting, or preemption off: no call at all
+            actions.append(self._moves.grant(gpu, candidate, now))
+        if waiters and state.preemption:  # nobody waiting, or preemption off: no call at all
             actions.extend(self._preempt(gpu, now))
         if holders:
             actions.extend(self._end_quanta(gpu, now))
-            actions.extend(self._take_turns(gpu, now))
+            actions.extend(self.taking.take_turns(gpu, now))
         return actions
+
+    def _held_back(self, gpu: GpuState, client: Client, now: float) -> bool:
+        light_first = self.state.choice.light_first
+        return light_first is not None and light_first.holds_back(gpu, client, now)
 
     def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
         promised, gpu.promised = gpu.promised, None
         client = gpu.waiters.get(promised) if promised is not None else None
-        if client is None or self.choice.over_maximum(gpu, client.pool, now):
+        choice = self.state.choice
+        if client is None or choice.over_maximum(gpu, client.pool, now):
             return None
         # A request owed its guarantee that arrived during the handoff still goes first.
-        if not self.choice.below_guarantee(gpu, client, now) and any(
-                self.choice.below_guarantee(gpu, head, now)
+        if not choice.below_guarantee(gpu, client, now) and any(
+                choice.below_guarantee(gpu, head, now)
                 for head in gpu.waiters.heads().values()):
             return None
         return client
 
-    def _room_after(self, gpu: GpuState, claimant: Client, gone: list[Client]) -> bool:
-        return room.room_after(gpu, claimant, gone, serial=self.mode == "on",
-                               reserve=self._reserve)
-
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
-        """Drops that make room for waiters owed their guarantee. ``_schedule`` calls it only
+        """Drops that make room for waiters owed their guarantee. ``schedule`` calls it only
         with waiters, preemption on and mode not off: no shares to measure otherwise."""
-        victims = [h for h in room.staying(gpu) if h.preemptible]
+        # One pass, no list of those staying first: asked on every event while anyone waits.
+        victims = [h for h in gpu.holders.values()
+                   if h.hold_state is HoldState.HOLDING and h.preemptible]
         if not victims:
             return []
+        choice = self.state.choice
         shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
         claimants = sorted((w for w in gpu.waiters.values()
-                            if self.choice.below_guarantee(gpu, w, now)
-                            and not self.choice.over_maximum(gpu, w.pool, now, shares)),
+                            if choice.below_guarantee(gpu, w, now)
+                            and not choice.over_maximum(gpu, w.pool, now, shares)),
                            key=within_pool)
+        room = self.room
         actions: list[Action] = []
         for claimant in claimants:
             # Holders already leaving count as gone: a claimant whose room is already being
             # made must not cost a second preemptible holder its quantum.
-            leaving = room.leaving(gpu)
-            if self._room_after(gpu, claimant, leaving):
+            gone = leaving(gpu)
+            if room.room_after(gpu, claimant, gone):
                 continue
             chosen: list[Client] = []
-            while victims and not self._room_after(gpu, claimant, [*leaving, *chosen]):
+            while victims and not room.room_after(gpu, claimant, [*gone, *chosen]):
                 chosen.append(victims.pop())  # the newest grant first: it has run the least
-            if not self._room_after(gpu, claimant, [*leaving, *chosen]):
+            if not room.room_after(gpu, claimant, [*gone, *chosen]):
                 break  # not even every preemptible holder together would make room
             for victim in chosen:
-                self.counts["preemptions"] += 1
-                actions.extend(self._drop(gpu, victim, p.REASON_PREEMPT, now, incoming=claimant))
+                self.state.counts["preemptions"] += 1
+                actions.extend(self._moves.drop(gpu, victim, p.REASON_PREEMPT, now,
+                                                incoming=claimant))
         return actions
 
-    def _quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
+    def quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
         """The TQ, or less where the policy cuts the quantum short for the next holder."""
-        tq = self.tq_for(gpu.spec.index)
-        if not self.choice.cuts_quanta or self.mode != "on" or not gpu.waiters:
+        state = self.state
+        tq = state.tq_for(gpu.spec.index)
+        light_first = state.choice.light_first
+        if light_first is None or state.mode != "on" or not gpu.waiters:
             return tq
-        winner = self.choice.pick(gpu, now, as_tail(holder))
+        winner = state.choice.pick(gpu, now, as_tail(holder))
         if winner is None or winner.id == holder.id:
             return tq
-        return self.choice.quantum(gpu, holder, winner, tq, now)
+        return light_first.quantum(gpu, holder, winner, tq, now)
 
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
+        state = self.state
+        choice = state.choice
         actions: list[Action] = []
-        tq = self.tq_for(gpu.spec.index)
-        cuts = self.choice.cuts_quanta  # if not, every quantum is the TQ
-        aside = cuts and self.mode == "auto"
+        tq = state.tq_for(gpu.spec.index)
+        light_first = choice.light_first  # without one, every quantum is the TQ
+        aside = light_first if light_first is not None and state.mode == "auto" else None
         # Asked once for every holder: a drop below changes no waiter's place.
-        waiter = self.choice.pick(gpu, now) if aside and gpu.waiters else None
-        for holder in room.staying(gpu):
+        waiter = choice.pick(gpu, now) if aside is not None and gpu.waiters else None
+        for holder in staying(gpu):
             hold = holder.hold
             assert hold is not None
-            if aside:
-                light = self.choice.steps_aside_for(gpu, holder, waiter, tq, now)
+            if aside is not None:
+                light = aside.steps_aside_for(gpu, holder, waiter, tq, now)
                 if light is not None:
                     actions.extend(self._step_aside(gpu, holder, light, now))
                     continue
-            length = self._quantum_length(gpu, holder, now) if cuts else tq
+            length = self.quantum_length(gpu, holder, now) if light_first is not None else tq
             if now < hold.quantum_start + length - _EPS:
                 continue
             # The holder competes as if it asked again now, at the tail; if it would win
             # anyway it keeps the GPU and hears nothing.
-            if self.mode == "auto":
-                blocked = self.choice.pick(gpu, now)
-                if blocked is None or self._room_after(gpu, blocked, room.leaving(gpu)):
+            if state.mode == "auto":
+                blocked = choice.pick(gpu, now)
+                if blocked is None or self.room.room_after(gpu, blocked, leaving(gpu)):
                     # Nobody is blocked, or those already leaving make the room: no need to
                     # end this holder's turn as well.
                     hold.quantum_start = self._renewed(gpu, hold, tq, now)
                     continue
-                actions.extend(self._drop(gpu, holder, p.REASON_ROOM, now, incoming=blocked))
+                actions.extend(self._moves.drop(gpu, holder, p.REASON_ROOM, now,
+                                                incoming=blocked))
                 continue
-            tail = as_tail(holder, next(self._order))
-            winner = self.choice.pick(gpu, now, tail)
-            if winner is None and self.choice.over_maximum(gpu, holder.pool, now):
-                actions.extend(self._drop(gpu, holder, p.REASON_MAXIMUM, now, incoming=None))
+            tail = as_tail(holder, next(state.order))
+            winner = choice.pick(gpu, now, tail)
+            if winner is None and choice.over_maximum(gpu, holder.pool, now):
+                actions.extend(self._moves.drop(gpu, holder, p.REASON_MAXIMUM, now,
+                                                incoming=None))
                 continue
             if winner is None or winner is tail:
-                if winner is tail:
-                    self.choice.on_keep(gpu, holder, now)
+                if winner is tail and choice.observes:
+                    choice.observe(Kept(gpu, holder, now))
                 hold.quantum_start = self._renewed(gpu, hold, tq, now)
                 continue
-            actions.extend(self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
+            actions.extend(self._moves.drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
         return actions
 
     def _step_aside(self, gpu: GpuState, holder: Client, light: Client,
                     now: float) -> list[Action]:
         """Mode auto, ``policy: interactive``: ``holder`` leaves the GPU's time to ``light``
-        (aside.py). Beside a light holder its memory stays: they fit, nothing needs the room.
-        For a light waiter, the drop is for it and moves memory only if it needs the room."""
-        self.counts["steps_aside"] += 1
+        (light_first.py). Beside a light holder its memory stays: they fit, nothing needs the
+        room. For a light waiter, the drop is for it and moves memory only if it needs the
+        room."""
+        self.state.counts["steps_aside"] += 1
         if light.hold_state is HoldState.WAITING:
-            return self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=light)
-        return self._drop(gpu, holder, p.REASON_QUANTUM, now, incoming=None, evict=False)
+            return self._moves.drop(gpu, holder, p.REASON_QUANTUM, now, incoming=light)
+        return self._moves.drop(gpu, holder, p.REASON_QUANTUM, now, incoming=None, evict=False)
 
     def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
                             reason: str = p.REASON_ROOM) -> list[Action]:
@@ -175,22 +309,22 @@ class Turns(TakingTurns):
         stays (the one in the middle of allocating, or the first holder); the others leave and
         must move their memory out, since the room is what is missing.
         """
-        if self.mode != "auto" or keep is None or keep.state != "holding":
+        if self.state.mode != "auto" or keep is None or keep.state != "holding":
             return []
         actions: list[Action] = []
-        for holder in room.overcommitted(gpu, keep, self._reserve):
-            actions.extend(self._drop(gpu, holder, reason, now, incoming=None, evict=True))
+        for holder in self.room.overcommitted(gpu, keep):
+            actions.extend(self._moves.drop(gpu, holder, reason, now, incoming=None, evict=True))
         return actions
 
     def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
         actions: list[Action] = []
-        for holder in room.leaving(gpu):
+        for holder in leaving(gpu):
             hold = holder.hold
             assert hold is not None and hold.drop_sent_at is not None
-            if now < hold.drop_sent_at + self.config.grace - _EPS:
+            if now < hold.drop_sent_at + self.state.grace - _EPS:
                 continue
-            self.counts["revocations"] += 1
-            self._end_hold(holder, now)
+            self.state.counts["revocations"] += 1
+            self._moves.end_hold(holder, now)
             actions.append(Revoke(holder.id, gpu.spec.index, p.REASON_GRACE,
                                   ignored_for=now - hold.drop_sent_at))
         return actions
@@ -203,8 +337,8 @@ class Turns(TakingTurns):
         renewals now puts the newcomer behind the end of the *current* quantum, as in the
         seed's timeline, instead of dropping a holder whose first quantum ran out long ago.
         """
-        tq = self.tq_for(gpu.spec.index)
-        for holder in room.staying(gpu):
+        tq = self.state.tq_for(gpu.spec.index)
+        for holder in staying(gpu):
             assert holder.hold is not None
             holder.hold.quantum_start = current_quantum_start(holder.hold, tq, now)
 

@@ -39,6 +39,12 @@ def seen(notebook: Container) -> dict[str, Any]:
 
 def test_the_image_runs_as_the_notebook_user_not_root(notebook: Container) -> None:
     done = notebook.run("id", "-un")
+    for _ in range(2):
+        # Seen once under load (2026-11-27): `buildah run --isolation chroot` exited 0 with the
+        # command's output lost. `id -un` never prints nothing, so ask again rather than fail.
+        if done.returncode != 0 or done.stdout.strip():
+            break
+        done = notebook.run("id", "-un")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "jovyan"
 

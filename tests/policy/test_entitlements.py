@@ -2,7 +2,8 @@
 
 import pytest
 
-from nodeside.scheduler.pools import Pool, entitlements
+from nodeside.model import Pool
+from nodeside.scheduler.pools import entitlements
 
 
 def test_seed_pools_get_035_and_065():

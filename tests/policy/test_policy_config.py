@@ -3,7 +3,7 @@
 import pytest
 
 from nodeside.config import ConfigError, from_mapping, load
-from nodeside.scheduler.pools import UNLIMITED
+from nodeside.model import UNLIMITED
 
 YAML = """\
 tq: 30

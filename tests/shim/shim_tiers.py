@@ -27,6 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import graphs
+
 TIERS = ("interpose", "client", "mechanisms")
 #: The tiers each tier may call, besides its own.
 MAY_CALL = {"interpose": {"mechanisms"}, "client": {"mechanisms"}, "mechanisms": set()}
@@ -139,43 +141,12 @@ def client_names_below(shim: Path) -> list[str]:
 
 
 def cycles(calls: list[Call]) -> list[list[str]]:
-    """The groups of files that call each other, directly or around a loop (Tarjan's strongly
-    connected components of more than one file)."""
+    """The groups of files that call each other, directly or around a loop."""
     graph: dict[str, set[str]] = {}
     for call in calls:
         graph.setdefault(call.caller, set()).add(call.callee)
         graph.setdefault(call.callee, set())
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph[node]):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
+    return graphs.cycles(graph)
 
 
 def _body_spans(code: str, function: str) -> list[tuple[int, int]]:

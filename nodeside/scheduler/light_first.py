@@ -1,10 +1,25 @@
-"""Mode auto under ``policy: interactive``: memory side by side, the GPU's time to the light.
+"""The GPU's time to the light first: what the core asks of ``policy: interactive``'s rules.
 
-In mode auto, holders whose working sets fit share the GPU, each at its share of the GPU's time.
-That is fair to two training runs and hard on a person's short cell: beside two of them it goes
-at a third of its speed (the fleet benchmark's "side by side: sharing the GPU"). So under
-``policy: interactive`` the GPU's time goes to the light, as in mode on, while the memory stays
-side by side, as in mode auto:
+``InteractivePolicy`` (interactive.py) composes this; the core (turns.py, taking_turns.py,
+queries.py) consults a policy's ``light_first`` where it has one, and round robin has none. Three
+ways a light client gets the GPU's time sooner than its turn by request order would give it:
+
+- **a quantum cut short** (mode on): a holder's quantum ends early for a waiter that used far
+  less GPU time, priced by the memory the switch moves (``pricing.quantum``);
+- **stepping aside** (mode auto): below;
+- **taking turns** (mode auto, ``interactive.turns``): holders side by side take turns at the
+  GPU's time, the one whose request has worked least first (``request_work``; the rules are
+  taking_turns.py's).
+
+The light request that goes once ahead of a pool's rule (light.py) is part of the policy's own
+order (``pick``); this component holds it too, as the quantum of a holder that went ahead is
+priced apart.
+
+Stepping aside. In mode auto, holders whose working sets fit share the GPU, each at its share
+of the GPU's time. That is fair to two training runs and hard on a person's short cell: beside
+two of them it goes at a third of its speed (the fleet benchmark's "side by side: sharing the
+GPU"). So under ``policy: interactive`` the GPU's time goes to the light, as in mode on, while
+the memory stays side by side, as in mode auto:
 
 - light beside heavy: a client of no lower priority than another (a LOW request never cuts a
   quantum short) that used at most CUT_RATIO of its GPU time (``attained``);
@@ -27,31 +42,50 @@ are over.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from nodeside.scheduler.attained import CUT_RATIO
+from nodeside.scheduler import pricing
+from nodeside.scheduler.attained import CUT_RATIO, AttainedService
+from nodeside.scheduler.light import LightRequests
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
-
-if TYPE_CHECKING:
-    from nodeside.scheduler.interactive import InteractivePolicy
+from nodeside.scheduler.view import PolicyView
 
 _EPS = 1e-9
 
 
-class StepAside:
-    """Who is light beside whom in mode auto, and the heavy clients let through past a TQ."""
+class LightFirst:
+    """A quantum cut short for the light, holders stepping aside for them, and turns by the work
+    done; ``service`` says what each client used."""
 
-    def __init__(self, policy: InteractivePolicy) -> None:
-        # The policy's measures (``service``, ``quantum``) and the scheduler's TQ.
-        self.policy = policy
+    def __init__(self, view: PolicyView, service: AttainedService, light: LightRequests) -> None:
+        self.view = view
+        self.service = service
+        self.light = light
         #: Client id -> when it was granted for having been held back a whole TQ: it is not
         #: asked to step aside again until a TQ later.
         self._let_through: dict[str, float] = {}
 
+    # -- mode on: a quantum cut short ------------------------------------------------------
+
+    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
+                now: float) -> float:
+        """How long ``holder``'s quantum is, ``winner`` being who would go next."""
+        return pricing.quantum(self.view, self.service, self.light, gpu, holder, winner, tq, now)
+
+    # -- mode auto: taking turns -----------------------------------------------------------
+
+    def turn_length(self) -> float:
+        """Seconds of a turn when pausable holders side by side take turns; 0: they do not."""
+        return self.view.settings.interactive.turns
+
+    def request_work(self, client_id: str, now: float) -> float:
+        """GPU seconds the client's request in progress has worked: who has the next turn."""
+        return self.service.request_work(client_id, now)
+
+    # -- mode auto: stepping aside ---------------------------------------------------------
+
     def light_beside(self, light: Client, heavy: Client, now: float) -> bool:
         if PRIORITY_RANK[light.priority] > PRIORITY_RANK[heavy.priority]:
             return False
-        service = self.policy.service
+        service = self.service
         used = service.attained(heavy.id, now)
         # Two that used nothing yet are equals, not light and heavy.
         return used > 0.0 and service.attained(light.id, now) <= CUT_RATIO * used
@@ -61,24 +95,29 @@ class StepAside:
         return [h for h in gpu.holders.values() if h.hold_state is HoldState.HOLDING
                 and h.hold is not None and now - h.hold.granted_at < tq - _EPS]
 
-    def may_come(self, gpu: GpuState, now: float) -> bool:
-        """May a holder yet step aside, or a held-back request be granted? Only while someone
-        waits, or while holders share the GPU and one of them is in its turn."""
+    def aside_may_come(self, gpu: GpuState, now: float) -> bool:
+        """May a holder yet step aside, or a held-back request be granted, as GPU time is used
+        with no event to say so? (The core then looks again after a first quantum.) Only while
+        someone waits, or while holders share the GPU and one of them is in its turn."""
         if gpu.waiters:
             return True
-        tq = self.policy.scheduler.tq_for(gpu.spec.index)
+        tq = self.view.tq_for(gpu.spec.index)
         return len(gpu.holders) > 1 and bool(self.in_turn(gpu, tq, now))
 
     def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
-        """Is ``client``'s request held back: heavy beside a light holder in its turn, and
-        waiting for less than a TQ?"""
-        tq = self.policy.scheduler.tq_for(gpu.spec.index)
+        """Mode auto: is ``client``'s request, which fits, held back from being granted beside
+        the holders: heavy beside a light holder in its turn, and waiting for less than a TQ?"""
+        if self.view.mode != "auto":
+            return False
+        tq = self.view.tq_for(gpu.spec.index)
         return not self._waited_a_turn(client, tq, now) and self._heavy(gpu, client, tq, now)
 
     def granted(self, gpu: GpuState, client: Client, now: float) -> None:
-        """``client`` was granted beside the holders. If it is heavy beside one in its turn, it
+        """``client`` was granted. In mode auto, if it is heavy beside a holder in its turn, it
         was let through for having waited a TQ: it is not asked to step aside for a TQ."""
-        tq = self.policy.scheduler.tq_for(gpu.spec.index)
+        if self.view.mode != "auto":
+            return
+        tq = self.view.tq_for(gpu.spec.index)
         if self._heavy(gpu, client, tq, now):
             self._let_through[client.id] = now
 
@@ -91,13 +130,12 @@ class StepAside:
         let = self._let_through.get(holder.id)
         if let is not None and now - let < tq - _EPS:
             return None
-        policy = self.policy
         lights = [h for h in self.in_turn(gpu, tq, now) if h is not holder]
         if waiter is not None:
             lights.append(waiter)
         for light in lights:
             if self.light_beside(light, holder, now) and \
-                    now >= hold.quantum_start + policy.quantum(gpu, holder, light, tq, now) - _EPS:
+                    now >= hold.quantum_start + self.quantum(gpu, holder, light, tq, now) - _EPS:
                 return light
         return None
 

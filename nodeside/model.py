@@ -1,0 +1,113 @@
+"""The node's domain values that the configuration names and the scheduler applies.
+
+A leaf module: it imports only the protocol's words. ``nodeside.config`` reads a file into these
+types and ``nodeside.scheduler`` applies them; neither imports the other for them.
+
+- ``Pool``: a team's share of one GPU's time (guarantee, weight, maximum), after the KAI
+  scheduler's queues; ``UNLIMITED`` is the maximum that caps nothing.
+- ``AccessRule`` and ``AccessPolicy``: who may claim which pools and priorities (``access:`` in
+  the config; the scheduler's ``access.judge`` applies them to each registration).
+- The policy names ``policy:`` accepts (``POLICY_NAMES``); ``nodeside.scheduler.policies`` has
+  a policy for each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nodeside import protocol as p
+
+__all__ = ["ANY", "DOWNGRADE", "ON_VIOLATION", "POLICY_INTERACTIVE", "POLICY_NAMES",
+           "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "UNLIMITED", "AccessPolicy",
+           "AccessRule", "Pool"]
+
+# -- pools --------------------------------------------------------------------------------------
+
+#: A pool's maximum when it has none.
+UNLIMITED = -1.0
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A team's share of one GPU's time: fractions of it, as KAI's queues give them."""
+
+    name: str
+    guarantee: float = 0.0
+    weight: float = 1.0
+    maximum: float = UNLIMITED
+    #: False when the config left out guarantee, weight or maximum. KAI turns preemption off for
+    #: every pool when any pool is partially configured; so do we.
+    complete: bool = True
+    #: Which of guarantee, weight and maximum the config left out (for the reason shown to users).
+    missing: tuple[str, ...] = ()
+
+    @property
+    def cap(self) -> float:
+        return 1.0 if self.maximum < 0 else min(self.maximum, 1.0)
+
+
+# -- who may claim which pools and priorities ---------------------------------------------------
+
+ANY = "*"
+REFUSE = "refuse"
+DOWNGRADE = "downgrade"
+ON_VIOLATION = (REFUSE, DOWNGRADE)
+
+
+@dataclass(frozen=True)
+class AccessRule:
+    """Peers with one of ``uids`` or ``gids``, or whose pod is in one of ``namespaces``, may
+    use ``pools`` at ``priorities``."""
+
+    uids: frozenset[int] = frozenset()
+    gids: frozenset[int] = frozenset()
+    pools: frozenset[str] = frozenset({ANY})
+    priorities: frozenset[str] = frozenset(p.PRIORITIES)
+    namespaces: frozenset[str] = frozenset()
+
+    def matches(self, uid: int | None, gids: Iterable[int], namespace: str | None = None) -> bool:
+        return ((uid is not None and uid in self.uids) or bool(self.gids.intersection(gids))
+                or (namespace is not None and namespace in self.namespaces))
+
+    def allows(self, pool: str, priority: str) -> bool:
+        return (ANY in self.pools or pool in self.pools) and priority in self.priorities
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    #: What everyone may claim, whatever their uid (when no rule below says more).
+    default: AccessRule = AccessRule(pools=frozenset({"default"}),
+                                     priorities=frozenset({"NORMAL", "LOW"}))
+    rules: tuple[AccessRule, ...] = ()
+    #: ``refuse``: a claim outside the policy is an E_PERMISSION error. ``downgrade``: the
+    #: client is registered with the nearest claim it may make, and a warning says so.
+    on_violation: str = REFUSE
+    uids_exempt: frozenset[int] = field(default_factory=lambda: frozenset({0}))
+
+    @property
+    def names_namespaces(self) -> bool:
+        """Whether some rule names a namespace (and so needs the daemon to verify them)."""
+        return any(r.namespaces for r in (self.default, *self.rules))
+
+    def rules_for(self, uid: int | None, gids: Iterable[int],
+                  namespace: str | None = None) -> list[AccessRule]:
+        gids = tuple(gids)
+        return [self.default, *(r for r in self.rules if r.matches(uid, gids, namespace))]
+
+    def allowed(self, uid: int | None, gids: Iterable[int], pool: str, priority: str,
+                namespace: str | None = None) -> bool:
+        if uid in self.uids_exempt:
+            return True
+        return any(r.allows(pool, priority) for r in self.rules_for(uid, gids, namespace))
+
+
+# -- the scheduling policies' names -------------------------------------------------------------
+
+#: How the next holder is chosen within the pools' rules (docs/policy.md says when to use which).
+POLICY_ROUND_ROBIN = "round-robin"
+POLICY_INTERACTIVE = "interactive"
+#: The name the policy seam first had for round robin, still accepted.
+POLICY_POOLS = "pools"
+#: Every name ``policy:`` accepts.
+POLICY_NAMES = (POLICY_ROUND_ROBIN, POLICY_POOLS, POLICY_INTERACTIVE)
