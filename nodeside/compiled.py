@@ -67,6 +67,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.queries",
     "nodeside.scheduler.queue",
     "nodeside.scheduler.report",
+    "nodeside.scheduler.residency",
     "nodeside.scheduler.room",
     "nodeside.scheduler.state",
     "nodeside.scheduler.status",

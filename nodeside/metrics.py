@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from nodeside.errors import DaemonError
 from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
 from nodeside.scheduler.pools import entitlements
+from nodeside.scheduler.residency import occupies
 
 log = logging.getLogger("kiwi.metrics")
 
@@ -62,6 +63,7 @@ class SchedulerCollector(Collector):
         yield from self._counters(sched)
         yield from self._pools(sched, now)
         yield from self._clients(sched, now)
+        yield from self._memory(sched)
 
     def _gpus(self, sched: Scheduler, now: float) -> Iterator[Metric]:
         known_uuids = any(gpu.spec.uuid for gpu in sched.gpus.values())
@@ -142,6 +144,34 @@ class SchedulerCollector(Collector):
                 working_set.add_metric(labels, client.working_set)
         yield from (seconds, working_set)
 
+    def _memory(self, sched: Scheduler) -> Iterator[Metric]:
+        """Feature ``memory``: where each client's memory is, and the evictions and restores
+        the core counted."""
+        resident = GaugeMetricFamily("kiwi_resident_bytes",
+                                     "Bytes of GPU memory the client has on the GPU now.",
+                                     labels=["gpu", "client"])
+        evicted = GaugeMetricFamily("kiwi_evicted_bytes",
+                                    "Bytes of the client's GPU memory in host memory now.",
+                                    labels=["gpu", "client"])
+        for client in sched.clients.values():
+            if client.memory:
+                labels = [str(client.gpu), client.name]
+                resident.add_metric(labels, occupies(client))
+                evicted.add_metric(labels, client.host_bytes)
+        evictions = CounterMetricFamily(
+            "kiwi_evictions", "Evictions asked: room (for a grant), release (a holder released "
+                              "evicting), timeout and idle (checkpoints).",
+            labels=["gpu", "reason"])
+        for index, gpu in sched.gpus.items():
+            for reason, count in sorted(gpu.evictions.items()):
+                evictions.add_metric([str(index), reason], count)
+        moved = CounterMetricFamily("kiwi_evicted_bytes", "Bytes evictions moved to host memory.",
+                                    value=sched.counts.get("evicted_bytes", 0))
+        restores = CounterMetricFamily("kiwi_restores", "Restores that ended (an evicted "
+                                                        "client back on the GPU).",
+                                       value=sched.counts.get("restores", 0))
+        yield from (resident, evicted, evictions, moved, restores)
+
 
 class Metrics:
     """The daemon's registry: the collector plus the handoff histogram it observes."""
@@ -159,6 +189,19 @@ class Metrics:
             "From asking a holder to give its GPU back to granting the GPU to the next client.",
             ["gpu"], buckets=HANDOFF_BUCKETS, registry=self.registry)
         self._asked: dict[int, float] = {}  # gpu -> when the first pending drop was sent
+        self.eviction = Histogram(
+            "kiwi_eviction_seconds", "How long a client took to move its memory to host memory "
+                                     "(its evicted report).",
+            ["gpu"], buckets=HANDOFF_BUCKETS, registry=self.registry)
+        self.restore = Histogram(
+            "kiwi_restore_seconds", "From granting an evicted client to its report that nothing "
+                                    "is left in host memory.",
+            ["gpu"], buckets=HANDOFF_BUCKETS, registry=self.registry)
+
+    def observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
+        """An eviction or a restore ended (``Requests.memory_observers``)."""
+        histogram = self.eviction if kind == "eviction" else self.restore
+        histogram.labels(str(gpu)).observe(seconds)
 
     def observe(self, actions: Iterable[Action], now: float) -> None:
         """Call with every list of actions the scheduler returns, at the time it returned it."""
@@ -203,6 +246,7 @@ class Observed(Protocol):
     scheduler: Scheduler
     handoff_observers: list[Callable[[float], None]]
     action_observers: list[Callable[[list[Action], float], None]]
+    memory_observers: list[Callable[[str, int, float], None]]
     closers: list[Callable[[], None]]
 
     def now(self) -> float: ...
@@ -213,6 +257,7 @@ async def serve_metrics(daemon: Observed, port: int, address: str = "0.0.0.0") -
     metrics = Metrics(lambda: daemon.scheduler, clock=daemon.now)
     daemon.handoff_observers.append(metrics.handoff.observe)
     daemon.action_observers.append(metrics.observe)
+    daemon.memory_observers.append(metrics.observe_memory)
     try:
         server = await metrics.serve(port, address)
     except OSError as exc:

@@ -9,6 +9,8 @@ types and ``nodeside.scheduler`` applies them; neither imports the other for the
   the config; the scheduler's ``access.judge`` applies them to each registration).
 - The policy names ``policy:`` accepts (``POLICY_NAMES``); ``nodeside.scheduler.policies`` has
   a policy for each.
+- Where a client's memory is (``RESIDENCIES``): on the GPU, moving out, in host memory, moving
+  in (docs/protocol.md, feature ``memory``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from dataclasses import dataclass, field
 
 from nodeside import protocol as p
 
-__all__ = ["ANY", "DOWNGRADE", "ON_VIOLATION", "POLICY_INTERACTIVE", "POLICY_NAMES",
-           "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "UNLIMITED", "AccessPolicy",
-           "AccessRule", "Pool"]
+__all__ = ["ANY", "DOWNGRADE", "EVICTED", "EVICTING", "ON_VIOLATION", "POLICY_INTERACTIVE",
+           "POLICY_NAMES", "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "RESIDENCIES",
+           "RESIDENT", "RESTORING", "UNLIMITED", "AccessPolicy", "AccessRule", "Pool"]
 
 # -- pools --------------------------------------------------------------------------------------
 
@@ -111,3 +113,17 @@ POLICY_INTERACTIVE = "interactive"
 POLICY_POOLS = "pools"
 #: Every name ``policy:`` accepts.
 POLICY_NAMES = (POLICY_ROUND_ROBIN, POLICY_POOLS, POLICY_INTERACTIVE)
+
+
+# -- where a client's memory is ------------------------------------------------------------------
+
+#: On the GPU (a client with no memory anywhere is resident with 0 bytes).
+RESIDENT = "resident"
+#: Asked to move to host memory (or released with ``evicting``), on its way out.
+EVICTING = "evicting"
+#: In host memory; restored when the client is next granted.
+EVICTED = "evicted"
+#: Granted after an eviction, moving back in until a report says nothing is left in host memory.
+RESTORING = "restoring"
+#: Every residency, in the order a client goes through them.
+RESIDENCIES = (RESIDENT, EVICTING, EVICTED, RESTORING)

@@ -10,7 +10,16 @@ import html
 from typing import Any
 
 from nodeside.headline import scheduler_headline
+from nodeside.memory_words import (
+    gpu_memory_words,
+    human_bytes,
+    keeps_memory,
+    residency_word,
+    waiting_for_words,
+)
 from nodeside.names import names_by_id, state_word, who
+
+__all__ = ["NAME_WIDTH", "Document", "StatusTable", "evict_cell", "human_bytes"]
 
 Document = dict[str, Any]
 
@@ -19,6 +28,8 @@ NAME_WIDTH = 40
 
 _CLIENT_COLUMNS = ("client", "pool", "priority", "state", "queue", "GPU time", "working set",
                    "evict")
+#: Where each client's memory is, from a daemon that keeps resident memory (issue 31).
+_MEMORY_COLUMNS = ("memory", "on GPU", "in host")
 
 
 def evict_cell(client: dict[str, Any]) -> str:
@@ -28,23 +39,17 @@ def evict_cell(client: dict[str, Any]) -> str:
     return evict if stage in (None, "running") else f"{evict} ({stage})"
 
 
-def human_bytes(nbytes: int | None) -> str:
-    if nbytes is None:
-        return "unknown"
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
 class StatusTable:
     """The scheduler's state, with this kernel's own row marked."""
 
     def __init__(self, document: Document, me: str | None = None) -> None:
         self.document = document
         self.me = me  # this kernel's client id, when registered
+        self.memory = keeps_memory(document)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return _CLIENT_COLUMNS + (_MEMORY_COLUMNS if self.memory else ())
 
     def _client_rows(self) -> list[tuple[bool, list[str]]]:
         rows = []
@@ -62,10 +67,18 @@ class StatusTable:
                         f"{c.get('gpu_seconds', 0.0):.1f} s",
                         human_bytes(c.get("working_set")),
                         evict_cell(c),
+                        *(self._memory_cells(c) if self.memory else ()),
                     ],
                 )
             )
         return rows
+
+    @staticmethod
+    def _memory_cells(client: dict[str, Any]) -> list[str]:
+        if "residency" not in client:
+            return ["", "", ""]
+        return [residency_word(client), human_bytes(client.get("resident_bytes")),
+                human_bytes(client.get("host_bytes"))]
 
     def _gpu_lines(self) -> list[str]:
         names = names_by_id(self.document, NAME_WIDTH)
@@ -83,6 +96,13 @@ class StatusTable:
             )
             if gpu.get("evict_blocked"):
                 lines.append(f"GPU {gpu['index']} grants nobody: {gpu['evict_blocked']}")
+            resident = gpu_memory_words(gpu)
+            if resident is not None:
+                lines.append(f"GPU {gpu['index']} memory: {resident}")
+        for client in self.document.get("clients", []):
+            waiting = waiting_for_words(client, self.document, NAME_WIDTH)
+            if waiting is not None:
+                lines.append(f"{names.get(client['id'], client['id'])} is {waiting}")
         return lines
 
     def _pool_lines(self) -> list[str]:
@@ -109,8 +129,9 @@ class StatusTable:
 
     def text(self) -> str:
         rows = self._client_rows()
-        table = [list(_CLIENT_COLUMNS)] + [cells for _, cells in rows]
-        widths = [max(len(row[i]) for row in table) for i in range(len(_CLIENT_COLUMNS))]
+        columns = self.columns
+        table = [list(columns)] + [cells for _, cells in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
         lines = [self._heading(), *self._gpu_lines(), *self._pool_lines(), ""]
         for index, row in enumerate(table):
             mine = index > 0 and rows[index - 1][0]
@@ -122,7 +143,7 @@ class StatusTable:
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        head = "".join(f"<th>{esc(c)}</th>" for c in _CLIENT_COLUMNS)
+        head = "".join(f"<th>{esc(c)}</th>" for c in self.columns)
         body = []
         for mine, cells in self._client_rows():
             tds = "".join(f"<td>{esc(cell)}</td>" for cell in cells)
@@ -130,7 +151,7 @@ class StatusTable:
             title = ' title="this kernel"' if mine else ""
             body.append(f"<tr{mark}{title}>{tds}</tr>")
         if not body:
-            body.append(f'<tr><td colspan="{len(_CLIENT_COLUMNS)}">no clients</td></tr>')
+            body.append(f'<tr><td colspan="{len(self.columns)}">no clients</td></tr>')
         facts = "".join(f"<li>{esc(line)}</li>" for line in self._gpu_lines() + self._pool_lines())
         return (
             f'<div class="jp-Kiwi-status"><strong>{esc(self._heading())}</strong>'

@@ -5,7 +5,10 @@ its position in the ``waiting`` reply and, where it serves the ``position`` feat
 whenever it changes. The status document (who holds the GPU, how long that quantum has left) is
 asked for only when the line appears, when the position changes and when the holder's quantum
 should have ended; the seconds count down from the document between two. Against a daemon that
-sends no position events the line asks on every refresh, as it must.
+sends no position events the line asks on every refresh, as it must. So it does, from a daemon
+that keeps resident memory, while this kernel is next: when the holder leaves, the grant may
+first wait for another kernel to move its memory out (``waiting_for``), which no position event
+tells, and the line follows that move until the grant.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.status_view import NAME_WIDTH, Document
+from nodeside.memory_words import keeps_memory, waiting_for_words
 from nodeside.names import names_by_id
 
 #: Where this kernel stands, asked for while the line is shown: a status document, or None when
@@ -52,6 +56,9 @@ def describe_wait(document: Document | None, me: str | None, waited: float,
     queue = len(gpu.get("queue", [])) if gpu else 0
     if position is not None:
         parts.append(f"position {position} of {max(queue, position)} in the queue")
+    waiting = waiting_for_words(mine, document, NAME_WIDTH) if mine else None
+    if waiting is not None:
+        parts.append(waiting)
     names = names_by_id(document, NAME_WIDTH)
     holders = [names.get(h, h) for h in gpu.get("holders", [])] if gpu else []
     if holders:
@@ -89,7 +96,8 @@ class WaitView:
         place = self._place()
         now = time.monotonic()
         if (self._read_at == 0.0 or not place.live or place.position != self._position
-                or (self._quantum_end is not None and now >= self._quantum_end)):
+                or (self._quantum_end is not None and now >= self._quantum_end)
+                or _moving(self.document, me)):
             self.asked += 1
             self.document = self._status()
             self._read_at, self._position = now, place.position
@@ -105,6 +113,15 @@ def _quantum_end(document: Document | None, me: str | None, now: float) -> float
     if gpu is None or gpu.get("quantum_remaining") is None:
         return None
     return now + float(gpu["quantum_remaining"])
+
+
+def _moving(document: Document | None, me: str | None) -> bool:
+    """The last document says this kernel waits for memory to move, or is next where that may
+    begin at any time: what it waits for changes without its position changing."""
+    if document is None or not keeps_memory(document):
+        return False
+    mine, _ = _mine_and_gpu(document, me)
+    return mine is not None and (bool(mine.get("waiting_for")) or mine.get("queue_position") == 1)
 
 
 def _mine_and_gpu(document: Document, me: str | None) -> tuple[Document | None, Document | None]:

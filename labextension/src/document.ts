@@ -1,5 +1,5 @@
 /**
- * The status document (docs/interfaces.md section 5) as the server extension returns it.
+ * The status document (CONTRACT section 5) as the server extension returns it.
  *
  * Generated from nodeside/protocol/document.py by `python -m nodeside.protocol.generate`: edit
  * the table there and run it, never this file (a test fails while the two differ).
@@ -25,6 +25,17 @@ export interface IHeldSpan {
   started: number;
   /** Seconds before the document when it ended; null while it holds. */
   ended: number | null;
+}
+
+/** What a waiter waits for besides its turn: another client to move memory out of the way. */
+export interface IWaitingFor {
+  /** The client id of who moves the memory. */
+  client: string;
+  /** Its display name. */
+  name: string;
+  /** How much it moves. */
+  bytes: number;
+  action: 'evict' | 'checkpoint' | 'restore';
 }
 
 /** One GPU as the daemon reports it. */
@@ -60,6 +71,14 @@ export interface IGpuStatus {
    * daemons).
    */
   recent_holders?: IHeldSpan[];
+  /** Bytes its clients have on it, holders or not. */
+  resident_bytes?: number;
+  /** Bytes the scheduler plans with (`--gpu-memory` or NVML's total). */
+  capacity?: number | null;
+  /** Host memory held by its evicted clients. */
+  host_bytes?: number;
+  /** The daemon's host-memory limit for evictions; null: none. */
+  host_budget?: number | null;
 }
 
 /** One scheduling client: a kernel registers under its Jupyter kernel id as `name`. */
@@ -103,6 +122,16 @@ export interface IClientStatus {
   checkpoint_state?: string;
   /** Why its last checkpoint failed. */
   checkpoint_error?: string | null;
+  /** Where its memory is: on the GPU, moving out, in host memory, moving in. */
+  residency?: 'resident' | 'evicting' | 'evicted' | 'restoring';
+  /** Bytes on the GPU now. */
+  resident_bytes?: number;
+  /** Bytes in host memory now. */
+  host_bytes?: number;
+  /** Where `resident_bytes` comes from. */
+  memory_source?: 'shim' | 'nvml' | 'working_set';
+  /** What it waits for besides its turn; null: nothing. */
+  waiting_for?: IWaitingFor | null;
 }
 
 /** A pool on one GPU. */

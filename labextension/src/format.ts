@@ -3,6 +3,7 @@
 import type { TranslationBundle } from '@jupyterlab/translation';
 
 import type { KernelStanding } from './model';
+import type { IClientStatus, IWaitingFor } from './tokens';
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
@@ -177,6 +178,80 @@ export function describeMemory(used: number | null, total: number | null, trans:
     return used ? trans.__('kernels use %1 (the GPU\'s size is not known here)', formatBytes(used)) : null;
   }
   return trans.__('%1 of %2', formatBytes(used ?? 0), formatBytes(total));
+}
+
+/** Where a client's memory is (the status document's `residency`). */
+export type Residency = NonNullable<IClientStatus['residency']>;
+
+/** What a waiting client waits for another to do (the document's `waiting_for.action`). */
+export type WaitingAction = IWaitingFor['action'];
+
+/** A residency in the words kiwictl and %kiwi use too: "on GPU", "moving out", ... */
+export function describeResidency(residency: Residency, trans: TranslationBundle): string {
+  switch (residency) {
+    case 'resident':
+      return trans.__('on GPU');
+    case 'evicting':
+      return trans.__('moving out');
+    case 'evicted':
+      return trans.__('in host memory');
+    case 'restoring':
+      return trans.__('moving in');
+  }
+}
+
+/** A client's memory: "10.0 GiB on GPU, 14.0 GiB in host memory". */
+export function describeClientMemory(residentBytes: number, hostBytes: number, trans: TranslationBundle): string {
+  return trans.__('%1 on GPU, %2 in host memory', formatBytes(residentBytes), formatBytes(hostBytes));
+}
+
+/** Where a kernel's memory figures come from, for the figures' tooltip. */
+export function describeMemorySource(source: string | null, trans: TranslationBundle): string {
+  switch (source) {
+    case 'shim':
+      return trans.__("as the kernel's CUDA shim reports them");
+    case 'nvml':
+      return trans.__('as NVML reads the process (more than the kernel reported)');
+    case 'working_set':
+      return trans.__('the working set the kernel declared (nothing measured yet)');
+    default:
+      return trans.__('source not said');
+  }
+}
+
+/** What a waiting kernel waits for: "waiting for nbA.ipynb to move 24.0 GiB to host memory". */
+export function describeWaitingFor(
+  waiting: { label: string; bytes: number; action: WaitingAction },
+  trans: TranslationBundle
+): string {
+  const size = formatBytes(waiting.bytes);
+  switch (waiting.action) {
+    case 'checkpoint':
+      return trans.__('waiting for %1 to be checkpointed (%2 to host memory)', waiting.label, size);
+    case 'restore':
+      return trans.__('waiting for %1 to move %2 back onto the GPU', waiting.label, size);
+    case 'evict':
+      return trans.__('waiting for %1 to move %2 to host memory', waiting.label, size);
+  }
+}
+
+/**
+ * A GPU's resident memory against what the scheduler plans with, and the host RAM its evicted
+ * kernels hold against the daemon's budget: two lines, the same figures as kiwictl's.
+ */
+export function describeResidentMemory(
+  memory: { resident: number; capacity: number | null; host: number; hostBudget: number | null },
+  trans: TranslationBundle
+): [string, string] {
+  const onGpu =
+    memory.capacity === null
+      ? trans.__("%1 on the GPU (the GPU's size is not known here)", formatBytes(memory.resident))
+      : trans.__('%1 of %2 on the GPU', formatBytes(memory.resident), formatBytes(memory.capacity));
+  const inHost =
+    memory.hostBudget === null
+      ? trans.__('%1 in host memory (no limit set)', formatBytes(memory.host))
+      : trans.__('%1 of %2 in host memory', formatBytes(memory.host), formatBytes(memory.hostBudget));
+  return [onGpu, inHost];
 }
 
 /** A pool's figures in plain words: "using 23% of the GPU; guaranteed 100%; no maximum". */

@@ -7,7 +7,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import type { IGpuGlance } from './format';
+import type { IGpuGlance, Residency, WaitingAction } from './format';
 import type { INvmlGpu, INvmlReading } from './nvml';
 import {
   IClientStatus,
@@ -43,6 +43,43 @@ export interface IQueueEntry {
   pool: string;
   priority: string;
   evict: string;
+  /** What it waits for beside its turn (another kernel's memory to move), or null. */
+  waitingFor: IWaitingForView | null;
+}
+
+/** What a waiting kernel waits for: another kernel to move memory. */
+export interface IWaitingForView {
+  clientId: string;
+  label: string;
+  bytes: number;
+  action: WaitingAction;
+}
+
+/** One kernel's memory on a GPU: its part of the GPU's bar and its row under it. */
+export interface IMemoryShare {
+  clientId: string;
+  label: string;
+  mine: boolean;
+  residency: Residency;
+  residentBytes: number;
+  hostBytes: number;
+  /** Where the figures come from: 'shim', 'nvml' or 'working_set'; null when not said. */
+  source: string | null;
+  waitingFor: IWaitingForView | null;
+}
+
+/** A GPU's memory from a daemon that keeps each kernel's resident memory. */
+export interface IGpuMemoryView {
+  /** Bytes its kernels have on it, summed. */
+  resident: number;
+  /** The bytes the scheduler plans with; null when unknown. */
+  capacity: number | null;
+  /** Host RAM its evicted kernels hold. */
+  host: number;
+  /** The host RAM evicted memory may take; null: no limit set. */
+  hostBudget: number | null;
+  /** Every kernel on the GPU, in the document's order. */
+  kernels: IMemoryShare[];
 }
 
 export interface IGpuView {
@@ -64,6 +101,8 @@ export interface IGpuView {
   nextReason: string | null;
   /** Seconds of a turn when the holders take turns, null when they do not. */
   turns: number | null;
+  /** Where its kernels' memory is; null from a daemon that does not say. */
+  memory: IGpuMemoryView | null;
 }
 
 export interface IPoolView {
@@ -211,6 +250,7 @@ export class KiwiModel {
     for (const gpu of this.gpus(now)) {
       gpu.holders.forEach(h => shown.add(h.label));
       gpu.queue.forEach(q => shown.add(q.label));
+      gpu.memory?.kernels.forEach(k => shown.add(k.label));
     }
     this.timeline(now).forEach(e => shown.add(e.label));
     return [...shown];
@@ -311,7 +351,8 @@ export class KiwiModel {
         mine: this._isMine(clientId),
         pool: client?.pool ?? '',
         priority: client?.priority ?? '',
-        evict: this._evictOf(clientId)
+        evict: this._evictOf(clientId),
+        waitingFor: this._waitingForOf(client)
       };
     });
     return {
@@ -333,7 +374,56 @@ export class KiwiModel {
       queue,
       policy: gpu.policy ?? null,
       nextReason: gpu.queue.length > 0 ? gpu.next_reason ?? null : null,
-      turns: gpu.turns ? gpu.turns : null
+      turns: gpu.turns ? gpu.turns : null,
+      memory: this._memoryOf(gpu)
+    };
+  }
+
+  /**
+   * The GPU's memory split by kernel, from the keys a memory-keeping daemon adds (null from
+   * any other, which the view then leaves out).
+   */
+  private _memoryOf(gpu: IGpuStatus): IGpuMemoryView | null {
+    if (gpu.resident_bytes === undefined) {
+      return null;
+    }
+    const kernels: IMemoryShare[] = [];
+    for (const client of this._document?.clients ?? []) {
+      if (client.gpu !== gpu.index || client.residency === undefined) {
+        continue;
+      }
+      kernels.push({
+        clientId: client.id,
+        label: this.labelFor(client.id),
+        mine: this._isMine(client.id),
+        residency: client.residency,
+        residentBytes: client.resident_bytes ?? 0,
+        hostBytes: client.host_bytes ?? 0,
+        source: client.memory_source ?? null,
+        waitingFor: this._waitingForOf(client)
+      });
+    }
+    return {
+      resident: gpu.resident_bytes,
+      capacity: gpu.capacity ?? null,
+      host: gpu.host_bytes ?? 0,
+      hostBudget: gpu.host_budget ?? null,
+      kernels
+    };
+  }
+
+  private _waitingForOf(client: IClientStatus | undefined): IWaitingForView | null {
+    const waiting = client?.waiting_for;
+    if (!waiting) {
+      return null;
+    }
+    // Named as the panel names it elsewhere when the document lists it, else as the daemon did.
+    const known = this._clientsById.has(waiting.client);
+    return {
+      clientId: waiting.client,
+      label: known ? this.labelFor(waiting.client) : waiting.name,
+      bytes: waiting.bytes,
+      action: waiting.action
     };
   }
 

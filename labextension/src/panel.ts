@@ -8,8 +8,20 @@ import { Widget } from '@lumino/widgets';
 
 import { KiwiRequestError } from './api';
 import { el } from './dom';
-import { describeMemory, describePool, formatBytes, formatSeconds, hueOf, splitName } from './format';
-import { IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
+import {
+  describeClientMemory,
+  describeMemory,
+  describeMemorySource,
+  describePool,
+  describeResidency,
+  describeResidentMemory,
+  describeWaitingFor,
+  formatBytes,
+  formatSeconds,
+  hueOf,
+  splitName
+} from './format';
+import { IGpuMemoryView, IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
 import { INvmlGpu } from './nvml';
 import { ISchedulerChange, SchedulerMode } from './tokens';
 
@@ -146,12 +158,18 @@ export class KiwiPanel extends Widget {
     }
     section.append(this._field(this._trans.__('Quantum left'), el('span', 'jp-Kiwi-quantum', formatSeconds(gpu.quantumLeft))));
 
-    const memoryText = describeMemory(gpu.memoryUsed, gpu.memoryTotal, this._trans);
-    if (memoryText !== null) {
-      section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
-    }
-    if (gpu.memoryFraction !== null) {
-      section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));
+    if (gpu.memory !== null) {
+      // The scheduler says where each kernel's memory is: one bar, split by kernel, in place
+      // of the used-of-total line (NVML's own figures still show under "Device").
+      section.append(this._residentMemory(gpu.memory));
+    } else {
+      const memoryText = describeMemory(gpu.memoryUsed, gpu.memoryTotal, this._trans);
+      if (memoryText !== null) {
+        section.append(this._field(this._trans.__('Memory'), el('span', 'jp-Kiwi-memory', memoryText)));
+      }
+      if (gpu.memoryFraction !== null) {
+        section.append(this._bar(gpu.memoryFraction, 'jp-Kiwi-memoryBar'));
+      }
     }
 
     const queue = el('ol', 'jp-Kiwi-queue');
@@ -162,6 +180,10 @@ export class KiwiPanel extends Widget {
       if (entry.mine) {
         item.classList.add('jp-Kiwi-mine');
         item.append(el('span', 'jp-Kiwi-badge', this._trans.__('this notebook')));
+      }
+      if (entry.waitingFor !== null) {
+        item.classList.add('jp-Kiwi-waitsForMemory');
+        item.append(el('span', 'jp-Kiwi-waitingFor', describeWaitingFor(entry.waitingFor, this._trans)));
       }
       queue.append(item);
     }
@@ -177,6 +199,58 @@ export class KiwiPanel extends Widget {
       section.append(this._field(this._trans.__('Turns'), el('span', 'jp-Kiwi-turns', this._trans.__('%1 each, least GPU time in the cell first', formatSeconds(gpu.turns)))));
     }
     return section;
+  }
+
+  /**
+   * Where the GPU's memory is: one bar of the GPU's capacity split by kernel (each in the
+   * colour it has everywhere in the panel; a kernel moving out or in is striped), the totals,
+   * and each kernel's memory, where it is, and what a waiting one waits for.
+   */
+  private _residentMemory(memory: IGpuMemoryView): HTMLElement {
+    const [onGpu, inHost] = describeResidentMemory(memory, this._trans);
+    const box = el('div', 'jp-Kiwi-resident', el('h4', 'jp-Kiwi-subTitle', this._trans.__('Memory by kernel')));
+    const bar = el('div', 'jp-Kiwi-bar jp-Kiwi-residentBar');
+    bar.title = onGpu;
+    // Without a capacity the bar is the resident total: the split still shows who has what.
+    const whole = memory.capacity ?? Math.max(memory.resident, 1);
+    for (const kernel of memory.kernels) {
+      if (kernel.residentBytes <= 0) {
+        continue;
+      }
+      const segment = el('div', `jp-Kiwi-residentSegment jp-Kiwi-residency-${kernel.residency}`);
+      segment.dataset.clientId = kernel.clientId;
+      segment.style.width = `${Math.min(100, (kernel.residentBytes / whole) * 100)}%`;
+      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(kernel.clientId)));
+      segment.title = `${kernel.label}: ${formatBytes(kernel.residentBytes)} (${describeResidency(kernel.residency, this._trans)})`;
+      bar.append(segment);
+    }
+    box.append(bar, el('p', 'jp-Kiwi-detail jp-Kiwi-residentTotal', onGpu), el('p', 'jp-Kiwi-detail jp-Kiwi-hostTotal', inHost));
+    const list = el('ul', 'jp-Kiwi-memoryList');
+    for (const kernel of memory.kernels) {
+      const item = el(
+        'li',
+        `jp-Kiwi-memoryItem jp-Kiwi-residency-${kernel.residency}`,
+        el(
+          'div',
+          'jp-Kiwi-memoryName',
+          this._swatch(kernel.clientId),
+          this._name(kernel.label),
+          el('span', 'jp-Kiwi-badge jp-Kiwi-residencyWord', describeResidency(kernel.residency, this._trans))
+        ),
+        el('div', 'jp-Kiwi-detail jp-Kiwi-memoryFigures', describeClientMemory(kernel.residentBytes, kernel.hostBytes, this._trans))
+      );
+      item.dataset.clientId = kernel.clientId;
+      item.title = describeMemorySource(kernel.source, this._trans);
+      if (kernel.mine) {
+        item.classList.add('jp-Kiwi-mine');
+      }
+      if (kernel.waitingFor !== null) {
+        item.append(el('div', 'jp-Kiwi-detail jp-Kiwi-waitingFor', describeWaitingFor(kernel.waitingFor, this._trans)));
+      }
+      list.append(item);
+    }
+    box.append(list);
+    return box;
   }
 
   /** One GPU as NVML reads it on the server's machine, as jupyterlab-nvdashboard shows it. */

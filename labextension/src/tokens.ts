@@ -14,6 +14,7 @@ export type {
   IPoolGpuStatus,
   IPoolStatus,
   IStatusDocument,
+  IWaitingFor,
   SchedulerMode
 } from './document';
 import type { SchedulerMode } from './document';

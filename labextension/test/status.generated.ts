@@ -181,3 +181,196 @@ export const SAMPLE_STATUS: IStatusDocument = {
   "preemption": true,
   "preemption_off_reason": null
 };
+
+/** tests/status_fixtures.py's memory sample: four notebooks, one waiting for another's memory to move out. */
+export const MEMORY_STATUS: IStatusDocument = {
+  "reachable": true,
+  "version": 1,
+  "mode": "on",
+  "tq": 30.0,
+  "policy": "round-robin",
+  "gpus": [
+    {
+      "index": 0,
+      "name": "A100",
+      "uuid": null,
+      "memory_total": 85899345920,
+      "memory_used": 42949672960,
+      "holders": [
+        "c2"
+      ],
+      "queue": [
+        "c3"
+      ],
+      "quantum_remaining": 27.0,
+      "tq": 30.0,
+      "policy": "round-robin",
+      "next_reason": "round robin: first in request order",
+      "turns": 0.0,
+      "recent_holders": [
+        {
+          "client": "c1",
+          "name": "0a1b2c3d-0000-4e55-9a61-5d2f7c8e9a01",
+          "display_name": "nbA.ipynb",
+          "user": null,
+          "started": 4.0,
+          "ended": 3.0
+        },
+        {
+          "client": "c2",
+          "name": "1b2c3d4e-1111-4a3b-8c9d-0e1f2a3b4c5d",
+          "display_name": "nbB.ipynb",
+          "user": null,
+          "started": 3.0,
+          "ended": null
+        }
+      ],
+      "resident_bytes": 53687091200,
+      "capacity": 85899345920,
+      "host_bytes": 36507222016,
+      "host_budget": 68719476736
+    }
+  ],
+  "clients": [
+    {
+      "id": "c1",
+      "name": "0a1b2c3d-0000-4e55-9a61-5d2f7c8e9a01",
+      "display_name": "nbA.ipynb",
+      "user": null,
+      "pid": 201,
+      "gpu": 0,
+      "pool": "default",
+      "priority": "NORMAL",
+      "state": "idle",
+      "paused": false,
+      "queue_position": null,
+      "working_set": 25769803776,
+      "gpu_seconds": 1.0,
+      "kind": "kernel",
+      "evict": "managed",
+      "namespace": null,
+      "labels": {},
+      "waiting_since": null,
+      "residency": "evicting",
+      "resident_bytes": 10737418240,
+      "host_bytes": 15032385536,
+      "memory_source": "shim",
+      "waiting_for": null
+    },
+    {
+      "id": "c2",
+      "name": "1b2c3d4e-1111-4a3b-8c9d-0e1f2a3b4c5d",
+      "display_name": "nbB.ipynb",
+      "user": null,
+      "pid": 202,
+      "gpu": 0,
+      "pool": "default",
+      "priority": "NORMAL",
+      "state": "holding",
+      "paused": false,
+      "queue_position": null,
+      "working_set": 42949672960,
+      "gpu_seconds": 3.0,
+      "kind": "kernel",
+      "evict": "managed",
+      "namespace": null,
+      "labels": {},
+      "waiting_since": null,
+      "residency": "resident",
+      "resident_bytes": 42949672960,
+      "host_bytes": 0,
+      "memory_source": "nvml",
+      "waiting_for": null
+    },
+    {
+      "id": "c3",
+      "name": "2c3d4e5f-2222-4b4c-9d0e-1f2a3b4c5d6e",
+      "display_name": "nbC.ipynb",
+      "user": null,
+      "pid": 203,
+      "gpu": 0,
+      "pool": "default",
+      "priority": "NORMAL",
+      "state": "waiting",
+      "paused": false,
+      "queue_position": 1,
+      "working_set": 42949672960,
+      "gpu_seconds": 0.0,
+      "kind": "kernel",
+      "evict": "managed",
+      "namespace": null,
+      "labels": {},
+      "waiting_since": 2.0,
+      "residency": "resident",
+      "resident_bytes": 0,
+      "host_bytes": 0,
+      "memory_source": "working_set",
+      "waiting_for": {
+        "client": "c1",
+        "name": "nbA.ipynb",
+        "bytes": 25769803776,
+        "action": "evict"
+      }
+    },
+    {
+      "id": "c4",
+      "name": "3d4e5f60-3333-4c5d-8e0f-2a3b4c5d6e7f",
+      "display_name": "nbD.ipynb",
+      "user": null,
+      "pid": 204,
+      "gpu": 0,
+      "pool": "default",
+      "priority": "NORMAL",
+      "state": "idle",
+      "paused": false,
+      "queue_position": null,
+      "working_set": 21474836480,
+      "gpu_seconds": 0.0,
+      "kind": "kernel",
+      "evict": "managed",
+      "namespace": null,
+      "labels": {},
+      "waiting_since": null,
+      "residency": "evicted",
+      "resident_bytes": 0,
+      "host_bytes": 21474836480,
+      "memory_source": "shim",
+      "waiting_for": null
+    }
+  ],
+  "pools": [
+    {
+      "name": "default",
+      "guarantee": 1.0,
+      "weight": 1.0,
+      "maximum": -1.0,
+      "share": 1.0,
+      "entitlement": 1.0,
+      "clients": 4,
+      "waiting": 1,
+      "holding": 1,
+      "configured": true,
+      "complete": true,
+      "missing": [],
+      "waiting_clients": [
+        "2c3d4e5f-2222-4b4c-9d0e-1f2a3b4c5d6e"
+      ],
+      "stuck": null,
+      "below_guarantee": false,
+      "gpus": [
+        {
+          "index": 0,
+          "share": 1.0,
+          "entitlement": 1.0,
+          "holding": 1,
+          "waiting": 1,
+          "stuck": null,
+          "below_guarantee": false
+        }
+      ]
+    }
+  ],
+  "configured_pools": [],
+  "preemption": true,
+  "preemption_off_reason": null
+};

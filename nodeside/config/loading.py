@@ -19,6 +19,7 @@ from nodeside.config.values import (
     ConfigError,
     parse_mode,
     parse_policy,
+    parse_seconds_or_never,
     parse_size,
     parse_tq,
     section,
@@ -123,6 +124,9 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "window": ("window", lambda value: parse_tq(value, "window")),
     "connections": ("connections", parse_connections),
     "memory_reserve": ("memory_reserve", parse_size),
+    "evict_timeout": ("evict_timeout", lambda value: parse_tq(value, "evict_timeout")),
+    "checkpoint_after": ("checkpoint_after", lambda value: parse_seconds_or_never(
+        value, "checkpoint_after")),
     "admin_group": ("admin_group", _parse_group),
     "socket_group": ("socket_group", _parse_group),
     "socket_mode": ("socket_mode", _parse_socket_mode),

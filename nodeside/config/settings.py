@@ -33,6 +33,13 @@ class SchedulerConfig:
     window: float | None = None
     #: Bytes of GPU memory kept free in auto mode, for the driver and the CUDA contexts.
     memory_reserve: int = 512 * 1024**2
+    #: Seconds an idle client asked to ``evict`` (feature ``memory``) has to show progress
+    #: before it is checkpointed, where the checkpoint evictor reaches it, or the waiter is told
+    #: who holds the memory.
+    evict_timeout: float = 10.0
+    #: Seconds an evicted client stays idle before it is checkpointed too, freeing its context,
+    #: where the checkpoint evictor reaches it; 0: never.
+    checkpoint_after: float = 600.0
     #: Group (name or gid) whose members may change mode and TQ, besides root and the daemon's uid.
     admin_group: str | None = None
     #: Group owning the socket; its members may connect. None: the daemon's group.

@@ -68,6 +68,13 @@ def parse_tq(value: Any, where: str = "tq") -> float:
         raise ConfigError(str(exc)) from None
 
 
+def parse_seconds_or_never(value: Any, where: str) -> float:
+    """0 (never) or seconds within the TQ's range, or ConfigError saying why."""
+    if not isinstance(value, bool) and value in (0, "0"):
+        return 0.0
+    return parse_tq(value, where)
+
+
 def one_of(value: Any, spellings: Iterable[str], where: str) -> str:
     """One of an enumeration's words, matched whatever its case and given back as spelled here:
     a config written by hand says ``Interactive`` or ``ROUND-ROBIN`` and means the same word.

@@ -5,8 +5,10 @@ The one place that turns an action into the line its client reads (sent through 
 logs what admins look for (preemptions, revocations) and feeds the metrics' observers. While
 anyone is checkpointed, actions pass the evictor's lines on the way (``nodeside.evict.lines``):
 what they let go is sent, the jobs they ask for are started, and what they let go after a job
-comes back here. A grant's line is cached: it is the same few bytes every time, and encoding it
-would be work in the middle of a handoff.
+comes back here. Feature ``memory``: an ``Evict`` is the ``evict`` event, a ``Refuse`` an
+``error`` event with code ``room``, and a ``Suspend`` goes to the lines (a checkpoint), whose
+result goes back to the scheduler (``Checkpointed``). A grant's line is cached: it is the same
+few bytes every time, and encoding it would be work in the middle of a handoff.
 """
 
 from __future__ import annotations
@@ -19,8 +21,20 @@ from nodeside import protocol as p
 from nodeside.daemon import hostmem
 from nodeside.daemon.router import Router
 from nodeside.evict.evictor import CheckpointEvictor
-from nodeside.evict.lines import Checkpoint, Job, Restore
-from nodeside.scheduler.core import Action, Drop, Grant, Pause, Released, Resume, Revoke, Scheduler
+from nodeside.evict.lines import Checkpoint, Checkpointed, Item, Restore
+from nodeside.scheduler.core import (
+    Action,
+    Drop,
+    Evict,
+    Grant,
+    Pause,
+    Refuse,
+    Released,
+    Resume,
+    Revoke,
+    Scheduler,
+    Suspend,
+)
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -67,13 +81,15 @@ class Delivery:
         else:
             self.carry(lines.take([action]), handoff_started)
 
-    def carry(self, items: list[Action | Job], handoff_started: float | None = None) -> None:
+    def carry(self, items: list[Item], handoff_started: float | None = None) -> None:
         """Carry out what the evictor's lines let go: send the actions, start the jobs (what
         the lines let go after a job comes back here)."""
         for item in items:
             if isinstance(item, (Checkpoint, Restore)):
                 if self.evictor is not None:
                     self.evictor.start(item, self.carry)
+            elif isinstance(item, Checkpointed):
+                self.apply(self.scheduler.checkpointed(self.clock(), item.client, item.error))
             else:
                 self._send(item, handoff_started)
 
@@ -111,6 +127,26 @@ class Delivery:
                         action.client, action.ignored_for)
             if conn is not None:
                 conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
+        elif isinstance(action, Evict):
+            log.info("Asking %s to move %d MiB to host memory for %s", self.name(action.client),
+                     action.nbytes >> 20, action.for_name)
+            self._say_if_no_host_room(action.client)
+            if conn is not None:
+                conn.send(p.encode(p.EVICT, gpu=action.gpu, bytes=action.nbytes,
+                                   **{"for": action.for_name}))
+        elif isinstance(action, Refuse):
+            log.warning("Refused %s on GPU %d: %s", self.name(action.client), action.gpu,
+                        action.message)
+            if conn is not None:
+                conn.send(p.encode(p.ERROR, code=p.E_ROOM, message=action.message))
+        elif isinstance(action, Suspend):
+            log.info("Checkpointing idle %s on GPU %d (%s)", self.name(action.client),
+                     action.gpu, action.reason)
+            lines = self.lines
+            if lines is not None:
+                self.carry(lines.take([action]))
+            else:
+                self.carry([Checkpointed(action.client, "no checkpoint evictor runs")])
 
     def name(self, client_id: str) -> str:
         client = self.scheduler.clients.get(client_id)

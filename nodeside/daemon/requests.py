@@ -41,11 +41,6 @@ _NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING})
 #: Requests after which the status document reads the same (every other one may change it:
 #: a client came, asked, gave back, reported a working set, or the mode or TQ moved).
 _NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING})
-#: The hello features this daemon serves. ``memory`` (where each client's memory is, the
-#: `evict` event and `evicted`) is in the table for the shim's side; the scheduler's side is
-#: not built here yet, so a client that asks for it is not told it is served and speaks
-#: today's protocol.
-_SERVED_FEATURES = p.FEATURES - {p.FEATURE_MEMORY}
 
 
 class Requests(Rules):
@@ -62,6 +57,9 @@ class Requests(Rules):
         #: evictor chosen, and its lines may hold a grant back until a restore.
         self.evictor = evictor
         self.lines: EvictionLines | None = evictor.lines if evictor is not None else None
+        #: Feature ``memory``: called with ("eviction" or "restore", the GPU, its seconds)
+        #: (metrics).
+        self.memory_observers: list[Callable[[str, int, float], None]] = []
         #: Each request's handler, looked up once rather than by name on every request.
         self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
                                            Outcome]] = {
@@ -109,7 +107,7 @@ class Requests(Rules):
         if session.greeted:
             raise p.ProtocolError(p.E_MALFORMED, "hello was already said")
         asked = msg.get("features") or []
-        features = frozenset(f for f in asked if isinstance(f, str)) & _SERVED_FEATURES
+        features = frozenset(f for f in asked if isinstance(f, str)) & p.FEATURES
         return Outcome([p.encode(p.WELCOME, seq=seq, version=p.VERSION,
                                  daemon=f"kiwi-scheduler {__version__}",
                                  max_message=p.MAX_REQUEST_BYTES, mode=self.scheduler.mode,
@@ -121,9 +119,16 @@ class Requests(Rules):
                      now: float) -> Outcome:
         if session.client_id is not None:
             raise SchedulerError(p.E_STATE, "this connection is already registered")
+        memory = p.FEATURE_MEMORY in session.features
+        if msg.get("evict") == "vmm" and not memory:
+            raise SchedulerError(p.E_INVALID, "evict vmm needs the memory feature (hello)")
         client = self.registrations.register(session.peer, msg, now)
         if self.evictor is not None:  # what it can carry out, not merely what was asked
             client.evict = self.evictor.register(client, msg.get("evict"))
+        if memory:
+            self.scheduler.track_memory(
+                client.id, resident=_bytes(msg, "resident"), host=_bytes(msg, "host"),
+                checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
                  session.peer.fd)
@@ -158,6 +163,12 @@ class Requests(Rules):
         client_id = _registered(session)
         evict_first = msg.get("evict_first") is True
         gpus = (self.scheduler.clients[client_id].gpu,)
+        if msg.get("evicting") is True and p.FEATURE_MEMORY in session.features:
+            if evict_first or msg.get("requeue") is True:
+                raise SchedulerError(p.E_INVALID, "evicting ends the hold; evict_first and "
+                                     "requeue do not go with it")
+            ended = self.scheduler.release(now, client_id, evicting=True)
+            return Outcome([*ended, p.released_line(True, seq)], handoff=True, gpus=gpus)
         if msg.get("requeue") is True:
             if evict_first:
                 raise SchedulerError(p.E_INVALID, "requeue asks for the GPU again at once; "
@@ -216,14 +227,40 @@ class Requests(Rules):
         evictable = msg.get("evictable")
         if evictable is not None:
             evictable = limits.byte_count(evictable, "working_set.evictable")
-        actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
+        if p.FEATURE_MEMORY in session.features:
+            client = self.scheduler.clients[client_id]
+            restoring_since = client.restoring_since
+            actions = self.scheduler.report_working_set(
+                now, client_id, nbytes, evictable, resident=_bytes(msg, "resident"),
+                host=_bytes(msg, "host"))
+            if restoring_since is not None and client.restoring_since is None:
+                self._observe_memory("restore", client.gpu, now - restoring_since)
+        else:
+            actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
         return Outcome([p.encode(p.OK, seq=seq), *actions])
 
     def _on_evicted(self, session: Session, msg: dict[str, Any], seq: int | None,
                     now: float) -> Outcome:
-        # Only a client whose welcome listed ``memory`` may send it, and none is told so yet.
-        raise p.ProtocolError(p.E_STATE, "evicted: this daemon does not serve the hello "
-                                         "feature memory")
+        client_id = _registered(session)
+        if p.FEATURE_MEMORY not in session.features:
+            raise SchedulerError(p.E_STATE, "evicted needs the memory feature (hello)")
+        failed = msg.get("failed")
+        failed = None if failed is None else limits.short_text(failed, "evicted.failed")
+        client = self.scheduler.clients[client_id]
+        actions = self.scheduler.evicted(now, client_id, resident=_bytes(msg, "resident"),
+                                         host=_bytes(msg, "host"), failed=failed)
+        if failed is not None:
+            log.warning("%s (%s) could not evict: %s", client.name, client_id, failed)
+        else:
+            seconds = msg.get("seconds")
+            if isinstance(seconds, (int, float)) and 0 <= seconds < 86_400:
+                self._observe_memory("eviction", client.gpu, float(seconds))
+            self.scheduler.count_evicted_bytes(_bytes(msg, "moved") or 0)
+        return Outcome([p.encode(p.OK, seq=seq), *actions], gpus=(client.gpu,))
+
+    def _observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
+        for observe in self.memory_observers:
+            observe(kind, gpu, seconds)
 
     # -- looking and steering -------------------------------------------------------------
 
@@ -282,6 +319,11 @@ class Requests(Rules):
                                   session.peer.fd)
             raise SchedulerError(p.E_PERMISSION, f"Permission denied: only root, the "
                                  f"scheduler's user and the admin group may {what}")
+
+
+def _bytes(msg: dict[str, Any], key: str) -> int | None:
+    value = msg.get(key)
+    return None if value is None else limits.byte_count(value, key)
 
 
 def _registered(session: Session) -> str:

@@ -21,6 +21,7 @@ from typing import Final
 
 MANAGED: Final = "managed"
 CHECKPOINT: Final = "checkpoint"
-#: The shim pages the process itself, as with managed, by mapping and unmapping its memory.
+#: Feature ``memory``: the shim pages its own memory (``cuMem*`` mappings), which the checkpoint
+#: API can also suspend (it has no managed memory).
 VMM: Final = "vmm"
-EVICTORS: Final = (MANAGED, CHECKPOINT, VMM)
+EVICTORS: Final = (MANAGED, CHECKPOINT)

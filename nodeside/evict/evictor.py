@@ -13,13 +13,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from nodeside.evict import CHECKPOINT
+from nodeside.evict import CHECKPOINT, VMM
 from nodeside.evict import checkpoint as api_module
 from nodeside.evict.checkpoint import CheckpointApi, CheckpointUnavailable
 from nodeside.evict.jobs import failure, resume, suspend
-from nodeside.evict.lines import Checkpoint, EvictionLines, Job
-from nodeside.evict.policy import choose
-from nodeside.scheduler.core import Action, Client
+from nodeside.evict.lines import Checkpoint, EvictionLines, Item, Job
+from nodeside.evict.policy import cannot_act_on, choose
+from nodeside.scheduler.core import Client
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -27,7 +27,7 @@ log = logging.getLogger("kiwi.daemon")
 RECHECK_SECONDS = 1.0
 
 #: Where what the lines let go is carried out (the daemon's delivery).
-Then = Callable[[list[Action | Job]], None]
+Then = Callable[[list[Item]], None]
 
 
 class Running:
@@ -61,7 +61,15 @@ class CheckpointEvictor:
 
     def register(self, client: Client, requested: str | None) -> str:
         """The evictor for a newly registered client: the one it asked for when this daemon
-        can carry it out, else managed, said in one log line."""
+        can carry it out, else managed, said in one log line. A ``vmm`` client (feature
+        ``memory``) pages itself; where the checkpoint API reaches its process it is recorded
+        too, to be checkpointed when the core asks (``Suspend``)."""
+        if requested == VMM:
+            if client.pid is not None and self._load_api() is None and \
+                    cannot_act_on(client.pid, client.uid) is None:
+                self.lines.register(client.id, client.pid, client.gpu, client.name,
+                                    on_demand=True)
+            return VMM
         missing = self._load_api() if requested == CHECKPOINT else None
         evictor, why = choose(requested, client.pid, client.uid, missing)
         if why is not None:
@@ -79,7 +87,7 @@ class CheckpointEvictor:
                 self._api_missing = str(exc)
         return self._api_missing
 
-    def forget(self, client_id: str) -> list[Action | Job]:
+    def forget(self, client_id: str) -> list[Item]:
         """The client's connection closed: a job working on it gives up at its next chance,
         and what its lines let go now is returned."""
         running = self._running.get(client_id)

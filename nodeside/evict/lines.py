@@ -12,6 +12,12 @@ on a worker thread and feeds its result back here; nothing here blocks, waits or
 
 When nobody is checkpointed ``quiet`` is true and the shell delivers actions without asking:
 the handoff's hot path does not come here at all.
+
+The core's ``Suspend`` (feature ``memory``: an idle client that did not answer ``evict`` in time,
+or one evicted and idle for ``checkpoint_after``) becomes a ``Checkpoint`` on its GPU's line
+where a record reaches the client; its result goes back to the core as a ``Checkpointed`` item
+(``Scheduler.checkpointed``), and at once, failed, where no record does. A client that pages
+itself (``vmm``) is registered ``on_demand``: only a ``Suspend`` checkpoints it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
-from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler
+from nodeside.scheduler.core import Action, Drop, Grant, Released, Revoke, Scheduler, Suspend
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -68,14 +74,36 @@ class Restore:
 Job = Checkpoint | Restore
 
 
+@dataclass(init=False, unsafe_hash=True)
+class Checkpointed:
+    """The result of a ``Suspend`` the core asked for, for the core: ``error`` None when the
+    process's memory is in host memory now."""
+
+    client: Final[str]
+    error: Final[str | None]
+
+    def __init__(self, client: str, error: str | None) -> None:
+        self.client = client
+        self.error = error
+
+
+#: What the lines let go: actions to deliver, jobs to start, results for the core.
+Item = Action | Job | Checkpointed
+
+
 class Record:
     """One process registered with the checkpoint evictor, and what is known of it."""
 
-    def __init__(self, client: str, pid: int, gpu: int, name: str) -> None:
+    def __init__(self, client: str, pid: int, gpu: int, name: str,
+                 on_demand: bool = False) -> None:
         self.client = client
         self.pid = pid
         self.gpu = gpu
         self.name = name
+        #: It moves its own memory out (``vmm``): checkpointed only when the core asks.
+        self.on_demand = on_demand
+        #: A checkpoint under way was the core's ``Suspend``: its result goes back to it.
+        self.suspended = False
         #: RUNNING, CHECKPOINTING, CHECKPOINTED, RESTORING or FAILED
         self.state: str = RUNNING
         #: Why the last job failed, or what keeps the current one waiting.
@@ -86,7 +114,7 @@ class Line:
     """One GPU's line: what waits, the job under way, and why nothing more goes (if so)."""
 
     def __init__(self) -> None:
-        self.queue: deque[Action | Job] = deque()
+        self.queue: deque[Item] = deque()
         self.running: Job | None = None
         #: Why nothing more is granted on this GPU (a failed checkpoint), and whose.
         self.blocked: str | None = None
@@ -111,11 +139,13 @@ class EvictionLines:
 
     # -- who is checkpointed ------------------------------------------------------------------
 
-    def register(self, client: str, pid: int, gpu: int, name: str) -> None:
-        """A client whose process this daemon checkpoints (the shell chose it for it)."""
-        self.records[client] = Record(client, pid, gpu, name)
+    def register(self, client: str, pid: int, gpu: int, name: str,
+                 on_demand: bool = False) -> None:
+        """A client whose process this daemon checkpoints (the shell chose it for it);
+        ``on_demand``: only when the core asks (``Suspend``)."""
+        self.records[client] = Record(client, pid, gpu, name, on_demand)
 
-    def forget(self, client: str) -> list[Action | Job]:
+    def forget(self, client: str) -> list[Item]:
         """The client's connection closed: what was queued for it is stale, and a process that
         died takes its checkpoint (or the memory a failed one left) with it."""
         self._discard(client)
@@ -142,10 +172,10 @@ class EvictionLines:
         return (line is not None and not line.idle) or \
             (record is not None and record.state != RUNNING)
 
-    def take(self, actions: list[Action]) -> list[Action | Job]:
+    def take(self, actions: list[Action]) -> list[Item]:
         """What may go now of ``actions``, and the jobs to start; the rest waits on its GPU's
         line and comes out of a later event, once the jobs before it are done."""
-        ready: list[Action | Job] = []
+        ready: list[Item] = []
         touched: list[int] = []
         for action in actions:
             items = self._items(action)
@@ -160,16 +190,24 @@ class EvictionLines:
             ready.extend(self._pump(gpu))
         return ready
 
-    def _items(self, action: Action) -> list[Action | Job] | None:
+    def _items(self, action: Action) -> list[Item] | None:
         """What the action becomes on its GPU's line; None when it bypasses the line."""
         record = self.records.get(action.client)
         if isinstance(action, Released):
             # A hold that ended (or a wait cancelled) before its grant went out: that grant,
             # and any drop behind it, are stale now.
             self._discard(action.client)
-            if record is not None and action.evict:
+            if record is not None and action.evict and not record.on_demand:
                 return [Checkpoint(record.client, record.gpu, record.pid)]
             return None  # the reply to a release is the session's own business
+        if isinstance(action, Suspend):
+            if record is None:
+                return [Checkpointed(action.client, "the checkpoint evictor does not reach "
+                                                    "this process")]
+            if record.state != RUNNING:
+                return [Checkpointed(action.client, None)]  # already checkpointed
+            record.suspended = True
+            return [Checkpoint(record.client, record.gpu, record.pid)]
         line = self._lines.get(action.gpu)
         idle = line is None or line.idle
         if isinstance(action, Revoke) and record is not None:
@@ -192,14 +230,14 @@ class EvictionLines:
         if record is not None:
             record.error = why
 
-    def checkpoint_done(self, job: Checkpoint) -> list[Action | Job]:
+    def checkpoint_done(self, job: Checkpoint) -> list[Item]:
         """The process is checkpointed (or was gone before it could be)."""
         record = self.records.get(job.client)
         if record is not None:
             record.state, record.error = CHECKPOINTED, None
-        return self._finished(job)
+        return [*self._told(record, None), *self._finished(job)]
 
-    def checkpoint_failed(self, job: Checkpoint, error: str) -> list[Action | Job]:
+    def checkpoint_failed(self, job: Checkpoint, error: str) -> list[Item]:
         """The process may still hold its memory (the driver leaves it FAILED): its GPU's line
         stops here until the process is gone or the memory is seen free (``memory_seen``)."""
         record = self.records.get(job.client)
@@ -211,15 +249,15 @@ class EvictionLines:
                             f"{job.gpu} until it exits or NVML shows its memory free")
             line.blocker = record.client
             log.error("GPU %d: %s", job.gpu, line.blocked)
-        return self._finished(job)
+        return [*self._told(record, error), *self._finished(job)]
 
-    def restore_done(self, job: Restore) -> list[Action | Job]:
+    def restore_done(self, job: Restore) -> list[Item]:
         record = self.records.get(job.client)
         if record is not None:
             record.state, record.error = RUNNING, None
         return self._finished(job)
 
-    def restore_failed(self, job: Restore, error: str) -> list[Action | Job]:
+    def restore_failed(self, job: Restore, error: str) -> list[Item]:
         """The process cannot run on the GPU again; its grant still goes out, so that its CUDA
         calls fail and say so, rather than wait for ever."""
         record = self.records.get(job.client)
@@ -229,7 +267,7 @@ class EvictionLines:
                       record.pid, error)
         return self._finished(job)
 
-    def memory_seen(self, gpu: int, used: int | None) -> list[Action | Job]:
+    def memory_seen(self, gpu: int, used: int | None) -> list[Item]:
         """What NVML reads as used on a GPU whose line a failed checkpoint blocks: when the
         next holder's working set fits in what is free, the line goes on."""
         line = self._lines.get(gpu)
@@ -252,7 +290,15 @@ class EvictionLines:
 
     # -- the lines ------------------------------------------------------------------------------
 
-    def _finished(self, job: Job) -> list[Action | Job]:
+    @staticmethod
+    def _told(record: Record | None, error: str | None) -> list[Item]:
+        """The core's answer, when the checkpoint was its ``Suspend``."""
+        if record is None or not record.suspended:
+            return []
+        record.suspended = False
+        return [Checkpointed(record.client, error)]
+
+    def _finished(self, job: Job) -> list[Item]:
         line = self._line(job.gpu)
         line.running = None
         return self._pump(job.gpu)
@@ -263,10 +309,10 @@ class EvictionLines:
             line = self._lines[gpu] = Line()
         return line
 
-    def _pump(self, gpu: int) -> list[Action | Job]:
+    def _pump(self, gpu: int) -> list[Item]:
         """Take from the GPU's line what can go now, up to the next job (which starts)."""
         line = self._line(gpu)
-        ready: list[Action | Job] = []
+        ready: list[Item] = []
         while line.queue and line.running is None and line.blocked is None:
             item = line.queue.popleft()
             if not isinstance(item, (Checkpoint, Restore)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from nodeside.evict import CHECKPOINT, EVICTORS, MANAGED, VMM
+from nodeside.evict import CHECKPOINT, EVICTORS, MANAGED
 
 _CAP_SYS_PTRACE = 19
 
@@ -21,8 +21,6 @@ def choose(requested: str | None, pid: int | None, uid: int | None,
     an old client: managed). Returns (evictor, why checkpoint was refused or None)."""
     if requested not in EVICTORS or requested == MANAGED:
         return MANAGED, None
-    if requested == VMM:  # the shim pages it, as with managed: nothing for the daemon to check
-        return VMM, None
     why = api_missing or cannot_act_on(pid, uid)
     return (MANAGED, why) if why else (CHECKPOINT, None)
 

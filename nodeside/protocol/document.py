@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from nodeside.model import RESIDENCIES
 from nodeside.protocol.messages import EVICTORS, MODES, PRIORITIES
 
-__all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MODES", "PARTS", "POOL",
-           "POOL_GPU", "Key", "Part", "part"]
+__all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MEMORY_SOURCES", "MODES",
+           "PARTS", "POOL", "POOL_GPU", "RESIDENCIES", "WAITING_FOR", "Key", "Part", "part"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,9 @@ class Key:
     #: The strings it takes, when it is one of a few.
     values: tuple[str, ...] = ()
     #: Who adds it, when not ``build_status``: "evictor" (the checkpoint evictor, in the
-    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long).
+    #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long);
+    #: "memory": ``build_status``, for clients that speak the ``memory`` feature (and the GPUs
+    #: they are on).
     added_by: str = ""
 
 
@@ -65,6 +68,17 @@ HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of
         nullable=True, always=True),
 ))
 
+#: Where a client's resident bytes come from.
+MEMORY_SOURCES: Final[tuple[str, ...]] = ("shim", "nvml", "working_set")
+
+WAITING_FOR: Final = Part("IWaitingFor", "What a waiter waits for besides its turn: another "
+                                         "client to move memory out of the way.", (
+    Key("client", "str", "The client id of who moves the memory.", always=True),
+    Key("name", "str", "Its display name.", always=True),
+    Key("bytes", "int", "How much it moves.", always=True),
+    Key("action", "str", always=True, values=("evict", "checkpoint", "restore")),
+))
+
 GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
     Key("index", "int", contract=True),
     Key("name", "str", contract=True),
@@ -89,6 +103,13 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
         added_by="evictor"),
     Key("recent_holders", "list[IHeldSpan]", "The holds of the last minutes, oldest first (the "
                                              "panel's timeline; absent from older daemons)."),
+    Key("resident_bytes", "int", "Bytes its clients have on it, holders or not.",
+        added_by="memory"),
+    Key("capacity", "int", "Bytes the scheduler plans with (`--gpu-memory` or NVML's total).",
+        nullable=True, added_by="memory"),
+    Key("host_bytes", "int", "Host memory held by its evicted clients.", added_by="memory"),
+    Key("host_budget", "int", "The daemon's host-memory limit for evictions; null: none.",
+        nullable=True, added_by="memory"),
 ))
 
 CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers under its "
@@ -124,6 +145,14 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
         added_by="evictor"),
     Key("checkpoint_error", "str", "Why its last checkpoint failed.", nullable=True,
         added_by="evictor"),
+    Key("residency", "str", "Where its memory is: on the GPU, moving out, in host memory, "
+                            "moving in.", values=RESIDENCIES, added_by="memory"),
+    Key("resident_bytes", "int", "Bytes on the GPU now.", added_by="memory"),
+    Key("host_bytes", "int", "Bytes in host memory now.", added_by="memory"),
+    Key("memory_source", "str", "Where `resident_bytes` comes from.", values=MEMORY_SOURCES,
+        added_by="memory"),
+    Key("waiting_for", "IWaitingFor", "What it waits for besides its turn; null: nothing.",
+        nullable=True, added_by="memory"),
 ))
 
 POOL_GPU: Final = Part("IPoolGpuStatus", "A pool on one GPU.", (
@@ -189,7 +218,8 @@ DOCUMENT: Final = Part("IStatusDocument", "`GET kiwi/api/status`: the status doc
 ), partial=True)
 
 #: Every part, the document last: the order the generated TypeScript declares them in.
-PARTS: Final[tuple[Part, ...]] = (HELD_SPAN, GPU, CLIENT, POOL_GPU, POOL, DOCUMENT)
+PARTS: Final[tuple[Part, ...]] = (HELD_SPAN, WAITING_FOR, GPU, CLIENT, POOL_GPU, POOL,
+                                  DOCUMENT)
 
 
 def part(interface: str) -> Part:

@@ -98,12 +98,14 @@ MESSAGES: Final[tuple[Message, ...]] = (
                                   "key"),
         _f("gpu_uuid", "str", "the GPU's UUID; when the daemon knows a GPU by that UUID the "
                               "client is placed on it, whatever `gpu` says"),
-        _f("evict", "str", "`vmm`, `managed` or `checkpoint`: how this process's memory "
-                           "leaves the GPU"),
+        _f("evict", "str", "`managed` or `checkpoint`: how this process's memory leaves the "
+                           "GPU; with the `memory` feature also `vmm` (the client pages itself, "
+                           "like `managed`)"),
         _f("pausable", "bool", "default false: the client honours `pause` and `resume`, so it "
                                "may take turns"),
-        _f("resident", "int", "with `memory`: bytes of its memory on the GPU now"),
-        _f("host", "int", "with `memory`: bytes of its memory in host RAM now (evicted)"),
+        _f("resident", "int", "`memory` feature: bytes it has on the GPU already (a daemon "
+                              "restart learns where memory is)"),
+        _f("host", "int", "`memory` feature: bytes it has in host memory already"),
     ), doc="`registered`: become a scheduling client; a connection registers at most once"),
     Message("ACQUIRE", "acquire", "request",
             doc="`grant` if granted now, else `waiting` with `position` (1-based); the `grant` "
@@ -111,9 +113,9 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("RELEASE", "release", "request", (
         _f("evict_first", "bool", "default false"),
         _f("requeue", "bool", "default false"),
-        _f("evicting", "bool", "with `memory`, from a holder dropped with `evict: true`: the "
-                               "hold ends now, its memory is still on its way out (`working_set` "
-                               "reports, then `evicted`)"),
+        _f("evicting", "bool", "`memory` feature, default false: from a holder told `drop` with "
+                               "`evict`: the hold ends now, its memory is still on its way out "
+                               "(progress in `working_set`, the end in `evicted`)"),
     ), doc="`released` with `evict` (bool); gives back the GPU, or cancels a pending acquire; a "
            "no-op when neither. With `evict_first: true` from a holder whose next holder needs "
            "the room: `drop` instead, and the GPU is kept. With `requeue: true`: release and "
@@ -121,21 +123,18 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("WORKING_SET", "working_set", "request", (
         _f("bytes", "int", "the GPU memory this client needs", required=True),
         _f("evictable", "int", "bytes that can be paged out"),
-        _f("resident", "int", "with `memory`: bytes on the GPU now"),
-        _f("host", "int", "with `memory`: bytes in host RAM now; 0 after a grant ends a "
-                          "restore"),
-    ), doc="`ok`; with `memory`, sent when the figures change (at most every 50 ms, and during "
-           "an eviction each time another 256 MiB left the GPU)"),
+        _f("resident", "int", "`memory` feature: bytes on the GPU now"),
+        _f("host", "int", "`memory` feature: bytes in host memory now; 0 ends a restore"),
+    ), doc="`ok`"),
     Message("EVICTED", "evicted", "request", (
         _f("resident", "int", "bytes still on the GPU"),
-        _f("host", "int", "bytes in host RAM"),
-        _f("moved", "int", "bytes this eviction copied out"),
+        _f("host", "int", "bytes in host memory now"),
+        _f("moved", "int", "bytes this eviction moved"),
         _f("seconds", "number", "how long it took"),
-        _f("failed", "str", "instead of `moved`: why the memory could not be moved, or "
-                            "`restore: out of memory` (a restore rolled back)"),
-    ), doc="`ok`; only with `memory`: ends an eviction, asked by `evict` or for a drop, or "
-           "of the client's own accord; with `failed` the daemon treats the client as not "
-           "evictable until its next report"),
+        _f("failed", "str", "why it could not evict (instead of the figures); the client is "
+                            "not asked again until its next report"),
+    ), doc="`ok`; `memory` feature: an eviction ended, asked (`evict`) or of the client's own "
+           "accord"),
     Message("STATUS", "status", "request",
             doc="`status` with field `status`: the status document ([interfaces.md](interfaces.md) "
                 "section 5); besides the contract's keys, `configured_pools` (the names the "
@@ -207,11 +206,11 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("EVICT", "evict", "daemon", (
         _GPU,
         _f("bytes", "int", "the room needed"),
-        _f("for", "str", "the display name of who needs it"),
-    ), event=True, doc="only with `memory`, to an idle client that pages itself (`vmm`, "
-                       "`managed`): move your memory to host RAM now, report with `working_set` "
-                       "as it goes, then send `evicted`. A holder gets `drop` with `evict: "
-                       "true` instead"),
+        _f("for", "str", "the display name of who needs the room"),
+    ), event=True, doc="`memory` feature, only to an idle client that pages itself (`managed` or "
+                       "`vmm`): move your memory to host memory now; report progress in "
+                       "`working_set` and the end in `evicted`. A holder gets `drop` with "
+                       "`evict` instead"),
     Message("CHANGED", "changed", "daemon", event=True,
             doc="only to connections whose `hello` asked for `changes`: the status document "
                 "reads otherwise now; ask for it with `status`"),
@@ -253,14 +252,17 @@ ERRORS: Final[tuple[Word, ...]] = (
                              "than 64 labels, more than 2 MiB of labels on the node, more than "
                              "2,048 clients; the message says which. Also the last line of a "
                              "connection closed for a connection limit"),
+    Word("E_ROOM", "room", "`memory` feature, as an event to a waiter: the room it needs cannot "
+                           "be made (the message names who holds the memory); it is idle "
+                           "again"),
 )
 
 FEATURES: Final[tuple[Word, ...]] = (
     Word("FEATURE_POSITION", "position", "`waiting` events as the queue position changes"),
     Word("FEATURE_CHANGES", "changes", "`changed` events when the status document changes"),
-    Word("FEATURE_MEMORY", "memory", "where each client's memory is: `resident` and `host` in "
-                                     "`register` and `working_set`, `release` with `evicting`, "
-                                     "the `evict` event and the `evicted` request"),
+    Word("FEATURE_MEMORY", "memory", "resident memory: `evict` events, the `evicted` request, "
+                                     "`resident`/`host` in `register` and `working_set`, "
+                                     "`release` with `evicting`, `error` `room` events"),
 )
 
 REASONS: Final[tuple[Word, ...]] = (

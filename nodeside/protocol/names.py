@@ -43,12 +43,10 @@ ACQUIRE: Final = "acquire"
 #: the room: `drop` instead, and the GPU is kept. With `requeue: true`: release and ask again in
 #: one request, answered as `acquire` is
 RELEASE: Final = "release"
-#: Answered with `ok`; with `memory`, sent when the figures change (at most every 50 ms, and
-#: during an eviction each time another 256 MiB left the GPU)
+#: Answered with `ok`
 WORKING_SET: Final = "working_set"
-#: Answered with `ok`; only with `memory`: ends an eviction, asked by `evict` or for a drop, or
-#: of the client's own accord; with `failed` the daemon treats the client as not evictable until
-#: its next report
+#: Answered with `ok`; `memory` feature: an eviction ended, asked (`evict`) or of the client's
+#: own accord
 EVICTED: Final = "evicted"
 #: Answered with `status` with field `status`: the status document
 #: ([interfaces.md](interfaces.md) section 5); besides the contract's keys, `configured_pools`
@@ -132,9 +130,9 @@ REVOKED: Final = "revoked"
 PAUSE: Final = "pause"
 #: Event: your turn: GPU work may go on.
 RESUME: Final = "resume"
-#: Event: only with `memory`, to an idle client that pages itself (`vmm`, `managed`): move your
-#: memory to host RAM now, report with `working_set` as it goes, then send `evicted`. A holder
-#: gets `drop` with `evict: true` instead.
+#: Event: `memory` feature, only to an idle client that pages itself (`managed` or `vmm`): move
+#: your memory to host memory now; report progress in `working_set` and the end in `evicted`. A
+#: holder gets `drop` with `evict` instead.
 EVICT: Final = "evict"
 #: Event: only to connections whose `hello` asked for `changes`: the status document reads
 #: otherwise now; ask for it with `status`.
@@ -173,6 +171,9 @@ E_STATE: Final = "state"
 #: more than 64 labels, more than 2 MiB of labels on the node, more than 2,048 clients; the
 #: message says which. Also the last line of a connection closed for a connection limit
 E_LIMIT: Final = "limit"
+#: `memory` feature, as an event to a waiter: the room it needs cannot be made (the message
+#: names who holds the memory); it is idle again
+E_ROOM: Final = "room"
 #: The codes after which the daemon closes the connection: the peer is not speaking this
 #: protocol and nothing it sends next can be trusted.
 FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSION})
@@ -183,8 +184,8 @@ FATAL_ERRORS: Final = frozenset({E_MALFORMED, E_TOO_LARGE, E_UNKNOWN_OP, E_VERSI
 FEATURE_POSITION: Final = "position"
 #: `changed` events when the status document changes
 FEATURE_CHANGES: Final = "changes"
-#: where each client's memory is: `resident` and `host` in `register` and `working_set`,
-#: `release` with `evicting`, the `evict` event and the `evicted` request
+#: resident memory: `evict` events, the `evicted` request, `resident`/`host` in `register` and
+#: `working_set`, `release` with `evicting`, `error` `room` events
 FEATURE_MEMORY: Final = "memory"
 #: Every feature; a client that asks for none hears nothing new.
 FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES, FEATURE_MEMORY})
@@ -214,7 +215,7 @@ REASONS: Final = frozenset({
 __all__ = [
     "ACQUIRE", "CHANGED", "DEFAULT_POOL", "DEFAULT_PRIORITY", "DEFAULT_SOCKET", "DROP", "ERROR",
     "EVICT", "EVICTED", "EVICTORS", "E_INVALID", "E_LIMIT", "E_MALFORMED", "E_PERMISSION",
-    "E_STATE", "E_TOO_LARGE", "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES",
+    "E_ROOM", "E_STATE", "E_TOO_LARGE", "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES",
     "FEATURE_CHANGES", "FEATURE_MEMORY", "FEATURE_POSITION", "GRANT", "HELLO",
     "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE", "MODES", "OK", "PAUSE", "PING", "PONG",
     "PRIORITIES", "REASONS", "REASON_GRACE", "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT",

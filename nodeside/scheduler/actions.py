@@ -99,4 +99,52 @@ class Resume:
         self.gpu = gpu
 
 
-Action = Grant | Drop | Revoke | Released | Pause | Resume
+@dataclass(init=False, unsafe_hash=True)
+class Evict:
+    """Feature ``memory``: an idle client is asked to move ``nbytes`` of its memory to host
+    memory now, for ``for_name`` (who needs the room; residency.py)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    nbytes: Final[int]
+    for_name: Final[str]
+
+    def __init__(self, client: str, gpu: int, nbytes: int, for_name: str) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.nbytes = nbytes
+        self.for_name = for_name
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Suspend:
+    """Feature ``memory``: checkpoint an idle client's process (the daemon's checkpoint
+    evictor reaches it): it did not answer an ``Evict`` in time (``reason`` "timeout"), or it
+    has been evicted and idle for ``checkpoint_after`` ("idle")."""
+
+    client: Final[str]
+    gpu: Final[int]
+    reason: Final[str]
+
+    def __init__(self, client: str, gpu: int, reason: str) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.reason = reason
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Refuse:
+    """Feature ``memory``: the room a waiter needs cannot be made; it is idle again and is told
+    why (an ``error`` event, code ``room``)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    message: Final[str]
+
+    def __init__(self, client: str, gpu: int, message: str) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.message = message
+
+
+Action = Grant | Drop | Revoke | Released | Pause | Resume | Evict | Suspend | Refuse

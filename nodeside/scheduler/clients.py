@@ -12,9 +12,10 @@ asked fails loudly in tests instead of quietly corrupting the queue::
 
 The status document shows three words (docs/interfaces.md section 5): DROPPING is still "holding".
 
-Where a client's memory is (on the GPU, moving out, in host memory, moving in) is a state of its
-own, beside the hold: it belongs here too, as a second enum with its own table, moved only by
-the room component (room.py) as the hold is moved only by the turns (turns.py).
+Where a client's memory is (``model.RESIDENCIES``: on the GPU, moving out, in host memory, moving
+in) is a state of its own, beside the hold, kept for clients that speak the ``memory`` feature
+and moved only by the residency component (residency.py), as the hold is moved only by the
+turns (turns.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["TRANSITIONS", "Client", "Hold", "HoldState", "IllegalTransition"]
+from nodeside.model import RESIDENT
+
+__all__ = ["TRANSITIONS", "Client", "Hold", "HoldState", "IllegalTransition", "WaitingFor"]
 
 
 class HoldState(Enum):
@@ -97,6 +100,17 @@ class Hold:
         self.owed_turn = False
 
 
+@dataclass(frozen=True)
+class WaitingFor:
+    """What a waiter waits for besides its turn: ``client`` (``name`` to people) to move
+    ``bytes`` out of the way; ``action`` is ``evict``, ``checkpoint`` or ``restore``."""
+
+    client: str
+    name: str
+    bytes: int
+    action: str
+
+
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply
 class Client:
     id: str
@@ -131,6 +145,36 @@ class Client:
     requested_at: float | None = None
     hold: Hold | None = None
     gpu_seconds: float = 0.0  # closed holds only; see Scheduler.gpu_seconds
+    # -- resident memory (feature ``memory``, residency.py); untouched for other clients ------
+    #: It speaks the ``memory`` feature: its resident memory counts, and it may be asked to
+    #: evict while idle.
+    memory: bool = False
+    #: ``model.RESIDENCIES``: where its memory is.
+    residency: str = RESIDENT
+    #: Bytes on the GPU and in host memory, as it reported them (or NVML, when larger).
+    resident_bytes: int = 0
+    host_bytes: int = 0
+    #: Where ``resident_bytes`` comes from: "shim" (its reports), "nvml" (NVML's per-process
+    #: figure was larger) or "working_set" (nothing but the declared working set is known).
+    memory_source: str = "working_set"
+    #: NVML's per-process figure, where the daemon reads one.
+    nvml_bytes: int | None = None
+    waiting_for: WaitingFor | None = None
+    #: When it last held the GPU (least recently used is asked to evict first).
+    last_used: float = 0.0
+    #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
+    evict_asked_at: float | None = None
+    #: When its memory reached host memory; the second stage (checkpoint) counts from then.
+    evicted_at: float | None = None
+    #: Why it cannot evict now (its ``evicted`` said ``failed``, or it did not answer); it is
+    #: not asked again until its next report.
+    evict_failed: str | None = None
+    #: The daemon's checkpoint evictor can reach its process (set by the shell).
+    checkpointable: bool = False
+    #: A checkpoint was asked for (and not yet undone by a grant).
+    checkpoint_asked: bool = False
+    #: When its restore began (its grant after an eviction), while it restores.
+    restoring_since: float | None = None
 
     def __post_init__(self) -> None:
         if not self.display_name:

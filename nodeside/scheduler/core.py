@@ -49,19 +49,24 @@ from nodeside.model import Pool
 from nodeside.scheduler.actions import (
     Action,
     Drop,
+    Evict,
     Grant,
     Pause,
+    Refuse,
     Released,
     Resume,
     Revoke,
     SchedulerError,
+    Suspend,
 )
 from nodeside.scheduler.choosing import PoolsPolicy
+from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.controls import Controls
 from nodeside.scheduler.membership import Membership
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.pools import preemption_off_reason
 from nodeside.scheduler.queries import Queries
+from nodeside.scheduler.residency import Residency
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.state import (
     PRIORITY_RANK,
@@ -78,9 +83,9 @@ from nodeside.scheduler.view import PolicyView
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
-__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "GpuSpec", "GpuState", "Grant", "Hold",
-           "HoldState", "IllegalTransition", "Pause", "Released", "Resume", "Revoke",
-           "Scheduler", "SchedulerError"]
+__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "GpuSpec", "GpuState", "Grant",
+           "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released", "Resume",
+           "Revoke", "Scheduler", "SchedulerError", "Suspend", "WaitingFor"]
 
 
 @final
@@ -92,10 +97,11 @@ class Scheduler:
         self._state = state = NodeState(config, gpus, now)
         room = Room(state)
         taking = TakingTurns(state)
-        self._turns = turns = Turns(state, room, taking)
+        self._residency = residency = Residency(state)
+        self._turns = turns = Turns(state, room, taking, residency)
         self._membership = Membership(state, turns)
         self._controls = Controls(state, turns)
-        self._queries = Queries(state, room, turns, taking)
+        self._queries = Queries(state, room, turns, taking, residency)
         self._taking = taking
         # The same dicts as the state's, for ever: read here without a call.
         self.gpus: dict[int, GpuState] = state.gpus
@@ -164,6 +170,14 @@ class Scheduler:
             labels=labels, working_set=working_set, gids=gids, display_name=display_name,
             user=user, evict=evict, gpu_uuid=gpu_uuid, namespace=namespace, pausable=pausable)
 
+    def track_memory(self, client_id: str, *, resident: int | None = None,
+                     host: int | None = None, checkpointable: bool = False) -> None:
+        """The client speaks the ``memory`` feature (residency.py): its resident memory counts
+        from now on, and while idle it may be asked to evict. ``resident`` and ``host``: where
+        its memory already is; ``checkpointable``: the daemon's checkpoint evictor reaches its
+        process."""
+        self._residency.track(self._state.client(client_id), resident, host, checkpointable)
+
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""
         return self._membership.unregister(now, client_id)
@@ -173,7 +187,8 @@ class Scheduler:
     def acquire(self, now: float, client_id: str) -> list[Action]:
         return self._turns.acquire(self._state.client(client_id), now)
 
-    def release(self, now: float, client_id: str, *, evict_first: bool = False) -> list[Action]:
+    def release(self, now: float, client_id: str, *, evict_first: bool = False,
+                evicting: bool = False) -> list[Action]:
         """Give the GPU back, or cancel a wait. Only ever the caller's own hold.
 
         ``evict_first``: the holder is leaving of its own accord (a cell ended, an idle spell)
@@ -183,13 +198,55 @@ class Scheduler:
         instead of ``Released``; the holder evicts, then releases again, plainly, which hands
         over at once. Handing over first would have the next holder's restore race the old
         holder's eviction, and the driver page on demand between the two.
+
+        ``evicting`` (feature ``memory``): the holder's compute is quiesced and its memory is on
+        its way out; the hold ends now and its resident bytes count until its reports and
+        ``evicted`` bring them down, so the way out and the next holder's way in overlap.
         """
-        return self._turns.release(self._state.client(client_id), now, evict_first)
+        return self._turns.release(self._state.client(client_id), now, evict_first, evicting)
 
     def report_working_set(self, now: float, client_id: str, nbytes: int,
-                           evictable: int | None = None) -> list[Action]:
+                           evictable: int | None = None, *, resident: int | None = None,
+                           host: int | None = None) -> list[Action]:
+        """The client's working set; with the ``memory`` feature also its bytes on the GPU and
+        in host memory now (progress of an eviction, or the end of a restore: ``host`` 0)."""
         return self._turns.report_working_set(self._state.client(client_id), nbytes, evictable,
-                                              now)
+                                              now, resident, host)
+
+    # -- resident memory (residency.py) ---------------------------------------------------
+
+    def evicted(self, now: float, client_id: str, *, resident: int | None = None,
+                host: int | None = None, failed: str | None = None) -> list[Action]:
+        """An eviction ended (``failed``: it could not; not asked again until a report)."""
+        client = self._state.client(client_id)
+        self._residency.evicted(client, resident, host, failed, now)
+        return self._turns.schedule(self._state.gpus[client.gpu], now)
+
+    def checkpointed(self, now: float, client_id: str, error: str | None = None
+                     ) -> list[Action]:
+        """The checkpoint evictor finished a ``Suspend`` (``error``: it failed)."""
+        client = self._state.clients.get(client_id)
+        if client is None or not client.memory:
+            return []
+        self._residency.checkpointed(client, error, now)
+        return self._turns.schedule(self._state.gpus[client.gpu], now)
+
+    def count_evicted_bytes(self, nbytes: int) -> None:
+        """Bytes an eviction moved to host memory (its ``evicted``), for the metrics."""
+        self._state.counts["evicted_bytes"] += nbytes
+
+    def memory_seen(self, now: float, used: Mapping[str, int | None]) -> list[Action]:
+        """NVML's per-process used memory, by client id, where the daemon reads it."""
+        touched: set[int] = set()
+        for client_id, nbytes in used.items():
+            client = self._state.clients.get(client_id)
+            if client is not None and client.memory and client.nvml_bytes != nbytes:
+                self._residency.nvml_seen(client, nbytes)
+                touched.add(client.gpu)
+        actions: list[Action] = []
+        for index in sorted(touched):
+            actions.extend(self._turns.schedule(self._state.gpus[index], now))
+        return actions
 
     def tick(self, now: float) -> list[Action]:
         """Time has passed: end quanta, revoke holders past their grace."""

@@ -13,6 +13,7 @@ from typing import final
 
 from nodeside.scheduler.actions import Action, Drop, Grant
 from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.residency import granted
 from nodeside.scheduler.room import Room, leaving
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.view import Granted, HoldEnded
@@ -34,6 +35,8 @@ class Moves:
         gpu.holders[client.id] = client
         gpu.meter.open(client.id, client.pool, now, client.preemptible)
         gpu.history.opened(client, now)
+        if client.memory:
+            granted(client, now)
         # The policy still sees when it asked: a request that went on after a drop is told
         # from a new one by that, not by when it was granted (attained.py).
         choice = self.state.choice
@@ -81,6 +84,8 @@ class Moves:
         gpu.holders.pop(client.id, None)
         gpu.meter.close(client.id, now)
         gpu.history.closed(client.id, now)
+        if client.memory:
+            client.last_used = now
         held = now - hold.granted_at
         client.gpu_seconds += held
         gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held

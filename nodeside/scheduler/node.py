@@ -51,7 +51,8 @@ class NodeState(PolicyView):
         self.order = itertools.count(1)
         #: Counters for metrics; the shell reads them.
         self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0,
-                       "steps_aside": 0, "turns": 0}
+                       "steps_aside": 0, "turns": 0, "evictions": 0, "refusals": 0, "restores": 0,
+                       "evicted_bytes": 0}
         #: Events seen; a next deadline computed since the last one still holds.
         self.events = 0
         self.read_config()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import final
 
 from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.residency import Residency
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.state import Client, GpuState, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -23,11 +24,13 @@ _MAX_RECHECK = 0.005
 class Queries:
     """The questions asked between events; ``next_deadline`` keeps its answer meanwhile."""
 
-    def __init__(self, state: NodeState, room: Room, turns: Turns, taking: TakingTurns) -> None:
+    def __init__(self, state: NodeState, room: Room, turns: Turns, taking: TakingTurns,
+                 residency: Residency) -> None:
         self.state = state
         self.room = room
         self.turns = turns
         self.taking = taking
+        self.residency = residency
         self._deadline_cache: tuple[object, float | None] | None = None
 
     def next_deadline(self, now: float) -> float | None:
@@ -80,6 +83,10 @@ class Queries:
                     # used, with no event to say so: look again after a first quantum.
                     deadlines.append(now + state.config.interactive.first_quantum)
                     timeless = False
+            if gpu.memory_clients:
+                due = self.residency.deadline(gpu)
+                if due is not None:
+                    deadlines.append(due)
             if not gpu.waiters:
                 continue
             if capped:
@@ -106,6 +113,8 @@ class Queries:
         candidate = state.choice.pick(gpu, now)
         if candidate is None:
             return False
+        if gpu.memory_clients and self.residency.shortfall(gpu, candidate):
+            return False  # it waits for evictions, whose reports are events
         light_first = state.choice.light_first
         return not gpu.holders or (self.room.fits_beside(gpu, [candidate]) and not (
             light_first is not None and light_first.holds_back(gpu, candidate, now)))

@@ -6,12 +6,9 @@ deadlines): it answers with the node's reserve and mode, and the rules decide wh
 answers (grant beside, drop with ``evict``, ask an overgrown holder's neighbours to leave). A
 client whose working set is unknown, or a GPU whose capacity is unknown, needs the whole GPU.
 
-Today the room counts the holders' working sets only. Where each client's resident memory
-becomes state (bytes on the GPU and in host memory, and whether they are resident, evicting,
-evicted or restoring), it is kept here, beside the hold state of clients.py, moved by this
-component's own events (a report, an eviction asked and acknowledged), and every "does it fit"
-below counts every resident client, holder or not; a grant that does not fit then asks ``Room``
-which idle residents to evict first.
+The holders' working sets are counted here; for clients that speak the ``memory`` feature the
+idle clients' resident memory counts too (residency.py keeps it, and a grant that does not fit
+beside it asks idle clients to evict first, ``Residency.make_room``).
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from collections.abc import Iterable
 from typing import final
 
 from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.residency import holding, occupies
 from nodeside.scheduler.state import Client, GpuState, HoldState
 
 
@@ -71,7 +69,11 @@ class Room:
         if incoming is None:
             return False
         rest = [h for h in gpu.holders.values() if h is not leaver and h is not incoming]
-        return not fits_together(gpu, [*rest, incoming, leaver], self.state.reserve)
+        reserve = self.state.reserve
+        if gpu.memory_clients:  # the idle clients' resident memory takes room too
+            reserve += sum(occupies(c) for c in gpu.memory_clients.values()
+                           if c is not incoming and c is not leaver and not holding(c))
+        return not fits_together(gpu, [*rest, incoming, leaver], reserve)
 
     def overcommitted(self, gpu: GpuState, keep: Client) -> list[Client]:
         """Holders to ask to leave, longest-running first, until the rest fits beside ``keep``.

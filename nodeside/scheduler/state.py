@@ -44,3 +44,9 @@ class GpuState:
         #: GPU seconds of ended holds, by pool, since start: metrics count them as counters
         #: that must not fall when a client goes away. See Scheduler.pool_gpu_seconds.
         self.pool_seconds: dict[str, float] = {}
+        #: Clients on this GPU that speak the ``memory`` feature (residency.py): their resident
+        #: memory counts in every "does it fit". Empty, the rules are those of holders only.
+        self.memory_clients: dict[str, Client] = {}
+        #: Evictions asked on this GPU, by reason: ``room`` (for a grant), ``release`` (a holder
+        #: released ``evicting``), ``timeout`` and ``idle`` (checkpoints), for the metrics.
+        self.evictions: dict[str, int] = {}

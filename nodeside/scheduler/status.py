@@ -1,4 +1,4 @@
-"""The status document (docs/interfaces.md section 5), built in this one place.
+"""The status document (CONTRACT section 5), built in this one place.
 
 ``Client.status()``, ``kiwictl status --json``, the server extension's REST endpoint and the
 panel all show what this function returns. Keys named by the contract are fixed; others may be
@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from nodeside.scheduler.core import Client, Scheduler
 from nodeside.scheduler.report import pool_reports
+from nodeside.scheduler.residency import holding, need, occupies
 
 STATUS_VERSION = 1
 
@@ -30,7 +31,8 @@ class Evictions(Protocol):
 def build_status(scheduler: Scheduler, now: float,
                  memory_used: Mapping[int, int | None] | None = None, *,
                  viewer_admin: bool = True, viewer_uid: int | None = None,
-                 evictions: Evictions | None = None) -> dict[str, Any]:
+                 evictions: Evictions | None = None,
+                 host_budget: int | None = None) -> dict[str, Any]:
     """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can;
     ``evictions`` adds the checkpoint evictor's state (``evict_blocked`` per GPU,
     ``checkpoint_state`` and ``checkpoint_error`` per client it checkpoints).
@@ -71,12 +73,31 @@ def build_status(scheduler: Scheduler, now: float,
         })
         if evictions is not None:
             gpus[-1]["evict_blocked"] = evictions.blocked(index)
+        if gpu.memory_clients:
+            on_it = [c for c in scheduler.clients.values() if c.gpu == index]
+            gpus[-1].update({
+                "resident_bytes": sum(_resident(c) for c in on_it),
+                "capacity": spec.memory_total,
+                "host_bytes": sum(c.host_bytes for c in on_it if c.memory),
+                "host_budget": host_budget,
+            })
     clients = []
     for client in scheduler.clients.values():
         entry = _client_entry(scheduler, client, positions.get(client.id), now)
         checkpoint = evictions.checkpoint(client.id) if evictions is not None else None
         if checkpoint is not None:
             entry["checkpoint_state"], entry["checkpoint_error"] = checkpoint
+        if client.memory:
+            waiting_for = client.waiting_for
+            entry.update({
+                "residency": client.residency,
+                "resident_bytes": occupies(client),
+                "host_bytes": client.host_bytes,
+                "memory_source": client.memory_source,
+                "waiting_for": None if waiting_for is None else {
+                    "client": waiting_for.client, "name": waiting_for.name,
+                    "bytes": waiting_for.bytes, "action": waiting_for.action},
+            })
         if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
             entry["pid"] = None
             entry["namespace"] = None  # as hidden as the labels it was verified against
@@ -122,6 +143,14 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
         "waiting_since": None if client.requested_at is None
         else round(now - client.requested_at, 6),
     }
+
+
+def _resident(client: Client) -> int:
+    """Bytes a client has on its GPU: reported (feature ``memory``), else a holder's working
+    set."""
+    if client.memory:
+        return need(client) if holding(client) else occupies(client)
+    return (client.working_set or 0) if client.state == "holding" else 0
 
 
 def _reported_use(clients: Any) -> int | None:

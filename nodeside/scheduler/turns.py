@@ -19,10 +19,19 @@ import math
 from typing import final
 
 from nodeside import protocol as p
-from nodeside.scheduler.actions import Action, Drop, Grant, Released, Revoke, SchedulerError
+from nodeside.scheduler.actions import (
+    Action,
+    Drop,
+    Grant,
+    Refuse,
+    Released,
+    Revoke,
+    SchedulerError,
+)
 from nodeside.scheduler.choosing import within_pool
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.residency import Residency
 from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -37,10 +46,12 @@ TAIL_ORDER = 1 << 62
 class Turns:
     """The hold events, and the scheduling rules that follow every event."""
 
-    def __init__(self, state: NodeState, room: Room, taking: TakingTurns) -> None:
+    def __init__(self, state: NodeState, room: Room, taking: TakingTurns,
+                 residency: Residency) -> None:
         self.state = state
         self.room = room
         self.taking = taking
+        self.residency = residency
         self._moves = Moves(state, room)
 
     # -- a client's requests --------------------------------------------------------------
@@ -60,10 +71,17 @@ class Turns:
         gpu.waiters.add(client)
         return self.schedule(gpu, now)
 
-    def release(self, client: Client, now: float, evict_first: bool) -> list[Action]:
+    def release(self, client: Client, now: float, evict_first: bool,
+                evicting: bool = False) -> list[Action]:
         """Give the GPU back, or cancel a wait (``Scheduler.release`` says what
-        ``evict_first`` does)."""
+        ``evict_first`` and ``evicting`` do)."""
         gpu = self.state.gpus[client.gpu]
+        if evicting and client.memory and client.state == "holding":
+            # The hold ends now; the memory is still on its way out and counts until the
+            # reports and ``evicted`` bring it down.
+            self.residency.released_evicting(client, now)
+            self._moves.end_hold(client, now)
+            return [Released(client.id, evict=True), *self.schedule(gpu, now)]
         if client.hold_state is HoldState.WAITING:
             gpu.waiters.remove(client)
             client.move(HoldState.IDLE)
@@ -92,11 +110,14 @@ class Turns:
         return [Released(client.id, evict=evict), *self.schedule(gpu, now)]
 
     def report_working_set(self, client: Client, nbytes: int, evictable: int | None,
-                           now: float) -> list[Action]:
+                           now: float, resident: int | None = None,
+                           host: int | None = None) -> list[Action]:
         if nbytes < 0:
             raise SchedulerError(p.E_INVALID, "working set must not be negative")
         client.working_set = nbytes
         client.evictable = evictable
+        if client.memory:
+            self.residency.report(client, resident, host)
         gpu = self.state.gpus[client.gpu]
         return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
 
@@ -108,6 +129,8 @@ class Turns:
             client.move(HoldState.IDLE)
         elif client.hold_state is not HoldState.IDLE:
             self._moves.end_hold(client, now)
+        if client.memory:
+            self.residency.forget(client)
 
     def drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
              incoming: Client | None, evict: bool | None = None) -> list[Action]:
@@ -159,6 +182,9 @@ class Turns:
         mode = state.mode
         # No holder, none to revoke: a release's schedule (half of every handoff) skips the call.
         actions: list[Action] = self._revoke_overdue(gpu, now) if holders else []
+        memory = gpu.memory_clients  # empty unless a client speaks the memory feature
+        if memory:
+            actions.extend(self.residency.due(gpu, now))
         if mode == "off":
             for waiter in list(gpu.waiters.values()):
                 actions.append(self._moves.grant(gpu, waiter, now))
@@ -174,6 +200,15 @@ class Turns:
                     not self.room.fits_beside(gpu, [candidate])
                     or self._held_back(gpu, candidate, now))):
                 break
+            if memory:
+                short = self.residency.shortfall(gpu, candidate)
+                if short:
+                    asked, refused = self.residency.make_room(gpu, candidate, short, now)
+                    actions.extend(asked)
+                    if refused is None:
+                        break  # granted once the room is there
+                    actions.append(self._refuse(gpu, candidate, refused))
+                    continue
             actions.append(self._moves.grant(gpu, candidate, now))
         if waiters and state.preemption:  # nobody waiting, or preemption off: no call at all
             actions.extend(self._preempt(gpu, now))
@@ -181,6 +216,15 @@ class Turns:
             actions.extend(self._end_quanta(gpu, now))
             actions.extend(self.taking.take_turns(gpu, now))
         return actions
+
+    def _refuse(self, gpu: GpuState, client: Client, why: str) -> Refuse:
+        """The room ``client`` waits for cannot be made: it is idle again, and told why."""
+        gpu.waiters.remove(client)
+        client.move(HoldState.IDLE)
+        client.requested_at = None
+        client.waiting_for = None
+        self.state.counts["refusals"] += 1
+        return Refuse(client.id, gpu.spec.index, why)
 
     def _held_back(self, gpu: GpuState, client: Client, now: float) -> bool:
         light_first = self.state.choice.light_first

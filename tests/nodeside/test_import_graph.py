@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodeside.compiled",),
     # What every part shares: the package's version, the bounds, the wire format, names.
     ("nodeside", "nodeside.limits", "nodeside.protocol", "nodeside.names",
-     "nodeside.headline", "nodeside.errors"),
+     "nodeside.headline", "nodeside.errors", "nodeside.memory_words"),
     # The domain's values that the config names and the scheduler applies.
     ("nodeside.model",),
     ("nodeside.config",),
@@ -40,7 +40,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "nodeside.scheduler.choosing", "nodeside.scheduler.interactive",
      "nodeside.scheduler.policies"),
     # ... the node's state and the components that take it ...
-    ("nodeside.scheduler.node", "nodeside.scheduler.room", "nodeside.scheduler.moves",
+    ("nodeside.scheduler.node", "nodeside.scheduler.residency", "nodeside.scheduler.room",
+     "nodeside.scheduler.moves",
      "nodeside.scheduler.taking_turns", "nodeside.scheduler.turns",
      "nodeside.scheduler.membership", "nodeside.scheduler.controls",
      "nodeside.scheduler.queries"),

@@ -4,8 +4,11 @@ non-admin may see, and the daemon's one rule for "below its guarantee"."""
 from __future__ import annotations
 
 import pytest
+from status_fixtures import GiB, memory_status, sample_status
 
 from nodeside.config import from_mapping
+from nodeside.protocol import document
+from nodeside.protocol.render import typescript
 from nodeside.scheduler.core import GpuSpec, Scheduler, SchedulerError
 from nodeside.scheduler.status import build_status
 
@@ -95,3 +98,50 @@ def test_configured_pools_is_empty_when_the_config_has_no_pools():
     s = scheduler()
     s.register(0.0, name="a", pool="anything")
     assert build_status(s, 0.0)["configured_pools"] == []
+
+
+def follows_the_table(part: document.Part, entry: dict) -> None:
+    keys = {k.name: k for k in part.keys}
+    assert set(entry) <= set(keys), set(entry) - set(keys)
+    for name, value in entry.items():
+        if keys[name].values and value is not None:
+            assert value in keys[name].values, (name, value)
+
+
+@pytest.mark.parametrize("doc", [sample_status(), memory_status()], ids=["sample", "memory"])
+def test_every_key_of_the_views_samples_is_in_the_documents_table(doc: dict):
+    follows_the_table(document.DOCUMENT, doc)
+    for gpu in doc["gpus"]:
+        follows_the_table(document.GPU, gpu)
+    for client in doc["clients"]:
+        follows_the_table(document.CLIENT, client)
+        if client.get("waiting_for"):
+            follows_the_table(document.WAITING_FOR, client["waiting_for"])
+
+
+def test_the_memory_keys_are_there_exactly_for_clients_that_speak_memory_and_their_gpus():
+    """An old client's entry, and a GPU with only old clients on it, read as before; a client
+    that speaks the ``memory`` feature, and its GPU, carry every memory key."""
+    scheduler = Scheduler(from_mapping({"tq": 30.0}),
+                          [GpuSpec(0, memory_total=80 * GiB), GpuSpec(1, memory_total=80 * GiB)],
+                          0.0)
+    old = scheduler.register(0.0, name="old", pid=101, gpu=0)
+    new = scheduler.register(0.0, name="new", pid=102, gpu=1)
+    scheduler.track_memory(new.id, resident=2 * GiB, host=0)
+    doc = build_status(scheduler, 1.0, host_budget=64 * GiB)
+    client_keys = {k.name for k in document.CLIENT.keys if k.added_by == "memory"}
+    gpu_keys = {k.name for k in document.GPU.keys if k.added_by == "memory"}
+    entries = {c["id"]: c for c in doc["clients"]}
+    assert not client_keys & set(entries[old.id])
+    assert client_keys <= set(entries[new.id])
+    assert entries[new.id]["resident_bytes"] == 2 * GiB
+    assert not gpu_keys & set(doc["gpus"][0])
+    assert gpu_keys <= set(doc["gpus"][1])
+    assert doc["gpus"][1]["host_budget"] == 64 * GiB
+
+
+def test_the_panel_reads_what_a_kernel_waits_for_as_one_object_of_its_own_part():
+    types = typescript.render()
+    assert "  waiting_for?: IWaitingFor | null;" in types
+    assert "export interface IWaitingFor {" in types
+    assert "  action: 'evict' | 'checkpoint' | 'restore';" in types

@@ -106,29 +106,3 @@ def test_a_real_daemon_sends_only_what_the_table_says_it_may(daemon: DaemonProce
     assert {"welcome", "registered", "grant", "waiting", "ok", "status", "pong",
             "error", "mode", "changed"} <= ops
 
-
-def test_the_daemon_does_not_say_it_serves_memory_while_it_does_not(
-        daemon: DaemonProcess) -> None:
-    """The table has the ``memory`` feature for the shim's side (MEMORY-PROTOCOL, issue 31);
-    until the scheduler's side is built, this daemon leaves it out of ``welcome`` (so clients
-    speak today's protocol), reads the new fields' types as the table says, and refuses
-    ``evicted`` with ``state``, keeping the connection."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(daemon.socket)
-        sock.settimeout(scaled(10))
-        buffer = p.LineBuffer(p.MAX_REPLY_BYTES)
-        replies: list[dict] = []
-
-        def ask(op: str, seq: int | None, **fields: object) -> dict:
-            sock.sendall(p.encode(op, seq=seq, **fields))
-            while not replies:
-                replies.extend(p.decode(line) for line in buffer.feed(sock.recv(1 << 20)))
-            return replies.pop(0)
-
-        welcome = ask(p.HELLO, None, version=1, features=["position", p.FEATURE_MEMORY])
-        assert welcome["features"] == ["position"]
-        assert ask(p.REGISTER, None, name="m", resident=3, host=0)["op"] == p.REGISTERED
-        assert ask(p.WORKING_SET, 1, bytes=3, resident=3, host=0)["op"] == p.OK
-        refused = ask(p.EVICTED, 2, resident=0, host=3, moved=3, seconds=0.1)
-        assert (refused["op"], refused["code"], refused["seq"]) == (p.ERROR, p.E_STATE, 2)
-        assert ask(p.PING, 3)["op"] == p.PONG

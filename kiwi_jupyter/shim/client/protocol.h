@@ -125,6 +125,7 @@
 #define KIWI_E_INVALID "invalid"
 #define KIWI_E_STATE "state"
 #define KIWI_E_LIMIT "limit"
+#define KIWI_E_ROOM "room"
 
 /* The daemon closes the connection after these errors. */
 static inline bool kiwi_error_fatal(const char *code)

@@ -62,7 +62,8 @@ def reasons() -> str:
 
 
 _ADDED_BY = {"evictor": "the checkpoint evictor", "server": "the Jupyter server only",
-             "status_line": "only when the document had to be cut"}
+             "status_line": "only when the document had to be cut",
+             "memory": "the daemon where clients speak the `memory` feature"}
 
 
 def _key(key: d.Key) -> tuple[str, ...]:

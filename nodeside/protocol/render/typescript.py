@@ -9,7 +9,7 @@ from nodeside.protocol import document as d
 
 HEADER = """\
 /**
- * The status document (docs/interfaces.md section 5) as the server extension returns it.
+ * The status document (CONTRACT section 5) as the server extension returns it.
  *
  * Generated from nodeside/protocol/document.py by `python -m nodeside.protocol.generate`: edit
  * the table there and run it, never this file (a test fails while the two differ).
@@ -31,7 +31,7 @@ def _type(part: d.Part, key: d.Key) -> str:
         inner = key.type[5:-1]
         said = f"{_SCALARS.get(inner, inner)}[]"
     else:
-        said = _SCALARS[key.type]
+        said = _SCALARS.get(key.type, key.type)  # a part of its own: its interface
     return f"{said} | null" if key.nullable else said
 
 

@@ -1,0 +1,84 @@
+"""Memory in words for people: sizes, where a client's memory is, and what a waiting client
+waits for, as every text view says them (``kiwictl status``, ``%kiwi status``, the waiting line).
+
+The words are fixed with the status document's keys (docs/protocol.md, the status document):
+``resident`` is "on GPU", ``evicting`` "moving out", ``evicted`` "in host memory" and
+``restoring`` "moving in". The panel says the same in TypeScript (labextension/src/format.ts).
+A document from a daemon that keeps no resident memory has none of these keys, and every
+function here then says nothing (None), so the views show what they showed before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeside.names import who
+
+#: What people read for each residency of the status document.
+RESIDENCY_WORDS: dict[str, str] = {
+    "resident": "on GPU",
+    "evicting": "moving out",
+    "evicted": "in host memory",
+    "restoring": "moving in",
+}
+
+
+def human_bytes(nbytes: int | None) -> str:
+    """Bytes in binary units, one decimal: ``3.0 GiB``, ``512 B``; ``unknown`` for None."""
+    if nbytes is None:
+        return "unknown"
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def keeps_memory(document: dict[str, Any]) -> bool:
+    """Whether the document comes from a daemon that says where each client's memory is."""
+    return any("residency" in c for c in document.get("clients", [])) or any(
+        "resident_bytes" in g for g in document.get("gpus", []))
+
+
+def residency_word(client: dict[str, Any]) -> str:
+    """``on GPU``, ``moving out``, ``in host memory`` or ``moving in``; empty when not said."""
+    residency = str(client.get("residency") or "")
+    return RESIDENCY_WORDS.get(residency, residency)
+
+
+def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = None,
+                      width: int | None = None) -> str | None:
+    """What a waiting client waits for, ``waiting for nbA.ipynb to move 24.0 GiB to host
+    memory``; None when it waits for nothing in particular. The other client is named as
+    every view names it (``who``) when the document lists it, else by the name the scheduler
+    gave."""
+    waiting = client.get("waiting_for")
+    if not waiting:
+        return None
+    other = next((c for c in (document or {}).get("clients", [])
+                  if c.get("id") == waiting.get("client")), None)
+    name = who(other, width) if other is not None else str(waiting.get("name") or "?")
+    size = human_bytes(waiting.get("bytes"))
+    action = waiting.get("action")
+    if action == "checkpoint":
+        return f"waiting for {name} to be checkpointed ({size} to host memory)"
+    if action == "restore":
+        return f"waiting for {name} to move {size} back onto the GPU"
+    return f"waiting for {name} to move {size} to host memory"
+
+
+def gpu_memory_words(gpu: dict[str, Any]) -> str | None:
+    """A GPU's resident total against its capacity and the host RAM its evicted clients hold
+    against the budget: ``27.0 GiB of 80.0 GiB on the GPU, 24.0 GiB of 64.0 GiB in host
+    memory``; None for a document without them."""
+    if "resident_bytes" not in gpu:
+        return None
+    capacity, budget = gpu.get("capacity"), gpu.get("host_budget")
+    resident = human_bytes(gpu["resident_bytes"])
+    on_gpu = (f"{resident} on the GPU (its size unknown)" if capacity is None
+              else f"{resident} of {human_bytes(capacity)} on the GPU")
+    host = human_bytes(gpu.get("host_bytes", 0))
+    in_host = (f"{host} in host memory (no limit set)" if budget is None
+               else f"{host} of {human_bytes(budget)} in host memory")
+    return f"{on_gpu}, {in_host}"

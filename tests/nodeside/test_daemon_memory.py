@@ -1,0 +1,168 @@
+"""The ``memory`` feature against the real daemon on a real Unix socket, in raw protocol lines.
+
+Two clients that page themselves (``vmm``) alternate on a GPU with room for one working set:
+the second one's grant waits until the idle first has moved its memory out, asked by an
+``evict`` event; an idle client that does not answer gets the waiter an ``error`` event with
+code ``room``; the status document says where every client's memory is. A client that did not
+ask for the feature speaks today's protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from support import DaemonProcess, scaled
+
+from nodeside import protocol as p
+
+GiB = 1 << 30
+
+
+class Line:
+    """One client connection, driven line by line; events that come while a reply is awaited
+    are kept for ``event``."""
+
+    def __init__(self, daemon: DaemonProcess, name: str, working_set: int, *,
+                 memory: bool = True, evict: str = "vmm") -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(scaled(10))
+        self.sock.connect(daemon.socket)
+        self.lines = self.sock.makefile("rb")
+        self.seq = 0
+        self.events: list[dict] = []
+        welcome = self.request(p.HELLO, version=p.VERSION,
+                               features=[p.FEATURE_MEMORY] if memory else [])
+        assert welcome["op"] == p.WELCOME
+        registered = self.request(p.REGISTER, name=name, display_name=f"{name}.ipynb",
+                                  working_set=working_set, evict=evict)
+        self.id = registered.get("client")
+        self.registered = registered
+
+    def request(self, op: str, **fields: object) -> dict:
+        self.seq += 1
+        self.sock.sendall(p.encode(op, seq=self.seq, **fields))
+        while True:
+            message = self._read()
+            if message.get("seq") == self.seq:
+                return message
+            self.events.append(message)
+
+    def event(self) -> dict:
+        """The next event (waits for it on the socket)."""
+        return self.events.pop(0) if self.events else self._read()
+
+    def _read(self) -> dict:
+        line = self.lines.readline()
+        if not line:
+            raise ConnectionResetError("closed")
+        return json.loads(line)
+
+    def me(self) -> dict:
+        status = self.request(p.STATUS)["status"]
+        return next(c for c in status["clients"] if c["id"] == self.id)
+
+    def gpu(self) -> dict:
+        return self.request(p.STATUS)["status"]["gpus"][0]
+
+    def close(self) -> None:
+        self.lines.close()
+        self.sock.close()
+
+
+def config(tmp: Path, **settings: object) -> str:
+    path = tmp / "kiwi.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
+    return str(path)
+
+
+@pytest.fixture
+def gpu10(start_daemon, tmp_path) -> DaemonProcess:
+    """One GPU of 10 GiB, nothing kept in reserve, a long quantum and grace, and idle clients
+    given 30 s to answer: only the test's requests move anything."""
+    return start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory", "10GiB",
+                        "--config", config(tmp_path, memory_reserve=0, evict_timeout=30))
+
+
+def used(client: Line, nbytes: int) -> None:
+    """``client`` holds the GPU, fills ``nbytes`` and gives it back (its memory stays)."""
+    assert client.request(p.ACQUIRE)["op"] == p.GRANT
+    assert client.request(p.WORKING_SET, bytes=nbytes, resident=nbytes, host=0)["op"] == p.OK
+    assert client.request(p.RELEASE)["op"] == p.RELEASED
+
+
+def test_two_kernels_alternate_with_room_for_one_and_one_is_resident_at_a_time(gpu10) -> None:
+    a, b = Line(gpu10, "nbA", 6 * GiB), Line(gpu10, "nbB", 6 * GiB)
+    assert a.registered["evict"] == "vmm"
+    used(a, 6 * GiB)
+    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    assert a.event() == {"op": p.EVICT, "gpu": 0, "bytes": 6 * GiB, "for": "nbB.ipynb"}
+    waiting = b.me()
+    assert waiting["state"] == "waiting"
+    assert waiting["waiting_for"] == {"client": a.id, "name": "nbA.ipynb", "bytes": 6 * GiB,
+                                      "action": "evict"}
+    assert a.me()["residency"] == "evicting"
+    # Half way out: 3 + 6 fits in 10, so the grant goes out while the rest moves.
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=3 * GiB, host=3 * GiB)["op"] == p.OK
+    assert b.event()["op"] == p.GRANT
+    assert a.request(p.EVICTED, resident=0, host=6 * GiB, moved=6 * GiB, seconds=0.2)["op"] \
+        == p.OK
+    mine = a.me()
+    assert (mine["residency"], mine["resident_bytes"], mine["host_bytes"]) == \
+        ("evicted", 0, 6 * GiB)
+    gpu = b.gpu()
+    assert (gpu["resident_bytes"], gpu["capacity"], gpu["host_bytes"]) == \
+        (6 * GiB, 10 * GiB, 6 * GiB)
+    # Back the other way: b gives the GPU up, a asks again and b is asked to move out.
+    assert b.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
+    assert b.request(p.RELEASE)["op"] == p.RELEASED
+    assert a.request(p.ACQUIRE)["op"] == p.WAITING
+    assert b.event()["op"] == p.EVICT
+    assert b.request(p.EVICTED, resident=0, host=6 * GiB, moved=6 * GiB, seconds=0.2)["op"] \
+        == p.OK
+    assert a.event()["op"] == p.GRANT
+    assert a.me()["residency"] == "restoring"
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
+    assert a.me()["residency"] == "resident" and b.me()["residency"] == "evicted"
+
+
+def test_a_release_with_evicting_hands_over_once_enough_is_out(gpu10) -> None:
+    a, b = Line(gpu10, "nbA", 6 * GiB), Line(gpu10, "nbB", 6 * GiB)
+    assert a.request(p.ACQUIRE)["op"] == p.GRANT
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
+    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    released = a.request(p.RELEASE, evicting=True)
+    assert (released["op"], released["evict"]) == (p.RELEASED, True)
+    assert (a.me()["residency"], b.me()["state"]) == ("evicting", "waiting")
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=2 * GiB, host=4 * GiB)["op"] == p.OK
+    assert b.event()["op"] == p.GRANT
+
+
+def test_an_idle_client_that_does_not_answer_gets_the_waiter_refused(start_daemon,
+                                                                      tmp_path) -> None:
+    daemon = start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory",
+                          "10GiB", "--config", config(tmp_path, memory_reserve=0,
+                                                      evict_timeout=0.5))
+    a, b = Line(daemon, "nbA", 6 * GiB), Line(daemon, "nbB", 6 * GiB)
+    used(a, 6 * GiB)
+    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    assert a.event()["op"] == p.EVICT  # and a says nothing more
+    refused = b.event()
+    assert (refused["op"], refused["code"]) == (p.ERROR, p.E_ROOM)
+    assert "nbA.ipynb" in refused["message"] and "seq" not in refused
+    assert b.me()["state"] == "idle" and a.me()["residency"] == "resident"
+
+
+def test_without_the_feature_the_protocol_is_todays(gpu10) -> None:
+    old = Line(gpu10, "old", 6 * GiB, memory=False, evict="managed")
+    assert "residency" not in old.me()
+    refused = old.request(p.EVICTED, resident=0)
+    assert (refused["op"], refused["code"]) == (p.ERROR, p.E_STATE)
+    vmm = Line(gpu10, "vmm", 1 * GiB, memory=False)
+    assert (vmm.registered["op"], vmm.registered["code"]) == (p.ERROR, p.E_INVALID)
+    # An old client's idle memory is not counted: a newcomer is granted as before.
+    used(old, 6 * GiB)
+    new = Line(gpu10, "new", 6 * GiB)
+    assert new.request(p.ACQUIRE)["op"] == p.GRANT

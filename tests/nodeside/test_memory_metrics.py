@@ -1,0 +1,43 @@
+"""The ``memory`` feature's metrics (MEMORY-PROTOCOL names): read from the core at scrape time,
+the two histograms fed by the daemon's requests."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodeside.config import SchedulerConfig
+from nodeside.metrics import Metrics
+from nodeside.scheduler.core import GpuSpec, Scheduler
+
+GiB = 1 << 30
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.exposition().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_resident_and_evicted_bytes_evictions_and_restores_are_exposed() -> None:
+    s = Scheduler(SchedulerConfig(memory_reserve=0), [GpuSpec(0, memory_total=10 * GiB)], 0.0)
+    a = s.register(0.0, name="nbA", working_set=6 * GiB, evict="vmm").id
+    b = s.register(0.0, name="nbB", working_set=6 * GiB, evict="vmm").id
+    for client in (a, b):
+        s.track_memory(client, resident=0, host=0)
+    s.acquire(1.0, a)
+    s.report_working_set(1.0, a, 6 * GiB, resident=6 * GiB, host=0)
+    s.release(2.0, a)
+    s.acquire(3.0, b)  # asks a to evict
+    s.evicted(4.0, a, resident=0, host=6 * GiB)
+    s.count_evicted_bytes(6 * GiB)
+    metrics = Metrics(s, clock=lambda: 5.0)
+    metrics.observe_memory("eviction", 0, 0.8)
+    metrics.observe_memory("restore", 0, 0.3)
+    got = samples(metrics)
+    assert got[("kiwi_resident_bytes", (("client", "nbA"), ("gpu", "0")))] == 0
+    assert got[("kiwi_evicted_bytes", (("client", "nbA"), ("gpu", "0")))] == 6 * GiB
+    assert got[("kiwi_evictions_total", (("gpu", "0"), ("reason", "room")))] == 1
+    assert got[("kiwi_evicted_bytes_total", ())] == 6 * GiB
+    assert got[("kiwi_restores_total", ())] == 0
+    assert got[("kiwi_eviction_seconds_count", (("gpu", "0"),))] == 1
+    assert got[("kiwi_restore_seconds_sum", (("gpu", "0"),))] == 0.3
