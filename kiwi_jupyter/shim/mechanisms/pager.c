@@ -26,6 +26,7 @@
  * for itself (cuMemAllocManaged) stays managed, and the managed evictor moves it alongside.
  */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -212,6 +213,9 @@ static void move_managed_too(enum kiwi_page_direction direction, struct kiwi_tra
     moved->seconds += managed.seconds;
 }
 
+/* The managed evictor's bytes moved to host memory by the last way out, until the way in. */
+static _Atomic uint64_t managed_host;
+
 void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
 {
     void (*progress)(const struct kiwi_residency *, void *) = moved->progress;
@@ -227,6 +231,7 @@ void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *m
         break;
     default: /* managed, and what managed memory there is before a choice */
         kiwi_managed_move(direction, moved);
+        atomic_store(&managed_host, direction == KIWI_PAGE_OUT ? moved->bytes : 0);
         break;
     }
     moved->progress = progress;
@@ -240,11 +245,14 @@ void kiwi_pager_residency(struct kiwi_residency *out)
         kiwi_vmm_residency(out);
         return;
     }
-    /* Managed memory stays on the card by the driver's count however it is paged, and a
+    /* Managed memory moved out keeps its chunks on the card by the driver's count, but the
+     * driver hands them to whoever allocates next: to the scheduler it is in host memory. A
      * checkpointed process's memory is the daemon's to tell: what was allocated. */
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
-    out->resident = ws.bytes;
+    uint64_t host = atomic_load(&managed_host);
+    out->host = host < ws.bytes ? host : ws.bytes;
+    out->resident = ws.bytes - out->host;
 }
 
 bool kiwi_pager_movable(void)
