@@ -14,23 +14,30 @@ way out ("pin"). Each row gives
 - the GPU memory NVML saw freed by the eviction (the target: 95 % of the working set);
 - whether A's working set came back intact (a checksum per 2 MiB row).
 
-An evictor the shim runs as another (``vmm`` before it is built, ``checkpoint`` where the
-daemon cannot checkpoint) gets one line that says so. Without a GPU, PyTorch or NVML it says
-so, and still says whether this shim has a ``vmm`` evictor (by asking it over the tests' fake
-driver). The working set shrinks to what the card has free (two sets and headroom never
-oversubscribe it); rows are printed as they are measured.
+An evictor the shim runs as another (``vmm`` on a device without VMM, ``checkpoint`` where the
+daemon cannot checkpoint) gets one line that says so. ``KIWI_VMM_SHADOW`` is passed on, so the
+vmm row can be measured with registered huge pages (the default) and with ``allochost``
+(``--vmm-shadow``), whose "pin" column compares the two ways of pinning. Without a GPU,
+PyTorch or NVML it says so, and runs the vmm row over the tests' fake driver instead (the
+workers drive the driver API through ctypes, the card's count stands for NVML): a dry run of
+the whole path, whose rates are this host's memory copies, not a GPU's link. The working set
+shrinks to what the card has free (two sets and headroom never oversubscribe it); rows are
+printed as they are measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import select
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,10 +109,11 @@ HEADER = ["evictor", "evict GB/s (vs D->H)", "again, warm (vs D->H)", "restore G
 
 
 class Worker:
-    def __init__(self, socket: str, shim: str, evictor: str, name: str, evict_copy: str) -> None:
+    def __init__(self, socket: str, shim: str, evictor: str, name: str, evict_copy: str,
+                 extra: dict[str, str] | None = None) -> None:
         env = {**without_kiwi(), "LD_PRELOAD": shim, "KIWI_SOCKET": socket,
                "KIWI_IDLE_RELEASE": "0", "KIWI_EVICT": evictor, "KIWI_CLIENT_NAME": name,
-               "KIWI_EVICT_COPY": evict_copy, "PYTHONPATH": str(REPO)}
+               "KIWI_EVICT_COPY": evict_copy, "PYTHONPATH": str(REPO), **(extra or {})}
         self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.shim.evictors_worker"],
                                         cwd=REPO, env=env, text=True, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE)
@@ -166,26 +174,29 @@ print(json.dumps({{"to_host": best(lambda: host.copy_(device, non_blocking=True)
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def one_evictor(evictor: str, socket: str, shim: str, nbytes: int, evict_copy: str
-                ) -> tuple[list[Round], str]:
-    """Two rounds of eviction and restore; or no rounds and why."""
-    a = Worker(socket, shim, evictor, f"evictors-a-{evictor}", evict_copy)
-    b = Worker(socket, shim, evictor, f"evictors-b-{evictor}", evict_copy)
+def one_evictor(evictor: str, socket: str, shim: str, nbytes: int, evict_copy: str,
+                used: Callable[[], int | None] | None = None,
+                extra: dict[str, str] | None = None) -> tuple[list[Round], str]:
+    """Two rounds of eviction and restore; or no rounds and why. used: the card's used bytes
+    (NVML's by default, or the fake's count); extra: more environment for the workers."""
+    used = used or nvml_used
+    a = Worker(socket, shim, evictor, f"evictors-a-{evictor}", evict_copy, extra)
+    b = Worker(socket, shim, evictor, f"evictors-b-{evictor}", evict_copy, extra)
     try:
         a("cell_begin")
         a("fill", bytes=nbytes)
         ran_as = a("stats")["evict"]
         if ran_as != evictor:
-            built = "not built" if evictor == "vmm" else "unavailable here"
-            return [], f"{evictor}: {built} (the shim ran KIWI_EVICT={evictor} as {ran_as})"
+            return [], f"{evictor}: unavailable here (the shim ran KIWI_EVICT={evictor} as " \
+                       f"{ran_as})"
         steady = statistics.median(a("check")["seconds"] for _ in range(3))
         b("cell_begin")
         b("small", bytes=SMALL)
         rounds = []
         for _ in range(2):
-            before_stats, before_used = a("stats"), nvml_used()
+            before_stats, before_used = a("stats"), used()
             waited = b("touch")  # A is evicted first
-            after_used = nvml_used()
+            after_used = used()
             evicted_stats = a("stats")
             checked = a("check")  # B leaves, A is restored first
             after_stats = a("stats")
@@ -209,33 +220,100 @@ def one_evictor(evictor: str, socket: str, shim: str, nbytes: int, evict_copy: s
         b.close()
 
 
-def vmm_status(shim: str) -> str:
-    """Whether this shim runs KIWI_EVICT=vmm as vmm: asked over the tests' fake driver, which
-    supports the VMM API (no GPU needed); the GPU run's rows say it again from the real one."""
+#: The dry run's working set over the fake driver: its bytes are really copied, on this host.
+FAKE_WORKING_SET = 64 * MiB
+
+
+def build_fake(directory: str) -> Path | None:
+    """The tests' fake driver (tests/shim/fake_cuda.c) built into directory; None without it."""
     source = REPO / "tests" / "shim" / "fake_cuda.c"
+    fake = Path(directory) / "libcuda.so.1"
     if not source.is_file():
-        return "vmm: unknown here (no tests/shim/fake_cuda.c to ask the shim over)"
-    with tempfile.TemporaryDirectory(prefix="kiwi-fake-") as directory:
-        fake = Path(directory) / "libcuda.so.1"
-        built = subprocess.run(["gcc", "-std=c11", "-O1", "-fPIC", "-shared",
-                                "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1",
-                                "-Wl,-Bsymbolic", "-o", str(fake), str(source), "-lpthread"],
-                               capture_output=True, text=True)
-        if built.returncode != 0:
-            return "vmm: unknown here (the fake driver did not build)"
-        code = ("import ctypes; from kiwi_jupyter.shim import Shim\n"
-                "cu = ctypes.CDLL('libcuda.so.1'); cu.cuInit(0); p = ctypes.c_uint64()\n"
-                "cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 21))\n"
-                "print(Shim.attach().stats()['evict'])\n")
-        env = {**without_kiwi(), "LD_PRELOAD": shim, "LD_LIBRARY_PATH": directory,
-               "KIWI_EVICT": "vmm", "KIWI_SOCKET": f"{directory}/none.sock",
-               "KIWI_FAIL_TIMEOUT": "0", "PYTHONPATH": str(REPO)}
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=60)
+        return None
+    built = subprocess.run(["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden",
+                            "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic", "-o", str(fake),
+                            str(source), "-lpthread"], capture_output=True, text=True)
+    return fake if built.returncode == 0 else None
+
+
+def card_used(card: Path) -> int | None:
+    """The fake card's bytes in use (tests/shim/fake_device.py reads the same first field)."""
+    try:
+        return int(struct.unpack_from("=Q", card.read_bytes())[0])
+    except (OSError, struct.error):
+        return None
+
+
+def host_copy_floor(nbytes: int) -> dict[str, float]:
+    """What the fake driver's copies are made of: one memmove of nbytes on this host, best of 3."""
+    source, target = ctypes.create_string_buffer(nbytes), ctypes.create_string_buffer(nbytes)
+    best = min(_timed(lambda: ctypes.memmove(target, source, nbytes)) for _ in range(3))
+    return {"to_host": nbytes / best, "to_device": nbytes / best}
+
+
+def _timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def vmm_status(shim: str, directory: str | None = None) -> str:
+    """Whether this shim runs KIWI_EVICT=vmm as vmm: asked over the tests' fake driver, which
+    supports the VMM API (no GPU needed), built in directory (or a directory of its own)."""
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix="kiwi-fake-") as scratch:
+            if build_fake(scratch) is None:
+                return "vmm: unknown here (no tests/shim/fake_cuda.c, or it did not build)"
+            return vmm_status(shim, scratch)
+    code = ("import ctypes; from kiwi_jupyter.shim import Shim\n"
+            "cu = ctypes.CDLL('libcuda.so.1'); cu.cuInit(0); p = ctypes.c_uint64()\n"
+            "cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 21))\n"
+            "print(Shim.attach().stats()['evict'])\n")
+    env = {**without_kiwi(), "LD_PRELOAD": shim, "LD_LIBRARY_PATH": directory,
+           "KIWI_EVICT": "vmm", "KIWI_SOCKET": f"{directory}/none.sock",
+           "KIWI_FAIL_TIMEOUT": "0", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
     ran_as = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "nothing"
     if ran_as == "vmm":
         return "vmm: built (the shim runs KIWI_EVICT=vmm as vmm over the fake driver)"
     return f"vmm: not built (the shim runs KIWI_EVICT=vmm as {ran_as} over the fake driver)"
+
+
+def dry_run(shim: str, shadow: str) -> None:
+    """The vmm row over the tests' fake driver, where there is no GPU: the whole path (two
+    shimmed workers, the real daemon, evictions and restores, the card's count), at this host's
+    memory-copy speed."""
+    with tempfile.TemporaryDirectory(prefix="kiwi-fake-", dir="/tmp") as directory:
+        fake = build_fake(directory)
+        if fake is None:
+            say("vmm: unknown here (no tests/shim/fake_cuda.c, or it did not build)")
+            return
+        card = Path(directory) / "card"
+        nbytes = FAKE_WORKING_SET
+        floor = host_copy_floor(nbytes)
+        say("Over the tests' fake driver instead, vmm only (KIWI_VMM_SHADOW=" + shadow + "): "
+            f"working set {nbytes / MiB:.0f} MiB; the rates are this host's memory copies "
+            f"(memmove {floor['to_host'] / 1e9:.1f} GB/s, the ratios' floor), not a GPU's "
+            "link; the fake card's count stands for NVML. The fake's cuMemHostRegister faults "
+            "no page in, as a driver's does while it pins (in the background): here the first "
+            "eviction faults the shadows in, and \"pin\" is that.", "")
+        say("| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER))
+        extra = {"LD_LIBRARY_PATH": directory, "FAKE_CUDA_DEVICE": str(card),
+                 "KIWI_EVICTORS_BACKEND": "driver", "KIWI_VMM_SHADOW": shadow}
+        daemon, socket = start_daemon(directory, "--tq", "0.05", "--grace", "120", "--gpus",
+                                      "1", "--gpu-memory", str(gpu_memory_flag(nbytes)))
+        try:
+            rounds, why = one_evictor("vmm", socket, shim, nbytes, "off",
+                                      used=lambda: card_used(card), extra=extra)
+        except (RuntimeError, OSError, ValueError) as exc:
+            rounds, why = [], f"vmm: failed ({exc})"
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+        if rounds:
+            say("| " + " | ".join(row_cells("vmm", nbytes, rounds, floor)) + " |")
+        say("", *([f"- {why}"] if why else []), vmm_status(shim, directory))
 
 
 def say(*lines: str) -> None:
@@ -250,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated evictors, of {', '.join(EVICTORS)}")
     parser.add_argument("--evict-copy", choices=("off", "pinned", "pageable"), default="off",
                         help="KIWI_EVICT_COPY for the managed evictor (default off: prefetch)")
+    parser.add_argument("--vmm-shadow", choices=("register", "allochost", "pageable"),
+                        default="register",
+                        help="KIWI_VMM_SHADOW for the vmm evictor: how its host shadows are "
+                             "pinned (default register: huge pages, cuMemHostRegister)")
     args = parser.parse_args(argv)
     evictors = args.only.split(",") if args.only else list(EVICTORS)
     if unknown := [e for e in evictors if e not in EVICTORS]:
@@ -265,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         usable = False
     if not usable or nvml_used() is None:
-        say("Skipped: no GPU (or no PyTorch with CUDA, or no NVML).", "", vmm_status(shim))
+        say("Skipped: no GPU (or no PyTorch with CUDA, or no NVML).", "")
+        dry_run(shim, args.vmm_shadow)
         return 0
     free, _total = torch.cuda.mem_get_info(0)
     nbytes = working_set(int(args.gib * GiB), free)
@@ -285,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for evictor in evictors:
                 try:
-                    rounds, why = one_evictor(evictor, socket, shim, nbytes, args.evict_copy)
+                    rounds, why = one_evictor(evictor, socket, shim, nbytes, args.evict_copy,
+                                              extra={"KIWI_VMM_SHADOW": args.vmm_shadow})
                 except (RuntimeError, OSError, ValueError) as exc:
                     rounds, why = [], f"{evictor}: failed ({exc})"
                 if rounds:

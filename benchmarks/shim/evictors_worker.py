@@ -1,44 +1,128 @@
-"""The process under test in ``benchmarks.shim.evictors``: PyTorch with the shim preloaded,
-driven by JSON commands on stdin, one JSON answer per line on stdout.
+"""The process under test in ``benchmarks.shim.evictors``: the shim preloaded, driven by JSON
+commands on stdin, one JSON answer per line on stdout.
 
-Its working set is one int64 tensor with a pattern that differs per element; the check sums it
+Its working set is one allocation with a pattern that differs per element; the check sums it
 per 2 MiB row and weighs each row by its index, so a row lost, zeroed or moved changes the sum.
+Two backends: PyTorch on a GPU (an int64 tensor), or, with ``KIWI_EVICTORS_BACKEND=driver``, the
+CUDA driver API through ctypes (the pattern written and read back with cuMemcpy), which runs
+over the tests' fake driver as well as over a GPU.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import json
 import os
 import sys
 import time
 from typing import Any
 
-import torch
-
 from kiwi_jupyter.shim import Shim
 
-ROW = (2 << 20) // 8  # int64 elements in 2 MiB
+ROW = 2 << 20
 shim = Shim.attach()
-working: torch.Tensor | None = None
-small: torch.Tensor | None = None
+
+
+class TorchSet:
+    """The working set as a PyTorch tensor on the GPU."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.working: Any = None
+        self.small: Any = None
+
+    def fill(self, nbytes: int) -> None:
+        torch = self.torch
+        self.working = torch.arange(nbytes // 8, device="cuda", dtype=torch.int64)
+        self.working.mul_(2654435761).remainder_(1 << 31)
+
+    def checksum(self) -> int:
+        torch = self.torch
+        rows = self.working.view(-1, ROW // 8).sum(dim=1)
+        weights = torch.arange(1, rows.numel() + 1, device=rows.device, dtype=torch.int64)
+        return int((rows * weights).sum().item())
+
+    def allocate_small(self, nbytes: int) -> None:
+        self.small = self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def touch(self) -> None:
+        self.small.fill_(1)
+        self.torch.cuda.synchronize()
+
+    def synchronize(self) -> None:
+        self.torch.cuda.synchronize()
+
+
+class DriverSet:
+    """The working set as one cuMemAlloc, written and read with the driver's copies."""
+
+    def __init__(self) -> None:
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.cuda.cuInit(0)
+        ctx = ctypes.c_void_p()
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), 0)
+        self.call("cuCtxSetCurrent", ctx)
+        self.working = 0
+        self.nbytes = 0
+        self.small = 0
+        self.small_bytes = 0
+
+    def call(self, name: str, *args: Any) -> None:
+        result = getattr(self.cuda, name)(*args)
+        if result != 0:
+            raise RuntimeError(f"{name} failed with CUresult {result}")
+
+    def allocate(self, nbytes: int) -> int:
+        ptr = ctypes.c_uint64()
+        self.call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+        return ptr.value
+
+    def fill(self, nbytes: int) -> None:
+        self.working, self.nbytes = self.allocate(nbytes), nbytes
+        row = bytes((i * 2654435761 >> 7) & 0xFF for i in range(ROW))
+        for offset in range(0, nbytes, ROW):
+            size = min(ROW, nbytes - offset)
+            data = (row[offset // ROW % 251:] + row)[:size]  # each row its own
+            self.call("cuMemcpyHtoD_v2", ctypes.c_uint64(self.working + offset),
+                      ctypes.c_char_p(data), ctypes.c_size_t(size))
+
+    def checksum(self) -> int:
+        total = 0
+        buffer = ctypes.create_string_buffer(ROW)
+        for index, offset in enumerate(range(0, self.nbytes, ROW)):
+            size = min(ROW, self.nbytes - offset)
+            self.call("cuMemcpyDtoH_v2", buffer, ctypes.c_uint64(self.working + offset),
+                      ctypes.c_size_t(size))
+            digest = hashlib.blake2b(buffer.raw[:size], digest_size=8).digest()
+            total += (index + 1) * int.from_bytes(digest, "little")
+        return total
+
+    def allocate_small(self, nbytes: int) -> None:
+        self.small, self.small_bytes = self.allocate(nbytes), nbytes
+
+    def touch(self) -> None:
+        self.call("cuMemsetD8_v2", ctypes.c_uint64(self.small), ctypes.c_ubyte(1),
+                  ctypes.c_size_t(self.small_bytes))
+        self.call("cuCtxSynchronize")
+
+    def synchronize(self) -> None:
+        self.call("cuCtxSynchronize")
+
+
+working_set: TorchSet | DriverSet
 expected: int | None = None
-
-
-def checksum() -> int:
-    assert working is not None
-    rows = working.view(-1, ROW).sum(dim=1)
-    weights = torch.arange(1, rows.numel() + 1, device=rows.device, dtype=torch.int64)
-    return int((rows * weights).sum().item())
 
 
 def fill(nbytes: int) -> float:
     """The working set, allocated and written: seconds."""
-    global working, expected
+    global expected
     started = time.monotonic()
-    working = torch.arange(nbytes // 8, device="cuda", dtype=torch.int64)
-    working.mul_(2654435761).remainder_(1 << 31)
-    expected = checksum()
-    torch.cuda.synchronize()
+    working_set.fill(nbytes)
+    expected = working_set.checksum()
+    working_set.synchronize()
     return time.monotonic() - started
 
 
@@ -46,22 +130,14 @@ def check() -> dict[str, Any]:
     """One pass over the working set (it waits for the GPU and the restore first): whether it
     came back as it was, and the seconds from asking to the answer."""
     started = time.monotonic()
-    intact = checksum() == expected
+    intact = working_set.checksum() == expected
     return {"intact": intact, "seconds": time.monotonic() - started}
-
-
-def allocate_small(nbytes: int) -> None:
-    """Memory to ask for room with: allocated (which waits for nothing), not yet touched."""
-    global small
-    small = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
 
 def touch() -> float:
     """A GPU call on the small memory: it waits for the GPU (and for the holder's eviction)."""
-    assert small is not None
     started = time.monotonic()
-    small.fill_(1)
-    torch.cuda.synchronize()
+    working_set.touch()
     return time.monotonic() - started
 
 
@@ -72,7 +148,7 @@ def handle(command: dict[str, Any]) -> Any:
     if op == "check":
         return check()
     if op == "small":
-        return allocate_small(command["bytes"])
+        return working_set.allocate_small(command["bytes"])
     if op == "touch":
         return touch()
     if op == "cell_begin":
@@ -85,6 +161,8 @@ def handle(command: dict[str, Any]) -> Any:
 
 
 if __name__ == "__main__":
+    driver = os.environ.get("KIWI_EVICTORS_BACKEND") == "driver"
+    working_set = DriverSet() if driver else TorchSet()
     for line in sys.stdin:
         request = json.loads(line)
         try:

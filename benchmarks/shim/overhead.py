@@ -1,11 +1,13 @@
 """Shim overhead benchmarks (GPU): ``python -m benchmarks.shim.overhead``.
 
 The same workload runs in a process without the shim and in processes with it preloaded (the
-gate, a daemon that grants at once), once under each evictor: ``managed`` (allocations become
-managed memory) and ``checkpoint`` (device memory stays device memory; what ``KIWI_EVICT=auto``
-picks on an r570+ driver). Each figure is the ratio shimmed / plain, the median of several
-alternating runs in the same session. The table's last row is the evictor the shim really used
-(``checkpoint`` falls back to ``managed`` where the driver or the daemon cannot checkpoint).
+gate, a daemon that grants at once), once under each evictor: ``vmm`` (allocations are physical
+memory the shim maps itself; what ``KIWI_EVICT=auto`` picks where the device supports VMM),
+``managed`` (allocations become managed memory) and ``checkpoint`` (device memory stays device
+memory). Each figure is the ratio shimmed / plain, the median of several alternating runs in
+the same session. The table's last row is the evictor the shim really used (``vmm`` falls back
+to ``managed`` on a device without VMM, ``checkpoint`` where the driver or the daemon cannot
+checkpoint).
 
 - a PyTorch training step (a small MLP, batch 4096): target <= 1.02;
 - a CuPy matmul (8192 x 8192 float32): target <= 1.02;
@@ -60,7 +62,7 @@ torch.cuda.synchronize(); print((time.perf_counter() - t) / 20000)
 }
 
 
-EVICTORS = ("managed", "checkpoint")
+EVICTORS = ("vmm", "managed", "checkpoint")
 
 #: What the shim says it did in a process that allocated once.
 EVICTOR_PROBE = """

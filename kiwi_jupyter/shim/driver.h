@@ -33,6 +33,7 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef int CUstreamCaptureMode;   /* an enum in cuda.h: GLOBAL 0, THREAD_LOCAL 1, RELAXED 2 */
@@ -57,12 +58,37 @@ typedef struct CUmemPoolProps_st {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* The virtual memory management API's properties (the vmm evictor fills them in: mechanisms/
+ * vmm_chunks.c), laid out and named as cuda.h does; type, requestedHandleTypes and flags are
+ * enums of int width. */
+typedef struct CUmemAllocationProp_st {
+    int type;
+    int requestedHandleTypes;
+    struct CUmemLocation_st location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct CUmemAccessDesc_st {
+    struct CUmemLocation_st location;
+    int flags;
+} CUmemAccessDesc;
+
+typedef int CUmemAllocationGranularity_flags; /* MINIMUM 0, RECOMMENDED 1 */
+typedef int CUdevice_attribute;
+typedef int CUmemPool_attribute;
+
 /* Passed through by pointer only; the shim never looks inside. */
+typedef struct CUipcMemHandle_st CUipcMemHandle;
 typedef struct CUlaunchConfig_st CUlaunchConfig;
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
 typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
-typedef struct CUmemAllocationProp_st CUmemAllocationProp;
 typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
 typedef struct CUDA_MEMCPY3D_BATCH_OP_st CUDA_MEMCPY3D_BATCH_OP;
 typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
@@ -88,6 +114,17 @@ enum {
 };
 
 #define CU_MEM_ATTACH_GLOBAL 0x1u
+#define CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define CU_EVENT_DISABLE_TIMING 0x2u
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01u
+/* cuMemPoolGetAttribute's counters: what a framework reads of a pool's memory. */
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 0x5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 0x6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 0x7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 0x8
 #define CU_DEVICE_CPU ((CUdevice)-1)
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_MEM_LOCATION_TYPE_DEVICE 0x1

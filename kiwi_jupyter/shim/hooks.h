@@ -33,7 +33,11 @@
     X(cuMemRelease, "cuMemRelease", 10020, 0)                             \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                   \
     X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                 \
-    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)   \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0)           \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0)           \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0)
 
 /* Graph capture (interpose/capture.c): a release must not synchronize while a capture is open,
  * since cuCtxSynchronize would invalidate it. */
@@ -48,7 +52,8 @@
     X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1)
 
 /* Contexts (interpose/context.c): destroying one frees what was allocated in it, so the shim
- * forgets those records and the pager's stream there. */
+ * forgets those records and the pager's stream there; peer access enabled between two reaches
+ * the vmm evictor's mappings too. */
 #define KIWI_CONTEXT_HOOKS(X)                                             \
     X(cuCtxDestroy, "cuCtxDestroy", 2000, 0)                              \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                           \
@@ -56,7 +61,8 @@
     X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0)    \
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0) \
     X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0)        \
-    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)    \
+    X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, 0)
 
 /* Work that runs on the GPU or moves memory onto it: it waits at the gate until this process
  * holds its GPU. A user's own prefetch is gated too, so an idle kernel cannot pull its pages

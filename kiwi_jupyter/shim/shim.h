@@ -11,12 +11,14 @@
  *
  *   interpose/  hook.c        dlsym, cuGetProcAddress(_v2): each caller lands on a replacement
  *               gated.c       the driver calls that run work on the GPU, each behind the gate
- *               alloc.c       allocations become managed memory (or stay device memory)
+ *               alloc.c       allocations become memory the pager can move (vmm's or managed)
  *               alloc_async.c stream-ordered allocations
- *               pool.c        cuDeviceGetMemPool: a framework sees the shim's managed pool
+ *               pool.c        a framework's pool: the shim's managed one, or its vmm counts
  *               free.c        frees, and stream-ordered frees
+ *               handles.c     legacy IPC handles, and VMM handles handed out (pinned in place)
  *               meminfo.c     cuMemGetInfo and cuDeviceTotalMem: what the process is told
- *               context.c     contexts destroyed or reset: what was allocated in them goes
+ *               context.c     contexts destroyed or reset: what was allocated in them goes;
+ *                             peer access, which the vmm evictor's mappings get
  *               capture.c     graph captures beginning and ending
  *               (interpose.h: what they share)
  *   client/     comm.c        the daemon client, on a thread of its own: connecting, its loop
@@ -49,6 +51,11 @@
  *               managed.c     the managed evictor's move: the working set by prefetch,
  *               transfer.c    one context's prefetches and discards,
  *               copy_out.c    KIWI_EVICT_COPY's host buffers,
+ *               vmm_move.c    the vmm evictor's move: copies out and releases, maps and copies
+ *                             back (vmm.h),
+ *               vmm.c         its allocations: regions, chunks, slabs, frees, shadows' thread,
+ *               vmm_shadows.c its host shadows,
+ *               vmm_chunks.c  its physical handles, mapped and unmapped,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file
@@ -77,7 +84,17 @@ static inline CUstream kiwi_stream(CUstream stream, bool per_thread)
 
 /* ---- config.c ---------------------------------------------------------------------------- */
 
-enum kiwi_evict_request { KIWI_EVICT_AUTO, KIWI_EVICT_MANAGED, KIWI_EVICT_CHECKPOINT };
+enum kiwi_evict_request {
+    KIWI_EVICT_AUTO,
+    KIWI_EVICT_MANAGED,
+    KIWI_EVICT_CHECKPOINT,
+    KIWI_EVICT_VMM,
+};
+
+/* Where the vmm evictor's host shadows come from (KIWI_VMM_SHADOW; mechanisms/vmm_shadows.c):
+ * anonymous huge pages registered with the driver, falling back to the driver's own pinned
+ * memory; the driver's pinned memory only; or pageable memory, never pinned. */
+enum kiwi_shadow_request { KIWI_SHADOW_REGISTER, KIWI_SHADOW_ALLOC_HOST, KIWI_SHADOW_PAGEABLE };
 
 /* How the managed evictor's way out goes: by prefetch (off), or copied out and discarded. */
 enum kiwi_evict_copy { KIWI_EVICT_COPY_OFF, KIWI_EVICT_COPY_PINNED, KIWI_EVICT_COPY_PAGEABLE };
@@ -92,7 +109,8 @@ struct kiwi_config {
     bool restore_by_fault;   /* KIWI_RESTORE=fault: no prefetch back on a grant (benchmarks) */
     int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
     char gpu_uuid[96];       /* GPU-... or MIG-..., from those or the driver; "" while unknown */
-    enum kiwi_evict_request evict; /* KIWI_EVICT: auto, managed or checkpoint */
+    enum kiwi_evict_request evict; /* KIWI_EVICT: auto, vmm, managed or checkpoint */
+    enum kiwi_shadow_request shadow; /* KIWI_VMM_SHADOW: register, allochost or pageable */
     enum kiwi_evict_copy evict_copy; /* KIWI_EVICT_COPY: off, pinned or pageable (copy_out.c) */
     char socket_path[108];   /* KIWI_SOCKET */
     char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
@@ -220,7 +238,8 @@ void kiwi_capture_after_fork(void);
 
 struct kiwi_working_set {
     uint64_t bytes;      /* everything this process allocated on the GPU through the driver */
-    uint64_t evictable;  /* the managed part, which can be paged out to host memory */
+    uint64_t evictable;  /* what the pager can move to host memory: the managed part, and the
+                            vmm evictor's mapped memory less what was pinned in place */
     uint64_t allocations;
 };
 
@@ -238,12 +257,17 @@ struct kiwi_range {
     CUdevice device;
 };
 
-/* For the pager: a copy of the managed allocations, taken once, and no free can run until
+/* Which allocations a copy of the table holds: the managed ones (the managed evictor's), the
+ * ones the vmm evictor maps (not those pinned in place), or both: what can be evicted. */
+enum kiwi_ranges { KIWI_RANGES_MANAGED, KIWI_RANGES_MAPPED, KIWI_RANGES_EVICTABLE };
+
+/* For the pager: a copy of those allocations, taken once, and no free can run until
  * kiwi_memory_paging_end (which frees the copy). */
-size_t kiwi_memory_paging_begin(struct kiwi_range **ranges);
-/* A copy of the managed allocations, and the table's generation, which moves whenever an
- * allocation is added or removed (free_ranges.c). */
-size_t kiwi_memory_managed(struct kiwi_range **ranges, uint64_t *generation);
+size_t kiwi_memory_paging_begin(enum kiwi_ranges which, struct kiwi_range **ranges);
+/* A copy of those allocations, and the table's generation, which moves whenever an allocation
+ * is added or removed (free_ranges.c). */
+size_t kiwi_memory_ranges(enum kiwi_ranges which, struct kiwi_range **ranges,
+                          uint64_t *generation);
 uint64_t kiwi_memory_generation(void);
 void kiwi_memory_paging_end(struct kiwi_range *ranges);
 void kiwi_memory_after_fork(void);
@@ -252,8 +276,7 @@ void kiwi_memory_free_begin(void);
 void kiwi_memory_free_end(void);
 /* A context ended: forgets every allocation made in it; returns their bytes. */
 uint64_t kiwi_memory_forget_context(CUcontext ctx);
-/* Frees what graph capture kept from being freed; the comm thread calls it after it has
- * synchronized every context. */
+/* Frees the managed memory graph capture kept from being freed (kiwi_pager_free_deferred). */
 void kiwi_memory_free_deferred(void);
 
 /* ---- pools.c ----------------------------------------------------------------------------- */
@@ -270,22 +293,52 @@ void kiwi_pool_after_fork(void);
 
 /* Which evictor pages this process out. Managed: the shim converts allocations to managed
  * memory and moves them itself (managed.c). Checkpoint: allocations stay device memory, and
- * the daemon suspends the process from outside with the driver's checkpoint API. */
-enum kiwi_evictor { KIWI_EVICTOR_UNDECIDED, KIWI_EVICTOR_MANAGED, KIWI_EVICTOR_CHECKPOINT };
+ * the daemon suspends the process from outside with the driver's checkpoint API. Vmm: the shim
+ * backs allocations with physical memory it maps itself, and moves them by copy, unmapping
+ * and releasing what it copied, so the card is free for real (vmm.c, vmm_move.c). */
+enum kiwi_evictor {
+    KIWI_EVICTOR_UNDECIDED,
+    KIWI_EVICTOR_MANAGED,
+    KIWI_EVICTOR_CHECKPOINT,
+    KIWI_EVICTOR_VMM,
+};
 enum kiwi_page_direction { KIWI_PAGE_OUT, KIWI_PAGE_IN };
+
+/* Where this process's memory is now: on its GPU (what the shim allocated and mapped there)
+ * and in host memory (moved there by an eviction); and the host memory the vmm evictor holds
+ * for its shadows, and how much of that is pinned. */
+struct kiwi_residency {
+    uint64_t resident;
+    uint64_t host;
+    uint64_t shadow;
+    uint64_t shadow_pinned;
+    double seconds_pinning; /* spent making shadows, off the switch path */
+};
 
 struct kiwi_transfer {
     uint64_t bytes;
     double seconds;
     uint64_t skipped;   /* free in the framework's cache: left where they were */
-    uint64_t discarded; /* of those, dropped by the driver (cuMemDiscardBatchAsync) */
+    uint64_t discarded; /* of those, dropped by the driver (cuMemDiscardBatchAsync), or under
+                           vmm released without a copy */
+    /* A move that could not be made and was rolled back (a restore without room on the card):
+     * why, for the scheduler and the log; NULL when the move went through. */
+    const char *failed;
+    /* Called on the mover's thread each time the way out has released another
+     * KIWI_PROGRESS_BYTES from the card, with where the memory is then (the client reports
+     * it, so the next holder's way in may start); NULL for none. It must not call the pager. */
+    void (*progress)(const struct kiwi_residency *now, void *arg);
+    void *progress_arg;
 };
 
-/* The evictor this side can offer the daemon (the one chosen, once chosen): checkpoint where
- * KIWI_EVICT allows it and the driver has the API, else managed. */
+#define KIWI_PROGRESS_BYTES (256ull << 20)
+
+/* The evictor this side can offer the daemon (the one chosen, once chosen): vmm where
+ * KIWI_EVICT allows it and the device supports the virtual memory management API, else
+ * checkpoint where KIWI_EVICT allows it and the driver has the API, else managed. */
 enum kiwi_evictor kiwi_pager_offer(void);
-/* An offer of managed memory needs nobody's answer: chooses it, and says so. False when the
- * offer is checkpoint, which the daemon must confirm. */
+/* An offer of managed or vmm memory needs nobody's answer: chooses it, and says so. False when
+ * the offer is checkpoint, which the daemon must confirm. */
 bool kiwi_pager_settle_offer(void);
 /* The first choice stands (allocations are made for it); why, when the offer was not taken. */
 void kiwi_pager_choose(enum kiwi_evictor evictor, const char *why);
@@ -293,8 +346,11 @@ void kiwi_pager_choose(enum kiwi_evictor evictor, const char *why);
 enum kiwi_evictor kiwi_pager_evictor(void);
 bool kiwi_pager_checkpointing(void);
 /* For an allocation, which cannot change kind later: the choice, waiting (bounded) for the
- * daemon's word when the offer is checkpoint. True when allocations become managed memory. */
-bool kiwi_pager_converts(void);
+ * daemon's word when the offer is checkpoint. Managed: allocations become managed memory;
+ * vmm: the vmm evictor maps them; checkpoint: they stay device memory. */
+enum kiwi_evictor kiwi_pager_allocator(void);
+/* The evictor pages this process itself (managed or vmm), as far as the choice is made. */
+bool kiwi_pager_self_paging(enum kiwi_evictor evictor);
 const char *kiwi_evictor_name(enum kiwi_evictor evictor); /* "undecided" before a choice */
 
 /* The one entry: moves the working set to host memory (out) or back to its GPU (in), by the
@@ -302,6 +358,16 @@ const char *kiwi_evictor_name(enum kiwi_evictor evictor); /* "undecided" before 
  * not moved either way, and discarded on the way out where it can be. The checkpoint evictor
  * moves nothing here: the daemon does, from outside. */
 void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
+/* Where the memory is now (kiwi_residency). */
+void kiwi_pager_residency(struct kiwi_residency *out);
+/* Whether an eviction would free anything on the card: evictable memory, or under vmm memory
+ * kept mapped for reuse. */
+bool kiwi_pager_movable(void);
+/* Whether memory an eviction moved out is still away (a restore must come before any work). */
+bool kiwi_pager_away(void);
+/* Frees what graph capture kept from being freed; the comm thread calls it after it has
+ * synchronized every context. */
+void kiwi_pager_free_deferred(void);
 /* Remembers the calling thread's current context, so that the comm thread can synchronize it
  * and move memory in it; returns it (NULL when none is current). */
 CUcontext kiwi_pager_note_context(CUdevice *device);

@@ -104,7 +104,10 @@ export interface IClientStatus {
   paused?: boolean;
   /** `kernel`, `shim` or `client`. */
   kind?: string;
-  /** How its memory leaves the GPU: the shim's managed memory, or the driver's checkpoint. */
+  /**
+   * How its memory leaves the GPU: the shim's mapped (vmm) or managed memory, or the driver's
+   * checkpoint.
+   */
   evict?: 'managed' | 'checkpoint' | 'vmm';
   /** The Kubernetes namespace verified for it; null when none (or hidden from this viewer). */
   namespace?: string | null;

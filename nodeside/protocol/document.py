@@ -136,8 +136,8 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
     Key("paused", "bool", "Holding, but paused while a holder beside it has its turn (mode "
                           "auto, taking turns)."),
     Key("kind", "str", "`kernel`, `shim` or `client`."),
-    Key("evict", "str", "How its memory leaves the GPU: the shim's managed memory, or the "
-                        "driver's checkpoint.", values=EVICTORS),
+    Key("evict", "str", "How its memory leaves the GPU: the shim's mapped (vmm) or managed "
+                        "memory, or the driver's checkpoint.", values=EVICTORS),
     Key("namespace", "str", "The Kubernetes namespace verified for it; null when none (or "
                             "hidden from this viewer).", nullable=True),
     Key("labels", "object", "Its labels (a pod's name, a namespace); absent for a viewer who "

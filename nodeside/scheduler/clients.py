@@ -129,7 +129,7 @@ class Client:
     display_name: str = ""
     #: The user name of the peer's uid, resolved by the shell (the core does no I/O).
     user: str | None = None
-    #: How the client gives memory back: "managed" (the shim pages it) or "checkpoint".
+    #: How the client gives memory back: "managed" or "vmm" (the shim pages it), "checkpoint".
     evict: str = "managed"
     gids: tuple[int, ...] = ()
     #: Why the access policy changed the claimed pool or priority (for the log); None if not.

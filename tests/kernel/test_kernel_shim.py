@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernel_support import Holder, KernelUnderTest, holders, start_kernels, state_of
+from kernel_support import Holder, KernelUnderTest, entry, holders, start_kernels, state_of
 from support import DaemonProcess, client_state, short_tmpdir, wait_for_status
 
 shim = pytest.importorskip("kiwi_jupyter.shim", reason="the CUDA shim is not in this tree")
@@ -169,3 +169,22 @@ def test_lazy_ctrl_c_ends_a_wait_inside_a_cuda_call(
         assert b.run("'reached' in globals()").value is False
         a.interrupt()
         assert a.collect(holding).ename == "KeyboardInterrupt"
+
+
+def test_a_shimmed_kernel_shows_as_its_notebook(
+        pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
+    """Issue 31 item 6: with the shim loaded the kernel registers through the shim, which
+    sends the notebook's path (KIWI_DISPLAY_NAME, set by the launcher) as the Python client
+    does; the kernel id stays the key."""
+    fake = daemon.directory / "fakecuda"  # built by the pair's fixture
+    notebook = "/srv/notebooks/team/shimmed.ipynb"
+    (kernel,) = start_kernels(daemon.directory, daemon.socket, KIWI_SHIM="",
+                              LD_LIBRARY_PATH=str(fake), JPY_SESSION_NAME=notebook)
+    try:
+        assert kernel.run(SETUP).status == "ok"
+        assert kernel.run(LAUNCH).status == "ok"
+        row = wait_for_status(daemon.socket, lambda doc: entry(doc, kernel.kernel_id),
+                              what="the shim registered")
+        assert (row["kind"], row["display_name"]) == ("shim", notebook)
+    finally:
+        kernel.shutdown()

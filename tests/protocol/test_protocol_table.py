@@ -105,3 +105,4 @@ def test_a_real_daemon_sends_only_what_the_table_says_it_may(daemon: DaemonProce
     # The session went through the messages it was meant to (not a test of nothing).
     assert {"welcome", "registered", "grant", "waiting", "ok", "status", "pong",
             "error", "mode", "changed"} <= ops
+

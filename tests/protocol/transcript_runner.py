@@ -59,10 +59,12 @@ class Implementation(Protocol):
 
 
 class PythonSession:
-    """``ClientSession``, registering, asking for position events like ``Client``."""
+    """``ClientSession``, registering, asking for position events like ``Client``; and for
+    ``memory``, as the shim does (the transcripts' daemon does not serve it: both clients then
+    speak without it, which is what they hold)."""
 
     def __init__(self) -> None:
-        self.session = ClientSession(features=["position"])
+        self.session = ClientSession(features=["position", "memory"])
 
     def call(self, name: str) -> None:
         session = self.session

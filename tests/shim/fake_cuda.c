@@ -55,7 +55,14 @@
  * and the API's calls fail with CUDA_ERROR_NOT_SUPPORTED, as on a device without it. Host
  * memory from cuMemAllocHost is real (and anonymous, committed where written); cuMemHostRegister
  * refuses an overlap, cuMemHostUnregister what was not registered. Streams complete work at
- * once, so an event is complete as soon as it is recorded.
+ * once, so an event is complete as soon as it is recorded; except on the stream that
+ * FAKE_CUDA_PENDING_STREAM names (e.g. 0x77), whose work completes only once the file that
+ * FAKE_CUDA_PENDING_UNTIL names exists: until then an event recorded on it is not ready
+ * (cuEventQuery says CUDA_ERROR_NOT_READY), and cuEventSynchronize, cuStreamSynchronize of it
+ * and cuCtxSynchronize wait for the file. FAKE_CUDA_DEVICES=N makes N devices (default 1): a
+ * context handle 0xC0DE00 + d (made current with cuCtxSetCurrent) is device d's, any other is
+ * device 0's, and cuMemSetAccess accepts every device (device 0's access is the one modelled;
+ * cuCtxEnablePeerAccess only records itself).
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
@@ -669,7 +676,13 @@ EXPORT CUresult cuCheckpointProcessGetState(int pid, int *state)
 
 EXPORT CUresult cuInit(unsigned flags) { record("cuInit flags=%u", flags); return 0; }
 EXPORT CUresult cuDriverGetVersion(int *version) { *version = 13000; return 0; }
-EXPORT CUresult cuDeviceGetCount(int *count) { *count = 1; return 0; }
+static int device_count(void)
+{
+    const char *text = getenv("FAKE_CUDA_DEVICES");
+    int count = text ? atoi(text) : 1;
+    return count > 0 && count <= 64 ? count : 1;
+}
+EXPORT CUresult cuDeviceGetCount(int *count) { *count = device_count(); return 0; }
 EXPORT CUresult cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
 /* The UUID is the bytes 00 01 02 ... 0f: GPU-00010203-0405-0607-0809-0a0b0c0d0e0f. */
 EXPORT CUresult cuDeviceGetUuid_v2(char *uuid, int device)
@@ -687,7 +700,20 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
 }
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = current ? current : PRIMARY_CONTEXT; return 0; }
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) { current = ctx; return 0; }
-EXPORT CUresult cuCtxGetDevice(int *device) { *device = 0; return 0; }
+/* A context 0xC0DE00 + d is device d's (FAKE_CUDA_DEVICES); any other is device 0's. */
+#define DEVICE_CONTEXT(d) ((CUcontext)(uintptr_t)(0xC0DE00 + (d)))
+EXPORT CUresult cuCtxGetDevice(int *device)
+{
+    uintptr_t ctx = (uintptr_t)current;
+    *device = ctx >= 0xC0DE00 && ctx < 0xC0DE00 + (uintptr_t)device_count() ? (int)(ctx - 0xC0DE00)
+                                                                            : 0;
+    return 0;
+}
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
+{
+    record("cuCtxEnablePeerAccess peer=%p flags=%u", peer, flags);
+    return 0;
+}
 
 /* Contexts: any handle may be made current; the primary context is counted by reference. */
 static atomic_int primary_references;
@@ -745,12 +771,33 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(int device, unsigned *flags, int *act
 }
 static bool invalidate_captures(void);
 
+/* FAKE_CUDA_PENDING_STREAM's work completes once FAKE_CUDA_PENDING_UNTIL exists. */
+static bool is_pending_stream(CUstream stream)
+{
+    const char *text = getenv("FAKE_CUDA_PENDING_STREAM");
+    return text && (uintptr_t)stream == (uintptr_t)strtoull(text, NULL, 0);
+}
+
+static bool pending_work_done(void)
+{
+    const char *until = getenv("FAKE_CUDA_PENDING_UNTIL");
+    return !until || access(until, F_OK) == 0;
+}
+
+static void wait_for_pending_work(void)
+{
+    while (getenv("FAKE_CUDA_PENDING_STREAM") && !pending_work_done())
+        usleep(1000);
+}
+
 /* FAKE_CUDA_SYNC_ERROR: the error every cuCtxSynchronize returns (a sticky error on a real
  * GPU, such as 700, an illegal address). */
 static CUresult cuCtxSynchronize_body(void)
 {
     const char *error = getenv("FAKE_CUDA_SYNC_ERROR");
     bool invalidating = invalidate_captures();
+    if (!invalidating)
+        wait_for_pending_work();
     if (!invalidating)
         trim_pools();
     record("cuCtxSynchronize ctx=%p%s", current ? current : PRIMARY_CONTEXT,
@@ -778,6 +825,8 @@ static atomic_int last_prefetch_device = 0;
 
 static CUresult cuStreamSynchronize_body(CUstream stream)
 {
+    if (is_pending_stream(stream))
+        wait_for_pending_work();
     record("cuStreamSynchronize stream=%p", stream);
     trim_pools();
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
@@ -1191,10 +1240,15 @@ static CUresult memory_map_body(CUdeviceptr ptr, size_t size, size_t offset, uns
     return result;
 }
 
+/* FAKE_CUDA_UNMAP_GATE names a file: cuMemUnmap waits until it exists, so a test can hold an
+ * eviction of VMM memory in the middle and look around. */
 static CUresult memory_unmap_body(CUdeviceptr ptr, size_t size)
 {
     if (!vmm_supported())
         return CUDA_ERROR_NOT_SUPPORTED;
+    const char *gate = getenv("FAKE_CUDA_UNMAP_GATE");
+    while (gate && access(gate, F_OK) != 0)
+        usleep(1000);
     CUresult result = CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_wrlock(&memory_lock);
     size_t count = 0;
@@ -1225,13 +1279,14 @@ static CUresult memory_set_access_body(CUdeviceptr ptr, size_t size,
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
             return CUDA_ERROR_INVALID_VALUE;
-        if (desc[i].location.id != 0)
+        if (desc[i].location.id < 0 || desc[i].location.id >= device_count())
             return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             return CUDA_ERROR_INVALID_VALUE;
-        flags = desc[i].flags;
+        if (desc[i].location.id == 0 || flags < 0)
+            flags = desc[i].flags; /* device 0's is the one modelled */
     }
     CUresult result = CUDA_ERROR_INVALID_VALUE;
     pthread_rwlock_wrlock(&memory_lock);
@@ -1252,7 +1307,7 @@ static CUresult memory_get_access_body(unsigned long long *flags,
         return CUDA_ERROR_NOT_SUPPORTED;
     if (!flags || !where || where->type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
-    if (where->id != 0)
+    if (where->id < 0 || where->id >= device_count())
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_rwlock_rdlock(&memory_lock);
     const struct mapping *m = mapping_at(ptr);
@@ -1465,10 +1520,14 @@ static CUresult host_free_body(void *host)
     return 0;
 }
 
+/* FAKE_CUDA_NO_HOST_REGISTER=1: cuMemHostRegister fails, as where the host cannot pin memory
+ * it did not allocate itself (cuMemAllocHost still works). */
 static CUresult host_register_body(void *host, size_t size)
 {
     if (!host || !size)
         return CUDA_ERROR_INVALID_VALUE;
+    if (getenv("FAKE_CUDA_NO_HOST_REGISTER"))
+        return CUDA_ERROR_NOT_SUPPORTED;
     CUresult result = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     pthread_rwlock_wrlock(&memory_lock);
     struct host_range row = {(uintptr_t)host, size, false};
@@ -1496,8 +1555,9 @@ static CUresult host_unregister_body(void *host)
 
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
 {
-    if (!value || device != 0)
-        return device != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
+    bool known = device >= 0 && device < device_count();
+    if (!value || !known)
+        return !known ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
     switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         *value = vmm_supported();
@@ -1654,10 +1714,11 @@ EXPORT CUresult cuMemHostUnregister(void *host)
     return result;
 }
 
-/* Events: work is done when it is submitted, so an event is complete once recorded; it keeps
- * the time it was recorded for cuEventElapsedTime. */
+/* Events: work is done when it is submitted, so an event is complete once recorded (but see
+ * FAKE_CUDA_PENDING_STREAM); it keeps the time it was recorded for cuEventElapsedTime. */
 struct fake_event {
     atomic_llong recorded_at; /* ns on CLOCK_MONOTONIC; 0 until recorded */
+    atomic_bool pending;      /* recorded on the pending stream */
 };
 
 static long long monotonic_ns(void)
@@ -1682,6 +1743,7 @@ static CUresult record_event(const char *name, struct fake_event *event, CUstrea
         return CUDA_ERROR_INVALID_VALUE;
     call_begins();
     atomic_store(&event->recorded_at, monotonic_ns());
+    atomic_store(&event->pending, is_pending_stream(stream));
     record("%s event=%p stream=%p", name, (void *)event, stream);
     call_ends();
     return 0;
@@ -1696,13 +1758,17 @@ EXPORT CUresult cuEventRecord_ptsz(struct fake_event *event, CUstream stream)
 }
 EXPORT CUresult cuEventQuery(struct fake_event *event)
 {
-    return event ? 0 : CUDA_ERROR_INVALID_VALUE;
+    if (!event)
+        return CUDA_ERROR_INVALID_VALUE;
+    return atomic_load(&event->pending) && !pending_work_done() ? CUDA_ERROR_NOT_READY : 0;
 }
 EXPORT CUresult cuEventSynchronize(struct fake_event *event)
 {
     if (!event)
         return CUDA_ERROR_INVALID_VALUE;
     call_begins();
+    if (atomic_load(&event->pending))
+        wait_for_pending_work();
     trim_pools();
     record("cuEventSynchronize event=%p", (void *)event);
     call_ends();
@@ -1863,6 +1929,41 @@ EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep)
         trim_pool(trimmed, keep);
     pthread_rwlock_unlock(&memory_lock);
     record("cuMemPoolTrimTo pool=%p keep=%zu", pool, keep);
+    return 0;
+}
+/* A pool's counters and settings: what the fake's pools hold is not counted by pool, so every
+ * counter reads 0, and the settings are only recorded. */
+EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attribute, void *value)
+{
+    record("cuMemPoolGetAttribute pool=%p attribute=%d", pool, attribute);
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attribute >= 5 && attribute <= 8) /* the counters: cuuint64_t */
+        *(unsigned long long *)value = 0;
+    else
+        *(int *)value = 0;
+    return 0;
+}
+EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attribute, void *value)
+{
+    record("cuMemPoolSetAttribute pool=%p attribute=%d", pool, attribute);
+    return value ? 0 : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuDeviceGraphMemTrim(int device)
+{
+    record("cuDeviceGraphMemTrim device=%d", device);
+    return 0;
+}
+/* Legacy IPC: refused for VMM memory, as the driver refuses it; a record for the rest. */
+EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr dptr)
+{
+    pthread_rwlock_rdlock(&memory_lock);
+    bool vmm = reservation_holding(dptr, 1) != NULL;
+    pthread_rwlock_unlock(&memory_lock);
+    record("cuIpcGetMemHandle ptr=0x%llx%s", dptr, vmm ? " refused" : "");
+    if (vmm || !handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(handle, 0, 64);
     return 0;
 }
 static CUresult device_pool(const char *name, void **pool, int device)
@@ -2429,6 +2530,11 @@ static const struct entry entries[] = {
     ENTRY("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo),
     ENTRY("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
     ENTRY("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
+    ENTRY("cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute),
+    ENTRY("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute),
+    ENTRY("cuDeviceGraphMemTrim", 11040, 0, cuDeviceGraphMemTrim),
+    ENTRY("cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle),
+    ENTRY("cuCtxEnablePeerAccess", 4000, 0, cuCtxEnablePeerAccess),
     ENTRY("cuMemRelease", 10020, 0, cuMemRelease),
     ENTRY("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity),
     ENTRY("cuMemAddressReserve", 10020, 0, cuMemAddressReserve),

@@ -67,18 +67,20 @@ def checkpoint_state(scheduler, w) -> str | None:
     return client.get("checkpoint_state") if client else None
 
 
-def test_auto_chooses_checkpoint_when_the_driver_and_the_daemon_can(
+def test_auto_chooses_checkpoint_when_the_device_has_no_vmm_and_the_driver_and_daemon_can(
         scheduler, workload, checkpoint_dir) -> None:
-    w = kernel(workload, scheduler, checkpoint_dir, evict="auto")
+    # Where the device supports VMM, auto is the vmm evictor (test_vmm_evictor.py).
+    w = kernel(workload, scheduler, checkpoint_dir, evict="auto", FAKE_CUDA_NO_VMM="1")
     w.call("d.alloc(4096)")
     assert w.stats()["evict"] == "checkpoint"
     assert client_of(scheduler, w)["evict"] == "checkpoint"
     assert w.log.calls("cuMemAlloc_v2") and not w.log.calls("cuMemAllocManaged")
 
 
-def test_auto_chooses_managed_when_the_driver_has_no_checkpoint_api(
+def test_auto_chooses_managed_when_the_device_has_no_vmm_and_the_driver_no_checkpoint_api(
         scheduler, workload, checkpoint_dir) -> None:
-    w = kernel(workload, scheduler, checkpoint_dir, evict="auto", FAKE_CUDA_NO_CHECKPOINT="1")
+    w = kernel(workload, scheduler, checkpoint_dir, evict="auto", FAKE_CUDA_NO_CHECKPOINT="1",
+               FAKE_CUDA_NO_VMM="1")
     w.call("d.alloc(4096)")
     assert w.stats()["evict"] == "managed"
     assert client_of(scheduler, w)["evict"] == "managed"

@@ -157,7 +157,8 @@ def test_a_program_linked_against_libcuda_is_interposed(shim_library, fake_cuda,
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("KIWI_")},
            **preload(shim_library), "FAKE_CUDA_LOG": str(log.path),
            "KIWI_SOCKET": "/nonexistent/kiwi.sock", "KIWI_FAIL_POLICY": "closed",
-           "KIWI_FAIL_TIMEOUT": "0"}
+           "KIWI_FAIL_TIMEOUT": "0",
+           "KIWI_EVICT": "managed"}  # as every workload here (shim_harness); vmm has its tests
     out = subprocess.run([str(program)], env=env, check=True, capture_output=True, text=True,
                          timeout=30).stdout.split()
     assert out == ["0", str(NOT_READY)]

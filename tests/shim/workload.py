@@ -126,6 +126,33 @@ class Driver:
     def release_vmm(self, handle: int) -> int:
         return int(self.dlsym("cuMemRelease", c_u64)(handle))
 
+    def retain(self, ptr: int) -> int:
+        """cuMemRetainAllocationHandle of ptr (as an export or an NCCL registration asks);
+        the CUresult."""
+        handle = c_u64()
+        return int(self.dlsym("cuMemRetainAllocationHandle", ctypes.POINTER(c_u64), c_ptr)(
+            ctypes.byref(handle), ptr))
+
+    def ipc_handle(self, ptr: int) -> int:
+        """cuIpcGetMemHandle of ptr (legacy IPC, as PyTorch's tensor sharing); the CUresult."""
+        handle = ctypes.create_string_buffer(64)
+        return int(self.dlsym("cuIpcGetMemHandle", c_ptr, c_u64)(handle, ptr))
+
+    def pool_attribute(self, pool: int, attribute: int) -> int:
+        value = c_u64()
+        fn = self.dlsym("cuMemPoolGetAttribute", c_ptr, ctypes.c_int, c_ptr)
+        if fn(pool, attribute, ctypes.byref(value)) != 0:
+            raise RuntimeError("cuMemPoolGetAttribute")
+        return value.value
+
+    def reset_pool_high(self, pool: int, attribute: int) -> int:
+        zero = c_u64(0)
+        return int(self.dlsym("cuMemPoolSetAttribute", c_ptr, ctypes.c_int, c_ptr)(
+            pool, attribute, ctypes.byref(zero)))
+
+    def enable_peer(self, peer: int) -> int:
+        return int(self.dlsym("cuCtxEnablePeerAccess", c_ptr, ctypes.c_uint)(peer, 0))
+
     def free(self, ptr: int) -> int:
         return int(self.dlsym("cuMemFree_v2", c_u64)(ptr))
 
@@ -334,6 +361,57 @@ def interrupted_launch() -> dict[str, Any]:
     except KeyboardInterrupt:
         return {"code": code, "interrupted": True, "seconds": time.monotonic() - sent[0]}
     return {"code": code, "interrupted": False, "seconds": None}
+
+
+#: churn's allocations: pointer -> size, kept across requests.
+LIVE: dict[int, int] = {}
+CHURN_SIZES = (1, 100, 512, 4096, 70_000, 600_000, 1 << 20, 3 * (1 << 20) + 5, 8 << 20)
+
+
+def tag(ptr: int, size: int) -> bytes:
+    """What churn writes at both ends of an allocation: its own, so a moved byte shows."""
+    import hashlib
+
+    return hashlib.sha256(f"{ptr}:{size}".encode()).digest()[:min(16, size)]
+
+
+def churn(seed: int, operations: int) -> int:
+    """Random allocations of every size (slabs, regions, several chunks) and frees, each new
+    one tagged at both ends, none overlapping another; returns how many are live."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(operations):
+        if LIVE and rng.random() < 0.4:
+            ptr = rng.choice(sorted(LIVE))
+            LIVE.pop(ptr)
+            if d.free(ptr) != 0:
+                raise RuntimeError(f"free of {ptr:#x} failed")
+            continue
+        size = rng.choice(CHURN_SIZES)
+        ptr = d.alloc(size)
+        for other, other_size in LIVE.items():
+            if ptr < other + other_size and other < ptr + size:
+                raise RuntimeError(f"{ptr:#x}+{size} overlaps {other:#x}+{other_size}")
+        LIVE[ptr] = size
+        mark = tag(ptr, size)
+        if d.write(ptr, mark) or d.write(ptr + size - len(mark), mark):
+            raise RuntimeError(f"writing {ptr:#x} failed")
+    return len(LIVE)
+
+
+def unchanged() -> list[int]:
+    """The live allocations whose tags are not what churn wrote."""
+    return [ptr for ptr, size in LIVE.items()
+            if d.read(ptr, len(tag(ptr, size))) != tag(ptr, size)
+            or d.read(ptr + size - len(tag(ptr, size)), len(tag(ptr, size))) != tag(ptr, size)]
+
+
+def free_all() -> None:
+    while LIVE:
+        ptr, _ = LIVE.popitem()
+        if d.free(ptr) != 0:
+            raise RuntimeError(f"free of {ptr:#x} failed")
 
 
 _out = threading.Lock()

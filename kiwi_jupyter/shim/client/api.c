@@ -109,6 +109,8 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
     kiwi_comm_stats(&s);
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
+    struct kiwi_residency where;
+    kiwi_pager_residency(&where);
     char client[40] = "null", mode[16] = "null";
     if (s.client[0])
         snprintf(client, sizeof client, "\"%s\"", s.client);
@@ -131,7 +133,8 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"free_in_cache\":%llu,\"seconds_evicting\":%.6f,\"restores\":%llu,"
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
         "\"last_grant_at\":%.6f,\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s,\"evict\":\"%s\","
-        "\"paused\":%s,\"pauses\":%llu}",
+        "\"paused\":%s,\"pauses\":%llu,\"resident\":%llu,\"host\":%llu,\"host_shadow\":%llu,"
+        "\"host_shadow_pinned\":%llu,\"seconds_pinning\":%.6f,\"restore_failures\":%llu}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         kiwi_hold_word(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -147,5 +150,8 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
         s.seconds_restoring, s.seconds_waiting, s.last_grant_at, kiwi_gate_in_flight(),
         kiwi_cfg.gpu, uuid, kiwi_evictor_name(kiwi_pager_evictor()), s.paused ? "true" : "false",
-        (unsigned long long)s.pauses);
+        (unsigned long long)s.pauses, (unsigned long long)where.resident,
+        (unsigned long long)where.host, (unsigned long long)where.shadow,
+        (unsigned long long)where.shadow_pinned, where.seconds_pinning,
+        (unsigned long long)s.restore_failures);
 }

@@ -28,7 +28,8 @@ bool kiwi_ask_wanted(void)
 void kiwi_ask_if_wanted(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    bool ask = kiwi_ask_wanted() && kiwi_comm.stats.hold == KIWI_HOLD_IDLE &&
+    bool backing_off = kiwi_now() < kiwi_comm.retry_after; /* a restore failed just now */
+    bool ask = kiwi_ask_wanted() && !backing_off && kiwi_comm.stats.hold == KIWI_HOLD_IDLE &&
                kiwi_session_ready() && kiwi_hold_move(KIWI_HOLD_ASKING);
     pthread_mutex_unlock(&kiwi_lock);
     if (ask)

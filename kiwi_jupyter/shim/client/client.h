@@ -29,6 +29,7 @@ struct kiwi_stats {
     double seconds_evicting;
     uint64_t restores, bytes_restored;
     double seconds_restoring;
+    uint64_t restore_failures; /* restores rolled back for want of room: the grant went back */
     double seconds_waiting;  /* time gated calls spent waiting for the GPU */
     /* CLOCK_MONOTONIC when the last grant arrived, before its restore: benchmarks time the
      * way back to full speed from here, whichever way the pages come back. 0 before any. */
@@ -48,6 +49,8 @@ struct kiwi_comm_state {
     unsigned release_done;
     double outage_since;
     double granted_at;
+    double retry_after;      /* after a failed restore: no acquire before this */
+    double retry_backoff;    /* and how long the next failure waits */
     bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
     bool policy_closed;
     double policy_timeout;
@@ -89,7 +92,9 @@ unsigned kiwi_session_request(const char *op, const char *fields);
  * far), and registered makes the session ready. */
 void kiwi_session_connect(void);
 /* Reads the answers to hello and register; NONE for any other line, which dispatch.c reads
- * on. REFUSED: the daemon would not register this process; the connection is of no use. */
+ * on. WELCOMED: the handshake goes on (register sent, or sent again: a daemon that predates
+ * the vmm evictor refused it). REFUSED: the daemon would not register this process; the
+ * connection is of no use. */
 enum kiwi_handshake {
     KIWI_HANDSHAKE_NONE,
     KIWI_HANDSHAKE_WELCOMED,
@@ -99,6 +104,9 @@ enum kiwi_handshake {
 enum kiwi_handshake kiwi_session_handshake(const char *op, double seq, const char *line);
 bool kiwi_session_welcomed(void);
 bool kiwi_session_ready(void);
+/* Whether the daemon of this ready session speaks of where memory is (the hello feature
+ * `memory`: residency.c). */
+bool kiwi_session_memory(void);
 /* The connection ended (outage.c), or a forked child starts afresh. */
 void kiwi_session_closed(void);
 void kiwi_session_after_fork(void);
@@ -199,10 +207,26 @@ void kiwi_link_after_fork(void);
 
 /* ---- registration.c ---------------------------------------------------------------------- */
 
-/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
-void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set);
+/* The register request's fields: the client's names and labels, quoted, its GPU and its
+ * working set; with memory (the daemon's welcome listed the feature) where its memory is;
+ * compatible: for a daemon that refused the evictor vmm (it predates it), managed instead. */
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible,
+                              bool memory);
 /* The GPU's UUID as far as it is known ("" while not), copied under kiwi_lock. */
 void kiwi_gpu_uuid(char *text, size_t size);
+
+/* ---- residency.c ------------------------------------------------------------------------- */
+
+/* Sends working_set (with where the memory is, when the daemon speaks of it); or, too soon
+ * after the last report, keeps the news for later and returns the seconds to wait. */
+double kiwi_residency_report(void);
+/* A move's progress callback (struct kiwi_transfer): working_set with those figures. */
+void kiwi_residency_progress(const struct kiwi_residency *now, void *unused);
+/* Ends an eviction for the daemon: `evicted` with where the memory is and what moved, or with
+ * failed (why the memory could not be moved, or a restore rolled back). Nothing to a daemon
+ * without the memory feature. */
+void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed);
+void kiwi_residency_after_fork(void);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 
@@ -223,8 +247,8 @@ bool kiwi_json_quote(char *buf, size_t size, const char *text);
 
 /* ---- evict.c ----------------------------------------------------------------------------- */
 
-/* What register proposes ("managed" or "checkpoint"), and the daemon's answer ("" when it gave
- * none): the pager's choice (mechanisms/pager.c) follows it. */
+/* What register proposes ("vmm", "managed" or "checkpoint"), and the daemon's answer ("" when
+ * it gave none): the pager's choice (mechanisms/pager.c) follows it. */
 const char *kiwi_evict_proposal(void);
 void kiwi_evict_answered(const char *evictor);
 

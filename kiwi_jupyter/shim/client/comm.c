@@ -66,6 +66,9 @@ static double idle_since(void)
     return since < kiwi_comm.granted_at ? kiwi_comm.granted_at : since;
 }
 
+/* A working set report held back by the rate limit: the seconds until it may go. */
+static double report_wait;
+
 /* Acts on what other threads asked for since the last turn of the loop. */
 static void act(void)
 {
@@ -94,14 +97,8 @@ static void act(void)
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
         kiwi_release_yield("idle");
-    if (kiwi_link_up() && kiwi_news_take(KIWI_NEWS_WORKING_SET)) {
-        struct kiwi_working_set ws;
-        kiwi_memory_working_set(&ws);
-        char fields[96];
-        snprintf(fields, sizeof fields, "\"bytes\":%llu,\"evictable\":%llu",
-                 (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
-        kiwi_session_request(KIWI_OP_WORKING_SET, fields);
-    }
+    if (kiwi_link_up() && kiwi_news_take(KIWI_NEWS_WORKING_SET))
+        report_wait = kiwi_residency_report();
 }
 
 /* Sleeps until woken, the socket has data, or timeout seconds pass. */
@@ -130,6 +127,16 @@ static void wait_for_news(double timeout)
 
 static double next_idle_check(void)
 {
+    if (report_wait > 0) {
+        double wait = report_wait;
+        report_wait = 0;
+        return wait; /* the working set report the rate limit held back */
+    }
+    pthread_mutex_lock(&kiwi_lock);
+    double retry = kiwi_comm.retry_after - kiwi_now();
+    pthread_mutex_unlock(&kiwi_lock);
+    if (retry > 0 && retry < 1.0)
+        return retry + 0.001; /* the acquire a failed restore put off */
     if (kiwi_cfg.idle_release <= 0)
         return 1.0;
     pthread_mutex_lock(&kiwi_lock);

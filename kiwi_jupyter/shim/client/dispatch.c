@@ -2,13 +2,57 @@
  * working set), drops leave the GPU to be given back, pauses close the gate while another
  * holder has its turn and resumes open it again; the rest is counted and kept for the stats.
  * kiwi_dispatch_line decides; kiwi_comm_handle_line, the comm thread's, then carries out what
- * a drop leaves to do (the release sequence, release.c). The conformance entry points
+ * a drop leaves to do (the release sequence, release.c), or an `evict` (the way out, then
+ * `evicted`: the memory feature, residency.c). The conformance entry points
  * (conformance.c) call kiwi_dispatch_line alone.
  */
 #define _GNU_SOURCE
 #include <string.h>
 
 #include "client.h"
+
+#define RETRY_FIRST 0.5
+#define RETRY_MOST 8.0
+
+/* The restore could not be made (no room on the card: another process took it) and was rolled
+ * back: the grant goes back to the daemon, and the calls at the gate ask again after a while,
+ * longer each time it fails. */
+static void give_grant_back(const char *why)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_comm.stats.restore_failures++;
+    double backoff = kiwi_comm.retry_backoff > 0 ? kiwi_comm.retry_backoff : RETRY_FIRST;
+    kiwi_comm.retry_after = kiwi_now() + backoff;
+    kiwi_comm.retry_backoff = backoff * 2 < RETRY_MOST ? backoff * 2 : RETRY_MOST;
+    if (kiwi_hold_move(KIWI_HOLD_IDLE))
+        kiwi_comm.stats.queue_position = 0;
+    pthread_cond_broadcast(&kiwi_changed);
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_warn("giving the GPU back (%s); asking again in %.1f s", why, backoff);
+    kiwi_residency_evicted(NULL, why); /* with the memory feature: the daemon hears why */
+    kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
+}
+
+/* An `evict` read, for kiwi_comm_handle_line to carry out. */
+static bool evict_asked;
+
+/* The daemon asks an idle process to move its memory to host memory now (the memory feature):
+ * it evicts, reports as it goes, and answers `evicted` (carried out after the line is read). A
+ * holder never gets this (it gets a drop); should one come, it says it cannot. */
+static void on_evict(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    bool holding = hold == KIWI_HOLD_HOLDING || hold == KIWI_HOLD_DROPPING ||
+                   hold == KIWI_HOLD_RELEASING;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (holding)
+        kiwi_residency_evicted(NULL, "holding the GPU: a drop moves its memory");
+    else if (kiwi_pager_checkpointing())
+        kiwi_residency_evicted(NULL, "the checkpoint evictor: the daemon moves this process");
+    else
+        evict_asked = true;
+}
 
 static void on_grant(const char *line)
 {
@@ -22,14 +66,22 @@ static void on_grant(const char *line)
     /* In DROPPING, a grant withdraws the drop (mode off). */
     bool expected = hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING ||
                     hold == KIWI_HOLD_DROPPING;
-    /* A checkpointed process was restored by the daemon before this grant was sent. */
-    bool restore = ws.evictable && !kiwi_cfg.restore_by_fault && !kiwi_pager_checkpointing();
+    /* A checkpointed process was restored by the daemon before this grant was sent. Memory the
+     * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
+    bool restore = !kiwi_pager_checkpointing() &&
+                   (kiwi_pager_away() || (ws.evictable && !kiwi_cfg.restore_by_fault));
+    /* To a daemon that hears where memory is, a report after the restore ends it. */
+    bool report = kiwi_session_memory() && (kiwi_comm.stats.evicted || kiwi_pager_away());
     pthread_mutex_unlock(&kiwi_lock);
     if (!expected)
         return; /* a grant that crossed our release or cancel: the release ended it */
     struct kiwi_transfer moved = {0};
     if (restore)
         kiwi_pager_move(KIWI_PAGE_IN, &moved);
+    if (moved.failed) {
+        give_grant_back(moved.failed);
+        return;
+    }
     kiwi_free_ranges_forget(); /* the gate opens: what the cache held free may be used now */
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.stats.evicted = false; /* restored, or left to fault back in (KIWI_RESTORE=fault) */
@@ -38,11 +90,14 @@ static void on_grant(const char *line)
         kiwi_comm.stats.bytes_restored += moved.bytes;
         kiwi_comm.stats.seconds_restoring += moved.seconds;
     }
+    if (report)
+        kiwi_news_set(KIWI_NEWS_WORKING_SET); /* where the memory is now: back (residency.c) */
     if (!kiwi_hold_move(KIWI_HOLD_HOLDING)) {
         pthread_mutex_unlock(&kiwi_lock);
         return;
     }
     kiwi_comm.stats.paused = false;
+    kiwi_comm.retry_backoff = 0;
     kiwi_comm.stats.grants++;
     kiwi_comm.stats.last_grant_at = arrived;
     kiwi_comm.stats.queue_position = 0;
@@ -95,6 +150,8 @@ void kiwi_dispatch_line(const char *line)
         kiwi_release_on_yield_answer(op, line);
     } else if (strcmp(op, "grant") == 0) {
         on_grant(line);
+    } else if (strcmp(op, KIWI_OP_EVICT) == 0) {
+        on_evict();
     } else if (strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) {
         on_turn(op[0] == 'p');
     } else if (strcmp(op, "waiting") == 0) {
@@ -165,4 +222,8 @@ void kiwi_comm_handle_line(const char *line)
 {
     kiwi_dispatch_line(line);
     kiwi_release_carry_out();
+    if (evict_asked) {
+        evict_asked = false;
+        kiwi_release_evict_now();
+    }
 }

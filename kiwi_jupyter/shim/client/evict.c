@@ -1,8 +1,11 @@
 /* Which evictor pages this process out, as the client settles it with the daemon: register
- * proposes what the pager offers (mechanisms/pager.c: checkpoint where KIWI_EVICT and the
- * driver allow it, else managed), and the daemon answers in `registered` with the evictor it
- * will carry out (managed when it cannot act on this pid). The pager's choice follows the
- * answer; the first choice stands, since allocations are made for it.
+ * proposes what the pager offers (mechanisms/pager.c: vmm where KIWI_EVICT and the device allow
+ * it, else checkpoint where KIWI_EVICT and the driver allow it, else managed), and the daemon
+ * answers in `registered` with the evictor it will carry out (managed when it cannot act on
+ * this pid). vmm and managed need nobody's help, and the pager takes them on its own; the
+ * pager's choice follows a checkpoint answer; the first choice stands, since allocations are
+ * made for it. A daemon that predates vmm refuses the word in register: link.c registers again
+ * proposing managed, which to such a daemon means the same (the process pages itself).
  */
 #define _GNU_SOURCE
 #include <string.h>
@@ -25,6 +28,8 @@ void kiwi_evict_answered(const char *evictor)
     }
     if (strcmp(evictor, "checkpoint") == 0)
         kiwi_pager_choose(KIWI_EVICTOR_CHECKPOINT, NULL);
+    else if (strcmp(evictor, "vmm") == 0 && kiwi_pager_offer() == KIWI_EVICTOR_VMM)
+        kiwi_pager_choose(KIWI_EVICTOR_VMM, NULL);
     else if (!kiwi_pager_settle_offer())
         kiwi_pager_choose(KIWI_EVICTOR_MANAGED,
                           evictor[0] ? "the scheduler cannot checkpoint it (its log says why)"

@@ -30,11 +30,39 @@ void kiwi_comm_link_lost(const char *why)
         kiwi_warn("lost the scheduler at %s (%s); reconnecting", kiwi_cfg.socket_path, why);
 }
 
+/* Before work runs unscheduled: memory an eviction moved out must be back first (the vmm
+ * evictor's is not even mapped). False when the card has no room for it yet. */
+static bool restored_for_fail_open(void)
+{
+    if (!kiwi_pager_away())
+        return true;
+    struct kiwi_transfer moved = {0};
+    kiwi_pager_move(KIWI_PAGE_IN, &moved);
+    pthread_mutex_lock(&kiwi_lock);
+    if (!moved.failed) {
+        kiwi_comm.stats.evicted = false;
+        kiwi_comm.stats.restores++;
+        kiwi_comm.stats.bytes_restored += moved.bytes;
+        kiwi_comm.stats.seconds_restoring += moved.seconds;
+    } else {
+        kiwi_comm.stats.restore_failures++;
+    }
+    pthread_mutex_unlock(&kiwi_lock);
+    return !moved.failed;
+}
+
 /* The comm thread's turn while the daemon is away: releases are trivially done, and after the
  * policy's timeout work is let through (open) or refused (closed). Returns how long to sleep
  * at most before the policy would apply. */
 double kiwi_outage_act(void)
 {
+    pthread_mutex_lock(&kiwi_lock);
+    double due = kiwi_comm.policy_timeout - (kiwi_now() - kiwi_comm.outage_since);
+    bool opening = due <= 0 && !kiwi_comm.stats.failed_open && !kiwi_gate_refusing() &&
+                   !kiwi_comm.policy_closed;
+    pthread_mutex_unlock(&kiwi_lock);
+    if (opening && !restored_for_fail_open())
+        return 1.0; /* tried again in a second */
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.release_done = kiwi_comm.release_asked;
     double outage = kiwi_now() - kiwi_comm.outage_since;

@@ -56,9 +56,73 @@ static bool gpu_uuid(char *text, size_t size)
     return true;
 }
 
-/* The register request's fields: the client's labels, quoted, its GPU and its working set. */
-void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
+/* Appends ,"key":"value" to fields, or nothing when it does not fit whole. */
+static void append_quoted(char *fields, size_t size, const char *key, const char *value)
 {
+    size_t before = strlen(fields);
+    char head[40];
+    snprintf(head, sizeof head, ",\"%s\":", key);
+    append(fields, size, head);
+    if (strlen(fields) != before + strlen(head) || !kiwi_json_quote(fields, size, value))
+        fields[before] = '\0';
+}
+
+/* What people see for the process (the Kiwi kernel sets its notebook's path), as the Python
+ * client sends it; the name stays the key. The daemon refuses a register whose display name
+ * is over 256 UTF-8 bytes or holds a control character, and closes the connection on a line
+ * that is not UTF-8; so what the environment holds is made fit first: bytes that are not
+ * UTF-8 become '?', control characters spaces, and a name too long keeps its end (a path's
+ * file name matters most) after an ellipsis, as nodeside.names.shorten_to_bytes cuts a path. */
+#define DISPLAY_NAME_BYTES 256
+
+/* The length of the UTF-8 sequence at text (1 to 4), or 0 where none starts. */
+static size_t utf8_length(const unsigned char *text)
+{
+    size_t length = text[0] < 0x80 ? 1 : (text[0] & 0xe0) == 0xc0 ? 2
+                  : (text[0] & 0xf0) == 0xe0 ? 3 : (text[0] & 0xf8) == 0xf0 ? 4 : 0;
+    for (size_t i = 1; i < length; i++)
+        if ((text[i] & 0xc0) != 0x80)
+            return 0;
+    if ((length == 2 && text[0] < 0xc2) || (length == 3 && text[0] == 0xe0 && text[1] < 0xa0) ||
+        (length == 4 && (text[0] > 0xf4 || (text[0] == 0xf0 && text[1] < 0x90))))
+        return 0; /* overlong or past U+10FFFF */
+    return length;
+}
+
+static void fit_display_name(char *out, size_t size, const char *raw)
+{
+    char clean[4096];
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)raw; *c && n + 4 < sizeof clean;) {
+        size_t length = utf8_length(c);
+        bool control = *c < 0x20 || *c == 0x7f || (length == 2 && c[0] == 0xc2 && c[1] < 0xa0);
+        if (!length || control) {
+            clean[n++] = length ? ' ' : '?';
+            c += length ? length : 1;
+            continue;
+        }
+        memcpy(clean + n, c, length);
+        n += length;
+        c += length;
+    }
+    clean[n] = '\0';
+    if (n < size) {
+        memcpy(out, clean, n + 1);
+        return;
+    }
+    static const char ellipsis[] = "\xe2\x80\xa6"; /* U+2026 */
+    size_t start = n - (size - sizeof ellipsis); /* what is left fits with the ellipsis */
+    while ((clean[start] & 0xc0) == 0x80)
+        start++; /* not inside a character */
+    snprintf(out, size, "%s%s", ellipsis, clean + start);
+}
+
+void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible,
+                              bool memory)
+{
+    const char *evict = kiwi_evict_proposal();
+    if (compatible && strcmp(evict, "vmm") == 0)
+        evict = "managed"; /* to a daemon that predates vmm: the process pages itself */
     snprintf(fields, size, "\"name\":");
     kiwi_json_quote(fields, size, kiwi_cfg.name);
     append(fields, size, ",\"pool\":");
@@ -80,6 +144,12 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
         }
         append(fields, size, "}");
     }
+    const char *display = getenv("KIWI_DISPLAY_NAME");
+    if (display && *display) {
+        char fit[DISPLAY_NAME_BYTES + 1];
+        fit_display_name(fit, sizeof fit, display);
+        append_quoted(fields, size, KIWI_FIELD_DISPLAY_NAME, fit);
+    }
     char uuid[sizeof kiwi_cfg.gpu_uuid];
     if (gpu_uuid(uuid, sizeof uuid)) {
         append(fields, size, ",\"gpu_uuid\":");
@@ -89,5 +159,13 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set)
     snprintf(fields + n, size - n,
              ",\"gpu\":%d,\"kind\":\"shim\",\"working_set\":%llu,\"evict\":\"%s\","
              "\"pausable\":true",
-             kiwi_cfg.gpu, (unsigned long long)working_set, kiwi_evict_proposal());
+             kiwi_cfg.gpu, (unsigned long long)working_set, evict);
+    if (memory) { /* where its memory already is, so a daemon that restarted learns it */
+        struct kiwi_residency where;
+        kiwi_pager_residency(&where);
+        n = strlen(fields);
+        snprintf(fields + n, size - n,
+                 ",\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu",
+                 (unsigned long long)where.resident, (unsigned long long)where.host);
+    }
 }

@@ -38,21 +38,24 @@ unsigned kiwi_yield_seq; /* see client.h */
 
 void kiwi_release_evict_now(void)
 {
-    struct kiwi_working_set ws;
-    kiwi_memory_working_set(&ws);
-    if (!ws.evictable)
-        return;
-    kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
-    struct kiwi_transfer moved;
-    kiwi_pager_move(KIWI_PAGE_OUT, &moved);
-    pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.stats.evicted = true;
-    kiwi_comm.stats.evictions++;
-    kiwi_comm.stats.bytes_evicted += moved.bytes;
-    kiwi_comm.stats.bytes_skipped += moved.skipped;
-    kiwi_comm.stats.bytes_discarded += moved.discarded;
-    kiwi_comm.stats.seconds_evicting += moved.seconds;
-    pthread_mutex_unlock(&kiwi_lock);
+    if (kiwi_pager_checkpointing())
+        return; /* the daemon moves this process, from outside */
+    /* With the memory feature the daemon hears the way out as it goes (residency.c). */
+    struct kiwi_transfer moved = {.progress = kiwi_session_memory() ? kiwi_residency_progress
+                                                                    : NULL};
+    if (kiwi_pager_movable()) {
+        kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
+        kiwi_pager_move(KIWI_PAGE_OUT, &moved);
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_comm.stats.evicted = true;
+        kiwi_comm.stats.evictions++;
+        kiwi_comm.stats.bytes_evicted += moved.bytes;
+        kiwi_comm.stats.bytes_skipped += moved.skipped;
+        kiwi_comm.stats.bytes_discarded += moved.discarded;
+        kiwi_comm.stats.seconds_evicting += moved.seconds;
+        pthread_mutex_unlock(&kiwi_lock);
+    }
+    kiwi_residency_evicted(&moved, NULL);
 }
 
 /* A release that must wait for graph captures to end (mechanisms/captures.c): a drop, and
@@ -125,7 +128,7 @@ static enum quiesced quiesce(const char *why, bool evict)
         keep_holding();
         return NOT_SYNCHRONIZED;
     }
-    kiwi_memory_free_deferred();
+    kiwi_pager_free_deferred();
     return QUIESCED;
 }
 
@@ -134,9 +137,24 @@ static void defer(const char *why)
     kiwi_log("release (%s) deferred: %d graph capture(s) open", why, kiwi_capture_open());
 }
 
-/* Steps 3 and 4, once it is known whether the room is needed. */
+/* Steps 3 and 4, once it is known whether the room is needed. To a daemon with the memory
+ * feature the release goes first, saying the memory is on its way out (`evicting`): the hold
+ * ends now, compute being quiesced, and the next holder's way in may overlap this way out,
+ * which the progress reports and `evicted` follow. */
+static void finish_evicting(void)
+{
+    released();
+    kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICTING "\":true");
+    kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
+}
+
 static void finish_release(bool evict)
 {
+    if (evict && kiwi_session_memory() && !kiwi_pager_checkpointing()) {
+        finish_evicting();
+        kiwi_release_evict_now();
+        return;
+    }
     if (evict)
         kiwi_release_evict_now();
     kiwi_release_finish();
@@ -204,9 +222,7 @@ void kiwi_release_yield(const char *why)
     }
     if (quiesced != QUIESCED)
         return;
-    struct kiwi_working_set ws;
-    kiwi_memory_working_set(&ws);
-    if (!ws.evictable) {
+    if (!kiwi_pager_movable()) {
         finish_release(false);
         return;
     }

@@ -24,6 +24,10 @@ static unsigned register_seq;
 static bool (*sink)(const char *line);
 /* Position events (hello feature "position"): whether the latest welcome listed them. */
 static bool position_events;
+/* Where memory is (hello feature "memory", residency.c): whether the latest welcome listed it. */
+static bool memory_feature;
+/* Register said managed where vmm was chosen: the daemon predates vmm. */
+static bool compatible;
 
 void kiwi_session_send_to(bool (*send)(const char *line))
 {
@@ -49,6 +53,11 @@ bool kiwi_session_ready(void)
     return phase == READY;
 }
 
+bool kiwi_session_memory(void)
+{
+    return memory_feature && phase == READY;
+}
+
 bool kiwi_session_welcomed(void)
 {
     return phase == REGISTERING || phase == READY;
@@ -61,7 +70,7 @@ void kiwi_session_connect(void)
      * and lets the waiting line show the place in the queue without asking for the status. */
     send_line("{\"op\":\"" KIWI_OP_HELLO "\",\"version\":" KIWI_TEXT(KIWI_PROTOCOL_VERSION)
               ",\"software\":\"kiwi-shim " KIWI_SHIM_VERSION "\",\"features\":[\""
-              KIWI_FEATURE_POSITION "\"]}");
+              KIWI_FEATURE_POSITION "\",\"" KIWI_FEATURE_MEMORY "\"]}");
 }
 
 void kiwi_session_closed(void)
@@ -90,18 +99,36 @@ static bool welcome_lists(const char *welcome, const char *feature)
     return end && found && found < end;
 }
 
-static void welcomed(const char *line)
+static void send_register(void)
 {
-    position_events = welcome_lists(line, KIWI_FEATURE_POSITION);
-    phase = REGISTERING;
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     kiwi_news_take(KIWI_NEWS_WORKING_SET); /* register says it */
     if (ws.evictable) /* register has no field for the evictable part */
         kiwi_news_set(KIWI_NEWS_WORKING_SET);
     char fields[2048];
-    kiwi_registration_fields(fields, sizeof fields, ws.bytes);
+    kiwi_registration_fields(fields, sizeof fields, ws.bytes, compatible, memory_feature);
     register_seq = kiwi_session_request(KIWI_OP_REGISTER, fields);
+}
+
+static void welcomed(const char *line)
+{
+    position_events = welcome_lists(line, KIWI_FEATURE_POSITION);
+    memory_feature = welcome_lists(line, KIWI_FEATURE_MEMORY);
+    phase = REGISTERING;
+    compatible = false;
+    send_register();
+}
+
+/* A daemon that predates the vmm evictor refuses it by name in register (an invalid value,
+ * which leaves the connection open). */
+static bool refused_vmm(const char *op, const char *line)
+{
+    char code[16] = "", message[256] = "";
+    kiwi_json_string(line, KIWI_FIELD_CODE, code, sizeof code);
+    kiwi_json_string(line, KIWI_FIELD_MESSAGE, message, sizeof message);
+    return !compatible && strcmp(op, KIWI_OP_ERROR) == 0 && strcmp(code, KIWI_E_INVALID) == 0 &&
+           strstr(message, KIWI_FIELD_EVICT) && strcmp(kiwi_evict_proposal(), KIWI_EVICT_VMM) == 0;
 }
 
 static void registered(const char *line)
@@ -140,6 +167,13 @@ enum kiwi_handshake kiwi_session_handshake(const char *op, double seq, const cha
     if (strcmp(op, KIWI_OP_REGISTERED) == 0 && answer) {
         registered(line);
         return KIWI_HANDSHAKE_REGISTERED;
+    }
+    if (answer && refused_vmm(op, line)) {
+        kiwi_log("the daemon does not know the vmm evictor; registering as managed (this "
+                 "process pages itself either way)");
+        compatible = true;
+        send_register();
+        return KIWI_HANDSHAKE_WELCOMED;
     }
     if (answer && (seq >= 0 || strcmp(op, KIWI_OP_ERROR) == 0)) {
         kiwi_warn("the daemon did not register this process: %s", line);

@@ -1,9 +1,15 @@
-/* GPU memory: allocations become managed memory.
+/* GPU memory: allocations become memory the shim can page out, as the evictor chosen pages it
+ * (mechanisms/pager.c).
  *
- * Managed memory (cuMemAllocManaged) is what lets each process see the whole GPU and still be
- * paged out: its pages can live on the GPU or in host memory, and the pager moves them with
- * prefetches when the GPU changes hands. A device pointer to managed memory works everywhere a
- * device pointer does, so the process cannot tell the difference.
+ * Under the vmm evictor a device allocation becomes physical memory the shim maps itself at
+ * addresses it reserved (mechanisms/vmm.c): device memory to the process in every way, that an
+ * eviction can take off the card and a restore put back at the same addresses. Managed memory
+ * the program asks for itself stays managed.
+ *
+ * Under the managed evictor it becomes managed memory (cuMemAllocManaged): its pages can live
+ * on the GPU or in host memory, and the pager moves them with prefetches when the GPU changes
+ * hands. A device pointer to managed memory works everywhere a device pointer does, so the
+ * process cannot tell the difference.
  *
  * Under the checkpoint evictor (mechanisms/pager.c) nothing is converted: allocations stay
  * device memory, counted all the same, and each waits at the gate, since it takes room on a GPU
@@ -51,17 +57,37 @@ static CUresult allocate_device(CUdeviceptr *dptr, size_t size, CUcontext ctx, C
     return CUDA_SUCCESS;
 }
 
-/* Allocates size bytes of managed memory in place of device memory, within the limit; or,
- * under the checkpoint evictor, device memory as asked. */
-CUresult kiwi_memory_allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags)
+/* Allocates size bytes the vmm evictor maps, within the limit. */
+static CUresult allocate_mapped(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
+                                CUmemoryPool pool)
+{
+    if (!kiwi_memory_reserve(size, MAPPED, device))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, pool);
+    if (capture_error(result)) {
+        /* The driver refuses to map during this graph capture: device memory, counted but
+         * not evictable, rather than a failed allocation (as for managed memory, below). */
+        kiwi_memory_unreserve(size, MAPPED);
+        CUresult fallback = allocate_device(dptr, size, ctx, device);
+        if (fallback == CUDA_SUCCESS)
+            kiwi_log("device allocation of %zu bytes during graph capture", size);
+        return fallback == CUDA_ERROR_OUT_OF_MEMORY ? result : fallback;
+    }
+    if (result != CUDA_SUCCESS) {
+        kiwi_memory_unreserve(size, MAPPED);
+        return result;
+    }
+    kiwi_memory_track(*dptr, size, MAPPED, ctx, device, false);
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory of size bytes in ctx, within the limit. */
+static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags,
+                                 CUcontext ctx, CUdevice device)
 {
     alloc_managed_fn real = (alloc_managed_fn)kiwi_real(HOOK_cuMemAllocManaged);
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUdevice device = -1;
-    CUcontext ctx = kiwi_pager_note_context(&device);
-    if (!kiwi_pager_converts())
-        return allocate_device(dptr, size, ctx, device);
     if (!kiwi_memory_reserve(size, MANAGED, device))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult result = real(dptr, size, flags);
@@ -83,14 +109,34 @@ CUresult kiwi_memory_allocate_managed(CUdeviceptr *dptr, size_t size, unsigned i
     return CUDA_SUCCESS;
 }
 
+CUresult kiwi_memory_allocate(CUdeviceptr *dptr, size_t size, CUmemoryPool pool)
+{
+    if (!kiwi_real(HOOK_cuMemAlloc_v2))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    switch (kiwi_pager_allocator()) {
+    case KIWI_EVICTOR_VMM:
+        return allocate_mapped(dptr, size, ctx, device, pool);
+    case KIWI_EVICTOR_MANAGED:
+        return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL, ctx, device);
+    default:
+        return allocate_device(dptr, size, ctx, device);
+    }
+}
+
 KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
-    kiwi_init();
-    if (!kiwi_cfg.enabled) {
-        KIWI_REAL(real, cuMemAllocManaged);
+    KIWI_REAL(real, cuMemAllocManaged);
+    if (!kiwi_cfg.enabled)
         return real(dptr, size, flags);
-    }
-    return kiwi_memory_allocate_managed(dptr, size, flags);
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    /* Under checkpoint not even this is managed memory: the driver cannot checkpoint a
+     * process that has any (r570). */
+    if (kiwi_pager_allocator() == KIWI_EVICTOR_CHECKPOINT)
+        return allocate_device(dptr, size, ctx, device);
+    return allocate_managed(dptr, size, flags, ctx, device);
 }
 
 KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
@@ -100,7 +146,7 @@ KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
         KIWI_REAL(real, cuMemAlloc_v2);
         return real(dptr, size);
     }
-    return kiwi_memory_allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);
+    return kiwi_memory_allocate(dptr, size, NULL);
 }
 
 /* The driver pads pitched rows for texture hardware; 512 bytes satisfies every GPU's
@@ -121,7 +167,7 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     size_t row = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
     if (height > SIZE_MAX / row)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult result = kiwi_memory_allocate_managed(dptr, row * height, CU_MEM_ATTACH_GLOBAL);
+    CUresult result = kiwi_memory_allocate(dptr, row * height, NULL);
     if (result == CUDA_SUCCESS)
         *pitch = row;
     return result;

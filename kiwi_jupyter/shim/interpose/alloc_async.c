@@ -1,5 +1,7 @@
-/* Stream-ordered allocations: managed memory is usable at once, which is at least as early as
- * the stream would have made it usable, so the stream is not needed to allocate.
+/* Stream-ordered allocations: memory the shim maps (vmm) or managed memory is usable at once,
+ * which is at least as early as the stream would have made it usable, so the stream is not
+ * needed to allocate. Under vmm the free is what stays stream-ordered (interpose/free.c), and
+ * the pool the allocation was asked of is noted for its counters (interpose/pool.c).
  *
  * Except while the stream is being captured into a CUDA graph: then the allocation must become
  * a node of the graph (it happens again at each replay), so it goes to the driver unchanged
@@ -10,13 +12,6 @@
 
 typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 
-/* Whether device allocations become managed memory: the one switch for how this process's
- * memory is paged. Never with the shim off; not under the checkpoint evictor either, where
- * allocations stay device memory (allocate_device) and the daemon moves them from outside. */
-static bool converting(void)
-{
-    return kiwi_cfg.enabled && kiwi_pager_converts();
-}
 
 bool kiwi_memory_capturing(CUstream stream)
 {
@@ -54,18 +49,40 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
     return true;
 }
 
-/* The shim's stream-ordered allocation: from the device's managed pool where there is one
- * (whichever pool the caller named: another pool's memory could not be paged out), else plain
- * managed memory. */
-static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t size, CUstream stream)
+/* The pool cuMemAllocAsync allocates from: the device's current pool, asked of the driver once
+ * per device. */
+static CUmemoryPool current_pool(void)
 {
-    CUresult pooled;
-    if (converting() && allocate_pooled(dptr, size, stream, &pooled))
-        return pooled;
-    return kiwi_memory_allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL);
+    static _Atomic(CUmemoryPool) known[64];
+    typedef CUresult (*get_pool_fn)(CUmemoryPool *, CUdevice);
+    CUdevice device = -1;
+    kiwi_pager_note_context(&device);
+    if (device < 0 || device >= 64)
+        return NULL;
+    CUmemoryPool pool = atomic_load(&known[device]);
+    get_pool_fn get_pool = pool ? NULL : (get_pool_fn)kiwi_real(HOOK_cuDeviceGetMemPool);
+    if (get_pool && get_pool(&pool, device) == CUDA_SUCCESS)
+        atomic_store(&known[device], pool);
+    return pool;
 }
 
-#define ALLOC_ASYNC(symbol, per_thread, params, args)                                           \
+/* The shim's stream-ordered allocation. Under vmm: memory the shim maps, counted for the pool
+ * it was asked of (the device's current pool for cuMemAllocAsync). Under managed: from the
+ * device's managed pool where there is one (whichever pool the caller named: another pool's
+ * memory could not be paged out), else plain managed memory. */
+static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t size, CUstream stream,
+                                        CUmemoryPool pool, bool from_pool)
+{
+    enum kiwi_evictor evictor = kiwi_pager_allocator();
+    if (evictor == KIWI_EVICTOR_VMM)
+        return kiwi_memory_allocate(dptr, size, from_pool ? pool : current_pool());
+    CUresult pooled;
+    if (evictor == KIWI_EVICTOR_MANAGED && allocate_pooled(dptr, size, stream, &pooled))
+        return pooled;
+    return kiwi_memory_allocate(dptr, size, NULL);
+}
+
+#define ALLOC_ASYNC(symbol, per_thread, params, args, pool, from_pool)                          \
     KIWI_EXPORT CUresult symbol params                                                          \
     {                                                                                           \
         kiwi_init();                                                                            \
@@ -74,14 +91,14 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t size, CUstream
             KIWI_REAL(real, symbol);                                                            \
             return real args;                                                                   \
         }                                                                                       \
-        return allocate_stream_ordered(dptr, size, stream);                                     \
+        return allocate_stream_ordered(dptr, size, stream, pool, from_pool);                    \
     }
 
 #define ASYNC_PARAMS (CUdeviceptr *dptr, size_t size, CUstream s)
 #define ASYNC_ARGS (dptr, size, s)
-ALLOC_ASYNC(cuMemAllocAsync, false, ASYNC_PARAMS, ASYNC_ARGS)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz, true, ASYNC_PARAMS, ASYNC_ARGS)
+ALLOC_ASYNC(cuMemAllocAsync, false, ASYNC_PARAMS, ASYNC_ARGS, NULL, false)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, true, ASYNC_PARAMS, ASYNC_ARGS, NULL, false)
 #define FROM_POOL_PARAMS (CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
 #define FROM_POOL_ARGS (dptr, size, pool, s)
-ALLOC_ASYNC(cuMemAllocFromPoolAsync, false, FROM_POOL_PARAMS, FROM_POOL_ARGS)
-ALLOC_ASYNC(cuMemAllocFromPoolAsync_ptsz, true, FROM_POOL_PARAMS, FROM_POOL_ARGS)
+ALLOC_ASYNC(cuMemAllocFromPoolAsync, false, FROM_POOL_PARAMS, FROM_POOL_ARGS, pool, true)
+ALLOC_ASYNC(cuMemAllocFromPoolAsync_ptsz, true, FROM_POOL_PARAMS, FROM_POOL_ARGS, pool, true)

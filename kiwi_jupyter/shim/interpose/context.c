@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include "interpose.h"
 
+#define PEER_ACCESS_ALREADY_ENABLED 704 /* CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED */
+
 static void forget(CUcontext ctx)
 {
     if (!ctx)
@@ -85,3 +87,15 @@ PRIMARY_ENDS(cuDevicePrimaryCtxReset_v2, true)
 
 DESTROY(cuCtxDestroy)
 DESTROY(cuCtxDestroy_v2)
+
+/* Peer access does not reach memory the vmm evictor maps (access to VMM memory is per mapping):
+ * the mappings of the peer's device are given access from this context's device instead, now
+ * and at every restore (mechanisms/vmm.c). */
+KIWI_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    KIWI_REAL(real, cuCtxEnablePeerAccess);
+    CUresult result = real(peer, flags);
+    if (kiwi_cfg.enabled && (result == CUDA_SUCCESS || result == PEER_ACCESS_ALREADY_ENABLED))
+        kiwi_vmm_peer_enabled(peer);
+    return result;
+}

@@ -1,6 +1,7 @@
 /* Frees: an allocation is forgotten only once the driver has freed it, and no free runs while
- * the pager moves the working set (kiwi_memory_free_begin). A stream-ordered free waits for its
- * stream.
+ * the pager moves the working set (kiwi_memory_free_begin). Memory the vmm evictor maps is
+ * freed by it (mechanisms/vmm.c: after a synchronization, or in stream order after an event);
+ * a stream-ordered free of managed memory waits for its stream.
  */
 #define _GNU_SOURCE
 #include "interpose.h"
@@ -8,13 +9,20 @@
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 
+#define FREEABLE (KIND(MANAGED) | KIND(DEVICE) | KIND(MAPPED))
+
 KIWI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     KIWI_REAL(real, cuMemFree_v2);
     kiwi_memory_free_begin();
-    struct allocation *a = kiwi_memory_begin_free(dptr, MANAGED, DEVICE);
-    CUresult result = real(dptr);
-    kiwi_memory_end_free(a, result);
+    struct allocation *a = kiwi_memory_begin_free(dptr, FREEABLE);
+    CUresult result;
+    if (a && a->kind == MAPPED) {
+        result = kiwi_vmm_free(a);
+    } else {
+        result = real(dptr);
+        kiwi_memory_end_free(a, result);
+    }
     kiwi_memory_free_end();
     return result;
 }
@@ -47,16 +55,19 @@ static CUresult free_managed_after(CUdeviceptr dptr, CUstream s, bool *deferred_
 static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream s, bool per_thread)
 {
     kiwi_memory_free_begin();
-    struct allocation *a = kiwi_memory_begin_free(dptr, MANAGED, DEVICE);
+    struct allocation *a = kiwi_memory_begin_free(dptr, FREEABLE);
+    CUstream stream = kiwi_stream(s, per_thread);
     CUresult result;
-    if (!a || a->pooled) {
+    if (a && a->kind == MAPPED) {
+        result = kiwi_vmm_free_async(a, stream, kiwi_memory_capturing(stream));
+    } else if (!a || a->pooled) {
         /* the driver's own (graph capture), never seen, or from a managed pool: all freed in
          * stream order by the driver */
         result = real(dptr, s);
         kiwi_memory_end_free(a, result);
     } else {
         bool deferred_free;
-        result = free_managed_after(dptr, kiwi_stream(s, per_thread), &deferred_free);
+        result = free_managed_after(dptr, stream, &deferred_free);
         /* A deferred free keeps the record until it is done (kiwi_memory_free_deferred). */
         kiwi_memory_end_free(a, deferred_free ? CUDA_ERROR_NOT_READY : result);
     }
@@ -77,7 +88,7 @@ FREE_ASYNC(cuMemFreeAsync_ptsz, true)
 KIWI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     KIWI_REAL(real, cuMemRelease);
-    struct allocation *a = kiwi_memory_begin_free(handle, VMM, VMM);
+    struct allocation *a = kiwi_memory_begin_free(handle, KIND(VMM));
     CUresult result = real(handle);
     kiwi_memory_end_free(a, result);
     return result;

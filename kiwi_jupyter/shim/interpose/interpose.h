@@ -9,9 +9,10 @@
 
 /* ---- alloc.c ----------------------------------------------------------------------------- */
 
-/* Allocates size bytes of managed memory in place of device memory, within the limit; or,
- * under the checkpoint evictor, device memory as asked. */
-CUresult kiwi_memory_allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int flags);
+/* Allocates size bytes of device memory, within the limit, as the evictor pages it: memory the
+ * vmm evictor maps, managed memory, or (checkpoint) device memory as asked. pool: the pool a
+ * stream-ordered allocation came from (NULL for the others). */
+CUresult kiwi_memory_allocate(CUdeviceptr *dptr, size_t size, CUmemoryPool pool);
 
 /* ---- alloc_async.c ----------------------------------------------------------------------- */
 

@@ -7,7 +7,8 @@
  * kiwi_memory_learn). Other processes' managed memory does not count: it goes to host memory
  * while this one holds the GPU. An allocation past that room fails with
  * CUDA_ERROR_OUT_OF_MEMORY, so frameworks free their caches and retry, or trim their pools,
- * before managed memory would oversubscribe the card and thrash. Under the checkpoint
+ * before managed memory would oversubscribe the card and thrash (or, under vmm, before the card
+ * runs out while another process's memory is still on its way out). Under the checkpoint
  * evictor nothing is converted: the driver's free memory, within the limit.
  */
 #include "interpose.h"
@@ -18,8 +19,9 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     size_t real_free = 0, real_total = 0;
     CUresult result = real(&real_free, &real_total);
     /* Under the checkpoint evictor other processes' memory is really gone while this one
-     * holds the GPU, so the driver's figures are the truth (within the limit, if one is set). */
-    bool converts = kiwi_pager_converts();
+     * holds the GPU, so the driver's figures are the truth (within the limit, if one is set).
+     * Under vmm and managed the room is what this process may use once the others are out. */
+    bool converts = kiwi_pager_self_paging(kiwi_pager_allocator());
     if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || (!converts && !kiwi_cfg.memory_limit)) {
         if (free_bytes)
             *free_bytes = real_free;

@@ -144,9 +144,19 @@ static void load(void)
     const char *evict = env("KIWI_EVICT", "auto");
     kiwi_cfg.evict = strcasecmp(evict, "managed") == 0      ? KIWI_EVICT_MANAGED
                      : strcasecmp(evict, "checkpoint") == 0 ? KIWI_EVICT_CHECKPOINT
+                     : strcasecmp(evict, "vmm") == 0        ? KIWI_EVICT_VMM
                                                             : KIWI_EVICT_AUTO;
     if (kiwi_cfg.evict == KIWI_EVICT_AUTO && strcasecmp(evict, "auto") != 0)
-        kiwi_warn("KIWI_EVICT=%s is not auto, managed or checkpoint; using auto", evict);
+        kiwi_warn("KIWI_EVICT=%s is not auto, vmm, managed or checkpoint; using auto", evict);
+
+    const char *shadow = env("KIWI_VMM_SHADOW", "register");
+    kiwi_cfg.shadow = strcasecmp(shadow, "allochost") == 0  ? KIWI_SHADOW_ALLOC_HOST
+                      : strcasecmp(shadow, "pageable") == 0 ? KIWI_SHADOW_PAGEABLE
+                                                            : KIWI_SHADOW_REGISTER;
+    if (kiwi_cfg.shadow == KIWI_SHADOW_REGISTER && strcasecmp(shadow, "register") != 0 &&
+        *shadow)
+        kiwi_warn("KIWI_VMM_SHADOW=%s is not register, allochost or pageable; using register",
+                  shadow);
     /* Off unless asked: the default changes only after a GPU run has measured it. */
     const char *evict_copy = env("KIWI_EVICT_COPY", "off");
     kiwi_cfg.evict_copy = strcasecmp(evict_copy, "pinned") == 0     ? KIWI_EVICT_COPY_PINNED

@@ -2,10 +2,11 @@
  * need not copy it.
  *
  * PyTorch's caching allocator (and CuPy's pool) keep freed blocks inside the big segments they
- * allocated; to the shim a segment is one managed allocation, live from end to end. At a cell's
- * end the kernel reads the free blocks from the framework and hands them over here; the pager
- * then discards them (cuMemDiscardBatchAsync) instead of copying them to host memory, and skips
- * them when it restores.
+ * allocated; to the shim a segment is one managed allocation (or one the vmm evictor maps),
+ * live from end to end. At a cell's end the kernel reads the free blocks from the framework and
+ * hands them over here; the pager then discards them (cuMemDiscardBatchAsync; under vmm they
+ * are released with their chunk, never copied) instead of copying them to host memory, and
+ * skips them when it restores.
  *
  * A discard destroys contents, so a hint is believed only while nothing can have put live data
  * in it since the framework was read:
@@ -14,7 +15,7 @@
  *     passes the gate: if any call has left the gate since the mark, the hints are not used.
  *     From the release's drain until the next grant the gate is closed, so a hint that holds
  *     at the eviction still holds at the restore.
- *   - a hint counts only when it lies wholly inside one managed allocation the shim tracks,
+ *   - a hint counts only when it lies wholly inside one evictable allocation the shim tracks,
  *     and only while the table of allocations has not changed (an address freed and handed
  *     out again must never be discarded on the word of an old hint);
  *   - each range is shrunk to whole 2 MiB blocks, the largest page the driver migrates, so no
@@ -108,7 +109,7 @@ long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned lo
     forget();
     struct kiwi_range *allocations = NULL;
     uint64_t now = 0;
-    size_t allocated = kiwi_memory_managed(&allocations, &now);
+    size_t allocated = kiwi_memory_ranges(KIWI_RANGES_EVICTABLE, &allocations, &now);
     if (count > MAX_RANGES)
         count = MAX_RANGES; /* a bound on host memory; the rest are copied as before */
     struct span *kept = now == table_generation && count ? malloc(count * sizeof *kept) : NULL;
@@ -117,7 +118,7 @@ long long kiwi_free_ranges_set(const unsigned long long *ptrs, const unsigned lo
         qsort(allocations, allocated, sizeof *allocations, by_address);
     for (size_t i = 0; kept && i < count; i++) {
         if (!holder(allocations, allocated, ptrs[i], sizes[i]))
-            continue; /* not wholly inside one managed allocation: not ours to discard */
+            continue; /* not wholly inside one evictable allocation: not ours to discard */
         CUdeviceptr start = (ptrs[i] + BLOCK - 1) & ~(BLOCK - 1);
         CUdeviceptr end = (ptrs[i] + sizes[i]) & ~(BLOCK - 1);
         if (end > start)

@@ -73,7 +73,7 @@ uint64_t kiwi_memory_room(void)
 static bool fits_now(size_t size, uint64_t *limit, uint64_t *used)
 {
     *limit = kiwi_memory_room();
-    *used = kiwi_managed_bytes + kiwi_vmm_bytes;
+    *used = kiwi_managed_bytes + kiwi_vmm_bytes + kiwi_mapped_bytes;
     return !*limit || (*used <= *limit && size <= *limit - *used);
 }
 
@@ -91,12 +91,8 @@ bool kiwi_memory_reserve(size_t size, enum allocation_kind kind, CUdevice device
         pthread_mutex_lock(&kiwi_table_lock);
         fits = fits_now(size, &limit, &used);
     }
-    if (fits) {
-        if (kind == MANAGED)
-            kiwi_managed_bytes += size;
-        else
-            kiwi_vmm_bytes += size;
-    }
+    if (fits)
+        *kiwi_bytes_of(kind) += size;
     pthread_mutex_unlock(&kiwi_table_lock);
     if (!fits)
         kiwi_log("allocation of %zu bytes refused: %llu of %llu in use", size,
@@ -107,9 +103,6 @@ bool kiwi_memory_reserve(size_t size, enum allocation_kind kind, CUdevice device
 void kiwi_memory_unreserve(size_t size, enum allocation_kind kind)
 {
     pthread_mutex_lock(&kiwi_table_lock);
-    if (kind == MANAGED)
-        kiwi_managed_bytes -= size;
-    else
-        kiwi_vmm_bytes -= size;
+    *kiwi_bytes_of(kind) -= size;
     pthread_mutex_unlock(&kiwi_table_lock);
 }

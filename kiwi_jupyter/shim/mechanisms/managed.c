@@ -31,7 +31,7 @@ void kiwi_managed_move(enum kiwi_page_direction direction, struct kiwi_transfer 
     /* A copy of the list, so that allocating threads never wait for the transfer; frees do
      * wait (kiwi_memory_paging_begin), so that no address in the copy is freed meanwhile. */
     struct kiwi_range *ranges;
-    size_t count = kiwi_memory_paging_begin(&ranges);
+    size_t count = kiwi_memory_paging_begin(KIWI_RANGES_MANAGED, &ranges);
     /* The framework's free blocks apart: live pieces first, then free ones. */
     struct kiwi_range *pieces;
     size_t live;

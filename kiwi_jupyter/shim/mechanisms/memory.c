@@ -2,9 +2,10 @@
  *
  * The table of allocations is the working set the shim reports to the daemon (so that the
  * daemon knows whether two holders fit side by side) and the list of ranges the pager moves.
- * VMM allocations (cuMemCreate) cannot be converted: they are counted, and reported as not
- * evictable. Whenever the totals change the client hears of it as news (news.c), never by a
- * call: it reads the totals when it next wakes.
+ * The application's own VMM handles (cuMemCreate) cannot be moved: they are counted, and
+ * reported as not evictable; so is memory the vmm evictor maps that had to be pinned in place.
+ * Whenever the totals change the client hears of it as news (news.c), never by a call: it reads
+ * the totals when it next wakes.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -22,7 +23,7 @@ pthread_mutex_t kiwi_table_lock = PTHREAD_MUTEX_INITIALIZER;
  * eviction off. */
 static pthread_rwlock_t paging_lock = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
 static struct allocation *table[BUCKETS];
-uint64_t kiwi_managed_bytes, kiwi_vmm_bytes; /* kiwi_vmm_bytes: VMM and DEVICE */
+uint64_t kiwi_managed_bytes, kiwi_vmm_bytes, kiwi_mapped_bytes, kiwi_pinned_bytes;
 static uint64_t allocation_count;
 /* Moves whenever a record is added or removed: what was said of the table's addresses before
  * (the free ranges of free_ranges.c) holds only while it has not moved. */
@@ -79,10 +80,9 @@ static void remove_record(struct allocation *gone)
         if (*p != gone)
             continue;
         *p = gone->next;
-        if (gone->kind == MANAGED)
-            kiwi_managed_bytes -= gone->size;
-        else
-            kiwi_vmm_bytes -= gone->size;
+        *kiwi_bytes_of(gone->kind) -= gone->size;
+        if (gone->pinned)
+            kiwi_pinned_bytes -= gone->size;
         allocation_count--;
         generation++;
         free(gone);
@@ -90,19 +90,34 @@ static void remove_record(struct allocation *gone)
     }
 }
 
-/* The first half of a free: marks the record of key (of the first kind that has one) as being
- * freed and returns it, or NULL when the shim never saw the allocation. */
-struct allocation *kiwi_memory_begin_free(uint64_t key, enum allocation_kind kind,
-                                          enum allocation_kind or_kind)
+/* The first half of a free: marks the record of key (of the first of the kinds, in the enum's
+ * order, that has one) as being freed and returns it, or NULL when the shim never saw the
+ * allocation. */
+struct allocation *kiwi_memory_begin_free(uint64_t key, unsigned kinds)
 {
     pthread_mutex_lock(&kiwi_table_lock);
-    struct allocation *a = find(key, kind);
-    if (!a)
-        a = find(key, or_kind);
+    struct allocation *a = NULL;
+    for (enum allocation_kind kind = MANAGED; !a && kind <= MAPPED; kind++)
+        if (kinds & KIND(kind))
+            a = find(key, kind);
     if (a)
         a->freeing = true;
     pthread_mutex_unlock(&kiwi_table_lock);
     return a;
+}
+
+void kiwi_memory_pin(uint64_t key)
+{
+    pthread_mutex_lock(&kiwi_table_lock);
+    struct allocation *a = find(key, MAPPED);
+    bool pinned_now = a && !a->pinned;
+    if (pinned_now) {
+        a->pinned = true;
+        kiwi_pinned_bytes += a->size;
+    }
+    pthread_mutex_unlock(&kiwi_table_lock);
+    if (pinned_now)
+        kiwi_news_post(KIWI_NEWS_WORKING_SET);
 }
 
 /* The second half: forgets the record once the driver has freed it, keeps it otherwise. */
@@ -144,7 +159,7 @@ void kiwi_memory_free_deferred(void)
     pthread_mutex_unlock(&kiwi_table_lock);
     pthread_rwlock_rdlock(&paging_lock);
     for (size_t i = 0; i < count && free_now; i++) {
-        struct allocation *a = kiwi_memory_begin_free(pending[i], MANAGED, MANAGED);
+        struct allocation *a = kiwi_memory_begin_free(pending[i], KIND(MANAGED));
         if (a) /* else its context went, and the address may belong to someone else now */
             kiwi_memory_end_free(a, free_now(pending[i]));
     }
@@ -154,21 +169,29 @@ void kiwi_memory_free_deferred(void)
 void kiwi_memory_working_set(struct kiwi_working_set *out)
 {
     pthread_mutex_lock(&kiwi_table_lock);
-    out->bytes = kiwi_managed_bytes + kiwi_vmm_bytes;
-    out->evictable = kiwi_managed_bytes;
+    out->bytes = kiwi_managed_bytes + kiwi_vmm_bytes + kiwi_mapped_bytes;
+    out->evictable = kiwi_managed_bytes + kiwi_mapped_bytes - kiwi_pinned_bytes;
     out->allocations = allocation_count;
     pthread_mutex_unlock(&kiwi_table_lock);
 }
 
-/* Under kiwi_table_lock: a copy of the managed allocations not being freed (NULL when none, or
- * out of host memory). */
-static size_t copy_managed(struct kiwi_range **ranges)
+static bool chosen(const struct allocation *a, enum kiwi_ranges which)
+{
+    bool managed = a->kind == MANAGED, mapped = a->kind == MAPPED && !a->pinned;
+    return which == KIWI_RANGES_MANAGED  ? managed
+           : which == KIWI_RANGES_MAPPED ? mapped
+                                         : managed || mapped;
+}
+
+/* Under kiwi_table_lock: a copy of the allocations `which` names that are not being freed
+ * (NULL when none, or out of host memory). */
+static size_t copy_ranges(enum kiwi_ranges which, struct kiwi_range **ranges)
 {
     size_t count = 0, capacity = allocation_count;
     struct kiwi_range *copy = capacity ? malloc(capacity * sizeof *copy) : NULL;
     for (size_t b = 0; copy && b < BUCKETS; b++)
         for (struct allocation *a = table[b]; a; a = a->next)
-            if (a->kind == MANAGED && !a->freeing && count < capacity)
+            if (chosen(a, which) && !a->freeing && count < capacity)
                 copy[count++] = (struct kiwi_range){(CUdeviceptr)a->key, a->size, a->ctx,
                                                     a->device};
     if (capacity && !copy)
@@ -177,19 +200,20 @@ static size_t copy_managed(struct kiwi_range **ranges)
     return copy ? count : 0;
 }
 
-size_t kiwi_memory_paging_begin(struct kiwi_range **ranges)
+size_t kiwi_memory_paging_begin(enum kiwi_ranges which, struct kiwi_range **ranges)
 {
     pthread_rwlock_wrlock(&paging_lock);
     pthread_mutex_lock(&kiwi_table_lock);
-    size_t count = copy_managed(ranges);
+    size_t count = copy_ranges(which, ranges);
     pthread_mutex_unlock(&kiwi_table_lock);
     return count;
 }
 
-size_t kiwi_memory_managed(struct kiwi_range **ranges, uint64_t *table_generation)
+size_t kiwi_memory_ranges(enum kiwi_ranges which, struct kiwi_range **ranges,
+                          uint64_t *table_generation)
 {
     pthread_mutex_lock(&kiwi_table_lock);
-    size_t count = copy_managed(ranges);
+    size_t count = copy_ranges(which, ranges);
     *table_generation = generation;
     pthread_mutex_unlock(&kiwi_table_lock);
     return count;
@@ -254,7 +278,8 @@ void kiwi_memory_after_fork(void)
             free(a);
         }
     }
-    kiwi_managed_bytes = kiwi_vmm_bytes = allocation_count = 0;
+    kiwi_managed_bytes = kiwi_vmm_bytes = kiwi_mapped_bytes = kiwi_pinned_bytes = 0;
+    allocation_count = 0;
     generation++;
     deferred_count = 0; /* no free of its parent's is waiting for a release in it */
 }

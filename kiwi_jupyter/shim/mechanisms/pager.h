@@ -11,8 +11,8 @@
  *   free_ranges.c what the framework's cache holds free: discarded, not copied, on eviction
  *   contexts.c    the contexts the pager knows, and the driver functions it calls
  *
- * Another evictor that moves memory itself sits beside managed.c, called by pager.c only: a
- * move, a context's end, a fork (see kiwi_pager_move).
+ * The vmm evictor sits beside managed.c, called by pager.c for a move, a context's end, a fork
+ * (see kiwi_pager_move); its own files (vmm.h) stand on free_ranges.c and contexts.c too.
  */
 #ifndef KIWI_PAGER_H
 #define KIWI_PAGER_H
@@ -95,6 +95,23 @@ void kiwi_managed_move(enum kiwi_page_direction direction, struct kiwi_transfer 
 /* Under the contexts' lock: ctx ended. */
 void kiwi_managed_forget_context(CUcontext ctx);
 void kiwi_managed_after_fork(void);
+
+/* ---- vmm_move.c, vmm.c (vmm.h: the files behind them) ---------------------------------- */
+
+/* Moves the memory the vmm evictor maps: out, each chunk copied to its host shadow and taken
+ * off the card as its copy completes; in, each mapped again at its address and copied back, or
+ * nothing at all when the card has no room (moved->failed says why). */
+void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
+void kiwi_vmm_residency(struct kiwi_residency *out);
+/* Whether an eviction's memory is still away. */
+bool kiwi_vmm_away(void);
+/* Whether any memory it maps could leave the card (in use or kept for reuse, not pinned). */
+bool kiwi_vmm_movable(void);
+/* After every context was synchronized: the frees that waited for it are done. */
+void kiwi_vmm_free_deferred(void);
+/* Under the contexts' lock: ctx ended; the memory allocated in it goes. */
+void kiwi_vmm_forget_context(CUcontext ctx);
+void kiwi_vmm_after_fork(void);
 
 /* ---- transfer.c -------------------------------------------------------------------------- */
 

@@ -1,0 +1,90 @@
+/* Where the process's memory is, as the daemon hears it (the hello feature `memory`,
+ * docs/protocol.md): the bytes on its GPU now (`resident`) and in host memory now (`host`), in
+ * `register` and in `working_set`; and `evicted`, which ends every eviction, asked by the
+ * daemon (its `evict` event) or done for a drop, or says a move failed (a restore rolled back).
+ *
+ * All of it only when the daemon's `welcome` listed `memory`: a daemon that did not hears the
+ * working set as before, and no `evicted`. Reports are at most one every REPORT_INTERVAL; during
+ * an eviction one more for each KIWI_PROGRESS_BYTES the card gets back, so the daemon may let
+ * the next holder's restore begin while the rest of the way out goes on.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "client.h"
+
+#define REPORT_INTERVAL 0.05
+
+static double last_report; /* the comm thread's own */
+
+static void append_residency(char *fields, size_t size, const struct kiwi_residency *where)
+{
+    size_t n = strlen(fields);
+    snprintf(fields + n, size - n,
+             "%s\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu", n ? "," : "",
+             (unsigned long long)where->resident, (unsigned long long)where->host);
+}
+
+static void send_working_set(const struct kiwi_residency *where)
+{
+    struct kiwi_working_set ws;
+    kiwi_memory_working_set(&ws);
+    char fields[160];
+    snprintf(fields, sizeof fields,
+             "\"" KIWI_FIELD_BYTES "\":%llu,\"" KIWI_FIELD_EVICTABLE "\":%llu",
+             (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
+    if (where)
+        append_residency(fields, sizeof fields, where);
+    kiwi_session_request(KIWI_OP_WORKING_SET, fields);
+    last_report = kiwi_now();
+}
+
+double kiwi_residency_report(void)
+{
+    if (!kiwi_session_memory()) {
+        send_working_set(NULL); /* today's report, as soon as the news comes */
+        return 0;
+    }
+    double wait = last_report + REPORT_INTERVAL - kiwi_now();
+    if (wait > 0) {
+        kiwi_news_set(KIWI_NEWS_WORKING_SET); /* still to say, once the interval is over */
+        return wait;
+    }
+    struct kiwi_residency where;
+    kiwi_pager_residency(&where);
+    send_working_set(&where);
+    return 0;
+}
+
+void kiwi_residency_progress(const struct kiwi_residency *now, void *unused)
+{
+    (void)unused;
+    send_working_set(now);
+}
+
+void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed)
+{
+    if (!kiwi_session_memory())
+        return;
+    struct kiwi_residency where;
+    kiwi_pager_residency(&where);
+    char fields[320] = "";
+    append_residency(fields, sizeof fields, &where);
+    size_t n = strlen(fields);
+    if (failed) {
+        snprintf(fields + n, sizeof fields - n, ",\"" KIWI_FIELD_FAILED "\":");
+        kiwi_json_quote(fields, sizeof fields, failed);
+    } else {
+        snprintf(fields + n, sizeof fields - n,
+                 ",\"" KIWI_FIELD_MOVED "\":%llu,\"" KIWI_FIELD_SECONDS "\":%.6f",
+                 (unsigned long long)(moved ? moved->bytes : 0), moved ? moved->seconds : 0.0);
+    }
+    kiwi_session_request(KIWI_OP_EVICTED, fields);
+    last_report = kiwi_now();
+}
+
+void kiwi_residency_after_fork(void)
+{
+    last_report = 0;
+}

@@ -1,0 +1,194 @@
+/* What the vmm evictor's files share (shim.h, memory.h and pager.h declare what the rest of the
+ * shim calls in them). They call one another only downwards, in this order:
+ *
+ *   vmm_move.c     the move: an eviction copies each chunk to its host shadow on two streams
+ *                  per context and unmaps and releases it as its copy completes; a restore
+ *                  maps each again at its address and copies it back, or rolls back
+ *   vmm.c          the allocations: regions of reserved address space cut into chunks, small
+ *                  allocations in slabs, frees (synchronized, stream-ordered, deferred past a
+ *                  capture), regions kept for reuse, and the thread that builds the shadows
+ *   vmm_shadows.c  host shadows: pinned huge pages, the driver's pinned memory, or pageable
+ *   vmm_chunks.c   the physical side: the driver's VMM calls, one chunk mapped or unmapped,
+ *                  the access every mapping gets (its device, and the peers the program enabled)
+ *
+ * The words: a region is one reservation of address space (one allocation of 1 MiB or more,
+ * or a slab holding small ones); a chunk is one physical handle mapped into a region, at most
+ * VMM_CHUNK_MAX; a chunk is resident while it is mapped on the card, and its shadow is the
+ * host memory its bytes go to when it is not.
+ */
+#ifndef KIWI_VMM_H
+#define KIWI_VMM_H
+
+#include "memory.h"
+#include "pager.h"
+
+/* Allocations smaller than this share slabs of one granule (2 MiB on current GPUs). */
+#define VMM_SLAB_LIMIT ((size_t)1 << 20)
+/* An allocation up to this is one handle; a larger one is cut into chunks of 64 to 256 MiB,
+ * so that a move can copy, release and map it piece by piece. */
+#define VMM_CHUNK_MAX ((size_t)256 << 20)
+/* A slab's unit: every small allocation starts on one (cudaMalloc promises 256 bytes). */
+#define VMM_UNIT ((size_t)512)
+
+enum vmm_shadow_kind {
+    SHADOW_NONE,
+    SHADOW_PAGEABLE,   /* anonymous memory, not pinned: copies to it are slower */
+    SHADOW_REGISTERED, /* anonymous huge pages pinned with cuMemHostRegister */
+    SHADOW_ALLOCATED,  /* the driver's pinned memory (cuMemAllocHost) */
+};
+
+struct vmm_shadow {
+    void *host;
+    size_t size;
+    enum vmm_shadow_kind kind;
+};
+
+/* A part of a chunk the last eviction copied out, so the restore copies back just that. */
+struct vmm_piece {
+    size_t offset;
+    size_t size;
+};
+
+struct vmm_chunk {
+    size_t offset; /* from the region's start */
+    size_t size;
+    CUmemGenericAllocationHandle handle; /* while resident */
+    bool resident;
+    struct vmm_shadow shadow;
+    struct vmm_piece *pieces; /* what its shadow holds while it is away; NULL: nothing */
+    size_t piece_count;
+};
+
+struct vmm_region {
+    struct vmm_region *next, *prev; /* every region, in the order they were made */
+    /* The slabs in use, or the regions kept for reuse, so that an allocation looks only there */
+    struct vmm_region *side_next, *side_prev;
+    uint64_t serial;                /* never reused: the shadow builder finds it again by it */
+    CUdeviceptr va;
+    size_t size; /* reserved: whole granules */
+    CUcontext ctx;
+    CUdevice device;
+    int chunk_count;
+    struct vmm_chunk *chunks;
+    bool slab;
+    uint64_t *units;     /* a slab's units in use, one bit each */
+    size_t unit_count;   /* units in the slab */
+    size_t units_used;
+    size_t allocations;  /* allocations in it not yet reclaimed */
+    bool pinned;         /* a handle of it was handed out: it stays where it is */
+    bool cached;         /* freed, and kept mapped for a next allocation of its size */
+};
+
+/* One allocation the program made: a region of its own, or units of a slab. */
+struct vmm_allocation {
+    struct vmm_allocation *next; /* in its hash bucket, or in the list of pending frees */
+    CUdeviceptr ptr;
+    size_t size;
+    struct vmm_region *region;
+    size_t first_unit, unit_count; /* in a slab */
+    CUmemoryPool pool;             /* a stream-ordered allocation's pool, for its counters */
+    /* A pending free: reclaimed once its event completes, or, without one (a free during
+     * graph capture), after the next release has synchronized everything. */
+    CUevent event;
+    CUcontext event_ctx;
+};
+
+/* ---- vmm_chunks.c ------------------------------------------------------------------------ */
+
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*address_free_fn)(CUdeviceptr, size_t);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                              unsigned long long);
+typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                           unsigned long long);
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*set_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*granularity_fn)(size_t *, const CUmemAllocationProp *,
+                                   CUmemAllocationGranularity_flags);
+typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
+typedef CUresult (*event_fn)(CUevent);
+typedef CUresult (*event_record_fn)(CUevent, CUstream);
+typedef CUresult (*host_register_fn)(void *, size_t, unsigned int);
+typedef CUresult (*host_unregister_fn)(void *);
+typedef CUresult (*graph_trim_fn)(CUdevice);
+
+/* The driver functions the vmm evictor calls (besides the pager's): resolved on first use. */
+struct vmm_driver {
+    reserve_fn reserve;
+    address_free_fn address_free;
+    create_fn create;
+    release_fn release;
+    map_fn map;
+    unmap_fn unmap;
+    set_access_fn set_access;
+    granularity_fn granularity;
+    event_create_fn event_create;
+    event_record_fn event_record;
+    event_fn event_query;
+    event_fn event_synchronize;
+    event_fn event_destroy;
+    host_register_fn host_register;
+    host_unregister_fn host_unregister;
+    graph_trim_fn graph_trim; /* cuDeviceGraphMemTrim; NULL on drivers before CUDA 11.4 */
+};
+extern struct vmm_driver kiwi_vmm_driver;
+
+/* Resolves them and the pager's; false while no driver is loaded or it lacks the VMM API. */
+bool kiwi_vmm_resolve(void);
+/* The device's allocation granularity (2 MiB on current GPUs); 0 when the driver cannot say. */
+size_t kiwi_vmm_granularity(CUdevice device);
+/* Backs a chunk of the region at va: a new physical handle on device, mapped at
+ * va + c->offset, with the access every mapping gets. On failure nothing is left behind. */
+CUresult kiwi_vmm_map_chunk(CUdeviceptr va, struct vmm_chunk *c, CUdevice device);
+/* Unmaps a resident chunk and releases its handle: its memory leaves the card. */
+CUresult kiwi_vmm_unmap_chunk(CUdeviceptr va, struct vmm_chunk *c);
+/* Gives [va, va + size) on device the access every mapping gets (again: a peer was enabled). */
+CUresult kiwi_vmm_set_access(CUdeviceptr va, size_t size, CUdevice device);
+/* From now on a mapping on owner is also accessible from accessor (cuCtxEnablePeerAccess);
+ * true when that is new. */
+bool kiwi_vmm_peer_note(CUdevice owner, CUdevice accessor);
+void kiwi_vmm_chunks_after_fork(void);
+
+/* ---- vmm_shadows.c ----------------------------------------------------------------------- */
+
+/* A host buffer of size bytes as KIWI_VMM_SHADOW asks (pinned: registered huge pages, else
+ * the driver's pinned memory; or pageable), in the calling thread's current context; kind
+ * SHADOW_NONE when host memory ran out. Slow where it pins: never on the switch path. */
+struct vmm_shadow kiwi_vmm_shadow_make(size_t size);
+/* A pageable buffer, made at once (what an eviction takes when the builder is behind). */
+struct vmm_shadow kiwi_vmm_shadow_pageable(size_t size);
+void kiwi_vmm_shadow_free(struct vmm_shadow *shadow);
+bool kiwi_vmm_shadow_pinned(const struct vmm_shadow *shadow);
+
+/* ---- vmm.c ------------------------------------------------------------------------------- */
+
+/* The lock around the regions, the allocations and the counts below; a move holds it
+ * throughout. Taken after the paging lock (memory.c) and the contexts' lock (contexts.c). */
+extern pthread_mutex_t kiwi_vmm_lock;
+/* Under kiwi_vmm_lock: the first region (every region follows by next). */
+struct vmm_region *kiwi_vmm_regions(void);
+/* Under kiwi_vmm_lock: whether an eviction moved memory out that is not back yet; while it is,
+ * new allocations only reserve their addresses, and the restore backs them. */
+extern bool kiwi_vmm_evicted;
+/* Under kiwi_vmm_lock: reclaims the pending frees whose memory may go: those whose event has
+ * completed, and with synchronized (every context synchronized since) all of them. */
+void kiwi_vmm_reclaim(bool synchronized);
+/* Under kiwi_vmm_lock: unmaps and releases the regions kept for reuse. */
+void kiwi_vmm_trim_cache(void);
+/* Under kiwi_vmm_lock: a stream of the vmm evictor's own in ctx, besides the pager's (the two
+ * copy engines, one each way, want two streams); NULL when none can be made. */
+CUstream kiwi_vmm_second_stream(CUcontext ctx);
+/* Under kiwi_vmm_lock: an event of ctx (it must be current), from the spares or new; and back. */
+CUevent kiwi_vmm_event_take(CUcontext ctx);
+void kiwi_vmm_event_give(CUcontext ctx, CUevent event);
+/* Under kiwi_vmm_lock: kiwi_vmm_residency's figures. */
+void kiwi_vmm_residency_locked(struct kiwi_residency *out);
+/* Under kiwi_vmm_lock: the shadows moved; the builder may have work. */
+void kiwi_vmm_shadows_changed(void);
+
+/* ---- vmm_move.c -------------------------------------------------------------------------- */
+
+/* (pager.h declares kiwi_vmm_move.) */
+
+#endif

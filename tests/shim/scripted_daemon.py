@@ -1,0 +1,121 @@
+"""A daemon scripted on a real Unix socket, for the shim's side of a protocol the real daemon
+does not speak yet (the hello feature ``memory``, MEMORY-PROTOCOL.md), or no longer speaks (a
+daemon that predates a feature).
+
+It answers what a client asks the way the daemon does (welcome with the features it serves of
+those asked, registered with the evictor asked for, a grant to every acquire, released to every
+release, ok to the rest), records every line with the time it came, and sends whatever a test
+tells it to. One client at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from support import scaled
+
+Message = dict[str, Any]
+
+
+class ScriptedDaemon:
+    def __init__(self, path: Path, features: Iterable[str] = ("position", "memory")) -> None:
+        self.path = path
+        self.features = tuple(features)
+        #: What ``released`` says of the room (``evict``): whether the next holder needed it.
+        self.released_evict = False
+        self.received: list[tuple[float, Message]] = []
+        self._changed = threading.Condition()
+        self._connection: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(1)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.close()
+        if self._connection:
+            self._connection.close()
+
+    # ---- what the test does ----
+    def send(self, **message: Any) -> None:
+        self.wait_op("register")
+        self._write(message)
+
+    def hang_up(self) -> None:
+        """Closes the client's connection, as a daemon that stops does; it may connect again."""
+        with self._send_lock:
+            if self._connection:
+                self._connection.shutdown(socket.SHUT_RDWR)
+
+    def messages(self, op: str | None = None) -> list[Message]:
+        with self._changed:
+            return [m for _, m in self.received if op is None or m["op"] == op]
+
+    def timed(self, op: str) -> list[tuple[float, Message]]:
+        with self._changed:
+            return [(t, m) for t, m in self.received if m["op"] == op]
+
+    def wait_for(self, predicate: Callable[[Message], bool], timeout: float = 10.0,
+                 what: str = "a message") -> Message:
+        """The first message received (from the start) for which predicate holds."""
+        deadline = time.monotonic() + scaled(timeout)
+        with self._changed:
+            while True:
+                for _, message in self.received:
+                    if predicate(message):
+                        return message
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {what} from the shim; it sent "
+                                         f"{[m for _, m in self.received]}")
+                self._changed.wait(left)
+
+    def wait_op(self, op: str, timeout: float = 10.0, **fields: Any) -> Message:
+        return self.wait_for(lambda m: m["op"] == op and all(m.get(k) == v
+                                                             for k, v in fields.items()),
+                             timeout, what=f"{op} {fields or ''}")
+
+    # ---- the daemon's side ----
+    def _write(self, message: Message) -> None:
+        with self._send_lock:
+            if self._connection:
+                line = json.dumps(message, separators=(",", ":"))  # compact, as the daemon
+                self._connection.sendall((line + "\n").encode())
+
+    def _reply(self, message: Message) -> Message | None:
+        op, seq = message["op"], message.get("seq")
+        if op == "hello":
+            asked = message.get("features") or []
+            return {"op": "welcome", "version": 1, "daemon": "scripted", "max_message": 65536,
+                    "mode": "on", "tq": 30, "features": [f for f in asked if f in self.features]}
+        if op == "register":
+            return {"op": "registered", "seq": seq, "client": "c1", "gpu": 0, "mode": "on",
+                    "tq": 30, "evict": message.get("evict") or "managed"}
+        if op == "acquire":
+            return {"op": "grant", "seq": seq, "gpu": 0, "quantum": 30}
+        if op == "release":
+            return {"op": "released", "seq": seq, "evict": self.released_evict}
+        return {"op": "ok", "seq": seq}
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            self._connection = connection
+            for line in connection.makefile("r"):
+                message = json.loads(line)
+                with self._changed:
+                    self.received.append((time.monotonic(), message))
+                    self._changed.notify_all()
+                reply = self._reply(message)
+                if reply:
+                    self._write(reply)
