@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from fake_device import FakeCard
 from support import DaemonProcess, StatusEvents, scaled
+from test_vmm_evictor import field
 
 MiB = 1 << 20
 RESERVE = 512 * MiB  #: the daemon's default memory_reserve, which the capacity leaves aside
@@ -91,7 +92,7 @@ class Kernel:
         return f"{self.name} round {self.tag} allocation {i}".encode()
 
     def write(self) -> None:
-        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES)):
+        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)):
             data = self.pattern(i)
             assert self.w.call(f"d.write({ptr}, {data!r})") == 0
             assert self.w.call(f"d.write({ptr + size - len(data)}, {data!r})") == 0
@@ -101,7 +102,7 @@ class Kernel:
         """Whether both ends of every allocation still hold what was last written, read at the
         addresses the allocations were given (a read is GPU work: it waits for the grant and
         for the restore)."""
-        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES)):
+        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)):
             data = self.pattern(i)
             n = len(data)
             if self.w.call(f"d.read({ptr}, {n}) == {data!r}") is not True or \
@@ -166,7 +167,6 @@ def test_two_that_do_not_fit_together_alternate_with_one_resident_at_a_time(
     events.wait_for(lambda d: residency(d, a) == ("evicted", 0, WORKING_SET) and
                     residency(d, b) == ("resident", WORKING_SET, 0), what="a in host memory")
     assert (a.on_card(), b.on_card()) == (0, WORKING_SET)
-    addresses = {a.name: list(a.pointers), b.name: list(b.pointers)}
     evictions = {a.name: 1, b.name: 1}
     for round_ in range(ROUNDS):
         for holder, away in ((a, b), (b, a)):
@@ -180,7 +180,13 @@ def test_two_that_do_not_fit_together_alternate_with_one_resident_at_a_time(
             holder.release()
             evictions[away.name] += 1
     for k in (a, b):
-        assert k.pointers == addresses[k.name]  # the same addresses all along
+        # The same addresses all along: reserved once, each restore mapped back into them.
+        reserved = [int(field(line, "ptr"), 16) for line in k.w.log.calls("cuMemAddressReserve")]
+        assert reserved == k.pointers
+        maps = [int(field(line, "ptr"), 16) for line in k.w.log.calls("cuMemMap")]
+        assert len(maps) > len(SIZES) and all(
+            any(p <= ptr < p + size for p, size in zip(k.pointers, SIZES, strict=True))
+            for ptr in maps)
         stats = k.w.stats()
         assert (stats["evict"], stats["drops"]) == ("vmm", 0)  # evicted while idle: evict events
         assert stats["evictions"] == evictions[k.name]
