@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from fake_device import FakeCard
-from support import scaled, wait_for
-from test_scheduling import after, client_of, other_client, state_of, working_set_of
+from support import scaled, wait_for, wait_for_status
+from test_scheduling import after, client_of, other_client, state_of, working_set_in
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -62,7 +62,8 @@ def hold_with(w, scheduler, sizes: list[int]) -> list[int]:
     """w allocates sizes, reports them and holds the GPU; returns the pointers."""
     pointers = [w.call(f"d.alloc({n})") for n in sizes]
     assert w.call("d.launch()") == 0
-    wait_for(lambda: working_set_of(scheduler, w) == sum(sizes), what="the working set report")
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == sum(sizes),
+                    what="the working set report")
     return pointers
 
 
@@ -643,7 +644,8 @@ def test_two_processes_alternating_with_room_for_one_leave_one_resident_at_a_tim
     for i, w in enumerate(pair):
         pointers.append(w.call(f"d.alloc({working_set})"))
         assert w.call(f"d.write({pointers[i]}, b'process {i}')") == 0
-        wait_for(lambda w=w: working_set_of(daemon, w) == working_set, what="the report")
+        wait_for_status(daemon.socket, lambda doc, w=w: working_set_in(doc, w) == working_set,
+                        what="the report")
     for turn in range(1, 7):  # b holds now (it wrote last), and a was evicted for it
         now, idle = pair[turn % 2], pair[(turn + 1) % 2]
         assert now.call("d.launch()") == 0  # the other is dropped, and must evict first
