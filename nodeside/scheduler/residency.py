@@ -177,14 +177,22 @@ class Residency:
         capacity = gpu.spec.memory_total
         if capacity is None or candidate.working_set is None:
             return 0
-        used = need(candidate)
+        others = 0
         for holder in gpu.holders.values():
             if holder is not candidate:
-                used += need(holder) if holder.memory else (holder.working_set or 0)
+                others += need(holder) if holder.memory else (holder.working_set or 0)
         for client in gpu.memory_clients.values():
-            if client is not candidate and not holding(client):
-                used += occupies(client)
-        return max(0, used - (capacity - self.state.reserve))
+            if client is candidate or holding(client):
+                continue
+            if client.residency == EVICTED and client.evict_failed is None:
+                # It moved out all it could: what it still has here cannot move (a retained or
+                # exported handle, memory the evictor cannot reach), and no eviction frees it.
+                continue
+            others += occupies(client)
+        # Capped by what the others have there: a working set larger than the card on its own
+        # is granted once nobody else's memory is left (as before the memory feature), rather
+        # than waiting for room that no eviction can make.
+        return min(others, max(0, need(candidate) + others - (capacity - self.state.reserve)))
 
     def make_room(self, gpu: GpuState, candidate: Client, short: int,
                   now: float) -> tuple[list[Action], str | None]:

@@ -237,11 +237,13 @@ def test_a_cell_end_evicts_before_the_next_holder_that_needs_room_is_granted(
     next_holder, acquiring = waiting_for(scheduler, "next", 6 * GiB)
     with next_holder:
         w.call("shim.release()")  # returns once the question is asked; the thread evicts
-        # The eviction is held in its last step, waiting for the prefetches: the daemon has
-        # not handed the GPU over, and the shim's gate is closed.
+        # The eviction is held in its last step, waiting for the prefetches: the hold has
+        # ended (the memory feature: its compute is quiesced), but its memory is still on its
+        # way out, so the daemon has not handed the GPU over, and the shim's gate is closed.
         wait_for(lambda: w.log.calls("cuStreamSynchronize"), what="the eviction to start")
-        assert (state_of(scheduler, w), state_of_name(scheduler, "next")) == (
-            "holding", "waiting")
+        row = client_of(scheduler, w)
+        assert row is not None and (row["state"], row["residency"]) == ("idle", "evicting")
+        assert state_of_name(scheduler, "next") == "waiting"
         assert acquiring.is_alive() and not next_holder.holding
         assert w.call("shim.holding") is False
         transfer_done.touch()
