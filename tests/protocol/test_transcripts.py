@@ -10,18 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from shim.shim_harness import SANITIZER_OPTIONS, SANITIZER_REPORT
+from shim.shim_harness import SANITIZER_OPTIONS, SANITIZER_REPORT, requested_sanitizer
 from support import scaled
 from transcript_runner import HERE, PythonSession, TranscriptFailed, run
 
 from kiwi_jupyter.shim import library_path
-from kiwi_jupyter.shim.build import (
-    LIBRARY_NAME,
-    SANITIZERS,
-    BuildError,
-    compile_library,
-    sanitizer_runtime,
-)
+from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
 
 #: Included by others, and run through them.
 BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl"}
@@ -53,14 +47,9 @@ def shim_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPr
     loaded into the test process): the shim as shipped, or with KIWI_TEST_SANITIZE=address or
     thread a build under those sanitizers, their runtime preloaded (as tests/shim do)."""
     library, env = library_path(), dict(os.environ)
-    sanitize = os.environ.get("KIWI_TEST_SANITIZE")
-    if sanitize:
-        if sanitize not in SANITIZERS:
-            raise pytest.UsageError(f"KIWI_TEST_SANITIZE is one of {', '.join(SANITIZERS)}")
-        try:
-            runtime = sanitizer_runtime(sanitize)
-        except BuildError as exc:
-            pytest.skip(f"no {sanitize} sanitizer build: {exc}")
+    wanted = requested_sanitizer()
+    if wanted is not None:
+        sanitize, runtime = wanted
         library = compile_library(tmp_path_factory.mktemp("sanitized") / LIBRARY_NAME,
                                   sanitize=sanitize)
         env.update(LD_PRELOAD=runtime, **SANITIZER_OPTIONS)

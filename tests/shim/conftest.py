@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,13 +11,7 @@ from shim_harness import Workload, build_fake_cuda
 from support import DaemonProcess
 
 from kiwi_jupyter.shim import library_path
-from kiwi_jupyter.shim.build import (
-    LIBRARY_NAME,
-    SANITIZERS,
-    BuildError,
-    compile_library,
-    sanitizer_runtime,
-)
+from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
 
 
 @pytest.fixture(scope="session")
@@ -26,15 +19,10 @@ def shim_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shim as shipped; with KIWI_TEST_SANITIZE=address (AddressSanitizer and
     UndefinedBehaviorSanitizer) or thread (ThreadSanitizer), a build under those (``make test``
     runs these tests all three ways)."""
-    sanitize = os.environ.get("KIWI_TEST_SANITIZE")
-    if not sanitize:
+    wanted = shim_harness.requested_sanitizer()
+    if wanted is None:
         return library_path()
-    if sanitize not in SANITIZERS:
-        raise pytest.UsageError(f"KIWI_TEST_SANITIZE is one of {', '.join(SANITIZERS)}")
-    try:
-        runtime = sanitizer_runtime(sanitize)
-    except BuildError as exc:
-        pytest.skip(f"no {sanitize} sanitizer build: {exc}")
+    sanitize, runtime = wanted
     library = compile_library(tmp_path_factory.mktemp("sanitized") / LIBRARY_NAME,
                               sanitize=sanitize)
     shim_harness.SANITIZER_RUNTIME = runtime

@@ -12,7 +12,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support import scaled, wait_for
+
+from kiwi_jupyter.shim.build import SANITIZERS, BuildError, sanitizer_runtime
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -30,6 +33,20 @@ SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: 
 SANITIZER_OPTIONS = {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
                      "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
                      "TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1:die_after_fork=0"}
+
+
+def requested_sanitizer() -> tuple[str, str] | None:
+    """The sanitizer KIWI_TEST_SANITIZE asks for (address or thread) and its runtime, to preload;
+    None when it asks for none. Skips the test where that build is impossible here."""
+    sanitize = os.environ.get("KIWI_TEST_SANITIZE")
+    if not sanitize:
+        return None
+    if sanitize not in SANITIZERS:
+        raise pytest.UsageError(f"KIWI_TEST_SANITIZE is one of {', '.join(SANITIZERS)}")
+    try:
+        return sanitize, sanitizer_runtime(sanitize)
+    except BuildError as exc:
+        pytest.skip(f"no {sanitize} sanitizer build: {exc}")
 
 
 def preload(shim: Path) -> dict[str, str]:

@@ -27,7 +27,12 @@ from typing import Any
 import pytest
 from cuda_toolkits import entry_point_versions, toolkits
 from fake_device import FakeCard
-from shim_harness import SANITIZER_OPTIONS, SANITIZER_REPORT, build_fake_cuda
+from shim_harness import (
+    SANITIZER_OPTIONS,
+    SANITIZER_REPORT,
+    build_fake_cuda,
+    requested_sanitizer,
+)
 from support import scaled, wait_for
 from vmm_calls import (
     CU_MEM_ACCESS_FLAGS_PROT_NONE,
@@ -44,8 +49,6 @@ from vmm_calls import (
     MiB,
 )
 
-from kiwi_jupyter.shim.build import SANITIZERS, BuildError, sanitizer_runtime
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CHUNK = 2 * MiB  # the fake's granularity, as a current GPU's
@@ -54,15 +57,10 @@ CHUNK = 2 * MiB  # the fake's granularity, as a current GPU's
 @pytest.fixture(scope="session")
 def model_fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """The fake driver, sanitized as KIWI_TEST_SANITIZE says, and what its processes need."""
-    sanitize = os.environ.get("KIWI_TEST_SANITIZE")
-    if not sanitize:
+    wanted = requested_sanitizer()
+    if wanted is None:
         return build_fake_cuda(tmp_path_factory.mktemp("fake-model")), {}
-    if sanitize not in SANITIZERS:
-        raise pytest.UsageError(f"KIWI_TEST_SANITIZE is one of {', '.join(SANITIZERS)}")
-    try:
-        runtime = sanitizer_runtime(sanitize)
-    except BuildError as exc:
-        pytest.skip(f"no {sanitize} sanitizer build: {exc}")
+    sanitize, runtime = wanted
     library = build_fake_cuda(tmp_path_factory.mktemp("fake-model"), sanitize)
     return library, {"LD_PRELOAD": runtime, **SANITIZER_OPTIONS}
 
