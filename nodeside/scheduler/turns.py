@@ -207,8 +207,12 @@ class Turns:
                     actions.extend(asked)
                     if refused is None:
                         break  # granted once the room is there
-                    actions.append(self._refuse(gpu, candidate, refused))
-                    continue
+                    if candidate.memory:
+                        actions.append(self._refuse(gpu, candidate, refused))
+                        continue
+                    # A client without the feature cannot hear a refusal (the `error` event
+                    # with code `room` is the feature's): it is granted into what room there
+                    # is, as before the feature, rather than left waiting for good.
             actions.append(self._moves.grant(gpu, candidate, now))
         if waiters and state.preemption:  # nobody waiting, or preemption off: no call at all
             actions.extend(self._preempt(gpu, now))

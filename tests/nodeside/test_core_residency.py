@@ -184,6 +184,19 @@ def test_the_room_that_cannot_be_made_is_refused_at_once() -> None:
     assert [r.client for r in refused] == [b] and "pinned allocations" in refused[0].message
 
 
+def test_a_client_without_the_feature_is_granted_into_the_room_there_is_not_refused() -> None:
+    """It would never hear a refusal (an event of the feature's) and wait for good."""
+    s = make(mode="auto")
+    a = client(s, "nbA", 4 * GiB)
+    b = s.register(0.0, name="b", working_set=8 * GiB).id
+    assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
+    s.report_working_set(1.0, a, 4 * GiB, resident=4 * GiB, host=0)
+    s.release(2.0, a)
+    s.evicted(3.0, a, failed="pinned allocations")
+    actions = s.acquire(4.0, b)
+    assert Grant(b, 0, 30.0) in actions and not of(Refuse, actions)
+
+
 def test_an_evicted_idle_client_is_checkpointed_after_checkpoint_after() -> None:
     s = make()
     a = client(s, "nbA", 6 * GiB, checkpointable=True)
