@@ -221,6 +221,8 @@ def test_an_idle_resident_process_is_asked_to_evict_and_the_waiter_says_for_whom
         "client": a_id, "name": "nbA.ipynb", "bytes": WORKING_SET, "action": "evict"}
     assert not launch.done()
     assert a.on_card() == WORKING_SET  # nothing moved yet: the room is not there
+    # Its stats answer while its way out holds the evictor's lock: the figures last counted.
+    assert a.w.stats()["resident"] == WORKING_SET
     gate.touch()
     assert launch.result(timeout=scaled(30)) == 0
     assert (a.on_card(), b.on_card()) == (0, WORKING_SET)

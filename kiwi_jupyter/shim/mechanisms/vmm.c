@@ -830,14 +830,35 @@ void kiwi_vmm_peer_enabled(CUcontext peer)
 
 /* ---- where the memory is ---------------------------------------------------------------- */
 
+/* The figures last counted under kiwi_vmm_lock. An eviction or a restore holds that lock for
+ * as long as it moves memory (seconds for tens of GiB): a reader then gets these, as fresh as
+ * the move's last count, instead of waiting (the stats, %kiwi status). */
+static pthread_mutex_t last_counted_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kiwi_residency last_counted;
+
 void kiwi_vmm_residency(struct kiwi_residency *out)
 {
-    pthread_mutex_lock(&kiwi_vmm_lock);
-    kiwi_vmm_residency_locked(out);
-    pthread_mutex_unlock(&kiwi_vmm_lock);
+    if (pthread_mutex_trylock(&kiwi_vmm_lock) == 0) {
+        kiwi_vmm_residency_locked(out);
+        pthread_mutex_unlock(&kiwi_vmm_lock);
+        return;
+    }
+    pthread_mutex_lock(&last_counted_lock);
+    *out = last_counted;
+    pthread_mutex_unlock(&last_counted_lock);
 }
 
+static void count_residency(struct kiwi_residency *out);
+
 void kiwi_vmm_residency_locked(struct kiwi_residency *out)
+{
+    count_residency(out);
+    pthread_mutex_lock(&last_counted_lock);
+    last_counted = *out;
+    pthread_mutex_unlock(&last_counted_lock);
+}
+
+static void count_residency(struct kiwi_residency *out)
 {
     *out = (struct kiwi_residency){0};
     for (struct vmm_region *r = first_region; r; r = r->next) {
