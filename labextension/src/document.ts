@@ -77,7 +77,10 @@ export interface IGpuStatus {
   capacity?: number | null;
   /** Host memory held by its evicted clients. */
   host_bytes?: number;
-  /** The daemon's host-memory limit for evictions; null: none. */
+  /**
+   * Host memory evicted memory may take on this node: what it holds plus the host's
+   * MemAvailable (a process's cgroup may allow less); null where that cannot be read.
+   */
   host_budget?: number | null;
 }
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from nodeside import protocol as p
+from nodeside.daemon.hostmem import evictions_budget
 from nodeside.daemon.pause_watch import PauseWatch
 from nodeside.daemon.status_line import status_line
 from nodeside.evict.lines import EvictionLines
@@ -64,19 +65,26 @@ class StatusDocuments:
 
     def document(self, now: float, viewer: Viewer | None = None) -> dict[str, Any]:
         """The document as ``viewer`` may see it (None: everything), built now."""
-        if viewer is None:
-            document = build_status(self.scheduler, now, self.memory_used(),
-                                    evictions=self.lines)
-        else:
-            admin, uid = viewer
-            document = build_status(self.scheduler, now, self.memory_used(), viewer_admin=admin,
-                                    viewer_uid=uid, evictions=self.lines)
+        admin, uid = (True, None) if viewer is None else viewer
+        document = build_status(self.scheduler, now, self.memory_used(), viewer_admin=admin,
+                                viewer_uid=uid, evictions=self.lines,
+                                host_budget=self._host_budget())
         counts = self.pauses.counts
         if counts:
             for entry in document["clients"]:
                 if entry["id"] in counts:
                     entry["pause_ignored"] = counts[entry["id"]]
         return document
+
+    def _host_budget(self) -> int | None:
+        """The host memory evicted clients may take, read only where some client speaks the
+        ``memory`` feature (the document shows it for their GPUs only)."""
+        held, any_memory = 0, False
+        for client in self.scheduler.clients.values():
+            if client.memory:
+                any_memory = True
+                held += client.host_bytes
+        return evictions_budget(held) if any_memory else None
 
     def kept(self, viewer: Viewer, seq: int | None, now: float,
              generation: int) -> bytes | None:

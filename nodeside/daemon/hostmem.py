@@ -96,3 +96,11 @@ def eviction_shortfall(evictable: int | None, room: HostRoom | None) -> str | No
         return None
     return (f"no room in host memory for an eviction of {evictable / 2**30:.1f} GiB: "
             f"{room.available / 2**30:.1f} GiB left in the {room.bound}")
+
+
+def evictions_budget(held: int, proc: Path = PROC) -> int | None:
+    """The host memory evicted GPU memory may take on this node: what it holds already
+    (``held``) plus what the host has available; None where the host's figure cannot be read.
+    (Each process's cgroup may allow less: ``room_for`` says so per eviction.)"""
+    available = host_available(proc)
+    return None if available is None else held + available

@@ -112,7 +112,9 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
     Key("capacity", "int", "Bytes the scheduler plans with (`--gpu-memory` or NVML's total).",
         nullable=True, added_by="memory"),
     Key("host_bytes", "int", "Host memory held by its evicted clients.", added_by="memory"),
-    Key("host_budget", "int", "The daemon's host-memory limit for evictions; null: none.",
+    Key("host_budget", "int", "Host memory evicted memory may take on this node: what it "
+                              "holds plus the host's MemAvailable (a process's cgroup may "
+                              "allow less); null where that cannot be read.",
         nullable=True, added_by="memory"),
 ))
 

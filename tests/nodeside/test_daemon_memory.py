@@ -115,6 +115,8 @@ def test_two_kernels_alternate_with_room_for_one_and_one_is_resident_at_a_time(g
     gpu = b.gpu()
     assert (gpu["resident_bytes"], gpu["capacity"], gpu["host_bytes"]) == \
         (6 * GiB, 10 * GiB, 6 * GiB)
+    # The host memory evicted memory may take: what it holds plus what the host has available.
+    assert isinstance(gpu["host_budget"], int) and gpu["host_budget"] > gpu["host_bytes"]
     # Back the other way: b gives the GPU up, a asks again and b is asked to move out.
     assert b.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
     assert b.request(p.RELEASE)["op"] == p.RELEASED

@@ -54,6 +54,12 @@ def test_without_a_cgroup_limit_the_host_bounds_the_room(tmp_path) -> None:
     assert hostmem.room_for(42, proc=proc, root=root) == hostmem.HostRoom(3 * GiB, "host")
 
 
+def test_the_budget_for_evicted_memory_is_what_it_holds_plus_what_the_host_has(tmp_path) -> None:
+    proc, _ = layout(tmp_path, available_kib=3 * 1024 * 1024, cgroup="/user.slice", levels={})
+    assert hostmem.evictions_budget(2 * GiB, proc=proc) == 5 * GiB
+    assert hostmem.evictions_budget(0, proc=tmp_path / "nowhere") is None
+
+
 def test_an_eviction_that_does_not_fit_is_said_so_and_one_that_fits_is_not() -> None:
     room = hostmem.HostRoom(4 * GiB, "cgroup /kubepods/pod-a")
     said = hostmem.eviction_shortfall(6 * GiB, room)
