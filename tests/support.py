@@ -246,3 +246,14 @@ class DaemonProcess:
     def cleanup(self) -> None:
         self.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def build_fake_nvml(directory: Path) -> Path:
+    """The fake libnvidia-ml.so.1 (tests/shim/fake_nvml.c) built into ``directory``: a daemon
+    started with ``directory`` first in LD_LIBRARY_PATH loads it through pynvml."""
+    source = Path(__file__).resolve().parent / "shim" / "fake_nvml.c"
+    subprocess.run(["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
+                    "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
+                    "-o", str(directory / "libnvidia-ml.so.1"), str(source)],
+                   check=True, capture_output=True, text=True)
+    return directory

@@ -26,6 +26,7 @@ from nodeside.daemon.gpus import discover
 from nodeside.daemon.hostmem import PROC
 from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
 from nodeside.daemon.options import DaemonOptions
+from nodeside.daemon.process_memory import nvml_process_memory
 from nodeside.daemon.server import Daemon
 from nodeside.daemon.utilization import nvml_reader
 from nodeside.errors import DaemonError
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                             overrides=overrides, state_file=args.state_file,
                             cuda_library=args.cuda_library, pods=pods, pods_off=pods_off,
                             proc_root=args.proc_root,
-                            process_utilization=nvml_reader(gpus))
+                            process_utilization=nvml_reader(gpus),
+                            process_memory=nvml_process_memory(gpus))
     try:
         event_loop_runner()(_run(options, args))
     except DaemonError as exc:

@@ -41,3 +41,6 @@ class DaemonOptions:
     #: Reads each process's use of each GPU as NVML samples it (utilization.py), for the pause
     #: watch (pause_watch.py); None where NVML cannot.
     process_utilization: Callable[[], Sequence[tuple[int, int, float, int]]] | None = None
+    #: Reads each compute process's used GPU memory as NVML counts it (process_memory.py), to
+    #: check what memory clients report; None where NVML cannot.
+    process_memory: Callable[[], Sequence[tuple[int, int, int | None]]] | None = None

@@ -33,12 +33,13 @@ from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.pause_watch import Note
 from nodeside.daemon.pause_watch import watch as watch_pauses
 from nodeside.daemon.peer import resolve_group
+from nodeside.daemon.process_memory import watch as watch_process_memory
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.shell import Shell
 from nodeside.daemon.state import StateFile
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
-from nodeside.scheduler.core import Scheduler
+from nodeside.scheduler.core import Action, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -93,6 +94,7 @@ class Daemon:
         #: Paused holders seen working (pause_watch.py): read from NVML while one is paused.
         self.pauses = self.requests.documents.pauses
         self._pause_watch: asyncio.Task[None] | None = None
+        self._memory_watch: asyncio.Task[None] | None = None
         self._pause_log = RateLimitedLog(logging.getLogger("kiwi.pauses"), 60.0, self.now)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -119,6 +121,10 @@ class Daemon:
         if read is not None:
             self._pause_watch = self.loop.create_task(
                 watch_pauses(self.pauses, self.scheduler, read, self.now, self._paused_working))
+        read_memory = self.options.process_memory
+        if read_memory is not None:
+            self._memory_watch = self.loop.create_task(
+                watch_process_memory(self.scheduler, read_memory, self.now, self._nvml_memory))
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -131,8 +137,9 @@ class Daemon:
 
     async def close(self) -> None:
         self.timers.close()
-        if self._pause_watch is not None:
-            self._pause_watch.cancel()
+        for task in (self._pause_watch, self._memory_watch):
+            if task is not None:
+                task.cancel()
         for close in self.closers:
             close()
         await self.pods.close()
@@ -186,6 +193,11 @@ class Daemon:
             log.info("Namespaces in the access policy are off (%s; the component "
                      "nodeside/deploy/components/namespaces turns them on)", reason)
             self._pods_off_said = "info"
+
+    def _nvml_memory(self, actions: list[Action]) -> None:
+        """What NVML's per-process figures moved: the core's decisions, and the document."""
+        self.delivery.apply(actions)
+        self.timers.note_change()
 
     def _paused_working(self, notes: list[Note]) -> None:
         for n in notes:

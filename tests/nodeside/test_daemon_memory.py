@@ -10,11 +10,12 @@ ask for the feature speaks today's protocol.
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, scaled
+from support import DaemonProcess, build_fake_nvml, scaled, wait_for_status
 
 from nodeside import protocol as p
 
@@ -168,3 +169,29 @@ def test_without_the_feature_the_protocol_is_todays(gpu10) -> None:
     used(old, 6 * GiB)
     new = Line(gpu10, "new", 6 * GiB)
     assert new.request(p.ACQUIRE)["op"] == p.GRANT
+
+
+def test_nvml_counts_where_it_sees_more_than_the_client_reports(start_daemon, tmp_path,
+                                                                monkeypatch) -> None:
+    """The daemon reads each memory client's process in NVML (here a fake libnvidia-ml, the
+    compute processes' used memory as the test writes it): where NVML sees more than the
+    client says, the scheduler plans with NVML's figure and the status says so."""
+    used_file = tmp_path / "nvml-memory"
+    monkeypatch.setenv("FAKE_NVML_MEMORY", str(used_file))
+    fake = build_fake_nvml(tmp_path)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{fake}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    daemon = start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory", "8GiB",
+                          "--config", config(tmp_path, memory_reserve=0, evict_timeout=30))
+    daemon.wait_log(r"Found 1 GPU\(s\) through NVML")
+    a = Line(daemon, "nbA", 1 * GiB)
+    used(a, 1 * GiB)
+    assert (a.me()["memory_source"], a.me()["resident_bytes"]) == ("shim", 1 * GiB)
+    # This process (the test's: the clients are its sockets) holds 3 GiB as NVML counts it.
+    used_file.write_text(f"{os.getpid()} {3 * GiB}\n")
+    wait_for_status(daemon.socket, lambda doc: any(
+        c["id"] == a.id and c["memory_source"] == "nvml" for c in doc["clients"]),
+        timeout=scaled(20), what="NVML's larger figure to count")
+    # A newcomer of 6 GiB now needs a's memory out (1 + 6 fit in 8; 3 + 6 do not).
+    b = Line(daemon, "nbB", 6 * GiB)
+    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    assert a.event() == {"op": p.EVICT, "gpu": 0, "bytes": 3 * GiB, "for": "nbB.ipynb"}

@@ -6,7 +6,9 @@
  * memory, and nvmlDeviceGetProcessUtilization. Its samples are the lines of the file named by
  * FAKE_NVML_PROCESSES, "<pid> <sm percent>" each, read at every call and stamped with the
  * time of the call (a GPU that samples its processes all the time); a missing or empty file is
- * "no process sampled" (NVML_ERROR_NOT_FOUND), as the real library answers.
+ * "no process sampled" (NVML_ERROR_NOT_FOUND), as the real library answers. The processes'
+ * used memory (nvmlDeviceGetComputeRunningProcesses_v3) is the lines of FAKE_NVML_MEMORY,
+ * "<pid> <bytes>" each; none there is "no compute process" (success, count 0).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -125,6 +127,44 @@ EXPORT int nvmlDeviceGetProcessUtilization(void *device,
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     memcpy(utilization, samples, n * sizeof samples[0]);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count,
+                                                   nvmlProcessInfo_t *infos) {
+    (void)device;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t found[MAX_SAMPLES];
+    unsigned int n = 0, pid;
+    unsigned long long used;
+    const char *path = getenv("FAKE_NVML_MEMORY");
+    FILE *file = path != NULL ? fopen(path, "r") : NULL;
+    while (file != NULL && n < MAX_SAMPLES && fscanf(file, "%u %llu", &pid, &used) == 2) {
+        memset(&found[n], 0, sizeof found[n]);
+        found[n].pid = pid;
+        found[n].usedGpuMemory = used;
+        n++;
+    }
+    if (file != NULL)
+        fclose(file);
+    if (n == 0) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    if (infos == NULL || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    memcpy(infos, found, n * sizeof found[0]);
     *count = n;
     return NVML_SUCCESS;
 }

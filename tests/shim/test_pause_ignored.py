@@ -10,29 +10,22 @@ work in its turn, is never noted. The rule itself is tested in tests/nodeside/te
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from support import wait_for, wait_for_status
+from support import build_fake_nvml, wait_for, wait_for_status
 from test_turns import entry
 
 #: GPU seconds the trainer has held before the person's cell comes: the person keeps the turn,
 #: and the trainer stays paused, until its cell has done as much (longer than the watch needs:
 #: a grace of 1 s and a read every 2 s).
 TRAINED = 8.0
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
 def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding the fake libnvidia-ml.so.1."""
-    directory = tmp_path_factory.mktemp("fakenvml")
-    subprocess.run(["gcc", "-std=c11", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall",
-                    "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
-                    "-o", str(directory / "libnvidia-ml.so.1"), str(HERE / "fake_nvml.c")],
-                   check=True, capture_output=True, text=True)
-    return directory
+    return build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
 
 
 @pytest.fixture
