@@ -7,7 +7,8 @@ logical GPUs whose capacity is ``--gpu-memory`` or unknown.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from nodeside.scheduler.core import GpuSpec
 
@@ -70,3 +71,18 @@ def _nvml_usage(nvml, handles: list) -> Callable[[], dict]:  # type: ignore[no-u
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_handles(gpus: Sequence[GpuSpec], what: str) -> tuple[Any, dict[int, Any]] | None:
+    """pynvml and a handle for each of ``gpus`` that NVML found, for a reader of ``what``; None
+    (said once in the log) without NVML or without such GPUs (logical GPUs have no UUID)."""
+    if not any(spec.uuid for spec in gpus):
+        return None
+    try:
+        import pynvml
+        pynvml.nvmlInit()  # counted: the daemon's discovery holds it open already
+        return pynvml, {spec.index: pynvml.nvmlDeviceGetHandleByIndex(spec.index)
+                        for spec in gpus if spec.uuid}
+    except Exception as exc:  # noqa: BLE001 - any NVML failure means: nothing to read
+        log.info("NVML gives no %s (%s)", what, exc)
+        return None

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
+from nodeside.daemon.gpus import nvml_handles
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
 
 log = logging.getLogger("kiwi.gpus")
@@ -29,16 +30,10 @@ Reader = Callable[[], Sequence[tuple[int, int, int | None]]]
 def nvml_process_memory(gpus: Sequence[GpuSpec]) -> Reader | None:
     """A reader of the compute processes' used memory on ``gpus``, or None without NVML or
     without GPUs that NVML found."""
-    if not any(spec.uuid for spec in gpus):
+    found = nvml_handles(gpus, "per-process memory")
+    if found is None:
         return None
-    try:
-        import pynvml
-        pynvml.nvmlInit()  # counted: the daemon's discovery holds it open already
-        handles = {spec.index: pynvml.nvmlDeviceGetHandleByIndex(spec.index)
-                   for spec in gpus if spec.uuid}
-    except Exception as exc:  # noqa: BLE001 - any NVML failure means: nothing to read
-        log.info("NVML gives no per-process memory (%s)", exc)
-        return None
+    pynvml, handles = found
 
     def read() -> list[tuple[int, int, int | None]]:
         found: list[tuple[int, int, int | None]] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from nodeside.daemon.gpus import nvml_handles
 from nodeside.daemon.pause_watch import Reader, Unsupported
 from nodeside.scheduler.core import GpuSpec
 
@@ -20,16 +21,10 @@ log = logging.getLogger("kiwi.gpus")
 def nvml_reader(gpus: Sequence[GpuSpec]) -> Reader | None:
     """A reader of the processes' samples on ``gpus``, or None without NVML or without GPUs
     that NVML found (logical GPUs have no UUID)."""
-    if not any(spec.uuid for spec in gpus):
+    found = nvml_handles(gpus, "per-process utilization")
+    if found is None:
         return None
-    try:
-        import pynvml
-        pynvml.nvmlInit()  # counted: the daemon's discovery holds it open already
-        handles = {spec.index: pynvml.nvmlDeviceGetHandleByIndex(spec.index)
-                   for spec in gpus if spec.uuid}
-    except Exception as exc:  # noqa: BLE001 - any NVML failure means: nothing to read
-        log.info("NVML gives no per-process utilization (%s)", exc)
-        return None
+    pynvml, handles = found
     #: GPU index -> the newest sample's time seen (microseconds): the next read asks after it.
     last_seen = dict.fromkeys(handles, 0)
 
