@@ -39,6 +39,10 @@ def pod(start_daemon, tmp_path):
     assert args[args.index("--socket") + 1] == DEFAULT_SOCKET  # kiwictl's default finds it
     del args[args.index("--socket"):args.index("--socket") + 2]
     args[args.index("--config") + 1] = str(config)
+    # What the kubelet does with the container's env (the downward API's pod IP), and a free
+    # port for the metrics instead of the pod's own 9466.
+    args = [arg.replace("$(POD_IP)", "127.0.0.1") for arg in args]
+    args[args.index("--metrics-port") + 1] = "0"
     return start_daemon(*args)
 
 
