@@ -453,7 +453,10 @@ def test_launches_from_many_threads_survive_repeated_handoffs(scheduler, workloa
     assert len(w.log.calls("cuLaunchKernel")) == 8 * 200
     stats = w.stats()
     assert stats["grants"] >= 2 and stats["drops"] >= 1
-    assert stats["evictions"] == stats["drops"]
+    # Every drop evicts; with the memory feature a hold may also end in a release the daemon
+    # answers with evict, or in its evict event while idle: more ways out, each followed by a
+    # grant that brings the memory back, but the last (the rival's final turn may ask for it).
+    assert stats["drops"] <= stats["evictions"] <= stats["grants"] + 1
     assert stats["restores"] == stats["grants"]  # every grant restores
 
 
