@@ -61,3 +61,22 @@ def scheduler(start_daemon) -> DaemonProcess:
     """The real daemon: a short quantum, one logical 8 GiB GPU, and a long grace, so a holder
     that a test controls is never revoked behind its back."""
     return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB", "--grace", "30")
+
+
+@pytest.fixture
+def checkpoint_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the fake driver keeps each process's checkpoint state; the daemon, started after
+    this fixture, inherits the variable."""
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    monkeypatch.setenv("FAKE_CUDA_CHECKPOINT_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def checkpointing(start_daemon, fake_cuda, checkpoint_dir):
+    """A daemon that can checkpoint: the fake driver is its CUDA library."""
+    def start(*args: str):
+        return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB",
+                            "--cuda-library", str(fake_cuda), *args)
+    return start

@@ -26,27 +26,8 @@ NOBODY = 65534
 RUNNING, CHECKPOINTED = 0, 2
 
 
-@pytest.fixture
-def cuda_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Where the fake driver keeps each process's checkpoint state (the daemon, started after
-    this, inherits the variable)."""
-    directory = tmp_path / "checkpoint"
-    directory.mkdir()
-    monkeypatch.setenv("FAKE_CUDA_CHECKPOINT_DIR", str(directory))
-    return directory
-
-
-@pytest.fixture
-def start_checkpointing(start_daemon, fake_cuda, cuda_dir):
-    """A daemon that can checkpoint: the fake driver is its CUDA library."""
-    def start(*args: str):
-        return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB",
-                            "--cuda-library", str(fake_cuda), *args)
-    return start
-
-
-def driver_state(cuda_dir: Path, pid: int) -> int:
-    return int.from_bytes((cuda_dir / str(pid)).read_bytes()[:4], "little")
+def driver_state(checkpoint_dir: Path, pid: int) -> int:
+    return int.from_bytes((checkpoint_dir / str(pid)).read_bytes()[:4], "little")
 
 
 def next_holder_gets_the_gpu(socket_path: str, timeout: float) -> Client:
@@ -58,8 +39,8 @@ def next_holder_gets_the_gpu(socket_path: str, timeout: float) -> Client:
 
 
 def test_a_client_that_is_no_cuda_process_does_not_block_the_gpu(
-        start_checkpointing) -> None:
-    scheduler = start_checkpointing("--grace", "30")
+        checkpointing) -> None:
+    scheduler = checkpointing("--grace", "30")
     liar = socket.socket(socket.AF_UNIX)
     liar.settimeout(30)
     liar.connect(scheduler.socket)
@@ -98,9 +79,9 @@ def test_a_client_that_is_no_cuda_process_does_not_block_the_gpu(
 
 
 def test_a_failed_checkpoint_blocks_the_gpu_one_grace_period_at_most(
-        start_checkpointing, workload, cuda_dir) -> None:
-    scheduler = start_checkpointing("--grace", "1")
-    w = kernel(workload, scheduler, cuda_dir, FAKE_CUDA_CHECKPOINT_FAIL="1")
+        checkpointing, workload, checkpoint_dir) -> None:
+    scheduler = checkpointing("--grace", "1")
+    w = kernel(workload, scheduler, checkpoint_dir, FAKE_CUDA_CHECKPOINT_FAIL="1")
     hold_with(w, scheduler, 6 * GiB)
     with next_holder_gets_the_gpu(scheduler.socket, timeout=20):
         scheduler.wait_log(r"\[ERROR\] GPU 0: the checkpoint of .* failed: .*or 1 s \(grace\) "
@@ -114,12 +95,12 @@ def test_a_failed_checkpoint_blocks_the_gpu_one_grace_period_at_most(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to be another user")
 def test_a_non_admin_reads_why_the_gpu_is_blocked_but_not_the_pid(
-        start_checkpointing, workload, cuda_dir) -> None:
-    scheduler = start_checkpointing("--grace", "30")
+        checkpointing, workload, checkpoint_dir) -> None:
+    scheduler = checkpointing("--grace", "30")
     Path(scheduler.socket).chmod(0o666)
     Path(scheduler.socket).parent.chmod(0o755)
     # Named: a default name ("python-<pid>") says the pid itself, to admins and others alike.
-    w = kernel(workload, scheduler, cuda_dir, FAKE_CUDA_CHECKPOINT_FAIL="1",
+    w = kernel(workload, scheduler, checkpoint_dir, FAKE_CUDA_CHECKPOINT_FAIL="1",
                KIWI_CLIENT_NAME="notebook")
     hold_with(w, scheduler, 6 * GiB)
     with Client(scheduler.socket, name="next") as next_holder:
@@ -194,8 +175,8 @@ def _process_with_pid(pid: int, argv: list[str], env: dict[str, str]) -> subproc
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
                     reason="needs root to choose the next pid and to be another user")
 def test_a_pid_reused_by_another_users_process_is_never_checkpointed(
-        start_checkpointing, fake_cuda, cuda_dir) -> None:
-    scheduler = start_checkpointing("--grace", "30")
+        checkpointing, fake_cuda, checkpoint_dir) -> None:
+    scheduler = checkpointing("--grace", "30")
     Path(scheduler.socket).chmod(0o666)
     Path(scheduler.socket).parent.chmod(0o755)
     report_r, report_w = os.pipe()
@@ -217,9 +198,9 @@ def test_a_pid_reused_by_another_users_process_is_never_checkpointed(
                 sys.executable, "-c",
                 "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('ready', flush=True); "
                 "sys.stdin.read()", str(fake_cuda)],
-                {**os.environ, "FAKE_CUDA_CHECKPOINT_DIR": str(cuda_dir)})
+                {**os.environ, "FAKE_CUDA_CHECKPOINT_DIR": str(checkpoint_dir)})
             assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
-            assert driver_state(cuda_dir, stale_pid) == RUNNING
+            assert driver_state(checkpoint_dir, stale_pid) == RUNNING
             os.write(go_w, b"x")
             assert report.read(7) == b"holding"
             # The attacker's quantum ends for a client that needs its room: it leaves, and the
@@ -227,7 +208,7 @@ def test_a_pid_reused_by_another_users_process_is_never_checkpointed(
             with next_holder_gets_the_gpu(scheduler.socket, timeout=20):
                 scheduler.wait_log(rf"Leaving pid {stale_pid} alone \(stale, c\d+\): pid "
                                    rf"{stale_pid} is now another process")
-                assert driver_state(cuda_dir, stale_pid) == RUNNING
+                assert driver_state(checkpoint_dir, stale_pid) == RUNNING
         assert victim.poll() is None
         assert "Traceback" not in scheduler.log()
     finally:
