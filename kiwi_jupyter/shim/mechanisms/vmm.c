@@ -31,6 +31,7 @@
  * restore into new memory would part the two. It is counted and reported as not evictable.
  */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -830,22 +831,33 @@ void kiwi_vmm_peer_enabled(CUcontext peer)
 
 /* ---- where the memory is ---------------------------------------------------------------- */
 
-/* The figures last counted under kiwi_vmm_lock. An eviction or a restore holds that lock for
- * as long as it moves memory (seconds for tens of GiB): a reader then gets these, as fresh as
- * the move's last count, instead of waiting (the stats, %kiwi status). */
+/* The figures last counted under kiwi_vmm_lock. A move (an eviction or a restore) holds that
+ * lock for as long as it moves memory (seconds for tens of GiB): a reader then gets these, as
+ * fresh as the move's last count, instead of waiting (the stats, %kiwi status). Any other holder
+ * of the lock (an allocation, the shadow builder) is brief: a reader waits for it, so the figures
+ * after a move (what `evicted` and the restore's report tell the daemon) are never older than it. */
 static pthread_mutex_t last_counted_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kiwi_residency last_counted;
+static atomic_bool moving;
 
 void kiwi_vmm_residency(struct kiwi_residency *out)
 {
-    if (pthread_mutex_trylock(&kiwi_vmm_lock) == 0) {
-        kiwi_vmm_residency_locked(out);
-        pthread_mutex_unlock(&kiwi_vmm_lock);
-        return;
+    if (pthread_mutex_trylock(&kiwi_vmm_lock) != 0) {
+        if (atomic_load(&moving)) {
+            pthread_mutex_lock(&last_counted_lock);
+            *out = last_counted;
+            pthread_mutex_unlock(&last_counted_lock);
+            return;
+        }
+        pthread_mutex_lock(&kiwi_vmm_lock);
     }
-    pthread_mutex_lock(&last_counted_lock);
-    *out = last_counted;
-    pthread_mutex_unlock(&last_counted_lock);
+    kiwi_vmm_residency_locked(out);
+    pthread_mutex_unlock(&kiwi_vmm_lock);
+}
+
+void kiwi_vmm_moving(bool now)
+{
+    atomic_store(&moving, now);
 }
 
 static void count_residency(struct kiwi_residency *out);

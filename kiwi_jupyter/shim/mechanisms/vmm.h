@@ -182,8 +182,11 @@ CUstream kiwi_vmm_second_stream(CUcontext ctx);
 /* Under kiwi_vmm_lock: an event of ctx (it must be current), from the spares or new; and back. */
 CUevent kiwi_vmm_event_take(CUcontext ctx);
 void kiwi_vmm_event_give(CUcontext ctx, CUevent event);
-/* Under kiwi_vmm_lock: kiwi_vmm_residency's figures. */
+/* Under kiwi_vmm_lock: kiwi_vmm_residency's figures (and they become the last counted). */
 void kiwi_vmm_residency_locked(struct kiwi_residency *out);
+/* A move begins (true: readers take the last counted figures rather than wait for the lock)
+ * or ends (false, once its figures are counted). */
+void kiwi_vmm_moving(bool now);
 /* Under kiwi_vmm_lock: the shadows moved; the builder may have work. */
 void kiwi_vmm_shadows_changed(void);
 

@@ -382,11 +382,15 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     CUcontext caller = NULL;
     kiwi_pager_driver.ctx_get(&caller);
     struct mover m = {.moved = moved, .current = caller};
+    kiwi_vmm_moving(true);
     pthread_mutex_lock(&kiwi_vmm_lock);
     if (direction == KIWI_PAGE_OUT)
         evict(&m, contexts, context_count, ranges, count);
     else
         restore(&m, contexts, context_count);
+    struct kiwi_residency after;
+    kiwi_vmm_residency_locked(&after); /* a reader that did not wait gets the move's end */
+    kiwi_vmm_moving(false);
     pthread_mutex_unlock(&kiwi_vmm_lock);
     kiwi_contexts_unlock();
     kiwi_memory_paging_end(ranges);
