@@ -78,8 +78,9 @@ export interface IGpuStatus {
   /** Host memory held by its evicted clients. */
   host_bytes?: number;
   /**
-   * Host memory evicted memory may take on this node: what it holds plus the host's
-   * MemAvailable (a process's cgroup may allow less); null where that cannot be read.
+   * Host memory evicted memory may take on this node: what it holds (its clients'
+   * `host_bytes`, or their `shadow_bytes` where larger) plus the host's MemAvailable (a
+   * process's cgroup may allow less); null where that cannot be read.
    */
   host_budget?: number | null;
 }
@@ -131,6 +132,11 @@ export interface IClientStatus {
   resident_bytes?: number;
   /** Bytes in host memory now. */
   host_bytes?: number;
+  /**
+   * Host memory it keeps for its evictions (the vmm evictor's shadows, made ahead; they hold
+   * `host_bytes` while evicted).
+   */
+  shadow_bytes?: number;
   /** Where `resident_bytes` comes from. */
   memory_source?: 'shim' | 'nvml' | 'working_set';
   /** What it waits for besides its turn; null: nothing. */

@@ -155,7 +155,10 @@ class Delivery:
     def _say_if_no_host_room(self, client_id: str) -> None:
         client = self.scheduler.clients.get(client_id)
         if client is not None:
-            shortfall = hostmem.eviction_shortfall(client.evictable, hostmem.room_for(client.pid))
+            # What its shadows made ahead do not hold yet is the room the eviction takes.
+            spare = max(0, client.shadow_bytes - client.host_bytes)
+            needed = None if client.evictable is None else max(0, client.evictable - spare)
+            shortfall = hostmem.eviction_shortfall(needed, hostmem.room_for(client.pid))
             if shortfall:
                 log.warning("Asking %s to evict: %s", self.name(client_id), shortfall)
 

@@ -78,12 +78,13 @@ class StatusDocuments:
 
     def _host_budget(self) -> int | None:
         """The host memory evicted clients may take, read only where some client speaks the
-        ``memory`` feature (the document shows it for their GPUs only)."""
+        ``memory`` feature (the document shows it for their GPUs only). Shadows made ahead
+        are host memory evictions have already: MemAvailable no longer counts them."""
         held, any_memory = 0, False
         for client in self.scheduler.clients.values():
             if client.memory:
                 any_memory = True
-                held += client.host_bytes
+                held += max(client.host_bytes, client.shadow_bytes)
         return evictions_budget(held) if any_memory else None
 
     def kept(self, viewer: Viewer, seq: int | None, now: float,

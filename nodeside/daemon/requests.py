@@ -141,6 +141,7 @@ class Requests(Rules):
         if memory:
             self.scheduler.track_memory(
                 client.id, resident=_bytes(msg, "resident"), host=_bytes(msg, "host"),
+                shadow=_bytes(msg, "shadow"),
                 checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
@@ -269,7 +270,7 @@ class Requests(Rules):
             restoring_since = client.restoring_since
             actions = self.scheduler.report_working_set(
                 now, client_id, nbytes, evictable, resident=_bytes(msg, "resident"),
-                host=_bytes(msg, "host"))
+                host=_bytes(msg, "host"), shadow=_bytes(msg, "shadow"))
             if restoring_since is not None and client.restoring_since is None:
                 self._observe_memory("restore", client.gpu, now - restoring_since)
         else:
@@ -294,7 +295,8 @@ class Requests(Rules):
         failed = None if failed is None else limits.short_text(failed, "evicted.failed")
         client = self.scheduler.clients[client_id]
         actions = self.scheduler.evicted(now, client_id, resident=_bytes(msg, "resident"),
-                                         host=_bytes(msg, "host"), failed=failed)
+                                         host=_bytes(msg, "host"), shadow=_bytes(msg, "shadow"),
+                                         failed=failed)
         if failed is not None:
             log.warning("%s (%s) could not evict: %s", client.name, client_id, failed)
         else:

@@ -113,7 +113,8 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
         nullable=True, added_by="memory"),
     Key("host_bytes", "int", "Host memory held by its evicted clients.", added_by="memory"),
     Key("host_budget", "int", "Host memory evicted memory may take on this node: what it "
-                              "holds plus the host's MemAvailable (a process's cgroup may "
+                              "holds (its clients' `host_bytes`, or their `shadow_bytes` "
+                              "where larger) plus the host's MemAvailable (a process's cgroup may "
                               "allow less); null where that cannot be read.",
         nullable=True, added_by="memory"),
 ))
@@ -155,6 +156,9 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
                             "moving in.", values=RESIDENCIES, added_by="memory"),
     Key("resident_bytes", "int", "Bytes on the GPU now.", added_by="memory"),
     Key("host_bytes", "int", "Bytes in host memory now.", added_by="memory"),
+    Key("shadow_bytes", "int", "Host memory it keeps for its evictions (the vmm evictor's "
+                               "shadows, made ahead; they hold `host_bytes` while evicted).",
+        added_by="memory"),
     Key("memory_source", "str", "Where `resident_bytes` comes from.", values=MEMORY_SOURCES,
         added_by="memory"),
     Key("waiting_for", "IWaitingFor", "What it waits for besides its turn; null: nothing.",

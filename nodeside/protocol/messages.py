@@ -78,6 +78,9 @@ def _f(name: str, type: str, doc: str = "", *, required: bool = False) -> Field:
 
 
 _GPU = _f("gpu", "int", "the GPU's index")
+SHADOW_DOC: Final = ("`memory` feature: host memory the client keeps for its evictions (the "
+                     "vmm evictor's shadows, made ahead; they hold what is evicted), in bytes; "
+                     "the daemon counts it as host memory evictions already have")
 
 MESSAGES: Final[tuple[Message, ...]] = (
     # -- requests ---------------------------------------------------------------------------
@@ -106,6 +109,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
         _f("resident", "int", "`memory` feature: bytes it has on the GPU already (a daemon "
                               "restart learns where memory is)"),
         _f("host", "int", "`memory` feature: bytes it has in host memory already"),
+        _f("shadow", "int", SHADOW_DOC),
     ), doc="`registered`: become a scheduling client; a connection registers at most once"),
     Message("ACQUIRE", "acquire", "request",
             doc="`grant` if granted now, else `waiting` with `position` (1-based); the `grant` "
@@ -125,10 +129,12 @@ MESSAGES: Final[tuple[Message, ...]] = (
         _f("evictable", "int", "bytes that can be paged out"),
         _f("resident", "int", "`memory` feature: bytes on the GPU now"),
         _f("host", "int", "`memory` feature: bytes in host memory now; 0 ends a restore"),
+        _f("shadow", "int", SHADOW_DOC),
     ), doc="`ok`"),
     Message("EVICTED", "evicted", "request", (
         _f("resident", "int", "bytes still on the GPU"),
         _f("host", "int", "bytes in host memory now"),
+        _f("shadow", "int", SHADOW_DOC),
         _f("moved", "int", "bytes this eviction moved"),
         _f("seconds", "number", "how long it took"),
         _f("failed", "str", "why it could not evict (instead of the figures); the client is "

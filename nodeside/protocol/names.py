@@ -81,6 +81,7 @@ REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
         ("pausable", "bool", False),
         ("resident", "int", False),
         ("host", "int", False),
+        ("shadow", "int", False),
     ),
     RELEASE: (
         ("evict_first", "bool", False),
@@ -92,10 +93,12 @@ REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
         ("evictable", "int", False),
         ("resident", "int", False),
         ("host", "int", False),
+        ("shadow", "int", False),
     ),
     EVICTED: (
         ("resident", "int", False),
         ("host", "int", False),
+        ("shadow", "int", False),
         ("moved", "int", False),
         ("seconds", "number", False),
         ("failed", "str", False),

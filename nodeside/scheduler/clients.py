@@ -154,6 +154,9 @@ class Client:
     #: Bytes on the GPU and in host memory, as it reported them (or NVML, when larger).
     resident_bytes: int = 0
     host_bytes: int = 0
+    #: Host memory it keeps for its evictions (the vmm evictor's shadows, made ahead; they
+    #: hold its ``host_bytes`` while evicted): host memory evictions have already.
+    shadow_bytes: int = 0
     #: Where ``resident_bytes`` comes from: "shim" (its reports), "nvml" (NVML's per-process
     #: figure was larger) or "working_set" (nothing but the declared working set is known).
     memory_source: str = "working_set"

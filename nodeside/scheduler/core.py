@@ -171,12 +171,14 @@ class Scheduler:
             user=user, evict=evict, gpu_uuid=gpu_uuid, namespace=namespace, pausable=pausable)
 
     def track_memory(self, client_id: str, *, resident: int | None = None,
-                     host: int | None = None, checkpointable: bool = False) -> None:
+                     host: int | None = None, shadow: int | None = None,
+                     checkpointable: bool = False) -> None:
         """The client speaks the ``memory`` feature (residency.py): its resident memory counts
         from now on, and while idle it may be asked to evict. ``resident`` and ``host``: where
-        its memory already is; ``checkpointable``: the daemon's checkpoint evictor reaches its
-        process."""
-        self._residency.track(self._state.client(client_id), resident, host, checkpointable)
+        its memory already is (``shadow``: host memory it keeps for evictions);
+        ``checkpointable``: the daemon's checkpoint evictor reaches its process."""
+        self._residency.track(self._state.client(client_id), resident, host, shadow,
+                              checkpointable)
 
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""
@@ -207,19 +209,22 @@ class Scheduler:
 
     def report_working_set(self, now: float, client_id: str, nbytes: int,
                            evictable: int | None = None, *, resident: int | None = None,
-                           host: int | None = None) -> list[Action]:
+                           host: int | None = None, shadow: int | None = None
+                           ) -> list[Action]:
         """The client's working set; with the ``memory`` feature also its bytes on the GPU and
-        in host memory now (progress of an eviction, or the end of a restore: ``host`` 0)."""
+        in host memory now (progress of an eviction, or the end of a restore: ``host`` 0), and
+        the host memory it keeps for evictions (``shadow``)."""
         return self._turns.report_working_set(self._state.client(client_id), nbytes, evictable,
-                                              now, resident, host)
+                                              now, resident, host, shadow)
 
     # -- resident memory (residency.py) ---------------------------------------------------
 
     def evicted(self, now: float, client_id: str, *, resident: int | None = None,
-                host: int | None = None, failed: str | None = None) -> list[Action]:
+                host: int | None = None, shadow: int | None = None,
+                failed: str | None = None) -> list[Action]:
         """An eviction ended (``failed``: it could not; not asked again until a report)."""
         client = self._state.client(client_id)
-        self._residency.evicted(client, resident, host, failed, now)
+        self._residency.evicted(client, resident, host, failed, now, shadow)
         return self._turns.schedule(self._state.gpus[client.gpu], now)
 
     def checkpointed(self, now: float, client_id: str, error: str | None = None

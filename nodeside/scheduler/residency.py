@@ -73,7 +73,7 @@ class Residency:
     # -- what clients say -------------------------------------------------------------------
 
     def track(self, client: Client, resident: int | None, host: int | None,
-              checkpointable: bool) -> None:
+              shadow: int | None, checkpointable: bool) -> None:
         """``client`` speaks the ``memory`` feature (its ``register`` may say where its memory
         is already)."""
         client.memory = True
@@ -82,6 +82,7 @@ class Residency:
             client.memory_source = "shim"
         client.resident_bytes = resident or 0
         client.host_bytes = host or 0
+        client.shadow_bytes = shadow or 0
         if client.host_bytes and not client.resident_bytes:
             client.residency = EVICTED
         self.state.gpus[client.gpu].memory_clients[client.id] = client
@@ -93,8 +94,11 @@ class Residency:
             if other.waiting_for is not None and other.waiting_for.client == client.id:
                 other.waiting_for = None
 
-    def report(self, client: Client, resident: int | None, host: int | None) -> None:
+    def report(self, client: Client, resident: int | None, host: int | None,
+               shadow: int | None = None) -> None:
         """A ``working_set`` report with figures: progress of an eviction or of a restore."""
+        if shadow is not None:
+            client.shadow_bytes = shadow
         if resident is not None:
             client.resident_bytes = resident
             client.memory_source = "shim"
@@ -122,10 +126,12 @@ class Residency:
             client.memory_source = "nvml"
 
     def evicted(self, client: Client, resident: int | None, host: int | None,
-                failed: str | None, now: float) -> None:
+                failed: str | None, now: float, shadow: int | None = None) -> None:
         """An eviction ended (``evicted``), asked or of the client's own accord."""
         asked = client.residency
         client.evict_asked_at = None
+        if shadow is not None:
+            client.shadow_bytes = shadow
         if resident is not None:
             client.resident_bytes = resident
         if host is not None:

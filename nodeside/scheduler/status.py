@@ -94,6 +94,7 @@ def build_status(scheduler: Scheduler, now: float,
                 "residency": client.residency,
                 "resident_bytes": occupies(client),
                 "host_bytes": client.host_bytes,
+                "shadow_bytes": client.shadow_bytes,
                 "memory_source": client.memory_source,
                 "waiting_for": None if waiting_for is None else {
                     "client": waiting_for.client, "name": waiting_for.name,

@@ -111,13 +111,14 @@ class Turns:
 
     def report_working_set(self, client: Client, nbytes: int, evictable: int | None,
                            now: float, resident: int | None = None,
-                           host: int | None = None) -> list[Action]:
+                           host: int | None = None, shadow: int | None = None
+                           ) -> list[Action]:
         if nbytes < 0:
             raise SchedulerError(p.E_INVALID, "working set must not be negative")
         client.working_set = nbytes
         client.evictable = evictable
         if client.memory:
-            self.residency.report(client, resident, host)
+            self.residency.report(client, resident, host, shadow)
         gpu = self.state.gpus[client.gpu]
         return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
 

@@ -131,6 +131,37 @@ def test_two_kernels_alternate_with_room_for_one_and_one_is_resident_at_a_time(g
     assert a.me()["residency"] == "resident" and b.me()["residency"] == "evicted"
 
 
+def test_shadows_made_ahead_count_as_host_memory_that_evictions_have(gpu10) -> None:
+    """The vmm evictor makes its host shadows while the kernel works: that host memory is
+    spoken for already (the host's MemAvailable no longer counts it), so the budget counts it
+    as held, once (evicted memory lives in those shadows), and an eviction into shadows that
+    are there is not said to lack room; one that needs new host memory is."""
+    shadows = 1 << 45  # 32 TiB: more than MemAvailable is anywhere this runs
+    a, b = Line(gpu10, "nbA", 6 * GiB), Line(gpu10, "nbB", 6 * GiB)
+    assert a.request(p.ACQUIRE)["op"] == p.GRANT
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, evictable=6 * GiB, resident=6 * GiB, host=0,
+                     shadow=shadows)["op"] == p.OK
+    assert a.request(p.RELEASE)["op"] == p.RELEASED
+    assert a.me()["shadow_bytes"] == shadows
+    assert b.gpu()["host_budget"] >= shadows
+    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    assert a.event()["op"] == p.EVICT
+    assert a.request(p.EVICTED, resident=0, host=6 * GiB, shadow=shadows, moved=6 * GiB,
+                     seconds=0.1)["op"] == p.OK
+    assert b.event()["op"] == p.GRANT
+    gpu = b.gpu()
+    assert (gpu["host_bytes"], a.me()["shadow_bytes"]) == (6 * GiB, shadows)
+    assert shadows <= gpu["host_budget"] < 2 * shadows  # the evicted bytes are in the shadows
+    # b has no shadows and more to evict than any host has: its eviction is said to lack room.
+    assert b.request(p.WORKING_SET, bytes=6 * GiB, evictable=1 << 49, resident=6 * GiB, host=0,
+                     shadow=0)["op"] == p.OK
+    assert b.request(p.RELEASE)["op"] == p.RELEASED
+    assert a.request(p.ACQUIRE)["op"] == p.WAITING
+    assert b.event()["op"] == p.EVICT
+    gpu10.wait_log(r"Asking nbB to evict: no room in host memory")
+    assert "Asking nbA to evict" not in gpu10.log()
+
+
 def test_a_release_with_evicting_hands_over_once_enough_is_out(gpu10) -> None:
     a, b = Line(gpu10, "nbA", 6 * GiB), Line(gpu10, "nbB", 6 * GiB)
     assert a.request(p.ACQUIRE)["op"] == p.GRANT

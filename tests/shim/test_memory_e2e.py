@@ -151,7 +151,8 @@ def switched_to(watch: StatusEvents, holder: Kernel, away: Kernel) -> dict[str, 
         h = client(d, holder)
         ok = h is not None and h["state"] == "holding" and \
             residency(d, holder) == ("resident", WORKING_SET, 0) and \
-            residency(d, away) == ("evicted", 0, WORKING_SET)
+            residency(d, away) == ("evicted", 0, WORKING_SET) and \
+            client(d, away)["shadow_bytes"] >= WORKING_SET  # its host shadows hold it
         return d if ok else None
     return watch.wait_for(settled, what=f"{holder.name} resident, {away.name} in host memory")
 

@@ -244,6 +244,8 @@ bool kiwi_json_number(const char *line, const char *key, double *out);
 bool kiwi_json_true(const char *line, const char *key);
 /* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */
 bool kiwi_json_quote(char *buf, size_t size, const char *text);
+/* Appends the memory feature's figures, `resident`, `host` and `shadow`, to a request's fields. */
+void kiwi_json_residency(char *fields, size_t size, const struct kiwi_residency *where);
 
 /* ---- evict.c ----------------------------------------------------------------------------- */
 

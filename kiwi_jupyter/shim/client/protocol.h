@@ -96,6 +96,7 @@
 #define KIWI_FIELD_RESIDENT "resident"
 #define KIWI_FIELD_SECONDS "seconds"
 #define KIWI_FIELD_SEQ "seq"
+#define KIWI_FIELD_SHADOW "shadow"
 #define KIWI_FIELD_SOFTWARE "software"
 #define KIWI_FIELD_STATUS "status"
 #define KIWI_FIELD_TQ "tq"

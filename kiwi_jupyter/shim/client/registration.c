@@ -163,9 +163,6 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, b
     if (memory) { /* where its memory already is, so a daemon that restarted learns it */
         struct kiwi_residency where;
         kiwi_pager_residency(&where);
-        n = strlen(fields);
-        snprintf(fields + n, size - n,
-                 ",\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu",
-                 (unsigned long long)where.resident, (unsigned long long)where.host);
+        kiwi_json_residency(fields, size, &where);
     }
 }

@@ -1,5 +1,6 @@
 /* Where the process's memory is, as the daemon hears it (the hello feature `memory`,
- * docs/protocol.md): the bytes on its GPU now (`resident`) and in host memory now (`host`), in
+ * docs/protocol.md): the bytes on its GPU now (`resident`), in host memory now (`host`) and
+ * kept in host memory for evictions (`shadow`: the vmm evictor's shadows, made ahead), in
  * `register` and in `working_set`; and `evicted`, which ends every eviction, asked by the
  * daemon (its `evict` event) or done for a drop, or says a move failed (a restore rolled back).
  *
@@ -18,24 +19,16 @@
 
 static double last_report; /* the comm thread's own */
 
-static void append_residency(char *fields, size_t size, const struct kiwi_residency *where)
-{
-    size_t n = strlen(fields);
-    snprintf(fields + n, size - n,
-             "%s\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu", n ? "," : "",
-             (unsigned long long)where->resident, (unsigned long long)where->host);
-}
-
 static void send_working_set(const struct kiwi_residency *where)
 {
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
-    char fields[160];
+    char fields[256];
     snprintf(fields, sizeof fields,
              "\"" KIWI_FIELD_BYTES "\":%llu,\"" KIWI_FIELD_EVICTABLE "\":%llu",
              (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
     if (where)
-        append_residency(fields, sizeof fields, where);
+        kiwi_json_residency(fields, sizeof fields, where);
     kiwi_session_request(KIWI_OP_WORKING_SET, fields);
     last_report = kiwi_now();
 }
@@ -70,7 +63,7 @@ void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *faile
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
     char fields[320] = "";
-    append_residency(fields, sizeof fields, &where);
+    kiwi_json_residency(fields, sizeof fields, &where);
     size_t n = strlen(fields);
     if (failed) {
         snprintf(fields + n, sizeof fields - n, ",\"" KIWI_FIELD_FAILED "\":");

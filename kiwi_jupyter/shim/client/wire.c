@@ -1,8 +1,10 @@
 /* Protocol lines (docs/protocol.md): the daemon's messages are flat JSON objects, one per line,
  * whose values are strings, numbers or booleans. This reads them without a JSON library: it
  * walks the top-level keys, skipping over any nested value, so a key inside a string or a
- * nested object is never mistaken for a field.
+ * nested object is never mistaken for a field. It writes the few values a request carries that
+ * are more than a number: a quoted string, and the memory feature's figures.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,4 +151,13 @@ bool kiwi_json_quote(char *buf, size_t size, const char *text)
     buf[n++] = '"';
     buf[n] = '\0';
     return true;
+}
+
+void kiwi_json_residency(char *fields, size_t size, const struct kiwi_residency *where)
+{
+    size_t n = strlen(fields);
+    snprintf(fields + n, size - n,
+             "%s\"" KIWI_FIELD_RESIDENT "\":%llu,\"" KIWI_FIELD_HOST "\":%llu,\""
+             KIWI_FIELD_SHADOW "\":%llu", n ? "," : "", (unsigned long long)where->resident,
+             (unsigned long long)where->host, (unsigned long long)where->shadow);
 }
