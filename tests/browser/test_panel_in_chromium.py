@@ -130,30 +130,31 @@ def test_a_long_notebook_name_is_cut_with_an_ellipsis_and_whole_in_its_tooltip(
         kernel_id = open_notebook_with_panel(page, lab, notebook)
         client = lab.kernel_client(kernel_id)
         run_cell(client, hold_gpu_code(kernel_id, wait=True))
-        # Once the panel knows the kernel's notebook (its session), not before.
-        name = page.locator(f"{PANEL} .jp-Kiwi-holderName .jp-Kiwi-name[title='{notebook}']")
-        name.wait_for()
-        # Laid out in the sidebar (the panel redraws each second, and a row just drawn may not
-        # be measured yet): the name's head is cut, its tail (the name's end) kept.
-        page.wait_for_function(
-            f"() => {{ const h = document.querySelector('{PANEL} .jp-Kiwi-holderName"
-            " .jp-Kiwi-nameHead'); return h !== null && h.scrollWidth > h.clientWidth; }",
-            timeout=20_000)
-        cut, overflow, title, lines = name.evaluate(
-            "e => { const head = e.querySelector('.jp-Kiwi-nameHead');"
-            " return [head.scrollWidth > head.clientWidth, getComputedStyle(head).textOverflow,"
-            " e.title, e.getClientRects().length]; }")
+        # Once the panel knows the kernel's notebook (its session), not before; laid out in the
+        # sidebar, measured in one step in the page (the panel redraws each second, and a row
+        # just drawn may not be measured yet, or one measured between two steps be detached):
+        # the name's head is cut, its tail (the name's end) kept.
+        cut, overflow, title, lines, tail = page.wait_for_function(
+            f"() => {{ const e = document.querySelector("
+            f"\"{PANEL} .jp-Kiwi-holderName .jp-Kiwi-name[title='{notebook}']\");"
+            " const h = e && e.querySelector('.jp-Kiwi-nameHead');"
+            " if (!h || !h.isConnected || h.clientWidth === 0) return null;"
+            " return [h.scrollWidth > h.clientWidth, getComputedStyle(h).textOverflow, e.title,"
+            " e.getClientRects().length, e.querySelector('.jp-Kiwi-nameTail').innerText]; }",
+            timeout=20_000).json_value()
         assert cut, "the name fits the sidebar: this test needs a longer one"
         assert overflow == "ellipsis" and lines == 1  # cut on one line, and the cut shows
         assert notebook in title
-        assert notebook.endswith(name.locator(".jp-Kiwi-nameTail").inner_text())
+        assert tail and notebook.endswith(tail)
         # On the timeline the row stays one line: swatch, cut name and duration side by side.
-        row = page.locator(f"{PANEL} .jp-Kiwi-timelineItem").first
-        row.wait_for()
-        heights = row.evaluate(
-            "e => [e.getBoundingClientRect().height,"
-            " e.querySelector('.jp-Kiwi-name').getBoundingClientRect().height]")
-        assert heights[0] < 2 * heights[1], "the timeline row broke into several lines"
+        # Measured in one step in the page, on a row laid out (the redraw each second replaces
+        # the rows: one measured between two steps may be detached, and measures 0).
+        heights = page.wait_for_function(
+            f"() => {{ const e = document.querySelector('{PANEL} .jp-Kiwi-timelineItem');"
+            " const n = e && e.querySelector('.jp-Kiwi-name'); if (!n) return null;"
+            " const h = [e.getBoundingClientRect().height, n.getBoundingClientRect().height];"
+            " return h[0] > 0 && h[1] > 0 ? h : null; }", timeout=20_000).json_value()
+        assert heights[0] < 2 * heights[1], f"the timeline row broke into several lines: {heights}"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "kiwi-panel-long-name.png"))
     finally:
