@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import scaled, wait_for
+from support import scaled
 
 from kiwi_jupyter.shim.build import SANITIZERS, BuildError, sanitizer_runtime
 
@@ -166,7 +165,10 @@ class Workload:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=environment)
         self.replies: dict[int, dict[str, Any]] = {}
-        self._arrived: queue.Queue[int] = queue.Queue()
+        #: Told of each reply, and of the workload's stdout closing (it ended): waiters wake
+        #: on those, not on a poll.
+        self._arrived = threading.Condition()
+        self._ended = False
         self._next_id = 0
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -176,8 +178,21 @@ class Workload:
         assert self.process.stdout
         for line in self.process.stdout:
             reply = json.loads(line)
-            self.replies[reply["id"]] = reply
-            self._arrived.put(reply["id"])
+            with self._arrived:
+                self.replies[reply["id"]] = reply
+                self._arrived.notify_all()
+        with self._arrived:
+            self._ended = True
+            self._arrived.notify_all()
+
+    def _wait_for_reply(self, request_id: int, timeout: float, what: str) -> None:
+        """Until the reply to request_id came or the workload ended; fails after timeout (a
+        quiet machine's figure, stretched by the load factor)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: request_id in self.replies or self._ended,
+                                          timeout=scaled(timeout)):
+                raise AssertionError(f"timed out after {scaled(timeout):.1f} s waiting for "
+                                     f"{what}")
 
     def _read_stderr(self) -> None:
         assert self.process.stderr
@@ -192,21 +207,22 @@ class Workload:
         self.process.stdin.flush()
         return self._next_id
 
+    def _died(self, when: str) -> AssertionError:
+        code = self.process.wait(timeout=scaled(10))  # its stdout closed: it is ending
+        return AssertionError(f"the workload died{' ' if when else ''}{when} ({code}):\n"
+                              + "".join(self.stderr))
+
     def wait_started(self) -> None:
         """Wait for the workload to start: a first call's deadline must not include it."""
-        wait_for(lambda: READY_ID in self.replies or self.process.poll() is not None,
-                 timeout=STARTUP_TIMEOUT, what="the workload to start")
+        self._wait_for_reply(READY_ID, STARTUP_TIMEOUT, "the workload to start")
         if READY_ID not in self.replies:
-            raise AssertionError(f"the workload died at start ({self.process.returncode}):\n"
-                                 + "".join(self.stderr))
+            raise self._died("at start")
 
     def wait_reply(self, request_id: int, timeout: float) -> Any:
         self.wait_started()
-        wait_for(lambda: request_id in self.replies or self.process.poll() is not None,
-                 timeout=timeout, what=f"the workload to answer request {request_id}")
+        self._wait_for_reply(request_id, timeout, f"the workload to answer request {request_id}")
         if request_id not in self.replies:
-            raise AssertionError(f"the workload died ({self.process.returncode}):\n"
-                                 + "".join(self.stderr))
+            raise self._died("")
         reply = self.replies[request_id]
         if "error" in reply:
             raise AssertionError(f"the workload raised {reply['error']}\n" + "".join(self.stderr))

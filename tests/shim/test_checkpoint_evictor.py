@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from support import wait_for
+from support import StatusEvents, wait_for
 
 from nodeside.client import Client
 
@@ -30,6 +30,17 @@ def client_of(scheduler, w) -> dict[str, Any] | None:
     return next((c for c in status["clients"] if c["pid"] == w.process.pid), None)
 
 
+def until_client(scheduler, w, predicate, what: str) -> None:
+    """Until the daemon's status shows ``predicate`` true of w's client entry (read again at
+    each change the daemon tells of, not polled)."""
+    events = StatusEvents(scheduler.socket)
+    try:
+        events.wait_for(lambda d: predicate(next(
+            (c for c in d["clients"] if c["pid"] == w.process.pid), None) or {}), what=what)
+    finally:
+        events.close()
+
+
 def status_of(scheduler) -> dict[str, Any]:
     with Client(scheduler.socket, register=False) as admin:
         return admin.status()
@@ -38,8 +49,8 @@ def status_of(scheduler) -> dict[str, Any]:
 def hold_with(w, scheduler, nbytes: int) -> None:
     w.call(f"d.alloc({nbytes})")
     assert w.call("d.launch()") == 0
-    wait_for(lambda: (client_of(scheduler, w) or {}).get("working_set") == nbytes,
-             what="the working set report")
+    until_client(scheduler, w, lambda c: c.get("working_set") == nbytes,
+                 what="the working set report")
 
 
 def checkpoint_state(scheduler, w) -> str | None:
@@ -93,8 +104,8 @@ def test_a_quantum_end_that_needs_the_room_checkpoints_before_the_next_grant(
         assert checkpoint_state(scheduler, w) == "checkpointed"
         assert not w.log.calls("cuMemPrefetchAsync")  # nothing paged by the shim
         launch = w.start("d.launch()")
-        wait_for(lambda: client_of(scheduler, w)["state"] == "waiting",
-                 what="the kernel to ask again")
+        until_client(scheduler, w, lambda c: c.get("state") == "waiting",
+                      what="the kernel to ask again")
         assert not launch.done()
         next_holder.release()
         assert launch.result() == 0
@@ -196,8 +207,8 @@ def test_a_checkpointed_kernel_asks_for_its_gpu_at_the_start_of_a_cell(
         next_holder.report_working_set(6 * GiB)
         next_holder.acquire(timeout=10)
         w.call("shim.cell_begin()")
-        wait_for(lambda: client_of(scheduler, w)["state"] == "waiting",
-                 what="the cell to ask for the GPU")
+        until_client(scheduler, w, lambda c: c.get("state") == "waiting",
+                      what="the cell to ask for the GPU")
 
 
 def test_a_checkpoint_the_driver_never_finishes_is_given_up_with_a_clear_error(
