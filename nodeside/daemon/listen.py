@@ -39,9 +39,11 @@ async def listen(loop: asyncio.AbstractEventLoop, path: Path, config: SchedulerC
                                                backlog=config.connections.backlog)
     finally:
         os.umask(old_umask)
-    os.chmod(path, config.socket_mode)
+    # The group first, then the mode: widened before the group is the right one, the socket
+    # would be open for a moment to the daemon's own group.
     if socket_gid is not None:
         os.chown(path, -1, socket_gid)
+    os.chmod(path, config.socket_mode)
     return server
 
 
