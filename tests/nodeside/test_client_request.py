@@ -79,7 +79,10 @@ def test_release_withdraws_a_pending_request(daemon: DaemonProcess) -> None:
 
 
 def test_an_interrupt_while_waiting_for_the_grant_withdraws_the_request(
-        daemon: DaemonProcess) -> None:
+        start_daemon) -> None:
+    # A quantum far longer than the test: the holder keeps the GPU, so the request is still
+    # waiting when the interrupt comes, however slow the machine.
+    daemon = start_daemon("--tq", "60", "--grace", "60")
     with Client(daemon.socket, name="holder") as holder, \
             Client(daemon.socket, name="asker") as asker, \
             Client(daemon.socket, name="next") as after:
