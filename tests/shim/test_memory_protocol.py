@@ -83,7 +83,7 @@ def test_a_daemon_that_comes_back_hears_where_the_memory_is_in_register(
     daemon.hang_up()
     again = daemon.wait_for(lambda m: m["op"] == "register" and m is not
                             daemon.messages("register")[0], what="a second register")
-    assert (again["resident"], again["host"]) == (0, 8 * MiB)
+    assert (again["resident"], again["host"]) == (0, 8 * MiB) and again["shadow"] >= 8 * MiB
 
 
 def test_a_daemon_without_the_feature_hears_todays_protocol(old_daemon, workload,
@@ -92,7 +92,7 @@ def test_a_daemon_without_the_feature_hears_todays_protocol(old_daemon, workload
     ptr = w.call(f"d.alloc({8 * MiB})")
     register = old_daemon.wait_op("register")
     assert register["display_name"] == "nbB.ipynb"  # today's protocol has it
-    assert "resident" not in register and "host" not in register
+    assert not {"resident", "host", "shadow"} & register.keys()
     assert w.call("d.launch()") == 0
     w.call(f"d.write({ptr}, b'kept')")
     old_daemon.send(op="drop", gpu=0, reason="quantum", evict=True, grace=30)
@@ -136,6 +136,7 @@ def test_an_evict_event_moves_the_memory_out_reports_as_it_goes_and_says_evicted
     evicted = daemon.wait_op("evicted")
     assert "failed" not in evicted
     assert (evicted["resident"], evicted["host"], evicted["moved"]) == (0, 6 * MiB, 6 * MiB)
+    assert evicted["shadow"] >= evicted["host"]  # what is in host memory is in its shadows
     assert card.used_by(w.process.pid) == 0
     during = [m for m in daemon.messages("working_set") if m["host"] > 0]
     assert [(m["resident"], m["host"]) for m in during] == [(size, 4 * MiB)]  # at 256 MiB
