@@ -22,6 +22,10 @@ the same run:
 - with ``--callgrind``, instructions per handoff under ``valgrind --tool=callgrind``, which do
   not move with the load: each is counted in two processes that differ only in the number of
   handoffs (``--callgrind-handoffs`` and three times that), so start-up and setup cancel out.
+  With the compiled core, also those inside the daemon's request path alone (the compiled
+  ``Connection.data_received``, inclusive): the figure a change to the daemon moves, without
+  the garbage collector's passes and the loop around it, which make the whole process's count
+  move by a few percent from run to run.
 """
 
 from __future__ import annotations
@@ -206,12 +210,21 @@ def run_one(kind: str, n: int, handoffs: int) -> float:
 
 # -- instructions, under callgrind -----------------------------------------------------------
 
-def instructions(kind: str, n: int, handoffs: int) -> int:
-    """Instructions a whole child process ran (start-up included) for ``handoffs`` handoffs."""
+#: The compiled daemon's whole per-request path: every line a connection reads goes through it
+#: (session, requests, the scheduler core, the delivery of its actions). Counted alone, it
+#: leaves out what moves from run to run without being the daemon's rules (the garbage
+#: collector's passes, the benchmark's own loop).
+REQUEST_PATH = "CPyDef_connection___Connection___data_received"
+
+
+def instructions(kind: str, n: int, handoffs: int, only: str | None = None) -> int:
+    """Instructions a whole child process ran (start-up included) for ``handoffs`` handoffs;
+    with ``only``, those inside that C function (inclusive) alone."""
     with tempfile.TemporaryDirectory(prefix="kiwi-callgrind-") as tmp:
         out = os.path.join(tmp, "callgrind.out")
+        toggle = [f"--toggle-collect={only}"] if only else []
         done = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *toggle,
              sys.executable, "-m", "benchmarks.daemon.handoff_core", "--child", kind, str(n),
              str(handoffs)], capture_output=True, timeout=1800)
         if done.returncode != 0:
@@ -223,8 +236,10 @@ def instructions(kind: str, n: int, handoffs: int) -> int:
         return int(found[1])
 
 
-def instructions_per_handoff(kind: str, n: int, handoffs: int) -> float:
-    return (instructions(kind, n, 3 * handoffs) - instructions(kind, n, handoffs)) / (2 * handoffs)
+def instructions_per_handoff(kind: str, n: int, handoffs: int, only: str | None = None
+                             ) -> float:
+    return (instructions(kind, n, 3 * handoffs, only)
+            - instructions(kind, n, handoffs, only)) / (2 * handoffs)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -253,11 +268,15 @@ def main(argv: list[str] | None = None) -> str:
         args.callgrind = False
     sizes = [int(n) for n in args.clients.split(",")]
     load = os.getloadavg()[0]
+    # The request path is a C function only in the compiled core.
+    path = args.callgrind and core_name().startswith("compiled")
     rows = ["| clients waiting | Kiwi CPU per handoff (µs) | floor CPU per handoff (µs) | "
             "Kiwi / floor CPU |" + (" Kiwi instructions per handoff | floor instructions per "
                                     "handoff | Kiwi / floor instructions |"
-                                    if args.callgrind else ""),
-            "| --- | --- | --- | --- |" + (" --- | --- | --- |" if args.callgrind else "")]
+                                    if args.callgrind else "")
+            + (" of Kiwi's, in its request path |" if path else ""),
+            "| --- | --- | --- | --- |" + (" --- | --- | --- |" if args.callgrind else "")
+            + (" --- |" if path else "")]
     for n in sizes:
         cpu = {kind: min(run_one(kind, n, args.handoffs) for _ in range(args.repeats))
                / args.handoffs * 1e6 for kind in KINDS}
@@ -267,6 +286,9 @@ def main(argv: list[str] | None = None) -> str:
             ir = {kind: instructions_per_handoff(kind, n, args.callgrind_handoffs)
                   for kind in KINDS}
             row += f" {ir['kiwi']:,.0f} | {ir['floor']:,.0f} | {ir['kiwi'] / ir['floor']:.1f}x |"
+        if path:
+            inside = instructions_per_handoff("kiwi", n, args.callgrind_handoffs, REQUEST_PATH)
+            row += f" {inside:,.0f} |"
         rows.append(row)
     text = "\n".join([
         f"## The daemon's work per handoff, in-process ({utc_now()})", "",
@@ -274,6 +296,8 @@ def main(argv: list[str] | None = None) -> str:
         f"the lowest of {args.repeats} runs of {args.handoffs:,} handoffs"
         + (f", instructions from {args.callgrind_handoffs:,} and "
            f"{3 * args.callgrind_handoffs:,} handoffs under callgrind" if args.callgrind else "")
+        + (" (the request path: inside `Connection.data_received`, the compiled "
+           f"`{REQUEST_PATH}`, inclusive)" if path else "")
         + f". 1-minute load average {load:.1f} before."
         + (" No instruction counts: valgrind is not installed." if without_valgrind else ""),
         "", *rows])
