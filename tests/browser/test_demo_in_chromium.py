@@ -32,10 +32,15 @@ def open_with_panel(browser: Any, lab: LabServer, path: str) -> Any:
     page.wait_for_selector(".jp-NotebookPanel", timeout=90_000)
     page.click(PANEL_TAB)
     page.wait_for_selector(f"{PANEL} .jp-Kiwi-scheduler", timeout=30_000)
-    # The Kiwi kernel is up and registered: the panel lists it among the pools' clients.
     page.wait_for_function(
         f"document.querySelector('{STATUS_ITEM}').textContent.startsWith('GPU: ')",
         timeout=90_000)
+    # The notebook's Kiwi kernel is up and connected: JupyterLab's own kernel status says idle.
+    # (Cells run before then are dropped without a word, and the status item above says the
+    # GPU's state whether or not this tab has a kernel yet.)
+    page.wait_for_function(
+        "[...document.querySelectorAll('.jp-StatusBar-TextItem')].some(e =>"
+        " /\\(Kiwi vGPU\\) \\| Idle$/.test(e.textContent.trim()))", timeout=120_000)
     return page
 
 
