@@ -162,8 +162,10 @@ def test_two_that_do_not_fit_together_alternate_with_one_resident_at_a_time(
     events = watch(room_for_one)
     a = Kernel(workload, card, room_for_one, "nbA.ipynb")
     b = Kernel(workload, card, room_for_one, "nbB.ipynb")
-    # Allocations are not gated: both working sets are on the card now. a's first write is GPU
-    # work: its grant needs the room, so b (idle) moves out first; then b's, and a moves out.
+    # Allocations are not gated: both working sets are on the card now, and once the daemon has
+    # heard both, a's first write (GPU work) needs the room: b (idle) moves out first; then b's,
+    # and a moves out. (Heard first: a grant before b's report would find the room free.)
+    registered(events, a, b)
     a.write()
     a.release()
     b.write()
