@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from support import StatusEvents, wait_for
+from support import wait_for, wait_for_status
 
 from nodeside.client import Client
 
@@ -31,14 +31,9 @@ def client_of(scheduler, w) -> dict[str, Any] | None:
 
 
 def until_client(scheduler, w, predicate, what: str) -> None:
-    """Until the daemon's status shows ``predicate`` true of w's client entry (read again at
-    each change the daemon tells of, not polled)."""
-    events = StatusEvents(scheduler.socket)
-    try:
-        events.wait_for(lambda d: predicate(next(
-            (c for c in d["clients"] if c["pid"] == w.process.pid), None) or {}), what=what)
-    finally:
-        events.close()
+    """Until the daemon's status shows ``predicate`` true of w's client entry."""
+    wait_for_status(scheduler.socket, lambda d: predicate(next(
+        (c for c in d["clients"] if c["pid"] == w.process.pid), None) or {}), what=what)
 
 
 def status_of(scheduler) -> dict[str, Any]:
