@@ -76,19 +76,25 @@ static int span_by_address(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+size_t kiwi_ranges_after(const struct kiwi_range *ranges, size_t count, CUdeviceptr ptr)
+{
+    size_t low = 0, high = count;
+    while (low < high) {
+        size_t mid = low + (high - low) / 2;
+        if (ranges[mid].ptr <= ptr)
+            low = mid + 1;
+        else
+            high = mid;
+    }
+    return low;
+}
+
 /* The allocation holding [ptr, ptr + size) wholly, in allocations sorted by address; NULL when
  * none does. */
 static const struct kiwi_range *holder(const struct kiwi_range *allocations, size_t count,
                                        CUdeviceptr ptr, size_t size)
 {
-    size_t low = 0, high = count; /* the first allocation starting after ptr */
-    while (low < high) {
-        size_t mid = low + (high - low) / 2;
-        if (allocations[mid].ptr <= ptr)
-            low = mid + 1;
-        else
-            high = mid;
-    }
+    size_t low = kiwi_ranges_after(allocations, count, ptr);
     if (!low)
         return NULL;
     const struct kiwi_range *a = &allocations[low - 1];

@@ -146,6 +146,9 @@ void kiwi_copy_after_fork(void);
 
 /* ---- free_ranges.c ----------------------------------------------------------------------- */
 
+/* In ranges sorted by address, the index of the first that starts after ptr (count when none
+ * does): the one before it, if any, is the last that starts at or before ptr. */
+size_t kiwi_ranges_after(const struct kiwi_range *ranges, size_t count, CUdeviceptr ptr);
 /* Ranges cut into pieces, the live ones first (*live of them), then the free ones; returns the
  * number of pieces, or 0 (and no copy) when no free range is believed. */
 size_t kiwi_free_ranges_split(const struct kiwi_range *ranges, size_t count,

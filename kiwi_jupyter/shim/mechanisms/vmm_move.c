@@ -122,14 +122,7 @@ static size_t live_pieces(const struct kiwi_range *live, size_t count, CUdevicep
                           size_t size, struct vmm_piece **out)
 {
     *out = NULL;
-    size_t low = 0, high = count; /* the first range starting after start */
-    while (low < high) {
-        size_t mid = low + (high - low) / 2;
-        if (live[mid].ptr <= start)
-            low = mid + 1;
-        else
-            high = mid;
-    }
+    size_t low = kiwi_ranges_after(live, count, start);
     size_t first = low ? low - 1 : 0, n = 0;
     CUdeviceptr end = start + size;
     for (size_t i = first; i < count && live[i].ptr < end; i++)
