@@ -62,7 +62,10 @@
  * and cuCtxSynchronize wait for the file. FAKE_CUDA_DEVICES=N makes N devices (default 1): a
  * context handle 0xC0DE00 + d (made current with cuCtxSetCurrent) is device d's, any other is
  * device 0's, and cuMemSetAccess accepts every device (device 0's access is the one modelled;
- * cuCtxEnablePeerAccess only records itself).
+ * cuCtxEnablePeerAccess only records itself). The pointer queries (cuPointerGetAttribute(s),
+ * cuPointerSetAttribute, cuMemGetAddressRange) answer from this model, and fail on addresses
+ * that are reserved but not mapped as the driver does: see "what the driver says of an
+ * address" below. FAKE_CUDA_NO_GPU_DIRECT_RDMA=1 makes a device without GPUDirect RDMA.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
@@ -108,6 +111,8 @@ typedef void *CUstream;
 
 static atomic_ullong next_address = 0x7f0000000000ull;
 static atomic_ullong next_stream = 0x5000;
+/* CU_POINTER_ATTRIBUTE_BUFFER_ID: one per allocation (and per VMM mapping), never reused. */
+static atomic_ullong next_buffer_id = 1;
 static __thread CUcontext current;
 
 static void record(const char *fmt, ...)
@@ -423,6 +428,10 @@ struct allocation {
     unsigned long long size;
     int kind;
     void *pool;
+    CUcontext ctx; /* NULL for stream-ordered memory, which belongs to no context */
+    int device;
+    unsigned long long buffer_id;
+    bool sync_memops; /* cuPointerSetAttribute's CU_POINTER_ATTRIBUTE_SYNC_MEMOPS */
 };
 
 static struct table allocations = {.row_size = sizeof(struct allocation)};
@@ -467,11 +476,16 @@ static void trim_pools(void)
     pthread_rwlock_unlock(&memory_lock);
 }
 
+static CUcontext current_context(void);
+static int device_of(CUcontext ctx);
+
 static CUdeviceptr take_addresses(size_t size, int kind, void *pool)
 {
     unsigned long long rounded = (size + 0xFFFFF) & ~0xFFFFFull;
     CUdeviceptr address = atomic_fetch_add(&next_address, rounded ? rounded : 0x100000);
-    struct allocation row = {address, size, kind, pool};
+    CUcontext ctx = current_context();
+    struct allocation row = {address, size, kind, pool, kind == POOL_MEMORY ? NULL : ctx,
+                             device_of(ctx), atomic_fetch_add(&next_buffer_id, 1), false};
     pthread_rwlock_wrlock(&memory_lock);
     struct pool *from = kind == POOL_MEMORY ? pool_of(pool) : NULL;
     if (from && from->idle >= size)
@@ -503,14 +517,20 @@ static bool give_addresses(CUdeviceptr address, bool stream_ordered)
     return row != NULL;
 }
 
-/* Under a lock: is address inside one of those allocations? */
-static bool inside_allocation(CUdeviceptr address)
+/* Under a lock: the allocation holding address, or NULL. */
+static struct allocation *allocation_holding(CUdeviceptr address)
 {
     size_t at = rows_up_to(&allocations, address);
     if (at == 0)
-        return false;
-    const struct allocation *row = row_at(&allocations, at - 1);
-    return address - row->address < (row->size ? row->size : 1);
+        return NULL;
+    struct allocation *row = row_at(&allocations, at - 1);
+    return address - row->address < (row->size ? row->size : 1) ? row : NULL;
+}
+
+/* Under a lock: is address inside one of those allocations? */
+static bool inside_allocation(CUdeviceptr address)
+{
+    return allocation_holding(address) != NULL;
 }
 
 /* ---- the checkpoint API's state, shared between processes ------------------------------ */
@@ -698,15 +718,23 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, int device)
     *bytes = total_memory();
     return 0;
 }
-EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = current ? current : PRIMARY_CONTEXT; return 0; }
+static CUcontext current_context(void)
+{
+    return current ? current : PRIMARY_CONTEXT;
+}
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = current_context(); return 0; }
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) { current = ctx; return 0; }
 /* A context 0xC0DE00 + d is device d's (FAKE_CUDA_DEVICES); any other is device 0's. */
 #define DEVICE_CONTEXT(d) ((CUcontext)(uintptr_t)(0xC0DE00 + (d)))
+static int device_of(CUcontext context)
+{
+    uintptr_t ctx = (uintptr_t)context;
+    return ctx >= 0xC0DE00 && ctx < 0xC0DE00 + (uintptr_t)device_count() ? (int)(ctx - 0xC0DE00)
+                                                                          : 0;
+}
 EXPORT CUresult cuCtxGetDevice(int *device)
 {
-    uintptr_t ctx = (uintptr_t)current;
-    *device = ctx >= 0xC0DE00 && ctx < 0xC0DE00 + (uintptr_t)device_count() ? (int)(ctx - 0xC0DE00)
-                                                                            : 0;
+    *device = device_of(current);
     return 0;
 }
 EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
@@ -961,6 +989,8 @@ EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
 #define CU_MEM_ACCESS_FLAGS_PROT_READ 1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
+#define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED 116
 
 /* CUmemLocation, CUmemAllocationProp and CUmemAccessDesc as cuda.h lays them out (checked
  * against NVIDIA's headers by test_fake_vmm.py). */
@@ -1006,6 +1036,7 @@ struct mapping {
     unsigned long long handle;
     unsigned char *backing;    /* the handle's, which outlives the mapping */
     int access;                /* device 0's; CU_MEM_ACCESS_FLAGS_PROT_NONE until set */
+    unsigned long long buffer_id; /* new at each cuMemMap */
 };
 
 static struct table reservations = {.row_size = sizeof(struct reservation)};
@@ -1017,6 +1048,13 @@ static unsigned long long next_handle = 1ull << 32; /* not an address the fake h
 static bool vmm_supported(void)
 {
     return !getenv("FAKE_CUDA_NO_VMM");
+}
+
+/* FAKE_CUDA_NO_GPU_DIRECT_RDMA=1: a device without GPUDirect RDMA, which refuses the flag in
+ * cuMemCreate's properties. */
+static bool gpu_direct_rdma(void)
+{
+    return !getenv("FAKE_CUDA_NO_GPU_DIRECT_RDMA");
 }
 
 static unsigned long long granularity(void)
@@ -1091,6 +1129,8 @@ static CUresult check_prop(const struct allocation_prop *prop)
         return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_NOT_SUPPORTED; /* host VMM memory is not modelled */
+    if (prop->gpu_direct_rdma_capable && !gpu_direct_rdma())
+        return CUDA_ERROR_NOT_SUPPORTED; /* a flag the device does not support */
     return prop->location.id == 0 ? 0 : CUDA_ERROR_INVALID_DEVICE;
 }
 
@@ -1228,7 +1268,8 @@ static CUresult memory_map_body(CUdeviceptr ptr, size_t size, size_t offset, uns
     struct handle *h = row_with_key(&handles, id, NULL);
     bool fits = h && h->references > 0 && offset <= h->size && size <= h->size - offset;
     if (fits && reservation_holding(ptr, size) && !overlaps(&mappings, ptr, size)) {
-        struct mapping row = {ptr, size, offset, id, h->backing, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+        struct mapping row = {ptr, size, offset, id, h->backing, CU_MEM_ACCESS_FLAGS_PROT_NONE,
+                              atomic_fetch_add(&next_buffer_id, 1)};
         if (table_insert(&mappings, &row)) {
             h->mappings++;
             result = 0;
@@ -1474,6 +1515,8 @@ struct host_range {
     unsigned long long start;
     unsigned long long size;
     bool allocated; /* by cuMemAllocHost: unmapped at cuMemFreeHost */
+    CUcontext ctx;
+    unsigned long long buffer_id;
 };
 
 static struct table host_ranges = {.row_size = sizeof(struct host_range)};
@@ -1493,7 +1536,8 @@ static CUresult host_alloc_body(void **host, size_t size)
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (memory == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct host_range row = {(uintptr_t)memory, length, true};
+    struct host_range row = {(uintptr_t)memory, length, true, current_context(),
+                             atomic_fetch_add(&next_buffer_id, 1)};
     pthread_rwlock_wrlock(&memory_lock);
     bool kept = table_insert(&host_ranges, &row);
     pthread_rwlock_unlock(&memory_lock);
@@ -1510,7 +1554,7 @@ static CUresult host_free_body(void *host)
     pthread_rwlock_wrlock(&memory_lock);
     size_t at;
     struct host_range *row = row_with_key(&host_ranges, (uintptr_t)host, &at);
-    struct host_range gone = row && row->allocated ? *row : (struct host_range){0, 0, false};
+    struct host_range gone = row && row->allocated ? *row : (struct host_range){0};
     if (gone.size)
         table_remove(&host_ranges, at);
     pthread_rwlock_unlock(&memory_lock);
@@ -1530,7 +1574,8 @@ static CUresult host_register_body(void *host, size_t size)
         return CUDA_ERROR_NOT_SUPPORTED;
     CUresult result = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     pthread_rwlock_wrlock(&memory_lock);
-    struct host_range row = {(uintptr_t)host, size, false};
+    struct host_range row = {(uintptr_t)host, size, false, current_context(),
+                             atomic_fetch_add(&next_buffer_id, 1)};
     if (!host_overlap(row.start, size))
         result = table_insert(&host_ranges, &row) ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
     pthread_rwlock_unlock(&memory_lock);
@@ -1551,6 +1596,321 @@ static CUresult host_unregister_body(void *host)
     return result;
 }
 
+/* ---- what the driver says of an address: pointer attributes, address ranges -------------
+ *
+ * cuPointerGetAttribute answers from what the address is (sources: cuda.h's documentation of
+ * each attribute; the widths are those NVIDIA's cuda-python reads them with):
+ * - one of the counter's allocations: the allocation (its start and size), the context it was
+ *   made in (none for stream-ordered memory, which belongs to no context: its pool instead),
+ *   its device; legacy IPC works on cuMemAlloc memory only;
+ * - VMM memory mapped: RANGE_START_ADDR and RANGE_SIZE are the reservation the address is in
+ *   (the "mappable address range"), cuMemGetAddressRange the one mapping it is in (one
+ *   physical handle: what UCX and libfabric found), the context none (VMM memory belongs to no
+ *   context), the device, handle types and GPUDirect RDMA flag those of the handle, and the
+ *   BUFFER_ID that of the mapping: a new one at each cuMemMap;
+ * - VMM memory reserved but not mapped (evicted): RANGE_START_ADDR, RANGE_SIZE and MAPPED (0)
+ *   answer; every other attribute fails with CUDA_ERROR_INVALID_VALUE, the answer Triton's
+ *   launcher reads as "cannot be accessed from Triton"; cuMemGetAddressRange fails with
+ *   CUDA_ERROR_NOT_FOUND;
+ * - host memory of cuMemAllocHost or cuMemHostRegister: host memory, its range;
+ * - anything else: CUDA_ERROR_INVALID_VALUE (cuMemGetAddressRange: CUDA_ERROR_NOT_FOUND).
+ * cuPointerGetAttributes never fails for an address it knows nothing of: each attribute that
+ * would fail gets its default (zeros; a device ordinal of -2), as the documentation says.
+ * P2P_TOKENS, MEMORY_BLOCK_ID, IS_HW_DECOMPRESS_CAPABLE and LOCALITY_DOMAIN_ORDINAL are not
+ * modelled: CUDA_ERROR_NOT_SUPPORTED, so that no test can lean on them.
+ * cuPointerSetAttribute takes SYNC_MEMOPS for the counter's allocations and refuses it on VMM
+ * memory with CUDA_ERROR_NOT_SUPPORTED, as the driver does (UCX found it so). */
+
+#define CUDA_ERROR_NOT_FOUND 500
+#define CU_MEMORYTYPE_HOST 1
+#define CU_MEMORYTYPE_DEVICE 2
+
+enum pointer_attribute {
+    ATTRIBUTE_CONTEXT = 1,
+    ATTRIBUTE_MEMORY_TYPE = 2,
+    ATTRIBUTE_DEVICE_POINTER = 3,
+    ATTRIBUTE_HOST_POINTER = 4,
+    ATTRIBUTE_P2P_TOKENS = 5,
+    ATTRIBUTE_SYNC_MEMOPS = 6,
+    ATTRIBUTE_BUFFER_ID = 7,
+    ATTRIBUTE_IS_MANAGED = 8,
+    ATTRIBUTE_DEVICE_ORDINAL = 9,
+    ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+    ATTRIBUTE_RANGE_START_ADDR = 11,
+    ATTRIBUTE_RANGE_SIZE = 12,
+    ATTRIBUTE_MAPPED = 13,
+    ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+    ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+    ATTRIBUTE_ACCESS_FLAGS = 16,
+    ATTRIBUTE_MEMPOOL_HANDLE = 17,
+    ATTRIBUTE_MAPPING_SIZE = 18,
+    ATTRIBUTE_MAPPING_BASE_ADDR = 19,
+    ATTRIBUTE_MEMORY_BLOCK_ID = 20,
+    ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE = 21,
+    ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL = 22,
+};
+
+enum pointer_kind { UNKNOWN_POINTER, RESERVED_POINTER, MAPPED_POINTER, COUNTED_POINTER,
+                    HOST_MEMORY_POINTER };
+
+struct pointer_facts {
+    enum pointer_kind kind;
+    CUcontext ctx;
+    unsigned memory_type;
+    int device;
+    CUdeviceptr range_start; /* RANGE_START_ADDR and RANGE_SIZE */
+    unsigned long long range_size;
+    CUdeviceptr mapping_start; /* MAPPING_*, and cuMemGetAddressRange */
+    unsigned long long mapping_size;
+    unsigned long long buffer_id;
+    bool managed, legacy_ipc, sync_memops;
+    unsigned handle_types, rdma, access;
+    void *pool;
+};
+
+/* Under a lock: what ptr is. */
+static struct pointer_facts facts_of(CUdeviceptr ptr)
+{
+    struct pointer_facts f = {.kind = UNKNOWN_POINTER, .device = -2};
+    const struct reservation *r = reservation_holding(ptr, 1);
+    if (r) {
+        f.kind = RESERVED_POINTER;
+        f.range_start = r->start;
+        f.range_size = r->size;
+        const struct mapping *m = mapping_at(ptr);
+        const struct handle *h = m ? row_with_key(&handles, m->handle, NULL) : NULL;
+        if (!m || !h)
+            return f;
+        f.kind = MAPPED_POINTER;
+        f.memory_type = CU_MEMORYTYPE_DEVICE;
+        f.device = h->prop.location.id;
+        f.mapping_start = m->start;
+        f.mapping_size = m->size;
+        f.buffer_id = m->buffer_id;
+        f.handle_types = (unsigned)h->prop.requested_handle_types;
+        f.rdma = h->prop.gpu_direct_rdma_capable != 0;
+        f.access = (unsigned)m->access;
+        return f;
+    }
+    const struct allocation *a = allocation_holding(ptr);
+    if (a) {
+        f.kind = COUNTED_POINTER;
+        f.ctx = a->ctx;
+        f.memory_type = CU_MEMORYTYPE_DEVICE; /* managed memory too: IS_MANAGED tells it */
+        f.device = a->device;
+        f.range_start = f.mapping_start = a->address;
+        f.range_size = f.mapping_size = a->size;
+        f.buffer_id = a->buffer_id;
+        f.managed = a->kind == MANAGED_MEMORY;
+        f.legacy_ipc = a->kind == DEVICE_MEMORY;
+        f.sync_memops = a->sync_memops;
+        f.rdma = gpu_direct_rdma() && a->kind != MANAGED_MEMORY;
+        f.access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        f.pool = a->kind == POOL_MEMORY ? a->pool : NULL;
+        return f;
+    }
+    size_t at = rows_up_to(&host_ranges, ptr);
+    const struct host_range *h = at ? row_at(&host_ranges, at - 1) : NULL;
+    if (h && ptr - h->start < h->size) {
+        f.kind = HOST_MEMORY_POINTER;
+        f.ctx = h->ctx;
+        f.memory_type = CU_MEMORYTYPE_HOST;
+        f.device = device_of(h->ctx);
+        f.range_start = f.mapping_start = h->start;
+        f.range_size = f.mapping_size = h->size;
+        f.buffer_id = h->buffer_id;
+        f.access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    return f;
+}
+
+/* The bytes an attribute's answer takes; 0 for an attribute cuda.h does not have. */
+static size_t attribute_width(int attribute)
+{
+    switch (attribute) {
+    case ATTRIBUTE_SYNC_MEMOPS:
+    case ATTRIBUTE_IS_MANAGED:
+    case ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case ATTRIBUTE_MAPPED:
+    case ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+        return sizeof(bool);
+    case ATTRIBUTE_MEMORY_TYPE:
+    case ATTRIBUTE_DEVICE_ORDINAL:
+    case ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case ATTRIBUTE_ACCESS_FLAGS:
+    case ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL:
+        return sizeof(unsigned);
+    case ATTRIBUTE_P2P_TOKENS:
+        return 16; /* CUDA_POINTER_ATTRIBUTE_P2P_TOKENS */
+    case ATTRIBUTE_CONTEXT:
+    case ATTRIBUTE_DEVICE_POINTER:
+    case ATTRIBUTE_HOST_POINTER:
+    case ATTRIBUTE_BUFFER_ID:
+    case ATTRIBUTE_RANGE_START_ADDR:
+    case ATTRIBUTE_RANGE_SIZE:
+    case ATTRIBUTE_MEMPOOL_HANDLE:
+    case ATTRIBUTE_MAPPING_SIZE:
+    case ATTRIBUTE_MAPPING_BASE_ADDR:
+    case ATTRIBUTE_MEMORY_BLOCK_ID:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+/* What cuPointerGetAttribute writes at data for one attribute of ptr, or the error. */
+static CUresult answer_attribute(void *data, int attribute, const struct pointer_facts *f,
+                                 CUdeviceptr ptr)
+{
+    if (!attribute_width(attribute))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attribute == ATTRIBUTE_P2P_TOKENS || attribute == ATTRIBUTE_MEMORY_BLOCK_ID ||
+        attribute == ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE ||
+        attribute == ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL)
+        return CUDA_ERROR_NOT_SUPPORTED; /* not modelled */
+    bool reserved_answers = attribute == ATTRIBUTE_RANGE_START_ADDR ||
+                            attribute == ATTRIBUTE_RANGE_SIZE || attribute == ATTRIBUTE_MAPPED;
+    if (f->kind == UNKNOWN_POINTER || (f->kind == RESERVED_POINTER && !reserved_answers))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long wide = 0;
+    unsigned narrow = 0;
+    bool flag = false;
+    switch (attribute) {
+    case ATTRIBUTE_CONTEXT:
+        wide = (uintptr_t)f->ctx;
+        break;
+    case ATTRIBUTE_MEMORY_TYPE:
+        narrow = f->memory_type;
+        break;
+    case ATTRIBUTE_DEVICE_POINTER:
+        wide = ptr;
+        break;
+    case ATTRIBUTE_HOST_POINTER:
+        if (f->kind != HOST_MEMORY_POINTER)
+            return CUDA_ERROR_INVALID_VALUE; /* device memory has no host address */
+        wide = ptr;
+        break;
+    case ATTRIBUTE_SYNC_MEMOPS:
+        flag = f->sync_memops;
+        break;
+    case ATTRIBUTE_BUFFER_ID:
+        wide = f->buffer_id;
+        break;
+    case ATTRIBUTE_IS_MANAGED:
+        flag = f->managed;
+        break;
+    case ATTRIBUTE_DEVICE_ORDINAL:
+        narrow = (unsigned)f->device;
+        break;
+    case ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        flag = f->legacy_ipc;
+        break;
+    case ATTRIBUTE_RANGE_START_ADDR:
+        wide = f->range_start;
+        break;
+    case ATTRIBUTE_RANGE_SIZE:
+        wide = f->range_size;
+        break;
+    case ATTRIBUTE_MAPPED:
+        flag = f->kind != RESERVED_POINTER;
+        break;
+    case ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        narrow = f->handle_types;
+        break;
+    case ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+        narrow = f->rdma;
+        break;
+    case ATTRIBUTE_ACCESS_FLAGS:
+        narrow = f->access;
+        break;
+    case ATTRIBUTE_MEMPOOL_HANDLE:
+        wide = (uintptr_t)f->pool;
+        break;
+    case ATTRIBUTE_MAPPING_SIZE:
+        wide = f->mapping_size;
+        break;
+    case ATTRIBUTE_MAPPING_BASE_ADDR:
+        wide = f->mapping_start;
+        break;
+    }
+    size_t width = attribute_width(attribute);
+    if (width == sizeof(bool))
+        memcpy(data, &flag, width);
+    else if (width == sizeof(unsigned))
+        memcpy(data, &narrow, width);
+    else
+        memcpy(data, &wide, width);
+    return 0;
+}
+
+static CUresult pointer_get_attribute_body(void *data, int attribute, CUdeviceptr ptr)
+{
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_rdlock(&memory_lock);
+    struct pointer_facts f = facts_of(ptr);
+    pthread_rwlock_unlock(&memory_lock);
+    return answer_attribute(data, attribute, &f, ptr);
+}
+
+static CUresult pointer_get_attributes_body(unsigned count, const int *attributes, void **data,
+                                            CUdeviceptr ptr)
+{
+    if (!attributes || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < count; i++)
+        if (!data[i] || !attribute_width(attributes[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_rdlock(&memory_lock);
+    struct pointer_facts f = facts_of(ptr);
+    pthread_rwlock_unlock(&memory_lock);
+    for (unsigned i = 0; i < count; i++) {
+        CUresult result = answer_attribute(data[i], attributes[i], &f, ptr);
+        if (result == CUDA_ERROR_INVALID_VALUE) { /* this pointer has none: the default */
+            memset(data[i], 0, attribute_width(attributes[i]));
+            if (attributes[i] == ATTRIBUTE_DEVICE_ORDINAL)
+                *(int *)data[i] = -2;
+        } else if (result) {
+            return result;
+        }
+    }
+    return 0;
+}
+
+static CUresult pointer_set_attribute_body(const void *value, int attribute, CUdeviceptr ptr)
+{
+    if (!value || attribute != ATTRIBUTE_SYNC_MEMOPS)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_wrlock(&memory_lock);
+    struct pointer_facts f = facts_of(ptr);
+    if (f.kind == MAPPED_POINTER) {
+        result = CUDA_ERROR_NOT_SUPPORTED;
+    } else if (f.kind == COUNTED_POINTER) {
+        allocation_holding(ptr)->sync_memops = *(const unsigned *)value != 0;
+        result = 0;
+    } else if (f.kind == HOST_MEMORY_POINTER) {
+        result = CUDA_ERROR_NOT_SUPPORTED; /* not modelled */
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+static CUresult address_range_body(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
+{
+    pthread_rwlock_rdlock(&memory_lock);
+    struct pointer_facts f = facts_of(ptr);
+    pthread_rwlock_unlock(&memory_lock);
+    if (f.kind != MAPPED_POINTER && f.kind != COUNTED_POINTER)
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = f.mapping_start;
+    if (size)
+        *size = (size_t)f.mapping_size;
+    return 0;
+}
+
 /* ---- the entry points ------------------------------------------------------------------- */
 
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
@@ -1567,6 +1927,10 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
         break;
     case 75: /* COMPUTE_CAPABILITY_MAJOR */
         *value = 9;
+        break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+        *value = gpu_direct_rdma();
         break;
     case 41:  /* UNIFIED_ADDRESSING */
     case 83:  /* MANAGED_MEMORY */
@@ -1692,6 +2056,43 @@ EXPORT CUresult cuMemRetainAllocationHandle(unsigned long long *handle, void *ad
     CUresult result = memory_retain_body(handle, (CUdeviceptr)(uintptr_t)address);
     record("cuMemRetainAllocationHandle address=%p handle=0x%llx result=%d", address,
            result ? 0ull : *handle, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+{
+    call_begins();
+    CUresult result = pointer_get_attribute_body(data, attribute, ptr);
+    record("cuPointerGetAttribute attribute=%d ptr=0x%llx result=%d", attribute, ptr, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned count, const int *attributes, void **data,
+                                       CUdeviceptr ptr)
+{
+    call_begins();
+    CUresult result = pointer_get_attributes_body(count, attributes, data, ptr);
+    record("cuPointerGetAttributes count=%u ptr=0x%llx result=%d", count, ptr, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuPointerSetAttribute(const void *value, int attribute, CUdeviceptr ptr)
+{
+    call_begins();
+    CUresult result = pointer_set_attribute_body(value, attribute, ptr);
+    record("cuPointerSetAttribute attribute=%d ptr=0x%llx result=%d", attribute, ptr, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
+{
+    call_begins();
+    CUresult result = address_range_body(base, size, ptr);
+    record("cuMemGetAddressRange_v2 ptr=0x%llx result=%d", ptr, result);
     call_ends();
     return result;
 }
@@ -2546,6 +2947,10 @@ static const struct entry entries[] = {
     ENTRY("cuMemGetAllocationPropertiesFromHandle", 10020, 0,
           cuMemGetAllocationPropertiesFromHandle),
     ENTRY("cuMemRetainAllocationHandle", 11000, 0, cuMemRetainAllocationHandle),
+    ENTRY("cuPointerGetAttribute", 4000, 0, cuPointerGetAttribute),
+    ENTRY("cuPointerGetAttributes", 7000, 0, cuPointerGetAttributes),
+    ENTRY("cuPointerSetAttribute", 6000, 0, cuPointerSetAttribute),
+    ENTRY("cuMemGetAddressRange", 3020, 0, cuMemGetAddressRange_v2),
     ENTRY("cuMemAllocHost", 3020, 0, cuMemAllocHost_v2),
     ENTRY("cuMemFreeHost", 2000, 0, cuMemFreeHost),
     ENTRY("cuMemHostRegister", 6050, 0, cuMemHostRegister_v2),

@@ -43,8 +43,10 @@ from vmm_calls import (
     ILLEGAL_ADDRESS,
     INVALID_DEVICE,
     INVALID_VALUE,
+    NOT_FOUND,
     NOT_SUPPORTED,
     OUT_OF_MEMORY,
+    POINTER_ATTRIBUTES,
     GiB,
     MiB,
 )
@@ -52,6 +54,7 @@ from vmm_calls import (
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CHUNK = 2 * MiB  # the fake's granularity, as a current GPU's
+GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
 
 
 @pytest.fixture(scope="session")
@@ -495,6 +498,104 @@ def test_retain_gives_the_mapped_handle_with_a_reference_of_its_own(v: FakeProce
     assert v.call(f"v.retain({va})")[0] == INVALID_VALUE  # nothing mapped there now
 
 
+# ---- what the driver says of an address ----------------------------------------------------
+
+VMM_FACTS = ["MEMORY_TYPE", "DEVICE_POINTER", "DEVICE_ORDINAL", "RANGE_START_ADDR",
+             "RANGE_SIZE", "MAPPED", "IS_MANAGED", "IS_LEGACY_CUDA_IPC_CAPABLE"]
+
+
+def test_mapped_vmm_memory_answers_with_its_reservation_and_its_mapping(v: FakeProcess) -> None:
+    va = v.call(f"v.backed({4 * CHUNK}, {CHUNK})")  # four mappings of one handle each
+    inside = va + CHUNK + 100
+    assert v.call(f"v.pointer.attributes({inside}, {VMM_FACTS})") == [0, {
+        "MEMORY_TYPE": 2, "DEVICE_POINTER": inside, "DEVICE_ORDINAL": 0,
+        "RANGE_START_ADDR": va, "RANGE_SIZE": 4 * CHUNK,  # the reservation
+        "MAPPED": True, "IS_MANAGED": False, "IS_LEGACY_CUDA_IPC_CAPABLE": False}]
+    assert v.call(f"v.pointer.address_range({inside})") == [0, va + CHUNK, CHUNK]  # one mapping
+    assert v.call(f"v.pointer.attribute({inside}, 'MAPPING_BASE_ADDR')") == [0, va + CHUNK]
+    assert v.call(f"v.pointer.attribute({inside}, 'CONTEXT')") == [0, None]  # belongs to none
+    assert v.call(f"v.pointer.attribute({inside}, 'ACCESS_FLAGS')") == [0, 3]
+
+
+def test_vmm_memory_reserved_but_not_mapped_fails_every_query_but_its_range(
+        v: FakeProcess) -> None:
+    va = v.call(f"v.backed({2 * CHUNK}, {CHUNK})")
+    assert v.call(f"v.unmap({va + CHUNK}, {CHUNK})") == 0  # evicted, as the vmm evictor does
+    away = va + CHUNK + 8
+    for name in ("DEVICE_POINTER", "CONTEXT", "MEMORY_TYPE", "DEVICE_ORDINAL", "BUFFER_ID"):
+        assert v.call(f"v.pointer.attribute({away}, {name!r})") == [INVALID_VALUE, None], name
+    assert v.call(f"v.pointer.attribute({away}, 'RANGE_START_ADDR')") == [0, va]
+    assert v.call(f"v.pointer.attribute({away}, 'RANGE_SIZE')") == [0, 2 * CHUNK]
+    assert v.call(f"v.pointer.attribute({away}, 'MAPPED')") == [0, False]
+    assert v.call(f"v.pointer.address_range({away})")[0] == NOT_FOUND
+    # The list form does not fail: what the address lacks comes back as the defaults.
+    assert v.call(f"v.pointer.attributes({away}, {VMM_FACTS})") == [0, {
+        "MEMORY_TYPE": 0, "DEVICE_POINTER": 0, "DEVICE_ORDINAL": -2, "RANGE_START_ADDR": va,
+        "RANGE_SIZE": 2 * CHUNK, "MAPPED": False, "IS_MANAGED": False,
+        "IS_LEGACY_CUDA_IPC_CAPABLE": False}]
+    assert v.call(f"v.pointer.attribute({va}, 'MAPPED')") == [0, True]  # the other half
+
+
+def test_a_vmm_mapping_gets_a_new_buffer_id_each_time_it_is_mapped(v: FakeProcess) -> None:
+    va = v.call(f"v.backed({CHUNK})")
+    first = v.call(f"v.pointer.attribute({va}, 'BUFFER_ID')")[1]
+    assert v.call(f"v.unmap({va}, {CHUNK})") == 0
+    handle = v.call(f"v.create({CHUNK})")
+    assert v.call(f"v.map({va}, {CHUNK}, {handle})") == 0
+    assert v.call(f"v.pointer.attribute({va}, 'BUFFER_ID')")[1] not in (first, 0)
+
+
+def test_addresses_the_driver_never_made_fail_each_query(v: FakeProcess) -> None:
+    nowhere = 0x1234000
+    assert v.call(f"v.pointer.attribute({nowhere}, 'DEVICE_POINTER')") == [INVALID_VALUE, None]
+    assert v.call(f"v.pointer.address_range({nowhere})")[0] == NOT_FOUND
+    code, values = v.call(f"v.pointer.attributes({nowhere}, ['MEMORY_TYPE', 'DEVICE_ORDINAL'])")
+    assert (code, values) == (0, {"MEMORY_TYPE": 0, "DEVICE_ORDINAL": -2})
+
+
+def test_device_memory_answers_as_its_allocation(v: FakeProcess) -> None:
+    plain = v.call(f"v.alloc({3 * MiB + 5})")
+    assert v.call(f"v.pointer.attributes({plain + 7}, {VMM_FACTS})") == [0, {
+        "MEMORY_TYPE": 2, "DEVICE_POINTER": plain + 7, "DEVICE_ORDINAL": 0,
+        "RANGE_START_ADDR": plain, "RANGE_SIZE": 3 * MiB + 5, "MAPPED": True,
+        "IS_MANAGED": False, "IS_LEGACY_CUDA_IPC_CAPABLE": True}]
+    assert v.call(f"v.pointer.address_range({plain + 7})") == [0, plain, 3 * MiB + 5]
+    assert v.call(f"v.pointer.attribute({plain}, 'CONTEXT')") == [0, 0xC0FFEE]
+    assert v.call(f"v.pointer.attribute({plain}, 'HOST_POINTER')") == [INVALID_VALUE, None]
+    managed = v.call(f"v.alloc_managed({MiB})")
+    assert v.call(f"v.pointer.attribute({managed}, 'IS_MANAGED')") == [0, True]
+    streamed = v.call(f"v.alloc_async({MiB}, pool=0x9001)")
+    assert v.call(f"v.pointer.attribute({streamed}, 'CONTEXT')") == [0, None]  # no context
+    assert v.call(f"v.pointer.attribute({streamed}, 'MEMPOOL_HANDLE')") == [0, 0x9001]
+    ids = {v.call(f"v.pointer.attribute({p}, 'BUFFER_ID')")[1] for p in (plain, managed, streamed)}
+    assert len(ids) == 3 and 0 not in ids
+
+
+def test_sync_memops_is_kept_for_device_memory_and_refused_on_vmm_memory(v: FakeProcess) -> None:
+    plain = v.call(f"v.alloc({MiB})")
+    assert v.call(f"v.pointer.attribute({plain}, 'SYNC_MEMOPS')") == [0, False]
+    assert v.call(f"v.pointer.sync_memops({plain + 64})") == 0
+    assert v.call(f"v.pointer.attribute({plain}, 'SYNC_MEMOPS')") == [0, True]
+    va = v.call(f"v.backed({CHUNK})")
+    assert v.call(f"v.pointer.sync_memops({va})") == NOT_SUPPORTED
+    assert v.call(f"v.pointer.sync_memops({0x1234000})") == INVALID_VALUE
+
+
+def test_the_gpu_direct_rdma_flag_is_the_handles_and_needs_the_device(start_fake) -> None:
+    fake = start_fake(FAKE_CUDA_TOTAL=str(GiB))
+    assert fake.call(f"v.attribute({GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED})") == 1
+    va = fake.call(f"v.reserve({2 * CHUNK})")
+    flagged, plain = fake.call(f"v.create({CHUNK}, rdma=True)"), fake.call(f"v.create({CHUNK})")
+    assert fake.call(f"v.map({va}, {CHUNK}, {flagged})") == 0
+    assert fake.call(f"v.map({va + CHUNK}, {CHUNK}, {plain})") == 0
+    assert fake.call(f"v.pointer.attribute({va}, 'IS_GPU_DIRECT_RDMA_CAPABLE')") == [0, 1]
+    assert fake.call(f"v.pointer.attribute({va + CHUNK}, 'IS_GPU_DIRECT_RDMA_CAPABLE')") == [0, 0]
+    without = start_fake(FAKE_CUDA_TOTAL=str(GiB), FAKE_CUDA_NO_GPU_DIRECT_RDMA="1")
+    assert without.call(f"v.attribute({GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED})") == 0
+    assert without.call(f"v.create_with({CHUNK}, rdma=True)") == NOT_SUPPORTED
+    assert without.call(f"v.create_with({CHUNK})") == 0
+
+
 # ---- the other allocations ----------------------------------------------------------------
 
 def test_plain_and_managed_allocations_count_until_freed(v: FakeProcess) -> None:
@@ -626,7 +727,8 @@ VMM_BASES = {"cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddre
              "cuMemGetAccess", "cuMemGetAllocationPropertiesFromHandle",
              "cuMemRetainAllocationHandle", "cuDeviceGetAttribute", "cuMemHostRegister",
              "cuMemHostUnregister", "cuMemAllocHost", "cuEventRecord", "cuEventElapsedTime",
-             "cuMemcpyDtoD", "cuMemsetD32", "cuMemsetD32Async"}
+             "cuMemcpyDtoD", "cuMemsetD32", "cuMemsetD32Async", "cuPointerGetAttribute",
+             "cuPointerGetAttributes", "cuPointerSetAttribute", "cuMemGetAddressRange"}
 NO_HEADERS = pytest.param(None, marks=pytest.mark.skip(
     reason="no CUDA headers: the test extra installs nvidia-cuda-runtime-cu12 and "
            "nvidia-cuda-runtime"))
@@ -679,6 +781,28 @@ def test_the_fakes_structures_are_laid_out_as_cuda_h_lays_them(toolkit, tmp_path
                              text=True).stdout.split()
     # struct allocation_prop, struct access_desc and the constants in fake_cuda.c
     assert [int(x) for x in printed] == [32, 8, 24, 12, 8, 8, 8, 8, 102, 1, 1, 3]
+
+
+@each_toolkit()
+def test_the_pointer_attributes_are_numbered_as_cuda_h_numbers_them(toolkit,
+                                                                    tmp_path: Path) -> None:
+    """vmm_calls.POINTER_ATTRIBUTES (the fake's enum pointer_attribute has the same numbers),
+    and the other constants the pointer queries use."""
+    names = [n for n in POINTER_ATTRIBUTES
+             if n != "MEMORY_BLOCK_ID" or toolkit.version >= 12000]
+    source, program = tmp_path / "numbers.c", tmp_path / "numbers"
+    printed = "".join(f'    printf("%d\\n", (int)CU_POINTER_ATTRIBUTE_{n});\n' for n in names)
+    source.write_text("#include <stdio.h>\n#include <cuda.h>\nint main(void)\n{\n" + printed
+                      + '    printf("%d %d\\n", (int)CUDA_ERROR_NOT_FOUND, '
+                        "(int)CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED);\n"
+                      "    return 0;\n}\n")
+    subprocess.run(["gcc", f"-I{toolkit.include}", "-o", str(program), str(source)], check=True,
+                   capture_output=True, text=True)
+    lines = subprocess.run([str(program)], check=True, capture_output=True,
+                           text=True).stdout.split("\n")
+    assert [int(x) for x in lines[:len(names)]] == [POINTER_ATTRIBUTES[n][0] for n in names]
+    assert lines[len(names)].split() == [str(NOT_FOUND),
+                                         str(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)]
 
 
 # ---- through the shim, as an application's own VMM memory ----------------------------------

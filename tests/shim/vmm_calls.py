@@ -41,10 +41,68 @@ FAKE_KERNEL_COPY = 0xF222
 INVALID_VALUE = 1
 OUT_OF_MEMORY = 2
 INVALID_DEVICE = 101
+NOT_FOUND = 500
 ILLEGAL_ADDRESS = 700
 HOST_MEMORY_ALREADY_REGISTERED = 712
 HOST_MEMORY_NOT_REGISTERED = 713
 NOT_SUPPORTED = 801
+
+
+#: CUpointer_attribute: name -> (number, the ctypes type the driver writes it as).
+POINTER_ATTRIBUTES: dict[str, tuple[int, Any]] = {
+    "CONTEXT": (1, c_ptr), "MEMORY_TYPE": (2, ctypes.c_uint),
+    "DEVICE_POINTER": (3, c_u64), "HOST_POINTER": (4, c_ptr), "SYNC_MEMOPS": (6, ctypes.c_bool),
+    "BUFFER_ID": (7, c_u64), "IS_MANAGED": (8, ctypes.c_bool), "DEVICE_ORDINAL": (9, ctypes.c_int),
+    "IS_LEGACY_CUDA_IPC_CAPABLE": (10, ctypes.c_bool), "RANGE_START_ADDR": (11, c_u64),
+    "RANGE_SIZE": (12, c_size), "MAPPED": (13, ctypes.c_bool),
+    "ALLOWED_HANDLE_TYPES": (14, ctypes.c_uint), "IS_GPU_DIRECT_RDMA_CAPABLE": (15, ctypes.c_uint),
+    "ACCESS_FLAGS": (16, ctypes.c_uint), "MEMPOOL_HANDLE": (17, c_ptr),
+    "MAPPING_SIZE": (18, c_size), "MAPPING_BASE_ADDR": (19, c_u64),
+    "MEMORY_BLOCK_ID": (20, c_u64),
+}
+
+
+class PointerQueries:
+    """cuPointerGetAttribute(s), cuPointerSetAttribute and cuMemGetAddressRange_v2, each
+    returning [CUresult, answer]."""
+
+    def __init__(self, lib: Any) -> None:
+        self.lib = lib
+
+    def _fn(self, name: str, *argtypes: Any) -> Any:
+        function = getattr(self.lib, name)
+        function.restype = ctypes.c_int
+        function.argtypes = list(argtypes)
+        return function
+
+    def attribute(self, ptr: int, name: str) -> list[Any]:
+        number, kind = POINTER_ATTRIBUTES[name]
+        value = kind()
+        fn = self._fn("cuPointerGetAttribute", c_ptr, ctypes.c_int, c_u64)
+        code = int(fn(ctypes.byref(value), number, ptr))
+        return [code, value.value if code == 0 else None]
+
+    def attributes(self, ptr: int, names: list[str]) -> list[Any]:
+        """[CUresult, {name: value}] of one cuPointerGetAttributes call."""
+        values = [POINTER_ATTRIBUTES[n][1]() for n in names]
+        numbers = (ctypes.c_int * len(names))(*[POINTER_ATTRIBUTES[n][0] for n in names])
+        data = (c_ptr * len(names))(*[ctypes.cast(ctypes.byref(v), c_ptr) for v in values])
+        fn = self._fn("cuPointerGetAttributes", ctypes.c_uint, c_ptr, c_ptr, c_u64)
+        code = int(fn(len(names), numbers, data, ptr))
+        return [code, {n: v.value for n, v in zip(names, values, strict=True)}]
+
+    def sync_memops(self, ptr: int, on: bool = True) -> int:
+        value = ctypes.c_uint(int(on))
+        fn = self._fn("cuPointerSetAttribute", c_ptr, ctypes.c_int, c_u64)
+        return int(fn(ctypes.byref(value), POINTER_ATTRIBUTES["SYNC_MEMOPS"][0], ptr))
+
+    def address_range(self, ptr: int) -> list[Any]:
+        """[CUresult, base, size]."""
+        base, size = c_u64(), c_size()
+        fn = self._fn("cuMemGetAddressRange_v2", ctypes.POINTER(c_u64), ctypes.POINTER(c_size),
+                      c_u64)
+        code = int(fn(ctypes.byref(base), ctypes.byref(size), ptr))
+        return [code, base.value, size.value]
 
 
 class CudaError(RuntimeError):
@@ -89,6 +147,7 @@ class Calls:
     def __init__(self, path: str) -> None:
         self.lib = ctypes.CDLL(path)
         self._last_handle = 0
+        self.pointer = PointerQueries(self.lib)
 
     def _fn(self, name: str, *argtypes: Any, restype: Any = ctypes.c_int) -> Any:
         function = getattr(self.lib, name)
@@ -175,13 +234,20 @@ class Calls:
     def last_handle(self) -> int:
         return self._last_handle
 
-    def create(self, size: int, handle_types: int = 0) -> int:
+    def create(self, size: int, handle_types: int = 0, rdma: bool = False) -> int:
         handle = c_u64()
+        self._check("cuMemCreate", self.create_with(size, handle_types, rdma, handle))
+        return handle.value
+
+    def create_with(self, size: int, handle_types: int = 0, rdma: bool = False,
+                    handle: Any = None) -> int:
+        """cuMemCreate's CUresult, with these handle types and GPUDirect RDMA flag."""
+        prop = pinned_on(0, handle_types)
+        prop.gpuDirectRDMACapable = int(rdma)
         fn = self._fn("cuMemCreate", ctypes.POINTER(c_u64), c_size,
                       ctypes.POINTER(AllocationProp), c_u64)
-        self._check("cuMemCreate", fn(ctypes.byref(handle), size,
-                                      ctypes.byref(pinned_on(0, handle_types)), 0))
-        return handle.value
+        return int(fn(ctypes.byref(handle if handle is not None else c_u64()), size,
+                      ctypes.byref(prop), 0))
 
     def release(self, handle: int) -> int:
         return int(self._fn("cuMemRelease", c_u64)(handle))
