@@ -80,6 +80,8 @@ typedef struct CUmemAccessDesc_st {
 } CUmemAccessDesc;
 
 typedef int CUmemAllocationGranularity_flags; /* MINIMUM 0, RECOMMENDED 1 */
+typedef int CUpointer_attribute;
+typedef int CUmemRangeHandleType;
 typedef int CUdevice_attribute;
 typedef int CUmemPool_attribute;
 
@@ -99,6 +101,34 @@ typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
 typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
+
+/* cuPointerGetAttribute's questions the shim answers itself for the memory it maps
+ * (interpose/pointer.c); the others it passes on. */
+enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+    CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+    CU_POINTER_ATTRIBUTE_P2P_TOKENS = 5,
+    CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6,
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_MAPPED = 13,
+    CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+    CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
+    CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+    CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
+    CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20,
+    CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE = 21,
+    CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL = 22,
+};
+#define CU_MEMORYTYPE_DEVICE 0x2
 
 enum {
     CUDA_SUCCESS = 0,

@@ -39,6 +39,16 @@
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
     X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0)
 
+/* Questions about an address (interpose/pointer.c): under vmm, asked of the shim's own memory,
+ * they wait at the gate for the restore while it is away and answer for the allocation the
+ * program made, never for a chunk or a slab. */
+#define KIWI_ADDRESS_HOOKS(X)                                             \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute", 4000, 0)            \
+    X(cuPointerGetAttributes, "cuPointerGetAttributes", 7000, 0)          \
+    X(cuPointerSetAttribute, "cuPointerSetAttribute", 6000, 0)            \
+    X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", 3020, 0)           \
+    X(cuMemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 11070, 0)
+
 /* Graph capture (interpose/capture.c): a release must not synchronize while a capture is open,
  * since cuCtxSynchronize would invalidate it. */
 #define KIWI_CAPTURE_HOOKS(X)                                             \
@@ -194,8 +204,8 @@
     X(cuStreamBatchMemOp_v2_ptsz, "cuStreamBatchMemOp", 11070, 1)
 
 #define KIWI_HOOKS(X) \
-    KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_CAPTURE_HOOKS(X) KIWI_CONTEXT_HOOKS(X) \
-    KIWI_GATED_HOOKS(X)
+    KIWI_PROC_HOOKS(X) KIWI_MEMORY_HOOKS(X) KIWI_ADDRESS_HOOKS(X) KIWI_CAPTURE_HOOKS(X) \
+    KIWI_CONTEXT_HOOKS(X) KIWI_GATED_HOOKS(X)
 
 #define KIWI_HOOK_ID(symbol, base, version, per_thread) HOOK_##symbol,
 enum kiwi_hook_id { KIWI_HOOKS(KIWI_HOOK_ID) KIWI_HOOK_COUNT };

@@ -16,6 +16,7 @@
  *               pool.c        a framework's pool: the shim's managed one, or its vmm counts
  *               free.c        frees, and stream-ordered frees
  *               handles.c     legacy IPC handles, and VMM handles handed out (pinned in place)
+ *               pointer.c     questions about an address, answered per allocation under vmm
  *               meminfo.c     cuMemGetInfo and cuDeviceTotalMem: what the process is told
  *               context.c     contexts destroyed or reset: what was allocated in them goes;
  *                             peer access, which the vmm evictor's mappings get
@@ -56,6 +57,7 @@
  *               vmm.c         its allocations: regions, chunks, slabs, frees, shadows' thread,
  *               vmm_shadows.c its host shadows,
  *               vmm_chunks.c  its physical handles, mapped and unmapped,
+ *               vmm_index.c   its regions by address,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from vmm_calls import FAKE_KERNEL_FILL, AllocationProp, pinned_on
+from vmm_calls import FAKE_KERNEL_FILL, AllocationProp, PointerQueries, pinned_on
 
 from kiwi_jupyter.shim import Shim
 
@@ -30,6 +30,8 @@ class Driver:
 
     def __init__(self, path: str) -> None:
         self.lib = ctypes.CDLL(path)  # dlopen by path, RTLD_LOCAL: only dlsym reaches it
+        #: cuPointerGetAttribute(s), cuPointerSetAttribute, cuMemGetAddressRange_v2 (by dlsym)
+        self.pointer = PointerQueries(self.lib)
 
     # ---- finding entry points ----
     def dlsym(self, name: str, *argtypes: Any) -> Any:

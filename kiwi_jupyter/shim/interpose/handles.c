@@ -6,9 +6,12 @@
  * and answers CUDA_ERROR_NOT_SUPPORTED rather than the driver's bare invalid value.
  *
  * cuMemRetainAllocationHandle gives the physical handle behind an address to whoever asks (an
- * export to a shareable handle, an NCCL buffer registration): a handle held elsewhere keeps the
- * memory alive after the shim's release, and a restore into new memory would part the two. The
- * memory behind it stays where it is from then on, and is reported as not evictable.
+ * export to a shareable handle, an NCCL buffer registration), and cuMemGetHandleForAddressRange
+ * a dma-buf of the memory behind a range (GPUDirect RDMA registrations): a handle held elsewhere
+ * keeps the memory alive after the shim's release, and a restore into new memory would part
+ * the two. The memory behind it stays where it is from then on, and is reported as not
+ * evictable. Both need the memory mapped: while it is away, they wait at the gate for the
+ * restore first, as work does.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -30,12 +33,48 @@ KIWI_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
     return real(handle, dptr);
 }
 
+/* Enters the gate when any of [ptr, ptr + size) is away, so that the restore brings it back;
+ * *inside says whether it did (the caller leaves with kiwi_gate_exit). */
+static CUresult present(CUdeviceptr ptr, size_t size, bool *inside)
+{
+    *inside = false;
+    if (!kiwi_cfg.enabled || !kiwi_vmm_away_in(ptr, size))
+        return CUDA_SUCCESS;
+    CUresult refused = kiwi_gate_enter();
+    *inside = refused == CUDA_SUCCESS;
+    return refused;
+}
+
 KIWI_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
                                                  void *address)
 {
     KIWI_REAL(real, cuMemRetainAllocationHandle);
-    CUresult result = real(handle, address);
+    CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)address;
+    bool inside;
+    CUresult result = present(ptr, 1, &inside);
+    if (result != CUDA_SUCCESS)
+        return result;
+    result = real(handle, address);
     if (result == CUDA_SUCCESS && kiwi_cfg.enabled)
-        kiwi_vmm_retained((CUdeviceptr)(uintptr_t)address);
+        kiwi_vmm_retained(ptr, 1);
+    if (inside)
+        kiwi_gate_exit();
+    return result;
+}
+
+KIWI_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                                   CUmemRangeHandleType type,
+                                                   unsigned long long flags)
+{
+    KIWI_REAL(real, cuMemGetHandleForAddressRange);
+    bool inside;
+    CUresult result = present(dptr, size, &inside);
+    if (result != CUDA_SUCCESS)
+        return result;
+    result = real(handle, dptr, size, type, flags);
+    if (result == CUDA_SUCCESS && kiwi_cfg.enabled)
+        kiwi_vmm_retained(dptr, size);
+    if (inside)
+        kiwi_gate_exit();
     return result;
 }

@@ -83,9 +83,33 @@ CUresult kiwi_vmm_free_async(struct allocation *a, CUstream stream, bool capturi
 void kiwi_vmm_peer_enabled(CUcontext peer);
 /* Is ptr inside memory the vmm evictor maps? */
 bool kiwi_vmm_owns(CUdeviceptr ptr);
-/* A handle of the memory at ptr was handed out (cuMemRetainAllocationHandle: for an export,
- * an NCCL registration): from now on it stays where it is, pinned and not evictable. */
-void kiwi_vmm_retained(CUdeviceptr ptr);
+/* What the driver would have said of an address inside an allocation the vmm evictor maps, had
+ * the allocation been the one the program asked for: the allocation's own start and size (never
+ * its chunk's or its slab's), context (none for a stream-ordered allocation, which belongs to no
+ * context, as the driver's pool memory does not), device and pool, an id of its own for its life
+ * (never a mapping's, which changes at each restore), SYNC_MEMOPS as the program set it; and
+ * whether any of it is away (evicted, or reserved while evicted). */
+struct kiwi_vmm_facts {
+    CUdeviceptr base;
+    size_t size;
+    CUcontext ctx;
+    CUdevice device;
+    CUmemoryPool pool;
+    uint64_t buffer_id;
+    bool sync_memops;
+    bool away;
+};
+/* False when ptr is not inside a live allocation the vmm evictor maps. */
+bool kiwi_vmm_facts(CUdeviceptr ptr, struct kiwi_vmm_facts *out);
+/* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS of the allocation at ptr; false when it is none of these. */
+bool kiwi_vmm_set_sync_memops(CUdeviceptr ptr, bool on);
+/* A handle of the memory in [ptr, ptr + size) was handed out (cuMemRetainAllocationHandle: for
+ * an export, an NCCL registration; a dma-buf of cuMemGetHandleForAddressRange): from now on
+ * the regions there stay where they are, pinned and not evictable. */
+void kiwi_vmm_retained(CUdeviceptr ptr, size_t size);
+/* Is any of [ptr, ptr + size) memory the vmm evictor moved off the card (or reserved while its
+ * memory was away)? */
+bool kiwi_vmm_away_in(CUdeviceptr ptr, size_t size);
 /* The pool's counters, for cuMemPoolGetAttribute: bytes of stream-ordered allocations the vmm
  * evictor made for pool, in use now and at most, and reserved (in use, or freed and not yet
  * reclaimed); false when it made none for it. reset: set the high marks to the current. */

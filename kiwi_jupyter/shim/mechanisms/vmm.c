@@ -53,6 +53,9 @@ static uint64_t next_serial = 1;
 static struct vmm_allocation *allocations[BUCKETS];
 static struct vmm_allocation *pending_first, *pending_last;
 static uint64_t cached_bytes;
+/* CU_POINTER_ATTRIBUTE_BUFFER_ID of the allocations: far above the driver's own counter, so
+ * that no id the driver gives another buffer of the process is ever one of these. */
+static uint64_t next_buffer_id = (uint64_t)1 << 48;
 
 /* Per context: a second stream for moves, and spare events. */
 struct vmm_context {
@@ -286,6 +289,7 @@ static void side_unlink(struct vmm_region **head, struct vmm_region *r)
 
 static void unlink_region(struct vmm_region *r)
 {
+    kiwi_vmm_index_remove(r);
     if (r->cached)
         side_unlink(&cache, r);
     else if (r->slab)
@@ -325,11 +329,13 @@ static struct vmm_region *region_new(CUdeviceptr va, size_t size, size_t granule
     if (r && slab) {
         r->unit_count = size / VMM_UNIT;
         r->units = calloc((r->unit_count + 63) / 64, sizeof *r->units);
+        r->starts = calloc((r->unit_count + 63) / 64, sizeof *r->starts);
     }
-    if (!r || !r->chunks || (slab && !r->units)) {
+    if (!r || !r->chunks || (slab && (!r->units || !r->starts))) {
         if (r) {
             free(r->chunks);
             free(r->units);
+            free(r->starts);
         }
         free(r);
         return NULL;
@@ -384,6 +390,7 @@ static void destroy_region(struct vmm_region *r)
     unlink_region(r);
     free(r->chunks);
     free(r->units);
+    free(r->starts);
     free(r);
 }
 
@@ -443,6 +450,15 @@ static void insert(struct vmm_allocation *a)
     allocations[b] = a;
 }
 
+/* The live allocation starting at ptr; NULL when none. */
+static struct vmm_allocation *find(CUdeviceptr ptr)
+{
+    for (struct vmm_allocation *a = allocations[bucket(ptr)]; a; a = a->next)
+        if (a->ptr == ptr)
+            return a;
+    return NULL;
+}
+
 /* The live allocation at ptr, taken out of the table; NULL when none. */
 static struct vmm_allocation *take(CUdeviceptr ptr)
 {
@@ -492,8 +508,10 @@ static void mark_units(struct vmm_region *slab, size_t first, size_t count, bool
 static void release_allocation(struct vmm_allocation *a)
 {
     struct vmm_region *r = a->region;
-    if (r->slab)
+    if (r->slab) {
         mark_units(r, a->first_unit, a->unit_count, false);
+        r->starts[a->first_unit / 64] &= ~(1ull << (a->first_unit % 64));
+    }
     if (--r->allocations == 0)
         let_go(r);
     free(a);
@@ -514,10 +532,17 @@ static struct vmm_region *make_region(size_t size, size_t granule, CUcontext ctx
         return NULL;
     }
     *result = kiwi_vmm_evicted ? CUDA_SUCCESS : back_region(r);
+    if (*result == CUDA_SUCCESS && !kiwi_vmm_index_add(r)) {
+        for (int i = 0; i < r->chunk_count; i++)
+            if (r->chunks[i].resident)
+                kiwi_vmm_unmap_chunk(r->va, &r->chunks[i]);
+        *result = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (*result != CUDA_SUCCESS) {
         kiwi_vmm_driver.address_free(va, size);
         free(r->chunks);
         free(r->units);
+        free(r->starts);
         free(r);
         return NULL;
     }
@@ -558,6 +583,7 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         a->first_unit = first;
         a->unit_count = count ? count : 1;
         mark_units(slab, first, a->unit_count, true);
+        slab->starts[first / 64] |= 1ull << (first % 64);
         a->region = slab;
         a->ptr = slab->va + first * VMM_UNIT;
     } else {
@@ -613,6 +639,7 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         result = place(a, granule, ctx, device);
     }
     if (result == CUDA_SUCCESS) {
+        a->buffer_id = next_buffer_id++;
         insert(a);
         count_in_pool(pool, (int64_t)size, (int64_t)size);
         *dptr = a->ptr;
@@ -775,10 +802,65 @@ void kiwi_vmm_free_deferred(void)
 /* Under kiwi_vmm_lock: the region holding ptr, or NULL. */
 static struct vmm_region *region_at(CUdeviceptr ptr)
 {
-    for (struct vmm_region *r = first_region; r; r = r->next)
-        if (ptr - r->va < r->size && !r->cached)
-            return r;
-    return NULL;
+    struct vmm_region *r = kiwi_vmm_index_find(ptr);
+    return r && !r->cached ? r : NULL;
+}
+
+/* In a slab: the last unit at or before unit where an allocation starts; unit_count if none. */
+static size_t start_before(const struct vmm_region *slab, size_t unit)
+{
+    size_t word = unit / 64;
+    uint64_t bits = slab->starts[word] & (~0ull >> (63 - unit % 64));
+    while (!bits) {
+        if (word == 0)
+            return slab->unit_count;
+        bits = slab->starts[--word];
+    }
+    return word * 64 + 63 - (size_t)__builtin_clzll(bits);
+}
+
+/* Under kiwi_vmm_lock: the live allocation holding ptr, or NULL (freed memory included). */
+static struct vmm_allocation *allocation_at(CUdeviceptr ptr)
+{
+    struct vmm_region *r = region_at(ptr);
+    if (!r)
+        return NULL;
+    if (!r->slab)
+        return find(r->va);
+    size_t unit = (ptr - r->va) / VMM_UNIT, first = start_before(r, unit);
+    struct vmm_allocation *a = first < r->unit_count ? find(r->va + first * VMM_UNIT) : NULL;
+    return a && unit < a->first_unit + a->unit_count && ptr - a->ptr < a->size ? a : NULL;
+}
+
+bool kiwi_vmm_facts(CUdeviceptr ptr, struct kiwi_vmm_facts *out)
+{
+    pthread_mutex_lock(&kiwi_vmm_lock);
+    struct vmm_allocation *a = allocation_at(ptr);
+    if (a) {
+        const struct vmm_region *r = a->region;
+        bool away = false;
+        for (int i = 0; i < r->chunk_count && !away; i++) {
+            const struct vmm_chunk *c = &r->chunks[i];
+            away = !c->resident && c->offset < a->ptr - r->va + a->size &&
+                   a->ptr - r->va < c->offset + c->size;
+        }
+        *out = (struct kiwi_vmm_facts){
+            .base = a->ptr, .size = a->size, .ctx = a->pool ? NULL : r->ctx,
+            .device = r->device, .pool = a->pool, .buffer_id = a->buffer_id,
+            .sync_memops = a->sync_memops, .away = away};
+    }
+    pthread_mutex_unlock(&kiwi_vmm_lock);
+    return a != NULL;
+}
+
+bool kiwi_vmm_set_sync_memops(CUdeviceptr ptr, bool on)
+{
+    pthread_mutex_lock(&kiwi_vmm_lock);
+    struct vmm_allocation *a = allocation_at(ptr);
+    if (a)
+        a->sync_memops = on;
+    pthread_mutex_unlock(&kiwi_vmm_lock);
+    return a != NULL;
 }
 
 bool kiwi_vmm_owns(CUdeviceptr ptr)
@@ -789,11 +871,15 @@ bool kiwi_vmm_owns(CUdeviceptr ptr)
     return owned;
 }
 
-void kiwi_vmm_retained(CUdeviceptr ptr)
+void kiwi_vmm_retained(CUdeviceptr ptr, size_t size)
 {
     pthread_mutex_lock(&kiwi_vmm_lock);
-    struct vmm_region *r = region_at(ptr);
-    if (r && !r->pinned) {
+    struct vmm_region *const *regions;
+    size_t count = kiwi_vmm_index_overlapping(ptr, size ? size : 1, &regions);
+    for (size_t i = 0; i < count; i++) {
+        struct vmm_region *r = regions[i];
+        if (r->pinned || r->cached)
+            continue;
         r->pinned = true;
         for (size_t b = 0; b < BUCKETS; b++)
             for (struct vmm_allocation *a = allocations[b]; a; a = a->next)
@@ -803,6 +889,19 @@ void kiwi_vmm_retained(CUdeviceptr ptr)
                  "card", (unsigned long long)r->va, r->size);
     }
     pthread_mutex_unlock(&kiwi_vmm_lock);
+}
+
+bool kiwi_vmm_away_in(CUdeviceptr ptr, size_t size)
+{
+    bool away = false;
+    pthread_mutex_lock(&kiwi_vmm_lock);
+    struct vmm_region *const *regions;
+    size_t count = kiwi_vmm_index_overlapping(ptr, size ? size : 1, &regions);
+    for (size_t i = 0; i < count && !away; i++)
+        for (int c = 0; c < regions[i]->chunk_count && !away; c++)
+            away = !regions[i]->cached && !regions[i]->chunks[c].resident;
+    pthread_mutex_unlock(&kiwi_vmm_lock);
+    return away;
 }
 
 void kiwi_vmm_peer_enabled(CUcontext peer)
@@ -1078,5 +1177,6 @@ void kiwi_vmm_after_fork(void)
     builder_started = builder_stalled = false;
     kiwi_vmm_evicted = false;
     seconds_pinning = 0;
+    kiwi_vmm_index_after_fork();
     kiwi_vmm_chunks_after_fork();
 }

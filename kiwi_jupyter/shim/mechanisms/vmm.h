@@ -10,6 +10,7 @@
  *   vmm_shadows.c  host shadows: pinned huge pages, the driver's pinned memory, or pageable
  *   vmm_chunks.c   the physical side: the driver's VMM calls, one chunk mapped or unmapped,
  *                  the access every mapping gets (its device, and the peers the program enabled)
+ *   vmm_index.c    the regions by address, for every question about an address
  *
  * The words: a region is one reservation of address space (one allocation of 1 MiB or more,
  * or a slab holding small ones); a chunk is one physical handle mapped into a region, at most
@@ -72,6 +73,7 @@ struct vmm_region {
     struct vmm_chunk *chunks;
     bool slab;
     uint64_t *units;     /* a slab's units in use, one bit each */
+    uint64_t *starts;    /* a slab's units where an allocation starts, one bit each */
     size_t unit_count;   /* units in the slab */
     size_t units_used;
     size_t allocations;  /* allocations in it not yet reclaimed */
@@ -87,6 +89,8 @@ struct vmm_allocation {
     struct vmm_region *region;
     size_t first_unit, unit_count; /* in a slab */
     CUmemoryPool pool;             /* a stream-ordered allocation's pool, for its counters */
+    uint64_t buffer_id;            /* CU_POINTER_ATTRIBUTE_BUFFER_ID: its own, for its life */
+    bool sync_memops;              /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, as the program set it */
     /* A pending free: reclaimed once its event completes, or, without one (a free during
      * graph capture), after the next release has synchronized everything. */
     CUevent event;
@@ -149,6 +153,20 @@ CUresult kiwi_vmm_set_access(CUdeviceptr va, size_t size, CUdevice device);
  * true when that is new. */
 bool kiwi_vmm_peer_note(CUdevice owner, CUdevice accessor);
 void kiwi_vmm_chunks_after_fork(void);
+
+/* ---- vmm_index.c ------------------------------------------------------------------------- */
+
+/* Under kiwi_vmm_lock: r's addresses are known from now on (false: out of host memory), or no
+ * longer. */
+bool kiwi_vmm_index_add(struct vmm_region *r);
+void kiwi_vmm_index_remove(struct vmm_region *r);
+/* Under kiwi_vmm_lock: the region whose addresses hold ptr (one kept for reuse too), or NULL. */
+struct vmm_region *kiwi_vmm_index_find(CUdeviceptr ptr);
+/* Under kiwi_vmm_lock: the regions overlapping [ptr, ptr + size), in address order, at *first
+ * (the index's own array: valid until it next changes); returns how many. */
+size_t kiwi_vmm_index_overlapping(CUdeviceptr ptr, size_t size,
+                                  struct vmm_region *const **first);
+void kiwi_vmm_index_after_fork(void);
 
 /* ---- vmm_shadows.c ----------------------------------------------------------------------- */
 
