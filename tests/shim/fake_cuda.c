@@ -1897,6 +1897,27 @@ static CUresult pointer_set_attribute_body(const void *value, int attribute, CUd
     return result;
 }
 
+/* cuMemGetHandleForAddressRange: a dma-buf file descriptor (here an empty memfd, to close as
+ * any) for a range of host-page-aligned device memory that is mapped end to end. */
+static CUresult dma_buf_body(int *fd, CUdeviceptr ptr, size_t size, int type)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (!fd || type != 1 /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */ || !size ||
+        ptr % (unsigned long long)page || size % (size_t)page)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_rdlock(&memory_lock);
+    struct pointer_facts f = facts_of(ptr);
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    if (f.kind == MAPPED_POINTER)
+        result = check_mapped(ptr, size, CU_MEM_ACCESS_FLAGS_PROT_NONE, CUDA_ERROR_INVALID_VALUE);
+    else if (f.kind == COUNTED_POINTER && size <= f.range_size - (ptr - f.range_start))
+        result = 0;
+    pthread_rwlock_unlock(&memory_lock);
+    if (result == 0 && (*fd = memfd_create("fake-dma-buf", MFD_CLOEXEC)) < 0)
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    return result;
+}
+
 static CUresult address_range_body(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
 {
     pthread_rwlock_rdlock(&memory_lock);
@@ -2093,6 +2114,16 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     call_begins();
     CUresult result = address_range_body(base, size, ptr);
     record("cuMemGetAddressRange_v2 ptr=0x%llx result=%d", ptr, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemGetHandleForAddressRange(int *fd, CUdeviceptr ptr, size_t size, int type,
+                                              unsigned long long flags)
+{
+    call_begins();
+    CUresult result = flags ? CUDA_ERROR_INVALID_VALUE : dma_buf_body(fd, ptr, size, type);
+    record("cuMemGetHandleForAddressRange ptr=0x%llx size=%zu result=%d", ptr, size, result);
     call_ends();
     return result;
 }
@@ -2951,6 +2982,7 @@ static const struct entry entries[] = {
     ENTRY("cuPointerGetAttributes", 7000, 0, cuPointerGetAttributes),
     ENTRY("cuPointerSetAttribute", 6000, 0, cuPointerSetAttribute),
     ENTRY("cuMemGetAddressRange", 3020, 0, cuMemGetAddressRange_v2),
+    ENTRY("cuMemGetHandleForAddressRange", 11070, 0, cuMemGetHandleForAddressRange),
     ENTRY("cuMemAllocHost", 3020, 0, cuMemAllocHost_v2),
     ENTRY("cuMemFreeHost", 2000, 0, cuMemFreeHost),
     ENTRY("cuMemHostRegister", 6050, 0, cuMemHostRegister_v2),

@@ -571,6 +571,15 @@ def test_device_memory_answers_as_its_allocation(v: FakeProcess) -> None:
     assert len(ids) == 3 and 0 not in ids
 
 
+def test_a_dma_buf_needs_the_whole_range_mapped_and_page_aligned(v: FakeProcess) -> None:
+    va = v.call(f"v.backed({2 * CHUNK}, {CHUNK})")
+    assert v.call(f"v.pointer.dma_buf({va}, {2 * CHUNK})") == 0
+    assert v.call(f"v.pointer.dma_buf({va + 100}, 4096)") == INVALID_VALUE
+    assert v.call(f"v.unmap({va + CHUNK}, {CHUNK})") == 0
+    assert v.call(f"v.pointer.dma_buf({va}, {2 * CHUNK})") == INVALID_VALUE
+    assert v.call(f"v.pointer.dma_buf({va}, {CHUNK})") == 0
+
+
 def test_sync_memops_is_kept_for_device_memory_and_refused_on_vmm_memory(v: FakeProcess) -> None:
     plain = v.call(f"v.alloc({MiB})")
     assert v.call(f"v.pointer.attribute({plain}, 'SYNC_MEMOPS')") == [0, False]
@@ -728,7 +737,8 @@ VMM_BASES = {"cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddre
              "cuMemRetainAllocationHandle", "cuDeviceGetAttribute", "cuMemHostRegister",
              "cuMemHostUnregister", "cuMemAllocHost", "cuEventRecord", "cuEventElapsedTime",
              "cuMemcpyDtoD", "cuMemsetD32", "cuMemsetD32Async", "cuPointerGetAttribute",
-             "cuPointerGetAttributes", "cuPointerSetAttribute", "cuMemGetAddressRange"}
+             "cuPointerGetAttributes", "cuPointerSetAttribute", "cuMemGetAddressRange",
+             "cuMemGetHandleForAddressRange"}
 NO_HEADERS = pytest.param(None, marks=pytest.mark.skip(
     reason="no CUDA headers: the test extra installs nvidia-cuda-runtime-cu12 and "
            "nvidia-cuda-runtime"))

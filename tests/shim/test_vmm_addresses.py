@@ -150,3 +150,16 @@ def test_a_retained_handle_waits_for_the_restore_and_pins_the_memory(
         wait_for(lambda: state_of(scheduler, w) == "waiting", what="the retain to wait")
     assert retained.result() == 0
     assert w.stats()["evictable"] == 0
+
+
+def test_a_dma_buf_of_evicted_memory_waits_for_the_restore_and_pins_it(
+        scheduler, workload, card: FakeCard) -> None:
+    """A GPUDirect RDMA registration: the dma-buf holds the physical memory, which must then
+    stay where it is."""
+    w = vmm(workload, card, scheduler.socket)
+    (ptr, other), next_holder = evicted(scheduler, w, [8 * MiB, 8 * MiB])
+    with next_holder:
+        exported = w.start(f"d.pointer.dma_buf({ptr}, {4 * MiB})")
+        wait_for(lambda: state_of(scheduler, w) == "waiting", what="the export to wait")
+    assert exported.result() == 0
+    assert w.stats()["evictable"] == 8 * MiB  # the other allocation only

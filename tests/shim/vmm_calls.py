@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import threading
 from typing import Any
@@ -95,6 +96,17 @@ class PointerQueries:
         value = ctypes.c_uint(int(on))
         fn = self._fn("cuPointerSetAttribute", c_ptr, ctypes.c_int, c_u64)
         return int(fn(ctypes.byref(value), POINTER_ATTRIBUTES["SYNC_MEMOPS"][0], ptr))
+
+    def dma_buf(self, ptr: int, size: int) -> int:
+        """cuMemGetHandleForAddressRange's CUresult for a dma-buf of [ptr, ptr + size) (its file
+        descriptor closed at once)."""
+        fd = ctypes.c_int(-1)
+        fn = self._fn("cuMemGetHandleForAddressRange", c_ptr, c_u64, c_size, ctypes.c_int,
+                      ctypes.c_ulonglong)
+        code = int(fn(ctypes.byref(fd), ptr, size, 1, 0))
+        if code == 0:
+            os.close(fd.value)
+        return code
 
     def address_range(self, ptr: int) -> list[Any]:
         """[CUresult, base, size]."""
