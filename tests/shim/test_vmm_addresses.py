@@ -163,3 +163,14 @@ def test_a_dma_buf_of_evicted_memory_waits_for_the_restore_and_pins_it(
         wait_for(lambda: state_of(scheduler, w) == "waiting", what="the export to wait")
     assert exported.result() == 0
     assert w.stats()["evictable"] == 8 * MiB  # the other allocation only
+
+
+@pytest.mark.parametrize("device_has_it", [True, False])
+def test_memory_is_gpu_direct_rdma_capable_where_the_device_allows_it(
+        workload, card: FakeCard, device_has_it: bool) -> None:
+    """As cuMemAlloc memory is: a NIC can register it (the driver answers from the handle)."""
+    w = vmm(workload, card, **({} if device_has_it else {"FAKE_CUDA_NO_GPU_DIRECT_RDMA": "1"}))
+    for size in (4096, 8 * MiB):  # a slab and a region of its own
+        ptr = w.call(f"d.alloc({size})")
+        assert w.call(f"d.pointer.attribute({ptr}, 'IS_GPU_DIRECT_RDMA_CAPABLE')") == [
+            0, int(device_has_it)]

@@ -2,7 +2,9 @@
  * at a time mapped onto the card or taken off it.
  *
  * A chunk is one physical handle (cuMemCreate: pinned device memory of the chunk's device, no
- * shareable handle type, so nothing outside the process can keep it alive), mapped at its place
+ * shareable handle type, so nothing outside the process can keep it alive; capable of GPUDirect
+ * RDMA where the device allows the flag, as cuMemAlloc memory is, so that a NIC can register
+ * it, as PyTorch's expandable segments ask for it), mapped at its place
  * in its region's reserved addresses (cuMemMap) and made accessible (cuMemSetAccess: a new
  * mapping has no access at all). Taking it off is cuMemUnmap then cuMemRelease: with no mapping
  * and no reference left, the driver frees the memory, and the card has it back at once, in
@@ -21,10 +23,14 @@
 
 struct vmm_driver kiwi_vmm_driver;
 
+#define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
+
 static pthread_mutex_t peers_lock = PTHREAD_MUTEX_INITIALIZER;
 /* peers[owner] has bit a set when device a may reach device owner's memory. */
 static uint64_t peers[MAX_DEVICES];
 static _Atomic size_t granularities[MAX_DEVICES];
+/* Per device: 0 not asked yet, 1 GPUDirect RDMA may be asked of cuMemCreate, -1 it may not. */
+static atomic_int rdma_flag[MAX_DEVICES];
 
 bool kiwi_vmm_resolve(void)
 {
@@ -66,6 +72,25 @@ bool kiwi_vmm_resolve(void)
     return found;
 }
 
+/* Whether cuMemCreate may be asked for memory GPUDirect RDMA can register, on device (the
+ * driver refuses the flag, or ignores it, where the device has no such support). */
+static bool rdma_capable(CUdevice device)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return false;
+    int known = atomic_load(&rdma_flag[device]);
+    if (known)
+        return known > 0;
+    typedef CUresult (*attribute_fn)(int *, CUdevice_attribute, CUdevice);
+    attribute_fn attribute = (attribute_fn)kiwi_driver_sym("cuDeviceGetAttribute");
+    int value = 0;
+    if (!attribute || attribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                device) != CUDA_SUCCESS)
+        value = 0;
+    atomic_store(&rdma_flag[device], value ? 1 : -1);
+    return value != 0;
+}
+
 static CUmemAllocationProp device_memory(CUdevice device)
 {
     CUmemAllocationProp prop;
@@ -73,6 +98,7 @@ static CUmemAllocationProp device_memory(CUdevice device)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
+    prop.allocFlags.gpuDirectRDMACapable = rdma_capable(device);
     return prop;
 }
 
