@@ -59,10 +59,12 @@ def vmm(workload, card: FakeCard, socket_path: str | None = None, **env: str):
 
 
 def hold_with(w, scheduler, sizes: list[int]) -> list[int]:
-    """w allocates sizes, reports them and holds the GPU; returns the pointers."""
+    """w allocates sizes, reports them (what they take on the card) and holds the GPU; returns
+    the pointers."""
     pointers = [w.call(f"d.alloc({n})") for n in sizes]
     assert w.call("d.launch()") == 0
-    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == sum(sizes),
+    taken = w.stats()["working_set"]
+    wait_for_status(scheduler.socket, lambda doc: working_set_in(doc, w) == taken,
                     what="the working set report")
     return pointers
 
@@ -133,10 +135,30 @@ def test_small_allocations_share_a_slab(workload, card) -> None:
     assert all(holds(w, p, bytes([i + 1])) for i, p in enumerate(small))
     w.call(f"d.alloc({1 * MiB})")  # from 1 MiB on, a region of its own
     assert sizes_of(w.log.calls("cuMemCreate")) == [2 * MiB, 2 * MiB]
-    assert w.stats()["working_set"] == 4096 + 100_000 + 1 + MiB
+    assert w.stats()["working_set"] == 4 * MiB  # what the card holds: a slab, and a region
     assert w.call(f"d.free({small[1]})") == 0  # its units go back to the slab
     again = w.call(f"d.alloc({50_000})")
     assert again == small[1] and len(w.log.calls("cuMemCreate")) == 2
+
+
+def test_the_working_set_is_what_the_card_holds_not_the_bytes_asked_for(scheduler, workload,
+                                                                         card) -> None:
+    """Arrays of 1-2 MiB take a 2 MiB region each, small ones a slab: the daemon plans with
+    what the card holds (issue 39, defect 8)."""
+    w = vmm(workload, card, scheduler.socket)
+    hold_with(w, scheduler, [MiB + MiB // 2, 3 * MiB + 5] + [4096] * 100)
+    assert card.used_by(w.process.pid) == 2 * MiB + 4 * MiB + 2 * MiB
+    assert client_of(scheduler, w)["working_set"] == 8 * MiB
+    stats = w.stats()
+    assert (stats["working_set"], stats["evictable"]) == (8 * MiB, 8 * MiB)
+
+
+def test_the_memory_limit_counts_what_the_card_holds(workload, card) -> None:
+    w = vmm(workload, card, KIWI_GPU_MEMORY_LIMIT=str(8 * MiB))
+    for _ in range(4):  # 6 MiB asked for, 8 MiB taken
+        w.call(f"d.alloc({MiB + MiB // 2})")
+    assert w.call("d.mem_info()") == [0, 8 * MiB]
+    assert w.call(f"d.alloc_result({MiB})") == 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 def test_pitched_and_stream_ordered_allocations_are_mapped_too(workload, card) -> None:
@@ -418,12 +440,13 @@ def test_a_free_during_graph_capture_waits_for_the_next_release(scheduler, workl
     assert not w.log.calls("cuCtxSynchronize")  # it would invalidate the capture
     assert not w.log.calls("cuMemUnmap") and card.used_by(w.process.pid) == 300 * MiB
     assert w.call("d.end_capture(0x66)") == 0  # the capture is intact
-    assert w.stats()["working_set"] == 0
+    assert w.stats()["working_set"] == 300 * MiB  # still on the card, as the daemon is told
     w.call("shim.release()")
     wait_for(lambda: w.log.calls("cuMemUnmap"), what="the release to free it")
     names = w.log.names()
     assert names.index("cuCtxSynchronize") < names.index("cuMemUnmap")
     assert card.used_by(w.process.pid) == 0
+    assert w.stats()["working_set"] == 0
 
 
 def test_stream_ordered_memory_under_capture_is_the_drivers_and_not_evictable(

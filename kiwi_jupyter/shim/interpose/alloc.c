@@ -57,26 +57,22 @@ static CUresult allocate_device(CUdeviceptr *dptr, size_t size, CUcontext ctx, C
     return CUDA_SUCCESS;
 }
 
-/* Allocates size bytes the vmm evictor maps, within the limit. */
+/* Allocates size bytes the vmm evictor maps, within the limit (which it checks itself: what
+ * counts is the card's bytes it takes, whole granules, not size). */
 static CUresult allocate_mapped(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
                                 CUmemoryPool pool)
 {
-    if (!kiwi_memory_reserve(size, MAPPED, device))
-        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, pool);
     if (capture_error(result)) {
         /* The driver refuses to map during this graph capture: device memory, counted but
          * not evictable, rather than a failed allocation (as for managed memory, below). */
-        kiwi_memory_unreserve(size, MAPPED);
         CUresult fallback = allocate_device(dptr, size, ctx, device);
         if (fallback == CUDA_SUCCESS)
             kiwi_log("device allocation of %zu bytes during graph capture", size);
         return fallback == CUDA_ERROR_OUT_OF_MEMORY ? result : fallback;
     }
-    if (result != CUDA_SUCCESS) {
-        kiwi_memory_unreserve(size, MAPPED);
+    if (result != CUDA_SUCCESS)
         return result;
-    }
     kiwi_memory_track(*dptr, size, MAPPED, ctx, device, false);
     return CUDA_SUCCESS;
 }

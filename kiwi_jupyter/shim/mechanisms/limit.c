@@ -105,4 +105,6 @@ void kiwi_memory_unreserve(size_t size, enum allocation_kind kind)
     pthread_mutex_lock(&kiwi_table_lock);
     *kiwi_bytes_of(kind) -= size;
     pthread_mutex_unlock(&kiwi_table_lock);
+    if (kind == MAPPED) /* a region let go, maybe long after its free (stream-ordered) */
+        kiwi_news_post(KIWI_NEWS_WORKING_SET);
 }

@@ -80,9 +80,8 @@ static void remove_record(struct allocation *gone)
         if (*p != gone)
             continue;
         *p = gone->next;
-        *kiwi_bytes_of(gone->kind) -= gone->size;
-        if (gone->pinned)
-            kiwi_pinned_bytes -= gone->size;
+        if (gone->kind != MAPPED) /* the vmm evictor counts its regions itself (memory.h) */
+            *kiwi_bytes_of(gone->kind) -= gone->size;
         allocation_count--;
         generation++;
         free(gone);
@@ -110,14 +109,17 @@ void kiwi_memory_pin(uint64_t key)
 {
     pthread_mutex_lock(&kiwi_table_lock);
     struct allocation *a = find(key, MAPPED);
-    bool pinned_now = a && !a->pinned;
-    if (pinned_now) {
+    if (a)
         a->pinned = true;
-        kiwi_pinned_bytes += a->size;
-    }
     pthread_mutex_unlock(&kiwi_table_lock);
-    if (pinned_now)
-        kiwi_news_post(KIWI_NEWS_WORKING_SET);
+}
+
+void kiwi_memory_pinned(int64_t bytes)
+{
+    pthread_mutex_lock(&kiwi_table_lock);
+    kiwi_pinned_bytes += (uint64_t)bytes;
+    pthread_mutex_unlock(&kiwi_table_lock);
+    kiwi_news_post(KIWI_NEWS_WORKING_SET);
 }
 
 /* The second half: forgets the record once the driver has freed it, keeps it otherwise. */

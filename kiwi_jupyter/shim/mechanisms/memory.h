@@ -41,6 +41,12 @@ bool kiwi_memory_defer_free(CUdeviceptr dptr);
 
 /* The MAPPED allocation at key stays where it is from now on: not evictable. */
 void kiwi_memory_pin(uint64_t key);
+/* MAPPED allocations are counted by what they take on the card, not by the bytes asked for: the
+ * vmm evictor reserves each region (one allocation's, or a slab of small ones: whole granules)
+ * with kiwi_memory_reserve(..., MAPPED) as it takes it, and gives it back with
+ * kiwi_memory_unreserve as it lets it go; their records count no bytes. Of those bytes, the
+ * ones pinned in place changed by bytes: */
+void kiwi_memory_pinned(int64_t bytes);
 
 /* The locks around the table (memory.c says how they are used), and what it counts. */
 extern pthread_mutex_t kiwi_table_lock;
@@ -63,8 +69,9 @@ void kiwi_memory_unreserve(size_t size, enum allocation_kind kind);
 
 /* ---- vmm.c: the vmm evictor's allocations, for the allocating entry points --------------- */
 
-/* size bytes of device memory the shim maps itself, in ctx on device (already reserved against
- * the limit as MAPPED); pool: the pool a stream-ordered allocation came from, for its counters
+/* size bytes of device memory the shim maps itself, in ctx on device (the card's bytes it
+ * takes reserved against the limit as MAPPED, whole regions: kiwi_memory_pinned says how);
+ * pool: the pool a stream-ordered allocation came from, for its counters
  * (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY when the card has no room; a capture error
  * when the driver refuses to map during a graph capture (the caller falls back). */
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,

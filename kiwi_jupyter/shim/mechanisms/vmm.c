@@ -399,6 +399,10 @@ static void destroy_region(struct vmm_region *r)
  * destroyed. */
 static void let_go(struct vmm_region *r)
 {
+    /* No longer the program's: out of the working set, and of the limit. */
+    kiwi_memory_unreserve(r->size, MAPPED);
+    if (r->pinned)
+        kiwi_memory_pinned(-(int64_t)r->size);
     bool keep = !r->pinned && !kiwi_vmm_evicted && r->chunk_count == 1 &&
                 r->chunks[0].resident && cached_bytes + r->size <= CACHE_BYTES;
     if (!keep) {
@@ -565,6 +569,25 @@ static struct vmm_region *slab_with_room(size_t count, CUcontext ctx, CUdevice d
     return NULL;
 }
 
+/* Under kiwi_vmm_lock: a region of size bytes for the program (a slab, or one allocation's
+ * own), kept for reuse or new. Its bytes are the card's the working set counts (whole granules,
+ * not the bytes asked for: what the daemon must plan with), reserved against the limit first;
+ * they are given back when the region is let go. */
+static struct vmm_region *region_for(size_t size, size_t granule, CUcontext ctx,
+                                     CUdevice device, bool slab, CUresult *result)
+{
+    if (!kiwi_memory_reserve(size, MAPPED, device)) {
+        *result = CUDA_ERROR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    struct vmm_region *r = take_cached(size, device, ctx, slab);
+    if (!r)
+        r = make_region(size, granule, ctx, device, slab, result);
+    if (!r)
+        kiwi_memory_unreserve(size, MAPPED);
+    return r;
+}
+
 /* Under kiwi_vmm_lock: the memory for one allocation, in a slab or a region of its own. */
 static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, CUdevice device)
 {
@@ -574,10 +597,8 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         struct vmm_region *slab = slab_with_room(count ? count : 1, ctx, device, &first);
         if (!slab) {
             first = 0;
-            slab = take_cached(granule, device, ctx, true);
+            slab = region_for(granule, granule, ctx, device, true, &result);
         }
-        if (!slab)
-            slab = make_region(granule, granule, ctx, device, true, &result);
         if (!slab)
             return result;
         a->first_unit = first;
@@ -587,10 +608,8 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         a->region = slab;
         a->ptr = slab->va + first * VMM_UNIT;
     } else {
-        size_t size = round_up(a->size, granule);
-        struct vmm_region *r = take_cached(size, device, ctx, false);
-        if (!r)
-            r = make_region(size, granule, ctx, device, false, &result);
+        struct vmm_region *r = region_for(round_up(a->size, granule), granule, ctx, device,
+                                          false, &result);
         if (!r)
             return result;
         a->region = r;
@@ -881,6 +900,7 @@ void kiwi_vmm_retained(CUdeviceptr ptr, size_t size)
         if (r->pinned || r->cached)
             continue;
         r->pinned = true;
+        kiwi_memory_pinned((int64_t)r->size);
         for (size_t b = 0; b < BUCKETS; b++)
             for (struct vmm_allocation *a = allocations[b]; a; a = a->next)
                 if (a->region == r)
