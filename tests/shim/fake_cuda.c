@@ -66,6 +66,11 @@
  * cuPointerSetAttribute, cuMemGetAddressRange) answer from this model, and fail on addresses
  * that are reserved but not mapped as the driver does: see "what the driver says of an
  * address" below. FAKE_CUDA_NO_GPU_DIRECT_RDMA=1 makes a device without GPUDirect RDMA.
+ * A handle created with the POSIX file descriptor type is backed by a memfd: exported
+ * (cuMemExportToShareableHandle) and imported in another process, it shows the same bytes there
+ * (FAKE_CUDA_NO_POSIX_FD_HANDLES=1 refuses the type). Legacy IPC (cuIpcGetMemHandle,
+ * cuIpcOpenMemHandle) works on cuMemAlloc memory only, between two processes, and refuses a
+ * handle the fake did not make.
  *
  * cuGetProcAddress answers like the real driver: by base name, CUDA version and default-stream
  * flavour, with its own functions (the library is linked -Bsymbolic, so the shim's exports of
@@ -988,7 +993,10 @@ EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status)
 #define CU_MEM_ACCESS_FLAGS_PROT_NONE 0
 #define CU_MEM_ACCESS_FLAGS_PROT_READ 1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CUDA_ERROR_NOT_PERMITTED 800
 #define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED 116
 
@@ -1027,6 +1035,8 @@ struct handle {
     int references;
     int mappings;
     struct allocation_prop prop;
+    int fd;        /* the backing's memfd, for a handle that may be exported; -1 otherwise */
+    bool imported; /* from another process's export: on the card as that process's */
 };
 
 struct mapping {
@@ -1048,6 +1058,13 @@ static unsigned long long next_handle = 1ull << 32; /* not an address the fake h
 static bool vmm_supported(void)
 {
     return !getenv("FAKE_CUDA_NO_VMM");
+}
+
+/* FAKE_CUDA_NO_POSIX_FD_HANDLES=1: a device (or container) where cuMemCreate cannot make memory
+ * exportable as a file descriptor, and refuses to. */
+static bool posix_fd_handles(void)
+{
+    return !getenv("FAKE_CUDA_NO_POSIX_FD_HANDLES");
 }
 
 /* FAKE_CUDA_NO_GPU_DIRECT_RDMA=1: a device without GPUDirect RDMA, which refuses the flag in
@@ -1131,6 +1148,10 @@ static CUresult check_prop(const struct allocation_prop *prop)
         return CUDA_ERROR_NOT_SUPPORTED; /* host VMM memory is not modelled */
     if (prop->gpu_direct_rdma_capable && !gpu_direct_rdma())
         return CUDA_ERROR_NOT_SUPPORTED; /* a flag the device does not support */
+    if (prop->requested_handle_types & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED; /* Win32 and fabric handles are not modelled */
+    if (prop->requested_handle_types && !posix_fd_handles())
+        return CUDA_ERROR_NOT_SUPPORTED;
     return prop->location.id == 0 ? 0 : CUDA_ERROR_INVALID_DEVICE;
 }
 
@@ -1141,7 +1162,10 @@ static void drop_if_unused(size_t at)
     if (h->references > 0 || h->mappings > 0)
         return;
     munmap(h->backing, h->size);
-    card_give(h->size);
+    if (h->fd >= 0)
+        close(h->fd);
+    if (!h->imported)
+        card_give(h->size);
     table_remove(&handles, at);
 }
 
@@ -1219,20 +1243,85 @@ static CUresult memory_create_body(unsigned long long *id, size_t size,
         return CUDA_ERROR_INVALID_VALUE;
     if (!card_take(size, true))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    /* Committed only where written: a test may create far more than the host has. */
-    void *backing = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    /* Committed only where written: a test may create far more than the host has. A handle that
+     * may be exported as a file descriptor is backed by a memfd, which another process that
+     * imports it maps too: the two see the same bytes, as two processes do on a GPU. */
+    bool shareable = prop->requested_handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    int fd = shareable ? memfd_create("fake-cuda-handle", MFD_CLOEXEC) : -1;
+    void *backing = MAP_FAILED;
+    if (!shareable)
+        backing = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    else if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
+        backing = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (backing == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
         card_give(size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_rwlock_wrlock(&memory_lock);
-    struct handle row = {next_handle, size, backing, 1, 0, *prop};
+    struct handle row = {next_handle, size, backing, 1, 0, *prop, fd, false};
     if (table_insert(&handles, &row)) {
         *id = next_handle++;
     } else {
         munmap(backing, size);
+        if (fd >= 0)
+            close(fd);
         card_give(size);
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+/* cuMemExportToShareableHandle: a file descriptor of its own for a handle created with the
+ * POSIX file descriptor type (refused for the others, as the driver refuses them). */
+static CUresult memory_export_body(int *fd, unsigned long long id, int type)
+{
+    if (!fd || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_rwlock_rdlock(&memory_lock);
+    const struct handle *h = row_with_key(&handles, id, NULL);
+    CUresult result = CUDA_ERROR_INVALID_VALUE;
+    if (h && h->references > 0 && h->fd >= 0 && !h->imported) {
+        *fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+        result = *fd >= 0 ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (h && h->references > 0) {
+        result = CUDA_ERROR_NOT_PERMITTED; /* not created exportable */
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    return result;
+}
+
+/* cuMemImportFromShareableHandle: a handle of this process for another's exported memory (the
+ * descriptor stays the caller's to close). */
+static CUresult memory_import_body(unsigned long long *id, int fd, int type)
+{
+    struct stat status;
+    if (!id || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &status) != 0 ||
+        status.st_size <= 0 || !whole_granules((unsigned long long)status.st_size))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t size = (size_t)status.st_size;
+    void *backing = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    int kept = backing == MAP_FAILED ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (kept < 0) {
+        if (backing != MAP_FAILED)
+            munmap(backing, size);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct allocation_prop prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                   .requested_handle_types =
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                   .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+    CUresult result = 0;
+    pthread_rwlock_wrlock(&memory_lock);
+    struct handle row = {next_handle, size, backing, 1, 0, prop, kept, true};
+    if (table_insert(&handles, &row)) {
+        *id = next_handle++;
+    } else {
+        munmap(backing, size);
+        close(kept);
         result = CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_rwlock_unlock(&memory_lock);
@@ -1949,6 +2038,9 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
     case 75: /* COMPUTE_CAPABILITY_MAJOR */
         *value = 9;
         break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        *value = posix_fd_handles();
+        break;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
         *value = gpu_direct_rdma();
@@ -1956,7 +2048,6 @@ EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
     case 41:  /* UNIFIED_ADDRESSING */
     case 83:  /* MANAGED_MEMORY */
     case 89:  /* CONCURRENT_MANAGED_ACCESS */
-    case 103: /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
     case 115: /* MEMORY_POOLS_SUPPORTED */
         *value = 1;
         break;
@@ -2067,6 +2158,27 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(struct allocation_prop *p
 {
     call_begins();
     CUresult result = memory_properties_body(prop, handle);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *shareable, unsigned long long handle,
+                                             int type, unsigned long long flags)
+{
+    call_begins();
+    CUresult result = flags ? CUDA_ERROR_INVALID_VALUE
+                            : memory_export_body((int *)shareable, handle, type);
+    record("cuMemExportToShareableHandle handle=0x%llx type=%d result=%d", handle, type, result);
+    call_ends();
+    return result;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(unsigned long long *handle, void *shared, int type)
+{
+    call_begins();
+    CUresult result = memory_import_body(handle, (int)(intptr_t)shared, type);
+    record("cuMemImportFromShareableHandle fd=%d handle=0x%llx result=%d", (int)(intptr_t)shared,
+           result ? 0ull : *handle, result);
     call_ends();
     return result;
 }
@@ -2386,17 +2498,62 @@ EXPORT CUresult cuDeviceGraphMemTrim(int device)
     record("cuDeviceGraphMemTrim device=%d", device);
     return 0;
 }
-/* Legacy IPC: refused for VMM memory, as the driver refuses it; a record for the rest. */
+/* Legacy IPC works on cuMemAlloc memory only: refused for VMM, managed and pool memory, as the
+ * driver refuses them. A handle names the exporting process and the allocation; another process
+ * opens it as an address of its own (no bytes behind it, as the counter's allocations have
+ * none), and the exporter itself cannot. A handle the fake did not make is refused, as the
+ * driver refuses bytes it cannot read. */
+#define LEGACY_IPC_MAGIC 0x4b4157494650494cull /* "LIPFIWAK": the fake's own */
+struct legacy_ipc_handle {
+    unsigned long long magic;
+    long long pid;
+    CUdeviceptr address;
+    unsigned long long size;
+    char reserved[32];
+};
+
 EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr dptr)
 {
     pthread_rwlock_rdlock(&memory_lock);
-    bool vmm = reservation_holding(dptr, 1) != NULL;
+    const struct allocation *a = allocation_holding(dptr);
+    struct legacy_ipc_handle made = {LEGACY_IPC_MAGIC, (long long)getpid(), a ? a->address : 0,
+                                     a ? a->size : 0, {0}};
+    bool exportable = a && a->kind == DEVICE_MEMORY;
     pthread_rwlock_unlock(&memory_lock);
-    record("cuIpcGetMemHandle ptr=0x%llx%s", dptr, vmm ? " refused" : "");
-    if (vmm || !handle)
+    record("cuIpcGetMemHandle ptr=0x%llx%s", dptr, exportable ? "" : " refused");
+    if (!exportable || !handle)
         return CUDA_ERROR_INVALID_VALUE;
-    memset(handle, 0, 64);
+    memcpy(handle, &made, sizeof made);
     return 0;
+}
+
+static CUresult ipc_open(const char *name, CUdeviceptr *dptr, struct legacy_ipc_handle handle,
+                         unsigned flags)
+{
+    bool ours = handle.magic == LEGACY_IPC_MAGIC && handle.pid != (long long)getpid() &&
+                handle.size;
+    record("%s pid=%lld address=0x%llx flags=%u%s", name, handle.pid, handle.address, flags,
+           ours ? "" : " refused");
+    if (!dptr || !ours)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = take_addresses(handle.size, DEVICE_MEMORY, NULL);
+    return 0;
+}
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, struct legacy_ipc_handle handle,
+                                   unsigned flags)
+{
+    return ipc_open("cuIpcOpenMemHandle", dptr, handle, flags);
+}
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, struct legacy_ipc_handle handle,
+                                      unsigned flags)
+{
+    return ipc_open("cuIpcOpenMemHandle_v2", dptr, handle, flags);
+}
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    bool opened = give_addresses(dptr, false);
+    record("cuIpcCloseMemHandle ptr=0x%llx%s", dptr, opened ? "" : " refused");
+    return opened ? 0 : CUDA_ERROR_INVALID_VALUE;
 }
 static CUresult device_pool(const char *name, void **pool, int device)
 {
@@ -2966,6 +3123,11 @@ static const struct entry entries[] = {
     ENTRY("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute),
     ENTRY("cuDeviceGraphMemTrim", 11040, 0, cuDeviceGraphMemTrim),
     ENTRY("cuIpcGetMemHandle", 4010, 0, cuIpcGetMemHandle),
+    ENTRY("cuIpcOpenMemHandle", 4010, 0, cuIpcOpenMemHandle),
+    ENTRY("cuIpcOpenMemHandle", 11000, 0, cuIpcOpenMemHandle_v2),
+    ENTRY("cuIpcCloseMemHandle", 4010, 0, cuIpcCloseMemHandle),
+    ENTRY("cuMemExportToShareableHandle", 10020, 0, cuMemExportToShareableHandle),
+    ENTRY("cuMemImportFromShareableHandle", 10020, 0, cuMemImportFromShareableHandle),
     ENTRY("cuCtxEnablePeerAccess", 4000, 0, cuCtxEnablePeerAccess),
     ENTRY("cuMemRelease", 10020, 0, cuMemRelease),
     ENTRY("cuMemGetAllocationGranularity", 10020, 0, cuMemGetAllocationGranularity),

@@ -55,6 +55,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CHUNK = 2 * MiB  # the fake's granularity, as a current GPU's
 GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
+HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
 
 
 @pytest.fixture(scope="session")
@@ -660,6 +661,56 @@ def test_pinned_host_memory_is_real_and_registrations_do_not_overlap(v: FakeProc
     assert v.call(f"v.unregister({pages})") == HOST_MEMORY_NOT_REGISTERED
 
 
+# ---- memory shared between processes -------------------------------------------------------
+
+def test_a_handle_exported_as_a_file_descriptor_shows_the_same_bytes_in_the_importer(
+        start_fake, tmp_path: Path) -> None:
+    card = FakeCard(tmp_path / "card")
+    exporter = start_fake(FAKE_CUDA_TOTAL=str(GiB), **card.env)
+    importer = start_fake(FAKE_CUDA_TOTAL=str(GiB), **card.env)
+    handle = exporter.call(f"v.create({CHUNK}, handle_types=1)")
+    code, fd = exporter.call(f"v.export_fd({handle})")
+    assert code == 0
+    taken = importer.call(f"take_fd({exporter.pid}, {fd})")
+    code, imported = importer.call(f"v.import_fd({taken})")
+    assert code == 0
+    va = importer.call(f"v.reserve({CHUNK})")
+    assert importer.call(f"v.map({va}, {CHUNK}, {imported})") == 0
+    assert importer.call(f"v.set_access({va}, {CHUNK})") == 0
+    importer.call(f"v.write({va + 10}, b'shared')")
+    there = exporter.call(f"v.reserve({CHUNK})")
+    assert exporter.call(f"v.map({there}, {CHUNK}, {handle})") == 0
+    assert exporter.call(f"v.set_access({there}, {CHUNK})") == 0
+    assert exporter.call(f"v.read({there + 10}, 6) == b'shared'")
+    assert card.used() == CHUNK  # one physical allocation, the exporter's
+    assert card.used_by(importer.pid) == 0
+
+
+def test_only_a_handle_created_exportable_exports(start_fake) -> None:
+    fake = start_fake(FAKE_CUDA_TOTAL=str(GiB))
+    plain = fake.call(f"v.create({CHUNK})")
+    assert fake.call(f"v.export_fd({plain})")[0] == 800  # CUDA_ERROR_NOT_PERMITTED
+    refusing = start_fake(FAKE_CUDA_TOTAL=str(GiB), FAKE_CUDA_NO_POSIX_FD_HANDLES="1")
+    assert refusing.call(f"v.attribute({HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED})") == 0
+    assert refusing.call(f"v.create_with({CHUNK}, handle_types=1)") == NOT_SUPPORTED
+
+
+def test_legacy_ipc_opens_device_memory_in_another_process_only(start_fake) -> None:
+    exporter, importer = start_fake(), start_fake()
+    plain = exporter.call(f"v.alloc({MiB})")
+    code, handle = exporter.call(f"v.ipc.get({plain})")
+    assert code == 0
+    assert exporter.call(f"v.ipc.open({handle!r})")[0] == INVALID_VALUE  # not in itself
+    code, opened = importer.call(f"v.ipc.open({handle!r})")
+    assert code == 0 and opened
+    assert importer.call(f"v.ipc.close({opened})") == 0
+    assert importer.call(f"v.ipc.open({'00' * 64!r})")[0] == INVALID_VALUE  # not the fake's
+    va = exporter.call(f"v.backed({CHUNK})")
+    assert exporter.call(f"v.ipc.get({va})")[0] == INVALID_VALUE  # VMM memory: never
+    managed = exporter.call(f"v.alloc_managed({MiB})")
+    assert exporter.call(f"v.ipc.get({managed})")[0] == INVALID_VALUE
+
+
 # ---- one card, several processes ----------------------------------------------------------
 
 def test_the_card_is_shared_by_the_processes_that_name_it(start_fake, tmp_path: Path) -> None:
@@ -738,7 +789,8 @@ VMM_BASES = {"cuMemGetAllocationGranularity", "cuMemAddressReserve", "cuMemAddre
              "cuMemHostUnregister", "cuMemAllocHost", "cuEventRecord", "cuEventElapsedTime",
              "cuMemcpyDtoD", "cuMemsetD32", "cuMemsetD32Async", "cuPointerGetAttribute",
              "cuPointerGetAttributes", "cuPointerSetAttribute", "cuMemGetAddressRange",
-             "cuMemGetHandleForAddressRange"}
+             "cuMemGetHandleForAddressRange", "cuMemExportToShareableHandle",
+             "cuMemImportFromShareableHandle", "cuIpcOpenMemHandle", "cuIpcCloseMemHandle"}
 NO_HEADERS = pytest.param(None, marks=pytest.mark.skip(
     reason="no CUDA headers: the test extra installs nvidia-cuda-runtime-cu12 and "
            "nvidia-cuda-runtime"))

@@ -117,6 +117,55 @@ class PointerQueries:
         return [code, base.value, size.value]
 
 
+def take_fd(pid: int, fd: int) -> int:
+    """A duplicate of another process's file descriptor (pidfd_getfd, as an importer takes an
+    exported handle)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        taken = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd
+        if taken < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return int(taken)
+    finally:
+        os.close(pidfd)
+
+
+class LegacyIpc:
+    """cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2) and cuIpcCloseMemHandle, the handle as hex."""
+
+    def __init__(self, lib: Any) -> None:
+        self.lib = lib
+
+    def _fn(self, name: str, *argtypes: Any) -> Any:
+        function = getattr(self.lib, name)
+        function.restype = ctypes.c_int
+        function.argtypes = list(argtypes)
+        return function
+
+    def get(self, ptr: int) -> list[Any]:
+        """[CUresult, the 64-byte handle in hex]."""
+        handle = ctypes.create_string_buffer(64)
+        code = int(self._fn("cuIpcGetMemHandle", c_ptr, c_u64)(handle, ptr))
+        return [code, handle.raw.hex()]
+
+    def open(self, handle: str, name: str = "cuIpcOpenMemHandle_v2") -> list[int]:
+        """[CUresult, the address it opened at]."""
+        ptr = c_u64()
+        fn = self._fn(name, ctypes.POINTER(c_u64), IpcHandle, ctypes.c_uint)
+        code = int(fn(ctypes.byref(ptr), IpcHandle.from_buffer_copy(bytes.fromhex(handle)), 1))
+        return [code, ptr.value]
+
+    def close(self, ptr: int) -> int:
+        return int(self._fn("cuIpcCloseMemHandle", c_u64)(ptr))
+
+
+class IpcHandle(ctypes.Structure):
+    """CUipcMemHandle, passed by value."""
+
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
 class CudaError(RuntimeError):
     def __init__(self, call: str, code: int) -> None:
         super().__init__(f"{call} failed with CUresult {code}")
@@ -160,6 +209,7 @@ class Calls:
         self.lib = ctypes.CDLL(path)
         self._last_handle = 0
         self.pointer = PointerQueries(self.lib)
+        self.ipc = LegacyIpc(self.lib)
 
     def _fn(self, name: str, *argtypes: Any, restype: Any = ctypes.c_int) -> Any:
         function = getattr(self.lib, name)
@@ -260,6 +310,18 @@ class Calls:
                       ctypes.POINTER(AllocationProp), c_u64)
         return int(fn(ctypes.byref(handle if handle is not None else c_u64()), size,
                       ctypes.byref(prop), 0))
+
+    def export_fd(self, handle: int) -> list[int]:
+        """[CUresult, file descriptor] of cuMemExportToShareableHandle (POSIX file descriptor)."""
+        fd = ctypes.c_int(-1)
+        fn = self._fn("cuMemExportToShareableHandle", c_ptr, c_u64, ctypes.c_int, c_u64)
+        return [int(fn(ctypes.byref(fd), handle, 1, 0)), fd.value]
+
+    def import_fd(self, fd: int) -> list[int]:
+        """[CUresult, handle] of cuMemImportFromShareableHandle of a file descriptor."""
+        handle = c_u64()
+        fn = self._fn("cuMemImportFromShareableHandle", ctypes.POINTER(c_u64), c_ptr, ctypes.c_int)
+        return [int(fn(ctypes.byref(handle), fd, 1)), handle.value]
 
     def release(self, handle: int) -> int:
         return int(self._fn("cuMemRelease", c_u64)(handle))
