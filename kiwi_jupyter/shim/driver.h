@@ -85,8 +85,12 @@ typedef int CUmemRangeHandleType;
 typedef int CUdevice_attribute;
 typedef int CUmemPool_attribute;
 
+/* A legacy IPC handle: 64 opaque bytes, passed by value (cuIpcOpenMemHandle). */
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+
 /* Passed through by pointer only; the shim never looks inside. */
-typedef struct CUipcMemHandle_st CUipcMemHandle;
 typedef struct CUlaunchConfig_st CUlaunchConfig;
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
@@ -159,6 +163,7 @@ enum {
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_MEM_LOCATION_TYPE_DEVICE 0x1
 #define CU_MEM_LOCATION_TYPE_HOST 0x2
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
 /* cuGetProcAddress flags: which default-stream flavour of an entry point the caller wants. */
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2u
 /* The per-thread default stream's handle: what stream 0 means to a _ptsz entry point. */

@@ -37,7 +37,10 @@
     X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 11020, 0)           \
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0)           \
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
-    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0)
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, 0)                   \
+    X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010, 0)                 \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0)             \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, 0)
 
 /* Questions about an address (interpose/pointer.c): under vmm, asked of the shim's own memory,
  * they wait at the gate for the restore while it is away and answer for the allocation the

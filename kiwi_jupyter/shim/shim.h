@@ -15,7 +15,8 @@
  *               alloc_async.c stream-ordered allocations
  *               pool.c        a framework's pool: the shim's managed one, or its vmm counts
  *               free.c        frees, and stream-ordered frees
- *               handles.c     legacy IPC handles, and VMM handles handed out (pinned in place)
+ *               handles.c     legacy IPC handles (the vmm evictor's through its own), and VMM
+ *                             handles handed out (pinned in place)
  *               pointer.c     questions about an address, answered per allocation under vmm
  *               meminfo.c     cuMemGetInfo and cuDeviceTotalMem: what the process is told
  *               context.c     contexts destroyed or reset: what was allocated in them goes;
@@ -58,6 +59,7 @@
  *               vmm_shadows.c its host shadows,
  *               vmm_chunks.c  its physical handles, mapped and unmapped,
  *               vmm_index.c   its regions by address,
+ *               vmm_ipc.c     its legacy IPC, exported and opened,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file

@@ -28,7 +28,6 @@ GiB = 1 << 30
 #: cuMemPoolGetAttribute's counters.
 RESERVED_MEM_CURRENT, RESERVED_MEM_HIGH, USED_MEM_CURRENT, USED_MEM_HIGH = 5, 6, 7, 8
 PRIMARY = 0xC0FFEE  # the fake's primary context
-NOT_SUPPORTED = 801
 
 
 def field(line: str, name: str) -> str:
@@ -523,14 +522,6 @@ def test_a_retained_handle_keeps_its_memory_on_the_card(scheduler, workload, car
     assert (stats["working_set"], stats["evictable"]) == (24 * MiB, 16 * MiB)
     evicted_by_next(scheduler, w)
     assert card.used_by(w.process.pid) == 8 * MiB and w.stats()["host"] == 16 * MiB
-
-
-def test_legacy_ipc_of_vmm_memory_fails_clearly(workload, card) -> None:
-    w = vmm(workload, card)
-    ptr = w.call(f"d.alloc({4 * MiB})")
-    assert w.call(f"d.ipc_handle({ptr})") == NOT_SUPPORTED
-    wait_for(lambda: any("KIWI_EVICT=checkpoint" in line for line in w.stderr),
-             what="the warning")
 
 
 def test_peers_the_program_enabled_get_access_to_every_mapping(scheduler, workload,

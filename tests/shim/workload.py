@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from vmm_calls import FAKE_KERNEL_FILL, AllocationProp, PointerQueries, pinned_on
+from vmm_calls import FAKE_KERNEL_FILL, AllocationProp, LegacyIpc, PointerQueries, pinned_on
 
 from kiwi_jupyter.shim import Shim
 
@@ -32,6 +32,8 @@ class Driver:
         self.lib = ctypes.CDLL(path)  # dlopen by path, RTLD_LOCAL: only dlsym reaches it
         #: cuPointerGetAttribute(s), cuPointerSetAttribute, cuMemGetAddressRange_v2 (by dlsym)
         self.pointer = PointerQueries(self.lib)
+        #: cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2), cuIpcCloseMemHandle (by dlsym)
+        self.ipc = LegacyIpc(self.lib)
 
     # ---- finding entry points ----
     def dlsym(self, name: str, *argtypes: Any) -> Any:
@@ -134,11 +136,6 @@ class Driver:
         handle = c_u64()
         return int(self.dlsym("cuMemRetainAllocationHandle", ctypes.POINTER(c_u64), c_ptr)(
             ctypes.byref(handle), ptr))
-
-    def ipc_handle(self, ptr: int) -> int:
-        """cuIpcGetMemHandle of ptr (legacy IPC, as PyTorch's tensor sharing); the CUresult."""
-        handle = ctypes.create_string_buffer(64)
-        return int(self.dlsym("cuIpcGetMemHandle", c_ptr, c_u64)(handle, ptr))
 
     def pool_attribute(self, pool: int, attribute: int) -> int:
         value = c_u64()

@@ -117,6 +117,15 @@ void kiwi_vmm_retained(CUdeviceptr ptr, size_t size);
 /* Is any of [ptr, ptr + size) memory the vmm evictor moved off the card (or reserved while its
  * memory was away)? */
 bool kiwi_vmm_away_in(CUdeviceptr ptr, size_t size);
+/* Legacy IPC of the memory the vmm evictor maps (vmm_ipc.c). export: a handle of the shim's for
+ * the allocation holding ptr, its region exported and pinned from now on; CUDA_ERROR_NOT_READY
+ * while the region is away (the caller waits at the gate, then asks again). import: the address
+ * here of the allocation a handle of the shim's names (the same for each open of one handle);
+ * CUDA_ERROR_NOT_FOUND for a handle that is not the shim's (the driver's own). close: the last
+ * close of an address import answered unmaps it; CUDA_ERROR_NOT_FOUND when it answered none. */
+CUresult kiwi_vmm_ipc_export(CUdeviceptr ptr, CUipcMemHandle *handle);
+CUresult kiwi_vmm_ipc_import(const CUipcMemHandle *handle, CUdeviceptr *ptr);
+CUresult kiwi_vmm_ipc_close(CUdeviceptr ptr);
 /* The pool's counters, for cuMemPoolGetAttribute: bytes of stream-ordered allocations the vmm
  * evictor made for pool, in use now and at most, and reserved (in use, or freed and not yet
  * reclaimed); false when it made none for it. reset: set the high marks to the current. */

@@ -289,5 +289,6 @@ void kiwi_pager_after_fork(void)
     kiwi_contexts_after_fork();
     kiwi_managed_after_fork();
     kiwi_vmm_after_fork();
+    kiwi_vmm_ipc_after_fork();
     kiwi_free_ranges_after_fork();
 }

@@ -112,6 +112,8 @@ void kiwi_vmm_free_deferred(void);
 /* Under the contexts' lock: ctx ended; the memory allocated in it goes. */
 void kiwi_vmm_forget_context(CUcontext ctx);
 void kiwi_vmm_after_fork(void);
+/* vmm_ipc.c: what the parent opened of other processes' memory is not the child's. */
+void kiwi_vmm_ipc_after_fork(void);
 
 /* ---- transfer.c -------------------------------------------------------------------------- */
 

@@ -34,6 +34,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vmm.h"
 
@@ -370,9 +371,17 @@ static CUresult back_region(struct vmm_region *r)
 }
 
 /* Takes r off the card and out of the address space: its memory, its shadows (as spares),
- * its addresses. (After its context ended the driver may have taken them already.) */
+ * its addresses, its export (what an importer mapped stays alive on the card until it lets it
+ * go). (After its context ended the driver may have taken them already.) */
 static void destroy_region(struct vmm_region *r)
 {
+    if (r->export) {
+        for (int i = 0; i < r->chunk_count; i++)
+            if (r->export->chunk_fds[i] >= 0)
+                close(r->export->chunk_fds[i]);
+        close(r->export->manifest);
+        free(r->export);
+    }
     for (int i = 0; i < r->chunk_count; i++) {
         struct vmm_chunk *c = &r->chunks[i];
         if (c->resident && kiwi_vmm_unmap_chunk(r->va, c) != CUDA_SUCCESS)
@@ -890,24 +899,37 @@ bool kiwi_vmm_owns(CUdeviceptr ptr)
     return owned;
 }
 
+struct vmm_region *kiwi_vmm_allocation_region(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+    struct vmm_allocation *a = allocation_at(ptr);
+    if (!a)
+        return NULL;
+    *base = a->ptr;
+    *size = a->size;
+    return a->region;
+}
+
+void kiwi_vmm_pin(struct vmm_region *r, const char *why)
+{
+    if (r->pinned || r->cached)
+        return;
+    r->pinned = true;
+    kiwi_memory_pinned((int64_t)r->size);
+    for (size_t b = 0; b < BUCKETS; b++)
+        for (struct vmm_allocation *a = allocations[b]; a; a = a->next)
+            if (a->region == r)
+                kiwi_memory_pin(a->ptr);
+    kiwi_log("%s the memory at 0x%llx: its %zu bytes stay on the card", why,
+             (unsigned long long)r->va, r->size);
+}
+
 void kiwi_vmm_retained(CUdeviceptr ptr, size_t size)
 {
     pthread_mutex_lock(&kiwi_vmm_lock);
     struct vmm_region *const *regions;
     size_t count = kiwi_vmm_index_overlapping(ptr, size ? size : 1, &regions);
-    for (size_t i = 0; i < count; i++) {
-        struct vmm_region *r = regions[i];
-        if (r->pinned || r->cached)
-            continue;
-        r->pinned = true;
-        kiwi_memory_pinned((int64_t)r->size);
-        for (size_t b = 0; b < BUCKETS; b++)
-            for (struct vmm_allocation *a = allocations[b]; a; a = a->next)
-                if (a->region == r)
-                    kiwi_memory_pin(a->ptr);
-        kiwi_log("a handle of the memory at 0x%llx was handed out: its %zu bytes stay on the "
-                 "card", (unsigned long long)r->va, r->size);
-    }
+    for (size_t i = 0; i < count; i++)
+        kiwi_vmm_pin(regions[i], "a handle was handed out of");
     pthread_mutex_unlock(&kiwi_vmm_lock);
 }
 
@@ -1186,6 +1208,15 @@ void kiwi_vmm_after_fork(void)
      * parent's tables hold is left behind unfreed, as memory.c leaves its records. */
     pthread_mutex_init(&kiwi_vmm_lock, NULL);
     pthread_cond_init(&shadow_work, NULL);
+    /* Except the descriptors of what the parent shared: open here they would keep its memory
+     * on the card after the parent freed it, for as long as the child lives. */
+    for (struct vmm_region *r = first_region; r; r = r->next) {
+        for (int i = 0; r->export && i < r->chunk_count; i++)
+            if (r->export->chunk_fds[i] >= 0)
+                close(r->export->chunk_fds[i]);
+        if (r->export)
+            close(r->export->manifest);
+    }
     first_region = last_region = slabs = cache = NULL;
     memset(allocations, 0, sizeof allocations);
     pending_first = pending_last = NULL;

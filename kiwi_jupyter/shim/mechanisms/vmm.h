@@ -10,6 +10,8 @@
  *   vmm_shadows.c  host shadows: pinned huge pages, the driver's pinned memory, or pageable
  *   vmm_chunks.c   the physical side: the driver's VMM calls, one chunk mapped or unmapped,
  *                  the access every mapping gets (its device, and the peers the program enabled)
+ *   vmm_ipc.c      legacy IPC: a region exported as file descriptors and pinned; another
+ *                  process's opened here (it calls vmm.c and vmm_chunks.c)
  *   vmm_index.c    the regions by address, for every question about an address
  *
  * The words: a region is one reservation of address space (one allocation of 1 MiB or more,
@@ -60,6 +62,14 @@ struct vmm_chunk {
     size_t piece_count;
 };
 
+/* A region shared through legacy IPC (vmm_ipc.c): each chunk exported as a file descriptor,
+ * and a manifest (a memfd) that lists them for the importer; closed with the region. */
+struct vmm_export {
+    int manifest;
+    uint64_t token;  /* the manifest's, so that a stale handle is told apart */
+    int chunk_fds[]; /* one per chunk, in order */
+};
+
 struct vmm_region {
     struct vmm_region *next, *prev; /* every region, in the order they were made */
     /* The slabs in use, or the regions kept for reuse, so that an allocation looks only there */
@@ -78,6 +88,7 @@ struct vmm_region {
     size_t units_used;
     size_t allocations;  /* allocations in it not yet reclaimed */
     bool pinned;         /* a handle of it was handed out: it stays where it is */
+    struct vmm_export *export; /* shared through legacy IPC (pinned then), or NULL */
     bool cached;         /* freed, and kept mapped for a next allocation of its size */
 };
 
@@ -116,6 +127,8 @@ typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*host_register_fn)(void *, size_t, unsigned int);
 typedef CUresult (*host_unregister_fn)(void *);
 typedef CUresult (*graph_trim_fn)(CUdevice);
+typedef CUresult (*export_fn)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+typedef CUresult (*import_fn)(CUmemGenericAllocationHandle *, void *, int);
 
 /* The driver functions the vmm evictor calls (besides the pager's): resolved on first use. */
 struct vmm_driver {
@@ -135,6 +148,8 @@ struct vmm_driver {
     host_register_fn host_register;
     host_unregister_fn host_unregister;
     graph_trim_fn graph_trim; /* cuDeviceGraphMemTrim; NULL on drivers before CUDA 11.4 */
+    export_fn export_fd;      /* cuMemExportToShareableHandle, and cuMemImport...: legacy IPC */
+    import_fn import_fd;
 };
 extern struct vmm_driver kiwi_vmm_driver;
 
@@ -149,6 +164,8 @@ CUresult kiwi_vmm_map_chunk(CUdeviceptr va, struct vmm_chunk *c, CUdevice device
 CUresult kiwi_vmm_unmap_chunk(CUdeviceptr va, struct vmm_chunk *c);
 /* Gives [va, va + size) on device the access every mapping gets (again: a peer was enabled). */
 CUresult kiwi_vmm_set_access(CUdeviceptr va, size_t size, CUdevice device);
+/* Gives device (alone) read-write access to [va, va + size): memory another process shared. */
+CUresult kiwi_vmm_give_access(CUdeviceptr va, size_t size, CUdevice device);
 /* From now on a mapping on owner is also accessible from accessor (cuCtxEnablePeerAccess);
  * true when that is new. */
 bool kiwi_vmm_peer_note(CUdevice owner, CUdevice accessor);
@@ -189,6 +206,11 @@ struct vmm_region *kiwi_vmm_regions(void);
 /* Under kiwi_vmm_lock: whether an eviction moved memory out that is not back yet; while it is,
  * new allocations only reserve their addresses, and the restore backs them. */
 extern bool kiwi_vmm_evicted;
+/* Under kiwi_vmm_lock: the region of the live allocation holding ptr, and the allocation's
+ * start and size; NULL when there is none. */
+struct vmm_region *kiwi_vmm_allocation_region(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+/* Under kiwi_vmm_lock: r stays where it is from now on (why: for the log). */
+void kiwi_vmm_pin(struct vmm_region *r, const char *why);
 /* Under kiwi_vmm_lock: reclaims the pending frees whose memory may go: those whose event has
  * completed, and with synchronized (every context synchronized since) all of them. */
 void kiwi_vmm_reclaim(bool synchronized);
@@ -207,6 +229,11 @@ void kiwi_vmm_residency_locked(struct kiwi_residency *out);
 void kiwi_vmm_moving(bool now);
 /* Under kiwi_vmm_lock: the shadows moved; the builder may have work. */
 void kiwi_vmm_shadows_changed(void);
+
+/* ---- vmm_ipc.c --------------------------------------------------------------------------- */
+
+/* (memory.h declares kiwi_vmm_ipc_export, _import and _close, pager.h its after-fork; it calls
+ * vmm.c, never the reverse: a region's export is closed with the region, in vmm.c.) */
 
 /* ---- vmm_move.c -------------------------------------------------------------------------- */
 

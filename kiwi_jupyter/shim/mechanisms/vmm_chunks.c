@@ -1,10 +1,11 @@
 /* The vmm evictor's physical side: the driver's virtual memory management calls, and one chunk
  * at a time mapped onto the card or taken off it.
  *
- * A chunk is one physical handle (cuMemCreate: pinned device memory of the chunk's device, no
- * shareable handle type, so nothing outside the process can keep it alive; capable of GPUDirect
- * RDMA where the device allows the flag, as cuMemAlloc memory is, so that a NIC can register
- * it, as PyTorch's expandable segments ask for it), mapped at its place
+ * A chunk is one physical handle (cuMemCreate: pinned device memory of the chunk's device;
+ * exportable as a POSIX file descriptor where the device allows it, as PyTorch's expandable
+ * segments make theirs, so that legacy IPC can share it on demand (vmm_ipc.c): until it is
+ * exported nothing outside the process holds it; capable of GPUDirect RDMA where the device
+ * allows the flag, as cuMemAlloc memory is, so that a NIC can register it), mapped at its place
  * in its region's reserved addresses (cuMemMap) and made accessible (cuMemSetAccess: a new
  * mapping has no access at all). Taking it off is cuMemUnmap then cuMemRelease: with no mapping
  * and no reference left, the driver frees the memory, and the card has it back at once, in
@@ -23,14 +24,17 @@
 
 struct vmm_driver kiwi_vmm_driver;
 
+#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
+#define CUDA_ERROR_NOT_PERMITTED 800
 
 static pthread_mutex_t peers_lock = PTHREAD_MUTEX_INITIALIZER;
 /* peers[owner] has bit a set when device a may reach device owner's memory. */
 static uint64_t peers[MAX_DEVICES];
 static _Atomic size_t granularities[MAX_DEVICES];
-/* Per device: 0 not asked yet, 1 GPUDirect RDMA may be asked of cuMemCreate, -1 it may not. */
-static atomic_int rdma_flag[MAX_DEVICES];
+/* Per device, what cuMemCreate may be asked for: 0 not known yet, 1 it may, -1 it may not. */
+static atomic_int rdma_flag[MAX_DEVICES];       /* GPUDirect RDMA */
+static atomic_int exportable_flag[MAX_DEVICES]; /* a POSIX file descriptor handle type */
 
 bool kiwi_vmm_resolve(void)
 {
@@ -58,6 +62,8 @@ bool kiwi_vmm_resolve(void)
         d->host_register = (host_register_fn)kiwi_driver_sym("cuMemHostRegister_v2");
         d->host_unregister = (host_unregister_fn)kiwi_driver_sym("cuMemHostUnregister");
         d->graph_trim = (graph_trim_fn)kiwi_driver_sym("cuDeviceGraphMemTrim");
+        d->export_fd = (export_fn)kiwi_driver_sym("cuMemExportToShareableHandle");
+        d->import_fd = (import_fn)kiwi_driver_sym("cuMemImportFromShareableHandle");
         d->reserve = (reserve_fn)kiwi_driver_sym("cuMemAddressReserve");
     }
     bool found = d->reserve && d->address_free && d->create && d->release && d->map &&
@@ -72,23 +78,35 @@ bool kiwi_vmm_resolve(void)
     return found;
 }
 
+/* Whether the device says yes to attribute, asked once (flags: the answers kept per device). */
+static bool device_allows(CUdevice device, CUdevice_attribute attribute, atomic_int *flags)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return false;
+    int known = atomic_load(&flags[device]);
+    if (known)
+        return known > 0;
+    typedef CUresult (*attribute_fn)(int *, CUdevice_attribute, CUdevice);
+    attribute_fn ask = (attribute_fn)kiwi_driver_sym("cuDeviceGetAttribute");
+    int value = 0;
+    if (!ask || ask(&value, attribute, device) != CUDA_SUCCESS)
+        value = 0;
+    atomic_store(&flags[device], value ? 1 : -1);
+    return value != 0;
+}
+
 /* Whether cuMemCreate may be asked for memory GPUDirect RDMA can register, on device (the
  * driver refuses the flag, or ignores it, where the device has no such support). */
 static bool rdma_capable(CUdevice device)
 {
-    if (device < 0 || device >= MAX_DEVICES)
-        return false;
-    int known = atomic_load(&rdma_flag[device]);
-    if (known)
-        return known > 0;
-    typedef CUresult (*attribute_fn)(int *, CUdevice_attribute, CUdevice);
-    attribute_fn attribute = (attribute_fn)kiwi_driver_sym("cuDeviceGetAttribute");
-    int value = 0;
-    if (!attribute || attribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
-                                device) != CUDA_SUCCESS)
-        value = 0;
-    atomic_store(&rdma_flag[device], value ? 1 : -1);
-    return value != 0;
+    return device_allows(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                         rdma_flag);
+}
+
+static bool exportable(CUdevice device)
+{
+    return device_allows(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                         exportable_flag);
 }
 
 static CUmemAllocationProp device_memory(CUdevice device)
@@ -99,7 +117,27 @@ static CUmemAllocationProp device_memory(CUdevice device)
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
     prop.allocFlags.gpuDirectRDMACapable = rdma_capable(device);
+    if (exportable(device))
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return prop;
+}
+
+/* A physical handle of size bytes on device. Where the driver refuses the exportable type
+ * although the device says it has it (a container without the device nodes it needs, as
+ * PyTorch's expandable segments met), the chunk is made without it, and so from then on. */
+static CUresult create_handle(CUmemGenericAllocationHandle *handle, size_t size, CUdevice device)
+{
+    CUmemAllocationProp prop = device_memory(device);
+    CUresult result = kiwi_vmm_driver.create(handle, size, &prop, 0);
+    bool refused = result == CUDA_ERROR_NOT_SUPPORTED || result == CUDA_ERROR_NOT_PERMITTED ||
+                   result == CUDA_ERROR_INVALID_VALUE;
+    if (!refused || !prop.requestedHandleTypes)
+        return result;
+    atomic_store(&exportable_flag[device], -1);
+    kiwi_log("cuMemCreate refused an exportable handle (CUDA error %d): legacy IPC of this "
+             "memory cannot be offered", result);
+    prop.requestedHandleTypes = 0;
+    return kiwi_vmm_driver.create(handle, size, &prop, 0);
 }
 
 size_t kiwi_vmm_granularity(CUdevice device)
@@ -140,9 +178,8 @@ CUresult kiwi_vmm_set_access(CUdeviceptr va, size_t size, CUdevice device)
 
 CUresult kiwi_vmm_map_chunk(CUdeviceptr va, struct vmm_chunk *c, CUdevice device)
 {
-    CUmemAllocationProp prop = device_memory(device);
     CUmemGenericAllocationHandle handle = 0;
-    CUresult result = kiwi_vmm_driver.create(&handle, c->size, &prop, 0);
+    CUresult result = create_handle(&handle, c->size, device);
     if (result != CUDA_SUCCESS)
         return result;
     CUdeviceptr at = va + c->offset;
@@ -185,6 +222,16 @@ bool kiwi_vmm_peer_note(CUdevice owner, CUdevice accessor)
     peers[owner] |= (uint64_t)1 << accessor;
     pthread_mutex_unlock(&peers_lock);
     return new_peer;
+}
+
+CUresult kiwi_vmm_give_access(CUdeviceptr va, size_t size, CUdevice device)
+{
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return kiwi_vmm_driver.set_access(va, size, &access, 1);
 }
 
 void kiwi_vmm_chunks_after_fork(void)
