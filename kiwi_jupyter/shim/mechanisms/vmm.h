@@ -4,14 +4,14 @@
  *   vmm_move.c     the move: an eviction copies each chunk to its host shadow on two streams
  *                  per context and unmaps and releases it as its copy completes; a restore
  *                  maps each again at its address and copies it back, or rolls back
+ *   vmm_ipc.c      legacy IPC: a region exported as file descriptors and pinned; another
+ *                  process's opened here
  *   vmm.c          the allocations: regions of reserved address space cut into chunks, small
  *                  allocations in slabs, frees (synchronized, stream-ordered, deferred past a
  *                  capture), regions kept for reuse, and the thread that builds the shadows
  *   vmm_shadows.c  host shadows: pinned huge pages, the driver's pinned memory, or pageable
  *   vmm_chunks.c   the physical side: the driver's VMM calls, one chunk mapped or unmapped,
  *                  the access every mapping gets (its device, and the peers the program enabled)
- *   vmm_ipc.c      legacy IPC: a region exported as file descriptors and pinned; another
- *                  process's opened here (it calls vmm.c and vmm_chunks.c)
  *   vmm_index.c    the regions by address, for every question about an address
  *
  * The words: a region is one reservation of address space (one allocation of 1 MiB or more,
