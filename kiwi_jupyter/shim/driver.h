@@ -168,6 +168,8 @@ enum {
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2u
 /* The per-thread default stream's handle: what stream 0 means to a _ptsz entry point. */
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
+/* The legacy default stream, named: what stream 0 means to the others. */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
 
 #endif /* KIWI_CHECK_CUDA_H */
 #endif

@@ -60,6 +60,7 @@
  *               vmm_chunks.c  its physical handles, mapped and unmapped,
  *               vmm_index.c   its regions by address,
  *               vmm_ipc.c     its legacy IPC, exported and opened,
+ *               vmm_reuse.c   its stream-ordered reuse,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file

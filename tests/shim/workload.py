@@ -97,9 +97,9 @@ class Driver:
             raise MemoryError(result)
         return ptr.value
 
-    def alloc_async(self, size: int, stream: int = 0x77) -> int:
+    def alloc_async(self, size: int, stream: int = 0x77, name: str = "cuMemAllocAsync") -> int:
         ptr = c_u64()
-        fn = self.dlsym("cuMemAllocAsync", ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr)
+        fn = self.dlsym(name, ctypes.POINTER(c_u64), ctypes.c_size_t, c_ptr)
         if fn(ctypes.byref(ptr), size, stream) != 0:
             raise MemoryError
         return ptr.value
@@ -299,6 +299,32 @@ def fork_and_launch() -> dict[str, Any]:
     _, status = os.waitpid(pid, 0)
     report["status"] = status
     return report
+
+
+def on_a_thread(expression: str) -> Any:
+    """expression's value, evaluated on a thread of its own (another per-thread default
+    stream)."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(eval(expression, globals())))  # noqa: S307
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def training_steps(steps: int, sizes: list[int], stream: int = 0x77) -> list[int]:
+    """steps steps of a training loop under a stream-ordered allocator (PyTorch's
+    cudaMallocAsync backend): each allocates sizes on stream, writes each tensor's first bytes,
+    and frees them on stream. The addresses of the last step."""
+    pointers: list[int] = []
+    for step in range(steps):
+        pointers = [d.alloc_async(size, stream=stream) for size in sizes]
+        for i, ptr in enumerate(pointers):
+            if d.write(ptr, bytes([step & 0xFF, i])) != 0:
+                raise RuntimeError(f"writing {ptr:#x} failed")
+        for ptr in reversed(pointers):
+            if d.free_async(ptr, stream=stream) != 0:
+                raise RuntimeError(f"freeing {ptr:#x} failed")
+    return pointers
 
 
 def launch_from_threads(count: int) -> list[int]:

@@ -60,9 +60,9 @@ static CUresult allocate_device(CUdeviceptr *dptr, size_t size, CUcontext ctx, C
 /* Allocates size bytes the vmm evictor maps, within the limit (which it checks itself: what
  * counts is the card's bytes it takes, whole granules, not size). */
 static CUresult allocate_mapped(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                                CUmemoryPool pool)
+                                const struct kiwi_stream_order *order)
 {
-    CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, pool);
+    CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, order);
     if (capture_error(result)) {
         /* The driver refuses to map during this graph capture: device memory, counted but
          * not evictable, rather than a failed allocation (as for managed memory, below). */
@@ -105,20 +105,26 @@ static CUresult allocate_managed(CUdeviceptr *dptr, size_t size, unsigned int fl
     return CUDA_SUCCESS;
 }
 
-CUresult kiwi_memory_allocate(CUdeviceptr *dptr, size_t size, CUmemoryPool pool)
+CUresult kiwi_memory_allocate_in(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
+                                 const struct kiwi_stream_order *order)
 {
     if (!kiwi_real(HOOK_cuMemAlloc_v2))
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUdevice device = -1;
-    CUcontext ctx = kiwi_pager_note_context(&device);
     switch (kiwi_pager_allocator()) {
     case KIWI_EVICTOR_VMM:
-        return allocate_mapped(dptr, size, ctx, device, pool);
+        return allocate_mapped(dptr, size, ctx, device, order);
     case KIWI_EVICTOR_MANAGED:
         return allocate_managed(dptr, size, CU_MEM_ATTACH_GLOBAL, ctx, device);
     default:
         return allocate_device(dptr, size, ctx, device);
     }
+}
+
+CUresult kiwi_memory_allocate(CUdeviceptr *dptr, size_t size)
+{
+    CUdevice device = -1;
+    CUcontext ctx = kiwi_pager_note_context(&device);
+    return kiwi_memory_allocate_in(dptr, size, ctx, device, NULL);
 }
 
 KIWI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
@@ -142,7 +148,7 @@ KIWI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
         KIWI_REAL(real, cuMemAlloc_v2);
         return real(dptr, size);
     }
-    return kiwi_memory_allocate(dptr, size, NULL);
+    return kiwi_memory_allocate(dptr, size);
 }
 
 /* The driver pads pitched rows for texture hardware; 512 bytes satisfies every GPU's
@@ -163,7 +169,7 @@ KIWI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     size_t row = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
     if (height > SIZE_MAX / row)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult result = kiwi_memory_allocate(dptr, row * height, NULL);
+    CUresult result = kiwi_memory_allocate(dptr, row * height);
     if (result == CUDA_SUCCESS)
         *pitch = row;
     return result;

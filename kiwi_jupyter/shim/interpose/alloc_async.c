@@ -1,7 +1,8 @@
 /* Stream-ordered allocations: memory the shim maps (vmm) or managed memory is usable at once,
- * which is at least as early as the stream would have made it usable, so the stream is not
- * needed to allocate. Under vmm the free is what stays stream-ordered (interpose/free.c), and
- * the pool the allocation was asked of is noted for its counters (interpose/pool.c).
+ * which is at least as early as the stream would have made it usable. Under vmm the free is
+ * stream-ordered (interpose/free.c), and an allocation takes back at once what its own stream
+ * freed (mechanisms/vmm_reuse.c: the stream matters there); the pool it was asked of is noted
+ * for its counters (interpose/pool.c).
  *
  * Except while the stream is being captured into a CUDA graph: then the allocation must become
  * a node of the graph (it happens again at each replay), so it goes to the driver unchanged
@@ -51,12 +52,10 @@ static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult
 
 /* The pool cuMemAllocAsync allocates from: the device's current pool, asked of the driver once
  * per device. */
-static CUmemoryPool current_pool(void)
+static CUmemoryPool current_pool(CUdevice device)
 {
     static _Atomic(CUmemoryPool) known[64];
     typedef CUresult (*get_pool_fn)(CUmemoryPool *, CUdevice);
-    CUdevice device = -1;
-    kiwi_pager_note_context(&device);
     if (device < 0 || device >= 64)
         return NULL;
     CUmemoryPool pool = atomic_load(&known[device]);
@@ -74,12 +73,16 @@ static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t size, CUstream
                                         CUmemoryPool pool, bool from_pool)
 {
     enum kiwi_evictor evictor = kiwi_pager_allocator();
-    if (evictor == KIWI_EVICTOR_VMM)
-        return kiwi_memory_allocate(dptr, size, from_pool ? pool : current_pool());
+    if (evictor == KIWI_EVICTOR_VMM) {
+        CUdevice device = -1;
+        CUcontext ctx = kiwi_pager_note_context(&device);
+        struct kiwi_stream_order order = {from_pool ? pool : current_pool(device), stream};
+        return kiwi_memory_allocate_in(dptr, size, ctx, device, &order);
+    }
     CUresult pooled;
     if (evictor == KIWI_EVICTOR_MANAGED && allocate_pooled(dptr, size, stream, &pooled))
         return pooled;
-    return kiwi_memory_allocate(dptr, size, NULL);
+    return kiwi_memory_allocate(dptr, size);
 }
 
 #define ALLOC_ASYNC(symbol, per_thread, params, args, pool, from_pool)                          \

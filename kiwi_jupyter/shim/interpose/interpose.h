@@ -10,9 +10,13 @@
 /* ---- alloc.c ----------------------------------------------------------------------------- */
 
 /* Allocates size bytes of device memory, within the limit, as the evictor pages it: memory the
- * vmm evictor maps, managed memory, or (checkpoint) device memory as asked. pool: the pool a
- * stream-ordered allocation came from (NULL for the others). */
-CUresult kiwi_memory_allocate(CUdeviceptr *dptr, size_t size, CUmemoryPool pool);
+ * vmm evictor maps, managed memory, or (checkpoint) device memory as asked; in the calling
+ * thread's context. */
+CUresult kiwi_memory_allocate(CUdeviceptr *dptr, size_t size);
+/* The same in ctx on device (kiwi_pager_note_context's); order: a stream-ordered allocation's
+ * pool and stream (NULL for the others). */
+CUresult kiwi_memory_allocate_in(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
+                                 const struct kiwi_stream_order *order);
 
 /* ---- alloc_async.c ----------------------------------------------------------------------- */
 

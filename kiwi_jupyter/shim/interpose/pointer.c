@@ -89,7 +89,7 @@ static CUresult own_answer(void *data, CUpointer_attribute attribute, CUdevicept
         narrow = (unsigned)f->device;
         break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        flag = f->pool == NULL; /* cuMemAlloc memory is; a pool's is not */
+        flag = !f->stream_ordered; /* cuMemAlloc memory is; a pool's is not */
         break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:

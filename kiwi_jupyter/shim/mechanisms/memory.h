@@ -69,13 +69,21 @@ void kiwi_memory_unreserve(size_t size, enum allocation_kind kind);
 
 /* ---- vmm.c: the vmm evictor's allocations, for the allocating entry points --------------- */
 
+/* What a stream-ordered allocation (cuMemAllocAsync, cuMemAllocFromPoolAsync) was asked with:
+ * its pool, for the pool's counters (NULL when the device's could not be learnt), and its
+ * stream, whose own earlier frees it may reuse at once. */
+struct kiwi_stream_order {
+    CUmemoryPool pool;
+    CUstream stream;
+};
+
 /* size bytes of device memory the shim maps itself, in ctx on device (the card's bytes it
  * takes reserved against the limit as MAPPED, whole regions: kiwi_memory_pinned says how);
- * pool: the pool a stream-ordered allocation came from, for its counters
- * (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY when the card has no room; a capture error
- * when the driver refuses to map during a graph capture (the caller falls back). */
+ * order: a stream-ordered allocation's (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY when the
+ * card has no room; a capture error when the driver refuses to map during a graph capture (the
+ * caller falls back). */
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                           CUmemoryPool pool);
+                           const struct kiwi_stream_order *order);
 /* Frees a MAPPED allocation (a.key), whose record the caller holds (kiwi_memory_begin_free):
  * synchronizes its context first, since work queued before the free may still use it; while a
  * graph capture is open it cannot, and the free waits for the next release instead. Ends the
@@ -103,6 +111,7 @@ struct kiwi_vmm_facts {
     CUdevice device;
     CUmemoryPool pool;
     uint64_t buffer_id;
+    bool stream_ordered;
     bool sync_memops;
     bool away;
 };

@@ -43,6 +43,9 @@
 #define SPARE_EVENTS 64
 #define MAX_POOLS 16
 #define CACHE_BYTES ((uint64_t)512 << 20)
+/* A free asks whether the pending frees are done once this much more has been freed since it
+ * last asked (an allocation that finds no memory asks every time). */
+#define PENDING_ASK_BYTES ((uint64_t)256 << 20)
 #define SPARE_BYTES ((uint64_t)1 << 30)
 
 pthread_mutex_t kiwi_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -54,6 +57,8 @@ static uint64_t next_serial = 1;
 static struct vmm_allocation *allocations[BUCKETS];
 static struct vmm_allocation *pending_first, *pending_last;
 static uint64_t cached_bytes;
+/* Bytes freed and pending; and what they were when their events were last asked about. */
+static uint64_t pending_bytes, pending_when_asked;
 /* CU_POINTER_ATTRIBUTE_BUFFER_ID of the allocations: far above the driver's own counter, so
  * that no id the driver gives another buffer of the process is ever one of these. */
 static uint64_t next_buffer_id = (uint64_t)1 << 48;
@@ -597,13 +602,29 @@ static struct vmm_region *region_for(size_t size, size_t granule, CUcontext ctx,
     return r;
 }
 
+/* The units of a slab an allocation takes (0: a region of its own), and that region's bytes:
+ * size classes for a stream-ordered one (vmm_reuse.c), else what it asks for. */
+static size_t units_for(size_t size, bool stream_ordered)
+{
+    if (size >= VMM_SLAB_LIMIT)
+        return 0;
+    size_t units = stream_ordered ? kiwi_vmm_class_units(size) : (size + VMM_UNIT - 1) / VMM_UNIT;
+    return units ? units : 1;
+}
+
+static size_t bytes_for(size_t size, size_t granule, bool stream_ordered)
+{
+    return stream_ordered ? kiwi_vmm_class_bytes(size, granule) : round_up(size, granule);
+}
+
 /* Under kiwi_vmm_lock: the memory for one allocation, in a slab or a region of its own. */
 static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, CUdevice device)
 {
     CUresult result = CUDA_SUCCESS;
-    if (a->size < VMM_SLAB_LIMIT) {
-        size_t count = (a->size + VMM_UNIT - 1) / VMM_UNIT, first = 0;
-        struct vmm_region *slab = slab_with_room(count ? count : 1, ctx, device, &first);
+    size_t count = units_for(a->size, a->stream_ordered);
+    if (count) {
+        size_t first = 0;
+        struct vmm_region *slab = slab_with_room(count, ctx, device, &first);
         if (!slab) {
             first = 0;
             slab = region_for(granule, granule, ctx, device, true, &result);
@@ -611,14 +632,14 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         if (!slab)
             return result;
         a->first_unit = first;
-        a->unit_count = count ? count : 1;
+        a->unit_count = count;
         mark_units(slab, first, a->unit_count, true);
         slab->starts[first / 64] |= 1ull << (first % 64);
         a->region = slab;
         a->ptr = slab->va + first * VMM_UNIT;
     } else {
-        struct vmm_region *r = region_for(round_up(a->size, granule), granule, ctx, device,
-                                          false, &result);
+        struct vmm_region *r = region_for(bytes_for(a->size, granule, a->stream_ordered),
+                                          granule, ctx, device, false, &result);
         if (!r)
             return result;
         a->region = r;
@@ -640,9 +661,30 @@ static void make_room(void)
 }
 
 static void start_builder(void);
+static void unpend(struct vmm_allocation *a);
+
+/* Under kiwi_vmm_lock: a pending free of the same stream and size class, taken back for a new
+ * allocation of size (stream-ordered reuse: vmm_reuse.c); NULL when there is none. Its
+ * placement, and what it takes on the card, stay; what the pool counts moves over. */
+static struct vmm_allocation *reuse(size_t size, size_t granule, CUcontext ctx, CUdevice device,
+                                    const struct kiwi_stream_order *order)
+{
+    struct vmm_stream stream = kiwi_vmm_stream(ctx, order->stream);
+    size_t units = units_for(size, true);
+    size_t bytes = units ? units * VMM_UNIT : bytes_for(size, granule, true);
+    struct vmm_allocation *a = kiwi_vmm_reuse_find(&stream, bytes, device);
+    if (!a)
+        return NULL;
+    unpend(a);
+    kiwi_vmm_event_give(a->event_ctx, a->event);
+    count_in_pool(a->pool, 0, -(int64_t)a->size);
+    *a = (struct vmm_allocation){.ptr = a->ptr, .region = a->region,
+                                 .first_unit = a->first_unit, .unit_count = a->unit_count};
+    return a;
+}
 
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                           CUmemoryPool pool)
+                           const struct kiwi_stream_order *order)
 {
     if (!kiwi_vmm_resolve())
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -651,57 +693,88 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         return CUDA_ERROR_NOT_SUPPORTED;
     if (!dptr || !size)
         return CUDA_ERROR_INVALID_VALUE;
-    if (size > SIZE_MAX - granule)
+    if (size > SIZE_MAX / 2 - granule)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct vmm_allocation *a = calloc(1, sizeof *a);
-    if (!a)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    a->size = size;
-    a->pool = pool;
+    CUresult result = CUDA_SUCCESS;
     pthread_mutex_lock(&kiwi_vmm_lock);
-    if (pending_first)
-        kiwi_vmm_reclaim(false);
-    CUresult result = place(a, granule, ctx, device);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) {
-        make_room();
+    struct vmm_allocation *a = order ? reuse(size, granule, ctx, device, order) : NULL;
+    bool reused = a != NULL;
+    if (!a && (a = calloc(1, sizeof *a)) == NULL)
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!reused && a) {
+        a->size = size;
+        a->stream_ordered = order != NULL;
+        /* No memory of its own stream's to reuse: what other frees have finished may go. */
+        if (pending_first)
+            kiwi_vmm_reclaim(false);
         result = place(a, granule, ctx, device);
+        if (result == CUDA_ERROR_OUT_OF_MEMORY) {
+            make_room();
+            result = place(a, granule, ctx, device);
+        }
     }
     if (result == CUDA_SUCCESS) {
+        a->size = size;
+        a->pool = order ? order->pool : NULL;
+        a->stream_ordered = order != NULL;
         a->buffer_id = next_buffer_id++;
         insert(a);
-        count_in_pool(pool, (int64_t)size, (int64_t)size);
+        count_in_pool(a->pool, (int64_t)size, (int64_t)size);
         *dptr = a->ptr;
-        builder_stalled = false;
-        pthread_cond_signal(&shadow_work);
+        if (!reused) {
+            builder_stalled = false;
+            pthread_cond_signal(&shadow_work);
+        }
     }
     pthread_mutex_unlock(&kiwi_vmm_lock);
     if (result != CUDA_SUCCESS) {
         free(a);
         return result;
     }
-    start_builder();
-    kiwi_log("vmm allocation of %zu bytes at 0x%llx", size, (unsigned long long)*dptr);
+    if (!reused)
+        start_builder();
+    kiwi_log("vmm allocation of %zu bytes at 0x%llx%s", size, (unsigned long long)*dptr,
+             reused ? " (its stream's, reused)" : "");
     return CUDA_SUCCESS;
 }
 
 /* ---- frees ------------------------------------------------------------------------------- */
 
+/* The list of pending frees, in the order they were made (doubly linked: stream-ordered reuse
+ * takes one out of the middle). */
 static void pend(struct vmm_allocation *a)
 {
     a->next = NULL;
+    a->prev = pending_last;
     if (pending_last)
         pending_last->next = a;
     else
         pending_first = a;
     pending_last = a;
+    pending_bytes += a->size;
+}
+
+static void unpend(struct vmm_allocation *a)
+{
+    if (a->prev)
+        a->prev->next = a->next;
+    else
+        pending_first = a->next;
+    if (a->next)
+        a->next->prev = a->prev;
+    else
+        pending_last = a->prev;
+    a->next = a->prev = NULL;
+    kiwi_vmm_reuse_unfile(a);
+    pending_bytes -= a->size;
 }
 
 void kiwi_vmm_reclaim(bool synchronized)
 {
-    struct vmm_allocation **p = &pending_first, *last = NULL;
     bool in_order = true; /* events complete in order: stop at the first that has not */
-    while (*p) {
-        struct vmm_allocation *a = *p;
+    pending_when_asked = pending_bytes;
+    for (struct vmm_allocation *a = pending_first, *next; a; a = next) {
+        next = a->next;
         bool done;
         if (a->event)
             done = synchronized ||
@@ -710,17 +783,15 @@ void kiwi_vmm_reclaim(bool synchronized)
             done = synchronized;
         if (!done) {
             in_order = in_order && !a->event;
-            last = a;
-            p = &a->next;
             continue;
         }
-        *p = a->next;
+        unpend(a);
         if (a->event)
             kiwi_vmm_event_give(a->event_ctx, a->event);
         count_in_pool(a->pool, 0, -(int64_t)a->size);
         release_allocation(a);
     }
-    pending_last = last;
+    pending_when_asked = pending_bytes;
 }
 
 /* The allocation at ptr, out of the table; or NULL. */
@@ -798,8 +869,12 @@ CUresult kiwi_vmm_free_async(struct allocation *record, CUstream stream, bool ca
     if (event || capturing) {
         a->event = event;
         a->event_ctx = ctx;
+        a->freed_on = kiwi_vmm_stream(ctx, stream);
         pend(a);
-        kiwi_vmm_reclaim(false);
+        if (event)
+            kiwi_vmm_reuse_file(a); /* its stream's next allocation may have it at once */
+        if (pending_bytes > pending_when_asked + PENDING_ASK_BYTES)
+            kiwi_vmm_reclaim(false);
     } else {
         /* No event to wait on: wait for the stream itself (with the lock let go). */
         pthread_mutex_unlock(&kiwi_vmm_lock);
@@ -873,7 +948,8 @@ bool kiwi_vmm_facts(CUdeviceptr ptr, struct kiwi_vmm_facts *out)
                    a->ptr - r->va < c->offset + c->size;
         }
         *out = (struct kiwi_vmm_facts){
-            .base = a->ptr, .size = a->size, .ctx = a->pool ? NULL : r->ctx,
+            .base = a->ptr, .size = a->size, .ctx = a->stream_ordered ? NULL : r->ctx,
+            .stream_ordered = a->stream_ordered,
             .device = r->device, .pool = a->pool, .buffer_id = a->buffer_id,
             .sync_memops = a->sync_memops, .away = away};
     }
@@ -1177,19 +1253,14 @@ void kiwi_vmm_forget_context(CUcontext ctx)
             release_allocation(a);
         }
     }
-    for (struct vmm_allocation **p = &pending_first; *p;) {
-        struct vmm_allocation *a = *p;
-        if (a->region->ctx != ctx && a->event_ctx != ctx) {
-            p = &a->next;
+    for (struct vmm_allocation *a = pending_first, *next; a; a = next) {
+        next = a->next;
+        if (a->region->ctx != ctx && a->event_ctx != ctx)
             continue;
-        }
-        *p = a->next; /* its event went with the context */
+        unpend(a); /* its event went with the context */
         count_in_pool(a->pool, 0, -(int64_t)a->size);
         release_allocation(a);
     }
-    pending_last = NULL;
-    for (struct vmm_allocation *a = pending_first; a; a = a->next)
-        pending_last = a;
     for (struct vmm_region *r = first_region; r;) {
         struct vmm_region *next = r->next;
         if (r->ctx == ctx && r->cached)
@@ -1220,6 +1291,8 @@ void kiwi_vmm_after_fork(void)
     first_region = last_region = slabs = cache = NULL;
     memset(allocations, 0, sizeof allocations);
     pending_first = pending_last = NULL;
+    pending_bytes = pending_when_asked = 0;
+    kiwi_vmm_reuse_after_fork();
     cached_bytes = 0;
     context_count = 0;
     pool_count = 0;

@@ -13,6 +13,7 @@
  *   vmm_chunks.c   the physical side: the driver's VMM calls, one chunk mapped or unmapped,
  *                  the access every mapping gets (its device, and the peers the program enabled)
  *   vmm_index.c    the regions by address, for every question about an address
+ *   vmm_reuse.c    stream-ordered reuse: pending frees by stream and size class
  *
  * The words: a region is one reservation of address space (one allocation of 1 MiB or more,
  * or a slab holding small ones); a chunk is one physical handle mapped into a region, at most
@@ -92,9 +93,18 @@ struct vmm_region {
     bool cached;         /* freed, and kept mapped for a next allocation of its size */
 };
 
+/* A stream as stream-ordered reuse tells them apart: its handle in its context, and for the
+ * per-thread default stream the thread (each thread's is another stream). */
+struct vmm_stream {
+    CUcontext ctx;
+    CUstream stream;
+    pthread_t thread; /* 0 but for the per-thread default stream */
+};
+
 /* One allocation the program made: a region of its own, or units of a slab. */
 struct vmm_allocation {
     struct vmm_allocation *next; /* in its hash bucket, or in the list of pending frees */
+    struct vmm_allocation *prev; /* in the list of pending frees */
     CUdeviceptr ptr;
     size_t size;
     struct vmm_region *region;
@@ -106,6 +116,10 @@ struct vmm_allocation {
      * graph capture), after the next release has synchronized everything. */
     CUevent event;
     CUcontext event_ctx;
+    bool stream_ordered;             /* cuMemAllocAsync's: it belongs to no context */
+    struct vmm_stream freed_on;      /* a stream-ordered free's stream */
+    bool filed;                      /* filed for stream-ordered reuse (vmm_reuse.c) */
+    struct vmm_allocation *reuse_next, *reuse_prev;
 };
 
 /* ---- vmm_chunks.c ------------------------------------------------------------------------ */
@@ -184,6 +198,24 @@ struct vmm_region *kiwi_vmm_index_find(CUdeviceptr ptr);
 size_t kiwi_vmm_index_overlapping(CUdeviceptr ptr, size_t size,
                                   struct vmm_region *const **first);
 void kiwi_vmm_index_after_fork(void);
+
+/* ---- vmm_reuse.c ------------------------------------------------------------------------- */
+
+/* The units of a slab, and the bytes of a region (whole granules), a stream-ordered allocation
+ * of size takes: its size class. */
+size_t kiwi_vmm_class_units(size_t size);
+size_t kiwi_vmm_class_bytes(size_t size, size_t granule);
+/* The stream a call on stream in ctx means, from the calling thread. */
+struct vmm_stream kiwi_vmm_stream(CUcontext ctx, CUstream stream);
+/* Under kiwi_vmm_lock: a's pending free (its event recorded on a->freed_on) may be reused by
+ * an allocation on that stream; or no longer. */
+void kiwi_vmm_reuse_file(struct vmm_allocation *a);
+void kiwi_vmm_reuse_unfile(struct vmm_allocation *a);
+/* Under kiwi_vmm_lock: a pending free filed for stream that takes bytes (slab units or a
+ * region) on device, still filed; or NULL. */
+struct vmm_allocation *kiwi_vmm_reuse_find(const struct vmm_stream *stream, size_t bytes,
+                                           CUdevice device);
+void kiwi_vmm_reuse_after_fork(void);
 
 /* ---- vmm_shadows.c ----------------------------------------------------------------------- */
 
