@@ -55,6 +55,8 @@ BENCHMARKS = {
     "shim_gate": Benchmark("CUDA shim gate (fake driver)", "shim.gate", (), ()),
     "shim_turns": Benchmark("CUDA shim: a turn between two processes (fake driver)",
                             "shim.turns", (), ("--seconds", "2")),
+    "shim_alloc": Benchmark("CUDA shim: stream-ordered allocations under vmm (fake driver)",
+                            "shim.stream_alloc", ("--callgrind",), ("--steps", "5")),
 }
 
 

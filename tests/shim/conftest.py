@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import shim_harness
+from fake_device import FakeCard
 from shim_harness import Workload, build_fake_cuda
 from support import DaemonProcess
 
@@ -54,6 +55,13 @@ def workload(shim_library: Path, fake_cuda: Path, tmp_path: Path) -> Iterator[Wo
     reports = [w.sanitizer_reports() for w in started]
     if any(reports):
         pytest.fail("a sanitizer found an error in the shim:\n" + "\n".join(filter(None, reports)))
+
+
+@pytest.fixture
+def card(tmp_path: Path) -> FakeCard:
+    """One fake card shared by the processes given its env (FAKE_CUDA_DEVICE), with a row per
+    process as NVML has."""
+    return FakeCard(tmp_path / "card")
 
 
 @pytest.fixture

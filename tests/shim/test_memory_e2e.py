@@ -38,11 +38,6 @@ ROUNDS = 3
 ROOM_FOR_ONE = WORKING_SET + 4 * MiB
 
 
-@pytest.fixture
-def card(tmp_path: Path) -> FakeCard:
-    return FakeCard(tmp_path / "card")
-
-
 def daemon_with_room(start_daemon, room: int) -> DaemonProcess:
     """The real daemon with one GPU on which ``room`` bytes are free for working sets; a long
     quantum and grace, so only the shims' own releases move the GPU."""

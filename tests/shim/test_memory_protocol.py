@@ -27,11 +27,6 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def card(tmp_path: Path) -> FakeCard:
-    return FakeCard(tmp_path / "card")
-
-
-@pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[ScriptedDaemon]:
     scripted = ScriptedDaemon(tmp_path / "memory.sock")
     yield scripted

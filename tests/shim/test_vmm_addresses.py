@@ -15,7 +15,7 @@ import pytest
 from fake_device import FakeCard
 from support import scaled, wait_for
 from test_scheduling import other_client, state_of
-from test_vmm_evictor import GiB, MiB, PRIMARY, card, hold_with, vmm  # noqa: F401 - fixture
+from test_vmm_evictor import PRIMARY, GiB, MiB, hold_with, vmm
 from vmm_calls import INVALID_VALUE
 
 #: What torch.as_tensor of a CuPy array, or cudaPointerGetAttributes, asks in one call.
@@ -47,7 +47,7 @@ def test_a_query_on_evicted_memory_waits_for_the_restore_then_answers(
 
 #: (query of ptr, what it answers once the memory is back)
 QUERIES = {
-    "attributes": ("d.pointer.attributes({ptr}, %r)" % RUNTIME_ASKS,
+    "attributes": (f"d.pointer.attributes({{ptr}}, {RUNTIME_ASKS!r})",
                    lambda ptr: [0, {"CONTEXT": PRIMARY, "MEMORY_TYPE": 2, "DEVICE_POINTER": ptr,
                                     "IS_MANAGED": False, "DEVICE_ORDINAL": 0}]),
     "address_range": ("d.pointer.address_range({ptr} + 100)",

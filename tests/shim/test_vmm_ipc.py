@@ -17,7 +17,7 @@ from fake_device import FakeCard
 from support import scaled, wait_for
 from test_fake_vmm import FakeProcess
 from test_scheduling import other_client
-from test_vmm_evictor import GiB, MiB, card, hold_with, vmm  # noqa: F401 - fixture
+from test_vmm_evictor import GiB, MiB, hold_with, vmm
 from vmm_calls import INVALID_VALUE
 
 

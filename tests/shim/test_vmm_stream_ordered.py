@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 from fake_device import FakeCard
-from test_vmm_evictor import (  # noqa: F401 - fixture
-    MiB,
+from test_vmm_evictor import (
     RESERVED_MEM_CURRENT,
     USED_MEM_CURRENT,
-    card,
+    MiB,
     evicted_by_next,
     hold_with,
     vmm,
