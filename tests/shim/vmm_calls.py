@@ -63,9 +63,8 @@ POINTER_ATTRIBUTES: dict[str, tuple[int, Any]] = {
 }
 
 
-class PointerQueries:
-    """cuPointerGetAttribute(s), cuPointerSetAttribute and cuMemGetAddressRange_v2, each
-    returning [CUresult, answer]."""
+class EntryPoints:
+    """Some of one libcuda's entry points, typed on first use."""
 
     def __init__(self, lib: Any) -> None:
         self.lib = lib
@@ -75,6 +74,11 @@ class PointerQueries:
         function.restype = ctypes.c_int
         function.argtypes = list(argtypes)
         return function
+
+
+class PointerQueries(EntryPoints):
+    """cuPointerGetAttribute(s), cuPointerSetAttribute and cuMemGetAddressRange_v2, each
+    returning [CUresult, answer]."""
 
     def attribute(self, ptr: int, name: str) -> list[Any]:
         number, kind = POINTER_ATTRIBUTES[name]
@@ -131,17 +135,8 @@ def take_fd(pid: int, fd: int) -> int:
         os.close(pidfd)
 
 
-class LegacyIpc:
+class LegacyIpc(EntryPoints):
     """cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2) and cuIpcCloseMemHandle, the handle as hex."""
-
-    def __init__(self, lib: Any) -> None:
-        self.lib = lib
-
-    def _fn(self, name: str, *argtypes: Any) -> Any:
-        function = getattr(self.lib, name)
-        function.restype = ctypes.c_int
-        function.argtypes = list(argtypes)
-        return function
 
     def get(self, ptr: int) -> list[Any]:
         """[CUresult, the 64-byte handle in hex]."""
