@@ -174,3 +174,16 @@ def test_memory_is_gpu_direct_rdma_capable_where_the_device_allows_it(
         ptr = w.call(f"d.alloc({size})")
         assert w.call(f"d.pointer.attribute({ptr}, 'IS_GPU_DIRECT_RDMA_CAPABLE')") == [
             0, int(device_has_it)]
+
+
+@pytest.mark.parametrize("base, version", [
+    ("cuPointerGetAttribute", 12000), ("cuPointerGetAttributes", 12000),
+    ("cuPointerSetAttribute", 12000), ("cuMemGetAddressRange", 12000),
+    ("cuMemGetHandleForAddressRange", 12000), ("cuIpcOpenMemHandle", 12000),
+    ("cuIpcOpenMemHandle", 10000), ("cuIpcCloseMemHandle", 12000)])
+def test_a_runtime_asking_the_driver_for_them_gets_the_shims(workload, base: str,
+                                                            version: int) -> None:
+    """The CUDA runtime fetches these by cuGetProcAddress (cudaPointerGetAttributes,
+    cudaIpcOpenMemHandle): the answer must be the shim's."""
+    w = workload()
+    assert w.call(f"mapped_file(d.proc({base!r}, version={version}))") == "libkiwishim.so"
