@@ -332,6 +332,9 @@ class Client:
                     return
                 self._connection.wait(min(remaining, 0.5))
 
+    # The connection's thread calls these two, from the moment it starts (inside the
+    # connection's constructor): they use nothing set after it.
+
     def _heard(self, event: ev.Event) -> None:
         """What the hold's signals do about an event (with the connection's lock held; the
         session has moved the hold already)."""
@@ -342,8 +345,8 @@ class Client:
         elif isinstance(event, ev.AskRefused):
             self._refusal = event.message  # for the caller waiting for the grant
 
-    def _lost(self) -> None:
-        if self._session.wanted:
+    def _lost(self, wanted: bool) -> None:
+        if wanted:
             # The GPU was taken with the connection; the session asks for it back on the
             # next one.
             self.drop_requested.set()

@@ -41,15 +41,16 @@ class ClientConnection:
 
     ``registration``: register's fields, asked for on every connection (None: a control-only
     connection that registers nothing). ``heard``: told of every event the session reports;
-    ``lost``: told when a ready connection ends; both with ``changed`` held, on whichever
-    thread read it.
+    ``lost``: told when a ready connection ends, and whether the GPU was wanted then; both with
+    ``changed`` held, on whichever thread read it, and maybe before this constructor returns
+    (the thread starts in it).
     """
 
     def __init__(self, socket_path: str | None, *,
                  registration: Callable[[], dict[str, Any]] | None,
                  reconnect_timeout: float, request_timeout: float,
                  heard: Callable[[ev.Event], None] = _nothing,
-                 lost: Callable[[], None] = _nothing) -> None:
+                 lost: Callable[[bool], None] = _nothing) -> None:
         #: None: look where ``discovery`` says on every connection attempt.
         self._explicit_socket = socket_path
         self.socket_path = find_socket(socket_path)
@@ -240,7 +241,7 @@ class ClientConnection:
                 self._connected = False
                 self._sock = None
                 self._down_since = time.monotonic()
-                self._lost()
+                self._lost(self.session.wanted)
                 self.session.connection_lost()
                 self.changed.notify_all()
             with contextlib.suppress(OSError):
