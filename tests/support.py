@@ -75,13 +75,12 @@ def wait_event(event: threading.Event, timeout: float = 10.0, what: str = "the e
 def wait_on_client(client: Any, predicate: Callable[[], T], timeout: float = 10.0,
                    what: str = "condition") -> T:
     """``predicate()`` once it is truthy, for what a ``nodeside.client`` client learns on its
-    own thread (``connected``, ``position``, ``holding``): checked again each time that thread
-    notifies the client's condition, which it does on every message it reads and every
-    connection made or lost. No polling. Fails the test with ``what`` after ``timeout`` (a
-    quiet machine's figure, stretched by the load factor)."""
+    own thread (``connected``, ``position``, ``holding``): checked again each time the client
+    hears from the daemon or a connection comes or goes (``Client.wait_until``). No polling.
+    Fails the test with ``what`` after ``timeout`` (a quiet machine's figure, stretched by the
+    load factor)."""
     timeout = scaled(timeout)
-    with client._cond:
-        value = client._cond.wait_for(predicate, timeout)
+    value = client.wait_until(predicate, timeout)
     if not value:
         raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
     return value

@@ -1,11 +1,13 @@
 """The fleet simulator: notebook traces replayed through the real scheduler core in simulated
 time, to judge scheduling policies (``python -m benchmarks.fleet``).
 
-It drives ``nodeside.scheduler.core.Scheduler`` through its public methods, as the daemon does,
-and is no part of the product: nothing here is compiled into the daemon or shipped in the wheel.
+It drives ``nodeside.scheduler.core.Scheduler`` through ``nodeside.testing.Replay`` (the
+daemon's and the clients' part, in virtual time, with the spans it records), as the tests do,
+and is no part of the product: nothing here is compiled into the daemon or shipped in the wheel
+(docs/decisions/0012-a-testing-module.md).
 
-- the engine: ``replay`` (the daemon's and the clients' part, in simulated time), ``spans``
-  (what a replay records), ``switching`` (what moving working sets over the host link costs);
+- the engine's model: ``switching`` (what moving working sets over the host link costs, the
+  ``MemoryMoves`` a fleet's replay is given);
 - the fleet: ``workload`` (who the notebooks are and when they ask), ``runs`` (one replay and
   its figures; the runs compared), ``seeds`` (many seeds in worker processes), ``report``
   (the tables), ``cli`` (the command);

@@ -39,11 +39,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from benchmarks.fleet.switching import model_of
 from nodeside.scheduler.core import PRIORITY_RANK, Action
 
 if TYPE_CHECKING:
-    from benchmarks.fleet.replay import Replay
     from benchmarks.fleet.workload import Cell
+    from nodeside.testing import Replay
 
 
 @dataclass
@@ -139,7 +140,7 @@ def restores(replay: Replay, cells: list[Cell]) -> dict[int, float]:
     """id(cell) -> seconds its own working set takes to come back from host, for each cell
     whose memory was certainly moved out since its notebook's previous cell (module docstring):
     what a policy cannot spare it, given when the cells arrived."""
-    switching = replay.switching
+    switching = model_of(replay)
     if switching is None:
         return {}
     sizes = {w.name: min(w.working_set if w.working_set is not None else switching.capacity,

@@ -50,8 +50,8 @@ from nodeside.scheduler.interactive import CUT_RATIO, InteractivePolicy
 from nodeside.scheduler.turns import as_tail
 
 if TYPE_CHECKING:
-    from benchmarks.fleet.replay import Replay
     from benchmarks.fleet.workload import Cell
+    from nodeside.testing import Replay
 
 #: The cause a cell's own record gives (``Cell.shared``), not an interval of waiting.
 SHARING = "side by side: sharing the GPU"

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 from benchmarks.fleet.oracle import Remaining, install
 
 if TYPE_CHECKING:
-    from benchmarks.fleet.replay import Replay
     from benchmarks.fleet.workload import Cell
+    from nodeside.testing import Replay
 
 #: The prefix of the fleet's ``policy`` names for hinted runs: ``hints:COVERAGE:NOISE``.
 PREFIX = "hints:"

@@ -45,7 +45,7 @@ from nodeside.scheduler.pricing import jump_quantum, switch_cost
 from nodeside.scheduler.view import PolicyView
 
 if TYPE_CHECKING:
-    from benchmarks.fleet.replay import Replay
+    from nodeside.testing import Replay
 
 #: (client id, now) -> GPU seconds left of the client's cell in progress.
 Remaining = Callable[[str, float], float]

@@ -5,7 +5,7 @@ The command is ``python -m benchmarks.fleet`` (``cli``).
 
 Each notebook is a person at work: think, run a cell, think again. Some cells use the GPU for a
 burst; now and then the person goes away. Every GPU burst goes through ``Scheduler`` exactly as
-the daemon would feed it (``benchmarks.fleet.replay``), with the seed's pools and a 30 s TQ,
+the daemon would feed it (``nodeside.testing.Replay``), with the seed's pools and a 30 s TQ,
 so the figures are the policy's, not a model of it. Time jumps from event to event: a working
 day of a fleet replays in seconds.
 
@@ -44,7 +44,7 @@ from benchmarks.fleet.bound import LowFloor
 from benchmarks.fleet.explain import Explain
 from benchmarks.fleet.hints import HintModel, install_hinted
 from benchmarks.fleet.oracle import ORACLES, install
-from benchmarks.fleet.replay import Replay
+from benchmarks.fleet.switching import model_of
 from benchmarks.fleet.turns import KEY_TURNS, TurnRun
 from benchmarks.fleet.workload import (
     GPU_MEMORY,
@@ -57,6 +57,7 @@ from benchmarks.fleet.workload import (
 )
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.pools import entitlements
+from nodeside.testing import Replay
 
 __all__ = ["ORACLE_RUNS", "RUNS", "SHORT_CELL", "busy_seconds", "run"]
 
@@ -135,7 +136,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "offered_load": offered / (duration * gpus),
         "utilization": busy / (duration * gpus),
         "switching_loss": switching / (duration * gpus),
-        "moved_gib": (replay.switching.moved_bytes / GiB) if replay.switching else 0.0,
+        "moved_gib": (model.moved_bytes / GiB) if (model := model_of(replay)) else 0.0,
         **_switches(replay),
         "held_gpu_seconds_per_gpu_second": held / (duration * gpus),
         "served_fraction": (held - switching) / offered if offered else 1.0,
@@ -164,12 +165,13 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
 
 def _switches(replay: Replay) -> dict:
     """The grants that had to move memory: how many, their seconds in all, and the p95."""
-    switches = replay.switching.switches if replay.switching else []
-    return {"overlap": bool(replay.switching and replay.switching.overlap),
+    model = model_of(replay)
+    switches = model.switches if model else []
+    return {"overlap": bool(model and model.overlap),
             "switches": len(switches), "switch_seconds": sum(switches),
             "switch_p95_s": percentile(switches, 95) if switches else 0.0,
-            "evicted_gib": replay.switching.evicted_bytes / GiB if replay.switching else 0.0,
-            "restored_gib": replay.switching.restored_bytes / GiB if replay.switching else 0.0}
+            "evicted_gib": model.evicted_bytes / GiB if model else 0.0,
+            "restored_gib": model.restored_bytes / GiB if model else 0.0}
 
 
 def _mean_or_nan(values: list[float]) -> float:

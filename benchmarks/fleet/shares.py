@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.core import Action
+from nodeside.testing import Replay
 
 
 @dataclass

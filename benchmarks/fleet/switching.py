@@ -38,6 +38,8 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from nodeside.testing import Replay
+
 GB = 10**9
 MiB = 2**20
 #: Host-link bandwidths the benchmarks compare: a PCIe Gen4 x16 link and a Gen5 one, at what
@@ -166,3 +168,9 @@ class SwitchingModel:
     def forget(self, client: str) -> None:
         for residency in self.gpus.values():
             residency.forget(client)
+
+
+def model_of(replay: Replay) -> SwitchingModel | None:
+    """The switching model a replay moves memory with, if it is this one."""
+    switching = replay.switching
+    return switching if isinstance(switching, SwitchingModel) else None

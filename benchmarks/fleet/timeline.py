@@ -16,9 +16,9 @@ matplotlib.use("Agg")  # files only, never a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from benchmarks.fleet.replay import Replay  # noqa: E402
 from nodeside.config import from_mapping  # noqa: E402
 from nodeside.scheduler.core import GpuSpec, Scheduler  # noqa: E402
+from nodeside.testing import Replay  # noqa: E402
 
 POOL_COLOURS = {"training": "#1f77b4", "simulation": "#ff7f0e", "default": "#2ca02c"}
 CPU_COLOUR = "#d9d9d9"

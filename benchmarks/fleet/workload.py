@@ -43,11 +43,11 @@ import math
 import random
 from dataclasses import dataclass
 
-from benchmarks.fleet.replay import Replay, Worker
 from benchmarks.fleet.shares import Contention
 from benchmarks.fleet.switching import PCIE_GEN4, PCIE_GEN5, SwitchingModel
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import GpuSpec, Scheduler
+from nodeside.testing import Replay, Worker
 
 POOLS = {
     "training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -87,13 +88,21 @@ def compiler() -> str:
     return cc
 
 
-def compile_library(output: Path, directory: Path = HERE, *, sanitize: str | None = None
-                    ) -> Path:
-    """Build the shim from the C files in ``directory`` into ``output`` (atomically);
-    ``sanitize``: a test build under one of SANITIZERS, never one to ship."""
+def compile_library(output: Path, directory: Path = HERE, *, sanitize: str | None = None,
+                    test_sources: Sequence[Path] = ()) -> Path:
+    """Build the shim from the C files in ``directory`` into ``output`` (atomically).
+
+    A test build, never one to ship: ``sanitize``, under one of SANITIZERS; ``test_sources``,
+    C files of the tests' own compiled in beside the shim's, which reach the client tier's
+    internals (the conformance entry points the protocol's transcripts drive,
+    tests/protocol/conformance.c). Nothing test-only is in the sources here, so the packaged
+    library exports none of it."""
     output.parent.mkdir(parents=True, exist_ok=True)
     c_files = [str(p) for p in sources(directory) if p.suffix == ".c"]
+    c_files += [str(p) for p in test_sources]
     flags = [*CFLAGS, *LDFLAGS]
+    if test_sources:
+        flags.append(f"-I{directory / 'client'}")
     if sanitize:
         flags = [f for f in flags if f not in ("-O2", "-g0", "-D_FORTIFY_SOURCE=2")]
         flags += [*SANITIZERS[sanitize][0], *SANITIZE_FLAGS]
@@ -105,7 +114,7 @@ def compile_library(output: Path, directory: Path = HERE, *, sanitize: str | Non
             raise BuildError(f"building the CUDA shim failed:\n{' '.join(command)}\n"
                              f"{result.stdout}{result.stderr}")
         os.replace(built, output)
-    if not sanitize:  # a test build never passes for the packaged one
+    if not sanitize and not test_sources:  # a test build never passes for the packaged one
         Path(str(output) + STAMP_SUFFIX).write_text(sources_hash(directory) + "\n")
     return output
 

@@ -37,7 +37,6 @@
  *               wire.c        protocol lines: writing requests, reading flat JSON objects
  *               evict.c       the evictor register proposes, and the daemon's answer
  *               api.c         the small C API the kernel hook calls through ctypes
- *               conformance.c the entry points the protocol's transcripts drive
  *               (client.h: what they share)
  *   mechanisms/ config.c      environment variables, read once; logging; the clock
  *               driver.c      finding the driver's own functions

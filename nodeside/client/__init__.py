@@ -1,8 +1,10 @@
 """The Python clients of the node daemon (docs/interfaces.md section 4); ``kiwi_jupyter.Client`` is
 ``Client``.
 
-- ``api.Client``: a process that holds a GPU (a kernel, a script); kept connected by the
-  connection thread of ``connection`` through daemon restarts.
+- ``api.Client``: a process that holds a GPU (a kernel, a script); made of parts, not base
+  classes: it holds a ``connection.ClientConnection``, whose thread keeps the daemon reachable
+  through restarts and carries requests (lending its socket to a caller waiting for a grant,
+  ``lending.SocketLender``), and a ``common.Commands`` for the status and admin calls.
 - ``control.ControlClient``: one blocking connection for callers that ask and go (``kiwictl``, the
   Jupyter server's link): status and admin requests, no thread, no hold.
 - ``discovery``: where the scheduler's socket is when nobody says; ``backoff``: how long to

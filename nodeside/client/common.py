@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from nodeside import limits
@@ -34,36 +35,30 @@ def admin_refusal(exc: KiwiError) -> Exception:
 
 
 class Commands:
-    """The requests both clients make alike: the status document and the admin calls.
+    """The requests every client makes alike, the status document and the admin calls, over
+    the client's own ``call`` (one request and its reply; KiwiError for a refusal). The admin
+    calls return the daemon's reply, whose ``mode`` and ``tq`` the client keeps."""
 
-    A subclass says how one request goes out and comes back (``_call``: the reply, or
-    KiwiError); ``mode`` and ``tq`` follow what the daemon last said.
-    """
-
-    mode: str | None
-    tq: float | None
-
-    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
-        raise NotImplementedError
+    def __init__(self, call: Callable[..., dict[str, Any]]) -> None:
+        self._call = call
 
     def status(self) -> dict[str, Any]:
         document: dict[str, Any] = self._call(p.STATUS)["status"]
         return document
 
-    def set_mode(self, mode: str) -> None:
+    def set_mode(self, mode: str) -> dict[str, Any]:
         if mode not in p.MODES:
             raise ValueError(f"mode must be one of {', '.join(p.MODES)}, not {mode!r}")
-        self._admin(p.SET_MODE, mode=mode)
+        return self._admin(p.SET_MODE, mode=mode)
 
-    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
-        self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
+    def set_tq(self, seconds: float, gpu: int | None = None) -> dict[str, Any]:
+        return self._admin(p.SET_TQ, tq=limits.tq_seconds(seconds), gpu=gpu)
 
-    def _admin(self, op: str, **fields: Any) -> None:
+    def _admin(self, op: str, **fields: Any) -> dict[str, Any]:
         try:
-            reply = self._call(op, **fields)
+            return self._call(op, **fields)
         except KiwiError as exc:
             raise admin_refusal(exc) from None
-        self.mode, self.tq = reply.get("mode", self.mode), reply.get("tq", self.tq)
 
 
 def env_priority(value: str | None) -> str:

@@ -24,7 +24,7 @@ from nodeside.protocol import events as ev
 from nodeside.protocol.client_session import ClientSession
 
 
-class ControlClient(Commands):
+class ControlClient:
     """Status and admin requests over one blocking connection; a context manager.
 
     Raises ConnectionError when nothing answers (the message says where it looked),
@@ -42,6 +42,17 @@ class ControlClient(Commands):
         self._sock: socket.socket | None = None
         self._session = ClientSession(features=[p.FEATURE_POSITION])
         self._events: list[ev.Event] = []
+        self._commands = Commands(self.request)
+
+    def status(self) -> dict[str, Any]:
+        """The status document (docs/interfaces.md section 5)."""
+        return self._commands.status()
+
+    def set_mode(self, mode: str) -> None:
+        self._note(self._commands.set_mode(mode))
+
+    def set_tq(self, seconds: float, gpu: int | None = None) -> None:
+        self._note(self._commands.set_tq(seconds, gpu))
 
     def ping(self) -> None:
         self.request(p.PING)
@@ -71,7 +82,8 @@ class ControlClient(Commands):
                 event = self._next_event(sock)
                 if isinstance(event, ev.Reply) and event.seq == seq:
                     return event.message
-                self._note(event)  # an event (a mode change) that crossed our request
+                if isinstance(event, ev.ModeChanged):  # it crossed our request
+                    self._note(event.message)
         except (OSError, p.ProtocolError) as exc:
             self.close()
             if isinstance(exc, TimeoutError):
@@ -96,13 +108,10 @@ class ControlClient(Commands):
 
     # -- internals ------------------------------------------------------------------------
 
-    def _call(self, op: str, **fields: Any) -> dict[str, Any]:
-        return self.request(op, **fields)
-
-    def _note(self, event: ev.Event) -> None:
-        if isinstance(event, (ev.ModeChanged, ev.Ready)):
-            self.mode = event.message.get("mode", self.mode)
-            self.tq = event.message.get("tq", self.tq)
+    def _note(self, said: dict[str, Any]) -> None:
+        """The mode and TQ the daemon said: in its welcome, a mode event or an admin reply."""
+        self.mode = said.get("mode", self.mode)
+        self.tq = said.get("tq", self.tq)
 
     def _connection(self) -> socket.socket:
         if self._sock is not None:
@@ -136,7 +145,7 @@ class ControlClient(Commands):
             self._session.connection_lost()
             said = welcome.message
             raise ConnectionRefusedError(f"refused: {said.get('message', said.get('op'))}")
-        self._note(welcome)
+        self._note(welcome.message)
         return sock
 
     def _next_event(self, sock: socket.socket) -> ev.Event:

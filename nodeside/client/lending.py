@@ -12,54 +12,58 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from nodeside import protocol as p
 from nodeside.client.reader import LineReader
 
 
-class SocketLending:
-    """The lending half of ``Connection``: who asked for the socket, who has it, and the wire
-    that wakes the connection thread out of its poll so that it hands the socket over."""
+class SocketLender:
+    """Who asked for the socket, who has it, and the wire that wakes the connection thread out
+    of its poll so that it hands the socket over. Every method but ``close`` is called with
+    ``changed`` held: the connection's condition, on ``lock``."""
 
-    _cond: threading.Condition
-    _socket_returned: threading.Condition  # same lock; the connection thread waits on it
-    _reader: LineReader | None
-    _closed: bool
-    _wake_tx: socket.socket
-    _socket_wanted: int | None = None   # the thread that asked for the socket
-    _socket_lent_to: int | None = None  # the thread that has it
+    def __init__(self, changed: threading.Condition, lock: threading.RLock) -> None:
+        self.changed = changed
+        # The connection thread waits on this one (same lock) while it has lent the socket, so
+        # that the messages the borrower handles, which notify ``changed``, do not wake it.
+        self._returned = threading.Condition(lock)
+        self.wanted_by: int | None = None  # the thread that asked for the socket
+        self.lent_to: int | None = None    # the thread that has it
+        self._closed = False
+        #: Read by the connection thread's poll beside the socket.
+        self.wake_rx, self._wake_tx = socket.socketpair()
+        self.wake_rx.setblocking(False)
+        self._wake_tx.setblocking(False)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _borrow_socket(self) -> None:
-        """Ask the connection thread for the socket (with self._cond held). It hands it over
-        when it next looks, which the byte sent here makes at once; until then, and whenever it
-        is not lent to us, we wait on the condition as any caller does."""
-        if self._socket_wanted is not None:
+    def borrow(self) -> None:
+        """Ask the connection thread for the socket. It hands it over when it next looks,
+        which the byte sent here makes at once; until then, and whenever it is not lent to us,
+        we wait on ``changed`` as any caller does."""
+        if self.wanted_by is not None:
             return  # another thread of ours is waiting for a grant and reads for both
-        self._socket_wanted = threading.get_ident()
+        self.wanted_by = threading.get_ident()
         with contextlib.suppress(OSError):  # a full wire has a wake-up in it already
             self._wake_tx.send(b"!")
 
-    def _return_socket(self) -> None:
-        """Give the socket back to the connection thread (with self._cond held)."""
-        if self._socket_wanted != threading.get_ident():
+    def give_back(self) -> None:
+        """Give the socket back to the connection thread, if this thread borrowed it."""
+        if self.wanted_by != threading.get_ident():
             return
-        self._socket_wanted = None
-        if self._socket_lent_to is not None:
-            self._socket_lent_to = None
-            self._socket_returned.notify()
+        self.wanted_by = None
+        if self.lent_to is not None:
+            self.lent_to = None
+            self._returned.notify()
 
-    def _wait(self, timeout: float) -> None:
-        """Wait (with self._cond held) for something to change: on the condition, or, while
-        the socket is lent to this thread, on the socket itself, handling what arrives."""
-        reader = self._reader
-        if self._socket_lent_to != threading.get_ident() or reader is None:
-            self._cond.wait(timeout)
+    def wait(self, timeout: float, reader: LineReader | None,
+             dispatch: Callable[[dict[str, Any]], None]) -> None:
+        """Wait for something to change: on ``changed``, or, while the socket is lent to this
+        thread, on the socket itself, handing what arrives to ``dispatch``."""
+        if self.lent_to != threading.get_ident() or reader is None:
+            self.changed.wait(timeout)
             return
-        self._cond.release()
+        self.changed.release()
         try:
             if reader.wait(timeout):
                 # From the read to the last message handled, an interrupt (Ctrl-C lands in
@@ -70,22 +74,36 @@ class SocketLending:
                 messages = reader.take()
                 if messages is not None:
                     for message in messages:
-                        self._dispatch(message)
+                        dispatch(message)
                     reader.done = False
         except (OSError, p.ProtocolError):
             reader.done = True
         finally:
-            self._cond.acquire()
+            self.changed.acquire()
         if reader.done:
             # The connection ended or broke: the connection thread, given the socket back,
             # finds the reader done and reconnects, as when it sees that itself.
-            self._socket_lent_to = None
-            self._socket_returned.notify()
+            self.lent_to = None
+            self._returned.notify()
 
-    def _lend_socket(self) -> None:
-        """On the connection thread, with self._cond held: lend the socket to a caller that
-        asked for it, and wait until it comes back."""
-        self._socket_lent_to = self._socket_wanted
-        self._cond.notify_all()
-        while self._socket_lent_to is not None and not self._closed:
-            self._socket_returned.wait()
+    def lend(self) -> None:
+        """On the connection thread: lend the socket to the caller that asked for it, and wait
+        until it comes back."""
+        self.lent_to = self.wanted_by
+        self.changed.notify_all()
+        while self.lent_to is not None and not self._closed:
+            self._returned.wait()
+
+    def take_back(self) -> None:
+        """The connection ended: nothing is lent any more."""
+        self.lent_to = None
+
+    def stop(self) -> None:
+        """The client is closing: a connection thread waiting for the socket stops waiting."""
+        self._closed = True
+        self._returned.notify_all()
+
+    def close(self) -> None:
+        """Close the wire, once the connection thread has stopped."""
+        self.wake_rx.close()
+        self._wake_tx.close()

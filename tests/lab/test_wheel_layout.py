@@ -50,3 +50,7 @@ def test_the_wheel_carries_the_products_packages_and_no_benchmark_or_simulator()
     assert {PurePosixPath(path).parts[0] for path in files} == {"nodeside", "kiwi_jupyter"}
     simulator = {f"nodeside/scheduler/{name}.py" for name in ("replay", "spans", "switching")}
     assert not files & simulator
+    # What the tests drive ships (decision 0012); the fleet simulator built on it does not.
+    assert {"nodeside/testing/replay.py", "nodeside/testing/node.py"} <= files
+    # The shim's sources ship (a stale library is rebuilt from them), the tests' C never.
+    assert not [path for path in files if PurePosixPath(path).name == "conformance.c"]

@@ -150,3 +150,22 @@ def test_kiwictl_starts_no_connection_thread(daemon: DaemonProcess) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[INFO] Successfully set the Kiwi scheduler's TQ to 3 seconds.\n"
     assert result.stderr.strip() == "[]"
+
+
+def test_the_clients_are_made_of_parts_not_chains_of_base_classes() -> None:
+    # httpcore's shape: the client holds a connection object, which holds what lends its
+    # socket; no class of the package is built on another of the package's classes.
+    import inspect
+    import pkgutil
+
+    import nodeside.client as package
+
+    derived = []
+    for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        module = __import__(info.name, fromlist=["_"])
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            derived += [f"{name}({base.__name__})" for base in cls.__bases__
+                        if base.__module__.startswith(package.__name__)]
+    assert derived == []

@@ -1,4 +1,4 @@
-"""The daemon's shell in this process, on virtual time (``harness.py``): its timers, its
+"""The daemon's shell in this process, on virtual time (``nodeside.testing.Node``): its timers, its
 backpressure, its queue-position and ``changed`` rounds, and what it measures, each to the
 (virtual) millisecond. The same behaviours have end-to-end tests on a real socket elsewhere;
 these tell apart what a wall clock on a loaded machine cannot."""
@@ -6,12 +6,12 @@ these tell apart what a wall clock on a loaded machine cannot."""
 from __future__ import annotations
 
 import pytest
-from harness import Node, Peer
 
 from nodeside import protocol as p
 from nodeside.daemon.changes import INTERVAL as CHANGE_INTERVAL
 from nodeside.daemon.positions import INTERVAL as POSITION_INTERVAL
 from nodeside.limits import MAX_OWED_BYTES, REQUESTS_PER_TURN
+from nodeside.testing import Node, Peer
 
 
 def acquire(peer: Peer) -> dict:

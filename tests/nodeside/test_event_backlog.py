@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-from harness import Node
 from support import DaemonProcess, scaled
 from test_daemon import Raw
 from test_daemon_hardening import registered_raw, rss_bytes
@@ -20,6 +19,7 @@ from test_daemon_hardening import registered_raw, rss_bytes
 from nodeside import protocol as p
 from nodeside.client import Client
 from nodeside.limits import MAX_OWED_BYTES, MAX_OWED_BYTES_TOTAL
+from nodeside.testing import Node
 
 
 def read_to_the_end(sock: socket.socket, within: float) -> tuple[bool, int]:

@@ -55,6 +55,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodeside.daemon",),
     # Commands over the rest.
     ("nodeside.ctl", "nodeside.kai", "nodeside.deviceplugin"),
+    # What tests drive: the core and the daemon on virtual time; nothing of the product uses it.
+    ("nodeside.testing",),
 )
 
 #: Imports that break the rules, each with the reason it is allowed. Empty since the daemon's

@@ -3,8 +3,8 @@ new deadline (a handoff starts a quantum, so the deadline moves later on every o
 re-arming it each time. The early firing must tick harmlessly and arm the real deadline: the next
 holder is asked to drop when its own quantum ends, never at the earlier one, and never not at all.
 
-In process on virtual time (``harness.py``) to the millisecond; once more on a real socket, where
-only "not before the quantum's end" can be told apart on a loaded machine.
+In process on virtual time (``nodeside.testing.Node``) to the millisecond; once more on a real
+socket, where only "not before the quantum's end" can be told apart on a loaded machine.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import Node, Peer
 from support import DaemonProcess, scaled
 from test_batched_requests import greeted
 
 from nodeside import protocol as p
+from nodeside.testing import Node, Peer
 
 TQ = 0.6
 

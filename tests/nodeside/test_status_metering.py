@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-from harness import Node
 from other_users import NOBODY, Peer, as_user, needs_root, open_to_everyone
 from support import DaemonProcess, scaled, wait_for
 from test_daemon import Raw
@@ -18,6 +17,7 @@ from test_daemon import Raw
 from nodeside import protocol as p
 from nodeside.client import Client
 from nodeside.daemon.documents import StatusMeter
+from nodeside.testing import Node
 
 #: The daemon's warnings about peers: one line per uid and kind every 10 s (lograte.py's
 #: RateLimitedLog, as requests.py makes it).

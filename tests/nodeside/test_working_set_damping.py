@@ -9,13 +9,13 @@ import json
 import threading
 import time
 
-from harness import Node
 from support import DaemonProcess, scaled
 from test_daemon_hardening import registered_raw
 
 from nodeside import limits
 from nodeside import protocol as p
 from nodeside.daemon.working_sets import HOLD, INTERVAL
+from nodeside.testing import Node
 
 GiB = 1 << 30
 PiB = limits.MAX_BYTES

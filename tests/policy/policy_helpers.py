@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from benchmarks.fleet.replay import Replay
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import Action, GpuSpec, Scheduler
+from nodeside.testing import Replay
 
 GiB = 1024**3
 

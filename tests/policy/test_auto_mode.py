@@ -3,8 +3,8 @@ quanta when they do not; drops say whether the memory must move out."""
 
 from policy_helpers import GiB, greedy, kinds, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.core import Drop, Grant
+from nodeside.testing import Replay
 
 GPU = 16 * GiB  # less the default 512 MiB reserve: 15.5 GiB for working sets
 

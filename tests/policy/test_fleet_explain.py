@@ -7,10 +7,10 @@ import pytest
 from policy_helpers import make_scheduler
 
 from benchmarks.fleet.explain import CAUSES, Explain
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.report import explain_table
 from benchmarks.fleet.runs import run
 from benchmarks.fleet.workload import Cell
+from nodeside.testing import Replay
 
 
 @pytest.mark.parametrize("policy", ["round-robin", "interactive"])

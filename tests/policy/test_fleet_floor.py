@@ -7,10 +7,10 @@ import pytest
 from policy_helpers import make_scheduler
 
 from benchmarks.fleet.bound import LowFloor, higher_priority_backlog, restores
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.runs import run
 from benchmarks.fleet.switching import SwitchingModel
 from benchmarks.fleet.workload import Cell
+from nodeside.testing import Replay
 
 POOLS = {"a": {"guarantee": 0.3, "weight": 1, "maximum": -1},
          "b": {"guarantee": 0.3, "weight": 1, "maximum": -1}}

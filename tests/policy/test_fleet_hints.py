@@ -15,12 +15,12 @@ from policy_helpers import make_scheduler
 
 from benchmarks.fleet.cli import main
 from benchmarks.fleet.hints import HINT_RUNS, PRIOR, HintModel, estimated_work
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.runs import run
 from benchmarks.fleet.seeds import KEY_RUNS
 from benchmarks.fleet.workload import Cell
 from nodeside import compiled
 from nodeside.scheduler.core import Grant
+from nodeside.testing import Replay
 
 PURE = compiled.pure_asked(os.environ)
 pure_only = pytest.mark.skipif(not PURE, reason="runs on the pure core (the child run in "

@@ -23,11 +23,11 @@ from test_interactive_policy import AnyContentionInteractive, Overtakes
 
 from benchmarks.fleet.cli import main
 from benchmarks.fleet.oracle import ClairvoyantPolicy, install
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.runs import ORACLE_RUNS, run
 from benchmarks.fleet.seeds import KEY_RUNS
 from nodeside import compiled
 from nodeside.scheduler.core import Action, Grant
+from nodeside.testing import Replay
 
 PURE = compiled.pure_asked(os.environ)
 pure_only = pytest.mark.skipif(not PURE, reason="runs on the pure core (the child run below)")

@@ -9,10 +9,10 @@ import pytest
 from policy_helpers import GiB, make_scheduler
 
 from benchmarks.fleet.cli import main
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.runs import busy_seconds, run
 from benchmarks.fleet.shares import Contention
 from benchmarks.fleet.workload import Workload, build_fleet
+from nodeside.testing import Replay
 
 GPU = 40 * GiB
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from policy_helpers import GiB, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.runs import RUNS, run
 from benchmarks.fleet.turns import KEY_TURNS, TURN_RUNS, TurnRun
 from nodeside.scheduler.core import Pause, Resume
+from nodeside.testing import Replay
 
 TURNS = {"mode": "auto", "policy": "interactive", "tq": 30.0,
          "interactive": {"turns": 1.0, "first_quantum": 30.0}}

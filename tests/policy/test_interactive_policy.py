@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from policy_helpers import SEED_POOLS, GiB, greedy, kinds, make_scheduler
 from test_policy_properties import AnyContention, pool_configs
 
-from benchmarks.fleet.replay import Replay
 from nodeside.config import ConfigError, from_mapping
 from nodeside.scheduler.core import Action, Drop, Grant
 from nodeside.scheduler.interactive import JUMP_QUANTUM
 from nodeside.scheduler.pools import entitlements
+from nodeside.testing import Replay
 
 INTERACTIVE = {"policy": "interactive"}
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_helpers import greedy, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.core import Action, Grant
 from nodeside.scheduler.interactive import JUMP_QUANTUM
+from nodeside.testing import Replay
 
 TQ = 10.0
 RELEASE = 0.2

@@ -8,8 +8,8 @@ import pytest
 from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.fleet.replay import Replay
 from nodeside.metrics import Metrics, start_server
+from nodeside.testing import Replay
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from policy_helpers import GiB, greedy, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler import room
 from nodeside.scheduler.core import Action, Grant, HoldState, Scheduler, SchedulerError
 from nodeside.scheduler.pools import entitlements
+from nodeside.testing import Replay
 
 PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

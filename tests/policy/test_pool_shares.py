@@ -4,10 +4,10 @@ pool HIGH goes before NORMAL before LOW, then request order, round robin."""
 import pytest
 from policy_helpers import SEED_POOLS, greedy, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.limits import MAX_SHARE_INTERVALS
 from nodeside.scheduler.core import Drop, Grant
 from nodeside.scheduler.pools import ShareMeter
+from nodeside.testing import Replay
 
 
 def test_seed_pools_contending_converge_within_003_inside_100_quanta(seed_scheduler):

@@ -4,8 +4,8 @@ the reason a stuck pool is stuck."""
 import pytest
 from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.report import pool_reports
+from nodeside.testing import Replay
 
 
 def by_name(sched, now):

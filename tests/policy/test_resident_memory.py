@@ -18,11 +18,11 @@ from policy_helpers import GiB, make_scheduler
 
 from benchmarks.fleet.cli import main
 from benchmarks.fleet.memory import OVERLAPPED, find, gains, on_link, overlapped, with_twins
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.runs import RUNS
 from benchmarks.fleet.seeds import KEY_RUNS
 from benchmarks.fleet.switching import CHUNK, Residency, SwitchingModel, switch_seconds
 from benchmarks.fleet.workload import PCIE_GEN5, parse_link
+from nodeside.testing import Replay
 
 LINK = 10 * GiB  # bytes per second: 10 GiB take one second
 LAG = CHUNK / LINK  # one chunk's wait, in seconds

@@ -3,8 +3,8 @@
 import pytest
 from policy_helpers import greedy, kinds, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.core import SchedulerError
+from nodeside.testing import Replay
 
 
 def test_each_gpu_has_its_own_holder_and_queue():

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from policy_helpers import GiB, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.switching import SwitchingModel
+from nodeside.testing import Replay
 
 GPU = 40 * GiB
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_helpers import GiB, greedy, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside import protocol as p
 from nodeside.scheduler.core import Drop, Grant
 from nodeside.scheduler.status import build_status
+from nodeside.testing import Replay
 
 TQ = 30.0
 AUTO_INTERACTIVE = {"mode": "auto", "policy": "interactive", "tq": TQ}

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from policy_helpers import GiB, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from benchmarks.fleet.switching import Residency, SwitchingModel
+from nodeside.testing import Replay
 
 LINK = 10 * GiB  # bytes per second: 10 GiB take one second, so the figures read easily
 

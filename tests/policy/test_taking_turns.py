@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from policy_helpers import GiB, greedy, kinds, make_scheduler
 
-from benchmarks.fleet.replay import Replay
 from nodeside.scheduler.core import Drop, Resume, Scheduler
 from nodeside.scheduler.state import HoldState
 from nodeside.scheduler.status import build_status
+from nodeside.testing import Replay
 
 TQ = 30.0
 TURN = 1.0

@@ -29,6 +29,9 @@ class ScriptedDaemon:
         self.features = tuple(features)
         #: What ``released`` says of the room (``evict``): whether the next holder needed it.
         self.released_evict = False
+        #: Sent right behind the next grant, in the same write (once): a drop that comes at
+        #: once, as the end of a short quantum does.
+        self.after_grant: Message | None = None
         self.received: list[tuple[float, Message]] = []
         self._changed = threading.Condition()
         self._connection: socket.socket | None = None
@@ -84,10 +87,14 @@ class ScriptedDaemon:
 
     # ---- the daemon's side ----
     def _write(self, message: Message) -> None:
+        self._write_all([message])
+
+    def _write_all(self, messages: list[Message]) -> None:
         with self._send_lock:
             if self._connection:
-                line = json.dumps(message, separators=(",", ":"))  # compact, as the daemon
-                self._connection.sendall((line + "\n").encode())
+                # Compact, as the daemon writes; several lines go in one write.
+                lines = "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in messages)
+                self._connection.sendall(lines.encode())
 
     def _reply(self, message: Message) -> Message | None:
         op, seq = message["op"], message.get("seq")
@@ -117,5 +124,8 @@ class ScriptedDaemon:
                     self.received.append((time.monotonic(), message))
                     self._changed.notify_all()
                 reply = self._reply(message)
-                if reply:
+                if reply and reply["op"] == "grant" and self.after_grant is not None:
+                    self._write_all([reply, self.after_grant])
+                    self.after_grant = None
+                elif reply:
                     self._write(reply)

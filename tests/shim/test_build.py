@@ -15,10 +15,12 @@ API = ["kiwi_shim_active", "kiwi_shim_cell_begin", "kiwi_shim_acquire", "kiwi_sh
        "kiwi_shim_holding", "kiwi_shim_set_policy", "kiwi_shim_stats_json",
        "kiwi_shim_catch_interrupts", "kiwi_shim_interrupt", "kiwi_shim_free_ranges_begin",
        "kiwi_shim_set_free_ranges"]
-#: The conformance entry points the protocol's transcripts drive (docs/protocol.md).
+#: The conformance entry points the protocol's transcripts drive (docs/protocol.md): in a test
+#: build only (tests/protocol/conformance.c), never in the library the wheel ships.
 CONFORMANCE = ["kiwi_conformance_reset", "kiwi_conformance_call", "kiwi_conformance_receive",
                "kiwi_conformance_sent", "kiwi_hold_state", "kiwi_conformance_position",
                "kiwi_conformance_paused"]
+CONFORMANCE_C = Path(__file__).resolve().parents[1] / "protocol" / "conformance.c"
 
 
 def exported(library: Path) -> set[str]:
@@ -38,13 +40,24 @@ def test_path_command_prints_the_built_library() -> None:
 
 def test_library_exports_the_api_the_driver_hooks_and_dlsym_only(shim_library: Path) -> None:
     symbols = exported(shim_library)
-    own = {*API, *CONFORMANCE}
+    own = set(API)
     assert own <= symbols
     assert {"dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2",
             "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"} <= symbols
     internal = {s for s in symbols if s.startswith("kiwi_") and s not in own}
     assert not internal, f"internal functions leak out: {internal}"
     assert all(s in own or s == "dlsym" or s.startswith("cu") for s in symbols)
+
+
+def test_the_packaged_library_carries_nothing_test_only() -> None:
+    # The library the wheel installs, built as the wheel's hook builds it (from the shim's
+    # sources alone): the conformance entry points are a test build's, and no C file of the
+    # tests' is among the sources.
+    from kiwi_jupyter.shim import library_path
+
+    symbols = exported(library_path())
+    assert not {s for s in symbols if s in CONFORMANCE or s.startswith("kiwi_conformance")}
+    assert not [p for p in build.sources() if "conformance" in p.name]
 
 
 def test_library_is_hardened_and_needs_only_libc(shim_library: Path) -> None:
@@ -63,10 +76,12 @@ def test_library_is_hardened_and_needs_only_libc(shim_library: Path) -> None:
 
 
 def test_sources_compile_without_a_single_warning(tmp_path: Path) -> None:
+    # The test build's too: with the conformance entry points (tests/protocol/conformance.c).
     c_files = [str(p) for p in build.sources() if p.suffix == ".c"]
     result = subprocess.run(
-        [build.compiler(), *build.CFLAGS, "-Werror", *build.LDFLAGS, "-o",
-         str(tmp_path / "strict.so"), *c_files, *build.LIBS],
+        [build.compiler(), *build.CFLAGS, "-Werror", *build.LDFLAGS,
+         f"-I{build.HERE / 'client'}", "-o", str(tmp_path / "strict.so"), *c_files,
+         str(CONFORMANCE_C), *build.LIBS],
         capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 

@@ -19,6 +19,7 @@ from test_checkpoint_evictor import checkpoint_state, hold_with, kernel, status_
 
 from nodeside import protocol as p
 from nodeside.client import Client
+from nodeside.evict.identity import read_identity
 
 GiB = 1 << 30
 NOBODY = 65534
@@ -133,7 +134,8 @@ def _connect_in_a_child_that_exits(socket_path: str, report: int, go: int) -> No
             lines.readline()
             sock.sendall(p.encode(p.REGISTER, seq=1, name="stale", evict="checkpoint"))
             registered = json.loads(lines.readline())
-            os.write(report, pickle.dumps(registered))
+            me = read_identity(os.getpid())
+            os.write(report, pickle.dumps((registered, me.start_time if me else None)))
         finally:
             os._exit(0)
     os.waitpid(child, 0)  # the pid is free now
@@ -158,14 +160,23 @@ def _connect_in_a_child_that_exits(socket_path: str, report: int, go: int) -> No
     os.read(go, 1)
 
 
-def _process_with_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start ``argv`` as process ``pid`` (the kernel's next pid set by hand; root only). Other
-    processes of the machine may take the pid first: tried again a few times."""
+def _process_with_pid(pid: int, argv: list[str], env: dict[str, str],
+                      after: int | None) -> subprocess.Popen:
+    """Start ``argv`` as process ``pid`` (the kernel's next pid set by hand; root only), in a
+    later clock tick than ``after`` (the start time of the process that had the pid). Other
+    processes of the machine may take the pid first: tried again a few times.
+
+    A pid comes round again in life only after the kernel has handed out all the others, long
+    after its last process started. Set by hand it comes round at once: within one tick (10 ms)
+    the two processes' start times, which /proc counts in ticks, are the same, and nothing the
+    daemon reads tells them apart but the uid (it leaves the pid alone for that reason then).
+    A start in the same tick is tried again, as a later tick comes."""
     for _ in range(200):
         Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
         process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
-        if process.pid == pid:
+        started = read_identity(process.pid)
+        if process.pid == pid and started is not None and started.start_time != after:
             return process
         process.kill()
         process.wait()
@@ -190,7 +201,7 @@ def test_a_pid_reused_by_another_users_process_is_never_checkpointed(
     victim = None
     try:
         with os.fdopen(report_r, "rb", buffering=0) as report:
-            registered = pickle.load(report)
+            registered, stale_start = pickle.load(report)
             assert registered["evict"] == "checkpoint", registered
             stale_pid = pickle.load(report)
             # Root's CUDA process gets the pid the attacker's child had.
@@ -198,7 +209,7 @@ def test_a_pid_reused_by_another_users_process_is_never_checkpointed(
                 sys.executable, "-c",
                 "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('ready', flush=True); "
                 "sys.stdin.read()", str(fake_cuda)],
-                {**os.environ, "FAKE_CUDA_CHECKPOINT_DIR": str(checkpoint_dir)})
+                {**os.environ, "FAKE_CUDA_CHECKPOINT_DIR": str(checkpoint_dir)}, stale_start)
             assert victim.stdout is not None and victim.stdout.readline().strip() == "ready"
             assert driver_state(checkpoint_dir, stale_pid) == RUNNING
             os.write(go_w, b"x")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fake_device import FakeCard
-from scripted_daemon import ScriptedDaemon
+from scripted_daemon import Message, ScriptedDaemon
 from support import wait_for
 from test_scheduling import client_of
 from test_vmm_evictor import holds
@@ -237,3 +237,48 @@ def test_the_answer_to_an_evicting_release_moves_nothing_more(daemon, workload, 
                               what="evicted with failed")
     assert refused["failed"].startswith("holding the GPU")
     assert [m for m in daemon.messages("evicted") if "failed" not in m] == [first]
+
+
+def _figures_before(daemon: ScriptedDaemon, release: Message) -> Message:
+    """The last of the shim's messages that said where its memory is (register, working_set,
+    evicted) before ``release``: what the daemon knows of it when the hold ends."""
+    sent = daemon.messages()
+    told = [m for m in sent[:sent.index(release)] if "resident" in m]
+    assert told, f"nothing said where the memory is before the release: {sent}"
+    return told[-1]
+
+
+def test_the_figures_of_a_restore_reach_the_daemon_before_the_next_release(
+        daemon, workload, card, tmp_path: Path) -> None:
+    # The daemon makes room for the next holder from what a release leaves on the card: a
+    # report after the restore that the rate limit held back would come after the release,
+    # and the daemon would count the memory as still in host memory (`evicted` said so).
+    gate = tmp_path / "unmap-may-go"
+    w = vmm(workload, card, daemon, FAKE_CUDA_UNMAP_GATE=str(gate))
+    daemon.released_evict = True
+    ptr = w.call(f"d.alloc({16 * MiB})")
+    assert w.call("d.launch()") == 0
+    daemon.send(op="drop", gpu=0, reason="room", evict=True, grace=30)
+    daemon.wait_op("release")  # its way out waits at the first unmap
+    back = w.start(f"d.write({ptr}, b'back')")  # waits at the gate, to ask once it is out
+    # Its grant comes within the report interval of `evicted`, and the next quantum's end
+    # right behind it.
+    daemon.after_grant = {"op": "drop", "gpu": 0, "reason": "quantum", "evict": True,
+                          "grace": 30}
+    gate.touch()
+    daemon.wait_for(lambda _: len(daemon.messages("release")) == 2, what="the second release")
+    report = _figures_before(daemon, daemon.messages("release")[1])
+    assert (report["resident"], report["host"]) == (16 * MiB, 0)
+    assert back.result() == 0
+
+
+def test_a_working_set_grown_while_holding_reaches_the_daemon_before_the_release(
+        daemon, workload, card) -> None:
+    w = vmm(workload, card, daemon)
+    assert w.call("d.launch()") == 0
+    w.call(f"d.alloc({2 * MiB})")
+    daemon.wait_op("working_set", bytes=2 * MiB)
+    w.call(f"[d.alloc({2 * MiB}) for _ in range(8)]")  # within the rate limit's interval
+    daemon.send(op="drop", gpu=0, reason="quantum", evict=False, grace=30)
+    report = _figures_before(daemon, daemon.wait_op("release"))
+    assert (report["bytes"], report["resident"]) == (18 * MiB, 18 * MiB)

@@ -220,6 +220,9 @@ void kiwi_gpu_uuid(char *text, size_t size);
 /* Sends working_set (with where the memory is, when the daemon speaks of it); or, too soon
  * after the last report, keeps the news for later and returns the seconds to wait. */
 double kiwi_residency_report(void);
+/* Before a release leaves: a report still to send (held back by the rate limit, or not yet
+ * taken) goes now, whatever the rate limit says. */
+void kiwi_residency_before_release(void);
 /* A move's progress callback (struct kiwi_transfer): working_set with those figures. */
 void kiwi_residency_progress(const struct kiwi_residency *now, void *unused);
 /* Ends an eviction for the daemon: `evicted` with where the memory is and what moved, or with

@@ -4,7 +4,7 @@
  * kiwi_dispatch_line decides; kiwi_comm_handle_line, the comm thread's, then carries out what
  * a drop leaves to do (the release sequence, release.c), or an `evict` (the way out, then
  * `evicted`: the memory feature, residency.c). The conformance entry points
- * (conformance.c) call kiwi_dispatch_line alone.
+ * (tests/protocol/conformance.c) call kiwi_dispatch_line alone.
  */
 #define _GNU_SOURCE
 #include <string.h>

@@ -143,6 +143,7 @@ static void defer(const char *why)
  * which the progress reports and `evicted` follow. */
 static void finish_evicting(void)
 {
+    kiwi_residency_before_release();
     released();
     kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICTING "\":true");
     kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
@@ -164,6 +165,7 @@ void kiwi_release_finish(void)
 {
     /* Idle before the release leaves: once the daemon has it, the next holder may be running,
      * and nothing here may still say this process holds the GPU. */
+    kiwi_residency_before_release();
     released();
     kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
 }
@@ -171,7 +173,9 @@ void kiwi_release_finish(void)
 void kiwi_release_ask_evict_first(void)
 {
     /* RELEASING, not holding: if the daemon hands over at once, the next holder may be
-     * running before the answer is read. */
+     * running before the answer is read. Its answer (evict first or not) is decided from the
+     * figures the daemon has. */
+    kiwi_residency_before_release();
     pthread_mutex_lock(&kiwi_lock);
     kiwi_hold_move(KIWI_HOLD_RELEASING);
     pthread_mutex_unlock(&kiwi_lock);

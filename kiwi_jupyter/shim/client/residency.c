@@ -5,9 +5,10 @@
  * daemon (its `evict` event) or done for a drop, or says a move failed (a restore rolled back).
  *
  * All of it only when the daemon's `welcome` listed `memory`: a daemon that did not hears the
- * working set as before, and no `evicted`. Reports are at most one every REPORT_INTERVAL; during
- * an eviction one more for each KIWI_PROGRESS_BYTES the card gets back, so the daemon may let
- * the next holder's restore begin while the rest of the way out goes on.
+ * working set as before, and no `evicted`. Reports are at most one every REPORT_INTERVAL, but
+ * one still held back goes before a release; during an eviction one more for each
+ * KIWI_PROGRESS_BYTES the card gets back, so the daemon may let the next holder's restore
+ * begin while the rest of the way out goes on.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -48,6 +49,24 @@ double kiwi_residency_report(void)
     kiwi_pager_residency(&where);
     send_working_set(&where);
     return 0;
+}
+
+/* The daemon makes the next holder's room from what a release leaves on the card, so the
+ * figures it has when the hold ends must be the current ones: the report after a restore, or
+ * after allocations in the hold, may still be held back by the rate limit, and would reach the
+ * daemon after the release, which then counted the memory as still in host memory (or the
+ * working set as it was) and handed the GPU over without the room. */
+void kiwi_residency_before_release(void)
+{
+    if (!kiwi_news_take(KIWI_NEWS_WORKING_SET))
+        return;
+    if (!kiwi_session_memory()) {
+        send_working_set(NULL);
+        return;
+    }
+    struct kiwi_residency where;
+    kiwi_pager_residency(&where);
+    send_working_set(&where);
 }
 
 void kiwi_residency_progress(const struct kiwi_residency *now, void *unused)

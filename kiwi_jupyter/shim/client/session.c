@@ -1,8 +1,9 @@
 /* The client's side of one connection, without the connection: hello, register, and the
  * numbering of requests, as decisions that make lines and take lines (h11's shape). Where the
  * lines go is the shell's business: the comm thread hands them to the socket (link.c), the
- * conformance entry points (conformance.c) keep them for the transcripts to read. So the same
- * code answers the daemon in both, and nothing here touches a socket.
+ * conformance entry points (tests/protocol/conformance.c, in a test build only) keep them for
+ * the transcripts to read. So the same code answers the daemon in both, and nothing here
+ * touches a socket.
  *
  *   CLOSED --connect: hello--> GREETING --welcome: register--> REGISTERING --registered--> READY
  *

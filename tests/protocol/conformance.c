@@ -8,6 +8,10 @@
  *
  * A process whose client has started cannot use them, and one that used them never starts its
  * client: the two would share the one hold.
+ *
+ * Test-only: compiled into a test build of the shim beside its sources (kiwi_jupyter/shim/
+ * build.py, compile_library's test_sources; "client.h" is found in the client tier), never
+ * into the library the wheel ships.
  */
 #define _GNU_SOURCE
 #include <stdio.h>

@@ -1,15 +1,13 @@
-"""The scheduler core driven in simulated time: the daemon's job, without sockets or clocks.
+"""``Replay``: the scheduler core driven in virtual time, by clients that behave as the protocol
+says; the daemon's job, without sockets or clocks.
 
 ``Replay`` plays the part of the asyncio shell and of well-behaved clients at once. Each
 ``Worker`` has GPU work to do (a burst of so many GPU seconds); it asks for its GPU, works while
 it holds it, gives it back when asked (after ``release_delay``, the time a real client takes to
 move out) and asks again while work remains. Time jumps from event to event, so an hour of
-contention replays in milliseconds. The test suite checks the policy with it, and the fleet
-benchmark (``runs``) replays notebook traces through it.
-
-With a ``SwitchingModel`` a grant whose working set must be moved in (or others' moved out to
-make room) starts working only when that is done: the seconds it takes are in the hold (the
-scheduler cannot tell them apart) but are nobody's work, and each span says how many there were.
+contention replays in milliseconds, and every figure is exact. Tests of the scheduling rules
+drive the core with it; the fleet simulator (``benchmarks/fleet``) replays notebook traces
+through it.
 
 Holders side by side (mode auto, or off) share the GPU's time when a ``co_run`` efficiency is
 given: with k of them working, each does ``co_run / k`` seconds of work per second, as
@@ -17,6 +15,11 @@ compute-bound kernels of different processes do on a GPU that time-slices betwee
 it each works at full speed, which flatters running side by side. A holder the scheduler paused
 (``Pause``, mode auto taking turns) does no work until ``Resume``, and then starts after
 ``resume_cost`` seconds, the GPU switching to it.
+
+With ``switching`` (a ``MemoryMoves``: the simulator's model of the host link, say) a grant
+whose working set must be moved in (or others' moved out to make room) starts working only when
+that is done: the seconds it takes are in the hold (the scheduler cannot tell them apart) but
+are nobody's work, and each span says how many there were.
 
 The spans it records, and what is measured from them, are ``SpanLog`` (spans.py).
 """
@@ -27,11 +30,10 @@ import functools
 import heapq
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from benchmarks.fleet.spans import Span, SpanLog
-from benchmarks.fleet.switching import SwitchingModel
 from nodeside.scheduler.core import (
     Action,
     Drop,
@@ -42,10 +44,29 @@ from nodeside.scheduler.core import (
     Revoke,
     Scheduler,
 )
+from nodeside.testing.spans import Span, SpanLog
 
 # A tick whose deadline does not move forward this many times in a row is a core bug (a rule
 # that asks to be woken at a time it then does nothing about), not a slow simulation.
 _STUCK_LIMIT = 10_000
+
+
+class MemoryMoves(Protocol):
+    """What moving working sets in and out of GPU memory costs, for ``Replay(switching=)``."""
+
+    #: Bytes of one GPU's memory: the working set of a worker that gives none.
+    capacity: int
+
+    def grant_cost(self, gpu: int, client: str, working_set: int,
+                   keep: Collection[str] = ()) -> float:
+        """Seconds the GPU spends moving memory before ``client`` can work (``keep``: the
+        holders beside it, whose memory stays)."""
+
+    def used(self, gpu: int, client: str) -> None:
+        """``client``'s hold of ``gpu`` ended."""
+
+    def forget(self, client: str) -> None:
+        """``client`` has gone."""
 
 
 @dataclass
@@ -91,7 +112,7 @@ class Worker:
 
 class Replay(SpanLog):
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
-                 release_delay: float = 0.0, switching: SwitchingModel | None = None,
+                 release_delay: float = 0.0, switching: MemoryMoves | None = None,
                  co_run: float | None = None, resume_cost: float = 0.0) -> None:
         if co_run is not None and not 0.0 < co_run <= 1.0:
             raise ValueError(f"co_run is a fraction of the GPU's work in (0, 1], not {co_run}")
