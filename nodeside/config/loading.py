@@ -154,6 +154,8 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "connections": ("connections", parse_connections),
     "memory_reserve": ("memory_reserve", parse_size),
     "evict_timeout": ("evict_timeout", lambda value: parse_tq(value, "evict_timeout")),
+    "evict_interval": ("evict_interval", lambda value: parse_seconds_or_never(
+        value, "evict_interval")),
     "checkpoint_after": ("checkpoint_after", lambda value: parse_seconds_or_never(
         value, "checkpoint_after")),
     "admin_group": ("admin_group", _parse_group),

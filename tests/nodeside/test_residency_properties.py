@@ -4,10 +4,12 @@ Random clients (working sets, priorities, reachable by the checkpoint evictor or
 with room for some of them ask, give back (plainly or ``evicting``), answer an ``evict`` in
 part, in full or not at all, while time passes. Whatever the order:
 
-* never a grant while the resident bytes plus the incoming working set exceed the capacity;
+* never a grant while the bytes counted on the GPU plus the incoming working set exceed the
+  capacity (a client that could not evict and nobody checkpointed counts nothing: only its claim
+  says it holds anything);
 * an idle client is asked to evict only when the room is missing, and only as much as needed;
-* every eviction asked is acknowledged, checkpointed or reported (after the timeout nobody is
-  left on its way out);
+* every eviction asked is acknowledged, checkpointed or reported (after the timeout without
+  progress nobody is left on its way out);
 * nobody starves: once every client gives back and answers, every waiter is granted or refused.
 """
 
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 from nodeside.config import SchedulerConfig
 from nodeside.model import EVICTING
 from nodeside.scheduler.core import Evict, GpuSpec, Grant, Refuse, Scheduler, Suspend
-from nodeside.scheduler.residency import holding, need, occupies
+from nodeside.scheduler.residency import counted, holding, need, occupies
 
 GiB = 1 << 30
 CAPACITY = 10 * GiB
@@ -55,7 +57,7 @@ class Driver:
 
     def resident_total(self) -> int:
         gpu = self.s.gpus[0]
-        return sum(need(c) if holding(c) else occupies(c) for c in gpu.memory_clients.values())
+        return sum(need(c) if holding(c) else counted(c) for c in gpu.memory_clients.values())
 
     def take(self, actions: list) -> None:
         """Check what the core said, and answer as the clients and the daemon would."""
@@ -129,7 +131,7 @@ def test_the_rules_hold_whatever_the_clients_do(specs, ops) -> None:
     d.now += TIMEOUT + 1
     d.take(d.s.tick(d.now))
     assert [c.id for c in d.s.clients.values() if c.residency == EVICTING
-            and c.evict_asked_at is not None and c.evict_asked_at + TIMEOUT <= d.now] == []
+            and c.evict_progress_at is not None and c.evict_progress_at + TIMEOUT <= d.now] == []
     # Now everyone cooperates: holders give back, evictions are answered, time passes.
     for _ in range(4 * len(d.ids) + 4):
         d.now += 1.0
