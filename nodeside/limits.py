@@ -54,6 +54,14 @@ def shown(value: Any, width: int = SHOWN_CHARS) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+def shown_name(value: Any) -> str:
+    """A key a file gave (a pool's name, a GPU index) for an error message: as it is when it is
+    short printable text, else ``shown``."""
+    if isinstance(value, str) and len(value) <= SHOWN_CHARS and value.isprintable():
+        return value
+    return shown(value)
+
+
 def tq_seconds(value: Any, where: str = "tq") -> float:
     """A TQ (or any duration in the TQ's range) as float seconds, or LimitError saying why."""
     return seconds_in_range(value, where, TQ_MIN, TQ_MAX)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nodeside.config.values import ConfigError, section
-from nodeside.limits import SHOWN_CHARS, shown
+from nodeside.limits import shown, shown_name
 from nodeside.model import UNLIMITED, Pool
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
@@ -35,9 +35,7 @@ def parse_pools(raw: Any) -> dict[str, Pool]:
         raise ConfigError("pools: expected a mapping of pool name to {guarantee, weight, maximum}")
     pools: dict[str, Pool] = {}
     for name, spec in raw.items():
-        # A pool's name is the file's own text: shown whole only when it is short.
-        named = name if isinstance(name, str) and len(name) <= SHOWN_CHARS else shown(name)
-        where = f"pools.{named}"
+        where = f"pools.{shown_name(name)}"  # the file's own text: whole only when short
         if not isinstance(name, str) or not name:
             raise ConfigError(f"pools: pool names must be non-empty strings, got {shown(name)}")
         spec = spec or {}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodeside.config import ConfigError, SchedulerConfig, parse_mode
 from nodeside.files import FileRefused, read_trusted_text
-from nodeside.limits import LimitError, shown, tq_seconds
+from nodeside.limits import LimitError, shown_name, tq_seconds
 
 if TYPE_CHECKING:
     from nodeside.scheduler.core import Scheduler
@@ -104,8 +104,7 @@ class StateFile:
         out["gpu_tq"] = {}
         for index, seconds in gpu_tq.items():
             if not (isinstance(index, str) and index.isdigit() and len(index) < 6):
-                # The file's own text: shown cut short.
-                self._ignored(f"gpu_tq.{shown(index)}", "expected a GPU index")
+                self._ignored(f"gpu_tq.{shown_name(index)}", "expected a GPU index")
                 continue
             where = f"gpu_tq.{index}"
             try:
