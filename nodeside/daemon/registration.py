@@ -67,24 +67,24 @@ class Budget:
 
     def take(self, owner: Owner | None, amount: int) -> None:
         self.used += amount
-        if owner is not None:
+        if owner is not None and amount:
             self.of_uid[owner[0]] = self.of_uid.get(owner[0], 0) + amount
             self.of_pod[owner] = self.of_pod.get(owner, 0) + amount
 
     def give_back(self, owner: Owner | None, amount: int) -> None:
         self.used -= amount
-        if owner is None:
+        if owner is None or not amount:
             return
-        left = self.of_uid[owner[0]] - amount
+        left = self.of_uid.get(owner[0], 0) - amount
         if left > 0:
             self.of_uid[owner[0]] = left
         else:
-            del self.of_uid[owner[0]]
-        left = self.of_pod[owner] - amount
+            self.of_uid.pop(owner[0], None)
+        left = self.of_pod.get(owner, 0) - amount
         if left > 0:
             self.of_pod[owner] = left
         else:
-            del self.of_pod[owner]
+            self.of_pod.pop(owner, None)
 
 
 class Registrations:
