@@ -241,7 +241,7 @@ class Turns:
         # What it needs beyond the room already on its way out: what the others may not take.
         coming = sum(counted(c) for c in gpu.memory_clients.values()
                      if c.residency == EVICTING and c.evict_failed is None and not holding(c))
-        wanted = need(parked) if parked.memory else (parked.working_set or 0)
+        wanted = need(parked) - counted(parked) if parked.memory else (parked.working_set or 0)
         reserved = max(0, wanted - coming)
         mode = state.mode
         choice = state.choice
@@ -256,7 +256,11 @@ class Turns:
                 continue
             if mode == "auto" and waiter.working_set is None:
                 continue  # it needs the whole GPU: it would take the room being made
-            if self.residency.shortfall(gpu, waiter, reserved):
+            # What its grant would bring onto the GPU: none, and it goes on whatever the GPU
+            # holds now (the room being made is for what others hold too much of).
+            adds = max(0, need(waiter) - counted(waiter)) if waiter.memory \
+                else (waiter.working_set or 0)
+            if adds and self.residency.shortfall(gpu, waiter, reserved):
                 continue
             actions.append(self._moves.grant(gpu, waiter, now))
         return actions

@@ -9,7 +9,6 @@ import os
 import pickle
 import resource
 
-import pytest
 from other_users import SOMEONE, Peer, as_user, needs_root
 from test_uid_budgets import daemon_for_everyone
 
@@ -72,7 +71,7 @@ def test_slots_come_back_when_clients_leave() -> None:
     assert fill(regs, 2000)[0] == 512
 
 
-# -- the real daemon ---------------------------------------------------------------------------------
+# -- the real daemon ----------------------------------------------------------------------
 
 def hogs_then_victim(daemon, uids: list[int], labels: dict[str, str],
                      victim_uid: int, victim_labels: dict[str, str]) -> tuple[list[int], dict]:
@@ -136,5 +135,3 @@ def test_a_pod_of_jovyan_registers_beside_another_that_took_all_it_could(start_d
     assert counts == [256]
     assert victim["op"] == "registered", victim
 
-
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
