@@ -13,10 +13,12 @@ milliseconds of the loop that also hands the GPU over. Two rules keep that cost 
 * **Metered.** What building costs is charged to the group that asked (a uid, and within it a
   pod: every Jupyter pod runs as one uid), from a bucket that fills at the group's part of
   ``TOTAL_SHARE`` of a second per second (shared by the groups that asked lately, never past
-  ``SHARE``), up to its part of ``BURST`` seconds. A group in debt has its connection's next
-  request wait until the debt is paid (``StatusMeter``). The parts add up to the node's share,
-  so peers that flood status requests slow themselves, however many uids or pods they are,
-  never the handoffs of others.
+  ``SHARE``), up to its part of ``BURST`` seconds; and to the node, from a bucket that fills at
+  ``TOTAL_SHARE`` up to ``BURST`` (groups that all come at once, each with its first document
+  owed, take no more together). A group in debt, or any group while the node is, has its
+  connection's next request wait until the debt is paid (``StatusMeter``). Peers that flood
+  status requests slow themselves, however many uids or pods they are, never the handoffs of
+  others.
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ class StatusMeter:
         #: group -> when it last asked: the groups that share the node's part.
         self._active: dict[Group, float] = {}
         self._active_checked = 0.0
+        #: The node's own bucket: (seconds left, when that was counted).
+        self._node = (burst, 0.0)
 
     def _part(self, now: float) -> tuple[float, float]:
         """The rate and the burst of each group's bucket now: its part of the node's."""
@@ -164,18 +168,23 @@ class StatusMeter:
         if group not in self._active and len(self._active) >= 4096:
             self._active.pop(next(iter(self._active)))
         self._active[group] = now
+        node_left = self._node[0] + (now - self._node[1]) * self.total_share
+        wait = -node_left / self.total_share if node_left < 0 else 0.0
         bucket = self._buckets.get(group)
         if bucket is None:
-            return 0.0
+            return wait
         rate, burst = self._part(now)
         # Credit kept from when fewer groups asked is cut to the part it has now.
         left = min(burst, bucket[0]) + (now - bucket[1]) * rate
-        return -left / rate if left < 0 else 0.0
+        return max(wait, -left / rate) if left < 0 else wait
 
     def charge(self, group: Group, seconds: float, now: float) -> None:
         """Charge ``seconds`` of building to ``group``: past its bucket, its next waits."""
         if not seconds:
             return
+        node_left, node_at = self._node
+        self._node = (min(self.burst, node_left + (now - node_at) * self.total_share) - seconds,
+                      now)
         rate, burst = self._part(now)
         left, at = self._buckets.get(group, (burst, now))
         left = min(burst, min(burst, left) + (now - at) * rate) - seconds
