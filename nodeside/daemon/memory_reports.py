@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from nodeside.daemon.working_sets import HOLD
+from nodeside.daemon.working_sets import HOLD, Damper, Heard
 from nodeside.scheduler.residency import PROGRESS_BYTES
 
 #: Least seconds between two reports of one client's figures that the scheduler hears.
@@ -52,25 +52,9 @@ def merged(old: Figures, new: Figures) -> Figures:
             new[2] if new[2] is not None else old[2])
 
 
-class _Client:
-    __slots__ = ("heard", "heard_at", "low_at", "latest", "due_at")
-
-    def __init__(self, heard: Figures, now: float) -> None:
-        self.heard = heard
-        self.heard_at = now
-        #: When a resident figure at most as large as the heard one last came.
-        self.low_at = now
-        self.latest = heard
-        #: When ``latest`` is to be heard (None: nothing waits).
-        self.due_at: float | None = None
-
-
-class MemoryReports:
+class MemoryReports(Damper[Figures]):
     def __init__(self, interval: float = INTERVAL, hold: float = HOLD) -> None:
-        self.interval = interval
-        self.hold = hold
-        self._clients: dict[str, _Client] = {}
-        self._waiting: set[str] = set()
+        super().__init__(interval, hold)
 
     def report(self, client_id: str, figures: Figures, stands: str,
                now: float) -> Figures | None:
@@ -79,15 +63,14 @@ class MemoryReports:
         or None (see ``next_due``)."""
         state = self._clients.get(client_id)
         if state is None:
-            self._clients[client_id] = _Client(figures, now)
+            self._clients[client_id] = Heard(figures, now)
             return figures
         latest = state.latest = merged(state.latest, figures)
         heard_resident, resident = state.heard[0], latest[0]
         if resident is not None and (heard_resident is None or resident <= heard_resident):
-            state.low_at = now
+            state.mark_at = now
         if latest == state.heard:
-            state.due_at = None
-            self._waiting.discard(client_id)
+            self._settled(client_id, state)
             return None
         due = state.heard_at + self.interval
         if resident is not None and heard_resident is not None:
@@ -95,42 +78,15 @@ class MemoryReports:
                 if abs(resident - heard_resident) >= PROGRESS_BYTES:
                     due = now
             elif stands == IDLE and resident > heard_resident:
-                due = max(due, state.low_at + self.hold)
-        if due <= now:
-            return self._hear(client_id, state, now)
-        state.due_at = due
-        self._waiting.add(client_id)
-        return None
+                due = max(due, state.mark_at + self.hold)
+        return self._wait(client_id, state, due, now)
 
     def heard(self, client_id: str, figures: Figures, now: float) -> None:
         """The scheduler heard ``figures`` some other way (an ``evicted``): they stand, and
         whatever waited is superseded by them."""
         state = self._clients.get(client_id)
         if state is None:
-            self._clients[client_id] = _Client(figures, now)
+            self._clients[client_id] = Heard(figures, now)
             return
         state.latest = merged(state.latest, figures)
         self._hear(client_id, state, now)
-
-    def next_due(self) -> float | None:
-        times = [self._clients[c].due_at for c in self._waiting]
-        return min((t for t in times if t is not None), default=None)
-
-    def due(self, now: float) -> list[tuple[str, Figures]]:
-        out: list[tuple[str, Figures]] = []
-        for client_id in list(self._waiting):
-            state = self._clients[client_id]
-            if state.due_at is not None and state.due_at <= now:
-                out.append((client_id, self._hear(client_id, state, now)))
-        return out
-
-    def forget(self, client_id: str) -> None:
-        self._clients.pop(client_id, None)
-        self._waiting.discard(client_id)
-
-    def _hear(self, client_id: str, state: _Client, now: float) -> Figures:
-        state.heard = state.latest
-        state.heard_at = state.low_at = now
-        state.due_at = None
-        self._waiting.discard(client_id)
-        return state.heard

@@ -13,6 +13,8 @@ before it may ask again.
 from __future__ import annotations
 
 import pytest
+from test_core_residency import client as kernel
+from test_core_residency import of, used
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
@@ -40,27 +42,9 @@ def make(capacity: int = 16 * GiB, mode: str = "on", interval: float = INTERVAL)
     return Scheduler(config, [GpuSpec(0, memory_total=capacity)], now=0.0)
 
 
-def kernel(s: Scheduler, name: str, working_set: int, *, priority: str = "NORMAL",
-           checkpointable: bool = False, evict: str = "vmm") -> str:
-    c = s.register(0.0, name=name, working_set=working_set, priority=priority, evict=evict)
-    s.track_memory(c.id, resident=0, host=0, checkpointable=checkpointable)
-    return c.id
-
-
 def plain(s: Scheduler, name: str, working_set: int | None = None) -> str:
     """A client without the ``memory`` feature (the Python client)."""
     return s.register(0.0, name=name, working_set=working_set).id
-
-
-def claims(s: Scheduler, c: str, now: float, nbytes: int) -> None:
-    """``c`` held the GPU and says it keeps ``nbytes`` on it (true or not), idle now."""
-    assert Grant(c, 0, TQ) in s.acquire(now, c)
-    s.report_working_set(now, c, nbytes, resident=nbytes, host=0)
-    s.release(now + 0.5, c)
-
-
-def of(kind: type, actions: list) -> list:
-    return [a for a in actions if isinstance(a, kind)]
 
 
 # -- N4b: a waiter for room never blocks the queue --------------------------------------------
@@ -68,7 +52,7 @@ def of(kind: type, actions: list) -> list:
 def test_a_plain_client_behind_a_waiter_for_room_is_granted_meanwhile() -> None:
     s = make()
     liar, waiter, other = kernel(s, "liar", 12 * GiB), kernel(s, "nb", 6 * GiB), plain(s, "root")
-    claims(s, liar, 1.0, 12 * GiB)
+    used(s, liar, 1.0, 12 * GiB)
     assert of(Evict, s.acquire(2.0, waiter)) == [Evict(liar, 0, 12 * GiB, "nb")]
     assert s.acquire(2.5, other) == [Grant(other, 0, TQ)]
     assert s.clients[waiter].state == "waiting"
@@ -80,7 +64,7 @@ def test_in_mode_auto_each_waiter_that_fits_now_and_beside_the_room_being_made_g
     holder = plain(s, "holder", 4 * GiB)
     liar, waiter = kernel(s, "liar", 8 * GiB), kernel(s, "nb", 6 * GiB)
     small, medium = kernel(s, "small", 2 * GiB), kernel(s, "medium", 5 * GiB)
-    claims(s, liar, 1.0, 8 * GiB)
+    used(s, liar, 1.0, 8 * GiB)
     assert s.acquire(1.5, holder) == [Grant(holder, 0, TQ)]
     # 4 held + 8 resident + 6 wanted: 2 GiB short, the liar is asked for its 8.
     assert of(Evict, s.acquire(2.0, waiter)) == [Evict(liar, 0, 8 * GiB, "nb")]
@@ -96,7 +80,7 @@ def test_a_waiter_that_would_take_the_room_being_made_waits() -> None:
     holder = plain(s, "holder", 4 * GiB)
     liar, waiter = kernel(s, "liar", 8 * GiB), kernel(s, "nb", 10 * GiB)
     other = kernel(s, "other", 3 * GiB)
-    claims(s, liar, 1.0, 8 * GiB)
+    used(s, liar, 1.0, 8 * GiB)
     s.acquire(1.5, holder)
     assert of(Evict, s.acquire(2.0, waiter)) == [Evict(liar, 0, 8 * GiB, "nb")]
     # 4 + 8 + 3 fit now, but 4 + 3 + 10 would not once the liar is out: the room is the
@@ -107,7 +91,7 @@ def test_a_waiter_that_would_take_the_room_being_made_waits() -> None:
 def test_a_waiter_without_a_known_working_set_does_not_take_the_room_in_mode_auto() -> None:
     s = make(mode="auto")
     liar, waiter, other = kernel(s, "liar", 12 * GiB), kernel(s, "nb", 6 * GiB), plain(s, "x")
-    claims(s, liar, 1.0, 12 * GiB)
+    used(s, liar, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     assert s.acquire(2.5, other) == []
 
@@ -115,7 +99,7 @@ def test_a_waiter_without_a_known_working_set_does_not_take_the_room_in_mode_aut
 def test_the_wait_for_one_eviction_ends_once_and_re_reports_do_not_arm_another() -> None:
     s = make()
     liar, waiter, second = (kernel(s, n, 6 * GiB) for n in ("liar", "nb", "nb2"))
-    claims(s, liar, 1.0, 12 * GiB)
+    used(s, liar, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     # The liar says its figures again and again: no progress, the deadline stands.
     for t in (4.0, 8.0, 11.9):
@@ -131,7 +115,7 @@ def test_the_wait_for_one_eviction_ends_once_and_re_reports_do_not_arm_another()
 def test_an_eviction_that_makes_progress_is_not_given_up_on() -> None:
     s = make()
     mover, waiter = kernel(s, "mover", 12 * GiB), kernel(s, "nb", 12 * GiB)
-    claims(s, mover, 1.0, 12 * GiB)
+    used(s, mover, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     left = 12 * GiB
     for t in (9.0, 16.0, 23.0):  # 1 GiB every 7 s: slow, but on its way
@@ -146,7 +130,7 @@ def test_an_eviction_that_makes_progress_is_not_given_up_on() -> None:
 def test_a_byte_at_a_time_is_no_progress() -> None:
     s = make()
     mover, waiter = kernel(s, "mover", 12 * GiB), kernel(s, "nb", 12 * GiB)
-    claims(s, mover, 1.0, 12 * GiB)
+    used(s, mover, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     s.report_working_set(9.0, mover, 12 * GiB, resident=12 * GiB - 4096, host=4096)
     assert of(Uncounted, s.tick(2.0 + TIMEOUT))
@@ -157,7 +141,7 @@ def test_a_byte_at_a_time_is_no_progress() -> None:
 def test_nvml_corrects_an_over_claim() -> None:
     s = make()
     liar, waiter = kernel(s, "liar", 12 * GiB), kernel(s, "nb", 6 * GiB)
-    claims(s, liar, 1.0, 12 * GiB)
+    used(s, liar, 1.0, 12 * GiB)
     s.memory_seen(1.5, {liar: 0, waiter: 0})
     assert s.acquire(2.0, waiter) == [Grant(waiter, 0, TQ)]
     assert s.clients[liar].memory_source == "nvml"
@@ -166,7 +150,7 @@ def test_nvml_corrects_an_over_claim() -> None:
 def test_nvml_corrects_an_under_claim() -> None:
     s = make()
     quiet, waiter = kernel(s, "quiet", GiB), kernel(s, "nb", 6 * GiB)
-    claims(s, quiet, 1.0, GiB)
+    used(s, quiet, 1.0, GiB)
     s.memory_seen(1.5, {quiet: 12 * GiB, waiter: 0})
     assert of(Evict, s.acquire(2.0, waiter)) == [Evict(quiet, 0, 12 * GiB, "nb")]
 
@@ -174,7 +158,7 @@ def test_nvml_corrects_an_under_claim() -> None:
 def test_a_resident_claim_larger_than_the_gpu_is_refused() -> None:
     s = make()
     liar = kernel(s, "liar", GiB)
-    claims(s, liar, 1.0, GiB)
+    used(s, liar, 1.0, GiB)
     with pytest.raises(SchedulerError) as refused:
         s.report_working_set(2.0, liar, GiB, resident=1 << 50, host=0)
     assert refused.value.code == p.E_INVALID and "more than GPU 0 has" in str(refused.value)
@@ -185,7 +169,7 @@ def test_a_failed_eviction_the_daemon_reaches_is_checkpointed() -> None:
     s = make()
     holder = kernel(s, "holder", 12 * GiB, checkpointable=True)
     waiter = kernel(s, "nb", 6 * GiB)
-    claims(s, holder, 1.0, 12 * GiB)
+    used(s, holder, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     assert of(Suspend, s.evicted(3.0, holder, failed="no host memory")) == \
         [Suspend(holder, 0, "failed")]
@@ -196,7 +180,7 @@ def test_a_process_that_holds_no_gpu_memory_counts_as_none_until_it_holds_again(
     s = make()
     liar = kernel(s, "liar", 12 * GiB, checkpointable=True)
     waiter, second = kernel(s, "nb", 6 * GiB), kernel(s, "nb2", 6 * GiB)
-    claims(s, liar, 1.0, 12 * GiB)
+    used(s, liar, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     assert s.tick(2.0 + TIMEOUT) == [Suspend(liar, 0, "timeout")]
     actions = s.checkpointed(13.0, liar, "the driver knows no CUDA process 42",
@@ -210,7 +194,7 @@ def test_a_process_that_holds_no_gpu_memory_counts_as_none_until_it_holds_again(
 def test_an_uncounted_client_waits_for_room_for_its_next_work() -> None:
     s = make()
     liar, waiter = kernel(s, "liar", 12 * GiB), kernel(s, "nb", 6 * GiB)
-    claims(s, liar, 1.0, 12 * GiB)
+    used(s, liar, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     s.tick(2.0 + TIMEOUT)
     s.report_working_set(13.0, waiter, 6 * GiB, resident=6 * GiB, host=0)
@@ -226,7 +210,7 @@ def test_an_evicted_client_that_nvml_still_shows_is_counted_and_checkpointed() -
     s = make(capacity=8 * GiB)
     keeper = kernel(s, "keeper", 6 * GiB, checkpointable=True)
     waiter = kernel(s, "nb", 4 * GiB)
-    claims(s, keeper, 1.0, 6 * GiB)
+    used(s, keeper, 1.0, 6 * GiB)
     s.evicted(2.0, keeper, resident=0, host=6 * GiB)
     s.memory_seen(3.0, {keeper: 6 * GiB, waiter: 0})
     assert s.acquire(4.0, waiter) == [Suspend(keeper, 0, "room")]
@@ -237,7 +221,7 @@ def test_an_evicted_client_that_nvml_still_shows_gets_the_waiter_refused_when_un
         ) -> None:
     s = make(capacity=8 * GiB)
     keeper, waiter = kernel(s, "keeper", 6 * GiB), kernel(s, "nb", 4 * GiB)
-    claims(s, keeper, 1.0, 6 * GiB)
+    used(s, keeper, 1.0, 6 * GiB)
     s.evicted(2.0, keeper, resident=0, host=6 * GiB)
     s.memory_seen(3.0, {keeper: 6 * GiB, waiter: 0})
     [refused] = of(Refuse, s.acquire(4.0, waiter))
@@ -249,13 +233,13 @@ def test_an_evicted_client_that_nvml_still_shows_gets_the_waiter_refused_when_un
 def test_one_client_is_asked_to_evict_at_most_once_per_evict_interval() -> None:
     s = make(capacity=12 * GiB, interval=5.0)
     victim, a, b = (kernel(s, n, 8 * GiB) for n in ("victim", "a", "b"))
-    claims(s, victim, 1.0, 8 * GiB)
+    used(s, victim, 1.0, 8 * GiB)
     assert of(Evict, s.acquire(2.0, a)) == [Evict(victim, 0, 8 * GiB, "a")]
     s.evicted(2.5, victim, resident=0, host=8 * GiB)
     s.report_working_set(3.0, a, 8 * GiB, resident=8 * GiB, host=0)
     s.release(3.0, a)
     s.evicted(3.1, a, resident=0, host=8 * GiB)  # of its own accord
-    claims(s, victim, 3.5, 8 * GiB)  # the victim's next cell brings it back
+    used(s, victim, 3.5, 8 * GiB)  # the victim's next cell brings it back
     assert not of(Evict, s.acquire(4.5, b))  # it was asked at 2.0: not again before 7.0
     assert s.next_deadline(4.5) == 7.0
     assert of(Evict, s.tick(7.0)) == [Evict(victim, 0, 8 * GiB, "b")]
@@ -264,13 +248,13 @@ def test_one_client_is_asked_to_evict_at_most_once_per_evict_interval() -> None:
 def test_a_low_waiter_moves_a_normal_kernel_out_at_most_once_a_tq() -> None:
     s = make(capacity=12 * GiB)
     victim, low = kernel(s, "victim", 8 * GiB), kernel(s, "low", 8 * GiB, priority="LOW")
-    claims(s, victim, 1.0, 8 * GiB)
+    used(s, victim, 1.0, 8 * GiB)
     assert of(Evict, s.acquire(2.0, low))
     s.evicted(2.5, victim, resident=0, host=8 * GiB)
     s.report_working_set(3.0, low, 8 * GiB, resident=8 * GiB, host=0)
     s.release(3.0, low)
     s.evicted(3.2, low, resident=0, host=8 * GiB)  # of its own accord, say
-    claims(s, victim, 4.0, 8 * GiB)  # the victim's next cell brings it back
+    used(s, victim, 4.0, 8 * GiB)  # the victim's next cell brings it back
     assert not of(Evict, s.acquire(10.0, low))
     assert s.next_deadline(10.0) == 2.0 + TQ
     assert of(Evict, s.tick(2.0 + TQ)) == [Evict(victim, 0, 8 * GiB, "low")]
@@ -279,12 +263,12 @@ def test_a_low_waiter_moves_a_normal_kernel_out_at_most_once_a_tq() -> None:
 def test_a_grant_others_evicted_for_and_not_used_makes_the_next_wait_ask_later() -> None:
     s = make(capacity=12 * GiB, interval=5.0)
     victim, taker = kernel(s, "victim", 8 * GiB), kernel(s, "taker", 8 * GiB)
-    claims(s, victim, 1.0, 8 * GiB)
+    used(s, victim, 1.0, 8 * GiB)
     s.acquire(2.0, taker)
     s.evicted(2.5, victim, resident=0, host=8 * GiB)
     assert s.clients[taker].state == "holding"
     s.release(2.6, taker)  # it never touched the GPU: nothing resident seen
-    claims(s, victim, 3.0, 8 * GiB)
+    used(s, victim, 3.0, 8 * GiB)
     # The victim may be asked again from 7.0; the taker may ask only from 2.6 + 5.
     assert not of(Evict, s.acquire(7.2, taker))
     assert s.next_deadline(7.2) == pytest.approx(7.6)
@@ -298,7 +282,7 @@ def test_a_grant_others_evicted_for_and_not_used_makes_the_next_wait_ask_later()
 def test_a_cancelled_wait_others_evicted_for_counts_as_unused() -> None:
     s = make(capacity=12 * GiB)
     victim, taker = kernel(s, "victim", 8 * GiB), kernel(s, "taker", 8 * GiB)
-    claims(s, victim, 1.0, 8 * GiB)
+    used(s, victim, 1.0, 8 * GiB)
     assert of(Evict, s.acquire(2.0, taker))
     s.release(2.1, taker)  # cancelled before its grant
     assert s.clients[taker].unused_room == 1
@@ -308,7 +292,7 @@ def test_a_cancelled_wait_others_evicted_for_counts_as_unused() -> None:
 def test_a_used_grant_clears_the_backoff() -> None:
     s = make(capacity=12 * GiB)
     victim, taker = kernel(s, "victim", 8 * GiB), kernel(s, "taker", 8 * GiB)
-    claims(s, victim, 1.0, 8 * GiB)
+    used(s, victim, 1.0, 8 * GiB)
     s.acquire(2.0, taker)
     s.release(2.1, taker)
     assert s.clients[taker].unused_room == 1
@@ -324,7 +308,7 @@ def test_a_used_grant_clears_the_backoff() -> None:
 def test_evictions_are_counted_by_who_asked() -> None:
     s = make(capacity=12 * GiB)
     victim, low = kernel(s, "victim", 8 * GiB), kernel(s, "low", 8 * GiB, priority="LOW")
-    claims(s, victim, 1.0, 8 * GiB)
+    used(s, victim, 1.0, 8 * GiB)
     s.acquire(2.0, low)
     assert s.gpus[0].evictions_by == {"LOW": 1}
     assert s.clients[low].evictions_asked == 1 and s.clients[victim].evictions_asked == 0

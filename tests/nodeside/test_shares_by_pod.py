@@ -6,11 +6,9 @@ leaves the others room. The rule on ``Registrations`` itself, then attacks on th
 from __future__ import annotations
 
 import os
-import pickle
-import resource
 
-from other_users import SOMEONE, Peer, as_user, needs_root
-from test_uid_budgets import daemon_for_everyone
+from other_users import needs_root
+from test_uid_budgets import daemon_for_everyone, hogs_then_victim
 
 from nodeside import limits
 from nodeside.config import SchedulerConfig
@@ -73,56 +71,12 @@ def test_slots_come_back_when_clients_leave() -> None:
 
 # -- the real daemon ----------------------------------------------------------------------
 
-def hogs_then_victim(daemon, uids: list[int], labels: dict[str, str],
-                     victim_uid: int, victim_labels: dict[str, str]) -> tuple[list[int], dict]:
-    """Each hog (a uid of ``uids``, in a child of its own) registers all it can and keeps it;
-    then a victim registers. The hogs' counts and the victim's reply."""
-    children = []
-    for uid in uids:
-        read_end, write_end = os.pipe()
-        go_end, wait_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-                resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
-                peers = []  # held until the victim has tried
-                while True:
-                    peer = Peer(daemon.socket)
-                    reply = peer.request({"op": "register", "name": f"hog-{len(peers)}",
-                                          "labels": labels})
-                    if reply["op"] != "registered":
-                        break
-                    peers.append(peer)
-                os.write(write_end, pickle.dumps(len(peers)))
-                os.close(write_end)
-                os.read(go_end, 1)
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        os.close(go_end)
-        with os.fdopen(read_end, "rb") as answer:
-            count = pickle.loads(answer.read())
-        children.append((pid, wait_end, count))
-    try:
-        victim = as_user(victim_uid, lambda: Peer(daemon.socket).request(
-            {"op": "register", "name": "victim", "labels": victim_labels}))
-    finally:
-        for pid, wait_end, _ in children:
-            os.write(wait_end, b"x")
-            os.waitpid(pid, 0)
-    return [count for _, _, count in children], victim
-
-
 @needs_root
 def test_a_fifth_user_registers_beside_four_who_took_all_they_could(start_daemon,
                                                                      scratch) -> None:
     daemon = daemon_for_everyone(start_daemon, scratch)
-    counts, victim = hogs_then_victim(daemon, [5001, 5002, 5003, 5004], {}, SOMEONE,
-                                      {"pod": "victim-pod"})
-    assert counts == [512, 512, 512, 256]
+    hogs, victim = hogs_then_victim(daemon, [5001, 5002, 5003, 5004], limits.MAX_CLIENTS, {})
+    assert [count for count, _ in hogs] == [512, 512, 512, 256]
     assert victim["op"] == "registered", victim
 
 
@@ -130,8 +84,9 @@ def test_a_fifth_user_registers_beside_four_who_took_all_they_could(start_daemon
 def test_a_pod_of_jovyan_registers_beside_another_that_took_all_it_could(start_daemon,
                                                                           scratch) -> None:
     daemon = daemon_for_everyone(start_daemon, scratch)
-    counts, victim = hogs_then_victim(daemon, [1000], {"namespace": "a", "pod": "hog"}, 1000,
-                                      {"namespace": "b", "pod": "jupyter-bob"})
-    assert counts == [256]
+    hogs, victim = hogs_then_victim(daemon, [1000], limits.MAX_CLIENTS,
+                                    {"namespace": "a", "pod": "hog"}, 1000,
+                                    {"namespace": "b", "pod": "jupyter-bob"})
+    assert [count for count, _ in hogs] == [256]
     assert victim["op"] == "registered", victim
 
