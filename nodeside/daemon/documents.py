@@ -13,11 +13,11 @@ milliseconds of the loop that also hands the GPU over. Two rules keep that cost 
 * **Metered.** What building costs is charged to the group that asked (a uid, and within it a
   pod: every Jupyter pod runs as one uid), from a bucket that fills at the group's part of
   ``TOTAL_SHARE`` of a second per second (shared by the groups that asked lately, never past
-  ``SHARE``), up to its part of ``BURST`` seconds; and to the node, from a bucket that fills at
-  ``TOTAL_SHARE`` up to ``BURST`` (groups that all come at once, each with its first document
-  owed, take no more together). A group in debt, or any group while the node is, has its
-  connection's next request wait until the debt is paid (``StatusMeter``). Peers that flood
-  status requests slow themselves, however many uids or pods they are, never the handoffs of
+  ``SHARE``), up to its part of ``BURST`` seconds (and never less than a document costs). A
+  group whose bucket does not hold what the last document cost has its connection's next
+  request wait until it does (``StatusMeter``). The parts add up to the node's share, and a
+  newcomer starts with its part only, so peers that flood status requests slow themselves,
+  however many uids or pods they are and however many come at once, never the handoffs of
   others.
 """
 
@@ -150,17 +150,28 @@ class StatusMeter:
         #: group -> when it last asked: the groups that share the node's part.
         self._active: dict[Group, float] = {}
         self._active_checked = 0.0
-        #: The node's own bucket: (seconds left, when that was counted).
-        self._node = (burst, 0.0)
+        #: What the last document built cost: what the next one is expected to.
+        self.last_cost = 0.0
 
-    def _part(self, now: float) -> tuple[float, float]:
-        """The rate and the burst of each group's bucket now: its part of the node's."""
+    def _part(self, now: float) -> tuple[float, float, float]:
+        """Each group's rate and burst now (its part of the node's), and what its bucket must
+        hold for a document."""
         if now - self._active_checked >= 1.0:  # forget those gone quiet, once a second
             self._active_checked = now
             for group in [g for g, at in self._active.items() if at < now - ACTIVE]:
                 del self._active[group]
         parts = max(1, len(self._active))
-        return min(self.share, self.total_share / parts), self.burst / parts
+        need = min(self.last_cost, self.burst)
+        return min(self.share, self.total_share / parts), self.burst / parts, need
+
+    def _left(self, group: Group, now: float, rate: float, burst: float, need: float) -> float:
+        """What ``group``'s bucket holds now. Credit kept from when fewer groups asked is cut to
+        the part it has now; the bucket holds at least a document's worth."""
+        cap = max(burst, need)
+        bucket = self._buckets.get(group)
+        if bucket is None:
+            return burst  # a newcomer starts with its part
+        return min(cap, min(cap, bucket[0]) + (now - bucket[1]) * rate)
 
     def owed(self, group: Group, now: float) -> float:
         """Seconds until ``group`` may have another document built (0: now). Asking makes it
@@ -168,29 +179,22 @@ class StatusMeter:
         if group not in self._active and len(self._active) >= 4096:
             self._active.pop(next(iter(self._active)))
         self._active[group] = now
-        node_left = self._node[0] + (now - self._node[1]) * self.total_share
-        wait = -node_left / self.total_share if node_left < 0 else 0.0
-        bucket = self._buckets.get(group)
-        if bucket is None:
-            return wait
-        rate, burst = self._part(now)
-        # Credit kept from when fewer groups asked is cut to the part it has now.
-        left = min(burst, bucket[0]) + (now - bucket[1]) * rate
-        return max(wait, -left / rate) if left < 0 else wait
+        rate, burst, need = self._part(now)
+        if group not in self._buckets:  # its credit runs from its first ask
+            if len(self._buckets) > 4096:
+                self._forget_full(now, rate, burst)
+            self._buckets[group] = (burst, now)
+        left = self._left(group, now, rate, burst, need)
+        return (need - left) / rate if left < need else 0.0
 
     def charge(self, group: Group, seconds: float, now: float) -> None:
-        """Charge ``seconds`` of building to ``group``: past its bucket, its next waits."""
+        """Charge ``seconds`` of building to ``group``: its next waits until its bucket holds
+        a document's worth again."""
         if not seconds:
             return
-        node_left, node_at = self._node
-        self._node = (min(self.burst, node_left + (now - node_at) * self.total_share) - seconds,
-                      now)
-        rate, burst = self._part(now)
-        left, at = self._buckets.get(group, (burst, now))
-        left = min(burst, min(burst, left) + (now - at) * rate) - seconds
-        if len(self._buckets) > 4096 and group not in self._buckets:
-            self._forget_full(now, rate, burst)
-        self._buckets[group] = (left, now)
+        rate, burst, need = self._part(now)
+        self._buckets[group] = (self._left(group, now, rate, burst, need) - seconds, now)
+        self.last_cost = seconds
 
     def _forget_full(self, now: float, rate: float, burst: float) -> None:
         for group, (left, at) in list(self._buckets.items()):
