@@ -135,7 +135,6 @@ class Residency:
         """A ``working_set`` report with figures: progress of an eviction or of a restore.
         A report never makes a client that could not evict evictable again (only its next
         grant does): saying its figures again cannot start another's wait over."""
-        check_claim(self.state.gpus[client.gpu], resident, "working_set.resident")
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -174,9 +173,9 @@ class Residency:
                 failed: str | None, now: float, shadow: int | None = None) -> list[Action]:
         """An eviction ended (``evicted``), asked or of the client's own accord. One that
         failed is checkpointed where the daemon reaches the process, else given up on."""
+        check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
         client.evict_asked_at = None
-        check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:

@@ -33,7 +33,7 @@ from nodeside.scheduler.actions import (
 from nodeside.scheduler.choosing import within_pool
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import Residency, counted, holding, need
+from nodeside.scheduler.residency import Residency, check_claim, counted, holding, need
 from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -119,11 +119,13 @@ class Turns:
                            ) -> list[Action]:
         if nbytes < 0:
             raise SchedulerError(p.E_INVALID, "working set must not be negative")
+        gpu = self.state.gpus[client.gpu]
+        if client.memory:  # refused before anything changes
+            check_claim(gpu, resident, "working_set.resident")
         client.working_set = nbytes
         client.evictable = evictable
         if client.memory:
             self.residency.report(client, resident, host, shadow, now)
-        gpu = self.state.gpus[client.gpu]
         return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
 
     def free(self, client: Client, now: float) -> None:
