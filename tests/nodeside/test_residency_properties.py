@@ -10,7 +10,9 @@ part, in full or not at all, while time passes. Whatever the order:
 * an idle client is asked to evict only when the room is missing, and only as much as needed;
 * every eviction asked is acknowledged, checkpointed or reported (after the timeout without
   progress nobody is left on its way out);
-* nobody starves: once every client gives back and answers, every waiter is granted or refused.
+* nobody starves: once every client gives back and answers, every waiter is granted or refused;
+* a waiter for room never blocks the queue: a plain client (no ``memory`` feature, working set
+  unknown) that waits while nobody holds the GPU is granted at once (issue 40, N4b).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class Driver:
             self.s.track_memory(c.id, resident=0, host=0, checkpointable=reachable)
             self.ids.append(c.id)
             self.checkpoint_works[c.id] = works
+        #: A client that needs no room the scheduler can count: it never waits for evictions.
+        self.plain = self.s.register(0.0, name="plain").id
+        self.ids.append(self.plain)
         self.now = 0.0
         self.asked: set[str] = set()
         self.refused: set[str] = set()
@@ -72,6 +77,8 @@ class Driver:
             if isinstance(action, Grant):
                 client = self.s.clients[action.client]
                 assert self.resident_total() <= CAPACITY, "granted past the capacity"
+                if not client.memory:
+                    continue
                 # The newcomer moves in: its working set is resident now.
                 self.take(self.s.report_working_set(self.now, client.id, client.working_set,
                                                     resident=client.working_set, host=0))
@@ -90,6 +97,10 @@ class Driver:
             elif isinstance(action, Refuse):
                 self.refused.add(action.client)
                 assert self.s.clients[action.client].state == "idle"
+
+    def blocked_behind_room(self) -> bool:
+        gpu = self.s.gpus[0]
+        return not gpu.holders and self.s.clients[self.plain].state == "waiting"
 
     def step(self, op: str, index: int, dt: float) -> None:
         self.now += dt
@@ -122,10 +133,14 @@ class Driver:
          [("acquire", 0, 1.0), ("release", 0, 1.0), ("acquire", 1, 1.0), ("release", 1, 1.0),
           ("acquire", 2, 1.0), ("release", 2, 1.0), ("acquire", 3, 1.0), ("half", 0, 1.0),
           ("answer", 1, 1.0)])
+# A waiter for room (the second) and a plain client behind it (index 2) while nobody holds.
+@example([(6, "NORMAL", False, False), (6, "NORMAL", False, False)],
+         [("acquire", 0, 1.0), ("release", 0, 1.0), ("acquire", 1, 1.0), ("acquire", 2, 1.0)])
 def test_the_rules_hold_whatever_the_clients_do(specs, ops) -> None:
     d = Driver(specs)
     for op, index, dt in ops:
         d.step(op, index, dt)
+        assert not d.blocked_behind_room(), "a plain client waits behind a wait for room"
     # Nobody answers any more: past the timeout, no eviction asked before it is still open
     # (each was acknowledged, checkpointed or reported; the tick may ask others).
     d.now += TIMEOUT + 1
