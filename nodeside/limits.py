@@ -42,6 +42,26 @@ class LimitError(ValueError):
     """A value outside its bound. The message names the value and the bound."""
 
 
+#: Characters of a refused value an error message shows at most: enough to recognise a typo,
+#: too few to carry a line of a file the value came from (a config symlinked to a secret).
+SHOWN_CHARS: Final = 32
+
+
+def shown(value: Any, width: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut short: what a file or a peer sent is never
+    echoed whole."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def shown_name(value: Any) -> str:
+    """A key a file gave (a pool's name, a GPU index) for an error message: as it is when it is
+    short printable text, else ``shown``."""
+    if isinstance(value, str) and len(value) <= SHOWN_CHARS and value.isprintable():
+        return value
+    return shown(value)
+
+
 def tq_seconds(value: Any, where: str = "tq") -> float:
     """A TQ (or any duration in the TQ's range) as float seconds, or LimitError saying why."""
     return seconds_in_range(value, where, TQ_MIN, TQ_MAX)
@@ -49,14 +69,14 @@ def tq_seconds(value: Any, where: str = "tq") -> float:
 
 def seconds_in_range(value: Any, where: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise LimitError(f"{where}: expected a number of seconds, got {value!r}")
+        raise LimitError(f"{where}: expected a number of seconds, got {shown(value)}")
     try:
         seconds = float(value)
     except (ValueError, OverflowError):
-        raise LimitError(f"{where}: expected a number of seconds, got {value!r}") from None
+        raise LimitError(f"{where}: expected a number of seconds, got {shown(value)}") from None
     if not math.isfinite(seconds) or not low <= seconds <= high:
         raise LimitError(f"{where}: must be between {low:g} and {high:g} seconds, "
-                         f"got {value!r}")
+                         f"got {shown(value)}")
     return seconds
 
 
@@ -64,14 +84,14 @@ def share(value: Any, where: str) -> float:
     """A fraction of a whole, above 0 and at most 1, or LimitError saying why."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value) or not 0 < value <= 1:
-        raise LimitError(f"{where}: expected a fraction above 0 and at most 1, got {value!r}")
+        raise LimitError(f"{where}: expected a fraction above 0 and at most 1, got {shown(value)}")
     return float(value)
 
 
 def byte_count(value: Any, where: str = "bytes") -> int:
     """A non-negative integer count of bytes up to MAX_BYTES, or LimitError saying why."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise LimitError(f"{where}: expected an integer count of bytes, got {value!r}")
+        raise LimitError(f"{where}: expected an integer count of bytes, got {shown(value)}")
     if not 0 <= value <= MAX_BYTES:
         raise LimitError(f"{where}: must be between 0 and {MAX_BYTES} bytes, got {value}")
     return value
@@ -80,7 +100,7 @@ def byte_count(value: Any, where: str = "bytes") -> int:
 def pass_bound(value: Any, where: str = "pass_bound") -> int:
     """A whole number of passes, 0 (never passed over: round robin) to MAX_PASS_BOUND."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise LimitError(f"{where}: expected a whole number, got {value!r}")
+        raise LimitError(f"{where}: expected a whole number, got {shown(value)}")
     if not 0 <= value <= MAX_PASS_BOUND:
         raise LimitError(f"{where}: must be between 0 and {MAX_PASS_BOUND}, got {value}")
     return value

@@ -181,24 +181,35 @@ class SchedulerCollector(Collector):
         evicted = GaugeMetricFamily("kiwi_evicted_bytes",
                                     "Bytes of the client's GPU memory in host memory now.",
                                     labels=["gpu", "client"])
+        asked = CounterMetricFamily("kiwi_client_evictions_asked",
+                                    "Evictions of other clients asked for this client's grants.",
+                                    labels=["gpu", "client"])
         for client in sched.clients.values():
             if client.memory:
                 labels = [str(client.gpu), client.name]
                 resident.add_metric(labels, occupies(client))
                 evicted.add_metric(labels, client.host_bytes)
+            if client.evictions_asked:
+                asked.add_metric([str(client.gpu), client.name], client.evictions_asked)
         evictions = CounterMetricFamily(
             "kiwi_evictions", "Evictions asked: room (for a grant), release (a holder released "
-                              "evicting), timeout and idle (checkpoints).",
+                              "evicting); checkpoints after timeout (no progress), failed (an "
+                              "eviction that failed), idle.",
             labels=["gpu", "reason"])
+        by_priority = CounterMetricFamily(
+            "kiwi_evictions_asked_by", "Evictions asked for room, by the priority of the waiter "
+                                       "that needed it.", labels=["gpu", "priority"])
         for index, gpu in sched.gpus.items():
             for reason, count in sorted(gpu.evictions.items()):
                 evictions.add_metric([str(index), reason], count)
+            for priority, count in sorted(gpu.evictions_by.items()):
+                by_priority.add_metric([str(index), priority], count)
         moved = CounterMetricFamily("kiwi_evicted_bytes", "Bytes evictions moved to host memory.",
                                     value=sched.counts.get("evicted_bytes", 0))
         restores = CounterMetricFamily("kiwi_restores", "Restores that ended (an evicted "
                                                         "client back on the GPU).",
                                        value=sched.counts.get("restores", 0))
-        yield from (resident, evicted, evictions, moved, restores)
+        yield from (resident, evicted, evictions, by_priority, asked, moved, restores)
 
 
 class Metrics:

@@ -1,7 +1,7 @@
-"""A probe client's service while peers attack the daemon (issues 11.1 and 34).
+"""A probe client's service while peers attack the daemon (issues 11.1, 34 and 40).
 
     python -m benchmarks.daemon.attack [--idle 1000] [--seconds 4] [--rss-cap-mib 1024]
-                                       [--only flood,deaf,readers,watchers,scrapers]
+        [--only flood,deaf,readers,watchers,scrapers,uids,reports,liar]
 
 The daemon has --idle registered idle clients (each with two labels), so each status document
 is large, and serves metrics on localhost. A probe (the C harness's --probe: acquire, grant,
@@ -16,7 +16,8 @@ turn, each alone:
 * ``watchers`` (34.7): 4 peers do what a panel's server does without pacing: re-read the whole
   document after every ``changed`` event;
 * ``scrapers`` (34.8): 4 Prometheus scrapers in a loop, and 200 TCP connections to the metrics
-  port that never say a word.
+  port that never say a word;
+* ``uids``, ``reports``, ``liar`` (40: N7e, N2, N4b): attack_peers.py.
 
 Reported per phase: the probe's p50/p99/max, rounds left unanswered, the p99 against quiet
 (target: at most 5x), what the attacker got, and the daemon's RSS at its peak (target: at most
@@ -27,6 +28,7 @@ Reported per phase: the probe's p50/p99/max, rounds left unanswered, the p99 aga
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -35,6 +37,8 @@ import threading
 from collections.abc import Callable
 
 from benchmarks.common import rss_bytes, utc_now
+from benchmarks.daemon.attack_peers import ATTACKERS as PEER_ATTACKERS
+from benchmarks.daemon.attack_peers import PHASES as PEER_PHASES
 from benchmarks.daemon.python_clients import IDLERS
 from benchmarks.daemon.servers import (
     NoAnswer,
@@ -189,9 +193,13 @@ for t in threads:  # one deadline for all; a thread stuck on a read that never c
 print(f"{len(scrapes):,} scrapes, {len(refused):,} refused", flush=True)
 """,
 }
+ATTACKERS.update(PEER_ATTACKERS)
 #: The phase each attack is reported as (the flood keeps its name from issue 11.1).
 PHASES = {"flood": "under attack", "deaf": "events never read", "readers": "status readers",
-          "watchers": "watchers re-reading", "scrapers": "metrics scrapers"}
+          "watchers": "watchers re-reading", "scrapers": "metrics scrapers", **PEER_PHASES}
+#: The daemon's config: a socket every user reaches (the ``uids`` attack), an idle client given
+#: the default 10 s to answer ``evict`` (``liar``).
+CONFIG = "socket_mode: '0666'\nevict_timeout: 10\n"
 
 
 class Watch(threading.Thread):
@@ -298,10 +306,20 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"no attack named {', '.join(sorted(unknown))}")
     load_before = machine_load()
     metrics_port = free_port()
+    with tempfile.TemporaryDirectory(prefix="kiwi-bench-", dir="/tmp") as tmp:
+        os.chmod(tmp, 0o755)  # other users reach the socket (``uids``)
+        config = os.path.join(tmp, "kiwi.yaml")
+        with open(config, "w") as file:
+            file.write(CONFIG)
+        return attack_all(args, attacks, load_before, metrics_port, tmp, config)
+
+
+def attack_all(args: argparse.Namespace, attacks: list[str], load_before: str,
+               metrics_port: int, tmp: str, config: str) -> str:
     phases: list[Phase] = []
     after: Run | str | None = None
-    with (tempfile.TemporaryDirectory(prefix="kiwi-bench-", dir="/tmp") as tmp,
-          serving("kiwi", tmp, "--metrics-port", str(metrics_port)) as (server, sock)):
+    with serving("kiwi", tmp, "--metrics-port", str(metrics_port), "--gpu-memory", "16GiB",
+                 "--config", config) as (server, sock):
         env = environment(sock)
         rss_start = rss_bytes(server.pid)
         idlers = subprocess.Popen([sys.executable, "-c", IDLERS, sock, str(args.idle), "labels"],

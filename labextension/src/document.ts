@@ -71,16 +71,19 @@ export interface IGpuStatus {
    * daemons).
    */
   recent_holders?: IHeldSpan[];
-  /** Bytes its clients have on it, holders or not. */
+  /**
+   * Bytes its clients have on it as the scheduler counts them: holders' needs, idle clients'
+   * `counted_bytes`.
+   */
   resident_bytes?: number;
   /** Bytes the scheduler plans with (`--gpu-memory` or NVML's total). */
   capacity?: number | null;
-  /** Host memory held by its evicted clients. */
+  /** Host memory held by its evicted clients (at most what the host has). */
   host_bytes?: number;
   /**
    * Host memory evicted memory may take on this node: what it holds (its clients'
-   * `host_bytes`, or their `shadow_bytes` where larger) plus the host's MemAvailable (a
-   * process's cgroup may allow less); null where that cannot be read.
+   * `host_bytes`, or their `shadow_bytes` where larger) plus the host's MemAvailable, at most
+   * the host's MemTotal (a process's cgroup may allow less); null where that cannot be read.
    */
   host_budget?: number | null;
 }
@@ -128,16 +131,34 @@ export interface IClientStatus {
   checkpoint_error?: string | null;
   /** Where its memory is: on the GPU, moving out, in host memory, moving in. */
   residency?: 'resident' | 'evicting' | 'evicted' | 'restoring';
-  /** Bytes on the GPU now. */
+  /**
+   * Bytes on the GPU now, on the best evidence: NVML's figure for its process where the
+   * daemon reads one, else its own report.
+   */
   resident_bytes?: number;
-  /** Bytes in host memory now. */
+  /**
+   * What of `resident_bytes` counts against others' room while it is idle (0 once it could
+   * not evict and only its own report says it holds them).
+   */
+  counted_bytes?: number;
+  /**
+   * Why it could not evict (or holds no GPU memory, by its checkpoint); it is not asked again
+   * until its next grant. Null: nothing failed.
+   */
+  evict_failed?: string | null;
+  /** Evictions of others asked so far for its grants. */
+  evictions_asked?: number;
+  /** Bytes in host memory now (at most what the host has). */
   host_bytes?: number;
   /**
    * Host memory it keeps for its evictions (the vmm evictor's shadows, made ahead; they hold
    * `host_bytes` while evicted).
    */
   shadow_bytes?: number;
-  /** Where `resident_bytes` comes from. */
+  /**
+   * Where `resident_bytes` comes from: NVML wherever it vouches for the process, else its
+   * reports.
+   */
   memory_source?: 'shim' | 'nvml' | 'working_set';
   /** What it waits for besides its turn; null: nothing. */
   waiting_for?: IWaitingFor | null;

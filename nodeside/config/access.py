@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nodeside.config.values import ConfigError, one_of, section
+from nodeside.limits import shown
 from nodeside.model import ANY, ON_VIOLATION, AccessPolicy, AccessRule
 from nodeside.protocol import PRIORITIES
 
@@ -65,7 +66,7 @@ def _namespaces(raw: Any, where: str) -> list[str]:
     names = _names(raw, where)
     for name in names:
         if not _NAMESPACE.fullmatch(name):
-            raise ConfigError(f"{where}: {name!r} is not a Kubernetes namespace name (at most "
+            raise ConfigError(f"{where}: {shown(name)} is not a Kubernetes namespace name (at most "
                               f"63 characters: lower-case letters, digits and '-', starting "
                               f"and ending with a letter or digit)")
     return names
@@ -92,9 +93,9 @@ def _ids(raw: Any, where: str, resolve: Callable[[str], int]) -> list[int]:
             try:
                 out.append(int(item) if item.isdigit() else resolve(item))
             except KeyError:
-                raise ConfigError(f"{where}: no such name on this node: {item!r}") from None
+                raise ConfigError(f"{where}: no such name on this node: {shown(item)}") from None
         else:
-            raise ConfigError(f"{where}: expected ids or names, got {item!r}")
+            raise ConfigError(f"{where}: expected ids or names, got {shown(item)}")
     return out
 
 

@@ -55,7 +55,7 @@ def parse_interactive(raw: Any) -> InteractiveSettings:
         bandwidth = parse_size(raw["link_bandwidth"])
         if bandwidth <= 0:
             raise ConfigError("interactive.link_bandwidth: must be a positive number of bytes "
-                              f"per second (try 25GB), got {raw['link_bandwidth']!r}")
+                              f"per second (try 25GB), got {limits.shown(raw['link_bandwidth'])}")
         changes["link_bandwidth"] = bandwidth
     return replace(settings, **changes)
 
@@ -67,5 +67,5 @@ def _turns(value: Any) -> float:
     seconds = limits.seconds_in_range(value, "interactive.turns", 0.0, limits.TQ_MAX)
     if 0.0 < seconds < limits.TQ_MIN:
         raise limits.LimitError(f"interactive.turns: 0 (off) or between {limits.TQ_MIN:g} and "
-                                f"{limits.TQ_MAX:g} seconds, got {value!r}")
+                                f"{limits.TQ_MAX:g} seconds, got {limits.shown(value)}")
     return seconds

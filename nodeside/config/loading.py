@@ -43,7 +43,7 @@ def parse_connections(raw: Any) -> limits.ConnectionLimits:
                 raise ConfigError(str(exc)) from None
         elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
             raise ConfigError(f"{where}: expected a whole number from 1 to {1 << 20}, "
-                              f"got {value!r}")
+                              f"got {limits.shown(value)}")
         else:
             changes[key] = value
     return replace(limits.ConnectionLimits(), **changes)
@@ -69,7 +69,7 @@ def _parse_socket_mode(raw: Any) -> int:
         return int(raw, 8) if isinstance(raw, str) else int(raw)
     except ValueError:
         raise ConfigError(f"socket_mode: expected octal permissions such as '0660', "
-                          f"got {raw!r}") from None
+                          f"got {limits.shown(raw)}") from None
 
 
 def _parse_gpus(raw: Any) -> dict[int, float]:
@@ -80,10 +80,11 @@ def _parse_gpus(raw: Any) -> dict[int, float]:
         try:
             gpu = int(index)
         except (TypeError, ValueError):
-            raise ConfigError(f"gpus: GPU index must be an integer, got {index!r}") from None
-        spec = section(spec, f"gpus.{index}", ("tq",))
+            raise ConfigError(f"gpus: GPU index must be an integer, got "
+                              f"{limits.shown(index)}") from None
+        spec = section(spec, f"gpus.{gpu}", ("tq",))
         if "tq" in spec:
-            out[gpu] = parse_tq(spec["tq"], f"gpus.{index}.tq")
+            out[gpu] = parse_tq(spec["tq"], f"gpus.{gpu}.tq")
     return out
 
 
@@ -153,6 +154,8 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "connections": ("connections", parse_connections),
     "memory_reserve": ("memory_reserve", parse_size),
     "evict_timeout": ("evict_timeout", lambda value: parse_tq(value, "evict_timeout")),
+    "evict_interval": ("evict_interval", lambda value: parse_seconds_or_never(
+        value, "evict_interval")),
     "checkpoint_after": ("checkpoint_after", lambda value: parse_seconds_or_never(
         value, "checkpoint_after")),
     "admin_group": ("admin_group", _parse_group),

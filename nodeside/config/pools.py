@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nodeside.config.values import ConfigError, section
+from nodeside.limits import shown, shown_name
 from nodeside.model import UNLIMITED, Pool
 
 _POOL_KEYS = ("guarantee", "weight", "maximum")
@@ -14,7 +15,7 @@ _POOL_KEYS = ("guarantee", "weight", "maximum")
 
 def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {shown(value)}")
     try:
         number = float(value)
     except OverflowError:  # an integer past a float's range: as out of range as inf
@@ -23,7 +24,7 @@ def _fraction(value: Any, where: str, *, allow_unlimited: bool = False) -> float
         return UNLIMITED
     if not math.isfinite(number) or number < 0:
         hint = " (or -1 for no maximum)" if allow_unlimited else ""
-        raise ConfigError(f"{where}: must be a non-negative number{hint}, got {value!r}")
+        raise ConfigError(f"{where}: must be a non-negative number{hint}, got {shown(value)}")
     return number
 
 
@@ -34,9 +35,9 @@ def parse_pools(raw: Any) -> dict[str, Pool]:
         raise ConfigError("pools: expected a mapping of pool name to {guarantee, weight, maximum}")
     pools: dict[str, Pool] = {}
     for name, spec in raw.items():
-        where = f"pools.{name}"
+        where = f"pools.{shown_name(name)}"  # the file's own text: whole only when short
         if not isinstance(name, str) or not name:
-            raise ConfigError(f"pools: pool names must be non-empty strings, got {name!r}")
+            raise ConfigError(f"pools: pool names must be non-empty strings, got {shown(name)}")
         spec = spec or {}
         spec = section(spec, where, _POOL_KEYS)
         guarantee = _fraction(spec.get("guarantee", 0.0), f"{where}.guarantee")

@@ -38,10 +38,14 @@ class SchedulerConfig:
     window: float | None = None
     #: Bytes of GPU memory kept free in auto mode, for the driver and the CUDA contexts.
     memory_reserve: int = 512 * 1024**2
-    #: Seconds an idle client asked to ``evict`` (feature ``memory``) has to show progress
-    #: before it is checkpointed, where the checkpoint evictor reaches it, or the waiter is told
-    #: who holds the memory.
+    #: Seconds an idle client asked to ``evict`` (feature ``memory``) may go without progress
+    #: before it is checkpointed, where the checkpoint evictor reaches it, or else given up on
+    #: (what NVML does not vouch for of its memory stops counting, or the waiter is told who
+    #: holds the memory).
     evict_timeout: float = 10.0
+    #: Least seconds between two evictions asked of one idle client (a TQ for a waiter of
+    #: lower priority; fair_eviction.py); 0: as often as the room is needed.
+    evict_interval: float = 2.0
     #: Seconds an evicted client stays idle before it is checkpointed too, freeing its context,
     #: where the checkpoint evictor reaches it; 0: never.
     checkpoint_after: float = 600.0

@@ -49,7 +49,8 @@ def parse_size(text: str | int) -> int:
         match = _SIZE.match(str(text))
         unit = (match.group(2) or "").upper() if match else None
         if not match or unit not in _UNITS:
-            raise ConfigError(f"not a size: {text!r} (try 8GiB, 512MiB or a byte count)")
+            raise ConfigError(f"not a size: {limits.shown(text)} (try 8GiB, 512MiB or a byte "
+                          "count)")
         try:  # a thousand-digit number reads as an infinite float
             nbytes = int(float(match.group(1)) * _UNITS[unit])
         except OverflowError:
@@ -85,7 +86,7 @@ def one_of(value: Any, spellings: Iterable[str], where: str) -> str:
             if value.casefold() == spelling.casefold():
                 return spelling
     raise ConfigError(f"{where}: must be one of {', '.join(spellings)} (any case), "
-                      f"got {value!r}")
+                      f"got {limits.shown(value)}")
 
 
 def parse_mode(value: Any, where: str = "mode") -> str:
@@ -101,15 +102,34 @@ def parse_policy(value: Any, where: str = "policy") -> str:
     return one_of(value, sorted(POLICY_NAMES), where)
 
 
+#: Unknown keys an error names at most: enough for a typo or two, never a file's worth.
+SHOWN_KEYS = 3
+#: What a config key looks like. A key that does not (``root:$6$...:19000:0:99999:7::``, which is
+#: how YAML reads a line of /etc/shadow) is file content, not a word someone mistyped.
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
 def section(raw: Any, where: str, keys: Iterable[str]) -> Mapping[str, Any]:
     """``raw`` as a mapping whose keys are all among ``keys``, else a ConfigError naming
-    ``where`` (a section's path; empty for the file's top level) and the keys it takes."""
+    ``where`` (a section's path; empty for the file's top level) and the keys it takes.
+
+    The unknown keys it names are the file's own text, so only those that look like config
+    words, a few at most, each cut short; a top level with no config key and keys that are no
+    words (the config path pointing at some other file) names none."""
     known = sorted(keys)
     prefix = f"{where}: " if where else "the config's top level: "
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{prefix}expected a mapping with {', '.join(known)}")
-    unknown = set(raw) - set(known)
-    if unknown:
-        raise ConfigError(f"{prefix}unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                          f"known keys are {', '.join(known)}")
-    return raw
+    unknown = [key for key in raw if key not in known]
+    if not unknown:
+        return raw
+    words = [key for key in unknown if isinstance(key, str) and _WORD.fullmatch(key)]
+    if not where and len(unknown) == len(raw) and len(words) < len(unknown):
+        raise ConfigError(f"not a Kiwi config: none of its {len(raw)} top-level key(s) is a "
+                          f"config key ({', '.join(known)})")
+    named = [key if len(key) <= limits.SHOWN_CHARS else key[:limits.SHOWN_CHARS - 1] + "…"
+             for key in words[:SHOWN_KEYS]]
+    if len(unknown) > len(named):
+        named.append(f"{len(unknown) - len(named)} more")
+    raise ConfigError(f"{prefix}unknown key(s) {', '.join(named)}; known keys are "
+                      f"{', '.join(known)}")

@@ -6,8 +6,9 @@ logs what admins look for (preemptions, revocations) and feeds the metrics' obse
 anyone is checkpointed, actions pass the evictor's lines on the way (``nodeside.evict.lines``):
 what they let go is sent, the jobs they ask for are started, and what they let go after a job
 comes back here. Feature ``memory``: an ``Evict`` is the ``evict`` event, a ``Refuse`` an
-``error`` event with code ``room``, and a ``Suspend`` goes to the lines (a checkpoint), whose
-result goes back to the scheduler (``Checkpointed``). A grant's line is cached: it is the same
+``error`` event with code ``room``, an ``Uncounted`` a log line naming the client, and a
+``Suspend`` goes to the lines (a checkpoint), whose result goes back to the scheduler
+(``Checkpointed``). A grant's line is cached: it is the same
 few bytes every time, and encoding it would be work in the middle of a handoff.
 """
 
@@ -34,6 +35,7 @@ from nodeside.scheduler.core import (
     Revoke,
     Scheduler,
     Suspend,
+    Uncounted,
 )
 
 log = logging.getLogger("kiwi.daemon")
@@ -89,7 +91,8 @@ class Delivery:
                 if self.evictor is not None:
                     self.evictor.start(item, self.carry)
             elif isinstance(item, Checkpointed):
-                self.apply(self.scheduler.checkpointed(self.clock(), item.client, item.error))
+                self.apply(self.scheduler.checkpointed(self.clock(), item.client, item.error,
+                                                       item.memory_free))
             else:
                 self._send(item, handoff_started)
 
@@ -139,6 +142,11 @@ class Delivery:
                         action.message)
             if conn is not None:
                 conn.send(p.encode(p.ERROR, code=p.E_ROOM, message=action.message))
+        elif isinstance(action, Uncounted):
+            log.warning("GPU %d: %s (%s) %s; the %d MiB only it says it holds no longer count "
+                        "against others' room until it next holds the GPU (its next GPU work "
+                        "waits for room)", action.gpu, self.name(action.client), action.client,
+                        action.why, action.nbytes >> 20)
         elif isinstance(action, Suspend):
             log.info("Checkpointing idle %s on GPU %d (%s)", self.name(action.client),
                      action.gpu, action.reason)

@@ -10,10 +10,15 @@ milliseconds of the loop that also hands the GPU over. Two rules keep that cost 
   ``version``), or ``MAX_AGE`` seconds, after which what counts down (``quantum_remaining``,
   ``gpu_seconds``, NVML's memory) is read afresh. A document served is never older than the
   last change the peer could have seen.
-* **Metered.** What building costs is charged to the uid that asked, from a bucket that fills
-  at ``SHARE`` of a second per second up to ``BURST`` seconds; a uid in debt has its
-  connection's next request wait until the debt is paid (``StatusMeter``). A peer that floods
-  status requests slows itself (and its own uid), never the handoffs of others.
+* **Metered.** What building costs is charged to the group that asked (a uid, and within it a
+  pod: every Jupyter pod runs as one uid), from a bucket that fills at the group's part of
+  ``TOTAL_SHARE`` of a second per second (shared by the groups that asked lately, never past
+  ``SHARE``), up to its part of ``BURST`` seconds (and never less than a document costs). A
+  group whose bucket does not hold what the last document cost has its connection's next
+  request wait until it does (``StatusMeter``). The parts add up to the node's share, and a
+  newcomer starts with its part only, so peers that flood status requests slow themselves,
+  however many uids or pods they are and however many come at once, never the handoffs of
+  others.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from nodeside import protocol as p
-from nodeside.daemon.hostmem import evictions_budget
+from nodeside.daemon.hostmem import evictions_budget, host_total
 from nodeside.daemon.pause_watch import PauseWatch
 from nodeside.daemon.status_line import status_line
 from nodeside.evict.lines import EvictionLines
@@ -33,10 +38,13 @@ from nodeside.scheduler.status import build_status
 
 #: Seconds a kept document is served while nothing it shows changed.
 MAX_AGE: Final = 0.1
-#: The fraction of one CPU a uid's status requests may take over time, and the most it may
-#: take at once (seconds of building), before its requests wait.
+#: The fraction of one CPU one group's status requests may take over time, and all groups'
+#: together; and the most they may take at once (seconds of building), before requests wait.
 SHARE: Final = 0.02
+TOTAL_SHARE: Final = 0.05
 BURST: Final = 0.25
+#: Seconds after it last asked a group still counts among those sharing the node's part.
+ACTIVE: Final = 10.0
 
 #: Who sees what: admins see every entry whole; another viewer sees its own uid's whole.
 Viewer = tuple[bool, int | None]
@@ -61,6 +69,8 @@ class StatusDocuments:
         self.lines = lines
         #: Paused holders seen working (pause_watch.py): their count is in their entries.
         self.pauses = PauseWatch()
+        #: The host's memory, read once: no host figure the document shows exceeds it.
+        self.host_total = host_total()
         self._kept: dict[Viewer, _Kept] = {}
 
     def document(self, now: float, viewer: Viewer | None = None) -> dict[str, Any]:
@@ -68,7 +78,7 @@ class StatusDocuments:
         admin, uid = (True, None) if viewer is None else viewer
         document = build_status(self.scheduler, now, self.memory_used(), viewer_admin=admin,
                                 viewer_uid=uid, evictions=self.lines,
-                                host_budget=self._host_budget())
+                                host_budget=self._host_budget(), host_total=self.host_total)
         counts = self.pauses.counts
         if counts:
             for entry in document["clients"]:
@@ -123,34 +133,70 @@ def _reply(body: bytes, seq: int | None) -> bytes:
     return b'{"op":"status","seq":%d,"status":' % seq + body + b"}\n"
 
 
-class StatusMeter:
-    """What status documents cost each uid, and how long its next request must wait."""
+#: Who status documents are charged to: a uid, and the pod it asks from (None: not known).
+Group = tuple[int | None, str | None]
 
-    def __init__(self, share: float = SHARE, burst: float = BURST) -> None:
+
+class StatusMeter:
+    """What status documents cost each group, and how long its next request must wait."""
+
+    def __init__(self, share: float = SHARE, burst: float = BURST,
+                 total_share: float = TOTAL_SHARE) -> None:
         self.share = share
         self.burst = burst
-        #: uid -> (seconds left in its bucket, when that was counted)
-        self._buckets: dict[int | None, tuple[float, float]] = {}
+        self.total_share = total_share
+        #: group -> (seconds left in its bucket, when that was counted)
+        self._buckets: dict[Group, tuple[float, float]] = {}
+        #: group -> when it last asked: the groups that share the node's part.
+        self._active: dict[Group, float] = {}
+        self._active_checked = 0.0
+        #: What the last document built cost: what the next one is expected to.
+        self.last_cost = 0.0
 
-    def owed(self, uid: int | None, now: float) -> float:
-        """Seconds until ``uid`` may have another document built (0: now)."""
-        bucket = self._buckets.get(uid)
+    def _part(self, now: float) -> tuple[float, float, float]:
+        """Each group's rate and burst now (its part of the node's), and what its bucket must
+        hold for a document."""
+        if now - self._active_checked >= 1.0:  # forget those gone quiet, once a second
+            self._active_checked = now
+            for group in [g for g, at in self._active.items() if at < now - ACTIVE]:
+                del self._active[group]
+        parts = max(1, len(self._active))
+        need = min(self.last_cost, self.burst)
+        return min(self.share, self.total_share / parts), self.burst / parts, need
+
+    def _left(self, group: Group, now: float, rate: float, burst: float, need: float) -> float:
+        """What ``group``'s bucket holds now. Credit kept from when fewer groups asked is cut to
+        the part it has now; the bucket holds at least a document's worth."""
+        cap = max(burst, need)
+        bucket = self._buckets.get(group)
         if bucket is None:
-            return 0.0
-        left = bucket[0] + (now - bucket[1]) * self.share
-        return -left / self.share if left < 0 else 0.0
+            return burst  # a newcomer starts with its part
+        return min(cap, min(cap, bucket[0]) + (now - bucket[1]) * rate)
 
-    def charge(self, uid: int | None, seconds: float, now: float) -> None:
-        """Charge ``seconds`` of building to ``uid``: past its bucket, its next waits."""
+    def owed(self, group: Group, now: float) -> float:
+        """Seconds until ``group`` may have another document built (0: now). Asking makes it
+        one of the groups that share the node's part."""
+        if group not in self._active and len(self._active) >= 4096:
+            self._active.pop(next(iter(self._active)))
+        self._active[group] = now
+        rate, burst, need = self._part(now)
+        if group not in self._buckets:  # its credit runs from its first ask
+            if len(self._buckets) > 4096:
+                self._forget_full(now, rate, burst)
+            self._buckets[group] = (burst, now)
+        left = self._left(group, now, rate, burst, need)
+        return (need - left) / rate if left < need else 0.0
+
+    def charge(self, group: Group, seconds: float, now: float) -> None:
+        """Charge ``seconds`` of building to ``group``: its next waits until its bucket holds
+        a document's worth again."""
         if not seconds:
             return
-        left, at = self._buckets.get(uid, (self.burst, now))
-        left = min(self.burst, left + (now - at) * self.share) - seconds
-        if len(self._buckets) > 4096 and uid not in self._buckets:
-            self._forget_full(now)
-        self._buckets[uid] = (left, now)
+        rate, burst, need = self._part(now)
+        self._buckets[group] = (self._left(group, now, rate, burst, need) - seconds, now)
+        self.last_cost = seconds
 
-    def _forget_full(self, now: float) -> None:
-        for uid, (left, at) in list(self._buckets.items()):
-            if left + (now - at) * self.share >= self.burst:
-                del self._buckets[uid]
+    def _forget_full(self, now: float, rate: float, burst: float) -> None:
+        for group, (left, at) in list(self._buckets.items()):
+            if left + (now - at) * rate >= burst:
+                del self._buckets[group]

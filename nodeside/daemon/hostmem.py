@@ -29,12 +29,22 @@ class HostRoom:
 
 def host_available(proc: Path = PROC) -> int | None:
     """MemAvailable from /proc/meminfo, in bytes; None where it cannot be read."""
+    return _meminfo("MemAvailable:", proc)
+
+
+def host_total(proc: Path = PROC) -> int | None:
+    """MemTotal from /proc/meminfo, in bytes: more than this, no client has in host memory,
+    whatever it says. None where it cannot be read."""
+    return _meminfo("MemTotal:", proc)
+
+
+def _meminfo(key: str, proc: Path) -> int | None:
     try:
         text = (proc / "meminfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(key):
             fields = line.split()
             if len(fields) >= 2 and fields[1].isdigit():
                 return int(fields[1]) * 1024

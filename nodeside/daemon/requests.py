@@ -17,14 +17,17 @@ from nodeside import __version__, limits
 from nodeside import protocol as p
 from nodeside.daemon.documents import StatusDocuments, StatusMeter
 from nodeside.daemon.lograte import RateLimitedLog
+from nodeside.daemon.memory_reports import HOLDING, IDLE, MOVING, Figures, MemoryReports
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
+from nodeside.model import EVICTING, RESTORING
 from nodeside.scheduler.core import (
     Action,
+    Client,
     Drop,
     Grant,
     Pause,
@@ -33,14 +36,16 @@ from nodeside.scheduler.core import (
     Scheduler,
     SchedulerError,
 )
+from nodeside.scheduler.residency import check_claim
 
 log = logging.getLogger("kiwi.daemon")
 
 #: Requests after which the scheduler's next deadline cannot have moved.
-_NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING})
+_NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING, p.WORKING_SET})
 #: Requests after which the status document reads the same (every other one may change it:
-#: a client came, asked, gave back, reported a working set, or the mode or TQ moved).
-_NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING})
+#: a client came, asked, gave back, or the mode or TQ moved). A working set (or memory) report
+#: says so itself when the scheduler heard it (memory_reports.py, working_sets.py).
+_NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING, p.WORKING_SET})
 
 
 class Requests(Rules):
@@ -53,8 +58,10 @@ class Requests(Rules):
         self.memory_used = memory_used
         self.warnings = RateLimitedLog(log)
         self.registrations = Registrations(scheduler, namespace_of)
-        #: What the scheduler hears of working sets: rate-limited and damped per client.
+        #: What the scheduler hears of working sets and memory figures: rate-limited and
+        #: damped per client.
         self.working_sets = WorkingSetDamper()
+        self.memory_reports = MemoryReports()
         #: A working set waits in the damper: the shell arms its timer at the turn's end.
         self.working_sets_waiting = False
         #: Who moves each process's memory off the GPU: it answers ``register`` with the
@@ -65,12 +72,17 @@ class Requests(Rules):
         #: what building it costs each uid.
         self.documents = StatusDocuments(scheduler, memory_used, self.lines)
         self.meter = StatusMeter()
+        #: The pod of each peer pid that asked for a status without registering.
+        self._pods: dict[int | None, str | None] = {}
         #: Bumped whenever something the status document shows may have changed: a request
         #: that changes it (here), and what the shell notes (``Timers.note_change``).
         self.generation = 0
         #: Feature ``memory``: called with ("eviction" or "restore", the GPU, its seconds)
         #: (metrics).
         self.memory_observers: list[Callable[[str, int, float], None]] = []
+        #: Asks for NVML's per-process figures to be read again soon (process_memory.py): a
+        #: client reported less than NVML last counted for it, an eviction's progress.
+        self.nvml_soon: Callable[[], None] | None = None
         #: Each request's handler, looked up once rather than by name on every request.
         self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
                                            Outcome]] = {
@@ -90,6 +102,7 @@ class Requests(Rules):
             outcome.reschedule = True
         if op not in _NO_CHANGE:
             outcome.changed = True
+        if outcome.changed:
             self.generation += 1
         return outcome
 
@@ -134,14 +147,18 @@ class Requests(Rules):
         memory = p.FEATURE_MEMORY in session.features
         if msg.get("evict") == "vmm" and not memory:
             raise SchedulerError(p.E_INVALID, "evict vmm needs the memory feature (hello)")
+        if memory:  # refused before anything is kept: no more than its GPU has
+            gpu = self.scheduler.gpus.get(self.registrations.placement(msg))
+            if gpu is not None:
+                check_claim(gpu, _bytes(msg, "resident"), "register.resident")
         client = self.registrations.register(session.peer, msg, now, self.is_admin(session))
         if self.evictor is not None:  # what it can carry out, not merely what was asked
             client.evict = self.evictor.register(client, msg.get("evict"),
                                                  session.peer.identity)
         if memory:
             self.scheduler.track_memory(
-                client.id, resident=_bytes(msg, "resident"), host=_bytes(msg, "host"),
-                shadow=_bytes(msg, "shadow"),
+                client.id, resident=_bytes(msg, "resident"), host=self._host(msg, "host"),
+                shadow=self._host(msg, "shadow"),
                 checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
@@ -160,6 +177,7 @@ class Requests(Rules):
         """The client's connection is gone (the shell unregisters it from the scheduler)."""
         self.registrations.forget(client_id)
         self.working_sets.forget(client_id)
+        self.memory_reports.forget(client_id)
 
     # -- the GPU --------------------------------------------------------------------------
 
@@ -246,8 +264,17 @@ class Requests(Rules):
         evictable = msg.get("evictable")
         if evictable is not None:
             evictable = limits.byte_count(evictable, "working_set.evictable")
+        client = self.scheduler.clients[client_id]
+        figures: Figures | None = None
+        if p.FEATURE_MEMORY in session.features:
+            figures = (_bytes(msg, "resident"), self._host(msg, "host"),
+                       self._host(msg, "shadow"))
+            if figures == (None, None, None):
+                figures = None
+            else:  # a claim of more than the GPU has is refused here, not damped
+                check_claim(self.scheduler.gpus[client.gpu], figures[0], "working_set.resident")
+                self._check_nvml_soon(client, figures[0])
         damper = self.working_sets
-        memory = p.FEATURE_MEMORY in session.features
         heard = damper.report(client_id, nbytes, evictable, now)
         if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer
             self.working_sets_waiting = True
@@ -258,32 +285,56 @@ class Requests(Rules):
                                       "stands until a smaller one holds %g s [FD=%d]",
                                       session.label, client_id, session.peer.uid, damper.hold,
                                       session.peer.fd)
-            heard_before = self.scheduler.clients[client_id]
-            if not memory or heard_before.working_set is None:
-                return Outcome([p.encode(p.OK, seq=seq)])
-            # What it says of its memory (resident, host) is heard at once; the working set
-            # the scheduler has stands until the damper lets the new one through.
-            heard = (heard_before.working_set, heard_before.evictable)
-        nbytes, evictable = heard
-        if memory:
-            client = self.scheduler.clients[client_id]
-            restoring_since = client.restoring_since
-            actions = self.scheduler.report_working_set(
-                now, client_id, nbytes, evictable, resident=_bytes(msg, "resident"),
-                host=_bytes(msg, "host"), shadow=_bytes(msg, "shadow"))
-            if restoring_since is not None and client.restoring_since is None:
-                self._observe_memory("restore", client.gpu, now - restoring_since)
-        else:
-            actions = self.scheduler.report_working_set(now, client_id, nbytes, evictable)
-        return Outcome([p.encode(p.OK, seq=seq), *actions])
+        if figures is not None:
+            stands = MOVING if client.residency == EVICTING or client.residency == RESTORING \
+                else (HOLDING if client.state == "holding" else IDLE)
+            figures = self.memory_reports.report(client_id, figures, stands, now)
+            if figures is None:
+                self.working_sets_waiting = True
+        if heard is None and figures is None:
+            # Nothing the scheduler has moves: no scheduling pass, no new status document.
+            return Outcome([p.encode(p.OK, seq=seq)])
+        if heard is None:
+            heard = (client.working_set if client.working_set is not None else nbytes,
+                     client.evictable)
+        actions = self._tell(client, heard, figures, now)
+        return Outcome([p.encode(p.OK, seq=seq), *actions], reschedule=True, changed=True)
+
+    def _tell(self, client: Client, heard: tuple[int, int | None], figures: Figures | None,
+              now: float) -> list[Action]:
+        """Tell the scheduler a working set and, when some came, memory figures."""
+        restoring_since = client.restoring_since
+        if figures is None:
+            return self.scheduler.report_working_set(now, client.id, heard[0], heard[1])
+        actions = self.scheduler.report_working_set(now, client.id, heard[0], heard[1],
+                                                    resident=figures[0], host=figures[1],
+                                                    shadow=figures[2])
+        if restoring_since is not None and client.restoring_since is None:
+            self._observe_memory("restore", client.gpu, now - restoring_since)
+        return actions
+
+    def reports_next_due(self) -> float | None:
+        """When the first working set or memory report that waits is due (None: none)."""
+        due = [t for t in (self.working_sets.next_due(), self.memory_reports.next_due())
+               if t is not None]
+        return min(due) if due else None
 
     def working_sets_due(self, now: float) -> list[Action]:
-        """The working sets that waited long enough, told to the scheduler now (the shell's
-        timer, ``next_working_set``)."""
+        """The working sets and memory figures that waited long enough, told to the scheduler
+        now (the shell's timer, ``Timers.arm_working_sets``)."""
         actions: list[Action] = []
-        for client_id, (nbytes, evictable) in self.working_sets.due(now):
-            if client_id in self.scheduler.clients:
-                actions += self.scheduler.report_working_set(now, client_id, nbytes, evictable)
+        clients = self.scheduler.clients
+        working_sets = dict(self.working_sets.due(now))
+        for client_id, figures in self.memory_reports.due(now):
+            client = clients.get(client_id)
+            if client is not None:
+                heard = working_sets.pop(client_id, None) or (
+                    client.working_set or 0, client.evictable)
+                actions += self._tell(client, heard, figures, now)
+        for client_id, heard in working_sets.items():
+            client = clients.get(client_id)
+            if client is not None:
+                actions += self._tell(client, heard, None, now)
         return actions
 
     def _on_evicted(self, session: Session, msg: dict[str, Any], seq: int | None,
@@ -294,9 +345,11 @@ class Requests(Rules):
         failed = msg.get("failed")
         failed = None if failed is None else limits.short_text(failed, "evicted.failed")
         client = self.scheduler.clients[client_id]
-        actions = self.scheduler.evicted(now, client_id, resident=_bytes(msg, "resident"),
-                                         host=_bytes(msg, "host"), shadow=_bytes(msg, "shadow"),
-                                         failed=failed)
+        figures = (_bytes(msg, "resident"), self._host(msg, "host"), self._host(msg, "shadow"))
+        self._check_nvml_soon(client, figures[0])
+        actions = self.scheduler.evicted(now, client_id, resident=figures[0], host=figures[1],
+                                         shadow=figures[2], failed=failed)
+        self.memory_reports.heard(client_id, figures, now)
         if failed is not None:
             log.warning("%s (%s) could not evict: %s", client.name, client_id, failed)
         else:
@@ -305,6 +358,18 @@ class Requests(Rules):
                 self._observe_memory("eviction", client.gpu, float(seconds))
             self.scheduler.count_evicted_bytes(_bytes(msg, "moved") or 0)
         return Outcome([p.encode(p.OK, seq=seq), *actions], gpus=(client.gpu,))
+
+    def _host(self, msg: dict[str, Any], key: str) -> int | None:
+        """A host memory figure a client says: no more than the host has (issue 40, N3)."""
+        value = _bytes(msg, key)
+        total = self.documents.host_total
+        return value if value is None or total is None else min(value, total)
+
+    def _check_nvml_soon(self, client: Client, resident: int | None) -> None:
+        nvml = client.nvml_bytes
+        if nvml is not None and resident is not None and resident < nvml and \
+                self.nvml_soon is not None:
+            self.nvml_soon()
 
     def _observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
         for observe in self.memory_observers:
@@ -319,15 +384,30 @@ class Requests(Rules):
         kept = self.documents.kept(viewer, seq, now, self.generation)
         if kept is not None:  # nothing it shows changed: it costs nothing, whoever asks
             return Outcome([kept])
-        wait = self.meter.owed(uid, now)
-        if wait > 0:  # the uid took more than its share: this request waits its turn
+        group = (uid, self._pod(session))
+        wait = self.meter.owed(group, now)
+        if wait > 0:  # its group (or all) took more than their share: it waits its turn
             self.warnings.warning((uid, p.STATUS), "Status requests of uid %s take more than "
                                   "their share of the daemon's time; they wait %.1f s [FD=%d]",
                                   uid, wait, session.peer.fd)
             return Outcome(wait=wait)
         line, cost = self.documents.build(viewer, seq, now, self.generation)
-        self.meter.charge(uid, cost, now)
+        self.meter.charge(group, cost, now)
         return Outcome([line])
+
+    def _pod(self, session: Session) -> str | None:
+        """The pod a session asks from: its registration's, else its process's (read once per
+        pid, from its cgroup), else None."""
+        if session.client_id is not None:
+            owner = self.registrations.owner.get(session.client_id)
+            return owner[1] if owner is not None else None
+        pid = session.peer.pid
+        pods = self._pods
+        if pid not in pods:
+            if len(pods) >= 4096:
+                pods.clear()
+            pods[pid] = self.registrations.pod_of(pid)
+        return pods[pid]
 
     def status(self, now: float, viewer: Session | None = None) -> dict[str, Any]:
         """The status document as ``viewer`` may see it (None: everything), built now."""

@@ -123,8 +123,11 @@ class Daemon:
                 watch_pauses(self.pauses, self.scheduler, read, self.now, self._paused_working))
         read_memory = self.options.process_memory
         if read_memory is not None:
+            soon = asyncio.Event()
+            self.requests.nvml_soon = soon.set
             self._memory_watch = self.loop.create_task(
-                watch_process_memory(self.scheduler, read_memory, self.now, self._nvml_memory))
+                watch_process_memory(self.scheduler, read_memory, self.now, self._nvml_memory,
+                                     soon))
 
     async def serve_forever(self) -> None:
         await self.start()

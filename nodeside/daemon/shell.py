@@ -118,9 +118,9 @@ class Shell(Router):
         if self._reschedule:
             self._reschedule = False
             self.timers.arm_deadline()
-            if self.requests.working_sets_waiting:
-                self.requests.working_sets_waiting = False
-                self.timers.arm_working_sets()
+        if self.requests.working_sets_waiting:
+            self.requests.working_sets_waiting = False
+            self.timers.arm_working_sets()
 
     def lost(self, endpoint: Endpoint) -> None:
         session = endpoint.session

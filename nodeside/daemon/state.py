@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodeside.config import ConfigError, SchedulerConfig, parse_mode
 from nodeside.files import FileRefused, read_trusted_text
-from nodeside.limits import LimitError, tq_seconds
+from nodeside.limits import LimitError, shown_name, tq_seconds
 
 if TYPE_CHECKING:
     from nodeside.scheduler.core import Scheduler
@@ -103,10 +103,10 @@ class StateFile:
             gpu_tq = {}
         out["gpu_tq"] = {}
         for index, seconds in gpu_tq.items():
-            where = f"gpu_tq.{index}"
             if not (isinstance(index, str) and index.isdigit() and len(index) < 6):
-                self._ignored(where, "expected a GPU index")
+                self._ignored(f"gpu_tq.{shown_name(index)}", "expected a GPU index")
                 continue
+            where = f"gpu_tq.{index}"
             try:
                 out["gpu_tq"][int(index)] = tq_seconds(seconds, where)
             except LimitError as exc:

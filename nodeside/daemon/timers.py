@@ -79,7 +79,7 @@ class Timers:
     # -- working sets that waited (``working_sets.py``) -------------------------------------
 
     def arm_working_sets(self) -> None:
-        due = self.requests.working_sets.next_due()
+        due = self.requests.reports_next_due()
         if due is None or (self._working_sets_at is not None and self._working_sets_at <= due):
             return
         if self._working_sets is not None:

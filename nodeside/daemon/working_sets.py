@@ -18,7 +18,7 @@ waited long enough, and ``next_due`` when the shell should ask again.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 #: Least seconds between two working sets of one client that the scheduler hears.
 INTERVAL: Final = 0.5
@@ -29,70 +29,48 @@ HOLD: Final = 2.0
 Report = tuple[int, int | None]
 
 
-class _Client:
-    __slots__ = ("heard", "heard_at", "high_at", "latest", "due_at", "flaps")
+R = TypeVar("R")
 
-    def __init__(self, heard: Report, now: float) -> None:
+
+class Heard(Generic[R]):
+    """One client's reports: what the scheduler heard and since when, the latest, and when that
+    is to be heard."""
+
+    __slots__ = ("heard", "heard_at", "mark_at", "latest", "due_at", "flaps")
+
+    def __init__(self, heard: R, now: float) -> None:
         #: What the scheduler has, and since when.
         self.heard = heard
         self.heard_at = now
-        #: When a report at least as large as ``heard`` last came.
-        self.high_at = now
+        #: When a report on the side that stands last came (as large as ``heard`` for a working
+        #: set, as small for an idle client's resident bytes): a hold counts from there.
+        self.mark_at = now
         #: The latest report, and when it is to be heard (None: nothing waits).
         self.latest = heard
         self.due_at: float | None = None
-        #: Smaller working sets taken back before they were heard.
+        #: Reports on the other side taken back before they were heard.
         self.flaps = 0
 
 
-class WorkingSetDamper:
-    def __init__(self, interval: float = INTERVAL, hold: float = HOLD) -> None:
+class Damper(Generic[R]):
+    """Each client's reports between it and the scheduler: what waits, and when it is due. The
+    rules of what waits how long are the subclass's ``report``."""
+
+    def __init__(self, interval: float, hold: float) -> None:
         self.interval = interval
         self.hold = hold
-        self._clients: dict[str, _Client] = {}
+        self._clients: dict[str, Heard[R]] = {}
         #: Clients with a report waiting.
         self._waiting: set[str] = set()
-
-    def report(self, client_id: str, nbytes: int, evictable: int | None,
-               now: float) -> Report | None:
-        """A client reported its working set: what the scheduler should hear now, or None
-        (it heard it already, or the report waits: see ``next_due``)."""
-        report = (nbytes, evictable)
-        state = self._clients.get(client_id)
-        if state is None:
-            self._clients[client_id] = _Client(report, now)
-            return report
-        state.latest = report
-        if nbytes >= state.heard[0]:
-            state.high_at = now
-        if report == state.heard:
-            if state.due_at is not None:
-                state.flaps += 1  # up and down again before the scheduler heard it go down
-            state.due_at = None
-            self._waiting.discard(client_id)
-            return None
-        due = state.heard_at + self.interval
-        if nbytes < state.heard[0]:
-            due = max(due, state.high_at + self.hold)
-        if due <= now:
-            return self._hear(client_id, state, now)
-        state.due_at = due
-        self._waiting.add(client_id)
-        return None
-
-    def flaps(self, client_id: str) -> int:
-        """How often the client took a smaller working set back before it was heard."""
-        state = self._clients.get(client_id)
-        return state.flaps if state is not None else 0
 
     def next_due(self) -> float | None:
         """When the first waiting report is due, or None when none waits."""
         times = [self._clients[c].due_at for c in self._waiting]
         return min((t for t in times if t is not None), default=None)
 
-    def due(self, now: float) -> list[tuple[str, Report]]:
+    def due(self, now: float) -> list[tuple[str, R]]:
         """The waiting reports whose time has come, to be heard now."""
-        out: list[tuple[str, Report]] = []
+        out: list[tuple[str, R]] = []
         for client_id in list(self._waiting):
             state = self._clients[client_id]
             if state.due_at is not None and state.due_at <= now:
@@ -103,9 +81,53 @@ class WorkingSetDamper:
         self._clients.pop(client_id, None)
         self._waiting.discard(client_id)
 
-    def _hear(self, client_id: str, state: _Client, now: float) -> Report:
-        state.heard = state.latest
-        state.heard_at = state.high_at = now
+    def _settled(self, client_id: str, state: Heard[R]) -> None:
+        """The latest report is what the scheduler has: nothing waits."""
         state.due_at = None
         self._waiting.discard(client_id)
+
+    def _wait(self, client_id: str, state: Heard[R], due: float, now: float) -> R | None:
+        """The latest report is heard at ``due``: now, or it waits."""
+        if due <= now:
+            return self._hear(client_id, state, now)
+        state.due_at = due
+        self._waiting.add(client_id)
+        return None
+
+    def _hear(self, client_id: str, state: Heard[R], now: float) -> R:
+        state.heard = state.latest
+        state.heard_at = state.mark_at = now
+        self._settled(client_id, state)
         return state.heard
+
+
+class WorkingSetDamper(Damper[Report]):
+    def __init__(self, interval: float = INTERVAL, hold: float = HOLD) -> None:
+        super().__init__(interval, hold)
+
+    def report(self, client_id: str, nbytes: int, evictable: int | None,
+               now: float) -> Report | None:
+        """A client reported its working set: what the scheduler should hear now, or None
+        (it heard it already, or the report waits: see ``next_due``)."""
+        report = (nbytes, evictable)
+        state = self._clients.get(client_id)
+        if state is None:
+            self._clients[client_id] = Heard(report, now)
+            return report
+        state.latest = report
+        if nbytes >= state.heard[0]:
+            state.mark_at = now
+        if report == state.heard:
+            if state.due_at is not None:
+                state.flaps += 1  # up and down again before the scheduler heard it go down
+            self._settled(client_id, state)
+            return None
+        due = state.heard_at + self.interval
+        if nbytes < state.heard[0]:
+            due = max(due, state.mark_at + self.hold)
+        return self._wait(client_id, state, due, now)
+
+    def flaps(self, client_id: str) -> int:
+        """How often the client took a smaller working set back before it was heard."""
+        state = self._clients.get(client_id)
+        return state.flaps if state is not None else 0

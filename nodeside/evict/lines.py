@@ -91,14 +91,17 @@ Job = Checkpoint | Restore
 @dataclass(init=False, unsafe_hash=True)
 class Checkpointed:
     """The result of a ``Suspend`` the core asked for, for the core: ``error`` None when the
-    process's memory is in host memory now."""
+    process's memory is in host memory now; ``memory_free``: the process holds no GPU memory
+    (the driver knows no CUDA process by its pid), so none counts for it."""
 
     client: Final[str]
     error: Final[str | None]
+    memory_free: Final[bool]
 
-    def __init__(self, client: str, error: str | None) -> None:
+    def __init__(self, client: str, error: str | None, memory_free: bool = False) -> None:
         self.client = client
         self.error = error
+        self.memory_free = memory_free
 
 
 #: What the lines let go: actions to deliver, jobs to start, results for the core.
@@ -286,7 +289,7 @@ class EvictionLines:
         record = self.records.get(job.client)
         if record is None:  # it died under the job: its memory went with it
             return self._finished(job)
-        told = self._told(record, error)
+        told = self._told(record, error, memory_free)
         record.state, record.error = FAILED, error
         record.checkpointable = False
         record.may_be_locked = not memory_free
@@ -374,12 +377,13 @@ class EvictionLines:
     # -- the lines ------------------------------------------------------------------------------
 
     @staticmethod
-    def _told(record: Record | None, error: str | None) -> list[Item]:
+    def _told(record: Record | None, error: str | None,
+              memory_free: bool = False) -> list[Item]:
         """The core's answer, when the checkpoint was its ``Suspend``."""
         if record is None or not record.suspended:
             return []
         record.suspended = False
-        return [Checkpointed(record.client, error)]
+        return [Checkpointed(record.client, error, memory_free)]
 
     def _finished(self, job: Job) -> list[Item]:
         self.version += 1  # every job's end changes a state the status document shows

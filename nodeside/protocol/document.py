@@ -107,15 +107,18 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
         added_by="evictor"),
     Key("recent_holders", "list[IHeldSpan]", "The holds of the last minutes, oldest first (the "
                                              "panel's timeline; absent from older daemons)."),
-    Key("resident_bytes", "int", "Bytes its clients have on it, holders or not.",
+    Key("resident_bytes", "int", "Bytes its clients have on it as the scheduler counts them: "
+                                 "holders' needs, idle clients' `counted_bytes`.",
         added_by="memory"),
     Key("capacity", "int", "Bytes the scheduler plans with (`--gpu-memory` or NVML's total).",
         nullable=True, added_by="memory"),
-    Key("host_bytes", "int", "Host memory held by its evicted clients.", added_by="memory"),
+    Key("host_bytes", "int", "Host memory held by its evicted clients (at most what the host "
+                             "has).", added_by="memory"),
     Key("host_budget", "int", "Host memory evicted memory may take on this node: what it "
                               "holds (its clients' `host_bytes`, or their `shadow_bytes` "
-                              "where larger) plus the host's MemAvailable (a process's cgroup may "
-                              "allow less); null where that cannot be read.",
+                              "where larger) plus the host's MemAvailable, at most the host's "
+                              "MemTotal (a process's cgroup may allow less); null where that "
+                              "cannot be read.",
         nullable=True, added_by="memory"),
 ))
 
@@ -154,12 +157,24 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
         added_by="evictor"),
     Key("residency", "str", "Where its memory is: on the GPU, moving out, in host memory, "
                             "moving in.", values=RESIDENCIES, added_by="memory"),
-    Key("resident_bytes", "int", "Bytes on the GPU now.", added_by="memory"),
-    Key("host_bytes", "int", "Bytes in host memory now.", added_by="memory"),
+    Key("resident_bytes", "int", "Bytes on the GPU now, on the best evidence: NVML's figure "
+                                 "for its process where the daemon reads one, else its own "
+                                 "report.", added_by="memory"),
+    Key("counted_bytes", "int", "What of `resident_bytes` counts against others' room while it "
+                                "is idle (0 once it could not evict and only its own report "
+                                "says it holds them).", added_by="memory"),
+    Key("evict_failed", "str", "Why it could not evict (or holds no GPU memory, by its "
+                               "checkpoint); it is not asked again until its next grant. Null: "
+                               "nothing failed.", nullable=True, added_by="memory"),
+    Key("evictions_asked", "int", "Evictions of others asked so far for its grants.",
+        added_by="memory"),
+    Key("host_bytes", "int", "Bytes in host memory now (at most what the host has).",
+        added_by="memory"),
     Key("shadow_bytes", "int", "Host memory it keeps for its evictions (the vmm evictor's "
                                "shadows, made ahead; they hold `host_bytes` while evicted).",
         added_by="memory"),
-    Key("memory_source", "str", "Where `resident_bytes` comes from.", values=MEMORY_SOURCES,
+    Key("memory_source", "str", "Where `resident_bytes` comes from: NVML wherever it vouches "
+                                "for the process, else its reports.", values=MEMORY_SOURCES,
         added_by="memory"),
     Key("waiting_for", "IWaitingFor", "What it waits for besides its turn; null: nothing.",
         nullable=True, added_by="memory"),

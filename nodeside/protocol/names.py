@@ -167,15 +167,16 @@ E_VERSION: Final = "version"
 #: an admin request from a non-admin peer
 E_PERMISSION: Final = "permission"
 #: a value the daemon does not know (unknown mode, unknown GPU, unknown `evict`, `requeue` with
-#: `evict_first`)
+#: `evict_first`), or a claim it cannot be (a `resident` larger than the GPU)
 E_INVALID: Final = "invalid"
 #: not possible now (acquire before register, register twice)
 E_STATE: Final = "state"
 #: a bound exceeded: a TQ outside 0.01 s..1 day, a byte count outside 0..2^50, a name, display
 #: name, pool, kind, label key or value over 256 UTF-8 bytes or holding a control character,
 #: more than 64 labels, more than 2 MiB of labels on the node, more than 2,048 clients, a uid
-#: past its share of either (`connections.uid_share`); the message says which. Also the last
-#: line of a connection closed for a connection limit
+#: past its share of either (half of what the other uids leave, at most `connections.uid_share`)
+#: or a pod past its share of its uid's; the message says which. Also the last line of a
+#: connection closed for a connection limit
 E_LIMIT: Final = "limit"
 #: `memory` feature, as an event to a waiter: the room it needs cannot be made (the message
 #: names who holds the memory); it is idle again

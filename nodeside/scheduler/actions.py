@@ -147,4 +147,22 @@ class Refuse:
         self.message = message
 
 
-Action = Grant | Drop | Revoke | Released | Pause | Resume | Evict | Suspend | Refuse
+@dataclass(init=False, unsafe_hash=True)
+class Uncounted:
+    """Feature ``memory``: an idle client could not evict (``why``) and nobody can checkpoint
+    it, so the ``nbytes`` only its claim says it holds (NVML does not vouch for them) no longer
+    count against others' room until its next grant; its own next GPU work waits for room."""
+
+    client: Final[str]
+    gpu: Final[int]
+    nbytes: Final[int]
+    why: Final[str]
+
+    def __init__(self, client: str, gpu: int, nbytes: int, why: str) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.nbytes = nbytes
+        self.why = why
+
+
+Action = Grant | Drop | Revoke | Released | Pause | Resume | Evict | Suspend | Refuse | Uncounted

@@ -151,26 +151,36 @@ class Client:
     memory: bool = False
     #: ``model.RESIDENCIES``: where its memory is.
     residency: str = RESIDENT
-    #: Bytes on the GPU and in host memory, as it reported them (or NVML, when larger).
+    #: Bytes on the GPU and in host memory, as it reported them (its claims: residency.py
+    #: counts NVML's figure instead wherever NVML vouches for the process).
     resident_bytes: int = 0
     host_bytes: int = 0
     #: Host memory it keeps for its evictions (the vmm evictor's shadows, made ahead; they
     #: hold its ``host_bytes`` while evicted): host memory evictions have already.
     shadow_bytes: int = 0
-    #: Where ``resident_bytes`` comes from: "shim" (its reports), "nvml" (NVML's per-process
-    #: figure was larger) or "working_set" (nothing but the declared working set is known).
+    #: Where the bytes it counts for come from: "shim" (its reports), "nvml" (NVML's
+    #: per-process figure, which stands for its process wherever the daemon reads one) or
+    #: "working_set" (nothing but the declared working set is known).
     memory_source: str = "working_set"
-    #: NVML's per-process figure, where the daemon reads one.
+    #: NVML's per-process figure, where the daemon reads one (0: NVML lists no memory of its
+    #: process); None where NVML cannot vouch for it.
     nvml_bytes: int | None = None
     waiting_for: WaitingFor | None = None
     #: When it last held the GPU (least recently used is asked to evict first).
     last_used: float = 0.0
     #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
     evict_asked_at: float | None = None
+    #: When its way out last made progress (its reports' resident bytes fell); the eviction's
+    #: deadline runs from here: ``evict_timeout`` without progress ends the wait for it.
+    evict_progress_at: float | None = None
+    #: When it was last asked to evict (``Evict`` or ``Suspend`` for room): the next request
+    #: waits ``evict_interval`` (a TQ for a waiter of lower priority than it).
+    evict_last_asked: float | None = None
     #: When its memory reached host memory; the second stage (checkpoint) counts from then.
     evicted_at: float | None = None
-    #: Why it cannot evict now (its ``evicted`` said ``failed``, or it did not answer); it is
-    #: not asked again until its next report.
+    #: Why it could not evict (its ``evicted`` said ``failed``, it made no progress in time, or
+    #: a checkpoint failed); it is not asked again, and what NVML does not vouch for of its
+    #: memory no longer counts against others' room, until its next grant.
     evict_failed: str | None = None
     #: The daemon's checkpoint evictor can reach its process (set by the shell).
     checkpointable: bool = False
@@ -178,6 +188,20 @@ class Client:
     checkpoint_asked: bool = False
     #: When its restore began (its grant after an eviction), while it restores.
     restoring_since: float | None = None
+    # -- what its waits cost others (fair eviction, residency.py) ----------------------------
+    #: Evictions asked for it since its last grant (or cancel), and in all (metrics).
+    room_asked: int = 0
+    evictions_asked: int = 0
+    #: The most bytes it was seen to hold on the GPU during its current hold: a grant that
+    #: others evicted for is used when this comes to half its need.
+    peak_bytes: int = 0
+    #: Its need when its current hold began, and whether others evicted for that grant.
+    room_need: int = 0
+    room_made: bool = False
+    #: Grants (or waits) that others evicted for and it did not use, in a row: each doubles
+    #: how long before its next wait may ask anyone to evict (``may_ask_from``).
+    unused_room: int = 0
+    may_ask_from: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.display_name:

@@ -58,6 +58,7 @@ from nodeside.scheduler.actions import (
     Revoke,
     SchedulerError,
     Suspend,
+    Uncounted,
 )
 from nodeside.scheduler.choosing import PoolsPolicy
 from nodeside.scheduler.clients import WaitingFor
@@ -85,7 +86,7 @@ from nodeside.scheduler.view import PolicyView
 # import them from here, the one place that says what the scheduler does.
 __all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "GpuSpec", "GpuState", "Grant",
            "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released", "Resume",
-           "Revoke", "Scheduler", "SchedulerError", "Suspend", "WaitingFor"]
+           "Revoke", "Scheduler", "SchedulerError", "Suspend", "Uncounted", "WaitingFor"]
 
 
 @final
@@ -176,7 +177,8 @@ class Scheduler:
         """The client speaks the ``memory`` feature (residency.py): its resident memory counts
         from now on, and while idle it may be asked to evict. ``resident`` and ``host``: where
         its memory already is (``shadow``: host memory it keeps for evictions);
-        ``checkpointable``: the daemon's checkpoint evictor reaches its process."""
+        ``checkpointable``: the daemon's checkpoint evictor reaches its process (the daemon
+        refuses a ``resident`` larger than the GPU before it registers the client)."""
         self._residency.track(self._state.client(client_id), resident, host, shadow,
                               checkpointable)
 
@@ -222,26 +224,29 @@ class Scheduler:
     def evicted(self, now: float, client_id: str, *, resident: int | None = None,
                 host: int | None = None, shadow: int | None = None,
                 failed: str | None = None) -> list[Action]:
-        """An eviction ended (``failed``: it could not; not asked again until a report)."""
+        """An eviction ended (``failed``: it could not; it is checkpointed where the daemon
+        reaches it, else not asked again until its next grant)."""
         client = self._state.client(client_id)
-        self._residency.evicted(client, resident, host, failed, now, shadow)
-        return self._turns.schedule(self._state.gpus[client.gpu], now)
+        actions = self._residency.evicted(client, resident, host, failed, now, shadow)
+        return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
 
-    def checkpointed(self, now: float, client_id: str, error: str | None = None
-                     ) -> list[Action]:
-        """The checkpoint evictor finished a ``Suspend`` (``error``: it failed)."""
+    def checkpointed(self, now: float, client_id: str, error: str | None = None,
+                     memory_free: bool = False) -> list[Action]:
+        """The checkpoint evictor finished a ``Suspend`` (``error``: it failed;
+        ``memory_free``: the process holds no GPU memory, so none is counted for it)."""
         client = self._state.clients.get(client_id)
         if client is None or not client.memory:
             return []
-        self._residency.checkpointed(client, error, now)
-        return self._turns.schedule(self._state.gpus[client.gpu], now)
+        actions = self._residency.checkpointed(client, error, now, memory_free)
+        return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
 
     def count_evicted_bytes(self, nbytes: int) -> None:
         """Bytes an eviction moved to host memory (its ``evicted``), for the metrics."""
         self._state.counts["evicted_bytes"] += nbytes
 
     def memory_seen(self, now: float, used: Mapping[str, int | None]) -> list[Action]:
-        """NVML's per-process used memory, by client id, where the daemon reads it."""
+        """NVML's per-process used memory, by client id, where the daemon reads it (None: NVML
+        does not vouch for the client's process, and its claims stand)."""
         touched: set[int] = set()
         for client_id, nbytes in used.items():
             client = self._state.clients.get(client_id)

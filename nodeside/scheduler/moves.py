@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import final
 
+from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import Action, Drop, Grant
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.residency import granted
@@ -37,6 +38,8 @@ class Moves:
         gpu.history.opened(client, now)
         if client.memory:
             granted(client, now)
+        else:  # its use cannot be seen: only a memory client's grants are judged
+            client.room_asked = 0
         # The policy still sees when it asked: a request that went on after a drop is told
         # from a new one by that, not by when it was granted (attained.py).
         choice = self.state.choice
@@ -86,6 +89,7 @@ class Moves:
         gpu.history.closed(client.id, now)
         if client.memory:
             client.last_used = now
+            fair_eviction.hold_ended(client, now, self.state.config.evict_interval)
         held = now - hold.granted_at
         client.gpu_seconds += held
         gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held

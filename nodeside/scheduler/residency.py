@@ -4,37 +4,62 @@ Kept for clients that speak the ``memory`` feature (``GpuState.memory_clients``)
 the rules are those of holders only, as before, and nothing here is asked. A client's memory is
 ``resident`` (on the GPU), ``evicting`` (asked to move out, or released with ``evicting``),
 ``evicted`` (in host memory) or ``restoring`` (granted again, moving back in until a report says
-nothing is left in host memory), with the bytes it reported on the GPU and in host memory; NVML's
-per-process figure counts where it is larger.
+nothing is left in host memory), with the bytes it reported on the GPU and in host memory.
+
+What a client says of its memory is a claim; what counts is the evidence (``occupies``): NVML's
+per-process figure wherever the daemon reads one for the client's process (over- and
+under-claims alike), else the claim. A claim of more than the GPU has is refused
+(``check_claim``). An idle client's bytes count against others' room (``counted``) unless only
+its claim says so and it could not evict: once it fails, or makes no progress for
+``evict_timeout``, and nobody can checkpoint it, its claim no longer counts (``Uncounted``) until
+its next grant; its own next GPU work then waits for room like anyone's.
 
 A grant whose working set does not fit beside what is resident asks idle clients to evict first
 (``make_room``): LOW before NORMAL and HIGH, idle before waiting, least recently used first,
-never a holder, and only as much as is missing. The grant goes out when reports and ``evicted``
-bring the resident bytes down. A client that does not answer within ``evict_timeout`` is
-checkpointed where the daemon's checkpoint evictor reaches it, else it is taken as unable to
-evict; when the room cannot be made at all, the waiter is refused, told who holds the memory.
-An evicted client idle for ``checkpoint_after`` is checkpointed too (its context is freed).
+never a holder, and only as much as is missing, as often as fair_eviction.py allows. The grant
+goes out when reports and ``evicted`` bring the counted bytes down; meanwhile grants that need no
+room go on (turns.py). A client that makes no progress within ``evict_timeout`` is checkpointed
+where the daemon's checkpoint evictor reaches it, else it is taken as unable to evict; when the
+room cannot be made at all, the waiter is refused, told who holds the memory. An evicted client
+idle for ``checkpoint_after`` is checkpointed too (its context is freed).
 """
 
 from __future__ import annotations
 
 from typing import final
 
+from nodeside import protocol as p
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
-from nodeside.scheduler.actions import Action, Evict, Suspend
+from nodeside.scheduler import fair_eviction
+from nodeside.scheduler.actions import Action, Evict, SchedulerError, Suspend, Uncounted
 from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 
 #: Evictors under which the client moves its own memory out when told ``evict``.
 PAGES_ITSELF = ("managed", "vmm")
+#: Bytes an eviction's resident figure must fall by to count as progress (the shim reports
+#: every 256 MiB that leaves): a client cannot hold a waiter by moving a byte at a time.
+PROGRESS_BYTES = 64 << 20
 
 
 def occupies(client: Client) -> int:
-    """Bytes ``client`` keeps on its GPU now: its report, or NVML's figure where larger."""
+    """Bytes ``client`` keeps on its GPU now, on the best evidence: NVML's figure for its
+    process where the daemon reads one, else its own report."""
     nvml = client.nvml_bytes
-    resident = client.resident_bytes
-    return nvml if nvml is not None and nvml > resident else resident
+    return client.resident_bytes if nvml is None else nvml
+
+
+def counted(client: Client) -> int:
+    """Bytes of an idle ``client`` that count against others' room: its evidence; but a claim
+    NVML does not vouch for counts nothing once the client could not evict (until its next
+    grant), nor once it has evicted (what it says is left, no eviction frees)."""
+    nvml = client.nvml_bytes
+    if nvml is not None:
+        return nvml
+    if client.evict_failed is not None or client.residency == EVICTED:
+        return 0
+    return client.resident_bytes
 
 
 def holding(client: Client) -> bool:
@@ -51,12 +76,23 @@ def need(client: Client) -> int:
 
 
 def granted(client: Client, now: float) -> None:
-    """A memory client was granted: what it waited for is over; evicted, it moves back in."""
+    """A memory client was granted: what it waited for is over; evicted, it moves back in.
+    Whatever it could not evict before, its memory counts again from now on."""
+    fair_eviction.granted(client, need(client), occupies(client))
     client.waiting_for = None
     client.checkpoint_asked = False
+    client.evict_failed = None
     if client.residency == EVICTED or client.residency == EVICTING:
         client.residency = RESTORING
         client.restoring_since = now
+
+
+def check_claim(gpu: GpuState, resident: int | None, what: str) -> None:
+    """A client may not say it has more on a GPU than the GPU has (SchedulerError)."""
+    capacity = gpu.spec.memory_total
+    if resident is not None and capacity is not None and resident > capacity:
+        raise SchedulerError(p.E_INVALID, f"{what}: {gib(resident)} is more than GPU "
+                             f"{gpu.spec.index} has ({gib(capacity)})")
 
 
 def gib(nbytes: int) -> str:
@@ -95,17 +131,21 @@ class Residency:
                 other.waiting_for = None
 
     def report(self, client: Client, resident: int | None, host: int | None,
-               shadow: int | None = None) -> None:
-        """A ``working_set`` report with figures: progress of an eviction or of a restore."""
+               shadow: int | None = None, now: float = 0.0) -> None:
+        """A ``working_set`` report with figures: progress of an eviction or of a restore.
+        A report never makes a client that could not evict evictable again (only its next
+        grant does): saying its figures again cannot start another's wait over."""
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
+            if client.residency == EVICTING and (
+                    resident <= client.resident_bytes - PROGRESS_BYTES or not resident):
+                client.evict_progress_at = now
             client.resident_bytes = resident
             client.memory_source = "shim"
         if host is not None:
             client.host_bytes = host
             client.memory_source = "shim"
-        client.evict_failed = None  # asked again only after a report: this is one
         if client.residency == RESTORING and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
             client.residency = RESIDENT
@@ -113,21 +153,27 @@ class Residency:
             self.state.counts["restores"] += 1
         elif client.residency == EVICTED and resident:
             client.residency = RESIDENT  # it came back without a grant (mode off)
-        self._check_nvml(client)
+        self._seen(client)
 
     def nvml_seen(self, client: Client, nbytes: int | None) -> None:
-        """NVML's per-process used memory of ``client``'s process (None: not known)."""
+        """NVML's per-process used memory of ``client``'s process (None: NVML cannot vouch
+        for it)."""
         client.nvml_bytes = nbytes
-        self._check_nvml(client)
+        self._seen(client)
 
-    def _check_nvml(self, client: Client) -> None:
-        nvml = client.nvml_bytes
-        if nvml is not None and nvml > client.resident_bytes:
+    def _seen(self, client: Client) -> None:
+        if client.nvml_bytes is not None:
             client.memory_source = "nvml"
+        elif client.memory_source == "nvml":
+            client.memory_source = "shim"
+        if holding(client):
+            fair_eviction.seen(client, occupies(client))
 
     def evicted(self, client: Client, resident: int | None, host: int | None,
-                failed: str | None, now: float, shadow: int | None = None) -> None:
-        """An eviction ended (``evicted``), asked or of the client's own accord."""
+                failed: str | None, now: float, shadow: int | None = None) -> list[Action]:
+        """An eviction ended (``evicted``), asked or of the client's own accord. One that
+        failed is checkpointed where the daemon reaches the process, else given up on."""
+        check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
         client.evict_asked_at = None
         if shadow is not None:
@@ -138,20 +184,48 @@ class Residency:
             client.host_bytes = host
         if resident is not None or host is not None:
             client.memory_source = "shim"
+        self._seen(client)
         if failed is not None:
-            client.evict_failed = failed
-            # A restore that ran out of memory rolled back: its memory is in host memory.
-            client.residency = EVICTED if asked == RESTORING else RESIDENT
             client.restoring_since = None
-            return
+            if asked == RESTORING:
+                # A restore that ran out of memory rolled back: its memory is in host memory,
+                # and it asks for the GPU again when it needs it.
+                client.residency = EVICTED
+                return []
+            client.residency = RESIDENT
+            return self._could_not_evict(client, failed, "failed")
         client.evict_failed = None
         client.residency = EVICTED
         client.evicted_at = now
+        return []
+
+    def _could_not_evict(self, client: Client, why: str, reason: str) -> list[Action]:
+        """``client`` could not move its memory out (``why``): checkpointed where the daemon's
+        evictor reaches it; else not asked again until its next grant, and what only its claim
+        says it holds no longer counts against others' room."""
+        gpu = self.state.gpus[client.gpu]
+        if client.checkpointable and not client.checkpoint_asked:
+            client.checkpoint_asked = True
+            client.residency = EVICTING
+            client.evict_asked_at = client.evict_progress_at = None
+            self._count(client, reason)
+            for waiter in gpu.waiters.values():
+                if waiter.waiting_for is not None and waiter.waiting_for.client == client.id:
+                    waiter.waiting_for = WaitingFor(
+                        client.id, client.display_name, occupies(client), "checkpoint")
+            return [Suspend(client.id, gpu.spec.index, reason)]
+        before = counted(client)
+        client.evict_failed = why
+        client.residency = RESIDENT
+        client.evict_asked_at = client.evict_progress_at = None
+        if before and not counted(client):
+            return [Uncounted(client.id, gpu.spec.index, before, why)]
+        return []
 
     def released_evicting(self, client: Client, now: float) -> None:
         """A holder released with ``evicting``: its memory is on its way out."""
         client.residency = EVICTING
-        client.evict_asked_at = now
+        client.evict_asked_at = client.evict_progress_at = now
         self._count(client, "release")
 
     def _count(self, client: Client, reason: str) -> None:
@@ -159,42 +233,48 @@ class Residency:
         books[reason] = books.get(reason, 0) + 1
 
 
-    def checkpointed(self, client: Client, error: str | None, now: float) -> None:
+    def checkpointed(self, client: Client, error: str | None, now: float,
+                     memory_free: bool = False) -> list[Action]:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
-        memory, or (``error``) it could not be moved."""
-        client.evict_asked_at = None
+        memory, or (``error``) it could not be moved; ``memory_free``: the process holds no
+        GPU memory at all (the driver knows no CUDA process by its pid), whatever it says."""
+        client.evict_asked_at = client.evict_progress_at = None
+        if memory_free:
+            # Counted as holding none, whatever it reports, until its next grant.
+            client.resident_bytes = 0
+            if client.nvml_bytes is not None:
+                client.nvml_bytes = 0
+            client.evict_failed = f"holds no GPU memory ({error})" if error else \
+                "holds no GPU memory"
+            client.residency = RESIDENT
+            return []
         if error is not None:
-            client.evict_failed = f"checkpoint failed: {error}"
-            if client.residency == EVICTING:
-                client.residency = RESIDENT
-            return
+            return self._could_not_evict(client, f"checkpoint failed: {error}", "checkpoint")
         client.host_bytes += occupies(client)
         client.resident_bytes = 0
-        client.nvml_bytes = None
+        if client.nvml_bytes is not None:
+            client.nvml_bytes = 0
         client.residency = EVICTED
         if client.evicted_at is None:
             client.evicted_at = now
+        return []
 
     # -- the room a grant needs ---------------------------------------------------------------
 
-    def shortfall(self, gpu: GpuState, candidate: Client) -> int:
-        """Bytes missing on ``gpu`` for ``candidate`` to work beside every resident client;
-        0 when it fits or when the GPU's capacity or the candidate's working set is unknown."""
+    def shortfall(self, gpu: GpuState, candidate: Client, reserved: int = 0) -> int:
+        """Bytes missing on ``gpu`` for ``candidate`` to work beside every resident client
+        (and ``reserved`` bytes kept for someone else); 0 when it fits or when the GPU's
+        capacity or the candidate's working set is unknown."""
         capacity = gpu.spec.memory_total
         if capacity is None or candidate.working_set is None:
             return 0
-        others = 0
+        others = reserved
         for holder in gpu.holders.values():
             if holder is not candidate:
                 others += need(holder) if holder.memory else (holder.working_set or 0)
         for client in gpu.memory_clients.values():
-            if client is candidate or holding(client):
-                continue
-            if client.residency == EVICTED and client.evict_failed is None:
-                # It moved out all it could: what it still has here cannot move (a retained or
-                # exported handle, memory the evictor cannot reach), and no eviction frees it.
-                continue
-            others += occupies(client)
+            if client is not candidate and not holding(client):
+                others += counted(client)
         # Capped by what the others have there: a working set larger than the card on its own
         # is granted once nobody else's memory is left (as before the memory feature), rather
         # than waiting for room that no eviction can make.
@@ -206,19 +286,35 @@ class Residency:
         when the room cannot be made whatever is asked, why (the waiter is refused)."""
         on_the_way: list[Client] = []
         evictable: list[Client] = []
+        later: list[Client] = []
         stuck: list[Client] = []
+        config = self.state.config
+        tq = self.state.tq_for(gpu.spec.index)
+        retry_at: float | None = None
         for client in gpu.memory_clients.values():
-            if client is candidate or holding(client) or not occupies(client):
+            if client is candidate or holding(client) or not counted(client):
                 continue
             if client.residency == EVICTING and client.evict_failed is None:
                 on_the_way.append(client)
-            elif client.evict_failed is None and client.residency != EVICTED and (
-                    client.evict in PAGES_ITSELF or client.checkpointable):
-                evictable.append(client)
+            elif client.evict_failed is None and (
+                    (client.residency == RESIDENT and (
+                        client.evict in PAGES_ITSELF or client.checkpointable))
+                    or (client.residency == EVICTED and client.checkpointable
+                        and not client.checkpoint_asked)):
+                # Evictable; as often as fair_eviction.py allows, for this waiter.
+                at = max(fair_eviction.may_ask_at(client, candidate, config.evict_interval,
+                                                  tq), candidate.may_ask_from)
+                if at > now:
+                    later.append(client)
+                    retry_at = at if retry_at is None else min(retry_at, at)
+                else:
+                    evictable.append(client)
             else:
                 stuck.append(client)
-        coming = sum(occupies(c) for c in on_the_way)
-        if coming + sum(occupies(c) for c in evictable) < short:
+        gpu.evict_retry_at = None
+        coming = sum(counted(c) for c in on_the_way)
+        can = sum(counted(c) for c in evictable)
+        if coming + can + sum(counted(c) for c in later) < short:
             if on_the_way:
                 self._wait_for(candidate, on_the_way)
                 return [], None  # what is under way may still be enough after a timeout
@@ -230,32 +326,41 @@ class Residency:
         for client in evictable:
             if missing <= 0:
                 break
-            nbytes = occupies(client)
+            nbytes = counted(client)
             missing -= nbytes
-            client.residency = EVICTING
-            client.evict_asked_at = now
             on_the_way.append(client)
-            self.state.counts["evictions"] += 1
-            self._count(client, "room")
-            if client.evict in PAGES_ITSELF:
-                actions.append(Evict(client.id, gpu.spec.index, nbytes,
-                                     candidate.display_name))
-            else:
-                client.checkpoint_asked = True
-                actions.append(Suspend(client.id, gpu.spec.index, "room"))
-        self._wait_for(candidate, on_the_way)
+            actions.append(self._ask(gpu, client, candidate, nbytes, now))
+        if missing > 0:
+            gpu.evict_retry_at = retry_at  # the rest may be asked then
+        self._wait_for(candidate, on_the_way or later)
         return actions, None
 
+    def _ask(self, gpu: GpuState, client: Client, candidate: Client, nbytes: int,
+             now: float) -> Action:
+        """Ask ``client`` to evict ``nbytes`` for ``candidate``, and keep the books."""
+        client.evict_asked_at = client.evict_progress_at = now
+        fair_eviction.asked(client, candidate, now)
+        self.state.counts["evictions"] += 1
+        self._count(client, "room")
+        by = gpu.evictions_by
+        by[candidate.priority] = by.get(candidate.priority, 0) + 1
+        if client.residency == RESIDENT and client.evict in PAGES_ITSELF:
+            client.residency = EVICTING
+            return Evict(client.id, gpu.spec.index, nbytes, candidate.display_name)
+        client.residency = EVICTING
+        client.checkpoint_asked = True
+        return Suspend(client.id, gpu.spec.index, "room")
+
     def _wait_for(self, candidate: Client, on_the_way: list[Client]) -> None:
-        first = max(on_the_way, key=occupies)
+        first = max(on_the_way, key=counted)
         candidate.waiting_for = WaitingFor(
-            first.id, first.display_name, occupies(first),
+            first.id, first.display_name, counted(first),
             "checkpoint" if first.checkpoint_asked else "evict")
 
     def _no_room(self, gpu: GpuState, candidate: Client, short: int,
                  stuck: list[Client]) -> str:
         holders = [*gpu.holders.values(), *stuck]
-        who = ", ".join(f"{c.display_name} ({gib(need(c) if holding(c) else occupies(c))}"
+        who = ", ".join(f"{c.display_name} ({gib(need(c) if holding(c) else counted(c))}"
                         f"{', ' + c.evict_failed if c.evict_failed else ''})" for c in holders)
         return (f"{candidate.display_name} needs {gib(need(candidate))} on GPU "
                 f"{gpu.spec.index}, {gib(short)} more than is free, and that room cannot be "
@@ -264,27 +369,16 @@ class Residency:
     # -- time passing -------------------------------------------------------------------------
 
     def due(self, gpu: GpuState, now: float) -> list[Action]:
-        """Evictions past ``evict_timeout`` and evicted clients past ``checkpoint_after``."""
+        """Evictions without progress for ``evict_timeout``, and evicted clients past
+        ``checkpoint_after``."""
         config = self.state.config
         actions: list[Action] = []
-        for client in gpu.memory_clients.values():
-            asked = client.evict_asked_at
-            if client.residency == EVICTING and asked is not None and \
-                    not client.checkpoint_asked and now >= asked + config.evict_timeout:
-                if client.checkpointable:
-                    client.checkpoint_asked = True
-                    self._count(client, "timeout")
-                    actions.append(Suspend(client.id, gpu.spec.index, "timeout"))
-                    for waiter in gpu.waiters.values():
-                        if waiter.waiting_for is not None and \
-                                waiter.waiting_for.client == client.id:
-                            waiter.waiting_for = WaitingFor(
-                                client.id, client.display_name, occupies(client), "checkpoint")
-                else:
-                    client.evict_asked_at = None
-                    client.evict_failed = (f"did not answer evict within "
-                                           f"{config.evict_timeout:g} s")
-                    client.residency = RESIDENT
+        for client in list(gpu.memory_clients.values()):
+            at = self._stalled_at(client)
+            if at is not None and now >= at:
+                actions.extend(self._could_not_evict(
+                    client, f"made no progress evicting for {config.evict_timeout:g} s "
+                    f"(evict_timeout)", "timeout"))
                 continue
             at = self._second_stage_at(client)
             if at is not None and now >= at:
@@ -294,17 +388,22 @@ class Residency:
         return actions
 
     def deadline(self, gpu: GpuState) -> float | None:
-        """When ``due`` next has something to do on ``gpu``."""
-        config = self.state.config
-        best: float | None = None
+        """When ``due`` next has something to do on ``gpu``, or a waiter may ask again."""
+        best = gpu.evict_retry_at
         for client in gpu.memory_clients.values():
-            asked = client.evict_asked_at
-            at = asked + config.evict_timeout if client.residency == EVICTING and \
-                asked is not None and not client.checkpoint_asked else \
-                self._second_stage_at(client)
+            at = self._stalled_at(client)
+            if at is None:
+                at = self._second_stage_at(client)
             if at is not None and (best is None or at < best):
                 best = at
         return best
+
+    def _stalled_at(self, client: Client) -> float | None:
+        """When an eviction under way has gone ``evict_timeout`` without progress."""
+        since = client.evict_progress_at
+        if client.residency != EVICTING or since is None or client.checkpoint_asked:
+            return None
+        return since + self.state.config.evict_timeout
 
     def _second_stage_at(self, client: Client) -> float | None:
         after = self.state.config.checkpoint_after

@@ -48,5 +48,11 @@ class GpuState:
         #: memory counts in every "does it fit". Empty, the rules are those of holders only.
         self.memory_clients: dict[str, Client] = {}
         #: Evictions asked on this GPU, by reason: ``room`` (for a grant), ``release`` (a holder
-        #: released ``evicting``), ``timeout`` and ``idle`` (checkpoints), for the metrics.
+        #: released ``evicting``), ``timeout``, ``failed``, ``checkpoint`` and ``idle``
+        #: (checkpoints after no progress, a failed eviction, a failed checkpoint, a long idle
+        #: spell), for the metrics; and those for room by the priority of who asked.
         self.evictions: dict[str, int] = {}
+        self.evictions_by: dict[str, int] = {}
+        #: A waiter for room may ask idle clients to evict again then (fair_eviction.py's
+        #: intervals); None: nothing waits for that.
+        self.evict_retry_at: float | None = None

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from nodeside.scheduler.core import Client, Scheduler
 from nodeside.scheduler.report import pool_reports
-from nodeside.scheduler.residency import holding, need, occupies
+from nodeside.scheduler.residency import counted, holding, need, occupies
 
 STATUS_VERSION = 1
 
@@ -33,10 +33,12 @@ def build_status(scheduler: Scheduler, now: float,
                  memory_used: Mapping[int, int | None] | None = None, *,
                  viewer_admin: bool = True, viewer_uid: int | None = None,
                  evictions: Evictions | None = None,
-                 host_budget: int | None = None) -> dict[str, Any]:
+                 host_budget: int | None = None,
+                 host_total: int | None = None) -> dict[str, Any]:
     """Snapshot the scheduler. ``memory_used`` is what NVML reads per GPU, where it can;
     ``evictions`` adds the checkpoint evictor's state (``evict_blocked`` per GPU,
-    ``checkpoint_state`` and ``checkpoint_error`` per client it checkpoints).
+    ``checkpoint_state`` and ``checkpoint_error`` per client it checkpoints); ``host_total``:
+    the host's memory, which no host figure shown exceeds, whatever clients say.
 
     A viewer that is not an admin sees every client's name and state, but the pid and labels
     only of clients with its own uid (``viewer_uid``): others' pids, labels (a pod's name, a
@@ -79,8 +81,9 @@ def build_status(scheduler: Scheduler, now: float,
             gpus[-1].update({
                 "resident_bytes": sum(_resident(c) for c in on_it),
                 "capacity": spec.memory_total,
-                "host_bytes": sum(c.host_bytes for c in on_it if c.memory),
-                "host_budget": host_budget,
+                "host_bytes": _at_most(sum(c.host_bytes for c in on_it if c.memory), host_total),
+                "host_budget": None if host_budget is None
+                else _at_most(host_budget, host_total),
             })
     clients = []
     for client in scheduler.clients.values():
@@ -93,8 +96,11 @@ def build_status(scheduler: Scheduler, now: float,
             entry.update({
                 "residency": client.residency,
                 "resident_bytes": occupies(client),
-                "host_bytes": client.host_bytes,
-                "shadow_bytes": client.shadow_bytes,
+                "counted_bytes": counted(client),
+                "evict_failed": client.evict_failed,
+                "evictions_asked": client.evictions_asked,
+                "host_bytes": _at_most(client.host_bytes, host_total),
+                "shadow_bytes": _at_most(client.shadow_bytes, host_total),
                 "memory_source": client.memory_source,
                 "waiting_for": None if waiting_for is None else {
                     "client": waiting_for.client, "name": waiting_for.name,
@@ -147,11 +153,15 @@ def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
     }
 
 
+def _at_most(nbytes: int, total: int | None) -> int:
+    return nbytes if total is None else min(nbytes, total)
+
+
 def _resident(client: Client) -> int:
-    """Bytes a client has on its GPU: reported (feature ``memory``), else a holder's working
-    set."""
+    """Bytes a client has on its GPU as the scheduler counts them (feature ``memory``), else a
+    holder's working set."""
     if client.memory:
-        return need(client) if holding(client) else occupies(client)
+        return need(client) if holding(client) else counted(client)
     return (client.working_set or 0) if client.state == "holding" else 0
 
 

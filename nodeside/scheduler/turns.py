@@ -19,6 +19,8 @@ import math
 from typing import final
 
 from nodeside import protocol as p
+from nodeside.model import EVICTING
+from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import (
     Action,
     Drop,
@@ -31,7 +33,7 @@ from nodeside.scheduler.actions import (
 from nodeside.scheduler.choosing import within_pool
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import Residency
+from nodeside.scheduler.residency import Residency, check_claim, counted, holding, need
 from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -86,6 +88,8 @@ class Turns:
             gpu.waiters.remove(client)
             client.move(HoldState.IDLE)
             client.requested_at = None
+            if client.room_asked:  # others were asked to evict for this wait
+                fair_eviction.wait_ended(client, now, self.state.config.evict_interval, True)
             return [Released(client.id, evict=False), *self.schedule(gpu, now)]
         if client.hold_state is HoldState.IDLE:
             return [Released(client.id, evict=False)]
@@ -115,11 +119,13 @@ class Turns:
                            ) -> list[Action]:
         if nbytes < 0:
             raise SchedulerError(p.E_INVALID, "working set must not be negative")
+        gpu = self.state.gpus[client.gpu]
+        if client.memory:  # refused before anything changes
+            check_claim(gpu, resident, "working_set.resident")
         client.working_set = nbytes
         client.evictable = evictable
         if client.memory:
-            self.residency.report(client, resident, host, shadow)
-        gpu = self.state.gpus[client.gpu]
+            self.residency.report(client, resident, host, shadow, now)
         return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
 
     def free(self, client: Client, now: float) -> None:
@@ -207,7 +213,10 @@ class Turns:
                     asked, refused = self.residency.make_room(gpu, candidate, short, now)
                     actions.extend(asked)
                     if refused is None:
-                        break  # granted once the room is there
+                        # Granted once the room is there; meanwhile, grants that need no
+                        # room go on.
+                        actions.extend(self._beside_room_wait(gpu, candidate, now))
+                        break
                     if candidate.memory:
                         actions.append(self._refuse(gpu, candidate, refused))
                         continue
@@ -222,12 +231,49 @@ class Turns:
             actions.extend(self.taking.take_turns(gpu, now))
         return actions
 
+    def _beside_room_wait(self, gpu: GpuState, parked: Client, now: float) -> list[Action]:
+        """``parked`` waits for idle clients to make room: a waiter for room never blocks the
+        queue. Those behind it whose grant needs no room go on meanwhile, in the order they
+        would be served: in mode on while nobody holds; in mode auto each whose working set
+        is known and fits beside the holders. Each must fit beside what is resident now, and
+        beside ``parked`` once the evictions under way are done: the room being made is not
+        taken from it."""
+        state = self.state
+        actions: list[Action] = []
+        # What it needs beyond the room already on its way out: what the others may not take.
+        coming = sum(counted(c) for c in gpu.memory_clients.values()
+                     if c.residency == EVICTING and c.evict_failed is None and not holding(c))
+        wanted = need(parked) - counted(parked) if parked.memory else (parked.working_set or 0)
+        reserved = max(0, wanted - coming)
+        mode = state.mode
+        choice = state.choice
+        for waiter in choice.order(gpu, now):
+            if gpu.holders and mode == "on":
+                break
+            if waiter is parked or choice.over_maximum(gpu, waiter.pool, now):
+                continue
+            if gpu.holders and (waiter.working_set is None
+                                or not self.room.fits_beside(gpu, [waiter])
+                                or self._held_back(gpu, waiter, now)):
+                continue
+            if mode == "auto" and waiter.working_set is None:
+                continue  # it needs the whole GPU: it would take the room being made
+            # What its grant would bring onto the GPU: none, and it goes on whatever the GPU
+            # holds now (the room being made is for what others hold too much of).
+            adds = max(0, need(waiter) - counted(waiter)) if waiter.memory \
+                else (waiter.working_set or 0)
+            if adds and self.residency.shortfall(gpu, waiter, reserved):
+                continue
+            actions.append(self._moves.grant(gpu, waiter, now))
+        return actions
+
     def _refuse(self, gpu: GpuState, client: Client, why: str) -> Refuse:
         """The room ``client`` waits for cannot be made: it is idle again, and told why."""
         gpu.waiters.remove(client)
         client.move(HoldState.IDLE)
         client.requested_at = None
         client.waiting_for = None
+        fair_eviction.wait_ended(client, 0.0, 0.0, False)
         self.state.counts["refusals"] += 1
         return Refuse(client.id, gpu.spec.index, why)
 

@@ -3,8 +3,9 @@
 Every "does it fit" counts the memory idle clients keep on the GPU; a grant that does not fit
 beside it asks idle clients to evict first (LOW first, then least recently used, never a
 holder), goes out when their reports say the room is there, and a client that does not answer
-is checkpointed where the daemon reaches it, else the waiter is refused with who holds the
-memory. Clients that do not speak the feature are scheduled as before.
+is checkpointed where the daemon reaches it, else it stops counting where only its claim says
+it holds the memory, and the waiter is refused with who holds it where NVML says so. Clients
+that do not speak the feature are scheduled as before.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nodeside.scheduler.core import (
     Released,
     Scheduler,
     Suspend,
+    Uncounted,
     WaitingFor,
 )
 
@@ -138,19 +140,36 @@ def test_an_evicted_client_restores_on_its_grant_until_a_report_says_host_zero()
     assert s.clients[a].residency == RESIDENT
 
 
-def test_a_silent_client_that_cannot_be_checkpointed_gets_the_waiter_refused() -> None:
+def test_a_silent_client_that_cannot_be_checkpointed_stops_counting_and_the_waiter_goes_on(
+        ) -> None:
+    """Only its claim says it holds the memory (no NVML here): once it makes no progress for
+    evict_timeout, the claim no longer counts against others' room (issue 40, N1)."""
     s = make()
     a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
     used(s, a, 1.0, 6 * GiB)
     assert of(Evict, s.acquire(5.0, b))
     assert s.next_deadline(5.0) == 5.0 + TIMEOUT
     assert s.tick(5.0 + TIMEOUT - 0.1) == []
+    actions = s.tick(5.0 + TIMEOUT)
+    [uncounted] = of(Uncounted, actions)
+    assert (uncounted.client, uncounted.nbytes) == (a, 6 * GiB) and "no progress" in uncounted.why
+    assert Grant(b, 0, 30.0) in actions and s.clients[a].evict_failed
+
+
+def test_a_silent_client_whose_memory_nvml_shows_gets_the_waiter_refused() -> None:
+    """The memory is on the card by NVML's count: the waiter is told who holds it, once."""
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    s.memory_seen(2.0, {a: 6 * GiB, b: 0})
+    assert of(Evict, s.acquire(5.0, b))
     refused = of(Refuse, s.tick(5.0 + TIMEOUT))
     assert len(refused) == 1 and refused[0].client == b and "nbA" in refused[0].message
     assert s.clients[b].state == "idle" and s.clients[a].evict_failed
-    # Its next report makes it evictable again.
+    # Saying its figures again does not make it evictable: the next waiter hears at once.
     s.report_working_set(20.0, a, 6 * GiB, resident=6 * GiB, host=0)
-    assert s.clients[a].evict_failed is None
+    assert s.clients[a].evict_failed
+    assert [r.client for r in of(Refuse, s.acquire(21.0, b))] == [b]
 
 
 def test_a_silent_client_the_daemon_reaches_is_checkpointed() -> None:
@@ -178,10 +197,23 @@ def test_the_room_that_cannot_be_made_is_refused_at_once() -> None:
     a, b = client(s, "nbA", 4 * GiB), client(s, "nbB", 8 * GiB)
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
     s.report_working_set(1.0, a, 4 * GiB, resident=4 * GiB, host=0)
+    s.memory_seen(1.5, {a: 4 * GiB, b: 0})
     s.release(2.0, a)
     s.evicted(3.0, a, failed="pinned allocations")
     refused = of(Refuse, s.acquire(4.0, b))
     assert [r.client for r in refused] == [b] and "pinned allocations" in refused[0].message
+
+
+def test_a_failed_eviction_only_claimed_stops_counting_and_the_waiter_is_granted() -> None:
+    s = make(mode="auto")
+    a, b = client(s, "nbA", 4 * GiB), client(s, "nbB", 8 * GiB)
+    assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
+    s.report_working_set(1.0, a, 4 * GiB, resident=4 * GiB, host=0)
+    s.release(2.0, a)
+    assert s.evicted(3.0, a, failed="pinned allocations") == \
+        [Uncounted(a, 0, 4 * GiB, "pinned allocations")]
+    actions = s.acquire(4.0, b)
+    assert Grant(b, 0, 30.0) in actions and not of(Refuse, actions)
 
 
 def test_a_client_without_the_feature_is_granted_into_the_room_there_is_not_refused() -> None:

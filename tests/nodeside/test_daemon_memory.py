@@ -18,6 +18,7 @@ import pytest
 from support import DaemonProcess, build_fake_nvml, scaled, wait_for_status
 
 from nodeside import protocol as p
+from nodeside.daemon.hostmem import host_total
 
 GiB = 1 << 30
 
@@ -27,7 +28,7 @@ class Line:
     are kept for ``event``."""
 
     def __init__(self, daemon: DaemonProcess, name: str, working_set: int, *,
-                 memory: bool = True, evict: str = "vmm") -> None:
+                 memory: bool = True, evict: str = "vmm", **register: object) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(scaled(10))
         self.sock.connect(daemon.socket)
@@ -38,7 +39,7 @@ class Line:
                                features=[p.FEATURE_MEMORY] if memory else [])
         assert welcome["op"] == p.WELCOME
         registered = self.request(p.REGISTER, name=name, display_name=f"{name}.ipynb",
-                                  working_set=working_set, evict=evict)
+                                  working_set=working_set, evict=evict, **register)
         self.id = registered.get("client")
         self.registered = registered
 
@@ -136,7 +137,10 @@ def test_shadows_made_ahead_count_as_host_memory_that_evictions_have(gpu10) -> N
     spoken for already (the host's MemAvailable no longer counts it), so the budget counts it
     as held, once (evicted memory lives in those shadows), and an eviction into shadows that
     are there is not said to lack room; one that needs new host memory is."""
-    shadows = 1 << 45  # 32 TiB: more than MemAvailable is anywhere this runs
+    # All the host has: more than MemAvailable, and no more than a figure the daemon shows
+    # (issue 40, N3: host figures past what the host has are cut to it).
+    shadows = host_total()
+    assert shadows is not None
     a, b = Line(gpu10, "nbA", 6 * GiB), Line(gpu10, "nbB", 6 * GiB)
     assert a.request(p.ACQUIRE)["op"] == p.GRANT
     assert a.request(p.WORKING_SET, bytes=6 * GiB, evictable=6 * GiB, resident=6 * GiB, host=0,
@@ -174,8 +178,11 @@ def test_a_release_with_evicting_hands_over_once_enough_is_out(gpu10) -> None:
     assert b.event()["op"] == p.GRANT
 
 
-def test_an_idle_client_that_does_not_answer_gets_the_waiter_refused(start_daemon,
-                                                                      tmp_path) -> None:
+def test_an_idle_client_that_does_not_answer_stops_counting_and_the_waiter_is_granted(
+        start_daemon, tmp_path) -> None:
+    """Only its claim says it holds the memory (no NVML here): after evict_timeout without
+    progress the claim stops counting, the log names it, and saying its figures again does not
+    make the next waiter wait for it (issue 40, N1 and N4b)."""
     daemon = start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory",
                           "10GiB", "--config", config(tmp_path, memory_reserve=0,
                                                       evict_timeout=0.5))
@@ -183,10 +190,14 @@ def test_an_idle_client_that_does_not_answer_gets_the_waiter_refused(start_daemo
     used(a, 6 * GiB)
     assert b.request(p.ACQUIRE)["op"] == p.WAITING
     assert a.event()["op"] == p.EVICT  # and a says nothing more
-    refused = b.event()
-    assert (refused["op"], refused["code"]) == (p.ERROR, p.E_ROOM)
-    assert "nbA.ipynb" in refused["message"] and "seq" not in refused
-    assert b.me()["state"] == "idle" and a.me()["residency"] == "resident"
+    assert b.event()["op"] == p.GRANT
+    daemon.wait_log(r"nbA \(c1\) made no progress evicting for 0\.5 s \(evict_timeout\); the "
+                    r"6144 MiB only it says it holds no longer count")
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
+    assert b.request(p.RELEASE)["op"] == p.RELEASED
+    c = Line(daemon, "nbC", 6 * GiB)
+    assert c.request(p.ACQUIRE)["op"] == p.GRANT
+    assert a.me()["residency"] == "resident"
 
 
 def test_without_the_feature_the_protocol_is_todays(gpu10) -> None:

@@ -18,16 +18,22 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def test_resident_and_evicted_bytes_evictions_and_restores_are_exposed() -> None:
+def b_asks_a_to_evict(b_priority: str = "NORMAL") -> tuple[Scheduler, str, str]:
+    """nbA holds 6 GiB and goes idle; nbB's grant needs the room: a is asked to evict."""
     s = Scheduler(SchedulerConfig(memory_reserve=0), [GpuSpec(0, memory_total=10 * GiB)], 0.0)
     a = s.register(0.0, name="nbA", working_set=6 * GiB, evict="vmm").id
-    b = s.register(0.0, name="nbB", working_set=6 * GiB, evict="vmm").id
+    b = s.register(0.0, name="nbB", working_set=6 * GiB, evict="vmm", priority=b_priority).id
     for client in (a, b):
         s.track_memory(client, resident=0, host=0)
     s.acquire(1.0, a)
     s.report_working_set(1.0, a, 6 * GiB, resident=6 * GiB, host=0)
     s.release(2.0, a)
-    s.acquire(3.0, b)  # asks a to evict
+    s.acquire(3.0, b)
+    return s, a, b
+
+
+def test_resident_and_evicted_bytes_evictions_and_restores_are_exposed() -> None:
+    s, a, _ = b_asks_a_to_evict()
     s.evicted(4.0, a, resident=0, host=6 * GiB)
     s.count_evicted_bytes(6 * GiB)
     metrics = Metrics(s, clock=lambda: 5.0)
@@ -41,3 +47,12 @@ def test_resident_and_evicted_bytes_evictions_and_restores_are_exposed() -> None
     assert got[("kiwi_restores_total", ())] == 0
     assert got[("kiwi_eviction_seconds_count", (("gpu", "0"),))] == 1
     assert got[("kiwi_restore_seconds_sum", (("gpu", "0"),))] == 0.3
+
+
+def test_evictions_are_counted_by_who_asked() -> None:
+    """Issue 40, N5: by the waiter's priority per GPU, and per client that asked."""
+    s, _, _ = b_asks_a_to_evict("LOW")
+    got = samples(Metrics(s, clock=lambda: 5.0))
+    assert got[("kiwi_evictions_asked_by_total", (("gpu", "0"), ("priority", "LOW")))] == 1
+    assert got[("kiwi_client_evictions_asked_total", (("client", "nbB"), ("gpu", "0")))] == 1
+    assert ("kiwi_client_evictions_asked_total", (("client", "nbA"), ("gpu", "0"))) not in got

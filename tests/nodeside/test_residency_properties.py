@@ -4,11 +4,15 @@ Random clients (working sets, priorities, reachable by the checkpoint evictor or
 with room for some of them ask, give back (plainly or ``evicting``), answer an ``evict`` in
 part, in full or not at all, while time passes. Whatever the order:
 
-* never a grant while the resident bytes plus the incoming working set exceed the capacity;
+* never a grant while the bytes counted on the GPU plus the incoming working set exceed the
+  capacity (a client that could not evict and nobody checkpointed counts nothing: only its claim
+  says it holds anything);
 * an idle client is asked to evict only when the room is missing, and only as much as needed;
-* every eviction asked is acknowledged, checkpointed or reported (after the timeout nobody is
-  left on its way out);
-* nobody starves: once every client gives back and answers, every waiter is granted or refused.
+* every eviction asked is acknowledged, checkpointed or reported (after the timeout without
+  progress nobody is left on its way out);
+* nobody starves: once every client gives back and answers, every waiter is granted or refused;
+* a waiter for room never blocks the queue: a plain client (no ``memory`` feature, working set
+  unknown) that waits while nobody holds the GPU is granted at once (issue 40, N4b).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from hypothesis import strategies as st
 from nodeside.config import SchedulerConfig
 from nodeside.model import EVICTING
 from nodeside.scheduler.core import Evict, GpuSpec, Grant, Refuse, Scheduler, Suspend
-from nodeside.scheduler.residency import holding, need, occupies
+from nodeside.scheduler.residency import counted, holding, need, occupies
 
 GiB = 1 << 30
 CAPACITY = 10 * GiB
@@ -49,13 +53,16 @@ class Driver:
             self.s.track_memory(c.id, resident=0, host=0, checkpointable=reachable)
             self.ids.append(c.id)
             self.checkpoint_works[c.id] = works
+        #: A client that needs no room the scheduler can count: it never waits for evictions.
+        self.plain = self.s.register(0.0, name="plain").id
+        self.ids.append(self.plain)
         self.now = 0.0
         self.asked: set[str] = set()
         self.refused: set[str] = set()
 
     def resident_total(self) -> int:
         gpu = self.s.gpus[0]
-        return sum(need(c) if holding(c) else occupies(c) for c in gpu.memory_clients.values())
+        return sum(need(c) if holding(c) else counted(c) for c in gpu.memory_clients.values())
 
     def take(self, actions: list) -> None:
         """Check what the core said, and answer as the clients and the daemon would."""
@@ -70,6 +77,8 @@ class Driver:
             if isinstance(action, Grant):
                 client = self.s.clients[action.client]
                 assert self.resident_total() <= CAPACITY, "granted past the capacity"
+                if not client.memory:
+                    continue
                 # The newcomer moves in: its working set is resident now.
                 self.take(self.s.report_working_set(self.now, client.id, client.working_set,
                                                     resident=client.working_set, host=0))
@@ -88,6 +97,10 @@ class Driver:
             elif isinstance(action, Refuse):
                 self.refused.add(action.client)
                 assert self.s.clients[action.client].state == "idle"
+
+    def blocked_behind_room(self) -> bool:
+        gpu = self.s.gpus[0]
+        return not gpu.holders and self.s.clients[self.plain].state == "waiting"
 
     def step(self, op: str, index: int, dt: float) -> None:
         self.now += dt
@@ -120,16 +133,20 @@ class Driver:
          [("acquire", 0, 1.0), ("release", 0, 1.0), ("acquire", 1, 1.0), ("release", 1, 1.0),
           ("acquire", 2, 1.0), ("release", 2, 1.0), ("acquire", 3, 1.0), ("half", 0, 1.0),
           ("answer", 1, 1.0)])
+# A waiter for room (the second) and a plain client behind it (index 2) while nobody holds.
+@example([(6, "NORMAL", False, False), (6, "NORMAL", False, False)],
+         [("acquire", 0, 1.0), ("release", 0, 1.0), ("acquire", 1, 1.0), ("acquire", 2, 1.0)])
 def test_the_rules_hold_whatever_the_clients_do(specs, ops) -> None:
     d = Driver(specs)
     for op, index, dt in ops:
         d.step(op, index, dt)
+        assert not d.blocked_behind_room(), "a plain client waits behind a wait for room"
     # Nobody answers any more: past the timeout, no eviction asked before it is still open
     # (each was acknowledged, checkpointed or reported; the tick may ask others).
     d.now += TIMEOUT + 1
     d.take(d.s.tick(d.now))
     assert [c.id for c in d.s.clients.values() if c.residency == EVICTING
-            and c.evict_asked_at is not None and c.evict_asked_at + TIMEOUT <= d.now] == []
+            and c.evict_progress_at is not None and c.evict_progress_at + TIMEOUT <= d.now] == []
     # Now everyone cooperates: holders give back, evictions are answered, time passes.
     for _ in range(4 * len(d.ids) + 4):
         d.now += 1.0

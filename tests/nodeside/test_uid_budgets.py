@@ -27,9 +27,10 @@ def daemon_for_everyone(start_daemon, scratch: Path, extra: str = "") -> DaemonP
     return daemon
 
 
-def register_all_you_can(socket_path: str, most: int, labels: dict[str, str]) -> tuple[int, str]:
-    """As the attacker: register until refused (or ``most``), keeping every connection open
-    until the victim has tried. Returns how many were registered and the refusal."""
+def register_all_you_can(socket_path: str, most: int, labels: dict[str, str]
+                         ) -> tuple[list[Peer], str]:
+    """As the attacker: register until refused (or ``most``). Returns the registered
+    connections, to be kept open until the victim has tried, and the refusal."""
     peers = []
     refusal = ""
     for i in range(most):
@@ -39,37 +40,53 @@ def register_all_you_can(socket_path: str, most: int, labels: dict[str, str]) ->
             refusal = f"{reply.get('code')}: {reply.get('message')}"
             break
         peers.append(peer)
-    return len(peers), refusal
+    return peers, refusal
+
+
+def hogs_then_victim(daemon: DaemonProcess, uids: list[int], most: int,
+                     labels: dict[str, str], victim_uid: int = SOMEONE,
+                     victim_labels: dict[str, str] | None = None
+                     ) -> tuple[list[tuple[int, str]], dict]:
+    """Each hog (a uid of ``uids``, one after another, each in a child of its own) registers
+    all it can and keeps it; then a kernel of ``victim_uid`` registers. Returns each hog's count
+    and refusal, and the victim's reply."""
+    hogs: list[tuple[int, int, tuple[int, str]]] = []
+    try:
+        for uid in uids:
+            read_end, write_end = os.pipe()
+            go_end, wait_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # a hog, holding its connections until the victim has tried
+                try:
+                    os.setgroups([])
+                    os.setgid(uid)
+                    os.setuid(uid)
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+                    peers, refusal = register_all_you_can(daemon.socket, most, labels)
+                    os.write(write_end, pickle.dumps((len(peers), refusal)))
+                    os.close(write_end)  # the test reads to the end of what was written
+                    os.read(go_end, 1)
+                finally:
+                    os._exit(0)
+            os.close(write_end)
+            os.close(go_end)
+            with os.fdopen(read_end, "rb") as answer:
+                hogs.append((pid, wait_end, pickle.loads(answer.read())))
+        victim = as_user(victim_uid, lambda: Peer(daemon.socket).request(
+            {"op": "register", "name": "victim",
+             "labels": victim_labels if victim_labels is not None else {"pod": "victim-pod"}}))
+    finally:
+        for pid, wait_end, _ in hogs:
+            os.write(wait_end, b"x")
+            os.waitpid(pid, 0)
+    return [got for _, _, got in hogs], victim
 
 
 def hog_then_victim(daemon: DaemonProcess, most: int, labels: dict[str, str]
                     ) -> tuple[int, str, dict]:
     """The hog (uid NOBODY) registers all it can and keeps it; then a kernel of another user
     registers. Returns the hog's count and refusal, and the victim's reply."""
-    read_end, write_end = os.pipe()
-    go_end, wait_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the hog, holding its connections until the victim has tried
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
-            os.write(write_end, pickle.dumps(register_all_you_can(daemon.socket, most, labels)))
-            os.close(write_end)  # the test reads to the end of what was written
-            os.read(go_end, 1)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    os.close(go_end)
-    with os.fdopen(read_end, "rb") as answer:
-        count, refusal = pickle.loads(answer.read())
-    try:
-        victim = as_user(SOMEONE, lambda: Peer(daemon.socket).request(
-            {"op": "register", "name": "victim", "labels": {"pod": "victim-pod"}}))
-    finally:
-        os.write(wait_end, b"x")
-        os.waitpid(pid, 0)
+    [(count, refusal)], victim = hogs_then_victim(daemon, [NOBODY], most, labels)
     return count, refusal, victim
 
 
