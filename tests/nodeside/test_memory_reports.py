@@ -5,12 +5,11 @@ injected clock, then the daemon in this process on virtual time, counting its sc
 
 from __future__ import annotations
 
-from harness import Node
-
 from nodeside import protocol as p
 from nodeside.daemon.memory_reports import HOLDING, IDLE, INTERVAL, MOVING, MemoryReports
 from nodeside.daemon.working_sets import HOLD
 from nodeside.scheduler.residency import PROGRESS_BYTES
+from nodeside.testing import Node
 
 GiB = 1 << 30
 MiB = 1 << 20

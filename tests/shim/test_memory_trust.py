@@ -15,12 +15,11 @@ import socket
 from pathlib import Path
 
 from support import DaemonProcess, scaled
-from test_memory_e2e import (  # noqa: F401 - the fixtures card and watch
+from test_memory_e2e import (  # noqa: F401 - the fixture watch
     RESERVE,
     ROOM_FOR_ONE,
     WORKING_SET,
     Kernel,
-    card,
     client,
     registered,
     watch,
