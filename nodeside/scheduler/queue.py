@@ -12,27 +12,31 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, insort
-from collections import deque
 from collections.abc import Iterator, ValuesView
 from typing import Final, final
 
 from nodeside.scheduler.clients import Client
 
 PRIORITY_RANK: Final = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+#: Ids a lane's front may pass before the list is cut down to those still behind it.
+_COMPACT_AFTER: Final = 64
 
 
 @final
 class Lane:
     """One (pool, priority)'s waiters in request order, each with its arrival ticket."""
 
-    __slots__ = ("members", "_ticket", "_arrivals", "_next", "_gone")
+    __slots__ = ("members", "_ticket", "_arrivals", "_front", "_next", "_gone")
 
     def __init__(self) -> None:
         self.members: dict[str, Client] = {}
         self._ticket: dict[str, int] = {}
-        #: Ids in arrival order; ids that left from the middle are skipped when they reach
-        #: the front (lazily), so the first member is found in O(1) amortized.
-        self._arrivals: deque[str] = deque()
+        #: Ids in arrival order from ``_front`` on; ids that left from the middle are skipped
+        #: when they reach the front (lazily), so the first member is found in O(1) amortized.
+        #: A list and the place of its front rather than a deque: compiled, a list's item is
+        #: read in place, a deque's through a generic call (twice on every handoff).
+        self._arrivals: list[str] = []
+        self._front = 0
         self._next = 0
         #: Tickets of members that left from behind the first one, sorted.
         self._gone: list[int] = []
@@ -44,25 +48,38 @@ class Lane:
         self._next += 1
 
     def remove(self, client_id: str) -> None:
-        ticket = self._ticket.pop(client_id)
+        # Looked up and deleted, not pop(): compiled, pop is a generic method call.
+        ticket = self._ticket[client_id]
+        del self._ticket[client_id]
         del self.members[client_id]
-        if self._arrivals[0] != client_id:
+        arrivals = self._arrivals
+        front = self._front
+        if arrivals[front] != client_id:
             insort(self._gone, ticket)
             return
-        self._arrivals.popleft()
-        while self._arrivals and self._arrivals[0] not in self._ticket:
-            self._arrivals.popleft()
+        front += 1
+        while front < len(arrivals) and arrivals[front] not in self._ticket:
+            front += 1
+        if front == len(arrivals):  # nobody left: start the list afresh
+            self._arrivals = arrivals = []
+            front = 0
+        elif front > _COMPACT_AFTER and 2 * front > len(arrivals):
+            del arrivals[:front]  # the ids before the front left: keep the list bounded
+            front = 0
+        self._front = front
         if self._gone:  # none left from the middle (the usual case): nothing to forget
-            floor = self._ticket[self._arrivals[0]] if self._arrivals else self._next
+            floor = self._ticket[arrivals[front]] if arrivals else self._next
             del self._gone[:bisect_left(self._gone, floor)]
 
     def first(self) -> Client:
-        return self.members[self._arrivals[0]]
+        return self.members[self._arrivals[self._front]]
 
     def index(self, client_id: str) -> int:
         """0-based place in this lane."""
         ticket = self._ticket[client_id]
-        floor = self._ticket[self._arrivals[0]]
+        floor = self._ticket[self._arrivals[self._front]]
+        if not self._gone:  # none left from the middle (the usual case): no search
+            return ticket - floor
         return ticket - floor - bisect_left(self._gone, ticket)
 
     def __len__(self) -> int:
@@ -116,14 +133,26 @@ class WaitQueue:
         lanes[PRIORITY_RANK[client.priority]].add(client)
 
     def remove(self, client: Client) -> None:
-        if self._by_id.pop(client.id, None) is None:
+        if client.id not in self._by_id:
             return
+        del self._by_id[client.id]
         lanes = self._lanes[client.pool]
         lanes[PRIORITY_RANK[client.priority]].remove(client.id)
         for lane in lanes:
             if lane.members:
                 return
         del self._lanes[client.pool]
+
+    def sole_head(self) -> Client | None:
+        """The next waiter when exactly one pool waits (the usual case); None otherwise.
+        ``heads`` without the dict: asked on every handoff."""
+        if len(self._lanes) != 1:
+            return None
+        for lanes in self._lanes.values():
+            for lane in lanes:
+                if lane.members:
+                    return lane.first()
+        return None
 
     def heads(self) -> dict[str, Client]:
         """Each pool's next waiter (asked on every event: plain loops, no generators)."""
@@ -155,8 +184,9 @@ class WaitQueue:
         lanes = self._lanes[client.pool]
         rank = PRIORITY_RANK[client.priority]
         ahead = lanes[rank].index(client.id)
-        for lane in lanes[:rank]:  # a loop, not sum() over a generator: every waiting reply
-            ahead += len(lane.members)
+        # A loop over places, not sum() over a generator nor a slice: every waiting reply.
+        for higher in range(rank):
+            ahead += len(lanes[higher].members)
         return ahead
 
     def pool_size(self, pool: str) -> int:
