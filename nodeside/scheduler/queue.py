@@ -26,16 +26,19 @@ _COMPACT_AFTER: Final = 64
 class Lane:
     """One (pool, priority)'s waiters in request order, each with its arrival ticket."""
 
-    __slots__ = ("members", "_ticket", "_arrivals", "_front", "_next", "_gone")
+    __slots__ = ("members", "_ticket", "_arrivals", "_base", "_front", "_next", "_gone")
 
     def __init__(self) -> None:
         self.members: dict[str, Client] = {}
+        #: Each member's ticket: the number of its arrival in this lane.
         self._ticket: dict[str, int] = {}
-        #: Ids in arrival order from ``_front`` on; ids that left from the middle are skipped
-        #: when they reach the front (lazily), so the first member is found in O(1) amortized.
-        #: A list and the place of its front rather than a deque: compiled, a list's item is
-        #: read in place, a deque's through a generic call (twice on every handoff).
+        #: Ids in arrival order, the one at place i with ticket ``_base + i``; the members
+        #: are those whose ticket is still theirs. One that left (or left and came back, with
+        #: a new ticket further on) is passed over when it reaches the front, so the first
+        #: member is found in O(1) amortized. A list and the place of its front rather than a
+        #: deque: compiled, a list's item is read in place, a deque's through a generic call.
         self._arrivals: list[str] = []
+        self._base = 0
         self._front = 0
         self._next = 0
         #: Tickets of members that left from behind the first one, sorted.
@@ -52,35 +55,38 @@ class Lane:
         ticket = self._ticket[client_id]
         del self._ticket[client_id]
         del self.members[client_id]
-        arrivals = self._arrivals
-        front = self._front
-        if arrivals[front] != client_id:
-            insort(self._gone, ticket)
+        if ticket != self._base + self._front:
+            insort(self._gone, ticket)  # from behind the first one
             return
-        front += 1
-        while front < len(arrivals) and arrivals[front] not in self._ticket:
+        self._pass_the_departed(self._front + 1)
+        if self._gone:  # none left from the middle (the usual case): nothing to forget
+            floor = self._base + self._front if self.members else self._next
+            del self._gone[:bisect_left(self._gone, floor)]
+
+    def _pass_the_departed(self, front: int) -> None:
+        """Move the front to the first arrival at or after ``front`` still in the lane."""
+        arrivals, tickets, base = self._arrivals, self._ticket, self._base
+        while front < len(arrivals) and tickets.get(arrivals[front]) != base + front:
             front += 1
         if front == len(arrivals):  # nobody left: start the list afresh
-            self._arrivals = arrivals = []
+            self._arrivals = []
+            self._base += front
             front = 0
         elif front > _COMPACT_AFTER and 2 * front > len(arrivals):
-            del arrivals[:front]  # the ids before the front left: keep the list bounded
+            del arrivals[:front]  # those before the front left: keep the list bounded
+            self._base += front
             front = 0
         self._front = front
-        if self._gone:  # none left from the middle (the usual case): nothing to forget
-            floor = self._ticket[arrivals[front]] if arrivals else self._next
-            del self._gone[:bisect_left(self._gone, floor)]
 
     def first(self) -> Client:
         return self.members[self._arrivals[self._front]]
 
     def index(self, client_id: str) -> int:
         """0-based place in this lane."""
-        ticket = self._ticket[client_id]
-        floor = self._ticket[self._arrivals[self._front]]
+        ahead = self._ticket[client_id] - (self._base + self._front)
         if not self._gone:  # none left from the middle (the usual case): no search
-            return ticket - floor
-        return ticket - floor - bisect_left(self._gone, ticket)
+            return ahead
+        return ahead - bisect_left(self._gone, self._ticket[client_id])
 
     def __len__(self) -> int:
         return len(self.members)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nodeside.config import from_mapping
@@ -136,3 +136,27 @@ def test_a_pool_tied_at_an_earlier_place_goes_first() -> None:
         s.acquire(49.0, client.id)
     assert [c.name for c in s.queue(0, 50.0)] == ["a0", "b0", "a1", "b1", "a2"]
     assert [s.queue_position(c.id, 50.0) for c in clients] == [1, 3, 5, 2, 4]
+
+
+# Few clients, so that one leaves and comes back while others still wait behind its first place.
+rejoins = st.lists(st.tuples(st.booleans(), st.integers(0, 4), st.sampled_from(["NORMAL"]),
+                             st.sampled_from(["a"])), max_size=120)
+
+
+@given(rejoins)
+@example([(True, 0, "NORMAL", "a"), (True, 1, "NORMAL", "a"), (False, 1, "NORMAL", "a"),
+          (True, 2, "NORMAL", "a"), (True, 1, "NORMAL", "a"), (False, 0, "NORMAL", "a")])
+def test_a_client_back_in_its_lane_is_served_after_those_who_came_meanwhile(ops) -> None:
+    queue, inside = WaitQueue(), {}
+    for order, (arrive, n, priority, pool) in enumerate(ops):
+        key = f"c{n}"
+        if arrive and key not in inside:
+            inside[key] = Client(id=key, name=key, gpu=0, pool=pool, priority=priority,
+                                 request_order=order)
+            queue.add(inside[key])
+        elif not arrive and key in inside:
+            queue.remove(inside.pop(key))
+        by_order = sorted(inside.values(), key=lambda c: c.request_order)
+        assert queue.in_order("a") == by_order
+        assert [queue.index_in_pool(c) for c in by_order] == list(range(len(by_order)))
+        assert queue.heads() == ({"a": by_order[0]} if by_order else {})
