@@ -59,8 +59,13 @@ TRANSITIONS: frozenset[tuple[HoldState, HoldState]] = frozenset({
 
 
 #: The table as a list of its pairs, which a move looks through by identity: an Enum member's
-#: hash is a Python-level call (compiled too), and a set of pairs hashes the pair and both.
-_MOVES: list[tuple[HoldState, HoldState]] = sorted(TRANSITIONS, key=str)
+#: hash is a Python-level call (compiled too), and a set of pairs hashes the pair and both. A
+#: handoff's three moves come first.
+_HANDOFF_MOVES = [(HoldState.WAITING, HoldState.HOLDING), (HoldState.HOLDING, HoldState.IDLE),
+                  (HoldState.IDLE, HoldState.WAITING)]
+_MOVES: list[tuple[HoldState, HoldState]] = [
+    *_HANDOFF_MOVES, *sorted(TRANSITIONS - set(_HANDOFF_MOVES), key=str)]
+assert set(_MOVES) == TRANSITIONS
 
 
 class IllegalTransition(Exception):  # not RuntimeError: mypyc compiles Exception subclasses only

@@ -215,11 +215,18 @@ class Turns:
                     # with code `room` is the feature's): it is granted into what room there
                     # is, as before the feature, rather than left waiting for good.
             actions.append(self._moves.grant(gpu, candidate, now))
+        # Each extended only with what there is: on most events there is nothing.
         if waiters and state.preemption:  # nobody waiting, or preemption off: no call at all
-            actions.extend(self._preempt(gpu, now))
+            dropped = self._preempt(gpu, now)
+            if dropped:
+                actions.extend(dropped)
         if holders:
-            actions.extend(self._end_quanta(gpu, now))
-            actions.extend(self.taking.take_turns(gpu, now))
+            ended = self._end_quanta(gpu, now)
+            if ended:
+                actions.extend(ended)
+            turned = self.taking.take_turns(gpu, now)
+            if turned:
+                actions.extend(turned)
         return actions
 
     def _refuse(self, gpu: GpuState, client: Client, why: str) -> Refuse:
