@@ -20,6 +20,8 @@ from nodeside.scheduler.clients import Client
 PRIORITY_RANK: Final = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
 #: Ids a lane's front may pass before the list is cut down to those still behind it.
 _COMPACT_AFTER: Final = 64
+#: Pools whose empty lanes a queue keeps for their next waiter.
+_SPARE_POOLS: Final = 16
 
 
 @final
@@ -103,11 +105,16 @@ class WaitQueue:
     is called directly. Only ``add`` and ``remove`` change the map: they keep the lanes in step.
     """
 
-    __slots__ = ("_by_id", "_lanes")
+    __slots__ = ("_by_id", "_lanes", "_spare")
 
     def __init__(self) -> None:
         self._by_id: dict[str, Client] = {}
+        #: The lanes of each pool that waits (and of no other).
         self._lanes: dict[str, list[Lane]] = {}
+        #: The empty lanes of pools that waited lately, kept for when they wait again: a queue
+        #: that empties at every grant (two clients taking turns) makes no lanes each time.
+        #: Bounded, so pools of ever new names leave nothing behind.
+        self._spare: dict[str, list[Lane]] = {}
 
     # -- the map of waiters by client id ---------------------------------------------------
 
@@ -135,7 +142,12 @@ class WaitQueue:
         self._by_id[client.id] = client
         lanes = self._lanes.get(client.pool)
         if lanes is None:
-            lanes = self._lanes[client.pool] = [Lane() for _ in PRIORITY_RANK]
+            lanes = self._spare.get(client.pool)
+            if lanes is None:
+                lanes = [Lane() for _ in PRIORITY_RANK]
+            else:
+                del self._spare[client.pool]
+            self._lanes[client.pool] = lanes
         lanes[PRIORITY_RANK[client.priority]].add(client)
 
     def remove(self, client: Client) -> None:
@@ -148,6 +160,9 @@ class WaitQueue:
             if lane.members:
                 return
         del self._lanes[client.pool]
+        if len(self._spare) >= _SPARE_POOLS:
+            self._spare.clear()
+        self._spare[client.pool] = lanes
 
     def sole_head(self) -> Client | None:
         """The next waiter when exactly one pool waits (the usual case); None otherwise.
