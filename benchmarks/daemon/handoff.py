@@ -4,6 +4,7 @@
                                         [--requeue] [--idle-only | --no-idle]
                                         [--nvshare PATH] [--throughput PROCESSES]
                                         [--throughput-seconds 20] [--hog LOOPS]
+                                        [--hog-lead 10] [--python-ring] [--instructions]
 
 One C harness (benchmarks/daemon/c/contenders.c) holds N connections; every one of them waits all
 the time: the holder keeps the GPU for 20 us, releases and asks again at once. A handoff is the time
@@ -11,12 +12,16 @@ from just before the holder's release is written to the next holder having read 
 harness runs against the Kiwi daemon, against the relay ring (benchmarks/daemon/c/relay_ring.c, a
 token-passing epoll server in C: the floor) and, given ``--nvshare`` (an ``nvshare-scheduler``
 built from github.com/grgalex/nvshare, never part of this repository), against nvshare's own C
-scheduler in its own protocol: one after the other for each N, the order reversed between repeats,
+scheduler in its own protocol, and given ``--python-ring`` against the same ring as the floor in
+Python on uvloop, compiled (benchmarks/daemon/py_ring.py: what a Python daemon costs at all):
+one after the other for each N, the order reversed between repeats,
 each on a fresh server. Reported per N: handoff p50 and p99, handoffs per second, the server's CPU
 per handoff (its threads' run time over the measured handoffs / handoffs), and the ratios, per
 repeat too, with the machine's load before each repeat. ``--throughput P`` adds P harness
 processes running flat out (benchmarks/daemon/throughput.py) against each server. ``--hog L``
-runs everything a second time beside L busy loops. The idle-clients case (2 contenders beside
+runs everything a second time beside L busy loops. ``--instructions`` ends with each server's
+instructions per handoff under callgrind (benchmarks/daemon/instructions.py), which do not move
+with the load. The idle-clients case (2 contenders beside
 N - 2 registered connections that never ask) is kept for comparison with earlier figures.
 
 Goals. Issue 12: p50 within 1.5x of the floor, daemon CPU per handoff at most 35 us, p50 growth
@@ -39,8 +44,12 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from benchmarks.common import utc_now
+from benchmarks.daemon.instructions import per_handoff
+from benchmarks.daemon.instructions import table as instructions_table
 from benchmarks.daemon.servers import (
+    NAMES,
     NVSHARE,
+    PY_RING,
     SERVERS,
     Run,
     dialect,
@@ -57,7 +66,6 @@ GROWTH_GOAL = 1.2
 IDLE_SIZES = (2, 64, 512)
 #: Seconds the busy loops run before the first measurement beside them (``--hog-lead``).
 HOG_LEAD = 10.0
-NAMES = {"kiwi": "Kiwi", "floor": "floor", NVSHARE: "nvshare"}
 
 
 def measure(kind: str, contenders: int, idle: int, handoffs: int, requeue: bool,
@@ -116,7 +124,7 @@ def run_all(sizes: Sequence[int], idle: bool, repeats: int, handoffs: int, reque
 
 
 def waiting_table(phase: Phase, sizes: Sequence[int]) -> list[str]:
-    kinds = [k for k in ("kiwi", NVSHARE, "floor") if k in phase.kinds]
+    kinds = [k for k in NAMES if k in phase.kinds]
     others = [k for k in kinds if k != "kiwi"]
     head = ["clients waiting", *(f"{NAMES[k]} p50 (µs)" for k in kinds),
             *(f"Kiwi / {NAMES[k]} p50" for k in others),
@@ -139,7 +147,7 @@ def waiting_table(phase: Phase, sizes: Sequence[int]) -> list[str]:
 
 
 def throughput_table(phase: Phase, processes: int) -> list[str]:
-    kinds = [k for k in ("kiwi", NVSHARE, "floor") if k in phase.kinds]
+    kinds = [k for k in NAMES if k in phase.kinds]
     others = [k for k in kinds if k != "kiwi"]
     head = ["server", "handoffs/s", "CPU per handoff (µs)",
             *(f"Kiwi / {NAMES[k]} handoffs/s" for k in others)]
@@ -193,7 +201,7 @@ def goals_table(phase: Phase, sizes: Sequence[int], processes: int) -> list[str]
 
 def repeats_table(phase: Phase, sizes: Sequence[int], processes: int) -> list[str]:
     """Every ratio of every repeat, beside the load the repeat began under."""
-    others = [k for k in (NVSHARE, "floor") if k in phase.kinds]
+    others = [k for k in NAMES if k in phase.kinds and k != "kiwi"]
     head = ["repeat", "load (1 min)", "clients", *(f"Kiwi / {NAMES[k]} p50" for k in others),
             *(f"Kiwi / {NAMES[k]} CPU" for k in others),
             *(f"Kiwi / {NAMES[k]} handoffs/s" for k in others)]
@@ -259,11 +267,16 @@ def main(argv: list[str] | None = None) -> str:
                         help="run everything again beside this many busy loops")
     parser.add_argument("--hog-lead", type=float, default=HOG_LEAD, metavar="SECONDS",
                         help="start the busy loops this long before the runs beside them")
+    parser.add_argument("--python-ring", action="store_true",
+                        help="measure the relay ring in compiled Python on uvloop beside them")
+    parser.add_argument("--instructions", action="store_true",
+                        help="end with each server's instructions per handoff (callgrind)")
     args = parser.parse_args(argv)
     if args.nvshare and args.requeue:
         parser.error("--requeue is Kiwi's protocol only: nvshare has no such request")
     sizes = [int(n) for n in args.clients.split(",")]
-    kinds = (*SERVERS, NVSHARE) if args.nvshare else SERVERS
+    kinds = (*SERVERS, *([NVSHARE] if args.nvshare else []),
+             *([PY_RING] if args.python_ring else []))
     style = ('one `release` with `"requeue": true`' if args.requeue
              else "`release` and `acquire` in one write")
     started = time.monotonic()
@@ -305,6 +318,14 @@ def main(argv: list[str] | None = None) -> str:
         if idle is not None:
             lines += ["", "#### The idle-clients case: 2 contend, the others are registered "
                       "and idle", "", *idle_table(idle, IDLE_SIZES)]
+    if args.instructions:
+        order = tuple(k for k in NAMES if k in kinds)
+        counts = {(kind, n): per_handoff(kind, n, 1000, args.nvshare)
+                  for n in sizes for kind in order}
+        lines += ["", "### Instructions per handoff, whole process (callgrind)", "",
+                  "Each server under callgrind, counted from 1,000 and 3,000 handoffs; user "
+                  "space only (the kernel's work in the system calls is not counted); they do "
+                  "not move with the load.", "", *instructions_table(counts, order, sizes)]
     lines += ["", f"The whole run took {time.monotonic() - started:.0f} s."]
     text = "\n".join(lines)
     print(text)

@@ -3,7 +3,9 @@
 ``kiwi`` is the real daemon (``python -m nodeside.daemon``) on a fresh socket; ``floor`` is the
 relay ring (benchmarks/daemon/c/relay_ring.c), the least a lock server can do with the same lines;
 ``nvshare`` is nvshare's own C scheduler (github.com/grgalex/nvshare, ``nvshare-scheduler`` as its
-Makefile builds it), run from a build the caller names: it is never part of this repository.
+Makefile builds it), run from a build the caller names: it is never part of this repository;
+``pyring`` is the same ring as the floor in Python on uvloop, compiled
+(benchmarks/daemon/py_ring.py): the least a Python daemon on the daemon's event loop can do.
 
 nvshare's scheduler listens on a fixed path, ``/var/run/nvshare/scheduler.sock``. To give each
 run a fresh socket of its own without touching the machine's ``/var/run``, it runs in a mount
@@ -19,18 +21,23 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import REPO, socket_answers
 from benchmarks.common import start_daemon as start_kiwi
+from benchmarks.daemon import py_ring
 from benchmarks.daemon.cprograms import build
 
 SERVERS = ("floor", "kiwi")
 NVSHARE = "nvshare"
+PY_RING = "pyring"
+#: Each kind as the reports call it, in the order their columns come.
+NAMES = {"kiwi": "Kiwi", NVSHARE: "nvshare", PY_RING: "Python ring", "floor": "floor"}
 
 
 def environment(sock: str) -> dict[str, str]:
@@ -39,22 +46,29 @@ def environment(sock: str) -> dict[str, str]:
 
 @contextmanager
 def serving(kind: str, directory: str | os.PathLike[str], *daemon_args: str,
-            nvshare: str | os.PathLike[str] | None = None
-            ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+            nvshare: str | os.PathLike[str] | None = None, wrapper: Sequence[str] = (),
+            patience: float = 15.0) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A fresh server of this kind on ``directory``, stopped (and waited for) afterwards.
-    ``nvshare``: the ``nvshare-scheduler`` executable, for the kind of that name."""
+    ``nvshare``: the ``nvshare-scheduler`` executable, for the kind of that name; ``wrapper``:
+    a command the server runs under (valgrind), given ``patience`` seconds to answer."""
     if kind == "kiwi":
         sock = os.path.join(directory, "kiwi.sock")
         server, sock = start_kiwi(directory, "--tq", "30", *daemon_args,
-                                  env=environment(sock))
+                                  env=environment(sock), wrapper=wrapper, patience=patience)
     elif kind == "floor":
         sock = os.path.join(directory, "floor.sock")
-        server = subprocess.Popen([str(build("relay_ring")), sock])
-        _wait_for(server, sock, "the relay-ring floor")
+        server = subprocess.Popen([*wrapper, str(build("relay_ring")), sock])
+        _wait_for(server, sock, "the relay-ring floor", patience)
+    elif kind == PY_RING:
+        sock = os.path.join(directory, "ring.sock")
+        py_ring.build()  # before the clock of its start runs: a first build takes a while
+        server = subprocess.Popen([*wrapper, sys.executable, "-m", "benchmarks.daemon.py_ring",
+                                   sock], env=environment(sock))
+        _wait_for(server, sock, "the Python ring", patience)
     elif kind == NVSHARE:
         if nvshare is None:
             raise ValueError("the nvshare server needs the path of an nvshare-scheduler build")
-        server, sock = _start_nvshare(Path(nvshare), Path(directory))
+        server, sock = _start_nvshare(Path(nvshare), Path(directory), wrapper, patience)
     else:
         raise ValueError(f"no server {kind!r}")
     try:
@@ -68,8 +82,9 @@ def serving(kind: str, directory: str | os.PathLike[str], *daemon_args: str,
             server.wait()
 
 
-def _wait_for(server: subprocess.Popen[bytes], sock: str, what: str) -> None:
-    deadline = time.monotonic() + 10
+def _wait_for(server: subprocess.Popen[bytes], sock: str, what: str,
+              patience: float = 10.0) -> None:
+    deadline = time.monotonic() + patience
     while not socket_answers(sock):
         if server.poll() is not None or time.monotonic() > deadline:
             server.kill()
@@ -82,7 +97,8 @@ class NoNvshare(RuntimeError):
     """nvshare's scheduler cannot run here (no such build, or no mount namespace for it)."""
 
 
-def _start_nvshare(binary: Path, directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_nvshare(binary: Path, directory: Path, wrapper: Sequence[str] = (),
+                   patience: float = 10.0) -> tuple[subprocess.Popen[bytes], str]:
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise NoNvshare(f"{binary} is no nvshare-scheduler executable")
     run_dir = os.path.realpath("/var/run")  # a link to /run on most systems: mount the target
@@ -92,12 +108,12 @@ def _start_nvshare(binary: Path, directory: Path) -> tuple[subprocess.Popen[byte
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     # unshare and sh both exec: the pid is the scheduler's own, for its CPU time.
     command = ["unshare", *user, "--mount", "--propagation", "private", "sh", "-c",
-               'mount --bind "$1" "$2" && exec "$3"', "nvshare", str(room), run_dir,
-               str(binary)]
+               'mount --bind "$1" "$2" && shift 2 && exec "$@"', "nvshare", str(room), run_dir,
+               *wrapper, str(binary)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sock = str(room / "nvshare" / "scheduler.sock")
     try:
-        _wait_for(server, sock, "nvshare's scheduler")
+        _wait_for(server, sock, "nvshare's scheduler", patience)
     except RuntimeError:
         raise NoNvshare(f"nvshare's scheduler did not start (exit status {server.returncode}); "
                         f"running it in a mount namespace of its own needs root or "

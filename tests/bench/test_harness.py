@@ -16,8 +16,18 @@ from pathlib import Path
 import pytest
 from support import short_tmpdir
 
+from benchmarks.daemon import py_ring
 from benchmarks.daemon.cprograms import build
-from benchmarks.daemon.servers import NVSHARE, SERVERS, NoNvshare, dialect, harness, serving
+from benchmarks.daemon.instructions import per_handoff
+from benchmarks.daemon.servers import (
+    NVSHARE,
+    PY_RING,
+    SERVERS,
+    NoNvshare,
+    dialect,
+    harness,
+    serving,
+)
 from benchmarks.daemon.throughput import flat_out
 
 #: Exact CPU time per thread; without it the harness falls back to 10 ms ticks.
@@ -105,3 +115,20 @@ def test_processes_flat_out_count_every_grant_they_read(kind: str) -> None:
     assert flat.seconds == pytest.approx(1.0, abs=0.5)
     if SCHEDSTAT:
         assert flat.server_cpu_s > 0
+
+
+def test_the_python_ring_serves_the_harness_compiled(folder: Path) -> None:
+    with serving(PY_RING, folder) as (server, sock):
+        run = harness(sock, "--contenders", "4", "--handoffs", "200", "--warmup", "20",
+                      server_pid=server.pid, timeout=120)
+        requeued = harness(sock, "--contenders", "3", "--handoffs", "100", "--requeue",
+                           timeout=120)
+    assert run.handoffs == 200 and requeued.handoffs == 100
+    assert requeued.requeue_unserved == 0
+    assert any(path.suffix == ".so" for path in py_ring.build().iterdir())  # compiled
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
+def test_instructions_per_handoff_are_counted_from_two_runs() -> None:
+    # The C ring: quick to start under callgrind; a few thousand instructions a handoff.
+    assert 1_000 < per_handoff("floor", 2, 50) < 100_000
