@@ -49,9 +49,10 @@ from benchmarks.daemon.instructions import table as instructions_table
 from benchmarks.daemon.servers import (
     NAMES,
     NVSHARE,
-    PY_RING,
     SERVERS,
     Run,
+    add_server_options,
+    chosen,
     dialect,
     harness,
     machine_load,
@@ -258,8 +259,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--requeue", action="store_true",
                         help='ask again with release {"requeue": true} instead of a second line')
     parser.add_argument("--no-idle", action="store_true", help="skip the idle-clients case")
-    parser.add_argument("--nvshare", metavar="PATH",
-                        help="an nvshare-scheduler executable to measure beside the daemon")
+    add_server_options(parser)
     parser.add_argument("--throughput", type=int, default=0, metavar="PROCESSES",
                         help="also run this many harness processes flat out against each server")
     parser.add_argument("--throughput-seconds", type=float, default=20.0)
@@ -267,16 +267,13 @@ def main(argv: list[str] | None = None) -> str:
                         help="run everything again beside this many busy loops")
     parser.add_argument("--hog-lead", type=float, default=HOG_LEAD, metavar="SECONDS",
                         help="start the busy loops this long before the runs beside them")
-    parser.add_argument("--python-ring", action="store_true",
-                        help="measure the relay ring in compiled Python on uvloop beside them")
     parser.add_argument("--instructions", action="store_true",
                         help="end with each server's instructions per handoff (callgrind)")
     args = parser.parse_args(argv)
     if args.nvshare and args.requeue:
         parser.error("--requeue is Kiwi's protocol only: nvshare has no such request")
     sizes = [int(n) for n in args.clients.split(",")]
-    kinds = (*SERVERS, *([NVSHARE] if args.nvshare else []),
-             *([PY_RING] if args.python_ring else []))
+    kinds = chosen(args)
     style = ('one `release` with `"requeue": true`' if args.requeue
              else "`release` and `acquire` in one write")
     started = time.monotonic()

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from benchmarks.common import utc_now
 from benchmarks.daemon.servers import (
     NAMES,
-    NVSHARE,
-    PY_RING,
+    add_server_options,
+    chosen,
     dialect,
     harness,
     machine_load,
@@ -83,17 +83,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--clients", default="2,8,64,512")
     parser.add_argument("--handoffs", type=int, default=1000,
                         help="H: each server runs H and 3H handoffs")
-    parser.add_argument("--nvshare", metavar="PATH",
-                        help="an nvshare-scheduler executable to count beside the daemon")
-    parser.add_argument("--python-ring", action="store_true",
-                        help="count the relay ring in compiled Python on uvloop too")
+    add_server_options(parser)
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("benchmarks.daemon.instructions needs valgrind")
     sizes = [int(n) for n in args.clients.split(",")]
-    chosen = {"kiwi", "floor", *([NVSHARE] if args.nvshare else []),
-              *([PY_RING] if args.python_ring else [])}
-    kinds = [k for k in NAMES if k in chosen]
+    kinds = chosen(args)
     started = time.monotonic()
     counts = {(kind, n): per_handoff(kind, n, args.handoffs, args.nvshare)
               for n in sizes for kind in kinds}

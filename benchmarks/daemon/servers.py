@@ -18,6 +18,7 @@ cheapest place it can go.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -119,6 +120,21 @@ def _start_nvshare(binary: Path, directory: Path, wrapper: Sequence[str] = (),
                         f"running it in a mount namespace of its own needs root or "
                         f"unprivileged user namespaces") from None
     return server, sock
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """The options that put nvshare's scheduler and the Python ring beside Kiwi and the floor."""
+    parser.add_argument("--nvshare", metavar="PATH",
+                        help="an nvshare-scheduler executable to measure beside the daemon")
+    parser.add_argument("--python-ring", action="store_true",
+                        help="the relay ring in compiled Python on uvloop beside them too")
+
+
+def chosen(args: argparse.Namespace) -> tuple[str, ...]:
+    """The kinds of server those options chose, in the order of the reports' columns."""
+    kinds = {"kiwi", "floor", *([NVSHARE] if args.nvshare else []),
+             *([PY_RING] if args.python_ring else [])}
+    return tuple(k for k in NAMES if k in kinds)
 
 
 def dialect(kind: str) -> list[str]:
