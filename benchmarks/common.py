@@ -63,12 +63,14 @@ def without_kiwi(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 
 def start_daemon(directory: str | os.PathLike[str], *args: str,
-                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """A ``kiwi-scheduler`` on ``directory/kiwi.sock``, returned once it answers."""
+                 env: dict[str, str] | None = None, wrapper: Sequence[str] = (),
+                 patience: float = 15.0) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``kiwi-scheduler`` on ``directory/kiwi.sock``, returned once it answers (within
+    ``patience`` seconds); ``wrapper``: a command it runs under (valgrind)."""
     path = os.path.join(directory, "kiwi.sock")
-    daemon = subprocess.Popen([sys.executable, "-m", "nodeside.daemon", "--socket", path,
-                               "--log-level", "WARN", *args], env=env)
-    deadline = time.monotonic() + 15
+    daemon = subprocess.Popen([*wrapper, sys.executable, "-m", "nodeside.daemon", "--socket",
+                               path, "--log-level", "WARN", *args], env=env)
+    deadline = time.monotonic() + patience
     while not socket_answers(path):
         if daemon.poll() is not None or time.monotonic() > deadline:
             daemon.kill()

@@ -74,6 +74,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.taking_turns",
     "nodeside.scheduler.turns",
     "nodeside.scheduler.view",
+    "nodeside.daemon.changes",
     "nodeside.daemon.connection",
     "nodeside.daemon.delivery",
     "nodeside.daemon.lograte",

@@ -105,21 +105,26 @@ class Connection(asyncio.Protocol):
         # Methods called on their objects, not bound to locals first: compiled (mypyc), a call
         # on a native object is a C call, a bound method a generic Python call.
         router = self.router
+        # One reading of the clock for the turn's requests, which came in one read.
+        now = router.now()
+        # Nothing reaches the transport while the endpoint holds what is sent: what it has
+        # buffered stays as it is through the turn, and is asked once (a generic call).
+        buffered = endpoint.buffered()
         endpoint.hold()
         try:
             for _ in range(REQUESTS_PER_TURN):
-                outcome = session.step(router.now())
+                outcome = session.step(now)
                 if outcome is None:
                     break
                 if outcome.wait:
                     self._wait(outcome.wait)
                     break
                 router.carry_out(endpoint, outcome)
-                if endpoint.closing or endpoint.owed() > MAX_OWED_BYTES:
+                if endpoint.closing or endpoint.held_bytes + buffered > MAX_OWED_BYTES:
                     break
         finally:
             endpoint.flush()
-            router.end_turn()
+            router.end_turn(now)
         if session.has_requests() or self._waiting:
             self._pause_reading()
             self._next_turn()

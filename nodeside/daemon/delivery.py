@@ -40,9 +40,6 @@ from nodeside.scheduler.core import (
 
 log = logging.getLogger("kiwi.daemon")
 
-#: Grant lines kept; TQ changes would grow the cache without end.
-_GRANT_LINES = 64
-
 
 class Delivery:
     def __init__(self, scheduler: Scheduler, router: Router, clock: Callable[[], float],
@@ -57,7 +54,8 @@ class Delivery:
         self.handoff_observers: list[Callable[[float], None]] = []
         #: Called with every list of actions carried out and the time (metrics).
         self.action_observers: list[Callable[[list[Action], float], None]] = []
-        self._grant_lines: dict[tuple[int, float | None, type], bytes] = {}
+        #: Each GPU's last grant line, with the quantum it carries: a TQ change replaces it.
+        self._grant_lines: dict[int, tuple[float | None, bytes]] = {}
 
     def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
         """Deliver every action; ``handoff_started``: when the release that led here arrived."""
@@ -171,10 +169,11 @@ class Delivery:
                 log.warning("Asking %s to evict: %s", self.name(client_id), shortfall)
 
     def _grant_line(self, grant: Grant) -> bytes:
-        key = (grant.gpu, grant.quantum, type(grant.quantum))  # 30 and 30.0 encode apart
-        line = self._grant_lines.get(key)
-        if line is None:
-            if len(self._grant_lines) >= _GRANT_LINES:
-                self._grant_lines.clear()
-            line = self._grant_lines[key] = p.grant_line(grant.gpu, grant.quantum)
+        quantum = grant.quantum
+        cached = self._grant_lines.get(grant.gpu)
+        # 30 and 30.0 encode apart: the same quantum is the same value of the same type.
+        if cached is not None and cached[0] == quantum and type(cached[0]) is type(quantum):
+            return cached[1]
+        line = p.grant_line(grant.gpu, quantum)
+        self._grant_lines[grant.gpu] = (quantum, line)
         return line

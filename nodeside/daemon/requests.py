@@ -95,7 +95,7 @@ class Requests(Rules):
         if op == p.RELEASE:
             outcome = self._on_release(session, msg, seq, now)
         elif op == p.ACQUIRE:
-            outcome = self._on_acquire(session, msg, seq, now)
+            outcome = self._acquire(session, seq, now)
         else:
             outcome = self._handlers[op](session, msg, seq, now)
         if op not in _NO_RESCHEDULE:
@@ -104,6 +104,15 @@ class Requests(Rules):
             outcome.changed = True
         if outcome.changed:
             self.generation += 1
+        return outcome
+
+    def handoff(self, session: Session, op: str, seq: int, now: float) -> Outcome:
+        # Both may move the deadline and change what the status shows (see dispatch).
+        outcome = self._release(session, seq, now) if op == p.RELEASE \
+            else self._acquire(session, seq, now)
+        outcome.reschedule = True
+        outcome.changed = True
+        self.generation += 1
         return outcome
 
     def complain(self, session: Session, exc: p.ProtocolError) -> None:
@@ -183,6 +192,9 @@ class Requests(Rules):
 
     def _on_acquire(self, session: Session, msg: dict[str, Any], seq: int | None,
                     now: float) -> Outcome:
+        return self._acquire(session, seq, now)
+
+    def _acquire(self, session: Session, seq: int | None, now: float) -> Outcome:
         client_id = _registered(session)
         actions = self.scheduler.acquire(now, client_id)
         reply, position = self._granted_or_waiting(client_id, actions, seq, now)
@@ -194,18 +206,18 @@ class Requests(Rules):
     def _on_release(self, session: Session, msg: dict[str, Any], seq: int | None,
                     now: float) -> Outcome:
         client_id = _registered(session)
-        gpus = (self.scheduler.clients[client_id].gpu,)
-        evict_first = requeue = False
         # Only op and seq (every handoff's release): no field to look up.
-        if len(msg) > (1 if seq is None else 2):
-            evict_first = msg.get("evict_first") is True
-            requeue = msg.get("requeue") is True
-            if msg.get("evicting") is True and p.FEATURE_MEMORY in session.features:
-                if evict_first or requeue:
-                    raise SchedulerError(p.E_INVALID, "evicting ends the hold; evict_first "
-                                         "and requeue do not go with it")
-                ended = self.scheduler.release(now, client_id, evicting=True)
-                return Outcome([*ended, p.released_line(True, seq)], handoff=True, gpus=gpus)
+        if len(msg) <= (1 if seq is None else 2):
+            return self._release(session, seq, now)
+        gpus = (self.scheduler.clients[client_id].gpu,)
+        evict_first = msg.get("evict_first") is True
+        requeue = msg.get("requeue") is True
+        if msg.get("evicting") is True and p.FEATURE_MEMORY in session.features:
+            if evict_first or requeue:
+                raise SchedulerError(p.E_INVALID, "evicting ends the hold; evict_first "
+                                     "and requeue do not go with it")
+            ended = self.scheduler.release(now, client_id, evicting=True)
+            return Outcome([*ended, p.released_line(True, seq)], handoff=True, gpus=gpus)
         if requeue:
             if evict_first:
                 raise SchedulerError(p.E_INVALID, "requeue asks for the GPU again at once; "
@@ -221,6 +233,13 @@ class Requests(Rules):
             others = [a for a in again if a not in own]
             return Outcome([*handed, *others, reply, *own], handoff=True, gpus=gpus, told=True,
                            position=position)
+        return self._release(session, seq, now, evict_first)
+
+    def _release(self, session: Session, seq: int | None, now: float,
+                 evict_first: bool = False) -> Outcome:
+        """Give the GPU back (or cancel a wait): every handoff's release, and evict_first's."""
+        client_id = _registered(session)
+        gpus = (self.scheduler.clients[client_id].gpu,)
         actions = self.scheduler.release(now, client_id, evict_first=evict_first)
         out: list[bytes | Action] = []
         released: list[bytes | Action] = []

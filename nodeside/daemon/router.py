@@ -125,7 +125,11 @@ class Endpoint:
     def owed(self) -> int:
         """Bytes written to this peer that it has not read yet, and those about to be."""
         held = self.held_bytes if self.held is not None else 0
-        return held + (self.transport.get_write_buffer_size() if self.transport else 0)
+        return held + self.buffered()
+
+    def buffered(self) -> int:
+        """Bytes written to this peer's transport that it has not read yet."""
+        return self.transport.get_write_buffer_size() if self.transport else 0
 
     def close(self, last_words: bytes | None = None) -> None:
         """Send ``last_words`` (an error reply) after what is held, then close."""
@@ -174,8 +178,8 @@ class Router:
         """Send a session's replies and carry out the scheduler's actions, in their order."""
         raise NotImplementedError
 
-    def end_turn(self) -> None:
-        """A connection's batch of requests is answered."""
+    def end_turn(self, now: float) -> None:
+        """A connection's batch of requests is answered; ``now`` is the turn's time."""
         raise NotImplementedError
 
     def lost(self, endpoint: Endpoint) -> None:

@@ -27,8 +27,6 @@ from nodeside.scheduler.core import Action, SchedulerError
 
 #: Said when a request comes before hello; the first words an unknown peer hears.
 _HELLO_FIRST = "the first message must be hello"
-
-
 @dataclass(init=False, slots=True)
 class Outcome:
     """What one request asks of the shell.
@@ -98,6 +96,11 @@ class Rules:
         """Answer one checked request of a greeted session (or its hello)."""
         raise NotImplementedError
 
+    def handoff(self, session: Session, op: str, seq: int, now: float) -> Outcome:
+        """Answer a plain ``acquire`` or ``release`` (op and seq, nothing else) of a greeted
+        session: what ``dispatch`` answers for the message ``{"op": op, "seq": seq}``."""
+        raise NotImplementedError
+
     def complain(self, session: Session, exc: p.ProtocolError) -> None:
         """A request was refused: say so (or not) in the log."""
         raise NotImplementedError
@@ -122,11 +125,13 @@ class Session:
         self.label = "<UNREGISTERED>"
         #: The queue position this peer last heard (position events are sent on change only).
         self.told_position: int | None = None
-        #: What the peer sent that is not answered yet: ``_pending[_taken:]``. Bytes and an
-        #: offset, not a bytearray cut at the front: compiled, a slice of bytes is a C call,
-        #: where cutting a bytearray and copying the line out were generic Python calls.
-        self._pending = b""
-        self._taken = 0
+        #: The whole lines the peer sent that are not answered yet, ``_lines[_next:]``, and
+        #: what came after its last newline (a line still on its way). Each read is split
+        #: once: compiled, ``split`` is one generic call a read, where finding each line was
+        #: one a line (and a list and an index, not a list cut at the front: C calls).
+        self._lines: list[bytes] = []
+        self._next = 0
+        self._rest = b""
         #: A framing error (a line over the limit) not yet answered.
         self._broken: p.ProtocolError | None = None
         #: A fatal error was answered: nothing more is read or answered.
@@ -136,64 +141,69 @@ class Session:
 
     def feed(self, data: bytes) -> None:
         """Take what the socket gave. Requests come out of ``step``."""
-        if not self.over and self._broken is None:
-            # What was answered goes now, once per read: the buffer never grows past a read.
-            self._pending = self._pending[self._taken:] + data
-            self._taken = 0
+        if self.over or self._broken is not None:
+            return
+        lines = (self._rest + data if self._rest else data).split(b"\n")
+        self._rest = lines.pop()
+        if self._next < len(self._lines):  # lines of an earlier read still wait their turn
+            waiting = self._lines[self._next:]
+            waiting.extend(lines)
+            lines = waiting
+        # What was answered goes now, once per read: the lines never grow past a read.
+        self._lines = lines
+        self._next = 0
 
     def has_requests(self) -> bool:
         """Is a whole line (or a framing error) waiting to be answered?"""
         if self.over:
             return False
-        pending, taken = self._pending, self._taken
-        if taken == len(pending):  # all answered (the usual case): no search
-            return self._broken is not None
-        # find, not ``in``: ``bytes in bytes`` first tries the needle as an int and formats
-        # the TypeError it throws away, a few thousand instructions on every turn.
-        return pending.find(b"\n", taken) >= 0 or self._broken is not None or \
-            len(pending) - taken >= p.MAX_REQUEST_BYTES
+        return self._next < len(self._lines) or self._broken is not None or \
+            len(self._rest) >= p.MAX_REQUEST_BYTES
 
     def step(self, now: float) -> Outcome | None:
         """Answer the next request, if a whole one has arrived."""
         if self.over:
             return None
         if self._broken is None:
-            pending, taken = self._pending, self._taken
-            if taken == len(pending):  # the turn's last call, after its requests: no search
-                return None
-            end = pending.find(b"\n", taken, taken + p.MAX_REQUEST_BYTES)
-            if end >= 0:
-                line = pending[taken:end]
-                if end + 1 == len(pending):
-                    self._pending, self._taken = b"", 0
-                else:
-                    self._taken = end + 1
-                outcome = self.handle(line, now)
-                if outcome.wait:  # not answered yet: the same line comes out next time
-                    self._pending, self._taken = pending, taken
-                return outcome
-            if len(pending) - taken < p.MAX_REQUEST_BYTES:
-                return None
+            if self._next < len(self._lines):
+                line = self._lines[self._next]
+                if len(line) < p.MAX_REQUEST_BYTES:
+                    self._next += 1
+                    outcome = self.handle(line, now)
+                    if outcome.wait:  # not answered yet: the same line comes out next time
+                        self._next -= 1
+                    return outcome
+            elif len(self._rest) < p.MAX_REQUEST_BYTES:
+                return None  # the turn's last call, after its requests
             # No newline within the limit: a peer may not make the daemon buffer without end.
             self._broken = p.ProtocolError(p.E_TOO_LARGE,
                                            f"message over {p.MAX_REQUEST_BYTES} bytes")
-            self._pending, self._taken = b"", 0
+            self._lines, self._next, self._rest = [], 0, b""
         return self._failed(self._broken, None)
 
     # -- one request ----------------------------------------------------------------------
 
     def handle(self, line: bytes, now: float) -> Outcome:
         """Answer one line (without its newline)."""
-        seq = None
+        seq: int | None = None
         try:
-            message = p.decode(line)
-            seq = message.get("seq")
-            p.check_request(message)
-            op = message["op"]
-            if not self.greeted and op != p.HELLO:
-                raise p.ProtocolError(p.E_VERSION, _HELLO_FIRST)
-            self.active_at = now
-            outcome = self.rules.dispatch(self, op, message, seq, now)
+            op, plain_seq = p.plain_request(line)
+            if plain_seq >= 0 and self.greeted and (op == p.RELEASE or op == p.ACQUIRE):
+                # The two requests of every handoff, as every client we ship writes them:
+                # neither has a field it must carry, so there is nothing to check, and no
+                # message to build for the answer.
+                seq = plain_seq
+                self.active_at = now
+                outcome = self.rules.handoff(self, op, plain_seq, now)
+            else:
+                message = p.decode(line)
+                seq = message.get("seq")
+                p.check_request(message)
+                op = message["op"]
+                if not self.greeted and op != p.HELLO:
+                    raise p.ProtocolError(p.E_VERSION, _HELLO_FIRST)
+                self.active_at = now
+                outcome = self.rules.dispatch(self, op, message, seq, now)
             if outcome.told or outcome.features is not None or outcome.client_id is not None:
                 self._take(outcome)
             return outcome
@@ -226,7 +236,7 @@ class Session:
         if exc.fatal:
             self.over = True
             self._broken = None
-            self._pending, self._taken = b"", 0  # nothing after a broken line is answered
+            self._lines, self._next, self._rest = [], 0, b""  # nothing after a broken line
         return Outcome([p.error(exc.code, exc.message, seq)], close=exc.fatal)
 
     # -- events out -----------------------------------------------------------------------

@@ -113,11 +113,12 @@ class Shell(Router):
         # Both said: nothing more to note for this connection, on any later request.
         endpoint.settled = endpoint.counted_as_listener and session.client_id is not None
 
-    def end_turn(self) -> None:
+    def end_turn(self, now: float) -> None:
         """Recompute the next deadline if a request of this turn asked for it."""
         if self._reschedule:
             self._reschedule = False
-            self.timers.arm_deadline()
+            self.timers.arm_deadline_at(now)
+        # Memory reports ask for the working sets without asking for a new deadline.
         if self.requests.working_sets_waiting:
             self.requests.working_sets_waiting = False
             self.timers.arm_working_sets()

@@ -55,7 +55,11 @@ class Timers:
     # -- the scheduler's deadline -------------------------------------------------------------
 
     def arm_deadline(self) -> None:
-        deadline = self.scheduler.next_deadline(self.now())
+        self.arm_deadline_at(self.now())
+
+    def arm_deadline_at(self, now: float) -> None:
+        """Arm the timer for the scheduler's next deadline as it stands at ``now``."""
+        deadline = self.scheduler.next_deadline(now)
         if self._deadline_at is not None and (deadline is None or self._deadline_at <= deadline):
             # The armed timer fires first: it ticks (a tick with nothing due does nothing) and
             # arms the next one then. Moving it later on every handoff (each grant starts a

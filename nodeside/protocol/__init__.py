@@ -26,10 +26,11 @@ from nodeside.protocol.wire import (
     encode,
     error,
     grant_line,
+    plain_request,
     released_line,
     waiting_line,
 )
 
 __all__ = ["LineBuffer", "ProtocolError", "check_request", "decode", "drop_line", "encode",
-           "error", "grant_line", "released_line", "waiting_line"]
+           "error", "grant_line", "plain_request", "released_line", "waiting_line"]
 __all__ += names.__all__

@@ -19,6 +19,7 @@ name in ``policies.POLICIES`` (``policy: <name>`` in the config file).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from nodeside.model import POLICY_ROUND_ROBIN
 from nodeside.scheduler.light_first import LightFirst
@@ -26,7 +27,7 @@ from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
 from nodeside.scheduler.view import Event, PolicyView
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 def within_pool(client: Client) -> tuple[int, int]:
@@ -52,16 +53,20 @@ class PoolsPolicy:
 
         ``tail`` is a holder whose quantum ended, competing as if it had just asked again.
         """
+        if tail is None:
+            only = gpu.waiters.sole_head()
+            if only is not None:  # one pool waits (the hot path): no shares to measure
+                return None if self.over_maximum(gpu, only.pool, now) else only
         heads = gpu.waiters.heads()
         if tail is not None:
             best = heads.get(tail.pool)
             if best is None or within_pool(tail) < within_pool(best):
                 heads[tail.pool] = tail
-        if len(heads) == 1:  # the common case, and the hot path: no shares to measure
+        if len(heads) == 1:  # one pool, with a holder at the tail: no shares to measure
             # A loop, not ``(name, only), = heads.items()``: compiled, unpacking goes through
             # Python's generic iterators, the loop through the dict's own.
-            for name, only in heads.items():
-                return None if self.over_maximum(gpu, name, now) else only
+            for name, first in heads.items():
+                return None if self.over_maximum(gpu, name, now) else first
         if not heads:
             return None
         shares = gpu.meter.shares(now, heads)

@@ -12,23 +12,15 @@ only the ones still open or ended within ``KEEP_SECONDS`` are reported.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Final, Protocol
+from typing import Any, Final
+
+from nodeside.scheduler.clients import Client
 
 #: Holds kept per GPU, newest last; the panel draws at most this many.
 MAX_SPANS: Final = 50
 #: Seconds after its end that a hold is still reported (the panel's longest window by default
 #: is five minutes; this leaves room for a longer one).
 KEEP_SECONDS: Final = 900.0
-
-
-class Holder(Protocol):
-    """What a hold records of its client (the scheduler's ``Client`` has it)."""
-
-    id: str
-    name: str
-    display_name: str
-    user: str | None
 
 
 class HeldSpan:
@@ -46,18 +38,28 @@ class HolderHistory:
 
     def __init__(self, max_spans: int = MAX_SPANS, keep: float = KEEP_SECONDS) -> None:
         self.keep = keep
-        self._spans: deque[HeldSpan] = deque(maxlen=max_spans)
+        self.max_spans = max_spans
+        #: Newest last; the last ``max_spans`` count. A list cut down now and then rather than a
+        #: deque with a maximum length: compiled, a list's append is a C call, a deque's a
+        #: generic one (on every handoff).
+        self._spans: list[HeldSpan] = []
         self._open: dict[str, HeldSpan] = {}
 
-    def opened(self, client: Holder, now: float) -> None:
+    # The client itself, not a protocol of what it has: compiled, a protocol's attributes are
+    # looked up by name, a native class's read in place (a grant on every handoff).
+    def opened(self, client: Client, now: float) -> None:
         """``client`` was granted the GPU at ``now``."""
         span = HeldSpan(client.id, client.name, client.display_name, client.user, now)
-        self._spans.append(span)
+        spans = self._spans
+        spans.append(span)
+        if len(spans) >= 2 * self.max_spans:
+            del spans[:len(spans) - self.max_spans]
         self._open[client.id] = span
 
     def closed(self, client_id: str, now: float) -> None:
-        span = self._open.pop(client_id, None)
+        span = self._open.get(client_id)
         if span is not None:
+            del self._open[client_id]
             span.end = now
 
     def recent(self, now: float) -> list[dict[str, Any]]:
@@ -66,4 +68,5 @@ class HolderHistory:
         return [{"client": s.client, "name": s.name, "display_name": s.display_name,
                  "user": s.user, "started": round(now - s.start, 3),
                  "ended": None if s.end is None else round(now - s.end, 3)}
-                for s in self._spans if s.end is None or now - s.end <= self.keep]
+                for s in self._spans[max(0, len(self._spans) - self.max_spans):]
+                if s.end is None or now - s.end <= self.keep]

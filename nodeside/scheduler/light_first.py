@@ -42,13 +42,15 @@ are over.
 
 from __future__ import annotations
 
+from typing import Final
+
 from nodeside.scheduler import pricing
 from nodeside.scheduler.attained import CUT_RATIO, AttainedService
 from nodeside.scheduler.light import LightRequests
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 from nodeside.scheduler.view import PolicyView
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 class LightFirst:

@@ -13,10 +13,11 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterable
+from typing import Final
 
 from nodeside.limits import MAX_SHARE_INTERVALS
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 def _held(begin: float, end: float, holds: int, holders: int) -> float:
@@ -25,12 +26,30 @@ def _held(begin: float, end: float, holds: int, holders: int) -> float:
     return end - begin if holds == holders else (end - begin) * holds / holders
 
 
-class _Interval:
-    __slots__ = ("begin", "end", "pool", "preemptible", "held", "holds", "holders", "trimmed")
+class _Stream:
+    """One pool's holds of one preemptibility: how many are open, and the seconds booked for
+    them. Each open hold and each booked interval points at its stream, so that an open, a
+    close and a booking change counts in place, with no key to build and hash; the meter keeps
+    a stream while it has an open hold or a booked interval, and no longer."""
 
-    def __init__(self, begin: float, end: float, pool: str, preemptible: bool,
-                 holds: int = 1, holders: int = 1) -> None:
-        self.begin, self.end, self.pool, self.preemptible = begin, end, pool, preemptible
+    __slots__ = ("pool", "preemptible", "holds", "total", "intervals")
+
+    def __init__(self, pool: str, preemptible: bool) -> None:
+        self.pool, self.preemptible = pool, preemptible
+        #: Holds open now: each has been accruing one over ``len(ShareMeter._open)`` GPU
+        #: seconds a second since the last open or close.
+        self.holds = 0
+        #: Sum of ``held`` over its booked intervals, and how many there are.
+        self.total = 0.0
+        self.intervals = 0
+
+
+class _Interval:
+    __slots__ = ("begin", "end", "stream", "held", "holds", "holders", "trimmed")
+
+    def __init__(self, begin: float, end: float, stream: _Stream, holds: int = 1,
+                 holders: int = 1) -> None:
+        self.begin, self.end, self.stream = begin, end, stream
         #: ``holds`` of this pool's holds among ``holders`` side by side, throughout: the GPU
         #: seconds are evenly spread over the span (one over ``holders`` for each hold), or
         #: nearly so once folded.
@@ -72,6 +91,10 @@ class ShareMeter:
     folded into its pool's latest one, its seconds spread evenly over the joined span (exact
     while that span lies inside the window and at one rate, which it is unless holds are tiny
     and the window short).
+
+    A handoff closes one hold and opens the next at the same instant (the share meter's part
+    of every handoff): the close books the holder's stretch, which one pool's back-to-back holds
+    grow into one interval, and the open books nothing, as no time passed.
     """
 
     def __init__(self, window: float, started: float,
@@ -80,16 +103,18 @@ class ShareMeter:
         self.started = started
         self.max_intervals = max_intervals
         self._closed: deque[_Interval] = deque()  # in the order they were booked
-        self._open: dict[object, tuple[str, bool]] = {}  # pool, preemptible
-        #: The open holds by (pool, preemptible), and when they last changed: since then
-        #: each has been accruing one over ``len(self._open)`` GPU seconds a second.
-        self._holding: dict[tuple[str, bool], int] = {}
+        #: The newest of ``_closed`` (None when it is empty), read without indexing the deque.
+        self._last: _Interval | None = None
+        self._open: dict[object, _Stream] = {}
+        #: Each pool's streams, non-preemptible and preemptible, while they have an open hold
+        #: or a booked interval: a pool that came and went leaves nothing behind.
+        self._streams: dict[str, _Stream] = {}
+        self._low_streams: dict[str, _Stream] = {}
+        #: Streams with open holds, and streams with booked intervals, each in the order they
+        #: came to have them (the order the shares add up in).
+        self._holding: dict[_Stream, None] = {}
+        self._booked: dict[_Stream, None] = {}
         self._cut_at = started
-        #: Sum of ``held`` over ``_closed``, by (pool, preemptible), and how many intervals
-        #: each sum has: a key whose last interval left the window goes, so pools that came
-        #: and went leave nothing behind.
-        self._total: dict[tuple[str, bool], float] = {}
-        self._intervals: dict[tuple[str, bool], int] = {}
         #: Closed intervals that began at or after the window's start as last seen (a heap by
         #: begin), and those that began before it: the only ones the window may cut.
         self._later: list[tuple[float, int, _Interval]] = []
@@ -105,20 +130,29 @@ class ShareMeter:
         if key in self._open:
             self.close(key, now)
         self._cut(now)
-        holding = pool, preemptible
-        self._open[key] = holding
-        self._holding[holding] = self._holding.get(holding, 0) + 1
+        streams = self._low_streams if preemptible else self._streams
+        stream = streams.get(pool)
+        if stream is None:
+            stream = streams[pool] = _Stream(pool, preemptible)
+        self._open[key] = stream
+        if stream.holds == 0:
+            self._holding[stream] = None
+        stream.holds += 1
 
     def close(self, key: object, now: float) -> None:
-        opened = self._open.get(key)
-        if opened is None:
+        stream = self._open.get(key)
+        if stream is None:
             return
         self._cut(now)
         del self._open[key]
-        if self._holding[opened] == 1:
-            del self._holding[opened]
-        else:
-            self._holding[opened] -= 1
+        stream.holds -= 1
+        if stream.holds == 0:
+            del self._holding[stream]
+            self._forget_if_unused(stream)
+
+    def _forget_if_unused(self, stream: _Stream) -> None:
+        if stream.holds == 0 and stream.intervals == 0:
+            del (self._low_streams if stream.preemptible else self._streams)[stream.pool]
 
     def _cut(self, now: float) -> None:
         """Books the open holds' seconds since the last open or close, before their count changes.
@@ -132,61 +166,70 @@ class ShareMeter:
         self._cut_at = now
         if not self._holding:
             return
-        self._booked_until = max(self._booked_until, now)
+        if now > self._booked_until:
+            self._booked_until = now
         self._trim(self._start(now))
         holders = len(self._open)
-        for (pool, preemptible), holds in self._holding.items():
-            self._book(begin, now, pool, preemptible, holds, holders)
+        for stream in self._holding:
+            self._book(begin, now, stream, stream.holds, holders)
 
-    def _book(self, begin: float, now: float, pool: str, preemptible: bool,
-              holds: int, holders: int) -> None:
-        last = self._closed[-1] if self._closed else None
-        # Field by field, not as tuples: compiled, a tuple comparison is a generic call.
-        if last is not None and last.pool == pool and last.preemptible == preemptible \
-                and last.end == begin and last.holds == holds and last.holders == holders:
+    def _book(self, begin: float, now: float, stream: _Stream, holds: int,
+              holders: int) -> None:
+        last = self._last
+        if last is not None and last.stream is stream and last.end == begin \
+                and last.holds == holds and last.holders == holders:
             # Back to back at the same rate: one interval, exactly.
             self._grow(last, now, _held(begin, now, holds, holders))
             return
         if len(self._closed) >= self.max_intervals:
-            same = next((i for i in reversed(self._closed)
-                         if (i.pool, i.preemptible) == (pool, preemptible)), None)
+            same = next((i for i in reversed(self._closed) if i.stream is stream), None)
             if same is not None:
                 self._grow(same, max(same.end, now), _held(begin, now, holds, holders))
                 return
-        interval = _Interval(begin, now, pool, preemptible, holds, holders)
+        interval = _Interval(begin, now, stream, holds, holders)
         self._closed.append(interval)
-        key = pool, preemptible
-        self._total[key] = self._total.get(key, 0.0) + interval.held
-        self._intervals[key] = self._intervals.get(key, 0) + 1
+        self._last = interval
+        if stream.intervals == 0:
+            self._booked[stream] = None
+        stream.total += interval.held
+        stream.intervals += 1
         heapq.heappush(self._later, (begin, next(self._seq), interval))
 
-    def _grow(self, interval: _Interval, end: float, seconds: float) -> None:
+    @staticmethod
+    def _grow(interval: _Interval, end: float, seconds: float) -> None:
         interval.end = end
         interval.held += seconds
-        key = interval.pool, interval.preemptible
-        self._total[key] = self._total.get(key, 0.0) + seconds
+        interval.stream.total += seconds
 
     def _start(self, now: float) -> float:
-        return max(now - self.window, self.started)
+        start = now - self.window
+        return start if start > self.started else self.started
 
     def _trim(self, start: float) -> None:
         # A window that grows (a longer TQ) moves the start back: the intervals already taken
         # as straddling stay so, which costs nothing, since ``seconds_after`` counts an
         # interval that begins inside the window whole.
-        while self._later and self._later[0][0] < start:
-            self._straddling.append(heapq.heappop(self._later)[2])
+        later = self._later
+        while later and later[0][0] < start:
+            self._straddling.append(heapq.heappop(later)[2])
+        closed = self._closed
         gone = False
-        while self._closed and self._closed[0].end <= start:
-            interval = self._closed.popleft()
+        while closed and closed[0].end <= start:
+            interval = closed.popleft()
             interval.trimmed = True
-            key = interval.pool, interval.preemptible
-            if self._intervals[key] == 1:
-                del self._intervals[key], self._total[key]  # no rounding carried on
+            stream = interval.stream
+            if stream.intervals == 1:
+                stream.intervals = 0
+                stream.total = 0.0  # no rounding carried on
+                del self._booked[stream]
+                self._forget_if_unused(stream)
             else:
-                self._intervals[key] -= 1
-                self._total[key] -= interval.held
+                stream.intervals -= 1
+                stream.total -= interval.held
             gone = True
         if gone:
+            if not closed:
+                self._last = None
             self._straddling = [i for i in self._straddling if not i.trimmed]
 
     def shares(self, now: float, pools: Iterable[str] = (), *,
@@ -198,7 +241,8 @@ class ShareMeter:
         if now < self._booked_until:
             # Asked about the past (never by the core, whose clock only moves on): count it
             # out interval by interval.
-            spans = [(i.begin, i.end, i.pool, i.preemptible, i.held) for i in self._closed]
+            spans = [(i.begin, i.end, i.stream.pool, i.stream.preemptible, i.held)
+                     for i in self._closed]
             for begin, end, pool, low, held in spans:
                 overlap = min(end, now) - max(begin, start)
                 if not (non_preemptible and low) and overlap > 0:
@@ -206,22 +250,25 @@ class ShareMeter:
                 else:
                     seconds.setdefault(pool, 0.0)
         else:
-            for (pool, low), total in self._total.items():
-                if not (non_preemptible and low):
-                    seconds[pool] = seconds.get(pool, 0.0) + total
+            for stream in self._booked:
+                pool = stream.pool
+                if not (non_preemptible and stream.preemptible):
+                    seconds[pool] = seconds.get(pool, 0.0) + stream.total
                 else:
                     seconds.setdefault(pool, 0.0)
             for interval in self._straddling:
-                if not (non_preemptible and interval.preemptible):
-                    seconds[interval.pool] -= interval.held - interval.seconds_after(start)
+                if not (non_preemptible and interval.stream.preemptible):
+                    seconds[interval.stream.pool] -= \
+                        interval.held - interval.seconds_after(start)
         # The open holds' stretch since the last open or close, not yet booked.
         stretch = max(now - max(self._cut_at, start), 0.0)
         holders = len(self._open)
-        for (pool, low), holds in self._holding.items():
-            if non_preemptible and low:
+        for stream in self._holding:
+            pool = stream.pool
+            if non_preemptible and stream.preemptible:
                 seconds.setdefault(pool, 0.0)
                 continue
-            seconds[pool] = seconds.get(pool, 0.0) + _held(0.0, stretch, holds, holders)
+            seconds[pool] = seconds.get(pool, 0.0) + _held(0.0, stretch, stream.holds, holders)
         span = now - start
         if span <= _EPS:
             return {pool: 0.0 for pool in seconds}

@@ -47,7 +47,7 @@ class Moves:
             choice.observe(Granted(gpu, client, now))
         client.requested_at = None
         self.counts["grants"] += 1
-        return Grant(client.id, gpu.spec.index, self.state.quantum(gpu.spec.index))
+        return Grant(client.id, gpu.spec.index, self.state.quantum_of(gpu))
 
     def drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
              incoming: Client | None, evict: bool | None = None) -> list[Action]:
@@ -84,7 +84,8 @@ class Moves:
             gpu.paused -= 1
         if hold.drop_incoming is not None:
             gpu.promised = hold.drop_incoming
-        gpu.holders.pop(client.id, None)
+        if client.id in gpu.holders:  # not pop(): compiled, a generic method call
+            del gpu.holders[client.id]
         gpu.meter.close(client.id, now)
         gpu.history.closed(client.id, now)
         if client.memory:

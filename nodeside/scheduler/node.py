@@ -47,8 +47,8 @@ class NodeState(PolicyView):
         #: Pools by name, as ``pool`` made them from the config (cleared when it is reloaded).
         self.pools: dict[str, Pool] = {}
         self.ids = itertools.count(1)
-        #: Request order, across GPUs and pools: a waiter's place in its lane.
-        self.order = itertools.count(1)
+        #: Request orders given so far, across GPUs and pools (``next_order``).
+        self.orders = 0
         #: Counters for metrics; the shell reads them.
         self.counts = {"grants": 0, "drops": 0, "preemptions": 0, "revocations": 0,
                        "steps_aside": 0, "turns": 0, "evictions": 0, "refusals": 0, "restores": 0,
@@ -108,9 +108,24 @@ class NodeState(PolicyView):
 
     # -- what the components share ----------------------------------------------------------
 
+    def next_order(self) -> int:
+        """The next request order: a waiter's place in its lane. An int counted here, not an
+        iterator: compiled, ``next()`` on one is a generic call, and every acquire takes one."""
+        self.orders += 1
+        return self.orders
+
+    def tq_of(self, gpu: GpuState) -> float:
+        """``tq_for`` for a GPU at hand, without looking it up by its index."""
+        override = gpu.tq_override
+        return self.tq if override is None else override
+
     def quantum(self, gpu: int) -> float | None:
         """The quantum a grant on ``gpu`` carries: none in mode off, where no quantum runs."""
         return None if self.mode == "off" else self.tq_for(gpu)
+
+    def quantum_of(self, gpu: GpuState) -> float | None:
+        """``quantum`` for a GPU at hand."""
+        return None if self.mode == "off" else self.tq_of(gpu)
 
     def client(self, client_id: str) -> Client:
         """A registered client, or the error a peer gets for naming one that is not."""

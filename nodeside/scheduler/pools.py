@@ -10,13 +10,14 @@ furthest below its entitlement. A ``Pool`` itself is the domain's (``nodeside.mo
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from nodeside.model import Pool
 from nodeside.scheduler.meter import ShareMeter
 
 __all__ = ["ShareMeter", "entitlements", "preemption_enabled", "preemption_off_reason"]
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 def entitlements(pools: Iterable[Pool]) -> dict[str, float]:

@@ -7,7 +7,8 @@ without building it, which is what every ``waiting`` reply asks.
 
 from __future__ import annotations
 
-from typing import final
+import math
+from typing import Final, final
 
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.residency import Residency
@@ -17,7 +18,7 @@ from nodeside.scheduler.taking_turns import TakingTurns
 from nodeside.scheduler.turns import Turns, current_quantum_start
 
 # A pool held back at its maximum is looked at again after this fraction of the share window.
-_MAX_RECHECK = 0.005
+_MAX_RECHECK: Final = 0.005
 
 
 @final
@@ -31,7 +32,9 @@ class Queries:
         self.turns = turns
         self.taking = taking
         self.residency = residency
-        self._deadline_cache: tuple[object, float | None] | None = None
+        #: The last answer, and the marks of the node it holds for (``_marks``); -1: none kept.
+        self._deadline_marks = -1
+        self._deadline: float | None = None
 
     def next_deadline(self, now: float) -> float | None:
         """When ``tick`` must next be called, or None if nothing is due until the next event.
@@ -40,13 +43,21 @@ class Queries:
         waiters, quanta, mode, TQ), so it is kept until the next one, unless it depended on
         ``now`` or on shares that move with time (a pool with a maximum).
         """
-        state = self.state
-        key = (state.events, tuple([g.tq_override for g in state.gpus.values()]))  # no genexpr
-        if self._deadline_cache is not None and self._deadline_cache[0] == key:
-            return self._deadline_cache[1]
+        marks = self._marks()
+        if marks == self._deadline_marks:
+            return self._deadline
         deadline, timeless = self.compute_deadline(now)
-        self._deadline_cache = (key, deadline) if timeless else None
+        self._deadline_marks = marks if timeless else -1
+        self._deadline = deadline
         return deadline
+
+    def _marks(self) -> int:
+        """Events and TQ changes so far: both only grow, so an equal sum means neither moved."""
+        state = self.state
+        marks = state.events
+        for gpu in state.gpus.values():
+            marks += gpu.tq_changes
+        return marks
 
     def compute_deadline(self, now: float) -> tuple[float | None, bool]:
         """The next deadline, and whether it holds until the next event whatever the time."""
@@ -54,9 +65,12 @@ class Queries:
         mode = state.mode
         if mode == "off":
             return None, True  # mode off keeps no deadline on any GPU
-        deadlines: list[float] = []
+        # The earliest so far (inf: none), not a list and min(): asked after every handoff. A
+        # deadline is never inf itself: a TQ, a grace and the windows are finite.
+        earliest = math.inf
         timeless = True
         capped = state.capped
+        choice = state.choice
         for gpu in state.gpus.values():
             for holder in gpu.holders.values():
                 hold = holder.hold
@@ -64,46 +78,46 @@ class Queries:
                 if capped and state.pool(holder.pool).cap < 1.0:
                     timeless = False  # its share crosses the maximum as time goes
                 if hold.drop_sent_at is not None:
-                    deadlines.append(hold.drop_sent_at + state.grace)
-                elif gpu.waiters or state.choice.over_maximum(gpu, holder.pool, now):
-                    deadlines.append(hold.quantum_start
-                                     + self.turns.quantum_length(gpu, holder, now))
-                    if state.choice.light_first is not None and gpu.waiters and mode == "on":
+                    earliest = min(earliest, hold.drop_sent_at + state.grace)
+                elif gpu.waiters or choice.over_maximum(gpu, holder.pool, now):
+                    earliest = min(earliest, hold.quantum_start
+                                   + self.turns.quantum_length(gpu, holder, now))
+                    if choice.light_first is not None and gpu.waiters and mode == "on":
                         # Whether the quantum is cut short changes as GPU time is used, with
                         # no event to say so: look again after a first quantum.
-                        deadlines.append(now + state.config.interactive.first_quantum)
+                        earliest = min(earliest, now + state.config.interactive.first_quantum)
                         timeless = False
             if mode == "auto":
                 turn_end = self.taking.turn_deadline(gpu)
                 if turn_end is not None:
-                    deadlines.append(turn_end)
-                light_first = state.choice.light_first
+                    earliest = min(earliest, turn_end)
+                light_first = choice.light_first
                 if light_first is not None and light_first.aside_may_come(gpu, now):
                     # Who is light beside whom, and whose turn is over, change as GPU time is
                     # used, with no event to say so: look again after a first quantum.
-                    deadlines.append(now + state.config.interactive.first_quantum)
+                    earliest = min(earliest, now + state.config.interactive.first_quantum)
                     timeless = False
             if gpu.memory_clients:
                 due = self.residency.deadline(gpu)
                 if due is not None:
-                    deadlines.append(due)
+                    earliest = min(earliest, due)
             if not gpu.waiters:
                 continue
             if capped:
                 timeless = timeless and all(state.pool(p).cap >= 1.0
                                             for p in gpu.waiters.pools())
-            if capped and any(state.choice.over_maximum(gpu, pool, now)
+            if capped and any(choice.over_maximum(gpu, pool, now)
                               for pool in gpu.waiters.pools()):
-                deadlines.append(now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
+                earliest = min(earliest, now + max(gpu.meter.window * _MAX_RECHECK, 0.001))
                 timeless = False
             elif self._grantable(gpu, now):
                 # Shares fall while the GPU idles: a pool held back at its maximum may have
                 # become eligible since the last schedule with no event to say so. Asking for
                 # a tick now (not at the recheck armed earlier, which a caller re-arming from
                 # this answer would cancel) keeps that wake-up from being lost.
-                deadlines.append(now)
+                earliest = min(earliest, now)
                 timeless = False
-        return (min(deadlines) if deadlines else None), timeless
+        return (None if earliest == math.inf else earliest), timeless
 
     def _grantable(self, gpu: GpuState, now: float) -> bool:
         """Would a schedule now grant someone? (mode on or auto)"""
@@ -161,6 +175,11 @@ class Queries:
 
     def _promised(self, gpu: GpuState) -> list[Client]:
         """Waiters that holders asked to drop were dropped for: they go first, in that order."""
+        for holder in gpu.holders.values():
+            if holder.hold is not None and holder.hold.drop_incoming is not None:
+                break
+        else:
+            return []  # nobody dropped for anyone (every waiting reply): no list to make
         promised: list[Client] = []
         for holder in gpu.holders.values():
             if holder.hold is not None and holder.hold.drop_incoming is not None:

@@ -12,27 +12,36 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, insort
-from collections import deque
 from collections.abc import Iterator, ValuesView
 from typing import Final, final
 
 from nodeside.scheduler.clients import Client
 
 PRIORITY_RANK: Final = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
+#: Ids a lane's front may pass before the list is cut down to those still behind it.
+_COMPACT_AFTER: Final = 64
+#: Pools whose empty lanes a queue keeps for their next waiter.
+_SPARE_POOLS: Final = 16
 
 
 @final
 class Lane:
     """One (pool, priority)'s waiters in request order, each with its arrival ticket."""
 
-    __slots__ = ("members", "_ticket", "_arrivals", "_next", "_gone")
+    __slots__ = ("members", "_ticket", "_arrivals", "_base", "_front", "_next", "_gone")
 
     def __init__(self) -> None:
         self.members: dict[str, Client] = {}
+        #: Each member's ticket: the number of its arrival in this lane.
         self._ticket: dict[str, int] = {}
-        #: Ids in arrival order; ids that left from the middle are skipped when they reach
-        #: the front (lazily), so the first member is found in O(1) amortized.
-        self._arrivals: deque[str] = deque()
+        #: Ids in arrival order, the one at place i with ticket ``_base + i``; the members
+        #: are those whose ticket is still theirs. One that left (or left and came back, with
+        #: a new ticket further on) is passed over when it reaches the front, so the first
+        #: member is found in O(1) amortized. A list and the place of its front rather than a
+        #: deque: compiled, a list's item is read in place, a deque's through a generic call.
+        self._arrivals: list[str] = []
+        self._base = 0
+        self._front = 0
         self._next = 0
         #: Tickets of members that left from behind the first one, sorted.
         self._gone: list[int] = []
@@ -44,26 +53,42 @@ class Lane:
         self._next += 1
 
     def remove(self, client_id: str) -> None:
-        ticket = self._ticket.pop(client_id)
+        # Looked up and deleted, not pop(): compiled, pop is a generic method call.
+        ticket = self._ticket[client_id]
+        del self._ticket[client_id]
         del self.members[client_id]
-        if self._arrivals[0] != client_id:
-            insort(self._gone, ticket)
+        if ticket != self._base + self._front:
+            insort(self._gone, ticket)  # from behind the first one
             return
-        self._arrivals.popleft()
-        while self._arrivals and self._arrivals[0] not in self._ticket:
-            self._arrivals.popleft()
+        self._pass_the_departed(self._front + 1)
         if self._gone:  # none left from the middle (the usual case): nothing to forget
-            floor = self._ticket[self._arrivals[0]] if self._arrivals else self._next
+            floor = self._base + self._front if self.members else self._next
             del self._gone[:bisect_left(self._gone, floor)]
 
+    def _pass_the_departed(self, front: int) -> None:
+        """Move the front to the first arrival at or after ``front`` still in the lane."""
+        arrivals, tickets, base = self._arrivals, self._ticket, self._base
+        while front < len(arrivals) and tickets.get(arrivals[front]) != base + front:
+            front += 1
+        if front == len(arrivals):  # nobody left: start the list afresh
+            self._arrivals = []
+            self._base += front
+            front = 0
+        elif front > _COMPACT_AFTER and 2 * front > len(arrivals):
+            del arrivals[:front]  # those before the front left: keep the list bounded
+            self._base += front
+            front = 0
+        self._front = front
+
     def first(self) -> Client:
-        return self.members[self._arrivals[0]]
+        return self.members[self._arrivals[self._front]]
 
     def index(self, client_id: str) -> int:
         """0-based place in this lane."""
-        ticket = self._ticket[client_id]
-        floor = self._ticket[self._arrivals[0]]
-        return ticket - floor - bisect_left(self._gone, ticket)
+        ahead = self._ticket[client_id] - (self._base + self._front)
+        if not self._gone:  # none left from the middle (the usual case): no search
+            return ahead
+        return ahead - bisect_left(self._gone, self._ticket[client_id])
 
     def __len__(self) -> int:
         return len(self.members)
@@ -80,11 +105,16 @@ class WaitQueue:
     is called directly. Only ``add`` and ``remove`` change the map: they keep the lanes in step.
     """
 
-    __slots__ = ("_by_id", "_lanes")
+    __slots__ = ("_by_id", "_lanes", "_spare")
 
     def __init__(self) -> None:
         self._by_id: dict[str, Client] = {}
+        #: The lanes of each pool that waits (and of no other).
         self._lanes: dict[str, list[Lane]] = {}
+        #: The empty lanes of pools that waited lately, kept for when they wait again: a queue
+        #: that empties at every grant (two clients taking turns) makes no lanes each time.
+        #: Bounded, so pools of ever new names leave nothing behind.
+        self._spare: dict[str, list[Lane]] = {}
 
     # -- the map of waiters by client id ---------------------------------------------------
 
@@ -112,18 +142,38 @@ class WaitQueue:
         self._by_id[client.id] = client
         lanes = self._lanes.get(client.pool)
         if lanes is None:
-            lanes = self._lanes[client.pool] = [Lane() for _ in PRIORITY_RANK]
+            lanes = self._spare.get(client.pool)
+            if lanes is None:
+                lanes = [Lane() for _ in PRIORITY_RANK]
+            else:
+                del self._spare[client.pool]
+            self._lanes[client.pool] = lanes
         lanes[PRIORITY_RANK[client.priority]].add(client)
 
     def remove(self, client: Client) -> None:
-        if self._by_id.pop(client.id, None) is None:
+        if client.id not in self._by_id:
             return
+        del self._by_id[client.id]
         lanes = self._lanes[client.pool]
         lanes[PRIORITY_RANK[client.priority]].remove(client.id)
         for lane in lanes:
             if lane.members:
                 return
         del self._lanes[client.pool]
+        if len(self._spare) >= _SPARE_POOLS:
+            self._spare.clear()
+        self._spare[client.pool] = lanes
+
+    def sole_head(self) -> Client | None:
+        """The next waiter when exactly one pool waits (the usual case); None otherwise.
+        ``heads`` without the dict: asked on every handoff."""
+        if len(self._lanes) != 1:
+            return None
+        for lanes in self._lanes.values():
+            for lane in lanes:
+                if lane.members:
+                    return lane.first()
+        return None
 
     def heads(self) -> dict[str, Client]:
         """Each pool's next waiter (asked on every event: plain loops, no generators)."""
@@ -155,8 +205,9 @@ class WaitQueue:
         lanes = self._lanes[client.pool]
         rank = PRIORITY_RANK[client.priority]
         ahead = lanes[rank].index(client.id)
-        for lane in lanes[:rank]:  # a loop, not sum() over a generator: every waiting reply
-            ahead += len(lane.members)
+        # A loop over places, not sum() over a generator nor a slice: every waiting reply.
+        for higher in range(rank):
+            ahead += len(lanes[higher].members)
         return ahead
 
     def pool_size(self, pool: str) -> int:

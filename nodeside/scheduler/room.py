@@ -68,12 +68,15 @@ class Room:
         """Must ``leaver`` move its memory out? Only when ``incoming`` needs the room."""
         if incoming is None:
             return False
-        rest = [h for h in gpu.holders.values() if h is not leaver and h is not incoming]
+        # One list, appended to: asked on every release.
+        together = [h for h in gpu.holders.values() if h is not leaver and h is not incoming]
+        together.append(incoming)
+        together.append(leaver)
         reserve = self.state.reserve
         if gpu.memory_clients:  # the idle clients' resident memory takes room too
             reserve += sum(occupies(c) for c in gpu.memory_clients.values()
                            if c is not incoming and c is not leaver and not holding(c))
-        return not fits_together(gpu, [*rest, incoming, leaver], reserve)
+        return not fits_together(gpu, together, reserve)
 
     def overcommitted(self, gpu: GpuState, keep: Client) -> list[Client]:
         """Holders to ask to leave, longest-running first, until the rest fits beside ``keep``.

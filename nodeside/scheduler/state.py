@@ -35,7 +35,9 @@ class GpuState:
         self.meter = ShareMeter(0.0, now)
         #: Recent holds, whole and named, for the status document's timeline (history.py).
         self.history = HolderHistory()
-        self.tq_override = tq_override
+        #: How often the TQ override changed: a next deadline computed since still holds.
+        self.tq_changes = 0
+        self._tq_override = tq_override
         #: The waiter a leaving holder was dropped for; served first by the next schedule.
         self.promised: str | None = None
         #: Holders paused for another's turn (taking_turns.py): with none, and turns off, a
@@ -56,3 +58,13 @@ class GpuState:
         #: A waiter for room may ask idle clients to evict again then (fair_eviction.py's
         #: intervals); None: nothing waits for that.
         self.evict_retry_at: float | None = None
+
+    @property
+    def tq_override(self) -> float | None:
+        """This GPU's own TQ, where the admin set one."""
+        return self._tq_override
+
+    @tq_override.setter
+    def tq_override(self, seconds: float | None) -> None:
+        self._tq_override = seconds
+        self.tq_changes += 1

@@ -32,7 +32,7 @@ took. The fleet benchmark (``python -m benchmarks.fleet --turns``) measures what
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 from nodeside.scheduler.actions import Action, Pause, Resume
 from nodeside.scheduler.light_first import LightFirst
@@ -40,7 +40,7 @@ from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.view import Paused, Resumed
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 @final

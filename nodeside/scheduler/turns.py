@@ -16,7 +16,7 @@ only this object holds.
 from __future__ import annotations
 
 import math
-from typing import final
+from typing import Final, final
 
 from nodeside import protocol as p
 from nodeside.model import EVICTING
@@ -39,9 +39,9 @@ from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
 from nodeside.scheduler.view import Kept
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 #: The request order of a holder competing as if it asked again: after every real request.
-TAIL_ORDER = 1 << 62
+TAIL_ORDER: Final = 1 << 62
 
 
 @final
@@ -68,7 +68,7 @@ class Turns:
         if not gpu.waiters:
             self._renew_lone_quanta(gpu, now)
         client.move(HoldState.WAITING)
-        client.request_order = next(state.order)
+        client.request_order = state.next_order()
         client.requested_at = now
         gpu.waiters.add(client)
         return self.schedule(gpu, now)
@@ -224,11 +224,18 @@ class Turns:
                     # with code `room` is the feature's): it is granted into what room there
                     # is, as before the feature, rather than left waiting for good.
             actions.append(self._moves.grant(gpu, candidate, now))
+        # Each extended only with what there is: on most events there is nothing.
         if waiters and state.preemption:  # nobody waiting, or preemption off: no call at all
-            actions.extend(self._preempt(gpu, now))
+            dropped = self._preempt(gpu, now)
+            if dropped:
+                actions.extend(dropped)
         if holders:
-            actions.extend(self._end_quanta(gpu, now))
-            actions.extend(self.taking.take_turns(gpu, now))
+            ended = self._end_quanta(gpu, now)
+            if ended:
+                actions.extend(ended)
+            turned = self.taking.take_turns(gpu, now)
+            if turned:
+                actions.extend(turned)
         return actions
 
     def _beside_room_wait(self, gpu: GpuState, parked: Client, now: float) -> list[Action]:
@@ -297,11 +304,15 @@ class Turns:
     def _preempt(self, gpu: GpuState, now: float) -> list[Action]:
         """Drops that make room for waiters owed their guarantee. ``schedule`` calls it only
         with waiters, preemption on and mode not off: no shares to measure otherwise."""
-        # One pass, no list of those staying first: asked on every event while anyone waits.
+        # Asked on every event while anyone waits: no list at all while nobody preemptible
+        # holds (the usual case), then one pass.
+        for holder in gpu.holders.values():
+            if holder.hold_state is HoldState.HOLDING and holder.preemptible:
+                break
+        else:
+            return []
         victims = [h for h in gpu.holders.values()
                    if h.hold_state is HoldState.HOLDING and h.preemptible]
-        if not victims:
-            return []
         choice = self.state.choice
         shares = gpu.meter.shares(now, [w.pool for w in gpu.waiters.values()])
         claimants = sorted((w for w in gpu.waiters.values()
@@ -330,7 +341,7 @@ class Turns:
     def quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
         """The TQ, or less where the policy cuts the quantum short for the next holder."""
         state = self.state
-        tq = state.tq_for(gpu.spec.index)
+        tq = state.tq_of(gpu)
         light_first = state.choice.light_first
         if light_first is None or state.mode != "on" or not gpu.waiters:
             return tq
@@ -342,9 +353,20 @@ class Turns:
     def _end_quanta(self, gpu: GpuState, now: float) -> list[Action]:
         state = self.state
         choice = state.choice
-        actions: list[Action] = []
-        tq = state.tq_for(gpu.spec.index)
+        tq = state.tq_of(gpu)
         light_first = choice.light_first  # without one, every quantum is the TQ
+        if light_first is None:
+            # Asked on every event: with every quantum the TQ, nothing to do (and no list to
+            # make) until one of them has run out, which a handoff's fresh grant has not.
+            for holder in gpu.holders.values():
+                hold = holder.hold
+                assert hold is not None
+                if holder.hold_state is HoldState.HOLDING and \
+                        not now < hold.quantum_start + tq - _EPS:
+                    break
+            else:
+                return []
+        actions: list[Action] = []
         aside = light_first if light_first is not None and state.mode == "auto" else None
         # Asked once for every holder: a drop below changes no waiter's place.
         waiter = choice.pick(gpu, now) if aside is not None and gpu.waiters else None
@@ -371,7 +393,7 @@ class Turns:
                 actions.extend(self._moves.drop(gpu, holder, p.REASON_ROOM, now,
                                                 incoming=blocked))
                 continue
-            tail = as_tail(holder, next(state.order))
+            tail = as_tail(holder, state.next_order())
             winner = choice.pick(gpu, now, tail)
             if winner is None and choice.over_maximum(gpu, holder.pool, now):
                 actions.extend(self._moves.drop(gpu, holder, p.REASON_MAXIMUM, now,
@@ -412,6 +434,11 @@ class Turns:
         return actions
 
     def _revoke_overdue(self, gpu: GpuState, now: float) -> list[Action]:
+        for holder in gpu.holders.values():
+            if holder.hold_state is HoldState.DROPPING:
+                break
+        else:
+            return []  # nobody asked to drop (every handoff): no list of them to make
         actions: list[Action] = []
         for holder in leaving(gpu):
             hold = holder.hold
@@ -432,7 +459,7 @@ class Turns:
         renewals now puts the newcomer behind the end of the *current* quantum, as in the
         seed's timeline, instead of dropping a holder whose first quantum ran out long ago.
         """
-        tq = self.state.tq_for(gpu.spec.index)
+        tq = self.state.tq_of(gpu)
         for holder in staying(gpu):
             assert holder.hold is not None
             holder.hold.quantum_start = current_quantum_start(holder.hold, tq, now)

@@ -6,6 +6,7 @@ say (tables with separator rows, the goals, no raw JSON), never how fast anythin
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -45,6 +46,30 @@ def test_handoff_reports_kiwi_beside_the_floor_with_the_issue_goals() -> None:
     assert "| 8 |" in text
     assert "| handoff p50 / floor, 8 waiting | ≤ 1.5x |" in text
     assert "| Kiwi p50 growth 2 → 8 waiting | ≤ 1.2x |" in text
+
+
+def test_handoff_runs_again_beside_a_cpu_hog_with_processes_flat_out() -> None:
+    text = handoff.main(["--repeats", "2", "--handoffs", "100", "--clients", "2", "--no-idle",
+                         "--throughput", "2", "--throughput-seconds", "0.5", "--hog", "1",
+                         "--hog-lead", "0"])
+    well_formed(text)
+    assert "### As the machine was" in text and "### Beside a CPU hog (1 busy loop," in text
+    assert text.count("| Kiwi, 2 processes flat out |") == 2
+    # each repeat's ratios, with the load it began under, in both phases
+    assert len(re.findall(r"^\| 2 \| [\d.]+ \| 2 processes flat out \|", text, re.M)) == 2
+
+
+@pytest.mark.skipif(not os.environ.get("KIWI_BENCH_NVSHARE"),
+                    reason="KIWI_BENCH_NVSHARE names no nvshare-scheduler build")
+def test_handoff_reports_nvshare_beside_the_daemon_with_the_issue_44_goals() -> None:
+    text = handoff.main(["--repeats", "1", "--handoffs", "100", "--clients", "2,8", "--no-idle",
+                         "--nvshare", os.environ["KIWI_BENCH_NVSHARE"], "--throughput", "2",
+                         "--throughput-seconds", "0.5"])
+    well_formed(text)
+    assert "| daemon CPU per handoff / nvshare's, 8 waiting (issue 44) | ≤ 1.00x |" in text
+    assert "| handoff p50 / nvshare's, 2 waiting (issue 44) | ≤ 1.00x |" in text
+    assert "| handoffs/s / nvshare's, 2 processes flat out (issue 44) | ≥ 1.00x |" in text
+    assert "| nvshare, 2 processes flat out |" in text
 
 
 def test_soak_reports_the_daemon_rss_over_the_run() -> None:

@@ -315,3 +315,19 @@ def test_bad_requests_raise_typed_errors() -> None:
     with pytest.raises(SchedulerError) as unknown:
         s.acquire(0.0, "c999")
     assert unknown.value.code == p.E_STATE
+
+
+def test_a_waiter_that_cancels_and_asks_again_goes_behind_those_who_asked_meanwhile() -> None:
+    s = make()
+    holder, a, b, c = (s.register(0.0, name=n) for n in ("H", "A", "B", "C"))
+    s.acquire(1.0, holder.id)
+    s.acquire(2.0, a.id)
+    s.acquire(3.0, b.id)
+    s.release(4.0, b.id)  # B gives up its wait (an interrupted cell)...
+    s.acquire(5.0, c.id)
+    s.acquire(6.0, b.id)  # ... and asks again, after C
+    assert [s.queue_position(x.id, 6.0) for x in (a, c, b)] == [1, 2, 3]
+    assert grants(s.release(7.0, holder.id)) == [a.id]
+    assert [s.queue_position(x.id, 7.0) for x in (c, b)] == [1, 2]
+    assert grants(s.release(8.0, a.id)) == [c.id]
+    assert grants(s.release(9.0, c.id)) == [b.id]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nodeside.config import from_mapping
@@ -136,3 +136,26 @@ def test_a_pool_tied_at_an_earlier_place_goes_first() -> None:
         s.acquire(49.0, client.id)
     assert [c.name for c in s.queue(0, 50.0)] == ["a0", "b0", "a1", "b1", "a2"]
     assert [s.queue_position(c.id, 50.0) for c in clients] == [1, 3, 5, 2, 4]
+
+
+# Few clients of one lane, so that one leaves and comes back while others still wait behind its
+# first place: (arrives or leaves, which client).
+rejoins = st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=120)
+
+
+@given(rejoins)
+@example([(True, 0), (True, 1), (False, 1), (True, 2), (True, 1), (False, 0)])
+def test_a_client_back_in_its_lane_is_served_after_those_who_came_meanwhile(ops) -> None:
+    queue, waiting = WaitQueue(), []
+    for order, (arrives, n) in enumerate(ops):
+        present = [c for c in waiting if c.id == f"c{n}"]
+        if arrives and not present:
+            waiting.append(Client(id=f"c{n}", name=f"c{n}", gpu=0, pool="a",
+                                  priority="NORMAL", request_order=order))
+            queue.add(waiting[-1])
+        elif not arrives and present:
+            waiting.remove(present[0])
+            queue.remove(present[0])
+        assert queue.in_order("a") == waiting  # arrival order, a comeback at the end
+        assert [queue.index_in_pool(c) for c in waiting] == list(range(len(waiting)))
+        assert queue.heads() == ({"a": waiting[0]} if waiting else {})

@@ -8,6 +8,9 @@
  *   contenders SOCKET [options]             every contender waits all the time: each holds the
  *                                           GPU for --hold-us, releases and asks again at once
  *   contenders SOCKET --probe [options]     one client: acquire, release, pause, again
+ *   contenders SOCKET --nvshare [options]   the contenders speak nvshare's scheduler protocol
+ *                                           instead (github.com/grgalex/nvshare, src/comm.h):
+ *                                           the same rounds against its C scheduler
  *
  * Options: --contenders N (2)  --idle K (0: registered connections that never ask)
  *          --handoffs H (2000) --warmup W (200) --seconds S (60: stop by then whatever H says)
@@ -18,11 +21,13 @@
  *          --setup-seconds D (30: exit 3 when hello or register is unanswered for D s)
  *          --wait-stdin (probe: once registered, start the rounds when a line comes on stdin)
  *          --samples (print every sample, ns, one a line)
+ *          --wait-stdin (also for contenders: start asking when a line comes on stdin)
  *
  * Output, one fact a line, "key value": handoffs, seconds, server_cpu_s, p50_ns, p99_ns,
  * max_ns, stalled (probe rounds with no answer by the end), closed (probe: the server closed
  * it), requeue_unserved (releases with "requeue" that the server answered as plain releases),
- * then the samples if asked.
+ * grants (every grant the contenders read after the warmup, whoever released: a process with
+ * one contender hands the GPU to other processes), then the samples if asked.
  * Times are CLOCK_MONOTONIC; a handoff is from just before the holder's release is written to
  * the moment the next holder has read its grant. */
 #define _GNU_SOURCE
@@ -43,6 +48,20 @@
 
 enum { IN_CAP = 1 << 16 };
 enum state { IDLE, WAITING, HOLDING, RELEASING };
+/* What a contender heard, in either protocol. */
+enum heard { HEARD_GRANT, HEARD_DROP, HEARD_RELEASED, HEARD_ERROR, HEARD_OTHER };
+
+/* nvshare's wire, as its src/comm.h describes it (1a8f211): every message is one packed record
+ * of a fixed size, a type byte, the pod's name and namespace (254 bytes each, NUL-padded), a
+ * 64-bit client id and 20 bytes of data. Its scheduler answers REGISTER with SCHED_ON (the id
+ * it chose in data), REQ_LOCK with LOCK_OK once it is the client's turn, a quantum's end with
+ * DROP_LOCK, and LOCK_RELEASED with nothing. It reads exactly one record per read, and takes a
+ * short one for a dead client. */
+enum { NV_REGISTER = 1, NV_SCHED_ON = 2, NV_REQ_LOCK = 4, NV_LOCK_OK = 5, NV_DROP_LOCK = 6,
+       NV_LOCK_RELEASED = 7 };
+enum { NV_NAME = 254, NV_ID_AT = 1 + 2 * NV_NAME, NV_RECORD = NV_ID_AT + 8 + 20 };
+/* The protocol spoken: Kiwi's lines (0) or nvshare's records (1). */
+static int nvshare;
 
 struct conn {
     int fd;
@@ -112,6 +131,46 @@ static int next_op(struct conn *c, char *op, size_t cap, char *line, size_t line
     return 1;
 }
 
+/* The next whole nvshare record's type, consuming it; 0 when none is whole. */
+static int next_record(struct conn *c) {
+    if (c->len < NV_RECORD) return 0;
+    int type = (unsigned char)c->in[0];
+    memmove(c->in, c->in + NV_RECORD, c->len - NV_RECORD);
+    c->len -= NV_RECORD;
+    return type;
+}
+
+/* The next whole message, in the protocol spoken, consuming it; 0 when none is whole. An
+ * error line is left in line, to be said. */
+static int next_message(struct conn *c, enum heard *what, char *line, size_t line_cap) {
+    if (nvshare) {
+        int type = next_record(c);
+        if (!type) return 0;
+        *what = type == NV_LOCK_OK ? HEARD_GRANT : type == NV_DROP_LOCK ? HEARD_DROP
+                : HEARD_OTHER;
+        return 1;
+    }
+    char op[32];
+    if (!next_op(c, op, sizeof op, line, line_cap)) return 0;
+    *what = !strcmp(op, "grant") ? HEARD_GRANT : !strcmp(op, "drop") ? HEARD_DROP
+            : !strcmp(op, "released") ? HEARD_RELEASED : !strcmp(op, "error") ? HEARD_ERROR
+            : HEARD_OTHER;
+    return 1;
+}
+
+/* Blocks for more of the setup's answer; past SO_RCVTIMEO the harness exits 3 (no answer). */
+static void fill_setup(struct conn *c) {
+    for (;;) {
+        if (c->len == IN_CAP) { errno = 0; die("a line longer than 64 KiB"); }
+        ssize_t r = read(c->fd, c->in + c->len, IN_CAP - c->len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) { errno = 0; exit(3); } /* SO_RCVTIMEO: no answer */
+        if (r <= 0) { errno = 0; die("the server closed during setup"); }
+        c->len += (size_t)r;
+        return;
+    }
+}
+
 static void expect(struct conn *c, const char *want) {
     char op[32], line[512];
     for (;;) {
@@ -120,13 +179,26 @@ static void expect(struct conn *c, const char *want) {
             if (strcmp(op, "error") == 0) { errno = 0; fprintf(stderr, "%s", line); die(want); }
             continue; /* an event before the reply: nothing the setup needs */
         }
-        if (c->len == IN_CAP) { errno = 0; die("a line longer than 64 KiB"); }
-        ssize_t r = read(c->fd, c->in + c->len, IN_CAP - c->len);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && errno == EAGAIN) { errno = 0; exit(3); } /* SO_RCVTIMEO: no answer */
-        if (r <= 0) { errno = 0; die("the server closed during setup"); }
-        c->len += (size_t)r;
+        fill_setup(c);
     }
+}
+
+static void expect_record(struct conn *c, int want) {
+    for (;;) {
+        int type = next_record(c);
+        if (type == want) return;
+        if (!type) fill_setup(c);
+    }
+}
+
+static void send_record(int fd, int type, const char *name) {
+    char record[NV_RECORD] = {0};
+    record[0] = (char)type;
+    if (name) {
+        strncpy(record + 1, name, NV_NAME - 1);
+        strncpy(record + 1 + NV_NAME, "kiwi-bench", NV_NAME - 1);
+    }
+    send_all(fd, record, sizeof record);
 }
 
 static struct conn *open_client(const char *path, const char *name) {
@@ -138,6 +210,12 @@ static struct conn *open_client(const char *path, const char *name) {
     if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&addr, sizeof addr) < 0) die("connect");
     struct timeval patience = {setup_seconds, 0}, forever = {0, 0};
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+    if (nvshare) {
+        send_record(c->fd, NV_REGISTER, name);
+        expect_record(c, NV_SCHED_ON);
+        setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
+        return c;
+    }
     char hello[256];
     int n = snprintf(hello, sizeof hello,
                      "{\"op\":\"hello\",\"version\":1,\"software\":\"kiwi-bench\"}\n"
@@ -154,6 +232,31 @@ static void request(struct conn *c, const char *op, const char *extra) {
     char line[128];
     int n = snprintf(line, sizeof line, "{\"op\":\"%s\",\"seq\":%u%s}\n", op, ++c->seq, extra);
     send_all(c->fd, line, (size_t)n);
+}
+
+static void ask(struct conn *c) {
+    if (nvshare) send_record(c->fd, NV_REQ_LOCK, 0);
+    else request(c, "acquire", "");
+}
+
+/* The holder gives the GPU back and asks again at once, in one write (or, --requeue, in one
+ * request). */
+static void give_back_and_ask(struct conn *c, int requeue) {
+    if (nvshare) {
+        char both[2 * NV_RECORD] = {0};
+        both[0] = NV_LOCK_RELEASED;
+        both[NV_RECORD] = NV_REQ_LOCK;
+        send_all(c->fd, both, sizeof both);
+    } else if (requeue) {
+        request(c, "release", ",\"requeue\":true");
+    } else {
+        char both[160];
+        int k = snprintf(both, sizeof both,
+                         "{\"op\":\"release\",\"seq\":%u}\n"
+                         "{\"op\":\"acquire\",\"seq\":%u}\n", c->seq + 1, c->seq + 2);
+        c->seq += 2;
+        send_all(c->fd, both, (size_t)k);
+    }
 }
 
 static int compare(const void *a, const void *b) {
@@ -289,36 +392,43 @@ static int contend(const char *path, const struct options *o) {
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = conns[i]};
         epoll_ctl(ep, EPOLL_CTL_ADD, conns[i]->fd, &ev);
     }
-    long capacity = o->handoffs, n = 0, seen = 0, unserved = 0;
+    if (o->wait_stdin) { /* everyone registered; the rounds start when whoever started it says */
+        printf("registered %d\n", total);
+        fflush(stdout);
+        char go[16];
+        if (!fgets(go, sizeof go, stdin)) { errno = 0; die("stdin closed before the go"); }
+    }
+    long capacity = o->handoffs, n = 0, seen = 0, unserved = 0, grants = 0;
     int64_t *samples = calloc((size_t)capacity, sizeof *samples);
     int64_t released_at = 0, start = now_ns(), measured_from = 0;
     int64_t end = start + (int64_t)(o->seconds * 1e9);
     double cpu_from = 0;
     struct conn *releaser = 0;
-    const char *again = o->requeue ? ",\"requeue\":true" : "";
     for (int i = 0; i < o->contenders; i++) {
         conns[i]->state = WAITING;
-        request(conns[i], "acquire", "");
+        ask(conns[i]);
     }
     struct epoll_event events[64];
-    char op[32], line[512];
+    char line[512];
+    enum heard what;
     while (n < capacity && now_ns() < end) {
         int ready = epoll_wait(ep, events, 64, 1000);
         if (ready < 0 && errno != EINTR) die("epoll_wait");
         for (int e = 0; e < ready && n < capacity; e++) {
             struct conn *c = events[e].data.ptr;
             if (!fill(c)) { errno = 0; die("the server closed a contender"); }
-            while (next_op(c, op, sizeof op, line, sizeof line)) {
-                if (strcmp(op, "error") == 0) { errno = 0; die(line); }
-                if (o->requeue && strcmp(op, "released") == 0) {
+            while (next_message(c, &what, line, sizeof line)) {
+                if (what == HEARD_ERROR) { errno = 0; die(line); }
+                if (o->requeue && what == HEARD_RELEASED) {
                     /* a daemon that predates "requeue" only released: ask again apart */
-                    request(c, "acquire", "");
+                    ask(c);
                     unserved++;
                     continue;
                 }
-                if (strcmp(op, "grant") != 0 && strcmp(op, "drop") != 0) continue;
-                if (strcmp(op, "grant") == 0) {
+                if (what != HEARD_GRANT && what != HEARD_DROP) continue;
+                if (what == HEARD_GRANT) {
                     int64_t t = now_ns();
+                    if (t < end) grants++;
                     if (releaser && releaser != c && seen++ >= o->warmup) {
                         if (n == 0) { measured_from = released_at; cpu_from = cpu_seconds(o->server_pid); }
                         samples[n++] = t - released_at;
@@ -335,16 +445,7 @@ static int contend(const char *path, const struct options *o) {
                 }
                 releaser = c;
                 released_at = now_ns();
-                if (o->requeue) {
-                    request(c, "release", again);
-                } else {
-                    char both[160];
-                    int k = snprintf(both, sizeof both,
-                                     "{\"op\":\"release\",\"seq\":%u}\n"
-                                     "{\"op\":\"acquire\",\"seq\":%u}\n", c->seq + 1, c->seq + 2);
-                    c->seq += 2;
-                    send_all(c->fd, both, (size_t)k);
-                }
+                give_back_and_ask(c, o->requeue);
                 c->state = WAITING;
                 if (n >= capacity) break;
             }
@@ -353,6 +454,7 @@ static int contend(const char *path, const struct options *o) {
     double cpu = cpu_seconds(o->server_pid) - cpu_from;
     double seconds = n ? (double)(now_ns() - measured_from) / 1e9 : 0;
     if (o->requeue) printf("requeue_unserved %ld\n", unserved);
+    printf("grants %ld\n", grants);
     report(o, samples, n, seconds, o->server_pid > 0 ? cpu : 0, 0);
     return 0;
 }
@@ -364,6 +466,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "0";
         if (!strcmp(a, "--requeue")) o.requeue = 1;
+        else if (!strcmp(a, "--nvshare")) nvshare = 1;
         else if (!strcmp(a, "--probe")) o.probe = 1;
         else if (!strcmp(a, "--samples")) o.samples = 1;
         else if (!strcmp(a, "--wait-stdin")) o.wait_stdin = 1;
@@ -381,6 +484,10 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "contenders: unknown option %s\n", a); return 2; }
     }
     if (o.handoffs < 1 || o.contenders < 1) { fprintf(stderr, "contenders: nothing to do\n"); return 2; }
+    if (nvshare && (o.probe || o.requeue)) {
+        fprintf(stderr, "contenders: --nvshare runs contenders only (no --probe or --requeue)\n");
+        return 2;
+    }
     struct rlimit files;
     if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
         files.rlim_cur = files.rlim_max;
