@@ -152,6 +152,7 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "window": ("window", lambda value: parse_tq(value, "window")),
     "connections": ("connections", parse_connections),
     "memory_reserve": ("memory_reserve", parse_size),
+    "pin_budget": ("pin_budget", parse_size),
     "evict_timeout": ("evict_timeout", lambda value: parse_tq(value, "evict_timeout")),
     "checkpoint_after": ("checkpoint_after", lambda value: parse_seconds_or_never(
         value, "checkpoint_after")),
