@@ -38,8 +38,8 @@
  * FAKE_CUDA_PIN_GBPS makes pinning take time (cuMemHostRegister, cuMemAllocHost: bytes / rate),
  * and pinning holds a driver-wide lock meanwhile, as the driver's does (the issue 39 review:
  * tens of ms per 256 MiB): a copy, an event record, a map or an unmap asked for meanwhile waits
- * for it, so the copy engines idle. Pinning also faults every page in, as the driver does: the
- * memory is the process's for real from then on.
+ * for it, so the copy engines idle. With it, pinning also faults every page in, as the driver
+ * does: the memory is the process's for real from then on.
  *
  * Graph capture: besides cuCtxSynchronize (which invalidates every open capture, fake_cuda.c),
  * the calls the driver calls "potentially unsafe" during a capture (here: pinning and
@@ -630,19 +630,21 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 
 static CUresult forbidden_during_capture(void);
 
-/* How long pinning size bytes takes (FAKE_CUDA_PIN_GBPS), with every page faulted in; the
- * caller holds driver_lock. */
+/* Pinning size bytes (FAKE_CUDA_PIN_GBPS): it takes its time, with every page faulted in; the
+ * caller holds driver_lock. Without the knob it takes none and faults nothing in (the tests'
+ * managed working sets pin buffers of several GiB with no bytes ever written). */
 static void pin_pages(void *host, size_t size)
 {
     record("pinning host=%p size=%zu", host, size);
-#ifdef MADV_POPULATE_WRITE
-    if (madvise(host, size, MADV_POPULATE_WRITE) != 0)
-#endif
-        for (size_t at = 0; at < size; at += 4096)
-            ((volatile unsigned char *)host)[at] = ((volatile unsigned char *)host)[at];
     double rate = gbps("FAKE_CUDA_PIN_GBPS");
-    if (rate)
+    if (rate) {
+#ifdef MADV_POPULATE_WRITE
+        if (madvise(host, size, MADV_POPULATE_WRITE) != 0)
+#endif
+            for (size_t at = 0; at < size; at += 4096)
+                ((volatile unsigned char *)host)[at] = ((volatile unsigned char *)host)[at];
         sleep_until(monotonic_ns() + (long long)((double)size / rate * 1e9));
+    }
     record("pinned host=%p size=%zu", host, size);
 }
 

@@ -29,6 +29,8 @@ class ScriptedDaemon:
         self.features = tuple(features)
         #: What ``released`` says of the room (``evict``): whether the next holder needed it.
         self.released_evict = False
+        #: More fields for ``registered`` (what a daemon tells the client of itself there).
+        self.registered_extra: Message = {}
         self.received: list[tuple[float, Message]] = []
         self._changed = threading.Condition()
         self._connection: socket.socket | None = None
@@ -97,7 +99,8 @@ class ScriptedDaemon:
                     "mode": "on", "tq": 30, "features": [f for f in asked if f in self.features]}
         if op == "register":
             return {"op": "registered", "seq": seq, "client": "c1", "gpu": 0, "mode": "on",
-                    "tq": 30, "evict": message.get("evict") or "managed"}
+                    "tq": 30, "evict": message.get("evict") or "managed",
+                    **self.registered_extra}
         if op == "acquire":
             return {"op": "grant", "seq": seq, "gpu": 0, "quantum": 30}
         if op == "release":

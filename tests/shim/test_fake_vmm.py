@@ -435,6 +435,7 @@ def test_an_evicted_range_leaves_the_card_and_comes_back_at_the_same_address(
     shadow = v.call(f"v.alloc_host({size})")
     for offset in range(0, size, CHUNK):
         assert v.call(f"v.copy_to_host({shadow + offset}, {va + offset}, {CHUNK})") == 0
+        assert v.call("v.synchronize(0)") == 0  # the copy is queued: done once its stream is
         assert v.call(f"v.unmap({va + offset}, {CHUNK})") == 0
     assert v.call("v.physical_used()") == 0 and v.call("v.free_bytes()") == GiB
     assert v.call(f"v.read_result({va}, 1)") == INVALID_VALUE  # the address is still reserved
