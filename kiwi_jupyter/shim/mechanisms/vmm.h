@@ -116,6 +116,7 @@ typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*host_register_fn)(void *, size_t, unsigned int);
 typedef CUresult (*host_unregister_fn)(void *);
 typedef CUresult (*graph_trim_fn)(CUdevice);
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
 
 /* The driver functions the vmm evictor calls (besides the pager's): resolved on first use. */
 struct vmm_driver {
@@ -135,6 +136,7 @@ struct vmm_driver {
     host_register_fn host_register;
     host_unregister_fn host_unregister;
     graph_trim_fn graph_trim; /* cuDeviceGraphMemTrim; NULL on drivers before CUDA 11.4 */
+    mem_info_fn mem_info;     /* the driver's own cuMemGetInfo: the card's free memory */
 };
 extern struct vmm_driver kiwi_vmm_driver;
 

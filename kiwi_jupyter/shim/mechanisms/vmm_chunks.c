@@ -52,6 +52,7 @@ bool kiwi_vmm_resolve(void)
         d->host_register = (host_register_fn)kiwi_driver_sym("cuMemHostRegister_v2");
         d->host_unregister = (host_unregister_fn)kiwi_driver_sym("cuMemHostUnregister");
         d->graph_trim = (graph_trim_fn)kiwi_driver_sym("cuDeviceGraphMemTrim");
+        d->mem_info = (mem_info_fn)kiwi_real(HOOK_cuMemGetInfo_v2);
         d->reserve = (reserve_fn)kiwi_driver_sym("cuMemAddressReserve");
     }
     bool found = d->reserve && d->address_free && d->create && d->release && d->map &&

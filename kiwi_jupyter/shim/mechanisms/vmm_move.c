@@ -18,15 +18,23 @@
  * the same address with the same access, and what its shadow holds is copied back, on the two
  * streams in turn; mapping the next chunk overlaps the copy of the last. The shadows stay, for
  * the next eviction. When the card has no room for a chunk (another process took it meanwhile)
- * the restore is rolled back: every chunk it mapped is taken off again, the shadows untouched,
- * and moved->failed says why; nothing is left half mapped, and the next grant tries again.
+ * the restore waits while the card's free memory grows (another process's eviction on its way
+ * out: a daemon with handoff_overlap grants this way in beside that way out), and when it stops
+ * growing the restore is rolled back: every chunk it mapped is taken off again, the shadows
+ * untouched, and moved->failed says why; nothing is left half mapped, and the next grant tries
+ * again. Chunks without a pinned shadow go through the staging ring both ways (vmm_staging.c).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <time.h>
 
 #include "vmm.h"
 
 #define WINDOW 8
+/* A restore without room waits this long for the card's free memory to grow, looking this
+ * often (the driver's own figure: no event says so across processes). */
+#define ROOM_PATIENCE 3.0
+#define ROOM_POLL_NS 200000L
 
 /* The two streams of a context a move copies on, made on first use. */
 struct lanes {
@@ -321,6 +329,27 @@ static void roll_back(struct mover *m, struct mapped *done, size_t count)
         kiwi_vmm_unmap_chunk(done[i].region->va, &done[i].region->chunks[done[i].index]);
 }
 
+/* The card had no room for a chunk: waits while its free memory grows (another process's
+ * eviction on its way out, which a daemon with handoff_overlap grants this restore beside);
+ * true when it grew (try again), false once it has not for ROOM_PATIENCE seconds (someone else
+ * holds the room: roll back, the next grant tries again). The copies queued so far go on
+ * meanwhile, on their copy engine, beside the other process's way out on the other. */
+static bool room_grew(void)
+{
+    size_t before = 0, now = 0, total = 0;
+    if (!kiwi_vmm_driver.mem_info || kiwi_vmm_driver.mem_info(&before, &total) != CUDA_SUCCESS)
+        return false;
+    const struct timespec pause = {0, ROOM_POLL_NS};
+    for (double since = kiwi_now(); kiwi_now() - since < ROOM_PATIENCE;) {
+        nanosleep(&pause, NULL);
+        if (kiwi_vmm_driver.mem_info(&now, &total) != CUDA_SUCCESS)
+            return false;
+        if (now > before)
+            return true;
+    }
+    return false;
+}
+
 /* Maps a chunk back and queues the copy of what its shadow holds; the result of the first
  * call that failed. */
 static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, int index)
@@ -329,6 +358,8 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
     if (!make_current(m, r->ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     CUresult result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    while (result == CUDA_ERROR_OUT_OF_MEMORY && room_grew())
+        result = kiwi_vmm_map_chunk(r->va, c, r->device);
     if (result != CUDA_SUCCESS || !c->piece_count)
         return result;
     CUstream stream = l ? next_stream(l) : NULL;
