@@ -5,7 +5,7 @@ and is made in the call; copies take the link's time, one direction queueing, th
 overlapping; pinning takes time and holds the driver; and the calls graph capture forbids
 invalidate a capture as the driver's rules say.
 
-Each test drives the fake in a process of its own (test_fake_vmm.py's ``start_fake``). Timing is
+Each test drives the fake in a process of its own (conftest.py's ``start_fake``). Timing is
 read from the fake's own log (the engines' reservations), never from a clock in the test.
 """
 
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from test_fake_vmm import FakeProcess, model_fake, start_fake  # noqa: F401 - fixtures
+from fake_process import FakeProcess
 from vmm_calls import ILLEGAL_ADDRESS, GiB, MiB
 
 PENDING = 0x77  # FAKE_CUDA_PENDING_STREAM: no work done until the file exists

@@ -45,11 +45,6 @@ def copied(lines: list[str]) -> int:
     return sum(int(field(line, "n")) for line in lines)
 
 
-@pytest.fixture
-def card(tmp_path: Path) -> FakeCard:
-    return FakeCard(tmp_path / "card")
-
-
 def vmm(workload, card: FakeCard, socket_path: str | None = None, **env: str):
     """A shimmed process under the vmm evictor on the shared card; without a daemon when no
     socket is given (its GPU work then runs unscheduled at once)."""

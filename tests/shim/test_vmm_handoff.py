@@ -13,7 +13,7 @@ from pathlib import Path
 
 from support import wait_for, wait_for_status
 from test_scheduling import working_set_in
-from test_vmm_evictor import card, holds, pattern, vmm  # noqa: F401 - card is a fixture
+from test_vmm_evictor import holds, pattern, vmm
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from scripted_daemon import ScriptedDaemon
 from support import wait_for
-from test_vmm_evictor import card, evicted_by_next, field, hold_with, holds, pattern, vmm  # noqa: F401
+from test_vmm_evictor import evicted_by_next, field, hold_with, holds, pattern, vmm
 
 MiB = 1 << 20
 GiB = 1 << 30
