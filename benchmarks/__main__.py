@@ -55,6 +55,8 @@ BENCHMARKS = {
     "shim_gate": Benchmark("CUDA shim gate (fake driver)", "shim.gate", (), ()),
     "shim_turns": Benchmark("CUDA shim: a turn between two processes (fake driver)",
                             "shim.turns", (), ("--seconds", "2")),
+    "shim_link": Benchmark("CUDA shim: the vmm evictor on the fake driver's modelled link",
+                           "shim.modelled_link", (), ("--gib", "0.25")),
 }
 
 

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "vmm.h"
@@ -64,6 +65,20 @@ static struct slot *work_for_copier(void)
     return NULL;
 }
 
+/* Faults in the pages of a pageable shadow a copy is about to fill (a first eviction makes it
+ * then, and its pages come from the kernel zeroed, one fault each): done while the copy from
+ * the card is on its way, rather than in the copy after it. */
+static void prefault(unsigned char *host, size_t size)
+{
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)host & ~(page - 1);
+    madvise((void *)start, (uintptr_t)host + size - start, MADV_POPULATE_WRITE);
+#else
+    (void)host;
+    (void)size;
+#endif
+}
+
 static void *copy_slots(void *unused)
 {
     (void)unused;
@@ -78,6 +93,7 @@ static void *copy_slots(void *unused)
         pthread_mutex_unlock(&lock);
         bool ok = true;
         if (s->state == OUT_QUEUED) {
+            prefault(s->host, s->size); /* while the copy to the slot is still on its way */
             ok = !s->event || kiwi_vmm_driver.event_synchronize(s->event) == CUDA_SUCCESS;
             if (ok)
                 memcpy(s->host, s->buffer, s->size);
