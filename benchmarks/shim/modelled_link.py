@@ -120,7 +120,7 @@ def fake_env(directory: str, card: Path, link: float, pin: float, nbytes: int
             "KIWI_EVICTORS_BACKEND": "driver"}
 
 
-def pinned(w, nbytes: int) -> None:
+def pinned(w: Worker, nbytes: int) -> None:
     """Until w's shadows are pinned (the builder's progress shows only in the figures)."""
     while w("stats")["host_shadow_pinned"] < nbytes:
         time.sleep(0.05)
