@@ -53,10 +53,13 @@
  *               copy_out.c    KIWI_EVICT_COPY's host buffers,
  *               vmm_move.c    the vmm evictor's move: copies out and releases, maps and copies
  *                             back (vmm.h),
- *               vmm.c         its allocations: regions, chunks, slabs, frees, shadows' thread,
+ *               vmm_staging.c copies of chunks without a pinned shadow, through a pinned ring,
+ *               vmm.c         its allocations: regions, chunks, slabs, frees,
+ *               vmm_builder.c the thread that pins shadows ahead, within a budget,
  *               vmm_shadows.c its host shadows,
  *               vmm_chunks.c  its physical handles, mapped and unmapped,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
+ *               cgroup.c      the process's own memory limit, which pinning never passes
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file
  * needs (driver.h's types, hooks.h's table of entry points).
