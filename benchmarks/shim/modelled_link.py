@@ -139,7 +139,10 @@ def floor(directory: str, nbytes: int, link: float) -> dict[str, float]:
 def daemon(directory: str, gpu_memory: int, overlap: bool) -> Iterator[str]:
     """The real daemon for one phase, told the card is gpu_memory bytes (nothing in reserve)."""
     config = Path(directory) / "kiwi.yaml"
-    config.write_text(f"handoff_overlap: {'true' if overlap else 'false'}\nmemory_reserve: 0\n")
+    # A way out of several GiB on a slow modelled link takes longer than the default 10 s the
+    # daemon gives an eviction to end (it does not yet follow the eviction's progress).
+    config.write_text(f"handoff_overlap: {'true' if overlap else 'false'}\nmemory_reserve: 0\n"
+                      "evict_timeout: 600\n")
     process, socket = start_daemon(directory, "--tq", "0.05", "--grace", "120", "--gpus", "1",
                                    "--gpu-memory", str(gpu_memory), "--config", str(config))
     try:
