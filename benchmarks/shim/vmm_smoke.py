@@ -119,6 +119,7 @@ def dataloader():
     while shim.stats()["host_shadow_pinned"] < (1 << 30) and time.monotonic() < deadline:
         time.sleep(0.05)
     pinned = shim.stats()["host_shadow_pinned"]
+    assert pinned >= 1 << 30, f"only {pinned / 2**30:.2f} GiB of shadows pinned after 30 s"
     evicted_now()
 
     def rss():
