@@ -116,8 +116,18 @@ gpu-check:
 
 ## Wheels for a GPU machine that lacks a package gpu-check needs (it names any it misses), for
 ## its Python 3.12 on x86-64, into the ignored .whl/ to carry there. The package's own runtime
-## dependencies and the test runner's plugin; the GPU image had them all on 2026-11-17.
-GPU_WHEELS ?= pyyaml prometheus_client nvidia-ml-py pytest-timeout
+## dependencies and the test runner's plugin (the GPU image had them all on 2026-11-17), and
+## what the two-kernel switch test needs that the image lacks: Jupyter's kernel and client,
+## each pinned, with every dependency of theirs the image does not have (they are installed
+## --no-deps; gpu-check installs them itself where the machine lacks jupyter_client or
+## ipykernel: docs/gpu-check.md).
+JUPYTER_WHEELS ?= jupyter_client==8.10.0 jupyter_core==5.9.1 ipykernel==7.4.0 ipython==9.18.1 \
+	ipython_pygments_lexers==1.1.1 comm==0.2.3 debugpy==1.8.22 matplotlib-inline==0.2.2 \
+	nest-asyncio2==1.7.4 jedi==0.20.1 parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 \
+	prompt_toolkit==3.0.53 wcwidth==0.9.4 stack_data==0.6.3 executing==2.3.0 \
+	asttokens==3.0.2 pure_eval==0.2.4 pyzmq==27.3.0 tornado==6.6.1 traitlets==5.16.1 \
+	platformdirs==4.14.8
+GPU_WHEELS ?= pyyaml prometheus_client nvidia-ml-py pytest-timeout $(JUPYTER_WHEELS)
 gpu-wheels: install
 	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

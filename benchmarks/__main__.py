@@ -57,6 +57,8 @@ BENCHMARKS = {
                             "shim.turns", (), ("--seconds", "2")),
     "shim_alloc": Benchmark("CUDA shim: stream-ordered allocations under vmm (fake driver)",
                             "shim.stream_alloc", ("--callgrind",), ("--steps", "5")),
+    "shim_link": Benchmark("CUDA shim: the vmm evictor on the fake driver's modelled link",
+                           "shim.modelled_link", (), ("--gib", "0.25")),
 }
 
 

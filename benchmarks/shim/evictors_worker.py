@@ -3,9 +3,11 @@ commands on stdin, one JSON answer per line on stdout.
 
 Its working set is one allocation with a pattern that differs per element; the check sums it
 per 2 MiB row and weighs each row by its index, so a row lost, zeroed or moved changes the sum.
-Two backends: PyTorch on a GPU (an int64 tensor), or, with ``KIWI_EVICTORS_BACKEND=driver``, the
-CUDA driver API through ctypes (the pattern written and read back with cuMemcpy), which runs
-over the tests' fake driver as well as over a GPU.
+``change`` alters every row between rounds, so a shadow left from an earlier round fails the
+check. Two backends: PyTorch on a GPU (an int64 tensor), or, with
+``KIWI_EVICTORS_BACKEND=driver``, the CUDA driver API through ctypes (the pattern written and
+read back with cuMemcpy through a pinned buffer), which runs over the tests' fake driver as well
+as over a GPU.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ class TorchSet:
     def allocate_small(self, nbytes: int) -> None:
         self.small = self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda")
 
+    def change(self, round_: int) -> None:
+        self.working.add_(round_)
+
+    def poke(self) -> None:
+        int(self.working[0].item())
+
     def touch(self) -> None:
         self.small.fill_(1)
         self.torch.cuda.synchronize()
@@ -69,6 +77,10 @@ class DriverSet:
         self.nbytes = 0
         self.small = 0
         self.small_bytes = 0
+        # Copies to and from pinned memory: pageable ones are staged by the driver, slowly.
+        buffer = ctypes.c_void_p()
+        self.call("cuMemAllocHost_v2", ctypes.byref(buffer), ctypes.c_size_t(ROW))
+        self.pinned = (ctypes.c_char * ROW).from_address(buffer.value or 0)
 
     def call(self, name: str, *args: Any) -> None:
         result = getattr(self.cuda, name)(*args)
@@ -86,17 +98,17 @@ class DriverSet:
         for offset in range(0, nbytes, ROW):
             size = min(ROW, nbytes - offset)
             data = (row[offset // ROW % 251:] + row)[:size]  # each row its own
-            self.call("cuMemcpyHtoD_v2", ctypes.c_uint64(self.working + offset),
-                      ctypes.c_char_p(data), ctypes.c_size_t(size))
+            ctypes.memmove(self.pinned, data, size)
+            self.call("cuMemcpyHtoD_v2", ctypes.c_uint64(self.working + offset), self.pinned,
+                      ctypes.c_size_t(size))
 
     def checksum(self) -> int:
         total = 0
-        buffer = ctypes.create_string_buffer(ROW)
         for index, offset in enumerate(range(0, self.nbytes, ROW)):
             size = min(ROW, self.nbytes - offset)
-            self.call("cuMemcpyDtoH_v2", buffer, ctypes.c_uint64(self.working + offset),
+            self.call("cuMemcpyDtoH_v2", self.pinned, ctypes.c_uint64(self.working + offset),
                       ctypes.c_size_t(size))
-            digest = hashlib.blake2b(buffer.raw[:size], digest_size=8).digest()
+            digest = hashlib.blake2b(self.pinned.raw[:size], digest_size=8).digest()
             total += (index + 1) * int.from_bytes(digest, "little")
         return total
 
@@ -110,6 +122,18 @@ class DriverSet:
 
     def synchronize(self) -> None:
         self.call("cuCtxSynchronize")
+
+    def change(self, round_: int) -> None:
+        """Every row's first 8 bytes become the round's."""
+        mark = round_.to_bytes(8, "little")
+        for offset in range(0, self.nbytes, ROW):
+            self.call("cuMemcpyHtoD_v2", ctypes.c_uint64(self.working + offset),
+                      ctypes.c_char_p(mark), ctypes.c_size_t(len(mark)))
+
+    def poke(self) -> None:
+        """A GPU call that needs the working set: it waits for the GPU, and for the restore."""
+        self.call("cuMemcpyDtoH_v2", self.pinned, ctypes.c_uint64(self.working),
+                  ctypes.c_size_t(8))
 
 
 working_set: TorchSet | DriverSet
@@ -134,6 +158,22 @@ def check() -> dict[str, Any]:
     return {"intact": intact, "seconds": time.monotonic() - started}
 
 
+def change(round_: int) -> float:
+    """The working set altered (and the checksum it must come back with): seconds."""
+    global expected
+    started = time.monotonic()
+    working_set.change(round_)
+    expected = working_set.checksum()
+    return time.monotonic() - started
+
+
+def poke() -> float:
+    """A GPU call that needs the working set back on the card: seconds from asking to done."""
+    started = time.monotonic()
+    working_set.poke()
+    return time.monotonic() - started
+
+
 def touch() -> float:
     """A GPU call on the small memory: it waits for the GPU (and for the holder's eviction)."""
     started = time.monotonic()
@@ -151,6 +191,13 @@ def handle(command: dict[str, Any]) -> Any:
         return working_set.allocate_small(command["bytes"])
     if op == "touch":
         return touch()
+    if op == "change":
+        return change(command["round"])
+    if op == "poke":
+        return poke()
+    if op == "env":  # the fake driver reads its settings as it goes (tests/shim/fake_cuda.c)
+        os.environ[command["name"]] = command["value"]
+        return None
     if op == "cell_begin":
         return shim.cell_begin() if shim else None
     if op == "release":

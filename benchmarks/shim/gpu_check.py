@@ -1,22 +1,25 @@
 """One command on a GPU machine: ``make gpu-check`` (``python -m benchmarks.shim.gpu_check``).
 
     python -m benchmarks.shim.gpu_check [--out gpu-check.md] [--quick] [--budget 1080]
-                                        [--only decisive | tests,evictors,probe,paging,overhead,
-                                                checkpoint,evict,corun]
+                                        [--only decisive | second | probe,vmm,smoke,vmm-tests,
+                                                tests,evictors,paging,overhead,checkpoint,evict,
+                                                corun]
                                         [--checkpoint-sizes 1,10,40] [--evict-copy pinned]
 
-With the packages the machine already has (PyTorch, CuPy; no network): builds the CUDA shim,
-runs the GPU tests (``pytest -m gpu tests/shim`` and the two-kernel test), the evictors side by
-side, the vmm device probe and every GPU benchmark (paging, overhead, checkpoint where that
-module exists, evict_variants and gpu_corun), each in a process of its own with a time limit
-inside one budget (18 minutes by default), and writes ONE Markdown report (GPU, driver, CUDA,
-versions, every result and ratio) to --out and to stdout, ready to paste into BENCHMARKS.md.
-The decisive steps come first; ``--only decisive`` runs just them (the tests and the evictors,
-about 6 minutes on an H100).
+With the packages the machine already has (PyTorch, CuPy; no network; Jupyter's packages from
+wheels carried in ``.whl`` when it lacks them): builds the CUDA shim and runs its steps, each in
+a process of its own with a time limit inside one budget (18 minutes by default), and writes ONE
+Markdown report (GPU, driver, CUDA, versions, every result and ratio, and a verdict per target)
+to --out and to stdout, ready to paste into BENCHMARKS.md. The decisive steps come first, in
+this order, and ``--only decisive`` runs just them, in one call of at most 8 minutes with the
+machine's start (issue 39, Must-work 4): the vmm device probe at 16 GiB, the vmm evictor's row
+at 16 GiB, a one-minute smoke under vmm through real programs, then the GPU tests under vmm and
+the two-kernel switch. ``--only second`` is the next call: the other evictors and the rest of
+the GPU tests.
 
-Without an NVIDIA GPU it is a dry run: it says so in one line, builds the shim, names what it
-would run and which of its packages are missing, and exits 0. docs/gpu-check.md says how to run
-it through the device tool.
+Without an NVIDIA GPU it is a dry run: it says so in one line, builds the shim, names the steps
+it would run in their order and what each is judged against, which of its packages are missing,
+and exits 0. docs/gpu-check.md says how to run it through the device tool.
 """
 
 from __future__ import annotations
@@ -42,11 +45,37 @@ GiB = 1 << 30
 NEEDED = ("torch", "cupy", "pytest", "yaml", "prometheus_client", "pynvml", "jupyter_client",
           "ipykernel")
 #: The check's steps, in the order they run: the decisive ones first.
-STEPS = ("tests", "evictors", "probe", "paging", "overhead", "checkpoint", "evict", "corun")
-#: Names for several steps at once.
-PRESETS = {"decisive": ("tests", "evictors")}
+STEPS = ("probe", "vmm", "smoke", "vmm-tests", "tests", "evictors", "paging", "overhead",
+         "checkpoint", "evict", "corun")
+#: Names for several steps at once: one call each through the device tool.
+PRESETS = {"decisive": ("probe", "vmm", "smoke", "vmm-tests"), "second": ("tests", "evictors")}
 #: The GPU tests: the shim's, and two real Kiwi kernels taking turns.
 GPU_TESTS = ("tests/shim", "tests/kernel/test_kernel_gpu_switch.py")
+#: The GPU tests under vmm: test_gpu.py's evictions parametrized over it, and the switch.
+VMM_TESTS = ("tests/shim/test_gpu.py", "tests/kernel/test_kernel_gpu_switch.py")
+#: What each step runs and what its verdict is against, for the report and the dry run.
+PLANS = {
+    "probe": ("`benchmarks.shim.vmm_probe` at 16 GiB, the driver alone (what the platform "
+              "can do)", "(c) >= 95 % freed after release, (d) evict and restore >= 0.8 of the "
+              "pinned copy both ways, (g) contents intact"),
+    "vmm": ("`benchmarks.shim.evictors --only vmm` at 16 GiB: a first eviction, then 3 rounds "
+            "with the shadows pinned, the data changed each round, figures read after `evicted`, "
+            "rates over the bytes moved", "evict and restore >= 0.8 of the same run's pinned "
+            "copy, NVML freed >= 95 % per process, contents intact"),
+    "smoke": ("`benchmarks.shim.vmm_smoke`, about 60 s under vmm, an eviction between each step "
+              "and its check: torch.compile, a CUDA graph replayed after a restore, "
+              "backend:cudaMallocAsync, torch.as_tensor of a CuPy array and back, a forked "
+              "DataLoader, a global-mode capture while shadows are built", "every step ok"),
+    "vmm-tests": ("`pytest -m gpu -k vmm " + " ".join(VMM_TESTS) + "` (Jupyter's packages "
+                  "from the carried wheels where missing)", "no test failed"),
+    "tests": ("`pytest -m gpu -k 'not vmm' " + " ".join(GPU_TESTS) + "`", "no test failed"),
+    "evictors": ("`benchmarks.shim.evictors --only managed,checkpoint`", "as `vmm`"),
+    "paging": ("`benchmarks.shim.paging`", ""),
+    "overhead": ("`benchmarks.shim.overhead`", ""),
+    "checkpoint": ("`benchmarks.shim.checkpoint`", ""),
+    "evict": ("`benchmarks.shim.evict_variants`", ""),
+    "corun": ("`benchmarks.shim.gpu_corun`", ""),
+}
 
 
 @dataclass
@@ -188,14 +217,34 @@ def ended_tests(out: str) -> tuple[dict[str, int], str | None]:
     return counts, running
 
 
-def gpu_tests(seconds: float) -> list[str]:
-    """The GPU tests, each bounded by pytest-timeout: a hung test fails, the step goes on. Cut
-    off by the step's own limit, the report still says how each finished test ended and which
-    one was running. Tests that write a report (the two-kernel test) have it included."""
+def carried_wheels(directory: str) -> dict[str, str]:
+    """Jupyter's packages (the two-kernel test's) from the wheels carried in .whl, installed
+    into directory where the machine lacks them: the environment that puts them on the path
+    ({} when nothing was missing or carried)."""
+    wheels = sorted((REPO / ".whl").glob("*.whl"))
+    if not wheels or all(importlib.util.find_spec(name) for name in ("jupyter_client",
+                                                                     "ipykernel")):
+        return {}
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                           "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
+                           "--target", directory, *map(str, wheels)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), directory])}
+
+
+def gpu_tests(seconds: float, paths: tuple[str, ...] = GPU_TESTS, select: str | None = None,
+              env: dict[str, str] | None = None) -> list[str]:
+    """The GPU tests (those ``-k select`` picks), each bounded by pytest-timeout: a hung test
+    fails, the step goes on. Cut off by the step's own limit, the report still says how each
+    finished test ended and which one was running. Tests that write a report (the two-kernel
+    test) have it included."""
+    chosen = ["-k", select] if select else []
     with tempfile.TemporaryDirectory(prefix="kiwi-gpu-reports-") as reports:
-        out, failed = step([sys.executable, "-m", "pytest", "-m", "gpu", *GPU_TESTS, "-v",
+        out, failed = step([sys.executable, "-m", "pytest", "-m", "gpu", *chosen, *paths, "-v",
                             "-rfEs", "--tb=line", "-p", "no:cacheprovider", *per_test_limit()],
-                           seconds, env={"KIWI_GPU_REPORT_DIR": reports})
+                           seconds, env={**(env or {}), "KIWI_GPU_REPORT_DIR": reports})
         written = [path.read_text() for path in sorted(Path(reports).glob("*.md"))]
     lines = out.strip().splitlines()
     summary = next((line.strip("= ") for line in reversed(lines)
@@ -206,7 +255,7 @@ def gpu_tests(seconds: float) -> list[str]:
                                  or "no test ended")
         if running:
             summary += f"; running then: {running}"
-    rows = [f"`pytest -m gpu {' '.join(GPU_TESTS)}`: **{summary}**"
+    rows = [f"`pytest -m gpu {' '.join(chosen + list(paths))}`: **{summary}**"
             + (f" ({failed})" if failed else "")]
     if not per_test_limit():
         rows.append("- pytest-timeout is missing: a hung test costs the whole step "
@@ -275,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [one for name in named for one in PRESETS.get(name, (name,))]
     if unknown := [s for s in steps if s not in STEPS]:
         parser.error(f"no step {', '.join(unknown)}; there are {', '.join(STEPS)}")
+    steps = [name for name in STEPS if name in steps]  # always in the check's own order
     started = time.monotonic()
     budget = Budget(args.budget)
     gpu, why = find_gpu()
@@ -286,12 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                    f"- Machine: {platform.node()}, {os.cpu_count()} CPUs, "
                    f"Linux {platform.release()}; {versions()}.",
                    f"- Shim: {shim_line}.",
-                   "- On a GPU machine this runs `pytest -m gpu tests/shim` and "
-                   "`tests/kernel/test_kernel_gpu_switch.py` (two Kiwi kernels taking turns), "
-                   "`benchmarks.shim.evictors`, `benchmarks.shim.vmm_probe`, "
-                   "`benchmarks.shim.paging`, `benchmarks.shim.overhead`, "
-                   f"{checkpoint_line()}, `benchmarks.shim.evict_variants` and "
-                   "`benchmarks.shim.gpu_corun`.",
+                   "- On a GPU machine this runs, in this order (a verdict line per target):",
+                   *[f"  {i}. `{name}`: {PLANS[name][0]}"
+                     + (f"; verdict against: {PLANS[name][1]}" if PLANS[name][1] else "")
+                     for i, name in enumerate(steps, 1)],
                    f"- Evictors: managed, checkpoint and {vmm_line()}.",
                    f"- Packages it would need that are missing here: "
                    f"{', '.join(missing) or 'none'}."]
@@ -308,49 +356,107 @@ def main(argv: list[str] | None = None) -> int:
                       "`make gpu-wheels`, then carry `.whl`).")
     if not shim_ok:
         return finish(report, args.out, started, 1)
-    if "tests" in steps:
-        # The evictors' table is as decisive as the tests: a slow test step leaves it time.
-        keep = 150.0 if "evictors" in steps else 0.0
-        report += ["", "## GPU tests", "",
-                   *gpu_tests(budget.limit(300 if args.quick else 480, keep))]
-    if "evictors" in steps:
-        # Sized down by the module itself to what the card has free.
-        report += ["", "## Evictors side by side", "",
-                   *markdown_benchmark("evictors", ["--gib", "2" if args.quick else "4"],
-                                       budget.limit(240))]
-    if "probe" in steps:
-        report += ["", "## VMM device probe (design step 1)", "",
-                   *markdown_benchmark("vmm_probe", ["--gib", "4" if args.quick else "16"],
-                                       budget.limit(300))]
-    if "paging" in steps:
-        gib = paging_gib(gpu, args.quick)
-        report += ["", f"## Paging: eviction, restore and handoff ({gib:g} GiB working sets)",
-                   "", *benchmark("paging", ["--gib", str(gib), "--evict-copy",
-                                                  args.evict_copy], budget.limit(300))]
-    if "overhead" in steps:
-        repeats = "2" if args.quick else "3"  # x 3 processes (plain and each evictor)
-        report += ["", "## Overhead: shimmed / plain (median of alternating runs)", "",
-                   *benchmark("overhead", ["--repeats", repeats], budget.limit(300))]
-    if "checkpoint" in steps:
-        report += ["", "## Checkpoint eviction", ""]
-        if importlib.util.find_spec("benchmarks.shim.checkpoint") is None:
-            report.append("Skipped: `benchmarks/shim/checkpoint.py` is not in this tree.")
-        else:
-            sizes = ["--sizes", args.checkpoint_sizes] if args.checkpoint_sizes else []
-            report += markdown_benchmark("checkpoint", sizes, budget.limit(300))
-    if "evict" in steps:
-        # evict_variants sizes its buffer down to what the card and the host have free.
-        most = "2" if args.quick else "10"
-        report += ["", f"## Eviction strategies for managed memory ({most} GiB at most, "
-                   "plain process, no shim)", "",
-                   *markdown_benchmark("evict_variants",
-                                       ["--gib", most, "--rounds", "1" if args.quick else "2"],
-                                       budget.limit(420))]
-    if "corun" in steps:
-        seconds = "3" if args.quick else "5"
-        report += ["", "## Side by side: work done together against one alone (`co_run`)", "",
-                   *benchmark("gpu_corun", ["--seconds", seconds], budget.limit(300))]
+    verdicts: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="kiwi-site-") as site:
+        carried = carried_wheels(site) if {"vmm-tests", "tests"} & set(steps) else {}
+        for index, name in enumerate(steps):
+            # Each step leaves the ones after it some time: a slow one never takes them all.
+            keep = 45.0 * (len(steps) - index - 1)
+            title, rows = run_step(name, gpu, args, budget, keep, carried)
+            report += ["", f"## {title}", "", *rows]
+            if PLANS[name][1]:
+                verdicts.append(judge(name, rows))
+    if verdicts:
+        report += ["", "## Verdicts", "", *verdicts]
     return finish(report, args.out, started, 0)
+
+
+def run_step(name: str, gpu: Gpu, args: argparse.Namespace, budget: Budget, keep: float,
+             carried: dict[str, str]) -> tuple[str, list[str]]:
+    """One step: its heading and its rows."""
+    quick = args.quick
+    if name == "probe":
+        gib = "4" if quick else "16"
+        return (f"VMM device probe at {gib} GiB (the driver alone)",
+                markdown_benchmark("vmm_probe", ["--gib", gib], budget.limit(100, keep)))
+    if name == "vmm":
+        gib = "4" if quick else "16"
+        return (f"The vmm evictor at {gib} GiB",
+                markdown_benchmark("evictors", ["--only", "vmm", "--gib", gib, "--rounds", "3"],
+                                   budget.limit(120, keep)))
+    if name == "smoke":
+        return ("The vmm evictor through real programs (smoke)",
+                markdown_benchmark("vmm_smoke", [], budget.limit(90, keep)))
+    if name == "vmm-tests":
+        return ("GPU tests under vmm, and the two-kernel switch",
+                gpu_tests(budget.limit(180 if quick else 240, keep), VMM_TESTS, "vmm", carried))
+    if name == "tests":
+        return ("GPU tests (the other evictors)",
+                gpu_tests(budget.limit(300 if quick else 480, keep), GPU_TESTS, "not vmm",
+                          carried))
+    if name == "evictors":
+        # Sized down by the module itself to what the card has free.
+        return ("The other evictors side by side",
+                markdown_benchmark("evictors", ["--only", "managed,checkpoint", "--gib",
+                                                "2" if quick else "4"],
+                                   budget.limit(240, keep)))
+    if name == "paging":
+        size = paging_gib(gpu, quick)
+        return (f"Paging: eviction, restore and handoff ({size:g} GiB working sets)",
+                benchmark("paging", ["--gib", str(size), "--evict-copy", args.evict_copy],
+                          budget.limit(300, keep)))
+    if name == "overhead":
+        repeats = "2" if quick else "3"  # x 3 processes (plain and each evictor)
+        return ("Overhead: shimmed / plain (median of alternating runs)",
+                benchmark("overhead", ["--repeats", repeats], budget.limit(300, keep)))
+    if name == "checkpoint":
+        if importlib.util.find_spec("benchmarks.shim.checkpoint") is None:
+            return "Checkpoint eviction", ["Skipped: `benchmarks/shim/checkpoint.py` is not in "
+                                           "this tree."]
+        sizes = ["--sizes", args.checkpoint_sizes] if args.checkpoint_sizes else []
+        return ("Checkpoint eviction",
+                markdown_benchmark("checkpoint", sizes, budget.limit(300, keep)))
+    if name == "evict":
+        # evict_variants sizes its buffer down to what the card and the host have free.
+        most = "2" if quick else "10"
+        return (f"Eviction strategies for managed memory ({most} GiB at most, plain process, "
+                "no shim)",
+                markdown_benchmark("evict_variants", ["--gib", most, "--rounds",
+                                                      "1" if quick else "2"],
+                                   budget.limit(420, keep)))
+    seconds = "3" if quick else "5"
+    return ("Side by side: work done together against one alone (`co_run`)",
+            benchmark("gpu_corun", ["--seconds", seconds], budget.limit(300, keep)))
+
+
+#: A verdict a step printed: the evictors' and the smoke's lines, the probe's section 8 items.
+VERDICT_LINE = re.compile(r"^- verdict (\S+): (PASS|FAIL|n/a)\b(.*)$")
+PROBE_LINE = re.compile(r"^- \(([cdg])\) [^:]*: (pass|FAIL)\b(.*)$")
+FAILED_TESTS = re.compile(r"\b(\d+) (failed|error|errors)\b")
+
+
+def judge(name: str, rows: list[str]) -> str:
+    """The step's verdict, one line: PASS or FAIL against its targets, and why."""
+    target = PLANS[name][1]
+    if name in ("vmm", "evictors", "smoke"):
+        lines = [m for m in map(VERDICT_LINE.match, rows) if m]
+        if not lines:
+            return f"- `{name}`: FAIL (no verdict: the step was cut off or failed) [{target}]"
+        worst = "FAIL" if any(m.group(2) == "FAIL" for m in lines) else "PASS"
+        detail = "; ".join(f"{m.group(1)} {m.group(2)}{m.group(3)}" for m in lines)
+        return f"- `{name}`: {worst} ({detail}) [{target}]"
+    if name == "probe":
+        items = {m.group(1): m for m in map(PROBE_LINE.match, rows) if m}
+        if set(items) != {"c", "d", "g"}:
+            return (f"- `probe`: FAIL (verdicts missing: "
+                    f"{', '.join(sorted({'c', 'd', 'g'} - set(items)))}) [{target}]")
+        bad = [f"({k}){m.group(3)}" for k, m in sorted(items.items()) if m.group(2) == "FAIL"]
+        return f"- `probe`: {'FAIL (' + '; '.join(bad) + ')' if bad else 'PASS'} [{target}]"
+    summary = rows[0] if rows else ""
+    failed = sum(int(m.group(1)) for m in FAILED_TESTS.finditer(summary))
+    cut = "cut off" in summary or "stopped" in summary or not summary
+    ok = not failed and not cut and "passed" in summary
+    return f"- `{name}`: {'PASS' if ok else 'FAIL'} ({summary.split(': ', 1)[-1]}) [{target}]"
 
 
 def vmm_line() -> str:

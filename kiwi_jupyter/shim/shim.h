@@ -54,13 +54,16 @@
  *               copy_out.c    KIWI_EVICT_COPY's host buffers,
  *               vmm_move.c    the vmm evictor's move: copies out and releases, maps and copies
  *                             back (vmm.h),
- *               vmm.c         its allocations: regions, chunks, slabs, frees, shadows' thread,
+ *               vmm_staging.c copies of chunks without a pinned shadow, through a pinned ring,
+ *               vmm.c         its allocations: regions, chunks, slabs, frees,
+ *               vmm_builder.c the thread that pins shadows ahead, within a budget,
  *               vmm_shadows.c its host shadows,
  *               vmm_chunks.c  its physical handles, mapped and unmapped,
  *               vmm_index.c   its regions by address,
  *               vmm_ipc.c     its legacy IPC, exported and opened,
  *               vmm_reuse.c   its stream-ordered reuse,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
+ *               cgroup.c      the process's own memory limit, which pinning never passes
  *
  * This header declares what the tiers above call in the mechanisms, and the pieces every file
  * needs (driver.h's types, hooks.h's table of entry points).
@@ -116,6 +119,10 @@ struct kiwi_config {
     enum kiwi_evict_request evict; /* KIWI_EVICT: auto, vmm, managed or checkpoint */
     enum kiwi_shadow_request shadow; /* KIWI_VMM_SHADOW: register, allochost or pageable */
     enum kiwi_evict_copy evict_copy; /* KIWI_EVICT_COPY: off, pinned or pageable (copy_out.c) */
+    uint64_t pin_budget;     /* KIWI_VMM_PIN_BUDGET: host memory the vmm evictor may keep pinned
+                                until the daemon says; 0 = a quarter of the host's memory */
+    char cgroup_dir[256];    /* KIWI_CGROUP_DIR: the cgroup directory whose memory limit applies
+                                (tests); "" = the process's own (cgroup.c) */
     char socket_path[108];   /* KIWI_SOCKET */
     char name[128];          /* KIWI_CLIENT_NAME, else process name + pid */
     char pool[64];           /* KIWI_POOL */
@@ -227,7 +234,7 @@ int kiwi_interrupt_catch(void);
 /* Around the driver's call that begins a capture on stream: no synchronization can start
  * meanwhile; began says whether it did. */
 void kiwi_capture_beginning(void);
-void kiwi_capture_began(CUstream stream, bool began);
+void kiwi_capture_began(CUstream stream, bool began, CUstreamCaptureMode mode);
 /* After the driver's call that ends a capture on stream (whether or not it succeeded). */
 void kiwi_capture_ended(CUstream stream);
 /* How many streams are being captured into graphs now. */
@@ -236,7 +243,19 @@ int kiwi_capture_open(void);
  * kiwi_capture_unhold (the synchronization in between would invalidate it). */
 bool kiwi_capture_hold(void);
 void kiwi_capture_unhold(void);
+/* For a thread that pins host memory (a "potentially unsafe" call while a capture begun in the
+ * global mode is open in another thread: it fails and invalidates that capture): waits until
+ * no such capture is open, and returns with none able to begin until kiwi_capture_unhold. */
+void kiwi_capture_hold_for_pinning(void);
+/* Whether a capture begun in the global mode is open now. */
+bool kiwi_capture_global_open(void);
 void kiwi_capture_after_fork(void);
+
+/* ---- cgroup.c ---------------------------------------------------------------------------- */
+
+/* The room the process's cgroup leaves it (its memory limit less what it uses, the least up
+ * the tree) and that limit; false when no limit applies (or none can be read). */
+bool kiwi_cgroup_room(uint64_t *room, uint64_t *limit);
 
 /* ---- memory.c, limit.c (memory.h: the table's entries, for the allocating entry points) --- */
 
@@ -316,6 +335,8 @@ struct kiwi_residency {
     uint64_t host;
     uint64_t shadow;
     uint64_t shadow_pinned;
+    uint64_t staging;       /* the vmm evictor's pinned staging ring, for chunks without one */
+    uint64_t pin_budget;    /* what it may keep pinned (the daemon's word, or its own) */
     double seconds_pinning; /* spent making shadows, off the switch path */
 };
 
@@ -384,6 +405,8 @@ void kiwi_pager_note_primary(CUdevice device, CUcontext ctx);
 CUcontext kiwi_pager_primary_ended(CUdevice device);
 /* A context ended: the pager no longer synchronizes it or moves memory in it. */
 void kiwi_pager_forget_context(CUcontext ctx);
+/* The daemon's word on the host memory the vmm evictor may keep pinned for its shadows. */
+void kiwi_pager_pin_budget(uint64_t bytes);
 void kiwi_pager_after_fork(void);
 
 /* free_ranges.c: before the kernel reads its framework's free blocks: marks the gate, notes

@@ -141,6 +141,12 @@ def load(path: str | os.PathLike[str] | None, base: SchedulerConfig | None = Non
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def _parse_switch(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"handoff_overlap must be true or false, not {value!r}")
+    return value
+
+
 #: Each top-level key: the SchedulerConfig field it sets and how its value is read.
 _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "tq": ("tq", parse_tq),
@@ -153,6 +159,8 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "window": ("window", lambda value: parse_tq(value, "window")),
     "connections": ("connections", parse_connections),
     "memory_reserve": ("memory_reserve", parse_size),
+    "pin_budget": ("pin_budget", parse_size),
+    "handoff_overlap": ("handoff_overlap", _parse_switch),
     "evict_timeout": ("evict_timeout", lambda value: parse_tq(value, "evict_timeout")),
     "evict_interval": ("evict_interval", lambda value: parse_seconds_or_never(
         value, "evict_interval")),

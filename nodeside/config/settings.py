@@ -49,6 +49,16 @@ class SchedulerConfig:
     #: Seconds an evicted client stays idle before it is checkpointed too, freeing its context,
     #: where the checkpoint evictor reaches it; 0: never.
     checkpoint_after: float = 600.0
+    #: Bytes of host memory each client with the ``memory`` feature may keep pinned ahead for its
+    #: evictions (the vmm evictor's shadows and staging ring), told in ``registered``; None: the
+    #: client's own default (a quarter of the host's memory, within its cgroup's limit). The
+    #: node-wide host budget is to divide this among clients (issue 42).
+    pin_budget: int | None = None
+    #: A ``vmm`` client is granted while the room it lacks is still on its way out (clients
+    #: told to evict, or released ``evicting``): its restore maps chunk by chunk as the card
+    #: frees them, so its way in overlaps the other's way out, each direction on its own copy
+    #: engine. Off by default until a GPU run measures both directions at once.
+    handoff_overlap: bool = False
     #: Group (name or gid) whose members may change mode and TQ, besides root and the daemon's uid.
     admin_group: str | None = None
     #: Group owning the socket; its members may connect. None: the daemon's group.

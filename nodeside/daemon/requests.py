@@ -179,7 +179,9 @@ class Requests(Rules):
                                  mode=self.scheduler.mode, tq=self.scheduler.tq_for(client.gpu),
                                  pool=client.pool if client.warning else None,
                                  priority=client.priority if client.warning else None,
-                                 warning=client.warning, evict=client.evict)],
+                                 warning=client.warning, evict=client.evict,
+                                 pin_budget=self.scheduler.config.pin_budget if memory
+                                 else None)],
                        client_id=client.id, label=client.name)
 
     def forget(self, client_id: str) -> None:

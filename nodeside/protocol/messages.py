@@ -174,6 +174,9 @@ MESSAGES: Final[tuple[Message, ...]] = (
         _f("pool", "str", "what it got, when the access policy downgraded its claim"),
         _f("priority", "str", "likewise"),
         _f("warning", "str", "why it was downgraded"),
+        _f("pin_budget", "int", "`memory` feature: the most host memory, in bytes, the client "
+                                "may keep pinned ahead for its evictions (the vmm evictor's "
+                                "shadows and staging ring); absent: its own default"),
     ), answers=("register",), doc="the connection is a scheduling client now"),
     Message("GRANT", "grant", "daemon", (
         _GPU,

@@ -41,6 +41,10 @@ PAGES_ITSELF = ("managed", "vmm")
 #: Bytes an eviction's resident figure must fall by to count as progress (the shim reports
 #: every 256 MiB that leaves): a client cannot hold a waiter by moving a byte at a time.
 PROGRESS_BYTES = 64 << 20
+#: Evictors whose restore maps its memory chunk by chunk as the card frees it: such a client is
+#: granted while the room it lacks is still on its way out (its way in overlaps the other's way
+#: out, each on its own copy engine), and its restore waits for each chunk's room.
+RESTORES_AS_ROOM_COMES = ("vmm",)
 
 
 def occupies(client: Client) -> int:
@@ -279,6 +283,16 @@ class Residency:
         # is granted once nobody else's memory is left (as before the memory feature), rather
         # than waiting for room that no eviction can make.
         return min(others, max(0, need(candidate) + others - (capacity - self.state.reserve)))
+
+    def coming(self, gpu: GpuState, candidate: Client) -> int:
+        """Bytes on their way out of ``gpu`` (clients told to evict, or released ``evicting``,
+        with no failure) that ``candidate`` may count as room already: all of them when its
+        restore waits for room chunk by chunk (``handoff_overlap``), else none."""
+        if not self.state.config.handoff_overlap or candidate.evict not in RESTORES_AS_ROOM_COMES:
+            return 0
+        return sum(occupies(c) for c in gpu.memory_clients.values()
+                   if c is not candidate and not holding(c) and c.residency == EVICTING
+                   and c.evict_failed is None)
 
     def make_room(self, gpu: GpuState, candidate: Client, short: int,
                   now: float) -> tuple[list[Action], str | None]:

@@ -209,15 +209,17 @@ class Turns:
                 break
             if memory:
                 short = self.residency.shortfall(gpu, candidate)
-                if short:
+                # A client whose restore waits for room chunk by chunk counts what is on its
+                # way out as room: its way in overlaps the other's way out.
+                if short > self.residency.coming(gpu, candidate):
                     asked, refused = self.residency.make_room(gpu, candidate, short, now)
                     actions.extend(asked)
-                    if refused is None:
+                    if refused is None and short > self.residency.coming(gpu, candidate):
                         # Granted once the room is there; meanwhile, grants that need no
                         # room go on.
                         actions.extend(self._beside_room_wait(gpu, candidate, now))
                         break
-                    if candidate.memory:
+                    if refused is not None and candidate.memory:
                         actions.append(self._refuse(gpu, candidate, refused))
                         continue
                     # A client without the feature cannot hear a refusal (the `error` event

@@ -10,15 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.shim.gpu_check import GPU_TESTS, PRESETS, STEPS, ended_tests, find_gpu
+from benchmarks.shim.gpu_check import (
+    GPU_TESTS,
+    PRESETS,
+    STEPS,
+    VMM_TESTS,
+    ended_tests,
+    find_gpu,
+    judge,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_decisive_steps_come_first_and_hold_the_tests_and_the_evictors():
-    assert PRESETS["decisive"] == ("tests", "evictors")
-    assert STEPS[:2] == PRESETS["decisive"]
+def test_the_decisive_steps_come_first_in_the_proofs_order():
+    # The driver alone, the evictor's row, the smoke through real programs, the tests.
+    assert PRESETS["decisive"] == ("probe", "vmm", "smoke", "vmm-tests")
+    assert STEPS[:4] == PRESETS["decisive"]
+    assert PRESETS["second"] == ("tests", "evictors")  # managed and checkpoint: the next call
     assert "tests/kernel/test_kernel_gpu_switch.py" in GPU_TESTS  # the two-kernel test
+    assert VMM_TESTS == ("tests/shim/test_gpu.py", "tests/kernel/test_kernel_gpu_switch.py")
     assert (REPO / "tests" / "kernel" / "test_kernel_gpu_switch.py").is_file()
 
 
@@ -52,12 +63,38 @@ def test_the_dry_run_names_the_new_steps_and_whether_the_shim_has_the_vmm_evicto
         pytest.skip("a GPU is here: the dry run is what machines without one do")
     done = dry_run(tmp_path, "--only", "decisive")
     assert done.returncode == 0, done.stderr
-    assert "`tests/kernel/test_kernel_gpu_switch.py` (two Kiwi kernels taking turns)" in done.stdout
-    assert "`benchmarks.shim.evictors`, `benchmarks.shim.vmm_probe`" in done.stdout
+    planned = [line for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert [line.split("`")[1] for line in planned] == list(PRESETS["decisive"])
+    assert "`benchmarks.shim.vmm_probe` at 16 GiB" in planned[0]
+    assert "--only vmm` at 16 GiB" in planned[1] and "data changed each round" in planned[1]
+    assert "NVML freed >= 95 % per process" in planned[1]
+    assert "forked DataLoader" in planned[2] and "global-mode capture" in planned[2]
+    assert "pytest -m gpu -k vmm tests/shim/test_gpu.py tests/kernel/" in planned[3]
+    assert all("verdict against:" in line for line in planned)
     assert "- Evictors: managed, checkpoint and vmm: " in done.stdout
+
+
+def test_a_verdict_line_per_target_from_what_each_step_printed():
+    assert judge("vmm", ["| vmm | ... |", "", "- verdict vmm: PASS (evict and restore ...)"]) \
+        .startswith("- `vmm`: PASS (vmm PASS")
+    assert judge("vmm", ["| vmm | ... |"]).startswith("- `vmm`: FAIL (no verdict")
+    assert judge("smoke", ["- verdict smoke: FAIL (forked DataLoader)"]).startswith(
+        "- `smoke`: FAIL (smoke FAIL (forked DataLoader)")
+    probe = ["- (c) freed after release: pass", "- (d) >= 0.8 of (a) both ways: pass (best: "
+             "out 0.91, in 0.88)", "- (g) contents: pass"]
+    assert judge("probe", probe).startswith("- `probe`: PASS")
+    assert judge("probe", [*probe[:2], "- (g) contents: FAIL (3 blocks wrong)"]).startswith(
+        "- `probe`: FAIL ((g) (3 blocks wrong))")
+    assert judge("probe", probe[:2]).startswith("- `probe`: FAIL (verdicts missing: g)")
+    assert judge("vmm-tests", ["`pytest -m gpu -k vmm ...`: **7 passed in 90.2s**"]).startswith(
+        "- `vmm-tests`: PASS")
+    assert judge("vmm-tests", ["`pytest ...`: **5 passed, 1 failed in 80s**"]).startswith(
+        "- `vmm-tests`: FAIL")
+    assert judge("vmm-tests", ["`pytest ...`: **cut off: 3 passed; running then: x**"]) \
+        .startswith("- `vmm-tests`: FAIL")
 
 
 def test_an_unknown_step_is_refused_with_the_steps_there_are(tmp_path: Path) -> None:
     done = dry_run(tmp_path, "--only", "tests,bogus")
     assert done.returncode == 2
-    assert "no step bogus; there are tests, evictors, probe," in done.stderr
+    assert "no step bogus; there are probe, vmm, smoke, vmm-tests, tests," in done.stderr

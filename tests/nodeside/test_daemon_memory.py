@@ -237,3 +237,24 @@ def test_nvml_counts_where_it_sees_more_than_the_client_reports(start_daemon, tm
     b = Line(daemon, "nbB", 6 * GiB)
     assert b.request(p.ACQUIRE)["op"] == p.WAITING
     assert a.event() == {"op": p.EVICT, "gpu": 0, "bytes": 3 * GiB, "for": "nbB.ipynb"}
+
+
+def test_a_memory_client_hears_the_configured_pin_budget_in_registered(start_daemon,
+                                                                     tmp_path) -> None:
+    daemon = start_daemon("--gpus", "1", "--gpu-memory", "10GiB",
+                          "--config", config(tmp_path, pin_budget="6GiB"))
+    memory, plain = Line(daemon, "a", GiB), Line(daemon, "b", GiB, memory=False, evict="managed")
+    try:
+        assert memory.registered["pin_budget"] == 6 * GiB
+        assert "pin_budget" not in plain.registered  # not a word of the feature's to it
+    finally:
+        memory.close()
+        plain.close()
+
+
+def test_without_a_configured_pin_budget_the_client_keeps_its_own(gpu10) -> None:
+    client = Line(gpu10, "a", GiB)
+    try:
+        assert "pin_budget" not in client.registered
+    finally:
+        client.close()

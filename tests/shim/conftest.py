@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import shim_harness
 from fake_device import FakeCard
-from shim_harness import Workload, build_fake_cuda
+from fake_process import FakeProcess
+from shim_harness import SANITIZER_OPTIONS, Workload, build_fake_cuda, requested_sanitizer
 from support import DaemonProcess
 
 from kiwi_jupyter.shim import library_path
@@ -88,3 +89,34 @@ def checkpointing(start_daemon, fake_cuda, checkpoint_dir):
         return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB",
                             "--cuda-library", str(fake_cuda), *args)
     return start
+
+
+@pytest.fixture(scope="session")
+def model_fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The fake driver, sanitized as KIWI_TEST_SANITIZE says, and what its processes need."""
+    wanted = requested_sanitizer()
+    if wanted is None:
+        return build_fake_cuda(tmp_path_factory.mktemp("fake-model")), {}
+    sanitize, runtime = wanted
+    library = build_fake_cuda(tmp_path_factory.mktemp("fake-model"), sanitize)
+    return library, {"LD_PRELOAD": runtime, **SANITIZER_OPTIONS}
+
+
+@pytest.fixture
+def start_fake(model_fake: tuple[Path, dict[str, str]]) -> Iterator[Callable[..., FakeProcess]]:
+    """start_fake(**env) starts a process over the fake driver; each is closed afterwards, and
+    a sanitizer's report in any of them fails the test."""
+    library, sanitizer_env = model_fake
+    started: list[FakeProcess] = []
+
+    def start(**env: str) -> FakeProcess:
+        process = FakeProcess(library, {**sanitizer_env, **{k: str(v) for k, v in env.items()}})
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+    reports = [p.sanitizer_report() for p in started]
+    if any(reports):
+        pytest.fail("a sanitizer found an error in the fake driver:\n" + "\n".join(reports))

@@ -54,10 +54,11 @@
  * cuDeviceGetAttribute says the device supports the API; FAKE_CUDA_NO_VMM=1 makes it say not,
  * and the API's calls fail with CUDA_ERROR_NOT_SUPPORTED, as on a device without it. Host
  * memory from cuMemAllocHost is real (and anonymous, committed where written); cuMemHostRegister
- * refuses an overlap, cuMemHostUnregister what was not registered. Streams complete work at
- * once, so an event is complete as soon as it is recorded; except on the stream that
- * FAKE_CUDA_PENDING_STREAM names (e.g. 0x77), whose work completes only once the file that
- * FAKE_CUDA_PENDING_UNTIL names exists: until then an event recorded on it is not ready
+ * refuses an overlap, cuMemHostUnregister what was not registered. Streams, events and the link
+ * between host and card are fake_streams.c's: work queued on a stream is done later, by a
+ * worker thread of the stream, and copies may take the time a link of FAKE_CUDA_LINK_GBPS
+ * would. The stream that FAKE_CUDA_PENDING_STREAM names (e.g. 0x77) does no work until the file
+ * that FAKE_CUDA_PENDING_UNTIL names exists: until then an event recorded on it is not ready
  * (cuEventQuery says CUDA_ERROR_NOT_READY), and cuEventSynchronize, cuStreamSynchronize of it
  * and cuCtxSynchronize wait for the file. FAKE_CUDA_DEVICES=N makes N devices (default 1): a
  * context handle 0xC0DE00 + d (made current with cuCtxSetCurrent) is device d's, any other is
@@ -172,6 +173,9 @@ struct device_process {
 struct device_memory {
     atomic_ullong used;
     struct device_process process[DEVICE_PROCESSES];
+    /* When each copy engine (to the device, to the host) is free again: ns on CLOCK_MONOTONIC,
+     * the same clock in every process (fake_streams.c). */
+    atomic_llong engine_free_at[2];
 };
 
 static struct device_memory private_card;
@@ -825,19 +829,24 @@ static void wait_for_pending_work(void)
 
 /* FAKE_CUDA_SYNC_ERROR: the error every cuCtxSynchronize returns (a sticky error on a real
  * GPU, such as 700, an illegal address). */
+static void drain_context(void);
+static void drain_stream(CUstream handle, bool per_thread);
+static void make_stream(CUstream handle);
+static CUresult sticky(void);
+
 static CUresult cuCtxSynchronize_body(void)
 {
     const char *error = getenv("FAKE_CUDA_SYNC_ERROR");
     bool invalidating = invalidate_captures();
     if (!invalidating)
-        wait_for_pending_work();
+        drain_context();
     if (!invalidating)
         trim_pools();
     record("cuCtxSynchronize ctx=%p%s", current ? current : PRIMARY_CONTEXT,
            invalidating ? " invalidated-capture" : "");
     if (invalidating)
         return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
-    return error ? atoi(error) : 0;
+    return error ? atoi(error) : sticky();
 }
 EXPORT CUresult cuCtxSynchronize(void)
 {
@@ -849,6 +858,7 @@ EXPORT CUresult cuCtxSynchronize(void)
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags)
 {
     *stream = (CUstream)(uintptr_t)atomic_fetch_add(&next_stream, 1);
+    make_stream(*stream); /* the current context's */
     record("cuStreamCreate stream=%p flags=%u", *stream, flags);
     return 0;
 }
@@ -858,14 +868,13 @@ static atomic_int last_prefetch_device = 0;
 
 static CUresult cuStreamSynchronize_body(CUstream stream)
 {
-    if (is_pending_stream(stream))
-        wait_for_pending_work();
+    drain_stream(stream, false);
     record("cuStreamSynchronize stream=%p", stream);
     trim_pools();
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
     while (gate && atomic_load(&last_prefetch_device) == -1 && access(gate, F_OK) != 0)
         usleep(1000);
-    return 0;
+    return sticky();
 }
 EXPORT CUresult cuStreamSynchronize(CUstream stream)
 {
@@ -882,6 +891,8 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream)
 #define MAX_CAPTURES 16
 static CUstream captures[MAX_CAPTURES];
 static bool invalidated[MAX_CAPTURES];
+static int capture_mode[MAX_CAPTURES];          /* CUstreamCaptureMode; v1 calls: global */
+static pthread_t capture_thread[MAX_CAPTURES];  /* who began it */
 static pthread_mutex_t captures_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int capture_of(CUstream stream)
@@ -903,6 +914,8 @@ static CUresult begin_capture(const char *name, CUstream stream, int mode)
     if (began) {
         captures[free_slot] = stream;
         invalidated[free_slot] = false;
+        capture_mode[free_slot] = mode;
+        capture_thread[free_slot] = pthread_self();
     }
     pthread_mutex_unlock(&captures_lock);
     record("%s stream=%p mode=%d", name, stream, mode);
@@ -1155,15 +1168,63 @@ static CUresult check_prop(const struct allocation_prop *prop)
     return prop->location.id == 0 ? 0 : CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* The host memory behind physical handles. Committed only where written: a test may create far
+ * more than the host has. FAKE_CUDA_BACKING_CACHE keeps that many bytes of released handles'
+ * memory for the next handles of their size (the benchmarks on the modelled link: a GPU's
+ * memory needs no page faults on its first write, nor an munmap, which the fake's would cost
+ * inside the link's time). */
+struct backing {
+    struct backing *next;
+    size_t size;
+};
+static struct backing *backings; /* under memory_lock */
+static unsigned long long backing_kept;
+
+static void *backing_take(size_t size)
+{
+    pthread_rwlock_wrlock(&memory_lock);
+    struct backing **b = &backings;
+    while (*b && (*b)->size != size)
+        b = &(*b)->next;
+    struct backing *found = *b;
+    if (found) {
+        *b = found->next;
+        backing_kept -= size;
+    }
+    pthread_rwlock_unlock(&memory_lock);
+    if (found)
+        return found;
+    return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                -1, 0);
+}
+
+/* Under the write lock. */
+static void backing_give(unsigned char *memory, size_t size)
+{
+    const char *text = getenv("FAKE_CUDA_BACKING_CACHE");
+    unsigned long long cap = text ? strtoull(text, NULL, 0) : 0;
+    if (backing_kept + size > cap || size < sizeof(struct backing)) {
+        munmap(memory, size);
+        return;
+    }
+    struct backing *b = (struct backing *)(void *)memory;
+    *b = (struct backing){backings, size};
+    backings = b;
+    backing_kept += size;
+}
+
 /* Under the write lock: a handle with no reference and no mapping leaves the card. */
 static void drop_if_unused(size_t at)
 {
     struct handle *h = row_at(&handles, at);
     if (h->references > 0 || h->mappings > 0)
         return;
-    munmap(h->backing, h->size);
-    if (h->fd >= 0)
+    if (h->fd >= 0) { /* a memfd's mapping, shared with another process: never kept */
+        munmap(h->backing, h->size);
         close(h->fd);
+    } else {
+        backing_give(h->backing, h->size);
+    }
     if (!h->imported)
         card_give(h->size);
     table_remove(&handles, at);
@@ -1250,8 +1311,7 @@ static CUresult memory_create_body(unsigned long long *id, size_t size,
     int fd = shareable ? memfd_create("fake-cuda-handle", MFD_CLOEXEC) : -1;
     void *backing = MAP_FAILED;
     if (!shareable)
-        backing = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        backing = backing_take(size);
     else if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
         backing = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (backing == MAP_FAILED) {
@@ -1534,12 +1594,13 @@ static enum side side_for(CUdeviceptr address, enum known known)
     return known == DEVICE_ADDRESS && side == HOST_SIDE ? COUNTED_SIDE : side;
 }
 
-/* Copies n bytes. Where a side is one of the counter's allocations, or neither is VMM memory,
- * nothing is moved (the fake has no bytes there) and the copy is a record only. unmapped: the
- * error for a byte that is not mapped (a copy's, or a kernel's). *vmm: whether VMM memory was
- * involved. */
+/* Copies n bytes (apply), or only checks that it may (not apply). Where a side is one of the
+ * counter's allocations, or neither is VMM memory, nothing is moved (the fake has no bytes
+ * there) and the copy is a record only. unmapped: the error for a byte that is not mapped (a
+ * copy's, or a kernel's). *vmm: whether VMM memory was involved. */
 static CUresult move_bytes(CUdeviceptr dst, enum known dst_known, CUdeviceptr src,
-                           enum known src_known, size_t n, CUresult unmapped, bool *vmm)
+                           enum known src_known, size_t n, CUresult unmapped, bool *vmm,
+                           bool apply)
 {
     *vmm = false;
     if (!n)
@@ -1552,7 +1613,7 @@ static CUresult move_bytes(CUdeviceptr dst, enum known dst_known, CUdeviceptr sr
     if (!result && from == VMM_SIDE)
         result = check_mapped(src, n, CU_MEM_ACCESS_FLAGS_PROT_READ, unmapped);
     *vmm = to == VMM_SIDE || from == VMM_SIDE;
-    bool real = *vmm && to != COUNTED_SIDE && from != COUNTED_SIDE;
+    bool real = apply && *vmm && to != COUNTED_SIDE && from != COUNTED_SIDE;
     for (size_t done = 0; !result && real && done < n;) {
         size_t run = n - done, run_in = run;
         unsigned char *out = to == VMM_SIDE ? bytes_at(dst + done, run, &run)
@@ -1567,9 +1628,10 @@ static CUresult move_bytes(CUdeviceptr dst, enum known dst_known, CUdeviceptr sr
     return result;
 }
 
-/* Sets count elements of width bytes (1 or 4) at dst to value. */
+/* Sets count elements of width bytes (1 or 4) at dst to value (apply), or only checks that it
+ * may. */
 static CUresult fill_bytes(CUdeviceptr dst, unsigned value, size_t width, size_t count,
-                           CUresult unmapped, bool *vmm)
+                           CUresult unmapped, bool *vmm, bool apply)
 {
     *vmm = false;
     size_t n = width * count;
@@ -1581,7 +1643,7 @@ static CUresult fill_bytes(CUdeviceptr dst, unsigned value, size_t width, size_t
         *vmm = true;
         result = dst % width ? CUDA_ERROR_INVALID_VALUE
                              : check_mapped(dst, n, CU_MEM_ACCESS_FLAGS_PROT_READWRITE, unmapped);
-        for (size_t done = 0; !result && done < n;) {
+        for (size_t done = 0; !result && apply && done < n;) {
             size_t run;
             unsigned char *out = bytes_at(dst + done, n - done, &run);
             if (width == 1) {
@@ -2021,6 +2083,15 @@ static CUresult address_range_body(CUdeviceptr *base, size_t *size, CUdeviceptr 
     return 0;
 }
 
+static long long monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+#include "fake_streams.c"
+
 /* ---- the entry points ------------------------------------------------------------------- */
 
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, int device)
@@ -2099,6 +2170,7 @@ EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size,
                             const struct allocation_prop *prop, unsigned long long flags)
 {
     call_begins();
+    driver_pass();
     CUresult result = cuMemCreate_body(handle, size, prop, flags);
     call_ends();
     return result;
@@ -2107,6 +2179,7 @@ EXPORT CUresult cuMemCreate(unsigned long long *handle, size_t size,
 EXPORT CUresult cuMemRelease(unsigned long long handle)
 {
     call_begins();
+    driver_pass();
     CUresult result = memory_release_body(handle);
     record("cuMemRelease handle=0x%llx result=%d", handle, result);
     call_ends();
@@ -2117,6 +2190,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned l
                          unsigned long long flags)
 {
     call_begins();
+    driver_pass();
     CUresult result = memory_map_body(ptr, size, offset, handle, flags);
     record("cuMemMap ptr=0x%llx size=%zu offset=%zu handle=0x%llx result=%d", ptr, size, offset,
            handle, result);
@@ -2127,6 +2201,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned l
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     call_begins();
+    driver_pass();
     CUresult result = memory_unmap_body(ptr, size);
     record("cuMemUnmap ptr=0x%llx size=%zu result=%d", ptr, size, result);
     call_ends();
@@ -2137,6 +2212,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const struct access
                                size_t count)
 {
     call_begins();
+    driver_pass();
     CUresult result = memory_set_access_body(ptr, size, desc, count);
     record("cuMemSetAccess ptr=0x%llx size=%zu count=%zu flags=%d result=%d", ptr, size, count,
            desc && count ? desc[count - 1].flags : -1, result);
@@ -2243,7 +2319,14 @@ EXPORT CUresult cuMemGetHandleForAddressRange(int *fd, CUdeviceptr ptr, size_t s
 EXPORT CUresult cuMemHostRegister_v2(void *host, size_t size, unsigned flags)
 {
     call_begins();
-    CUresult result = host_register_body(host, size);
+    CUresult result = forbidden_during_capture();
+    if (!result) {
+        pthread_mutex_lock(&driver_lock);
+        result = host_register_body(host, size);
+        if (!result)
+            pin_pages(host, size);
+        pthread_mutex_unlock(&driver_lock);
+    }
     record("cuMemHostRegister_v2 host=%p size=%zu flags=%u result=%d", host, size, flags, result);
     call_ends();
     return result;
@@ -2252,94 +2335,17 @@ EXPORT CUresult cuMemHostRegister_v2(void *host, size_t size, unsigned flags)
 EXPORT CUresult cuMemHostUnregister(void *host)
 {
     call_begins();
-    CUresult result = host_unregister_body(host);
+    CUresult result = forbidden_during_capture();
+    if (!result) {
+        pthread_mutex_lock(&driver_lock);
+        result = host_unregister_body(host);
+        pthread_mutex_unlock(&driver_lock);
+    }
     record("cuMemHostUnregister host=%p result=%d", host, result);
     call_ends();
     return result;
 }
 
-/* Events: work is done when it is submitted, so an event is complete once recorded (but see
- * FAKE_CUDA_PENDING_STREAM); it keeps the time it was recorded for cuEventElapsedTime. */
-struct fake_event {
-    atomic_llong recorded_at; /* ns on CLOCK_MONOTONIC; 0 until recorded */
-    atomic_bool pending;      /* recorded on the pending stream */
-};
-
-static long long monotonic_ns(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
-}
-
-EXPORT CUresult cuEventCreate(struct fake_event **event, unsigned flags)
-{
-    if (!event)
-        return CUDA_ERROR_INVALID_VALUE;
-    *event = calloc(1, sizeof **event);
-    record("cuEventCreate event=%p flags=%u", (void *)*event, flags);
-    return *event ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-static CUresult record_event(const char *name, struct fake_event *event, CUstream stream)
-{
-    if (!event)
-        return CUDA_ERROR_INVALID_VALUE;
-    call_begins();
-    atomic_store(&event->recorded_at, monotonic_ns());
-    atomic_store(&event->pending, is_pending_stream(stream));
-    record("%s event=%p stream=%p", name, (void *)event, stream);
-    call_ends();
-    return 0;
-}
-EXPORT CUresult cuEventRecord(struct fake_event *event, CUstream stream)
-{
-    return record_event("cuEventRecord", event, stream);
-}
-EXPORT CUresult cuEventRecord_ptsz(struct fake_event *event, CUstream stream)
-{
-    return record_event("cuEventRecord_ptsz", event, stream);
-}
-EXPORT CUresult cuEventQuery(struct fake_event *event)
-{
-    if (!event)
-        return CUDA_ERROR_INVALID_VALUE;
-    return atomic_load(&event->pending) && !pending_work_done() ? CUDA_ERROR_NOT_READY : 0;
-}
-EXPORT CUresult cuEventSynchronize(struct fake_event *event)
-{
-    if (!event)
-        return CUDA_ERROR_INVALID_VALUE;
-    call_begins();
-    if (atomic_load(&event->pending))
-        wait_for_pending_work();
-    trim_pools();
-    record("cuEventSynchronize event=%p", (void *)event);
-    call_ends();
-    return 0;
-}
-EXPORT CUresult cuEventElapsedTime(float *milliseconds, struct fake_event *start,
-                                   struct fake_event *end)
-{
-    if (!milliseconds || !start || !end)
-        return CUDA_ERROR_INVALID_VALUE;
-    long long from = atomic_load(&start->recorded_at), to = atomic_load(&end->recorded_at);
-    if (!from || !to)
-        return CUDA_ERROR_NOT_READY;
-    *milliseconds = (float)((double)(to - from) / 1e6);
-    return 0;
-}
-EXPORT CUresult cuEventDestroy_v2(struct fake_event *event)
-{
-    record("cuEventDestroy_v2 event=%p", (void *)event);
-    free(event);
-    return 0;
-}
-EXPORT CUresult cuStreamWaitEvent(CUstream stream, struct fake_event *event, unsigned flags)
-{
-    record("cuStreamWaitEvent stream=%p event=%p flags=%u", stream, (void *)event, flags);
-    return event ? 0 : CUDA_ERROR_INVALID_VALUE;
-}
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream)
 {
     record("cuStreamDestroy_v2 stream=%p", stream);
@@ -2722,10 +2728,11 @@ static CUresult run_fake_kernel(void *f, void **params)
     bool vmm;
     if (f == FAKE_KERNEL_FILL && params)
         return fill_bytes(*(CUdeviceptr *)params[0], *(unsigned char *)params[2], 1,
-                          *(size_t *)params[1], CUDA_ERROR_ILLEGAL_ADDRESS, &vmm);
+                          *(size_t *)params[1], CUDA_ERROR_ILLEGAL_ADDRESS, &vmm, true);
     if (f == FAKE_KERNEL_COPY && params)
         return move_bytes(*(CUdeviceptr *)params[0], DEVICE_ADDRESS, *(CUdeviceptr *)params[1],
-                          DEVICE_ADDRESS, *(size_t *)params[2], CUDA_ERROR_ILLEGAL_ADDRESS, &vmm);
+                          DEVICE_ADDRESS, *(size_t *)params[2], CUDA_ERROR_ILLEGAL_ADDRESS, &vmm,
+                          true);
     return -1;
 }
 
@@ -2734,6 +2741,7 @@ static CUresult launch(const char *name, void *f, unsigned gx, unsigned bx, CUst
                        void **params, bool delayed)
 {
     call_begins();
+    drain_stream(s, strstr(name, "_ptsz") != NULL); /* what its stream queued comes first */
     if (delayed)
         launch_delay();
     CUresult result = run_fake_kernel(f, params);
@@ -2786,19 +2794,25 @@ EXPORT CUresult cuGraphLaunch(void *graph, CUstream s)
     return 0;
 }
 /* Copies and memsets: real bytes where VMM memory is involved (failing where it is not mapped
- * or not accessible), a record only for the counter's allocations. Every variant records its
- * own name; a copy that touched VMM memory adds its result. */
+ * or not accessible), a record only for the counter's allocations; queued, or made at once, as
+ * fake_streams.c says. Every variant records its own name; a copy that touched VMM memory adds
+ * its result, one staged through pageable host memory says so. on_stream: an asynchronous
+ * variant, which names its stream. */
 static CUresult copy(const char *name, CUdeviceptr dst, enum known dst_known, CUdeviceptr src,
                      enum known src_known, size_t n, CUstream s, bool on_stream)
 {
     call_begins();
     bool vmm;
-    CUresult result = move_bytes(dst, dst_known, src, src_known, n, CUDA_ERROR_INVALID_VALUE, &vmm);
-    char stream[40] = "", outcome[24] = "";
+    struct transfer t = {.dst = dst, .src = src, .dst_known = dst_known, .src_known = src_known,
+                         .n = n};
+    CUresult result = submit_copy(&t, s, on_stream, strstr(name, "_pt") != NULL, &vmm);
+    char stream[40] = "", outcome[40] = "";
     if (on_stream)
         snprintf(stream, sizeof stream, " stream=%p", s);
     if (vmm)
         snprintf(outcome, sizeof outcome, " result=%d", result);
+    if (t.pageable)
+        strcat(outcome, " pageable=1");
     if (dst_known == HOST_ADDRESS)
         record("%s dst=%p src=0x%llx n=%zu%s%s", name, (void *)(uintptr_t)dst, src, n, stream,
                outcome);
@@ -2894,13 +2908,27 @@ EXPORT CUresult cuMemAllocHost_v2(void **host, size_t size)
         record("cuMemAllocHost_v2 size=%zu refused", size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUresult result = host_alloc_body(host, size);
+    CUresult result = forbidden_during_capture();
+    if (result) {
+        record("cuMemAllocHost_v2 size=%zu result=%d", size, result);
+        return result;
+    }
+    pthread_mutex_lock(&driver_lock);
+    result = host_alloc_body(host, size);
+    if (!result)
+        pin_pages(*host, size);
+    pthread_mutex_unlock(&driver_lock);
     record("cuMemAllocHost_v2 size=%zu host=%p", size, result ? NULL : *host);
     return result;
 }
 EXPORT CUresult cuMemFreeHost(void *host)
 {
-    CUresult result = host_free_body(host);
+    CUresult result = forbidden_during_capture();
+    if (!result) {
+        pthread_mutex_lock(&driver_lock);
+        result = host_free_body(host);
+        pthread_mutex_unlock(&driver_lock);
+    }
     record("cuMemFreeHost host=%p%s", host, result ? " refused" : "");
     return result;
 }
@@ -2910,7 +2938,8 @@ static CUresult memset_device(const char *name, CUdeviceptr dst, unsigned value,
 {
     call_begins();
     bool vmm;
-    CUresult result = fill_bytes(dst, value, width, count, CUDA_ERROR_INVALID_VALUE, &vmm);
+    CUresult result = submit_fill(dst, value, width, count, s, on_stream,
+                                  strstr(name, "_pt") != NULL, &vmm);
     char stream[40] = "", outcome[24] = "";
     if (on_stream)
         snprintf(stream, sizeof stream, " stream=%p", s);
@@ -3103,6 +3132,7 @@ static const struct entry entries[] = {
     ENTRY("cuStreamBeginCaptureToGraph", 12030, 0, cuStreamBeginCaptureToGraph),
     ENTRY("cuStreamEndCapture", 10000, 0, cuStreamEndCapture),
     ENTRY("cuStreamEndCapture", 10000, 1, cuStreamEndCapture_ptsz),
+    ENTRY("cuThreadExchangeStreamCaptureMode", 10010, 0, cuThreadExchangeStreamCaptureMode),
     ENTRY("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
     ENTRY("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
     ENTRY("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
@@ -3261,6 +3291,7 @@ __attribute__((constructor)) static void fake_cuda_loaded(void)
     card = map_card();
     take_row();
     pthread_atfork(NULL, NULL, take_row); /* a child's memory is its own */
+    pthread_atfork(NULL, NULL, streams_after_fork); /* and its streams */
     own_state = map_state((int)getpid(), true);
     if (own_state && getenv("FAKE_CUDA_CHECKPOINT_FAIL"))
         atomic_store(&own_state->uses_uvm, 1);

@@ -32,6 +32,8 @@ class ScriptedDaemon:
         #: Sent right behind the next grant, in the same write (once): a drop that comes at
         #: once, as the end of a short quantum does.
         self.after_grant: Message | None = None
+        #: More fields for ``registered`` (what a daemon tells the client of itself there).
+        self.registered_extra: Message = {}
         self.received: list[tuple[float, Message]] = []
         self._changed = threading.Condition()
         self._connection: socket.socket | None = None
@@ -104,7 +106,8 @@ class ScriptedDaemon:
                     "mode": "on", "tq": 30, "features": [f for f in asked if f in self.features]}
         if op == "register":
             return {"op": "registered", "seq": seq, "client": "c1", "gpu": 0, "mode": "on",
-                    "tq": 30, "evict": message.get("evict") or "managed"}
+                    "tq": 30, "evict": message.get("evict") or "managed",
+                    **self.registered_extra}
         if op == "acquire":
             return {"op": "grant", "seq": seq, "gpu": 0, "quantum": 30}
         if op == "release":

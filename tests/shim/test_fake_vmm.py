@@ -12,28 +12,17 @@ process of its own, through vmm_calls.py; ``v`` there is the driver.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import re
 import signal
 import subprocess
-import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cuda_toolkits import entry_point_versions, toolkits
 from fake_device import FakeCard
-from shim_harness import (
-    SANITIZER_OPTIONS,
-    SANITIZER_REPORT,
-    build_fake_cuda,
-    requested_sanitizer,
-)
-from support import scaled
+from fake_process import FakeProcess
 from vmm_calls import (
     CU_MEM_ACCESS_FLAGS_PROT_NONE,
     CU_MEM_ACCESS_FLAGS_PROT_READ,
@@ -56,101 +45,6 @@ REPO = HERE.parents[1]
 CHUNK = 2 * MiB  # the fake's granularity, as a current GPU's
 GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
 HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
-
-
-@pytest.fixture(scope="session")
-def model_fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """The fake driver, sanitized as KIWI_TEST_SANITIZE says, and what its processes need."""
-    wanted = requested_sanitizer()
-    if wanted is None:
-        return build_fake_cuda(tmp_path_factory.mktemp("fake-model")), {}
-    sanitize, runtime = wanted
-    library = build_fake_cuda(tmp_path_factory.mktemp("fake-model"), sanitize)
-    return library, {"LD_PRELOAD": runtime, **SANITIZER_OPTIONS}
-
-
-class FakeProcess:
-    """A process that has loaded the fake driver and evaluates the test's expressions."""
-
-    def __init__(self, library: Path, env: dict[str, str]) -> None:
-        environment = {k: v for k, v in os.environ.items()
-                       if not k.startswith(("FAKE_CUDA_", "KIWI_"))}
-        environment.update({"PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), **env})
-        self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "vmm_calls.py"), str(library)], env=environment,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.stderr: list[str] = []
-        self._next = 0
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
-        self._reply(0, 30.0)  # loaded
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stdout
-        for line in self.process.stdout:
-            self.replies.put(json.loads(line))
-
-    def _read_stderr(self) -> None:
-        assert self.process.stderr
-        for line in self.process.stderr:
-            self.stderr.append(line)
-
-    def _reply(self, request: int, timeout: float) -> Any:
-        try:
-            reply = self.replies.get(timeout=scaled(timeout))
-        except queue.Empty:
-            raise AssertionError(f"no answer to request {request}:\n"
-                                 + "".join(self.stderr)) from None
-        assert reply["id"] == request
-        if "error" in reply:
-            raise AssertionError(f"{reply['error']}\n" + "".join(self.stderr))
-        return reply["result"]
-
-    def call(self, expr: str, timeout: float = 10.0) -> Any:
-        self._next += 1
-        assert self.process.stdin
-        self.process.stdin.write(json.dumps({"id": self._next, "expr": expr}) + "\n")
-        self.process.stdin.flush()
-        return self._reply(self._next, timeout)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            assert self.process.stdin
-            self.process.stdin.close()
-            try:
-                self.process.wait(scaled(10))
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def sanitizer_report(self) -> str:
-        text = "".join(self.stderr)
-        return text if SANITIZER_REPORT.search(text) else ""
-
-
-@pytest.fixture
-def start_fake(model_fake: tuple[Path, dict[str, str]]) -> Iterator[Callable[..., FakeProcess]]:
-    """start_fake(**env) starts a process over the fake driver; each is closed afterwards, and
-    a sanitizer's report in any of them fails the test."""
-    library, sanitizer_env = model_fake
-    started: list[FakeProcess] = []
-
-    def start(**env: str) -> FakeProcess:
-        process = FakeProcess(library, {**sanitizer_env, **{k: str(v) for k, v in env.items()}})
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.close()
-    reports = [p.sanitizer_report() for p in started]
-    if any(reports):
-        pytest.fail("a sanitizer found an error in the fake driver:\n" + "\n".join(reports))
 
 
 @pytest.fixture
@@ -439,6 +333,7 @@ def test_an_evicted_range_leaves_the_card_and_comes_back_at_the_same_address(
     shadow = v.call(f"v.alloc_host({size})")
     for offset in range(0, size, CHUNK):
         assert v.call(f"v.copy_to_host({shadow + offset}, {va + offset}, {CHUNK})") == 0
+        assert v.call("v.synchronize(0)") == 0  # the copy is queued: done once its stream is
         assert v.call(f"v.unmap({va + offset}, {CHUNK})") == 0
     assert v.call("v.physical_used()") == 0 and v.call("v.free_bytes()") == GiB
     assert v.call(f"v.read_result({va}, 1)") == INVALID_VALUE  # the address is still reserved

@@ -69,10 +69,15 @@ def report(**fields):
 """
 
 
+#: The evictors that page the process themselves: the eviction tests run under each
+#: (``pytest -m gpu -k vmm`` picks the vmm ones).
+SELF_PAGING = ["managed", "vmm"]
+
+
 def environment(shim: Path | None, env: dict[str, str] | None = None) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KIWI_")}
-    # These tests prove the managed evictor (conversion, paging, PyTorch's allocators). On an
-    # r570+ driver the default, auto, picks the checkpoint evictor, which converts nothing.
+    # Managed unless a test names another: the conversion tests prove the managed evictor (on
+    # an r570+ driver the default, auto, picks another, which converts nothing to managed).
     environ.update({"PYTHONPATH": str(REPO), "KIWI_IDLE_RELEASE": "0", "KIWI_EVICT": "managed"})
     if shim:
         environ["LD_PRELOAD"] = str(shim)
@@ -228,9 +233,17 @@ TAKE_TURNS = """
 """
 
 
+def converted(report: dict[str, Any], evictor: str) -> bool:
+    """The shim ran the evictor asked for, and the tensor is its memory: managed memory by the
+    driver's word under managed, device memory (the vmm evictor's mapping) under vmm."""
+    return report["stats"]["evict"] == evictor and report["managed"] == (evictor == "managed")
+
+
+@pytest.mark.parametrize("evictor", SELF_PAGING)
 @pytest.mark.parametrize("backend", ["native", "cudaMallocAsync"])
 def test_an_evicted_process_leaves_the_card_to_the_holder(shim_library, gpu_scheduler,
-                                                          tmp_path: Path, backend: str) -> None:
+                                                          tmp_path: Path, backend: str,
+                                                          evictor: str) -> None:
     """Two 4 GiB working sets that the daemon is told do not fit together (6 GiB): each takes
     turns, and whenever one holds, NVML must show only one working set on the card."""
     pytest.importorskip("torch")
@@ -238,12 +251,12 @@ def test_an_evicted_process_leaves_the_card_to_the_holder(shim_library, gpu_sche
     working_set = 4 * GiB
     idle = run_python("report(used=gpu_memory())", shim=None)["used"]
     env = {"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_GPU_MEMORY_LIMIT": "6GiB",
-           "WORKING_SET": str(working_set), "ROUNDS": "6",
+           "WORKING_SET": str(working_set), "ROUNDS": "6", "KIWI_EVICT": evictor,
            "PYTORCH_CUDA_ALLOC_CONF": f"backend:{backend}"}
     reports = run_together({"a": TAKE_TURNS, "b": TAKE_TURNS}, shim=shim_library,
                            env=env, tmp_path=tmp_path)
     for name, report in reports.items():
-        assert report["correct"] and report["managed"], (name, report)
+        assert report["correct"] and converted(report, evictor), (name, report)
         took_part(report["stats"])
         assert report["stats"]["evictions"] >= 1 and report["stats"]["restores"] >= 1
         # Both sets on the card at once would be 8 GiB over idle; one set and two contexts
@@ -272,8 +285,10 @@ def test_the_checkpoint_evictor_leaves_the_card_to_the_holder(shim_library, gpu_
         assert max(report["in_cell"]) - idle < working_set + 2 * GiB, (name, report)
 
 
+@pytest.mark.parametrize("evictor", SELF_PAGING)
 def test_an_evicted_process_keeps_only_its_context_on_the_card(shim_library, gpu_scheduler,
-                                                               tmp_path: Path) -> None:
+                                                               tmp_path: Path,
+                                                               evictor: str) -> None:
     """NVML's own view of the evicted process: about its context, not its working set."""
     pytest.importorskip("torch")
     pytest.importorskip("pynvml")
@@ -310,9 +325,10 @@ def test_an_evicted_process_keeps_only_its_context_on_the_card(shim_library, gpu
         report(others=[(p.pid, p.usedGpuMemory) for p in others])
     """
     env = {"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_GPU_MEMORY_LIMIT": "6GiB",
-           "WORKING_SET": str(4 * GiB)}
+           "WORKING_SET": str(4 * GiB), "KIWI_EVICT": evictor}
     reports = run_together({"holder": holder, "next": next_one}, shim=shim_library, env=env,
                            tmp_path=tmp_path)
+    assert reports["holder"]["stats"]["evict"] == evictor
     holder_pid = reports["holder"]["pid"]
     used = dict(tuple(pair) for pair in reports["next"]["others"]).get(holder_pid)
     assert reports["holder"]["stats"]["evictions"] == 1
@@ -402,14 +418,16 @@ CUDA_GRAPH = """
 """
 
 
+@pytest.mark.parametrize("evictor", SELF_PAGING)
 @pytest.mark.parametrize("backend", ["native", "cudaMallocAsync"])
 def test_cuda_graphs_replay_correctly_under_each_pytorch_allocator(shim_library, gpu_scheduler,
-                                                                   backend: str) -> None:
+                                                                   backend: str,
+                                                                   evictor: str) -> None:
     pytest.importorskip("torch")
     report = run_python(CUDA_GRAPH, shim=shim_library,
-                        env={"KIWI_SOCKET": gpu_scheduler.socket,
+                        env={"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_EVICT": evictor,
                              "PYTORCH_CUDA_ALLOC_CONF": f"backend:{backend}"})
-    assert report["backend"] == backend and report["managed"]
+    assert report["backend"] == backend and converted(report, evictor)
     took_part(report["stats"])
     assert report["worst"] < 1e-2
 
@@ -498,12 +516,15 @@ CACHED_FREE_BLOCK = """
 """
 
 
+@pytest.mark.parametrize("evictor", SELF_PAGING)
 def test_an_eviction_does_not_copy_what_pytorchs_cache_holds_free(shim_library,
-                                                                  gpu_scheduler) -> None:
+                                                                  gpu_scheduler,
+                                                                  evictor: str) -> None:
     """A 2 GiB tensor freed inside PyTorch's cache: told to the shim, the eviction moves about
     2 GiB less than without, and the live tensor comes back intact."""
     pytest.importorskip("torch")
-    env = {"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_GPU_MEMORY_LIMIT": "6GiB"}
+    env = {"KIWI_SOCKET": gpu_scheduler.socket, "KIWI_GPU_MEMORY_LIMIT": "6GiB",
+           "KIWI_EVICT": evictor}
     plain = run_python(CACHED_FREE_BLOCK, shim=shim_library, env={**env, "TELL": "0"})
     told = run_python(CACHED_FREE_BLOCK, shim=shim_library, env={**env, "TELL": "1"})
     for run in (plain, told):

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
@@ -205,6 +208,7 @@ class Calls:
         self._last_handle = 0
         self.pointer = PointerQueries(self.lib)
         self.ipc = LegacyIpc(self.lib)
+        self._kept: list[mmap.mmap] = []
 
     def _fn(self, name: str, *argtypes: Any, restype: Any = ctypes.c_int) -> Any:
         function = getattr(self.lib, name)
@@ -472,6 +476,25 @@ class Calls:
     def unregister(self, host: int) -> int:
         return int(self._fn("cuMemHostUnregister", c_ptr)(host))
 
+    def host_pages(self, size: int) -> int:
+        """Anonymous host memory, not pinned (kept until the process ends): its address."""
+        pages = mmap.mmap(-1, size)
+        self._kept.append(pages)
+        return ctypes.addressof(ctypes.c_char.from_buffer(pages))
+
+    def copy_while_pinning(self, log: str, host: int, ptr: int, n: int, pinned: int) -> int:
+        """Pins pinned bytes on another thread and, once the fake's log says pinning began,
+        queues a copy of n bytes from ptr to host: the copy's CUresult."""
+        pages = self.host_pages(pinned)
+        before = Path(log).read_text().count("\npinning ")
+        pinning = threading.Thread(target=self.register, args=(pages, pinned))
+        pinning.start()
+        while Path(log).read_text().count("\npinning ") == before:  # the fake's word it began
+            time.sleep(0.001)
+        result = self.copy_on("cuMemcpyDtoHAsync_v2", host, ptr, n, 0x81)
+        pinning.join()
+        return result
+
     def host_write(self, host: int, data: bytes) -> None:
         ctypes.memmove(host, data, len(data))
 
@@ -483,6 +506,68 @@ class Calls:
 
     def copy_from_host(self, ptr: int, host: int, n: int) -> int:
         return self._copy("cuMemcpyHtoDAsync_v2", ptr, host, n)
+
+    # ---- streams, events, graph capture ----
+    def copy_on(self, call: str, dst: int, src: int, n: int, stream: int) -> int:
+        """An asynchronous copy (cuMemcpyDtoHAsync_v2, ...) on stream: the CUresult."""
+        fn = self._fn(call, c_u64, c_u64, c_size, c_ptr)
+        return int(fn(dst, src, n, stream))
+
+    def memset_async(self, ptr: int, value: int, n: int, stream: int) -> int:
+        fn = self._fn("cuMemsetD8Async", c_u64, ctypes.c_ubyte, c_size, c_ptr)
+        return int(fn(ptr, value, n, stream))
+
+    def wait_event(self, stream: int, event: int) -> int:
+        return int(self._fn("cuStreamWaitEvent", c_ptr, c_ptr, ctypes.c_uint)(stream, event, 0))
+
+    def event(self) -> int:
+        event = c_ptr()
+        fn = self._fn("cuEventCreate", ctypes.POINTER(c_ptr), ctypes.c_uint)
+        self._check("cuEventCreate", fn(ctypes.byref(event), 0))
+        return event.value or 0
+
+    def record_event(self, event: int, stream: int) -> int:
+        return int(self._fn("cuEventRecord", c_ptr, c_ptr)(event, stream))
+
+    def query(self, event: int) -> int:
+        return int(self._fn("cuEventQuery", c_ptr)(event))
+
+    def event_synchronize(self, event: int) -> int:
+        return int(self._fn("cuEventSynchronize", c_ptr)(event))
+
+    def context_synchronize(self) -> int:
+        return int(self._fn("cuCtxSynchronize")())
+
+    def begin_capture(self, stream: int, mode: int) -> int:
+        return int(self._fn("cuStreamBeginCapture_v2", c_ptr, ctypes.c_int)(stream, mode))
+
+    def end_capture(self, stream: int) -> int:
+        graph = c_ptr()
+        return int(self._fn("cuStreamEndCapture", c_ptr, ctypes.POINTER(c_ptr))(
+            stream, ctypes.byref(graph)))
+
+    def exchange_capture_mode(self, mode: int) -> int:
+        """Sets this thread's capture mode; returns the one it had."""
+        value = ctypes.c_int(mode)
+        self._check("cuThreadExchangeStreamCaptureMode",
+                    self._fn("cuThreadExchangeStreamCaptureMode",
+                             ctypes.POINTER(ctypes.c_int))(ctypes.byref(value)))
+        return value.value
+
+    def on_thread(self, method: str, *args: Any, mode: int | None = None) -> Any:
+        """Calls one of these methods on a new thread (in capture mode mode, if given) and
+        returns what it returned."""
+        result: list[Any] = []
+
+        def run() -> None:
+            if mode is not None:
+                self.exchange_capture_mode(mode)
+            result.append(getattr(self, method)(*args))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return result[0]
 
     # ---- many threads at once (the sanitizers' test) ----
     def cycles_on_threads(self, threads: int, rounds: int, size: int = 4 * MiB) -> list[str]:

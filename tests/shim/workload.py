@@ -327,6 +327,25 @@ def training_steps(steps: int, sizes: list[int], stream: int = 0x77) -> list[int
     return pointers
 
 
+def mapped_in_a_forked_child(addresses: list[int]) -> list[int]:
+    """Fork; the child says which of addresses are mapped in it (/proc/self/maps) and exits
+    without touching the GPU, as a DataLoader worker does."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        with open("/proc/self/maps") as maps:
+            ranges = [tuple(int(end, 16) for end in line.split()[0].split("-")) for line in maps]
+        mapped = [a for a in addresses if any(low <= a < high for low, high in ranges)]
+        os.write(write_end, json.dumps(mapped).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        mapped = json.loads(pipe.read() or "null")
+    os.waitpid(pid, 0)
+    return list(mapped)
+
+
 def launch_from_threads(count: int) -> list[int]:
     """count threads launch at the same moment; the launch results, in thread order."""
     results = [-1] * count

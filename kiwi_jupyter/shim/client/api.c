@@ -134,7 +134,8 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"bytes_restored\":%llu,\"seconds_restoring\":%.6f,\"seconds_waiting\":%.6f,"
         "\"last_grant_at\":%.6f,\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s,\"evict\":\"%s\","
         "\"paused\":%s,\"pauses\":%llu,\"resident\":%llu,\"host\":%llu,\"host_shadow\":%llu,"
-        "\"host_shadow_pinned\":%llu,\"seconds_pinning\":%.6f,\"restore_failures\":%llu}",
+        "\"host_shadow_pinned\":%llu,\"host_staging\":%llu,\"pin_budget\":%llu,"
+        "\"seconds_pinning\":%.6f,\"restore_failures\":%llu}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         kiwi_hold_word(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -152,6 +153,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         kiwi_cfg.gpu, uuid, kiwi_evictor_name(kiwi_pager_evictor()), s.paused ? "true" : "false",
         (unsigned long long)s.pauses, (unsigned long long)where.resident,
         (unsigned long long)where.host, (unsigned long long)where.shadow,
-        (unsigned long long)where.shadow_pinned, where.seconds_pinning,
+        (unsigned long long)where.shadow_pinned, (unsigned long long)where.staging,
+        (unsigned long long)where.pin_budget, where.seconds_pinning,
         (unsigned long long)s.restore_failures);
 }

@@ -87,6 +87,7 @@
 #define KIWI_FIELD_NAME "name"
 #define KIWI_FIELD_OP "op"
 #define KIWI_FIELD_PAUSABLE "pausable"
+#define KIWI_FIELD_PIN_BUDGET "pin_budget"
 #define KIWI_FIELD_POOL "pool"
 #define KIWI_FIELD_POSITION "position"
 #define KIWI_FIELD_PRIORITY "priority"

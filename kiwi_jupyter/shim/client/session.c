@@ -138,6 +138,10 @@ static void registered(const char *line)
     char evictor[16] = "";
     kiwi_json_string(line, KIWI_FIELD_EVICT, evictor, sizeof evictor);
     kiwi_evict_answered(evictor);
+    double budget = 0; /* 0: the daemon has no word, the shim's own default stands */
+    if (!kiwi_json_number(line, KIWI_FIELD_PIN_BUDGET, &budget) || budget < 0 || budget >= 0x1p62)
+        budget = 0;
+    kiwi_pager_pin_budget((uint64_t)budget);
     pthread_mutex_lock(&kiwi_lock);
     kiwi_json_string(line, KIWI_FIELD_CLIENT, kiwi_comm.stats.client,
                      sizeof kiwi_comm.stats.client);

@@ -172,6 +172,13 @@ static void load(void)
                   "evicting by prefetch");
         kiwi_cfg.evict_copy = KIWI_EVICT_COPY_OFF;
     }
+    const char *budget = getenv("KIWI_VMM_PIN_BUDGET");
+    if (budget && *budget && !kiwi_parse_size(budget, &kiwi_cfg.pin_budget)) {
+        kiwi_warn("KIWI_VMM_PIN_BUDGET=%s is not a size (try 16GiB); a quarter of the host's "
+                  "memory instead", budget);
+        kiwi_cfg.pin_budget = 0;
+    }
+    copy(kiwi_cfg.cgroup_dir, sizeof kiwi_cfg.cgroup_dir, env("KIWI_CGROUP_DIR", ""));
     copy(kiwi_cfg.socket_path, sizeof kiwi_cfg.socket_path,
          env("KIWI_SOCKET", "/var/run/kiwi/scheduler.sock"));
     copy(kiwi_cfg.pool, sizeof kiwi_cfg.pool, env("KIWI_POOL", "default"));

@@ -284,6 +284,11 @@ void kiwi_pager_forget_context(CUcontext ctx)
     kiwi_contexts_unlock();
 }
 
+void kiwi_pager_pin_budget(uint64_t bytes)
+{
+    kiwi_vmm_pin_budget(bytes);
+}
+
 void kiwi_pager_after_fork(void)
 {
     kiwi_contexts_after_fork();

@@ -111,6 +111,8 @@ bool kiwi_vmm_movable(void);
 void kiwi_vmm_free_deferred(void);
 /* Under the contexts' lock: ctx ended; the memory allocated in it goes. */
 void kiwi_vmm_forget_context(CUcontext ctx);
+/* The daemon's pin budget: what the builder may keep pinned from now on (vmm_builder.c). */
+void kiwi_vmm_pin_budget(uint64_t bytes);
 void kiwi_vmm_after_fork(void);
 /* vmm_ipc.c: what the parent opened of other processes' memory is not the child's. */
 void kiwi_vmm_ipc_after_fork(void);

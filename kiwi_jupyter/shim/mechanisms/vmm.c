@@ -22,9 +22,9 @@
  * addresses: the card is another process's now, and the restore on the next grant backs it,
  * before any work may touch it (every launch, copy and memset waits at the gate).
  *
- * Host shadows are made by a thread of the vmm evictor's own, ahead of time, as chunks appear
- * (vmm_shadows.c says why), and kept with their chunk across evictions; a freed chunk's shadow
- * is kept as a spare for the next chunk of its size, up to SPARE_BYTES.
+ * Host shadows are pinned by a thread of the vmm evictor's own, ahead of time, as chunks appear,
+ * within a budget (vmm_builder.c), and kept with their chunk across evictions; a freed chunk's
+ * shadow is kept as a spare for the next chunk of its size.
  *
  * A region whose physical handle was handed out (cuMemRetainAllocationHandle: an export, an
  * NCCL registration) stays where it is: a handle held elsewhere keeps the memory alive, and a
@@ -46,12 +46,12 @@
 /* A free asks whether the pending frees are done once this much more has been freed since it
  * last asked (an allocation that finds no memory asks every time). */
 #define PENDING_ASK_BYTES ((uint64_t)256 << 20)
-#define SPARE_BYTES ((uint64_t)1 << 30)
 
 pthread_mutex_t kiwi_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 bool kiwi_vmm_evicted;
 
-static struct vmm_region *first_region, *last_region;
+struct vmm_region *kiwi_vmm_first_region;
+static struct vmm_region *last_region;
 static struct vmm_region *slabs, *cache; /* (side lists) slabs in use; regions kept for reuse */
 static uint64_t next_serial = 1;
 static struct vmm_allocation *allocations[BUCKETS];
@@ -81,22 +81,6 @@ struct pool_counts {
 static struct pool_counts pools[MAX_POOLS];
 static int pool_count;
 
-/* Shadows of chunks freed, kept for the next chunk of their size. */
-struct spare {
-    struct spare *next;
-    struct vmm_shadow shadow;
-};
-static struct spare *spares;
-static uint64_t spare_bytes;
-
-static pthread_cond_t shadow_work = PTHREAD_COND_INITIALIZER;
-static bool builder_started, builder_stalled;
-static double seconds_pinning;
-
-struct vmm_region *kiwi_vmm_regions(void)
-{
-    return first_region;
-}
 
 static size_t round_up(size_t value, size_t granule)
 {
@@ -219,42 +203,6 @@ bool kiwi_vmm_pool_reset(CUmemoryPool pool, int attribute)
     return known;
 }
 
-/* ---- shadows' spares ------------------------------------------------------------------- */
-
-/* Under kiwi_vmm_lock: a spare shadow of exactly size bytes, or none. */
-static struct vmm_shadow spare_take(size_t size)
-{
-    for (struct spare **s = &spares; *s; s = &(*s)->next) {
-        if ((*s)->shadow.size != size)
-            continue;
-        struct spare *found = *s;
-        *s = found->next;
-        struct vmm_shadow shadow = found->shadow;
-        spare_bytes -= shadow.size;
-        free(found);
-        return shadow;
-    }
-    return (struct vmm_shadow){NULL, 0, SHADOW_NONE};
-}
-
-/* Under kiwi_vmm_lock: keeps a shadow no chunk has for the next chunk of its size, or frees it
- * past SPARE_BYTES. */
-static void spare_put(struct vmm_shadow *shadow)
-{
-    if (shadow->kind == SHADOW_NONE)
-        return;
-    struct spare *s = spare_bytes + shadow->size <= SPARE_BYTES ? malloc(sizeof *s) : NULL;
-    if (!s) {
-        kiwi_vmm_shadow_free(shadow);
-        return;
-    }
-    s->shadow = *shadow;
-    s->next = spares;
-    spares = s;
-    spare_bytes += shadow->size;
-    *shadow = (struct vmm_shadow){NULL, 0, SHADOW_NONE};
-}
-
 /* ---- regions --------------------------------------------------------------------------- */
 
 static void side_link(struct vmm_region **head, struct vmm_region *r);
@@ -269,7 +217,7 @@ static void link_region(struct vmm_region *r)
     if (last_region)
         last_region->next = r;
     else
-        first_region = r;
+        kiwi_vmm_first_region = r;
     last_region = r;
 }
 
@@ -303,7 +251,7 @@ static void unlink_region(struct vmm_region *r)
     if (r->prev)
         r->prev->next = r->next;
     else
-        first_region = r->next;
+        kiwi_vmm_first_region = r->next;
     if (r->next)
         r->next->prev = r->prev;
     else
@@ -392,7 +340,7 @@ static void destroy_region(struct vmm_region *r)
         if (c->resident && kiwi_vmm_unmap_chunk(r->va, c) != CUDA_SUCCESS)
             kiwi_log("unmapping %zu bytes at 0x%llx failed", c->size,
                      (unsigned long long)(r->va + c->offset));
-        spare_put(&c->shadow);
+        kiwi_vmm_spare_put(&c->shadow);
         free(c->pieces);
     }
     CUresult result = kiwi_vmm_driver.address_free(r->va, r->size);
@@ -660,7 +608,6 @@ static void make_room(void)
     kiwi_vmm_reclaim(false);
 }
 
-static void start_builder(void);
 static void unpend(struct vmm_allocation *a);
 
 /* Under kiwi_vmm_lock: a pending free of the same stream and size class, taken back for a new
@@ -721,10 +668,8 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         insert(a);
         count_in_pool(a->pool, (int64_t)size, (int64_t)size);
         *dptr = a->ptr;
-        if (!reused) {
-            builder_stalled = false;
-            pthread_cond_signal(&shadow_work);
-        }
+        if (!reused)
+            kiwi_vmm_shadows_changed();
     }
     pthread_mutex_unlock(&kiwi_vmm_lock);
     if (result != CUDA_SUCCESS) {
@@ -732,7 +677,7 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         return result;
     }
     if (!reused)
-        start_builder();
+        kiwi_vmm_builder_start();
     kiwi_log("vmm allocation of %zu bytes at 0x%llx%s", size, (unsigned long long)*dptr,
              reused ? " (its stream's, reused)" : "");
     return CUDA_SUCCESS;
@@ -1036,7 +981,7 @@ void kiwi_vmm_peer_enabled(CUcontext peer)
     if (!kiwi_vmm_peer_note(owner, accessor))
         return;
     pthread_mutex_lock(&kiwi_vmm_lock);
-    for (struct vmm_region *r = first_region; r; r = r->next) {
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next) {
         for (int i = 0; r->device == owner && i < r->chunk_count; i++)
             if (r->chunks[i].resident)
                 kiwi_vmm_set_access(r->va + r->chunks[i].offset, r->chunks[i].size, owner);
@@ -1055,12 +1000,11 @@ void kiwi_vmm_peer_enabled(CUcontext peer)
  * after a move (what `evicted` and the restore's report tell the daemon) are never older than it. */
 static pthread_mutex_t last_counted_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kiwi_residency last_counted;
-static atomic_bool moving;
 
 void kiwi_vmm_residency(struct kiwi_residency *out)
 {
     if (pthread_mutex_trylock(&kiwi_vmm_lock) != 0) {
-        if (atomic_load(&moving)) {
+        if (kiwi_vmm_move_running()) {
             pthread_mutex_lock(&last_counted_lock);
             *out = last_counted;
             pthread_mutex_unlock(&last_counted_lock);
@@ -1070,11 +1014,6 @@ void kiwi_vmm_residency(struct kiwi_residency *out)
     }
     kiwi_vmm_residency_locked(out);
     pthread_mutex_unlock(&kiwi_vmm_lock);
-}
-
-void kiwi_vmm_moving(bool now)
-{
-    atomic_store(&moving, now);
 }
 
 static void count_residency(struct kiwi_residency *out);
@@ -1090,7 +1029,7 @@ void kiwi_vmm_residency_locked(struct kiwi_residency *out)
 static void count_residency(struct kiwi_residency *out)
 {
     *out = (struct kiwi_residency){0};
-    for (struct vmm_region *r = first_region; r; r = r->next) {
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next) {
         for (int i = 0; i < r->chunk_count; i++) {
             const struct vmm_chunk *c = &r->chunks[i];
             if (c->resident)
@@ -1102,19 +1041,14 @@ static void count_residency(struct kiwi_residency *out)
                 out->shadow_pinned += c->shadow.size;
         }
     }
-    for (struct spare *s = spares; s; s = s->next) {
-        out->shadow += s->shadow.size;
-        if (kiwi_vmm_shadow_pinned(&s->shadow))
-            out->shadow_pinned += s->shadow.size;
-    }
-    out->seconds_pinning = seconds_pinning;
+    kiwi_vmm_builder_count(out);
 }
 
 bool kiwi_vmm_movable(void)
 {
     bool movable = false;
     pthread_mutex_lock(&kiwi_vmm_lock);
-    for (struct vmm_region *r = first_region; r && !movable; r = r->next)
+    for (struct vmm_region *r = kiwi_vmm_first_region; r && !movable; r = r->next)
         for (int i = 0; !r->pinned && i < r->chunk_count && !movable; i++)
             movable = r->chunks[i].resident;
     pthread_mutex_unlock(&kiwi_vmm_lock);
@@ -1127,110 +1061,6 @@ bool kiwi_vmm_away(void)
     bool away = kiwi_vmm_evicted;
     pthread_mutex_unlock(&kiwi_vmm_lock);
     return away;
-}
-
-/* ---- the shadow builder ----------------------------------------------------------------- */
-
-/* Under kiwi_vmm_lock: a chunk that wants a shadow: none yet, or a pageable one an eviction
- * took in a hurry while the chunk is back on the card (its bytes are not needed then). */
-static bool next_work(struct vmm_region **region, int *index)
-{
-    bool pin = kiwi_cfg.shadow != KIWI_SHADOW_PAGEABLE;
-    for (struct vmm_region *r = first_region; r; r = r->next) {
-        if (r->pinned || r->cached)
-            continue;
-        for (int i = 0; i < r->chunk_count; i++) {
-            const struct vmm_chunk *c = &r->chunks[i];
-            if (c->shadow.kind == SHADOW_NONE ||
-                (pin && c->shadow.kind == SHADOW_PAGEABLE && c->resident)) {
-                *region = r;
-                *index = i;
-                return true;
-            }
-        }
-    }
-    return false;
-}
-
-static struct vmm_region *region_with_serial(uint64_t serial)
-{
-    for (struct vmm_region *r = first_region; r; r = r->next)
-        if (r->serial == serial)
-            return r;
-    return NULL;
-}
-
-static void *build_shadows(void *unused)
-{
-    (void)unused;
-    pthread_mutex_lock(&kiwi_vmm_lock);
-    for (;;) {
-        struct vmm_region *r;
-        int index;
-        if (builder_stalled || !next_work(&r, &index)) {
-            pthread_cond_wait(&shadow_work, &kiwi_vmm_lock);
-            continue;
-        }
-        uint64_t serial = r->serial;
-        size_t size = r->chunks[index].size;
-        CUcontext ctx = r->ctx;
-        bool upgrade = r->chunks[index].shadow.kind == SHADOW_PAGEABLE;
-        struct vmm_shadow shadow = spare_take(size);
-        if (shadow.kind == SHADOW_NONE || (upgrade && !kiwi_vmm_shadow_pinned(&shadow))) {
-            spare_put(&shadow);
-            pthread_mutex_unlock(&kiwi_vmm_lock);
-            double started = kiwi_now();
-            kiwi_pager_driver.ctx_set(ctx); /* pinned memory is registered in a context */
-            shadow = kiwi_vmm_shadow_make(size);
-            double took = kiwi_now() - started;
-            pthread_mutex_lock(&kiwi_vmm_lock);
-            seconds_pinning += took;
-            if (shadow.kind == SHADOW_NONE || (upgrade && !kiwi_vmm_shadow_pinned(&shadow))) {
-                builder_stalled = true; /* host memory ran out: wait for the next change */
-                kiwi_warn("no host memory for a shadow of %zu bytes: an eviction copies it to "
-                          "memory made then", size);
-                spare_put(&shadow);
-                continue;
-            }
-        }
-        r = region_with_serial(serial);
-        struct vmm_chunk *c = r && index < r->chunk_count ? &r->chunks[index] : NULL;
-        bool wanted = c && !r->pinned &&
-                      (c->shadow.kind == SHADOW_NONE ||
-                       (c->shadow.kind == SHADOW_PAGEABLE && c->resident &&
-                        kiwi_vmm_shadow_pinned(&shadow)));
-        if (!wanted) {
-            spare_put(&shadow);
-            continue;
-        }
-        if (c->shadow.kind != SHADOW_NONE)
-            kiwi_vmm_shadow_free(&c->shadow); /* the pageable one: its bytes are on the card */
-        c->shadow = shadow;
-    }
-    return NULL;
-}
-
-static void start_builder(void)
-{
-    pthread_mutex_lock(&kiwi_vmm_lock);
-    bool start = !builder_started;
-    builder_started = true;
-    pthread_mutex_unlock(&kiwi_vmm_lock);
-    if (!start)
-        return;
-    pthread_t thread;
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&thread, &attributes, build_shadows, NULL) != 0)
-        kiwi_warn("no thread to build host shadows: evictions copy to memory made then");
-    pthread_attr_destroy(&attributes);
-}
-
-void kiwi_vmm_shadows_changed(void)
-{
-    builder_stalled = false;
-    pthread_cond_signal(&shadow_work);
 }
 
 /* ---- contexts and forks ------------------------------------------------------------------ */
@@ -1261,7 +1091,7 @@ void kiwi_vmm_forget_context(CUcontext ctx)
         count_in_pool(a->pool, 0, -(int64_t)a->size);
         release_allocation(a);
     }
-    for (struct vmm_region *r = first_region; r;) {
+    for (struct vmm_region *r = kiwi_vmm_first_region; r;) {
         struct vmm_region *next = r->next;
         if (r->ctx == ctx && r->cached)
             destroy_region(r);
@@ -1278,17 +1108,16 @@ void kiwi_vmm_after_fork(void)
     /* A forked child owns none of its parent's device memory, and no thread of its: what the
      * parent's tables hold is left behind unfreed, as memory.c leaves its records. */
     pthread_mutex_init(&kiwi_vmm_lock, NULL);
-    pthread_cond_init(&shadow_work, NULL);
     /* Except the descriptors of what the parent shared: open here they would keep its memory
      * on the card after the parent freed it, for as long as the child lives. */
-    for (struct vmm_region *r = first_region; r; r = r->next) {
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next) {
         for (int i = 0; r->export && i < r->chunk_count; i++)
             if (r->export->chunk_fds[i] >= 0)
                 close(r->export->chunk_fds[i]);
         if (r->export)
             close(r->export->manifest);
     }
-    first_region = last_region = slabs = cache = NULL;
+    kiwi_vmm_first_region = last_region = slabs = cache = NULL;
     memset(allocations, 0, sizeof allocations);
     pending_first = pending_last = NULL;
     pending_bytes = pending_when_asked = 0;
@@ -1296,11 +1125,8 @@ void kiwi_vmm_after_fork(void)
     cached_bytes = 0;
     context_count = 0;
     pool_count = 0;
-    spares = NULL;
-    spare_bytes = 0;
-    builder_started = builder_stalled = false;
     kiwi_vmm_evicted = false;
-    seconds_pinning = 0;
     kiwi_vmm_index_after_fork();
+    kiwi_vmm_builder_after_fork();
     kiwi_vmm_chunks_after_fork();
 }

@@ -6,9 +6,13 @@
  *                  maps each again at its address and copies it back, or rolls back
  *   vmm_ipc.c      legacy IPC: a region exported as file descriptors and pinned; another
  *                  process's opened here
+ *   vmm_staging.c  copies of chunks without a pinned shadow, through a ring of pinned buffers
+ *                  and threads that copy between them and the pageable shadows
  *   vmm.c          the allocations: regions of reserved address space cut into chunks, small
  *                  allocations in slabs, frees (synchronized, stream-ordered, deferred past a
- *                  capture), regions kept for reuse, and the thread that builds the shadows
+ *                  capture), regions kept for reuse
+ *   vmm_builder.c  the thread that pins shadows ahead, within the pin budget and the cgroup's
+ *                  room, never during a move or a global capture; spares; the staging ring
  *   vmm_shadows.c  host shadows: pinned huge pages, the driver's pinned memory, or pageable
  *   vmm_chunks.c   the physical side: the driver's VMM calls, one chunk mapped or unmapped,
  *                  the access every mapping gets (its device, and the peers the program enabled)
@@ -143,6 +147,7 @@ typedef CUresult (*host_unregister_fn)(void *);
 typedef CUresult (*graph_trim_fn)(CUdevice);
 typedef CUresult (*export_fn)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
 typedef CUresult (*import_fn)(CUmemGenericAllocationHandle *, void *, int);
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
 
 /* The driver functions the vmm evictor calls (besides the pager's): resolved on first use. */
 struct vmm_driver {
@@ -164,6 +169,7 @@ struct vmm_driver {
     graph_trim_fn graph_trim; /* cuDeviceGraphMemTrim; NULL on drivers before CUDA 11.4 */
     export_fn export_fd;      /* cuMemExportToShareableHandle, and cuMemImport...: legacy IPC */
     import_fn import_fd;
+    mem_info_fn mem_info;     /* the driver's own cuMemGetInfo: the card's free memory */
 };
 extern struct vmm_driver kiwi_vmm_driver;
 
@@ -228,13 +234,40 @@ struct vmm_shadow kiwi_vmm_shadow_pageable(size_t size);
 void kiwi_vmm_shadow_free(struct vmm_shadow *shadow);
 bool kiwi_vmm_shadow_pinned(const struct vmm_shadow *shadow);
 
+/* ---- vmm_builder.c ----------------------------------------------------------------------- */
+
+/* Starts the builder (once: at the first allocation). */
+void kiwi_vmm_builder_start(void);
+/* Under kiwi_vmm_lock: the chunks or the budget changed; the builder may have work. */
+void kiwi_vmm_shadows_changed(void);
+/* A move begins (true, before it takes kiwi_vmm_lock: readers take the last counted figures
+ * rather than wait for the lock, and the builder pins nothing more) or ends (false, under
+ * kiwi_vmm_lock, once its figures are counted). */
+void kiwi_vmm_moving(bool now);
+bool kiwi_vmm_move_running(void);
+/* Under kiwi_vmm_lock, as a move begins: waits for a pinning or unpinning under way to end. */
+void kiwi_vmm_builder_quiet(void);
+/* Under kiwi_vmm_lock: a spare shadow of exactly size bytes (or none); a shadow no chunk has,
+ * kept for the next chunk of its size or freed. */
+struct vmm_shadow kiwi_vmm_spare_take(size_t size);
+void kiwi_vmm_spare_put(struct vmm_shadow *shadow);
+/* Under kiwi_vmm_lock: the staging ring (SHADOW_NONE until it is pinned), and its slots' size. */
+struct vmm_shadow kiwi_vmm_ring(size_t *slot);
+/* How many threads copy between the ring and pageable shadows (vmm_staging.c). */
+int kiwi_vmm_copiers(void);
+/* Under kiwi_vmm_lock: adds the spares, the ring, the budget and the time pinning took. */
+void kiwi_vmm_builder_count(struct kiwi_residency *out);
+void kiwi_vmm_builder_after_fork(void);
+
 /* ---- vmm.c ------------------------------------------------------------------------------- */
 
 /* The lock around the regions, the allocations and the counts below; a move holds it
- * throughout. Taken after the paging lock (memory.c) and the contexts' lock (contexts.c). */
+ * throughout. Taken after the paging lock (memory.c), the contexts' lock (contexts.c) and, by
+ * the builder, the captures' (captures.c). */
 extern pthread_mutex_t kiwi_vmm_lock;
-/* Under kiwi_vmm_lock: the first region (every region follows by next). */
-struct vmm_region *kiwi_vmm_regions(void);
+/* Under kiwi_vmm_lock: the first region (every region follows by next). A variable, so that
+ * the builder below reads the list without calling up. */
+extern struct vmm_region *kiwi_vmm_first_region;
 /* Under kiwi_vmm_lock: whether an eviction moved memory out that is not back yet; while it is,
  * new allocations only reserve their addresses, and the restore backs them. */
 extern bool kiwi_vmm_evicted;
@@ -256,11 +289,19 @@ CUevent kiwi_vmm_event_take(CUcontext ctx);
 void kiwi_vmm_event_give(CUcontext ctx, CUevent event);
 /* Under kiwi_vmm_lock: kiwi_vmm_residency's figures (and they become the last counted). */
 void kiwi_vmm_residency_locked(struct kiwi_residency *out);
-/* A move begins (true: readers take the last counted figures rather than wait for the lock)
- * or ends (false, once its figures are counted). */
-void kiwi_vmm_moving(bool now);
-/* Under kiwi_vmm_lock: the shadows moved; the builder may have work. */
-void kiwi_vmm_shadows_changed(void);
+
+/* ---- vmm_staging.c ----------------------------------------------------------------------- */
+
+/* Under kiwi_vmm_lock, as a move begins: whether the ring is there to copy through. */
+bool kiwi_vmm_staging_begin(void);
+/* Queue a copy of size bytes between the card and pageable host memory through the ring, on
+ * stream (ctx current); return once queued (the bytes land later). */
+CUresult kiwi_vmm_stage_out(CUcontext ctx, CUstream stream, CUdeviceptr from, void *to,
+                            size_t size);
+CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUdeviceptr to,
+                           size_t size);
+/* Waits until every copy staged is done, both halves; false when one failed. */
+bool kiwi_vmm_staging_end(void);
 
 /* ---- vmm_ipc.c --------------------------------------------------------------------------- */
 

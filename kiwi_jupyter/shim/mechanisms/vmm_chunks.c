@@ -64,6 +64,7 @@ bool kiwi_vmm_resolve(void)
         d->graph_trim = (graph_trim_fn)kiwi_driver_sym("cuDeviceGraphMemTrim");
         d->export_fd = (export_fn)kiwi_driver_sym("cuMemExportToShareableHandle");
         d->import_fd = (import_fn)kiwi_driver_sym("cuMemImportFromShareableHandle");
+        d->mem_info = (mem_info_fn)kiwi_real(HOOK_cuMemGetInfo_v2);
         d->reserve = (reserve_fn)kiwi_driver_sym("cuMemAddressReserve");
     }
     bool found = d->reserve && d->address_free && d->create && d->release && d->map &&

@@ -18,15 +18,23 @@
  * the same address with the same access, and what its shadow holds is copied back, on the two
  * streams in turn; mapping the next chunk overlaps the copy of the last. The shadows stay, for
  * the next eviction. When the card has no room for a chunk (another process took it meanwhile)
- * the restore is rolled back: every chunk it mapped is taken off again, the shadows untouched,
- * and moved->failed says why; nothing is left half mapped, and the next grant tries again.
+ * the restore waits while the card's free memory grows (another process's eviction on its way
+ * out: a daemon with handoff_overlap grants this way in beside that way out), and when it stops
+ * growing the restore is rolled back: every chunk it mapped is taken off again, the shadows
+ * untouched, and moved->failed says why; nothing is left half mapped, and the next grant tries
+ * again. Chunks without a pinned shadow go through the staging ring both ways (vmm_staging.c).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <time.h>
 
 #include "vmm.h"
 
 #define WINDOW 8
+/* A restore without room waits this long for the card's free memory to grow, looking this
+ * often (the driver's own figure: no event says so across processes). */
+#define ROOM_PATIENCE 3.0
+#define ROOM_POLL_NS 200000L
 
 /* The two streams of a context a move copies on, made on first use. */
 struct lanes {
@@ -52,6 +60,7 @@ struct mover {
     uint64_t copied_out; /* of the chunks off the card: what their shadows hold now */
     struct kiwi_residency before;
     int failures;
+    bool staging; /* the ring is there: chunks without a pinned shadow copy through it */
     struct kiwi_transfer *moved;
 };
 
@@ -116,8 +125,16 @@ static int by_address(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Pieces closer than this are copied as one, the gap with them: a copy costs some
+ * microseconds of its own (tens of KiB at the link's speed), and the restore writes a gap's
+ * bytes where nothing was live, in memory that holds nothing yet. Less than the 2 MiB a block of
+ * the framework's free cache is at least, so those are never copied so. */
+#define MERGE_GAP ((size_t)64 << 10)
+
 /* The parts of [start, start + size) that live ranges (sorted, disjoint) cover, as pieces
- * relative to start; returns how many (0 and NULL when none, or out of host memory). */
+ * relative to start, those side by side (or less than MERGE_GAP apart) merged into one: a dense
+ * slab of small allocations goes as one copy, not one per allocation. Returns how many (0 and
+ * NULL when none, or out of host memory). */
 static size_t live_pieces(const struct kiwi_range *live, size_t count, CUdeviceptr start,
                           size_t size, struct vmm_piece **out)
 {
@@ -134,7 +151,12 @@ static size_t live_pieces(const struct kiwi_range *live, size_t count, CUdevicep
     for (size_t i = first; i < count && live[i].ptr < end; i++) {
         CUdeviceptr from = live[i].ptr > start ? live[i].ptr : start;
         CUdeviceptr to = live[i].ptr + live[i].size < end ? live[i].ptr + live[i].size : end;
-        if (to > from)
+        if (to <= from)
+            continue;
+        struct vmm_piece *last = k ? &pieces[k - 1] : NULL;
+        if (last && from - start - (last->offset + last->size) < MERGE_GAP)
+            last->size = to - start - last->offset;
+        else
             pieces[k++] = (struct vmm_piece){from - start, to - from};
     }
     *out = pieces;
@@ -199,18 +221,21 @@ static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, 
         }
         return;
     }
-    if (c->shadow.kind == SHADOW_NONE)
-        c->shadow = kiwi_vmm_shadow_pageable(c->size); /* the builder is behind */
+    if (c->shadow.kind == SHADOW_NONE) /* the builder is behind, or past its budget */
+        c->shadow = kiwi_vmm_shadow_pageable(c->size);
     if (m->in_flight == WINDOW)
         retire_oldest(m);
     CUstream stream = next_stream(l);
     bool copied = c->shadow.kind != SHADOW_NONE && make_current(m, r->ctx);
+    bool staged = m->staging && !kiwi_vmm_shadow_pinned(&c->shadow);
     uint64_t bytes = 0;
     for (size_t p = 0; copied && p < c->piece_count; p++) {
         const struct vmm_piece *piece = &c->pieces[p];
-        copied = kiwi_pager_driver.copy_to_host((unsigned char *)c->shadow.host + piece->offset,
-                                                r->va + c->offset + piece->offset, piece->size,
-                                                stream) == CUDA_SUCCESS;
+        unsigned char *to = (unsigned char *)c->shadow.host + piece->offset;
+        CUdeviceptr from = r->va + c->offset + piece->offset;
+        copied = (staged ? kiwi_vmm_stage_out(r->ctx, stream, from, to, piece->size)
+                         : kiwi_pager_driver.copy_to_host(to, from, piece->size, stream)) ==
+                 CUDA_SUCCESS;
         bytes += piece->size;
     }
     if (!copied) {
@@ -257,7 +282,7 @@ static void evict(struct mover *m, struct context *contexts, int context_count,
     for (size_t i = live; total && i < total; i++)
         m->moved->skipped += pieces[i].size;
     m->moved->discarded = m->moved->skipped; /* released with their chunks, never copied */
-    for (struct vmm_region *r = kiwi_vmm_regions(); r; r = r->next) {
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next) {
         if (r->pinned)
             continue;
         struct lanes *l = NULL;
@@ -275,10 +300,11 @@ static void evict(struct mover *m, struct context *contexts, int context_count,
     }
     while (m->in_flight)
         retire_oldest(m);
+    if (m->staging && !kiwi_vmm_staging_end()) /* the copiers' half: into the shadows */
+        kiwi_warn("a staged copy to host memory failed; what it held is lost");
     free(sorted);
     free(pieces);
     kiwi_vmm_evicted = true;
-    kiwi_vmm_shadows_changed(); /* the ones taken in a hurry may be pinned once back */
 }
 
 /* ---- in ---------------------------------------------------------------------------------- */
@@ -288,12 +314,40 @@ struct mapped {
     int index;
 };
 
+/* A restore's copies are all done, the staged ones too; false when one failed. */
+static bool copies_done(struct mover *m)
+{
+    synchronize_lanes(m);
+    return !m->staging || kiwi_vmm_staging_end();
+}
+
 /* Takes off again what a failed restore mapped: nothing is left half there. */
 static void roll_back(struct mover *m, struct mapped *done, size_t count)
 {
-    synchronize_lanes(m); /* copies into those chunks may be in flight */
+    copies_done(m); /* copies into those chunks may be in flight */
     for (size_t i = 0; i < count; i++)
         kiwi_vmm_unmap_chunk(done[i].region->va, &done[i].region->chunks[done[i].index]);
+}
+
+/* The card had no room for a chunk: waits while its free memory grows (another process's
+ * eviction on its way out, which a daemon with handoff_overlap grants this restore beside);
+ * true when it grew (try again), false once it has not for ROOM_PATIENCE seconds (someone else
+ * holds the room: roll back, the next grant tries again). The copies queued so far go on
+ * meanwhile, on their copy engine, beside the other process's way out on the other. */
+static bool room_grew(void)
+{
+    size_t before = 0, now = 0, total = 0;
+    if (!kiwi_vmm_driver.mem_info || kiwi_vmm_driver.mem_info(&before, &total) != CUDA_SUCCESS)
+        return false;
+    const struct timespec pause = {0, ROOM_POLL_NS};
+    for (double since = kiwi_now(); kiwi_now() - since < ROOM_PATIENCE;) {
+        nanosleep(&pause, NULL);
+        if (kiwi_vmm_driver.mem_info(&now, &total) != CUDA_SUCCESS)
+            return false;
+        if (now > before)
+            return true;
+    }
+    return false;
 }
 
 /* Maps a chunk back and queues the copy of what its shadow holds; the result of the first
@@ -304,14 +358,18 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
     if (!make_current(m, r->ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     CUresult result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    while (result == CUDA_ERROR_OUT_OF_MEMORY && room_grew())
+        result = kiwi_vmm_map_chunk(r->va, c, r->device);
     if (result != CUDA_SUCCESS || !c->piece_count)
         return result;
     CUstream stream = l ? next_stream(l) : NULL;
+    bool staged = l && m->staging && !kiwi_vmm_shadow_pinned(&c->shadow);
     for (size_t p = 0; p < c->piece_count && result == CUDA_SUCCESS; p++) {
         const struct vmm_piece *piece = &c->pieces[p];
-        result = kiwi_pager_driver.copy_to_device(
-            r->va + c->offset + piece->offset,
-            (const unsigned char *)c->shadow.host + piece->offset, piece->size, stream);
+        const unsigned char *from = (const unsigned char *)c->shadow.host + piece->offset;
+        CUdeviceptr to = r->va + c->offset + piece->offset;
+        result = staged ? kiwi_vmm_stage_in(r->ctx, stream, from, to, piece->size)
+                        : kiwi_pager_driver.copy_to_device(to, from, piece->size, stream);
         m->bytes += piece->size;
     }
     if (!l && result == CUDA_SUCCESS) /* a context the pager does not know: no lanes to wait on */
@@ -322,11 +380,11 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
 static void restore(struct mover *m, struct context *contexts, int context_count)
 {
     size_t capacity = 0, count = 0;
-    for (struct vmm_region *r = kiwi_vmm_regions(); r; r = r->next)
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next)
         capacity += (size_t)r->chunk_count;
     struct mapped *done = capacity ? malloc(capacity * sizeof *done) : NULL;
     CUresult result = capacity && !done ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-    for (struct vmm_region *r = kiwi_vmm_regions(); r && result == CUDA_SUCCESS; r = r->next) {
+    for (struct vmm_region *r = kiwi_vmm_first_region; r && result == CUDA_SUCCESS; r = r->next) {
         struct lanes *l = NULL;
         for (int i = 0; i < r->chunk_count && result == CUDA_SUCCESS; i++) {
             if (r->chunks[i].resident)
@@ -338,6 +396,8 @@ static void restore(struct mover *m, struct context *contexts, int context_count
                 done[count++] = (struct mapped){r, i};
         }
     }
+    if (result == CUDA_SUCCESS && !copies_done(m))
+        result = CUDA_ERROR_UNKNOWN;
     if (result != CUDA_SUCCESS) {
         roll_back(m, done, count);
         m->bytes = 0;
@@ -349,7 +409,6 @@ static void restore(struct mover *m, struct context *contexts, int context_count
         free(done);
         return;
     }
-    synchronize_lanes(m);
     for (size_t i = 0; i < count; i++) {
         struct vmm_chunk *c = &done[i].region->chunks[done[i].index];
         free(c->pieces);
@@ -358,7 +417,6 @@ static void restore(struct mover *m, struct context *contexts, int context_count
     }
     free(done);
     kiwi_vmm_evicted = false;
-    kiwi_vmm_shadows_changed();
 }
 
 void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
@@ -377,6 +435,8 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     struct mover m = {.moved = moved, .current = caller};
     kiwi_vmm_moving(true);
     pthread_mutex_lock(&kiwi_vmm_lock);
+    kiwi_vmm_builder_quiet(); /* a pinning under way holds the driver: the move waits it out */
+    m.staging = kiwi_vmm_staging_begin();
     if (direction == KIWI_PAGE_OUT)
         evict(&m, contexts, context_count, ranges, count);
     else

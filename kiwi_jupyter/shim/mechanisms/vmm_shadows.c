@@ -14,11 +14,17 @@
  *   pageable   anonymous memory, never pinned (copies go through the driver's staging).
  *
  * When host memory cannot be pinned, a shadow stays pageable. An eviction that finds a chunk
- * without a shadow (the builder is behind) takes a pageable one at once: cheap to make, only
- * its copy is slower.
+ * without a pinned shadow (the builder is behind, or past its budget: vmm_builder.c) takes a
+ * pageable one at once, cheap to make, and copies through the staging ring (vmm_staging.c).
+ *
+ * Every shadow is left out of a forked child (MADV_DONTFORK): the child has no use for them,
+ * and Linux copies pinned pages into a child at fork (they cannot be shared copy-on-write while
+ * a device may write them), so a DataLoader with k workers would copy k times the working set
+ * at each epoch.
  */
 #define _GNU_SOURCE
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "vmm.h"
 
@@ -42,6 +48,7 @@ static void *huge_pages(size_t size)
 #ifdef MADV_HUGEPAGE
     madvise((void *)start, size, MADV_HUGEPAGE);
 #endif
+    madvise((void *)start, size, MADV_DONTFORK);
     return (void *)start;
 }
 
@@ -55,8 +62,11 @@ struct vmm_shadow kiwi_vmm_shadow_pageable(size_t size)
 static struct vmm_shadow allocated(size_t size)
 {
     void *host = NULL;
-    if (kiwi_pager_driver.host_alloc && kiwi_pager_driver.host_alloc(&host, size) == CUDA_SUCCESS)
+    if (kiwi_pager_driver.host_alloc && kiwi_pager_driver.host_alloc(&host, size) == CUDA_SUCCESS) {
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)host & ~(page - 1);
+        madvise((void *)start, size + ((uintptr_t)host - start), MADV_DONTFORK);
         return (struct vmm_shadow){host, size, SHADOW_ALLOCATED};
+    }
     return kiwi_vmm_shadow_pageable(size);
 }
 
