@@ -28,6 +28,7 @@
  *               dispatch.c    what each line from the daemon does to the hold
  *               release.c     the release sequence, whatever asked for it
  *               outage.c      while the daemon is away: the lost connection, the fail policy
+ *               room.c        a wait the daemon refuses for want of room: backoff, timeout
  *               wishes.c      what other threads ask of the comm thread (api.c's calls)
  *               start.c       starting the thread, and starting afresh in a forked child
  *               link.c        the connection: socket and framing
@@ -105,6 +106,7 @@ struct kiwi_config {
     double idle_release;     /* KIWI_IDLE_RELEASE seconds outside cells; 0 = never */
     bool fail_closed;        /* KIWI_FAIL_POLICY=closed */
     double fail_timeout;     /* KIWI_FAIL_TIMEOUT: an outage this long triggers the policy */
+    double room_timeout;     /* KIWI_ROOM_TIMEOUT: refused room this long, waits give up; 0 never */
     bool log;                /* KIWI_SHIM_LOG=1: say what the shim does on stderr */
     bool restore_by_fault;   /* KIWI_RESTORE=fault: no prefetch back on a grant (benchmarks) */
     int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
@@ -203,6 +205,11 @@ double kiwi_gate_seconds_waiting(void);
  * policy, while the daemon is away). */
 void kiwi_gate_refuse(bool refuse);
 bool kiwi_gate_refusing(void);
+/* Under kiwi_lock: the calls waiting at the closed gate now give up, for want of room: each
+ * returns CUDA_ERROR_OUT_OF_MEMORY (the client's, when the daemon refused room past
+ * KIWI_ROOM_TIMEOUT). kiwi_gate_give_ups counts it, for other waits that end alike. */
+void kiwi_gate_give_up(void);
+unsigned kiwi_gate_give_ups(void);
 /* From now on kiwi_gate_used_since_mark says whether any call has left the gate (free_ranges.c). */
 void kiwi_gate_mark(void);
 bool kiwi_gate_used_since_mark(void);

@@ -3,13 +3,16 @@ does not speak yet (the hello feature ``memory``, MEMORY-PROTOCOL.md), or no lon
 daemon that predates a feature).
 
 It answers what a client asks the way the daemon does (welcome with the features it serves of
-those asked, registered with the evictor asked for, a grant to every acquire, released to every
-release, ok to the rest), records every line with the time it came, and sends whatever a test
-tells it to. One client at a time.
+those asked, registered with the evictor asked for, a grant to every acquire, or a refusal for
+room when told, released to every release, ok to the rest), records every line with the time it
+came, and sends whatever a test tells it to. One client at a time: what it sends goes to the
+connection that registered last; other connections (a kernel's own status link) are answered
+and recorded alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -29,13 +32,17 @@ class ScriptedDaemon:
         self.features = tuple(features)
         #: What ``released`` says of the room (``evict``): whether the next holder needed it.
         self.released_evict = False
+        #: When set, every acquire is answered ``waiting`` and then refused with an ``error``
+        #: event of code ``room`` and this message, as the daemon refuses a waiter whose room
+        #: cannot be made.
+        self.refuse_room: str | None = None
         self.received: list[tuple[float, Message]] = []
         self._changed = threading.Condition()
         self._connection: socket.socket | None = None
         self._send_lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
-        self.server.listen(1)
+        self.server.listen(8)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def close(self) -> None:
@@ -83,11 +90,14 @@ class ScriptedDaemon:
                              timeout, what=f"{op} {fields or ''}")
 
     # ---- the daemon's side ----
-    def _write(self, message: Message) -> None:
+    def _write(self, message: Message, connection: socket.socket | None = None) -> None:
         with self._send_lock:
-            if self._connection:
+            connection = connection or self._connection
+            if connection:
                 line = json.dumps(message, separators=(",", ":"))  # compact, as the daemon
-                self._connection.sendall((line + "\n").encode())
+                # Hung up on (hang_up): the client is gone, as from a real daemon.
+                with contextlib.suppress(OSError):
+                    connection.sendall((line + "\n").encode())
 
     def _reply(self, message: Message) -> Message | None:
         op, seq = message["op"], message.get("seq")
@@ -98,6 +108,8 @@ class ScriptedDaemon:
         if op == "register":
             return {"op": "registered", "seq": seq, "client": "c1", "gpu": 0, "mode": "on",
                     "tq": 30, "evict": message.get("evict") or "managed"}
+        if op == "acquire" and self.refuse_room is not None:
+            return {"op": "waiting", "seq": seq, "position": 1}
         if op == "acquire":
             return {"op": "grant", "seq": seq, "gpu": 0, "quantum": 30}
         if op == "release":
@@ -110,12 +122,19 @@ class ScriptedDaemon:
                 connection, _ = self.server.accept()
             except OSError:
                 return
-            self._connection = connection
-            for line in connection.makefile("r"):
-                message = json.loads(line)
-                with self._changed:
-                    self.received.append((time.monotonic(), message))
-                    self._changed.notify_all()
-                reply = self._reply(message)
-                if reply:
-                    self._write(reply)
+            threading.Thread(target=self._serve_one, args=(connection,), daemon=True).start()
+
+    def _serve_one(self, connection: socket.socket) -> None:
+        for line in connection.makefile("r"):
+            message = json.loads(line)
+            if message["op"] == "register":
+                self._connection = connection  # the client: what the test sends goes here
+            with self._changed:
+                self.received.append((time.monotonic(), message))
+                self._changed.notify_all()
+            refusal = self.refuse_room if message["op"] == "acquire" else None
+            reply = self._reply(message)
+            if reply:
+                self._write(reply, connection)
+            if refusal is not None:
+                self._write({"op": "error", "code": "room", "message": refusal}, connection)

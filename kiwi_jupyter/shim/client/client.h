@@ -30,6 +30,13 @@ struct kiwi_stats {
     uint64_t restores, bytes_restored;
     double seconds_restoring;
     uint64_t restore_failures; /* restores rolled back for want of room: the grant went back */
+    uint64_t room_refusals;  /* waits the daemon refused: the room they need cannot be made */
+    /* While calls wait for the GPU and the daemon refused the last ask for want of room: its
+     * words, and the seconds until the next ask (kiwi_comm_stats fills both in); "" and 0
+     * otherwise. room_last_refusal: its words at the last refusal, kept until a grant. */
+    char room_refused[256];
+    char room_last_refusal[256];
+    double room_retry_in;
     double seconds_waiting;  /* time gated calls spent waiting for the GPU */
     /* CLOCK_MONOTONIC when the last grant arrived, before its restore: benchmarks time the
      * way back to full speed from here, whichever way the pages come back. 0 before any. */
@@ -49,8 +56,12 @@ struct kiwi_comm_state {
     unsigned release_done;
     double outage_since;
     double granted_at;
-    double retry_after;      /* after a failed restore: no acquire before this */
-    double retry_backoff;    /* and how long the next failure waits */
+    double retry_after;      /* after a failed restore or a refusal for room: no acquire
+                                before this */
+    double retry_backoff;    /* and how long the next failed restore waits */
+    double room_backoff;     /* how long the next refusal for room waits (room.c) */
+    double room_refused_since; /* the first refusal of the wait now: its KIWI_ROOM_TIMEOUT
+                                  counts from here; 0 when none */
     bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
     bool policy_closed;
     double policy_timeout;
@@ -134,6 +145,19 @@ bool kiwi_ask_answered(const char *op, double seq);
  * asks. */
 void kiwi_ask_requeue(void);
 void kiwi_ask_after_lost(void);
+
+/* ---- room.c ------------------------------------------------------------------------------ */
+
+/* An `error` event with code `room` (line): the daemon refused the wait; asked again later. */
+void kiwi_room_on_refused(const char *line);
+/* Under kiwi_lock: a grant ends the refusals, and their backoff. */
+void kiwi_room_granted(void);
+/* The comm thread's turn: waits refused for longer than KIWI_ROOM_TIMEOUT give up. */
+void kiwi_room_act(void);
+/* Under kiwi_lock: a cell ended; the next wait has a KIWI_ROOM_TIMEOUT of its own. */
+void kiwi_room_cell_end(void);
+/* Under kiwi_lock: the refusal the stats show (into out), while calls wait for the GPU. */
+void kiwi_room_stats(struct kiwi_stats *out);
 
 /* ---- outage.c ---------------------------------------------------------------------------- */
 
@@ -240,6 +264,9 @@ struct kiwi_json_value {
 
 bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *out);
 bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size);
+/* A string value as text for people: escapes read (a code point outside ASCII becomes '?',
+ * a control character a space), cut with "..." to fit size; false when there is none. */
+bool kiwi_json_text(const char *line, const char *key, char *buf, size_t size);
 bool kiwi_json_number(const char *line, const char *key, double *out);
 bool kiwi_json_true(const char *line, const char *key);
 /* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */

@@ -97,6 +97,7 @@ static void act(void)
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
         kiwi_release_yield("idle");
+    kiwi_room_act();
     if (kiwi_link_up() && kiwi_news_take(KIWI_NEWS_WORKING_SET))
         report_wait = kiwi_residency_report();
 }

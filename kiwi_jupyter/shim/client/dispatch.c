@@ -98,6 +98,7 @@ static void on_grant(const char *line)
     }
     kiwi_comm.stats.paused = false;
     kiwi_comm.retry_backoff = 0;
+    kiwi_room_granted();
     kiwi_comm.stats.grants++;
     kiwi_comm.stats.last_grant_at = arrived;
     kiwi_comm.stats.queue_position = 0;
@@ -209,10 +210,14 @@ void kiwi_dispatch_line(const char *line)
     } else if (strcmp(op, "error") == 0) {
         char code[32] = "";
         kiwi_json_string(line, "code", code, sizeof code);
-        kiwi_warn("the scheduler refused a request: %s", line);
-        if (strcmp(code, "permission") != 0 && strcmp(code, "invalid") != 0 &&
-            strcmp(code, "state") != 0)
-            kiwi_link_close(code);
+        if (strcmp(code, KIWI_E_ROOM) == 0) {
+            kiwi_room_on_refused(line); /* the connection is as good as ever: room.c */
+        } else {
+            kiwi_warn("the scheduler refused a request: %s", line);
+            if (strcmp(code, KIWI_E_PERMISSION) != 0 && strcmp(code, KIWI_E_INVALID) != 0 &&
+                strcmp(code, KIWI_E_STATE) != 0)
+                kiwi_link_close(code);
+        }
     }
     if (cancelled)
         kiwi_ask_if_wanted(); /* asked again while the cancel was on its way */

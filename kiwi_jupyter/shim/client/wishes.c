@@ -41,6 +41,7 @@ int kiwi_comm_acquire(double timeout)
     unsigned interrupts = kiwi_interrupts();
     int result = 0;
     pthread_mutex_lock(&kiwi_lock);
+    unsigned gave_up = kiwi_gate_give_ups();
     kiwi_comm.acquire_wanted = true;
     kiwi_comm.ask_refused = false;
     kiwi_news_wake();
@@ -51,6 +52,10 @@ int kiwi_comm_acquire(double timeout)
         }
         if (kiwi_interrupts() != interrupts) {
             result = 2;
+            break;
+        }
+        if (kiwi_gate_give_ups() != gave_up) {
+            result = 3; /* refused room past KIWI_ROOM_TIMEOUT: room.c said why */
             break;
         }
         double left = deadline ? deadline - kiwi_now() : 0.5;
@@ -72,6 +77,7 @@ int kiwi_comm_release(void)
     kiwi_comm.stats.in_cell = false;
     kiwi_comm.acquire_wanted = false;
     kiwi_comm.ask_refused = false;
+    kiwi_room_cell_end();
     if (!kiwi_comm_started()) {
         pthread_mutex_unlock(&kiwi_lock);
         return 0;
@@ -93,6 +99,7 @@ void kiwi_comm_stats(struct kiwi_stats *out)
     *out = kiwi_comm.stats;
     out->failed_closed = kiwi_gate_refusing();
     out->seconds_waiting = kiwi_gate_seconds_waiting();
+    kiwi_room_stats(out);
     pthread_mutex_unlock(&kiwi_lock);
 }
 

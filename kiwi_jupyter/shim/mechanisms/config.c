@@ -134,6 +134,7 @@ static void load(void)
     }
     kiwi_cfg.idle_release = env_seconds("KIWI_IDLE_RELEASE", 5.0);
     kiwi_cfg.fail_timeout = env_seconds("KIWI_FAIL_TIMEOUT", 1.0);
+    kiwi_cfg.room_timeout = env_seconds("KIWI_ROOM_TIMEOUT", 300.0);
     const char *policy = env("KIWI_FAIL_POLICY", "open");
     kiwi_cfg.fail_closed = strcasecmp(policy, "closed") == 0;
     if (!kiwi_cfg.fail_closed && strcasecmp(policy, "open") != 0)
