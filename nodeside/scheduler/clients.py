@@ -167,6 +167,9 @@ class Client:
     last_used: float = 0.0
     #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
     evict_asked_at: float | None = None
+    #: When it last reported while on that way out (None: not since it was asked). Its
+    #: ``evict_timeout`` runs from here: a way out that makes progress is never cut short.
+    evict_heard_at: float | None = None
     #: When its memory reached host memory; the second stage (checkpoint) counts from then.
     evicted_at: float | None = None
     #: Why it cannot evict now (its ``evicted`` said ``failed``, or it did not answer); it is

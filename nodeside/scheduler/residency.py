@@ -10,9 +10,12 @@ per-process figure counts where it is larger.
 A grant whose working set does not fit beside what is resident asks idle clients to evict first
 (``make_room``): LOW before NORMAL and HIGH, idle before waiting, least recently used first,
 never a holder, and only as much as is missing. The grant goes out when reports and ``evicted``
-bring the resident bytes down. A client that does not answer within ``evict_timeout`` is
-checkpointed where the daemon's checkpoint evictor reaches it, else it is taken as unable to
-evict; when the room cannot be made at all, the waiter is refused, told who holds the memory.
+bring the resident bytes down. The ``evict_timeout`` of a way out runs from its last report
+(the shim reports as it begins and every 256 MiB after): one that makes progress is never cut
+short. A client that has not reported since it was asked (its way out never began, so it is
+between two moves) is checkpointed where the daemon's checkpoint evictor reaches it; one that
+stalled in the middle of its way out, or that the evictor cannot reach, is taken as unable to
+evict. When the room cannot be made at all, the waiter is refused, told who holds the memory.
 An evicted client idle for ``checkpoint_after`` is checkpointed too (its context is freed).
 """
 
@@ -95,8 +98,11 @@ class Residency:
                 other.waiting_for = None
 
     def report(self, client: Client, resident: int | None, host: int | None,
-               shadow: int | None = None) -> None:
-        """A ``working_set`` report with figures: progress of an eviction or of a restore."""
+               shadow: int | None, now: float) -> None:
+        """A ``working_set`` report with figures at ``now``: progress of an eviction or of a
+        restore."""
+        if client.residency == EVICTING and client.evict_asked_at is not None:
+            client.evict_heard_at = now  # its deadline follows it
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -129,7 +135,7 @@ class Residency:
                 failed: str | None, now: float, shadow: int | None = None) -> None:
         """An eviction ended (``evicted``), asked or of the client's own accord."""
         asked = client.residency
-        client.evict_asked_at = None
+        client.evict_asked_at = client.evict_heard_at = None
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -152,6 +158,7 @@ class Residency:
         """A holder released with ``evicting``: its memory is on its way out."""
         client.residency = EVICTING
         client.evict_asked_at = now
+        client.evict_heard_at = None
         self._count(client, "release")
 
     def _count(self, client: Client, reason: str) -> None:
@@ -162,7 +169,7 @@ class Residency:
     def checkpointed(self, client: Client, error: str | None, now: float) -> None:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
         memory, or (``error``) it could not be moved."""
-        client.evict_asked_at = None
+        client.evict_asked_at = client.evict_heard_at = None
         if error is not None:
             client.evict_failed = f"checkpoint failed: {error}"
             if client.residency == EVICTING:
@@ -234,6 +241,7 @@ class Residency:
             missing -= nbytes
             client.residency = EVICTING
             client.evict_asked_at = now
+            client.evict_heard_at = None
             on_the_way.append(client)
             self.state.counts["evictions"] += 1
             self._count(client, "room")
@@ -268,10 +276,11 @@ class Residency:
         config = self.state.config
         actions: list[Action] = []
         for client in gpu.memory_clients.values():
-            asked = client.evict_asked_at
-            if client.residency == EVICTING and asked is not None and \
-                    not client.checkpoint_asked and now >= asked + config.evict_timeout:
-                if client.checkpointable:
+            due = _evict_due(client, config.evict_timeout)
+            if due is not None and now >= due:
+                # Checkpointed only between two moves: never in the middle of its own way out,
+                # where the process would stop inside the driver with half its memory moved.
+                if client.checkpointable and client.evict_heard_at is None:
                     client.checkpoint_asked = True
                     self._count(client, "timeout")
                     actions.append(Suspend(client.id, gpu.spec.index, "timeout"))
@@ -281,9 +290,11 @@ class Residency:
                             waiter.waiting_for = WaitingFor(
                                 client.id, client.display_name, occupies(client), "checkpoint")
                 else:
-                    client.evict_asked_at = None
-                    client.evict_failed = (f"did not answer evict within "
-                                           f"{config.evict_timeout:g} s")
+                    client.evict_failed = (
+                        f"did not answer evict within {config.evict_timeout:g} s"
+                        if client.evict_heard_at is None else
+                        f"its way out stalled: no progress for {config.evict_timeout:g} s")
+                    client.evict_asked_at = client.evict_heard_at = None
                     client.residency = RESIDENT
                 continue
             at = self._second_stage_at(client)
@@ -298,10 +309,9 @@ class Residency:
         config = self.state.config
         best: float | None = None
         for client in gpu.memory_clients.values():
-            asked = client.evict_asked_at
-            at = asked + config.evict_timeout if client.residency == EVICTING and \
-                asked is not None and not client.checkpoint_asked else \
-                self._second_stage_at(client)
+            at = _evict_due(client, config.evict_timeout)
+            if at is None:
+                at = self._second_stage_at(client)
             if at is not None and (best is None or at < best):
                 best = at
         return best
@@ -313,3 +323,13 @@ class Residency:
                 client.hold_state is not HoldState.IDLE:
             return None
         return client.evicted_at + after
+
+
+def _evict_due(client: Client, evict_timeout: float) -> float | None:
+    """When a client on its way out has not been heard from for ``evict_timeout``: counted
+    from its last report since it was asked, or from the ask; None when no deadline runs."""
+    asked = client.evict_asked_at
+    if client.residency != EVICTING or asked is None or client.checkpoint_asked:
+        return None
+    heard = client.evict_heard_at
+    return (asked if heard is None else heard) + evict_timeout

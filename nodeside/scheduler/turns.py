@@ -118,7 +118,7 @@ class Turns:
         client.working_set = nbytes
         client.evictable = evictable
         if client.memory:
-            self.residency.report(client, resident, host, shadow)
+            self.residency.report(client, resident, host, shadow, now)
         gpu = self.state.gpus[client.gpu]
         return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
 
