@@ -11,7 +11,8 @@
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
  * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
  * until it exists, after prefetches to the host, so a test can hold an eviction in the middle
- * and look around. Other
+ * and look around; FAKE_CUDA_COPY_OUT_SECONDS makes copies to host memory on a stream take
+ * that long each, one after another per stream. Other
  * FAKE_CUDA_* variables are described where they act.
  *
  * The checkpoint API (cuCheckpointProcess*) acts on another process, as the real one does:
@@ -790,14 +791,85 @@ static void wait_for_pending_work(void)
         usleep(1000);
 }
 
+/* ---- FAKE_CUDA_COPY_OUT_SECONDS: copies to host memory that take time ---------------------
+ *
+ * Streams otherwise complete their work as it is submitted. With this set, each copy from
+ * device to host memory queued on a stream (cuMemcpyDtoHAsync and its _ptsz) completes that
+ * many seconds after the work queued on that stream before it: a stream runs its copies one
+ * after another, streams run side by side. An event recorded on the stream is ready only once
+ * the copies before it are done (cuEventQuery says CUDA_ERROR_NOT_READY until then, and
+ * cuEventSynchronize waits), and cuStreamSynchronize and cuCtxSynchronize wait for them too; a
+ * call that waits so is a call under way, which a checkpoint lock waits for, as the driver
+ * waits for submitted work. So an eviction lasts, and gives its chunks back as their copies
+ * complete, as on a GPU. (The bytes move at once: only the completion is late. A stand-in until
+ * a modelled copy engine, a bandwidth per direction, replaces it.) */
+#define MAX_BUSY_STREAMS 64
+struct busy_stream {
+    CUstream stream;
+    long long until_ns; /* CLOCK_MONOTONIC: when its work queued so far is done */
+};
+static struct busy_stream busy_streams[MAX_BUSY_STREAMS];
+static size_t busy_stream_count;
+static pthread_mutex_t busy_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static long long monotonic_ns(void);
+
+static long long copy_out_ns(void)
+{
+    const char *text = getenv("FAKE_CUDA_COPY_OUT_SECONDS");
+    return text ? (long long)(atof(text) * 1e9) : 0;
+}
+
+/* A copy out queued on stream: it completes copy_out_ns after the stream's earlier work. */
+static void queue_copy_out(CUstream stream)
+{
+    long long cost = copy_out_ns();
+    if (cost <= 0)
+        return;
+    pthread_mutex_lock(&busy_lock);
+    size_t i = 0;
+    while (i < busy_stream_count && busy_streams[i].stream != stream)
+        i++;
+    if (i == busy_stream_count && busy_stream_count < MAX_BUSY_STREAMS)
+        busy_streams[busy_stream_count++] = (struct busy_stream){stream, 0};
+    if (i < busy_stream_count) {
+        long long now = monotonic_ns(), from = busy_streams[i].until_ns;
+        busy_streams[i].until_ns = (from > now ? from : now) + cost;
+    }
+    pthread_mutex_unlock(&busy_lock);
+}
+
+/* When the work queued so far on stream is done (0: it is); any stream's with all. */
+static long long busy_until(CUstream stream, bool all)
+{
+    long long until = 0;
+    pthread_mutex_lock(&busy_lock);
+    for (size_t i = 0; i < busy_stream_count; i++)
+        if ((all || busy_streams[i].stream == stream) && busy_streams[i].until_ns > until)
+            until = busy_streams[i].until_ns;
+    pthread_mutex_unlock(&busy_lock);
+    return until;
+}
+
+static void sleep_until(long long until_ns)
+{
+    for (long long now = monotonic_ns(); now < until_ns; now = monotonic_ns()) {
+        long long left = until_ns - now;
+        struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* FAKE_CUDA_SYNC_ERROR: the error every cuCtxSynchronize returns (a sticky error on a real
  * GPU, such as 700, an illegal address). */
 static CUresult cuCtxSynchronize_body(void)
 {
     const char *error = getenv("FAKE_CUDA_SYNC_ERROR");
     bool invalidating = invalidate_captures();
-    if (!invalidating)
+    if (!invalidating) {
         wait_for_pending_work();
+        sleep_until(busy_until(NULL, true));
+    }
     if (!invalidating)
         trim_pools();
     record("cuCtxSynchronize ctx=%p%s", current ? current : PRIMARY_CONTEXT,
@@ -827,6 +899,7 @@ static CUresult cuStreamSynchronize_body(CUstream stream)
 {
     if (is_pending_stream(stream))
         wait_for_pending_work();
+    sleep_until(busy_until(stream, false));
     record("cuStreamSynchronize stream=%p", stream);
     trim_pools();
     const char *gate = getenv("FAKE_CUDA_STREAM_SYNC_GATE");
@@ -1719,6 +1792,7 @@ EXPORT CUresult cuMemHostUnregister(void *host)
 struct fake_event {
     atomic_llong recorded_at; /* ns on CLOCK_MONOTONIC; 0 until recorded */
     atomic_bool pending;      /* recorded on the pending stream */
+    atomic_llong ready_at;    /* ns: when the copies queued before it are done (0: at once) */
 };
 
 static long long monotonic_ns(void)
@@ -1744,6 +1818,7 @@ static CUresult record_event(const char *name, struct fake_event *event, CUstrea
     call_begins();
     atomic_store(&event->recorded_at, monotonic_ns());
     atomic_store(&event->pending, is_pending_stream(stream));
+    atomic_store(&event->ready_at, busy_until(stream, false));
     record("%s event=%p stream=%p", name, (void *)event, stream);
     call_ends();
     return 0;
@@ -1760,6 +1835,8 @@ EXPORT CUresult cuEventQuery(struct fake_event *event)
 {
     if (!event)
         return CUDA_ERROR_INVALID_VALUE;
+    if (monotonic_ns() < atomic_load(&event->ready_at))
+        return CUDA_ERROR_NOT_READY;
     return atomic_load(&event->pending) && !pending_work_done() ? CUDA_ERROR_NOT_READY : 0;
 }
 EXPORT CUresult cuEventSynchronize(struct fake_event *event)
@@ -1769,6 +1846,7 @@ EXPORT CUresult cuEventSynchronize(struct fake_event *event)
     call_begins();
     if (atomic_load(&event->pending))
         wait_for_pending_work();
+    sleep_until(atomic_load(&event->ready_at));
     trim_pools();
     record("cuEventSynchronize event=%p", (void *)event);
     call_ends();
@@ -2245,10 +2323,12 @@ EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
 /* The copies the pager's KIWI_EVICT_COPY makes (and that programs make). */
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
+    queue_copy_out(s);
     return copy("cuMemcpyDtoHAsync_v2", HOST(dst), HOST_ADDRESS, src, DEVICE_ADDRESS, n, s, true);
 }
 EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
+    queue_copy_out(s);
     return copy("cuMemcpyDtoHAsync_v2_ptsz", HOST(dst), HOST_ADDRESS, src, DEVICE_ADDRESS, n, s,
                 true);
 }

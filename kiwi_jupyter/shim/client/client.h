@@ -50,6 +50,7 @@ struct kiwi_stats {
 struct kiwi_comm_state {
     struct kiwi_stats stats;
     bool acquire_wanted;     /* kiwi_shim_acquire: eager acquisition */
+    bool moving_out;         /* a way out runs on its own thread (way_out.c) */
     bool ask_refused;        /* the daemon refused an acquire: not asked again for the same
                                 wish (a new cell, eager acquire or connection clears it) */
     unsigned release_asked;  /* generations: kiwi_shim_release waits for done to catch up */
@@ -145,6 +146,20 @@ bool kiwi_ask_answered(const char *op, double seq);
  * asks. */
 void kiwi_ask_requeue(void);
 void kiwi_ask_after_lost(void);
+
+/* ---- way_out.c --------------------------------------------------------------------------- */
+
+/* The comm thread, once the hold has ended: hands the way out to a thread of its own and tells
+ * the daemon it began; false when one is under way already (its `evicted` answers for both) or
+ * there is no thread for it. */
+bool kiwi_way_out_start(void);
+/* A way out is under way, or its end is not carried out yet. */
+bool kiwi_way_out_busy(void);
+/* The comm thread's turn: the way out's progress reported, its end counted and `evicted` sent. */
+void kiwi_way_out_act(void);
+/* On a grant, before the restore: waits for the way out under way to end, and carries it out. */
+void kiwi_way_out_join(void);
+void kiwi_way_out_after_fork(void);
 
 /* ---- room.c ------------------------------------------------------------------------------ */
 

@@ -72,6 +72,7 @@ static double report_wait;
 /* Acts on what other threads asked for since the last turn of the loop. */
 static void act(void)
 {
+    kiwi_way_out_act();
     kiwi_release_act_deferred();
     pthread_mutex_lock(&kiwi_lock);
     if (kiwi_comm.release_asked != kiwi_comm.release_done) {

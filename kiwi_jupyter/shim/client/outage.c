@@ -34,6 +34,8 @@ void kiwi_comm_link_lost(const char *why)
  * evictor's is not even mapped). False when the card has no room for it yet. */
 static bool restored_for_fail_open(void)
 {
+    if (kiwi_way_out_busy())
+        return false; /* its end first: it may wait for a daemon that restores the process */
     if (!kiwi_pager_away())
         return true;
     struct kiwi_transfer moved = {0};

@@ -40,10 +40,17 @@ void kiwi_release_evict_now(void)
 {
     if (kiwi_pager_checkpointing())
         return; /* the daemon moves this process, from outside */
-    /* With the memory feature the daemon hears the way out as it goes (residency.c). */
+    if (kiwi_way_out_busy())
+        return; /* the way out under way answers for this one too */
+    /* With the memory feature the hold has ended already (an `evict` while idle, a release
+     * with `evicting`): the way out runs on a thread of its own (way_out.c), and the daemon
+     * hears it as it goes (residency.c). */
+    bool movable = kiwi_pager_movable();
+    if (movable && kiwi_session_memory() && kiwi_way_out_start())
+        return;
     struct kiwi_transfer moved = {.progress = kiwi_session_memory() ? kiwi_residency_progress
                                                                     : NULL};
-    if (kiwi_pager_movable()) {
+    if (movable) {
         kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
         kiwi_pager_move(KIWI_PAGE_OUT, &moved);
         pthread_mutex_lock(&kiwi_lock);

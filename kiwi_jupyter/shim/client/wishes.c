@@ -22,9 +22,14 @@ void kiwi_comm_cell_begin(void)
     kiwi_comm.stats.in_cell = true;
     kiwi_comm.ask_refused = false; /* a refused acquire is asked again for a new cell */
     /* A checkpointed process's driver calls block until it is restored, and not all of them
-     * pass the gate (queries, module loads): a cell asks for the GPU at once instead. */
-    if (kiwi_comm.stats.evicted && kiwi_pager_checkpointing() &&
-        kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
+     * pass the gate (queries, module loads): a cell asks for the GPU at once instead. So does
+     * a cell of a process whose vmm memory is away or on its way out: its restore starts at
+     * once, and the daemon may have checkpointed such a process too (one idle past
+     * checkpoint_after, or one that did not begin its way out in time). Read without the vmm
+     * evictor's lock, which a way out holds for as long as it runs. */
+    bool away = kiwi_comm.stats.evicted &&
+                (kiwi_pager_checkpointing() || kiwi_pager_evictor() == KIWI_EVICTOR_VMM);
+    if ((away || kiwi_comm.moving_out) && kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
         kiwi_comm.acquire_wanted = true;
         kiwi_news_wake();
     }

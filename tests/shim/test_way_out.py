@@ -1,0 +1,201 @@
+"""A vmm way out that takes its time, and a process the daemon checkpointed (issue 39 item 0b,
+and the part of item 1 that has a vmm cell ask for the GPU as it begins).
+
+The real daemon loads the fake driver and can checkpoint the shimmed processes, as on any r570+
+node (conftest's ``checkpointing``). ``FAKE_CUDA_COPY_OUT_SECONDS`` makes each copy to host
+memory complete that long after the stream's work before it, so an eviction of three 256 MiB
+chunks on two streams gives its chunks back at 1.2 s and 2.4 s, longer than the daemon's
+``evict_timeout`` (2 s here); ``FAKE_CUDA_UNMAP_GATE`` holds a way out at its first unmap.
+
+- A way out that reports progress is never checkpointed in the middle of it (its deadline
+  follows its reports), and its kernel goes on afterwards: before, the daemon checkpointed it
+  from outside at 2 s, its move blocked inside the driver, and its next GPU work hung for good.
+- The way out runs on a thread of its own: while it is held in the driver, a cell of the same
+  kernel still asks the daemon for the GPU.
+- A vmm cell asks for the GPU as it begins while its memory is away, so the restore starts at
+  once; and a process the daemon checkpointed while away (idle past ``checkpoint_after``) is
+  brought back by its next cell, even when that cell's first CUDA call is one no gate sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_device import FakeCard
+from support import DaemonProcess, StatusEvents, scaled
+
+MiB = 1 << 20
+CHUNK = 256 * MiB  #: one physical handle, and the shim's step between two reports
+SIZES = (CHUNK, CHUNK, CHUNK)
+WORKING_SET = sum(SIZES)
+RESERVE = 512 * MiB  #: the daemon's default memory_reserve
+#: Room for the working sets of both kernels but one chunk: a grant waits for two chunks out.
+ROOM = WORKING_SET + CHUNK
+
+
+@pytest.fixture
+def card(tmp_path: Path) -> FakeCard:
+    return FakeCard(tmp_path / "card")
+
+
+@pytest.fixture
+def watch() -> Iterator[Any]:
+    opened: list[StatusEvents] = []
+
+    def open_on(daemon: DaemonProcess) -> StatusEvents:
+        opened.append(StatusEvents(daemon.socket, timeout=30))
+        return opened[-1]
+
+    yield open_on
+    for events in opened:
+        events.close()
+
+
+def daemon_with(checkpointing, tmp_path: Path, config: str) -> DaemonProcess:
+    """The checkpointing daemon with room for one working set and a chunk, a quantum and grace
+    long enough that only the kernels' own releases move the GPU."""
+    path = tmp_path / "kiwi.yaml"
+    path.write_text(config)
+    return checkpointing("--gpu-memory", f"{(RESERVE + ROOM) // MiB}MiB", "--tq", "60",
+                         "--grace", "60", "--config", str(path))
+
+
+class Kernel:
+    """A shimmed process under the vmm evictor whose working set is three chunks, tagged."""
+
+    def __init__(self, workload, card: FakeCard, daemon: DaemonProcess, name: str,
+                 **env: str) -> None:
+        self.name = name
+        self.card = card
+        self.w = workload(KIWI_SOCKET=daemon.socket, KIWI_EVICT="vmm", KIWI_DISPLAY_NAME=name,
+                          **card.env, **env)
+        self.pid = self.w.process.pid
+        self.pointers = [self.w.call(f"d.alloc({size})") for size in SIZES]
+
+    def tag(self, i: int) -> bytes:
+        return f"{self.name} chunk {i}".encode()
+
+    def write(self) -> None:
+        assert self.w.call("d.launch()", timeout=30) == 0
+        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)):
+            assert self.w.call(f"d.write({ptr}, {self.tag(i)!r})") == 0
+            assert self.w.call(f"d.write({ptr + size - 16}, {self.tag(i)[-16:]!r})") == 0
+
+    def intact(self) -> bool:
+        """Both ends of every chunk read back (reads are GPU work: they wait for the grant and
+        for the restore)."""
+        return all(
+            self.w.call(f"d.read({ptr}, {len(self.tag(i))}) == {self.tag(i)!r}", timeout=30)
+            and self.w.call(f"d.read({ptr + size - 16}, 16) == {self.tag(i)[-16:]!r}")
+            for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)))
+
+    def release(self) -> None:
+        self.w.call("shim.release()")
+
+
+def client(document: dict[str, Any], kernel: Kernel) -> dict[str, Any]:
+    return next(c for c in document["clients"] if c["pid"] == kernel.pid)
+
+
+def registered(events: StatusEvents, *kernels: Kernel) -> None:
+    events.wait_for(lambda d: all(
+        any(c["pid"] == k.pid and c["resident_bytes"] == WORKING_SET for c in d["clients"])
+        for k in kernels), what="both working sets on the GPU")
+
+
+def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middle(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    daemon = daemon_with(checkpointing, tmp_path, "evict_timeout: 2\n")
+    events = watch(daemon)
+    a = Kernel(workload, card, daemon, "nbA.ipynb", FAKE_CUDA_COPY_OUT_SECONDS="1.2")
+    a.write()
+    a.release()
+    b = Kernel(workload, card, daemon, "nbB.ipynb")
+    registered(events, a, b)
+    # b's grant asks a (idle) to move out; its way out lasts 2.4 s, past evict_timeout, and
+    # reports as it begins and at 1.2 s: b is granted once two chunks are out.
+    assert b.w.call("d.launch()", timeout=30) == 0
+    document = events.wait_for(
+        lambda d: client(d, a)["residency"] == "evicted" and d, timeout=30,
+        what="a's way out to end")
+    assert client(document, a)["checkpoint_state"] == "running"
+    assert f"pid {a.pid})" not in daemon.log()  # the daemon never checkpointed it
+    assert (a.card.used_by(a.pid), a.card.processes()[a.pid].checkpointed) == (0, 0)
+    stats = a.w.stats()
+    assert (stats["evictions"], stats["bytes_evicted"], stats["evicted"]) == (
+        1, WORKING_SET, True)
+    b.release()
+    assert a.intact()  # its next GPU work: granted, restored, at the same addresses
+    assert a.card.used_by(a.pid) == WORKING_SET
+
+
+def test_a_cell_asks_for_the_gpu_while_its_way_out_is_held_in_the_driver(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    daemon = daemon_with(checkpointing, tmp_path, "evict_timeout: 60\n")
+    events = watch(daemon)
+    gate = tmp_path / "unmap-may-go"
+    a = Kernel(workload, card, daemon, "nbA.ipynb", FAKE_CUDA_UNMAP_GATE=str(gate))
+    a.write()
+    a.release()
+    b = Kernel(workload, card, daemon, "nbB.ipynb")
+    registered(events, a, b)
+    launch = b.w.start("d.launch()")
+    events.wait_for(lambda d: client(d, a)["residency"] == "evicting", what="a's way out")
+    # The way out waits inside the driver, at its first unmap; a's next cell begins meanwhile.
+    a.w.call("shim.cell_begin()")
+    events.wait_for(lambda d: client(d, a)["state"] == "waiting" and
+                    client(d, a)["residency"] == "evicting",
+                    what="a to ask for the GPU while its memory is on its way out")
+    assert not launch.done()
+    gate.touch()
+    assert launch.result(timeout=scaled(30)) == 0
+    b.release()
+    assert a.intact()
+    assert (a.card.used_by(a.pid), b.card.used_by(b.pid)) == (WORKING_SET, 0)
+
+
+def test_a_vmm_cell_asks_for_the_gpu_as_it_begins_while_its_memory_is_away(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    daemon = daemon_with(checkpointing, tmp_path, "checkpoint_after: 0\n")
+    events = watch(daemon)
+    a = Kernel(workload, card, daemon, "nbA.ipynb")
+    a.write()
+    a.release()
+    b = Kernel(workload, card, daemon, "nbB.ipynb")
+    registered(events, a, b)
+    assert b.w.call("d.launch()", timeout=30) == 0
+    events.wait_for(lambda d: client(d, a)["residency"] == "evicted", what="a in host memory")
+    b.release()
+    a.w.call("shim.cell_begin()")  # no GPU call: the cell only began
+    events.wait_for(lambda d: client(d, a)["state"] == "holding" and
+                    client(d, a)["residency"] == "resident", what="a granted and restored")
+    assert a.card.used_by(a.pid) == WORKING_SET
+    assert a.intact()
+
+
+def test_a_vmm_kernel_checkpointed_while_away_is_brought_back_by_its_next_cell(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    daemon = daemon_with(checkpointing, tmp_path, "checkpoint_after: 1\n")
+    events = watch(daemon)
+    a = Kernel(workload, card, daemon, "nbA.ipynb")
+    a.write()
+    a.release()
+    b = Kernel(workload, card, daemon, "nbB.ipynb")
+    registered(events, a, b)
+    assert b.w.call("d.launch()", timeout=30) == 0
+    # Evicted and idle past checkpoint_after: the daemon checkpoints it (its context goes too).
+    # (The daemon tells watchers of no change when a checkpoint ends: its log says it.)
+    daemon.wait_log(rf"Checkpointed \S+ \(c\d+, pid {a.pid}\)", timeout=30)
+    assert client(events.status(), a)["checkpoint_state"] == "checkpointed"
+    b.release()
+    a.w.call("shim.cell_begin()")
+    # The cell's first CUDA call is an allocation, which no gate sees: it blocks in the driver
+    # while the process is checkpointed, and returns once the daemon has restored it (on the
+    # grant the cell's beginning asked for).
+    assert a.w.call(f"d.alloc({CHUNK})", timeout=30) > 0
+    assert a.intact()
+    document = events.status()
+    assert client(document, a)["checkpoint_state"] == "running"
