@@ -42,6 +42,7 @@
  *               driver.c      finding the driver's own functions
  *               news.c        what the mechanisms tell the client, without calling it
  *               gate.c        the gate: work waits there until this process holds its GPU
+ *               room_wait.c   an allocation the full card cannot back waits for room
  *               interrupt.c   Ctrl-C ends a wait for the GPU
  *               captures.c    graph captures in progress, which a release must wait for
  *               memory.c      the table of allocations, and frees deferred past a capture;
@@ -168,6 +169,9 @@ void kiwi_news_subscribe(void (*start)(void));
 void kiwi_news_listen(int fd);
 /* Something needs the client (GPU work, an allocation): starts it, the first time. */
 void kiwi_news_need_client(void);
+/* The client's thread says it is the one; whether the calling thread is it. */
+void kiwi_news_client_thread(void);
+bool kiwi_news_on_client_thread(void);
 /* Wakes the client's thread, if it runs; async-signal-safe. */
 void kiwi_news_wake(void);
 /* Starts the client if need be, notes the news, and wakes it (once, until it takes them). */
@@ -215,6 +219,22 @@ void kiwi_gate_mark(void);
 bool kiwi_gate_used_since_mark(void);
 /* A forked child: kiwi_lock afresh, the gate closed, nobody waiting. */
 void kiwi_gate_after_fork(void);
+
+/* ---- room_wait.c ------------------------------------------------------------------------- */
+
+/* Whether an allocation of size bytes the card cannot back now may wait for the daemon to make
+ * room: not on the client's own thread, not while a graph capture is open (said, when not). */
+bool kiwi_room_may_wait(size_t size);
+/* An allocation of size bytes has its addresses and waits until the daemon has made room and
+ * the restore on its grant has mapped it: CUDA_SUCCESS; or CUDA_ERROR_OUT_OF_MEMORY when the
+ * room cannot be had (said on stderr, with why), CUDA_ERROR_SYSTEM_NOT_READY when interrupted. */
+CUresult kiwi_room_wait(size_t size);
+/* Under kiwi_lock: the allocations waiting for room now, their memory not mapped yet (the
+ * client asks for the GPU for them, or, holding it, gives it back and asks again). */
+int kiwi_room_waiters(void);
+/* Under kiwi_lock: for the client: the room cannot be had (why); the waits now end. */
+void kiwi_room_fail(const char *why);
+void kiwi_room_after_fork(void);
 
 /* ---- interrupt.c ------------------------------------------------------------------------- */
 

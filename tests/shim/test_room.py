@@ -38,10 +38,6 @@ def asked(daemon: ScriptedDaemon, n: int, timeout: float = 20.0) -> list[float]:
     return [at for at, _ in daemon.timed("acquire")]
 
 
-def said(w, words: str) -> list[str]:
-    return [line for line in w.stderr if words in line]
-
-
 def test_a_wait_refused_for_room_asks_again_later_and_later_on_the_same_connection(
         daemon, workload) -> None:
     w = workload(KIWI_SOCKET=str(daemon.path))
@@ -59,7 +55,8 @@ def test_a_wait_refused_for_room_asks_again_later_and_later_on_the_same_connecti
     assert stats["room_refusals"] >= 3 and 0 <= stats["room_retry_in"] <= 4.0
     # Said once, whatever the number of refusals; the stats (and the kernel's waiting line,
     # updated in place) carry the rest.
-    assert len(said(w, "cannot make room")) == 1 and REFUSAL in said(w, "cannot make room")[0]
+    refused = w.said("cannot make room")
+    assert len(refused) == 1 and REFUSAL in refused[0]
     daemon.refuse_room = None  # the room is there now: the next ask is granted
     assert launch.result(timeout=scaled(30)) == 0
     stats = w.stats()
@@ -85,7 +82,7 @@ def test_a_wait_refused_past_its_room_timeout_fails_out_of_memory_and_says_why(
     began = time.monotonic()
     assert w.call("d.launch()", timeout=30) == OUT_OF_MEMORY
     assert time.monotonic() - began >= 2.0
-    gave_up = said(w, "giving up on the GPU")
+    gave_up = w.said("giving up on the GPU")
     assert len(gave_up) == 1 and REFUSAL in gave_up[0] and "KIWI_ROOM_TIMEOUT" in gave_up[0]
     # An eager acquire (a kernel's eager mode) gives up the same way, with the reason.
     error = w.call("repr(_err(lambda: shim.acquire(None)))", timeout=30)

@@ -148,7 +148,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"paused\":%s,\"pauses\":%llu,\"resident\":%llu,\"host\":%llu,\"host_shadow\":%llu,"
         "\"host_shadow_pinned\":%llu,\"seconds_pinning\":%.6f,\"restore_failures\":%llu,"
         "\"room_refusals\":%llu,\"room_refused\":%s,\"room_retry_in\":%.3f,"
-        "\"room_last_refusal\":%s}",
+        "\"room_last_refusal\":%s,\"room_requeues\":%llu}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         kiwi_hold_word(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -168,5 +168,5 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         (unsigned long long)where.host, (unsigned long long)where.shadow,
         (unsigned long long)where.shadow_pinned, where.seconds_pinning,
         (unsigned long long)s.restore_failures, (unsigned long long)s.room_refusals, refused,
-        s.room_retry_in, last_refusal);
+        s.room_retry_in, last_refusal, (unsigned long long)s.room_requeues);
 }

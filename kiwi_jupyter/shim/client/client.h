@@ -30,6 +30,7 @@ struct kiwi_stats {
     uint64_t restores, bytes_restored;
     double seconds_restoring;
     uint64_t restore_failures; /* restores rolled back for want of room: the grant went back */
+    uint64_t room_requeues;  /* holds given back and asked again for an allocation's room */
     uint64_t room_refusals;  /* waits the daemon refused: the room they need cannot be made */
     /* While calls wait for the GPU and the daemon refused the last ask for want of room: its
      * words, and the seconds until the next ask (kiwi_comm_stats fills both in); "" and 0
@@ -63,6 +64,7 @@ struct kiwi_comm_state {
     double room_backoff;     /* how long the next refusal for room waits (room.c) */
     double room_refused_since; /* the first refusal of the wait now: its KIWI_ROOM_TIMEOUT
                                   counts from here; 0 when none */
+    int room_restores_failed; /* restores without room in a row, while allocations wait */
     bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
     bool policy_closed;
     double policy_timeout;
@@ -130,8 +132,8 @@ extern unsigned kiwi_ask_seq;
 /* The release taking a request back, whose answer is awaited (RELEASING); 0 when none. */
 extern unsigned kiwi_cancel_seq;
 
-/* Under kiwi_lock: whether the process wants the GPU (a gated call waits, or an eager
- * acquire), and was not refused it for that wish. */
+/* Under kiwi_lock: whether the process wants the GPU (a gated call or an allocation waits, or
+ * an eager acquire), and was not refused it for that wish. */
 bool kiwi_ask_wanted(void);
 /* Sends acquire when the GPU is wanted, nothing is asked, held or being released, and the
  * session is ready. */
@@ -169,6 +171,14 @@ void kiwi_room_on_refused(const char *line);
 void kiwi_room_granted(void);
 /* The comm thread's turn: waits refused for longer than KIWI_ROOM_TIMEOUT give up. */
 void kiwi_room_act(void);
+/* The comm thread's turn for allocations that wait for room (mechanisms/room_wait.c): they
+ * fail where no daemon makes room; true when any wait on. Once the working set that includes
+ * them is reported, kiwi_room_requeue: holding, the process gives the GPU back and asks again
+ * (or they fail, when it cannot); otherwise the ask is asking.c's, as for calls at the gate. */
+bool kiwi_room_wanted(void);
+void kiwi_room_requeue(void);
+/* A restore on a grant found no room: the third in a row fails the allocations waiting. */
+void kiwi_room_restore_failed(void);
 /* Under kiwi_lock: a cell ended; the next wait has a KIWI_ROOM_TIMEOUT of its own. */
 void kiwi_room_cell_end(void);
 /* Under kiwi_lock: the refusal the stats show (into out), while calls wait for the GPU. */
@@ -202,6 +212,10 @@ void kiwi_release_on_yield_answer(const char *op, const char *line);
  * whether to evict first (RELEASING until the answer). */
 void kiwi_release_finish(void);
 void kiwi_release_ask_evict_first(void);
+/* Allocations wait for room while this process holds the GPU: it gives it back and asks again
+ * (release with requeue), since the daemon makes room before a grant; false (with why) when it
+ * cannot now (a graph capture is open, or synchronizing failed). */
+bool kiwi_release_for_room(const char **why);
 /* A drop was read (DROPPING): with evict, the next holder needs the room; quiesced, it answers
  * evict_first and only the eviction and the release are left. kiwi_release_carry_out does it. */
 void kiwi_release_dropped(bool evict, bool quiesced);

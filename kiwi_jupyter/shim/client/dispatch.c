@@ -29,6 +29,7 @@ static void give_grant_back(const char *why)
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_warn("giving the GPU back (%s); asking again in %.1f s", why, backoff);
+    kiwi_room_restore_failed();
     kiwi_residency_evicted(NULL, why); /* with the memory feature: the daemon hears why */
     kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
 }

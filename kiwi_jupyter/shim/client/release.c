@@ -217,6 +217,19 @@ void kiwi_release_sequence(bool evict, const char *why)
     }
 }
 
+bool kiwi_release_for_room(const char **why)
+{
+    enum quiesced quiesced = quiesce("room for an allocation", false);
+    if (quiesced == QUIESCED) {
+        kiwi_ask_requeue();
+        return true;
+    }
+    *why = quiesced == CAPTURING
+               ? "a graph capture is open: the GPU cannot change hands to make room"
+               : "synchronizing the GPU failed: it cannot change hands to make room";
+    return false;
+}
+
 /* The process gives the GPU back of its own accord (cell end, idle): ask the daemon whether
  * to evict first. The answer finishes the sequence (on_yield_answer). With nothing evictable
  * there is nothing to wait for, and a plain release saves the daemon's round trip. */

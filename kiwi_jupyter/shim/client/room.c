@@ -15,9 +15,17 @@
  * `room_retry_in`), which the kernel's waiting line shows, updated in place. A wait refused
  * for longer than KIWI_ROOM_TIMEOUT (default 300 s; 0: for as long as it takes) gives up: the
  * calls waiting at the gate return CUDA_ERROR_OUT_OF_MEMORY and an eager acquire returns 3,
- * with one line saying why. An allocation that waits for room (the vmm evictor, when the card
- * is full: mechanisms/room.c) fails at the first refusal instead, with the daemon's reason, as
- * the driver would have failed it: a framework then frees its cache and tries again.
+ * with one line saying why.
+ *
+ * An allocation that waits for room (the vmm evictor, when the card is full:
+ * mechanisms/room_wait.c) is a wish for the GPU like a call at the gate: the comm thread reports
+ * the working set that includes it, then asks. Holding the GPU already, it gives it back and
+ * asks again in one request (`release` with `requeue`): the daemon makes room only before a
+ * grant. The wait fails, as the driver would have failed the allocation (a framework then frees
+ * its cache and tries again), at the daemon's first refusal, with its words; where no daemon
+ * makes room (one without the memory feature, mode off, the fail policy applied while the daemon
+ * is away); when the GPU cannot change hands (a graph capture is open); and after three grants
+ * in a row whose restore found no room (memory the daemon does not see takes it).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -51,6 +59,7 @@ void kiwi_room_on_refused(const char *line)
         if (kiwi_comm.retry_after < now + backoff)
             kiwi_comm.retry_after = now + backoff;
         kiwi_comm.stats.room_refusals++;
+        kiwi_room_fail(why); /* allocations waiting for room fail now, with its words */
         snprintf(kiwi_comm.stats.room_last_refusal, sizeof why, "%s", why);
         pthread_cond_broadcast(&kiwi_changed);
     }
@@ -75,6 +84,7 @@ void kiwi_room_on_refused(const char *line)
 
 void kiwi_room_granted(void)
 {
+    kiwi_comm.room_restores_failed = 0;
     kiwi_comm.room_backoff = 0;
     kiwi_comm.room_refused_since = 0;
     kiwi_comm.stats.room_last_refusal[0] = '\0';
@@ -125,4 +135,57 @@ void kiwi_room_stats(struct kiwi_stats *out)
     snprintf(out->room_refused, sizeof out->room_refused, "%s", out->room_last_refusal);
     double left = kiwi_comm.retry_after - kiwi_now();
     out->room_retry_in = left > 0 ? left : 0;
+}
+
+/* Under kiwi_lock: why no daemon makes the room an allocation waits for, or NULL. */
+static const char *nobody_makes_room(void)
+{
+    if (kiwi_comm.stats.failed_open || kiwi_gate_refusing())
+        return "the scheduler is unreachable, and nobody else makes room (KIWI_FAIL_POLICY)";
+    if (!kiwi_session_ready())
+        return NULL; /* not yet known: connecting (a restarting daemon is waited for) */
+    if (!kiwi_session_memory())
+        return "the scheduler makes no room (it predates the memory feature)";
+    if (strcmp(kiwi_comm.stats.mode, "off") == 0)
+        return "the scheduler's mode is off: it grants at once and makes no room";
+    return NULL;
+}
+
+bool kiwi_room_wanted(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool waiting = kiwi_room_waiters() > 0;
+    const char *why = waiting ? nobody_makes_room() : NULL;
+    if (why)
+        kiwi_room_fail(why);
+    pthread_mutex_unlock(&kiwi_lock);
+    return waiting && !why;
+}
+
+void kiwi_room_requeue(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool holding = kiwi_room_waiters() > 0 && kiwi_comm.stats.hold == KIWI_HOLD_HOLDING;
+    pthread_mutex_unlock(&kiwi_lock);
+    const char *why = NULL;
+    if (!holding || kiwi_release_for_room(&why)) {
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_comm.stats.room_requeues += holding;
+        pthread_mutex_unlock(&kiwi_lock);
+        return;
+    }
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_room_fail(why);
+    pthread_mutex_unlock(&kiwi_lock);
+}
+
+void kiwi_room_restore_failed(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    if (kiwi_room_waiters() > 0 && ++kiwi_comm.room_restores_failed >= 3) {
+        kiwi_comm.room_restores_failed = 0;
+        kiwi_room_fail("three grants in a row found no room on the card for it: memory the "
+                       "scheduler does not see takes the room");
+    }
+    pthread_mutex_unlock(&kiwi_lock);
 }

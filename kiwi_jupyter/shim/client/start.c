@@ -46,6 +46,7 @@ static void after_fork_child(void)
     kiwi_release_after_fork();
     kiwi_residency_after_fork();
     kiwi_way_out_after_fork();
+    kiwi_room_after_fork();
     for (int i = 0; i < 2; i++) {
         if (kiwi_wake_pipe[i] >= 0)
             close(kiwi_wake_pipe[i]);

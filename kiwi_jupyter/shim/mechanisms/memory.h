@@ -63,12 +63,19 @@ void kiwi_memory_unreserve(size_t size, enum allocation_kind kind);
 
 /* ---- vmm.c: the vmm evictor's allocations, for the allocating entry points --------------- */
 
+/* Where a new vmm allocation's memory is: on the card; away with the rest of the memory (an
+ * eviction's, which the restore on the next grant backs); or waiting for room (the card is full:
+ * the caller waits for the daemon to make room, room_wait.c). */
+enum kiwi_vmm_backing { KIWI_VMM_BACKED, KIWI_VMM_AWAY, KIWI_VMM_WAITS };
+
 /* size bytes of device memory the shim maps itself, in ctx on device (already reserved against
  * the limit as MAPPED); pool: the pool a stream-ordered allocation came from, for its counters
- * (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY when the card has no room; a capture error
- * when the driver refuses to map during a graph capture (the caller falls back). */
+ * (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY when the card has no room, unless may_wait:
+ * then only the addresses (KIWI_VMM_WAITS: the caller waits for room); a capture error when the
+ * driver refuses to map during a graph capture (the caller falls back). *backing: where its
+ * memory is. */
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                           CUmemoryPool pool);
+                           CUmemoryPool pool, bool may_wait, enum kiwi_vmm_backing *backing);
 /* Frees a MAPPED allocation (a.key), whose record the caller holds (kiwi_memory_begin_free):
  * synchronizes its context first, since work queued before the free may still use it; while a
  * graph capture is open it cannot, and the free waits for the next release instead. Ends the

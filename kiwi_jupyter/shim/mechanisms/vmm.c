@@ -20,7 +20,10 @@
  *
  * While an eviction's memory is away (kiwi_vmm_evicted), a new allocation only reserves its
  * addresses: the card is another process's now, and the restore on the next grant backs it,
- * before any work may touch it (every launch, copy and memset waits at the gate).
+ * before any work may touch it (every launch, copy and memset waits at the gate). So does one
+ * that finds the card full (other processes' memory on it, its own cache already given back)
+ * where it may wait for room (room_wait.c): its caller then waits until the daemon has made
+ * room and the restore on the grant has mapped it.
  *
  * Host shadows are made by a thread of the vmm evictor's own, ahead of time, as chunks appear
  * (vmm_shadows.c says why), and kept with their chunk across evictions; a freed chunk's shadow
@@ -46,6 +49,9 @@
 
 pthread_mutex_t kiwi_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 bool kiwi_vmm_evicted;
+/* Whether every chunk is on the card: none away after an eviction, none waiting for room.
+ * Written under kiwi_vmm_lock, read without it (a move holds the lock for seconds). */
+static atomic_bool all_backed = true;
 
 static struct vmm_region *first_region, *last_region;
 static struct vmm_region *slabs, *cache; /* (side lists) slabs in use; regions kept for reuse */
@@ -385,6 +391,17 @@ static void destroy_region(struct vmm_region *r)
     free(r->chunks);
     free(r->units);
     free(r);
+    if (!atomic_load(&all_backed))
+        kiwi_vmm_recount_backed(); /* perhaps the last one that waited for room */
+}
+
+void kiwi_vmm_recount_backed(void)
+{
+    bool backed = !kiwi_vmm_evicted;
+    for (struct vmm_region *r = first_region; backed && r; r = r->next)
+        for (int i = 0; backed && i < r->chunk_count; i++)
+            backed = r->chunks[i].resident;
+    atomic_store(&all_backed, backed);
 }
 
 /* A region whose last allocation went: kept mapped for the next allocation of its size, or
@@ -499,9 +516,10 @@ static void release_allocation(struct vmm_allocation *a)
     free(a);
 }
 
-/* Reserves and (unless the memory is away) backs a new region; NULL with *result on failure. */
+/* Reserves and (when back, and unless the memory is away) backs a new region; NULL with
+ * *result on failure. */
 static struct vmm_region *make_region(size_t size, size_t granule, CUcontext ctx,
-                                      CUdevice device, bool slab, CUresult *result)
+                                      CUdevice device, bool slab, bool back, CUresult *result)
 {
     CUdeviceptr va = 0;
     *result = kiwi_vmm_driver.reserve(&va, size, granule, 0, 0);
@@ -513,7 +531,7 @@ static struct vmm_region *make_region(size_t size, size_t granule, CUcontext ctx
         *result = CUDA_ERROR_OUT_OF_MEMORY;
         return NULL;
     }
-    *result = kiwi_vmm_evicted ? CUDA_SUCCESS : back_region(r);
+    *result = kiwi_vmm_evicted || !back ? CUDA_SUCCESS : back_region(r);
     if (*result != CUDA_SUCCESS) {
         kiwi_vmm_driver.address_free(va, size);
         free(r->chunks);
@@ -540,8 +558,10 @@ static struct vmm_region *slab_with_room(size_t count, CUcontext ctx, CUdevice d
     return NULL;
 }
 
-/* Under kiwi_vmm_lock: the memory for one allocation, in a slab or a region of its own. */
-static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, CUdevice device)
+/* Under kiwi_vmm_lock: the memory for one allocation, in a slab or a region of its own; a new
+ * one backed only when back. */
+static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, CUdevice device,
+                      bool back)
 {
     CUresult result = CUDA_SUCCESS;
     if (a->size < VMM_SLAB_LIMIT) {
@@ -552,7 +572,7 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
             slab = take_cached(granule, device, ctx, true);
         }
         if (!slab)
-            slab = make_region(granule, granule, ctx, device, true, &result);
+            slab = make_region(granule, granule, ctx, device, true, back, &result);
         if (!slab)
             return result;
         a->first_unit = first;
@@ -564,7 +584,7 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         size_t size = round_up(a->size, granule);
         struct vmm_region *r = take_cached(size, device, ctx, false);
         if (!r)
-            r = make_region(size, granule, ctx, device, false, &result);
+            r = make_region(size, granule, ctx, device, false, back, &result);
         if (!r)
             return result;
         a->region = r;
@@ -587,8 +607,18 @@ static void make_room(void)
 
 static void start_builder(void);
 
+/* Under kiwi_vmm_lock: where the memory of a placed allocation is. */
+static enum kiwi_vmm_backing backing_of(const struct vmm_allocation *a)
+{
+    const struct vmm_region *r = a->region;
+    for (int i = 0; i < r->chunk_count; i++)
+        if (!r->chunks[i].resident)
+            return kiwi_vmm_evicted ? KIWI_VMM_AWAY : KIWI_VMM_WAITS;
+    return KIWI_VMM_BACKED;
+}
+
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                           CUmemoryPool pool)
+                           CUmemoryPool pool, bool may_wait, enum kiwi_vmm_backing *backing)
 {
     if (!kiwi_vmm_resolve())
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -607,12 +637,20 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
     pthread_mutex_lock(&kiwi_vmm_lock);
     if (pending_first)
         kiwi_vmm_reclaim(false);
-    CUresult result = place(a, granule, ctx, device);
+    CUresult result = place(a, granule, ctx, device, true);
     if (result == CUDA_ERROR_OUT_OF_MEMORY) {
         make_room();
-        result = place(a, granule, ctx, device);
+        result = place(a, granule, ctx, device, true);
+    }
+    if (result == CUDA_ERROR_OUT_OF_MEMORY && may_wait) {
+        /* The card is full of other processes' memory: the addresses now, the memory once the
+         * daemon has made room (the caller waits). */
+        result = place(a, granule, ctx, device, false);
     }
     if (result == CUDA_SUCCESS) {
+        *backing = backing_of(a);
+        if (*backing != KIWI_VMM_BACKED)
+            atomic_store(&all_backed, false);
         insert(a);
         count_in_pool(pool, (int64_t)size, (int64_t)size);
         *dptr = a->ptr;
@@ -906,10 +944,7 @@ bool kiwi_vmm_movable(void)
 
 bool kiwi_vmm_away(void)
 {
-    pthread_mutex_lock(&kiwi_vmm_lock);
-    bool away = kiwi_vmm_evicted;
-    pthread_mutex_unlock(&kiwi_vmm_lock);
-    return away;
+    return !atomic_load(&all_backed);
 }
 
 /* ---- the shadow builder ----------------------------------------------------------------- */
@@ -1058,6 +1093,7 @@ void kiwi_vmm_forget_context(CUcontext ctx)
     struct vmm_context *c = context_of(ctx, false);
     if (c)
         *c = contexts[--context_count]; /* its stream and events went with it */
+    kiwi_vmm_recount_backed();
     pthread_mutex_unlock(&kiwi_vmm_lock);
 }
 
@@ -1077,6 +1113,7 @@ void kiwi_vmm_after_fork(void)
     spare_bytes = 0;
     builder_started = builder_stalled = false;
     kiwi_vmm_evicted = false;
+    atomic_store(&all_backed, true);
     seconds_pinning = 0;
     kiwi_vmm_chunks_after_fork();
 }

@@ -171,6 +171,9 @@ struct vmm_region *kiwi_vmm_regions(void);
 /* Under kiwi_vmm_lock: whether an eviction moved memory out that is not back yet; while it is,
  * new allocations only reserve their addresses, and the restore backs them. */
 extern bool kiwi_vmm_evicted;
+/* Under kiwi_vmm_lock: whether every chunk is on the card again (kiwi_vmm_away), after a move,
+ * a free or a context's end. */
+void kiwi_vmm_recount_backed(void);
 /* Under kiwi_vmm_lock: reclaims the pending frees whose memory may go: those whose event has
  * completed, and with synchronized (every context synchronized since) all of them. */
 void kiwi_vmm_reclaim(bool synchronized);
