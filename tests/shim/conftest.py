@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import shim_harness
 from shim_harness import Workload, build_fake_cuda
-from support import DaemonProcess
+from support import DaemonProcess, StatusEvents
 
 from kiwi_jupyter.shim import library_path
 from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
@@ -80,3 +80,18 @@ def checkpointing(start_daemon, fake_cuda, checkpoint_dir):
         return start_daemon("--tq", "0.05", "--gpus", "1", "--gpu-memory", "8GiB",
                             "--cuda-library", str(fake_cuda), *args)
     return start
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[[DaemonProcess], StatusEvents]]:
+    """watch(daemon): a StatusEvents on it (its ``changed`` events, for waits on what the status
+    document shows), closed after the test."""
+    opened: list[StatusEvents] = []
+
+    def open_on(daemon: DaemonProcess) -> StatusEvents:
+        opened.append(StatusEvents(daemon.socket, timeout=30))
+        return opened[-1]
+
+    yield open_on
+    for events in opened:
+        events.close()

@@ -125,6 +125,10 @@ class ScriptedDaemon:
             threading.Thread(target=self._serve_one, args=(connection,), daemon=True).start()
 
     def _serve_one(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # a client that went away (reset): as a daemon
+            self._converse(connection)
+
+    def _converse(self, connection: socket.socket) -> None:
         for line in connection.makefile("r"):
             message = json.loads(line)
             if message["op"] == "register":

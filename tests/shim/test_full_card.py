@@ -67,6 +67,15 @@ def idle_with_four_chunks(workload, card: FakeCard, daemon: DaemonProcess):
     return a, pointers
 
 
+def full_beside(workload, card: FakeCard, daemon: DaemonProcess):
+    """Kernel B: two chunks, which fill what A left of the card."""
+    b = on_card(workload, card, daemon.socket, KIWI_DISPLAY_NAME="nbB.ipynb")
+    b.call(f"d.alloc({CHUNK})")
+    b.call(f"d.alloc({CHUNK})")
+    assert card.used() == CARD  # really full: A's four chunks and B's two
+    return b
+
+
 def client(document: dict[str, Any], w) -> dict[str, Any] | None:
     return next((c for c in document["clients"] if c["pid"] == w.process.pid), None)
 
@@ -79,10 +88,7 @@ def a_intact(a, pointers: list[int]) -> bool:
 def test_an_allocation_on_a_full_card_waits_for_an_idle_kernels_memory_to_move(
         daemon, events, workload, card) -> None:
     a, a_pointers = idle_with_four_chunks(workload, card, daemon)
-    b = on_card(workload, card, daemon.socket, KIWI_DISPLAY_NAME="nbB.ipynb")
-    b.call(f"d.alloc({CHUNK})")
-    b.call(f"d.alloc({CHUNK})")
-    assert card.used() == CARD  # really full: A's four chunks and B's two
+    b = full_beside(workload, card, daemon)
     ptr = b.call(f"d.alloc({CHUNK})", timeout=30)  # was: MemoryError(2), and B unregistered
     # A moved out (asked while idle); B holds, its third chunk mapped at the address it got.
     document = events.wait_for(lambda d: client(d, a)["residency"] == "evicted" and d,
@@ -101,9 +107,7 @@ def test_an_allocation_on_a_full_card_waits_for_an_idle_kernels_memory_to_move(
 def test_an_allocation_past_the_free_room_while_holding_gives_the_gpu_back_and_gets_it(
         daemon, events, workload, card) -> None:
     a, a_pointers = idle_with_four_chunks(workload, card, daemon)
-    b = on_card(workload, card, daemon.socket, KIWI_DISPLAY_NAME="nbB.ipynb")
-    b.call(f"d.alloc({CHUNK})")
-    b.call(f"d.alloc({CHUNK})")
+    b = full_beside(workload, card, daemon)
     assert b.call("d.launch()") == 0  # B holds: both working sets fit the card, just
     events.wait_for(lambda d: client(d, b)["state"] == "holding", what="B holding")
     ptr = b.call(f"d.alloc({CHUNK})", timeout=30)

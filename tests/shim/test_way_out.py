@@ -19,13 +19,13 @@ chunks on two streams gives its chunks back at 1.2 s and 2.4 s, longer than the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_device import FakeCard
 from support import DaemonProcess, StatusEvents, scaled
+from test_memory_e2e import Kernel
 
 MiB = 1 << 20
 CHUNK = 256 * MiB  #: one physical handle, and the shim's step between two reports
@@ -41,19 +41,6 @@ def card(tmp_path: Path) -> FakeCard:
     return FakeCard(tmp_path / "card")
 
 
-@pytest.fixture
-def watch() -> Iterator[Any]:
-    opened: list[StatusEvents] = []
-
-    def open_on(daemon: DaemonProcess) -> StatusEvents:
-        opened.append(StatusEvents(daemon.socket, timeout=30))
-        return opened[-1]
-
-    yield open_on
-    for events in opened:
-        events.close()
-
-
 def daemon_with(checkpointing, tmp_path: Path, config: str) -> DaemonProcess:
     """The checkpointing daemon with room for one working set and a chunk, a quantum and grace
     long enough that only the kernels' own releases move the GPU."""
@@ -63,58 +50,30 @@ def daemon_with(checkpointing, tmp_path: Path, config: str) -> DaemonProcess:
                          "--grace", "60", "--config", str(path))
 
 
-class Kernel:
-    """A shimmed process under the vmm evictor whose working set is three chunks, tagged."""
-
-    def __init__(self, workload, card: FakeCard, daemon: DaemonProcess, name: str,
-                 **env: str) -> None:
-        self.name = name
-        self.card = card
-        self.w = workload(KIWI_SOCKET=daemon.socket, KIWI_EVICT="vmm", KIWI_DISPLAY_NAME=name,
-                          **card.env, **env)
-        self.pid = self.w.process.pid
-        self.pointers = [self.w.call(f"d.alloc({size})") for size in SIZES]
-
-    def tag(self, i: int) -> bytes:
-        return f"{self.name} chunk {i}".encode()
-
-    def write(self) -> None:
-        assert self.w.call("d.launch()", timeout=30) == 0
-        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)):
-            assert self.w.call(f"d.write({ptr}, {self.tag(i)!r})") == 0
-            assert self.w.call(f"d.write({ptr + size - 16}, {self.tag(i)[-16:]!r})") == 0
-
-    def intact(self) -> bool:
-        """Both ends of every chunk read back (reads are GPU work: they wait for the grant and
-        for the restore)."""
-        return all(
-            self.w.call(f"d.read({ptr}, {len(self.tag(i))}) == {self.tag(i)!r}", timeout=30)
-            and self.w.call(f"d.read({ptr + size - 16}, 16) == {self.tag(i)[-16:]!r}")
-            for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)))
-
-    def release(self) -> None:
-        self.w.call("shim.release()")
-
-
 def client(document: dict[str, Any], kernel: Kernel) -> dict[str, Any]:
     return next(c for c in document["clients"] if c["pid"] == kernel.pid)
 
 
-def registered(events: StatusEvents, *kernels: Kernel) -> None:
+def pair(checkpointing, tmp_path: Path, workload, card: FakeCard, watch, config: str,
+         **a_env: str) -> tuple[DaemonProcess, StatusEvents, Kernel, Kernel]:
+    """The daemon, its watcher, and two kernels: A wrote its chunks and gave the GPU back (it
+    stays resident); B has its own; the daemon has heard both."""
+    daemon = daemon_with(checkpointing, tmp_path, config)
+    events = watch(daemon)
+    a = Kernel(workload, card, daemon, "nbA.ipynb", SIZES, **a_env)
+    a.write()
+    a.release()
+    b = Kernel(workload, card, daemon, "nbB.ipynb", SIZES)
     events.wait_for(lambda d: all(
         any(c["pid"] == k.pid and c["resident_bytes"] == WORKING_SET for c in d["clients"])
-        for k in kernels), what="both working sets on the GPU")
+        for k in (a, b)), what="both working sets on the GPU")
+    return daemon, events, a, b
 
 
 def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middle(
         checkpointing, tmp_path, workload, card, watch) -> None:
-    daemon = daemon_with(checkpointing, tmp_path, "evict_timeout: 2\n")
-    events = watch(daemon)
-    a = Kernel(workload, card, daemon, "nbA.ipynb", FAKE_CUDA_COPY_OUT_SECONDS="1.2")
-    a.write()
-    a.release()
-    b = Kernel(workload, card, daemon, "nbB.ipynb")
-    registered(events, a, b)
+    daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                                "evict_timeout: 2\n", FAKE_CUDA_COPY_OUT_SECONDS="1.2")
     # b's grant asks a (idle) to move out; its way out lasts 2.4 s, past evict_timeout, and
     # reports as it begins and at 1.2 s: b is granted once two chunks are out.
     assert b.w.call("d.launch()", timeout=30) == 0
@@ -128,20 +87,15 @@ def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middl
     assert (stats["evictions"], stats["bytes_evicted"], stats["evicted"]) == (
         1, WORKING_SET, True)
     b.release()
-    assert a.intact()  # its next GPU work: granted, restored, at the same addresses
+    a.turn()  # its next GPU work: granted, restored, its bytes at the same addresses
     assert a.card.used_by(a.pid) == WORKING_SET
 
 
 def test_a_cell_asks_for_the_gpu_while_its_way_out_is_held_in_the_driver(
         checkpointing, tmp_path, workload, card, watch) -> None:
-    daemon = daemon_with(checkpointing, tmp_path, "evict_timeout: 60\n")
-    events = watch(daemon)
     gate = tmp_path / "unmap-may-go"
-    a = Kernel(workload, card, daemon, "nbA.ipynb", FAKE_CUDA_UNMAP_GATE=str(gate))
-    a.write()
-    a.release()
-    b = Kernel(workload, card, daemon, "nbB.ipynb")
-    registered(events, a, b)
+    _, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                           "evict_timeout: 60\n", FAKE_CUDA_UNMAP_GATE=str(gate))
     launch = b.w.start("d.launch()")
     events.wait_for(lambda d: client(d, a)["residency"] == "evicting", what="a's way out")
     # The way out waits inside the driver, at its first unmap; a's next cell begins meanwhile.
@@ -153,19 +107,14 @@ def test_a_cell_asks_for_the_gpu_while_its_way_out_is_held_in_the_driver(
     gate.touch()
     assert launch.result(timeout=scaled(30)) == 0
     b.release()
-    assert a.intact()
+    a.turn()
     assert (a.card.used_by(a.pid), b.card.used_by(b.pid)) == (WORKING_SET, 0)
 
 
 def test_a_vmm_cell_asks_for_the_gpu_as_it_begins_while_its_memory_is_away(
         checkpointing, tmp_path, workload, card, watch) -> None:
-    daemon = daemon_with(checkpointing, tmp_path, "checkpoint_after: 0\n")
-    events = watch(daemon)
-    a = Kernel(workload, card, daemon, "nbA.ipynb")
-    a.write()
-    a.release()
-    b = Kernel(workload, card, daemon, "nbB.ipynb")
-    registered(events, a, b)
+    _, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                           "checkpoint_after: 0\n")
     assert b.w.call("d.launch()", timeout=30) == 0
     events.wait_for(lambda d: client(d, a)["residency"] == "evicted", what="a in host memory")
     b.release()
@@ -173,18 +122,13 @@ def test_a_vmm_cell_asks_for_the_gpu_as_it_begins_while_its_memory_is_away(
     events.wait_for(lambda d: client(d, a)["state"] == "holding" and
                     client(d, a)["residency"] == "resident", what="a granted and restored")
     assert a.card.used_by(a.pid) == WORKING_SET
-    assert a.intact()
+    a.turn()
 
 
 def test_a_vmm_kernel_checkpointed_while_away_is_brought_back_by_its_next_cell(
         checkpointing, tmp_path, workload, card, watch) -> None:
-    daemon = daemon_with(checkpointing, tmp_path, "checkpoint_after: 1\n")
-    events = watch(daemon)
-    a = Kernel(workload, card, daemon, "nbA.ipynb")
-    a.write()
-    a.release()
-    b = Kernel(workload, card, daemon, "nbB.ipynb")
-    registered(events, a, b)
+    daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                                "checkpoint_after: 1\n")
     assert b.w.call("d.launch()", timeout=30) == 0
     # Evicted and idle past checkpoint_after: the daemon checkpoints it (its context goes too).
     # (The daemon tells watchers of no change when a checkpoint ends: its log says it.)
@@ -196,6 +140,6 @@ def test_a_vmm_kernel_checkpointed_while_away_is_brought_back_by_its_next_cell(
     # while the process is checkpointed, and returns once the daemon has restored it (on the
     # grant the cell's beginning asked for).
     assert a.w.call(f"d.alloc({CHUNK})", timeout=30) > 0
-    assert a.intact()
+    a.turn()
     document = events.status()
     assert client(document, a)["checkpoint_state"] == "running"

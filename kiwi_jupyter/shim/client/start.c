@@ -75,6 +75,23 @@ static void register_fork_handlers(void)
 
 /* ---- starting -------------------------------------------------------------------------- */
 
+bool kiwi_thread_start(void *(*main)(void *))
+{
+    /* The client's threads block every signal: a notebook's SIGINT belongs to the main
+     * thread. */
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    bool created = pthread_create(&thread, &attr, main, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return created;
+}
+
 bool kiwi_comm_started(void)
 {
     return atomic_load(&started);
@@ -104,20 +121,10 @@ void kiwi_comm_start(void)
             kiwi_comm.policy_timeout = kiwi_cfg.fail_timeout;
         }
         pthread_mutex_unlock(&kiwi_lock);
-        /* The thread blocks every signal: a notebook's SIGINT belongs to the main thread. */
-        sigset_t all, previous;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &previous);
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_t thread;
-        if (pthread_create(&thread, &attr, kiwi_comm_main, NULL) == 0)
+        if (kiwi_thread_start(kiwi_comm_main))
             atomic_store(&started, true);
         else
             kiwi_warn("could not start the scheduler client thread; GPU work runs unscheduled");
-        pthread_attr_destroy(&attr);
-        pthread_sigmask(SIG_SETMASK, &previous, NULL);
         if (!atomic_load(&started)) {
             pthread_mutex_lock(&kiwi_lock);
             kiwi_comm.stats.failed_open = true;

@@ -17,8 +17,6 @@
  * out begin, and its deadline follows the reports from there (docs/policy.md).
  */
 #define _GNU_SOURCE
-#include <signal.h>
-
 #include "client.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -69,18 +67,8 @@ static void *worker(void *unused)
 /* Under lock: starts the worker the first time; false when there is no thread for it. */
 static bool start_worker(void)
 {
-    if (thread_started)
-        return true;
-    sigset_t all, previous; /* like the comm thread: signals are the main thread's */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    thread_started = pthread_create(&thread, &attr, worker, NULL) == 0;
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    if (!thread_started)
+        thread_started = kiwi_thread_start(worker);
     return thread_started;
 }
 
