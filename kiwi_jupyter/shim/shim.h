@@ -130,6 +130,9 @@ bool kiwi_parse_size(const char *text, uint64_t *bytes);
 double kiwi_now(void); /* CLOCK_MONOTONIC seconds */
 void kiwi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kiwi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A detached thread of the shim's own running main, every signal blocked (they are the main
+ * thread's); false when none could be made. */
+bool kiwi_thread_start(void *(*main)(void *));
 
 /* ---- driver.c ---------------------------------------------------------------------------- */
 

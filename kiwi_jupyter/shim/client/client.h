@@ -238,8 +238,6 @@ void kiwi_comm_set_policy(bool fail_closed, double timeout);
 /* Starts the daemon client's thread the first time the process does GPU work (news.c calls it
  * through the mechanisms' kiwi_news_need_client). */
 void kiwi_comm_start(void);
-/* A detached thread of the client's running main, every signal blocked; false when none. */
-bool kiwi_thread_start(void *(*main)(void *));
 bool kiwi_comm_started(void);
 /* For the conformance entry points: true when the thread has not started, and never will in
  * this process. */

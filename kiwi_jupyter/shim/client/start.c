@@ -8,7 +8,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,22 +74,6 @@ static void register_fork_handlers(void)
 
 /* ---- starting -------------------------------------------------------------------------- */
 
-bool kiwi_thread_start(void *(*main)(void *))
-{
-    /* The client's threads block every signal: a notebook's SIGINT belongs to the main
-     * thread. */
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    bool created = pthread_create(&thread, &attr, main, NULL) == 0;
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    return created;
-}
 
 bool kiwi_comm_started(void)
 {

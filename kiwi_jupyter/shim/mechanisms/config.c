@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,4 +232,20 @@ void kiwi_warn(const char *fmt, ...)
     va_start(args, fmt);
     say("warning", fmt, args);
     va_end(args);
+}
+
+bool kiwi_thread_start(void *(*main)(void *))
+{
+    /* The shim's threads block every signal: a notebook's SIGINT belongs to the main thread. */
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    bool created = pthread_create(&thread, &attr, main, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return created;
 }
