@@ -167,9 +167,12 @@ class Client:
     last_used: float = 0.0
     #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
     evict_asked_at: float | None = None
-    #: When it last reported while on that way out (None: not since it was asked). Its
-    #: ``evict_timeout`` runs from here: a way out that makes progress is never cut short.
-    evict_heard_at: float | None = None
+    #: While on that way out: whether it reported since it was asked (its way out began), and
+    #: when it last reported progress (fewer bytes on the GPU than before). Its
+    #: ``evict_timeout`` runs from its last progress: a way out that makes some is never cut
+    #: short.
+    evict_began: bool = False
+    evict_progress_at: float | None = None
     #: When its memory reached host memory; the second stage (checkpoint) counts from then.
     evicted_at: float | None = None
     #: Why it cannot evict now (its ``evicted`` said ``failed``, or it did not answer); it is

@@ -10,12 +10,13 @@ per-process figure counts where it is larger.
 A grant whose working set does not fit beside what is resident asks idle clients to evict first
 (``make_room``): LOW before NORMAL and HIGH, idle before waiting, least recently used first,
 never a holder, and only as much as is missing. The grant goes out when reports and ``evicted``
-bring the resident bytes down. The ``evict_timeout`` of a way out runs from its last report
-(the shim reports as it begins and every 256 MiB after): one that makes progress is never cut
-short. A client that has not reported since it was asked (its way out never began, so it is
-between two moves) is checkpointed where the daemon's checkpoint evictor reaches it; one that
-stalled in the middle of its way out, or that the evictor cannot reach, is taken as unable to
-evict. When the room cannot be made at all, the waiter is refused, told who holds the memory.
+bring the resident bytes down. The ``evict_timeout`` of a way out runs from its last progress
+(a report of fewer bytes on the GPU: the shim reports as it begins and every 256 MiB after), so
+one that makes progress is never cut short; reports that move nothing do not extend it. A
+client that has not reported since it was asked (its way out never began, so it is between two
+moves) is checkpointed where the daemon's checkpoint evictor reaches it; one that stalled in the
+middle of its way out, or that the evictor cannot reach, is taken as unable to evict. When the
+room cannot be made at all, the waiter is refused, told who holds the memory.
 An evicted client idle for ``checkpoint_after`` is checkpointed too (its context is freed).
 """
 
@@ -102,7 +103,9 @@ class Residency:
         """A ``working_set`` report with figures at ``now``: progress of an eviction or of a
         restore."""
         if client.residency == EVICTING and client.evict_asked_at is not None:
-            client.evict_heard_at = now  # its deadline follows it
+            client.evict_began = True
+            if resident is not None and resident < client.resident_bytes:
+                client.evict_progress_at = now  # its deadline follows its progress
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -135,7 +138,7 @@ class Residency:
                 failed: str | None, now: float, shadow: int | None = None) -> None:
         """An eviction ended (``evicted``), asked or of the client's own accord."""
         asked = client.residency
-        client.evict_asked_at = client.evict_heard_at = None
+        _asked_to_evict(client, None)
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -157,8 +160,7 @@ class Residency:
     def released_evicting(self, client: Client, now: float) -> None:
         """A holder released with ``evicting``: its memory is on its way out."""
         client.residency = EVICTING
-        client.evict_asked_at = now
-        client.evict_heard_at = None
+        _asked_to_evict(client, now)
         self._count(client, "release")
 
     def _count(self, client: Client, reason: str) -> None:
@@ -169,7 +171,7 @@ class Residency:
     def checkpointed(self, client: Client, error: str | None, now: float) -> None:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
         memory, or (``error``) it could not be moved."""
-        client.evict_asked_at = client.evict_heard_at = None
+        _asked_to_evict(client, None)
         if error is not None:
             client.evict_failed = f"checkpoint failed: {error}"
             if client.residency == EVICTING:
@@ -240,8 +242,7 @@ class Residency:
             nbytes = occupies(client)
             missing -= nbytes
             client.residency = EVICTING
-            client.evict_asked_at = now
-            client.evict_heard_at = None
+            _asked_to_evict(client, now)
             on_the_way.append(client)
             self.state.counts["evictions"] += 1
             self._count(client, "room")
@@ -280,7 +281,7 @@ class Residency:
             if due is not None and now >= due:
                 # Checkpointed only between two moves: never in the middle of its own way out,
                 # where the process would stop inside the driver with half its memory moved.
-                if client.checkpointable and client.evict_heard_at is None:
+                if client.checkpointable and not client.evict_began:
                     client.checkpoint_asked = True
                     self._count(client, "timeout")
                     actions.append(Suspend(client.id, gpu.spec.index, "timeout"))
@@ -291,10 +292,10 @@ class Residency:
                                 client.id, client.display_name, occupies(client), "checkpoint")
                 else:
                     client.evict_failed = (
-                        f"did not answer evict within {config.evict_timeout:g} s"
-                        if client.evict_heard_at is None else
-                        f"its way out stalled: no progress for {config.evict_timeout:g} s")
-                    client.evict_asked_at = client.evict_heard_at = None
+                        f"its way out stalled: no progress for {config.evict_timeout:g} s"
+                        if client.evict_began else
+                        f"did not answer evict within {config.evict_timeout:g} s")
+                    _asked_to_evict(client, None)
                     client.residency = RESIDENT
                 continue
             at = self._second_stage_at(client)
@@ -325,11 +326,19 @@ class Residency:
         return client.evicted_at + after
 
 
+def _asked_to_evict(client: Client, now: float | None) -> None:
+    """``client`` was asked to evict at ``now`` (None: its way out is over): nothing heard of it
+    since."""
+    client.evict_asked_at = now
+    client.evict_began = False
+    client.evict_progress_at = None
+
+
 def _evict_due(client: Client, evict_timeout: float) -> float | None:
-    """When a client on its way out has not been heard from for ``evict_timeout``: counted
-    from its last report since it was asked, or from the ask; None when no deadline runs."""
+    """When a client on its way out has made no progress for ``evict_timeout``: counted from
+    its last progress since it was asked, or from the ask; None when no deadline runs."""
     asked = client.evict_asked_at
     if client.residency != EVICTING or asked is None or client.checkpoint_asked:
         return None
-    heard = client.evict_heard_at
-    return (asked if heard is None else heard) + evict_timeout
+    progress = client.evict_progress_at
+    return (asked if progress is None else progress) + evict_timeout

@@ -202,6 +202,22 @@ def test_a_way_out_that_stalls_midway_is_given_up_not_checkpointed() -> None:
     assert s.clients[a].evict_failed == f"its way out stalled: no progress for {TIMEOUT:g} s"
 
 
+def test_reports_that_move_nothing_do_not_put_the_deadline_off() -> None:
+    """A client that only says where its memory is, and moves none of it, cannot hold the room
+    for ever: its deadline runs from the ask; having begun, it is given up, not checkpointed."""
+    s = make()
+    a = client(s, "nbA", 6 * GiB, checkpointable=True)
+    b = client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    s.acquire(5.0, b)
+    for at in (7.0, 9.0, 11.0, 13.0):
+        s.report_working_set(at, a, 6 * GiB, resident=6 * GiB, host=0)
+    assert s.next_deadline(13.0) == 5.0 + TIMEOUT
+    actions = s.tick(5.0 + TIMEOUT)
+    assert not of(Suspend, actions) and [r.client for r in of(Refuse, actions)] == [b]
+    assert s.clients[a].evict_failed == f"its way out stalled: no progress for {TIMEOUT:g} s"
+
+
 def test_a_checkpoint_client_is_suspended_at_once_instead_of_asked() -> None:
     s = make()
     a = client(s, "nbA", 6 * GiB, checkpointable=True, evict="checkpoint")

@@ -221,7 +221,15 @@ bool kiwi_release_for_room(const char **why)
 {
     enum quiesced quiesced = quiesce("room for an allocation", false);
     if (quiesced == QUIESCED) {
+        /* The allocations waiting are the wish: no eager one of its own, should the daemon
+         * refuse the room. */
+        pthread_mutex_lock(&kiwi_lock);
+        bool eager = kiwi_comm.acquire_wanted;
+        pthread_mutex_unlock(&kiwi_lock);
         kiwi_ask_requeue();
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_comm.acquire_wanted = eager;
+        pthread_mutex_unlock(&kiwi_lock);
         return true;
     }
     *why = quiesced == CAPTURING
