@@ -58,8 +58,7 @@ static void *worker(void *unused)
         running = false;
         finished = true;
         pthread_cond_broadcast(&changed);
-        pthread_mutex_unlock(&lock);
-        kiwi_news_wake();
+        kiwi_news_wake(); /* a byte down a pipe: never waits */
     }
     return NULL;
 }
