@@ -4,12 +4,15 @@ shim asks again later and later (client/room.c), says so once, and gives up afte
 ``KIWI_ROOM_TIMEOUT``.
 
 The shim's side runs against a daemon scripted on a real Unix socket (scripted_daemon.py), which
-refuses every acquire while told to: what the shim sends, and when, is what is checked. The real
-daemon's side (refusing, and logging a refusal once a minute) is tested in tests/nodeside.
+refuses every acquire while told to: what the shim sends, and when, is what is checked; and once
+against the real daemon, whose refusal (and its log line, once a minute per client, tested in
+tests/nodeside) the issue reproduced.
 """
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,9 @@ import pytest
 from scripted_daemon import ScriptedDaemon
 from support import scaled, wait_for
 
+from nodeside import protocol as p
+
+GiB = 1 << 30
 OUT_OF_MEMORY = 2
 REFUSAL = ("nbB.ipynb needs 4.0 GiB on GPU 0, 2.0 GiB more than is free, and that room cannot "
            "be made: the memory is held by nbA.ipynb (6.0 GiB, pinned allocations)")
@@ -87,3 +93,35 @@ def test_a_wait_refused_past_its_room_timeout_fails_out_of_memory_and_says_why(
     # An eager acquire (a kernel's eager mode) gives up the same way, with the reason.
     error = w.call("repr(_err(lambda: shim.acquire(None)))", timeout=30)
     assert error.startswith("NoRoomError(") and REFUSAL in error, error
+
+
+def test_a_kernel_the_real_daemon_refuses_room_registers_once_and_asks_a_few_times(
+        start_daemon, workload, tmp_path: Path) -> None:
+    """The issue's reproduction against the real daemon: beside an idle kernel whose eviction
+    failed (its 6 GiB stay), a shimmed kernel that needs 4 GiB of an 8 GiB GPU is refused.
+    Before, it reconnected and registered again after every refusal (110,000 times a minute)."""
+    daemon = start_daemon("--gpus", "1", "--gpu-memory", "8GiB", "--tq", "60")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        peer.connect(daemon.socket)
+        lines = peer.makefile("rb")
+
+        def ask(op: str, **fields: object) -> dict:
+            peer.sendall(p.encode(op, seq=1, **fields))
+            return json.loads(lines.readline())
+
+        assert ask(p.HELLO, version=p.VERSION, features=[p.FEATURE_MEMORY])["op"] == p.WELCOME
+        assert ask(p.REGISTER, name="nbA", working_set=6 * GiB, resident=6 * GiB, host=0,
+                   evict="vmm")["op"] == p.REGISTERED
+        assert ask(p.EVICTED, failed="pinned allocations")["op"] == p.OK
+        w = workload(KIWI_SOCKET=daemon.socket, KIWI_EVICT="vmm", KIWI_ROOM_TIMEOUT="4",
+                     FAKE_CUDA_DEVICE=str(tmp_path / "card"))
+        w.call(f"d.alloc({4 * GiB})")
+        began = time.monotonic()
+        assert w.call("d.launch()", timeout=30) == OUT_OF_MEMORY  # after KIWI_ROOM_TIMEOUT
+        waited = time.monotonic() - began
+        log = daemon.log()
+    assert log.count(f"(pid {w.process.pid},") == 1  # registered once: one connection
+    assert len(w.said("cannot make room")) == 1 and "pinned allocations" in w.said(
+        "cannot make room")[0]
+    assert w.stats()["room_refusals"] <= 2 + waited / 2  # asked at 1 s, 2 s, 4 s... apart
+    assert log.count("Refused python-") == 1  # and the daemon said so once
