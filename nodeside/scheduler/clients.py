@@ -168,8 +168,8 @@ class Client:
     #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
     evict_asked_at: float | None = None
     #: While on that way out: whether it reported since it was asked (its way out began), and
-    #: when it last reported progress (fewer bytes on the GPU than before). Its
-    #: ``evict_timeout`` runs from its last progress: a way out that makes some is never cut
+    #: when it last made progress (that first report, then each of fewer bytes on the GPU).
+    #: Its ``evict_timeout`` runs from its last progress: a way out that makes some is never cut
     #: short.
     evict_began: bool = False
     evict_progress_at: float | None = None

@@ -11,8 +11,9 @@ A grant whose working set does not fit beside what is resident asks idle clients
 (``make_room``): LOW before NORMAL and HIGH, idle before waiting, least recently used first,
 never a holder, and only as much as is missing. The grant goes out when reports and ``evicted``
 bring the resident bytes down. The ``evict_timeout`` of a way out runs from its last progress
-(a report of fewer bytes on the GPU: the shim reports as it begins and every 256 MiB after), so
-one that makes progress is never cut short; reports that move nothing do not extend it. A
+(its first report, as the shim's way out begins, then each report of fewer bytes on the GPU,
+every 256 MiB), so one that makes progress is never cut short; reports that move nothing do not
+put it off. A
 client that has not reported since it was asked (its way out never began, so it is between two
 moves) is checkpointed where the daemon's checkpoint evictor reaches it; one that stalled in the
 middle of its way out, or that the evictor cannot reach, is taken as unable to evict. When the
@@ -103,9 +104,12 @@ class Residency:
         """A ``working_set`` report with figures at ``now``: progress of an eviction or of a
         restore."""
         if client.residency == EVICTING and client.evict_asked_at is not None:
+            # Its deadline follows its progress: its way out beginning (the first report since
+            # it was asked), then each report of fewer bytes on the GPU.
+            if not client.evict_began or (resident is not None and
+                                          resident < client.resident_bytes):
+                client.evict_progress_at = now
             client.evict_began = True
-            if resident is not None and resident < client.resident_bytes:
-                client.evict_progress_at = now  # its deadline follows its progress
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:

@@ -37,9 +37,10 @@ def card(tmp_path: Path) -> FakeCard:
 @pytest.fixture
 def daemon(start_daemon, tmp_path: Path) -> DaemonProcess:
     """Told the card's very size, with no reserve: a grant never goes out into memory that is
-    not free on the card. A long quantum and grace: only the kernels' own releases move it."""
+    not free on the card. A long quantum, grace and evict_timeout: only the kernels' own
+    releases move the GPU, and a way out slowed by a loaded machine is waited for."""
     config = tmp_path / "kiwi.yaml"
-    config.write_text("memory_reserve: 0\n")
+    config.write_text("memory_reserve: 0\nevict_timeout: 120\n")
     return start_daemon("--gpus", "1", "--gpu-memory", f"{CARD // MiB}MiB", "--tq", "60",
                         "--grace", "60", "--config", str(config))
 

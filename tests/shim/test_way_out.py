@@ -95,7 +95,7 @@ def test_a_cell_asks_for_the_gpu_while_its_way_out_is_held_in_the_driver(
         checkpointing, tmp_path, workload, card, watch) -> None:
     gate = tmp_path / "unmap-may-go"
     _, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
-                           "evict_timeout: 60\n", FAKE_CUDA_UNMAP_GATE=str(gate))
+                           "evict_timeout: 120\n", FAKE_CUDA_UNMAP_GATE=str(gate))
     launch = b.w.start("d.launch()")
     events.wait_for(lambda d: client(d, a)["residency"] == "evicting", what="a's way out")
     # The way out waits inside the driver, at its first unmap; a's next cell begins meanwhile.
@@ -114,7 +114,7 @@ def test_a_cell_asks_for_the_gpu_while_its_way_out_is_held_in_the_driver(
 def test_a_vmm_cell_asks_for_the_gpu_as_it_begins_while_its_memory_is_away(
         checkpointing, tmp_path, workload, card, watch) -> None:
     _, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
-                           "checkpoint_after: 0\n")
+                           "checkpoint_after: 0\nevict_timeout: 120\n")
     assert b.w.call("d.launch()", timeout=30) == 0
     events.wait_for(lambda d: client(d, a)["residency"] == "evicted", what="a in host memory")
     b.release()
@@ -128,7 +128,7 @@ def test_a_vmm_cell_asks_for_the_gpu_as_it_begins_while_its_memory_is_away(
 def test_a_vmm_kernel_checkpointed_while_away_is_brought_back_by_its_next_cell(
         checkpointing, tmp_path, workload, card, watch) -> None:
     daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
-                                "checkpoint_after: 1\n")
+                                "checkpoint_after: 1\nevict_timeout: 120\n")
     assert b.w.call("d.launch()", timeout=30) == 0
     # Evicted and idle past checkpoint_after: the daemon checkpoints it (its context goes too).
     # (The daemon tells watchers of no change when a checkpoint ends: its log says it.)
