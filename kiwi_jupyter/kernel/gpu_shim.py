@@ -138,7 +138,9 @@ class ShimArbiter(Arbiter):
         return bool(self.shim.holding)
 
     def _shim_waits(self) -> bool:
-        return self.shim.stats().get("state") == "waiting"
+        # Refused for want of room, the hold is idle while the calls wait for the next ask.
+        stats = self.shim.stats()
+        return stats.get("state") == "waiting" or bool(stats.get("room_refused"))
 
     def place(self) -> Place:
         # The shim keeps the position of its last "waiting" (0: not waiting). Where its daemon
@@ -146,8 +148,12 @@ class ShimArbiter(Arbiter):
         # the line asks for the status document only when it moves; else on every look.
         stats = self.shim.stats()
         position = stats.get("queue_position")
+        refused = stats.get("room_refused")
+        retry_in = stats.get("room_retry_in")
         return Place(position if isinstance(position, int) and position > 0 else None,
-                     live=stats.get("position_live") is True)
+                     live=stats.get("position_live") is True,
+                     refused=refused if isinstance(refused, str) and refused else None,
+                     retry_in=float(retry_in) if isinstance(retry_in, (int, float)) else 0.0)
 
     def my_client_id(self) -> str | None:
         client = self.shim.stats().get("client")

@@ -32,6 +32,10 @@ class Place:
 
     position: int | None  # 1-based; None: not known
     live: bool            # the daemon sends an event on every change: no need to ask for one
+    #: The scheduler refused the last ask for want of room (its words), and the client asks
+    #: again in ``retry_in`` seconds; None while it is not refused.
+    refused: str | None = None
+    retry_in: float = 0.0
 
 
 PlaceSource = Callable[[], Place]
@@ -39,6 +43,13 @@ PlaceSource = Callable[[], Place]
 
 def no_place() -> Place:
     return Place(None, live=False)
+
+
+def describe_refusal(refused: str, waited: float, retry_in: float) -> str:
+    """The waiting line while the scheduler says the room this kernel needs cannot be made."""
+    again = f"asking again in {retry_in:.0f} s" if retry_in >= 0.5 else "asking again now"
+    return (f"kiwi: waiting for room on the GPU ({waited:.0f} s): the scheduler cannot make "
+            f"it now: {refused} · {again}")
 
 
 def describe_wait(document: Document | None, me: str | None, waited: float,
@@ -94,6 +105,8 @@ class WaitView:
 
     def text(self, me: str | None, waited: float) -> str:
         place = self._place()
+        if place.refused is not None:  # its own words: no document needed
+            return describe_refusal(place.refused, waited, place.retry_in)
         now = time.monotonic()
         if (self._read_at == 0.0 or not place.live or place.position != self._position
                 or (self._quantum_end is not None and now >= self._quantum_end)

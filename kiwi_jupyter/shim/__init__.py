@@ -29,7 +29,7 @@ from kiwi_jupyter.shim.build import (
     sources_hash,
 )
 
-__all__ = ["BuildError", "Shim", "ShimPolicyError", "cache_dir", "library_path"]
+__all__ = ["BuildError", "NoRoomError", "Shim", "ShimPolicyError", "cache_dir", "library_path"]
 
 _HERE = Path(__file__).resolve().parent
 
@@ -59,6 +59,11 @@ def library_path(*, build: bool = True) -> Path:
 
 class ShimPolicyError(ValueError):
     """A fail policy the shim does not accept (a negative timeout)."""
+
+
+class NoRoomError(MemoryError):
+    """The scheduler could not make room on the GPU for this process for ``KIWI_ROOM_TIMEOUT``
+    seconds: the wait for the GPU gave up (docs/shim.md, "When the daemon cannot make room")."""
 
 
 class Shim:
@@ -118,11 +123,16 @@ class Shim:
     def acquire(self, timeout: float | None = None) -> bool:
         """Wait until this process holds its GPU (eager mode). False on timeout.
 
-        Raises ConnectionError when the daemon is unreachable and the policy is closed.
+        Raises ConnectionError when the daemon is unreachable and the policy is closed, and
+        NoRoomError when the scheduler could not make room for it for ``KIWI_ROOM_TIMEOUT``.
         """
         result = self._lib.kiwi_shim_acquire(float(timeout or 0.0))
         if result < 0:
             raise ConnectionError("the Kiwi scheduler is unreachable and the fail policy is closed")
+        if result == 3:
+            why = self.stats().get("room_last_refusal") or "it gave no reason"
+            raise NoRoomError(f"the Kiwi scheduler could not make room on the GPU for this "
+                              f"process within KIWI_ROOM_TIMEOUT: {why}")
         # 2: interrupted. Ctrl-C's KeyboardInterrupt is raised by Python itself as this returns.
         return result == 0
 

@@ -30,6 +30,7 @@
  *               dispatch.c    what each line from the daemon does to the hold
  *               release.c     the release sequence, whatever asked for it
  *               outage.c      while the daemon is away: the lost connection, the fail policy
+ *               room.c        a wait the daemon refuses for want of room: backoff, timeout
  *               wishes.c      what other threads ask of the comm thread (api.c's calls)
  *               start.c       starting the thread, and starting afresh in a forked child
  *               link.c        the connection: socket and framing
@@ -42,6 +43,7 @@
  *               driver.c      finding the driver's own functions
  *               news.c        what the mechanisms tell the client, without calling it
  *               gate.c        the gate: work waits there until this process holds its GPU
+ *               room_wait.c   an allocation the full card cannot back waits for room
  *               interrupt.c   Ctrl-C ends a wait for the GPU
  *               captures.c    graph captures in progress, which a release must wait for
  *               memory.c      the table of allocations, and frees deferred past a capture;
@@ -112,6 +114,7 @@ struct kiwi_config {
     double idle_release;     /* KIWI_IDLE_RELEASE seconds outside cells; 0 = never */
     bool fail_closed;        /* KIWI_FAIL_POLICY=closed */
     double fail_timeout;     /* KIWI_FAIL_TIMEOUT: an outage this long triggers the policy */
+    double room_timeout;     /* KIWI_ROOM_TIMEOUT: refused room this long, waits give up; 0 never */
     bool log;                /* KIWI_SHIM_LOG=1: say what the shim does on stderr */
     bool restore_by_fault;   /* KIWI_RESTORE=fault: no prefetch back on a grant (benchmarks) */
     int gpu;                 /* KIWI_GPU, else from CUDA/NVIDIA_VISIBLE_DEVICES, else 0 */
@@ -138,6 +141,9 @@ bool kiwi_parse_size(const char *text, uint64_t *bytes);
 double kiwi_now(void); /* CLOCK_MONOTONIC seconds */
 void kiwi_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kiwi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A detached thread of the shim's own running main, every signal blocked (they are the main
+ * thread's); false when none could be made. */
+bool kiwi_thread_start(void *(*main)(void *));
 
 /* ---- driver.c ---------------------------------------------------------------------------- */
 
@@ -177,6 +183,9 @@ void kiwi_news_subscribe(void (*start)(void));
 void kiwi_news_listen(int fd);
 /* Something needs the client (GPU work, an allocation): starts it, the first time. */
 void kiwi_news_need_client(void);
+/* The client's thread says it is the one; whether the calling thread is it. */
+void kiwi_news_client_thread(void);
+bool kiwi_news_on_client_thread(void);
 /* Wakes the client's thread, if it runs; async-signal-safe. */
 void kiwi_news_wake(void);
 /* Starts the client if need be, notes the news, and wakes it (once, until it takes them). */
@@ -214,11 +223,32 @@ double kiwi_gate_seconds_waiting(void);
  * policy, while the daemon is away). */
 void kiwi_gate_refuse(bool refuse);
 bool kiwi_gate_refusing(void);
+/* Under kiwi_lock: the calls waiting at the closed gate now give up, for want of room: each
+ * returns CUDA_ERROR_OUT_OF_MEMORY (the client's, when the daemon refused room past
+ * KIWI_ROOM_TIMEOUT). kiwi_gate_give_ups counts it, for other waits that end alike. */
+void kiwi_gate_give_up(void);
+unsigned kiwi_gate_give_ups(void);
 /* From now on kiwi_gate_used_since_mark says whether any call has left the gate (free_ranges.c). */
 void kiwi_gate_mark(void);
 bool kiwi_gate_used_since_mark(void);
 /* A forked child: kiwi_lock afresh, the gate closed, nobody waiting. */
 void kiwi_gate_after_fork(void);
+
+/* ---- room_wait.c ------------------------------------------------------------------------- */
+
+/* Whether an allocation of size bytes the card cannot back now may wait for the daemon to make
+ * room: not on the client's own thread, not while a graph capture is open (said, when not). */
+bool kiwi_room_may_wait(size_t size);
+/* An allocation of size bytes has its addresses and waits until the daemon has made room and
+ * the restore on its grant has mapped it: CUDA_SUCCESS; or CUDA_ERROR_OUT_OF_MEMORY when the
+ * room cannot be had (said on stderr, with why), CUDA_ERROR_SYSTEM_NOT_READY when interrupted. */
+CUresult kiwi_room_wait(size_t size);
+/* Under kiwi_lock: the allocations waiting for room now, their memory not mapped yet (the
+ * client asks for the GPU for them, or, holding it, gives it back and asks again). */
+int kiwi_room_waiters(void);
+/* Under kiwi_lock: for the client: the room cannot be had (why); the waits now end. */
+void kiwi_room_fail(const char *why);
+void kiwi_room_after_fork(void);
 
 /* ---- interrupt.c ------------------------------------------------------------------------- */
 

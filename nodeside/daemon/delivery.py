@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from nodeside import protocol as p
 from nodeside.daemon import hostmem
+from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.router import TURN_EVENT, Router
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import Checkpoint, Checkpointed, Item, Restore
@@ -40,6 +41,10 @@ from nodeside.scheduler.core import (
 
 log = logging.getLogger("kiwi.daemon")
 
+#: Seconds between two log lines about one client's refusals for room: a refused kernel asks
+#: again (with backoff), and each refusal need not be a line of its own.
+REFUSALS_LOGGED_EVERY = 60.0
+
 
 class Delivery:
     def __init__(self, scheduler: Scheduler, router: Router, clock: Callable[[], float],
@@ -56,6 +61,9 @@ class Delivery:
         self.action_observers: list[Callable[[list[Action], float], None]] = []
         #: Each GPU's last grant line, with the quantum it carries: a TQ change replaces it.
         self._grant_lines: dict[int, tuple[float | None, bytes]] = {}
+        #: Refusals for room, one line per client (uid and name: a kernel keeps its name when
+        #: it connects again) per REFUSALS_LOGGED_EVERY, the next with how many were not.
+        self._refusals = RateLimitedLog(log, REFUSALS_LOGGED_EVERY, clock)
 
     def apply(self, actions: list[Action], handoff_started: float | None = None) -> None:
         """Deliver every action; ``handoff_started``: when the release that led here arrived."""
@@ -136,8 +144,10 @@ class Delivery:
                 conn.send(p.encode(p.EVICT, gpu=action.gpu, bytes=action.nbytes,
                                    **{"for": action.for_name}))
         elif isinstance(action, Refuse):
-            log.warning("Refused %s on GPU %d: %s", self.name(action.client), action.gpu,
-                        action.message)
+            client = self.scheduler.clients.get(action.client)
+            who = (client.uid, client.name) if client is not None else (None, action.client)
+            self._refusals.warning(("room", *who), "Refused %s on GPU %d: %s",
+                                   self.name(action.client), action.gpu, action.message)
             if conn is not None:
                 conn.send(p.encode(p.ERROR, code=p.E_ROOM, message=action.message))
         elif isinstance(action, Uncounted):

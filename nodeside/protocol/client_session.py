@@ -18,7 +18,8 @@ Everything every client must get right about the protocol is done here once:
   daemon that answers it ``released`` (it predates requeue) is asked again with an acquire; a
   release with ``evict_first`` is answered ``released`` (done) or with a ``drop`` carrying its
   seq (evict, then release: DROPPING); a drop, revocation or position that crossed a release of
-  ours changes nothing.
+  ours changes nothing; an ``error`` event with code ``room`` ends a wait (the room it needs
+  cannot be made): idle again, nothing asked until the shell asks.
 """
 
 from __future__ import annotations
@@ -365,5 +366,13 @@ class ClientSession:
         if op == p.RELEASED:
             return [ev.Released(message)]
         if op == p.ERROR:
+            if message.get("code") == p.E_ROOM and state in (Hold.ASKING, Hold.WAITING):
+                # The daemon gave up the wait: the room cannot be made, and this client is idle
+                # again. Asking again at once would be refused again: the shell backs off.
+                self.wanted = False
+                self._ask_seq = None
+                self._position = None
+                self._move(Hold.IDLE)
+                return [ev.AskRefused(message)]
             return [ev.DaemonError(message)]
         return []

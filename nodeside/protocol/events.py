@@ -104,7 +104,8 @@ class Released(Event):
 
 
 class AskRefused(Event):
-    """The daemon answered the acquire with an error: nothing is asked any more."""
+    """The daemon answered the acquire with an error, or ended the wait with an ``error`` event
+    whose code is ``room`` (the room it needs cannot be made): nothing is asked any more."""
 
     __slots__ = ()
 

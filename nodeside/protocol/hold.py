@@ -9,6 +9,7 @@ the same table (generated), for its own ``kiwi_hold_move``::
     IDLE --acquire--> ASKING --waiting--> WAITING --grant--> HOLDING --drop--> DROPPING
                         +------------grant-----------------^     ^----grant----/
     ASKING, WAITING --cancel--> RELEASING --released--> IDLE
+    ASKING, WAITING --error room (no room can be made)--> IDLE
     HOLDING, DROPPING --release, revoked--> IDLE;  --requeue--> ASKING
     HOLDING, DROPPING --evict_first--> RELEASING --released--> IDLE, or --drop--> DROPPING
 
@@ -62,11 +63,14 @@ MOVES: Final[dict[tuple[Hold, Hold], str]] = {
     (Hold.IDLE, Hold.ASKING): "acquire sent",
     (Hold.ASKING, Hold.WAITING): "its answer: waiting",
     (Hold.ASKING, Hold.HOLDING): "its answer: grant (or a grant event after a seq-less acquire)",
-    (Hold.ASKING, Hold.IDLE): "its answer: an error; or the connection was lost",
+    (Hold.ASKING, Hold.IDLE): "its answer: an error (or an `error` event with code `room`); or "
+                              "the connection was lost",
     (Hold.ASKING, Hold.RELEASING): "cancelled before its answer: release sent",
     (Hold.WAITING, Hold.HOLDING): "grant event",
     (Hold.WAITING, Hold.RELEASING): "cancelled: release sent",
-    (Hold.WAITING, Hold.IDLE): "the connection was lost",
+    (Hold.WAITING, Hold.IDLE): "an `error` event with code `room` (`memory` feature): the room "
+                               "it waits for cannot be made, and it is idle again; or the "
+                               "connection was lost",
     (Hold.HOLDING, Hold.DROPPING): "drop event; the shim: its release sequence begins",
     (Hold.HOLDING, Hold.IDLE): "release sent (a plain one: the GPU changes hands at once); "
                                "revoked; the connection was lost",

@@ -180,8 +180,10 @@ class Client:
     last_used: float = 0.0
     #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
     evict_asked_at: float | None = None
-    #: When its way out last made progress (its reports' resident bytes fell); the eviction's
-    #: deadline runs from here: ``evict_timeout`` without progress ends the wait for it.
+    #: While on that way out: whether it reported since it was asked (its way out began), and
+    #: when it last made progress (that first report, then each of PROGRESS_BYTES fewer on the
+    #: GPU). Its ``evict_timeout`` runs from its last progress, else from the ask.
+    evict_began: bool = False
     evict_progress_at: float | None = None
     #: When it was last asked to evict (``Evict`` or ``Suspend`` for room): the next request
     #: waits ``evict_interval`` (a TQ for a waiter of lower priority than it).

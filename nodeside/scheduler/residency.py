@@ -18,10 +18,16 @@ A grant whose working set does not fit beside what is resident asks idle clients
 (``make_room``): LOW before NORMAL and HIGH, idle before waiting, least recently used first,
 never a holder, and only as much as is missing, as often as fair_eviction.py allows. The grant
 goes out when reports and ``evicted`` bring the counted bytes down; meanwhile grants that need no
-room go on (turns.py). A client that makes no progress within ``evict_timeout`` is checkpointed
-where the daemon's checkpoint evictor reaches it, else it is taken as unable to evict; when the
-room cannot be made at all, the waiter is refused, told who holds the memory. An evicted client
-idle for ``checkpoint_after`` is checkpointed too (its context is freed).
+room go on (turns.py). The ``evict_timeout`` of a way out runs from its last progress (its first
+report, as the shim's way out begins, then each report of at least PROGRESS_BYTES fewer on the
+GPU), so one that makes progress is never cut short and one that moves a byte at a time holds
+nobody. A client that has not reported since it was asked (its way out never began: it is between
+two moves), or whose eviction failed, is checkpointed where the daemon's checkpoint evictor
+reaches it; one that stalled in the middle of its own way out is never checkpointed there (the
+process would stop inside the driver with half its memory moved): like one the evictor cannot
+reach, it is taken as unable to evict. When the room cannot be made at all, the waiter is
+refused, told who holds the memory. An evicted client idle for ``checkpoint_after`` is
+checkpointed too (its context is freed).
 """
 
 from __future__ import annotations
@@ -139,12 +145,16 @@ class Residency:
         """A ``working_set`` report with figures: progress of an eviction or of a restore.
         A report never makes a client that could not evict evictable again (only its next
         grant does): saying its figures again cannot start another's wait over."""
+        if client.residency == EVICTING and client.evict_asked_at is not None:
+            # Its deadline follows its progress: its way out beginning (the first report since
+            # it was asked), then each report of PROGRESS_BYTES fewer on the GPU (or none).
+            if not client.evict_began or (resident is not None and (
+                    resident <= client.resident_bytes - PROGRESS_BYTES or not resident)):
+                client.evict_progress_at = now
+            client.evict_began = True
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
-            if client.residency == EVICTING and (
-                    resident <= client.resident_bytes - PROGRESS_BYTES or not resident):
-                client.evict_progress_at = now
             client.resident_bytes = resident
             client.memory_source = "shim"
         if host is not None:
@@ -179,7 +189,7 @@ class Residency:
         failed is checkpointed where the daemon reaches the process, else given up on."""
         check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
-        client.evict_asked_at = None
+        _asked_to_evict(client, None)
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -205,13 +215,15 @@ class Residency:
 
     def _could_not_evict(self, client: Client, why: str, reason: str) -> list[Action]:
         """``client`` could not move its memory out (``why``): checkpointed where the daemon's
-        evictor reaches it; else not asked again until its next grant, and what only its claim
-        says it holds no longer counts against others' room."""
+        evictor reaches it and it is between two moves; else not asked again until its next
+        grant, and what only its claim says it holds no longer counts against others' room.
+        Never checkpointed in the middle of its own way out (it reported since it was asked):
+        the process would stop inside the driver with half its memory moved, and hang."""
         gpu = self.state.gpus[client.gpu]
-        if client.checkpointable and not client.checkpoint_asked:
+        if client.checkpointable and not client.checkpoint_asked and not client.evict_began:
             client.checkpoint_asked = True
             client.residency = EVICTING
-            client.evict_asked_at = client.evict_progress_at = None
+            _asked_to_evict(client, None)
             self._count(client, reason)
             for waiter in gpu.waiters.values():
                 if waiter.waiting_for is not None and waiter.waiting_for.client == client.id:
@@ -221,7 +233,7 @@ class Residency:
         before = counted(client)
         client.evict_failed = why
         client.residency = RESIDENT
-        client.evict_asked_at = client.evict_progress_at = None
+        _asked_to_evict(client, None)
         if before and not counted(client):
             return [Uncounted(client.id, gpu.spec.index, before, why)]
         return []
@@ -229,7 +241,7 @@ class Residency:
     def released_evicting(self, client: Client, now: float) -> None:
         """A holder released with ``evicting``: its memory is on its way out."""
         client.residency = EVICTING
-        client.evict_asked_at = client.evict_progress_at = now
+        _asked_to_evict(client, now)
         self._count(client, "release")
 
     def _count(self, client: Client, reason: str) -> None:
@@ -242,7 +254,7 @@ class Residency:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
         memory, or (``error``) it could not be moved; ``memory_free``: the process holds no
         GPU memory at all (the driver knows no CUDA process by its pid), whatever it says."""
-        client.evict_asked_at = client.evict_progress_at = None
+        _asked_to_evict(client, None)
         if memory_free:
             # Counted as holding none, whatever it reports, until its next grant.
             client.resident_bytes = 0
@@ -352,7 +364,7 @@ class Residency:
     def _ask(self, gpu: GpuState, client: Client, candidate: Client, nbytes: int,
              now: float) -> Action:
         """Ask ``client`` to evict ``nbytes`` for ``candidate``, and keep the books."""
-        client.evict_asked_at = client.evict_progress_at = now
+        _asked_to_evict(client, now)
         fair_eviction.asked(client, candidate, now)
         self.state.counts["evictions"] += 1
         self._count(client, "room")
@@ -391,8 +403,7 @@ class Residency:
             at = self._stalled_at(client)
             if at is not None and now >= at:
                 actions.extend(self._could_not_evict(
-                    client, f"made no progress evicting for {config.evict_timeout:g} s "
-                    f"(evict_timeout)", "timeout"))
+                    client, _stall(client, config.evict_timeout), "timeout"))
                 continue
             at = self._second_stage_at(client)
             if at is not None and now >= at:
@@ -414,10 +425,7 @@ class Residency:
 
     def _stalled_at(self, client: Client) -> float | None:
         """When an eviction under way has gone ``evict_timeout`` without progress."""
-        since = client.evict_progress_at
-        if client.residency != EVICTING or since is None or client.checkpoint_asked:
-            return None
-        return since + self.state.config.evict_timeout
+        return _evict_due(client, self.state.config.evict_timeout)
 
     def _second_stage_at(self, client: Client) -> float | None:
         after = self.state.config.checkpoint_after
@@ -426,3 +434,28 @@ class Residency:
                 client.hold_state is not HoldState.IDLE:
             return None
         return client.evicted_at + after
+
+
+def _asked_to_evict(client: Client, now: float | None) -> None:
+    """``client`` was asked to evict at ``now`` (None: its way out is over): nothing heard of it
+    since."""
+    client.evict_asked_at = now
+    client.evict_began = False
+    client.evict_progress_at = None
+
+
+def _evict_due(client: Client, evict_timeout: float) -> float | None:
+    """When a client on its way out has made no progress for ``evict_timeout``: counted from
+    its last progress since it was asked, or from the ask; None when no deadline runs."""
+    asked = client.evict_asked_at
+    if client.residency != EVICTING or asked is None or client.checkpoint_asked:
+        return None
+    progress = client.evict_progress_at
+    return (asked if progress is None else progress) + evict_timeout
+
+
+def _stall(client: Client, evict_timeout: float) -> str:
+    """Why ``client``'s eviction is given up on, as the log and its status say."""
+    if client.evict_began:
+        return f"made no progress evicting for {evict_timeout:g} s (evict_timeout)"
+    return f"did not begin to evict within {evict_timeout:g} s (evict_timeout)"

@@ -188,3 +188,32 @@ def test_a_shimmed_kernel_shows_as_its_notebook(
         assert (row["kind"], row["display_name"]) == ("shim", notebook)
     finally:
         kernel.shutdown()
+
+
+def test_a_cell_the_scheduler_cannot_make_room_for_says_why_then_fails_after_the_room_timeout(
+        pair: tuple[KernelUnderTest, KernelUnderTest], daemon: DaemonProcess) -> None:
+    """Issue 40 N4a: refused with `room`, the shim asks again with backoff on the same
+    connection; the cell shows one waiting line saying why and when it asks again, updated in
+    place, and fails after KIWI_ROOM_TIMEOUT with CUDA_ERROR_OUT_OF_MEMORY."""
+    from shim.scripted_daemon import ScriptedDaemon
+
+    why = "kernel needs 4.0 GiB on GPU 0 ... held by nbA.ipynb (6.0 GiB, pinned allocations)"
+    scripted = ScriptedDaemon(daemon.directory / "refusing.sock")
+    scripted.refuse_room = why
+    (kernel,) = start_kernels(daemon.directory, str(scripted.path), KIWI_SHIM="",
+                              LD_LIBRARY_PATH=str(daemon.directory / "fakecuda"),
+                              KIWI_ROOM_TIMEOUT="4")
+    try:
+        assert kernel.run(SETUP).status == "ok"
+        done = kernel.collect(kernel.submit(LAUNCH))
+        assert done.value == 2  # CUDA_ERROR_OUT_OF_MEMORY, once KIWI_ROOM_TIMEOUT is over
+        lines = [m["content"]["data"]["text/plain"]
+                 for m in done.of_type("display_data", "update_display_data")]
+        refused = [line for line in lines if line]
+        assert refused and all(line.startswith("kiwi: waiting for room on the GPU (") and
+                               why in line for line in refused), lines
+        assert lines[-1] == ""  # blanked once the wait is over
+        assert len(scripted.messages("register")) == 1
+    finally:
+        kernel.shutdown()
+        scripted.close()

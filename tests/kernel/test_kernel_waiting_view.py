@@ -91,6 +91,16 @@ def test_the_clients_own_position_wins_over_an_older_document() -> None:
     assert "position 1 of 3 in the queue" in line
 
 
+def test_a_wait_refused_for_room_says_why_and_when_it_asks_again_without_a_document() -> None:
+    status = Counting(document(1))
+    why = "nbB needs 4.0 GiB on GPU 0 ... held by nbA (6.0 GiB, pinned allocations)"
+    view = WaitView(status, lambda: Place(None, live=True, refused=why, retry_in=3.6))
+    line = view.text("me", 12)
+    assert line == ("kiwi: waiting for room on the GPU (12 s): the scheduler cannot make it "
+                    f"now: {why} · asking again in 4 s")
+    assert status.asked == 0
+
+
 def test_a_waiting_line_over_a_real_daemon_asks_only_on_change(calm: DaemonProcess) -> None:
     with Client(calm.socket, name="holder") as holder, \
             Client(calm.socket, name="first") as first, \

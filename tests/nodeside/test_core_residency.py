@@ -184,6 +184,59 @@ def test_a_silent_client_the_daemon_reaches_is_checkpointed() -> None:
     assert s.clients[a].residency == EVICTED and s.clients[a].host_bytes == 6 * GiB
 
 
+def test_a_way_out_that_makes_progress_is_never_cut_short_by_its_deadline() -> None:
+    """Issue 39 item 0b: a slow way out (pageable shadows, a large working set) reports every
+    256 MiB; the deadline runs from its last report, so it is never checkpointed from outside
+    in the middle of its own move."""
+    s = make()
+    a = client(s, "nbA", 6 * GiB, checkpointable=True)
+    b = client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    assert of(Evict, s.acquire(5.0, b))
+    moved_at = 5.0
+    for resident in (5.75, 5.5, 5.25, 5.0, 4.75):  # 9 s between reports, 45 s in all
+        moved_at += TIMEOUT - 1.0
+        assert s.report_working_set(moved_at, a, 6 * GiB, resident=int(resident * GiB),
+                                    host=6 * GiB - int(resident * GiB)) == []
+        assert s.next_deadline(moved_at) == moved_at + TIMEOUT
+        assert s.tick(moved_at + TIMEOUT - 0.5) == []
+    assert s.clients[a].residency == EVICTING and s.clients[a].evict_failed is None
+    assert s.report_working_set(moved_at + 1.0, a, 6 * GiB, resident=4 * GiB,
+                                host=2 * GiB) == [Grant(b, 0, 30.0)]
+
+
+def test_a_way_out_that_stalls_midway_is_given_up_not_checkpointed() -> None:
+    """A process checkpointed in the middle of its own move stops inside the driver with half
+    its memory moved: the checkpoint fallback is for clients that never began (between moves)."""
+    s = make()
+    a = client(s, "nbA", 6 * GiB, checkpointable=True)
+    b = client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    s.acquire(5.0, b)
+    s.report_working_set(6.0, a, 6 * GiB, resident=5 * GiB, host=1 * GiB)
+    actions = s.tick(6.0 + TIMEOUT)
+    assert not of(Suspend, actions)
+    assert [r.client for r in of(Refuse, actions)] == [b]
+    assert s.clients[a].residency == RESIDENT
+    assert s.clients[a].evict_failed == f"its way out stalled: no progress for {TIMEOUT:g} s"
+
+
+def test_reports_that_move_nothing_do_not_put_the_deadline_off() -> None:
+    """A client that only says where its memory is, and moves none of it, cannot hold the room
+    for ever: its deadline runs from the ask; having begun, it is given up, not checkpointed."""
+    s = make()
+    a = client(s, "nbA", 6 * GiB, checkpointable=True)
+    b = client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    s.acquire(5.0, b)
+    for at in (7.0, 9.0, 11.0, 13.0):  # the first says its way out began: the clock starts
+        s.report_working_set(at, a, 6 * GiB, resident=6 * GiB, host=0)
+    assert s.next_deadline(13.0) == 7.0 + TIMEOUT
+    actions = s.tick(7.0 + TIMEOUT)
+    assert not of(Suspend, actions) and [r.client for r in of(Refuse, actions)] == [b]
+    assert s.clients[a].evict_failed == f"its way out stalled: no progress for {TIMEOUT:g} s"
+
+
 def test_a_checkpoint_client_is_suspended_at_once_instead_of_asked() -> None:
     s = make()
     a = client(s, "nbA", 6 * GiB, checkpointable=True, evict="checkpoint")

@@ -5,6 +5,8 @@ these tell apart what a wall clock on a loaded machine cannot."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from nodeside import protocol as p
@@ -174,3 +176,32 @@ def test_status_and_ping_change_nothing_a_watcher_hears_of() -> None:
         other.request(p.PING)
         node.sleep(1)
         assert watcher.quiet()
+
+
+# -- refusals for room --------------------------------------------------------------------------
+
+def test_a_client_refused_room_again_and_again_is_one_log_line_a_minute_with_a_count(
+        caplog) -> None:
+    """Issue 40 N4a: a kernel whose room cannot be made asks again (the shim backs off, a
+    hostile peer need not); each refusal is an event to it, not a line in the daemon's log."""
+    gib = 1 << 30
+    with Node(gpu_memory=8 * gib) as node:
+        holder = node.client("nbA", features=[p.FEATURE_MEMORY], working_set=6 * gib,
+                             resident=6 * gib, host=0, evict="vmm")
+        # An eviction that failed: its 6 GiB stay, and no eviction can make room beside them.
+        assert holder.request(p.EVICTED, failed="pinned allocations")["op"] == p.OK
+        waiter = node.client("nbB", features=[p.FEATURE_MEMORY], working_set=6 * gib,
+                             evict="vmm")
+        with caplog.at_level(logging.WARNING, "kiwi.daemon"):
+            for _ in range(5):
+                acquire(waiter)
+                refused = waiter.read(within=1)
+                assert (refused["op"], refused["code"]) == (p.ERROR, p.E_ROOM)
+                node.sleep(2.0)
+            said = [r.getMessage() for r in caplog.records if "Refused nbB" in r.getMessage()]
+            assert len(said) == 1 and "pinned allocations" in said[0]
+            node.sleep(60.0)
+            acquire(waiter)
+            assert waiter.read(within=1)["code"] == p.E_ROOM
+            said = [r.getMessage() for r in caplog.records if "Refused nbB" in r.getMessage()]
+        assert len(said) == 2 and "(and 4 more like it in the last 70 s)" in said[1], said

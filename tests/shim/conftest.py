@@ -10,7 +10,7 @@ import shim_harness
 from fake_device import FakeCard
 from fake_process import FakeProcess
 from shim_harness import SANITIZER_OPTIONS, Workload, build_fake_cuda, requested_sanitizer
-from support import DaemonProcess
+from support import DaemonProcess, StatusEvents
 
 from kiwi_jupyter.shim import library_path
 from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
@@ -120,3 +120,18 @@ def start_fake(model_fake: tuple[Path, dict[str, str]]) -> Iterator[Callable[...
     reports = [p.sanitizer_report() for p in started]
     if any(reports):
         pytest.fail("a sanitizer found an error in the fake driver:\n" + "\n".join(reports))
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[[DaemonProcess], StatusEvents]]:
+    """watch(daemon): a StatusEvents on it (its ``changed`` events, for waits on what the status
+    document shows), closed after the test."""
+    opened: list[StatusEvents] = []
+
+    def open_on(daemon: DaemonProcess) -> StatusEvents:
+        opened.append(StatusEvents(daemon.socket, timeout=30))
+        return opened[-1]
+
+    yield open_on
+    for events in opened:
+        events.close()

@@ -3,13 +3,16 @@ does not speak yet (the hello feature ``memory``, MEMORY-PROTOCOL.md), or no lon
 daemon that predates a feature).
 
 It answers what a client asks the way the daemon does (welcome with the features it serves of
-those asked, registered with the evictor asked for, a grant to every acquire, released to every
-release, ok to the rest), records every line with the time it came, and sends whatever a test
-tells it to. One client at a time.
+those asked, registered with the evictor asked for, a grant to every acquire, or a refusal for
+room when told, released to every release, ok to the rest), records every line with the time it
+came, and sends whatever a test tells it to. One client at a time: what it sends goes to the
+connection that registered last; other connections (a kernel's own status link) are answered
+and recorded alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -34,13 +37,17 @@ class ScriptedDaemon:
         self.after_grant: Message | None = None
         #: More fields for ``registered`` (what a daemon tells the client of itself there).
         self.registered_extra: Message = {}
+        #: When set, every acquire is answered ``waiting`` and then refused with an ``error``
+        #: event of code ``room`` and this message, as the daemon refuses a waiter whose room
+        #: cannot be made.
+        self.refuse_room: str | None = None
         self.received: list[tuple[float, Message]] = []
         self._changed = threading.Condition()
         self._connection: socket.socket | None = None
         self._send_lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
-        self.server.listen(1)
+        self.server.listen(8)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def close(self) -> None:
@@ -88,15 +95,19 @@ class ScriptedDaemon:
                              timeout, what=f"{op} {fields or ''}")
 
     # ---- the daemon's side ----
-    def _write(self, message: Message) -> None:
-        self._write_all([message])
+    def _write(self, message: Message, connection: socket.socket | None = None) -> None:
+        self._write_all([message], connection)
 
-    def _write_all(self, messages: list[Message]) -> None:
+    def _write_all(self, messages: list[Message],
+                   connection: socket.socket | None = None) -> None:
         with self._send_lock:
-            if self._connection:
+            connection = connection or self._connection
+            if connection:
                 # Compact, as the daemon writes; several lines go in one write.
                 lines = "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in messages)
-                self._connection.sendall(lines.encode())
+                # Hung up on (hang_up): the client is gone, as from a real daemon.
+                with contextlib.suppress(OSError):
+                    connection.sendall(lines.encode())
 
     def _reply(self, message: Message) -> Message | None:
         op, seq = message["op"], message.get("seq")
@@ -108,6 +119,8 @@ class ScriptedDaemon:
             return {"op": "registered", "seq": seq, "client": "c1", "gpu": 0, "mode": "on",
                     "tq": 30, "evict": message.get("evict") or "managed",
                     **self.registered_extra}
+        if op == "acquire" and self.refuse_room is not None:
+            return {"op": "waiting", "seq": seq, "position": 1}
         if op == "acquire":
             return {"op": "grant", "seq": seq, "gpu": 0, "quantum": 30}
         if op == "release":
@@ -120,15 +133,26 @@ class ScriptedDaemon:
                 connection, _ = self.server.accept()
             except OSError:
                 return
-            self._connection = connection
-            for line in connection.makefile("r"):
-                message = json.loads(line)
-                with self._changed:
-                    self.received.append((time.monotonic(), message))
-                    self._changed.notify_all()
-                reply = self._reply(message)
-                if reply and reply["op"] == "grant" and self.after_grant is not None:
-                    self._write_all([reply, self.after_grant])
-                    self.after_grant = None
-                elif reply:
-                    self._write(reply)
+            threading.Thread(target=self._serve_one, args=(connection,), daemon=True).start()
+
+    def _serve_one(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # a client that went away (reset): as a daemon
+            self._converse(connection)
+
+    def _converse(self, connection: socket.socket) -> None:
+        for line in connection.makefile("r"):
+            message = json.loads(line)
+            if message["op"] == "register":
+                self._connection = connection  # the client: what the test sends goes here
+            with self._changed:
+                self.received.append((time.monotonic(), message))
+                self._changed.notify_all()
+            refusal = self.refuse_room if message["op"] == "acquire" else None
+            reply = self._reply(message)
+            if reply and reply["op"] == "grant" and self.after_grant is not None:
+                self._write_all([reply, self.after_grant], connection)
+                self.after_grant = None
+            elif reply:
+                self._write(reply, connection)
+            if refusal is not None:
+                self._write({"op": "error", "code": "room", "message": refusal}, connection)

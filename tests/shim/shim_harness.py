@@ -197,7 +197,20 @@ class Workload:
     def _read_stderr(self) -> None:
         assert self.process.stderr
         for line in self.process.stderr:
-            self.stderr.append(line)
+            with self._arrived:
+                self.stderr.append(line)
+                self._arrived.notify_all()
+
+    def said(self, words: str, timeout: float = 10.0) -> list[str]:
+        """The lines of its stderr with words in them, once there is one (stderr is read on a
+        thread of its own: a line written before a reply may be read after it)."""
+        def lines() -> list[str]:
+            return [line for line in self.stderr if words in line]
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: lines() or self._ended, scaled(timeout)):
+                raise AssertionError(f"no line with {words!r} on the workload's stderr:\n"
+                                     + "".join(self.stderr))
+            return lines()
 
     def _send(self, expr: str, background: bool) -> int:
         self._next_id += 1

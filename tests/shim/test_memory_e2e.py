@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,31 +56,19 @@ def room_for_two(start_daemon) -> DaemonProcess:
     return daemon_with_room(start_daemon, 2 * WORKING_SET + WORKING_SET // 2)
 
 
-@pytest.fixture
-def watch(request) -> Iterator[Any]:
-    """watch(daemon): a StatusEvents on it, closed after the test."""
-    opened: list[StatusEvents] = []
-
-    def open_on(daemon: DaemonProcess) -> StatusEvents:
-        opened.append(StatusEvents(daemon.socket, timeout=30))
-        return opened[-1]
-
-    yield open_on
-    for events in opened:
-        events.close()
-
-
 class Kernel:
-    """A shimmed process under the vmm evictor with one working set whose bytes it can check."""
+    """A shimmed process under the vmm evictor with one working set (allocations of ``sizes``)
+    whose bytes it can check."""
 
     def __init__(self, workload, card: FakeCard, daemon: DaemonProcess, name: str,
-                 **env: str) -> None:
+                 sizes: tuple[int, ...] = SIZES, **env: str) -> None:
         self.name = name
         self.card = card
+        self.sizes = sizes
         self.w = workload(KIWI_SOCKET=daemon.socket, KIWI_EVICT="vmm", KIWI_DISPLAY_NAME=name,
                           **card.env, **env)
         self.pid = self.w.process.pid
-        self.pointers = [self.w.call(f"d.alloc({size})") for size in SIZES]
+        self.pointers = [self.w.call(f"d.alloc({size})") for size in sizes]
         self.tag = 0
         self.written = False
 
@@ -90,7 +77,7 @@ class Kernel:
         return f"{self.name} round {self.tag} allocation {i}".encode()
 
     def write(self) -> None:
-        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)):
+        for i, (ptr, size) in enumerate(zip(self.pointers, self.sizes, strict=True)):
             data = self.pattern(i)
             assert self.w.call(f"d.write({ptr}, {data!r})") == 0
             assert self.w.call(f"d.write({ptr + size - len(data)}, {data!r})") == 0
@@ -100,7 +87,7 @@ class Kernel:
         """Whether both ends of every allocation still hold what was last written, read at the
         addresses the allocations were given (a read is GPU work: it waits for the grant and
         for the restore)."""
-        for i, (ptr, size) in enumerate(zip(self.pointers, SIZES, strict=True)):
+        for i, (ptr, size) in enumerate(zip(self.pointers, self.sizes, strict=True)):
             data = self.pattern(i)
             n = len(data)
             if self.w.call(f"d.read({ptr}, {n}) == {data!r}") is not True or \

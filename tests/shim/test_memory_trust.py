@@ -15,14 +15,13 @@ import socket
 from pathlib import Path
 
 from support import DaemonProcess, scaled
-from test_memory_e2e import (  # noqa: F401 - the fixture watch
+from test_memory_e2e import (
     RESERVE,
     ROOM_FOR_ONE,
     WORKING_SET,
     Kernel,
     client,
     registered,
-    watch,
 )
 
 MiB = 1 << 20
@@ -60,7 +59,7 @@ class Liar:
 
 
 def test_a_kernel_that_needs_no_room_is_granted_while_another_waits_for_a_silent_one(
-        start_daemon, workload, card, watch, tmp_path: Path) -> None:  # noqa: F811
+        start_daemon, workload, card, watch, tmp_path: Path) -> None:
     config = tmp_path / "kiwi.yaml"
     config.write_text("evict_timeout: 600\n")
     daemon = start_daemon("--tq", "60", "--grace", "30", "--gpus", "1", "--gpu-memory",

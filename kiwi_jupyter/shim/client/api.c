@@ -24,8 +24,9 @@ KIWI_EXPORT void kiwi_shim_cell_begin(void)
 
 /* Eager acquisition: waits until this process holds its GPU. timeout in seconds, 0 = no limit.
  * Returns 0 when GPU work may run (held, or the daemon is unreachable and the policy is open),
- * 1 on timeout, 2 when interrupted (kiwi_shim_interrupt, Ctrl-C), -1 when the daemon is
- * unreachable and the policy is closed. */
+ * 1 on timeout, 2 when interrupted (kiwi_shim_interrupt, Ctrl-C), 3 when the scheduler could
+ * not make room for it for KIWI_ROOM_TIMEOUT (the stats' room_refused says why), -1 when the
+ * daemon is unreachable and the policy is closed. */
 KIWI_EXPORT int kiwi_shim_acquire(double timeout)
 {
     kiwi_init();
@@ -100,6 +101,14 @@ KIWI_EXPORT long long kiwi_shim_set_free_ranges(const unsigned long long *ptrs,
     return kiwi_free_ranges_set(ptrs, sizes, count);
 }
 
+/* text as a JSON string into buf, or null when it is empty. */
+static void quote_or_null(char *buf, size_t size, const char *text)
+{
+    buf[0] = '\0';
+    if (!text[0] || !kiwi_json_quote(buf, size, text))
+        snprintf(buf, size, "null");
+}
+
 /* The shim's statistics as one JSON object, written like snprintf: returns the length the
  * whole document needs (excluding the NUL), so a caller whose buffer was too small can retry. */
 KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
@@ -116,6 +125,9 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         snprintf(client, sizeof client, "\"%s\"", s.client);
     if (s.mode[0])
         snprintf(mode, sizeof mode, "\"%s\"", s.mode);
+    char refused[sizeof s.room_refused * 2 + 8], last_refusal[sizeof refused];
+    quote_or_null(refused, sizeof refused, s.room_refused);
+    quote_or_null(last_refusal, sizeof last_refusal, s.room_last_refusal);
     char known[sizeof kiwi_cfg.gpu_uuid], uuid[sizeof known + 8] = "null";
     kiwi_gpu_uuid(known, sizeof known);
     if (known[0]) {
@@ -135,7 +147,9 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         "\"last_grant_at\":%.6f,\"in_flight\":%d,\"gpu\":%d,\"gpu_uuid\":%s,\"evict\":\"%s\","
         "\"paused\":%s,\"pauses\":%llu,\"resident\":%llu,\"host\":%llu,\"host_shadow\":%llu,"
         "\"host_shadow_pinned\":%llu,\"host_staging\":%llu,\"pin_budget\":%llu,"
-        "\"seconds_pinning\":%.6f,\"restore_failures\":%llu}",
+        "\"seconds_pinning\":%.6f,\"restore_failures\":%llu,"
+        "\"room_refusals\":%llu,\"room_refused\":%s,\"room_retry_in\":%.3f,"
+        "\"room_last_refusal\":%s,\"room_requeues\":%llu}",
         KIWI_SHIM_VERSION, kiwi_cfg.enabled ? "true" : "false", s.connected ? "true" : "false",
         s.failed_open ? "true" : "false", s.failed_closed ? "true" : "false",
         kiwi_hold_word(s.hold), s.in_cell ? "true" : "false", client, mode, s.queue_position,
@@ -155,5 +169,6 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         (unsigned long long)where.host, (unsigned long long)where.shadow,
         (unsigned long long)where.shadow_pinned, (unsigned long long)where.staging,
         (unsigned long long)where.pin_budget, where.seconds_pinning,
-        (unsigned long long)s.restore_failures);
+        (unsigned long long)s.restore_failures, (unsigned long long)s.room_refusals, refused,
+        s.room_retry_in, last_refusal, (unsigned long long)s.room_requeues);
 }

@@ -22,7 +22,8 @@ unsigned kiwi_cancel_seq;
 
 bool kiwi_ask_wanted(void)
 {
-    return (kiwi_gate_waiters() > 0 || kiwi_comm.acquire_wanted) && !kiwi_comm.ask_refused;
+    return (kiwi_gate_waiters() > 0 || kiwi_room_waiters() > 0 || kiwi_comm.acquire_wanted) &&
+           !kiwi_comm.ask_refused;
 }
 
 void kiwi_ask_if_wanted(void)

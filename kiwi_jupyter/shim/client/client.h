@@ -30,6 +30,14 @@ struct kiwi_stats {
     uint64_t restores, bytes_restored;
     double seconds_restoring;
     uint64_t restore_failures; /* restores rolled back for want of room: the grant went back */
+    uint64_t room_requeues;  /* holds given back and asked again for an allocation's room */
+    uint64_t room_refusals;  /* waits the daemon refused: the room they need cannot be made */
+    /* While calls wait for the GPU and the daemon refused the last ask for want of room: its
+     * words, and the seconds until the next ask (kiwi_comm_stats fills both in); "" and 0
+     * otherwise. room_last_refusal: its words at the last refusal, kept until a grant. */
+    char room_refused[256];
+    char room_last_refusal[256];
+    double room_retry_in;
     double seconds_waiting;  /* time gated calls spent waiting for the GPU */
     /* CLOCK_MONOTONIC when the last grant arrived, before its restore: benchmarks time the
      * way back to full speed from here, whichever way the pages come back. 0 before any. */
@@ -43,14 +51,20 @@ struct kiwi_stats {
 struct kiwi_comm_state {
     struct kiwi_stats stats;
     bool acquire_wanted;     /* kiwi_shim_acquire: eager acquisition */
+    bool moving_out;         /* a way out runs on its own thread (way_out.c) */
     bool ask_refused;        /* the daemon refused an acquire: not asked again for the same
                                 wish (a new cell, eager acquire or connection clears it) */
     unsigned release_asked;  /* generations: kiwi_shim_release waits for done to catch up */
     unsigned release_done;
     double outage_since;
     double granted_at;
-    double retry_after;      /* after a failed restore: no acquire before this */
-    double retry_backoff;    /* and how long the next failure waits */
+    double retry_after;      /* after a failed restore or a refusal for room: no acquire
+                                before this */
+    double retry_backoff;    /* and how long the next failed restore waits */
+    double room_backoff;     /* how long the next refusal for room waits (room.c) */
+    double room_refused_since; /* the first refusal of the wait now: its KIWI_ROOM_TIMEOUT
+                                  counts from here; 0 when none */
+    int room_restores_failed; /* restores without room in a row, while allocations wait */
     bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
     bool policy_closed;
     double policy_timeout;
@@ -118,8 +132,8 @@ extern unsigned kiwi_ask_seq;
 /* The release taking a request back, whose answer is awaited (RELEASING); 0 when none. */
 extern unsigned kiwi_cancel_seq;
 
-/* Under kiwi_lock: whether the process wants the GPU (a gated call waits, or an eager
- * acquire), and was not refused it for that wish. */
+/* Under kiwi_lock: whether the process wants the GPU (a gated call or an allocation waits, or
+ * an eager acquire), and was not refused it for that wish. */
 bool kiwi_ask_wanted(void);
 /* Sends acquire when the GPU is wanted, nothing is asked, held or being released, and the
  * session is ready. */
@@ -134,6 +148,41 @@ bool kiwi_ask_answered(const char *op, double seq);
  * asks. */
 void kiwi_ask_requeue(void);
 void kiwi_ask_after_lost(void);
+
+/* ---- way_out.c --------------------------------------------------------------------------- */
+
+/* The comm thread, once the hold has ended: hands the way out to a thread of its own and tells
+ * the daemon it began; false when one is under way already (its `evicted` answers for both) or
+ * there is no thread for it. */
+bool kiwi_way_out_start(void);
+/* A way out is under way, or its end is not carried out yet. */
+bool kiwi_way_out_busy(void);
+/* The comm thread's turn: the way out's progress reported, its end counted and `evicted` sent. */
+void kiwi_way_out_act(void);
+/* On a grant, before the restore: waits for the way out under way to end, and carries it out. */
+void kiwi_way_out_join(void);
+void kiwi_way_out_after_fork(void);
+
+/* ---- room.c ------------------------------------------------------------------------------ */
+
+/* An `error` event with code `room` (line): the daemon refused the wait; asked again later. */
+void kiwi_room_on_refused(const char *line);
+/* Under kiwi_lock: a grant ends the refusals, and their backoff. */
+void kiwi_room_granted(void);
+/* The comm thread's turn: waits refused for longer than KIWI_ROOM_TIMEOUT give up. */
+void kiwi_room_act(void);
+/* The comm thread's turn for allocations that wait for room (mechanisms/room_wait.c): they
+ * fail where no daemon makes room; true when any wait on. Once the working set that includes
+ * them is reported, kiwi_room_requeue: holding, the process gives the GPU back and asks again
+ * (or they fail, when it cannot); otherwise the ask is asking.c's, as for calls at the gate. */
+bool kiwi_room_wanted(void);
+void kiwi_room_requeue(void);
+/* A restore on a grant found no room: the third in a row fails the allocations waiting. */
+void kiwi_room_restore_failed(void);
+/* Under kiwi_lock: a cell ended; the next wait has a KIWI_ROOM_TIMEOUT of its own. */
+void kiwi_room_cell_end(void);
+/* Under kiwi_lock: the refusal the stats show (into out), while calls wait for the GPU. */
+void kiwi_room_stats(struct kiwi_stats *out);
 
 /* ---- outage.c ---------------------------------------------------------------------------- */
 
@@ -163,6 +212,10 @@ void kiwi_release_on_yield_answer(const char *op, const char *line);
  * whether to evict first (RELEASING until the answer). */
 void kiwi_release_finish(void);
 void kiwi_release_ask_evict_first(void);
+/* Allocations wait for room while this process holds the GPU: it gives it back and asks again
+ * (release with requeue), since the daemon makes room before a grant; false (with why) when it
+ * cannot now (a graph capture is open, or synchronizing failed). */
+bool kiwi_release_for_room(const char **why);
 /* A drop was read (DROPPING): with evict, the next holder needs the room; quiesced, it answers
  * evict_first and only the eviction and the release are left. kiwi_release_carry_out does it. */
 void kiwi_release_dropped(bool evict, bool quiesced);
@@ -243,6 +296,9 @@ struct kiwi_json_value {
 
 bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *out);
 bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size);
+/* A string value as text for people: escapes read (a code point outside ASCII becomes '?',
+ * a control character a space), cut with "..." to fit size; false when there is none. */
+bool kiwi_json_text(const char *line, const char *key, char *buf, size_t size);
 bool kiwi_json_number(const char *line, const char *key, double *out);
 bool kiwi_json_true(const char *line, const char *key);
 /* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */

@@ -69,10 +69,27 @@ static double idle_since(void)
 /* A working set report held back by the rate limit: the seconds until it may go. */
 static double report_wait;
 
+/* Sends the working set report the news asks for, unless the rate limit holds it back. */
+static void report_news(void)
+{
+    if (kiwi_link_up() && kiwi_news_take(KIWI_NEWS_WORKING_SET))
+        report_wait = kiwi_residency_report();
+}
+
 /* Acts on what other threads asked for since the last turn of the loop. */
 static void act(void)
 {
+    kiwi_way_out_act();
     kiwi_release_act_deferred();
+    /* Allocations that wait for room: the daemon makes the room a grant needs for the working
+     * set it has heard, so the report goes before the ask (room.c asks, or requeues); one the
+     * rate limit holds back holds the ask back with it. */
+    bool room = kiwi_room_wanted();
+    if (room)
+        report_news();
+    bool ask_now = !room || report_wait <= 0;
+    if (room && ask_now)
+        kiwi_room_requeue();
     pthread_mutex_lock(&kiwi_lock);
     if (kiwi_comm.release_asked != kiwi_comm.release_done) {
         unsigned asked = kiwi_comm.release_asked;
@@ -87,9 +104,10 @@ static void act(void)
         pthread_cond_broadcast(&kiwi_changed);
     }
     pthread_mutex_unlock(&kiwi_lock);
-    kiwi_ask_if_wanted();
+    if (ask_now)
+        kiwi_ask_if_wanted();
     pthread_mutex_lock(&kiwi_lock);
-    bool want = kiwi_gate_waiters() > 0 || kiwi_comm.acquire_wanted;
+    bool want = kiwi_gate_waiters() > 0 || kiwi_room_waiters() > 0 || kiwi_comm.acquire_wanted;
     double since = idle_since();
     bool idle = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING && !kiwi_comm.stats.in_cell &&
                 kiwi_cfg.idle_release > 0 && !want && kiwi_gate_in_flight() == 0 &&
@@ -97,8 +115,8 @@ static void act(void)
     pthread_mutex_unlock(&kiwi_lock);
     if (idle)
         kiwi_release_yield("idle");
-    if (kiwi_link_up() && kiwi_news_take(KIWI_NEWS_WORKING_SET))
-        report_wait = kiwi_residency_report();
+    kiwi_room_act();
+    report_news();
 }
 
 /* Sleeps until woken, the socket has data, or timeout seconds pass. */
@@ -152,6 +170,7 @@ static double next_idle_check(void)
 void *kiwi_comm_main(void *unused)
 {
     (void)unused;
+    kiwi_news_client_thread();
     kiwi_session_send_to(kiwi_link_send);
     double backoff = 0.05;
     for (;;) {

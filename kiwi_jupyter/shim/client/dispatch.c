@@ -29,6 +29,7 @@ static void give_grant_back(const char *why)
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_warn("giving the GPU back (%s); asking again in %.1f s", why, backoff);
+    kiwi_room_restore_failed();
     kiwi_residency_evicted(NULL, why); /* with the memory feature: the daemon hears why */
     kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
 }
@@ -54,18 +55,30 @@ static void on_evict(void)
         evict_asked = true;
 }
 
+/* A grant that answers what we asked (in DROPPING, it withdraws the drop: mode off), not one
+ * that crossed our release or cancel. */
+static bool grant_expected(void)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    pthread_mutex_unlock(&kiwi_lock);
+    return hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING || hold == KIWI_HOLD_DROPPING;
+}
+
 static void on_grant(const char *line)
 {
     double arrived = kiwi_now();
+    if (!grant_expected())
+        return; /* it crossed our release or cancel: the release ended it */
+    /* A way out still under way ends first (the daemon restored a process it checkpointed
+     * before this grant, so it does end), and the daemon hears its `evicted` before the
+     * restore's report. */
+    kiwi_way_out_join();
     /* Restored on every grant, not only after an eviction of ours: while other processes held
      * the GPU the driver may have pushed pages out on its own, to make room for theirs. */
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
     pthread_mutex_lock(&kiwi_lock);
-    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
-    /* In DROPPING, a grant withdraws the drop (mode off). */
-    bool expected = hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING ||
-                    hold == KIWI_HOLD_DROPPING;
     /* A checkpointed process was restored by the daemon before this grant was sent. Memory the
      * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
     bool restore = !kiwi_pager_checkpointing() &&
@@ -73,8 +86,6 @@ static void on_grant(const char *line)
     /* To a daemon that hears where memory is, a report after the restore ends it. */
     bool report = kiwi_session_memory() && (kiwi_comm.stats.evicted || kiwi_pager_away());
     pthread_mutex_unlock(&kiwi_lock);
-    if (!expected)
-        return; /* a grant that crossed our release or cancel: the release ended it */
     struct kiwi_transfer moved = {0};
     if (restore)
         kiwi_pager_move(KIWI_PAGE_IN, &moved);
@@ -98,6 +109,7 @@ static void on_grant(const char *line)
     }
     kiwi_comm.stats.paused = false;
     kiwi_comm.retry_backoff = 0;
+    kiwi_room_granted();
     kiwi_comm.stats.grants++;
     kiwi_comm.stats.last_grant_at = arrived;
     kiwi_comm.stats.queue_position = 0;
@@ -209,10 +221,14 @@ void kiwi_dispatch_line(const char *line)
     } else if (strcmp(op, "error") == 0) {
         char code[32] = "";
         kiwi_json_string(line, "code", code, sizeof code);
-        kiwi_warn("the scheduler refused a request: %s", line);
-        if (strcmp(code, "permission") != 0 && strcmp(code, "invalid") != 0 &&
-            strcmp(code, "state") != 0)
-            kiwi_link_close(code);
+        if (strcmp(code, KIWI_E_ROOM) == 0) {
+            kiwi_room_on_refused(line); /* the connection is as good as ever: room.c */
+        } else {
+            kiwi_warn("the scheduler refused a request: %s", line);
+            if (strcmp(code, KIWI_E_PERMISSION) != 0 && strcmp(code, KIWI_E_INVALID) != 0 &&
+                strcmp(code, KIWI_E_STATE) != 0)
+                kiwi_link_close(code);
+        }
     }
     if (cancelled)
         kiwi_ask_if_wanted(); /* asked again while the cancel was on its way */

@@ -34,6 +34,8 @@ void kiwi_comm_link_lost(const char *why)
  * evictor's is not even mapped). False when the card has no room for it yet. */
 static bool restored_for_fail_open(void)
 {
+    if (kiwi_way_out_busy())
+        return false; /* its end first: it may wait for a daemon that restores the process */
     if (!kiwi_pager_away())
         return true;
     struct kiwi_transfer moved = {0};
@@ -61,10 +63,18 @@ double kiwi_outage_act(void)
     bool opening = due <= 0 && !kiwi_comm.stats.failed_open && !kiwi_gate_refusing() &&
                    !kiwi_comm.policy_closed;
     pthread_mutex_unlock(&kiwi_lock);
-    if (opening && !restored_for_fail_open())
+    if (opening && !restored_for_fail_open()) {
+        /* Nobody makes room meanwhile: allocations waiting for it fail (the restore maps them
+         * where the card has room). */
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_room_fail("the scheduler is unreachable, and nobody else makes room");
+        pthread_mutex_unlock(&kiwi_lock);
         return 1.0; /* tried again in a second */
+    }
     pthread_mutex_lock(&kiwi_lock);
     kiwi_comm.release_done = kiwi_comm.release_asked;
+    if (kiwi_gate_refusing() || (kiwi_comm.policy_closed && due <= 0))
+        kiwi_room_fail("the scheduler is unreachable, and the fail policy is closed");
     double outage = kiwi_now() - kiwi_comm.outage_since;
     double left = kiwi_comm.policy_timeout - outage;
     if (left <= 0 && !kiwi_comm.stats.failed_open && !kiwi_gate_refusing()) {

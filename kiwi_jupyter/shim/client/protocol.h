@@ -196,7 +196,8 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
         /* -> ASKING: acquire sent */
         return to == KIWI_HOLD_ASKING;
     case KIWI_HOLD_ASKING:
-        /* -> IDLE: its answer: an error; or the connection was lost */
+        /* -> IDLE: its answer: an error (or an `error` event with code `room`); or the
+         * connection was lost */
         /* -> WAITING: its answer: waiting */
         /* -> HOLDING: its answer: grant (or a grant event after a seq-less acquire) */
         /* -> RELEASING: cancelled before its answer: release sent */
@@ -205,7 +206,8 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
                to == KIWI_HOLD_HOLDING ||
                to == KIWI_HOLD_RELEASING;
     case KIWI_HOLD_WAITING:
-        /* -> IDLE: the connection was lost */
+        /* -> IDLE: an `error` event with code `room` (`memory` feature): the room it waits
+         * for cannot be made, and it is idle again; or the connection was lost */
         /* -> HOLDING: grant event */
         /* -> RELEASING: cancelled: release sent */
         return to == KIWI_HOLD_IDLE ||

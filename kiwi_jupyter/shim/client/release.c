@@ -40,10 +40,17 @@ void kiwi_release_evict_now(void)
 {
     if (kiwi_pager_checkpointing())
         return; /* the daemon moves this process, from outside */
-    /* With the memory feature the daemon hears the way out as it goes (residency.c). */
+    if (kiwi_way_out_busy())
+        return; /* the way out under way answers for this one too */
+    /* With the memory feature the hold has ended already (an `evict` while idle, a release
+     * with `evicting`): the way out runs on a thread of its own (way_out.c), and the daemon
+     * hears it as it goes (residency.c). */
+    bool movable = kiwi_pager_movable();
+    if (movable && kiwi_session_memory() && kiwi_way_out_start())
+        return;
     struct kiwi_transfer moved = {.progress = kiwi_session_memory() ? kiwi_residency_progress
                                                                     : NULL};
-    if (kiwi_pager_movable()) {
+    if (movable) {
         kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
         kiwi_pager_move(KIWI_PAGE_OUT, &moved);
         pthread_mutex_lock(&kiwi_lock);
@@ -212,6 +219,27 @@ void kiwi_release_sequence(bool evict, const char *why)
         deferred.evict = evict;
         defer(why);
     }
+}
+
+bool kiwi_release_for_room(const char **why)
+{
+    enum quiesced quiesced = quiesce("room for an allocation", false);
+    if (quiesced == QUIESCED) {
+        /* The allocations waiting are the wish: no eager one of its own, should the daemon
+         * refuse the room. */
+        pthread_mutex_lock(&kiwi_lock);
+        bool eager = kiwi_comm.acquire_wanted;
+        pthread_mutex_unlock(&kiwi_lock);
+        kiwi_ask_requeue();
+        pthread_mutex_lock(&kiwi_lock);
+        kiwi_comm.acquire_wanted = eager;
+        pthread_mutex_unlock(&kiwi_lock);
+        return true;
+    }
+    *why = quiesced == CAPTURING
+               ? "a graph capture is open: the GPU cannot change hands to make room"
+               : "synchronizing the GPU failed: it cannot change hands to make room";
+    return false;
 }
 
 /* The process gives the GPU back of its own accord (cell end, idle): ask the daemon whether

@@ -8,7 +8,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +44,8 @@ static void after_fork_child(void)
     kiwi_ask_after_lost();
     kiwi_release_after_fork();
     kiwi_residency_after_fork();
+    kiwi_way_out_after_fork();
+    kiwi_room_after_fork();
     for (int i = 0; i < 2; i++) {
         if (kiwi_wake_pipe[i] >= 0)
             close(kiwi_wake_pipe[i]);
@@ -72,6 +73,7 @@ static void register_fork_handlers(void)
 }
 
 /* ---- starting -------------------------------------------------------------------------- */
+
 
 bool kiwi_comm_started(void)
 {
@@ -102,20 +104,10 @@ void kiwi_comm_start(void)
             kiwi_comm.policy_timeout = kiwi_cfg.fail_timeout;
         }
         pthread_mutex_unlock(&kiwi_lock);
-        /* The thread blocks every signal: a notebook's SIGINT belongs to the main thread. */
-        sigset_t all, previous;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &previous);
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_t thread;
-        if (pthread_create(&thread, &attr, kiwi_comm_main, NULL) == 0)
+        if (kiwi_thread_start(kiwi_comm_main))
             atomic_store(&started, true);
         else
             kiwi_warn("could not start the scheduler client thread; GPU work runs unscheduled");
-        pthread_attr_destroy(&attr);
-        pthread_sigmask(SIG_SETMASK, &previous, NULL);
         if (!atomic_load(&started)) {
             pthread_mutex_lock(&kiwi_lock);
             kiwi_comm.stats.failed_open = true;

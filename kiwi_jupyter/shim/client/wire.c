@@ -107,6 +107,47 @@ bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size)
     return true;
 }
 
+static unsigned hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? (unsigned)(c - '0')
+           : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+           : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10) : 0;
+}
+
+/* One character of a JSON string at *p (an escape read whole), for people to read; moves *p. */
+static char readable(const char **p, const char *end)
+{
+    char c = *(*p)++;
+    if (c == '\\' && *p < end) {
+        char escaped = *(*p)++;
+        if (escaped != 'u')
+            return escaped == 'n' || escaped == 't' || escaped == 'r' ? ' ' : escaped;
+        unsigned code = 0;
+        for (int digit = 0; digit < 4 && *p < end; digit++)
+            code = code * 16 + hex_digit(*(*p)++);
+        return code >= 0x20 && code < 0x7f ? (char)code : '?';
+    }
+    return (unsigned char)c < 0x20 ? ' ' : c;
+}
+
+bool kiwi_json_text(const char *line, const char *key, char *buf, size_t size)
+{
+    struct kiwi_json_value value;
+    if (size < 4 || !kiwi_json_get(line, key, &value) || value.kind != 's')
+        return false;
+    const char *p = value.start, *end = value.start + value.length;
+    size_t n = 0;
+    while (p < end && n + 1 < size)
+        buf[n++] = readable(&p, end);
+    if (p < end) { /* cut short: say so */
+        n = size - 4;
+        memcpy(buf + n, "...", 3);
+        n += 3;
+    }
+    buf[n] = '\0';
+    return true;
+}
+
 bool kiwi_json_number(const char *line, const char *key, double *out)
 {
     struct kiwi_json_value value;

@@ -22,9 +22,14 @@ void kiwi_comm_cell_begin(void)
     kiwi_comm.stats.in_cell = true;
     kiwi_comm.ask_refused = false; /* a refused acquire is asked again for a new cell */
     /* A checkpointed process's driver calls block until it is restored, and not all of them
-     * pass the gate (queries, module loads): a cell asks for the GPU at once instead. */
-    if (kiwi_comm.stats.evicted && kiwi_pager_checkpointing() &&
-        kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
+     * pass the gate (queries, module loads): a cell asks for the GPU at once instead. So does
+     * a cell of a process whose vmm memory is away or on its way out: its restore starts at
+     * once, and the daemon may have checkpointed such a process too (one idle past
+     * checkpoint_after, or one that did not begin its way out in time). Read without the vmm
+     * evictor's lock, which a way out holds for as long as it runs. */
+    bool away = kiwi_comm.stats.evicted &&
+                (kiwi_pager_checkpointing() || kiwi_pager_evictor() == KIWI_EVICTOR_VMM);
+    if ((away || kiwi_comm.moving_out) && kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
         kiwi_comm.acquire_wanted = true;
         kiwi_news_wake();
     }
@@ -41,6 +46,7 @@ int kiwi_comm_acquire(double timeout)
     unsigned interrupts = kiwi_interrupts();
     int result = 0;
     pthread_mutex_lock(&kiwi_lock);
+    unsigned gave_up = kiwi_gate_give_ups();
     kiwi_comm.acquire_wanted = true;
     kiwi_comm.ask_refused = false;
     kiwi_news_wake();
@@ -51,6 +57,10 @@ int kiwi_comm_acquire(double timeout)
         }
         if (kiwi_interrupts() != interrupts) {
             result = 2;
+            break;
+        }
+        if (kiwi_gate_give_ups() != gave_up) {
+            result = 3; /* refused room past KIWI_ROOM_TIMEOUT: room.c said why */
             break;
         }
         double left = deadline ? deadline - kiwi_now() : 0.5;
@@ -72,6 +82,7 @@ int kiwi_comm_release(void)
     kiwi_comm.stats.in_cell = false;
     kiwi_comm.acquire_wanted = false;
     kiwi_comm.ask_refused = false;
+    kiwi_room_cell_end();
     if (!kiwi_comm_started()) {
         pthread_mutex_unlock(&kiwi_lock);
         return 0;
@@ -93,6 +104,7 @@ void kiwi_comm_stats(struct kiwi_stats *out)
     *out = kiwi_comm.stats;
     out->failed_closed = kiwi_gate_refusing();
     out->seconds_waiting = kiwi_gate_seconds_waiting();
+    kiwi_room_stats(out);
     pthread_mutex_unlock(&kiwi_lock);
 }
 

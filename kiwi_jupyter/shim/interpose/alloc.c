@@ -57,12 +57,28 @@ static CUresult allocate_device(CUdeviceptr *dptr, size_t size, CUcontext ctx, C
     return CUDA_SUCCESS;
 }
 
+/* An allocation that waited for room and got none goes, as the program's own free would take
+ * it. */
+static void give_back(CUdeviceptr ptr)
+{
+    kiwi_memory_free_begin();
+    struct allocation *record = kiwi_memory_begin_free(ptr, KIND(MAPPED));
+    if (record)
+        kiwi_vmm_free(record);
+    kiwi_memory_free_end();
+}
+
 /* Allocates size bytes the vmm evictor maps, within the limit (which it checks itself: what
- * counts is the card's bytes it takes, whole granules, not size). */
+ * counts is the card's bytes it takes, whole granules, not size). On a card that is full, the
+ * allocation waits for the daemon to make room (mechanisms/room_wait.c): the room an idle
+ * process holds is never a reason to fail; past the limit no eviction makes the room. */
 static CUresult allocate_mapped(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
                                 const struct kiwi_stream_order *order)
 {
-    CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, order);
+    enum kiwi_vmm_backing backing = KIWI_VMM_BACKED;
+    CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, order, false, &backing);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY && kiwi_room_may_wait(size))
+        result = kiwi_vmm_allocate(dptr, size, ctx, device, order, true, &backing);
     if (capture_error(result)) {
         /* The driver refuses to map during this graph capture: device memory, counted but
          * not evictable, rather than a failed allocation (as for managed memory, below). */
@@ -73,8 +89,13 @@ static CUresult allocate_mapped(CUdeviceptr *dptr, size_t size, CUcontext ctx, C
     }
     if (result != CUDA_SUCCESS)
         return result;
-    kiwi_memory_track(*dptr, size, MAPPED, ctx, device, false);
-    return CUDA_SUCCESS;
+    kiwi_memory_track(*dptr, size, MAPPED, ctx, device, false); /* the working set grows */
+    if (backing != KIWI_VMM_WAITS)
+        return CUDA_SUCCESS;
+    result = kiwi_room_wait(size);
+    if (result != CUDA_SUCCESS)
+        give_back(*dptr);
+    return result;
 }
 
 /* Managed memory of size bytes in ctx, within the limit. */

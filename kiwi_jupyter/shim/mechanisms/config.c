@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +135,7 @@ static void load(void)
     }
     kiwi_cfg.idle_release = env_seconds("KIWI_IDLE_RELEASE", 5.0);
     kiwi_cfg.fail_timeout = env_seconds("KIWI_FAIL_TIMEOUT", 1.0);
+    kiwi_cfg.room_timeout = env_seconds("KIWI_ROOM_TIMEOUT", 300.0);
     const char *policy = env("KIWI_FAIL_POLICY", "open");
     kiwi_cfg.fail_closed = strcasecmp(policy, "closed") == 0;
     if (!kiwi_cfg.fail_closed && strcasecmp(policy, "open") != 0)
@@ -237,4 +239,20 @@ void kiwi_warn(const char *fmt, ...)
     va_start(args, fmt);
     say("warning", fmt, args);
     va_end(args);
+}
+
+bool kiwi_thread_start(void *(*main)(void *))
+{
+    /* The shim's threads block every signal: a notebook's SIGINT belongs to the main thread. */
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    bool created = pthread_create(&thread, &attr, main, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return created;
 }

@@ -41,6 +41,7 @@ pthread_cond_t kiwi_changed = PTHREAD_COND_INITIALIZER;
 static int waiters;
 static double seconds_waiting;
 static bool refusing;
+static unsigned given_up; /* waits ended for want of room: a wait that sees it move gives up */
 
 void kiwi_gate_open(void)
 {
@@ -75,6 +76,17 @@ void kiwi_gate_refuse(bool refuse)
 bool kiwi_gate_refusing(void)
 {
     return refusing;
+}
+
+void kiwi_gate_give_up(void)
+{
+    given_up++;
+    pthread_cond_broadcast(&kiwi_changed);
+}
+
+unsigned kiwi_gate_give_ups(void)
+{
+    return given_up;
 }
 
 int kiwi_gate_in_flight(void)
@@ -150,6 +162,7 @@ __attribute__((noinline)) static CUresult wait_for_grant(void)
     unsigned interrupts = kiwi_interrupts();
     CUresult result = CUDA_SUCCESS;
     pthread_mutex_lock(&kiwi_lock);
+    unsigned gave_up = given_up;
     waiters++;
     kiwi_news_wake(); /* the comm thread asks for the GPU */
     for (;;) {
@@ -157,6 +170,10 @@ __attribute__((noinline)) static CUresult wait_for_grant(void)
             break;
         if (refusing) {
             result = CUDA_ERROR_SYSTEM_NOT_READY;
+            break;
+        }
+        if (given_up != gave_up) {
+            result = CUDA_ERROR_OUT_OF_MEMORY; /* the client said why */
             break;
         }
         if (kiwi_interrupts() != interrupts) {
@@ -215,4 +232,5 @@ void kiwi_gate_after_fork(void)
     waiters = 0;
     seconds_waiting = 0;
     refusing = false;
+    given_up = 0;
 }

@@ -77,6 +77,26 @@ static bool fits_now(size_t size, uint64_t *limit, uint64_t *used)
     return !*limit || (*used <= *limit && size <= *limit - *used);
 }
 
+/* An allocation refused for good: this process's working set would be larger than what it
+ * may have of the GPU, whatever any other process moves. Said on stderr, at most once every
+ * few seconds (a framework that frees its cache and tries again fails twice). */
+static void say_refused(size_t size, uint64_t used, uint64_t limit)
+{
+    static _Atomic double said_at;
+    double now = kiwi_now(), last = atomic_load(&said_at);
+    bool say = now - last >= 5.0 && atomic_compare_exchange_strong(&said_at, &last, now);
+    const char *what = kiwi_cfg.memory_limit && limit == kiwi_cfg.memory_limit
+                           ? "KIWI_GPU_MEMORY_LIMIT"
+                           : "the GPU's memory, less what other processes keep there for good";
+    if (say)
+        kiwi_warn("an allocation of %zu bytes fails: this process would have %llu bytes on the "
+                  "GPU, more than the %llu it may have (%s); no eviction makes that room", size,
+                  (unsigned long long)(used + size), (unsigned long long)limit, what);
+    else
+        kiwi_log("allocation of %zu bytes refused: %llu of %llu in use", size,
+                 (unsigned long long)used, (unsigned long long)limit);
+}
+
 /* Reserves size bytes against the limit before the driver is asked, so that two threads
  * allocating at once cannot both squeeze under it. */
 bool kiwi_memory_reserve(size_t size, enum allocation_kind kind, CUdevice device)
@@ -95,8 +115,7 @@ bool kiwi_memory_reserve(size_t size, enum allocation_kind kind, CUdevice device
         *kiwi_bytes_of(kind) += size;
     pthread_mutex_unlock(&kiwi_table_lock);
     if (!fits)
-        kiwi_log("allocation of %zu bytes refused: %llu of %llu in use", size,
-                 (unsigned long long)used, (unsigned long long)limit);
+        say_refused(size, used, limit);
     return fits;
 }
 

@@ -77,13 +77,20 @@ struct kiwi_stream_order {
     CUstream stream;
 };
 
+/* Where a new vmm allocation's memory is: on the card; away with the rest of the memory (an
+ * eviction's, which the restore on the next grant backs); or waiting for room (the card is full:
+ * the caller waits for the daemon to make room, room_wait.c). */
+enum kiwi_vmm_backing { KIWI_VMM_BACKED, KIWI_VMM_AWAY, KIWI_VMM_WAITS };
+
 /* size bytes of device memory the shim maps itself, in ctx on device (the card's bytes it
  * takes reserved against the limit as MAPPED, whole regions: kiwi_memory_pinned says how);
- * order: a stream-ordered allocation's (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY when the
- * card has no room; a capture error when the driver refuses to map during a graph capture (the
- * caller falls back). */
+ * order: a stream-ordered allocation's (NULL for the others). CUDA_ERROR_OUT_OF_MEMORY past the
+ * limit, or when the card has no room unless may_wait: then only the addresses (KIWI_VMM_WAITS:
+ * the caller waits for room); a capture error when the driver refuses to map during a graph
+ * capture (the caller falls back). *backing: where its memory is. */
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                           const struct kiwi_stream_order *order);
+                           const struct kiwi_stream_order *order, bool may_wait,
+                           enum kiwi_vmm_backing *backing);
 /* Frees a MAPPED allocation (a.key), whose record the caller holds (kiwi_memory_begin_free):
  * synchronizes its context first, since work queued before the free may still use it; while a
  * graph capture is open it cannot, and the free waits for the next release instead. Ends the

@@ -20,6 +20,9 @@
 typedef void (*start_fn)(void);
 
 static atomic_uint posted;
+/* The client's own thread, once it runs (what it must never wait for is its own doing). */
+static pthread_t client_thread;
+static atomic_bool client_thread_known;
 /* The write end of the comm thread's pipe; -1 until it exists. Published with an atomic store,
  * so that a thread or signal handler writing to it is ordered after the pipe's creation. */
 static atomic_int wake_fd = -1;
@@ -33,6 +36,17 @@ void kiwi_news_subscribe(void (*start)(void))
 void kiwi_news_listen(int fd)
 {
     atomic_store(&wake_fd, fd);
+}
+
+void kiwi_news_client_thread(void)
+{
+    client_thread = pthread_self();
+    atomic_store(&client_thread_known, true);
+}
+
+bool kiwi_news_on_client_thread(void)
+{
+    return atomic_load(&client_thread_known) && pthread_equal(client_thread, pthread_self());
 }
 
 void kiwi_news_need_client(void)
@@ -73,4 +87,5 @@ void kiwi_news_after_fork(void)
     /* The child has no comm thread yet: its pipe is made when it starts one. */
     atomic_store(&wake_fd, -1);
     atomic_store(&posted, 0);
+    atomic_store(&client_thread_known, false);
 }

@@ -103,7 +103,8 @@ void kiwi_managed_after_fork(void);
  * nothing at all when the card has no room (moved->failed says why). */
 void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
 void kiwi_vmm_residency(struct kiwi_residency *out);
-/* Whether an eviction's memory is still away. */
+/* Whether memory is not on the card: an eviction's, still away, or an allocation's that waits
+ * for room; never waits for a move. */
 bool kiwi_vmm_away(void);
 /* Whether any memory it maps could leave the card (in use or kept for reuse, not pinned). */
 bool kiwi_vmm_movable(void);

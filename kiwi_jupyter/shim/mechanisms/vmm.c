@@ -20,7 +20,10 @@
  *
  * While an eviction's memory is away (kiwi_vmm_evicted), a new allocation only reserves its
  * addresses: the card is another process's now, and the restore on the next grant backs it,
- * before any work may touch it (every launch, copy and memset waits at the gate).
+ * before any work may touch it (every launch, copy and memset waits at the gate). So does one
+ * that finds the card full (other processes' memory on it, its own cache already given back)
+ * where it may wait for room (room_wait.c): its caller then waits until the daemon has made
+ * room and the restore on the grant has mapped it.
  *
  * Host shadows are pinned by a thread of the vmm evictor's own, ahead of time, as chunks appear,
  * within a budget (vmm_builder.c), and kept with their chunk across evictions; a freed chunk's
@@ -49,6 +52,9 @@
 
 pthread_mutex_t kiwi_vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 bool kiwi_vmm_evicted;
+/* Whether every chunk is on the card: none away after an eviction, none waiting for room.
+ * Written under kiwi_vmm_lock, read without it (a move holds the lock for seconds). */
+static atomic_bool all_backed = true;
 
 struct vmm_region *kiwi_vmm_first_region;
 static struct vmm_region *last_region;
@@ -354,6 +360,17 @@ static void destroy_region(struct vmm_region *r)
     free(r->units);
     free(r->starts);
     free(r);
+    if (!atomic_load(&all_backed))
+        kiwi_vmm_recount_backed(); /* perhaps the last one that waited for room */
+}
+
+void kiwi_vmm_recount_backed(void)
+{
+    bool backed = !kiwi_vmm_evicted;
+    for (struct vmm_region *r = kiwi_vmm_first_region; backed && r; r = r->next)
+        for (int i = 0; backed && i < r->chunk_count; i++)
+            backed = r->chunks[i].resident;
+    atomic_store(&all_backed, backed);
 }
 
 /* A region whose last allocation went: kept mapped for the next allocation of its size, or
@@ -483,9 +500,10 @@ static void release_allocation(struct vmm_allocation *a)
     free(a);
 }
 
-/* Reserves and (unless the memory is away) backs a new region; NULL with *result on failure. */
+/* Reserves and (when back, and unless the memory is away) backs a new region; NULL with
+ * *result on failure. */
 static struct vmm_region *make_region(size_t size, size_t granule, CUcontext ctx,
-                                      CUdevice device, bool slab, CUresult *result)
+                                      CUdevice device, bool slab, bool back, CUresult *result)
 {
     CUdeviceptr va = 0;
     *result = kiwi_vmm_driver.reserve(&va, size, granule, 0, 0);
@@ -497,7 +515,7 @@ static struct vmm_region *make_region(size_t size, size_t granule, CUcontext ctx
         *result = CUDA_ERROR_OUT_OF_MEMORY;
         return NULL;
     }
-    *result = kiwi_vmm_evicted ? CUDA_SUCCESS : back_region(r);
+    *result = kiwi_vmm_evicted || !back ? CUDA_SUCCESS : back_region(r);
     if (*result == CUDA_SUCCESS && !kiwi_vmm_index_add(r)) {
         for (int i = 0; i < r->chunk_count; i++)
             if (r->chunks[i].resident)
@@ -534,9 +552,9 @@ static struct vmm_region *slab_with_room(size_t count, CUcontext ctx, CUdevice d
 /* Under kiwi_vmm_lock: a region of size bytes for the program (a slab, or one allocation's
  * own), kept for reuse or new. Its bytes are the card's the working set counts (whole granules,
  * not the bytes asked for: what the daemon must plan with), reserved against the limit first;
- * they are given back when the region is let go. */
+ * they are given back when the region is let go. A new one is backed only when back. */
 static struct vmm_region *region_for(size_t size, size_t granule, CUcontext ctx,
-                                     CUdevice device, bool slab, CUresult *result)
+                                     CUdevice device, bool slab, bool back, CUresult *result)
 {
     if (!kiwi_memory_reserve(size, MAPPED, device)) {
         *result = CUDA_ERROR_OUT_OF_MEMORY;
@@ -544,7 +562,7 @@ static struct vmm_region *region_for(size_t size, size_t granule, CUcontext ctx,
     }
     struct vmm_region *r = take_cached(size, device, ctx, slab);
     if (!r)
-        r = make_region(size, granule, ctx, device, slab, result);
+        r = make_region(size, granule, ctx, device, slab, back, result);
     if (!r)
         kiwi_memory_unreserve(size, MAPPED);
     return r;
@@ -565,8 +583,10 @@ static size_t bytes_for(size_t size, size_t granule, bool stream_ordered)
     return stream_ordered ? kiwi_vmm_class_bytes(size, granule) : round_up(size, granule);
 }
 
-/* Under kiwi_vmm_lock: the memory for one allocation, in a slab or a region of its own. */
-static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, CUdevice device)
+/* Under kiwi_vmm_lock: the memory for one allocation, in a slab or a region of its own; a new
+ * one backed only when back. */
+static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, CUdevice device,
+                      bool back)
 {
     CUresult result = CUDA_SUCCESS;
     size_t count = units_for(a->size, a->stream_ordered);
@@ -575,7 +595,7 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         struct vmm_region *slab = slab_with_room(count, ctx, device, &first);
         if (!slab) {
             first = 0;
-            slab = region_for(granule, granule, ctx, device, true, &result);
+            slab = region_for(granule, granule, ctx, device, true, back, &result);
         }
         if (!slab)
             return result;
@@ -587,7 +607,7 @@ static CUresult place(struct vmm_allocation *a, size_t granule, CUcontext ctx, C
         a->ptr = slab->va + first * VMM_UNIT;
     } else {
         struct vmm_region *r = region_for(bytes_for(a->size, granule, a->stream_ordered),
-                                          granule, ctx, device, false, &result);
+                                          granule, ctx, device, false, back, &result);
         if (!r)
             return result;
         a->region = r;
@@ -630,8 +650,19 @@ static struct vmm_allocation *reuse(size_t size, size_t granule, CUcontext ctx, 
     return a;
 }
 
+/* Under kiwi_vmm_lock: where the memory of a placed allocation is. */
+static enum kiwi_vmm_backing backing_of(const struct vmm_allocation *a)
+{
+    const struct vmm_region *r = a->region;
+    for (int i = 0; i < r->chunk_count; i++)
+        if (!r->chunks[i].resident)
+            return kiwi_vmm_evicted ? KIWI_VMM_AWAY : KIWI_VMM_WAITS;
+    return KIWI_VMM_BACKED;
+}
+
 CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
-                           const struct kiwi_stream_order *order)
+                           const struct kiwi_stream_order *order, bool may_wait,
+                           enum kiwi_vmm_backing *backing)
 {
     if (!kiwi_vmm_resolve())
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -654,10 +685,15 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         /* No memory of its own stream's to reuse: what other frees have finished may go. */
         if (pending_first)
             kiwi_vmm_reclaim(false);
-        result = place(a, granule, ctx, device);
+        result = place(a, granule, ctx, device, true);
         if (result == CUDA_ERROR_OUT_OF_MEMORY) {
             make_room();
-            result = place(a, granule, ctx, device);
+            result = place(a, granule, ctx, device, true);
+        }
+        if (result == CUDA_ERROR_OUT_OF_MEMORY && may_wait) {
+            /* The card is full of other processes' memory: the addresses now, the memory once
+             * the daemon has made room (the caller waits). */
+            result = place(a, granule, ctx, device, false);
         }
     }
     if (result == CUDA_SUCCESS) {
@@ -665,6 +701,9 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         a->pool = order ? order->pool : NULL;
         a->stream_ordered = order != NULL;
         a->buffer_id = next_buffer_id++;
+        *backing = backing_of(a);
+        if (*backing != KIWI_VMM_BACKED)
+            atomic_store(&all_backed, false);
         insert(a);
         count_in_pool(a->pool, (int64_t)size, (int64_t)size);
         *dptr = a->ptr;
@@ -1057,10 +1096,7 @@ bool kiwi_vmm_movable(void)
 
 bool kiwi_vmm_away(void)
 {
-    pthread_mutex_lock(&kiwi_vmm_lock);
-    bool away = kiwi_vmm_evicted;
-    pthread_mutex_unlock(&kiwi_vmm_lock);
-    return away;
+    return !atomic_load(&all_backed);
 }
 
 /* ---- contexts and forks ------------------------------------------------------------------ */
@@ -1100,6 +1136,7 @@ void kiwi_vmm_forget_context(CUcontext ctx)
     struct vmm_context *c = context_of(ctx, false);
     if (c)
         *c = contexts[--context_count]; /* its stream and events went with it */
+    kiwi_vmm_recount_backed();
     pthread_mutex_unlock(&kiwi_vmm_lock);
 }
 
@@ -1128,5 +1165,6 @@ void kiwi_vmm_after_fork(void)
     kiwi_vmm_evicted = false;
     kiwi_vmm_index_after_fork();
     kiwi_vmm_builder_after_fork();
+    atomic_store(&all_backed, true);
     kiwi_vmm_chunks_after_fork();
 }

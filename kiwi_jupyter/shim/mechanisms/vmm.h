@@ -276,6 +276,9 @@ extern bool kiwi_vmm_evicted;
 struct vmm_region *kiwi_vmm_allocation_region(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* Under kiwi_vmm_lock: r stays where it is from now on (why: for the log). */
 void kiwi_vmm_pin(struct vmm_region *r, const char *why);
+/* Under kiwi_vmm_lock: whether every chunk is on the card again (kiwi_vmm_away), after a move,
+ * a free or a context's end. */
+void kiwi_vmm_recount_backed(void);
 /* Under kiwi_vmm_lock: reclaims the pending frees whose memory may go: those whose event has
  * completed, and with synchronized (every context synchronized since) all of them. */
 void kiwi_vmm_reclaim(bool synchronized);

@@ -431,15 +431,8 @@ void kiwi_vmm_builder_start(void)
     bool start = !started;
     started = true;
     pthread_mutex_unlock(&kiwi_vmm_lock);
-    if (!start)
-        return;
-    pthread_t thread;
-    pthread_attr_t attributes;
-    pthread_attr_init(&attributes);
-    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&thread, &attributes, build, NULL) != 0)
+    if (start && !kiwi_thread_start(build))
         kiwi_warn("no thread to build host shadows: evictions copy to memory made then");
-    pthread_attr_destroy(&attributes);
 }
 
 void kiwi_vmm_shadows_changed(void)

@@ -441,6 +441,7 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
         evict(&m, contexts, context_count, ranges, count);
     else
         restore(&m, contexts, context_count);
+    kiwi_vmm_recount_backed();
     struct kiwi_residency after;
     kiwi_vmm_residency_locked(&after); /* a reader that did not wait gets the move's end */
     kiwi_vmm_moving(false);

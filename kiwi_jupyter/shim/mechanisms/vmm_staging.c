@@ -111,20 +111,9 @@ static void *copy_slots(void *unused)
 
 static void start_copiers(void)
 {
-    sigset_t all, before;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &before); /* signals are the program's threads' */
-    for (int wanted = kiwi_vmm_copiers(); copiers < wanted; copiers++) {
-        pthread_t thread;
-        pthread_attr_t attributes;
-        pthread_attr_init(&attributes);
-        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
-        bool made = pthread_create(&thread, &attributes, copy_slots, NULL) == 0;
-        pthread_attr_destroy(&attributes);
-        if (!made)
+    for (int wanted = kiwi_vmm_copiers(); copiers < wanted; copiers++)
+        if (!kiwi_thread_start(copy_slots))
             break;
-    }
-    pthread_sigmask(SIG_SETMASK, &before, NULL);
 }
 
 /* ---- the move's side ------------------------------------------------------------------------ */

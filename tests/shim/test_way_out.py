@@ -1,0 +1,143 @@
+"""A vmm way out that takes its time, and a process the daemon checkpointed (issue 39 item 0b,
+and the part of item 1 that has a vmm cell ask for the GPU as it begins).
+
+The real daemon loads the fake driver and can checkpoint the shimmed processes, as on any r570+
+node (conftest's ``checkpointing``). The fake driver's modelled link (``FAKE_CUDA_LINK_GBPS``,
+pinned and pageable alike here) moves one 256 MiB chunk to host memory in 1.2 s, one copy after
+another on the card's copy engine, so an eviction of three chunks gives them back at 1.2, 2.4
+and 3.6 s, longer than the daemon's ``evict_timeout`` (2 s here); ``FAKE_CUDA_UNMAP_GATE`` holds
+a way out at its first unmap.
+
+- A way out that reports progress is never checkpointed in the middle of it (its deadline
+  follows its reports), and its kernel goes on afterwards: before, the daemon checkpointed it
+  from outside at 2 s, its move blocked inside the driver, and its next GPU work hung for good.
+- The way out runs on a thread of its own: while it is held in the driver, a cell of the same
+  kernel still asks the daemon for the GPU.
+- A vmm cell asks for the GPU as it begins while its memory is away, so the restore starts at
+  once; and a process the daemon checkpointed while away (idle past ``checkpoint_after``) is
+  brought back by its next cell, even when that cell's first CUDA call is one no gate sees.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fake_device import FakeCard
+from support import DaemonProcess, StatusEvents, scaled
+from test_memory_e2e import Kernel
+
+MiB = 1 << 20
+CHUNK = 256 * MiB  #: one physical handle, and the shim's step between two reports
+SIZES = (CHUNK, CHUNK, CHUNK)
+WORKING_SET = sum(SIZES)
+RESERVE = 512 * MiB  #: the daemon's default memory_reserve
+#: Room for the working sets of both kernels but one chunk: a grant waits for two chunks out.
+ROOM = WORKING_SET + CHUNK
+#: A link that moves one chunk in 1.2 s (GB/s: 10^9 bytes), from pinned and pageable memory.
+LINK = {"FAKE_CUDA_LINK_GBPS": f"{CHUNK / 1.2 / 1e9:.4f}",
+        "FAKE_CUDA_PAGEABLE_GBPS": f"{CHUNK / 1.2 / 1e9:.4f}"}
+
+
+def daemon_with(checkpointing, tmp_path: Path, config: str) -> DaemonProcess:
+    """The checkpointing daemon with room for one working set and a chunk, a quantum and grace
+    long enough that only the kernels' own releases move the GPU."""
+    path = tmp_path / "kiwi.yaml"
+    path.write_text(config)
+    return checkpointing("--gpu-memory", f"{(RESERVE + ROOM) // MiB}MiB", "--tq", "60",
+                         "--grace", "60", "--config", str(path))
+
+
+def client(document: dict[str, Any], kernel: Kernel) -> dict[str, Any]:
+    return next(c for c in document["clients"] if c["pid"] == kernel.pid)
+
+
+def pair(checkpointing, tmp_path: Path, workload, card: FakeCard, watch, config: str,
+         **a_env: str) -> tuple[DaemonProcess, StatusEvents, Kernel, Kernel]:
+    """The daemon, its watcher, and two kernels: A wrote its chunks and gave the GPU back (it
+    stays resident); B has its own; the daemon has heard both."""
+    daemon = daemon_with(checkpointing, tmp_path, config)
+    events = watch(daemon)
+    a = Kernel(workload, card, daemon, "nbA.ipynb", SIZES, **a_env)
+    a.write()
+    a.release()
+    b = Kernel(workload, card, daemon, "nbB.ipynb", SIZES)
+    events.wait_for(lambda d: all(
+        any(c["pid"] == k.pid and c["resident_bytes"] == WORKING_SET for c in d["clients"])
+        for k in (a, b)), what="both working sets on the GPU")
+    return daemon, events, a, b
+
+
+def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middle(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                                "evict_timeout: 2\n", **LINK)
+    # b's grant asks a (idle) to move out; its way out lasts 3.6 s, past evict_timeout, and
+    # reports as it begins and every 1.2 s: b is granted once two chunks are out.
+    assert b.w.call("d.launch()", timeout=30) == 0
+    document = events.wait_for(
+        lambda d: client(d, a)["residency"] == "evicted" and d, timeout=30,
+        what="a's way out to end")
+    assert client(document, a)["checkpoint_state"] == "running"
+    assert f"pid {a.pid})" not in daemon.log()  # the daemon never checkpointed it
+    assert (a.card.used_by(a.pid), a.card.processes()[a.pid].checkpointed) == (0, 0)
+    stats = a.w.stats()
+    assert (stats["evictions"], stats["bytes_evicted"], stats["evicted"]) == (
+        1, WORKING_SET, True)
+    b.release()
+    a.turn()  # its next GPU work: granted, restored, its bytes at the same addresses
+    assert a.card.used_by(a.pid) == WORKING_SET
+
+
+def test_a_cell_asks_for_the_gpu_while_its_way_out_is_held_in_the_driver(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    gate = tmp_path / "unmap-may-go"
+    _, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                           "evict_timeout: 120\n", FAKE_CUDA_UNMAP_GATE=str(gate))
+    launch = b.w.start("d.launch()")
+    events.wait_for(lambda d: client(d, a)["residency"] == "evicting", what="a's way out")
+    # The way out waits inside the driver, at its first unmap; a's next cell begins meanwhile.
+    a.w.call("shim.cell_begin()")
+    events.wait_for(lambda d: client(d, a)["state"] == "waiting" and
+                    client(d, a)["residency"] == "evicting",
+                    what="a to ask for the GPU while its memory is on its way out")
+    assert not launch.done()
+    gate.touch()
+    assert launch.result(timeout=scaled(30)) == 0
+    b.release()
+    a.turn()
+    assert (a.card.used_by(a.pid), b.card.used_by(b.pid)) == (WORKING_SET, 0)
+
+
+def test_a_vmm_cell_asks_for_the_gpu_as_it_begins_while_its_memory_is_away(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    _, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                           "checkpoint_after: 0\nevict_timeout: 120\n")
+    assert b.w.call("d.launch()", timeout=30) == 0
+    events.wait_for(lambda d: client(d, a)["residency"] == "evicted", what="a in host memory")
+    b.release()
+    a.w.call("shim.cell_begin()")  # no GPU call: the cell only began
+    events.wait_for(lambda d: client(d, a)["state"] == "holding" and
+                    client(d, a)["residency"] == "resident", what="a granted and restored")
+    assert a.card.used_by(a.pid) == WORKING_SET
+    a.turn()
+
+
+def test_a_vmm_kernel_checkpointed_while_away_is_brought_back_by_its_next_cell(
+        checkpointing, tmp_path, workload, card, watch) -> None:
+    daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
+                                "checkpoint_after: 1\nevict_timeout: 120\n")
+    assert b.w.call("d.launch()", timeout=30) == 0
+    # Evicted and idle past checkpoint_after: the daemon checkpoints it (its context goes too).
+    # (The daemon tells watchers of no change when a checkpoint ends: its log says it.)
+    daemon.wait_log(rf"Checkpointed \S+ \(c\d+, pid {a.pid}\)", timeout=30)
+    assert client(events.status(), a)["checkpoint_state"] == "checkpointed"
+    b.release()
+    a.w.call("shim.cell_begin()")
+    # The cell's first CUDA call is an allocation, which no gate sees: it blocks in the driver
+    # while the process is checkpointed, and returns once the daemon has restored it (on the
+    # grant the cell's beginning asked for).
+    assert a.w.call(f"d.alloc({CHUNK})", timeout=30) > 0
+    a.turn()
+    document = events.status()
+    assert client(document, a)["checkpoint_state"] == "running"
