@@ -32,8 +32,12 @@ class DaemonLink:
         max_age: float = 0.1,
         timeout: float = 5.0,
         client_factory: Callable[[str], Any] | None = None,
+        absent_reason: Callable[[], str | None] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        #: Why nothing answers, where the server knows better than the socket (an embedded
+        #: scheduler that failed to start); None: the connection's own words.
+        self._absent_reason = absent_reason
         self.max_age = max_age
         self.timeout = timeout
         self._client_factory = client_factory or self._control_client
@@ -69,7 +73,9 @@ class DaemonLink:
         try:
             document = served_document(await self._call("status"), self.socket_path)
         except DaemonUnavailable as exc:
-            document = {"reachable": False, "reason": str(exc), "socket": self.socket_path}
+            known = self._absent_reason() if self._absent_reason is not None else None
+            document = {"reachable": False, "reason": known or str(exc),
+                        "socket": self.socket_path}
         self._cached, self._cached_at = document, time.monotonic()
         return document
 
