@@ -42,6 +42,14 @@ def test_the_connection_file_is_found_in_every_spelling(argv: list[str]) -> None
     ("%time x = 1", False),
     ("%run train.py", False),
     ("%%bash\necho hi", False),
+    ("!kiwictl status", True),
+    ("%kiwi\n!.venv/bin/kiwictl status --json", True),
+    ("!kiwictl status; python train.py", False),
+    ("!kiwictl status | python train.py", False),
+    ("!kiwictl status && python train.py", False),
+    ("!python train.py", False),
+    ("!!kiwictl status", False),
+    ("out = !kiwictl status", False),
 ])
 def test_only_cells_of_housekeeping_magics_or_comments_skip_the_gpu(cell: str, only: bool) -> None:
     assert needs_no_gpu(cell) is only
