@@ -99,7 +99,8 @@ def test_make_labs_quantum_ends_inside_a_demo_burst() -> None:
     makefile = (BINDER.parent / "Makefile").read_text()
     tq = float(re.search(r"^LAB_TQ \?= ([\d.]+)$", makefile, re.M).group(1))
     assert re.search(r"^\tjupyter lab .*--KiwiExtension\.tq=\$\(LAB_TQ\)",
-                     makefile.replace("$(BIN)/", ""), re.M)
+                     makefile.replace("$(BIN)/", "").replace("\\\n", " "), re.M)
     notebook = nbformat.read(BINDER / "kiwi-demo.ipynb", as_version=4)
     burst = float(re.search(r'"KIWI_DEMO_SECONDS", "([\d.]+)"', code_of(notebook)).group(1))
     assert tq < burst
+
