@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,9 @@ from nodeside.client.common import (
     pod_labels,
 )
 from nodeside.client.connection import Connection
+from nodeside.client.memory import PagesItself
 from nodeside.names import shorten_to_bytes
+from nodeside.protocol import events as ev
 from nodeside.protocol.hold import Hold
 
 #: A name for people to see in place of ``name`` (a notebook's path); the Kiwi kernel sets it.
@@ -43,13 +46,16 @@ class Client(Connection, Commands):
     ``KIWI_DISPLAY_NAME``, ``KIWI_POOL``, ``KIWI_PRIORITY``, ``KIWI_GPU`` (default 0).
     ``register=False`` makes a control-only connection that holds nothing. ``reconnect_timeout``
     bounds how long a call waits for an unreachable daemon before it fails with ConnectionError.
+    ``pages``: memory this client moves to host memory and back by itself (``memory``): the
+    client then speaks the ``memory`` feature for it.
     """
 
     def __init__(self, socket_path: str | None = None, *, name: str | None = None,
                  pool: str | None = None, priority: str | None = None, gpu: int | None = None,
                  register: bool = True, kind: str = "client",
                  labels: dict[str, str] | None = None, display_name: str | None = None,
-                 reconnect_timeout: float = 30.0, request_timeout: float = 10.0) -> None:
+                 reconnect_timeout: float = 30.0, request_timeout: float = 10.0,
+                 pages: PagesItself | None = None) -> None:
         self.name = name or default_name()
         self.display_name = display_name or os.environ.get(DISPLAY_NAME_ENV) or None
         self.pool = pool or os.environ.get("KIWI_POOL") or p.DEFAULT_POOL
@@ -59,8 +65,10 @@ class Client(Connection, Commands):
         self.gpu = gpu if gpu is not None else int(os.environ.get("KIWI_GPU") or 0)
         self.kind = kind
         self.labels = labels if labels is not None else pod_labels()
+        self.pages = pages
+        features = (p.FEATURE_POSITION, p.FEATURE_MEMORY) if pages else (p.FEATURE_POSITION,)
         super().__init__(socket_path, register=register, reconnect_timeout=reconnect_timeout,
-                         request_timeout=request_timeout)
+                         request_timeout=request_timeout, features=features)
 
     @property
     def holding(self) -> bool:
@@ -151,6 +159,54 @@ class Client(Connection, Commands):
             self._flush()
         self._await_reply(seq, p.WORKING_SET, deadline)
 
+    @property
+    def speaks_memory(self) -> bool:
+        """The daemon serves ``memory`` to this client: it hears where its memory is."""
+        return self.pages is not None and p.FEATURE_MEMORY in self.features
+
+    def report_memory(self) -> None:
+        """Tell the daemon where the memory of ``pages`` is now: its working set, and what is
+        on the GPU and in host memory (the progress of a move out or back in; ``host`` 0 ends
+        a move back in)."""
+        if self.pages is None:
+            raise RuntimeError("a client without pages has no memory figures to report")
+        figures = self.pages.figures()
+        limits.byte_count(figures.working_set, "working set")
+        deadline = time.monotonic() + self.request_timeout
+        with self._cond:
+            seq = self._session.report_working_set(figures.working_set,
+                                                   resident=figures.resident, host=figures.host)
+            if seq is None:
+                return  # the next register carries them
+            self._flush()
+        self._await_reply(seq, p.WORKING_SET, deadline)
+
+    def release_evicting(self) -> None:
+        """Give the GPU back on a ``drop`` with ``evict``, the memory still on its way out:
+        the hold ends now; ``report_memory`` and then ``evicted`` say how the move goes.
+        Without the feature it is a plain ``release``."""
+        with self._cond:
+            if self._session.holds:
+                self._session.release(evicting=True)
+                self._flush_quietly()
+                return
+        self._cancel()
+
+    def evicted(self, *, moved: int, seconds: float, failed: str | None = None) -> None:
+        """A move out ended (asked with ``evict``, after ``release_evicting``, or of this
+        client's own accord): the figures of ``pages`` now, what moved and how long it took,
+        or why it could not move (``failed``). Nothing is sent to a daemon without the
+        feature."""
+        if not self.speaks_memory:
+            return
+        assert self.pages is not None
+        figures = self.pages.figures()
+        if failed is not None:
+            self._request(p.EVICTED, failed=failed)
+            return
+        self._request(p.EVICTED, resident=figures.resident, host=figures.host, moved=moved,
+                      seconds=round(max(seconds, 0.0), 6))
+
     def ping(self) -> float:
         """Round trip to the daemon, in seconds."""
         start = time.perf_counter()
@@ -174,9 +230,22 @@ class Client(Connection, Commands):
     # -- internals ------------------------------------------------------------------------
 
     def _registration(self) -> dict[str, Any]:
-        return {"name": self.name, "pool": self.pool, "priority": self.priority,
-                "gpu": self.gpu, "kind": self.kind, "labels": self.labels or None,
-                "display_name": _fit(self.display_name)}
+        fields = {"name": self.name, "pool": self.pool, "priority": self.priority,
+                  "gpu": self.gpu, "kind": self.kind, "labels": self.labels or None,
+                  "display_name": _fit(self.display_name)}
+        if self.pages is not None:
+            # Where the memory is already: a daemon restart learns it from the register.
+            figures = self.pages.figures()
+            self._session.working_set = figures.working_set
+            fields.update(resident=figures.resident, host=figures.host)
+        return fields
+
+    def _evict_asked(self, event: ev.EvictAsked) -> None:
+        # On the connection thread, under the lock: the move runs on a thread of its own, so
+        # that this one goes on reading (the move's own reports wait for their replies).
+        if self.pages is not None:
+            threading.Thread(target=self.pages.evict_asked, args=(event.nbytes, event.for_name),
+                             name="kiwi-evict", daemon=True).start()
 
     def _must_register(self) -> None:
         if not self._register:

@@ -34,7 +34,8 @@ class Connection(SocketLending):
     """A daemon connection kept up by a thread of its own; the base of ``Client``."""
 
     def __init__(self, socket_path: str | None, *, register: bool,
-                 reconnect_timeout: float, request_timeout: float) -> None:
+                 reconnect_timeout: float, request_timeout: float,
+                 features: tuple[str, ...] = (p.FEATURE_POSITION,)) -> None:
         #: None: look where ``discovery`` says on every connection attempt.
         self._explicit_socket = socket_path
         self.socket_path = find_socket(socket_path)
@@ -43,7 +44,7 @@ class Connection(SocketLending):
         self.drop_requested = threading.Event()
         self.mode: str | None = None
         self.tq: float | None = None
-        self._session = ClientSession(features=[p.FEATURE_POSITION])
+        self._session = ClientSession(features=features)
         self._register = register
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
@@ -330,6 +331,11 @@ class Connection(SocketLending):
             self._refusal = event.message  # for the caller waiting for the grant
         elif isinstance(event, ev.ModeChanged):
             self.mode, self.tq = self._session.mode, self._session.tq
+        elif isinstance(event, ev.EvictAsked):
+            self._evict_asked(event)
+
+    def _evict_asked(self, event: ev.EvictAsked) -> None:
+        """The daemon asks us to move our memory out (feature ``memory``); ``Client`` does."""
 
     def _down_too_long(self) -> bool:
         return self._down_since is not None and \
