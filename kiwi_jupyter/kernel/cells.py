@@ -135,6 +135,23 @@ def _housekeeping_command(line: str) -> bool:
         not _SHELL_JOINS.search(command)
 
 
+#: Why the scheduler wanted the GPU back, for the closing lines of a cell (a drop's reason).
+DROP_WHY = {"quantum": "this kernel's quantum ended with others waiting",
+            "preempt": "preempted by a non-preemptible request",
+            "room": "another notebook needed the room",
+            "maximum": "its pool reached its maximum share",
+            "mode": "the scheduler was turned on"}
+
+
+def handed_back_sentence(times: int, reason: str | None, waited: float) -> str:
+    """The closing line of a cell that gave the GPU back mid-cell when asked, and waited for it
+    again: the stand-in GPU does so at its next operation, as the CUDA shim at a GPU call."""
+    why = DROP_WHY.get(reason or "", reason or "the scheduler asked for it")
+    count = "once" if times == 1 else f"{times} times"
+    return (f"this cell gave the GPU back {count} ({why}) and waited {waited:.1f} s in all to "
+            "get it again")
+
+
 def drop_sentence(reason: str | None) -> str:
     """The closing line of a cell that kept the GPU past the scheduler's request for it."""
     if reason is None or reason == "":
@@ -142,7 +159,6 @@ def drop_sentence(reason: str | None) -> str:
     if reason == "grace":
         return ("the scheduler took the GPU back during this cell: it had asked for it and "
                 "the cell kept it past the grace period")
-    why = {"quantum": "this kernel's quantum ended with others waiting",
-           "preempt": "preempted by a non-preemptible request"}.get(reason, reason)
+    why = DROP_WHY.get(reason, reason)
     return (f"the scheduler asked for the GPU back during this cell ({why}); it was given back "
             "when the cell ended")

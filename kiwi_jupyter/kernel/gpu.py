@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
@@ -51,6 +52,7 @@ class CellReport:
     drop_reason: str | None = None # why: "quantum", "preempt", ... "grace" when revoked;
                                    # None when the connection to the daemon was lost instead
     unarbitrated: str | None = None  # why the cell ran without arbitration (fail_open)
+    handed_back: int = 0           # times it gave the GPU back mid-cell, as asked, and waited
 
 
 class Arbiter:
@@ -137,6 +139,37 @@ class Arbiter:
         if acquired and client.drop_requested.is_set():
             self.report.drop_requested = True
         client.release()  # the client ignores a daemon that is gone: so did the hold
+
+    def drop_asked(self) -> bool:
+        """The scheduler wants the GPU back from this cell (its quantum ended with another
+        notebook waiting, a preemption...)."""
+        client = self.link.current
+        return client is not None and client.holding and client.drop_requested.is_set()
+
+    def drop_evicts(self) -> bool:
+        """That request says the next holder needs the room: move the memory out first."""
+        client = self.link.current
+        drop = client.last_drop if client is not None else None
+        return drop is not None and drop.get("evict") is True
+
+    def hand_back(self, move_out: Callable[[], None] | None = None) -> None:
+        """Give the GPU back in the middle of the cell, as the scheduler asked, and wait for it
+        again (the waiting line shows meanwhile), as the CUDA shim does at a GPU call. With
+        ``move_out``, the memory leaves first (``release`` ``evicting``: the next holder
+        starts once the room is there), and this kernel queues again at once."""
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
+        client = self.link.current
+        if client is None or not client.holding:
+            return
+        self.report.handed_back += 1
+        self._acquired = False
+        if move_out is None:
+            client.requeue()
+        else:
+            client.release_evicting()
+            client.request()
+            move_out()
+        self.acquire()
 
     def close(self) -> None:
         self.watcher.close()
