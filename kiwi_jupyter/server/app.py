@@ -6,6 +6,7 @@ config file or ``--KiwiExtension.<option>=`` on the command line.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Enum, Float, List, Unicode, default
+from traitlets import Bool, Enum, Float, List, Unicode, default, validate
 
 from kiwi_jupyter.server.embedded import (
     EmbeddedScheduler,
@@ -121,8 +122,21 @@ class KiwiExtension(ExtensionApp):
     scheduler_args = List(
         Unicode(),
         config=True,
-        help="More arguments for the embedded scheduler, e.g. ['--gpu-memory', '16GiB'].",
+        help="""More arguments for the embedded scheduler, e.g. ["--gpu-memory", "16GiB"]. On
+        the command line, as the list written out (--KiwiExtension.scheduler_args=
+        '["--gpu-memory", "16GiB"]', also without the quotes a shell takes off) or as the
+        option repeated once per argument.""",
     )
+
+    @validate("scheduler_args")
+    def _written_as_a_list(self, proposal: Any) -> list[str]:
+        # Jupyter's command line gives an extension's list option written out as a list as one
+        # string, ``["--gpu-memory", "16GiB"]``, or, after a shell took its quotes,
+        # ``[--gpu-memory,16GiB]``: either is read as the list it says.
+        args = [str(arg) for arg in proposal["value"]]
+        if len(args) == 1:
+            return list_written_out(args[0]) or args
+        return args
     watch_interval = Float(
         0.5,
         config=True,
@@ -272,6 +286,22 @@ class KiwiExtension(ExtensionApp):
         if self.config_file:
             options += ["--config", self.config_file]
         return options + list(self.scheduler_args)
+
+
+def list_written_out(text: str) -> list[str] | None:
+    """The arguments of a list written out in one string: ``["--gpu-memory", "16GiB"]`` (JSON
+    or Python), or ``[--gpu-memory,16GiB]`` as a shell leaves it; None when ``text`` is no
+    list."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return [item.strip().strip("'\"") for item in text[1:-1].split(",") if item.strip()]
+    if isinstance(parsed, list) and all(isinstance(item, str) for item in parsed):
+        return parsed
+    return None
 
 
 def _restore_env(name: str, value: str | None) -> None:

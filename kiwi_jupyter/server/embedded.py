@@ -209,8 +209,8 @@ class EmbeddedScheduler:
                 self._log_thread.join(timeout=2.0)  # its last words are the reason
             said = self._last_lines[-1] if self._last_lines else "it said nothing"
             raise EmbeddedSchedulerError(
-                f"kiwi-scheduler exited with status {status} at start: {said}"
-                f"{_list_hint(self.command)}", final=status == USAGE_ERROR)
+                f"kiwi-scheduler exited with status {status} at start: {said}",
+                final=status == USAGE_ERROR)
         if time.monotonic() > deadline:
             self._terminate()  # a later restart_if_dead tries again
             raise EmbeddedSchedulerError(
@@ -242,18 +242,6 @@ class EmbeddedScheduler:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def _list_hint(command: Sequence[str]) -> str:
-    """A word on the usual cause of a bad argument: a list such as ``["--gpu-memory","16GiB"]``
-    given on a shell's command line without single quotes, which the shell turns into one
-    argument ``[--gpu-memory,16GiB]``."""
-    if not any(arg.startswith("[") and arg.endswith("]") for arg in command):
-        return ""
-    return (" (a shell took the quotes off a list: write "
-            "--KiwiExtension.scheduler_args='[\"--gpu-memory\", \"16GiB\"]' in single quotes, "
-            "or c.KiwiExtension.scheduler_args = [\"--gpu-memory\", \"16GiB\"] in a config "
-            "file)")
 
 
 def _die_with_parent() -> None:

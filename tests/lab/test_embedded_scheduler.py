@@ -151,19 +151,17 @@ class TestWhenNoDaemonAnswers:
 
 
 class TestWhenItCannotStart:
-    """A bad option, as a shell leaves ``--KiwiExtension.scheduler_args=["--gpu-memory","16GiB"]``
-    typed without single quotes: one argument, ``[--gpu-memory,16GiB]``."""
+    """An option the scheduler refuses: its command line is wrong."""
 
     @pytest.fixture
     def jp_server_config(self, nowhere: str) -> dict:
-        return kiwi_config(scheduler_args=["[--gpu-memory,16GiB]"])
+        return kiwi_config(scheduler_args=["--gpu-memory", "lots"])
 
-    async def test_the_status_says_why_and_how_to_write_it(self, jp_fetch: Any) -> None:
+    async def test_the_status_says_why_in_the_schedulers_own_words(self, jp_fetch: Any) -> None:
         status = await get_status(jp_fetch)
         assert status["reachable"] is False
-        assert "could not start" in status["reason"]
-        assert "unrecognized arguments: [--gpu-memory,16GiB]" in status["reason"]
-        assert "single quotes" in status["reason"]
+        assert "the embedded scheduler could not start" in status["reason"]
+        assert "argument --gpu-memory: not a size: 'lots'" in status["reason"]
 
     async def test_the_extension_still_serves_the_panel(self, jp_serverapp: Any) -> None:
         extension = kiwi_app(jp_serverapp)
@@ -213,6 +211,27 @@ class TestWhenTurnedOff:
         assert (await get_status(jp_fetch))["reachable"] is False
 
 
+@pytest.mark.parametrize("written", [
+    ['--KiwiExtension.scheduler_args=["--gpu-memory", "16GiB"]'],  # in a shell's single quotes
+    ["--KiwiExtension.scheduler_args=[--gpu-memory,16GiB]"],  # a shell took the quotes off
+    ["--KiwiExtension.scheduler_args=['--gpu-memory', '16GiB']"],
+    ["--KiwiExtension.scheduler_args=--gpu-memory", "--KiwiExtension.scheduler_args=16GiB"],
+])
+def test_a_list_of_scheduler_arguments_reads_as_written_on_a_command_line(
+        written: list[str]) -> None:
+    """Jupyter's command line gives an extension's list option written out as one string."""
+    from jupyter_server.serverapp import ServerApp
+
+    from kiwi_jupyter.server.app import KiwiExtension
+
+    server = ServerApp()
+    try:
+        server.parse_command_line(written)
+        assert KiwiExtension(config=server.config).scheduler_args == ["--gpu-memory", "16GiB"]
+    finally:
+        ServerApp.clear_instance()
+
+
 def test_embedded_scheduler_is_off_by_default_inside_kubernetes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -260,14 +279,14 @@ def _started(server: subprocess.Popen[str]) -> tuple[str | None, list[str]]:
 def test_a_server_whose_scheduler_cannot_start_stops_on_sigterm(
     tmp_path: Any, nowhere: str
 ) -> None:
-    """The option as typed into a shell without single quotes: the scheduler refuses it, the
-    server runs on (the panel says why), and SIGTERM ends it as any server."""
-    server = _jupyter_server(tmp_path, nowhere,
-                             '--KiwiExtension.scheduler_args=[--gpu-memory,16GiB]')
+    """The scheduler refuses an option: the server runs on (the panel says why), and SIGTERM
+    ends it as any server."""
+    server = _jupyter_server(tmp_path, nowhere, '--KiwiExtension.scheduler_args=["--gpu-memory",'
+                             ' "lots"]')
     try:
         socket_path, lines = _started(server)
         assert socket_path is None
-        assert any("could not start" in line and "single quotes" in line for line in lines), \
+        assert any("could not start" in line and "not a size" in line for line in lines), \
             "".join(lines)
         server.send_signal(signal.SIGTERM)
         rest = server.communicate(timeout=scaled(60))[1]
