@@ -113,6 +113,7 @@ lint: $(VENV)/.lint-installed ## ruff, mypy, the generated files and the docs' r
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m nodeside.protocol.generate --check
+	$(BIN)/python -m nodeside.formats --check
 	$(BIN)/python tests/status_fixtures.py --check
 
 ## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile

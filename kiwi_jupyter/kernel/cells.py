@@ -11,6 +11,8 @@ import os
 import re
 from typing import Protocol, TypedDict
 
+from nodeside.formats import seconds
+
 #: The module whose ``gate()`` the inserted statement calls.
 GATE_MODULE = "kiwi_jupyter.kernel.extension"
 
@@ -148,8 +150,8 @@ def handed_back_sentence(times: int, reason: str | None, waited: float) -> str:
     again: the stand-in GPU does so at its next operation, as the CUDA shim at a GPU call."""
     why = DROP_WHY.get(reason or "", reason or "the scheduler asked for it")
     count = "once" if times == 1 else f"{times} times"
-    return (f"this cell gave the GPU back {count} ({why}) and waited {waited:.1f} s in all to "
-            "get it again")
+    return (f"this cell gave the GPU back {count} ({why}) and waited {seconds(waited)} in all "
+            "to get it again")
 
 
 def drop_sentence(reason: str | None) -> str:

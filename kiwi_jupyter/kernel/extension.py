@@ -38,6 +38,7 @@ from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffA
 from kiwi_jupyter.kernel.identity import client_name, display_name
 from kiwi_jupyter.kernel.link import DaemonLink
 from nodeside.client.memory import PagesItself
+from nodeside.formats import seconds
 
 _loaded: KiwiExtension | None = None
 
@@ -202,7 +203,7 @@ class KiwiExtension:
                                             report.waited)
             print(f"kiwi: {sentence}")
         elif report.waited > self.config.waited_note_after:
-            print(f"kiwi: waited {report.waited:.1f} s for the GPU")
+            print(f"kiwi: waited {seconds(report.waited)} for the GPU")
         if report.drop_requested:
             print(f"kiwi: {drop_sentence(report.drop_reason)}")
 

@@ -35,6 +35,7 @@ from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
 from kiwi_jupyter.kernel.wait_view import Document, Place, no_place
 from kiwi_jupyter.kernel.waiting import WaitingLine, Watcher
+from nodeside.formats import seconds
 from nodeside.protocol import FEATURE_POSITION
 
 
@@ -196,10 +197,10 @@ class Arbiter:
                 # have spent the whole timeout (a loaded machine, a short timeout), and the
                 # cell must still say what it waited for before it fails.
                 line.show(f"kiwi: waiting for the scheduler at {unreachable.socket_path} "
-                          f"({unreachable.reason}); the cell fails in {left:.0f} s")
+                          f"({unreachable.reason}); the cell fails in {seconds(round(left))}")
                 if left <= 0:
                     raise SchedulerUnavailable(
-                        f"{unreachable}; gave up after {self.config.unreachable_timeout:g} s "
+                        f"{unreachable}; gave up after {seconds(self.config.unreachable_timeout)} "
                         "(fail_closed), so the cell did not run")
                 time.sleep(min(self.config.reconnect_interval, left))
             return True

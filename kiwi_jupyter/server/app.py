@@ -17,6 +17,7 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Enum, Float, List, Unicode, default, validate
 
+from kiwi_jupyter.kernel.identity import NOTEBOOK_ROOT_ENV
 from kiwi_jupyter.server.embedded import (
     EmbeddedScheduler,
     EmbeddedSchedulerError,
@@ -49,6 +50,8 @@ class KiwiExtension(ExtensionApp):
     nvml: GpuReadings | None = None
     _watcher: asyncio.Task[None] | None = None
     _embedded_gave_up = False
+    _saved_root_env: str | None = None
+    _root_env_set = False
 
     embedded_scheduler = Bool(
         config=True,
@@ -192,8 +195,12 @@ class KiwiExtension(ExtensionApp):
         else:
             self.log.info("Kiwi: using the scheduler at %s", socket_path)
         # Kernels inherit the server's environment: this is how every kernel this server
-        # starts finds the scheduler, embedded or not.
+        # starts finds the scheduler, embedded or not, and names its notebook as the Lab does.
         os.environ["KIWI_SOCKET"] = socket_path
+        self._saved_root_env = os.environ.get(NOTEBOOK_ROOT_ENV)
+        if self.serverapp is not None:
+            os.environ[NOTEBOOK_ROOT_ENV] = os.path.abspath(self.serverapp.root_dir)
+            self._root_env_set = True
         self.link = DaemonLink(
             socket_path, max_age=self.status_max_age, timeout=self.daemon_timeout,
             absent_reason=lambda: self.embedded_failure,
@@ -245,6 +252,8 @@ class KiwiExtension(ExtensionApp):
             _restore_env("KIWI_SOCKET", self._saved_socket_env)
         if self.scripts_on_path:
             _restore_env("PATH", self._saved_path)
+        if self._root_env_set:
+            _restore_env(NOTEBOOK_ROOT_ENV, self._saved_root_env)
 
     async def _watch_embedded(self) -> None:
         """Restart the embedded scheduler whenever it dies, backing off if it keeps dying."""

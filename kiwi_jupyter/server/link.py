@@ -16,6 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nodeside.client import ControlClient
+from nodeside.names import current_user
+
+#: Whose view the panel is: the user this server runs as (``nodeside.names.label``).
+_VIEWER = current_user()
 
 
 class DaemonUnavailable(Exception):
@@ -116,9 +120,9 @@ class DaemonLink:
 
 
 def served_document(status: Mapping[str, Any], socket_path: str) -> dict[str, Any]:
-    """The daemon's status document as the server serves it: ``reachable`` and ``socket`` added
-    (the plain endpoint and the long-poll's watch both answer with this)."""
-    return {**status, "reachable": True, "socket": socket_path}
+    """The daemon's status document as the server serves it: ``reachable``, ``socket`` and
+    ``viewer`` added (the plain endpoint and the long-poll's watch both answer with this)."""
+    return {**status, "reachable": True, "socket": socket_path, "viewer": _VIEWER}
 
 
 def _describe(exc: BaseException, socket_path: str) -> str:

@@ -200,6 +200,11 @@ export interface IStatusDocument {
   reason?: string;
   /** The socket the server talks to, for the unreachable message. */
   socket?: string;
+  /**
+   * The user the server runs as: the panel names this user's own clients without "(user)", as
+   * kiwictl does the user's who runs it.
+   */
+  viewer?: string;
   version?: number;
   mode?: SchedulerMode;
   tq?: number;

@@ -7,6 +7,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { clientLabel } from './format';
 import type { IGpuGlance, Residency, WaitingAction } from './format';
 import type { INvmlGpu, INvmlReading } from './nvml';
 import {
@@ -313,27 +314,18 @@ export class KiwiModel {
   }
 
   /**
-   * What to call a client: its notebook (this server's session for it, else the display name it
-   * registered), else its name; with its user when the daemon knows it, except for this
-   * server's own kernels, which are all its user's (the suffix would only cost room). The view
+   * What to call a client, as every view does (format.clientLabel): its notebook (this server's
+   * session for it, which follows a rename at once; else the display name it registered), else
+   * its name; with its user unless that is the user the server runs as (this server's own
+   * kernels are all that user's, and kiwictl leaves its own user out the same way). The view
    * cuts long labels in front (format.splitName) and keeps the whole label in the tooltip.
    */
   labelFor(clientId: string): string {
     const client = this._clientsById.get(clientId);
     const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
-    const session = this._kernelLabels.get(name);
-    if (session) {
-      return session;
-    }
     const known = client ?? this._lastPeople.get(clientId);
-    // The daemon sends the name itself as the display name of a client that registered none.
-    const displayName = known?.display_name !== name ? known?.display_name : null;
-    const label =
-      displayName ||
-      // A kernel we know nothing more of (another user's, or started outside this server):
-      // its full uuid is noise, the first group is enough to tell kernels apart.
-      (UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name);
-    return known?.user ? `${label} (${known.user})` : label;
+    const session = this._kernelLabels.get(name);
+    return clientLabel(name, session ?? known?.display_name, session ? null : known?.user, this._document?.viewer);
   }
 
   private _gpuView(gpu: IGpuStatus, now: number): IGpuView {

@@ -210,6 +210,9 @@ DOCUMENT: Final = Part("IStatusDocument", "`GET kiwi/api/status`: the status doc
         added_by="server"),
     Key("socket", "str", "The socket the server talks to, for the unreachable message.",
         added_by="server"),
+    Key("viewer", "str", "The user the server runs as: the panel names this user's own "
+                         "clients without \"(user)\", as kiwictl does the user's who runs it.",
+        added_by="server"),
     Key("version", "int", contract=True),
     Key("mode", "str", contract=True, values=MODES),
     Key("tq", "number", contract=True),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import final
 
+from nodeside.formats import size
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler.actions import Action, Evict, Suspend
 from nodeside.scheduler.clients import WaitingFor
@@ -57,10 +58,6 @@ def granted(client: Client, now: float) -> None:
     if client.residency == EVICTED or client.residency == EVICTING:
         client.residency = RESTORING
         client.restoring_since = now
-
-
-def gib(nbytes: int) -> str:
-    return f"{nbytes / 1024**3:.1f} GiB"
 
 
 @final
@@ -255,10 +252,10 @@ class Residency:
     def _no_room(self, gpu: GpuState, candidate: Client, short: int,
                  stuck: list[Client]) -> str:
         holders = [*gpu.holders.values(), *stuck]
-        who = ", ".join(f"{c.display_name} ({gib(need(c) if holding(c) else occupies(c))}"
+        who = ", ".join(f"{c.display_name} ({size(need(c) if holding(c) else occupies(c))}"
                         f"{', ' + c.evict_failed if c.evict_failed else ''})" for c in holders)
-        return (f"{candidate.display_name} needs {gib(need(candidate))} on GPU "
-                f"{gpu.spec.index}, {gib(short)} more than is free, and that room cannot be "
+        return (f"{candidate.display_name} needs {size(need(candidate))} on GPU "
+                f"{gpu.spec.index}, {size(short)} more than is free, and that room cannot be "
                 f"made: the memory is held by {who or 'nobody the scheduler knows'}")
 
     # -- time passing -------------------------------------------------------------------------

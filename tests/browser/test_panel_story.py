@@ -186,7 +186,7 @@ def test_memory_is_said_without_daemon_flags_and_nvml_figures_are_shown(
         page.screenshot(path=str(ARTIFACTS / "kiwi-panel-nvml.png"))
     finally:
         page.close()
-    assert (memory, utilization) == ("6.00 GiB of 16.0 GiB", "37%")
+    assert (memory, utilization) == ("6.0 GiB of 16.0 GiB", "37%")
     assert "--gpu-memory" not in text and "NVML, no" not in text
 
 
