@@ -49,6 +49,13 @@ class TestWhenNoDaemonAnswers:
         status = await get_status(jp_fetch)
         assert (status["mode"], status["tq"]) == ("auto", 7.5)
 
+    async def test_kernels_are_told_the_folder_it_serves_to_name_their_notebooks(
+        self, jp_serverapp: Any
+    ) -> None:
+        assert os.environ["KIWI_NOTEBOOK_ROOT"] == os.path.abspath(jp_serverapp.root_dir)
+        await kiwi_app(jp_serverapp).stop_extension()
+        assert "KIWI_NOTEBOOK_ROOT" not in os.environ
+
     async def test_its_socket_is_private_to_this_server(self, jp_serverapp: Any) -> None:
         directory = os.path.dirname(kiwi_app(jp_serverapp).embedded.socket_path)
         assert os.stat(directory).st_mode & 0o077 == 0
