@@ -152,7 +152,13 @@ export class KiwiPanel extends Widget {
         holders.append(item);
       }
     }
-    section.append(this._field(this._trans.__('Holder'), holders));
+    // The room the longest holder's whole name needs: where the label beside it leaves less,
+    // the holder goes to the line below the label (style/base.css).
+    const longest = Math.max(0, ...gpu.holders.map(h => h.label.length));
+    holders.style.setProperty('--jp-Kiwi-holder-whole', `${longest + 1}ch`);
+    const holderField = this._field(this._trans.__('Holder'), holders);
+    holderField.classList.add('jp-Kiwi-holderField');
+    section.append(holderField);
     if (gpu.evictBlocked !== null) {
       section.append(el('p', 'jp-Kiwi-evictBlocked', this._trans.__('Nothing is granted: %1', gpu.evictBlocked)));
     }
@@ -351,6 +357,11 @@ export class KiwiPanel extends Widget {
     const [head, tail] = splitName(label, this._shownLabels);
     const name = el('span', 'jp-Kiwi-name', el('span', 'jp-Kiwi-nameHead', head), el('span', 'jp-Kiwi-nameTail', tail));
     name.title = label;
+    // The room the whole name needs (in `ch`, a character's width), which rows with badges keep
+    // for it before the badges: a badge that does not fit beside the name goes to the next line.
+    name.style.setProperty('--jp-Kiwi-whole', `${label.length + 1}ch`);
+    // ...and the room its tail needs, which no row takes from it.
+    name.style.setProperty('--jp-Kiwi-tail', `${tail.length + 2}ch`);
     return name;
   }
 

@@ -46,6 +46,22 @@ def open_with_panel(browser: Any, lab: LabServer, path: str) -> Any:
     return page
 
 
+def cut_names(page: Any) -> list[str]:
+    """The names cut in the panel's holder, queue, memory and timeline rows, measured in one step in the
+    page (the panel redraws each second; a row measured between two steps may be detached)."""
+    return page.wait_for_function(
+        f"() => {{ const names = [...document.querySelectorAll('{PANEL} .jp-Kiwi-holderName"
+        f" .jp-Kiwi-name, {PANEL} .jp-Kiwi-queueItem .jp-Kiwi-name,"
+        f" {PANEL} .jp-Kiwi-memoryItem .jp-Kiwi-name, {PANEL} .jp-Kiwi-timelineItem .jp-Kiwi-name"
+        "')];"
+        " if (names.length < 3 || names.some(n => !n.isConnected || n.clientWidth === 0))"
+        " return null;"
+        " const row = n => n.parentElement.getBoundingClientRect();"
+        " return names.filter(n => [n, ...n.children].some(e => e.scrollWidth > e.clientWidth)"
+        " || n.getBoundingClientRect().right > row(n).right + 0.5).map(n => n.title); }",
+        timeout=20_000).json_value()
+
+
 def run_all(page: Any) -> None:
     page.click(".jp-NotebookPanel .jp-Cell >> nth=0")
     page.click('li.lm-MenuBar-item:has-text("Run")')
@@ -82,6 +98,9 @@ def test_the_two_demo_notebooks_take_turns_in_two_tabs(browser: Any) -> None:
             timeout=30_000)
         demo.locator(f"{PANEL} .jp-Kiwi-queueItem.jp-Kiwi-mine").wait_for()
         demo.screenshot(path=str(ARTIFACTS / "kiwi-demo-waiting.png"))
+        # At the sidebar's default width both notebooks' names are whole wherever they show:
+        # badges and durations go to the next line rather than cut a name that fits.
+        assert cut_names(demo) == []
         # Each notebook's memory is in the panel, in one bar of the GPU's 12 MiB.
         demo.locator(f"{PANEL} .jp-Kiwi-memoryItem").nth(1).wait_for(timeout=30_000)
         # The holder's quantum ends inside its burst: it gives the GPU back at its next
