@@ -160,7 +160,7 @@ export const SAMPLE_STATUS: IStatusDocument = {
         "8c0d4b2a-6e1f-4a3b-8c9d-0e1f2a3b4c5d"
       ],
       "stuck": "below its guarantee (0.00 of 0.3), but its waiting requests are LOW (preemptible), which never cut a quantum short; use NORMAL or HIGH for work that must preempt",
-      "below_guarantee": true,
+      "below_guarantee": false,
       "gpus": [
         {
           "index": 0,
@@ -169,7 +169,7 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "holding": 0,
           "waiting": 1,
           "stuck": "below its guarantee (0.00 of 0.3), but its waiting requests are LOW (preemptible), which never cut a quantum short; use NORMAL or HIGH for work that must preempt",
-          "below_guarantee": true
+          "below_guarantee": false
         }
       ]
     }
