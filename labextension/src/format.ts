@@ -11,7 +11,7 @@ import {
   UNKNOWN_SIZE
 } from './formats.generated';
 import type { KernelStanding } from './model';
-import type { IClientStatus, IWaitingFor } from './tokens';
+import type { IClientStatus, IWaitingFor, SchedulerMode } from './tokens';
 
 /** Half away from zero, to `places` decimals: the rounding nodeside/formats.py spells out. */
 function roundTo(value: number, places = 0): number {
@@ -110,9 +110,10 @@ const GOLDEN_ANGLE = 137.508;
 
 /**
  * A stable hue per client, so a client keeps its colour across the timeline, the holder and the
- * queue, in every tab and after every reload. The daemon numbers its clients (c1, c2, ...), and
- * two clients seen together are nearly always close in that order: stepping the golden angle
- * per number keeps them far apart. An id without a trailing number gets a well-mixed hash.
+ * queue, in every tab, after every reload and after a scheduler restart: the panel gives it the
+ * client's name (model.colourKey: a kernel's id, a worker's name), never the daemon's ids. Names
+ * that end in a number (worker-1, worker-2) step the golden angle per number, which keeps a run
+ * of them far apart; any other name gets a well-mixed hash.
  */
 export function hueOf(id: string): number {
   const numbered = /^(.*?)(\d+)$/.exec(id);
@@ -239,6 +240,18 @@ export function describeMemory(used: number | null, total: number | null, trans:
     return trans.__('%1, its use not known here', formatBytes(total));
   }
   return trans.__('%1 of %2 used', formatBytes(used), formatBytes(total));
+}
+
+/** What a mode does, for the question before the panel changes it for the whole node. */
+export function describeMode(mode: SchedulerMode, trans: TranslationBundle): string {
+  switch (mode) {
+    case 'on':
+      return trans.__('ON: one kernel at a time holds the GPU, round robin by time quantum.');
+    case 'off':
+      return trans.__('OFF: every kernel uses the GPU at once, as without Kiwi.');
+    case 'auto':
+      return trans.__('AUTO: kernels run side by side while their memory fits, and take turns when it does not.');
+  }
 }
 
 /** Where a client's memory is (the status document's `residency`). */

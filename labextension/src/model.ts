@@ -170,6 +170,11 @@ export class KiwiModel {
     return this._document?.socket ?? '';
   }
 
+  /** How many clients the scheduler has registered (every notebook's kernel on the node). */
+  get clientCount(): number {
+    return this._document?.clients?.length ?? 0;
+  }
+
   get mode(): SchedulerMode | null {
     return this.reachable ? this._document?.mode ?? null : null;
   }
@@ -311,6 +316,15 @@ export class KiwiModel {
     return this._timeline
       .filter(e => e.end === null || e.end >= since)
       .map(e => ({ ...e, label: this.labelFor(e.clientId), mine: this._isMine(e.clientId) }));
+  }
+
+  /**
+   * What a client's colour follows: its name, the key it registered under (a notebook's kernel
+   * id), which outlives the daemon's ids: those are numbered again after a scheduler restart,
+   * and when a kernel registers again (its stand-in GPU), and a colour must not change then.
+   */
+  colourKey(clientId: string): string {
+    return this._clientsById.get(clientId)?.name ?? this._lastNames.get(clientId) ?? clientId;
   }
 
   /**

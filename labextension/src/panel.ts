@@ -3,6 +3,7 @@
  * are built once and kept, so a redraw never steals focus from a half-typed TQ.
  */
 
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ITranslator, TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
@@ -12,6 +13,7 @@ import {
   describeClientMemory,
   describeMemory,
   describeMemorySource,
+  describeMode,
   describePool,
   describeResidency,
   describeResidentMemory,
@@ -226,7 +228,7 @@ export class KiwiPanel extends Widget {
       const segment = el('div', `jp-Kiwi-residentSegment jp-Kiwi-residency-${kernel.residency}`);
       segment.dataset.clientId = kernel.clientId;
       segment.style.width = `${Math.min(100, (kernel.residentBytes / whole) * 100)}%`;
-      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(kernel.clientId)));
+      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(this._model.colourKey(kernel.clientId))));
       segment.title = `${kernel.label}: ${formatBytes(kernel.residentBytes)} (${describeResidency(kernel.residency, this._trans)})`;
       bar.append(segment);
     }
@@ -335,7 +337,7 @@ export class KiwiPanel extends Widget {
       const segment = el('div', 'jp-Kiwi-timelineSegment');
       segment.style.left = `${((start - since) / window) * 100}%`;
       segment.style.width = `${Math.max(0.5, ((end - start) / window) * 100)}%`;
-      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
+      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(this._model.colourKey(entry.clientId))));
       segment.title = entry.label;
       track.append(segment);
       const item = el('li', 'jp-Kiwi-timelineItem', this._swatch(entry.clientId), ' ', this._name(entry.label), ' ', el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
@@ -365,10 +367,11 @@ export class KiwiPanel extends Widget {
     return name;
   }
 
-  /** The client's colour, the same wherever it shows (format.hueOf). */
+  /** The client's colour, the same wherever it shows and across scheduler restarts
+   * (format.hueOf of model.colourKey). */
   private _swatch(clientId: string): HTMLElement {
     const swatch = el('span', 'jp-Kiwi-swatch');
-    swatch.style.setProperty('--jp-Kiwi-hue', String(hueOf(clientId)));
+    swatch.style.setProperty('--jp-Kiwi-hue', String(hueOf(this._model.colourKey(clientId))));
     return swatch;
   }
 
@@ -404,7 +407,10 @@ export class KiwiPanel extends Widget {
       option.value = value;
       mode.append(option);
     }
-    mode.addEventListener('change', () => void this._apply({ mode: mode.value as SchedulerMode }));
+    // The mode is the node's, every notebook's on it: nothing is sent until Set, and Set asks
+    // first (a mistaken OFF would let every kernel on the node at the GPU at once).
+    const setMode = el('button', 'jp-Kiwi-modeButton jp-mod-styled jp-mod-accept', this._trans.__('Set'));
+    setMode.addEventListener('click', () => void this._confirmMode(mode.value as SchedulerMode));
 
     const tq = el('input', 'jp-Kiwi-tqInput jp-mod-styled');
     tq.type = 'number';
@@ -432,7 +438,7 @@ export class KiwiPanel extends Widget {
     return el(
       'section',
       'jp-Kiwi-controls',
-      el('label', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set mode')), mode),
+      el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set mode')), mode, setMode),
       el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set TQ (s)')), tq, setTq),
       this._message
     );
@@ -448,6 +454,28 @@ export class KiwiPanel extends Widget {
     const tq = this._model.tq;
     if (tq !== null && active !== this._tqInput) {
       this._tqInput.value = String(tq);
+    }
+  }
+
+  /** Ask before changing the mode of every notebook on the node; apply it if confirmed. */
+  private async _confirmMode(mode: SchedulerMode): Promise<void> {
+    if (mode === this._model.mode) {
+      return;
+    }
+    const clients = this._model.clientCount;
+    const result = await showDialog({
+      title: this._trans.__('Turn the Kiwi scheduler %1?', mode.toUpperCase()),
+      body: this._trans.__(
+        'This changes the scheduler for every notebook on this node (%1 registered now), not only yours. %2',
+        clients,
+        describeMode(mode, this._trans)
+      ),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: this._trans.__('Turn %1', mode.toUpperCase()) })]
+    });
+    if (result.button.accept) {
+      await this._apply({ mode });
+    } else {
+      this._syncControls();
     }
   }
 

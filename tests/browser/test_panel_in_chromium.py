@@ -87,7 +87,17 @@ def test_panel_follows_two_contending_kernels_and_lets_an_admin_change_the_mode(
         # As an admin (the default authorizer lets the token's user write), turn the mode off.
         controls = panel.locator(".jp-Kiwi-controls")
         assert controls.is_visible()
+        # The mode is every notebook's on the node: choosing sends nothing, Set asks first.
         controls.locator(".jp-Kiwi-modeSelect").select_option("off")
+        controls.locator(".jp-Kiwi-modeButton").click()
+        dialog = page.locator(".jp-Dialog")
+        dialog.get_by_text("for every notebook on this node").wait_for()
+        dialog.locator(".jp-Dialog-button.jp-mod-reject").click()
+        dialog.wait_for(state="detached")
+        assert lab.kiwi_status()["mode"] == "on"  # cancelled: nothing was sent
+        controls.locator(".jp-Kiwi-modeSelect").select_option("off")
+        controls.locator(".jp-Kiwi-modeButton").click()
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
         panel.locator(".jp-Kiwi-mode", has_text="OFF").wait_for()
         assert lab.kiwi_status()["mode"] == "off"
 
