@@ -21,10 +21,10 @@ export interface IHeldSpan {
   name: string;
   display_name: string | null;
   user: string | null;
-  /** Seconds before the document when the hold began. */
-  started: number;
-  /** Seconds before the document when it ended; null while it holds. */
-  ended: number | null;
+  /** Seconds before the document when the hold began (an older daemon says `started`). */
+  started_ago: number;
+  /** Seconds before the document when it ended; null while it holds (formerly `ended`). */
+  ended_ago: number | null;
 }
 
 /** What a waiter waits for besides its turn: another client to move memory out of the way. */

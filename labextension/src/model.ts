@@ -13,9 +13,20 @@ import type { INvmlGpu, INvmlReading } from './nvml';
 import {
   IClientStatus,
   IGpuStatus,
+  IHeldSpan,
   IStatusDocument,
   SchedulerMode
 } from './tokens';
+
+/** A span's time in seconds before its document: `started_ago`/`ended_ago`, or the `started`/
+ * `ended` an older daemon sends for them. */
+function agoOf(span: IHeldSpan, which: 'started'): number;
+function agoOf(span: IHeldSpan, which: 'ended'): number | null;
+function agoOf(span: IHeldSpan, which: 'started' | 'ended'): number | null {
+  const older = span as unknown as Record<string, number | null | undefined>;
+  const value = which === 'started' ? span.started_ago ?? older.started : span.ended_ago ?? older.ended;
+  return value ?? null;
+}
 
 /** Where this notebook's kernel stands with the GPU. */
 export type KernelStanding =
@@ -467,8 +478,8 @@ export class KiwiModel {
           clientId: span.client,
           label: '',
           mine: false,
-          start: now - span.started,
-          end: span.ended === null ? null : now - span.ended
+          start: now - agoOf(span, 'started'),
+          end: agoOf(span, 'ended') === null ? null : now - (agoOf(span, 'ended') as number)
         };
       })
     );

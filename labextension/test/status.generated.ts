@@ -36,16 +36,16 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "name": "worker-7",
           "display_name": "worker-7",
           "user": null,
-          "started": 18.5,
-          "ended": 17.5
+          "started_ago": 18.5,
+          "ended_ago": 17.5
         },
         {
           "client": "c1",
           "name": "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
           "display_name": "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
           "user": null,
-          "started": 17.5,
-          "ended": null
+          "started_ago": 17.5,
+          "ended_ago": null
         }
       ]
     }
@@ -213,16 +213,16 @@ export const MEMORY_STATUS: IStatusDocument = {
           "name": "0a1b2c3d-0000-4e55-9a61-5d2f7c8e9a01",
           "display_name": "nbA.ipynb",
           "user": null,
-          "started": 4.0,
-          "ended": 3.0
+          "started_ago": 4.0,
+          "ended_ago": 3.0
         },
         {
           "client": "c2",
           "name": "1b2c3d4e-1111-4a3b-8c9d-0e1f2a3b4c5d",
           "display_name": "nbB.ipynb",
           "user": null,
-          "started": 3.0,
-          "ended": null
+          "started_ago": 3.0,
+          "ended_ago": null
         }
       ],
       "resident_bytes": 53687091200,

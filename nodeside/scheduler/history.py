@@ -64,6 +64,6 @@ class HolderHistory:
         """The spans for the status document, oldest first; times are seconds before ``now``
         (clients compare them with their own clock, never with the daemon's)."""
         return [{"client": s.client, "name": s.name, "display_name": s.display_name,
-                 "user": s.user, "started": round(now - s.start, 3),
-                 "ended": None if s.end is None else round(now - s.end, 3)}
+                 "user": s.user, "started_ago": round(now - s.start, 3),
+                 "ended_ago": None if s.end is None else round(now - s.end, 3)}
                 for s in self._spans if s.end is None or now - s.end <= self.keep]

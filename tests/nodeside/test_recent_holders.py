@@ -14,7 +14,7 @@ def scheduler(gpus: int = 1) -> Scheduler:
 
 
 def spans(doc: dict, gpu: int = 0) -> list[tuple]:
-    return [(s["display_name"], s["started"], s["ended"])
+    return [(s["display_name"], s["started_ago"], s["ended_ago"])
             for s in doc["gpus"][gpu]["recent_holders"]]
 
 
@@ -52,7 +52,7 @@ def test_old_holds_are_forgotten_and_the_history_stays_bounded():
     now = MAX_SPANS + 10.0
     kept = build_status(s, now)["gpus"][0]["recent_holders"]
     assert len(kept) == MAX_SPANS
-    assert kept[-1]["started"] == 1.0  # the newest kept, the oldest dropped
+    assert kept[-1]["started_ago"] == 1.0  # the newest kept, the oldest dropped
     assert build_status(s, now + KEEP_SECONDS + 1.0)["gpus"][0]["recent_holders"] == []
 
 
