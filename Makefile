@@ -107,14 +107,16 @@ sanitize: install ## the shim's tests under AddressSanitizer, then ThreadSanitiz
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
 		tests/protocol/test_transcripts.py
 
-## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
-## and from the daemon's status document (the panel's fixture) read what those make now.
+## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py),
+## from the formatters (nodeside/formats.py) and from the daemon's status document (the panel's
+## fixture) read what those make now; every path the docs name exists (tests/doc_references.py).
 lint: $(VENV)/.lint-installed ## ruff, mypy, the generated files and the docs' references
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m nodeside.protocol.generate --check
 	$(BIN)/python -m nodeside.formats --check
 	$(BIN)/python tests/status_fixtures.py --check
+	$(BIN)/python tests/doc_references.py --check
 
 ## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
 ## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their
