@@ -125,7 +125,8 @@ lint: $(VENV)/.lint-installed ## ruff, mypy, the generated files and the docs' r
 ## Needs buildah and mmdebstrap (apt-get install buildah mmdebstrap) and root.
 images: $(VENV)/.images-installed core labextension ## build the node and notebook images and check them (buildah, root)
 	PYTHON=$(BIN)/python images/build.sh
-	KIWI_TEST_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/images
+	KIWI_TEST_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/images; \
+		status=$$?; images/build.sh --remove-containers; exit $$status
 
 ## Every benchmark that needs no GPU, each run three times, as one Markdown report with ranges.
 ## BENCH_ARGS="--quick --repeat 1" to see it work; "--only handoff,attack" for some of them.

@@ -3,10 +3,13 @@ only what they need."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"
@@ -62,3 +65,31 @@ def test_what_a_newcomer_makes_in_the_lab_stays_out_of_the_sdist(tmp_path: Path)
     listed = sorted(f.distribution_path for f in SdistBuilder(str(tmp_path))
                     .recurse_included_files() if f.distribution_path.startswith("binder/"))
     assert listed == [f"binder/{name}" for name in tracked]
+
+
+def test_make_images_removes_the_working_containers_its_tests_or_builds_left() -> None:
+    recipe = MAKEFILE[MAKEFILE.index("\nimages:"):].split("\n\n", 1)[0]
+    assert "tests/images; \\\n\t\tstatus=$$?; images/build.sh --remove-containers; exit $$status" \
+        in recipe
+
+
+@pytest.mark.skipif(shutil.which("buildah") is None or os.getuid() != 0,
+                    reason="needs buildah, as root (apt-get install buildah)")
+def test_only_the_working_containers_of_kiwis_images_are_removed() -> None:
+    def buildah(*args: str) -> str:
+        return subprocess.run(["buildah", *args], capture_output=True, text=True, timeout=120,
+                              check=True).stdout.strip()
+
+    ours, theirs = "localhost/kiwi-stand-in/leftover-test:1", "localhost/not-kiwi-test:1"
+    for image in (ours, theirs):
+        buildah("commit", "--quiet", "--rm", buildah("from", "scratch"), image)
+    left = buildah("from", "--pull=never", "--quiet", ours)
+    kept = buildah("from", "--pull=never", "--quiet", theirs)
+    try:
+        subprocess.run([str(REPO / "images" / "build.sh"), "--remove-containers"], check=True,
+                       timeout=120, cwd=REPO)
+        names = buildah("containers", "--format", "{{.ContainerName}}").split()
+        assert left not in names and kept in names
+    finally:
+        subprocess.run(["buildah", "rm", left, kept], capture_output=True, timeout=120)
+        subprocess.run(["buildah", "rmi", ours, theirs], capture_output=True, timeout=120)
