@@ -47,8 +47,9 @@ def open_with_panel(browser: Any, lab: LabServer, path: str) -> Any:
 
 
 def cut_names(page: Any) -> list[str]:
-    """The names cut in the panel's holder, queue, memory and timeline rows, measured in one step in the
-    page (the panel redraws each second; a row measured between two steps may be detached)."""
+    """The names cut in the panel's holder, queue, memory and timeline rows, measured in one
+    step in the page (the panel redraws each second; a row measured between two steps may be
+    detached)."""
     return page.wait_for_function(
         f"() => {{ const names = [...document.querySelectorAll('{PANEL} .jp-Kiwi-holderName"
         f" .jp-Kiwi-name, {PANEL} .jp-Kiwi-queueItem .jp-Kiwi-name,"
