@@ -21,10 +21,14 @@ export interface IHeldSpan {
   name: string;
   display_name: string | null;
   user: string | null;
-  /** Seconds before the document when the hold began (an older daemon says `started`). */
+  /** Seconds before the document when the hold began. */
   started_ago: number;
-  /** Seconds before the document when it ended; null while it holds (formerly `ended`). */
+  /** Seconds before the document when it ended; null while it holds. */
   ended_ago: number | null;
+  /** `started_ago` under its first name, kept for the readers of older documents. */
+  started: number;
+  /** `ended_ago` under its first name, kept likewise. */
+  ended: number | null;
 }
 
 /** What a waiter waits for besides its turn: another client to move memory out of the way. */

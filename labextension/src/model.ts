@@ -18,13 +18,12 @@ import {
   SchedulerMode
 } from './tokens';
 
-/** A span's time in seconds before its document: `started_ago`/`ended_ago`, or the `started`/
- * `ended` an older daemon sends for them. */
+/** A span's time in seconds before its document: `started_ago`/`ended_ago`, or, from an older
+ * daemon that sends only their first names, `started`/`ended`. */
 function agoOf(span: IHeldSpan, which: 'started'): number;
 function agoOf(span: IHeldSpan, which: 'ended'): number | null;
 function agoOf(span: IHeldSpan, which: 'started' | 'ended'): number | null {
-  const older = span as unknown as Record<string, number | null | undefined>;
-  const value = which === 'started' ? span.started_ago ?? older.started : span.ended_ago ?? older.ended;
+  const value = which === 'started' ? span.started_ago ?? span.started : span.ended_ago ?? span.ended;
   return value ?? null;
 }
 

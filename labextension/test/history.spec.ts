@@ -3,7 +3,7 @@ import type { IHeldSpan } from '../src/tokens';
 import { KERNEL_A, KERNEL_B, statusWith } from './documents';
 
 /** A status document whose GPU carries the scheduler's own holder history. */
-function withHistory(holders: string[], queue: string[], spans: IHeldSpan[]) {
+function withHistory(holders: string[], queue: string[], spans: Partial<IHeldSpan>[]) {
   const document = statusWith(holders, queue);
   (document.gpus![0] as any).recent_holders = spans;
   return document;
@@ -15,7 +15,7 @@ const PARTNER = { client: 'c2', name: KERNEL_B, display_name: 'kiwi-demo-partner
 describe('KiwiModel: the timeline from the scheduler', () => {
   it("reads an older daemon's started and ended as its own", () => {
     const model = new KiwiModel({ timelineWindow: 300 });
-    const older = [{ ...DEMO, started: 150, ended: 135 }] as unknown as IHeldSpan[];
+    const older = [{ ...DEMO, started: 150, ended: 135 }];
     model.update(withHistory([], [], older), 1000);
     expect(model.timeline(1000).map(e => [e.start, e.end])).toEqual([[850, 865]]);
   });

@@ -37,7 +37,9 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "display_name": "worker-7",
           "user": null,
           "started_ago": 18.5,
-          "ended_ago": 17.5
+          "ended_ago": 17.5,
+          "started": 18.5,
+          "ended": 17.5
         },
         {
           "client": "c1",
@@ -45,7 +47,9 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "display_name": "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
           "user": null,
           "started_ago": 17.5,
-          "ended_ago": null
+          "ended_ago": null,
+          "started": 17.5,
+          "ended": null
         }
       ]
     }
@@ -214,7 +218,9 @@ export const MEMORY_STATUS: IStatusDocument = {
           "display_name": "nbA.ipynb",
           "user": null,
           "started_ago": 4.0,
-          "ended_ago": 3.0
+          "ended_ago": 3.0,
+          "started": 4.0,
+          "ended": 3.0
         },
         {
           "client": "c2",
@@ -222,7 +228,9 @@ export const MEMORY_STATUS: IStatusDocument = {
           "display_name": "nbB.ipynb",
           "user": null,
           "started_ago": 3.0,
-          "ended_ago": null
+          "ended_ago": null,
+          "started": 3.0,
+          "ended": null
         }
       ],
       "resident_bytes": 53687091200,

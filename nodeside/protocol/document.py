@@ -62,10 +62,14 @@ HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of
     Key("name", "str", always=True),
     Key("display_name", "str", nullable=True, always=True),
     Key("user", "str", nullable=True, always=True),
-    Key("started_ago", "number", "Seconds before the document when the hold began (an older "
-                                 "daemon says `started`).", always=True),
-    Key("ended_ago", "number", "Seconds before the document when it ended; null while it holds "
-                               "(formerly `ended`).", nullable=True, always=True),
+    Key("started_ago", "number", "Seconds before the document when the hold began.",
+        always=True),
+    Key("ended_ago", "number", "Seconds before the document when it ended; null while it "
+                               "holds.", nullable=True, always=True),
+    Key("started", "number", "`started_ago` under its first name, kept for the readers of "
+                             "older documents.", always=True),
+    Key("ended", "number", "`ended_ago` under its first name, kept likewise.", nullable=True,
+        always=True),
 ))
 
 #: Where a client's memory is (feature ``memory``): on the GPU, moving out, in host memory,
