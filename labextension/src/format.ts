@@ -122,6 +122,36 @@ export function hueOf(id: string): number {
   return Math.round((base % 360) + step) % 360;
 }
 
+/** The least distance, in degrees, between the hues of two clients shown together. */
+export const MIN_HUE_GAP = 40;
+/** The step that moves a hue away from one too near: the golden angle, which lands far. */
+const HUE_STEP = GOLDEN_ANGLE;
+
+/**
+ * Hues for the clients shown together, keyed by their names (hueOf each): the same names give
+ * the same hues in every tab and after every scheduler restart. Where two would be nearer than
+ * MIN_HUE_GAP, the one later in hue order steps away by the golden angle until it is clear (a
+ * few steps at most): two notebooks never share a colour, whatever their ids hash to.
+ */
+export function huesOf(names: Iterable<string>): Map<string, number> {
+  const hues = new Map<string, number>();
+  const order = [...new Set(names)].map(name => [hueOf(name), name] as const);
+  order.sort((a, b) => a[0] - b[0] || (a[1] < b[1] ? -1 : a[1] > b[1] ? 1 : 0));
+  for (const [start, name] of order) {
+    let hue = start;
+    for (let step = 0; step < 8 && [...hues.values()].some(h => gap(h, hue) < MIN_HUE_GAP); step++) {
+      hue = Math.round(hue + HUE_STEP) % 360;
+    }
+    hues.set(name, hue);
+  }
+  return hues;
+}
+
+function gap(a: number, b: number): number {
+  const d = Math.abs(a - b) % 360;
+  return Math.min(d, 360 - d);
+}
+
 /** FNV-1a with a final avalanche: nearby strings get unrelated numbers. */
 function mix(text: string): number {
   let hash = 0x811c9dc5;

@@ -7,7 +7,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { clientLabel } from './format';
+import { clientLabel, hueOf, huesOf } from './format';
 import type { IGpuGlance, Residency, WaitingAction } from './format';
 import type { INvmlGpu, INvmlReading } from './nvml';
 import {
@@ -222,6 +222,7 @@ export class KiwiModel {
   /** Take a fresh status document received at `now` (seconds). */
   update(document: IStatusDocument, now: number): void {
     this._document = document;
+    this._hues = null;
     this._receivedAt = now;
     this._clientsById = new Map((document.clients ?? []).map(c => [c.id, c]));
     const gpus: IGpuStatus[] = document.reachable ? document.gpus ?? [] : [];
@@ -335,6 +336,17 @@ export class KiwiModel {
    */
   colourKey(clientId: string): string {
     return this._clientsById.get(clientId)?.name ?? this._lastNames.get(clientId) ?? clientId;
+  }
+
+  /** A client's hue: format.huesOf over every client the document and the timeline name, so
+   * that two shown together are far apart, the same in every tab and after a restart. */
+  hueFor(clientId: string): number {
+    if (this._hues === null) {
+      const names = [...this._clientsById.values()].map(c => c.name);
+      this._timeline.forEach(e => names.push(this.colourKey(e.clientId)));
+      this._hues = huesOf(names);
+    }
+    return this._hues.get(this.colourKey(clientId)) ?? hueOf(this.colourKey(clientId));
   }
 
   /**
@@ -559,6 +571,8 @@ export class KiwiModel {
   private _kernelLabels = new Map<string, string>();
   private _timeline: ITimelineEntry[] = [];
   private _open = new Map<string, ITimelineEntry>();
+  /** Hues of the clients shown now (hueFor), made again with each document. */
+  private _hues: Map<string, number> | null = null;
   /** Names of clients that left while still on the timeline, so their entries stay labelled. */
   private _lastNames = new Map<string, string>();
   /** Their display names and users, likewise. */

@@ -20,7 +20,6 @@ import {
   describeWaitingFor,
   formatBytes,
   formatSeconds,
-  hueOf,
   splitName
 } from './format';
 import { IGpuMemoryView, IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
@@ -228,7 +227,7 @@ export class KiwiPanel extends Widget {
       const segment = el('div', `jp-Kiwi-residentSegment jp-Kiwi-residency-${kernel.residency}`);
       segment.dataset.clientId = kernel.clientId;
       segment.style.width = `${Math.min(100, (kernel.residentBytes / whole) * 100)}%`;
-      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(this._model.colourKey(kernel.clientId))));
+      segment.style.setProperty('--jp-Kiwi-hue', String(this._model.hueFor(kernel.clientId)));
       segment.title = `${kernel.label}: ${formatBytes(kernel.residentBytes)} (${describeResidency(kernel.residency, this._trans)})`;
       bar.append(segment);
     }
@@ -337,7 +336,7 @@ export class KiwiPanel extends Widget {
       const segment = el('div', 'jp-Kiwi-timelineSegment');
       segment.style.left = `${((start - since) / window) * 100}%`;
       segment.style.width = `${Math.max(0.5, ((end - start) / window) * 100)}%`;
-      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(this._model.colourKey(entry.clientId))));
+      segment.style.setProperty('--jp-Kiwi-hue', String(this._model.hueFor(entry.clientId)));
       segment.title = entry.label;
       track.append(segment);
       const item = el('li', 'jp-Kiwi-timelineItem', this._swatch(entry.clientId), ' ', this._name(entry.label), ' ', el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
@@ -368,10 +367,10 @@ export class KiwiPanel extends Widget {
   }
 
   /** The client's colour, the same wherever it shows and across scheduler restarts
-   * (format.hueOf of model.colourKey). */
+   * (model.hueFor). */
   private _swatch(clientId: string): HTMLElement {
     const swatch = el('span', 'jp-Kiwi-swatch');
-    swatch.style.setProperty('--jp-Kiwi-hue', String(hueOf(this._model.colourKey(clientId))));
+    swatch.style.setProperty('--jp-Kiwi-hue', String(this._model.hueFor(clientId)));
     return swatch;
   }
 

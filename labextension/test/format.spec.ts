@@ -7,6 +7,8 @@ import {
   formatSeconds,
   formatShare,
   hueOf,
+  huesOf,
+  MIN_HUE_GAP,
   MAX_TAIL,
   splitName
 } from '../src/format';
@@ -29,6 +31,19 @@ describe('formatting', () => {
     for (const [[name, displayName, user, viewer], text] of LABEL_EXAMPLES) {
       expect(clientLabel(name, displayName, user, viewer)).toBe(text);
     }
+  });
+
+  it('keeps clients shown together far apart, whatever their names hash to', () => {
+    // Names whose own hues are near: found among kernel-like names, as a panel would meet them.
+    const names = Array.from({ length: 400 }, (_, i) => `3f2a9c1e-0b7d-4e55-9a61-${String(i).padStart(12, '0')}x`);
+    const near = names.flatMap(a => names.filter(b => b > a && Math.abs(hueOf(a) - hueOf(b)) < 5).map(b => [a, b]))[0];
+    expect(near).toBeDefined();
+    const hues = huesOf(near);
+    const [h1, h2] = near.map(n => hues.get(n)!);
+    const d = Math.abs(h1 - h2);
+    expect(Math.min(d, 360 - d)).toBeGreaterThanOrEqual(MIN_HUE_GAP);
+    // The same names, in any order and in any tab, get the same hues.
+    expect(huesOf([...near].reverse())).toEqual(hues);
   });
 
   it('writes shares as percentages', () => {
