@@ -6,15 +6,19 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels core \
-	images
+.PHONY: help install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels \
+	core images
 
-install: $(VENV)/.installed
+help: ## this list (a target's line says what it does after "##")
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## /{printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+## Everything the tests need (`.[test]`) in .venv, with the lab's.
+install: $(VENV)/.installed ## the test tools and the lab's packages, into .venv
 
 ## The compiled scheduler core (mypyc, nodeside/compiled.py): the install builds it; this
 ## builds it again when a source of it changed since, so tests and benchmarks never run a core
 ## the sources do not match (KIWI_PURE_PYTHON=1 runs the pure one instead).
-core: install
+core: $(VENV)/.lint-installed ## compile the scheduler core again if its sources changed (mypyc)
 	$(BIN)/python -c "import sys, nodeside.compiled as c; c.main(sys.argv[1:])" --if-stale
 
 ## What the lab needs (`.[lab]`): `make lab` installs only this.
@@ -29,20 +33,40 @@ $(VENV)/.lab-installed: pyproject.toml
 	$(BIN)/python -m kiwi_jupyter.kernelspec install --sys-prefix
 	touch $@
 
-## Everything else the tests need (`.[test]`), on top of the lab's.
+# Everything else the tests need (`.[test]`), on top of the lab's.
 $(VENV)/.installed: $(VENV)/.lab-installed pyproject.toml
 	@echo "make: installing the test tools (.[test]) into $(VENV)"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-## Start JupyterLab with Kiwi (embedded scheduler, no other setup). Its time quantum is the
-## Binder demo's, 5 s: the demo notebooks' bursts last 15 s, so while the other notebook waits
-## each burst outlives a quantum and the quantum's end shows (the panel counts down to 0, the
-## cell says the GPU was asked back); with the daemon's default of 30 s no burst ever reaches
-## one. LAB_TQ=30 make lab for the default; kiwictl -T or the panel change it while it runs.
+# What lint, bench and images need on top of the lab's, each on its own (pyproject.toml's
+# extras of those names): none of them waits for the whole of `.[test]`.
+$(VENV)/.lint-installed $(VENV)/.bench-installed $(VENV)/.images-installed: \
+		$(VENV)/.%-installed: $(VENV)/.lab-installed pyproject.toml
+	@echo "make: installing .[$*] into $(VENV)"
+	$(BIN)/python -m pip install -q -e ".[$*]"
+	touch $@
+
+## JupyterLab with Kiwi and a scheduler of its own (no other setup), serving binder/: the two demo
+## notebooks, and what you make there (kept out of git and the sdist by .gitignore).
+##
+## The demo's story (binder/kiwi-demo.ipynb says it to the newcomer): each notebook's burst lasts
+## 15 s and the time quantum is 5 s (LAB_TQ), so two bursts side by side take turns, three each.
+## At a quantum's end the scheduler asks the holder for the GPU back, with a grace of 10 s (the
+## daemon's default); the holder gives it back at its next GPU operation, well within it. Where
+## this machine has no NVIDIA GPU (no nvidia-smi), the notebooks use Kiwi's stand-in GPU and the
+## scheduler is told the GPU has 12 MiB (LAB_GPU_MEMORY): one notebook's 8 MiB of matrices fit,
+## two do not, so at each turn the one giving the GPU back moves its memory to host memory and
+## the panel shows it. On a GPU machine the scheduler reads the GPU's own size.
+## LAB_TQ=30 make lab for the daemon's default quantum; kiwictl -T or the panel change it live.
 LAB_TQ ?= 5
-lab: $(VENV)/.lab-installed labextension
-	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) --KiwiExtension.tq=$(LAB_TQ) $(LAB_ARGS)
+LAB_DIR ?= binder
+LAB_GPU_MEMORY ?= $(if $(shell command -v nvidia-smi),,12MiB)
+comma := ,
+LAB_SCHEDULER_ARGS = $(if $(LAB_GPU_MEMORY),--KiwiExtension.scheduler_args='["--gpu-memory"$(comma) "$(LAB_GPU_MEMORY)"]')
+lab: $(VENV)/.lab-installed labextension ## JupyterLab with Kiwi and its own scheduler, serving the demo notebooks
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) --ServerApp.root_dir=$(LAB_DIR) \
+		--KiwiExtension.tq=$(LAB_TQ) $(LAB_SCHEDULER_ARGS) $(LAB_ARGS)
 
 ## The Kiwi GPU panel (labextension/, TypeScript): npm packages, production build, and a link
 ## from the venv's labextensions to the build so later builds (`npm run watch`) show at once.
@@ -52,7 +76,7 @@ LABEXT_TOOL = $(if $(wildcard $(BIN)/jupyter-builder),$(BIN)/jupyter-builder,$(B
 LABEXT_BUILT := kiwi_jupyter/labextension/static/style.js
 LABEXT_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*)
 
-labextension: $(LABEXT_BUILT)
+labextension: $(LABEXT_BUILT) ## build the Kiwi GPU panel (npm)
 
 labextension/node_modules/.package-lock.json: labextension/package.json labextension/package-lock.json
 	cd labextension && npm install --no-audit --no-fund
@@ -64,12 +88,12 @@ $(LABEXT_BUILT): $(VENV)/.lab-installed labextension/node_modules/.package-lock.
 	touch $@
 
 ## The panel's model logic (Jest).
-jstest: labextension/node_modules/.package-lock.json
+jstest: labextension/node_modules/.package-lock.json ## the panel's Jest tests
 	cd labextension && npm test
 
 ## The whole test suite: lint, types, then every test, then the shim's tests again under the
 ## sanitizers.
-test: install core lint labextension jstest
+test: install core lint labextension jstest ## the whole test suite: lint, Jest, pytest, the shim under the sanitizers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory sanitize
 
@@ -77,33 +101,37 @@ test: install core lint labextension jstest
 ## sanitized builds: a memory error, undefined behaviour or a data race in the C code fails the
 ## test that caused it, with the sanitizer's report.
 ## AddressSanitizer with UBSan, then ThreadSanitizer (about 1.5 and 3.5 minutes).
-sanitize: install
+sanitize: install ## the shim's tests under AddressSanitizer, then ThreadSanitizer
 	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
 		tests/protocol/test_transcripts.py
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
 		tests/protocol/test_transcripts.py
 
-## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py)
-## and from the daemon's status document (the panel's fixture) read what those make now.
-lint: install
+## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py),
+## from the formatters (nodeside/formats.py) and from the daemon's status document (the panel's
+## fixture) read what those make now; every path the docs name exists (tests/doc_references.py).
+lint: $(VENV)/.lint-installed ## ruff, mypy, the generated files and the docs' references
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m nodeside.protocol.generate --check
+	$(BIN)/python -m nodeside.formats --check
 	$(BIN)/python tests/status_fixtures.py --check
+	$(BIN)/python tests/doc_references.py --check
 
 ## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
 ## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their
 ## bases upstream where they can be pulled, else stand-ins from Debian's packages
 ## (images/build.sh says how). Then each image is started and checked (tests/images).
 ## Needs buildah and mmdebstrap (apt-get install buildah mmdebstrap) and root.
-images: install core labextension
+images: $(VENV)/.images-installed core labextension ## build the node and notebook images and check them (buildah, root)
 	PYTHON=$(BIN)/python images/build.sh
-	KIWI_TEST_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/images
+	KIWI_TEST_IMAGES=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/images; \
+		status=$$?; images/build.sh --remove-containers; exit $$status
 
 ## Every benchmark that needs no GPU, each run three times, as one Markdown report with ranges.
 ## BENCH_ARGS="--quick --repeat 1" to see it work; "--only handoff,attack" for some of them.
 BENCH_ARGS ?=
-bench: install core
+bench: $(VENV)/.bench-installed core ## every benchmark that needs no GPU, into one report
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 ## On a machine with an NVIDIA GPU (docs/gpu-check.md): build the shim, run the GPU tests and
@@ -111,7 +139,7 @@ bench: install core
 ## no network); without a GPU it is a dry run that says so.
 GPU_PYTHON ?= python3
 GPU_CHECK_ARGS ?=
-gpu-check:
+gpu-check: ## on a machine with an NVIDIA GPU: its tests and benchmarks
 	$(GPU_PYTHON) -m benchmarks.shim.gpu_check $(GPU_CHECK_ARGS)
 
 ## Wheels for a GPU machine that lacks a package gpu-check needs (it names any it misses), for
@@ -128,11 +156,11 @@ JUPYTER_WHEELS ?= jupyter_client==8.10.0 jupyter_core==5.9.1 ipykernel==7.4.0 ip
 	asttokens==3.0.2 pure_eval==0.2.4 pyzmq==27.3.0 tornado==6.6.1 traitlets==5.16.1 \
 	platformdirs==4.14.8
 GPU_WHEELS ?= pyyaml prometheus_client nvidia-ml-py pytest-timeout $(JUPYTER_WHEELS)
-gpu-wheels: install
+gpu-wheels: install ## wheels for a GPU machine that lacks some of gpu-check's packages
 	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
-clean:
-	rm -rf $(VENV) build dist *.egg-info labextension/node_modules labextension/lib kiwi_jupyter/labextension
+clean: ## remove .venv and every build output
+	rm -rf $(VENV) .build build dist *.egg-info labextension/node_modules labextension/lib kiwi_jupyter/labextension
 	rm -f nodeside/compiled.sha256 $(wildcard nodeside/*.so nodeside/*/*.so)

@@ -14,6 +14,10 @@
 #   IMAGES_BASES  auto (upstream where it can be pulled, else a stand-in), upstream or stand-in
 #   IMAGE_PREFIX  the images' names before kiwi-node and kiwi-notebook (default localhost/)
 #   IMAGE_TAG     their tag (default: the package's version)
+#
+# `images/build.sh --remove-containers` removes the buildah working containers of these images
+# (and of the stand-ins) that anything left behind: a smoke test's, a build that failed. `make
+# images` runs it after its tests, whatever they said.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +33,28 @@ command -v buildah > /dev/null || {
          "apt-get install buildah mmdebstrap" >&2
     exit 1
 }
+
+# The working containers of the images made here: kiwi-node, kiwi-notebook, the stand-ins (by
+# image ID: a container names only one of its image's tags).
+remove_containers() {
+    local ours left
+    ours=$(buildah images --format '{{.ID}} {{.Name}}:{{.Tag}}' |
+        awk -v prefix="$IMAGE_PREFIX" -v stand_in="$STAND_IN/" \
+            'index($2, prefix "kiwi-node:") == 1 || index($2, prefix "kiwi-notebook:") == 1 ||
+             index($2, stand_in) == 1 { print $1 }' | sort -u)
+    [ -z "$ours" ] && return 0
+    left=$(buildah containers --format '{{.ContainerID}} {{.ImageID}}' |
+        awk -v ours="$ours" 'BEGIN { n = split(ours, id, "\n") }
+             { for (i = 1; i <= n; i++) if (index($2, id[i]) == 1) { print $1; next } }')
+    [ -z "$left" ] && return 0
+    echo "images: removing $(echo "$left" | wc -w) working container(s) left behind" >&2
+    # shellcheck disable=SC2086 # one id a word
+    buildah rm $left > /dev/null
+}
+if [ "${1:-}" = "--remove-containers" ]; then
+    remove_containers
+    exit 0
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -50,7 +76,7 @@ fi
 # each step's layer, so that a second build reuses every step whose inputs did not change.
 # Docker's image format, as Docker builds: OCI's has no SHELL, and the RUN steps' pipes need it.
 bud() {
-    nice buildah bud --isolation chroot --network host --layers --format docker --quiet \
+    nice buildah bud --isolation chroot --network host --layers --force-rm --format docker --quiet \
         "${build_volumes[@]}" "$@"
 }
 
@@ -106,11 +132,15 @@ stand_in_python() {
         "deb http://deb.debian.org/debian-security $DEBIAN_SUITE-security main" >&2
     local container
     container=$(buildah from scratch)
+    # Removed if anything below fails (set -e); the commit removes it otherwise. (This runs in
+    # a command substitution's subshell: its EXIT trap is its own, the script's is untouched.)
+    trap 'buildah rm "$container" > /dev/null 2>&1' EXIT
     buildah add --quiet "$container" "$work/rootfs.tar" / > /dev/null
     rm -f "$work/rootfs.tar"
     buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         --env LANG=C.UTF-8 --cmd python3 "$container"
     buildah commit --quiet --rm "$container" "$image" > /dev/null
+    trap - EXIT
     echo "$image"
 }
 

@@ -245,11 +245,14 @@ def build(root: Path) -> list[Path]:
     here = os.getcwd()
     os.chdir(root)  # mypyc names modules after paths relative to where it runs
     try:
+        # In .build/, not build/: a folder named build/ in the repository root would stand in
+        # for the `build` module of `python -m build` run there.
         extensions = mypycify([str(source(Path("."), m)) for m in MODULES], group_name=GROUP,
-                              target_dir=os.path.join("build", "mypyc"))
+                              target_dir=os.path.join(".build", "mypyc"))
         command = build_ext(Distribution({"name": "kiwi-core", "ext_modules": extensions}))
         command.inplace = True
-        command.build_temp = os.path.join("build", "mypyc-temp")
+        command.build_temp = os.path.join(".build", "mypyc-temp")
+        command.build_lib = os.path.join(".build", "lib")
         command.ensure_finalized()
         command.run()
     finally:

@@ -15,15 +15,17 @@ from nodeside import kai
 from nodeside.client import ControlClient, KiwiError
 from nodeside.client.discovery import published_socket_path
 from nodeside.config import argument_type, parse_mode, parse_tq
+from nodeside.formats import seconds
 from nodeside.headline import scheduler_headline
 from nodeside.memory_words import (
     gpu_memory_words,
     human_bytes,
     keeps_memory,
+    memory_use_words,
     residency_word,
     waiting_for_words,
 )
-from nodeside.names import names_by_id, shorten, state_word, who
+from nodeside.names import current_user, names_by_id, shorten, state_word, who
 from nodeside.protocol import DEFAULT_SOCKET
 
 _MODE_DONE = {
@@ -96,26 +98,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_status(doc: dict[str, Any]) -> str:
     """The status document as a short report for a terminal."""
-    names = names_by_id(doc, width=60)
+    viewer = current_user()
+    names = names_by_id(doc, width=60, viewer=viewer)
     clients = {c["id"]: c for c in doc["clients"]}
     shows_memory = keeps_memory(doc)
     lines = [scheduler_headline(doc)]
     for gpu in doc["gpus"]:
-        memory = _memory(gpu["memory_used"], gpu["memory_total"])
-        lines.append(f"GPU {gpu['index']} {gpu['name']} ({memory})")
+        lines.append(f"GPU {gpu['index']} {gpu['name']}")
         paused = {c["id"] for c in doc["clients"] if c.get("paused")}
         holders = ", ".join(names.get(h, h) + (" (paused)" if h in paused else "")
                             for h in gpu["holders"]) or "nobody"
         left = gpu["quantum_remaining"]
-        lines.append(f"  holding: {holders}" + ("" if left is None else f" ({left:.1f} s left)"))
-        resident = gpu_memory_words(gpu)
-        if resident is not None:
-            lines.append(f"  memory: {resident}")
+        lines.append(f"  holding: {holders}"
+                     + ("" if left is None else f" ({seconds(left)} left in its quantum)"))
+        # Where each kernel's memory is, where the daemon says; else its use, as the panel.
+        memory = gpu_memory_words(gpu) or memory_use_words(gpu["memory_used"],
+                                                           gpu["memory_total"])
+        lines.append(f"  memory: {memory}")
         if gpu.get("turns"):
-            lines.append(f"  taking turns of {gpu['turns']:g} s, least GPU time in the cell "
-                         "first")
+            lines.append(f"  taking turns of {seconds(gpu['turns'])}, least GPU time in the "
+                         "cell first")
         for position, client_id in enumerate(gpu["queue"], 1):
-            waiting = waiting_for_words(clients.get(client_id, {}), doc, width=60)
+            waiting = waiting_for_words(clients.get(client_id, {}), doc, width=60,
+                                        viewer=viewer)
             lines.append(f"  #{position} waiting: {names.get(client_id, client_id)}"
                          + ("" if waiting is None else f", {waiting}"))
         if gpu.get("next_reason"):
@@ -123,14 +128,14 @@ def format_status(doc: dict[str, Any]) -> str:
     if doc["clients"]:
         lines.append("")
         head = (f"{'CLIENT':<36} {'ID':<6} {'POOL':<12} {'PRIORITY':<8} {'STATE':<8} "
-                f"{'GPU s':>8}")
+                f"{'GPU TIME':>10}")
         if shows_memory:
             head += f" {'MEMORY':<14} {'ON GPU':>10} {'IN HOST':>10}"
         lines.append(head)
         for c in doc["clients"]:
-            row = (f"{who(c, 36):<36} {c['id']:<6} {shorten(c['pool'], 12):<12} "
+            row = (f"{who(c, 36, viewer):<36} {c['id']:<6} {shorten(c['pool'], 12):<12} "
                    f"{c['priority']:<8} {state_word(c):<8} "
-                   f"{c['gpu_seconds']:>8.1f}")
+                   f"{seconds(c['gpu_seconds']):>10}")
             if shows_memory and "residency" in c:
                 row += (f" {residency_word(c):<14} {human_bytes(c.get('resident_bytes')):>10} "
                         f"{human_bytes(c.get('host_bytes')):>10}")
@@ -155,14 +160,6 @@ def format_pools(doc: dict[str, Any]) -> str:
         if pool.get("stuck"):
             lines.append(f"  stuck: {pool['stuck']}")
     return "\n".join(lines)
-
-
-def _memory(used: int | None, total: int | None) -> str:
-    """Used over total, in words for what the daemon does not know: without NVML or
-    --gpu-memory (the embedded scheduler on a laptop) it knows neither."""
-    if total is None:
-        return "memory unknown" if used is None else f"{human_bytes(used)} used, size unknown"
-    return f"{'use unknown' if used is None else human_bytes(used)} / {human_bytes(total)}"
 
 
 def _info(message: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodeside.formats import size
 from nodeside.names import who
 
 #: What people read for each residency of the status document.
@@ -24,15 +25,23 @@ RESIDENCY_WORDS: dict[str, str] = {
 
 
 def human_bytes(nbytes: int | None) -> str:
-    """Bytes in binary units, one decimal: ``3.0 GiB``, ``512 B``; ``unknown`` for None."""
-    if nbytes is None:
-        return "unknown"
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+    """Bytes as every view writes them (``nodeside.formats.size``): ``3.0 GiB``, ``512 B``,
+    ``unknown`` for None."""
+    return size(nbytes)
+
+
+def memory_use_words(used: int | None, total: int | None) -> str:
+    """A GPU's memory in use against its size, as every view says it: ``3.0 GiB of 80.0 GiB
+    used``; ``kernels use 3.0 GiB (the GPU's size is not known here)`` without a size (no
+    NVIDIA driver where the scheduler runs, and no size given to it); ``its size is not known
+    here`` when nothing is (no figure stands in for one nobody measured)."""
+    if total is None:
+        if not used:
+            return "its size is not known here"
+        return f"kernels use {size(used)} (the GPU's size is not known here)"
+    if used is None:
+        return f"{size(total)}, its use not known here"
+    return f"{size(used)} of {size(total)} used"
 
 
 def keeps_memory(document: dict[str, Any]) -> bool:
@@ -48,7 +57,7 @@ def residency_word(client: dict[str, Any]) -> str:
 
 
 def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = None,
-                      width: int | None = None) -> str | None:
+                      width: int | None = None, viewer: str | None = None) -> str | None:
     """What a waiting client waits for, ``waiting for nbA.ipynb to move 24.0 GiB to host
     memory``; None when it waits for nothing in particular. The other client is named as
     every view names it (``who``) when the document lists it, else by the name the scheduler
@@ -58,7 +67,7 @@ def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = 
         return None
     other = next((c for c in (document or {}).get("clients", [])
                   if c.get("id") == waiting.get("client")), None)
-    name = who(other, width) if other is not None else str(waiting.get("name") or "?")
+    name = who(other, width, viewer) if other is not None else str(waiting.get("name") or "?")
     size = human_bytes(waiting.get("bytes"))
     action = waiting.get("action")
     if action == "checkpoint":

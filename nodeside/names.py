@@ -90,21 +90,54 @@ def shorten_to_bytes(text: str, limit: int) -> str:
     return shorten(text, width)
 
 
+#: A kernel known only by its Jupyter id is shown as this and the id's first characters.
+KERNEL_ID_PREFIX = "kernel "
+KERNEL_ID_SHOWN = 8
+
+
+def shown_name(name: str, display: str | None) -> str:
+    """What people call a client: its display name (a notebook's path), else its name, a bare
+    kernel id as ``kernel 3f2a9c1e``."""
+    if display and display != name:
+        return display
+    return KERNEL_ID_PREFIX + name[:KERNEL_ID_SHOWN] if _KERNEL_ID.match(name) else name
+
+
+def label(name: str, display: str | None, user: str | None, viewer: str | None = None) -> str:
+    """A client as every view names it (kiwictl, ``%kiwi``, the waiting line, the daemon's
+    log and the panel, which has the same rule in TypeScript): ``shown_name``, with its user in
+    brackets unless that is the viewer's own (``train.ipynb (alice)`` to bob; to alice, and in
+    every one of her views, ``train.ipynb``). The daemon's log has no viewer: always the user."""
+    shown = shown_name(name, display)
+    return f"{shown} ({user})" if user and user != viewer else shown
+
+
+#: [name, display name, user, viewer] -> ``label``: the panel's spec checks its own rule on
+#: these (nodeside/formats.py writes them for it).
+LABEL_EXAMPLES: tuple[tuple[str, str | None, str | None, str | None], ...] = (
+    ("3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01", "kiwi-demo.ipynb", "ada", "ada"),
+    ("3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01", "kiwi-demo.ipynb", "ada", "bob"),
+    ("3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01", "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01", "ada",
+     None),
+    ("3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01", None, None, None),
+    ("trainer", None, "root", None),
+    ("trainer", "trainer", None, None),
+    ("worker-7", "runs/forecast.ipynb", "root", "root"),
+)
+
+
 def display_name(client: dict[str, Any]) -> str:
-    """What people call a client of the status document: its display name, else its name (a
-    bare kernel id as ``kernel 3f2a9c1e``)."""
-    shown = client.get("display_name")
+    """``shown_name`` of a client of the status document."""
     name = str(client.get("name") or client.get("id") or "?")
-    if shown and shown != name:
-        return str(shown)
-    return f"kernel {name[:8]}" if _KERNEL_ID.match(name) else name
+    shown = client.get("display_name")
+    return shown_name(name, str(shown) if shown else None)
 
 
-def who(client: dict[str, Any], width: int | None = None) -> str:
-    """A client for people: ``notebook.ipynb (alice)``, cut to ``width`` if given; the user
-    part is kept whole while there is room for a name beside it."""
+def who(client: dict[str, Any], width: int | None = None, viewer: str | None = None) -> str:
+    """``label`` of a client of the status document, cut to ``width`` if given; the user part
+    is kept whole while there is room for a name beside it."""
     name, user = display_name(client), client.get("user")
-    suffix = f" ({user})" if user else ""
+    suffix = f" ({user})" if user and user != viewer else ""
     if width is None:
         return name + suffix
     if len(suffix) > width // 2:
@@ -118,6 +151,17 @@ def state_word(client: dict[str, Any]) -> str:
     return "paused" if client.get("paused") else client.get("state", "")
 
 
-def names_by_id(document: dict[str, Any], width: int | None = None) -> dict[str, str]:
+def names_by_id(document: dict[str, Any], width: int | None = None,
+                viewer: str | None = None) -> dict[str, str]:
     """Client id -> ``who`` for every client of a status document."""
-    return {c["id"]: who(c, width) for c in document.get("clients", [])}
+    return {c["id"]: who(c, width, viewer) for c in document.get("clients", [])}
+
+
+def current_user() -> str | None:
+    """Who looks at a text view: this process's user, whose own clients need no "(user)"."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid with no name (a container's)
+        return None

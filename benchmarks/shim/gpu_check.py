@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {os.cpu_count()} CPUs, Linux {platform.release()}. Shim: {shim_line}.",
     ]
     if missing:
-        report.append(f"Missing packages: {', '.join(missing)} (see docs/gpu-check.md: "
-                      "`make gpu-wheels`, then carry `.whl`).")
+        report.append(f"Missing packages: {', '.join(missing)} (see "
+                      "benchmarks/shim/GPU-SESSIONS.md: `make gpu-wheels`, then carry `.whl`).")
     if not shim_ok:
         return finish(report, args.out, started, 1)
     verdicts: list[str] = []

@@ -7,6 +7,7 @@
 - ``link``: the kernel's connection to the node daemon, and what happens when it is gone;
 - ``waiting``: the live line a waiting cell shows; ``status_view``: ``%kiwi status``;
 - ``magics``: ``%kiwi``; ``config``: the traitlets options;
+- ``standin``: a stand-in GPU (NumPy) whose memory Kiwi counts and moves, where there is none;
 - ``launcher`` (``python -m kiwi_jupyter.kernel``) and ``app``: the Kiwi kernel, shim preloaded.
 
 Nothing here is imported by ``python -m kiwi_jupyter.kernel`` before it has decided whether to

@@ -7,7 +7,11 @@ hook); ``GateInserter`` puts it there. A cell of housekeeping magics never waits
 from __future__ import annotations
 
 import ast
+import os
+import re
 from typing import Protocol, TypedDict
+
+from nodeside.formats import seconds
 
 #: The module whose ``gate()`` the inserted statement calls.
 GATE_MODULE = "kiwi_jupyter.kernel.extension"
@@ -102,15 +106,52 @@ def _gate_call(anchor: ast.stmt) -> ast.Expr:
     return ast.Expr(call, **where)
 
 
+#: Commands of Kiwi's own that a cell may run with ``!`` without the GPU: they ask the scheduler
+#: and touch no GPU, and a cell that took the GPU to ask who holds it would see itself.
+HOUSEKEEPING_COMMANDS = frozenset({"kiwictl"})
+#: What would let a ``!`` line run more than the one command (a pipe, a list, a substitution).
+_SHELL_JOINS = re.compile(r"[;&|`\n]|\$\(|[<>]\(")
+
+
 def needs_no_gpu(cell: str) -> bool:
-    """A cell of housekeeping line magics (asking for the status must not wait for the GPU), or
-    of comments only (nothing runs: asking for the GPU would be a wasted round trip)."""
+    """A cell of housekeeping line magics and ``!kiwictl`` commands (asking for the status must
+    not wait for the GPU), or of comments only (nothing runs: asking for the GPU would be a
+    wasted round trip)."""
     lines = [line.strip() for line in cell.splitlines()]
     code = [line for line in lines if line and not line.startswith("#")]
-    return all(
-        line.startswith("%") and not line.startswith("%%")
-        and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS
-        for line in code)
+    return all(_housekeeping_magic(line) or _housekeeping_command(line) for line in code)
+
+
+def _housekeeping_magic(line: str) -> bool:
+    return (line.startswith("%") and not line.startswith("%%")
+            and line[1:].split(maxsplit=1)[0].rstrip("?") in HOUSEKEEPING_MAGICS)
+
+
+def _housekeeping_command(line: str) -> bool:
+    """``!kiwictl status`` (or ``!.venv/bin/kiwictl ...``): one of Kiwi's own commands, alone."""
+    if not line.startswith("!") or line.startswith("!!"):
+        return False
+    command = line[1:].strip()
+    words = command.split(maxsplit=1)
+    return bool(words) and os.path.basename(words[0]) in HOUSEKEEPING_COMMANDS and \
+        not _SHELL_JOINS.search(command)
+
+
+#: Why the scheduler wanted the GPU back, for the closing lines of a cell (a drop's reason).
+DROP_WHY = {"quantum": "this kernel's quantum ended with others waiting",
+            "preempt": "preempted by a non-preemptible request",
+            "room": "another notebook needed the room",
+            "maximum": "its pool reached its maximum share",
+            "mode": "the scheduler was turned on"}
+
+
+def handed_back_sentence(times: int, reason: str | None, waited: float) -> str:
+    """The closing line of a cell that gave the GPU back mid-cell when asked, and waited for it
+    again: the stand-in GPU does so at its next operation, as the CUDA shim at a GPU call."""
+    why = DROP_WHY.get(reason or "", reason or "the scheduler asked for it")
+    count = "once" if times == 1 else f"{times} times"
+    return (f"this cell gave the GPU back {count} ({why}) and waited {seconds(waited)} in all "
+            "to get it again")
 
 
 def drop_sentence(reason: str | None) -> str:
@@ -120,7 +161,6 @@ def drop_sentence(reason: str | None) -> str:
     if reason == "grace":
         return ("the scheduler took the GPU back during this cell: it had asked for it and "
                 "the cell kept it past the grace period")
-    why = {"quantum": "this kernel's quantum ended with others waiting",
-           "preempt": "preempted by a non-preemptible request"}.get(reason, reason)
+    why = DROP_WHY.get(reason, reason)
     return (f"the scheduler asked for the GPU back during this cell ({why}); it was given back "
             "when the cell ended")

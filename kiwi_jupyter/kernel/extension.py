@@ -24,7 +24,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from kiwi_jupyter.kernel.cells import GateInserter, drop_sentence, needs_no_gpu
+from kiwi_jupyter.kernel.cells import (
+    GateInserter,
+    drop_sentence,
+    handed_back_sentence,
+    needs_no_gpu,
+)
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.free_blocks import FreeBlocks
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter
@@ -32,6 +37,8 @@ from kiwi_jupyter.kernel.gpu_cells import GPU_LIBRARIES, may_use_gpu
 from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffArbiter, load_shim
 from kiwi_jupyter.kernel.identity import client_name, display_name
 from kiwi_jupyter.kernel.link import DaemonLink
+from nodeside.client.memory import PagesItself
+from nodeside.formats import seconds
 
 _loaded: KiwiExtension | None = None
 
@@ -174,14 +181,29 @@ class KiwiExtension:
         self._in_cell = False
         self._close_cell(self.arbiter.end_cell())
 
+    def serve_pages(self, pages: PagesItself) -> bool:
+        """Let the kernel's client speak for memory the kernel moves itself (the stand-in GPU,
+        ``standin``); False where the CUDA shim is the kernel's client. Whatever this cell
+        held goes back: the next GPU call asks again, as the new registration."""
+        if self.shim is not None or not self.link.register:
+            return False
+        self.arbiter.release()
+        self.link.serve(pages)
+        self.link.client  # noqa: B018 - register now, with the memory's figures
+        return True
+
     def _on_event(self, message: dict[str, Any]) -> None:
         # On the client's thread: only note why the GPU was wanted back, for the closing line.
         if message.get("op") in ("drop", "revoked") and self._in_cell:
             self.arbiter.report.drop_reason = str(message.get("reason", ""))
 
     def _close_cell(self, report: CellReport) -> None:
-        if report.waited > self.config.waited_note_after:
-            print(f"kiwi: waited {report.waited:.1f} s for the GPU")
+        if report.handed_back:
+            sentence = handed_back_sentence(report.handed_back, report.drop_reason,
+                                            report.waited)
+            print(f"kiwi: {sentence}")
+        elif report.waited > self.config.waited_note_after:
+            print(f"kiwi: waited {seconds(report.waited)} for the GPU")
         if report.drop_requested:
             print(f"kiwi: {drop_sentence(report.drop_reason)}")
 

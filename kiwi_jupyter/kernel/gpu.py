@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
 from kiwi_jupyter.kernel.wait_view import Document, Place, no_place
 from kiwi_jupyter.kernel.waiting import WaitingLine, Watcher
+from nodeside.formats import seconds
 from nodeside.protocol import FEATURE_POSITION
 
 
@@ -51,6 +53,7 @@ class CellReport:
     drop_reason: str | None = None # why: "quantum", "preempt", ... "grace" when revoked;
                                    # None when the connection to the daemon was lost instead
     unarbitrated: str | None = None  # why the cell ran without arbitration (fail_open)
+    handed_back: int = 0           # times it gave the GPU back mid-cell, as asked, and waited
 
 
 class Arbiter:
@@ -138,6 +141,37 @@ class Arbiter:
             self.report.drop_requested = True
         client.release()  # the client ignores a daemon that is gone: so did the hold
 
+    def drop_asked(self) -> bool:
+        """The scheduler wants the GPU back from this cell (its quantum ended with another
+        notebook waiting, a preemption...)."""
+        client = self.link.current
+        return client is not None and client.holding and client.drop_requested.is_set()
+
+    def drop_evicts(self) -> bool:
+        """That request says the next holder needs the room: move the memory out first."""
+        client = self.link.current
+        drop = client.last_drop if client is not None else None
+        return drop is not None and drop.get("evict") is True
+
+    def hand_back(self, move_out: Callable[[], None] | None = None) -> None:
+        """Give the GPU back in the middle of the cell, as the scheduler asked, and wait for it
+        again (the waiting line shows meanwhile), as the CUDA shim does at a GPU call. With
+        ``move_out``, the memory leaves first (``release`` ``evicting``: the next holder
+        starts once the room is there), and this kernel queues again at once."""
+        __tracebackhide__ = True  # noqa: F841 (IPython: not the user's frame)
+        client = self.link.current
+        if client is None or not client.holding:
+            return
+        self.report.handed_back += 1
+        self._acquired = False
+        if move_out is None:
+            client.requeue()
+        else:
+            client.release_evicting()
+            client.request()
+            move_out()
+        self.acquire()
+
     def close(self) -> None:
         self.watcher.close()
 
@@ -163,10 +197,10 @@ class Arbiter:
                 # have spent the whole timeout (a loaded machine, a short timeout), and the
                 # cell must still say what it waited for before it fails.
                 line.show(f"kiwi: waiting for the scheduler at {unreachable.socket_path} "
-                          f"({unreachable.reason}); the cell fails in {left:.0f} s")
+                          f"({unreachable.reason}); the cell fails in {seconds(round(left))}")
                 if left <= 0:
                     raise SchedulerUnavailable(
-                        f"{unreachable}; gave up after {self.config.unreachable_timeout:g} s "
+                        f"{unreachable}; gave up after {seconds(self.config.unreachable_timeout)} "
                         "(fail_closed), so the cell did not run")
                 time.sleep(min(self.config.reconnect_interval, left))
             return True

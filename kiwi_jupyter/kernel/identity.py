@@ -26,6 +26,9 @@ KERNEL_ID_ENV = "KIWI_KERNEL_ID"
 SESSION_NAME_ENV = "JPY_SESSION_NAME"
 #: The display name every client of this kernel registers with (``nodeside.client``'s default).
 DISPLAY_NAME_ENV = "KIWI_DISPLAY_NAME"
+#: The folder the Jupyter server serves (its root_dir), set by Kiwi's server extension for the
+#: kernels it starts: a notebook is named by its path in there, as JupyterLab shows it.
+NOTEBOOK_ROOT_ENV = "KIWI_NOTEBOOK_ROOT"
 
 _CONNECTION_FILE = re.compile(r"^kernel-(?P<id>.+)\.json$")
 
@@ -66,11 +69,17 @@ def client_name() -> str:
 
 
 def notebook_name(environ: Mapping[str, str] = os.environ) -> str | None:
-    """The notebook this kernel runs for, as people would write it: a path under the home
-    directory starts with ``~``. None when no Jupyter session started this kernel."""
+    """The notebook this kernel runs for, as people would write it: its path as JupyterLab
+    shows it (in the folder the server serves), so that the panel, ``%kiwi``, kiwictl and the
+    daemon's log all name it alike; else a path under the home directory starts with ``~``.
+    None when no Jupyter session started this kernel."""
     path = environ.get(SESSION_NAME_ENV)
     if not path:
         return None
+    root = environ.get(NOTEBOOK_ROOT_ENV)
+    if root and os.path.isabs(path):
+        with contextlib.suppress(ValueError):
+            return Path(path).relative_to(root).as_posix()
     home = environ.get("HOME") or os.path.expanduser("~")
     if os.path.isabs(path) and home not in ("", "/"):
         with contextlib.suppress(ValueError):

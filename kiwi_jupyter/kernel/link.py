@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from nodeside.client import Client, find_socket
+from nodeside.client.memory import PagesItself
 
 T = TypeVar("T")
 
@@ -52,6 +53,8 @@ class DaemonLink:
         self._listeners: list[Listener] = []
         self._client: Client | None = None
         self._made_at = 0.0
+        #: Memory the kernel's client moves itself (the stand-in GPU): None until served.
+        self.pages: PagesItself | None = None
 
     @property
     def client(self) -> Client:
@@ -60,7 +63,7 @@ class DaemonLink:
             self._client = Client(self._explicit_socket, name=self.name, pool=self.pool,
                                   priority=self.priority, kind="kernel", register=self.register,
                                   display_name=self.display_name,
-                                  reconnect_timeout=self._reconnect_timeout)
+                                  reconnect_timeout=self._reconnect_timeout, pages=self.pages)
             self.socket_path = self._client.socket_path
             self._made_at = time.monotonic()
             for listener in self._listeners:
@@ -119,6 +122,12 @@ class DaemonLink:
             self.pool = pool
         if priority is not None:
             self.priority = priority
+        self.close()
+
+    def serve(self, pages: PagesItself) -> None:
+        """Speak the ``memory`` feature for ``pages`` from now on: a fresh registration, since
+        the feature is asked for in hello."""
+        self.pages = pages
         self.close()
 
     def rejoin(self, *, pool: str | None, priority: str | None) -> None:

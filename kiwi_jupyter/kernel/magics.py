@@ -50,15 +50,16 @@ class KiwiMagics(Magics):
         def kiwi(line: str) -> Any:
             return magic(line)
 
-        def getdoc() -> str:
-            socket = self.extension.link.socket_path
-            where = "$KIWI_SOCKET" if os.environ.get("KIWI_SOCKET") == socket else "found"
-            usage = inspect.cleandoc(magic.__doc__ or "")
-            return f"{usage}\n\nThis kernel uses {socket} ({where})."
-
         kiwi.__doc__ = magic.__doc__
-        kiwi.getdoc = getdoc  # type: ignore[attr-defined]
+        kiwi.getdoc = self.help_text  # type: ignore[attr-defined]
         return kiwi
+
+    def help_text(self) -> str:
+        """``%kiwi?`` and ``%kiwi help``: the magic's docstring and the socket in use."""
+        socket = self.extension.link.socket_path
+        where = "$KIWI_SOCKET" if os.environ.get("KIWI_SOCKET") == socket else "found"
+        usage = inspect.cleandoc(KiwiMagics.kiwi.__doc__ or "")
+        return f"{usage}\n\nThis kernel uses {socket} ({where})."
 
     @line_magic
     def kiwi(self, line: str) -> Any:
@@ -87,6 +88,7 @@ class KiwiMagics(Magics):
                                    by time quanta), off (everyone at once) or auto (side by
                                    side while working sets fit in GPU memory)
           %kiwi tq SECONDS         (admin) set the scheduler's time quantum
+          %kiwi help               this text (also %kiwi?)
 
         Every cell gives the GPU back when it ends (success, error or interrupt); interrupting a
         cell that waits for the GPU withdraws its request. A cell made only of %kiwi lines never
@@ -113,6 +115,7 @@ class KiwiMagics(Magics):
             "off": self._no_args(lambda: self._set_scheduler_mode("off")),
             "auto": self._no_args(lambda: self._set_scheduler_mode("auto")),
             "tq": self._tq,
+            "help": self._no_args(lambda: print(self.help_text())),
         }
 
     @staticmethod

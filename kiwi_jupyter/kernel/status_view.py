@@ -9,15 +9,17 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from nodeside.formats import seconds
 from nodeside.headline import scheduler_headline
 from nodeside.memory_words import (
     gpu_memory_words,
     human_bytes,
     keeps_memory,
+    memory_use_words,
     residency_word,
     waiting_for_words,
 )
-from nodeside.names import names_by_id, state_word, who
+from nodeside.names import current_user, names_by_id, state_word, who
 
 __all__ = ["NAME_WIDTH", "Document", "StatusTable", "evict_cell", "human_bytes"]
 
@@ -42,10 +44,13 @@ def evict_cell(client: dict[str, Any]) -> str:
 class StatusTable:
     """The scheduler's state, with this kernel's own row marked."""
 
-    def __init__(self, document: Document, me: str | None = None) -> None:
+    def __init__(self, document: Document, me: str | None = None,
+                 viewer: str | None = None) -> None:
         self.document = document
         self.me = me  # this kernel's client id, when registered
         self.memory = keeps_memory(document)
+        #: Whose view it is: their own kernels need no "(user)" (``nodeside.names.label``).
+        self.viewer = viewer if viewer is not None else current_user()
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -59,12 +64,12 @@ class StatusTable:
                 (
                     c["id"] == self.me,
                     [
-                        who(c, NAME_WIDTH),
+                        who(c, NAME_WIDTH, self.viewer),
                         c.get("pool", ""),
                         c.get("priority", ""),
                         state_word(c),
                         "" if position is None else f"#{position}",
-                        f"{c.get('gpu_seconds', 0.0):.1f} s",
+                        seconds(c.get("gpu_seconds", 0.0)),
                         human_bytes(c.get("working_set")),
                         evict_cell(c),
                         *(self._memory_cells(c) if self.memory else ()),
@@ -81,26 +86,25 @@ class StatusTable:
                 human_bytes(client.get("host_bytes"))]
 
     def _gpu_lines(self) -> list[str]:
-        names = names_by_id(self.document, NAME_WIDTH)
+        names = names_by_id(self.document, NAME_WIDTH, self.viewer)
         lines = []
         for gpu in self.document.get("gpus", []):
             held = ", ".join(names.get(h, h) for h in gpu.get("holders", []))
             holders = f"held by {held}" if held else "free"
             left = gpu.get("quantum_remaining")
-            quantum = "" if left is None else f", {left:.1f} s left in the quantum"
-            total = gpu.get("memory_total")
-            memory = "memory unknown" if total is None else human_bytes(total)
+            quantum = "" if left is None else f", {seconds(left)} left in its quantum"
             lines.append(
-                f"GPU {gpu['index']} ({gpu.get('name') or 'unknown'}, {memory}): "
+                f"GPU {gpu['index']} ({gpu.get('name') or 'unknown'}): "
                 f"{holders}{quantum}; {len(gpu.get('queue', []))} waiting"
             )
             if gpu.get("evict_blocked"):
                 lines.append(f"GPU {gpu['index']} grants nobody: {gpu['evict_blocked']}")
-            resident = gpu_memory_words(gpu)
-            if resident is not None:
-                lines.append(f"GPU {gpu['index']} memory: {resident}")
+            # Where each kernel's memory is, where the daemon says; else its use, as the panel.
+            memory = gpu_memory_words(gpu) or memory_use_words(gpu.get("memory_used"),
+                                                              gpu.get("memory_total"))
+            lines.append(f"GPU {gpu['index']} memory: {memory}")
         for client in self.document.get("clients", []):
-            waiting = waiting_for_words(client, self.document, NAME_WIDTH)
+            waiting = waiting_for_words(client, self.document, NAME_WIDTH, self.viewer)
             if waiting is not None:
                 lines.append(f"{names.get(client['id'], client['id'])} is {waiting}")
         return lines

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.status_view import NAME_WIDTH, Document
+from nodeside.formats import seconds
 from nodeside.memory_words import keeps_memory, waiting_for_words
-from nodeside.names import names_by_id
+from nodeside.names import current_user, names_by_id
 
 #: Where this kernel stands, asked for while the line is shown: a status document, or None when
 #: the scheduler did not answer.
@@ -56,7 +57,7 @@ def describe_wait(document: Document | None, me: str | None, waited: float,
                   position: int | None = None, aged: float = 0.0) -> str:
     """The waiting line's text for one status document. ``position``: the client's own, newer
     than the document's; ``aged``: seconds since the document was read, taken off the quantum."""
-    prefix = f"kiwi: waiting for the GPU ({waited:.0f} s)"
+    prefix = f"kiwi: waiting for the GPU ({seconds(round(waited))})"
     if document is None and position is None:
         return f"{prefix}, the scheduler did not say where this kernel is"
     document = document or {}
@@ -67,16 +68,17 @@ def describe_wait(document: Document | None, me: str | None, waited: float,
     queue = len(gpu.get("queue", [])) if gpu else 0
     if position is not None:
         parts.append(f"position {position} of {max(queue, position)} in the queue")
-    waiting = waiting_for_words(mine, document, NAME_WIDTH) if mine else None
+    viewer = current_user()
+    waiting = waiting_for_words(mine, document, NAME_WIDTH, viewer) if mine else None
     if waiting is not None:
         parts.append(waiting)
-    names = names_by_id(document, NAME_WIDTH)
+    names = names_by_id(document, NAME_WIDTH, viewer)
     holders = [names.get(h, h) for h in gpu.get("holders", [])] if gpu else []
     if holders:
         held = f"held by {', '.join(holders)}"
         left = gpu.get("quantum_remaining") if gpu else None
         if left is not None and left - aged > 0.05:
-            held += f", {left - aged:.1f} s left in its quantum"
+            held += f", {seconds(left - aged)} left in its quantum"
         elif left is not None:  # not "0.0 s left" while the holder winds its work down
             held += ", its quantum is over and it is giving the GPU back"
         parts.append(held)

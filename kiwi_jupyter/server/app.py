@@ -6,6 +6,7 @@ config file or ``--KiwiExtension.<option>=`` on the command line.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -14,9 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Enum, Float, List, Unicode, default
+from traitlets import Bool, Enum, Float, List, Unicode, default, validate
 
-from kiwi_jupyter.server.embedded import EmbeddedScheduler, daemon_answers, default_command
+from kiwi_jupyter.kernel.identity import NOTEBOOK_ROOT_ENV
+from kiwi_jupyter.server.embedded import (
+    EmbeddedScheduler,
+    EmbeddedSchedulerError,
+    daemon_answers,
+    default_command,
+)
 from kiwi_jupyter.server.handlers import NvmlHandler, SchedulerHandler, StatusHandler
 from kiwi_jupyter.server.link import DaemonLink
 from kiwi_jupyter.server.nvml import GpuReadings
@@ -32,6 +39,19 @@ class KiwiExtension(ExtensionApp):
     name = "kiwi_jupyter"
     # Nothing to open in a browser: the panel is a JupyterLab extension.
     load_other_extensions = True
+
+    # What initialize_settings makes, None until it has: the server stops its extensions even
+    # when one failed to load, and a stop must then end what was started, never raise.
+    embedded: EmbeddedScheduler | None = None
+    #: Why the embedded scheduler is not running: its failed start, for the panel and the log.
+    embedded_failure: str | None = None
+    link: DaemonLink | None = None
+    watch: StatusWatch | None = None
+    nvml: GpuReadings | None = None
+    _watcher: asyncio.Task[None] | None = None
+    _embedded_gave_up = False
+    _saved_root_env: str | None = None
+    _root_env_set = False
 
     embedded_scheduler = Bool(
         config=True,
@@ -105,8 +125,21 @@ class KiwiExtension(ExtensionApp):
     scheduler_args = List(
         Unicode(),
         config=True,
-        help="More arguments for the embedded scheduler, e.g. ['--gpu-memory', '16GiB'].",
+        help="""More arguments for the embedded scheduler, e.g. ["--gpu-memory", "16GiB"]. On
+        the command line, as the list written out (--KiwiExtension.scheduler_args=
+        '["--gpu-memory", "16GiB"]', also without the quotes a shell takes off) or as the
+        option repeated once per argument.""",
     )
+
+    @validate("scheduler_args")
+    def _written_as_a_list(self, proposal: Any) -> list[str]:
+        # Jupyter's command line gives an extension's list option written out as a list as one
+        # string, ``["--gpu-memory", "16GiB"]``, or, after a shell took its quotes,
+        # ``[--gpu-memory,16GiB]``: either is read as the list it says.
+        args = [str(arg) for arg in proposal["value"]]
+        if len(args) == 1:
+            return list_written_out(args[0]) or args
+        return args
     watch_interval = Float(
         0.5,
         config=True,
@@ -134,8 +167,6 @@ class KiwiExtension(ExtensionApp):
     )
 
     def initialize_settings(self) -> None:
-        self.embedded: EmbeddedScheduler | None = None
-        self._watcher: asyncio.Task[None] | None = None
         self._saved_socket_env = os.environ.get("KIWI_SOCKET")
         self._saved_path = os.environ.get("PATH")
         if self.scripts_on_path:
@@ -149,18 +180,30 @@ class KiwiExtension(ExtensionApp):
             self.embedded = EmbeddedScheduler(self.scheduler_command, self._scheduler_options(),
                                               publish=self.publish_socket,
                                               state_file=state_file)
-            self.embedded.start()
             socket_path = self.embedded.socket_path
-            self.log.info("Kiwi: embedded scheduler listening on %s", socket_path)
-            if self.embedded.published is not None:
-                self.log.info("Kiwi: published it at %s for kiwictl", self.embedded.published)
+            try:
+                self.embedded.start()
+            except EmbeddedSchedulerError as exc:
+                # The server runs on without it: the panel says why, and the kernels wait for
+                # it at its socket, where a restart (not after a bad command line) brings it.
+                self._embedded_failed(exc)
+            else:
+                self.log.info("Kiwi: embedded scheduler listening on %s", socket_path)
+                if self.embedded.published is not None:
+                    self.log.info("Kiwi: published it at %s for kiwictl",
+                                  self.embedded.published)
         else:
             self.log.info("Kiwi: using the scheduler at %s", socket_path)
         # Kernels inherit the server's environment: this is how every kernel this server
-        # starts finds the scheduler, embedded or not.
+        # starts finds the scheduler, embedded or not, and names its notebook as the Lab does.
         os.environ["KIWI_SOCKET"] = socket_path
+        self._saved_root_env = os.environ.get(NOTEBOOK_ROOT_ENV)
+        if self.serverapp is not None:
+            os.environ[NOTEBOOK_ROOT_ENV] = os.path.abspath(self.serverapp.root_dir)
+            self._root_env_set = True
         self.link = DaemonLink(
-            socket_path, max_age=self.status_max_age, timeout=self.daemon_timeout
+            socket_path, max_age=self.status_max_age, timeout=self.daemon_timeout,
+            absent_reason=lambda: self.embedded_failure,
         )
         # The panel's long-polls wait on this one connection, which hears the daemon's changes.
         self.watch = StatusWatch(socket_path, timeout=self.daemon_timeout,
@@ -189,7 +232,7 @@ class KiwiExtension(ExtensionApp):
             keep_on_terminal_path(serverapp.web_app.settings.get("terminal_manager"),
                                   self.scripts, configured=bool(
                                       serverapp.terminado_settings.get("shell_command")))
-        if self.embedded is not None:
+        if self.embedded is not None and not self._embedded_gave_up:
             self._watcher = asyncio.ensure_future(self._watch_embedded())
 
     async def stop_extension(self) -> None:
@@ -197,15 +240,20 @@ class KiwiExtension(ExtensionApp):
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
-        await self.watch.stop()
-        self.link.close()
-        self.nvml.close()
+        if self.watch is not None:
+            await self.watch.stop()
+        if self.link is not None:
+            self.link.close()
+        if self.nvml is not None:
+            self.nvml.close()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
             _restore_env("KIWI_SOCKET", self._saved_socket_env)
         if self.scripts_on_path:
             _restore_env("PATH", self._saved_path)
+        if self._root_env_set:
+            _restore_env(NOTEBOOK_ROOT_ENV, self._saved_root_env)
 
     async def _watch_embedded(self) -> None:
         """Restart the embedded scheduler whenever it dies, backing off if it keeps dying."""
@@ -215,13 +263,28 @@ class KiwiExtension(ExtensionApp):
             try:
                 if await self.embedded.restart_if_dead():
                     extra = restarts.next()
+                    self.embedded_failure = None
                     self.log.info("Kiwi: embedded scheduler restarted (pid %s)", self.embedded.pid)
                 else:
                     restarts.reset()
                     extra = 0.0
+            except EmbeddedSchedulerError as exc:
+                self._embedded_failed(exc)
+                if exc.final:
+                    return
+                extra = restarts.next()
             except Exception:  # noqa: BLE001 - keep watching: the next round tries again
                 self.log.exception("Kiwi: could not restart the embedded scheduler")
                 extra = restarts.next()
+
+    def _embedded_failed(self, exc: EmbeddedSchedulerError) -> None:
+        self.embedded_failure = f"the embedded scheduler could not start: {exc}"
+        self._embedded_gave_up = exc.final
+        if exc.final:
+            self.log.error("Kiwi: %s. Not trying again: fix the options and restart the "
+                           "server.", self.embedded_failure)
+        else:
+            self.log.error("Kiwi: %s; trying again", self.embedded_failure)
 
     def _scheduler_options(self) -> list[str]:
         options: list[str] = []
@@ -232,6 +295,22 @@ class KiwiExtension(ExtensionApp):
         if self.config_file:
             options += ["--config", self.config_file]
         return options + list(self.scheduler_args)
+
+
+def list_written_out(text: str) -> list[str] | None:
+    """The arguments of a list written out in one string: ``["--gpu-memory", "16GiB"]`` (JSON
+    or Python), or ``[--gpu-memory,16GiB]`` as a shell leaves it; None when ``text`` is no
+    list."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return [item.strip().strip("'\"") for item in text[1:-1].split(",") if item.strip()]
+    if isinstance(parsed, list) and all(isinstance(item, str) for item in parsed):
+        return parsed
+    return None
 
 
 def _restore_env(name: str, value: str | None) -> None:

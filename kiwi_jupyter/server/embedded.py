@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import logging
 import os
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,8 +38,18 @@ from nodeside.protocol.client_session import ClientSession
 log = logging.getLogger(__name__)
 
 
+#: kiwi-scheduler's exit status for a bad command line (argparse's): starting it again with the
+#: same arguments cannot help.
+USAGE_ERROR = 2
+
+
 class EmbeddedSchedulerError(RuntimeError):
-    """The embedded scheduler could not be started; the message says why."""
+    """The embedded scheduler could not be started; the message says why. ``final``: its
+    command line is wrong, and starting it again cannot help (fix the options first)."""
+
+    def __init__(self, message: str, *, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 def daemon_answers(socket_path: str, timeout: float = 1.0) -> bool:
@@ -98,6 +110,10 @@ class EmbeddedScheduler:
         #: Where the socket is published for kiwictl; None until started, or if it could not be.
         self.published: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        #: The child's last log lines (its stderr, passed on to the server's): the reason for a
+        #: failed start is there.
+        self._last_lines: collections.deque[str] = collections.deque(maxlen=5)
+        self._log_thread: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
@@ -118,11 +134,16 @@ class EmbeddedScheduler:
         while not daemon_answers(self.socket_path, timeout=0.5):
             self._check_starting(deadline)
             time.sleep(0.05)
-        if self.publish:
-            self.published = discovery.publish(self.socket_path)
-            if self.published is None:
-                log.warning("Kiwi: could not publish the scheduler's socket at %s; kiwictl needs "
-                            "--socket %s", discovery.published_socket_path(), self.socket_path)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Publish the socket for kiwictl, once the child answers on it."""
+        if not self.publish or self.published is not None:
+            return
+        self.published = discovery.publish(self.socket_path)
+        if self.published is None:
+            log.warning("Kiwi: could not publish the scheduler's socket at %s; kiwictl needs "
+                        "--socket %s", discovery.published_socket_path(), self.socket_path)
 
     async def restart_if_dead(self) -> bool:
         """Start a new child when the last one has exited; True when it did.
@@ -143,6 +164,7 @@ class EmbeddedScheduler:
         while not await loop.run_in_executor(None, daemon_answers, self.socket_path, 0.5):
             self._check_starting(deadline)
             await asyncio.sleep(0.05)
+        self._publish()  # not yet, when the first start failed
         return True
 
     def _spawn(self) -> None:
@@ -152,20 +174,45 @@ class EmbeddedScheduler:
         log.info("Kiwi: starting an embedded scheduler: %s", " ".join(self.command))
         try:
             self._process = subprocess.Popen(  # noqa: S603 - our own command line
-                self.command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+                self.command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                preexec_fn=_die_with_parent
             )
         except OSError as exc:
-            raise EmbeddedSchedulerError(f"cannot run {self.command[0]}: {exc}") from exc
+            raise EmbeddedSchedulerError(f"cannot run {self.command[0]}: {exc}",
+                                         final=True) from exc
+        self._last_lines.clear()
+        self._log_thread = threading.Thread(target=self._pass_on_log, args=(self._process,),
+                                            name="kiwi-scheduler-log", daemon=True)
+        self._log_thread.start()
+
+    def _pass_on_log(self, process: subprocess.Popen[bytes]) -> None:
+        """Copy the child's log to the server's stderr as it comes, keeping its last lines."""
+        assert process.stderr is not None
+        out = getattr(sys.stderr, "buffer", None)
+        with process.stderr:
+            for line in process.stderr:
+                text = line.decode("utf-8", "replace").rstrip()
+                if text:
+                    self._last_lines.append(text)
+                with contextlib.suppress(OSError, ValueError):
+                    if out is not None:
+                        out.write(line)
+                        out.flush()
+                    else:
+                        sys.stderr.write(line.decode("utf-8", "replace"))
 
     def _check_starting(self, deadline: float) -> None:
         assert self._process is not None
-        if self._process.poll() is not None:
+        status = self._process.poll()
+        if status is not None:
+            if self._log_thread is not None:
+                self._log_thread.join(timeout=2.0)  # its last words are the reason
+            said = self._last_lines[-1] if self._last_lines else "it said nothing"
             raise EmbeddedSchedulerError(
-                f"kiwi-scheduler exited with status {self._process.returncode} at start; "
-                "its log is above"
-            )
+                f"kiwi-scheduler exited with status {status} at start: {said}",
+                final=status == USAGE_ERROR)
         if time.monotonic() > deadline:
-            self.stop()
+            self._terminate()  # a later restart_if_dead tries again
             raise EmbeddedSchedulerError(
                 f"kiwi-scheduler did not answer on {self.socket_path} "
                 f"within {self.start_timeout:g} s"
@@ -177,7 +224,17 @@ class EmbeddedScheduler:
         if self.published is not None:
             discovery.unpublish(self.socket_path)
             self.published = None
-        process, self._process = self._process, None
+        self._terminate(timeout)
+        self._process = None
+        shutil.rmtree(self._directory, ignore_errors=True)
+        if self.state_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.state_file.unlink()
+
+
+    def _terminate(self, timeout: float = 5.0) -> None:
+        """End the child if it runs: SIGTERM, then SIGKILL after ``timeout``."""
+        process = self._process
         if process is not None and process.poll() is None:
             process.terminate()
             try:
@@ -185,10 +242,6 @@ class EmbeddedScheduler:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        shutil.rmtree(self._directory, ignore_errors=True)
-        if self.state_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.state_file.unlink()
 
 
 def _die_with_parent() -> None:

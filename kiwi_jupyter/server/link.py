@@ -16,6 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nodeside.client import ControlClient
+from nodeside.names import current_user
+
+#: Whose view the panel is: the user this server runs as (``nodeside.names.label``).
+_VIEWER = current_user()
 
 
 class DaemonUnavailable(Exception):
@@ -32,8 +36,12 @@ class DaemonLink:
         max_age: float = 0.1,
         timeout: float = 5.0,
         client_factory: Callable[[str], Any] | None = None,
+        absent_reason: Callable[[], str | None] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        #: Why nothing answers, where the server knows better than the socket (an embedded
+        #: scheduler that failed to start); None: the connection's own words.
+        self._absent_reason = absent_reason
         self.max_age = max_age
         self.timeout = timeout
         self._client_factory = client_factory or self._control_client
@@ -69,7 +77,9 @@ class DaemonLink:
         try:
             document = served_document(await self._call("status"), self.socket_path)
         except DaemonUnavailable as exc:
-            document = {"reachable": False, "reason": str(exc), "socket": self.socket_path}
+            known = self._absent_reason() if self._absent_reason is not None else None
+            document = {"reachable": False, "reason": known or str(exc),
+                        "socket": self.socket_path}
         self._cached, self._cached_at = document, time.monotonic()
         return document
 
@@ -110,9 +120,9 @@ class DaemonLink:
 
 
 def served_document(status: Mapping[str, Any], socket_path: str) -> dict[str, Any]:
-    """The daemon's status document as the server serves it: ``reachable`` and ``socket`` added
-    (the plain endpoint and the long-poll's watch both answer with this)."""
-    return {**status, "reachable": True, "socket": socket_path}
+    """The daemon's status document as the server serves it: ``reachable``, ``socket`` and
+    ``viewer`` added (the plain endpoint and the long-poll's watch both answer with this)."""
+    return {**status, "reachable": True, "socket": socket_path, "viewer": _VIEWER}
 
 
 def _describe(exc: BaseException, socket_path: str) -> str:

@@ -22,8 +22,12 @@ export interface IHeldSpan {
   display_name: string | null;
   user: string | null;
   /** Seconds before the document when the hold began. */
-  started: number;
+  started_ago: number;
   /** Seconds before the document when it ended; null while it holds. */
+  ended_ago: number | null;
+  /** `started_ago` under its first name, kept for the readers of older documents. */
+  started: number;
+  /** `ended_ago` under its first name, kept likewise. */
   ended: number | null;
 }
 
@@ -221,6 +225,11 @@ export interface IStatusDocument {
   reason?: string;
   /** The socket the server talks to, for the unreachable message. */
   socket?: string;
+  /**
+   * The user the server runs as: the panel names this user's own clients without "(user)", as
+   * kiwictl does the user's who runs it.
+   */
+  viewer?: string;
   version?: number;
   mode?: SchedulerMode;
   tq?: number;

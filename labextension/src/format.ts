@@ -2,42 +2,98 @@
 
 import type { TranslationBundle } from '@jupyterlab/translation';
 
+import {
+  KERNEL_ID_PREFIX,
+  KERNEL_ID_SHOWN,
+  NO_DURATION,
+  SIZE_UNITS,
+  TENTHS_BELOW,
+  UNKNOWN_SIZE
+} from './formats.generated';
 import type { KernelStanding } from './model';
-import type { IClientStatus, IWaitingFor } from './tokens';
+import type { IClientStatus, IWaitingFor, SchedulerMode } from './tokens';
 
-const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+/** Half away from zero, to `places` decimals: the rounding nodeside/formats.py spells out. */
+function roundTo(value: number, places = 0): number {
+  const scale = 10 ** places;
+  return Math.floor(value * scale + 0.5) / scale;
+}
 
-/** Bytes in binary units with three significant digits: 8589934592 -> "8.00 GiB". */
+/**
+ * Bytes as every view writes them (nodeside/formats.py `size`): "512 B", "8.0 MiB", "7.8 MiB";
+ * "unknown" for null. Checked against its examples (formats.generated.ts).
+ */
 export function formatBytes(bytes: number | null): string {
   if (bytes === null || !Number.isFinite(bytes) || bytes < 0) {
-    return '?';
+    return UNKNOWN_SIZE;
+  }
+  if (bytes < 1024) {
+    return `${Math.trunc(bytes)} B`;
   }
   let value = bytes;
   let unit = 0;
-  while (value >= 1024 && unit < UNITS.length - 1) {
+  while (unit < SIZE_UNITS.length - 1 && roundTo(value, 1) >= 1024) {
     value /= 1024;
     unit += 1;
   }
-  return unit === 0 ? `${value} B` : `${value.toPrecision(3)} ${UNITS[unit]}`;
+  return `${roundTo(value, 1).toFixed(1)} ${SIZE_UNITS[unit]}`;
 }
 
-/** A duration for people: "0.4 s", "12 s", "2 min 5 s". */
+/**
+ * A duration as every view writes it (nodeside/formats.py `seconds`): "0.05 s", "4.3 s", "5 s",
+ * "12 s", "2 min 5 s", "1 h 5 min"; "–" for null.
+ */
 export function formatSeconds(seconds: number | null): string {
   if (seconds === null || !Number.isFinite(seconds)) {
-    return '–';
+    return NO_DURATION;
   }
   const s = Math.max(0, seconds);
-  if (s < 10) {
-    return `${s.toFixed(1)} s`;
+  if (s < 1) {
+    return `${String(roundTo(s, 2))} s`;
   }
-  // Round to whole seconds before splitting: 119.6 s is "2 min", never "1 min 60 s".
-  const whole = Math.round(s);
+  if (s < TENTHS_BELOW) {
+    const tenths = roundTo(s, 1);
+    if (tenths < TENTHS_BELOW) {
+      return `${String(tenths)} s`;
+    }
+  }
+  // Rounded before splitting: 119.6 s is "2 min", never "1 min 60 s".
+  const whole = roundTo(s);
   if (whole < 60) {
     return `${whole} s`;
   }
-  const minutes = Math.floor(whole / 60);
-  const rest = whole - minutes * 60;
-  return rest === 0 ? `${minutes} min` : `${minutes} min ${rest} s`;
+  if (whole < 3600) {
+    const minutes = Math.floor(whole / 60);
+    const rest = whole - minutes * 60;
+    return rest === 0 ? `${minutes} min` : `${minutes} min ${rest} s`;
+  }
+  const allMinutes = roundTo(whole / 60);
+  const hours = Math.floor(allMinutes / 60);
+  const rest = allMinutes - hours * 60;
+  return rest === 0 ? `${hours} h` : `${hours} h ${rest} min`;
+}
+
+/** A Jupyter kernel id: a kernel known by nothing else is shown by its first characters. */
+const KERNEL_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/**
+ * A client as every view names it (nodeside/names.py `label`): its display name (a notebook's
+ * path), else its name, a bare kernel id as "kernel 3f2a9c1e"; with its user in brackets unless
+ * that is the viewer's own (the user the server runs as).
+ */
+export function clientLabel(
+  name: string,
+  displayName: string | null | undefined,
+  user: string | null | undefined,
+  viewer: string | null | undefined
+): string {
+  const shown =
+    displayName && displayName !== name
+      ? displayName
+      : KERNEL_ID.test(name)
+        ? KERNEL_ID_PREFIX + name.slice(0, KERNEL_ID_SHOWN)
+        : name;
+  return user && user !== viewer ? `${shown} (${user})` : shown;
 }
 
 /** A fraction of one GPU's time as a percentage: 0.35 -> "35%". */
@@ -54,15 +110,46 @@ const GOLDEN_ANGLE = 137.508;
 
 /**
  * A stable hue per client, so a client keeps its colour across the timeline, the holder and the
- * queue, in every tab and after every reload. The daemon numbers its clients (c1, c2, ...), and
- * two clients seen together are nearly always close in that order: stepping the golden angle
- * per number keeps them far apart. An id without a trailing number gets a well-mixed hash.
+ * queue, in every tab, after every reload and after a scheduler restart: the panel gives it the
+ * client's name (model.colourKey: a kernel's id, a worker's name), never the daemon's ids. Names
+ * that end in a number (worker-1, worker-2) step the golden angle per number, which keeps a run
+ * of them far apart; any other name gets a well-mixed hash.
  */
 export function hueOf(id: string): number {
   const numbered = /^(.*?)(\d+)$/.exec(id);
   const base = mix(numbered ? numbered[1] : id);
   const step = numbered ? Number(numbered[2]) * GOLDEN_ANGLE : 0;
   return Math.round((base % 360) + step) % 360;
+}
+
+/** The least distance, in degrees, between the hues of two clients shown together. */
+export const MIN_HUE_GAP = 40;
+/** The step that moves a hue away from one too near: the golden angle, which lands far. */
+const HUE_STEP = GOLDEN_ANGLE;
+
+/**
+ * Hues for the clients shown together, keyed by their names (hueOf each): the same names give
+ * the same hues in every tab and after every scheduler restart. Where two would be nearer than
+ * MIN_HUE_GAP, the one later in hue order steps away by the golden angle until it is clear (a
+ * few steps at most): two notebooks never share a colour, whatever their ids hash to.
+ */
+export function huesOf(names: Iterable<string>): Map<string, number> {
+  const hues = new Map<string, number>();
+  const order = [...new Set(names)].map(name => [hueOf(name), name] as const);
+  order.sort((a, b) => a[0] - b[0] || (a[1] < b[1] ? -1 : a[1] > b[1] ? 1 : 0));
+  for (const [start, name] of order) {
+    let hue = start;
+    for (let step = 0; step < 8 && [...hues.values()].some(h => gap(h, hue) < MIN_HUE_GAP); step++) {
+      hue = Math.round(hue + HUE_STEP) % 360;
+    }
+    hues.set(name, hue);
+  }
+  return hues;
+}
+
+function gap(a: number, b: number): number {
+  const d = Math.abs(a - b) % 360;
+  return Math.min(d, 360 - d);
 }
 
 /** FNV-1a with a final avalanche: nearby strings get unrelated numbers. */
@@ -169,15 +256,32 @@ function describeGlance(glance: IGpuGlance, trans: TranslationBundle): string {
 
 /**
  * The GPU's memory line, in words a notebook user can act on (nothing names a daemon flag).
- * With a capacity: used of total. Without one (no NVIDIA driver where the scheduler runs, and
- * no size given to it), what the kernels report if they report anything, and that the size is
- * not known here; null when there is nothing true to say, so the view leaves the line out.
+ * The same words as kiwictl's and %kiwi's (nodeside/memory_words.py `memory_use_words`). With a
+ * capacity: used of total. Without one (no NVIDIA driver where the scheduler runs, and no size
+ * given to it), what the kernels report if they report anything, and that the size is not known
+ * here; null when nothing is known (the text views say "its size is not known here"), so the
+ * panel leaves the line out: no figure stands in for one nobody measured.
  */
 export function describeMemory(used: number | null, total: number | null, trans: TranslationBundle): string | null {
   if (total === null) {
-    return used ? trans.__('kernels use %1 (the GPU\'s size is not known here)', formatBytes(used)) : null;
+    return used ? trans.__("kernels use %1 (the GPU's size is not known here)", formatBytes(used)) : null;
   }
-  return trans.__('%1 of %2', formatBytes(used ?? 0), formatBytes(total));
+  if (used === null) {
+    return trans.__('%1, its use not known here', formatBytes(total));
+  }
+  return trans.__('%1 of %2 used', formatBytes(used), formatBytes(total));
+}
+
+/** What a mode does, for the question before the panel changes it for the whole node. */
+export function describeMode(mode: SchedulerMode, trans: TranslationBundle): string {
+  switch (mode) {
+    case 'on':
+      return trans.__('ON: one kernel at a time holds the GPU, round robin by time quantum.');
+    case 'off':
+      return trans.__('OFF: every kernel uses the GPU at once, as without Kiwi.');
+    case 'auto':
+      return trans.__('AUTO: kernels run side by side while their memory fits, and take turns when it does not.');
+  }
 }
 
 /** Where a client's memory is (the status document's `residency`). */

@@ -7,14 +7,25 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { clientLabel, hueOf, huesOf } from './format';
 import type { IGpuGlance, Residency, WaitingAction } from './format';
 import type { INvmlGpu, INvmlReading } from './nvml';
 import {
   IClientStatus,
   IGpuStatus,
+  IHeldSpan,
   IStatusDocument,
   SchedulerMode
 } from './tokens';
+
+/** A span's time in seconds before its document: `started_ago`/`ended_ago`, or, from an older
+ * daemon that sends only their first names, `started`/`ended`. */
+function agoOf(span: IHeldSpan, which: 'started'): number;
+function agoOf(span: IHeldSpan, which: 'ended'): number | null;
+function agoOf(span: IHeldSpan, which: 'started' | 'ended'): number | null {
+  const value = which === 'started' ? span.started_ago ?? span.started : span.ended_ago ?? span.ended;
+  return value ?? null;
+}
 
 /** Where this notebook's kernel stands with the GPU. */
 export type KernelStanding =
@@ -169,6 +180,11 @@ export class KiwiModel {
     return this._document?.socket ?? '';
   }
 
+  /** How many clients the scheduler has registered (every notebook's kernel on the node). */
+  get clientCount(): number {
+    return this._document?.clients?.length ?? 0;
+  }
+
   get mode(): SchedulerMode | null {
     return this.reachable ? this._document?.mode ?? null : null;
   }
@@ -206,6 +222,7 @@ export class KiwiModel {
   /** Take a fresh status document received at `now` (seconds). */
   update(document: IStatusDocument, now: number): void {
     this._document = document;
+    this._hues = null;
     this._receivedAt = now;
     this._clientsById = new Map((document.clients ?? []).map(c => [c.id, c]));
     const gpus: IGpuStatus[] = document.reachable ? document.gpus ?? [] : [];
@@ -313,27 +330,38 @@ export class KiwiModel {
   }
 
   /**
-   * What to call a client: its notebook (this server's session for it, else the display name it
-   * registered), else its name; with its user when the daemon knows it, except for this
-   * server's own kernels, which are all its user's (the suffix would only cost room). The view
+   * What a client's colour follows: its name, the key it registered under (a notebook's kernel
+   * id), which outlives the daemon's ids: those are numbered again after a scheduler restart,
+   * and when a kernel registers again (its stand-in GPU), and a colour must not change then.
+   */
+  colourKey(clientId: string): string {
+    return this._clientsById.get(clientId)?.name ?? this._lastNames.get(clientId) ?? clientId;
+  }
+
+  /** A client's hue: format.huesOf over every client the document and the timeline name, so
+   * that two shown together are far apart, the same in every tab and after a restart. */
+  hueFor(clientId: string): number {
+    if (this._hues === null) {
+      const names = [...this._clientsById.values()].map(c => c.name);
+      this._timeline.forEach(e => names.push(this.colourKey(e.clientId)));
+      this._hues = huesOf(names);
+    }
+    return this._hues.get(this.colourKey(clientId)) ?? hueOf(this.colourKey(clientId));
+  }
+
+  /**
+   * What to call a client, as every view does (format.clientLabel): its notebook (this server's
+   * session for it, which follows a rename at once; else the display name it registered), else
+   * its name; with its user unless that is the user the server runs as (this server's own
+   * kernels are all that user's, and kiwictl leaves its own user out the same way). The view
    * cuts long labels in front (format.splitName) and keeps the whole label in the tooltip.
    */
   labelFor(clientId: string): string {
     const client = this._clientsById.get(clientId);
     const name = client?.name ?? this._lastNames.get(clientId) ?? clientId;
-    const session = this._kernelLabels.get(name);
-    if (session) {
-      return session;
-    }
     const known = client ?? this._lastPeople.get(clientId);
-    // The daemon sends the name itself as the display name of a client that registered none.
-    const displayName = known?.display_name !== name ? known?.display_name : null;
-    const label =
-      displayName ||
-      // A kernel we know nothing more of (another user's, or started outside this server):
-      // its full uuid is noise, the first group is enough to tell kernels apart.
-      (UUID_PREFIX.test(name) ? `kernel ${name.slice(0, 8)}` : name);
-    return known?.user ? `${label} (${known.user})` : label;
+    const session = this._kernelLabels.get(name);
+    return clientLabel(name, session ?? known?.display_name, session ? null : known?.user, this._document?.viewer);
   }
 
   private _gpuView(gpu: IGpuStatus, now: number): IGpuView {
@@ -461,8 +489,8 @@ export class KiwiModel {
           clientId: span.client,
           label: '',
           mine: false,
-          start: now - span.started,
-          end: span.ended === null ? null : now - span.ended
+          start: now - agoOf(span, 'started'),
+          end: agoOf(span, 'ended') === null ? null : now - (agoOf(span, 'ended') as number)
         };
       })
     );
@@ -543,6 +571,8 @@ export class KiwiModel {
   private _kernelLabels = new Map<string, string>();
   private _timeline: ITimelineEntry[] = [];
   private _open = new Map<string, ITimelineEntry>();
+  /** Hues of the clients shown now (hueFor), made again with each document. */
+  private _hues: Map<string, number> | null = null;
   /** Names of clients that left while still on the timeline, so their entries stay labelled. */
   private _lastNames = new Map<string, string>();
   /** Their display names and users, likewise. */

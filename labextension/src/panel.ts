@@ -3,6 +3,7 @@
  * are built once and kept, so a redraw never steals focus from a half-typed TQ.
  */
 
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ITranslator, TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
@@ -12,13 +13,13 @@ import {
   describeClientMemory,
   describeMemory,
   describeMemorySource,
+  describeMode,
   describePool,
   describeResidency,
   describeResidentMemory,
   describeWaitingFor,
   formatBytes,
   formatSeconds,
-  hueOf,
   splitName
 } from './format';
 import { IGpuMemoryView, IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
@@ -152,7 +153,13 @@ export class KiwiPanel extends Widget {
         holders.append(item);
       }
     }
-    section.append(this._field(this._trans.__('Holder'), holders));
+    // The room the longest holder's whole name needs: where the label beside it leaves less,
+    // the holder goes to the line below the label (style/base.css).
+    const longest = Math.max(0, ...gpu.holders.map(h => h.label.length));
+    holders.style.setProperty('--jp-Kiwi-holder-whole', `${longest + 1}ch`);
+    const holderField = this._field(this._trans.__('Holder'), holders);
+    holderField.classList.add('jp-Kiwi-holderField');
+    section.append(holderField);
     if (gpu.evictBlocked !== null) {
       section.append(el('p', 'jp-Kiwi-evictBlocked', this._trans.__('Nothing is granted: %1', gpu.evictBlocked)));
     }
@@ -220,7 +227,7 @@ export class KiwiPanel extends Widget {
       const segment = el('div', `jp-Kiwi-residentSegment jp-Kiwi-residency-${kernel.residency}`);
       segment.dataset.clientId = kernel.clientId;
       segment.style.width = `${Math.min(100, (kernel.residentBytes / whole) * 100)}%`;
-      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(kernel.clientId)));
+      segment.style.setProperty('--jp-Kiwi-hue', String(this._model.hueFor(kernel.clientId)));
       segment.title = `${kernel.label}: ${formatBytes(kernel.residentBytes)} (${describeResidency(kernel.residency, this._trans)})`;
       bar.append(segment);
     }
@@ -329,7 +336,7 @@ export class KiwiPanel extends Widget {
       const segment = el('div', 'jp-Kiwi-timelineSegment');
       segment.style.left = `${((start - since) / window) * 100}%`;
       segment.style.width = `${Math.max(0.5, ((end - start) / window) * 100)}%`;
-      segment.style.setProperty('--jp-Kiwi-hue', String(hueOf(entry.clientId)));
+      segment.style.setProperty('--jp-Kiwi-hue', String(this._model.hueFor(entry.clientId)));
       segment.title = entry.label;
       track.append(segment);
       const item = el('li', 'jp-Kiwi-timelineItem', this._swatch(entry.clientId), ' ', this._name(entry.label), ' ', el('span', 'jp-Kiwi-muted', entry.end === null ? this._trans.__('holding, %1', formatSeconds(end - entry.start)) : formatSeconds(end - entry.start)));
@@ -351,13 +358,19 @@ export class KiwiPanel extends Widget {
     const [head, tail] = splitName(label, this._shownLabels);
     const name = el('span', 'jp-Kiwi-name', el('span', 'jp-Kiwi-nameHead', head), el('span', 'jp-Kiwi-nameTail', tail));
     name.title = label;
+    // The room the whole name needs (in `ch`, a character's width), which rows with badges keep
+    // for it before the badges: a badge that does not fit beside the name goes to the next line.
+    name.style.setProperty('--jp-Kiwi-whole', `${label.length + 1}ch`);
+    // ...and the room its tail needs, which no row takes from it.
+    name.style.setProperty('--jp-Kiwi-tail', `${tail.length + 2}ch`);
     return name;
   }
 
-  /** The client's colour, the same wherever it shows (format.hueOf). */
+  /** The client's colour, the same wherever it shows and across scheduler restarts
+   * (model.hueFor). */
   private _swatch(clientId: string): HTMLElement {
     const swatch = el('span', 'jp-Kiwi-swatch');
-    swatch.style.setProperty('--jp-Kiwi-hue', String(hueOf(clientId)));
+    swatch.style.setProperty('--jp-Kiwi-hue', String(this._model.hueFor(clientId)));
     return swatch;
   }
 
@@ -393,7 +406,10 @@ export class KiwiPanel extends Widget {
       option.value = value;
       mode.append(option);
     }
-    mode.addEventListener('change', () => void this._apply({ mode: mode.value as SchedulerMode }));
+    // The mode is the node's, every notebook's on it: nothing is sent until Set, and Set asks
+    // first (a mistaken OFF would let every kernel on the node at the GPU at once).
+    const setMode = el('button', 'jp-Kiwi-modeButton jp-mod-styled jp-mod-accept', this._trans.__('Set'));
+    setMode.addEventListener('click', () => void this._confirmMode(mode.value as SchedulerMode));
 
     const tq = el('input', 'jp-Kiwi-tqInput jp-mod-styled');
     tq.type = 'number';
@@ -421,7 +437,7 @@ export class KiwiPanel extends Widget {
     return el(
       'section',
       'jp-Kiwi-controls',
-      el('label', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set mode')), mode),
+      el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set mode')), mode, setMode),
       el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set TQ (s)')), tq, setTq),
       this._message
     );
@@ -437,6 +453,28 @@ export class KiwiPanel extends Widget {
     const tq = this._model.tq;
     if (tq !== null && active !== this._tqInput) {
       this._tqInput.value = String(tq);
+    }
+  }
+
+  /** Ask before changing the mode of every notebook on the node; apply it if confirmed. */
+  private async _confirmMode(mode: SchedulerMode): Promise<void> {
+    if (mode === this._model.mode) {
+      return;
+    }
+    const clients = this._model.clientCount;
+    const result = await showDialog({
+      title: this._trans.__('Turn the Kiwi scheduler %1?', mode.toUpperCase()),
+      body: this._trans.__(
+        'This changes the scheduler for every notebook on this node (%1 registered now), not only yours. %2',
+        clients,
+        describeMode(mode, this._trans)
+      ),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: this._trans.__('Turn %1', mode.toUpperCase()) })]
+    });
+    if (result.button.accept) {
+      await this._apply({ mode });
+    } else {
+      this._syncControls();
     }
   }
 

@@ -1,4 +1,5 @@
 import {
+  clientLabel,
   describeMemory,
   describePool,
   describeStanding,
@@ -6,32 +7,43 @@ import {
   formatSeconds,
   formatShare,
   hueOf,
+  huesOf,
+  MIN_HUE_GAP,
   MAX_TAIL,
   splitName
 } from '../src/format';
+import { LABEL_EXAMPLES, SECONDS_EXAMPLES, SIZE_EXAMPLES } from '../src/formats.generated';
 
 describe('formatting', () => {
-  it('writes bytes in binary units with three significant digits', () => {
-    expect(formatBytes(512)).toBe('512 B');
-    expect(formatBytes(8 * 1024 ** 3)).toBe('8.00 GiB');
-    expect(formatBytes(1536 * 1024)).toBe('1.50 MiB');
-    expect(formatBytes(null)).toBe('?');
+  it('writes bytes as every view does (nodeside/formats.py)', () => {
+    for (const [bytes, text] of SIZE_EXAMPLES) {
+      expect([bytes, formatBytes(bytes)]).toEqual([bytes, text]);
+    }
   });
 
-  it('writes durations for people', () => {
-    expect(formatSeconds(0.44)).toBe('0.4 s');
-    expect(formatSeconds(29.6)).toBe('30 s');
-    expect(formatSeconds(125)).toBe('2 min 5 s');
-    expect(formatSeconds(120)).toBe('2 min');
-    expect(formatSeconds(-3)).toBe('0.0 s');
-    expect(formatSeconds(null)).toBe('–');
+  it('writes durations as every view does (nodeside/formats.py)', () => {
+    for (const [seconds, text] of SECONDS_EXAMPLES) {
+      expect([seconds, formatSeconds(seconds)]).toEqual([seconds, text]);
+    }
   });
 
-  it('rounds a duration before splitting it into minutes and seconds', () => {
-    expect(formatSeconds(119.6)).toBe('2 min');
-    expect(formatSeconds(179.5)).toBe('3 min');
-    expect(formatSeconds(59.7)).toBe('1 min');
-    expect(formatSeconds(61.4)).toBe('1 min 1 s');
+  it('names clients as every view does (nodeside/names.py)', () => {
+    for (const [[name, displayName, user, viewer], text] of LABEL_EXAMPLES) {
+      expect(clientLabel(name, displayName, user, viewer)).toBe(text);
+    }
+  });
+
+  it('keeps clients shown together far apart, whatever their names hash to', () => {
+    // Names whose own hues are near: found among kernel-like names, as a panel would meet them.
+    const names = Array.from({ length: 400 }, (_, i) => `3f2a9c1e-0b7d-4e55-9a61-${String(i).padStart(12, '0')}x`);
+    const near = names.flatMap(a => names.filter(b => b > a && Math.abs(hueOf(a) - hueOf(b)) < 5).map(b => [a, b]))[0];
+    expect(near).toBeDefined();
+    const hues = huesOf(near);
+    const [h1, h2] = near.map(n => hues.get(n)!);
+    const d = Math.abs(h1 - h2);
+    expect(Math.min(d, 360 - d)).toBeGreaterThanOrEqual(MIN_HUE_GAP);
+    // The same names, in any order and in any tab, get the same hues.
+    expect(huesOf([...near].reverse())).toEqual(hues);
   });
 
   it('writes shares as percentages', () => {
@@ -122,12 +134,12 @@ describe('the memory line', () => {
   it('names no daemon flag: without a capacity it says what the kernels use, or nothing', () => {
     expect(describeMemory(null, null, trans)).toBeNull();
     expect(describeMemory(0, null, trans)).toBeNull();
-    expect(describeMemory(2 * 1024 ** 3, null, trans)).toBe("kernels use 2.00 GiB (the GPU's size is not known here)");
+    expect(describeMemory(2 * 1024 ** 3, null, trans)).toBe("kernels use 2.0 GiB (the GPU's size is not known here)");
   });
 
   it('gives used of total when the capacity is known', () => {
-    expect(describeMemory(2 * 1024 ** 3, 16 * 1024 ** 3, trans)).toBe('2.00 GiB of 16.0 GiB');
-    expect(describeMemory(null, 16 * 1024 ** 3, trans)).toBe('0 B of 16.0 GiB');
+    expect(describeMemory(2 * 1024 ** 3, 16 * 1024 ** 3, trans)).toBe('2.0 GiB of 16.0 GiB used');
+    expect(describeMemory(null, 16 * 1024 ** 3, trans)).toBe('16.0 GiB, its use not known here');
   });
 });
 

@@ -3,7 +3,7 @@ import type { IHeldSpan } from '../src/tokens';
 import { KERNEL_A, KERNEL_B, statusWith } from './documents';
 
 /** A status document whose GPU carries the scheduler's own holder history. */
-function withHistory(holders: string[], queue: string[], spans: IHeldSpan[]) {
+function withHistory(holders: string[], queue: string[], spans: Partial<IHeldSpan>[]) {
   const document = statusWith(holders, queue);
   (document.gpus![0] as any).recent_holders = spans;
   return document;
@@ -13,12 +13,19 @@ const DEMO = { client: 'c1', name: KERNEL_A, display_name: 'kiwi-demo.ipynb', us
 const PARTNER = { client: 'c2', name: KERNEL_B, display_name: 'kiwi-demo-partner.ipynb', user: null };
 
 describe('KiwiModel: the timeline from the scheduler', () => {
+  it("reads an older daemon's started and ended as its own", () => {
+    const model = new KiwiModel({ timelineWindow: 300 });
+    const older = [{ ...DEMO, started: 150, ended: 135 }];
+    model.update(withHistory([], [], older), 1000);
+    expect(model.timeline(1000).map(e => [e.start, e.end])).toEqual([[850, 865]]);
+  });
+
   it('shows turns that ended before the page was loaded', () => {
     const model = new KiwiModel({ timelineWindow: 300 });
     // Loaded 2 minutes after the demo: nobody holds now, the scheduler remembers.
     model.update(withHistory([], [], [
-      { ...DEMO, started: 150, ended: 135 },
-      { ...PARTNER, started: 135, ended: 120 }
+      { ...DEMO, started_ago: 150, ended_ago: 135 },
+      { ...PARTNER, started_ago: 135, ended_ago: 120 }
     ]), 1000);
     const timeline = model.timeline(1000);
     expect(timeline.map(e => [e.label, e.start, e.end])).toEqual([
@@ -30,10 +37,10 @@ describe('KiwiModel: the timeline from the scheduler', () => {
   it('draws the same history in two tabs that started looking at different times', () => {
     const early = new KiwiModel();
     const late = new KiwiModel();
-    early.update(withHistory(['c1'], [], [{ ...DEMO, started: 0, ended: null }]), 100);
+    early.update(withHistory(['c1'], [], [{ ...DEMO, started_ago: 0, ended_ago: null }]), 100);
     const spans = [
-      { ...DEMO, started: 20, ended: 5 },
-      { ...PARTNER, started: 5, ended: null }
+      { ...DEMO, started_ago: 20, ended_ago: 5 },
+      { ...PARTNER, started_ago: 5, ended_ago: null }
     ];
     early.update(withHistory(['c2'], [], spans), 120);
     late.update(withHistory(['c2'], [], spans), 120);
@@ -43,7 +50,7 @@ describe('KiwiModel: the timeline from the scheduler', () => {
 
   it('names a client that has left by what the scheduler recorded', () => {
     const model = new KiwiModel();
-    model.update(withHistory([], [], [{ ...DEMO, user: 'alice', started: 30, ended: 10 }]), 50);
+    model.update(withHistory([], [], [{ ...DEMO, user: 'alice', started_ago: 30, ended_ago: 10 }]), 50);
     expect(model.timeline(50)[0].label).toBe('kiwi-demo.ipynb (alice)');
   });
 });

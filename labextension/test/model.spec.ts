@@ -103,6 +103,24 @@ describe('KiwiModel: the GPU view', () => {
     expect(gpu.queue[0].label).toBe('kernel 3f2a9c1e');
   });
 
+  it('keys a colour to the client, not to the id a restarted scheduler gives it again', () => {
+    const model = new KiwiModel();
+    model.update(statusWith(['c1'], []), 0);
+    const before = model.colourKey('c1');
+    const renumbered = client('c7', before, { state: 'holding' });
+    model.update(statusWith(['c7'], [], [renumbered]), 1);
+    expect(model.colourKey('c7')).toBe(before);
+  });
+
+  it("leaves out the user the server runs as, as kiwictl leaves out its own", () => {
+    const model = new KiwiModel();
+    const other = client('c4', KERNEL_B, { state: 'holding', display_name: 'forecast.ipynb', user: 'ada' });
+    model.update({ ...statusWith(['c4'], [], [other]), viewer: 'ada' }, 0);
+    expect(model.gpus(0)[0].holders[0].label).toBe('forecast.ipynb');
+    model.update({ ...statusWith(['c4'], [], [other]), viewer: 'bob' }, 1);
+    expect(model.gpus(1)[0].holders[0].label).toBe('forecast.ipynb (ada)');
+  });
+
   it("prefers this server's session name, which follows a rename, to the registered one", () => {
     const model = new KiwiModel();
     model.setKernelLabels(new Map([[KERNEL_B, 'renamed.ipynb']]));

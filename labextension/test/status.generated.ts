@@ -36,6 +36,8 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "name": "worker-7",
           "display_name": "worker-7",
           "user": null,
+          "started_ago": 18.5,
+          "ended_ago": 17.5,
           "started": 18.5,
           "ended": 17.5
         },
@@ -44,6 +46,8 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "name": "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
           "display_name": "3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01",
           "user": null,
+          "started_ago": 17.5,
+          "ended_ago": null,
           "started": 17.5,
           "ended": null
         }
@@ -160,7 +164,7 @@ export const SAMPLE_STATUS: IStatusDocument = {
         "8c0d4b2a-6e1f-4a3b-8c9d-0e1f2a3b4c5d"
       ],
       "stuck": "below its guarantee (0.00 of 0.3), but its waiting requests are LOW (preemptible), which never cut a quantum short; use NORMAL or HIGH for work that must preempt",
-      "below_guarantee": true,
+      "below_guarantee": false,
       "gpus": [
         {
           "index": 0,
@@ -169,7 +173,7 @@ export const SAMPLE_STATUS: IStatusDocument = {
           "holding": 0,
           "waiting": 1,
           "stuck": "below its guarantee (0.00 of 0.3), but its waiting requests are LOW (preemptible), which never cut a quantum short; use NORMAL or HIGH for work that must preempt",
-          "below_guarantee": true
+          "below_guarantee": false
         }
       ]
     }
@@ -213,6 +217,8 @@ export const MEMORY_STATUS: IStatusDocument = {
           "name": "0a1b2c3d-0000-4e55-9a61-5d2f7c8e9a01",
           "display_name": "nbA.ipynb",
           "user": null,
+          "started_ago": 4.0,
+          "ended_ago": 3.0,
           "started": 4.0,
           "ended": 3.0
         },
@@ -221,6 +227,8 @@ export const MEMORY_STATUS: IStatusDocument = {
           "name": "1b2c3d4e-1111-4a3b-8c9d-0e1f2a3b4c5d",
           "display_name": "nbB.ipynb",
           "user": null,
+          "started_ago": 3.0,
+          "ended_ago": null,
           "started": 3.0,
           "ended": null
         }

@@ -29,6 +29,7 @@ from nodeside.client.common import (
     pod_labels,
 )
 from nodeside.client.connection import ClientConnection, Listener
+from nodeside.client.memory import PagesItself
 from nodeside.names import shorten_to_bytes
 from nodeside.protocol import events as ev
 from nodeside.protocol.hold import Hold
@@ -47,6 +48,8 @@ class Client:
     ``KIWI_DISPLAY_NAME``, ``KIWI_POOL``, ``KIWI_PRIORITY``, ``KIWI_GPU`` (default 0).
     ``register=False`` makes a control-only connection that holds nothing. ``reconnect_timeout``
     bounds how long a call waits for an unreachable daemon before it fails with ConnectionError.
+    ``pages``: memory this client moves to host memory and back by itself (``memory``): the
+    client then speaks the ``memory`` feature for it.
 
     Its parts: who it is (the fields here), the hold (the methods here, over the session's hold
     table), and a ``ClientConnection`` that keeps the daemon reachable and carries requests.
@@ -56,7 +59,8 @@ class Client:
                  pool: str | None = None, priority: str | None = None, gpu: int | None = None,
                  register: bool = True, kind: str = "client",
                  labels: dict[str, str] | None = None, display_name: str | None = None,
-                 reconnect_timeout: float = 30.0, request_timeout: float = 10.0) -> None:
+                 reconnect_timeout: float = 30.0, request_timeout: float = 10.0,
+                 pages: PagesItself | None = None) -> None:
         self.name = name or default_name()
         self.display_name = display_name or os.environ.get(DISPLAY_NAME_ENV) or None
         self.pool = pool or os.environ.get("KIWI_POOL") or p.DEFAULT_POOL
@@ -69,10 +73,12 @@ class Client:
         self.drop_requested = threading.Event()
         self._register = register
         self._refusal: dict[str, Any] | None = None  # the daemon's error answer to our acquire
+        self.pages = pages  # before the connection: its registration reads it
+        features = (p.FEATURE_POSITION, p.FEATURE_MEMORY) if pages else (p.FEATURE_POSITION,)
         self._connection = ClientConnection(
             socket_path, registration=self._registration if register else None,
             reconnect_timeout=reconnect_timeout, request_timeout=request_timeout,
-            heard=self._heard, lost=self._lost)
+            heard=self._heard, lost=self._lost, features=features)
         self._commands = Commands(self._connection.request)
         self._session = self._connection.session
         self._changed = self._connection.changed
@@ -239,6 +245,54 @@ class Client:
             self._connection.send_pending()
         self._connection.await_reply(seq, p.WORKING_SET, deadline)
 
+    @property
+    def speaks_memory(self) -> bool:
+        """The daemon serves ``memory`` to this client: it hears where its memory is."""
+        return self.pages is not None and p.FEATURE_MEMORY in self.features
+
+    def report_memory(self) -> None:
+        """Tell the daemon where the memory of ``pages`` is now: its working set, and what is
+        on the GPU and in host memory (the progress of a move out or back in; ``host`` 0 ends
+        a move back in)."""
+        if self.pages is None:
+            raise RuntimeError("a client without pages has no memory figures to report")
+        figures = self.pages.figures()
+        limits.byte_count(figures.working_set, "working set")
+        deadline = time.monotonic() + self.request_timeout
+        with self._changed:
+            seq = self._session.report_working_set(figures.working_set,
+                                                   resident=figures.resident, host=figures.host)
+            if seq is None:
+                return  # the next register carries them
+            self._connection.send_pending()
+        self._connection.await_reply(seq, p.WORKING_SET, deadline)
+
+    def release_evicting(self) -> None:
+        """Give the GPU back on a ``drop`` with ``evict``, the memory still on its way out:
+        the hold ends now; ``report_memory`` and then ``evicted`` say how the move goes.
+        Without the feature it is a plain ``release``."""
+        with self._changed:
+            if self._session.holds:
+                self._session.release(evicting=True)
+                self._connection.send_pending_quietly()
+                return
+        self._cancel()
+
+    def evicted(self, *, moved: int, seconds: float, failed: str | None = None) -> None:
+        """A move out ended (asked with ``evict``, after ``release_evicting``, or of this
+        client's own accord): the figures of ``pages`` now, what moved and how long it took,
+        or why it could not move (``failed``). Nothing is sent to a daemon without the
+        feature."""
+        if not self.speaks_memory:
+            return
+        assert self.pages is not None
+        figures = self.pages.figures()
+        if failed is not None:
+            self._connection.request(p.EVICTED, failed=failed)
+            return
+        self._connection.request(p.EVICTED, resident=figures.resident, host=figures.host,
+                                 moved=moved, seconds=round(max(seconds, 0.0), 6))
+
     def ping(self) -> float:
         """Round trip to the daemon, in seconds."""
         start = time.perf_counter()
@@ -279,9 +333,22 @@ class Client:
     # -- internals ------------------------------------------------------------------------
 
     def _registration(self) -> dict[str, Any]:
-        return {"name": self.name, "pool": self.pool, "priority": self.priority,
-                "gpu": self.gpu, "kind": self.kind, "labels": self.labels or None,
-                "display_name": _fit(self.display_name)}
+        fields = {"name": self.name, "pool": self.pool, "priority": self.priority,
+                  "gpu": self.gpu, "kind": self.kind, "labels": self.labels or None,
+                  "display_name": _fit(self.display_name)}
+        if self.pages is not None:
+            # Where the memory is already: a daemon restart learns it from the register.
+            figures = self.pages.figures()
+            fields.update(working_set=figures.working_set, resident=figures.resident,
+                          host=figures.host)
+        return fields
+
+    def _evict_asked(self, event: ev.EvictAsked) -> None:
+        # On the connection thread, under the lock: the move runs on a thread of its own, so
+        # that this one goes on reading (the move's own reports wait for their replies).
+        if self.pages is not None:
+            threading.Thread(target=self.pages.evict_asked, args=(event.nbytes, event.for_name),
+                             name="kiwi-evict", daemon=True).start()
 
     def _must_register(self) -> None:
         if not self._register:
@@ -344,6 +411,8 @@ class Client:
             self.drop_requested.set()
         elif isinstance(event, ev.AskRefused):
             self._refusal = event.message  # for the caller waiting for the grant
+        elif isinstance(event, ev.EvictAsked):
+            self._evict_asked(event)
 
     def _lost(self, wanted: bool) -> None:
         if wanted:

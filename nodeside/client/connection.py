@@ -43,20 +43,21 @@ class ClientConnection:
     connection that registers nothing). ``heard``: told of every event the session reports;
     ``lost``: told when a ready connection ends, and whether the GPU was wanted then; both with
     ``changed`` held, on whichever thread read it, and maybe before this constructor returns
-    (the thread starts in it).
+    (the thread starts in it). ``features``: the optional protocol features to ask for.
     """
 
     def __init__(self, socket_path: str | None, *,
                  registration: Callable[[], dict[str, Any]] | None,
                  reconnect_timeout: float, request_timeout: float,
                  heard: Callable[[ev.Event], None] = _nothing,
-                 lost: Callable[[bool], None] = _nothing) -> None:
+                 lost: Callable[[bool], None] = _nothing,
+                 features: tuple[str, ...] = (p.FEATURE_POSITION,)) -> None:
         #: None: look where ``discovery`` says on every connection attempt.
         self._explicit_socket = socket_path
         self.socket_path = find_socket(socket_path)
         self.reconnect_timeout = reconnect_timeout
         self.request_timeout = request_timeout
-        self.session = ClientSession(features=[p.FEATURE_POSITION])
+        self.session = ClientSession(features=list(features))
         #: Notified on every message handled and every connection made or lost; its lock
         #: guards the session and everything here.
         lock = threading.RLock()

@@ -14,6 +14,7 @@ says where it looked and how to point elsewhere.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -65,27 +66,67 @@ def not_found(tried: list[tuple[str, str]]) -> str:
             f"Point elsewhere with --socket PATH or {SOCKET_ENV}=PATH")
 
 
+def _entry(link: Path, socket_path: str) -> Path:
+    """This server's own entry beside the published link: every running server keeps one, so
+    that the link can be handed to another when its own server stops."""
+    digest = hashlib.sha256(socket_path.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return link.with_name(f"{link.stem}-{digest}{link.suffix}")
+
+
+def _point(link: Path, target: str) -> None:
+    """Make ``link`` a symlink to ``target`` in one rename: never a moment without one."""
+    temporary = link.with_name(f".{link.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    temporary.symlink_to(target)
+    temporary.replace(link)
+
+
 def publish(socket_path: str) -> Path | None:
-    """Make ``published_socket_path()`` a symlink to ``socket_path``; None when it cannot be
-    made (a read-only home: the scheduler still works, kiwictl then needs --socket)."""
+    """Make ``published_socket_path()`` a symlink to ``socket_path`` (the latest server's wins);
+    None when it cannot be made (a read-only home: the scheduler still works, kiwictl then
+    needs --socket)."""
     link = published_socket_path()
     try:
         link.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = link.with_name(f".{link.name}.{os.getpid()}")
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-        temporary.symlink_to(socket_path)
-        # A rename replaces the link of an earlier server at once: no moment without one.
-        temporary.replace(link)
+        _point(_entry(link, socket_path), socket_path)
+        _point(link, socket_path)
     except OSError:
         return None
     return link
 
 
 def unpublish(socket_path: str) -> None:
-    """Remove the published link if it still points at ``socket_path`` (a later server may
-    have published its own since)."""
+    """Take back what ``publish`` made. Where the published link still points at
+    ``socket_path``, it goes to the newest other server that still listens (two Labs of one
+    user: when the second stops, kiwictl finds the first again), else it is removed; a later
+    server's link is left alone."""
     link = published_socket_path()
     with contextlib.suppress(OSError):
-        if os.readlink(link) == socket_path:
+        _entry(link, socket_path).unlink()
+    with contextlib.suppress(OSError):
+        if os.readlink(link) != socket_path:
+            return
+        other = _newest_other(link)
+        if other is None:
             link.unlink()
+        else:
+            _point(link, other)
+
+
+def _newest_other(link: Path) -> str | None:
+    """The socket of the newest entry of another server that still listens; the entries of
+    servers that went without a word (SIGKILL) are removed on the way."""
+    found: list[tuple[float, str]] = []
+    for entry in link.parent.glob(f"{link.stem}-*{link.suffix}"):
+        try:
+            target = os.readlink(entry)
+            made = entry.lstat().st_mtime
+        except OSError:
+            continue
+        if is_socket(target):
+            found.append((made, target))
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    return max(found)[1] if found else None

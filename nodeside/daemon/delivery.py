@@ -24,6 +24,8 @@ from nodeside.daemon.lograte import RateLimitedLog
 from nodeside.daemon.router import TURN_EVENT, Router
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import Checkpoint, Checkpointed, Item, Restore
+from nodeside.formats import size
+from nodeside.names import label
 from nodeside.scheduler.core import (
     Action,
     Drop,
@@ -137,8 +139,8 @@ class Delivery:
             if conn is not None:
                 conn.send(p.encode(p.REVOKED, gpu=action.gpu, reason=action.reason))
         elif isinstance(action, Evict):
-            log.info("Asking %s to move %d MiB to host memory for %s", self.name(action.client),
-                     action.nbytes >> 20, action.for_name)
+            log.info("Asking %s to move %s to host memory for %s", self.name(action.client),
+                     size(action.nbytes), action.for_name)
             self._say_if_no_host_room(action.client)
             if conn is not None:
                 conn.send(p.encode(p.EVICT, gpu=action.gpu, bytes=action.nbytes,
@@ -165,8 +167,9 @@ class Delivery:
                 self.carry([Checkpointed(action.client, "no checkpoint evictor runs")])
 
     def name(self, client_id: str) -> str:
+        """A client as every view names it (``nodeside.names.label``), for the log."""
         client = self.scheduler.clients.get(client_id)
-        return client.name if client else client_id
+        return label(client.name, client.display_name, client.user) if client else client_id
 
     def _say_if_no_host_room(self, client_id: str) -> None:
         client = self.scheduler.clients.get(client_id)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeside.formats import size
+
 PROC = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -104,8 +106,8 @@ def eviction_shortfall(evictable: int | None, room: HostRoom | None) -> str | No
     either is unknown: the daemon does not refuse on a guess)."""
     if not evictable or room is None or evictable <= room.available:
         return None
-    return (f"no room in host memory for an eviction of {evictable / 2**30:.1f} GiB: "
-            f"{room.available / 2**30:.1f} GiB left in the {room.bound}")
+    return (f"no room in host memory for an eviction of {size(evictable)}: "
+            f"{size(room.available)} left in the {room.bound}")
 
 
 def evictions_budget(held: int, proc: Path = PROC) -> int | None:

@@ -25,6 +25,7 @@ from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
 from nodeside.model import EVICTING, RESTORING
+from nodeside.names import label
 from nodeside.scheduler.core import (
     Action,
     Client,
@@ -170,8 +171,8 @@ class Requests(Rules):
                 shadow=self._host(msg, "shadow"),
                 checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
-                 client.name, client.id, client.pid, client.pool, client.priority, client.gpu,
-                 session.peer.fd)
+                 label(client.name, client.display_name, client.user), client.id, client.pid,
+                 client.pool, client.priority, client.gpu, session.peer.fd)
         if client.warning:  # the access policy downgraded its claim
             log.warning("%s (%s, uid %s): %s", client.name, client.id, client.uid,
                         client.warning)
@@ -372,7 +373,8 @@ class Requests(Rules):
                                          shadow=figures[2], failed=failed)
         self.memory_reports.heard(client_id, figures, now)
         if failed is not None:
-            log.warning("%s (%s) could not evict: %s", client.name, client_id, failed)
+            log.warning("%s (%s) could not evict: %s",
+                        label(client.name, client.display_name, client.user), client_id, failed)
         else:
             seconds = msg.get("seconds")
             if isinstance(seconds, (int, float)) and 0 <= seconds < 86_400:

@@ -39,6 +39,7 @@ from nodeside.daemon.shell import Shell
 from nodeside.daemon.state import StateFile
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
+from nodeside.formats import size
 from nodeside.scheduler.core import Action, Scheduler
 
 log = logging.getLogger("kiwi.daemon")
@@ -108,7 +109,7 @@ class Daemon:
         router = self.router
         self._server = await listen(self.loop, path, self.scheduler.config,
                                     lambda: Connection(router))
-        # "GPU 0 (logical GPU, memory unknown)", not "GPUs 0 (...)", which reads as none.
+        # "GPU 0 (logical GPU, size unknown)", not "GPUs 0 (...)", which reads as none.
         gpus = ", ".join(f"GPU {g.index} ({g.name}, {_size(g.memory_total)})"
                          for g in self.options.gpus)
         log.info("kiwi-scheduler %s listening on %s: mode %s, TQ %s seconds, %s",
@@ -226,4 +227,4 @@ def _connection_cap() -> int:
 
 
 def _size(nbytes: int | None) -> str:
-    return "memory unknown" if nbytes is None else f"{nbytes / 2**30:.1f} GiB"
+    return "size unknown" if nbytes is None else size(nbytes)

@@ -111,8 +111,13 @@ class ClientSession:
     # -- the connection -------------------------------------------------------------------
 
     def connect(self, registration: dict[str, Any] | None = None) -> None:
-        """A new connection: say hello; with ``registration`` (register's fields but the
-        working set, which the session adds), register once welcomed."""
+        """A new connection: say hello; with ``registration`` (register's fields), register
+        once welcomed. The session adds the working set it was told last, unless
+        ``registration`` says it (an owner that knows its figures as it registers: memory it
+        moves itself), which it then keeps."""
+        if registration is not None and "working_set" in registration:
+            registration = dict(registration)
+            self.working_set = registration.pop("working_set")
         self.connection_lost()
         self.generation += 1
         self.phase = Phase.GREETING
@@ -142,13 +147,19 @@ class ClientSession:
         self._pending.add(seq)
         return seq
 
-    def report_working_set(self, nbytes: int, evictable: int | None = None) -> int | None:
+    def report_working_set(self, nbytes: int, evictable: int | None = None, *,
+                           resident: int | None = None, host: int | None = None) -> int | None:
         """Keep the working set for the next register; on a ready registered connection also
-        report it now, returning the request's seq."""
+        report it now, returning the request's seq. ``resident`` and ``host`` (feature
+        ``memory``): where the client's memory is now; left out where the daemon does not
+        serve the feature."""
         self.working_set = nbytes
         if self.phase is not Phase.READY or self._registration is None:
             return None
-        return self.request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable)
+        if p.FEATURE_MEMORY not in self.features:
+            resident = host = None
+        return self.request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable,
+                            resident=resident, host=host)
 
     # -- the hold -------------------------------------------------------------------------
 
@@ -160,20 +171,23 @@ class ClientSession:
             self._move(Hold.ASKING)
             self._ask_seq = self._send_numbered(p.ACQUIRE)
 
-    def release(self, numbered: bool = False) -> int | None:
+    def release(self, numbered: bool = False, evicting: bool = False) -> int | None:
         """Give the GPU back, or take back a request. A hold is given back at once, without
         waiting for the answer (nothing the daemon sends can undo it); ``numbered`` puts a seq
-        on that release (returned), so that its ``released`` can be told apart. A request is
-        taken back as ``cancel`` does (its seq is returned: the shell may wait for the answer).
+        on that release (returned), so that its ``released`` can be told apart. ``evicting``
+        (feature ``memory``, from a holder told ``drop`` with ``evict``): the hold ends now and
+        the client's memory is on its way out (reports, then ``evicted``). A request is taken
+        back as ``cancel`` does (its seq is returned: the shell may wait for the answer).
         Neither: the wish goes, and nothing is sent."""
         if not self.holds:
             return self.cancel()
         self.wanted = False
         self._move(Hold.IDLE)
         self.paused = False
+        evicting_field = True if evicting and p.FEATURE_MEMORY in self.features else None
         if numbered:
-            return self._send_numbered(p.RELEASE)
-        self._send(p.RELEASE)
+            return self._send_numbered(p.RELEASE, evicting=evicting_field)
+        self._send(p.RELEASE, evicting=evicting_field)
         return None
 
     def cancel(self) -> int | None:
@@ -358,6 +372,9 @@ class ClientSession:
                 return []
             self.paused = pause
             return [ev.TurnPaused(message) if pause else ev.TurnResumed(message)]
+        if op == p.EVICT:
+            # Only to an idle client: one that holds (a grant crossed it) is told drop instead.
+            return [] if self.holds else [ev.EvictAsked(message)]
         if op == p.MODE:
             self.mode, self.tq = message.get("mode"), message.get("tq")
             return [ev.ModeChanged(message)]

@@ -62,10 +62,14 @@ HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of
     Key("name", "str", always=True),
     Key("display_name", "str", nullable=True, always=True),
     Key("user", "str", nullable=True, always=True),
-    Key("started", "number", "Seconds before the document when the hold began.",
+    Key("started_ago", "number", "Seconds before the document when the hold began.",
         always=True),
-    Key("ended", "number", "Seconds before the document when it ended; null while it holds.",
-        nullable=True, always=True),
+    Key("ended_ago", "number", "Seconds before the document when it ended; null while it "
+                               "holds.", nullable=True, always=True),
+    Key("started", "number", "`started_ago` under its first name, kept for the readers of "
+                             "older documents.", always=True),
+    Key("ended", "number", "`ended_ago` under its first name, kept likewise.", nullable=True,
+        always=True),
 ))
 
 #: Where a client's memory is (feature ``memory``): on the GPU, moving out, in host memory,
@@ -224,6 +228,9 @@ DOCUMENT: Final = Part("IStatusDocument", "`GET kiwi/api/status`: the status doc
     Key("reason", "str", "Why the daemon could not be reached, when it could not.",
         added_by="server"),
     Key("socket", "str", "The socket the server talks to, for the unreachable message.",
+        added_by="server"),
+    Key("viewer", "str", "The user the server runs as: the panel names this user's own "
+                         "clients without \"(user)\", as kiwictl does the user's who runs it.",
         added_by="server"),
     Key("version", "int", contract=True),
     Key("mode", "str", contract=True, values=MODES),

@@ -76,6 +76,23 @@ class DropAsked(Event):
         self.answer = answer
 
 
+class EvictAsked(Event):
+    """Feature ``memory``: the daemon asks this idle client to move its memory to host memory
+    now (``message`` has gpu, bytes and ``for``, who needs the room). The client reports as it
+    goes and ends with ``evicted``."""
+
+    __slots__ = ()
+
+    @property
+    def nbytes(self) -> int:
+        nbytes = self.message.get("bytes")
+        return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else 0
+
+    @property
+    def for_name(self) -> str:
+        return str(self.message.get("for") or "")
+
+
 class Revoked(Event):
     """The daemon took the GPU back. ``held``: the session held it until now (otherwise the
     revocation crossed a release of ours, and changes nothing)."""

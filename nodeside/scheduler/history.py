@@ -65,8 +65,15 @@ class HolderHistory:
     def recent(self, now: float) -> list[dict[str, Any]]:
         """The spans for the status document, oldest first; times are seconds before ``now``
         (clients compare them with their own clock, never with the daemon's)."""
-        return [{"client": s.client, "name": s.name, "display_name": s.display_name,
-                 "user": s.user, "started": round(now - s.start, 3),
-                 "ended": None if s.end is None else round(now - s.end, 3)}
-                for s in self._spans[max(0, len(self._spans) - self.max_spans):]
-                if s.end is None or now - s.end <= self.keep]
+        spans = []
+        for s in self._spans[max(0, len(self._spans) - self.max_spans):]:
+            if s.end is not None and now - s.end > self.keep:
+                continue
+            started = round(now - s.start, 3)
+            ended = None if s.end is None else round(now - s.end, 3)
+            # started/ended: the same figures under their first names (docs/interfaces.md
+            # section 10 keeps them), which read as times that end before they begin.
+            spans.append({"client": s.client, "name": s.name, "display_name": s.display_name,
+                          "user": s.user, "started_ago": started, "ended_ago": ended,
+                          "started": started, "ended": ended})
+        return spans

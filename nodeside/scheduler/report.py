@@ -116,7 +116,11 @@ def _on_gpu(scheduler: Scheduler, gpu: GpuState, name: str, now: float) -> PoolO
     ent = entitlements(scheduler.pool(n) for n in contending).get(name)
     head = min((c for c in gpu.waiters.values() if c.pool == name),
                key=lambda c: (PRIORITY_RANK[c.priority], c.request_order), default=None)
-    below = head is not None and gpu.meter.shares(now, [name], non_preemptible=True)[name] \
+    # Below its guarantee where that gets the pool something: another pool uses the GPU, or a
+    # preemptible holder would give way. A lone pool whose clients take turns is owed nothing.
+    below = head is not None and not head.preemptible and (
+        len(contending) > 1 or any(h.preemptible for h in gpu.holders.values())) and \
+        gpu.meter.shares(now, [name], non_preemptible=True)[name] \
         < scheduler.pool(name).guarantee - 1e-9
     return PoolOnGpu(
         gpu=index, share=scheduler.shares(index, now).get(name, 0.0), entitlement=ent,

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import final
 
 from nodeside import protocol as p
+from nodeside.formats import size
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import Action, Evict, SchedulerError, Suspend, Uncounted
@@ -101,12 +102,8 @@ def check_claim(gpu: GpuState, resident: int | None, what: str) -> None:
     """A client may not say it has more on a GPU than the GPU has (SchedulerError)."""
     capacity = gpu.spec.memory_total
     if resident is not None and capacity is not None and resident > capacity:
-        raise SchedulerError(p.E_INVALID, f"{what}: {gib(resident)} is more than GPU "
-                             f"{gpu.spec.index} has ({gib(capacity)})")
-
-
-def gib(nbytes: int) -> str:
-    return f"{nbytes / 1024**3:.1f} GiB"
+        raise SchedulerError(p.E_INVALID, f"{what}: {size(resident)} is more than GPU "
+                             f"{gpu.spec.index} has ({size(capacity)})")
 
 
 @final
@@ -386,10 +383,10 @@ class Residency:
     def _no_room(self, gpu: GpuState, candidate: Client, short: int,
                  stuck: list[Client]) -> str:
         holders = [*gpu.holders.values(), *stuck]
-        who = ", ".join(f"{c.display_name} ({gib(need(c) if holding(c) else counted(c))}"
+        who = ", ".join(f"{c.display_name} ({size(need(c) if holding(c) else counted(c))}"
                         f"{', ' + c.evict_failed if c.evict_failed else ''})" for c in holders)
-        return (f"{candidate.display_name} needs {gib(need(candidate))} on GPU "
-                f"{gpu.spec.index}, {gib(short)} more than is free, and that room cannot be "
+        return (f"{candidate.display_name} needs {size(need(candidate))} on GPU "
+                f"{gpu.spec.index}, {size(short)} more than is free, and that room cannot be "
                 f"made: the memory is held by {who or 'nobody the scheduler knows'}")
 
     # -- time passing -------------------------------------------------------------------------

@@ -87,7 +87,17 @@ def test_panel_follows_two_contending_kernels_and_lets_an_admin_change_the_mode(
         # As an admin (the default authorizer lets the token's user write), turn the mode off.
         controls = panel.locator(".jp-Kiwi-controls")
         assert controls.is_visible()
+        # The mode is every notebook's on the node: choosing sends nothing, Set asks first.
         controls.locator(".jp-Kiwi-modeSelect").select_option("off")
+        controls.locator(".jp-Kiwi-modeButton").click()
+        dialog = page.locator(".jp-Dialog")
+        dialog.get_by_text("for every notebook on this node").wait_for()
+        dialog.locator(".jp-Dialog-button.jp-mod-reject").click()
+        dialog.wait_for(state="detached")
+        assert lab.kiwi_status()["mode"] == "on"  # cancelled: nothing was sent
+        controls.locator(".jp-Kiwi-modeSelect").select_option("off")
+        controls.locator(".jp-Kiwi-modeButton").click()
+        dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
         panel.locator(".jp-Kiwi-mode", has_text="OFF").wait_for()
         assert lab.kiwi_status()["mode"] == "off"
 
@@ -146,15 +156,19 @@ def test_a_long_notebook_name_is_cut_with_an_ellipsis_and_whole_in_its_tooltip(
         assert overflow == "ellipsis" and lines == 1  # cut on one line, and the cut shows
         assert notebook in title
         assert tail and notebook.endswith(tail)
-        # On the timeline the row stays one line: swatch, cut name and duration side by side.
-        # Measured in one step in the page, on a row laid out (the redraw each second replaces
-        # the rows: one measured between two steps may be detached, and measures 0).
-        heights = page.wait_for_function(
+        # On the timeline too the head is cut and the tail kept whole: where the tail and the
+        # duration do not fit side by side, the duration goes to the line below. Measured in one
+        # step in the page, on a row laid out (the redraw each second replaces the rows: one
+        # measured between two steps may be detached, and measures 0).
+        shown = page.wait_for_function(
             f"() => {{ const e = document.querySelector('{PANEL} .jp-Kiwi-timelineItem');"
-            " const n = e && e.querySelector('.jp-Kiwi-name'); if (!n) return null;"
-            " const h = [e.getBoundingClientRect().height, n.getBoundingClientRect().height];"
-            " return h[0] > 0 && h[1] > 0 ? h : null; }", timeout=20_000).json_value()
-        assert heights[0] < 2 * heights[1], f"the timeline row broke into several lines: {heights}"
+            " const t = e && e.querySelector('.jp-Kiwi-nameTail');"
+            " if (!t || !t.isConnected || t.clientWidth === 0) return null;"
+            " const n = t.parentElement.getBoundingClientRect(), r = t.getBoundingClientRect();"
+            " return [t.scrollWidth <= t.clientWidth && r.right <= n.right + 0.5"
+            " && n.right <= e.getBoundingClientRect().right + 0.5, t.innerText]; }",
+            timeout=20_000).json_value()
+        assert shown[0] and notebook.endswith(shown[1]), f"the timeline cut the tail: {shown}"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "kiwi-panel-long-name.png"))
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +66,12 @@ def test_help_documents_every_subcommand(kernel: KernelUnderTest) -> None:
         assert subcommand in page
 
 
+def test_help_is_a_subcommand_too(kernel: KernelUnderTest) -> None:
+    shown = kernel.run("%kiwi help")
+    assert shown.ename is None
+    assert "%kiwi tq SECONDS" in shown.stdout and "This kernel uses" in shown.stdout
+
+
 def test_help_names_the_socket_this_kernel_really_uses(
     kernel: KernelUnderTest, module_daemon: DaemonProcess
 ) -> None:
@@ -84,6 +91,13 @@ def test_mode_shows_the_current_mode(kernel: KernelUnderTest) -> None:
 
 def test_eager_mode_holds_the_gpu_while_a_cell_runs(kernel: KernelUnderTest) -> None:
     assert kernel.run(HOLDERS_NOW).value == [kernel.kernel_id]
+
+
+def test_a_cell_that_only_runs_kiwictl_does_not_take_the_gpu(kernel: KernelUnderTest) -> None:
+    # Eager, every cell gated (gate_cells 'all'): kiwictl must not see its own notebook holding.
+    kiwictl = os.path.join(os.path.dirname(sys.executable), "kiwictl")
+    shown = kernel.run(f"!{kiwictl} status --json").stdout
+    assert json.loads(shown)["gpus"][0]["holders"] == []
 
 
 def test_off_mode_leaves_cells_unarbitrated(kernel: KernelUnderTest, restore_mode: None) -> None:

@@ -52,6 +52,18 @@ def test_the_notebook_path_is_the_display_name_and_home_reads_as_a_tilde() -> No
     assert display_name({"KIWI_DISPLAY_NAME": "mine", "JPY_SESSION_NAME": "/x.ipynb"}) == "mine"
 
 
+def test_under_a_kiwi_lab_the_notebook_is_named_as_the_lab_shows_it() -> None:
+    """Kiwi's server extension tells its kernels the folder it serves: the path in there is
+    the name the panel, %kiwi, kiwictl and the daemon's log all use."""
+    lab = {"KIWI_NOTEBOOK_ROOT": "/home/ada/kiwi/binder", "HOME": "/home/ada"}
+    assert notebook_name({**lab, "JPY_SESSION_NAME": "/home/ada/kiwi/binder/kiwi-demo.ipynb"}) \
+        == "kiwi-demo.ipynb"
+    assert notebook_name({**lab, "JPY_SESSION_NAME": "/home/ada/kiwi/binder/runs/a.ipynb"}) \
+        == "runs/a.ipynb"
+    assert notebook_name({**lab, "JPY_SESSION_NAME": "/home/ada/elsewhere.ipynb"}) \
+        == "~/elsewhere.ipynb"
+
+
 def test_a_kernel_started_for_a_notebook_registers_its_path_as_display_name(
         named: tuple[KernelUnderTest, KernelUnderTest], module_daemon: DaemonProcess) -> None:
     a, _ = named

@@ -42,6 +42,14 @@ def test_the_connection_file_is_found_in_every_spelling(argv: list[str]) -> None
     ("%time x = 1", False),
     ("%run train.py", False),
     ("%%bash\necho hi", False),
+    ("!kiwictl status", True),
+    ("%kiwi\n!.venv/bin/kiwictl status --json", True),
+    ("!kiwictl status; python train.py", False),
+    ("!kiwictl status | python train.py", False),
+    ("!kiwictl status && python train.py", False),
+    ("!python train.py", False),
+    ("!!kiwictl status", False),
+    ("out = !kiwictl status", False),
 ])
 def test_only_cells_of_housekeeping_magics_or_comments_skip_the_gpu(cell: str, only: bool) -> None:
     assert needs_no_gpu(cell) is only
@@ -50,7 +58,7 @@ def test_only_cells_of_housekeeping_magics_or_comments_skip_the_gpu(cell: str, o
 def test_waiting_line_names_position_holder_and_time_left() -> None:
     assert describe_wait(DOCUMENT, "c3", 4.2) == (
         "kiwi: waiting for the GPU (4 s) · position 2 of 2 in the queue · held by kernel-a, "
-        "12.5 s left in its quantum")
+        "13 s left in its quantum")
 
 
 def test_waiting_line_says_the_holder_is_giving_back_rather_than_0_s_left() -> None:
@@ -62,7 +70,7 @@ def test_waiting_line_says_the_holder_is_giving_back_rather_than_0_s_left() -> N
 
 def test_status_text_counts_one_client_in_the_singular() -> None:
     pools = [{**DOCUMENT["pools"][0], "clients": 1}]
-    assert StatusTable({**DOCUMENT, "pools": pools}, me="c2").text().splitlines()[2].endswith(
+    assert StatusTable({**DOCUMENT, "pools": pools}, me="c2").text().splitlines()[3].endswith(
         "no maximum, 1 client")
 
 
@@ -75,12 +83,13 @@ def test_status_text_lists_every_client_and_marks_this_kernel() -> None:
     text = StatusTable(DOCUMENT, me="c2").text()
     lines = text.splitlines()
     assert lines[0] == "Kiwi scheduler: mode on, TQ 30 s, policy round-robin"
-    assert lines[1] == ("GPU 0 (A100, 80.0 GiB): held by kernel-a, 12.5 s left in the quantum; "
+    assert lines[1] == ("GPU 0 (A100): held by kernel-a, 13 s left in its quantum; "
                         "2 waiting")
-    assert lines[2] == ("pool default: share 100%, guarantee 50%, no maximum, 2 clients")
+    assert lines[2] == "GPU 0 memory: 3.0 GiB of 80.0 GiB used"
+    assert lines[3] == ("pool default: share 100%, guarantee 50%, no maximum, 2 clients")
     mine = [line for line in lines if line.endswith("<- this kernel")]
     assert len(mine) == 1 and mine[0].startswith("kernel-b  ")
-    assert "17.5 s" in text and "3.0 GiB" in text
+    assert "18 s" in text and "3.0 GiB" in text
 
 
 def test_status_says_how_each_client_is_paged_and_why_a_gpu_is_held_back() -> None:
@@ -120,7 +129,8 @@ def test_human_bytes() -> None:
     ("quantum", "quantum ended with others waiting"),
     ("preempt", "preempted by a non-preemptible request"),
     ("grace", "kept it past the grace period"),
-    ("room", "(room)"),
+    ("room", "(another notebook needed the room)"),
+    ("bespoke", "(bespoke)"),
 ])
 def test_a_late_drop_is_explained_by_its_reason(reason: str | None, words: str) -> None:
     assert words in drop_sentence(reason)
@@ -179,7 +189,8 @@ def test_status_text_says_what_is_unknown_about_a_gpu_without_a_known_size() -> 
     document = {**DOCUMENT, "gpus": [{**DOCUMENT["gpus"][0], "name": "logical GPU",
                                       "memory_total": None}]}
     lines = StatusTable(document).text().splitlines()
-    assert lines[1].startswith("GPU 0 (logical GPU, memory unknown): held by kernel-a")
+    assert lines[1].startswith("GPU 0 (logical GPU): held by kernel-a")
+    assert "GPU 0 memory: kernels use 3.0 GiB (the GPU's size is not known here)" in lines
 
 
 @pytest.mark.parametrize("mode", ["on", "off", "auto"])
@@ -197,6 +208,6 @@ def test_kiwictl_status_marks_the_paused_holder_and_the_turns_in_effect() -> Non
                 "clients": [{**DOCUMENT["clients"][0], "paused": True}, DOCUMENT["clients"][1],
                             {**DOCUMENT["clients"][2], "state": "holding", "paused": False}]}
     lines = format_status(document).splitlines()
-    assert "  holding: kernel-a (paused), kernel-<c> (12.5 s left)" in lines
+    assert "  holding: kernel-a (paused), kernel-<c> (13 s left in its quantum)" in lines
     assert "  taking turns of 1 s, least GPU time in the cell first" in lines
     assert any(line.startswith("kernel-a") and " paused " in line for line in lines)

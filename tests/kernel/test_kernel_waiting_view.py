@@ -83,7 +83,7 @@ def test_without_position_events_every_look_asks() -> None:
 
 def test_the_quantum_counts_down_between_two_documents() -> None:
     line = describe_wait(document(1, quantum_remaining=12.0), "me", 3, position=1, aged=2.0)
-    assert "10.0 s left in its quantum" in line
+    assert "10 s left in its quantum" in line
 
 
 def test_the_clients_own_position_wins_over_an_older_document() -> None:

@@ -50,12 +50,12 @@ def test_kiwictl_says_what_the_waiting_kernel_waits_for() -> None:
 def test_kiwictl_shows_each_kernels_memory_and_where_it_is() -> None:
     lines = format_status(MEMORY).splitlines()
     table = lines[lines.index("") + 1:]
-    assert table[0].endswith("GPU s MEMORY             ON GPU    IN HOST")
-    assert [line[line.index(" NORMAL ") + 24:] for line in table[1:]] == [
-        "1.0 moving out       10.0 GiB   14.0 GiB",
-        "3.0 on GPU           40.0 GiB        0 B",
-        "0.0 on GPU                0 B        0 B",
-        "0.0 in host memory        0 B   20.0 GiB",
+    assert table[0].endswith("GPU TIME MEMORY             ON GPU    IN HOST")
+    assert [line[line.index(" NORMAL ") + 26:] for line in table[1:]] == [
+        "1 s moving out       10.0 GiB   14.0 GiB",
+        "3 s on GPU           40.0 GiB        0 B",
+        "0 s on GPU                0 B        0 B",
+        "0 s in host memory        0 B   20.0 GiB",
     ]
 
 
@@ -95,7 +95,7 @@ def test_a_document_without_memory_keys_reads_as_before() -> None:
 def test_the_waiting_line_says_what_it_waits_for() -> None:
     assert describe_wait(MEMORY, "c3", 3.4) == (
         "kiwi: waiting for the GPU (3 s) · position 1 of 1 in the queue · waiting for nbA.ipynb "
-        "to move 24.0 GiB to host memory · held by nbB.ipynb, 27.0 s left in its quantum")
+        "to move 24.0 GiB to host memory · held by nbB.ipynb, 27 s left in its quantum")
 
 
 def test_a_kernel_waiting_for_nothing_in_particular_has_no_such_words_in_its_line() -> None:

@@ -99,7 +99,28 @@ def test_make_labs_quantum_ends_inside_a_demo_burst() -> None:
     makefile = (BINDER.parent / "Makefile").read_text()
     tq = float(re.search(r"^LAB_TQ \?= ([\d.]+)$", makefile, re.M).group(1))
     assert re.search(r"^\tjupyter lab .*--KiwiExtension\.tq=\$\(LAB_TQ\)",
-                     makefile.replace("$(BIN)/", ""), re.M)
+                     makefile.replace("$(BIN)/", "").replace("\\\n", " "), re.M)
     notebook = nbformat.read(BINDER / "kiwi-demo.ipynb", as_version=4)
     burst = float(re.search(r'"KIWI_DEMO_SECONDS", "([\d.]+)"', code_of(notebook)).group(1))
     assert tq < burst
+
+
+
+def test_make_labs_gpu_fits_one_demos_working_set_and_not_two() -> None:
+    """Without a GPU, `make lab` (and Binder) tell the scheduler a GPU size that holds one demo
+    notebook's matrices on the stand-in GPU but not both: the memory moves at each turn."""
+    from nodeside.config.values import parse_size
+
+    makefile = (BINDER.parent / "Makefile").read_text()
+    declared = re.search(r"^LAB_GPU_MEMORY \?= \$\(if \$\(shell command -v nvidia-smi\),,(\S+)\)$",
+                         makefile, re.M)
+    assert declared, "make lab declares no GPU memory where there is no GPU"
+    binder = re.search(r'scheduler_args = \["--gpu-memory", "(\S+)"\]',
+                       (BINDER / "postBuild").read_text())
+    assert binder and binder.group(1) == declared.group(1)
+    for name in DEMOS:
+        code = code_of(nbformat.read(BINDER / name, as_version=4))
+        n = int(re.search(r"^N = (\d+) if xp is None", code, re.M).group(1))
+        assert "gpu.rand(2, n, n)" in code
+        working_set = 2 * n * n * 4  # two float32 matrices
+        assert working_set <= parse_size(declared.group(1)) < 2 * working_set

@@ -49,6 +49,13 @@ class TestWhenNoDaemonAnswers:
         status = await get_status(jp_fetch)
         assert (status["mode"], status["tq"]) == ("auto", 7.5)
 
+    async def test_kernels_are_told_the_folder_it_serves_to_name_their_notebooks(
+        self, jp_serverapp: Any
+    ) -> None:
+        assert os.environ["KIWI_NOTEBOOK_ROOT"] == os.path.abspath(jp_serverapp.root_dir)
+        await kiwi_app(jp_serverapp).stop_extension()
+        assert "KIWI_NOTEBOOK_ROOT" not in os.environ
+
     async def test_its_socket_is_private_to_this_server(self, jp_serverapp: Any) -> None:
         directory = os.path.dirname(kiwi_app(jp_serverapp).embedded.socket_path)
         assert os.stat(directory).st_mode & 0o077 == 0
@@ -150,6 +157,40 @@ class TestWhenNoDaemonAnswers:
         assert not os.path.lexists(published)
 
 
+class TestWhenItCannotStart:
+    """An option the scheduler refuses: its command line is wrong."""
+
+    @pytest.fixture
+    def jp_server_config(self, nowhere: str) -> dict:
+        return kiwi_config(scheduler_args=["--gpu-memory", "lots"])
+
+    async def test_the_status_says_why_in_the_schedulers_own_words(self, jp_fetch: Any) -> None:
+        status = await get_status(jp_fetch)
+        assert status["reachable"] is False
+        assert "the embedded scheduler could not start" in status["reason"]
+        assert "argument --gpu-memory: not a size: 'lots'" in status["reason"]
+
+    async def test_the_extension_still_serves_the_panel(self, jp_serverapp: Any) -> None:
+        extension = kiwi_app(jp_serverapp)
+        assert extension.embedded_failure is not None
+        assert extension.link is not None and extension.watch is not None
+
+    async def test_it_is_not_started_again_with_the_same_bad_arguments(
+        self, jp_serverapp: Any
+    ) -> None:
+        await jp_serverapp._post_start()
+        extension = kiwi_app(jp_serverapp)
+        assert extension._watcher is None
+        assert extension.embedded.restarts == 0
+
+    async def test_the_server_stops(self, jp_serverapp: Any, nowhere: str) -> None:
+        extension = kiwi_app(jp_serverapp)
+        directory = os.path.dirname(extension.embedded.socket_path)
+        await extension.stop_extension()
+        assert not os.path.exists(directory)
+        assert os.environ["KIWI_SOCKET"] == nowhere
+
+
 class TestWhenADaemonAnswers:
     @pytest.fixture
     def jp_server_config(self, kiwi_daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -177,6 +218,27 @@ class TestWhenTurnedOff:
         assert (await get_status(jp_fetch))["reachable"] is False
 
 
+@pytest.mark.parametrize("written", [
+    ['--KiwiExtension.scheduler_args=["--gpu-memory", "16GiB"]'],  # in a shell's single quotes
+    ["--KiwiExtension.scheduler_args=[--gpu-memory,16GiB]"],  # a shell took the quotes off
+    ["--KiwiExtension.scheduler_args=['--gpu-memory', '16GiB']"],
+    ["--KiwiExtension.scheduler_args=--gpu-memory", "--KiwiExtension.scheduler_args=16GiB"],
+])
+def test_a_list_of_scheduler_arguments_reads_as_written_on_a_command_line(
+        written: list[str]) -> None:
+    """Jupyter's command line gives an extension's list option written out as one string."""
+    from jupyter_server.serverapp import ServerApp
+
+    from kiwi_jupyter.server.app import KiwiExtension
+
+    server = ServerApp()
+    try:
+        server.parse_command_line(written)
+        assert KiwiExtension(config=server.config).scheduler_args == ["--gpu-memory", "16GiB"]
+    finally:
+        ServerApp.clear_instance()
+
+
 def test_embedded_scheduler_is_off_by_default_inside_kubernetes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -188,6 +250,62 @@ def test_embedded_scheduler_is_off_by_default_inside_kubernetes(
     assert KiwiExtension().embedded_scheduler is True
 
 
+def _jupyter_server(tmp_path: Any, nowhere: str, *options: str) -> subprocess.Popen[str]:
+    """A real ``jupyter server`` (its own process, as ``jupyter lab`` runs), its runtime files
+    in ``tmp_path/runtime``, with nothing answering at KIWI_SOCKET."""
+    runtime = tmp_path / "runtime"
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "JUPYTER_RUNTIME_DIR": str(runtime),
+           "KIWI_SOCKET": nowhere}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "server", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=kiwi-test",
+         f"--ServerApp.root_dir={tmp_path}", *(["--allow-root"] if os.getuid() == 0 else []),
+         *options],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )
+
+
+def _started(server: subprocess.Popen[str]) -> tuple[str | None, list[str]]:
+    """Read the server's log until it runs: the embedded scheduler's socket (None: none
+    started) and the lines read."""
+    assert server.stderr is not None
+    socket_path, lines = None, []
+    for line in server.stderr:  # ends when the server exits, so a failed start fails here
+        lines.append(line)
+        found = re.search(r"embedded scheduler listening on (\S+)", line)
+        socket_path = found.group(1) if found else socket_path
+        if "is running at" in line:
+            break
+    return socket_path, lines
+
+
+def test_a_server_whose_scheduler_cannot_start_stops_on_sigterm(
+    tmp_path: Any, nowhere: str
+) -> None:
+    """The scheduler refuses an option: the server runs on (the panel says why), and SIGTERM
+    ends it as any server."""
+    server = _jupyter_server(tmp_path, nowhere, '--KiwiExtension.scheduler_args=["--gpu-memory",'
+                             ' "lots"]')
+    try:
+        socket_path, lines = _started(server)
+        assert socket_path is None
+        assert any("could not start" in line and "not a size" in line for line in lines), \
+            "".join(lines)
+        server.send_signal(signal.SIGTERM)
+        rest = server.communicate(timeout=scaled(60))[1]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+            pytest.fail("the server did not stop on SIGTERM")
+    assert "Traceback" not in rest, rest
+    assert list((tmp_path / "runtime").glob("kiwi-scheduler-*.json")) == [], rest
+
+
 def test_a_server_interrupted_without_a_terminal_leaves_no_folder_or_link(
     tmp_path: Any, nowhere: str
 ) -> None:
@@ -195,26 +313,9 @@ def test_a_server_interrupted_without_a_terminal_leaves_no_folder_or_link(
     the extensions' own stop (as in `make lab` run from a script, or a container without -t):
     the scheduler's private folder and the link published for kiwictl must go all the same."""
     runtime = tmp_path / "runtime"
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "JUPYTER_RUNTIME_DIR": str(runtime),
-           "KIWI_SOCKET": nowhere}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "server", "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=kiwi-test",
-         f"--ServerApp.root_dir={tmp_path}", *(["--allow-root"] if os.getuid() == 0 else [])],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=env,
-    )
+    server = _jupyter_server(tmp_path, nowhere)
     try:
-        assert server.stderr is not None
-        socket_path = None
-        for line in server.stderr:  # ends when the server exits, so a failed start fails here
-            found = re.search(r"embedded scheduler listening on (\S+)", line)
-            socket_path = found.group(1) if found else socket_path
-            if "is running at" in line:
-                break
+        socket_path, _ = _started(server)
         assert socket_path is not None, "the server started no embedded scheduler"
         published = runtime / "kiwi" / "scheduler.sock"
         assert os.readlink(published) == socket_path

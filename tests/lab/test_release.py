@@ -13,6 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the project's floor is 3.10
+    import tomli as tomllib
 from test_sdist_install import REPO, path_without_node
 
 WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
@@ -41,6 +46,37 @@ def test_the_release_builds_its_wheels_from_its_sdist_and_publishes_only_tags() 
     assert set(jobs["publish"]["needs"]) == {"sdist", "wheels"}
     assert "refs/tags/v" in jobs["publish"]["if"]
     assert jobs["publish"]["permissions"] == {"id-token": "write"}
+
+
+def test_the_workflow_is_one_github_accepts() -> None:
+    """The dry run of the release where no container engine runs: the workflow against GitHub's
+    own schema of workflows (shipped in check-jsonschema), and cibuildwheel's config above."""
+    checker = shutil.which("check-jsonschema", path=os.path.dirname(sys.executable))
+    if checker is None:
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[test]')")
+    done = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_tag_attaches_the_sdist_and_the_manylinux_2_28_wheels_to_its_github_release() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    jobs = workflow["jobs"]
+    release = jobs["github-release"]
+    assert set(release["needs"]) == {"sdist", "wheels"}
+    assert "refs/tags/v" in release["if"]
+    assert release["permissions"] == {"contents": "write"}
+    [create] = [s for s in release["steps"] if "gh release create" in s.get("run", "")]
+    assert "dist/*.tar.gz" in create["run"] and "dist/*.whl" in create["run"]
+    checks = [s for s in jobs["wheels"]["steps"] if "manylinux_2_28" in s.get("run", "")]
+    assert checks, "nothing checks the wheels' tag"
+    linux = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["cibuildwheel"]["linux"]
+    assert linux["manylinux-x86_64-image"] == linux["manylinux-aarch64-image"] == "manylinux_2_28"
+
+
+def test_pypi_is_published_to_only_once_the_repository_says_so() -> None:
+    publish = yaml.safe_load(WORKFLOW.read_text())["jobs"]["publish"]
+    assert "vars.PUBLISH_TO_PYPI == 'true'" in publish["if"]
 
 
 @pytest.mark.slow

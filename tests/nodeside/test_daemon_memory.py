@@ -162,7 +162,8 @@ def test_shadows_made_ahead_count_as_host_memory_that_evictions_have(gpu10) -> N
     assert b.request(p.RELEASE)["op"] == p.RELEASED
     assert a.request(p.ACQUIRE)["op"] == p.WAITING
     assert b.event()["op"] == p.EVICT
-    gpu10.wait_log(r"Asking nbB to evict: no room in host memory")
+    # The log names a client as every view does, with its user (nodeside.names.label).
+    gpu10.wait_log(r"Asking nbB\.ipynb \(\S+\) to evict: no room in host memory")
     assert "Asking nbA to evict" not in gpu10.log()
 
 

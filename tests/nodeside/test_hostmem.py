@@ -86,7 +86,7 @@ def test_the_daemon_says_when_an_eviction_has_no_room(start_daemon) -> None:
         next_holder.report_working_set(6 * GiB)
         acquiring = threading.Thread(target=next_holder.acquire, kwargs={"timeout": 20})
         acquiring.start()
-        daemon.wait_log(r"to evict: no room in host memory for an eviction of 524288\.0 GiB")
+        daemon.wait_log(r"to evict: no room in host memory for an eviction of 512\.0 TiB")
         holder.release()
         acquiring.join(timeout=20)
         wait_on_client(next_holder, lambda: next_holder.holding, what="the next holder's grant")

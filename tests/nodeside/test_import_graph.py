@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # What every part shares: the package's version, the bounds, the wire format, names, and
     # the checks on files the daemon reads.
     ("nodeside", "nodeside.limits", "nodeside.protocol", "nodeside.names",
-     "nodeside.headline", "nodeside.errors", "nodeside.files", "nodeside.memory_words"),
+     "nodeside.headline", "nodeside.errors", "nodeside.files", "nodeside.memory_words",
+     "nodeside.formats"),
     # The domain's values that the config names and the scheduler applies.
     ("nodeside.model",),
     ("nodeside.config",),

@@ -163,5 +163,5 @@ def test_status_says_in_words_when_the_gpus_memory_is_unknown(daemon: DaemonProc
     with Client(daemon.socket, name="nb-1") as holder:
         holder.acquire(timeout=5)  # a holder that reported no working set: use unknown too
         out = kiwictl(daemon.socket, "status").stdout
-    assert "(memory unknown)" in out.splitlines()[1], out
+    assert "  memory: its size is not known here" in out.splitlines(), out
     assert "?" not in out, out

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import DaemonProcess, wait_on_client
@@ -99,3 +100,31 @@ def test_unpublishing_leaves_a_later_servers_link(scratch: Path) -> None:
     assert link is not None and os.readlink(link) == second
     discovery.unpublish(second)
     assert not os.path.lexists(link)
+
+
+def test_when_a_later_lab_stops_kiwictl_finds_the_earlier_ones_scheduler_again(
+        start_daemon: Any) -> None:
+    """Two Labs of one user: the second's scheduler takes the published link; when the second
+    stops, the link goes back to the first's, which still runs."""
+    first, second = start_daemon(), start_daemon()
+    discovery.publish(first.socket)
+    link = discovery.publish(second.socket)
+    assert link is not None and os.readlink(link) == second.socket
+    discovery.unpublish(second.socket)
+    assert os.readlink(link) == first.socket
+    result = kiwictl("status", "--json")
+    assert result.returncode == 0, result.stderr
+    discovery.unpublish(first.socket)
+    assert not os.path.lexists(link)
+    assert list(link.parent.iterdir()) == []
+
+
+def test_a_server_that_went_without_a_word_is_not_handed_the_link(
+        start_daemon: Any, scratch: Path) -> None:
+    killed = str(scratch / "killed.sock")  # published, then its server was killed: no socket
+    alive = start_daemon()
+    discovery.publish(killed)
+    discovery.publish(alive.socket)
+    link = discovery.publish(str(scratch / "last.sock"))
+    discovery.unpublish(str(scratch / "last.sock"))
+    assert link is not None and os.readlink(link) == alive.socket

@@ -14,7 +14,7 @@ def scheduler(gpus: int = 1) -> Scheduler:
 
 
 def spans(doc: dict, gpu: int = 0) -> list[tuple]:
-    return [(s["display_name"], s["started"], s["ended"])
+    return [(s["display_name"], s["started_ago"], s["ended_ago"])
             for s in doc["gpus"][gpu]["recent_holders"]]
 
 
@@ -52,7 +52,7 @@ def test_old_holds_are_forgotten_and_the_history_stays_bounded():
     now = MAX_SPANS + 10.0
     kept = build_status(s, now)["gpus"][0]["recent_holders"]
     assert len(kept) == MAX_SPANS
-    assert kept[-1]["started"] == 1.0  # the newest kept, the oldest dropped
+    assert kept[-1]["started_ago"] == 1.0  # the newest kept, the oldest dropped
     assert build_status(s, now + KEEP_SECONDS + 1.0)["gpus"][0]["recent_holders"] == []
 
 
@@ -65,3 +65,15 @@ def test_each_gpu_has_its_own_history():
     doc = build_status(s, 3.0)
     assert spans(doc, 0) == [("a", 2.0, None)]
     assert spans(doc, 1) == [("b", 1.0, None)]
+
+
+def test_a_holds_times_say_how_long_ago_and_keep_their_first_names():
+    """``started_ago``/``ended_ago`` say what the figures are; ``started``/``ended`` (their first
+    names, docs/interfaces.md section 10) carry the same figures for older readers."""
+    s = scheduler()
+    a = s.register(0.0, name="k-a")
+    s.acquire(10.0, a.id)
+    s.release(20.0, a.id)
+    (span,) = build_status(s, 30.0)["gpus"][0]["recent_holders"]
+    assert (span["started_ago"], span["ended_ago"]) == (20.0, 10.0)
+    assert (span["started"], span["ended"]) == (span["started_ago"], span["ended_ago"])

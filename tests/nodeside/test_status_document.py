@@ -74,6 +74,21 @@ def test_a_pool_waiting_below_its_guarantee_is_marked_by_the_daemon():
     assert pools["simulation"]["gpus"][0]["below_guarantee"] is True
 
 
+def test_a_lone_pool_whose_clients_take_turns_is_not_marked_below_its_guarantee():
+    """The default pool (a guarantee of 100%) with one client holding and another waiting:
+    nobody else uses the GPU, and the holder is not preemptible, so the guarantee gets the
+    waiter nothing; the panel must not say "below its guarantee: it goes first"."""
+    s = scheduler({"tq": 5.0})
+    a, b = s.register(0.0, name="a"), s.register(0.0, name="b")
+    s.acquire(0.0, a.id)
+    s.release(1.0, a.id)  # then the GPU idles: the pool's share of its time is low
+    s.acquire(30.0, a.id)
+    s.acquire(30.5, b.id)
+    (pool,) = build_status(s, 31.0)["pools"]
+    assert pool["share"] < pool["guarantee"]
+    assert pool["below_guarantee"] is False
+
+
 def test_the_pools_entries_are_the_pools_report():
     s = scheduler({"tq": 5.0, "pools": POOLS})
     a = s.register(0.0, name="a", pool="training")

@@ -88,3 +88,51 @@ def ready_session() -> ClientSession:
     session.receive_data(WELCOME)
     session.data_to_send()
     return session
+
+
+MEMORY_WELCOME = (b'{"op":"welcome","version":1,"mode":"on","tq":30.0,'
+                  b'"features":["position","memory"]}\n')
+
+
+def memory_session(welcome: bytes = MEMORY_WELCOME) -> ClientSession:
+    session = ClientSession(features=["position", "memory"])
+    session.connect({"name": "k"})
+    session.receive_data(welcome)
+    session.receive_data(b'{"op":"registered","client":"c1","gpu":0,"tq":30.0}\n')
+    session.data_to_send()
+    return session
+
+
+def test_an_evict_to_an_idle_client_asks_its_shell_to_move_out() -> None:
+    session = memory_session()
+    [asked] = session.receive_data(b'{"op":"evict","gpu":0,"bytes":4096,"for":"nbB.ipynb"}\n')
+    assert isinstance(asked, ev.EvictAsked)
+    assert (asked.nbytes, asked.for_name) == (4096, "nbB.ipynb")
+
+
+def test_an_evict_that_crossed_a_grant_is_ignored_the_holder_is_told_drop() -> None:
+    session = memory_session()
+    session.ask()
+    session.receive_data(b'{"op":"grant","gpu":0,"tq":30.0}\n')
+    assert session.receive_data(b'{"op":"evict","gpu":0,"bytes":1,"for":"x"}\n') == []
+
+
+def test_a_release_evicting_says_so_only_where_the_daemon_serves_memory() -> None:
+    for welcome, line in ((MEMORY_WELCOME, b'{"op":"release","evicting":true}\n'),
+                          (WELCOME, b'{"op":"release"}\n')):
+        session = memory_session(welcome)
+        session.ask()
+        session.data_to_send()
+        session.receive_data(b'{"op":"grant","gpu":0,"tq":30.0}\n')
+        session.release(evicting=True)
+        assert session.data_to_send() == line
+        assert session.state is Hold.IDLE
+
+
+def test_memory_figures_go_with_the_working_set_only_where_the_daemon_serves_memory() -> None:
+    with_memory, without = memory_session(), memory_session(WELCOME)
+    with_memory.report_working_set(8, resident=8, host=0)
+    without.report_working_set(8, resident=8, host=0)
+    assert with_memory.data_to_send() == \
+        b'{"op":"working_set","seq":1,"bytes":8,"resident":8,"host":0}\n'
+    assert without.data_to_send() == b'{"op":"working_set","seq":1,"bytes":8}\n'

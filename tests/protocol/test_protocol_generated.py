@@ -77,3 +77,10 @@ def test_the_c_header_compiles_under_the_shims_warnings_and_holds_the_same_moves
     order = list(Hold)
     expected = [f"{a.name} {b.name}" for a in order for b in order if (a, b) in MOVES]
     assert printed == [*expected, "fatal 1 0"]
+
+
+def test_the_panels_formats_are_what_nodeside_formats_writes() -> None:
+    from nodeside import formats
+
+    assert (formats.ROOT / formats.PANEL_FILE).read_text() == formats.panel_module(), \
+        "run python -m nodeside.formats"
