@@ -261,6 +261,10 @@ class Turns:
                 break
             if waiter is parked or choice.over_maximum(gpu, waiter.pool, now):
                 continue
+            if waiter.residency == EVICTING and waiter.evict_failed is None:
+                # Its memory is the room on its way out: its grant would take it back, and
+                # the parked waiter would starve while its cells come and go.
+                continue
             if gpu.holders and (waiter.working_set is None
                                 or not self.room.fits_beside(gpu, [waiter])
                                 or self._held_back(gpu, waiter, now)):

@@ -112,4 +112,6 @@ def test_a_grant_brings_an_evicted_client_back_once_it_reports_nothing_in_host_m
         assert entry(a.status(), "a")["residency"] == "restoring"
         a_pages.resident = a_pages.nbytes
         a.report_memory()
-        assert entry(a.status(), "a")["residency"] == "resident"
+        # Reports are metered (at most one per 50 ms per client reaches the scheduler).
+        wait_for_status(daemon.socket, lambda d: entry(d, "a")["residency"] == "resident",
+                        what="a's restore to end")

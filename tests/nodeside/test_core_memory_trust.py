@@ -75,6 +75,19 @@ def test_in_mode_auto_each_waiter_that_fits_now_and_beside_the_room_being_made_g
     assert s.clients[waiter].state == "waiting"
 
 
+def test_the_kernel_on_its_way_out_for_a_waiter_is_not_granted_beside_it() -> None:
+    """The evicted kernel's own next cell needs no room while its memory still counts, but its
+    grant would take back the room it is making: it waits behind the waiter, or the waiter
+    would starve while the other's cells come and go (each grant stops the eviction)."""
+    s = make(capacity=10 * GiB)
+    a, b = kernel(s, "nbA", 6 * GiB), kernel(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    assert of(Evict, s.acquire(2.0, b)) == [Evict(a, 0, 6 * GiB, "nbB")]
+    assert s.clients[a].residency == EVICTING
+    assert s.acquire(2.5, a) == []  # its next cell waits, behind the waiter
+    assert (s.clients[a].state, s.clients[b].state) == ("waiting", "waiting")
+
+
 def test_a_waiter_that_would_take_the_room_being_made_waits() -> None:
     s = make(mode="auto")
     holder = plain(s, "holder", 4 * GiB)

@@ -152,7 +152,8 @@ def test_a_silent_client_that_cannot_be_checkpointed_stops_counting_and_the_wait
     assert s.tick(5.0 + TIMEOUT - 0.1) == []
     actions = s.tick(5.0 + TIMEOUT)
     [uncounted] = of(Uncounted, actions)
-    assert (uncounted.client, uncounted.nbytes) == (a, 6 * GiB) and "no progress" in uncounted.why
+    assert (uncounted.client, uncounted.nbytes) == (a, 6 * GiB)
+    assert uncounted.why == f"did not begin to evict within {TIMEOUT:g} s (evict_timeout)"
     assert Grant(b, 0, 30.0) in actions and s.clients[a].evict_failed
 
 
@@ -207,18 +208,21 @@ def test_a_way_out_that_makes_progress_is_never_cut_short_by_its_deadline() -> N
 
 def test_a_way_out_that_stalls_midway_is_given_up_not_checkpointed() -> None:
     """A process checkpointed in the middle of its own move stops inside the driver with half
-    its memory moved: the checkpoint fallback is for clients that never began (between moves)."""
+    its memory moved: the checkpoint fallback is for clients that never began (between moves).
+    Given up, its claim no longer counts (no NVML here): the waiter is granted."""
     s = make()
     a = client(s, "nbA", 6 * GiB, checkpointable=True)
     b = client(s, "nbB", 6 * GiB)
     used(s, a, 1.0, 6 * GiB)
     s.acquire(5.0, b)
     s.report_working_set(6.0, a, 6 * GiB, resident=5 * GiB, host=1 * GiB)
+    assert s.tick(6.0 + TIMEOUT - 0.1) == []
     actions = s.tick(6.0 + TIMEOUT)
     assert not of(Suspend, actions)
-    assert [r.client for r in of(Refuse, actions)] == [b]
+    assert [u.client for u in of(Uncounted, actions)] == [a] and Grant(b, 0, 30.0) in actions
     assert s.clients[a].residency == RESIDENT
-    assert s.clients[a].evict_failed == f"its way out stalled: no progress for {TIMEOUT:g} s"
+    assert s.clients[a].evict_failed == f"made no progress evicting for {TIMEOUT:g} s " \
+                                        f"(evict_timeout)"
 
 
 def test_reports_that_move_nothing_do_not_put_the_deadline_off() -> None:
@@ -233,8 +237,9 @@ def test_reports_that_move_nothing_do_not_put_the_deadline_off() -> None:
         s.report_working_set(at, a, 6 * GiB, resident=6 * GiB, host=0)
     assert s.next_deadline(13.0) == 7.0 + TIMEOUT
     actions = s.tick(7.0 + TIMEOUT)
-    assert not of(Suspend, actions) and [r.client for r in of(Refuse, actions)] == [b]
-    assert s.clients[a].evict_failed == f"its way out stalled: no progress for {TIMEOUT:g} s"
+    assert not of(Suspend, actions) and Grant(b, 0, 30.0) in actions
+    assert s.clients[a].evict_failed == f"made no progress evicting for {TIMEOUT:g} s " \
+                                        f"(evict_timeout)"
 
 
 def test_a_checkpoint_client_is_suspended_at_once_instead_of_asked() -> None:

@@ -12,6 +12,7 @@ tests/nodeside) the issue reproduced.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from scripted_daemon import ScriptedDaemon
-from support import scaled, wait_for
+from support import build_fake_nvml, scaled, wait_for, wait_for_status
 
 from nodeside import protocol as p
 
@@ -96,11 +97,18 @@ def test_a_wait_refused_past_its_room_timeout_fails_out_of_memory_and_says_why(
 
 
 def test_a_kernel_the_real_daemon_refuses_room_registers_once_and_asks_a_few_times(
-        start_daemon, workload, tmp_path: Path) -> None:
+        start_daemon, workload, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The issue's reproduction against the real daemon: beside an idle kernel whose eviction
-    failed (its 6 GiB stay), a shimmed kernel that needs 4 GiB of an 8 GiB GPU is refused.
-    Before, it reconnected and registered again after every refusal (110,000 times a minute)."""
+    failed (its 6 GiB stay, and NVML vouches for them: a claim alone would stop counting), a
+    shimmed kernel that needs 4 GiB of an 8 GiB GPU is refused. Before, it reconnected and
+    registered again after every refusal (110,000 times a minute)."""
+    nvml_memory = tmp_path / "nvml-memory"
+    nvml_memory.write_text(f"{os.getpid()} {6 * GiB}\n")  # the idle kernel is this process
+    monkeypatch.setenv("FAKE_NVML_MEMORY", str(nvml_memory))
+    fake_nvml = build_fake_nvml(tmp_path)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{fake_nvml}:{os.environ.get('LD_LIBRARY_PATH', '')}")
     daemon = start_daemon("--gpus", "1", "--gpu-memory", "8GiB", "--tq", "60")
+    daemon.wait_log(r"Found 1 GPU\(s\) through NVML")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
         peer.connect(daemon.socket)
         lines = peer.makefile("rb")
@@ -113,6 +121,9 @@ def test_a_kernel_the_real_daemon_refuses_room_registers_once_and_asks_a_few_tim
         assert ask(p.REGISTER, name="nbA", working_set=6 * GiB, resident=6 * GiB, host=0,
                    evict="vmm")["op"] == p.REGISTERED
         assert ask(p.EVICTED, failed="pinned allocations")["op"] == p.OK
+        wait_for_status(daemon.socket, lambda doc: any(
+            c["name"] == "nbA" and c["memory_source"] == "nvml" for c in doc["clients"]),
+            timeout=20, what="NVML to vouch for the idle kernel's memory")
         w = workload(KIWI_SOCKET=daemon.socket, KIWI_EVICT="vmm", KIWI_ROOM_TIMEOUT="4",
                      FAKE_CUDA_DEVICE=str(tmp_path / "card"))
         w.call(f"d.alloc({4 * GiB})")
