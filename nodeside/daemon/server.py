@@ -118,6 +118,10 @@ class Daemon:
         self.timers.arm_deadline()
         self.pods.start()
         self._say_if_namespaces_are_off()
+        self.start_watches()
+
+    def start_watches(self) -> None:
+        """Read NVML's per-process figures from now on, where the options give readers."""
         read = self.options.process_utilization
         if read is not None:
             self._pause_watch = self.loop.create_task(

@@ -180,9 +180,9 @@ class Client:
     last_used: float = 0.0
     #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
     evict_asked_at: float | None = None
-    #: While on that way out: whether it reported since it was asked (its way out began), and
-    #: when it last made progress (that first report, then each of PROGRESS_BYTES fewer on the
-    #: GPU). Its ``evict_timeout`` runs from its last progress, else from the ask.
+    #: While on that way out: whether it reported since it was asked (its way out began: never
+    #: checkpointed from then on), and when it last made progress (a report of PROGRESS_BYTES
+    #: fewer on the GPU). Its ``evict_timeout`` runs from its last progress, else from the ask.
     evict_began: bool = False
     evict_progress_at: float | None = None
     #: When it was last asked to evict (``Evict`` or ``Suspend`` for room): the next request

@@ -18,16 +18,16 @@ A grant whose working set does not fit beside what is resident asks idle clients
 (``make_room``): LOW before NORMAL and HIGH, idle before waiting, least recently used first,
 never a holder, and only as much as is missing, as often as fair_eviction.py allows. The grant
 goes out when reports and ``evicted`` bring the counted bytes down; meanwhile grants that need no
-room go on (turns.py). The ``evict_timeout`` of a way out runs from its last progress (its first
-report, as the shim's way out begins, then each report of at least PROGRESS_BYTES fewer on the
-GPU), so one that makes progress is never cut short and one that moves a byte at a time holds
-nobody. A client that has not reported since it was asked (its way out never began: it is between
-two moves), or whose eviction failed, is checkpointed where the daemon's checkpoint evictor
-reaches it; one that stalled in the middle of its own way out is never checkpointed there (the
-process would stop inside the driver with half its memory moved): like one the evictor cannot
-reach, it is taken as unable to evict. When the room cannot be made at all, the waiter is
-refused, told who holds the memory. An evicted client idle for ``checkpoint_after`` is
-checkpointed too (its context is freed).
+room go on (turns.py). The ``evict_timeout`` of a way out runs from the ask, then from each
+report of at least PROGRESS_BYTES fewer on the GPU, so one that makes progress is never cut
+short and one that moves a byte at a time, or says its figures again, holds nobody. A client
+that has not reported since it was asked (its way out never began: it is between two moves), or
+whose eviction failed, is checkpointed where the daemon's checkpoint evictor reaches it; one
+that stalled in the middle of its own way out is never checkpointed there (the process would
+stop inside the driver with half its memory moved): like one the evictor cannot reach, it is
+taken as unable to evict. When the room cannot be made at all, the waiter is refused, told who
+holds the memory. An evicted client idle for ``checkpoint_after`` is checkpointed too (its
+context is freed).
 """
 
 from __future__ import annotations
@@ -143,10 +143,12 @@ class Residency:
         A report never makes a client that could not evict evictable again (only its next
         grant does): saying its figures again cannot start another's wait over."""
         if client.residency == EVICTING and client.evict_asked_at is not None:
-            # Its deadline follows its progress: its way out beginning (the first report since
-            # it was asked), then each report of PROGRESS_BYTES fewer on the GPU (or none).
-            if not client.evict_began or (resident is not None and (
-                    resident <= client.resident_bytes - PROGRESS_BYTES or not resident)):
+            # Its deadline follows its progress, from the ask: each report of PROGRESS_BYTES
+            # fewer on the GPU (or none). A report that moves nothing puts nothing off, the
+            # first one included (a liar saying its figures once more gains nothing), but it
+            # says the way out began: from then on it is never checkpointed.
+            if resident is not None and (
+                    resident <= client.resident_bytes - PROGRESS_BYTES or not resident):
                 client.evict_progress_at = now
             client.evict_began = True
         if shadow is not None:

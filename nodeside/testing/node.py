@@ -34,6 +34,7 @@ from nodeside import protocol as p
 from nodeside.config import from_mapping
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.options import DaemonOptions
+from nodeside.daemon.process_memory import Reader
 from nodeside.daemon.server import Daemon
 from nodeside.scheduler.core import GpuSpec
 from nodeside.testing.loop import VirtualTimeLoop
@@ -232,15 +233,19 @@ class Peer:
 class Node:
     """A ``Daemon`` on a virtual-time loop. Settings are the config file's (``tq``, ``grace``,
     ``mode``, ``pools``, ``connections``...); ``gpus`` and ``gpu_memory`` as on the command
-    line."""
+    line; ``process_memory``: NVML's per-process used memory as a test makes it, read as the
+    daemon reads NVML's (the peers' pid is this process's)."""
 
     def __init__(self, *, gpus: int = 1, gpu_memory: int | None = None,
-                 **settings: Any) -> None:
+                 process_memory: Reader | None = None, **settings: Any) -> None:
         self.loop = VirtualTimeLoop()
         options = DaemonOptions(socket="/nonexistent/kiwi.sock", config=from_mapping(settings),
                                 gpus=[GpuSpec(i, "logical GPU", None, gpu_memory)
-                                      for i in range(gpus)])
+                                      for i in range(gpus)],
+                                process_memory=process_memory)
         self.daemon: Daemon = self.loop.run_until_complete(_make(options))
+        self.daemon.start_watches()
+        self.settle()
         self.peers: list[Peer] = []
         self._sockets: list[socket.socket] = []
 

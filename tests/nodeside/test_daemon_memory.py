@@ -192,7 +192,8 @@ def test_an_idle_client_that_does_not_answer_stops_counting_and_the_waiter_is_gr
     assert b.request(p.ACQUIRE)["op"] == p.WAITING
     assert a.event()["op"] == p.EVICT  # and a says nothing more
     assert b.event()["op"] == p.GRANT
-    daemon.wait_log(r"nbA \(c1\) did not begin to evict within 0\.5 s \(evict_timeout\); the "
+    daemon.wait_log(r"nbA\.ipynb \(\w+\) \(c1\) did not begin to evict within 0\.5 s "
+                    r"\(evict_timeout\); the "
                     r"6144 MiB only it says it holds no longer count")
     assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
     assert b.request(p.RELEASE)["op"] == p.RELEASED
