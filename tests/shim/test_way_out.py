@@ -3,9 +3,10 @@ and the part of item 1 that has a vmm cell ask for the GPU as it begins).
 
 The real daemon loads the fake driver and can checkpoint the shimmed processes, as on any r570+
 node (conftest's ``checkpointing``). The fake driver's modelled link (``FAKE_CUDA_LINK_GBPS``,
-pinned and pageable alike here) moves one 256 MiB chunk to host memory in 1.2 s, one copy after
-another on the card's copy engine, so an eviction of three chunks gives them back at 1.2, 2.4
-and 3.6 s, longer than the daemon's ``evict_timeout`` (2 s here); ``FAKE_CUDA_UNMAP_GATE`` holds
+pinned and pageable alike here) moves one 256 MiB chunk to host memory in 0.6 of the daemon's
+``evict_timeout`` (2 s on a quiet machine, stretched with the load: it is a safety net), one copy
+after another on the card's copy engine, so an eviction of three chunks lasts 1.8 of it, each
+chunk's report a progress that puts the deadline off; ``FAKE_CUDA_UNMAP_GATE`` holds
 a way out at its first unmap.
 
 - A way out that reports progress is never checkpointed in the middle of it (its deadline
@@ -34,9 +35,11 @@ WORKING_SET = sum(SIZES)
 RESERVE = 512 * MiB  #: the daemon's default memory_reserve
 #: Room for the working sets of both kernels but one chunk: a grant waits for two chunks out.
 ROOM = WORKING_SET + CHUNK
-#: A link that moves one chunk in 1.2 s (GB/s: 10^9 bytes), from pinned and pageable memory.
-LINK = {"FAKE_CUDA_LINK_GBPS": f"{CHUNK / 1.2 / 1e9:.4f}",
-        "FAKE_CUDA_PAGEABLE_GBPS": f"{CHUNK / 1.2 / 1e9:.4f}"}
+#: The daemon's evict_timeout in the slow way out's test, and a link (GB/s: 10^9 bytes) that
+#: moves one chunk in 0.6 of it, from pinned and pageable memory alike.
+EVICT_TIMEOUT = scaled(2.0)
+LINK = {"FAKE_CUDA_LINK_GBPS": f"{CHUNK / (0.6 * EVICT_TIMEOUT) / 1e9:.6f}",
+        "FAKE_CUDA_PAGEABLE_GBPS": f"{CHUNK / (0.6 * EVICT_TIMEOUT) / 1e9:.6f}"}
 
 
 def daemon_with(checkpointing, tmp_path: Path, config: str) -> DaemonProcess:
@@ -71,9 +74,9 @@ def pair(checkpointing, tmp_path: Path, workload, card: FakeCard, watch, config:
 def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middle(
         checkpointing, tmp_path, workload, card, watch) -> None:
     daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
-                                "evict_timeout: 2\n", **LINK)
-    # b's grant asks a (idle) to move out; its way out lasts 3.6 s, past evict_timeout, and
-    # reports as it begins and every 1.2 s: b is granted once two chunks are out.
+                                f"evict_timeout: {EVICT_TIMEOUT:g}\n", **LINK)
+    # b's grant asks a (idle) to move out; its way out lasts 1.8 evict_timeouts, and reports
+    # each chunk out (0.6 of one apart): b is granted once two chunks are out.
     assert b.w.call("d.launch()", timeout=30) == 0
     document = events.wait_for(
         lambda d: client(d, a)["residency"] == "evicted" and d, timeout=30,
