@@ -44,12 +44,6 @@ def test_no_page_cites_a_tracker_the_reader_cannot_see(page: Path) -> None:
     assert cited == []
 
 
-#: Their bodies are being rewritten as references elsewhere (a later round): summary, paths and
-#: citations are checked now, the rest of their wording then.
-BODIES_LATER = {"protocol.md", "shim.md"}
-
-
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name not in BODIES_LATER],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_no_page_speaks_to_the_projects_own_developers(page: Path) -> None:
     assert FOR_DEVELOPERS.findall(page.read_text()) == []
