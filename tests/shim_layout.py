@@ -3,10 +3,10 @@
     python tests/shim_layout.py           # rewrite the layout in docs/shim.md
     python tests/shim_layout.py --check   # exit 1 when it differs from the sources (make lint)
 
-The table lists every C file, header and Python module under kiwi_jupyter/shim/, tier by tier,
-each with the head of its opening comment (a C file's first ``/* ... */``, a module's
-docstring): the first sentence of its first paragraph, asides in parentheses left out, cut at
-its first semicolon. So a file added, moved or renamed shows in the docs as its own comment
+The table lists every C file, header and Python module under kiwi_jupyter/shim/, tier by tier
+(a file in a tier's own subfolder by its path in the tier), each with the head of its opening
+comment (a C file's first ``/* ... */``, a module's docstring): the first sentence of its first
+paragraph, asides in parentheses left out, cut at its first semicolon. So a file added, moved or renamed shows in the docs as its own comment
 says it, and a file without an opening comment fails the check. Only the text between the
 markers is replaced:
 
@@ -88,10 +88,12 @@ def layout(shim: Path = SHIM) -> str:
     rows = ["| file | what it holds |", "| --- | --- |"]
     for tier, purpose in TIERS.items():
         folder = shim / tier if tier else shim
-        files = sorted({path for pattern in SOURCES for path in folder.glob(pattern)})
+        find = folder.rglob if tier else folder.glob  # a tier may grow folders of its own
+        files = sorted({path for pattern in SOURCES for path in find(pattern)})
         if tier and files:
             rows.append(f"| **`{tier}/`** | **{purpose}** |")
-        rows += [f"| `{path.name}` | {_cell(head(opening_paragraph(path)))} |" for path in files]
+        rows += [f"| `{path.relative_to(folder).as_posix()}` | "
+                 f"{_cell(head(opening_paragraph(path)))} |" for path in files]
     return "\n".join(rows)
 
 

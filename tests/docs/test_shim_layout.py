@@ -25,7 +25,13 @@ def test_every_shim_source_is_in_the_layout() -> None:
     sources = [path for pattern in shim_layout.SOURCES
                for path in shim_layout.SHIM.rglob(pattern)]
     assert sources
-    assert [path.name for path in sources if f"| `{path.name}` |" not in table] == []
+    assert [path.name for path in sources if f"`{path.name}` |" not in table] == []
+
+
+def test_a_tier_folder_of_its_own_is_listed_by_its_path_in_the_tier(tmp_path: Path) -> None:
+    (tmp_path / "mechanisms" / "vmm").mkdir(parents=True)
+    (tmp_path / "mechanisms" / "vmm" / "regions.c").write_text("/* Regions of addresses. */\n")
+    assert "| `vmm/regions.c` | Regions of addresses |" in shim_layout.layout(tmp_path)
 
 
 def test_a_file_is_described_by_its_first_sentence_without_its_asides(tmp_path: Path) -> None:
