@@ -6,9 +6,9 @@
 The table lists every C file, header and Python module under kiwi_jupyter/shim/, tier by tier
 (a file in a tier's own subfolder by its path in the tier), each with the head of its opening
 comment (a C file's first ``/* ... */``, a module's docstring): the first sentence of its first
-paragraph, asides in parentheses left out, cut at its first semicolon. So a file added, moved or renamed shows in the docs as its own comment
-says it, and a file without an opening comment fails the check. Only the text between the
-markers is replaced:
+paragraph, asides in parentheses left out, cut at its first semicolon. So a file added, moved or
+renamed shows in the docs as its own comment says it, and a file without an opening comment
+fails the check. Only the text between the markers is replaced:
 
     <!-- generated: layout (python tests/shim_layout.py; edit the files' opening comments) -->
     ...
