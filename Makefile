@@ -117,6 +117,7 @@ lint: $(VENV)/.lint-installed ## ruff, mypy, the generated files and the docs' r
 	$(BIN)/python -m nodeside.formats --check
 	$(BIN)/python tests/status_fixtures.py --check
 	$(BIN)/python tests/doc_references.py --check
+	$(BIN)/python tests/shim_layout.py --check
 
 ## The node and notebook images (docs/kubernetes.md), built with buildah from nodeside/Dockerfile
 ## and images/notebook/Dockerfile as shipped, both from the one wheel this checkout builds; their

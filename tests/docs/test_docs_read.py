@@ -1,7 +1,7 @@
-"""The docs a newcomer reads (README.md and docs/*.md) can be finished: each page opens with a
-summary that fits on one screen, cites no tracker ("issue 16") the reader cannot see, speaks to
-users, not to the project's own developers, and names no path that does not exist (the same
-check `make lint` runs: tests/doc_references.py)."""
+"""The docs a newcomer reads (README.md, BENCHMARKS.md and docs/*.md) can be finished: each page
+opens with a summary that fits on one screen, cites no tracker ("issue 16") the reader cannot see,
+speaks to users, not to the project's own developers, and names no path that does not exist (the
+same check `make lint` runs: tests/doc_references.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import doc_references
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]
 #: A screen: what a reader sees before scrolling, at about 100 characters a line.
 SCREEN_LINES = 30
 #: What only the project's own developers would read (their sessions, their tools).
@@ -44,12 +44,6 @@ def test_no_page_cites_a_tracker_the_reader_cannot_see(page: Path) -> None:
     assert cited == []
 
 
-#: Their bodies are being rewritten as references elsewhere (a later round): summary, paths and
-#: citations are checked now, the rest of their wording then.
-BODIES_LATER = {"protocol.md", "shim.md"}
-
-
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name not in BODIES_LATER],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_no_page_speaks_to_the_projects_own_developers(page: Path) -> None:
     assert FOR_DEVELOPERS.findall(page.read_text()) == []
