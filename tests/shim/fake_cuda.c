@@ -11,9 +11,8 @@
  * FAKE_CUDA_MANAGED_ERROR makes cuMemAllocManaged fail with that error code;
  * FAKE_CUDA_STREAM_SYNC_GATE names a file: cuStreamSynchronize (after recording itself) waits
  * until it exists, after prefetches to the host, so a test can hold an eviction in the middle
- * and look around; FAKE_CUDA_COPY_OUT_SECONDS makes copies to host memory on a stream take
- * that long each, one after another per stream. Other
- * FAKE_CUDA_* variables are described where they act.
+ * and look around; FAKE_CUDA_LINK_GBPS makes copies take time on a modelled link
+ * (fake_streams.c). Other FAKE_CUDA_* variables are described where they act.
  *
  * The checkpoint API (cuCheckpointProcess*) acts on another process, as the real one does:
  * with FAKE_CUDA_CHECKPOINT_DIR set, each process that loads the fake maps a small shared page
