@@ -70,6 +70,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         self._virtual_now += seconds
 
+    def run_in_executor(  # type: ignore[override]  # typeshed's needs TypeVarTuple (3.11)
+            self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+        """Runs ``func`` here and now, at this virtual time: a worker thread would finish in
+        real time, which this loop does not wait for (a busy machine would decide the outcome).
+        The daemon's blocking reads (NVML) are quick."""
+        future: asyncio.Future[Any] = self.create_future()
+        try:
+            future.set_result(func(*args))
+        except BaseException as exc:  # noqa: BLE001 - the caller's await raises it, as a thread's would
+            future.set_exception(exc)
+        return future
+
     def settle(self) -> None:
         """Run everything ready now, and what that makes ready, without moving the clock."""
         idle = self.create_future()
