@@ -104,6 +104,16 @@ KIWI_EXPORT int kiwi_conformance_call(const char *call)
             kiwi_release_ask_evict_first();
     } else if (strcmp(call, "requeue") == 0) {
         kiwi_ask_requeue();
+    } else if (strcmp(call, "report") == 0) { /* as the news of a working set, before a release */
+        kiwi_news_set(KIWI_NEWS_WORKING_SET);
+        kiwi_residency_before_release();
+    } else if (strcmp(call, "release_evicting") == 0) { /* a drop's release, evict asked */
+        set_wish(false);
+        if (!kiwi_release_finish_evicting())
+            kiwi_release_finish();
+    } else if (strcmp(call, "evicted") == 0) { /* a way out's end, nothing moved */
+        struct kiwi_transfer moved = {0};
+        kiwi_residency_evicted(&moved, NULL);
     } else {
         return -1;
     }

@@ -20,7 +20,8 @@ from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
 #: build only (docs/protocol.md, "Conformance").
 CONFORMANCE = Path(__file__).with_name("conformance.c")
 #: Included by others, and run through them.
-BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl"}
+BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl",
+                   "ready_memory.jsonl", "holding_memory.jsonl"}
 TRANSCRIPTS = sorted(p.name for p in HERE.glob("*.jsonl") if p.name not in BUILDING_BLOCKS)
 
 

@@ -11,7 +11,10 @@ A transcript (``transcripts/*.jsonl``) is one JSON object a line, each a step:
   says hello), ``lost`` (the connection ended), ``ask`` (wants the GPU), ``release`` (gives it
   back, or takes back a request), ``cancel`` (takes back a request and waits for the answer;
   the shim gives a hold back only through ``release``, so transcripts cancel requests only),
-  ``yield`` (releases of its own accord with ``evict_first``), ``requeue``.
+  ``yield`` (releases of its own accord with ``evict_first``), ``requeue``; and for the
+  ``memory`` feature: ``report`` (says its working set and where its memory is),
+  ``release_evicting`` (gives a hold back on a drop with ``evict``, the memory on its way out),
+  ``evicted`` (a move out ended).
 - ``receive``: one line from the daemon, written as the object it encodes. A string value
   ``"$name"`` is a seq bound earlier; when the client sent that request without a seq, the key
   is left out, as the daemon would.
@@ -45,8 +48,10 @@ from nodeside.protocol.client_session import ClientSession
 from nodeside.protocol.hold import Hold
 
 HERE = Path(__file__).parent / "transcripts"
-#: What ``connect`` registers with, for implementations that take it from the runner.
-REGISTRATION = {"name": "transcript", "kind": "client"}
+#: What ``connect`` registers with, for implementations that take it from the runner: where its
+#: memory is, as the shim does (a daemon that does not serve ``memory`` must not hear it).
+REGISTRATION = {"name": "transcript", "kind": "client", "working_set": 0, "resident": 0,
+                "host": 0}
 
 
 class Implementation(Protocol):
@@ -71,7 +76,10 @@ class PythonSession:
         calls = {"connect": lambda: session.connect(dict(REGISTRATION)),
                  "lost": session.connection_lost, "ask": session.ask,
                  "release": session.release, "cancel": session.cancel,
-                 "yield": session.release_evicting_first, "requeue": session.requeue}
+                 "yield": session.release_evicting_first, "requeue": session.requeue,
+                 "report": lambda: session.report_working_set(0, resident=0, host=0),
+                 "release_evicting": lambda: session.release(evicting=True),
+                 "evicted": lambda: session.evicted(resident=0, host=0, moved=0, seconds=0.0)}
         calls[name]()
 
     def receive(self, line: bytes) -> None:

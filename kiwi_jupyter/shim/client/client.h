@@ -212,6 +212,10 @@ void kiwi_release_on_yield_answer(const char *op, const char *line);
  * whether to evict first (RELEASING until the answer). */
 void kiwi_release_finish(void);
 void kiwi_release_ask_evict_first(void);
+/* The release that ends a hold whose memory leaves after it (a drop with evict, to a daemon
+ * with the memory feature, under an evictor that moves memory itself): `release` with
+ * `evicting`, the way out to follow; false, nothing sent, where that is not the way. */
+bool kiwi_release_finish_evicting(void);
 /* Allocations wait for room while this process holds the GPU: it gives it back and asks again
  * (release with requeue), since the daemon makes room before a grant; false (with why) when it
  * cannot now (a graph capture is open, or synchronizing failed). */

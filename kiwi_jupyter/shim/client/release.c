@@ -148,18 +148,20 @@ static void defer(const char *why)
  * feature the release goes first, saying the memory is on its way out (`evicting`): the hold
  * ends now, compute being quiesced, and the next holder's way in may overlap this way out,
  * which the progress reports and `evicted` follow. */
-static void finish_evicting(void)
+bool kiwi_release_finish_evicting(void)
 {
+    if (!kiwi_session_memory() || kiwi_pager_checkpointing())
+        return false;
     kiwi_residency_before_release();
     released();
     kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICTING "\":true");
     kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
+    return true;
 }
 
 static void finish_release(bool evict)
 {
-    if (evict && kiwi_session_memory() && !kiwi_pager_checkpointing()) {
-        finish_evicting();
+    if (evict && kiwi_release_finish_evicting()) {
         kiwi_release_evict_now();
         return;
     }
