@@ -165,3 +165,49 @@ KIWI_EXPORT int kiwi_conformance_paused(void)
     pthread_mutex_unlock(&kiwi_lock);
     return paused;
 }
+
+/* The decoder alone (decode.c): line read into a struct kiwi_message, whose op, seq, presence
+ * bits and a few members per op are written to out as "name=value" words; returns its enum
+ * kiwi_decoded. */
+KIWI_EXPORT int kiwi_conformance_decode(const char *line, char *out, size_t size)
+{
+    struct kiwi_message msg;
+    enum kiwi_decoded decoded = kiwi_message_decode(line ? line : "", &msg);
+    int n = snprintf(out, size, "op=%s seq=%lld has=%llx", msg.op_name, (long long)msg.seq,
+                     (unsigned long long)msg.has);
+    size_t used = n < 0 ? 0 : (size_t)n < size ? (size_t)n : size;
+    char *rest = out + used;
+    size_t left = size - used;
+    if (decoded != KIWI_DECODED)
+        return (int)decoded;
+    switch (msg.op) {
+    case KIWI_DAEMON_WELCOME:
+        snprintf(rest, left, " features=%u tq=%g", msg.welcome.features, msg.welcome.tq);
+        break;
+    case KIWI_DAEMON_REGISTERED:
+        snprintf(rest, left, " client=%s evict=%s pin_budget=%lld", msg.registered.client,
+                 msg.registered.evict, (long long)msg.registered.pin_budget);
+        break;
+    case KIWI_DAEMON_GRANT:
+        snprintf(rest, left, " gpu=%lld quantum=%g", (long long)msg.grant.gpu,
+                 msg.grant.quantum);
+        break;
+    case KIWI_DAEMON_WAITING:
+        snprintf(rest, left, " position=%lld", (long long)msg.waiting.position);
+        break;
+    case KIWI_DAEMON_DROP:
+        snprintf(rest, left, " reason=%s evict=%d grace=%g", msg.drop.reason, msg.drop.evict,
+                 msg.drop.grace);
+        break;
+    case KIWI_DAEMON_EVICT:
+        snprintf(rest, left, " bytes=%lld for=%s", (long long)msg.evict.bytes,
+                 msg.evict.for_name);
+        break;
+    case KIWI_DAEMON_ERROR:
+        snprintf(rest, left, " code=%s message=%s", msg.error.code, msg.error.message);
+        break;
+    default:
+        break;
+    }
+    return (int)decoded;
+}

@@ -33,6 +33,8 @@ the shim's C client through the conformance entry points docs/protocol.md ("Conf
 names, in a process of its own:
 
     python tests/protocol/transcript_runner.py --shim LIBRARY [TRANSCRIPT...]
+
+and, with ``--decode LIBRARY``, the lines on its stdin through the shim's decoder alone.
 """
 
 from __future__ import annotations
@@ -245,7 +247,26 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+#: kiwi_conformance_decode's answers (enum kiwi_decoded, protocol.h).
+DECODED = ("decoded", "malformed", "unknown_op")
+
+
+def decode_lines(library: str) -> int:
+    """``--decode LIBRARY``: each line of stdin through the shim's decoder alone, printing its
+    verdict (``DECODED``) and what it read, a tab between."""
+    lib = ctypes.CDLL(library)
+    lib.kiwi_conformance_decode.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    out = ctypes.create_string_buffer(1024)
+    for line in sys.stdin.buffer.read().split(b"\n"):
+        if line:
+            verdict = lib.kiwi_conformance_decode(line, out, len(out))
+            print(f"{DECODED[verdict]}\t{out.value.decode()}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--decode"] and len(sys.argv) == 3:
+        sys.exit(decode_lines(sys.argv[2]))
     if sys.argv[1:2] != ["--shim"] or len(sys.argv) < 3:
-        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...]")
+        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...] | --decode LIBRARY")
     sys.exit(main(sys.argv[1:]))

@@ -53,9 +53,9 @@ void kiwi_ask_cancel(void)
     kiwi_cancel_seq = kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
 }
 
-bool kiwi_ask_cancel_answered(double seq)
+bool kiwi_ask_cancel_answered(int64_t seq)
 {
-    if (!kiwi_cancel_seq || seq != (double)kiwi_cancel_seq)
+    if (!kiwi_cancel_seq || seq != (int64_t)kiwi_cancel_seq)
         return false;
     kiwi_cancel_seq = 0;
     pthread_mutex_lock(&kiwi_lock);
@@ -65,12 +65,12 @@ bool kiwi_ask_cancel_answered(double seq)
     return true;
 }
 
-bool kiwi_ask_answered(const char *op, double seq)
+bool kiwi_ask_answered(enum kiwi_daemon_op op, int64_t seq)
 {
-    if (!kiwi_ask_seq || seq != (double)kiwi_ask_seq)
+    if (!kiwi_ask_seq || seq != (int64_t)kiwi_ask_seq)
         return false;
     kiwi_ask_seq = 0;
-    bool released = strcmp(op, KIWI_OP_RELEASED) == 0, refused = strcmp(op, KIWI_OP_ERROR) == 0;
+    bool released = op == KIWI_DAEMON_RELEASED, refused = op == KIWI_DAEMON_ERROR;
     if (!released && !refused)
         return true; /* grant or waiting: dispatch.c reads them */
     pthread_mutex_lock(&kiwi_lock);

@@ -90,7 +90,8 @@ void *kiwi_comm_main(void *unused);
 
 /* ---- dispatch.c -------------------------------------------------------------------------- */
 
-/* What a line from the daemon does: the hold, the counts, the gate, the answers. */
+/* What a line from the daemon does: the hold, the counts, the gate, the answers. A line that
+ * breaks the protocol is left, and said aloud. */
 void kiwi_dispatch_line(const char *line);
 /* The comm thread's: kiwi_dispatch_line, then what a drop leaves to do (the release sequence). */
 void kiwi_comm_handle_line(const char *line);
@@ -115,7 +116,7 @@ enum kiwi_handshake {
     KIWI_HANDSHAKE_REGISTERED,
     KIWI_HANDSHAKE_REFUSED,
 };
-enum kiwi_handshake kiwi_session_handshake(const char *op, double seq, const char *line);
+enum kiwi_handshake kiwi_session_handshake(const struct kiwi_message *msg);
 bool kiwi_session_welcomed(void);
 bool kiwi_session_ready(void);
 /* Whether the daemon of this ready session speaks of where memory is (the hello feature
@@ -142,8 +143,8 @@ void kiwi_ask_if_wanted(void);
 void kiwi_ask_cancel(void);
 /* Whether a line with this seq answers the cancel (the hold is IDLE then) or the ask (an error
  * or `released` are read here; a grant or `waiting` are dispatch.c's). */
-bool kiwi_ask_cancel_answered(double seq);
-bool kiwi_ask_answered(const char *op, double seq);
+bool kiwi_ask_cancel_answered(int64_t seq);
+bool kiwi_ask_answered(enum kiwi_daemon_op op, int64_t seq);
 /* Gives the hold back and asks again in one request (release with requeue); without a hold,
  * asks. */
 void kiwi_ask_requeue(void);
@@ -165,8 +166,8 @@ void kiwi_way_out_after_fork(void);
 
 /* ---- room.c ------------------------------------------------------------------------------ */
 
-/* An `error` event with code `room` (line): the daemon refused the wait; asked again later. */
-void kiwi_room_on_refused(const char *line);
+/* An `error` event with code `room`: the daemon refused the wait; asked again later. */
+void kiwi_room_on_refused(const struct kiwi_message *refusal);
 /* Under kiwi_lock: a grant ends the refusals, and their backoff. */
 void kiwi_room_granted(void);
 /* The comm thread's turn: waits refused for longer than KIWI_ROOM_TIMEOUT give up. */
@@ -206,7 +207,7 @@ void kiwi_release_sequence(bool evict, const char *why);
 /* The process gives the GPU back of its own accord (cell end, idle). */
 void kiwi_release_yield(const char *why);
 /* The answer to a release sent with evict_first. */
-void kiwi_release_on_yield_answer(const char *op, const char *line);
+void kiwi_release_on_yield_answer(const struct kiwi_message *answer);
 /* The decisions that end a release sequence, once the gate is closed and the work done: the
  * plain release (the hold is idle: the GPU changes hands at once), and the release asking
  * whether to evict first (RELEASING until the answer). */
@@ -298,17 +299,25 @@ struct kiwi_json_value {
                   'o' object or array (skipped) */
 };
 
+/* Whether line is one JSON object and nothing more (its values skipped over, not read). */
+bool kiwi_json_object(const char *line);
 bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *out);
-bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size);
+/* The words of a list of strings (list, length: a value kiwi_json_get found) that are among
+ * words, as the bits of their places there. */
+unsigned kiwi_json_words(const char *list, size_t length, const char *const *words, int count);
 /* A string value as text for people: escapes read (a code point outside ASCII becomes '?',
  * a control character a space), cut with "..." to fit size; false when there is none. */
 bool kiwi_json_text(const char *line, const char *key, char *buf, size_t size);
 bool kiwi_json_number(const char *line, const char *key, double *out);
-bool kiwi_json_true(const char *line, const char *key);
 /* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */
 bool kiwi_json_quote(char *buf, size_t size, const char *text);
 /* Appends the memory feature's figures, `resident`, `host` and `shadow`, to a request's fields. */
 void kiwi_json_residency(char *fields, size_t size, const struct kiwi_residency *where);
+
+/* ---- decode.c (generated from the protocol's table) ------------------------------------- */
+
+/* Reads a line from the daemon, once, into out (protocol.h's struct kiwi_message). */
+enum kiwi_decoded kiwi_message_decode(const char *line, struct kiwi_message *out);
 
 /* ---- evict.c ----------------------------------------------------------------------------- */
 

@@ -1,12 +1,15 @@
 /* What each line from the daemon does to the hold: grants open the gate (after restoring the
  * working set), drops leave the GPU to be given back, pauses close the gate while another
  * holder has its turn and resumes open it again; the rest is counted and kept for the stats.
- * kiwi_dispatch_line decides; kiwi_comm_handle_line, the comm thread's, then carries out what
- * a drop leaves to do (the release sequence, release.c), or an `evict` (the way out, then
- * `evicted`: the memory feature, residency.c). The conformance entry points
+ * kiwi_dispatch_line reads the line once into a struct kiwi_message (decode.c, generated from
+ * the protocol's table) and decides by its op; kiwi_comm_handle_line, the comm thread's, then
+ * carries out what a drop leaves to do (the release sequence, release.c), or an `evict` (the
+ * way out, then `evicted`: the memory feature, residency.c). The conformance entry points
  * (tests/protocol/conformance.c) call kiwi_dispatch_line alone.
  */
 #define _GNU_SOURCE
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "client.h"
@@ -65,7 +68,7 @@ static bool grant_expected(void)
     return hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING || hold == KIWI_HOLD_DROPPING;
 }
 
-static void on_grant(const char *line)
+static void on_grant(const struct kiwi_message *grant)
 {
     double arrived = kiwi_now();
     if (!grant_expected())
@@ -115,7 +118,8 @@ static void on_grant(const char *line)
     kiwi_comm.stats.queue_position = 0;
     kiwi_comm.granted_at = kiwi_now();
     kiwi_comm.acquire_wanted = false;
-    kiwi_json_number(line, "quantum", &kiwi_comm.stats.quantum);
+    if (grant->has & KIWI_HAS_QUANTUM)
+        kiwi_comm.stats.quantum = grant->grant.quantum;
     kiwi_gate_open();
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
@@ -141,42 +145,43 @@ static void on_turn(bool pause)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-void kiwi_dispatch_line(const char *line)
+/* A queue position as the stats keep it: 0 when none. */
+static int position_of(const struct kiwi_message *waiting)
 {
-    char op[32] = "";
-    kiwi_json_string(line, "op", op, sizeof op);
-    kiwi_log("<- %s", line);
-    double seq = -1;
-    kiwi_json_number(line, "seq", &seq);
-    enum kiwi_handshake handshake = kiwi_session_handshake(op, seq, line);
+    int64_t position = waiting->has & KIWI_HAS_POSITION ? waiting->waiting.position : 0;
+    return position < 0 ? 0 : position > INT_MAX ? INT_MAX : (int)position;
+}
+
+static void dispatch(const struct kiwi_message *msg)
+{
+    enum kiwi_handshake handshake = kiwi_session_handshake(msg);
     if (handshake == KIWI_HANDSHAKE_REGISTERED)
         kiwi_ask_if_wanted(); /* what was wanted while away is asked now */
     else if (handshake == KIWI_HANDSHAKE_REFUSED)
         kiwi_link_close("registration refused");
     if (handshake != KIWI_HANDSHAKE_NONE)
         return;
-    /* A request whose answer this is: the rest of the line is read below, as an event is. */
+    /* A request whose answer this is: the rest of the message is read below, as an event is. */
+    int64_t seq = msg->seq;
     bool cancelled = kiwi_ask_cancel_answered(seq);
-    bool answers_ask = kiwi_ask_answered(op, seq);
-    if (kiwi_yield_seq && seq == (double)kiwi_yield_seq) {
-        kiwi_release_on_yield_answer(op, line);
-    } else if (strcmp(op, "grant") == 0) {
-        on_grant(line);
-    } else if (strcmp(op, KIWI_OP_EVICT) == 0) {
+    bool answers_ask = kiwi_ask_answered(msg->op, seq);
+    if (kiwi_yield_seq && seq == (int64_t)kiwi_yield_seq) {
+        kiwi_release_on_yield_answer(msg);
+    } else if (msg->op == KIWI_DAEMON_GRANT) {
+        on_grant(msg);
+    } else if (msg->op == KIWI_DAEMON_EVICT) {
         on_evict();
-    } else if (strcmp(op, "pause") == 0 || strcmp(op, "resume") == 0) {
-        on_turn(op[0] == 'p');
-    } else if (strcmp(op, "waiting") == 0) {
-        double position = 0;
-        kiwi_json_number(line, "position", &position);
+    } else if (msg->op == KIWI_DAEMON_PAUSE || msg->op == KIWI_DAEMON_RESUME) {
+        on_turn(msg->op == KIWI_DAEMON_PAUSE);
+    } else if (msg->op == KIWI_DAEMON_WAITING) {
         pthread_mutex_lock(&kiwi_lock);
         if (answers_ask && kiwi_comm.stats.hold == KIWI_HOLD_ASKING)
             kiwi_hold_move(KIWI_HOLD_WAITING);
         /* An event may cross a release of the wait: a process not waiting has no place. */
         if (kiwi_comm.stats.hold == KIWI_HOLD_WAITING)
-            kiwi_comm.stats.queue_position = (int)position;
+            kiwi_comm.stats.queue_position = position_of(msg);
         pthread_mutex_unlock(&kiwi_lock);
-    } else if (strcmp(op, "drop") == 0) {
+    } else if (msg->op == KIWI_DAEMON_DROP) {
         /* Read while not holding, it crossed our release, and changes nothing. */
         pthread_mutex_lock(&kiwi_lock);
         bool dropped = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING &&
@@ -185,8 +190,8 @@ void kiwi_dispatch_line(const char *line)
             kiwi_comm.stats.drops++;
         pthread_mutex_unlock(&kiwi_lock);
         if (dropped)
-            kiwi_release_dropped(kiwi_json_true(line, "evict"), false);
-    } else if (strcmp(op, "revoked") == 0) {
+            kiwi_release_dropped(msg->drop.evict, false);
+    } else if (msg->op == KIWI_DAEMON_REVOKED) {
         /* Usually read after our own late release (the drain outlasted the grace period), so
          * the hold may already be idle; it is counted either way, because the next holder
          * may have started while this process still had work running. */
@@ -201,9 +206,9 @@ void kiwi_dispatch_line(const char *line)
         pthread_cond_broadcast(&kiwi_changed);
         pthread_mutex_unlock(&kiwi_lock);
         kiwi_warn("the scheduler took the GPU back: the release came after the grace period");
-    } else if (strcmp(op, "released") == 0) {
+    } else if (msg->op == KIWI_DAEMON_RELEASED) {
         pthread_mutex_lock(&kiwi_lock);
-        bool evict = seq == (double)kiwi_release_seq && kiwi_json_true(line, "evict") &&
+        bool evict = seq == (int64_t)kiwi_release_seq && msg->released.evict &&
                      !kiwi_comm.stats.evicted && kiwi_comm.stats.hold != KIWI_HOLD_HOLDING &&
                      kiwi_comm.stats.hold != KIWI_HOLD_DROPPING;
         if (evict && kiwi_pager_checkpointing()) {
@@ -214,24 +219,42 @@ void kiwi_dispatch_line(const char *line)
         pthread_mutex_unlock(&kiwi_lock);
         if (evict)
             kiwi_release_evict_now();
-    } else if (strcmp(op, "mode") == 0) {
+    } else if (msg->op == KIWI_DAEMON_MODE) {
         pthread_mutex_lock(&kiwi_lock);
-        kiwi_json_string(line, "mode", kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode);
+        if (msg->has & KIWI_HAS_MODE)
+            snprintf(kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode, "%s", msg->mode.mode);
         pthread_mutex_unlock(&kiwi_lock);
-    } else if (strcmp(op, "error") == 0) {
-        char code[32] = "";
-        kiwi_json_string(line, "code", code, sizeof code);
+    } else if (msg->op == KIWI_DAEMON_ERROR) {
+        const char *code = msg->error.code;
         if (strcmp(code, KIWI_E_ROOM) == 0) {
-            kiwi_room_on_refused(line); /* the connection is as good as ever: room.c */
+            kiwi_room_on_refused(msg); /* the connection is as good as ever: room.c */
         } else {
-            kiwi_warn("the scheduler refused a request: %s", line);
+            kiwi_warn("the scheduler refused a request: %s (%s)", msg->error.message, code);
             if (strcmp(code, KIWI_E_PERMISSION) != 0 && strcmp(code, KIWI_E_INVALID) != 0 &&
                 strcmp(code, KIWI_E_STATE) != 0)
-                kiwi_link_close(code);
+                kiwi_link_close(code[0] ? code : "an error without a code");
         }
     }
     if (cancelled)
         kiwi_ask_if_wanted(); /* asked again while the cancel was on its way */
+}
+
+void kiwi_dispatch_line(const char *line)
+{
+    kiwi_log("<- %s", line);
+    struct kiwi_message msg;
+    enum kiwi_decoded decoded = kiwi_message_decode(line, &msg);
+    if (decoded == KIWI_DECODE_MALFORMED) {
+        /* Nothing is lost by leaving it: the daemon never writes one, so it is no answer to
+         * anything of ours the way it reads. */
+        kiwi_warn("ignoring a line from the scheduler that breaks the protocol: %.200s", line);
+        return;
+    }
+    if (decoded == KIWI_DECODE_UNKNOWN_OP) {
+        kiwi_log("ignoring %s, which this version does not know", msg.op_name);
+        return;
+    }
+    dispatch(&msg);
 }
 
 void kiwi_comm_handle_line(const char *line)

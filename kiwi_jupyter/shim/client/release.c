@@ -267,23 +267,24 @@ void kiwi_release_yield(const char *why)
  * or a `drop` with our seq (the hold is kept, DROPPING, until the working set is out: carried
  * out by kiwi_release_carry_out). An error that leaves the connection open still must not
  * leave the hold half released: release plainly. */
-void kiwi_release_on_yield_answer(const char *op, const char *line)
+void kiwi_release_on_yield_answer(const struct kiwi_message *answer)
 {
     kiwi_yield_seq = 0;
-    if (strcmp(op, "drop") == 0) {
+    if (answer->op == KIWI_DAEMON_DROP) {
         pthread_mutex_lock(&kiwi_lock);
         kiwi_hold_move(KIWI_HOLD_DROPPING);
         pthread_mutex_unlock(&kiwi_lock);
-        kiwi_release_dropped(kiwi_json_true(line, "evict"), true);
+        kiwi_release_dropped(answer->drop.evict, true);
         return;
     }
-    if (strcmp(op, "released") != 0) {
-        kiwi_warn("the scheduler refused a release: %s", line);
+    if (answer->op != KIWI_DAEMON_RELEASED) {
+        kiwi_warn("the scheduler refused a release: %s %s", answer->op_name,
+                  answer->op == KIWI_DAEMON_ERROR ? answer->error.message : "");
         finish_release(false);
         return;
     }
     released();
-    if (kiwi_json_true(line, "evict"))
+    if (answer->released.evict)
         kiwi_release_evict_now(); /* a daemon that does not know evict_first handed over already */
 }
 

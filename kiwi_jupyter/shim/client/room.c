@@ -36,11 +36,11 @@
 #define ROOM_RETRY_FIRST 1.0
 #define ROOM_RETRY_MOST 16.0
 
-void kiwi_room_on_refused(const char *line)
+void kiwi_room_on_refused(const struct kiwi_message *refusal)
 {
     char why[sizeof kiwi_comm.stats.room_last_refusal];
-    if (!kiwi_json_text(line, "message", why, sizeof why))
-        snprintf(why, sizeof why, "the scheduler gave no reason");
+    snprintf(why, sizeof why, "%s", refusal->has & KIWI_HAS_MESSAGE ? refusal->error.message
+                                                                   : "the scheduler gave no reason");
     pthread_mutex_lock(&kiwi_lock);
     enum kiwi_hold_state hold = kiwi_comm.stats.hold;
     /* In RELEASING it crossed our cancel, whose answer ends the wait as ever. */

@@ -86,20 +86,6 @@ void kiwi_session_after_fork(void)
     sink = NULL;
 }
 
-/* The daemon writes compact JSON, "features":["position",...], and the list holds no
- * brackets. */
-static bool welcome_lists(const char *welcome, const char *feature)
-{
-    const char *list = strstr(welcome, "\"features\":[");
-    if (!list)
-        return false;
-    const char *end = strchr(list, ']');
-    char quoted[48];
-    snprintf(quoted, sizeof quoted, "\"%s\"", feature);
-    const char *found = strstr(list, quoted);
-    return end && found && found < end;
-}
-
 static void send_register(void)
 {
     struct kiwi_working_set ws;
@@ -112,10 +98,10 @@ static void send_register(void)
     register_seq = kiwi_session_request(KIWI_OP_REGISTER, fields);
 }
 
-static void welcomed(const char *line)
+static void welcomed(const struct kiwi_message *welcome)
 {
-    position_events = welcome_lists(line, KIWI_FEATURE_POSITION);
-    memory_feature = welcome_lists(line, KIWI_FEATURE_MEMORY);
+    position_events = welcome->welcome.features & KIWI_FEATURE_BIT_POSITION;
+    memory_feature = welcome->welcome.features & KIWI_FEATURE_BIT_MEMORY;
     phase = REGISTERING;
     compatible = false;
     send_register();
@@ -123,29 +109,27 @@ static void welcomed(const char *line)
 
 /* A daemon that predates the vmm evictor refuses it by name in register (an invalid value,
  * which leaves the connection open). */
-static bool refused_vmm(const char *op, const char *line)
+static bool refused_vmm(const struct kiwi_message *answer)
 {
-    char code[16] = "", message[256] = "";
-    kiwi_json_string(line, KIWI_FIELD_CODE, code, sizeof code);
-    kiwi_json_string(line, KIWI_FIELD_MESSAGE, message, sizeof message);
-    return !compatible && strcmp(op, KIWI_OP_ERROR) == 0 && strcmp(code, KIWI_E_INVALID) == 0 &&
-           strstr(message, KIWI_FIELD_EVICT) && strcmp(kiwi_evict_proposal(), KIWI_EVICT_VMM) == 0;
+    return !compatible && answer->op == KIWI_DAEMON_ERROR &&
+           strcmp(answer->error.code, KIWI_E_INVALID) == 0 &&
+           strstr(answer->error.message, KIWI_FIELD_EVICT) &&
+           strcmp(kiwi_evict_proposal(), KIWI_EVICT_VMM) == 0;
 }
 
-static void registered(const char *line)
+static void registered(const struct kiwi_message *answer)
 {
+    const struct kiwi_msg_registered *registration = &answer->registered;
     phase = READY;
-    char evictor[16] = "";
-    kiwi_json_string(line, KIWI_FIELD_EVICT, evictor, sizeof evictor);
-    kiwi_evict_answered(evictor);
-    double budget = 0; /* 0: the daemon has no word, the shim's own default stands */
-    if (!kiwi_json_number(line, KIWI_FIELD_PIN_BUDGET, &budget) || budget < 0 || budget >= 0x1p62)
-        budget = 0;
-    kiwi_pager_pin_budget((uint64_t)budget);
+    kiwi_evict_answered(registration->evict);
+    /* 0: the daemon has no word, the shim's own default stands */
+    int64_t budget = registration->pin_budget;
+    kiwi_pager_pin_budget(budget > 0 && budget < (INT64_C(1) << 62) ? (uint64_t)budget : 0);
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_json_string(line, KIWI_FIELD_CLIENT, kiwi_comm.stats.client,
-                     sizeof kiwi_comm.stats.client);
-    kiwi_json_string(line, KIWI_FIELD_MODE, kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode);
+    snprintf(kiwi_comm.stats.client, sizeof kiwi_comm.stats.client, "%s",
+             registration->client);
+    if (answer->has & KIWI_HAS_MODE)
+        snprintf(kiwi_comm.stats.mode, sizeof kiwi_comm.stats.mode, "%s", registration->mode);
     bool was_failed_open = kiwi_comm.stats.failed_open;
     kiwi_comm.stats.connected = true;
     kiwi_comm.stats.position_live = position_events;
@@ -159,29 +143,30 @@ static void registered(const char *line)
     kiwi_log("registered as %s with %s", kiwi_comm.stats.client, kiwi_cfg.socket_path);
 }
 
-enum kiwi_handshake kiwi_session_handshake(const char *op, double seq, const char *line)
+enum kiwi_handshake kiwi_session_handshake(const struct kiwi_message *msg)
 {
-    if (phase == GREETING && strcmp(op, KIWI_OP_WELCOME) == 0) {
-        welcomed(line);
+    if (phase == GREETING && msg->op == KIWI_DAEMON_WELCOME) {
+        welcomed(msg);
         return KIWI_HANDSHAKE_WELCOMED;
     }
     if (phase != REGISTERING)
         return KIWI_HANDSHAKE_NONE;
     /* The reply to register carries its seq; one that carries none is read as it, too. */
-    bool answer = seq < 0 || seq == (double)register_seq;
-    if (strcmp(op, KIWI_OP_REGISTERED) == 0 && answer) {
-        registered(line);
+    bool answer = msg->seq < 0 || msg->seq == (int64_t)register_seq;
+    if (msg->op == KIWI_DAEMON_REGISTERED && answer) {
+        registered(msg);
         return KIWI_HANDSHAKE_REGISTERED;
     }
-    if (answer && refused_vmm(op, line)) {
+    if (answer && refused_vmm(msg)) {
         kiwi_log("the daemon does not know the vmm evictor; registering as managed (this "
                  "process pages itself either way)");
         compatible = true;
         send_register();
         return KIWI_HANDSHAKE_WELCOMED;
     }
-    if (answer && (seq >= 0 || strcmp(op, KIWI_OP_ERROR) == 0)) {
-        kiwi_warn("the daemon did not register this process: %s", line);
+    if (answer && (msg->seq >= 0 || msg->op == KIWI_DAEMON_ERROR)) {
+        kiwi_warn("the daemon did not register this process: %s %s", msg->op_name,
+                  msg->op == KIWI_DAEMON_ERROR ? msg->error.message : "");
         phase = CLOSED;
         return KIWI_HANDSHAKE_REFUSED;
     }
