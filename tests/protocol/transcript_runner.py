@@ -34,7 +34,8 @@ names, in a process of its own:
 
     python tests/protocol/transcript_runner.py --shim LIBRARY [TRANSCRIPT...]
 
-and, with ``--decode LIBRARY``, the lines on its stdin through the shim's decoder alone.
+and, with ``--decode LIBRARY``, the lines on its stdin through the shim's decoder alone; with
+``--handles LIBRARY``, two clients on handles of their own, driven apart.
 """
 
 from __future__ import annotations
@@ -264,9 +265,21 @@ def decode_lines(library: str) -> int:
     return 0
 
 
+def two_handles(library: str) -> int:
+    """``--handles LIBRARY``: two clients on handles of their own, driven apart
+    (``kiwi_conformance_two_handles``); prints how many of its checks failed."""
+    lib = ctypes.CDLL(library)
+    lib.kiwi_conformance_reset()
+    print(f"failed {lib.kiwi_conformance_two_handles()}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--decode"] and len(sys.argv) == 3:
         sys.exit(decode_lines(sys.argv[2]))
+    if sys.argv[1:2] == ["--handles"] and len(sys.argv) == 3:
+        sys.exit(two_handles(sys.argv[2]))
     if sys.argv[1:2] != ["--shim"] or len(sys.argv) < 3:
-        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...] | --decode LIBRARY")
+        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...] | --decode LIBRARY "
+                 "| --handles LIBRARY")
     sys.exit(main(sys.argv[1:]))

@@ -2,8 +2,8 @@
  * whose values are strings, numbers or booleans. This reads them without a JSON library: it
  * walks the top-level keys, skipping over any nested value, so a key inside a string or a
  * nested object is never mistaken for a field; decode.c, generated from the protocol's table,
- * reads each line once through it into a typed message. It writes the few values a request carries that
- * are more than a number: a quoted string, and the memory feature's figures.
+ * reads each line once through it into a typed message. It writes the few values a request
+ * carries that are more than a number: a quoted string, and the memory feature's figures.
  */
 #include <stdio.h>
 #include <stdlib.h>
