@@ -1,4 +1,4 @@
-/* The hold's one writer. Every change of c->stats.hold goes through kiwi_hold_move,
+/* The hold's one writer. Every change of a client's stats.hold goes through kiwi_hold_move,
  * against the protocol's table of a client's legal moves (kiwi_hold_legal in protocol.h,
  * generated from nodeside/protocol/hold.py: the Python clients keep the same table), so that
  * the comm thread's state machine is the table and nothing else: a move the table does not
