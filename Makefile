@@ -103,9 +103,11 @@ test: install core lint labextension jstest ## the whole test suite: lint, Jest,
 ## AddressSanitizer with UBSan, then ThreadSanitizer (about 1.5 and 3.5 minutes).
 sanitize: install ## the shim's tests under AddressSanitizer, then ThreadSanitizer
 	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
-		tests/protocol/test_transcripts.py
+		tests/protocol/test_transcripts.py tests/protocol/test_c_decoder.py \
+		tests/protocol/test_client_handle.py
 	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
-		tests/protocol/test_transcripts.py
+		tests/protocol/test_transcripts.py tests/protocol/test_c_decoder.py \
+		tests/protocol/test_client_handle.py
 
 ## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py),
 ## from the formatters (nodeside/formats.py) and from the daemon's status document (the panel's

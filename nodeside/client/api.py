@@ -287,11 +287,14 @@ class Client:
             return
         assert self.pages is not None
         figures = self.pages.figures()
-        if failed is not None:
-            self._connection.request(p.EVICTED, failed=failed)
-            return
-        self._connection.request(p.EVICTED, resident=figures.resident, host=figures.host,
-                                 moved=moved, seconds=round(max(seconds, 0.0), 6))
+        deadline = time.monotonic() + self.request_timeout
+        with self._changed:
+            seq = self._session.evicted(resident=figures.resident, host=figures.host,
+                                        moved=moved, seconds=seconds, failed=failed)
+            if seq is None:
+                return  # the connection went: the next register says where the memory is
+            self._connection.send_pending()
+        self._connection.await_reply(seq, p.EVICTED, deadline)
 
     def ping(self) -> float:
         """Round trip to the daemon, in seconds."""

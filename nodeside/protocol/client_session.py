@@ -19,7 +19,10 @@ Everything every client must get right about the protocol is done here once:
   release with ``evict_first`` is answered ``released`` (done) or with a ``drop`` carrying its
   seq (evict, then release: DROPPING); a drop, revocation or position that crossed a release of
   ours changes nothing; an ``error`` event with code ``room`` ends a wait (the room it needs
-  cannot be made): idle again, nothing asked until the shell asks.
+  cannot be made): idle again, nothing asked until the shell asks;
+- the ``memory`` feature: where memory is (``register``'s and ``working_set``'s ``resident`` and
+  ``host``, ``release`` ``evicting``, ``evicted``) is said only to a daemon that serves it, and
+  an ``evict`` that crossed a grant is answered at once with ``evicted`` ``failed``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from nodeside.protocol.wire import LineBuffer, decode, encode
 
 #: What a client says in hello about itself.
 SOFTWARE = f"nodeside.client {__version__}"
+#: The answer to an ``evict`` read while holding (it crossed a grant): ``evicted`` with this.
+HOLDING_NO_EVICT = "holding the GPU: a drop moves its memory"
+#: ``register``'s fields that say where memory is (feature ``memory``).
+_MEMORY_FIELDS = frozenset({"resident", "host", "shadow"})
 
 
 class Phase(Enum):
@@ -161,6 +168,19 @@ class ClientSession:
         return self.request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable,
                             resident=resident, host=host)
 
+    def evicted(self, *, resident: int, host: int, moved: int, seconds: float,
+                failed: str | None = None) -> int | None:
+        """Feature ``memory``: a move out ended (asked with ``evict``, after a release
+        ``evicting``, or of the client's own accord), with where the memory is now, what moved
+        and how long it took; or why it could not move (``failed``). Returns the request's
+        seq; None, nothing sent, where the daemon does not serve the feature."""
+        if self.phase is not Phase.READY or p.FEATURE_MEMORY not in self.features:
+            return None
+        if failed is not None:
+            return self.request(p.EVICTED, resident=resident, host=host, failed=failed)
+        return self.request(p.EVICTED, resident=resident, host=host, moved=moved,
+                            seconds=round(max(seconds, 0.0), 6))
+
     # -- the hold -------------------------------------------------------------------------
 
     def ask(self) -> None:
@@ -284,7 +304,12 @@ class ClientSession:
         self.phase = Phase.REGISTERING
         self._welcome = welcome
         self._registered_working_set = self.working_set
-        self._send(p.REGISTER, **self._registration, working_set=self.working_set)
+        registration = self._registration
+        if p.FEATURE_MEMORY not in self.features:
+            # Where memory is means nothing to a daemon that does not serve the feature.
+            registration = {key: value for key, value in registration.items()
+                            if key not in _MEMORY_FIELDS}
+        self._send(p.REGISTER, **registration, working_set=self.working_set)
         return []
 
     def _registered(self, registered: dict[str, Any]) -> list[ev.Event]:
@@ -373,8 +398,14 @@ class ClientSession:
             self.paused = pause
             return [ev.TurnPaused(message) if pause else ev.TurnResumed(message)]
         if op == p.EVICT:
-            # Only to an idle client: one that holds (a grant crossed it) is told drop instead.
-            return [] if self.holds else [ev.EvictAsked(message)]
+            # Only to an idle client: one that holds (a grant crossed it) is told drop
+            # instead, and says at once that it cannot move now, so that the daemon does not
+            # wait for a move that never comes.
+            if state in (Hold.HOLDING, Hold.DROPPING, Hold.RELEASING):
+                if p.FEATURE_MEMORY in self.features:
+                    self._ignored.add(self._send_numbered(p.EVICTED, failed=HOLDING_NO_EVICT))
+                return []
+            return [ev.EvictAsked(message)]
         if op == p.MODE:
             self.mode, self.tq = message.get("mode"), message.get("tq")
             return [ev.ModeChanged(message)]

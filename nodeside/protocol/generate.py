@@ -3,8 +3,8 @@
     python -m nodeside.protocol.generate           # write them
     python -m nodeside.protocol.generate --check   # exit 1, naming each stale file
 
-Whole files (the Python names, the C header, the panel's status types) are written entire. A
-Markdown file keeps its prose: only the text between a pair of markers is replaced,
+Whole files (the Python names, the C header and decoder, the panel's status types) are written
+entire. A Markdown file keeps its prose: only the text between a pair of markers is replaced,
 
     <!-- generated: NAME (python -m nodeside.protocol.generate; edit nodeside/protocol/...) -->
     ...
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeside.protocol.render import c, markdown, python, typescript
+from nodeside.protocol.render import c, c_decoder, markdown, python, typescript
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +61,7 @@ TARGETS: tuple[Target, ...] = (
     Target("nodeside/protocol/names.py", _whole(python.render)),
     Target("docs/protocol.md", lambda current: splice(current, markdown.blocks())),
     Target("kiwi_jupyter/shim/client/protocol.h", _whole(c.render)),
+    Target("kiwi_jupyter/shim/client/decode.c", _whole(c_decoder.render)),
     Target("labextension/src/document.ts", _whole(typescript.render)),
 )
 

@@ -20,11 +20,14 @@
 #include "client.h"
 
 static bool usable;
+/* The transcripts' client: a handle of their own, never the process's (which never starts). */
+static struct kiwi_client client;
 static char sent[1 << 16];
 static size_t sent_length;
 
-static bool keep(const char *line)
+static bool keep(struct kiwi_client *c, const char *line)
 {
+    (void)c;
     size_t length = strlen(line);
     if (sent_length + length + 2 > sizeof sent)
         return false;
@@ -45,15 +48,11 @@ KIWI_EXPORT void kiwi_conformance_reset(void)
         return;
     }
     pthread_mutex_lock(&kiwi_lock);
-    memset(&kiwi_comm, 0, sizeof kiwi_comm); /* the hold too: idle (hold.c) */
+    kiwi_client_init(&client); /* the hold too: idle (hold.c) */
     kiwi_gate_refuse(false);
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
-    kiwi_session_after_fork();
-    kiwi_ask_after_lost();
-    kiwi_release_after_fork();
-    kiwi_release_seq = 0;
-    kiwi_session_send_to(keep);
+    kiwi_session_send_to(&client, keep);
     sent_length = 0;
     sent[0] = '\0';
 }
@@ -61,15 +60,15 @@ KIWI_EXPORT void kiwi_conformance_reset(void)
 static void set_wish(bool wanted)
 {
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.acquire_wanted = wanted;
-    kiwi_comm.ask_refused = false;
+    client.acquire_wanted = wanted;
+    client.ask_refused = false;
     pthread_mutex_unlock(&kiwi_lock);
 }
 
 static bool holds(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    enum kiwi_hold_state hold = client.stats.hold;
     pthread_mutex_unlock(&kiwi_lock);
     return hold == KIWI_HOLD_HOLDING || hold == KIWI_HOLD_DROPPING;
 }
@@ -80,30 +79,40 @@ KIWI_EXPORT int kiwi_conformance_call(const char *call)
     if (!usable || !call)
         return -1;
     if (strcmp(call, "connect") == 0) {
-        kiwi_session_connect();
+        kiwi_session_connect(&client);
     } else if (strcmp(call, "lost") == 0) {
-        kiwi_comm_link_lost("the transcript says so");
+        kiwi_comm_link_lost(&client, "the transcript says so");
     } else if (strcmp(call, "ask") == 0) { /* as kiwi_shim_acquire, then the comm thread */
         set_wish(true);
-        kiwi_ask_if_wanted();
+        kiwi_ask_if_wanted(&client);
     } else if (strcmp(call, "release") == 0) {
         /* As a cell's end: a hold is given back (the sequence's last step), a request taken
          * back. */
         set_wish(false);
         if (holds())
-            kiwi_release_finish();
+            kiwi_release_finish(&client);
         else
-            kiwi_ask_cancel();
+            kiwi_ask_cancel(&client);
     } else if (strcmp(call, "cancel") == 0) { /* a request only: the shim gives a hold back
                                                  through its release sequence */
         set_wish(false);
-        kiwi_ask_cancel();
+        kiwi_ask_cancel(&client);
     } else if (strcmp(call, "yield") == 0) {
         set_wish(false);
         if (holds())
-            kiwi_release_ask_evict_first();
+            kiwi_release_ask_evict_first(&client);
     } else if (strcmp(call, "requeue") == 0) {
-        kiwi_ask_requeue();
+        kiwi_ask_requeue(&client);
+    } else if (strcmp(call, "report") == 0) { /* as the news of a working set, before a release */
+        kiwi_news_set(KIWI_NEWS_WORKING_SET);
+        kiwi_residency_before_release(&client);
+    } else if (strcmp(call, "release_evicting") == 0) { /* a drop's release, evict asked */
+        set_wish(false);
+        if (!kiwi_release_finish_evicting(&client))
+            kiwi_release_finish(&client);
+    } else if (strcmp(call, "evicted") == 0) { /* a way out's end, nothing moved */
+        struct kiwi_transfer moved = {0};
+        kiwi_residency_evicted(&client, &moved, NULL);
     } else {
         return -1;
     }
@@ -114,7 +123,7 @@ KIWI_EXPORT int kiwi_conformance_call(const char *call)
 KIWI_EXPORT void kiwi_conformance_receive(const char *line)
 {
     if (usable && line)
-        kiwi_dispatch_line(line);
+        kiwi_dispatch_line(&client, line);
 }
 
 /* The lines sent since the last call, each ended by a newline, NUL-terminated as size allows;
@@ -133,7 +142,7 @@ KIWI_EXPORT size_t kiwi_conformance_sent(char *out, size_t size)
 KIWI_EXPORT int kiwi_hold_state(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    int hold = (int)kiwi_comm.stats.hold;
+    int hold = (int)client.stats.hold;
     pthread_mutex_unlock(&kiwi_lock);
     return hold;
 }
@@ -142,7 +151,7 @@ KIWI_EXPORT int kiwi_hold_state(void)
 KIWI_EXPORT int kiwi_conformance_position(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    int position = kiwi_comm.stats.queue_position;
+    int position = client.stats.queue_position;
     pthread_mutex_unlock(&kiwi_lock);
     return position;
 }
@@ -151,7 +160,110 @@ KIWI_EXPORT int kiwi_conformance_position(void)
 KIWI_EXPORT int kiwi_conformance_paused(void)
 {
     pthread_mutex_lock(&kiwi_lock);
-    int paused = kiwi_comm.stats.paused ? 1 : 0;
+    int paused = client.stats.paused ? 1 : 0;
     pthread_mutex_unlock(&kiwi_lock);
     return paused;
+}
+
+/* The decoder alone (decode.c): line read into a struct kiwi_message, whose op, seq, presence
+ * bits and a few members per op are written to out as "name=value" words; returns its enum
+ * kiwi_decoded. */
+KIWI_EXPORT int kiwi_conformance_decode(const char *line, char *out, size_t size)
+{
+    struct kiwi_message msg;
+    enum kiwi_decoded decoded = kiwi_message_decode(line ? line : "", &msg);
+    int n = snprintf(out, size, "op=%s seq=%lld has=%llx", msg.op_name, (long long)msg.seq,
+                     (unsigned long long)msg.has);
+    size_t used = n < 0 ? 0 : (size_t)n < size ? (size_t)n : size;
+    char *rest = out + used;
+    size_t left = size - used;
+    if (decoded != KIWI_DECODED)
+        return (int)decoded;
+    switch (msg.op) {
+    case KIWI_DAEMON_WELCOME:
+        snprintf(rest, left, " features=%u tq=%g", msg.welcome.features, msg.welcome.tq);
+        break;
+    case KIWI_DAEMON_REGISTERED:
+        snprintf(rest, left, " client=%s evict=%s pin_budget=%lld", msg.registered.client,
+                 msg.registered.evict, (long long)msg.registered.pin_budget);
+        break;
+    case KIWI_DAEMON_GRANT:
+        snprintf(rest, left, " gpu=%lld quantum=%g", (long long)msg.grant.gpu,
+                 msg.grant.quantum);
+        break;
+    case KIWI_DAEMON_WAITING:
+        snprintf(rest, left, " position=%lld", (long long)msg.waiting.position);
+        break;
+    case KIWI_DAEMON_DROP:
+        snprintf(rest, left, " reason=%s evict=%d grace=%g", msg.drop.reason, msg.drop.evict,
+                 msg.drop.grace);
+        break;
+    case KIWI_DAEMON_EVICT:
+        snprintf(rest, left, " bytes=%lld for=%s", (long long)msg.evict.bytes,
+                 msg.evict.for_name);
+        break;
+    case KIWI_DAEMON_ERROR:
+        snprintf(rest, left, " code=%s message=%s", msg.error.code, msg.error.message);
+        break;
+    default:
+        break;
+    }
+    return (int)decoded;
+}
+
+static bool discard(struct kiwi_client *c, const char *line)
+{
+    (void)c;
+    (void)line;
+    return true;
+}
+
+static bool holding(struct kiwi_client *c)
+{
+    pthread_mutex_lock(&kiwi_lock);
+    bool held = c->stats.hold == KIWI_HOLD_HOLDING;
+    pthread_mutex_unlock(&kiwi_lock);
+    return held;
+}
+
+/* Two clients, each a handle on this stack, driven apart: what one is told moves its own hold
+ * and session, and no other's (nothing of a client is kept outside its handle). Their lines go
+ * nowhere. Returns how many of the checks failed (0: all held); -1 before a usable reset. */
+KIWI_EXPORT int kiwi_conformance_two_handles(void)
+{
+    if (!usable)
+        return -1;
+    struct kiwi_client a, b;
+    kiwi_client_init(&a);
+    kiwi_client_init(&b);
+    kiwi_session_send_to(&a, discard);
+    kiwi_session_send_to(&b, discard);
+    kiwi_session_connect(&a);
+    kiwi_session_connect(&b);
+    kiwi_dispatch_line(&a, "{\"op\":\"welcome\",\"version\":1,\"features\":[\"memory\"]}");
+    kiwi_dispatch_line(&b, "{\"op\":\"welcome\",\"version\":1,\"features\":[]}");
+    kiwi_dispatch_line(&a, "{\"op\":\"registered\",\"seq\":1,\"client\":\"ca\",\"mode\":\"on\"}");
+    kiwi_dispatch_line(&b, "{\"op\":\"registered\",\"seq\":1,\"client\":\"cb\",\"mode\":\"off\"}");
+    pthread_mutex_lock(&kiwi_lock);
+    a.acquire_wanted = true;
+    pthread_mutex_unlock(&kiwi_lock);
+    kiwi_ask_if_wanted(&a);
+    kiwi_ask_if_wanted(&b); /* b wants nothing */
+    unsigned asked = a.seq.ask;
+    char grant[96];
+    snprintf(grant, sizeof grant, "{\"op\":\"grant\",\"seq\":%u,\"gpu\":0,\"quantum\":30}", asked);
+    kiwi_dispatch_line(&b, grant); /* not b's: it asked nothing */
+    kiwi_dispatch_line(&a, grant);
+    int failed = 0;
+    failed += !(asked == 2 && a.seq.ask == 0 && b.seq.ask == 0);
+    failed += !(holding(&a) && b.stats.hold == KIWI_HOLD_IDLE && b.stats.grants == 0);
+    failed += !(kiwi_session_memory(&a) && kiwi_session_ready(&b) && !kiwi_session_memory(&b));
+    failed += !(strcmp(a.stats.client, "ca") == 0 && strcmp(b.stats.client, "cb") == 0);
+    failed += !(strcmp(a.stats.mode, "on") == 0 && strcmp(b.stats.mode, "off") == 0);
+    kiwi_release_finish(&a);
+    failed += !(a.stats.hold == KIWI_HOLD_IDLE && a.seq.release == 3 && b.session.next_seq == 1);
+    pthread_mutex_lock(&kiwi_lock);
+    kiwi_gate_close(); /* a's grant opened the process's gate */
+    pthread_mutex_unlock(&kiwi_lock);
+    return failed;
 }

@@ -4,23 +4,19 @@ others include runs."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from shim.shim_harness import SANITIZER_OPTIONS, SANITIZER_REPORT, requested_sanitizer
+from conformance_build import ConformanceBuild
+from shim.shim_harness import SANITIZER_REPORT
 from support import scaled
 from transcript_runner import HERE, PythonSession, TranscriptFailed, run
 
-from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
-
-#: The C entry points the transcripts drive the shim's client through: compiled into a test
-#: build only (docs/protocol.md, "Conformance").
-CONFORMANCE = Path(__file__).with_name("conformance.c")
 #: Included by others, and run through them.
-BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl"}
+BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl",
+                   "ready_memory.jsonl", "holding_memory.jsonl"}
 TRANSCRIPTS = sorted(p.name for p in HERE.glob("*.jsonl") if p.name not in BUILDING_BLOCKS)
 
 
@@ -44,22 +40,13 @@ def test_a_transcript_fails_where_the_client_does_other_than_it_says() -> None:
 
 
 @pytest.fixture(scope="module")
-def shim_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    """Every transcript against the shim's C client, in a process of its own (the shim is never
-    loaded into the test process): a test build of the shim's sources with the conformance
-    entry points (``CONFORMANCE``, which the packaged library does not carry), and with
-    KIWI_TEST_SANITIZE=address or thread under those sanitizers, their runtime preloaded (as
-    tests/shim do)."""
-    env, sanitize = dict(os.environ), None
-    wanted = requested_sanitizer()
-    if wanted is not None:
-        sanitize, runtime = wanted
-        env.update(LD_PRELOAD=runtime, **SANITIZER_OPTIONS)
-    library = compile_library(tmp_path_factory.mktemp("conformance") / LIBRARY_NAME,
-                              sanitize=sanitize, test_sources=[CONFORMANCE])
+def shim_run(conformance_build: ConformanceBuild) -> subprocess.CompletedProcess[str]:
+    """Every transcript against the shim's C client, in a process of its own: a test build of
+    the shim's sources with the conformance entry points (conftest.py)."""
     return subprocess.run([sys.executable, str(Path(__file__).with_name("transcript_runner.py")),
-                           "--shim", str(library), *TRANSCRIPTS],
-                          capture_output=True, text=True, timeout=scaled(60), env=env)
+                           "--shim", str(conformance_build.library), *TRANSCRIPTS],
+                          capture_output=True, text=True, timeout=scaled(60),
+                          env=conformance_build.env)
 
 
 @pytest.mark.parametrize("name", TRANSCRIPTS)

@@ -11,7 +11,10 @@ A transcript (``transcripts/*.jsonl``) is one JSON object a line, each a step:
   says hello), ``lost`` (the connection ended), ``ask`` (wants the GPU), ``release`` (gives it
   back, or takes back a request), ``cancel`` (takes back a request and waits for the answer;
   the shim gives a hold back only through ``release``, so transcripts cancel requests only),
-  ``yield`` (releases of its own accord with ``evict_first``), ``requeue``.
+  ``yield`` (releases of its own accord with ``evict_first``), ``requeue``; and for the
+  ``memory`` feature: ``report`` (says its working set and where its memory is),
+  ``release_evicting`` (gives a hold back on a drop with ``evict``, the memory on its way out),
+  ``evicted`` (a move out ended).
 - ``receive``: one line from the daemon, written as the object it encodes. A string value
   ``"$name"`` is a seq bound earlier; when the client sent that request without a seq, the key
   is left out, as the daemon would.
@@ -30,6 +33,9 @@ the shim's C client through the conformance entry points docs/protocol.md ("Conf
 names, in a process of its own:
 
     python tests/protocol/transcript_runner.py --shim LIBRARY [TRANSCRIPT...]
+
+and, with ``--decode LIBRARY``, the lines on its stdin through the shim's decoder alone; with
+``--handles LIBRARY``, two clients on handles of their own, driven apart.
 """
 
 from __future__ import annotations
@@ -45,8 +51,10 @@ from nodeside.protocol.client_session import ClientSession
 from nodeside.protocol.hold import Hold
 
 HERE = Path(__file__).parent / "transcripts"
-#: What ``connect`` registers with, for implementations that take it from the runner.
-REGISTRATION = {"name": "transcript", "kind": "client"}
+#: What ``connect`` registers with, for implementations that take it from the runner: where its
+#: memory is, as the shim does (a daemon that does not serve ``memory`` must not hear it).
+REGISTRATION = {"name": "transcript", "kind": "client", "working_set": 0, "resident": 0,
+                "host": 0}
 
 
 class Implementation(Protocol):
@@ -71,7 +79,10 @@ class PythonSession:
         calls = {"connect": lambda: session.connect(dict(REGISTRATION)),
                  "lost": session.connection_lost, "ask": session.ask,
                  "release": session.release, "cancel": session.cancel,
-                 "yield": session.release_evicting_first, "requeue": session.requeue}
+                 "yield": session.release_evicting_first, "requeue": session.requeue,
+                 "report": lambda: session.report_working_set(0, resident=0, host=0),
+                 "release_evicting": lambda: session.release(evicting=True),
+                 "evicted": lambda: session.evicted(resident=0, host=0, moved=0, seconds=0.0)}
         calls[name]()
 
     def receive(self, line: bytes) -> None:
@@ -237,7 +248,38 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+#: kiwi_conformance_decode's answers (enum kiwi_decoded, protocol.h).
+DECODED = ("decoded", "malformed", "unknown_op")
+
+
+def decode_lines(library: str) -> int:
+    """``--decode LIBRARY``: each line of stdin through the shim's decoder alone, printing its
+    verdict (``DECODED``) and what it read, a tab between."""
+    lib = ctypes.CDLL(library)
+    lib.kiwi_conformance_decode.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    out = ctypes.create_string_buffer(1024)
+    for line in sys.stdin.buffer.read().split(b"\n"):
+        if line:
+            verdict = lib.kiwi_conformance_decode(line, out, len(out))
+            print(f"{DECODED[verdict]}\t{out.value.decode()}", flush=True)
+    return 0
+
+
+def two_handles(library: str) -> int:
+    """``--handles LIBRARY``: two clients on handles of their own, driven apart
+    (``kiwi_conformance_two_handles``); prints how many of its checks failed."""
+    lib = ctypes.CDLL(library)
+    lib.kiwi_conformance_reset()
+    print(f"failed {lib.kiwi_conformance_two_handles()}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--decode"] and len(sys.argv) == 3:
+        sys.exit(decode_lines(sys.argv[2]))
+    if sys.argv[1:2] == ["--handles"] and len(sys.argv) == 3:
+        sys.exit(two_handles(sys.argv[2]))
     if sys.argv[1:2] != ["--shim"] or len(sys.argv) < 3:
-        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...]")
+        sys.exit("usage: transcript_runner.py --shim LIBRARY [TRANSCRIPT...] | --decode LIBRARY "
+                 "| --handles LIBRARY")
     sys.exit(main(sys.argv[1:]))

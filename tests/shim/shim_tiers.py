@@ -12,7 +12,7 @@ The rules (docs/shim.md, "Layout"):
 - every C file lives in one of the three tiers, ``interpose/``, ``client/`` and ``mechanisms/``;
 - calls only go down: the entry points and the client call the mechanisms, the mechanisms call
   neither, and neither of the two upper tiers calls the other;
-- no file outside the client names the client's state or functions (``kiwi_comm``,
+- no file outside the client names the client's handle or functions (``kiwi_client``,
   ``kiwi_comm_*``): a plain text check, beside the call graph;
 - no two files call each other, however indirectly;
 - the hold is written in one place only, ``kiwi_hold_move``.
@@ -38,7 +38,7 @@ HOLD_WRITER = "kiwi_hold_move"
 _NODE = re.compile(r'^node: \{ title: "([^"]+)" label: "[^"]*"( shape : ellipse)? \}$')
 _EDGE = re.compile(r'^edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)" label: "([^"]*)" \}$')
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-_CLIENT_NAME = re.compile(r"\bkiwi_comm(_\w+)?\b")
+_CLIENT_NAME = re.compile(r"\bkiwi_(comm|client)(_\w+)?\b")
 _HOLD_WRITE = re.compile(r"(\.|->)\s*hold\s*=(?!=)")
 
 

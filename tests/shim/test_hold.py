@@ -24,17 +24,16 @@ EVERY_MOVE = r"""
 #include <stdio.h>
 #include "client/client.h"
 
-struct kiwi_comm_state kiwi_comm;
-
 int main(void)
 {
     for (int from = 0; from < KIWI_HOLD_STATES; from++) {
         for (int to = 0; to < KIWI_HOLD_STATES; to++) {
-            kiwi_comm.stats.hold = (enum kiwi_hold_state)from;
-            bool moved = kiwi_hold_move((enum kiwi_hold_state)to);
+            struct kiwi_client client = {0}; /* a handle on the stack: hold.c needs no other */
+            client.stats.hold = (enum kiwi_hold_state)from;
+            bool moved = kiwi_hold_move(&client, (enum kiwi_hold_state)to);
             printf("%s %s %d %s %s\n", kiwi_hold_state_name((enum kiwi_hold_state)from),
                    kiwi_hold_state_name((enum kiwi_hold_state)to), moved,
-                   kiwi_hold_state_name(kiwi_comm.stats.hold),
+                   kiwi_hold_state_name(client.stats.hold),
                    kiwi_hold_word((enum kiwi_hold_state)from));
         }
     }

@@ -102,6 +102,7 @@ def test_a_cycle_between_two_files_is_caught(copy: Path) -> None:
 
 def test_a_write_of_the_hold_elsewhere_is_caught(copy: Path) -> None:
     dispatch = copy / "client" / "dispatch.c"
-    add(dispatch, "void kiwi_dispatch_probe(void)\n{\n    kiwi_comm.stats.hold = KIWI_HOLDING;\n}")
+    add(dispatch, "void kiwi_dispatch_probe(struct kiwi_client *c)\n{\n"
+                  "    c->stats.hold = KIWI_HOLDING;\n}")
     line = len(dispatch.read_text().splitlines()) - 1
     assert shim_tiers.hold_writes_elsewhere(copy) == [f"client/dispatch.c:{line}"]

@@ -17,99 +17,96 @@
 
 #include "client.h"
 
-unsigned kiwi_ask_seq;    /* see client.h */
-unsigned kiwi_cancel_seq;
-
-bool kiwi_ask_wanted(void)
+bool kiwi_ask_wanted(struct kiwi_client *c)
 {
-    return (kiwi_gate_waiters() > 0 || kiwi_room_waiters() > 0 || kiwi_comm.acquire_wanted) &&
-           !kiwi_comm.ask_refused;
+    return (kiwi_gate_waiters() > 0 || kiwi_room_waiters() > 0 || c->acquire_wanted) &&
+           !c->ask_refused;
 }
 
-void kiwi_ask_if_wanted(void)
+void kiwi_ask_if_wanted(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    bool backing_off = kiwi_now() < kiwi_comm.retry_after; /* a restore failed just now */
-    bool ask = kiwi_ask_wanted() && !backing_off && kiwi_comm.stats.hold == KIWI_HOLD_IDLE &&
-               kiwi_session_ready() && kiwi_hold_move(KIWI_HOLD_ASKING);
+    bool backing_off = kiwi_now() < c->retry_after; /* a restore failed just now */
+    bool ask = kiwi_ask_wanted(c) && !backing_off && c->stats.hold == KIWI_HOLD_IDLE &&
+               kiwi_session_ready(c) && kiwi_hold_move(c, KIWI_HOLD_ASKING);
     pthread_mutex_unlock(&kiwi_lock);
     if (ask)
-        kiwi_ask_seq = kiwi_session_request(KIWI_OP_ACQUIRE, "");
+        c->seq.ask = kiwi_session_request(c, KIWI_OP_ACQUIRE, "");
 }
 
-void kiwi_ask_cancel(void)
+void kiwi_ask_cancel(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    enum kiwi_hold_state hold = c->stats.hold;
     bool asked = (hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING) &&
-                 kiwi_hold_move(KIWI_HOLD_RELEASING);
+                 kiwi_hold_move(c, KIWI_HOLD_RELEASING);
     if (asked)
-        kiwi_comm.stats.queue_position = 0;
+        c->stats.queue_position = 0;
     pthread_mutex_unlock(&kiwi_lock);
     if (!asked)
         return;
-    kiwi_ask_seq = 0;
+    c->seq.ask = 0;
     /* Also the last plain release: its `released` may ask for the room (dispatch.c). */
-    kiwi_cancel_seq = kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
+    c->seq.cancel = c->seq.release = kiwi_session_request(c, KIWI_OP_RELEASE, "");
 }
 
-bool kiwi_ask_cancel_answered(double seq)
+bool kiwi_ask_cancel_answered(struct kiwi_client *c, int64_t seq)
 {
-    if (!kiwi_cancel_seq || seq != (double)kiwi_cancel_seq)
+    if (!c->seq.cancel || seq != (int64_t)c->seq.cancel)
         return false;
-    kiwi_cancel_seq = 0;
+    c->seq.cancel = 0;
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_hold_move(KIWI_HOLD_IDLE); /* released, or an error: either way nothing is asked */
+    kiwi_hold_move(c, KIWI_HOLD_IDLE); /* released, or an error: either way nothing is asked */
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     return true;
 }
 
-bool kiwi_ask_answered(const char *op, double seq)
+bool kiwi_ask_answered(struct kiwi_client *c, enum kiwi_daemon_op op, int64_t seq)
 {
-    if (!kiwi_ask_seq || seq != (double)kiwi_ask_seq)
+    if (!c->seq.ask || seq != (int64_t)c->seq.ask)
         return false;
-    kiwi_ask_seq = 0;
-    bool released = strcmp(op, KIWI_OP_RELEASED) == 0, refused = strcmp(op, KIWI_OP_ERROR) == 0;
+    c->seq.ask = 0;
+    bool released = op == KIWI_DAEMON_RELEASED, refused = op == KIWI_DAEMON_ERROR;
     if (!released && !refused)
         return true; /* grant or waiting: dispatch.c reads them */
     pthread_mutex_lock(&kiwi_lock);
-    if (kiwi_comm.stats.hold == KIWI_HOLD_ASKING)
-        kiwi_hold_move(KIWI_HOLD_IDLE);
+    if (c->stats.hold == KIWI_HOLD_ASKING)
+        kiwi_hold_move(c, KIWI_HOLD_IDLE);
     if (refused) {
         /* Not asked again for the same wish: the next cell, eager acquire or connection asks
          * again. The error itself is said by dispatch.c. */
-        kiwi_comm.acquire_wanted = false;
-        kiwi_comm.ask_refused = true;
+        c->acquire_wanted = false;
+        c->ask_refused = true;
     }
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
     if (released)
-        kiwi_ask_if_wanted(); /* a daemon that predates requeue only released: ask plainly */
+        kiwi_ask_if_wanted(c); /* a daemon that predates requeue only released: ask plainly */
     return true;
 }
 
-void kiwi_ask_requeue(void)
+void kiwi_ask_requeue(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
-    kiwi_comm.acquire_wanted = true;
-    kiwi_comm.ask_refused = false;
+    enum kiwi_hold_state hold = c->stats.hold;
+    c->acquire_wanted = true;
+    c->ask_refused = false;
     bool requeue = (hold == KIWI_HOLD_HOLDING || hold == KIWI_HOLD_DROPPING) &&
-                   kiwi_session_ready() && kiwi_hold_move(KIWI_HOLD_ASKING);
+                   kiwi_session_ready(c) && kiwi_hold_move(c, KIWI_HOLD_ASKING);
     if (requeue) {
-        kiwi_comm.stats.paused = false;
-        kiwi_comm.stats.releases++;
+        c->stats.paused = false;
+        c->stats.releases++;
         pthread_cond_broadcast(&kiwi_changed);
     }
     pthread_mutex_unlock(&kiwi_lock);
     if (requeue)
-        kiwi_ask_seq = kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_REQUEUE "\":true");
+        c->seq.ask = kiwi_session_request(c, KIWI_OP_RELEASE, "\"" KIWI_FIELD_REQUEUE "\":true");
     else
-        kiwi_ask_if_wanted();
+        kiwi_ask_if_wanted(c);
 }
 
-void kiwi_ask_after_lost(void)
+void kiwi_ask_after_lost(struct kiwi_client *c)
 {
-    kiwi_ask_seq = kiwi_cancel_seq = 0;
+    c->seq.ask = c->seq.cancel = 0;
 }

@@ -44,11 +44,30 @@ struct kiwi_stats {
     double last_grant_at;
 };
 
-/* The hold and the wishes of other threads; all under kiwi_lock (gate.c). Whether calls are
- * refused (failed_closed) and how long they waited are the gate's own (kiwi_gate_refusing,
- * kiwi_gate_seconds_waiting): kiwi_comm_stats fills them in; stats.failed_closed and
- * stats.seconds_waiting are not kept here. */
-struct kiwi_comm_state {
+/* Where the session stands on its connection (session.c). */
+enum kiwi_phase {
+    KIWI_PHASE_CLOSED,      /* no connection */
+    KIWI_PHASE_GREETING,    /* hello sent, no welcome yet */
+    KIWI_PHASE_REGISTERING, /* register sent, not answered yet */
+    KIWI_PHASE_READY,
+};
+
+struct kiwi_client;
+/* Where the session's lines go (link.c's kiwi_link_send, or the conformance buffer). */
+typedef bool (*kiwi_line_sink)(struct kiwi_client *c, const char *line);
+
+/* The client: everything the daemon client keeps, in one handle (libuv's loop handle) that the
+ * comm thread owns and hands to every function of the tier. The process has one (start.c
+ * makes it and starts the comm thread on it); the conformance entry points make their own,
+ * and a test may keep one on its stack.
+ *
+ * Other threads reach it only through the wishes path (wishes.c: what they ask for, and the
+ * stats, under kiwi_lock) and wake the comm thread through the news path (mechanisms/news.c,
+ * its wake_pipe). Whether calls are refused (failed_closed) and how long they waited are the
+ * gate's own (kiwi_gate_refusing, kiwi_gate_seconds_waiting): kiwi_comm_stats fills them in;
+ * stats.failed_closed and stats.seconds_waiting are not kept here. */
+struct kiwi_client {
+    /* ---- under kiwi_lock: the hold, the stats and the wishes of other threads ---- */
     struct kiwi_stats stats;
     bool acquire_wanted;     /* kiwi_shim_acquire: eager acquisition */
     bool moving_out;         /* a way out runs on its own thread (way_out.c) */
@@ -68,19 +87,65 @@ struct kiwi_comm_state {
     bool policy_set;         /* kiwi_shim_set_policy overrides the environment */
     bool policy_closed;
     double policy_timeout;
+
+    /* ---- the comm thread's own ---- */
+    /* Its wake-up pipe: it polls the read end; the write end is handed to news.c, through
+     * which every other thread (and a signal handler) wakes it. -1 while there is none. */
+    int wake_pipe[2];
+    /* The requests whose answers are awaited; 0 when none. */
+    struct {
+        unsigned ask;     /* the acquire (or requeue) whose answer has not been read */
+        unsigned cancel;  /* the release taking a request back (RELEASING) */
+        unsigned release; /* the last plain release: its `released` may ask for the room */
+        unsigned yield;   /* a release with evict_first (RELEASING): the gate is closed,
+                             and no acquire is sent meanwhile */
+    } seq;
+    struct {
+        enum kiwi_phase phase;
+        unsigned next_seq;
+        unsigned register_seq;
+        kiwi_line_sink sink;
+        bool position_events; /* hello feature "position": the latest welcome listed it */
+        bool memory_feature;  /* hello feature "memory" (residency.c): likewise */
+        bool compatible;      /* register said managed where vmm was chosen: the daemon
+                                 predates vmm */
+    } session;
+    /* A release that must wait for graph captures to end (mechanisms/captures.c): a drop, and
+     * whether it asked for eviction, or a release of the process's own accord (release.c). */
+    struct {
+        bool drop;
+        bool evict;
+        bool yield;
+    } deferred;
+    /* What a drop read left to do (kiwi_release_dropped), while the hold is DROPPING. */
+    struct {
+        bool evict;
+        bool quiesced; /* the answer to evict_first: steps 1 and 2 are done */
+    } dropped;
+    bool evict_asked;    /* an `evict` read, for kiwi_comm_handle_line to carry out */
+    double last_report;  /* when the last working set report went (residency.c) */
+    double report_wait;  /* a report held back by the rate limit: the seconds until it may go */
+    /* The connection (link.c): its socket (-1: none) and what was read of it, not yet lines. */
+    struct {
+        int fd;
+        char inbox[65536]; /* daemon lines other than status are under 1 KiB */
+        size_t inbox_length;
+    } link;
 };
 
-extern struct kiwi_comm_state kiwi_comm;
-/* The comm thread's wake-up pipe: it polls the read end; the write end is handed to news.c,
- * through which every other thread (and a signal handler) wakes it. */
-extern int kiwi_wake_pipe[2];
+/* ---- the handle's owner (start.c) ------------------------------------------------------ */
+
+/* The process's client, for the wishes path (wishes.c) and the comm thread it starts on. */
+struct kiwi_client *kiwi_client_of_process(void);
+/* A handle as the process's starts: nothing held, asked or connected, no pipe, no socket. */
+void kiwi_client_init(struct kiwi_client *c);
 
 /* ---- hold.c ------------------------------------------------------------------------------ */
 
 /* Under kiwi_lock: moves the hold to `to` when the protocol's table (kiwi_hold_legal,
  * protocol.h) allows the move from where it is; otherwise refuses it (a bug: said aloud in
  * checked builds) and returns false. */
-bool kiwi_hold_move(enum kiwi_hold_state to);
+bool kiwi_hold_move(struct kiwi_client *c, enum kiwi_hold_state to);
 /* The word the statistics show for a state: idle, waiting, holding or releasing. */
 const char *kiwi_hold_word(enum kiwi_hold_state hold);
 
@@ -90,21 +155,22 @@ void *kiwi_comm_main(void *unused);
 
 /* ---- dispatch.c -------------------------------------------------------------------------- */
 
-/* What a line from the daemon does: the hold, the counts, the gate, the answers. */
-void kiwi_dispatch_line(const char *line);
+/* What a line from the daemon does: the hold, the counts, the gate, the answers. A line that
+ * breaks the protocol is left, and said aloud. */
+void kiwi_dispatch_line(struct kiwi_client *c, const char *line);
 /* The comm thread's: kiwi_dispatch_line, then what a drop leaves to do (the release sequence). */
-void kiwi_comm_handle_line(const char *line);
+void kiwi_comm_handle_line(struct kiwi_client *c, const char *line);
 
 /* ---- session.c --------------------------------------------------------------------------- */
 
 /* Where the session's lines go (link.c's kiwi_link_send, or the conformance buffer); false
  * when a line could not be sent. */
-void kiwi_session_send_to(bool (*send)(const char *line));
+void kiwi_session_send_to(struct kiwi_client *c, kiwi_line_sink send);
 /* Sends a request with the next seq; returns the seq, or 0 when it could not be sent. */
-unsigned kiwi_session_request(const char *op, const char *fields);
+unsigned kiwi_session_request(struct kiwi_client *c, const char *op, const char *fields);
 /* A new connection: says hello; the welcome is answered with register (the working set so
  * far), and registered makes the session ready. */
-void kiwi_session_connect(void);
+void kiwi_session_connect(struct kiwi_client *c);
 /* Reads the answers to hello and register; NONE for any other line, which dispatch.c reads
  * on. WELCOMED: the handshake goes on (register sent, or sent again: a daemon that predates
  * the vmm evictor refused it). REFUSED: the daemon would not register this process; the
@@ -115,115 +181,105 @@ enum kiwi_handshake {
     KIWI_HANDSHAKE_REGISTERED,
     KIWI_HANDSHAKE_REFUSED,
 };
-enum kiwi_handshake kiwi_session_handshake(const char *op, double seq, const char *line);
-bool kiwi_session_welcomed(void);
-bool kiwi_session_ready(void);
+enum kiwi_handshake kiwi_session_handshake(struct kiwi_client *c, const struct kiwi_message *msg);
+bool kiwi_session_welcomed(struct kiwi_client *c);
+bool kiwi_session_ready(struct kiwi_client *c);
 /* Whether the daemon of this ready session speaks of where memory is (the hello feature
  * `memory`: residency.c). */
-bool kiwi_session_memory(void);
-/* The connection ended (outage.c), or a forked child starts afresh. */
-void kiwi_session_closed(void);
-void kiwi_session_after_fork(void);
+bool kiwi_session_memory(struct kiwi_client *c);
+/* The connection ended (outage.c). */
+void kiwi_session_closed(struct kiwi_client *c);
 
 /* ---- asking.c ---------------------------------------------------------------------------- */
 
-/* The acquire (or requeue) whose answer has not been read; 0 when none. */
-extern unsigned kiwi_ask_seq;
-/* The release taking a request back, whose answer is awaited (RELEASING); 0 when none. */
-extern unsigned kiwi_cancel_seq;
-
 /* Under kiwi_lock: whether the process wants the GPU (a gated call or an allocation waits, or
  * an eager acquire), and was not refused it for that wish. */
-bool kiwi_ask_wanted(void);
+bool kiwi_ask_wanted(struct kiwi_client *c);
 /* Sends acquire when the GPU is wanted, nothing is asked, held or being released, and the
  * session is ready. */
-void kiwi_ask_if_wanted(void);
+void kiwi_ask_if_wanted(struct kiwi_client *c);
 /* Takes back a request out (ASKING, WAITING): RELEASING until its answer comes. */
-void kiwi_ask_cancel(void);
+void kiwi_ask_cancel(struct kiwi_client *c);
 /* Whether a line with this seq answers the cancel (the hold is IDLE then) or the ask (an error
  * or `released` are read here; a grant or `waiting` are dispatch.c's). */
-bool kiwi_ask_cancel_answered(double seq);
-bool kiwi_ask_answered(const char *op, double seq);
+bool kiwi_ask_cancel_answered(struct kiwi_client *c, int64_t seq);
+bool kiwi_ask_answered(struct kiwi_client *c, enum kiwi_daemon_op op, int64_t seq);
 /* Gives the hold back and asks again in one request (release with requeue); without a hold,
  * asks. */
-void kiwi_ask_requeue(void);
-void kiwi_ask_after_lost(void);
+void kiwi_ask_requeue(struct kiwi_client *c);
+void kiwi_ask_after_lost(struct kiwi_client *c);
 
 /* ---- way_out.c --------------------------------------------------------------------------- */
 
 /* The comm thread, once the hold has ended: hands the way out to a thread of its own and tells
  * the daemon it began; false when one is under way already (its `evicted` answers for both) or
  * there is no thread for it. */
-bool kiwi_way_out_start(void);
+bool kiwi_way_out_start(struct kiwi_client *c);
 /* A way out is under way, or its end is not carried out yet. */
 bool kiwi_way_out_busy(void);
 /* The comm thread's turn: the way out's progress reported, its end counted and `evicted` sent. */
-void kiwi_way_out_act(void);
+void kiwi_way_out_act(struct kiwi_client *c);
 /* On a grant, before the restore: waits for the way out under way to end, and carries it out. */
-void kiwi_way_out_join(void);
+void kiwi_way_out_join(struct kiwi_client *c);
 void kiwi_way_out_after_fork(void);
 
 /* ---- room.c ------------------------------------------------------------------------------ */
 
-/* An `error` event with code `room` (line): the daemon refused the wait; asked again later. */
-void kiwi_room_on_refused(const char *line);
+/* An `error` event with code `room`: the daemon refused the wait; asked again later. */
+void kiwi_room_on_refused(struct kiwi_client *c, const struct kiwi_message *refusal);
 /* Under kiwi_lock: a grant ends the refusals, and their backoff. */
-void kiwi_room_granted(void);
+void kiwi_room_granted(struct kiwi_client *c);
 /* The comm thread's turn: waits refused for longer than KIWI_ROOM_TIMEOUT give up. */
-void kiwi_room_act(void);
+void kiwi_room_act(struct kiwi_client *c);
 /* The comm thread's turn for allocations that wait for room (mechanisms/room_wait.c): they
  * fail where no daemon makes room; true when any wait on. Once the working set that includes
  * them is reported, kiwi_room_requeue: holding, the process gives the GPU back and asks again
  * (or they fail, when it cannot); otherwise the ask is asking.c's, as for calls at the gate. */
-bool kiwi_room_wanted(void);
-void kiwi_room_requeue(void);
+bool kiwi_room_wanted(struct kiwi_client *c);
+void kiwi_room_requeue(struct kiwi_client *c);
 /* A restore on a grant found no room: the third in a row fails the allocations waiting. */
-void kiwi_room_restore_failed(void);
+void kiwi_room_restore_failed(struct kiwi_client *c);
 /* Under kiwi_lock: a cell ended; the next wait has a KIWI_ROOM_TIMEOUT of its own. */
-void kiwi_room_cell_end(void);
+void kiwi_room_cell_end(struct kiwi_client *c);
 /* Under kiwi_lock: the refusal the stats show (into out), while calls wait for the GPU. */
-void kiwi_room_stats(struct kiwi_stats *out);
+void kiwi_room_stats(struct kiwi_client *c, struct kiwi_stats *out);
 
 /* ---- outage.c ---------------------------------------------------------------------------- */
 
 /* The connection is gone (link.c), and with it whatever the process held. */
-void kiwi_comm_link_lost(const char *why);
+void kiwi_comm_link_lost(struct kiwi_client *c, const char *why);
 /* The comm thread's turn while the daemon is away; returns how long it may sleep at most. */
-double kiwi_outage_act(void);
+double kiwi_outage_act(struct kiwi_client *c);
 
 /* ---- release.c --------------------------------------------------------------------------- */
 
-/* The seq of the last plain release sent. */
-extern unsigned kiwi_release_seq;
-/* The seq of a release sent with evict_first whose answer has not come yet; 0 when none. The
- * hold stays KIWI_HOLD_RELEASING meanwhile: the gate is closed, and no acquire is sent. */
-extern unsigned kiwi_yield_seq;
-
 /* Moves the working set to host memory, if any of it is evictable, and counts it. */
-void kiwi_release_evict_now(void);
+void kiwi_release_evict_now(struct kiwi_client *c);
 /* The daemon asked for the GPU back and said whether the next holder needs the room. */
-void kiwi_release_sequence(bool evict, const char *why);
+void kiwi_release_sequence(struct kiwi_client *c, bool evict, const char *why);
 /* The process gives the GPU back of its own accord (cell end, idle). */
-void kiwi_release_yield(const char *why);
+void kiwi_release_yield(struct kiwi_client *c, const char *why);
 /* The answer to a release sent with evict_first. */
-void kiwi_release_on_yield_answer(const char *op, const char *line);
+void kiwi_release_on_yield_answer(struct kiwi_client *c, const struct kiwi_message *answer);
 /* The decisions that end a release sequence, once the gate is closed and the work done: the
  * plain release (the hold is idle: the GPU changes hands at once), and the release asking
  * whether to evict first (RELEASING until the answer). */
-void kiwi_release_finish(void);
-void kiwi_release_ask_evict_first(void);
+void kiwi_release_finish(struct kiwi_client *c);
+void kiwi_release_ask_evict_first(struct kiwi_client *c);
+/* The release that ends a hold whose memory leaves after it (a drop with evict, to a daemon
+ * with the memory feature, under an evictor that moves memory itself): `release` with
+ * `evicting`, the way out to follow; false, nothing sent, where that is not the way. */
+bool kiwi_release_finish_evicting(struct kiwi_client *c);
 /* Allocations wait for room while this process holds the GPU: it gives it back and asks again
  * (release with requeue), since the daemon makes room before a grant; false (with why) when it
  * cannot now (a graph capture is open, or synchronizing failed). */
-bool kiwi_release_for_room(const char **why);
+bool kiwi_release_for_room(struct kiwi_client *c, const char **why);
 /* A drop was read (DROPPING): with evict, the next holder needs the room; quiesced, it answers
  * evict_first and only the eviction and the release are left. kiwi_release_carry_out does it. */
-void kiwi_release_dropped(bool evict, bool quiesced);
-void kiwi_release_carry_out(void);
+void kiwi_release_dropped(struct kiwi_client *c, bool evict, bool quiesced);
+void kiwi_release_carry_out(struct kiwi_client *c);
 /* A release deferred for graph captures, once they are over. */
-void kiwi_release_act_deferred(void);
-/* A forked child: no release of its parent's is under way in it. */
-void kiwi_release_after_fork(void);
+void kiwi_release_act_deferred(struct kiwi_client *c);
 
 /* ---- wishes.c (for api.c) ---------------------------------------------------------------- */
 
@@ -246,17 +302,17 @@ bool kiwi_comm_hold_off(void);
 /* ---- link.c ------------------------------------------------------------------------------ */
 
 /* Connects the socket (session.c says hello on it). */
-bool kiwi_link_open(void);
-bool kiwi_link_up(void);
-int kiwi_link_fd(void);
+bool kiwi_link_open(struct kiwi_client *c);
+bool kiwi_link_up(struct kiwi_client *c);
+int kiwi_link_fd(struct kiwi_client *c);
 /* Writes one line (its newline added); false, with the connection closed, when it fails. */
-bool kiwi_link_send(const char *line);
+bool kiwi_link_send(struct kiwi_client *c, const char *line);
 /* Reads what the socket has, waiting at most timeout seconds; false when nothing came. */
-bool kiwi_link_fill(double timeout);
-bool kiwi_link_next_line(char *line, size_t size);
+bool kiwi_link_fill(struct kiwi_client *c, double timeout);
+bool kiwi_link_next_line(struct kiwi_client *c, char *line, size_t size);
 /* Closes the connection and tells the comm thread why. */
-void kiwi_link_close(const char *why);
-void kiwi_link_after_fork(void);
+void kiwi_link_close(struct kiwi_client *c, const char *why);
+void kiwi_link_after_fork(struct kiwi_client *c);
 
 /* ---- registration.c ---------------------------------------------------------------------- */
 
@@ -272,17 +328,17 @@ void kiwi_gpu_uuid(char *text, size_t size);
 
 /* Sends working_set (with where the memory is, when the daemon speaks of it); or, too soon
  * after the last report, keeps the news for later and returns the seconds to wait. */
-double kiwi_residency_report(void);
+double kiwi_residency_report(struct kiwi_client *c);
 /* Before a release leaves: a report still to send (held back by the rate limit, or not yet
  * taken) goes now, whatever the rate limit says. */
-void kiwi_residency_before_release(void);
+void kiwi_residency_before_release(struct kiwi_client *c);
 /* A move's progress callback (struct kiwi_transfer): working_set with those figures. */
-void kiwi_residency_progress(const struct kiwi_residency *now, void *unused);
+void kiwi_residency_progress(const struct kiwi_residency *now, void *client);
 /* Ends an eviction for the daemon: `evicted` with where the memory is and what moved, or with
  * failed (why the memory could not be moved, or a restore rolled back). Nothing to a daemon
  * without the memory feature. */
-void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed);
-void kiwi_residency_after_fork(void);
+void kiwi_residency_evicted(struct kiwi_client *c, const struct kiwi_transfer *moved,
+                            const char *failed);
 
 /* ---- wire.c ------------------------------------------------------------------------------ */
 
@@ -294,17 +350,25 @@ struct kiwi_json_value {
                   'o' object or array (skipped) */
 };
 
+/* Whether line is one JSON object and nothing more (its values skipped over, not read). */
+bool kiwi_json_object(const char *line);
 bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *out);
-bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size);
+/* The words of a list of strings (list, length: a value kiwi_json_get found) that are among
+ * words, as the bits of their places there. */
+unsigned kiwi_json_words(const char *list, size_t length, const char *const *words, int count);
 /* A string value as text for people: escapes read (a code point outside ASCII becomes '?',
  * a control character a space), cut with "..." to fit size; false when there is none. */
 bool kiwi_json_text(const char *line, const char *key, char *buf, size_t size);
 bool kiwi_json_number(const char *line, const char *key, double *out);
-bool kiwi_json_true(const char *line, const char *key);
 /* Appends a JSON string literal (quoted, escaped) to buf; returns false when it does not fit. */
 bool kiwi_json_quote(char *buf, size_t size, const char *text);
 /* Appends the memory feature's figures, `resident`, `host` and `shadow`, to a request's fields. */
 void kiwi_json_residency(char *fields, size_t size, const struct kiwi_residency *where);
+
+/* ---- decode.c (generated from the protocol's table) ------------------------------------- */
+
+/* Reads a line from the daemon, once, into out (protocol.h's struct kiwi_message). */
+enum kiwi_decoded kiwi_message_decode(const char *line, struct kiwi_message *out);
 
 /* ---- evict.c ----------------------------------------------------------------------------- */
 

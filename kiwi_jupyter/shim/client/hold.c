@@ -1,4 +1,4 @@
-/* The hold's one writer. Every change of kiwi_comm.stats.hold goes through kiwi_hold_move,
+/* The hold's one writer. Every change of a client's stats.hold goes through kiwi_hold_move,
  * against the protocol's table of a client's legal moves (kiwi_hold_legal in protocol.h,
  * generated from nodeside/protocol/hold.py: the Python clients keep the same table), so that
  * the comm thread's state machine is the table and nothing else: a move the table does not
@@ -26,12 +26,12 @@ const char *kiwi_hold_word(enum kiwi_hold_state hold)
     return (unsigned)hold < KIWI_HOLD_STATES ? words[hold] : "idle";
 }
 
-bool kiwi_hold_move(enum kiwi_hold_state to)
+bool kiwi_hold_move(struct kiwi_client *c, enum kiwi_hold_state to)
 {
-    enum kiwi_hold_state from = kiwi_comm.stats.hold;
+    enum kiwi_hold_state from = c->stats.hold;
     if ((unsigned)from < KIWI_HOLD_STATES && (unsigned)to < KIWI_HOLD_STATES &&
         kiwi_hold_legal(from, to)) {
-        kiwi_comm.stats.hold = to;
+        c->stats.hold = to;
         return true;
     }
 #ifdef KIWI_CHECKED

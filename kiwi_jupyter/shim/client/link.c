@@ -14,42 +14,38 @@
 
 #include "client.h"
 
-static int link_fd = -1;
-static char inbox[65536]; /* daemon lines other than status are under 1 KiB */
-static size_t inbox_length;
-
-bool kiwi_link_up(void)
+bool kiwi_link_up(struct kiwi_client *c)
 {
-    return link_fd >= 0;
+    return c->link.fd >= 0;
 }
 
-int kiwi_link_fd(void)
+int kiwi_link_fd(struct kiwi_client *c)
 {
-    return link_fd;
+    return c->link.fd;
 }
 
-void kiwi_link_close(const char *why)
+void kiwi_link_close(struct kiwi_client *c, const char *why)
 {
-    if (link_fd < 0)
+    if (c->link.fd < 0)
         return;
-    close(link_fd);
-    link_fd = -1;
-    inbox_length = 0;
-    kiwi_comm_link_lost(why);
+    close(c->link.fd);
+    c->link.fd = -1;
+    c->link.inbox_length = 0;
+    kiwi_comm_link_lost(c, why);
 }
 
-void kiwi_link_after_fork(void)
+void kiwi_link_after_fork(struct kiwi_client *c)
 {
     /* The child's copy of the socket is the parent's connection: close it without a word. */
-    if (link_fd >= 0)
-        close(link_fd);
-    link_fd = -1;
-    inbox_length = 0;
+    if (c->link.fd >= 0)
+        close(c->link.fd);
+    c->link.fd = -1;
+    c->link.inbox_length = 0;
 }
 
-bool kiwi_link_send(const char *line)
+bool kiwi_link_send(struct kiwi_client *c, const char *line)
 {
-    if (link_fd < 0)
+    if (c->link.fd < 0)
         return false;
     kiwi_log("-> %s", line);
     char framed[2400];
@@ -58,11 +54,11 @@ bool kiwi_link_send(const char *line)
         return false;
     for (size_t sent = 0; sent < (size_t)n;) {
         /* MSG_NOSIGNAL: a daemon gone away must not SIGPIPE the notebook kernel. */
-        ssize_t k = send(link_fd, framed + sent, (size_t)n - sent, MSG_NOSIGNAL);
+        ssize_t k = send(c->link.fd, framed + sent, (size_t)n - sent, MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0) {
-            kiwi_link_close(strerror(errno));
+            kiwi_link_close(c, strerror(errno));
             return false;
         }
         sent += (size_t)k;
@@ -70,41 +66,42 @@ bool kiwi_link_send(const char *line)
     return true;
 }
 
-bool kiwi_link_next_line(char *line, size_t size)
+bool kiwi_link_next_line(struct kiwi_client *c, char *line, size_t size)
 {
-    char *end = memchr(inbox, '\n', inbox_length);
+    char *end = memchr(c->link.inbox, '\n', c->link.inbox_length);
     if (!end)
         return false;
-    size_t length = (size_t)(end - inbox);
+    size_t length = (size_t)(end - c->link.inbox);
     size_t kept = length < size ? length : size - 1;
-    memcpy(line, inbox, kept);
+    memcpy(line, c->link.inbox, kept);
     line[kept] = '\0';
-    inbox_length -= length + 1;
-    memmove(inbox, end + 1, inbox_length);
+    c->link.inbox_length -= length + 1;
+    memmove(c->link.inbox, end + 1, c->link.inbox_length);
     return true;
 }
 
-bool kiwi_link_fill(double timeout)
+bool kiwi_link_fill(struct kiwi_client *c, double timeout)
 {
-    if (link_fd < 0)
+    if (c->link.fd < 0)
         return false;
-    struct pollfd p = {.fd = link_fd, .events = POLLIN};
+    struct pollfd p = {.fd = c->link.fd, .events = POLLIN};
     if (poll(&p, 1, (int)(timeout * 1000)) <= 0)
         return false;
-    if (inbox_length == sizeof inbox) {
-        kiwi_link_close("a line longer than the protocol allows");
+    if (c->link.inbox_length == sizeof c->link.inbox) {
+        kiwi_link_close(c, "a line longer than the protocol allows");
         return false;
     }
-    ssize_t n = recv(link_fd, inbox + inbox_length, sizeof inbox - inbox_length, 0);
+    size_t room = sizeof c->link.inbox - c->link.inbox_length;
+    ssize_t n = recv(c->link.fd, c->link.inbox + c->link.inbox_length, room, 0);
     if (n <= 0) {
-        kiwi_link_close(n == 0 ? "connection closed" : strerror(errno));
+        kiwi_link_close(c, n == 0 ? "connection closed" : strerror(errno));
         return false;
     }
-    inbox_length += (size_t)n;
+    c->link.inbox_length += (size_t)n;
     return true;
 }
 
-bool kiwi_link_open(void)
+bool kiwi_link_open(struct kiwi_client *c)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -115,7 +112,7 @@ bool kiwi_link_open(void)
         close(fd);
         return false;
     }
-    link_fd = fd;
-    inbox_length = 0;
+    c->link.fd = fd;
+    c->link.inbox_length = 0;
     return true;
 }

@@ -8,6 +8,7 @@
 #define KIWI_PROTOCOL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 /* ---- limits and defaults --------------------------------------------------------------------- */
@@ -243,5 +244,165 @@ static inline bool kiwi_hold_legal(enum kiwi_hold_state from, enum kiwi_hold_sta
     }
     return false;
 }
+
+/* ---- the daemon's messages, decoded (decode.c) ----------------------------------------------- */
+
+enum kiwi_daemon_op {
+    KIWI_DAEMON_UNKNOWN, /* an op this version does not send a client */
+    KIWI_DAEMON_WELCOME,
+    KIWI_DAEMON_REGISTERED,
+    KIWI_DAEMON_GRANT,
+    KIWI_DAEMON_WAITING,
+    KIWI_DAEMON_RELEASED,
+    KIWI_DAEMON_DROP,
+    KIWI_DAEMON_REVOKED,
+    KIWI_DAEMON_PAUSE,
+    KIWI_DAEMON_RESUME,
+    KIWI_DAEMON_EVICT,
+    KIWI_DAEMON_CHANGED,
+    KIWI_DAEMON_MODE,
+    KIWI_DAEMON_OK,
+    KIWI_DAEMON_PONG,
+    KIWI_DAEMON_STATUS_REPLY,
+    KIWI_DAEMON_ERROR,
+};
+
+/* struct kiwi_message's has: the fields the line carried. */
+#define KIWI_HAS_SEQ (1ull << 0)
+#define KIWI_HAS_VERSION (1ull << 1)
+#define KIWI_HAS_DAEMON (1ull << 2)
+#define KIWI_HAS_MAX_MESSAGE (1ull << 3)
+#define KIWI_HAS_MODE (1ull << 4)
+#define KIWI_HAS_TQ (1ull << 5)
+#define KIWI_HAS_FEATURES (1ull << 6)
+#define KIWI_HAS_CLIENT (1ull << 7)
+#define KIWI_HAS_GPU (1ull << 8)
+#define KIWI_HAS_EVICT (1ull << 9)
+#define KIWI_HAS_POOL (1ull << 10)
+#define KIWI_HAS_PRIORITY (1ull << 11)
+#define KIWI_HAS_WARNING (1ull << 12)
+#define KIWI_HAS_PIN_BUDGET (1ull << 13)
+#define KIWI_HAS_QUANTUM (1ull << 14)
+#define KIWI_HAS_POSITION (1ull << 15)
+#define KIWI_HAS_REASON (1ull << 16)
+#define KIWI_HAS_GRACE (1ull << 17)
+#define KIWI_HAS_BYTES (1ull << 18)
+#define KIWI_HAS_FOR (1ull << 19)
+#define KIWI_HAS_STATUS (1ull << 20)
+#define KIWI_HAS_CODE (1ull << 21)
+#define KIWI_HAS_MESSAGE (1ull << 22)
+
+/* The features a welcome lists, as bits of its features member. */
+#define KIWI_FEATURE_BIT_POSITION (1u << 0)
+#define KIWI_FEATURE_BIT_CHANGES (1u << 1)
+#define KIWI_FEATURE_BIT_MEMORY (1u << 2)
+#define KIWI_FEATURE_WORDS 3
+
+struct kiwi_msg_welcome {
+    int64_t version; /* the protocol version */
+    char daemon[64]; /* the daemon's software and version */
+    int64_t max_message; /* the longest line a client may send, newline included */
+    char mode[8];
+    double tq; /* seconds */
+    unsigned features; /* those asked for that the daemon serves; absent when none were asked */
+};
+
+struct kiwi_msg_registered {
+    char client[32]; /* the daemon's id for this client */
+    int64_t gpu; /* the GPU it was placed on */
+    char mode[8];
+    double tq; /* seconds, on its GPU */
+    char evict[32]; /* the evictor the daemon carries out for it */
+    char pool[32]; /* what it got, when the access policy downgraded its claim */
+    char priority[32]; /* likewise */
+    char warning[256]; /* why it was downgraded */
+    /* memory feature: the most host memory, in bytes, the client may keep pinned ahead for its
+     * evictions (the vmm evictor's shadows and staging ring); absent: its own default */
+    int64_t pin_budget;
+};
+
+struct kiwi_msg_grant {
+    int64_t gpu; /* the GPU's index */
+    double quantum; /* seconds */
+};
+
+struct kiwi_msg_waiting {
+    int64_t position; /* 1-based place in the queue */
+};
+
+struct kiwi_msg_released {
+    bool evict; /* the next holder needed the room */
+};
+
+struct kiwi_msg_drop {
+    int64_t gpu; /* the GPU's index */
+    char reason[32]; /* one of the reasons below */
+    bool evict; /* the next holder needs the memory: move your working set to host memory first */
+    double grace; /* seconds before the GPU is revoked */
+};
+
+struct kiwi_msg_revoked {
+    int64_t gpu; /* the GPU's index */
+    char reason[32]; /* grace */
+};
+
+struct kiwi_msg_pause {
+    int64_t gpu; /* the GPU's index */
+};
+
+struct kiwi_msg_resume {
+    int64_t gpu; /* the GPU's index */
+};
+
+struct kiwi_msg_evict {
+    int64_t gpu; /* the GPU's index */
+    int64_t bytes; /* the room needed */
+    char for_name[256]; /* the display name of who needs the room */
+};
+
+struct kiwi_msg_mode {
+    char mode[8];
+    double tq; /* seconds */
+};
+
+struct kiwi_msg_ok {
+    char mode[8]; /* after set_mode and set_tq */
+    double tq; /* likewise */
+};
+
+struct kiwi_msg_error {
+    char code[32]; /* one of the codes below */
+    char message[256]; /* for people */
+};
+
+/* One line from the daemon, decoded (decode.c): op, seq (-1: none), has, and the
+ * members of that op's struct. */
+struct kiwi_message {
+    enum kiwi_daemon_op op;
+    char op_name[32]; /* as read */
+    int64_t seq;
+    uint64_t has;
+    union {
+        struct kiwi_msg_welcome welcome;
+        struct kiwi_msg_registered registered;
+        struct kiwi_msg_grant grant;
+        struct kiwi_msg_waiting waiting;
+        struct kiwi_msg_released released;
+        struct kiwi_msg_drop drop;
+        struct kiwi_msg_revoked revoked;
+        struct kiwi_msg_pause pause;
+        struct kiwi_msg_resume resume;
+        struct kiwi_msg_evict evict;
+        struct kiwi_msg_mode mode;
+        struct kiwi_msg_ok ok;
+        struct kiwi_msg_error error;
+    };
+};
+
+enum kiwi_decoded {
+    KIWI_DECODED,
+    KIWI_DECODE_MALFORMED,  /* not an object, no string op, a field of another type */
+    KIWI_DECODE_UNKNOWN_OP, /* well formed: an op this version does not send a client */
+};
 
 #endif

@@ -33,10 +33,8 @@
 
 #include "client.h"
 
-unsigned kiwi_release_seq;
-unsigned kiwi_yield_seq; /* see client.h */
 
-void kiwi_release_evict_now(void)
+void kiwi_release_evict_now(struct kiwi_client *c)
 {
     if (kiwi_pager_checkpointing())
         return; /* the daemon moves this process, from outside */
@@ -46,58 +44,44 @@ void kiwi_release_evict_now(void)
      * with `evicting`): the way out runs on a thread of its own (way_out.c), and the daemon
      * hears it as it goes (residency.c). */
     bool movable = kiwi_pager_movable();
-    if (movable && kiwi_session_memory() && kiwi_way_out_start())
+    if (movable && kiwi_session_memory(c) && kiwi_way_out_start(c))
         return;
-    struct kiwi_transfer moved = {.progress = kiwi_session_memory() ? kiwi_residency_progress
-                                                                    : NULL};
+    struct kiwi_transfer moved = {.progress = kiwi_session_memory(c) ? kiwi_residency_progress
+                                                                     : NULL,
+                                  .progress_arg = c};
     if (movable) {
         kiwi_pool_trim(); /* what the pools keep for reuse need not move: it goes back instead */
         kiwi_pager_move(KIWI_PAGE_OUT, &moved);
         pthread_mutex_lock(&kiwi_lock);
-        kiwi_comm.stats.evicted = true;
-        kiwi_comm.stats.evictions++;
-        kiwi_comm.stats.bytes_evicted += moved.bytes;
-        kiwi_comm.stats.bytes_skipped += moved.skipped;
-        kiwi_comm.stats.bytes_discarded += moved.discarded;
-        kiwi_comm.stats.seconds_evicting += moved.seconds;
+        c->stats.evicted = true;
+        c->stats.evictions++;
+        c->stats.bytes_evicted += moved.bytes;
+        c->stats.bytes_skipped += moved.skipped;
+        c->stats.bytes_discarded += moved.discarded;
+        c->stats.seconds_evicting += moved.seconds;
         pthread_mutex_unlock(&kiwi_lock);
     }
-    kiwi_residency_evicted(&moved, NULL);
+    kiwi_residency_evicted(c, &moved, NULL);
 }
 
-/* A release that must wait for graph captures to end (mechanisms/captures.c): a drop, and
- * whether it asked for eviction, or a release of the process's own accord. Done by act() once
- * the last capture has ended. */
-static struct {
-    bool drop;
-    bool evict;
-    bool yield;
-} deferred;
-
-/* What a drop read left to do (kiwi_release_dropped), while the hold is DROPPING. */
-static struct {
-    bool evict;
-    bool quiesced; /* the answer to evict_first: steps 1 and 2 are done */
-} dropped;
-
-static void keep_holding(void)
+static void keep_holding(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
     /* A holder paused for another's turn waits for its resume. */
-    if (kiwi_comm.stats.hold == KIWI_HOLD_DROPPING && kiwi_hold_move(KIWI_HOLD_HOLDING) &&
-        !kiwi_comm.stats.paused)
+    if (c->stats.hold == KIWI_HOLD_DROPPING && kiwi_hold_move(c, KIWI_HOLD_HOLDING) &&
+        !c->stats.paused)
         kiwi_gate_open();
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
 }
 
 /* The hold ends: the GPU is, or is about to be, the daemon's to hand over. */
-static void released(void)
+static void released(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    if (kiwi_hold_move(KIWI_HOLD_IDLE)) {
-        kiwi_comm.stats.paused = false;
-        kiwi_comm.stats.releases++;
+    if (kiwi_hold_move(c, KIWI_HOLD_IDLE)) {
+        c->stats.paused = false;
+        c->stats.releases++;
     }
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
@@ -109,30 +93,30 @@ enum quiesced { QUIESCED, CAPTURING, NOT_SYNCHRONIZED };
  * cannot be done now the process still holds the GPU, gate open: a graph capture is open
  * (synchronizing would invalidate it; the caller defers), or synchronizing failed, so work may
  * still be running and the GPU is not released (the daemon revokes it after its grace). */
-static enum quiesced quiesce(const char *why, bool evict)
+static enum quiesced quiesce(struct kiwi_client *c, const char *why, bool evict)
 {
     if (kiwi_capture_open() > 0) {
-        keep_holding(); /* a drop read: held on, gate open, until the capture is over */
+        keep_holding(c); /* a drop read: held on, gate open, until the capture is over */
         return CAPTURING;
     }
     kiwi_log("releasing the GPU (%s%s)", why, evict ? ", evicting" : "");
     pthread_mutex_lock(&kiwi_lock);
-    if (kiwi_comm.stats.hold == KIWI_HOLD_HOLDING)
-        kiwi_hold_move(KIWI_HOLD_DROPPING);
+    if (c->stats.hold == KIWI_HOLD_HOLDING)
+        kiwi_hold_move(c, KIWI_HOLD_DROPPING);
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
     if (kiwi_pager_checkpointing())
         return QUIESCED; /* no CUDA call of ours: the daemon's lock waits for queued work */
     if (!kiwi_capture_hold()) {
-        keep_holding(); /* a capture began while the gate closed */
+        keep_holding(c); /* a capture began while the gate closed */
         return CAPTURING;
     }
     bool synchronized = kiwi_pager_synchronize();
     kiwi_capture_unhold();
     if (!synchronized) {
         kiwi_warn("not releasing the GPU (%s): work may still be running on it", why);
-        keep_holding();
+        keep_holding(c);
         return NOT_SYNCHRONIZED;
     }
     kiwi_pager_free_deferred();
@@ -148,91 +132,93 @@ static void defer(const char *why)
  * feature the release goes first, saying the memory is on its way out (`evicting`): the hold
  * ends now, compute being quiesced, and the next holder's way in may overlap this way out,
  * which the progress reports and `evicted` follow. */
-static void finish_evicting(void)
+bool kiwi_release_finish_evicting(struct kiwi_client *c)
 {
-    kiwi_residency_before_release();
-    released();
-    kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICTING "\":true");
-    kiwi_release_seq = 0; /* its answer asks for nothing more: the way out follows here */
+    if (!kiwi_session_memory(c) || kiwi_pager_checkpointing())
+        return false;
+    kiwi_residency_before_release(c);
+    released(c);
+    kiwi_session_request(c, KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICTING "\":true");
+    c->seq.release = 0; /* its answer asks for nothing more: the way out follows here */
+    return true;
 }
 
-static void finish_release(bool evict)
+static void finish_release(struct kiwi_client *c, bool evict)
 {
-    if (evict && kiwi_session_memory() && !kiwi_pager_checkpointing()) {
-        finish_evicting();
-        kiwi_release_evict_now();
+    if (evict && kiwi_release_finish_evicting(c)) {
+        kiwi_release_evict_now(c);
         return;
     }
     if (evict)
-        kiwi_release_evict_now();
-    kiwi_release_finish();
+        kiwi_release_evict_now(c);
+    kiwi_release_finish(c);
 }
 
-void kiwi_release_finish(void)
+void kiwi_release_finish(struct kiwi_client *c)
 {
     /* Idle before the release leaves: once the daemon has it, the next holder may be running,
      * and nothing here may still say this process holds the GPU. */
-    kiwi_residency_before_release();
-    released();
-    kiwi_release_seq = kiwi_session_request(KIWI_OP_RELEASE, "");
+    kiwi_residency_before_release(c);
+    released(c);
+    c->seq.release = kiwi_session_request(c, KIWI_OP_RELEASE, "");
 }
 
-void kiwi_release_ask_evict_first(void)
+void kiwi_release_ask_evict_first(struct kiwi_client *c)
 {
     /* RELEASING, not holding: if the daemon hands over at once, the next holder may be
      * running before the answer is read. Its answer (evict first or not) is decided from the
      * figures the daemon has. */
-    kiwi_residency_before_release();
+    kiwi_residency_before_release(c);
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_hold_move(KIWI_HOLD_RELEASING);
+    kiwi_hold_move(c, KIWI_HOLD_RELEASING);
     pthread_mutex_unlock(&kiwi_lock);
-    kiwi_yield_seq = kiwi_session_request(KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICT_FIRST "\":true");
+    c->seq.yield = kiwi_session_request(c, KIWI_OP_RELEASE, "\"" KIWI_FIELD_EVICT_FIRST "\":true");
 }
 
-void kiwi_release_dropped(bool evict, bool quiesced)
+void kiwi_release_dropped(struct kiwi_client *c, bool evict, bool quiesced)
 {
-    dropped.evict = evict;
-    dropped.quiesced = quiesced;
+    c->dropped.evict = evict;
+    c->dropped.quiesced = quiesced;
 }
 
-void kiwi_release_carry_out(void)
+void kiwi_release_carry_out(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    bool dropping = kiwi_comm.stats.hold == KIWI_HOLD_DROPPING;
+    bool dropping = c->stats.hold == KIWI_HOLD_DROPPING;
     pthread_mutex_unlock(&kiwi_lock);
     if (!dropping)
         return;
-    if (dropped.quiesced)
-        finish_release(dropped.evict);
+    if (c->dropped.quiesced)
+        finish_release(c, c->dropped.evict);
     else
-        kiwi_release_sequence(dropped.evict, "drop");
+        kiwi_release_sequence(c, c->dropped.evict, "drop");
 }
 
 /* The daemon asked for the GPU back and said whether the next holder needs the room. */
-void kiwi_release_sequence(bool evict, const char *why)
+void kiwi_release_sequence(struct kiwi_client *c, bool evict, const char *why)
 {
-    enum quiesced quiesced = quiesce(why, evict);
+    enum quiesced quiesced = quiesce(c, why, evict);
     if (quiesced == QUIESCED) {
-        finish_release(evict);
+        finish_release(c, evict);
     } else if (quiesced == CAPTURING) {
-        deferred.drop = true; /* act_deferred looks again, even if the capture is over now */
-        deferred.evict = evict;
+        c->deferred.drop = true; /* act_deferred looks again, even if the capture is over now */
+        c->deferred.evict = evict;
         defer(why);
     }
 }
 
-bool kiwi_release_for_room(const char **why)
+bool kiwi_release_for_room(struct kiwi_client *c, const char **why)
 {
-    enum quiesced quiesced = quiesce("room for an allocation", false);
+    enum quiesced quiesced = quiesce(c, "room for an allocation", false);
     if (quiesced == QUIESCED) {
         /* The allocations waiting are the wish: no eager one of its own, should the daemon
          * refuse the room. */
         pthread_mutex_lock(&kiwi_lock);
-        bool eager = kiwi_comm.acquire_wanted;
+        bool eager = c->acquire_wanted;
         pthread_mutex_unlock(&kiwi_lock);
-        kiwi_ask_requeue();
+        kiwi_ask_requeue(c);
         pthread_mutex_lock(&kiwi_lock);
-        kiwi_comm.acquire_wanted = eager;
+        c->acquire_wanted = eager;
         pthread_mutex_unlock(&kiwi_lock);
         return true;
     }
@@ -245,66 +231,62 @@ bool kiwi_release_for_room(const char **why)
 /* The process gives the GPU back of its own accord (cell end, idle): ask the daemon whether
  * to evict first. The answer finishes the sequence (on_yield_answer). With nothing evictable
  * there is nothing to wait for, and a plain release saves the daemon's round trip. */
-void kiwi_release_yield(const char *why)
+void kiwi_release_yield(struct kiwi_client *c, const char *why)
 {
-    enum quiesced quiesced = quiesce(why, false);
+    enum quiesced quiesced = quiesce(c, why, false);
     if (quiesced == CAPTURING) {
-        deferred.yield = true; /* act_deferred looks again, even if the capture is over now */
+        c->deferred.yield = true; /* act_deferred looks again, even if the capture is over now */
         defer(why);
     }
     if (quiesced != QUIESCED)
         return;
     if (!kiwi_pager_movable()) {
-        finish_release(false);
+        finish_release(c, false);
         return;
     }
-    kiwi_release_ask_evict_first();
+    kiwi_release_ask_evict_first(c);
 }
 
 /* The answer to a release sent with evict_first: `released` (handed over; nothing to move)
  * or a `drop` with our seq (the hold is kept, DROPPING, until the working set is out: carried
  * out by kiwi_release_carry_out). An error that leaves the connection open still must not
  * leave the hold half released: release plainly. */
-void kiwi_release_on_yield_answer(const char *op, const char *line)
+void kiwi_release_on_yield_answer(struct kiwi_client *c, const struct kiwi_message *answer)
 {
-    kiwi_yield_seq = 0;
-    if (strcmp(op, "drop") == 0) {
+    c->seq.yield = 0;
+    if (answer->op == KIWI_DAEMON_DROP) {
         pthread_mutex_lock(&kiwi_lock);
-        kiwi_hold_move(KIWI_HOLD_DROPPING);
+        kiwi_hold_move(c, KIWI_HOLD_DROPPING);
         pthread_mutex_unlock(&kiwi_lock);
-        kiwi_release_dropped(kiwi_json_true(line, "evict"), true);
+        kiwi_release_dropped(c, answer->drop.evict, true);
         return;
     }
-    if (strcmp(op, "released") != 0) {
-        kiwi_warn("the scheduler refused a release: %s", line);
-        finish_release(false);
+    if (answer->op != KIWI_DAEMON_RELEASED) {
+        kiwi_warn("the scheduler refused a release: %s %s", answer->op_name,
+                  answer->op == KIWI_DAEMON_ERROR ? answer->error.message : "");
+        finish_release(c, false);
         return;
     }
-    released();
-    if (kiwi_json_true(line, "evict"))
-        kiwi_release_evict_now(); /* a daemon that does not know evict_first handed over already */
+    released(c);
+    if (answer->released.evict)
+        kiwi_release_evict_now(c); /* a daemon that does not know evict_first handed over already */
 }
 
 /* A release deferred for graph captures, once they are over; a drop wins over a release of
  * the process's own accord, as it carries the daemon's word on eviction. */
-void kiwi_release_act_deferred(void)
+void kiwi_release_act_deferred(struct kiwi_client *c)
 {
-    if ((!deferred.drop && !deferred.yield) || kiwi_capture_open() > 0)
+    if ((!c->deferred.drop && !c->deferred.yield) || kiwi_capture_open() > 0)
         return;
     pthread_mutex_lock(&kiwi_lock);
-    bool holding = kiwi_comm.stats.hold == KIWI_HOLD_HOLDING;
+    bool holding = c->stats.hold == KIWI_HOLD_HOLDING;
     pthread_mutex_unlock(&kiwi_lock);
-    bool drop = deferred.drop, evict = deferred.evict;
-    deferred.drop = deferred.yield = false;
+    bool drop = c->deferred.drop, evict = c->deferred.evict;
+    c->deferred.drop = c->deferred.yield = false;
     if (!holding)
         return; /* revoked meanwhile: nothing left to release */
     if (drop)
-        kiwi_release_sequence(evict, "drop, after graph capture");
+        kiwi_release_sequence(c, evict, "drop, after graph capture");
     else
-        kiwi_release_yield("cell end, after graph capture");
-}
-void kiwi_release_after_fork(void)
-{
-    kiwi_yield_seq = 0;
-    deferred.drop = deferred.yield = false;
+        kiwi_release_yield(c, "cell end, after graph capture");
 }

@@ -18,9 +18,7 @@
 
 #define REPORT_INTERVAL 0.05
 
-static double last_report; /* the comm thread's own */
-
-static void send_working_set(const struct kiwi_residency *where)
+static void send_working_set(struct kiwi_client *c, const struct kiwi_residency *where)
 {
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
@@ -30,24 +28,24 @@ static void send_working_set(const struct kiwi_residency *where)
              (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
     if (where)
         kiwi_json_residency(fields, sizeof fields, where);
-    kiwi_session_request(KIWI_OP_WORKING_SET, fields);
-    last_report = kiwi_now();
+    kiwi_session_request(c, KIWI_OP_WORKING_SET, fields);
+    c->last_report = kiwi_now();
 }
 
-double kiwi_residency_report(void)
+double kiwi_residency_report(struct kiwi_client *c)
 {
-    if (!kiwi_session_memory()) {
-        send_working_set(NULL); /* today's report, as soon as the news comes */
+    if (!kiwi_session_memory(c)) {
+        send_working_set(c, NULL); /* today's report, as soon as the news comes */
         return 0;
     }
-    double wait = last_report + REPORT_INTERVAL - kiwi_now();
+    double wait = c->last_report + REPORT_INTERVAL - kiwi_now();
     if (wait > 0) {
         kiwi_news_set(KIWI_NEWS_WORKING_SET); /* still to say, once the interval is over */
         return wait;
     }
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
-    send_working_set(&where);
+    send_working_set(c, &where);
     return 0;
 }
 
@@ -56,28 +54,28 @@ double kiwi_residency_report(void)
  * after allocations in the hold, may still be held back by the rate limit, and would reach the
  * daemon after the release, which then counted the memory as still in host memory (or the
  * working set as it was) and handed the GPU over without the room. */
-void kiwi_residency_before_release(void)
+void kiwi_residency_before_release(struct kiwi_client *c)
 {
     if (!kiwi_news_take(KIWI_NEWS_WORKING_SET))
         return;
-    if (!kiwi_session_memory()) {
-        send_working_set(NULL);
+    if (!kiwi_session_memory(c)) {
+        send_working_set(c, NULL);
         return;
     }
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
-    send_working_set(&where);
+    send_working_set(c, &where);
 }
 
-void kiwi_residency_progress(const struct kiwi_residency *now, void *unused)
+void kiwi_residency_progress(const struct kiwi_residency *now, void *client)
 {
-    (void)unused;
-    send_working_set(now);
+    send_working_set(client, now);
 }
 
-void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *failed)
+void kiwi_residency_evicted(struct kiwi_client *c, const struct kiwi_transfer *moved,
+                            const char *failed)
 {
-    if (!kiwi_session_memory())
+    if (!kiwi_session_memory(c))
         return;
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
@@ -92,11 +90,7 @@ void kiwi_residency_evicted(const struct kiwi_transfer *moved, const char *faile
                  ",\"" KIWI_FIELD_MOVED "\":%llu,\"" KIWI_FIELD_SECONDS "\":%.6f",
                  (unsigned long long)(moved ? moved->bytes : 0), moved ? moved->seconds : 0.0);
     }
-    kiwi_session_request(KIWI_OP_EVICTED, fields);
-    last_report = kiwi_now();
+    kiwi_session_request(c, KIWI_OP_EVICTED, fields);
+    c->last_report = kiwi_now();
 }
 
-void kiwi_residency_after_fork(void)
-{
-    last_report = 0;
-}

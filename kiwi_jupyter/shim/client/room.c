@@ -36,31 +36,31 @@
 #define ROOM_RETRY_FIRST 1.0
 #define ROOM_RETRY_MOST 16.0
 
-void kiwi_room_on_refused(const char *line)
+void kiwi_room_on_refused(struct kiwi_client *c, const struct kiwi_message *refusal)
 {
-    char why[sizeof kiwi_comm.stats.room_last_refusal];
-    if (!kiwi_json_text(line, "message", why, sizeof why))
-        snprintf(why, sizeof why, "the scheduler gave no reason");
+    char why[sizeof c->stats.room_last_refusal];
+    bool said = refusal->has & KIWI_HAS_MESSAGE;
+    snprintf(why, sizeof why, "%s", said ? refusal->error.message : "the scheduler gave no reason");
     pthread_mutex_lock(&kiwi_lock);
-    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
+    enum kiwi_hold_state hold = c->stats.hold;
     /* In RELEASING it crossed our cancel, whose answer ends the wait as ever. */
     bool ended = (hold == KIWI_HOLD_ASKING || hold == KIWI_HOLD_WAITING) &&
-                 kiwi_hold_move(KIWI_HOLD_IDLE);
+                 kiwi_hold_move(c, KIWI_HOLD_IDLE);
     bool first = false;
     double backoff = 0;
     if (ended) {
         double now = kiwi_now();
-        kiwi_comm.stats.queue_position = 0;
-        first = kiwi_comm.room_refused_since == 0;
+        c->stats.queue_position = 0;
+        first = c->room_refused_since == 0;
         if (first)
-            kiwi_comm.room_refused_since = now;
-        backoff = kiwi_comm.room_backoff > 0 ? kiwi_comm.room_backoff : ROOM_RETRY_FIRST;
-        kiwi_comm.room_backoff = backoff * 2 < ROOM_RETRY_MOST ? backoff * 2 : ROOM_RETRY_MOST;
-        if (kiwi_comm.retry_after < now + backoff)
-            kiwi_comm.retry_after = now + backoff;
-        kiwi_comm.stats.room_refusals++;
+            c->room_refused_since = now;
+        backoff = c->room_backoff > 0 ? c->room_backoff : ROOM_RETRY_FIRST;
+        c->room_backoff = backoff * 2 < ROOM_RETRY_MOST ? backoff * 2 : ROOM_RETRY_MOST;
+        if (c->retry_after < now + backoff)
+            c->retry_after = now + backoff;
+        c->stats.room_refusals++;
         kiwi_room_fail(why); /* allocations waiting for room fail now, with its words */
-        snprintf(kiwi_comm.stats.room_last_refusal, sizeof why, "%s", why);
+        snprintf(c->stats.room_last_refusal, sizeof why, "%s", why);
         pthread_cond_broadcast(&kiwi_changed);
     }
     pthread_mutex_unlock(&kiwi_lock);
@@ -68,7 +68,7 @@ void kiwi_room_on_refused(const char *line)
         kiwi_log("a refusal for room crossed a release of ours: %s", why);
         return;
     }
-    kiwi_ask_seq = 0; /* an answer to it still on its way changes nothing now */
+    c->seq.ask = 0; /* an answer to it still on its way changes nothing now */
     if (!first) {
         kiwi_log("refused again for want of room; asking again in %.0f s: %s", backoff, why);
         return;
@@ -82,41 +82,41 @@ void kiwi_room_on_refused(const char *line)
               ROOM_RETRY_MOST, until);
 }
 
-void kiwi_room_granted(void)
+void kiwi_room_granted(struct kiwi_client *c)
 {
-    kiwi_comm.room_restores_failed = 0;
-    kiwi_comm.room_backoff = 0;
-    kiwi_comm.room_refused_since = 0;
-    kiwi_comm.stats.room_last_refusal[0] = '\0';
+    c->room_restores_failed = 0;
+    c->room_backoff = 0;
+    c->room_refused_since = 0;
+    c->stats.room_last_refusal[0] = '\0';
 }
 
-void kiwi_room_cell_end(void)
+void kiwi_room_cell_end(struct kiwi_client *c)
 {
-    kiwi_comm.room_refused_since = 0;
+    c->room_refused_since = 0;
 }
 
 /* Under kiwi_lock: calls wait for the GPU, and the last ask was refused for room. */
-static bool refused_now(void)
+static bool refused_now(struct kiwi_client *c)
 {
-    enum kiwi_hold_state hold = kiwi_comm.stats.hold;
-    return kiwi_comm.room_refused_since > 0 &&
+    enum kiwi_hold_state hold = c->stats.hold;
+    return c->room_refused_since > 0 &&
            (hold == KIWI_HOLD_IDLE || hold == KIWI_HOLD_ASKING) &&
-           (kiwi_gate_waiters() > 0 || kiwi_comm.acquire_wanted);
+           (kiwi_gate_waiters() > 0 || c->acquire_wanted);
 }
 
-void kiwi_room_act(void)
+void kiwi_room_act(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    double since = kiwi_comm.room_refused_since;
+    double since = c->room_refused_since;
     /* Only between two asks: a wait the daemon has queued again may be about to be served. */
-    bool give_up = kiwi_cfg.room_timeout > 0 && refused_now() &&
-                   kiwi_comm.stats.hold == KIWI_HOLD_IDLE &&
+    bool give_up = kiwi_cfg.room_timeout > 0 && refused_now(c) &&
+                   c->stats.hold == KIWI_HOLD_IDLE &&
                    kiwi_now() - since >= kiwi_cfg.room_timeout;
-    char why[sizeof kiwi_comm.stats.room_last_refusal];
+    char why[sizeof c->stats.room_last_refusal];
     if (give_up) {
-        snprintf(why, sizeof why, "%s", kiwi_comm.stats.room_last_refusal);
-        kiwi_comm.room_refused_since = 0;
-        kiwi_comm.acquire_wanted = false;
+        snprintf(why, sizeof why, "%s", c->stats.room_last_refusal);
+        c->room_refused_since = 0;
+        c->acquire_wanted = false;
         kiwi_gate_give_up();
     }
     pthread_mutex_unlock(&kiwi_lock);
@@ -126,51 +126,51 @@ void kiwi_room_act(void)
                   "CUDA_ERROR_OUT_OF_MEMORY", kiwi_cfg.room_timeout, why);
 }
 
-void kiwi_room_stats(struct kiwi_stats *out)
+void kiwi_room_stats(struct kiwi_client *c, struct kiwi_stats *out)
 {
     out->room_refused[0] = '\0';
     out->room_retry_in = 0;
-    if (!refused_now())
+    if (!refused_now(c))
         return;
     snprintf(out->room_refused, sizeof out->room_refused, "%s", out->room_last_refusal);
-    double left = kiwi_comm.retry_after - kiwi_now();
+    double left = c->retry_after - kiwi_now();
     out->room_retry_in = left > 0 ? left : 0;
 }
 
 /* Under kiwi_lock: why no daemon makes the room an allocation waits for, or NULL. */
-static const char *nobody_makes_room(void)
+static const char *nobody_makes_room(struct kiwi_client *c)
 {
-    if (kiwi_comm.stats.failed_open || kiwi_gate_refusing())
+    if (c->stats.failed_open || kiwi_gate_refusing())
         return "the scheduler is unreachable, and nobody else makes room (KIWI_FAIL_POLICY)";
-    if (!kiwi_session_ready())
+    if (!kiwi_session_ready(c))
         return NULL; /* not yet known: connecting (a restarting daemon is waited for) */
-    if (!kiwi_session_memory())
+    if (!kiwi_session_memory(c))
         return "the scheduler makes no room (it predates the memory feature)";
-    if (strcmp(kiwi_comm.stats.mode, "off") == 0)
+    if (strcmp(c->stats.mode, "off") == 0)
         return "the scheduler's mode is off: it grants at once and makes no room";
     return NULL;
 }
 
-bool kiwi_room_wanted(void)
+bool kiwi_room_wanted(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
     bool waiting = kiwi_room_waiters() > 0;
-    const char *why = waiting ? nobody_makes_room() : NULL;
+    const char *why = waiting ? nobody_makes_room(c) : NULL;
     if (why)
         kiwi_room_fail(why);
     pthread_mutex_unlock(&kiwi_lock);
     return waiting && !why;
 }
 
-void kiwi_room_requeue(void)
+void kiwi_room_requeue(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    bool holding = kiwi_room_waiters() > 0 && kiwi_comm.stats.hold == KIWI_HOLD_HOLDING;
+    bool holding = kiwi_room_waiters() > 0 && c->stats.hold == KIWI_HOLD_HOLDING;
     pthread_mutex_unlock(&kiwi_lock);
     const char *why = NULL;
-    if (!holding || kiwi_release_for_room(&why)) {
+    if (!holding || kiwi_release_for_room(c, &why)) {
         pthread_mutex_lock(&kiwi_lock);
-        kiwi_comm.stats.room_requeues += holding;
+        c->stats.room_requeues += holding;
         pthread_mutex_unlock(&kiwi_lock);
         return;
     }
@@ -179,11 +179,11 @@ void kiwi_room_requeue(void)
     pthread_mutex_unlock(&kiwi_lock);
 }
 
-void kiwi_room_restore_failed(void)
+void kiwi_room_restore_failed(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    if (kiwi_room_waiters() > 0 && ++kiwi_comm.room_restores_failed >= 3) {
-        kiwi_comm.room_restores_failed = 0;
+    if (kiwi_room_waiters() > 0 && ++c->room_restores_failed >= 3) {
+        c->room_restores_failed = 0;
         kiwi_room_fail("three grants in a row found no room on the card for it: memory the "
                        "scheduler does not see takes the room");
     }

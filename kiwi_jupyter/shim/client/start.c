@@ -15,6 +15,8 @@
 
 #include "client.h"
 
+/* The process's client: the comm thread's, once started (comm.c). */
+static struct kiwi_client process_client = {.wake_pipe = {-1, -1}, .link = {.fd = -1}};
 static atomic_bool started;
 static atomic_bool held_off; /* the conformance entry points drive the client: no thread */
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -39,24 +41,19 @@ static void after_fork_child(void)
     kiwi_gate_after_fork(); /* first: kiwi_lock afresh */
     pthread_mutex_init(&start_lock, NULL);
     kiwi_news_after_fork();
-    kiwi_link_after_fork();
-    kiwi_session_after_fork();
-    kiwi_ask_after_lost();
-    kiwi_release_after_fork();
-    kiwi_residency_after_fork();
+    struct kiwi_client *c = &process_client;
+    kiwi_link_after_fork(c);
+    for (int i = 0; i < 2; i++)
+        if (c->wake_pipe[i] >= 0)
+            close(c->wake_pipe[i]);
+    bool policy_set = c->policy_set, closed = c->policy_closed;
+    double timeout = c->policy_timeout;
+    kiwi_client_init(c); /* the hold too: idle (hold.c) */
+    c->policy_set = policy_set;
+    c->policy_closed = closed;
+    c->policy_timeout = timeout;
     kiwi_way_out_after_fork();
     kiwi_room_after_fork();
-    for (int i = 0; i < 2; i++) {
-        if (kiwi_wake_pipe[i] >= 0)
-            close(kiwi_wake_pipe[i]);
-        kiwi_wake_pipe[i] = -1;
-    }
-    bool policy_set = kiwi_comm.policy_set, closed = kiwi_comm.policy_closed;
-    double timeout = kiwi_comm.policy_timeout;
-    memset(&kiwi_comm, 0, sizeof kiwi_comm); /* the hold too: idle (hold.c) */
-    kiwi_comm.policy_set = policy_set;
-    kiwi_comm.policy_closed = closed;
-    kiwi_comm.policy_timeout = timeout;
     atomic_store(&started, false);
     if (!getenv("KIWI_CLIENT_NAME") || !*getenv("KIWI_CLIENT_NAME"))
         snprintf(kiwi_cfg.name, sizeof kiwi_cfg.name, "%s-%d", program_invocation_short_name,
@@ -73,6 +70,18 @@ static void register_fork_handlers(void)
 }
 
 /* ---- starting -------------------------------------------------------------------------- */
+
+struct kiwi_client *kiwi_client_of_process(void)
+{
+    return &process_client;
+}
+
+void kiwi_client_init(struct kiwi_client *c)
+{
+    memset(c, 0, sizeof *c);
+    c->wake_pipe[0] = c->wake_pipe[1] = -1;
+    c->link.fd = -1;
+}
 
 
 bool kiwi_comm_started(void)
@@ -93,15 +102,17 @@ void kiwi_comm_start(void)
 {
     if (!kiwi_cfg.enabled || atomic_load(&started) || atomic_load(&held_off))
         return;
+    struct kiwi_client *c = &process_client;
     pthread_once(&fork_once, register_fork_handlers);
     pthread_mutex_lock(&start_lock);
-    if (!atomic_load(&started) && !atomic_load(&held_off) && pipe2(kiwi_wake_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
-        kiwi_news_listen(kiwi_wake_pipe[1]);
+    if (!atomic_load(&started) && !atomic_load(&held_off) &&
+        pipe2(c->wake_pipe, O_CLOEXEC | O_NONBLOCK) == 0) {
+        kiwi_news_listen(c->wake_pipe[1]);
         pthread_mutex_lock(&kiwi_lock);
-        kiwi_comm.outage_since = kiwi_now();
-        if (!kiwi_comm.policy_set) {
-            kiwi_comm.policy_closed = kiwi_cfg.fail_closed;
-            kiwi_comm.policy_timeout = kiwi_cfg.fail_timeout;
+        c->outage_since = kiwi_now();
+        if (!c->policy_set) {
+            c->policy_closed = kiwi_cfg.fail_closed;
+            c->policy_timeout = kiwi_cfg.fail_timeout;
         }
         pthread_mutex_unlock(&kiwi_lock);
         if (kiwi_thread_start(kiwi_comm_main))
@@ -110,7 +121,7 @@ void kiwi_comm_start(void)
             kiwi_warn("could not start the scheduler client thread; GPU work runs unscheduled");
         if (!atomic_load(&started)) {
             pthread_mutex_lock(&kiwi_lock);
-            kiwi_comm.stats.failed_open = true;
+            c->stats.failed_open = true;
             kiwi_gate_open();
             pthread_mutex_unlock(&kiwi_lock);
         }

@@ -79,7 +79,7 @@ bool kiwi_way_out_busy(void)
     return busy;
 }
 
-bool kiwi_way_out_start(void)
+bool kiwi_way_out_start(struct kiwi_client *c)
 {
     pthread_mutex_lock(&lock);
     bool started = !(wanted || running || finished) && start_worker();
@@ -92,33 +92,33 @@ bool kiwi_way_out_start(void)
     if (!started)
         return false;
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.moving_out = true;
+    c->moving_out = true;
     pthread_mutex_unlock(&kiwi_lock);
     struct kiwi_residency now;
     kiwi_pager_residency(&now);
-    kiwi_residency_progress(&now, NULL); /* the way out began: the daemon hears it at once */
+    kiwi_residency_progress(&now, c); /* the way out began: the daemon hears it at once */
     return true;
 }
 
 /* The comm thread: what the worker posted, sent and counted. */
-static void carry_out(bool progressed, const struct kiwi_residency *now, bool ended,
-                      const struct kiwi_transfer *moved)
+static void carry_out(struct kiwi_client *c, bool progressed, const struct kiwi_residency *now,
+                      bool ended, const struct kiwi_transfer *moved)
 {
     if (progressed && !ended)
-        kiwi_residency_progress(now, NULL);
+        kiwi_residency_progress(now, c);
     if (!ended)
         return;
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.moving_out = false;
-    kiwi_comm.stats.evicted = true;
-    kiwi_comm.stats.evictions++;
-    kiwi_comm.stats.bytes_evicted += moved->bytes;
-    kiwi_comm.stats.bytes_skipped += moved->skipped;
-    kiwi_comm.stats.bytes_discarded += moved->discarded;
-    kiwi_comm.stats.seconds_evicting += moved->seconds;
+    c->moving_out = false;
+    c->stats.evicted = true;
+    c->stats.evictions++;
+    c->stats.bytes_evicted += moved->bytes;
+    c->stats.bytes_skipped += moved->skipped;
+    c->stats.bytes_discarded += moved->discarded;
+    c->stats.seconds_evicting += moved->seconds;
     pthread_cond_broadcast(&kiwi_changed);
     pthread_mutex_unlock(&kiwi_lock);
-    kiwi_residency_evicted(moved, NULL);
+    kiwi_residency_evicted(c, moved, NULL);
 }
 
 /* Under lock: takes what the worker posted. */
@@ -133,7 +133,7 @@ static void take(bool *progressed, struct kiwi_residency *now, bool *ended,
     finished = false;
 }
 
-void kiwi_way_out_act(void)
+void kiwi_way_out_act(struct kiwi_client *c)
 {
     bool progressed, ended;
     struct kiwi_residency now;
@@ -141,10 +141,10 @@ void kiwi_way_out_act(void)
     pthread_mutex_lock(&lock);
     take(&progressed, &now, &ended, &moved);
     pthread_mutex_unlock(&lock);
-    carry_out(progressed, &now, ended, &moved);
+    carry_out(c, progressed, &now, ended, &moved);
 }
 
-void kiwi_way_out_join(void)
+void kiwi_way_out_join(struct kiwi_client *c)
 {
     pthread_mutex_lock(&lock);
     while (wanted || running)
@@ -154,7 +154,7 @@ void kiwi_way_out_join(void)
     struct kiwi_transfer moved;
     take(&progressed, &now, &ended, &moved);
     pthread_mutex_unlock(&lock);
-    carry_out(progressed, &now, ended, &moved);
+    carry_out(c, progressed, &now, ended, &moved);
 }
 
 void kiwi_way_out_after_fork(void)

@@ -1,8 +1,9 @@
 /* Protocol lines (docs/protocol.md): the daemon's messages are flat JSON objects, one per line,
  * whose values are strings, numbers or booleans. This reads them without a JSON library: it
  * walks the top-level keys, skipping over any nested value, so a key inside a string or a
- * nested object is never mistaken for a field. It writes the few values a request carries that
- * are more than a number: a quoted string, and the memory feature's figures.
+ * nested object is never mistaken for a field; decode.c, generated from the protocol's table,
+ * reads each line once through it into a typed message. It writes the few values a request
+ * carries that are more than a number: a quoted string, and the memory feature's figures.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,14 +98,51 @@ bool kiwi_json_get(const char *line, const char *key, struct kiwi_json_value *ou
     }
 }
 
-bool kiwi_json_string(const char *line, const char *key, char *buf, size_t size)
+bool kiwi_json_object(const char *line)
 {
-    struct kiwi_json_value value;
-    if (!kiwi_json_get(line, key, &value) || value.kind != 's' || value.length >= size)
+    const char *p = skip_space(line);
+    if (*p++ != '{')
         return false;
-    memcpy(buf, value.start, value.length);
-    buf[value.length] = '\0';
-    return true;
+    p = skip_space(p);
+    if (*p == '}')
+        return *skip_space(p + 1) == '\0';
+    for (;;) {
+        if (*p != '"' || !(p = skip_string(p)))
+            return false;
+        p = skip_space(p);
+        if (*p++ != ':')
+            return false;
+        if (!(p = skip_value(skip_space(p))))
+            return false;
+        p = skip_space(p);
+        if (*p == '}')
+            return *skip_space(p + 1) == '\0';
+        if (*p++ != ',')
+            return false;
+        p = skip_space(p);
+    }
+}
+
+unsigned kiwi_json_words(const char *list, size_t length, const char *const *words, int count)
+{
+    unsigned found = 0;
+    const char *p = list + 1, *end = list + length;
+    while (p < end) {
+        p = skip_space(p);
+        if (*p != '"') {
+            p++; /* a comma, the closing bracket, or a value that is no word */
+            continue;
+        }
+        const char *after = skip_string(p);
+        if (!after || after > end)
+            break;
+        size_t word_length = (size_t)(after - p - 2);
+        for (int i = 0; i < count; i++)
+            if (strlen(words[i]) == word_length && memcmp(p + 1, words[i], word_length) == 0)
+                found |= 1u << i;
+        p = after;
+    }
+    return found;
 }
 
 static unsigned hex_digit(char c)
@@ -156,12 +194,6 @@ bool kiwi_json_number(const char *line, const char *key, double *out)
     char *end;
     *out = strtod(value.start, &end);
     return end == value.start + value.length;
-}
-
-bool kiwi_json_true(const char *line, const char *key)
-{
-    struct kiwi_json_value value;
-    return kiwi_json_get(line, key, &value) && value.kind == 't';
 }
 
 bool kiwi_json_quote(char *buf, size_t size, const char *text)

@@ -1,7 +1,8 @@
 /* What the other threads ask of the comm thread through api.c: a cell's begin and end, an
- * eager acquire, the fail policy, the statistics. They only set wishes under kiwi_lock and wake
- * the comm thread through its pipe (news.c); it acts on them in order. (The gate's waiters and
- * the allocations' working set reach it as news from the mechanisms.)
+ * eager acquire, the fail policy, the statistics. They only set wishes in the process's client
+ * (kiwi_client_of_process) under kiwi_lock, and wake the comm thread through its pipe (news.c);
+ * it acts on them in order. This is the only way from other threads into the client. (The
+ * gate's waiters and the allocations' working set reach it as news from the mechanisms.)
  */
 #define _GNU_SOURCE
 #include <time.h>
@@ -18,19 +19,20 @@ static void deadline_after(struct timespec *ts, double seconds)
 
 void kiwi_comm_cell_begin(void)
 {
+    struct kiwi_client *c = kiwi_client_of_process();
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.stats.in_cell = true;
-    kiwi_comm.ask_refused = false; /* a refused acquire is asked again for a new cell */
+    c->stats.in_cell = true;
+    c->ask_refused = false; /* a refused acquire is asked again for a new cell */
     /* A checkpointed process's driver calls block until it is restored, and not all of them
      * pass the gate (queries, module loads): a cell asks for the GPU at once instead. So does
      * a cell of a process whose vmm memory is away or on its way out: its restore starts at
      * once, and the daemon may have checkpointed such a process too (one idle past
      * checkpoint_after, or one that did not begin its way out in time). Read without the vmm
      * evictor's lock, which a way out holds for as long as it runs. */
-    bool away = kiwi_comm.stats.evicted &&
+    bool away = c->stats.evicted &&
                 (kiwi_pager_checkpointing() || kiwi_pager_evictor() == KIWI_EVICTOR_VMM);
-    if ((away || kiwi_comm.moving_out) && kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
-        kiwi_comm.acquire_wanted = true;
+    if ((away || c->moving_out) && c->stats.hold == KIWI_HOLD_IDLE) {
+        c->acquire_wanted = true;
         kiwi_news_wake();
     }
     pthread_mutex_unlock(&kiwi_lock);
@@ -38,6 +40,7 @@ void kiwi_comm_cell_begin(void)
 
 int kiwi_comm_acquire(double timeout)
 {
+    struct kiwi_client *c = kiwi_client_of_process();
     if (!kiwi_cfg.enabled)
         return 0;
     kiwi_comm_start();
@@ -47,10 +50,10 @@ int kiwi_comm_acquire(double timeout)
     int result = 0;
     pthread_mutex_lock(&kiwi_lock);
     unsigned gave_up = kiwi_gate_give_ups();
-    kiwi_comm.acquire_wanted = true;
-    kiwi_comm.ask_refused = false;
+    c->acquire_wanted = true;
+    c->ask_refused = false;
     kiwi_news_wake();
-    while (kiwi_comm.stats.hold != KIWI_HOLD_HOLDING && !kiwi_comm.stats.failed_open) {
+    while (c->stats.hold != KIWI_HOLD_HOLDING && !c->stats.failed_open) {
         if (kiwi_gate_refusing()) {
             result = -1;
             break;
@@ -78,18 +81,19 @@ int kiwi_comm_acquire(double timeout)
 
 int kiwi_comm_release(void)
 {
+    struct kiwi_client *c = kiwi_client_of_process();
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.stats.in_cell = false;
-    kiwi_comm.acquire_wanted = false;
-    kiwi_comm.ask_refused = false;
-    kiwi_room_cell_end();
+    c->stats.in_cell = false;
+    c->acquire_wanted = false;
+    c->ask_refused = false;
+    kiwi_room_cell_end(c);
     if (!kiwi_comm_started()) {
         pthread_mutex_unlock(&kiwi_lock);
         return 0;
     }
-    unsigned asked = ++kiwi_comm.release_asked;
+    unsigned asked = ++c->release_asked;
     kiwi_news_wake();
-    while ((int)(kiwi_comm.release_done - asked) < 0) {
+    while ((int)(c->release_done - asked) < 0) {
         struct timespec until;
         deadline_after(&until, 0.5);
         pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &until);
@@ -100,23 +104,25 @@ int kiwi_comm_release(void)
 
 void kiwi_comm_stats(struct kiwi_stats *out)
 {
+    struct kiwi_client *c = kiwi_client_of_process();
     pthread_mutex_lock(&kiwi_lock);
-    *out = kiwi_comm.stats;
+    *out = c->stats;
     out->failed_closed = kiwi_gate_refusing();
     out->seconds_waiting = kiwi_gate_seconds_waiting();
-    kiwi_room_stats(out);
+    kiwi_room_stats(c, out);
     pthread_mutex_unlock(&kiwi_lock);
 }
 
 void kiwi_comm_set_policy(bool fail_closed, double timeout)
 {
+    struct kiwi_client *c = kiwi_client_of_process();
     pthread_mutex_lock(&kiwi_lock);
-    kiwi_comm.policy_set = true;
-    kiwi_comm.policy_closed = fail_closed;
-    kiwi_comm.policy_timeout = timeout > 0 ? timeout : 0;
+    c->policy_set = true;
+    c->policy_closed = fail_closed;
+    c->policy_timeout = timeout > 0 ? timeout : 0;
     /* A policy change during an outage applies at the next turn of the comm thread. */
-    if (kiwi_comm.stats.failed_open && fail_closed) {
-        kiwi_comm.stats.failed_open = false;
+    if (c->stats.failed_open && fail_closed) {
+        c->stats.failed_open = false;
         kiwi_gate_close();
     } else if (kiwi_gate_refusing() && !fail_closed) {
         kiwi_gate_refuse(false);

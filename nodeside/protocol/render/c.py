@@ -10,6 +10,7 @@ import textwrap
 
 from nodeside.protocol import hold
 from nodeside.protocol import messages as m
+from nodeside.protocol.render import c_decoder
 
 HEADER = """\
 /* The Kiwi wire protocol's names and the client's hold table, for the CUDA shim.
@@ -22,6 +23,7 @@ HEADER = """\
 #define KIWI_PROTOCOL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 """
 
@@ -141,5 +143,7 @@ def render() -> str:
     lines += _words("features a client may ask for in hello", "FEATURE_", m.FEATURES)
     lines += _words("why a holder is asked to drop the GPU", "REASON_", m.REASONS)
     lines += _holds()
+    lines += _section("the daemon's messages, decoded (decode.c)")
+    lines += c_decoder.types()
     lines += ["", "#endif"]
     return "\n".join(lines) + "\n"
