@@ -49,7 +49,7 @@ static void on_evict(void)
     pthread_mutex_unlock(&kiwi_lock);
     if (holding)
         kiwi_residency_evicted(NULL, "holding the GPU: a drop moves its memory");
-    else if (kiwi_pager_checkpointing())
+    else if (kiwi_pager_evictor()->moved_from_outside)
         kiwi_residency_evicted(NULL, "the checkpoint evictor: the daemon moves this process");
     else
         evict_asked = true;
@@ -81,7 +81,7 @@ static void on_grant(const char *line)
     pthread_mutex_lock(&kiwi_lock);
     /* A checkpointed process was restored by the daemon before this grant was sent. Memory the
      * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
-    bool restore = !kiwi_pager_checkpointing() &&
+    bool restore = !kiwi_pager_evictor()->moved_from_outside &&
                    (kiwi_pager_away() || (ws.evictable && !kiwi_cfg.restore_by_fault));
     /* To a daemon that hears where memory is, a report after the restore ends it. */
     bool report = kiwi_session_memory() && (kiwi_comm.stats.evicted || kiwi_pager_away());
@@ -206,7 +206,7 @@ void kiwi_dispatch_line(const char *line)
         bool evict = seq == (double)kiwi_release_seq && kiwi_json_true(line, "evict") &&
                      !kiwi_comm.stats.evicted && kiwi_comm.stats.hold != KIWI_HOLD_HOLDING &&
                      kiwi_comm.stats.hold != KIWI_HOLD_DROPPING;
-        if (evict && kiwi_pager_checkpointing()) {
+        if (evict && kiwi_pager_evictor()->moved_from_outside) {
             kiwi_comm.stats.evicted = true; /* the daemon is checkpointing this process */
             kiwi_comm.stats.evictions++;
             evict = false;

@@ -38,7 +38,7 @@ unsigned kiwi_yield_seq; /* see client.h */
 
 void kiwi_release_evict_now(void)
 {
-    if (kiwi_pager_checkpointing())
+    if (kiwi_pager_evictor()->moved_from_outside)
         return; /* the daemon moves this process, from outside */
     if (kiwi_way_out_busy())
         return; /* the way out under way answers for this one too */
@@ -122,7 +122,7 @@ static enum quiesced quiesce(const char *why, bool evict)
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
-    if (kiwi_pager_checkpointing())
+    if (kiwi_pager_evictor()->moved_from_outside)
         return QUIESCED; /* no CUDA call of ours: the daemon's lock waits for queued work */
     if (!kiwi_capture_hold()) {
         keep_holding(); /* a capture began while the gate closed */
@@ -158,7 +158,7 @@ static void finish_evicting(void)
 
 static void finish_release(bool evict)
 {
-    if (evict && kiwi_session_memory() && !kiwi_pager_checkpointing()) {
+    if (evict && kiwi_session_memory() && !kiwi_pager_evictor()->moved_from_outside) {
         finish_evicting();
         kiwi_release_evict_now();
         return;

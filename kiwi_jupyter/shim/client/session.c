@@ -129,7 +129,7 @@ static bool refused_vmm(const char *op, const char *line)
     kiwi_json_string(line, KIWI_FIELD_CODE, code, sizeof code);
     kiwi_json_string(line, KIWI_FIELD_MESSAGE, message, sizeof message);
     return !compatible && strcmp(op, KIWI_OP_ERROR) == 0 && strcmp(code, KIWI_E_INVALID) == 0 &&
-           strstr(message, KIWI_FIELD_EVICT) && strcmp(kiwi_evict_proposal(), KIWI_EVICT_VMM) == 0;
+           strstr(message, KIWI_FIELD_EVICT) && kiwi_evict_proposal_is_new();
 }
 
 static void registered(const char *line)

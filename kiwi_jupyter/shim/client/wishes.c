@@ -27,8 +27,7 @@ void kiwi_comm_cell_begin(void)
      * once, and the daemon may have checkpointed such a process too (one idle past
      * checkpoint_after, or one that did not begin its way out in time). Read without the vmm
      * evictor's lock, which a way out holds for as long as it runs. */
-    bool away = kiwi_comm.stats.evicted &&
-                (kiwi_pager_checkpointing() || kiwi_pager_evictor() == KIWI_EVICTOR_VMM);
+    bool away = kiwi_comm.stats.evicted && kiwi_pager_evictor()->cell_asks_when_evicted;
     if ((away || kiwi_comm.moving_out) && kiwi_comm.stats.hold == KIWI_HOLD_IDLE) {
         kiwi_comm.acquire_wanted = true;
         kiwi_news_wake();

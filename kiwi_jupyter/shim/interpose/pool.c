@@ -14,16 +14,16 @@
 #define _GNU_SOURCE
 #include "interpose.h"
 
-#define DEVICE_POOL(symbol)                                                  \
-    KIWI_EXPORT CUresult symbol(CUmemoryPool *pool, CUdevice device)         \
-    {                                                                        \
-        KIWI_REAL(real, symbol);                                             \
-        bool vmm = kiwi_cfg.enabled && kiwi_pager_offer() == KIWI_EVICTOR_VMM; \
-        CUmemoryPool managed = pool && !vmm ? kiwi_pool_of(device) : NULL;   \
-        if (!managed)                                                        \
-            return real(pool, device);                                       \
-        *pool = managed;                                                     \
-        return CUDA_SUCCESS;                                                 \
+#define DEVICE_POOL(symbol)                                                            \
+    KIWI_EXPORT CUresult symbol(CUmemoryPool *pool, CUdevice device)                   \
+    {                                                                                  \
+        KIWI_REAL(real, symbol);                                                       \
+        bool driver_pool = kiwi_cfg.enabled && kiwi_pager_offer()->keeps_driver_pools; \
+        CUmemoryPool managed = pool && !driver_pool ? kiwi_pool_of(device) : NULL;     \
+        if (!managed)                                                                  \
+            return real(pool, device);                                                 \
+        *pool = managed;                                                               \
+        return CUDA_SUCCESS;                                                           \
     }
 
 DEVICE_POOL(cuDeviceGetMemPool)
