@@ -41,6 +41,15 @@ CUresult kiwi_device_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUd
     return CUDA_SUCCESS;
 }
 
+CUresult kiwi_device_allocate_instead(CUdeviceptr *dptr, size_t size, CUcontext ctx,
+                                      CUdevice device, CUresult refused)
+{
+    CUresult result = kiwi_device_allocate(dptr, size, ctx, device, false);
+    if (result == CUDA_SUCCESS)
+        kiwi_log("device allocation of %zu bytes during graph capture", size);
+    return result == CUDA_ERROR_OUT_OF_MEMORY ? refused : result;
+}
+
 static CUresult allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
                          const struct kiwi_stream_order *order)
 {

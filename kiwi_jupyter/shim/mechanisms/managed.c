@@ -118,13 +118,9 @@ CUresult kiwi_managed_allocate(CUdeviceptr *dptr, size_t size, unsigned int flag
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult result = real(dptr, size, flags);
     if (kiwi_capture_error(result)) {
-        /* The driver refuses managed memory while a graph is being captured: give the caller
-         * device memory, counted but not evictable, rather than fail its allocation. */
+        /* The driver refuses managed memory while a graph is being captured. */
         kiwi_memory_unreserve(size, MANAGED);
-        CUresult fallback = kiwi_device_allocate(dptr, size, ctx, device, false);
-        if (fallback == CUDA_SUCCESS)
-            kiwi_log("device allocation of %zu bytes during graph capture", size);
-        return fallback == CUDA_ERROR_OUT_OF_MEMORY ? result : fallback;
+        return kiwi_device_allocate_instead(dptr, size, ctx, device, result);
     }
     if (result != CUDA_SUCCESS) {
         kiwi_memory_unreserve(size, MANAGED);

@@ -98,8 +98,12 @@ extern const struct kiwi_evictor kiwi_managed_evictor, kiwi_vmm_evictor, kiwi_ch
  * gate, since it takes room on a GPU another holder may be using. */
 CUresult kiwi_device_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
                               bool gated);
-/* Whether a result is CUDA_ERROR_STREAM_CAPTURE_*: the driver refuses during a graph capture. */
+/* Whether a result is CUDA_ERROR_STREAM_CAPTURE_*: the driver refuses during a graph capture.
+ * Then an allocation becomes device memory, counted but not evictable, rather than fail (its
+ * refusal is the result where even that finds no room). */
 bool kiwi_capture_error(CUresult result);
+CUresult kiwi_device_allocate_instead(CUdeviceptr *dptr, size_t size, CUcontext ctx,
+                                      CUdevice device, CUresult refused);
 
 /* Moves the managed working set: every managed allocation the table holds, in every context
  * the pager knows, by prefetch (or KIWI_EVICT_COPY's copies), skipping the free ranges. */
@@ -113,7 +117,7 @@ void kiwi_managed_residency(struct kiwi_residency *out);
 CUresult kiwi_managed_allocate(CUdeviceptr *dptr, size_t size, unsigned int flags,
                                CUcontext ctx, CUdevice device);
 
-/* ---- vmm_move.c, vmm.c (vmm.h: the files behind them), for vmm_evictor.c --------------- */
+/* ---- the vmm evictor's files (vmm.h), for vmm_evictor.c ---------------------------------- */
 
 /* Moves the memory the vmm evictor maps: out, each chunk copied to its host shadow and taken
  * off the card as its copy completes; in, each mapped again at its address and copied back, or

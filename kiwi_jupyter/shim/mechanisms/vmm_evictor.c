@@ -31,14 +31,8 @@ static CUresult allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice
     CUresult result = kiwi_vmm_allocate(dptr, size, ctx, device, order, false, &backing);
     if (result == CUDA_ERROR_OUT_OF_MEMORY && kiwi_room_may_wait(size))
         result = kiwi_vmm_allocate(dptr, size, ctx, device, order, true, &backing);
-    if (kiwi_capture_error(result)) {
-        /* The driver refuses to map during this graph capture: device memory, counted but
-         * not evictable, rather than a failed allocation (as for managed memory). */
-        CUresult fallback = kiwi_device_allocate(dptr, size, ctx, device, false);
-        if (fallback == CUDA_SUCCESS)
-            kiwi_log("device allocation of %zu bytes during graph capture", size);
-        return fallback == CUDA_ERROR_OUT_OF_MEMORY ? result : fallback;
-    }
+    if (kiwi_capture_error(result)) /* the driver refuses to map during this graph capture */
+        return kiwi_device_allocate_instead(dptr, size, ctx, device, result);
     if (result != CUDA_SUCCESS)
         return result;
     kiwi_memory_track(*dptr, size, MAPPED, ctx, device, false); /* the working set grows */
