@@ -1,8 +1,9 @@
 """The shim's evictors stand behind one table of operations (struct kiwi_evictor, shim.h): the
 pager (mechanisms/pager.c) chooses one instance, and what differs by evictor is one of its
-operations. The rule: no C file outside the pager and the evictors' own files names an evictor,
-or what KIWI_EVICT asked for. Each check also runs on a copy of the sources with a fault put in,
-so that a checker which sees nothing cannot pass for one that found nothing."""
+operations. The rules: no C file outside the pager and the evictors' own files names an
+evictor, or what KIWI_EVICT asked for; and no file of the shim is over 500 lines. Each check
+also runs on a copy of the sources with a fault put in, so that a checker which sees nothing
+cannot pass for one that found nothing."""
 
 from __future__ import annotations
 
@@ -81,3 +82,21 @@ def test_each_evictor_is_one_instance_of_the_operations_table() -> None:
     assert instances == {"kiwi_managed_evictor": "managed.c",
                          "kiwi_vmm_evictor": "vmm_evictor.c",
                          "kiwi_checkpoint_evictor": "checkpoint.c"}
+
+
+def files_over_500_lines(shim: Path) -> dict[str, int]:
+    return {path.relative_to(shim).as_posix(): lines for path in sorted(shim.rglob("*"))
+            if path.suffix in (".c", ".h")
+            and (lines := len(path.read_text().splitlines())) > 500}
+
+
+def test_no_file_of_the_shim_is_over_500_lines() -> None:
+    """Small files split by role: the vmm evictor's regions, slabs, cache, frees and contexts
+    each in a file of its own, not one file of all that its allocations hold."""
+    assert not files_over_500_lines(SHIM)
+
+
+def test_the_size_rule_finds_a_file_grown_past_500_lines(copy: Path) -> None:
+    slabs = copy / "mechanisms" / "vmm_slabs.c"
+    slabs.write_text(slabs.read_text() + "\n" * 500)
+    assert list(files_over_500_lines(copy)) == ["mechanisms/vmm_slabs.c"]

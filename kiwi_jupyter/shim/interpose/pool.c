@@ -8,7 +8,7 @@
  * stream-ordered allocations come from the vmm evictor, not from it, so what a framework reads
  * of the pool's memory (used and reserved, now and at most: torch.cuda.memory_reserved() under
  * PyTorch's cudaMallocAsync backend, CuPy's MemoryAsyncPool) is answered from the shim's own
- * counts of them (mechanisms/vmm.c): reserved stays up from a free until its memory is
+ * counts of them (mechanisms/vmm_pools.c): reserved stays up from a free until its memory is
  * reclaimed, as a pool's does.
  */
 #define _GNU_SOURCE
