@@ -11,7 +11,7 @@
  *
  *   interpose/  hook.c        dlsym, cuGetProcAddress(_v2): each caller lands on a replacement
  *               gated.c       the driver calls that run work on the GPU, each behind the gate
- *               alloc.c       allocations become memory the pager can move (vmm's or managed)
+ *               alloc.c       allocations, as the evictor chosen makes them
  *               alloc_async.c stream-ordered allocations
  *               pool.c        a framework's pool: the shim's managed one, or its vmm counts
  *               free.c        frees, and stream-ordered frees
@@ -49,21 +49,15 @@
  *               memory.c      the table of allocations, and frees deferred past a capture;
  *               limit.c       with the memory limit (memory.h)
  *               pools.c       a managed memory pool per device (CUDA 13)
- *               pager.c       the pager's one entry, kiwi_pager_move, and which evictor runs;
- *               contexts.c    with the contexts it synchronizes and moves memory in,
- *               managed.c     the managed evictor's move: the working set by prefetch,
+ *               pager.c       the pager's one entry, kiwi_pager_move, and which evictor runs:
+ *                             each one table of operations (struct kiwi_evictor), kept in
+ *               managed.c     the managed evictor: managed memory, moved by prefetch,
+ *               checkpoint.c  the checkpoint evictor: plain device memory, moved by the daemon,
+ *               vmm_evictor.c the vmm evictor: memory the shim maps, moved by copy (vmm.h: the
+ *                             files behind it: regions, slabs, cache, frees, shadows, moves),
+ *               contexts.c    the contexts the pager synchronizes and moves memory in,
  *               transfer.c    one context's prefetches and discards,
  *               copy_out.c    KIWI_EVICT_COPY's host buffers,
- *               vmm_move.c    the vmm evictor's move: copies out and releases, maps and copies
- *                             back (vmm.h),
- *               vmm_staging.c copies of chunks without a pinned shadow, through a pinned ring,
- *               vmm.c         its allocations: regions, chunks, slabs, frees,
- *               vmm_builder.c the thread that pins shadows ahead, within a budget,
- *               vmm_shadows.c its host shadows,
- *               vmm_chunks.c  its physical handles, mapped and unmapped,
- *               vmm_index.c   its regions by address,
- *               vmm_ipc.c     its legacy IPC, exported and opened,
- *               vmm_reuse.c   its stream-ordered reuse,
  *               free_ranges.c and what the framework's cache holds free (pager.h)
  *               cgroup.c      the process's own memory limit, which pinning never passes
  *
@@ -344,17 +338,6 @@ void kiwi_pool_after_fork(void);
 
 /* ---- the pager: pager.c, contexts.c, free_ranges.c (pager.h: the files behind them) ------- */
 
-/* Which evictor pages this process out. Managed: the shim converts allocations to managed
- * memory and moves them itself (managed.c). Checkpoint: allocations stay device memory, and
- * the daemon suspends the process from outside with the driver's checkpoint API. Vmm: the shim
- * backs allocations with physical memory it maps itself, and moves them by copy, unmapping
- * and releasing what it copied, so the card is free for real (vmm.c, vmm_move.c). */
-enum kiwi_evictor {
-    KIWI_EVICTOR_UNDECIDED,
-    KIWI_EVICTOR_MANAGED,
-    KIWI_EVICTOR_CHECKPOINT,
-    KIWI_EVICTOR_VMM,
-};
 enum kiwi_page_direction { KIWI_PAGE_OUT, KIWI_PAGE_IN };
 
 /* Where this process's memory is now: on its GPU (what the shim allocated and mapped there)
@@ -388,25 +371,78 @@ struct kiwi_transfer {
 
 #define KIWI_PROGRESS_BYTES (256ull << 20)
 
+struct kiwi_stream_order; /* memory.h */
+
+/* An evictor: how this process's memory leaves its GPU and comes back, as one table of
+ * operations (SQLite's sqlite3_io_methods is the model), one instance per evictor, chosen once
+ * by the pager (pager.c); nothing outside the pager asks which evictor runs, only what the
+ * chosen one does. A NULL operation, or a false flag, is not that evictor's business.
+ *
+ *   managed     (managed.c) the shim converts allocations to managed memory and moves them
+ *               itself, by prefetch; the driver keeps their chunks on the card
+ *   vmm         (vmm_evictor.c) the shim backs allocations with physical memory it maps
+ *               itself, and moves them by copy, unmapping and releasing what it copied, so the
+ *               card is free for real (vmm.c, vmm_move.c)
+ *   checkpoint  (checkpoint.c) allocations stay device memory, and the daemon suspends the
+ *               process from outside with the driver's checkpoint API: the shim moves nothing
+ */
+struct kiwi_evictor {
+    const char *name; /* as register proposes it and the stats say it */
+    /* What register says instead to a daemon that predates this evictor and refused its name
+     * (one that pages itself understands "managed" the same); NULL when every daemon knows it. */
+    const char *name_for_old_daemons;
+    /* A device allocation (cuMemAlloc and what is built on it) of size bytes in ctx on device,
+     * within the limit; order: a stream-ordered allocation's pool and stream, NULL for others. */
+    CUresult (*allocate)(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
+                         const struct kiwi_stream_order *order);
+    /* cuMemAllocManaged's allocation. */
+    CUresult (*allocate_managed)(CUdeviceptr *dptr, size_t size, unsigned int flags,
+                                 CUcontext ctx, CUdevice device);
+    /* A stream-ordered allocation on stream (cuMemAllocAsync; from_pool: cuMemAllocFromPoolAsync
+     * of pool) as this evictor makes one; false (or NULL) when it makes it as a plain one. */
+    bool (*allocate_ordered)(CUdeviceptr *dptr, size_t size, CUstream stream, CUmemoryPool pool,
+                             bool from_pool, CUresult *result);
+    /* Moves the working set to host memory or back and waits (kiwi_pager_move); NULL: the shim
+     * moves nothing, the daemon does from outside. */
+    void (*move)(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
+    void (*residency)(struct kiwi_residency *out); /* where the memory is now */
+    /* Whether an eviction would free more than the table's evictable memory (memory kept
+     * mapped for reuse); whether memory is away, a restore due before any work. */
+    bool (*movable)(void);
+    bool (*away)(void);
+    /* After every context was synchronized: the frees that waited for it. */
+    void (*free_deferred)(void);
+    /* These three go to every evictor, chosen or not (memory of another kind may be there: the
+     * program's own managed memory under vmm): a context ended (under the contexts' lock); the
+     * daemon's word on the host memory that may stay pinned; a fork's child starts afresh. */
+    void (*forget_context)(CUcontext ctx);
+    void (*pin_budget)(uint64_t bytes);
+    void (*after_fork)(void);
+    /* It pages the process itself: cuMemGetInfo tells the room there is once others are out. */
+    bool pages_itself;
+    /* The daemon moves the whole process from outside: a release makes no CUDA call of the
+     * shim's, and an eviction is the daemon's (its driver calls block meanwhile). */
+    bool moved_from_outside;
+    /* A cell of a process whose memory was evicted asks for the GPU at once, at its begin (its
+     * restore is due before any work, and waits that do not pass the gate may block). */
+    bool cell_asks_when_evicted;
+    /* cuDeviceGetMemPool answers the driver's pool (else the shim's managed pool, pools.c). */
+    bool keeps_driver_pools;
+};
+
 /* The evictor this side can offer the daemon (the one chosen, once chosen): vmm where
  * KIWI_EVICT allows it and the device supports the virtual memory management API, else
  * checkpoint where KIWI_EVICT allows it and the driver has the API, else managed. */
-enum kiwi_evictor kiwi_pager_offer(void);
-/* An offer of managed or vmm memory needs nobody's answer: chooses it, and says so. False when
- * the offer is checkpoint, which the daemon must confirm. */
-bool kiwi_pager_settle_offer(void);
-/* The first choice stands (allocations are made for it); why, when the offer was not taken. */
-void kiwi_pager_choose(enum kiwi_evictor evictor, const char *why);
-/* The choice so far; never waits. */
-enum kiwi_evictor kiwi_pager_evictor(void);
-bool kiwi_pager_checkpointing(void);
+const struct kiwi_evictor *kiwi_pager_offer(void);
+/* The daemon's answer in `registered` (the evictor it carries out; "" from a daemon that knows
+ * none): the choice follows it, where none was made yet. */
+void kiwi_pager_answered(const char *evictor);
+/* The choice so far, never waiting: before one, an evictor named "undecided" that moves what
+ * managed memory there is. */
+const struct kiwi_evictor *kiwi_pager_evictor(void);
 /* For an allocation, which cannot change kind later: the choice, waiting (bounded) for the
- * daemon's word when the offer is checkpoint. Managed: allocations become managed memory;
- * vmm: the vmm evictor maps them; checkpoint: they stay device memory. */
-enum kiwi_evictor kiwi_pager_allocator(void);
-/* The evictor pages this process itself (managed or vmm), as far as the choice is made. */
-bool kiwi_pager_self_paging(enum kiwi_evictor evictor);
-const char *kiwi_evictor_name(enum kiwi_evictor evictor); /* "undecided" before a choice */
+ * daemon's word when the offer is checkpoint. */
+const struct kiwi_evictor *kiwi_pager_allocator(void);
 
 /* The one entry: moves the working set to host memory (out) or back to its GPU (in), by the
  * chosen evictor, and waits for it. What the framework's cache holds free (free_ranges.c) is

@@ -66,6 +66,13 @@ def tier_of(path: str) -> str | None:
     return top if top in TIERS and "/" in path else None
 
 
+def copy_sources(shim: Path, target: Path) -> Path:
+    """The shim's C sources copied to target, to put a fault into (what a check must find)."""
+    shutil.copytree(shim, target, ignore=shutil.ignore_patterns("*.so", "*.py", "__pycache__",
+                                                               "*.sources-sha256"))
+    return target
+
+
 def code_of(path: Path) -> str:
     """The source without its comments (their line breaks kept)."""
     return _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())

@@ -4,7 +4,6 @@ checker which sees nothing cannot pass for one that found nothing."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,7 @@ def calls() -> list[Call]:
 @pytest.fixture
 def copy(tmp_path: Path) -> Path:
     """The shim's sources, to put a fault into."""
-    target = tmp_path / "shim"
-    shutil.copytree(SHIM, target, ignore=shutil.ignore_patterns("*.so", "*.py", "__pycache__",
-                                                                 "*.sources-sha256"))
-    return target
+    return shim_tiers.copy_sources(SHIM, tmp_path / "shim")
 
 
 def add(path: Path, code: str) -> None:

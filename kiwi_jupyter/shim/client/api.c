@@ -164,7 +164,7 @@ KIWI_EXPORT int kiwi_shim_stats_json(char *buffer, size_t size)
         s.seconds_evicting,
         (unsigned long long)s.restores, (unsigned long long)s.bytes_restored,
         s.seconds_restoring, s.seconds_waiting, s.last_grant_at, kiwi_gate_in_flight(),
-        kiwi_cfg.gpu, uuid, kiwi_evictor_name(kiwi_pager_evictor()), s.paused ? "true" : "false",
+        kiwi_cfg.gpu, uuid, kiwi_pager_evictor()->name, s.paused ? "true" : "false",
         (unsigned long long)s.pauses, (unsigned long long)where.resident,
         (unsigned long long)where.host, (unsigned long long)where.shadow,
         (unsigned long long)where.shadow_pinned, (unsigned long long)where.staging,

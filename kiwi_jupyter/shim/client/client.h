@@ -372,9 +372,12 @@ enum kiwi_decoded kiwi_message_decode(const char *line, struct kiwi_message *out
 
 /* ---- evict.c ----------------------------------------------------------------------------- */
 
-/* What register proposes ("vmm", "managed" or "checkpoint"), and the daemon's answer ("" when
- * it gave none): the pager's choice (mechanisms/pager.c) follows it. */
-const char *kiwi_evict_proposal(void);
+/* What register proposes ("vmm", "managed" or "checkpoint"; compatible: to a daemon that
+ * refused the offer's name, the name it knows), whether a daemon that predates the offer would
+ * refuse its name, and the daemon's answer ("" when it gave none): the pager's choice
+ * (mechanisms/pager.c) follows it. */
+const char *kiwi_evict_proposal(bool compatible);
+bool kiwi_evict_proposal_is_new(void);
 void kiwi_evict_answered(const char *evictor);
 
 #endif

@@ -49,7 +49,7 @@ static void on_evict(struct kiwi_client *c)
     pthread_mutex_unlock(&kiwi_lock);
     if (holding)
         kiwi_residency_evicted(c, NULL, "holding the GPU: a drop moves its memory");
-    else if (kiwi_pager_checkpointing())
+    else if (kiwi_pager_evictor()->moved_from_outside)
         kiwi_residency_evicted(c, NULL, "the checkpoint evictor: the daemon moves this process");
     else
         c->evict_asked = true;
@@ -81,7 +81,7 @@ static void on_grant(struct kiwi_client *c, const struct kiwi_message *grant)
     pthread_mutex_lock(&kiwi_lock);
     /* A checkpointed process was restored by the daemon before this grant was sent. Memory the
      * vmm evictor moved out is not even mapped: it comes back whatever KIWI_RESTORE says. */
-    bool restore = !kiwi_pager_checkpointing() &&
+    bool restore = !kiwi_pager_evictor()->moved_from_outside &&
                    (kiwi_pager_away() || (ws.evictable && !kiwi_cfg.restore_by_fault));
     /* To a daemon that hears where memory is, a report after the restore ends it. */
     bool report = kiwi_session_memory(c) && (c->stats.evicted || kiwi_pager_away());
@@ -208,7 +208,7 @@ static void dispatch(struct kiwi_client *c, const struct kiwi_message *msg)
         bool evict = seq == (int64_t)c->seq.release && msg->released.evict &&
                      !c->stats.evicted && c->stats.hold != KIWI_HOLD_HOLDING &&
                      c->stats.hold != KIWI_HOLD_DROPPING;
-        if (evict && kiwi_pager_checkpointing()) {
+        if (evict && kiwi_pager_evictor()->moved_from_outside) {
             c->stats.evicted = true; /* the daemon is checkpointing this process */
             c->stats.evictions++;
             evict = false;

@@ -120,9 +120,7 @@ static void fit_display_name(char *out, size_t size, const char *raw)
 void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, bool compatible,
                               bool memory)
 {
-    const char *evict = kiwi_evict_proposal();
-    if (compatible && strcmp(evict, "vmm") == 0)
-        evict = "managed"; /* to a daemon that predates vmm: the process pages itself */
+    const char *evict = kiwi_evict_proposal(compatible);
     snprintf(fields, size, "\"name\":");
     kiwi_json_quote(fields, size, kiwi_cfg.name);
     append(fields, size, ",\"pool\":");

@@ -36,7 +36,7 @@
 
 void kiwi_release_evict_now(struct kiwi_client *c)
 {
-    if (kiwi_pager_checkpointing())
+    if (kiwi_pager_evictor()->moved_from_outside)
         return; /* the daemon moves this process, from outside */
     if (kiwi_way_out_busy())
         return; /* the way out under way answers for this one too */
@@ -106,7 +106,7 @@ static enum quiesced quiesce(struct kiwi_client *c, const char *why, bool evict)
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_gate_drain();
-    if (kiwi_pager_checkpointing())
+    if (kiwi_pager_evictor()->moved_from_outside)
         return QUIESCED; /* no CUDA call of ours: the daemon's lock waits for queued work */
     if (!kiwi_capture_hold()) {
         keep_holding(c); /* a capture began while the gate closed */
@@ -134,7 +134,7 @@ static void defer(const char *why)
  * which the progress reports and `evicted` follow. */
 bool kiwi_release_finish_evicting(struct kiwi_client *c)
 {
-    if (!kiwi_session_memory(c) || kiwi_pager_checkpointing())
+    if (!kiwi_session_memory(c) || kiwi_pager_evictor()->moved_from_outside)
         return false;
     kiwi_residency_before_release(c);
     released(c);

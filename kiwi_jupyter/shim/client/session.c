@@ -100,7 +100,7 @@ static bool refused_vmm(struct kiwi_client *c, const struct kiwi_message *answer
     return !c->session.compatible && answer->op == KIWI_DAEMON_ERROR &&
            strcmp(answer->error.code, KIWI_E_INVALID) == 0 &&
            strstr(answer->error.message, KIWI_FIELD_EVICT) &&
-           strcmp(kiwi_evict_proposal(), KIWI_EVICT_VMM) == 0;
+           kiwi_evict_proposal_is_new();
 }
 
 static void registered(struct kiwi_client *c, const struct kiwi_message *answer)

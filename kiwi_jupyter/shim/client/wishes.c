@@ -30,7 +30,7 @@ void kiwi_comm_cell_begin(void)
      * checkpoint_after, or one that did not begin its way out in time). Read without the vmm
      * evictor's lock, which a way out holds for as long as it runs. */
     bool away = c->stats.evicted &&
-                (kiwi_pager_checkpointing() || kiwi_pager_evictor() == KIWI_EVICTOR_VMM);
+                kiwi_pager_evictor()->cell_asks_when_evicted;
     if ((away || c->moving_out) && c->stats.hold == KIWI_HOLD_IDLE) {
         c->acquire_wanted = true;
         kiwi_news_wake();

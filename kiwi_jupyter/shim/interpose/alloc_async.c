@@ -11,9 +11,6 @@
 #define _GNU_SOURCE
 #include "interpose.h"
 
-typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-
-
 bool kiwi_memory_capturing(CUstream stream)
 {
     typedef CUresult (*is_capturing_fn)(CUstream, int *);
@@ -27,61 +24,17 @@ bool kiwi_memory_capturing(CUstream stream)
     return fn && fn(stream, &status) == CUDA_SUCCESS && status != 0;
 }
 
-/* A stream-ordered allocation from the device's managed pool (mechanisms/pools.c), where the
- * driver has managed pools: it stays stream-ordered, and so does its free. False when there is
- * none. */
-static bool allocate_pooled(CUdeviceptr *dptr, size_t size, CUstream s, CUresult *result)
-{
-    alloc_pool_fn real = (alloc_pool_fn)kiwi_real(HOOK_cuMemAllocFromPoolAsync);
-    CUdevice device = -1;
-    CUcontext ctx = kiwi_pager_note_context(&device);
-    CUmemoryPool pool = real ? kiwi_pool_of(device) : NULL;
-    if (!pool)
-        return false;
-    *result = CUDA_ERROR_OUT_OF_MEMORY;
-    if (!kiwi_memory_reserve(size, MANAGED, device))
-        return true;
-    *result = real(dptr, size, pool, s);
-    if (*result != CUDA_SUCCESS) {
-        kiwi_memory_unreserve(size, MANAGED);
-        return true;
-    }
-    kiwi_memory_track(*dptr, size, MANAGED, ctx, device, true);
-    return true;
-}
-
-/* The pool cuMemAllocAsync allocates from: the device's current pool, asked of the driver once
- * per device. */
-static CUmemoryPool current_pool(CUdevice device)
-{
-    static _Atomic(CUmemoryPool) known[64];
-    typedef CUresult (*get_pool_fn)(CUmemoryPool *, CUdevice);
-    if (device < 0 || device >= 64)
-        return NULL;
-    CUmemoryPool pool = atomic_load(&known[device]);
-    get_pool_fn get_pool = pool ? NULL : (get_pool_fn)kiwi_real(HOOK_cuDeviceGetMemPool);
-    if (get_pool && get_pool(&pool, device) == CUDA_SUCCESS)
-        atomic_store(&known[device], pool);
-    return pool;
-}
-
-/* The shim's stream-ordered allocation. Under vmm: memory the shim maps, counted for the pool
- * it was asked of (the device's current pool for cuMemAllocAsync). Under managed: from the
- * device's managed pool where there is one (whichever pool the caller named: another pool's
- * memory could not be paged out), else plain managed memory. */
+/* The shim's stream-ordered allocation, as the evictor makes one (under vmm: memory the shim
+ * maps, counted for the pool it was asked of; under managed: from the device's managed pool
+ * where there is one), else a plain allocation. */
 static CUresult allocate_stream_ordered(CUdeviceptr *dptr, size_t size, CUstream stream,
                                         CUmemoryPool pool, bool from_pool)
 {
-    enum kiwi_evictor evictor = kiwi_pager_allocator();
-    if (evictor == KIWI_EVICTOR_VMM) {
-        CUdevice device = -1;
-        CUcontext ctx = kiwi_pager_note_context(&device);
-        struct kiwi_stream_order order = {from_pool ? pool : current_pool(device), stream};
-        return kiwi_memory_allocate_in(dptr, size, ctx, device, &order);
-    }
-    CUresult pooled;
-    if (evictor == KIWI_EVICTOR_MANAGED && allocate_pooled(dptr, size, stream, &pooled))
-        return pooled;
+    const struct kiwi_evictor *evictor = kiwi_pager_allocator();
+    CUresult result;
+    if (evictor->allocate_ordered &&
+        evictor->allocate_ordered(dptr, size, stream, pool, from_pool, &result))
+        return result;
     return kiwi_memory_allocate(dptr, size);
 }
 

@@ -90,7 +90,7 @@ DESTROY(cuCtxDestroy_v2)
 
 /* Peer access does not reach memory the vmm evictor maps (access to VMM memory is per mapping):
  * the mappings of the peer's device are given access from this context's device instead, now
- * and at every restore (mechanisms/vmm.c). */
+ * and at every restore (mechanisms/vmm_addresses.c). */
 KIWI_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
 {
     KIWI_REAL(real, cuCtxEnablePeerAccess);

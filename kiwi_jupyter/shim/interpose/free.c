@@ -1,6 +1,6 @@
 /* Frees: an allocation is forgotten only once the driver has freed it, and no free runs while
  * the pager moves the working set (kiwi_memory_free_begin). Memory the vmm evictor maps is
- * freed by it (mechanisms/vmm.c: after a synchronization, or in stream order after an event);
+ * freed by it (mechanisms/vmm_frees.c: after a synchronization, or in stream order after an event);
  * a stream-ordered free of managed memory waits for its stream.
  */
 #define _GNU_SOURCE

@@ -21,7 +21,7 @@ KIWI_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     /* Under the checkpoint evictor other processes' memory is really gone while this one
      * holds the GPU, so the driver's figures are the truth (within the limit, if one is set).
      * Under vmm and managed the room is what this process may use once the others are out. */
-    bool converts = kiwi_pager_self_paging(kiwi_pager_allocator());
+    bool converts = kiwi_pager_allocator()->pages_itself;
     if (result != CUDA_SUCCESS || !kiwi_cfg.enabled || (!converts && !kiwi_cfg.memory_limit)) {
         if (free_bytes)
             *free_bytes = real_free;

@@ -8,22 +8,22 @@
  * stream-ordered allocations come from the vmm evictor, not from it, so what a framework reads
  * of the pool's memory (used and reserved, now and at most: torch.cuda.memory_reserved() under
  * PyTorch's cudaMallocAsync backend, CuPy's MemoryAsyncPool) is answered from the shim's own
- * counts of them (mechanisms/vmm.c): reserved stays up from a free until its memory is
+ * counts of them (mechanisms/vmm_pools.c): reserved stays up from a free until its memory is
  * reclaimed, as a pool's does.
  */
 #define _GNU_SOURCE
 #include "interpose.h"
 
-#define DEVICE_POOL(symbol)                                                  \
-    KIWI_EXPORT CUresult symbol(CUmemoryPool *pool, CUdevice device)         \
-    {                                                                        \
-        KIWI_REAL(real, symbol);                                             \
-        bool vmm = kiwi_cfg.enabled && kiwi_pager_offer() == KIWI_EVICTOR_VMM; \
-        CUmemoryPool managed = pool && !vmm ? kiwi_pool_of(device) : NULL;   \
-        if (!managed)                                                        \
-            return real(pool, device);                                       \
-        *pool = managed;                                                     \
-        return CUDA_SUCCESS;                                                 \
+#define DEVICE_POOL(symbol)                                                            \
+    KIWI_EXPORT CUresult symbol(CUmemoryPool *pool, CUdevice device)                   \
+    {                                                                                  \
+        KIWI_REAL(real, symbol);                                                       \
+        bool driver_pool = kiwi_cfg.enabled && kiwi_pager_offer()->keeps_driver_pools; \
+        CUmemoryPool managed = pool && !driver_pool ? kiwi_pool_of(device) : NULL;     \
+        if (!managed)                                                                  \
+            return real(pool, device);                                                 \
+        *pool = managed;                                                               \
+        return CUDA_SUCCESS;                                                           \
     }
 
 DEVICE_POOL(cuDeviceGetMemPool)

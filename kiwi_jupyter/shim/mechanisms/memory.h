@@ -21,7 +21,7 @@ struct allocation {
     bool freeing; /* a free of it is in progress: the pager leaves it alone */
     bool pooled;  /* from a managed memory pool (pools.c): freed in stream order */
     bool pinned;  /* MAPPED memory that must stay where it is (a handle of it was retained:
-                     vmm.c): counted, not evictable */
+                     vmm_allocations.c): counted, not evictable */
     CUcontext ctx;
     CUdevice device;
 };
@@ -67,7 +67,7 @@ static inline uint64_t *kiwi_bytes_of(enum allocation_kind kind)
 bool kiwi_memory_reserve(size_t size, enum allocation_kind kind, CUdevice device);
 void kiwi_memory_unreserve(size_t size, enum allocation_kind kind);
 
-/* ---- vmm.c: the vmm evictor's allocations, for the allocating entry points --------------- */
+/* ---- vmm.c, vmm_frees.c, vmm_addresses.c, vmm_pools.c: for the entry points -------------- */
 
 /* What a stream-ordered allocation (cuMemAllocAsync, cuMemAllocFromPoolAsync) was asked with:
  * its pool, for the pool's counters (NULL when the device's could not be learnt), and its

@@ -20,24 +20,42 @@
  * that allocation waits for the answer, at most EVICT_ANSWER_SECONDS. Without an answer (no
  * daemon, or one that predates evictors) the process is paged as managed memory.
  *
- * Each evictor that moves memory itself has its case in kiwi_pager_move,
- * kiwi_pager_forget_context and kiwi_pager_after_fork, and its own way of allocating where
- * interpose/alloc.c asks kiwi_pager_allocator. Under vmm the managed memory the program asks
- * for itself (cuMemAllocManaged) stays managed, and the managed evictor moves it alongside.
+ * Each evictor is one table of operations (struct kiwi_evictor, shim.h): managed.c,
+ * vmm_evictor.c and checkpoint.c hold the instances, this file chooses one, and every question
+ * that depends on the evictor is one of its operations; nothing outside these files asks which
+ * evictor runs. Under vmm the managed memory the program asks for itself (cuMemAllocManaged)
+ * stays managed, and the managed evictor moves it alongside.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "pager.h"
 
 #define EVICT_ANSWER_SECONDS 2.0
 
-static atomic_int chosen;       /* KIWI_EVICTOR_UNDECIDED until the daemon answers or the wait
-                                   runs out */
+/* NULL until the daemon answers or the wait runs out */
+static _Atomic(const struct kiwi_evictor *) chosen;
 static atomic_int has_api = -1; /* -1 not probed yet */
 static atomic_int has_vmm = -1; /* likewise */
+
+/* Before a choice: what managed memory the program asked for itself moves as managed.c moves
+ * it, and nothing else is the pager's. */
+static const struct kiwi_evictor undecided = {
+    .name = "undecided",
+    .move = kiwi_managed_page,
+    .residency = kiwi_managed_residency,
+};
+
+/* The evictors that get the operations every evictor hears, chosen or not. */
+static const struct kiwi_evictor *const every[] = {
+    &kiwi_managed_evictor,
+    &kiwi_vmm_evictor,
+    &kiwi_checkpoint_evictor,
+};
+#define EVERY (sizeof every / sizeof every[0])
 
 /* Does the process's device 0 support the virtual memory management API? Asked of the driver
  * once it answers (before cuInit it cannot say, and the question is asked again). */
@@ -76,20 +94,6 @@ static bool driver_has_checkpoint_api(void)
     return found;
 }
 
-const char *kiwi_evictor_name(enum kiwi_evictor evictor)
-{
-    switch (evictor) {
-    case KIWI_EVICTOR_MANAGED:
-        return "managed";
-    case KIWI_EVICTOR_CHECKPOINT:
-        return "checkpoint";
-    case KIWI_EVICTOR_VMM:
-        return "vmm";
-    default:
-        return "undecided";
-    }
-}
-
 static const char *request_name(void)
 {
     switch (kiwi_cfg.evict) {
@@ -104,84 +108,98 @@ static const char *request_name(void)
     }
 }
 
-void kiwi_pager_choose(enum kiwi_evictor evictor, const char *why)
+/* The first choice stands (allocations are made for it); why, when the offer was not taken. */
+static void choose(const struct kiwi_evictor *evictor, const char *why)
 {
-    int expected = KIWI_EVICTOR_UNDECIDED;
-    if (!atomic_compare_exchange_strong(&chosen, &expected, (int)evictor))
+    const struct kiwi_evictor *expected = NULL;
+    if (!atomic_compare_exchange_strong(&chosen, &expected, evictor))
         return;
     if (why)
         kiwi_warn("KIWI_EVICT=%s: paging this process as %s memory: %s", request_name(),
-                  evictor == KIWI_EVICTOR_VMM ? "vmm" : "managed", why);
+                  evictor->name, why);
     else
-        kiwi_log("evictor: %s", kiwi_evictor_name(evictor));
+        kiwi_log("evictor: %s", evictor->name);
 }
 
-enum kiwi_evictor kiwi_pager_evictor(void)
+const struct kiwi_evictor *kiwi_pager_evictor(void)
 {
-    return (enum kiwi_evictor)atomic_load(&chosen);
+    const struct kiwi_evictor *now = atomic_load(&chosen);
+    return now ? now : &undecided;
 }
 
-bool kiwi_pager_checkpointing(void)
+const struct kiwi_evictor *kiwi_pager_offer(void)
 {
-    return kiwi_pager_evictor() == KIWI_EVICTOR_CHECKPOINT;
-}
-
-enum kiwi_evictor kiwi_pager_offer(void)
-{
-    enum kiwi_evictor now = kiwi_pager_evictor();
-    if (now != KIWI_EVICTOR_UNDECIDED)
+    const struct kiwi_evictor *now = atomic_load(&chosen);
+    if (now)
         return now;
     switch (kiwi_cfg.evict) {
     case KIWI_EVICT_MANAGED:
-        return KIWI_EVICTOR_MANAGED;
+        return &kiwi_managed_evictor;
     case KIWI_EVICT_VMM:
-        return device_supports_vmm() ? KIWI_EVICTOR_VMM : KIWI_EVICTOR_MANAGED;
+        return device_supports_vmm() ? &kiwi_vmm_evictor : &kiwi_managed_evictor;
     case KIWI_EVICT_AUTO:
         if (device_supports_vmm())
-            return KIWI_EVICTOR_VMM;
+            return &kiwi_vmm_evictor;
         break;
     default:
         break;
     }
-    return driver_has_checkpoint_api() ? KIWI_EVICTOR_CHECKPOINT : KIWI_EVICTOR_MANAGED;
+    return driver_has_checkpoint_api() ? &kiwi_checkpoint_evictor : &kiwi_managed_evictor;
 }
 
 /* Why an offer that needs nobody's answer is not what KIWI_EVICT asked for; NULL when it is. */
-static const char *why_not_asked(enum kiwi_evictor offer)
+static const char *why_not_asked(const struct kiwi_evictor *offer)
 {
-    if (offer == KIWI_EVICTOR_VMM || kiwi_cfg.evict == KIWI_EVICT_MANAGED)
+    if (offer == &kiwi_vmm_evictor || kiwi_cfg.evict == KIWI_EVICT_MANAGED)
         return NULL;
     if (kiwi_cfg.evict == KIWI_EVICT_VMM)
         return "the device does not support CUDA's virtual memory management";
     return "the CUDA driver has no checkpoint API (it needs r570 or later)";
 }
 
-bool kiwi_pager_settle_offer(void)
+/* An offer of managed or vmm memory needs nobody's answer: chooses it, and says so. False when
+ * the offer is checkpoint, which the daemon must confirm. */
+static bool settle_offer(void)
 {
-    enum kiwi_evictor offer = kiwi_pager_offer();
-    if (offer != KIWI_EVICTOR_MANAGED && offer != KIWI_EVICTOR_VMM)
+    const struct kiwi_evictor *offer = kiwi_pager_offer();
+    if (offer == &kiwi_checkpoint_evictor)
         return false;
-    kiwi_pager_choose(offer, why_not_asked(offer));
+    choose(offer, why_not_asked(offer));
     return true;
 }
 
-bool kiwi_pager_self_paging(enum kiwi_evictor evictor)
+void kiwi_pager_answered(const char *evictor)
 {
-    return evictor == KIWI_EVICTOR_MANAGED || evictor == KIWI_EVICTOR_VMM;
+    const struct kiwi_evictor *now = atomic_load(&chosen);
+    if (now) {
+        /* A new daemon after a restart: what was allocated stays what it is. */
+        if (now == &kiwi_checkpoint_evictor && strcmp(evictor, now->name) != 0)
+            kiwi_warn("the scheduler no longer checkpoints this process; its device memory "
+                      "cannot be paged out until it is restarted");
+        return;
+    }
+    if (strcmp(evictor, kiwi_checkpoint_evictor.name) == 0)
+        choose(&kiwi_checkpoint_evictor, NULL);
+    else if (strcmp(evictor, kiwi_vmm_evictor.name) == 0 && kiwi_pager_offer() == &kiwi_vmm_evictor)
+        choose(&kiwi_vmm_evictor, NULL);
+    else if (!settle_offer())
+        choose(&kiwi_managed_evictor,
+               evictor[0] ? "the scheduler cannot checkpoint it (its log says why)"
+                          : "the scheduler does not know the checkpoint evictor");
 }
 
-enum kiwi_evictor kiwi_pager_allocator(void)
+const struct kiwi_evictor *kiwi_pager_allocator(void)
 {
-    enum kiwi_evictor now = kiwi_pager_evictor();
-    if (now != KIWI_EVICTOR_UNDECIDED)
+    const struct kiwi_evictor *now = atomic_load(&chosen);
+    if (now)
         return now;
-    if (kiwi_pager_settle_offer())
-        return kiwi_pager_evictor();
+    if (settle_offer())
+        return atomic_load(&chosen);
     /* Checkpoint is possible on this side: wait for the daemon's word. */
     kiwi_news_need_client();
     double deadline = kiwi_now() + EVICT_ANSWER_SECONDS;
     pthread_mutex_lock(&kiwi_lock);
-    while (kiwi_pager_evictor() == KIWI_EVICTOR_UNDECIDED && kiwi_now() < deadline) {
+    while (!atomic_load(&chosen) && kiwi_now() < deadline) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_nsec += 50 * 1000 * 1000;
@@ -192,48 +210,19 @@ enum kiwi_evictor kiwi_pager_allocator(void)
         pthread_cond_timedwait(&kiwi_changed, &kiwi_lock, &until);
     }
     pthread_mutex_unlock(&kiwi_lock);
-    kiwi_pager_choose(KIWI_EVICTOR_MANAGED, "no answer from the scheduler");
-    return kiwi_pager_evictor();
+    choose(&kiwi_managed_evictor, "no answer from the scheduler");
+    return atomic_load(&chosen);
 }
-
-/* Under vmm: the managed memory the program asked for itself, moved alongside. */
-static void move_managed_too(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
-{
-    struct kiwi_range *ranges;
-    uint64_t generation;
-    size_t count = kiwi_memory_ranges(KIWI_RANGES_MANAGED, &ranges, &generation);
-    free(ranges);
-    if (!count)
-        return;
-    struct kiwi_transfer managed;
-    kiwi_managed_move(direction, &managed);
-    moved->bytes += managed.bytes;
-    moved->skipped += managed.skipped;
-    moved->discarded += managed.discarded;
-    moved->seconds += managed.seconds;
-}
-
-/* The managed evictor's bytes moved to host memory by the last way out, until the way in. */
-static _Atomic uint64_t managed_host;
 
 void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
 {
     void (*progress)(const struct kiwi_residency *, void *) = moved->progress;
     void *progress_arg = moved->progress_arg;
-    switch (kiwi_pager_evictor()) {
-    case KIWI_EVICTOR_CHECKPOINT: /* the daemon moves the whole process, from outside */
+    const struct kiwi_evictor *evictor = kiwi_pager_evictor();
+    if (evictor->move)
+        evictor->move(direction, moved);
+    else
         *moved = (struct kiwi_transfer){0};
-        break;
-    case KIWI_EVICTOR_VMM:
-        kiwi_vmm_move(direction, moved);
-        if (!moved->failed)
-            move_managed_too(direction, moved);
-        break;
-    default: /* managed, and what managed memory there is before a choice */
-        kiwi_managed_move(direction, moved);
-        atomic_store(&managed_host, direction == KIWI_PAGE_OUT ? moved->bytes : 0);
-        break;
-    }
     moved->progress = progress;
     moved->progress_arg = progress_arg;
 }
@@ -241,37 +230,29 @@ void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *m
 void kiwi_pager_residency(struct kiwi_residency *out)
 {
     *out = (struct kiwi_residency){0};
-    if (kiwi_pager_evictor() == KIWI_EVICTOR_VMM) {
-        kiwi_vmm_residency(out);
-        return;
-    }
-    /* Managed memory moved out keeps its chunks on the card by the driver's count, but the
-     * driver hands them to whoever allocates next: to the scheduler it is in host memory. A
-     * checkpointed process's memory is the daemon's to tell: what was allocated. */
-    struct kiwi_working_set ws;
-    kiwi_memory_working_set(&ws);
-    uint64_t host = atomic_load(&managed_host);
-    out->host = host < ws.bytes ? host : ws.bytes;
-    out->resident = ws.bytes - out->host;
+    kiwi_pager_evictor()->residency(out);
 }
 
 bool kiwi_pager_movable(void)
 {
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
-    return ws.evictable || (kiwi_pager_evictor() == KIWI_EVICTOR_VMM && kiwi_vmm_movable());
+    const struct kiwi_evictor *evictor = kiwi_pager_evictor();
+    return ws.evictable || (evictor->movable && evictor->movable());
 }
 
 bool kiwi_pager_away(void)
 {
-    return kiwi_pager_evictor() == KIWI_EVICTOR_VMM && kiwi_vmm_away();
+    const struct kiwi_evictor *evictor = kiwi_pager_evictor();
+    return evictor->away && evictor->away();
 }
 
 void kiwi_pager_free_deferred(void)
 {
     kiwi_memory_free_deferred();
-    if (kiwi_pager_evictor() == KIWI_EVICTOR_VMM)
-        kiwi_vmm_free_deferred();
+    const struct kiwi_evictor *evictor = kiwi_pager_evictor();
+    if (evictor->free_deferred)
+        evictor->free_deferred();
 }
 
 void kiwi_pager_forget_context(CUcontext ctx)
@@ -279,21 +260,24 @@ void kiwi_pager_forget_context(CUcontext ctx)
     int count;
     kiwi_contexts_lock(&count);
     kiwi_contexts_remove(ctx);
-    kiwi_managed_forget_context(ctx);
-    kiwi_vmm_forget_context(ctx);
+    for (size_t i = 0; i < EVERY; i++)
+        if (every[i]->forget_context)
+            every[i]->forget_context(ctx);
     kiwi_contexts_unlock();
 }
 
 void kiwi_pager_pin_budget(uint64_t bytes)
 {
-    kiwi_vmm_pin_budget(bytes);
+    for (size_t i = 0; i < EVERY; i++)
+        if (every[i]->pin_budget)
+            every[i]->pin_budget(bytes);
 }
 
 void kiwi_pager_after_fork(void)
 {
     kiwi_contexts_after_fork();
-    kiwi_managed_after_fork();
-    kiwi_vmm_after_fork();
-    kiwi_vmm_ipc_after_fork();
+    for (size_t i = 0; i < EVERY; i++)
+        if (every[i]->after_fork)
+            every[i]->after_fork();
     kiwi_free_ranges_after_fork();
 }

@@ -3,7 +3,9 @@
  * another only downwards, in this order:
  *
  *   pager.c       the entry: which evictor runs, and each move handed to it
- *   managed.c     the managed evictor: the working set moved by prefetch, context by context
+ *   managed.c     the managed evictor: its allocations, and the working set moved by
+ *                 prefetch, context by context
+ *   checkpoint.c  the checkpoint evictor: plain device memory, which the others fall back to
  *   transfer.c    one context's share of a move: its ranges prefetched, in one batch where the
  *                 driver can, and its free ranges discarded
  *   copy_out.c    KIWI_EVICT_COPY: live ranges copied to host buffers and discarded instead of
@@ -11,8 +13,8 @@
  *   free_ranges.c what the framework's cache holds free: discarded, not copied, on eviction
  *   contexts.c    the contexts the pager knows, and the driver functions it calls
  *
- * The vmm evictor sits beside managed.c, called by pager.c for a move, a context's end, a fork
- * (see kiwi_pager_move); its own files (vmm.h) stand on free_ranges.c and contexts.c too.
+ * The vmm evictor (vmm_evictor.c, and vmm.h: the files behind it) sits beside managed.c; the
+ * pager reaches each evictor only through its table of operations (struct kiwi_evictor).
  */
 #ifndef KIWI_PAGER_H
 #define KIWI_PAGER_H
@@ -87,16 +89,35 @@ void kiwi_contexts_unlock(void);
 void kiwi_contexts_remove(CUcontext ctx);
 void kiwi_contexts_after_fork(void);
 
-/* ---- managed.c --------------------------------------------------------------------------- */
+/* ---- the evictors: managed.c, vmm_evictor.c, checkpoint.c -------------------------------- */
+
+extern const struct kiwi_evictor kiwi_managed_evictor, kiwi_vmm_evictor, kiwi_checkpoint_evictor;
+
+/* Plain device memory, counted and not evictable: the checkpoint evictor's allocations, and
+ * the others' where the driver refuses theirs during a graph capture. gated: it waits at the
+ * gate, since it takes room on a GPU another holder may be using. */
+CUresult kiwi_device_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice device,
+                              bool gated);
+/* Whether a result is CUDA_ERROR_STREAM_CAPTURE_*: the driver refuses during a graph capture.
+ * Then an allocation becomes device memory, counted but not evictable, rather than fail (its
+ * refusal is the result where even that finds no room). */
+bool kiwi_capture_error(CUresult result);
+CUresult kiwi_device_allocate_instead(CUdeviceptr *dptr, size_t size, CUcontext ctx,
+                                      CUdevice device, CUresult refused);
 
 /* Moves the managed working set: every managed allocation the table holds, in every context
  * the pager knows, by prefetch (or KIWI_EVICT_COPY's copies), skipping the free ranges. */
 void kiwi_managed_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
-/* Under the contexts' lock: ctx ended. */
-void kiwi_managed_forget_context(CUcontext ctx);
-void kiwi_managed_after_fork(void);
+/* The managed evictor's move (kiwi_managed_move, and what it moved out is in host memory until
+ * the way in), and its residency: the table's bytes, less those. Every evictor that does not
+ * count its own takes these. */
+void kiwi_managed_page(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
+void kiwi_managed_residency(struct kiwi_residency *out);
+/* cuMemAllocManaged's allocation: managed memory (device memory during a graph capture). */
+CUresult kiwi_managed_allocate(CUdeviceptr *dptr, size_t size, unsigned int flags,
+                               CUcontext ctx, CUdevice device);
 
-/* ---- vmm_move.c, vmm.c (vmm.h: the files behind them) ---------------------------------- */
+/* ---- the vmm evictor's files (vmm.h), for vmm_evictor.c ---------------------------------- */
 
 /* Moves the memory the vmm evictor maps: out, each chunk copied to its host shadow and taken
  * off the card as its copy completes; in, each mapped again at its address and copied back, or

@@ -2,7 +2,7 @@
  *
  * Every process sees the whole GPU; on a card that is really full, the room a new allocation
  * needs may be held by an idle process whose memory could move. So under the vmm evictor an
- * allocation that finds the card full (its own cache already given back, vmm.c) gets its
+ * allocation that finds the card full (its own cache already given back, vmm_cache.c) gets its
  * addresses at once and waits here: the client, woken, reports the working set that now
  * includes it and asks for the GPU (holding it already, gives it back and asks again: the
  * daemon makes room only before a grant); the restore on the grant maps the allocation, and

@@ -1,6 +1,8 @@
 /* What the vmm evictor's files share (shim.h, memory.h and pager.h declare what the rest of the
  * shim calls in them). They call one another only downwards, in this order:
  *
+ *   vmm_evictor.c  the evictor's operations (struct kiwi_evictor): its allocations, the
+ *                  room they wait for, its move and the managed memory moved alongside
  *   vmm_move.c     the move: an eviction copies each chunk to its host shadow on two streams
  *                  per context and unmaps and releases it as its copy completes; a restore
  *                  maps each again at its address and copies it back, or rolls back
@@ -8,9 +10,16 @@
  *                  process's opened here
  *   vmm_staging.c  copies of chunks without a pinned shadow, through a ring of pinned buffers
  *                  and threads that copy between them and the pageable shadows
- *   vmm.c          the allocations: regions of reserved address space cut into chunks, small
- *                  allocations in slabs, frees (synchronized, stream-ordered, deferred past a
- *                  capture), regions kept for reuse
+ *   vmm.c          an allocation placed: in a slab, a cached region, its stream's pending free
+ *                  or a new region; what a context's end and a fork take
+ *   vmm_addresses.c questions about an address; what pins memory in place; peer access
+ *   vmm_residency.c where the memory is: on the card, in host memory, in shadows
+ *   vmm_frees.c    frees: synchronized, stream-ordered (pending until their event), or
+ *                  deferred past a capture
+ *   vmm_allocations.c the program's allocations by address, and what goes when one does
+ *   vmm_cache.c    regions kept mapped for reuse after their last allocation went
+ *   vmm_regions.c  regions of reserved address space cut into chunks: made, backed, destroyed
+ *   vmm_slabs.c    slabs: small allocations in units of one granule's region
  *   vmm_builder.c  the thread that pins shadows ahead, within the pin budget and the cgroup's
  *                  room, never during a move or a global capture; spares; the staging ring
  *   vmm_shadows.c  host shadows: pinned huge pages, the driver's pinned memory, or pageable
@@ -18,6 +27,8 @@
  *                  the access every mapping gets (its device, and the peers the program enabled)
  *   vmm_index.c    the regions by address, for every question about an address
  *   vmm_reuse.c    stream-ordered reuse: pending frees by stream and size class
+ *   vmm_contexts.c, vmm_pools.c  per context a second stream and spare events; per pool the
+ *                  counters of cuMemPoolGetAttribute
  *
  * The words: a region is one reservation of address space (one allocation of 1 MiB or more,
  * or a slab holding small ones); a chunk is one physical handle mapped into a region, at most
@@ -259,11 +270,12 @@ int kiwi_vmm_copiers(void);
 void kiwi_vmm_builder_count(struct kiwi_residency *out);
 void kiwi_vmm_builder_after_fork(void);
 
-/* ---- vmm.c ------------------------------------------------------------------------------- */
+/* ---- vmm_regions.c ----------------------------------------------------------------------- */
 
-/* The lock around the regions, the allocations and the counts below; a move holds it
- * throughout. Taken after the paging lock (memory.c), the contexts' lock (contexts.c) and, by
- * the builder, the captures' (captures.c). */
+/* The lock around the regions, the allocations and every count the vmm files keep; a move holds
+ * it throughout. Taken after the paging lock (memory.c), the contexts' lock (contexts.c) and, by
+ * the builder, the captures' (captures.c). The table of allocations' lock (kiwi_table_lock,
+ * memory.c) is taken inside it, never around it. */
 extern pthread_mutex_t kiwi_vmm_lock;
 /* Under kiwi_vmm_lock: the first region (every region follows by next). A variable, so that
  * the builder below reads the list without calling up. */
@@ -271,25 +283,121 @@ extern struct vmm_region *kiwi_vmm_first_region;
 /* Under kiwi_vmm_lock: whether an eviction moved memory out that is not back yet; while it is,
  * new allocations only reserve their addresses, and the restore backs them. */
 extern bool kiwi_vmm_evicted;
-/* Under kiwi_vmm_lock: the region of the live allocation holding ptr, and the allocation's
- * start and size; NULL when there is none. */
-struct vmm_region *kiwi_vmm_allocation_region(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
-/* Under kiwi_vmm_lock: r stays where it is from now on (why: for the log). */
-void kiwi_vmm_pin(struct vmm_region *r, const char *why);
+/* Whether every chunk is on the card: none away after an eviction, none waiting for room.
+ * Written under kiwi_vmm_lock, read without it. */
+extern atomic_bool kiwi_vmm_all_backed;
+/* Under kiwi_vmm_lock: reserves and (when back, and unless the memory is away) backs a new
+ * region, in the list; NULL with *result on failure. */
+struct vmm_region *kiwi_vmm_make_region(size_t size, size_t granule, CUcontext ctx,
+                                        CUdevice device, bool slab, bool back, CUresult *result);
+/* Under kiwi_vmm_lock: takes r off the card and out of the address space, with all it holds
+ * (a cached one leaves the cache first: vmm_cache.c). */
+void kiwi_vmm_destroy_region(struct vmm_region *r);
 /* Under kiwi_vmm_lock: whether every chunk is on the card again (kiwi_vmm_away), after a move,
  * a free or a context's end. */
 void kiwi_vmm_recount_backed(void);
+void kiwi_vmm_regions_after_fork(void);
+
+/* The side lists (slabs in use, regions kept for reuse) a region is on, by side_next. */
+static inline void kiwi_vmm_side_link(struct vmm_region **head, struct vmm_region *r)
+{
+    r->side_prev = NULL;
+    r->side_next = *head;
+    if (*head)
+        (*head)->side_prev = r;
+    *head = r;
+}
+
+static inline void kiwi_vmm_side_unlink(struct vmm_region **head, struct vmm_region *r)
+{
+    if (r->side_prev)
+        r->side_prev->side_next = r->side_next;
+    else
+        *head = r->side_next;
+    if (r->side_next)
+        r->side_next->side_prev = r->side_prev;
+    r->side_next = r->side_prev = NULL;
+}
+
+static inline size_t kiwi_vmm_round_up(size_t value, size_t granule)
+{
+    return (value + granule - 1) / granule * granule;
+}
+
+/* ---- vmm_slabs.c ------------------------------------------------------------------------- */
+
+/* Under kiwi_vmm_lock: a slab is in use (new, or out of the cache), or no longer. */
+void kiwi_vmm_slabs_add(struct vmm_region *slab);
+void kiwi_vmm_slabs_remove(struct vmm_region *slab);
+/* count units of a slab from first on are in use, or free again. */
+void kiwi_vmm_mark_units(struct vmm_region *slab, size_t first, size_t count, bool used);
+/* Under kiwi_vmm_lock: a slab in use of ctx on device with count free units in a row, at
+ * *first; NULL when none has. */
+struct vmm_region *kiwi_vmm_slab_with_room(size_t count, CUcontext ctx, CUdevice device,
+                                           size_t *first);
+/* The last unit at or before unit where an allocation starts; unit_count when none. */
+size_t kiwi_vmm_slab_start_before(const struct vmm_region *slab, size_t unit);
+void kiwi_vmm_slabs_after_fork(void);
+
+/* ---- vmm_cache.c ------------------------------------------------------------------------- */
+
+/* Under kiwi_vmm_lock: a region whose last allocation went: kept for reuse, or destroyed. Its
+ * bytes leave the working set and the limit either way. */
+void kiwi_vmm_let_go(struct vmm_region *r);
+/* Under kiwi_vmm_lock: a region kept for reuse of exactly size bytes on device (a slab, or
+ * not), now ctx's; NULL when none. */
+struct vmm_region *kiwi_vmm_take_cached(size_t size, CUdevice device, CUcontext ctx, bool slab);
+/* Under kiwi_vmm_lock: unmaps and releases the regions kept for reuse (all, or ctx's). */
+void kiwi_vmm_trim_cache(void);
+void kiwi_vmm_cache_forget(CUcontext ctx);
+void kiwi_vmm_cache_after_fork(void);
+
+/* ---- vmm_allocations.c ------------------------------------------------------------------- */
+
+/* Under kiwi_vmm_lock: the table of live allocations by start: in, found, taken out (NULL when
+ * none). */
+void kiwi_vmm_table_insert(struct vmm_allocation *a);
+struct vmm_allocation *kiwi_vmm_table_find(CUdeviceptr ptr);
+struct vmm_allocation *kiwi_vmm_table_take(CUdeviceptr ptr);
+/* Under kiwi_vmm_lock: the memory of an allocation (out of the table) goes: its units, or its
+ * region; and the record. */
+void kiwi_vmm_release(struct vmm_allocation *a);
+/* Under kiwi_vmm_lock: r stays where it is from now on (why: for the log). */
+void kiwi_vmm_pin(struct vmm_region *r, const char *why);
+/* Under kiwi_vmm_lock: ctx ended: its live allocations go. */
+void kiwi_vmm_table_forget(CUcontext ctx);
+void kiwi_vmm_table_after_fork(void);
+
+/* ---- vmm_frees.c ------------------------------------------------------------------------- */
+
 /* Under kiwi_vmm_lock: reclaims the pending frees whose memory may go: those whose event has
  * completed, and with synchronized (every context synchronized since) all of them. */
 void kiwi_vmm_reclaim(bool synchronized);
-/* Under kiwi_vmm_lock: unmaps and releases the regions kept for reuse. */
-void kiwi_vmm_trim_cache(void);
+/* Under kiwi_vmm_lock: whether any free is pending; waits for every pending free's event and
+ * reclaims them (to make room); a pending free taken back (reuse), or ctx's gone with it. */
+bool kiwi_vmm_pending(void);
+void kiwi_vmm_pending_finish(void);
+void kiwi_vmm_unpend(struct vmm_allocation *a);
+void kiwi_vmm_pending_forget(CUcontext ctx);
+void kiwi_vmm_frees_after_fork(void);
+
+/* ---- vmm_contexts.c, vmm_pools.c, vmm_addresses.c, vmm_residency.c ----------------------- */
+
 /* Under kiwi_vmm_lock: a stream of the vmm evictor's own in ctx, besides the pager's (the two
  * copy engines, one each way, want two streams); NULL when none can be made. */
 CUstream kiwi_vmm_second_stream(CUcontext ctx);
 /* Under kiwi_vmm_lock: an event of ctx (it must be current), from the spares or new; and back. */
 CUevent kiwi_vmm_event_take(CUcontext ctx);
 void kiwi_vmm_event_give(CUcontext ctx, CUevent event);
+void kiwi_vmm_contexts_forget(CUcontext ctx);
+void kiwi_vmm_contexts_after_fork(void);
+/* Under kiwi_vmm_lock: a stream-ordered allocation's bytes in use and reserved changed, in the
+ * counters of its pool (none: NULL). */
+void kiwi_vmm_count_in_pool(CUmemoryPool pool, int64_t used, int64_t reserved);
+void kiwi_vmm_pools_after_fork(void);
+/* Under kiwi_vmm_lock: the region of the live allocation holding ptr, and the allocation's
+ * start and size; NULL when there is none. */
+struct vmm_region *kiwi_vmm_allocation_region(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* Under kiwi_vmm_lock: kiwi_vmm_residency's figures (and they become the last counted). */
 void kiwi_vmm_residency_locked(struct kiwi_residency *out);
 
@@ -309,7 +417,8 @@ bool kiwi_vmm_staging_end(void);
 /* ---- vmm_ipc.c --------------------------------------------------------------------------- */
 
 /* (memory.h declares kiwi_vmm_ipc_export, _import and _close, pager.h its after-fork; it calls
- * vmm.c, never the reverse: a region's export is closed with the region, in vmm.c.) */
+ * vmm_addresses.c and vmm_allocations.c, never the reverse: a region's export is closed with
+ * the region, in vmm_regions.c.) */
 
 /* ---- vmm_move.c -------------------------------------------------------------------------- */
 

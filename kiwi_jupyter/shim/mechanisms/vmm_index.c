@@ -81,6 +81,7 @@ size_t kiwi_vmm_index_overlapping(CUdeviceptr ptr, size_t size,
 
 void kiwi_vmm_index_after_fork(void)
 {
-    /* The parent's regions are not the child's (vmm.c forgets them too); the array is kept. */
+    /* The parent's regions are not the child's (vmm_regions.c forgets them too); the array is
+     * kept. */
     count = 0;
 }

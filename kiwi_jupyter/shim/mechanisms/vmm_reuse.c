@@ -4,7 +4,7 @@
  * PyTorch's cudaMallocAsync backend and CuPy's async pool allocate and free every tensor through
  * the driver (cuMemAllocAsync, cuMemFreeAsync) and leave reuse to its pool. A training loop runs
  * ahead of the GPU: when a tensor is freed, the work queued before the free has usually not run
- * yet, so the memory cannot be handed to just anyone (vmm.c keeps it pending until the free's
+ * yet, so the memory cannot be handed to just anyone (vmm_frees.c keeps it pending until the free's
  * event completes). But work queued later on the same stream runs after that work, so an
  * allocation on that stream may have it at once. Without this the shim would reserve, create,
  * map and set access for every tensor (tens of microseconds each on a GPU) while the last

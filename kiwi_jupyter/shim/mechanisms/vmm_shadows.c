@@ -3,9 +3,9 @@
  * A copy engine reaches the link's speed only from and to pinned memory, and pinning is slow:
  * cuMemAllocHost of 16 GiB took 6.5 s on an H200 (the driver takes pages one at a time,
  * zeroes and maps each; ../shared/design/gpu-memory-swap.md, section 4), far longer than the
- * copy itself. So shadows are made ahead of time, by a thread of the vmm evictor's own (vmm.c),
- * as the working set grows, and kept from one eviction to the next. The way they are made,
- * KIWI_VMM_SHADOW:
+ * copy itself. So shadows are made ahead of time, by a thread of the vmm evictor's own
+ * (vmm_builder.c), as the working set grows, and kept from one eviction to the next. The way
+ * they are made, KIWI_VMM_SHADOW:
  *
  *   register   anonymous memory, aligned to 2 MiB and advised to use huge pages (one fault and
  *              one page-table entry per 2 MiB), then pinned with cuMemHostRegister (portable:
