@@ -43,8 +43,8 @@ from prometheus_client.registry import Collector
 
 from nodeside.errors import DaemonError
 from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
+from nodeside.scheduler.ledger import occupies
 from nodeside.scheduler.pools import entitlements
-from nodeside.scheduler.residency import occupies
 
 log = logging.getLogger("kiwi.metrics")
 

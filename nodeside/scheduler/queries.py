@@ -127,7 +127,7 @@ class Queries:
         candidate = state.choice.pick(gpu, now)
         if candidate is None:
             return False
-        if gpu.memory_clients and self.residency.shortfall(gpu, candidate) > \
+        if gpu.memory_clients and gpu.ledger.shortfall(candidate) > \
                 self.residency.coming(gpu, candidate):
             return False  # it waits for evictions, whose reports are events
         light_first = state.choice.light_first

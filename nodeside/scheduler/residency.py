@@ -40,6 +40,7 @@ from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import Action, Evict, SchedulerError, Suspend, Uncounted
 from nodeside.scheduler.clients import WaitingFor
+from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 
@@ -52,38 +53,6 @@ PROGRESS_BYTES = 64 << 20
 #: granted while the room it lacks is still on its way out (its way in overlaps the other's way
 #: out, each on its own copy engine), and its restore waits for each chunk's room.
 RESTORES_AS_ROOM_COMES = ("vmm",)
-
-
-def occupies(client: Client) -> int:
-    """Bytes ``client`` keeps on its GPU now, on the best evidence: NVML's figure for its
-    process where the daemon reads one, else its own report."""
-    nvml = client.nvml_bytes
-    return client.resident_bytes if nvml is None else nvml
-
-
-def counted(client: Client) -> int:
-    """Bytes of an idle ``client`` that count against others' room: its evidence; but a claim
-    NVML does not vouch for counts nothing once the client could not evict (until its next
-    grant), nor once it has evicted (what it says is left, no eviction frees)."""
-    nvml = client.nvml_bytes
-    if nvml is not None:
-        return nvml
-    if client.evict_failed is not None or client.residency == EVICTED:
-        return 0
-    return client.resident_bytes
-
-
-def holding(client: Client) -> bool:
-    state = client.hold_state
-    return state is HoldState.HOLDING or state is HoldState.DROPPING
-
-
-def need(client: Client) -> int:
-    """What a client needs on the GPU to work: its working set, or its resident bytes where
-    larger (an unknown working set counts as what it has)."""
-    working_set = client.working_set
-    resident = occupies(client)
-    return resident if working_set is None or resident > working_set else working_set
 
 
 def granted(client: Client, now: float) -> None:
@@ -128,11 +97,14 @@ class Residency:
         client.shadow_bytes = shadow or 0
         if client.host_bytes and not client.resident_bytes:
             client.residency = EVICTED
-        self.state.gpus[client.gpu].memory_clients[client.id] = client
+        gpu = self.state.gpus[client.gpu]
+        gpu.memory_clients[client.id] = client
+        gpu.ledger.book(client)
 
     def forget(self, client: Client) -> None:
         gpu = self.state.gpus[client.gpu]
         gpu.memory_clients.pop(client.id, None)
+        gpu.ledger.forget(client)
         for other in gpu.memory_clients.values():
             if other.waiting_for is not None and other.waiting_for.client == client.id:
                 other.waiting_for = None
@@ -165,12 +137,18 @@ class Residency:
         elif client.residency == EVICTED and resident:
             client.residency = RESIDENT  # it came back without a grant (mode off)
         self._seen(client)
+        self._book(client)
 
     def nvml_seen(self, client: Client, nbytes: int | None) -> None:
         """NVML's per-process used memory of ``client``'s process (None: NVML cannot vouch
         for it)."""
         client.nvml_bytes = nbytes
         self._seen(client)
+        self._book(client)
+
+    def _book(self, client: Client) -> None:
+        """Whatever changed of ``client``'s memory, its GPU's ledger books it."""
+        self.state.gpus[client.gpu].ledger.book(client)
 
     def _seen(self, client: Client) -> None:
         if client.nvml_bytes is not None:
@@ -184,6 +162,12 @@ class Residency:
                 failed: str | None, now: float, shadow: int | None = None) -> list[Action]:
         """An eviction ended (``evicted``), asked or of the client's own accord. One that
         failed is checkpointed where the daemon reaches the process, else given up on."""
+        actions = self._evicted(client, resident, host, failed, now, shadow)
+        self._book(client)
+        return actions
+
+    def _evicted(self, client: Client, resident: int | None, host: int | None,
+                 failed: str | None, now: float, shadow: int | None) -> list[Action]:
         check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
         _asked_to_evict(client, None)
@@ -236,7 +220,8 @@ class Residency:
         return []
 
     def released_evicting(self, client: Client, now: float) -> None:
-        """A holder released with ``evicting``: its memory is on its way out."""
+        """A holder released with ``evicting``: its memory is on its way out (booked when
+        its hold ends)."""
         client.residency = EVICTING
         _asked_to_evict(client, now)
         self._count(client, "release")
@@ -251,6 +236,12 @@ class Residency:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
         memory, or (``error``) it could not be moved; ``memory_free``: the process holds no
         GPU memory at all (the driver knows no CUDA process by its pid), whatever it says."""
+        actions = self._checkpointed(client, error, now, memory_free)
+        self._book(client)
+        return actions
+
+    def _checkpointed(self, client: Client, error: str | None, now: float,
+                      memory_free: bool) -> list[Action]:
         _asked_to_evict(client, None)
         if memory_free:
             # Counted as holding none, whatever it reports, until its next grant.
@@ -274,34 +265,13 @@ class Residency:
 
     # -- the room a grant needs ---------------------------------------------------------------
 
-    def shortfall(self, gpu: GpuState, candidate: Client, reserved: int = 0) -> int:
-        """Bytes missing on ``gpu`` for ``candidate`` to work beside every resident client
-        (and ``reserved`` bytes kept for someone else); 0 when it fits or when the GPU's
-        capacity or the candidate's working set is unknown."""
-        capacity = gpu.spec.memory_total
-        if capacity is None or candidate.working_set is None:
-            return 0
-        others = reserved
-        for holder in gpu.holders.values():
-            if holder is not candidate:
-                others += need(holder) if holder.memory else (holder.working_set or 0)
-        for client in gpu.memory_clients.values():
-            if client is not candidate and not holding(client):
-                others += counted(client)
-        # Capped by what the others have there: a working set larger than the card on its own
-        # is granted once nobody else's memory is left (as before the memory feature), rather
-        # than waiting for room that no eviction can make.
-        return min(others, max(0, need(candidate) + others - (capacity - self.state.reserve)))
-
     def coming(self, gpu: GpuState, candidate: Client) -> int:
         """Bytes on their way out of ``gpu`` (clients told to evict, or released ``evicting``,
         with no failure) that ``candidate`` may count as room already: all of them when its
         restore waits for room chunk by chunk (``handoff_overlap``), else none."""
         if not self.state.config.handoff_overlap or candidate.evict not in RESTORES_AS_ROOM_COMES:
             return 0
-        return sum(occupies(c) for c in gpu.memory_clients.values()
-                   if c is not candidate and not holding(c) and c.residency == EVICTING
-                   and c.evict_failed is None)
+        return gpu.ledger.outgoing_except(candidate)
 
     def make_room(self, gpu: GpuState, candidate: Client, short: int,
                   now: float) -> tuple[list[Action], str | None]:
@@ -353,6 +323,7 @@ class Residency:
             missing -= nbytes
             on_the_way.append(client)
             actions.append(self._ask(gpu, client, candidate, nbytes, now))
+            gpu.ledger.book(client)
         if missing > 0:
             gpu.evict_retry_at = retry_at  # the rest may be asked then
         self._wait_for(candidate, on_the_way or later)
@@ -401,6 +372,7 @@ class Residency:
             if at is not None and now >= at:
                 actions.extend(self._could_not_evict(
                     client, _stall(client, config.evict_timeout), "timeout"))
+                gpu.ledger.book(client)
                 continue
             at = self._second_stage_at(client)
             if at is not None and now >= at:

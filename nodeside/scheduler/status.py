@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from nodeside.scheduler.core import Client, Scheduler
+from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.report import pool_reports
-from nodeside.scheduler.residency import counted, holding, need, occupies
 
 STATUS_VERSION = 1
 

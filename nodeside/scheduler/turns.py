@@ -19,7 +19,6 @@ import math
 from typing import Final, final
 
 from nodeside import protocol as p
-from nodeside.model import EVICTING
 from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import (
     Action,
@@ -31,9 +30,10 @@ from nodeside.scheduler.actions import (
     SchedulerError,
 )
 from nodeside.scheduler.choosing import within_pool
+from nodeside.scheduler.ledger import counted, need
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import Residency, check_claim, counted, holding, need
+from nodeside.scheduler.residency import Residency, check_claim
 from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -208,7 +208,7 @@ class Turns:
                     or self._held_back(gpu, candidate, now))):
                 break
             if memory:
-                short = self.residency.shortfall(gpu, candidate)
+                short = gpu.ledger.shortfall(candidate)
                 # A client whose restore waits for room chunk by chunk counts what is on its
                 # way out as room: its way in overlaps the other's way out.
                 if short > self.residency.coming(gpu, candidate):
@@ -250,8 +250,7 @@ class Turns:
         state = self.state
         actions: list[Action] = []
         # What it needs beyond the room already on its way out: what the others may not take.
-        coming = sum(counted(c) for c in gpu.memory_clients.values()
-                     if c.residency == EVICTING and c.evict_failed is None and not holding(c))
+        coming = gpu.ledger.outgoing_total
         wanted = need(parked) - counted(parked) if parked.memory else (parked.working_set or 0)
         reserved = max(0, wanted - coming)
         mode = state.mode
@@ -271,7 +270,7 @@ class Turns:
             # holds now (the room being made is for what others hold too much of).
             adds = max(0, need(waiter) - counted(waiter)) if waiter.memory \
                 else (waiter.working_set or 0)
-            if adds and self.residency.shortfall(gpu, waiter, reserved):
+            if adds and gpu.ledger.shortfall(waiter, reserved):
                 continue
             actions.append(self._moves.grant(gpu, waiter, now))
         return actions

@@ -12,7 +12,9 @@ part, in full or not at all, while time passes. Whatever the order:
   progress nobody is left on its way out);
 * nobody starves: once every client gives back and answers, every waiter is granted or refused;
 * a waiter for room never blocks the queue: a plain client (no ``memory`` feature, working set
-  unknown) that waits while nobody holds the GPU is granted at once (issue 40, N4b).
+  unknown) that waits while nobody holds the GPU is granted at once (issue 40, N4b);
+* after every step the GPU's ledger books what a recomputation from the clients gives: each
+  idle client's counted bytes, those on their way out, and their totals.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ clients = st.lists(st.tuples(st.sampled_from([2, 3, 4, 6, 8]),
                              st.booleans()),  # its checkpoint succeeds
                    min_size=2, max_size=4)
 steps = st.lists(st.tuples(st.sampled_from(["acquire", "release", "evicting", "answer",
-                                            "half", "wait"]),
+                                            "half", "nvml", "wait"]),
                            st.integers(0, 3), st.floats(0.1, 4.0)),
                  max_size=40)
 
@@ -72,7 +74,7 @@ class Driver:
                           if c.display_name == evicts[0].for_name)
             # Only as much as is missing: without the last one asked, the room would be short.
             asked = sum(a.nbytes for a in evicts)
-            assert asked - evicts[-1].nbytes < self.s._residency.shortfall(self.s.gpus[0], waiter)
+            assert asked - evicts[-1].nbytes < self.s.gpus[0].ledger.shortfall(waiter)
         for action in actions:
             if isinstance(action, Grant):
                 client = self.s.clients[action.client]
@@ -87,7 +89,7 @@ class Driver:
                 waiter = next(c for c in self.s.clients.values()
                               if c.display_name == action.for_name)
                 assert waiter.state == "waiting"
-                assert self.s._residency.shortfall(self.s.gpus[0], waiter) > 0, \
+                assert self.s.gpus[0].ledger.shortfall(waiter) > 0, \
                     "an idle client was asked to evict while the room was there"
             elif isinstance(action, Suspend):
                 self.asked.add(action.client)
@@ -97,6 +99,17 @@ class Driver:
             elif isinstance(action, Refuse):
                 self.refused.add(action.client)
                 assert self.s.clients[action.client].state == "idle"
+
+    def check_ledger(self) -> None:
+        """The ledger's books, recomputed from the clients."""
+        gpu = self.s.gpus[0]
+        idle = {c.id: 0 if holding(c) else counted(c) for c in gpu.memory_clients.values()}
+        out = {c.id: idle[c.id] if c.residency == EVICTING and c.evict_failed is None else 0
+               for c in gpu.memory_clients.values()}
+        ledger = gpu.ledger
+        assert (ledger.idle, ledger.outgoing) == (idle, out)
+        assert (ledger.idle_total, ledger.outgoing_total) == (sum(idle.values()),
+                                                              sum(out.values()))
 
     def blocked_behind_room(self) -> bool:
         gpu = self.s.gpus[0]
@@ -121,8 +134,13 @@ class Driver:
             else:
                 self.take(self.s.evicted(self.now, c, resident=0,
                                          host=client.host_bytes + moved))
+        elif op == "nvml" and client.memory:
+            # NVML starts or stops vouching for its process (dt picks which figure).
+            figure = None if dt < 1.0 else occupies(client) if dt < 3.0 else 0
+            self.take(self.s.memory_seen(self.now, {c: figure}))
         else:
             self.take(self.s.tick(self.now))
+        self.check_ledger()
 
 
 @settings(max_examples=300, deadline=None)
