@@ -325,13 +325,13 @@ class Requests(Rules):
     def _tell(self, client: Client, heard: tuple[int, int | None], figures: Figures | None,
               now: float) -> list[Action]:
         """Tell the scheduler a working set and, when some came, memory figures."""
-        restoring_since = client.restoring_since
+        restoring_since = client.eviction.since if client.residency is RESTORING else None
         if figures is None:
             return self.scheduler.report_working_set(now, client.id, heard[0], heard[1])
         actions = self.scheduler.report_working_set(now, client.id, heard[0], heard[1],
                                                     resident=figures[0], host=figures[1],
                                                     shadow=figures[2])
-        if restoring_since is not None and client.restoring_since is None:
+        if restoring_since is not None and client.residency is not RESTORING:
             self._observe_memory("restore", client.gpu, now - restoring_since)
         return actions
 

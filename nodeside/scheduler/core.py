@@ -67,7 +67,7 @@ from nodeside.scheduler.membership import Membership
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.pools import preemption_off_reason
 from nodeside.scheduler.queries import Queries
-from nodeside.scheduler.residency import Residency
+from nodeside.scheduler.residency import ResidencyRules
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.state import (
     PRIORITY_RANK,
@@ -98,7 +98,7 @@ class Scheduler:
         self._state = state = NodeState(config, gpus, now)
         room = Room(state)
         taking = TakingTurns(state)
-        self._residency = residency = Residency(state)
+        self._residency = residency = ResidencyRules(state)
         self._turns = turns = Turns(state, room, taking, residency)
         self._membership = Membership(state, turns)
         self._controls = Controls(state, turns)

@@ -43,7 +43,7 @@ def counted(client: Client) -> int:
     nvml = client.nvml_bytes
     if nvml is not None:
         return nvml
-    if client.evict_failed is not None or client.residency == EVICTED:
+    if client.eviction.failed is not None or client.residency is EVICTED:
         return 0
     return client.resident_bytes
 
@@ -69,7 +69,7 @@ def idle_bytes(client: Client) -> int:
 
 def outgoing_bytes(client: Client) -> int:
     """Of ``idle_bytes``, the bytes on their way out: it evicts, and has not failed."""
-    if client.residency != EVICTING or client.evict_failed is not None:
+    if client.residency is not EVICTING or client.eviction.failed is not None:
         return 0
     return idle_bytes(client)
 

@@ -60,11 +60,11 @@ def granted(client: Client, now: float) -> None:
     Whatever it could not evict before, its memory counts again from now on."""
     fair_eviction.granted(client, need(client), occupies(client))
     client.waiting_for = None
-    client.checkpoint_asked = False
-    client.evict_failed = None
-    if client.residency == EVICTED or client.residency == EVICTING:
-        client.residency = RESTORING
-        client.restoring_since = now
+    eviction = client.eviction
+    eviction.checkpoint = False
+    eviction.failed = None
+    if client.residency is EVICTED or client.residency is EVICTING:
+        client.settle(RESTORING, now)
 
 
 def check_claim(gpu: GpuState, resident: int | None, what: str) -> None:
@@ -76,7 +76,7 @@ def check_claim(gpu: GpuState, resident: int | None, what: str) -> None:
 
 
 @final
-class Residency:
+class ResidencyRules:
     """Each memory client's residency and bytes, and the evictions a grant waits for."""
 
     def __init__(self, state: NodeState) -> None:
@@ -96,7 +96,7 @@ class Residency:
         client.host_bytes = host or 0
         client.shadow_bytes = shadow or 0
         if client.host_bytes and not client.resident_bytes:
-            client.residency = EVICTED
+            client.settle(EVICTED, None)  # registered there: no second stage counts yet
         gpu = self.state.gpus[client.gpu]
         gpu.memory_clients[client.id] = client
         gpu.ledger.book(client)
@@ -114,13 +114,14 @@ class Residency:
         """A ``working_set`` report with figures: progress of an eviction or of a restore.
         A report never makes a client that could not evict evictable again (only its next
         grant does): saying its figures again cannot start another's wait over."""
-        if client.residency == EVICTING and client.evict_asked_at is not None:
+        eviction = client.eviction
+        if client.residency is EVICTING and eviction.asked_at is not None:
             # Its deadline follows its progress: its way out beginning (the first report since
             # it was asked), then each report of PROGRESS_BYTES fewer on the GPU (or none).
-            if not client.evict_began or (resident is not None and (
+            if not eviction.began or (resident is not None and (
                     resident <= client.resident_bytes - PROGRESS_BYTES or not resident)):
-                client.evict_progress_at = now
-            client.evict_began = True
+                eviction.progress_at = now
+            eviction.began = True
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -129,13 +130,12 @@ class Residency:
         if host is not None:
             client.host_bytes = host
             client.memory_source = "shim"
-        if client.residency == RESTORING and (host == 0 or (
+        if client.residency is RESTORING and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
-            client.residency = RESIDENT
-            client.restoring_since = None
+            client.settle(RESIDENT, now)
             self.state.counts["restores"] += 1
-        elif client.residency == EVICTED and resident:
-            client.residency = RESIDENT  # it came back without a grant (mode off)
+        elif client.residency is EVICTED and resident:
+            client.settle(RESIDENT, now)  # it came back without a grant (mode off)
         self._seen(client)
         self._book(client)
 
@@ -170,7 +170,7 @@ class Residency:
                  failed: str | None, now: float, shadow: int | None) -> list[Action]:
         check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
-        _asked_to_evict(client, None)
+        client.eviction.asked(None)
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -181,30 +181,31 @@ class Residency:
             client.memory_source = "shim"
         self._seen(client)
         if failed is not None:
-            client.restoring_since = None
-            if asked == RESTORING:
+            if asked is RESTORING:
                 # A restore that ran out of memory rolled back: its memory is in host memory,
                 # and it asks for the GPU again when it needs it.
-                client.residency = EVICTED
+                client.settle(EVICTED, now)
                 return []
-            client.residency = RESIDENT
-            return self._could_not_evict(client, failed, "failed")
-        client.evict_failed = None
-        client.residency = EVICTED
-        client.evicted_at = now
+            client.settle(RESIDENT, now)
+            return self._could_not_evict(client, failed, "failed", now)
+        client.eviction.failed = None
+        client.settle(EVICTED, now)
+        client.eviction.since = now  # evicted again: the second stage counts from now
         return []
 
-    def _could_not_evict(self, client: Client, why: str, reason: str) -> list[Action]:
+    def _could_not_evict(self, client: Client, why: str, reason: str,
+                         now: float) -> list[Action]:
         """``client`` could not move its memory out (``why``): checkpointed where the daemon's
         evictor reaches it and it is between two moves; else not asked again until its next
         grant, and what only its claim says it holds no longer counts against others' room.
         Never checkpointed in the middle of its own way out (it reported since it was asked):
         the process would stop inside the driver with half its memory moved, and hang."""
         gpu = self.state.gpus[client.gpu]
-        if client.checkpointable and not client.checkpoint_asked and not client.evict_began:
-            client.checkpoint_asked = True
-            client.residency = EVICTING
-            _asked_to_evict(client, None)
+        eviction = client.eviction
+        if client.checkpointable and not eviction.checkpoint and not eviction.began:
+            eviction.checkpoint = True
+            client.settle(EVICTING, now)
+            eviction.asked(None)
             self._count(client, reason)
             for waiter in gpu.waiters.values():
                 if waiter.waiting_for is not None and waiter.waiting_for.client == client.id:
@@ -212,9 +213,9 @@ class Residency:
                         client.id, client.display_name, occupies(client), "checkpoint")
             return [Suspend(client.id, gpu.spec.index, reason)]
         before = counted(client)
-        client.evict_failed = why
-        client.residency = RESIDENT
-        _asked_to_evict(client, None)
+        eviction.failed = why
+        client.settle(RESIDENT, now)
+        eviction.asked(None)
         if before and not counted(client):
             return [Uncounted(client.id, gpu.spec.index, before, why)]
         return []
@@ -222,8 +223,8 @@ class Residency:
     def released_evicting(self, client: Client, now: float) -> None:
         """A holder released with ``evicting``: its memory is on its way out (booked when
         its hold ends)."""
-        client.residency = EVICTING
-        _asked_to_evict(client, now)
+        client.settle(EVICTING, now)
+        client.eviction.asked(now)
         self._count(client, "release")
 
     def _count(self, client: Client, reason: str) -> None:
@@ -242,25 +243,25 @@ class Residency:
 
     def _checkpointed(self, client: Client, error: str | None, now: float,
                       memory_free: bool) -> list[Action]:
-        _asked_to_evict(client, None)
+        eviction = client.eviction
+        eviction.asked(None)
         if memory_free:
             # Counted as holding none, whatever it reports, until its next grant.
             client.resident_bytes = 0
             if client.nvml_bytes is not None:
                 client.nvml_bytes = 0
-            client.evict_failed = f"holds no GPU memory ({error})" if error else \
+            eviction.failed = f"holds no GPU memory ({error})" if error else \
                 "holds no GPU memory"
-            client.residency = RESIDENT
+            client.settle(RESIDENT, now)
             return []
         if error is not None:
-            return self._could_not_evict(client, f"checkpoint failed: {error}", "checkpoint")
+            return self._could_not_evict(client, f"checkpoint failed: {error}", "checkpoint",
+                                         now)
         client.host_bytes += occupies(client)
         client.resident_bytes = 0
         if client.nvml_bytes is not None:
             client.nvml_bytes = 0
-        client.residency = EVICTED
-        if client.evicted_at is None:
-            client.evicted_at = now
+        client.settle(EVICTED, now)  # already there (the second stage): since stays
         return []
 
     # -- the room a grant needs ---------------------------------------------------------------
@@ -287,13 +288,14 @@ class Residency:
         for client in gpu.memory_clients.values():
             if client is candidate or holding(client) or not counted(client):
                 continue
-            if client.residency == EVICTING and client.evict_failed is None:
+            eviction = client.eviction
+            if client.residency is EVICTING and eviction.failed is None:
                 on_the_way.append(client)
-            elif client.evict_failed is None and (
-                    (client.residency == RESIDENT and (
+            elif eviction.failed is None and (
+                    (client.residency is RESIDENT and (
                         client.evict in PAGES_ITSELF or client.checkpointable))
-                    or (client.residency == EVICTED and client.checkpointable
-                        and not client.checkpoint_asked)):
+                    or (client.residency is EVICTED and client.checkpointable
+                        and not eviction.checkpoint)):
                 # Evictable; as often as fair_eviction.py allows, for this waiter.
                 at = max(fair_eviction.may_ask_at(client, candidate, config.evict_interval,
                                                   tq), candidate.may_ask_from)
@@ -332,24 +334,24 @@ class Residency:
     def _ask(self, gpu: GpuState, client: Client, candidate: Client, nbytes: int,
              now: float) -> Action:
         """Ask ``client`` to evict ``nbytes`` for ``candidate``, and keep the books."""
-        _asked_to_evict(client, now)
+        client.eviction.asked(now)
         fair_eviction.asked(client, candidate, now)
         self.state.counts["evictions"] += 1
         self._count(client, "room")
         by = gpu.evictions_by
         by[candidate.priority] = by.get(candidate.priority, 0) + 1
-        if client.residency == RESIDENT and client.evict in PAGES_ITSELF:
-            client.residency = EVICTING
+        if client.residency is RESIDENT and client.evict in PAGES_ITSELF:
+            client.settle(EVICTING, now)
             return Evict(client.id, gpu.spec.index, nbytes, candidate.display_name)
-        client.residency = EVICTING
-        client.checkpoint_asked = True
+        client.settle(EVICTING, now)
+        client.eviction.checkpoint = True
         return Suspend(client.id, gpu.spec.index, "room")
 
     def _wait_for(self, candidate: Client, on_the_way: list[Client]) -> None:
         first = max(on_the_way, key=counted)
         candidate.waiting_for = WaitingFor(
             first.id, first.display_name, counted(first),
-            "checkpoint" if first.checkpoint_asked else "evict")
+            "checkpoint" if first.eviction.checkpoint else "evict")
 
     def _no_room(self, gpu: GpuState, candidate: Client, short: int,
                  stuck: list[Client]) -> str:
@@ -371,12 +373,12 @@ class Residency:
             at = self._stalled_at(client)
             if at is not None and now >= at:
                 actions.extend(self._could_not_evict(
-                    client, _stall(client, config.evict_timeout), "timeout"))
+                    client, _stall(client, config.evict_timeout), "timeout", now))
                 gpu.ledger.book(client)
                 continue
             at = self._second_stage_at(client)
             if at is not None and now >= at:
-                client.checkpoint_asked = True
+                client.eviction.checkpoint = True
                 self._count(client, "idle")
                 actions.append(Suspend(client.id, gpu.spec.index, "idle"))
         return actions
@@ -398,33 +400,27 @@ class Residency:
 
     def _second_stage_at(self, client: Client) -> float | None:
         after = self.state.config.checkpoint_after
-        if after <= 0 or not client.checkpointable or client.checkpoint_asked or \
-                client.residency != EVICTED or client.evicted_at is None or \
+        since = client.eviction.since
+        if after <= 0 or not client.checkpointable or client.eviction.checkpoint or \
+                client.residency is not EVICTED or since is None or \
                 client.hold_state is not HoldState.IDLE:
             return None
-        return client.evicted_at + after
-
-
-def _asked_to_evict(client: Client, now: float | None) -> None:
-    """``client`` was asked to evict at ``now`` (None: its way out is over): nothing heard of it
-    since."""
-    client.evict_asked_at = now
-    client.evict_began = False
-    client.evict_progress_at = None
+        return since + after
 
 
 def _evict_due(client: Client, evict_timeout: float) -> float | None:
     """When a client on its way out has made no progress for ``evict_timeout``: counted from
     its last progress since it was asked, or from the ask; None when no deadline runs."""
-    asked = client.evict_asked_at
-    if client.residency != EVICTING or asked is None or client.checkpoint_asked:
+    eviction = client.eviction
+    asked = eviction.asked_at
+    if client.residency is not EVICTING or asked is None or eviction.checkpoint:
         return None
-    progress = client.evict_progress_at
+    progress = eviction.progress_at
     return (asked if progress is None else progress) + evict_timeout
 
 
 def _stall(client: Client, evict_timeout: float) -> str:
     """Why ``client``'s eviction is given up on, as the log and its status say."""
-    if client.evict_began:
+    if client.eviction.began:
         return f"made no progress evicting for {evict_timeout:g} s (evict_timeout)"
     return f"did not begin to evict within {evict_timeout:g} s (evict_timeout)"

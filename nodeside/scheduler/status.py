@@ -94,7 +94,7 @@ def build_status(scheduler: Scheduler, now: float,
         if client.memory:
             waiting_for = client.waiting_for
             entry.update({
-                "residency": client.residency,
+                "residency": client.residency.value,
                 "resident_bytes": occupies(client),
                 "counted_bytes": counted(client),
                 "evict_failed": client.evict_failed,

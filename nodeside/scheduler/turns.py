@@ -33,7 +33,7 @@ from nodeside.scheduler.choosing import within_pool
 from nodeside.scheduler.ledger import counted, need
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import Residency, check_claim
+from nodeside.scheduler.residency import ResidencyRules, check_claim
 from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -49,7 +49,7 @@ class Turns:
     """The hold events, and the scheduling rules that follow every event."""
 
     def __init__(self, state: NodeState, room: Room, taking: TakingTurns,
-                 residency: Residency) -> None:
+                 residency: ResidencyRules) -> None:
         self.state = state
         self.room = room
         self.taking = taking

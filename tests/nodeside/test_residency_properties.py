@@ -164,7 +164,8 @@ def test_the_rules_hold_whatever_the_clients_do(specs, ops) -> None:
     d.now += TIMEOUT + 1
     d.take(d.s.tick(d.now))
     assert [c.id for c in d.s.clients.values() if c.residency == EVICTING
-            and c.evict_progress_at is not None and c.evict_progress_at + TIMEOUT <= d.now] == []
+            and c.eviction.progress_at is not None
+            and c.eviction.progress_at + TIMEOUT <= d.now] == []
     # Now everyone cooperates: holders give back, evictions are answered, time passes.
     for _ in range(4 * len(d.ids) + 4):
         d.now += 1.0
