@@ -78,9 +78,6 @@ class Requests(Rules):
         #: Bumped whenever something the status document shows may have changed: a request
         #: that changes it (here), and what the shell notes (``Timers.note_change``).
         self.generation = 0
-        #: Feature ``memory``: called with ("eviction" or "restore", the GPU, its seconds)
-        #: (metrics).
-        self.memory_observers: list[Callable[[str, int, float], None]] = []
         #: Asks for NVML's per-process figures to be read again soon (process_memory.py): a
         #: client reported less than NVML last counted for it, an eviction's progress.
         self.nvml_soon: Callable[[], None] | None = None
@@ -308,7 +305,7 @@ class Requests(Rules):
                                       session.label, client_id, session.peer.uid, damper.hold,
                                       session.peer.fd)
         if figures is not None:
-            stands = MOVING if client.residency == EVICTING or client.residency == RESTORING \
+            stands = MOVING if client.residency is EVICTING or client.residency is RESTORING \
                 else (HOLDING if client.state == "holding" else IDLE)
             figures = self.memory_reports.report(client_id, figures, stands, now)
             if figures is None:
@@ -324,16 +321,13 @@ class Requests(Rules):
 
     def _tell(self, client: Client, heard: tuple[int, int | None], figures: Figures | None,
               now: float) -> list[Action]:
-        """Tell the scheduler a working set and, when some came, memory figures."""
-        restoring_since = client.eviction.since if client.residency is RESTORING else None
+        """Tell the scheduler a working set and, when some came, memory figures (a restore
+        that ended comes back as ``Restored``, for the metrics)."""
         if figures is None:
             return self.scheduler.report_working_set(now, client.id, heard[0], heard[1])
-        actions = self.scheduler.report_working_set(now, client.id, heard[0], heard[1],
-                                                    resident=figures[0], host=figures[1],
-                                                    shadow=figures[2])
-        if restoring_since is not None and client.residency is not RESTORING:
-            self._observe_memory("restore", client.gpu, now - restoring_since)
-        return actions
+        return self.scheduler.report_working_set(now, client.id, heard[0], heard[1],
+                                                 resident=figures[0], host=figures[1],
+                                                 shadow=figures[2])
 
     def reports_next_due(self) -> float | None:
         """When the first working set or memory report that waits is due (None: none)."""
@@ -369,17 +363,16 @@ class Requests(Rules):
         client = self.scheduler.clients[client_id]
         figures = (_bytes(msg, "resident"), self._host(msg, "host"), self._host(msg, "shadow"))
         self._check_nvml_soon(client, figures[0])
+        seconds = msg.get("seconds")  # as the client measured its way out: sane ones only
+        took = float(seconds) if isinstance(seconds, (int, float)) and \
+            not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
         actions = self.scheduler.evicted(now, client_id, resident=figures[0], host=figures[1],
-                                         shadow=figures[2], failed=failed)
+                                         shadow=figures[2], failed=failed, seconds=took,
+                                         moved=_bytes(msg, "moved"))
         self.memory_reports.heard(client_id, figures, now)
         if failed is not None:
             log.warning("%s (%s) could not evict: %s",
                         label(client.name, client.display_name, client.user), client_id, failed)
-        else:
-            seconds = msg.get("seconds")
-            if isinstance(seconds, (int, float)) and 0 <= seconds < 86_400:
-                self._observe_memory("eviction", client.gpu, float(seconds))
-            self.scheduler.count_evicted_bytes(_bytes(msg, "moved") or 0)
         return Outcome([p.encode(p.OK, seq=seq), *actions], gpus=(client.gpu,))
 
     def _host(self, msg: dict[str, Any], key: str) -> int | None:
@@ -394,9 +387,6 @@ class Requests(Rules):
                 self.nvml_soon is not None:
             self.nvml_soon()
 
-    def _observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
-        for observe in self.memory_observers:
-            observe(kind, gpu, seconds)
 
     # -- looking and steering -------------------------------------------------------------
 

@@ -83,8 +83,6 @@ class Daemon:
         self.handoff_observers = self.delivery.handoff_observers
         #: Called with every list of actions carried out and the time (metrics).
         self.action_observers = self.delivery.action_observers
-        #: Feature ``memory``: evictions and restores that ended, with their seconds.
-        self.memory_observers = self.requests.memory_observers
         #: Called on close (the metrics server).
         self.closers: list[Callable[[], None]] = []
         self.stopped = asyncio.Event()

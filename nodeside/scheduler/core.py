@@ -50,14 +50,17 @@ from nodeside.scheduler.actions import (
     Action,
     Drop,
     Evict,
+    Evicted,
     Grant,
     Pause,
     Refuse,
     Released,
+    Restored,
     Resume,
     Revoke,
     SchedulerError,
     Suspend,
+    Suspended,
     Uncounted,
 )
 from nodeside.scheduler.choosing import PoolsPolicy
@@ -84,9 +87,10 @@ from nodeside.scheduler.view import PolicyView
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
-__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "GpuSpec", "GpuState", "Grant",
-           "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released", "Resume",
-           "Revoke", "Scheduler", "SchedulerError", "Suspend", "Uncounted", "WaitingFor"]
+__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "Evicted", "GpuSpec", "GpuState",
+           "Grant", "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released",
+           "Restored", "Resume", "Revoke", "Scheduler", "SchedulerError", "Suspend", "Suspended",
+           "Uncounted", "WaitingFor"]
 
 
 @final
@@ -223,11 +227,14 @@ class Scheduler:
 
     def evicted(self, now: float, client_id: str, *, resident: int | None = None,
                 host: int | None = None, shadow: int | None = None,
-                failed: str | None = None) -> list[Action]:
+                failed: str | None = None, seconds: float | None = None,
+                moved: int | None = None) -> list[Action]:
         """An eviction ended (``failed``: it could not; it is checkpointed where the daemon
-        reaches it, else not asked again until its next grant)."""
+        reaches it, else not asked again until its next grant); ``Evicted`` says what it
+        moved (``moved`` bytes in ``seconds``, as the client says)."""
         client = self._state.client(client_id)
-        actions = self._residency.evicted(client, resident, host, failed, now, shadow)
+        actions = self._residency.evicted(client, resident, host, failed, now, shadow, seconds,
+                                          moved)
         return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
 
     def checkpointed(self, now: float, client_id: str, error: str | None = None,
@@ -239,10 +246,6 @@ class Scheduler:
             return []
         actions = self._residency.checkpointed(client, error, now, memory_free)
         return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
-
-    def count_evicted_bytes(self, nbytes: int) -> None:
-        """Bytes an eviction moved to host memory (its ``evicted``), for the metrics."""
-        self._state.counts["evicted_bytes"] += nbytes
 
     def memory_seen(self, now: float, used: Mapping[str, int | None]) -> list[Action]:
         """NVML's per-process used memory, by client id, where the daemon reads it (None: NVML

@@ -38,7 +38,16 @@ from nodeside import protocol as p
 from nodeside.formats import size
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler import fair_eviction
-from nodeside.scheduler.actions import Action, Evict, SchedulerError, Suspend, Uncounted
+from nodeside.scheduler.actions import (
+    Action,
+    Evict,
+    Evicted,
+    Restored,
+    SchedulerError,
+    Suspend,
+    Suspended,
+    Uncounted,
+)
 from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.node import NodeState
@@ -110,10 +119,12 @@ class ResidencyRules:
                 other.waiting_for = None
 
     def report(self, client: Client, resident: int | None, host: int | None,
-               shadow: int | None = None, now: float = 0.0) -> None:
-        """A ``working_set`` report with figures: progress of an eviction or of a restore.
-        A report never makes a client that could not evict evictable again (only its next
-        grant does): saying its figures again cannot start another's wait over."""
+               shadow: int | None = None, now: float = 0.0) -> list[Action]:
+        """A ``working_set`` report with figures: progress of an eviction or of a restore
+        (``Restored`` once nothing is left in host memory). A report never makes a client
+        that could not evict evictable again (only its next grant does): saying its figures
+        again cannot start another's wait over."""
+        actions: list[Action] = []
         eviction = client.eviction
         if client.residency is EVICTING and eviction.asked_at is not None:
             # Its deadline follows its progress: its way out beginning (the first report since
@@ -132,12 +143,16 @@ class ResidencyRules:
             client.memory_source = "shim"
         if client.residency is RESTORING and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
+            began = eviction.since
             client.settle(RESIDENT, now)
             self.state.counts["restores"] += 1
+            if began is not None:
+                actions.append(Restored(client.id, client.gpu, now - began))
         elif client.residency is EVICTED and resident:
             client.settle(RESIDENT, now)  # it came back without a grant (mode off)
         self._seen(client)
         self._book(client)
+        return actions
 
     def nvml_seen(self, client: Client, nbytes: int | None) -> None:
         """NVML's per-process used memory of ``client``'s process (None: NVML cannot vouch
@@ -159,11 +174,17 @@ class ResidencyRules:
             fair_eviction.seen(client, occupies(client))
 
     def evicted(self, client: Client, resident: int | None, host: int | None,
-                failed: str | None, now: float, shadow: int | None = None) -> list[Action]:
-        """An eviction ended (``evicted``), asked or of the client's own accord. One that
-        failed is checkpointed where the daemon reaches the process, else given up on."""
+                failed: str | None, now: float, shadow: int | None = None,
+                seconds: float | None = None, moved: int | None = None) -> list[Action]:
+        """An eviction ended (``evicted``), asked or of the client's own accord: ``Evicted``
+        with what it moved (``moved`` bytes in ``seconds``, as it says). One that failed is
+        checkpointed where the daemon reaches the process, else given up on."""
         actions = self._evicted(client, resident, host, failed, now, shadow)
         self._book(client)
+        if failed is None:
+            nbytes = moved or 0
+            self.state.counts["evicted_bytes"] += nbytes
+            actions.append(Evicted(client.id, client.gpu, seconds, nbytes))
         return actions
 
     def _evicted(self, client: Client, resident: int | None, host: int | None,
@@ -257,12 +278,13 @@ class ResidencyRules:
         if error is not None:
             return self._could_not_evict(client, f"checkpoint failed: {error}", "checkpoint",
                                          now)
-        client.host_bytes += occupies(client)
+        moved = occupies(client)
+        client.host_bytes += moved
         client.resident_bytes = 0
         if client.nvml_bytes is not None:
             client.nvml_bytes = 0
         client.settle(EVICTED, now)  # already there (the second stage): since stays
-        return []
+        return [Suspended(client.id, client.gpu, moved)]
 
     # -- the room a grant needs ---------------------------------------------------------------
 

@@ -124,9 +124,10 @@ class Turns:
             check_claim(gpu, resident, "working_set.resident")
         client.working_set = nbytes
         client.evictable = evictable
-        if client.memory:
-            self.residency.report(client, resident, host, shadow, now)
-        return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
+        reported = self.residency.report(client, resident, host, shadow, now) \
+            if client.memory else []
+        return [*reported, *self._relieve_overcommit(gpu, client, now),
+                *self.schedule(gpu, now)]
 
     def free(self, client: Client, now: float) -> None:
         """``client`` is leaving the node: whatever it held or waited for is free, at once

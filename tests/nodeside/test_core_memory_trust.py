@@ -27,6 +27,7 @@ from nodeside.scheduler.core import (
     Scheduler,
     SchedulerError,
     Suspend,
+    Suspended,
     Uncounted,
 )
 
@@ -173,7 +174,7 @@ def test_a_failed_eviction_the_daemon_reaches_is_checkpointed() -> None:
     s.acquire(2.0, waiter)
     assert of(Suspend, s.evicted(3.0, holder, failed="no host memory")) == \
         [Suspend(holder, 0, "failed")]
-    assert s.checkpointed(5.0, holder) == [Grant(waiter, 0, TQ)]
+    assert of(Grant, s.checkpointed(5.0, holder)) == [Grant(waiter, 0, TQ)]
 
 
 def test_a_process_that_holds_no_gpu_memory_counts_as_none_until_it_holds_again() -> None:
@@ -214,7 +215,7 @@ def test_an_evicted_client_that_nvml_still_shows_is_counted_and_checkpointed() -
     s.evicted(2.0, keeper, resident=0, host=6 * GiB)
     s.memory_seen(3.0, {keeper: 6 * GiB, waiter: 0})
     assert s.acquire(4.0, waiter) == [Suspend(keeper, 0, "room")]
-    assert s.checkpointed(5.0, keeper) == [Grant(waiter, 0, TQ)]
+    assert s.checkpointed(5.0, keeper) == [Suspended(keeper, 0, 6 * GiB), Grant(waiter, 0, TQ)]
 
 
 def test_an_evicted_client_that_nvml_still_shows_gets_the_waiter_refused_when_unreachable(

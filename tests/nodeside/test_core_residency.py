@@ -15,12 +15,15 @@ from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler.core import (
     Drop,
     Evict,
+    Evicted,
     GpuSpec,
     Grant,
     Refuse,
     Released,
+    Restored,
     Scheduler,
     Suspend,
+    Suspended,
     Uncounted,
     WaitingFor,
 )
@@ -180,7 +183,7 @@ def test_a_silent_client_the_daemon_reaches_is_checkpointed() -> None:
     s.acquire(5.0, b)
     assert s.tick(5.0 + TIMEOUT) == [Suspend(a, 0, "timeout")]
     assert s.clients[b].waiting_for == WaitingFor(a, "nbA", 6 * GiB, "checkpoint")
-    assert s.checkpointed(20.0, a) == [Grant(b, 0, 30.0)]
+    assert s.checkpointed(20.0, a) == [Suspended(a, 0, 6 * GiB), Grant(b, 0, 30.0)]
     assert s.clients[a].residency == EVICTED and s.clients[a].host_bytes == 6 * GiB
 
 
@@ -309,3 +312,40 @@ def test_clients_without_the_feature_are_scheduled_as_before() -> None:
     s.release(2.0, a)
     assert s.acquire(3.0, b) == [Grant(b, 0, 30.0)]
     assert not s.gpus[0].memory_clients
+
+
+def test_the_core_reports_an_eviction_that_ended_with_what_it_moved() -> None:
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    assert of(Evict, s.acquire(5.0, b))
+    actions = s.evicted(6.0, a, resident=0, host=6 * GiB, seconds=0.9, moved=6 * GiB)
+    assert of(Evicted, actions) == [Evicted(a, 0, 0.9, 6 * GiB)]
+    assert s.counts["evicted_bytes"] == 6 * GiB
+    # One that failed moved nothing and reports no eviction.
+    assert of(Evicted, s.evicted(7.0, b, failed="out of host memory")) == []
+
+
+def test_the_core_reports_a_restore_that_ended_with_its_seconds_since_the_grant() -> None:
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    s.acquire(5.0, b)
+    s.evicted(6.0, a, resident=0, host=6 * GiB)
+    s.release(7.0, b)
+    assert Grant(a, 0, 30.0) in s.acquire(8.0, a)
+    assert of(Restored, s.report_working_set(8.5, a, 6 * GiB, resident=3 * GiB,
+                                             host=3 * GiB)) == []
+    assert of(Restored, s.report_working_set(9.5, a, 6 * GiB, resident=6 * GiB,
+                                             host=0)) == [Restored(a, 0, 1.5)]
+    assert s.clients[a].residency == RESIDENT
+
+
+def test_the_core_reports_a_checkpoint_that_ended_with_the_bytes_it_moved() -> None:
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB, checkpointable=True, evict="checkpoint"), \
+        client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    assert of(Suspend, s.acquire(5.0, b))
+    assert of(Suspended, s.checkpointed(6.0, a)) == [Suspended(a, 0, 6 * GiB)]
+    assert s.clients[a].residency == EVICTED
