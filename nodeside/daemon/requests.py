@@ -24,7 +24,7 @@ from nodeside.daemon.session import Outcome, Rules, Session
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
-from nodeside.model import EVICTING, RESTORING
+from nodeside.model import EVICTING, RESTORING, MemoryFigures
 from nodeside.names import label
 from nodeside.scheduler.core import (
     Action,
@@ -158,14 +158,19 @@ class Requests(Rules):
             gpu = self.scheduler.gpus.get(self.registrations.placement(msg))
             if gpu is not None:
                 check_claim(gpu, _bytes(msg, "resident"), "register.resident")
-        client = self.registrations.register(session.peer, msg, now, self.is_admin(session))
+        peer = session.peer
+        choice = None
         if self.evictor is not None:  # what it can carry out, not merely what was asked
-            client.evict = self.evictor.register(client, msg.get("evict"),
-                                                 session.peer.identity)
+            choice = self.evictor.choose(peer.pid, peer.uid, self.registrations.name(peer, msg),
+                                         msg.get("evict"), peer.identity)
+        client = self.registrations.register(peer, msg, now, self.is_admin(session),
+                                             evict=None if choice is None else choice.evict)
+        if self.evictor is not None and choice is not None:
+            self.evictor.keep(client, choice, peer.identity)
         if memory:
             self.scheduler.track_memory(
-                client.id, resident=_bytes(msg, "resident"), host=self._host(msg, "host"),
-                shadow=self._host(msg, "shadow"),
+                client.id, MemoryFigures(_bytes(msg, "resident"), self._host(msg, "host"),
+                                         self._host(msg, "shadow")),
                 checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  label(client.name, client.display_name, client.user), client.id, client.pid,
@@ -324,10 +329,10 @@ class Requests(Rules):
         """Tell the scheduler a working set and, when some came, memory figures (a restore
         that ended comes back as ``Restored``, for the metrics)."""
         if figures is None:
-            return self.scheduler.report_working_set(now, client.id, heard[0], heard[1])
-        return self.scheduler.report_working_set(now, client.id, heard[0], heard[1],
-                                                 resident=figures[0], host=figures[1],
-                                                 shadow=figures[2])
+            return self.scheduler.report_working_set(now, client.id, heard[0],
+                                                     evictable=heard[1])
+        return self.scheduler.report_working_set(now, client.id, heard[0],
+                                                 MemoryFigures(*figures), evictable=heard[1])
 
     def reports_next_due(self) -> float | None:
         """When the first working set or memory report that waits is due (None: none)."""
@@ -366,8 +371,8 @@ class Requests(Rules):
         seconds = msg.get("seconds")  # as the client measured its way out: sane ones only
         took = float(seconds) if isinstance(seconds, (int, float)) and \
             not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
-        actions = self.scheduler.evicted(now, client_id, resident=figures[0], host=figures[1],
-                                         shadow=figures[2], failed=failed, seconds=took,
+        actions = self.scheduler.evicted(now, client_id, MemoryFigures(*figures),
+                                         failed=failed, seconds=took,
                                          moved=_bytes(msg, "moved"))
         self.memory_reports.heard(client_id, figures, now)
         if failed is not None:

@@ -23,7 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nodeside.config import SchedulerConfig
-from nodeside.model import EVICTING
+from nodeside.model import EVICTING, MemoryFigures, Registration
 from nodeside.scheduler.core import Evict, GpuSpec, Grant, Refuse, Scheduler, Suspend
 from nodeside.scheduler.residency import counted, holding, need, occupies
 
@@ -50,13 +50,14 @@ class Driver:
         self.ids: list[str] = []
         self.checkpoint_works: dict[str, bool] = {}
         for i, (gib, priority, reachable, works) in enumerate(specs):
-            c = self.s.register(0.0, name=f"c{i}", working_set=gib * GiB, priority=priority,
-                                evict="vmm")
-            self.s.track_memory(c.id, resident=0, host=0, checkpointable=reachable)
+            c = self.s.register(0.0, Registration(name=f"c{i}", working_set=gib * GiB,
+                                                  priority=priority,
+                                                  evict="vmm"))
+            self.s.track_memory(c.id, MemoryFigures(resident=0, host=0), checkpointable=reachable)
             self.ids.append(c.id)
             self.checkpoint_works[c.id] = works
         #: A client that needs no room the scheduler can count: it never waits for evictions.
-        self.plain = self.s.register(0.0, name="plain").id
+        self.plain = self.s.register(0.0, Registration(name="plain")).id
         self.ids.append(self.plain)
         self.now = 0.0
         self.asked: set[str] = set()
@@ -82,8 +83,9 @@ class Driver:
                 if not client.memory:
                     continue
                 # The newcomer moves in: its working set is resident now.
+                moved_in = MemoryFigures(resident=client.working_set, host=0)
                 self.take(self.s.report_working_set(self.now, client.id, client.working_set,
-                                                    resident=client.working_set, host=0))
+                                                    moved_in))
             elif isinstance(action, Evict):
                 self.asked.add(action.client)
                 waiter = next(c for c in self.s.clients.values()
@@ -128,12 +130,12 @@ class Driver:
         elif op in ("answer", "half") and client.residency == EVICTING and client.state == "idle":
             moved = occupies(client)
             if op == "half":
-                self.take(self.s.report_working_set(
-                    self.now, c, client.working_set or 0, resident=moved // 2,
-                    host=client.host_bytes + moved - moved // 2))
+                half = MemoryFigures(resident=moved // 2,
+                                     host=client.host_bytes + moved - moved // 2)
+                self.take(self.s.report_working_set(self.now, c, client.working_set or 0, half))
             else:
-                self.take(self.s.evicted(self.now, c, resident=0,
-                                         host=client.host_bytes + moved))
+                out = MemoryFigures(resident=0, host=client.host_bytes + moved)
+                self.take(self.s.evicted(self.now, c, out))
         elif op == "nvml" and client.memory:
             # NVML starts or stops vouching for its process (dt picks which figure).
             figure = None if dt < 1.0 else occupies(client) if dt < 3.0 else 0
@@ -174,7 +176,7 @@ def test_the_rules_hold_whatever_the_clients_do(specs, ops) -> None:
             if client.state == "holding":
                 d.take(d.s.release(d.now, c))
             elif client.residency == EVICTING:
-                d.take(d.s.evicted(d.now, c, resident=0,
-                                   host=client.host_bytes + occupies(client)))
+                out = MemoryFigures(resident=0, host=client.host_bytes + occupies(client))
+                d.take(d.s.evicted(d.now, c, out))
         d.take(d.s.tick(d.now))
     assert [c.id for c in d.s.clients.values() if c.state == "waiting"] == []
