@@ -38,6 +38,7 @@ from nodeside.scheduler.core import (
     SchedulerError,
 )
 from nodeside.scheduler.residency import check_claim
+from nodeside.scheduler.state import EVICT_MODES
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -159,10 +160,13 @@ class Requests(Rules):
             if gpu is not None:
                 check_claim(gpu, _bytes(msg, "resident"), "register.resident")
         peer = session.peer
+        asked = msg.get("evict")
         choice = None
-        if self.evictor is not None:  # what it can carry out, not merely what was asked
+        # What it can carry out, not merely what was asked; an evictor nobody knows goes to the
+        # scheduler as asked, which refuses it.
+        if self.evictor is not None and (asked is None or asked in EVICT_MODES):
             choice = self.evictor.choose(peer.pid, peer.uid, self.registrations.name(peer, msg),
-                                         msg.get("evict"), peer.identity)
+                                         asked, peer.identity)
         client = self.registrations.register(peer, msg, now, self.is_admin(session),
                                              evict=None if choice is None else choice.evict)
         if self.evictor is not None and choice is not None:
