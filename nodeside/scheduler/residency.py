@@ -28,6 +28,11 @@ process would stop inside the driver with half its memory moved): like one the e
 reach, it is taken as unable to evict. When the room cannot be made at all, the waiter is
 refused, told who holds the memory. An evicted client idle for ``checkpoint_after`` is
 checkpointed too (its context is freed).
+
+Every move of a residency goes through ``Client.settle`` (its table is in clients.py), and what an
+eviction under way has heard is the client's ``Eviction`` record; each change of a client's
+figures is booked in its GPU's ledger (ledger.py), which answers every "does it fit". What ended
+is reported to the shell as an action: ``Restored``, ``Evicted``, ``Suspended`` (a checkpoint).
 """
 
 from __future__ import annotations
