@@ -55,6 +55,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.core",
     "nodeside.scheduler.history",
     "nodeside.scheduler.interactive",
+    "nodeside.scheduler.ledger",
     "nodeside.scheduler.light",
     "nodeside.scheduler.light_first",
     "nodeside.scheduler.membership",

@@ -42,9 +42,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from nodeside.errors import DaemonError
-from nodeside.scheduler.core import Action, Drop, Grant, Revoke, Scheduler
+from nodeside.scheduler.core import Action, Drop, Evicted, Grant, Restored, Revoke, Scheduler
+from nodeside.scheduler.ledger import occupies
 from nodeside.scheduler.pools import entitlements
-from nodeside.scheduler.residency import occupies
 
 log = logging.getLogger("kiwi.metrics")
 
@@ -237,11 +237,6 @@ class Metrics:
                                     "is left in host memory.",
             ["gpu"], buckets=HANDOFF_BUCKETS, registry=self.registry)
 
-    def observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
-        """An eviction or a restore ended (``Requests.memory_observers``)."""
-        histogram = self.eviction if kind == "eviction" else self.restore
-        histogram.labels(str(gpu)).observe(seconds)
-
     def observe(self, actions: Iterable[Action], now: float) -> None:
         """Call with every list of actions the scheduler returns, at the time it returned it."""
         for action in actions:
@@ -250,6 +245,10 @@ class Metrics:
             elif isinstance(action, Grant) and action.gpu in self._asked:
                 self.drop_to_grant.labels(str(action.gpu)).observe(
                     now - self._asked.pop(action.gpu))
+            elif isinstance(action, Restored):
+                self.restore.labels(str(action.gpu)).observe(action.seconds)
+            elif isinstance(action, Evicted) and action.seconds is not None:
+                self.eviction.labels(str(action.gpu)).observe(action.seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -416,7 +415,6 @@ class Observed(Protocol):
     scheduler: Scheduler
     handoff_observers: list[Callable[[float], None]]
     action_observers: list[Callable[[list[Action], float], None]]
-    memory_observers: list[Callable[[str, int, float], None]]
     closers: list[Callable[[], None]]
 
     def now(self) -> float: ...
@@ -429,7 +427,6 @@ async def serve_metrics(daemon: Observed, port: int, address: str = "127.0.0.1",
     metrics = Metrics(lambda: daemon.scheduler, clock=daemon.now, pod_labels=pod_labels)
     daemon.handoff_observers.append(metrics.handoff.observe)
     daemon.action_observers.append(metrics.observe)
-    daemon.memory_observers.append(metrics.observe_memory)
     try:
         server = start_server(metrics, address, port, asyncio.get_running_loop())
     except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535

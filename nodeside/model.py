@@ -9,21 +9,26 @@ types and ``nodeside.scheduler`` applies them; neither imports the other for the
   the config; the scheduler's ``access.judge`` applies them to each registration).
 - The policy names ``policy:`` accepts (``POLICY_NAMES``); ``nodeside.scheduler.policies`` has
   a policy for each.
-- Where a client's memory is (``RESIDENCIES``): on the GPU, moving out, in host memory, moving
-  in (docs/protocol.md, feature ``memory``).
+- Where a client's memory is (``Residency``, whose values are ``RESIDENCIES``): on the GPU,
+  moving out, in host memory, moving in (docs/protocol.md, feature ``memory``).
+- What the daemon hands the scheduler as values: a client's ``Registration`` and the
+  ``MemoryFigures`` it reports (where its memory is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
 
 from nodeside import protocol as p
 from nodeside.protocol.document import RESIDENCIES
 
 __all__ = ["ANY", "DOWNGRADE", "EVICTED", "EVICTING", "ON_VIOLATION", "POLICY_INTERACTIVE",
            "POLICY_NAMES", "POLICY_POOLS", "POLICY_ROUND_ROBIN", "REFUSE", "RESIDENCIES",
-           "RESIDENT", "RESTORING", "UNLIMITED", "AccessPolicy", "AccessRule", "Pool"]
+           "RESIDENT", "RESTORING", "UNLIMITED", "AccessPolicy", "AccessRule", "MemoryFigures",
+           "Pool", "Registration", "Residency"]
 
 # -- pools --------------------------------------------------------------------------------------
 
@@ -118,10 +123,73 @@ POLICY_NAMES = (POLICY_ROUND_ROBIN, POLICY_POOLS, POLICY_INTERACTIVE)
 
 # -- where a client's memory is ------------------------------------------------------------------
 
-#: Every residency, in the order a client goes through them (the status document's values,
-#: ``protocol.document``), and each by name:
-#: on the GPU (a client with no memory anywhere is resident with 0 bytes);
-#: asked to move to host memory (or released with ``evicting``), on its way out;
-#: in host memory, restored when the client is next granted;
-#: granted after an eviction, moving back in until a report says nothing is left in host memory.
-RESIDENT, EVICTING, EVICTED, RESTORING = RESIDENCIES
+class Residency(Enum):
+    """Where a client's memory is, in the order a client goes through them; each value is the
+    status document's word (``protocol.document.RESIDENCIES``). The scheduler's table of legal
+    moves between them is ``scheduler.clients.RESIDENCY_MOVES``."""
+
+    #: On the GPU (a client with no memory anywhere is resident with 0 bytes).
+    RESIDENT = "resident"
+    #: Asked to move to host memory (or released with ``evicting``): on its way out.
+    EVICTING = "evicting"
+    #: In host memory, restored when the client is next granted.
+    EVICTED = "evicted"
+    #: Granted after an eviction: moving back in until a report says nothing is left in host
+    #: memory.
+    RESTORING = "restoring"
+
+    # The members are singletons compared by identity; the identity hash is the same answer
+    # in C as in Python (a move looks a pair up in the table), as for ``HoldState``.
+    __hash__ = object.__hash__
+
+
+RESIDENT: Final = Residency.RESIDENT
+EVICTING: Final = Residency.EVICTING
+EVICTED: Final = Residency.EVICTED
+RESTORING: Final = Residency.RESTORING
+assert tuple(r.value for r in Residency) == RESIDENCIES, "the wire's words and the enum differ"
+
+
+# -- what the daemon hands the scheduler ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Registration:
+    """A client registering, as the daemon read and bounded its ``register`` request; ``pid``,
+    ``uid``, ``gids`` and ``namespace`` are the peer's credentials as the daemon verified them,
+    never what the client says. The scheduler judges the claimed pool and priority."""
+
+    name: str
+    gpu: int = 0
+    pool: str = "default"
+    priority: str = "NORMAL"
+    pid: int | None = None
+    uid: int | None = None
+    #: ``kernel``, ``shim`` or ``client``.
+    kind: str = "client"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: Bytes it needs on the GPU; None while unknown (it needs the whole GPU).
+    working_set: int | None = None
+    gids: tuple[int, ...] = ()
+    #: What people see (a notebook's path); ``name`` when None.
+    display_name: str | None = None
+    #: The user name of its uid, as the daemon resolved it.
+    user: str | None = None
+    #: How its memory leaves the GPU, as the daemon can carry it out (``EVICT_MODES``).
+    evict: str = "managed"
+    #: The GPU by UUID, where it named one the node knows (else ``gpu``).
+    gpu_uuid: str | None = None
+    #: The namespace of its pod, as the daemon verified it; None when not in a pod.
+    namespace: str | None = None
+    #: It stops its GPU work on ``pause`` and goes on at ``resume`` (taking turns).
+    pausable: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """Where a client (feature ``memory``) says its memory is: bytes on the GPU, in host
+    memory, and host memory it keeps for evictions (the vmm evictor's shadows); None: not said.
+    """
+
+    resident: int | None = None
+    host: int | None = None
+    shadow: int | None = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeside.config import from_mapping
+from nodeside.model import Registration
 from nodeside.scheduler.core import GpuSpec, Scheduler
 from nodeside.scheduler.status import build_status
 
@@ -39,11 +40,13 @@ def sample_status(names: tuple[str, str, str] = ("kernel-a", "kernel-b", "kernel
         "default": {"guarantee": 0.5, "weight": 1, "maximum": -1},
         "training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7}}})
     scheduler = Scheduler(config, [GpuSpec(0, name="A100", memory_total=80 * GiB)], 0.0)
-    holder = scheduler.register(0.0, name=holder_name, pid=101, pool="default",
-                                priority="NORMAL", kind="kernel")
-    waiter = scheduler.register(0.0, name=waiter_name, pid=102, pool="training", priority="LOW",
-                                kind="kernel")
-    worker = scheduler.register(0.0, name=worker_name, pid=103, pool="default", priority="HIGH")
+    holder = scheduler.register(0.0, Registration(name=holder_name, pid=101, pool="default",
+                                                  priority="NORMAL", kind="kernel"))
+    waiter = scheduler.register(0.0, Registration(name=waiter_name, pid=102, pool="training",
+                                                  priority="LOW",
+                                                  kind="kernel"))
+    worker = scheduler.register(0.0, Registration(name=worker_name, pid=103, pool="default",
+                                                  priority="HIGH"))
     scheduler.report_working_set(0.0, holder.id, 3 * GiB)
     scheduler.acquire(0.0, worker.id)
     scheduler.release(1.0, worker.id)
@@ -86,8 +89,8 @@ def memory_status(names: tuple[str, str, str, str] = ("kernel-a", "kernel-b", "k
     docs/protocol.md), the GPU's totals summed from the clients'."""
     config = from_mapping({"tq": 30.0})
     scheduler = Scheduler(config, [GpuSpec(0, name="A100", memory_total=80 * GiB)], 0.0)
-    a, b, c, d = (scheduler.register(0.0, name=name, pid=201 + i, kind="kernel",
-                                     display_name=f"nb{'ABCD'[i]}.ipynb")
+    a, b, c, d = (scheduler.register(0.0, Registration(name=name, pid=201 + i, kind="kernel",
+                                                       display_name=f"nb{'ABCD'[i]}.ipynb"))
                   for i, name in enumerate(names))
     scheduler.report_working_set(0.0, a.id, 24 * GiB)
     scheduler.report_working_set(0.0, b.id, 40 * GiB)

@@ -30,14 +30,17 @@ from nodeside.scheduler.core import (
     Action,
     Drop,
     Evict,
+    Evicted,
     Grant,
     Pause,
     Refuse,
     Released,
+    Restored,
     Resume,
     Revoke,
     Scheduler,
     Suspend,
+    Suspended,
     Uncounted,
 )
 
@@ -165,6 +168,8 @@ class Delivery:
                 self.carry(lines.take([action]))
             else:
                 self.carry([Checkpointed(action.client, "no checkpoint evictor runs")])
+        elif isinstance(action, (Restored, Evicted, Suspended)):
+            pass  # reports: nothing to send (the metrics observe them, ``observe``)
 
     def name(self, client_id: str) -> str:
         """A client as every view names it (``nodeside.names.label``), for the log."""

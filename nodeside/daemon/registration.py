@@ -30,6 +30,7 @@ from nodeside import limits
 from nodeside import protocol as p
 from nodeside.daemon.peer import Peer, groups_of, user_name
 from nodeside.daemon.pods import pod_uid_of
+from nodeside.model import Registration
 from nodeside.scheduler.core import Client, Scheduler
 
 #: (uid, pod or None): who a registration is counted under.
@@ -107,9 +108,10 @@ class Registrations:
         self.pod_of = pod_of
 
     def register(self, peer: Peer, msg: dict[str, Any], now: float,
-                 admin: bool = False) -> Client:
+                 admin: bool = False, evict: str | None = None) -> Client:
         """Register ``peer`` as the request ``msg`` asks; LimitError or SchedulerError if not.
-        ``admin``: the peer is one of the daemon's admins, not held to any share."""
+        ``admin``: the peer is one of the daemon's admins, not held to any share; ``evict``:
+        the evictor the daemon can carry out for it (None: what it asked for)."""
         if len(self.scheduler.clients) >= limits.MAX_CLIENTS:
             raise limits.LimitError(f"this node already has {limits.MAX_CLIENTS} clients")
         share = self.scheduler.config.connections.uid_share
@@ -135,9 +137,8 @@ class Registrations:
             if refused is not None:
                 raise limits.LimitError(f"labels: {refused}")
         working_set = msg.get("working_set")
-        client = self.scheduler.register(
-            now,
-            name=limits.short_text(msg.get("name") or f"pid-{peer.pid}", "name"),
+        client = self.scheduler.register(now, Registration(
+            name=self.name(peer, msg),
             display_name=_optional_text(msg, "display_name"),
             gpu=self._gpu(msg.get("gpu") or 0, _optional_text(msg, "gpu_uuid")),
             pool=limits.short_text(msg.get("pool") or p.DEFAULT_POOL, "pool"),
@@ -147,16 +148,22 @@ class Registrations:
             labels=labels,
             working_set=None if working_set is None
             else limits.byte_count(working_set, "working_set"),
-            evict=_optional_text(msg, "evict") or "managed",
-            pid=peer.pid, uid=peer.uid, gids=groups_of(peer), user=user_name(peer.uid),
+            evict=evict or _optional_text(msg, "evict") or "managed",
+            pid=peer.pid, uid=peer.uid, gids=tuple(sorted(groups_of(peer))),
+            user=user_name(peer.uid),
             namespace=namespace, pausable=msg.get("pausable") is True,
-        )
+        ))
         self.label_bytes[client.id] = label_bytes
         self.clients.take(owner, 1)
         self.labels.take(owner, label_bytes)
         if owner is not None:
             self.owner[client.id] = owner
         return client
+
+    @staticmethod
+    def name(peer: Peer, msg: dict[str, Any]) -> str:
+        """The name a ``register`` request gives its client (its pid's when it gives none)."""
+        return limits.short_text(msg.get("name") or f"pid-{peer.pid}", "name")
 
     def forget(self, client_id: str) -> None:
         """The client's connection is gone (the shell unregisters it from the scheduler)."""

@@ -24,7 +24,7 @@ from nodeside.daemon.session import Outcome, Rules, Session
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
-from nodeside.model import EVICTING, RESTORING
+from nodeside.model import EVICTING, RESTORING, MemoryFigures
 from nodeside.names import label
 from nodeside.scheduler.core import (
     Action,
@@ -38,6 +38,7 @@ from nodeside.scheduler.core import (
     SchedulerError,
 )
 from nodeside.scheduler.residency import check_claim
+from nodeside.scheduler.state import EVICT_MODES
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -78,9 +79,6 @@ class Requests(Rules):
         #: Bumped whenever something the status document shows may have changed: a request
         #: that changes it (here), and what the shell notes (``Timers.note_change``).
         self.generation = 0
-        #: Feature ``memory``: called with ("eviction" or "restore", the GPU, its seconds)
-        #: (metrics).
-        self.memory_observers: list[Callable[[str, int, float], None]] = []
         #: Asks for NVML's per-process figures to be read again soon (process_memory.py): a
         #: client reported less than NVML last counted for it, an eviction's progress.
         self.nvml_soon: Callable[[], None] | None = None
@@ -161,14 +159,22 @@ class Requests(Rules):
             gpu = self.scheduler.gpus.get(self.registrations.placement(msg))
             if gpu is not None:
                 check_claim(gpu, _bytes(msg, "resident"), "register.resident")
-        client = self.registrations.register(session.peer, msg, now, self.is_admin(session))
-        if self.evictor is not None:  # what it can carry out, not merely what was asked
-            client.evict = self.evictor.register(client, msg.get("evict"),
-                                                 session.peer.identity)
+        peer = session.peer
+        asked = msg.get("evict")
+        choice = None
+        # What it can carry out, not merely what was asked; an evictor nobody knows goes to the
+        # scheduler as asked, which refuses it.
+        if self.evictor is not None and (asked is None or asked in EVICT_MODES):
+            choice = self.evictor.choose(peer.pid, peer.uid, self.registrations.name(peer, msg),
+                                         asked, peer.identity)
+        client = self.registrations.register(peer, msg, now, self.is_admin(session),
+                                             evict=None if choice is None else choice.evict)
+        if self.evictor is not None and choice is not None:
+            self.evictor.keep(client, choice, peer.identity)
         if memory:
             self.scheduler.track_memory(
-                client.id, resident=_bytes(msg, "resident"), host=self._host(msg, "host"),
-                shadow=self._host(msg, "shadow"),
+                client.id, MemoryFigures(_bytes(msg, "resident"), self._host(msg, "host"),
+                                         self._host(msg, "shadow")),
                 checkpointable=self.lines is not None and client.id in self.lines.records)
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  label(client.name, client.display_name, client.user), client.id, client.pid,
@@ -308,7 +314,7 @@ class Requests(Rules):
                                       session.label, client_id, session.peer.uid, damper.hold,
                                       session.peer.fd)
         if figures is not None:
-            stands = MOVING if client.residency == EVICTING or client.residency == RESTORING \
+            stands = MOVING if client.residency is EVICTING or client.residency is RESTORING \
                 else (HOLDING if client.state == "holding" else IDLE)
             figures = self.memory_reports.report(client_id, figures, stands, now)
             if figures is None:
@@ -324,16 +330,13 @@ class Requests(Rules):
 
     def _tell(self, client: Client, heard: tuple[int, int | None], figures: Figures | None,
               now: float) -> list[Action]:
-        """Tell the scheduler a working set and, when some came, memory figures."""
-        restoring_since = client.restoring_since
+        """Tell the scheduler a working set and, when some came, memory figures (a restore
+        that ended comes back as ``Restored``, for the metrics)."""
         if figures is None:
-            return self.scheduler.report_working_set(now, client.id, heard[0], heard[1])
-        actions = self.scheduler.report_working_set(now, client.id, heard[0], heard[1],
-                                                    resident=figures[0], host=figures[1],
-                                                    shadow=figures[2])
-        if restoring_since is not None and client.restoring_since is None:
-            self._observe_memory("restore", client.gpu, now - restoring_since)
-        return actions
+            return self.scheduler.report_working_set(now, client.id, heard[0],
+                                                     evictable=heard[1])
+        return self.scheduler.report_working_set(now, client.id, heard[0],
+                                                 MemoryFigures(*figures), evictable=heard[1])
 
     def reports_next_due(self) -> float | None:
         """When the first working set or memory report that waits is due (None: none)."""
@@ -369,17 +372,16 @@ class Requests(Rules):
         client = self.scheduler.clients[client_id]
         figures = (_bytes(msg, "resident"), self._host(msg, "host"), self._host(msg, "shadow"))
         self._check_nvml_soon(client, figures[0])
-        actions = self.scheduler.evicted(now, client_id, resident=figures[0], host=figures[1],
-                                         shadow=figures[2], failed=failed)
+        seconds = msg.get("seconds")  # as the client measured its way out: sane ones only
+        took = float(seconds) if isinstance(seconds, (int, float)) and \
+            not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
+        actions = self.scheduler.evicted(now, client_id, MemoryFigures(*figures),
+                                         failed=failed, seconds=took,
+                                         moved=_bytes(msg, "moved"))
         self.memory_reports.heard(client_id, figures, now)
         if failed is not None:
             log.warning("%s (%s) could not evict: %s",
                         label(client.name, client.display_name, client.user), client_id, failed)
-        else:
-            seconds = msg.get("seconds")
-            if isinstance(seconds, (int, float)) and 0 <= seconds < 86_400:
-                self._observe_memory("eviction", client.gpu, float(seconds))
-            self.scheduler.count_evicted_bytes(_bytes(msg, "moved") or 0)
         return Outcome([p.encode(p.OK, seq=seq), *actions], gpus=(client.gpu,))
 
     def _host(self, msg: dict[str, Any], key: str) -> int | None:
@@ -394,9 +396,6 @@ class Requests(Rules):
                 self.nvml_soon is not None:
             self.nvml_soon()
 
-    def _observe_memory(self, kind: str, gpu: int, seconds: float) -> None:
-        for observe in self.memory_observers:
-            observe(kind, gpu, seconds)
 
     # -- looking and steering -------------------------------------------------------------
 

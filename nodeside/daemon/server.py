@@ -62,7 +62,8 @@ class Daemon:
             if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         config = self.state.apply(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
-        self.state.restore_gpu_tq(self.scheduler)
+        # Nobody has registered yet: nothing follows that the shell would carry out.
+        self.state.restore_gpu_tq(self.scheduler, self.now())
         #: Suspends and resumes processes registered with evict "checkpoint"; every action
         #: passes its lines on the way out, so a grant waits until the GPU is really free.
         self.evictor = CheckpointEvictor(EvictionLines(self.scheduler), self.loop,
@@ -83,8 +84,6 @@ class Daemon:
         self.handoff_observers = self.delivery.handoff_observers
         #: Called with every list of actions carried out and the time (metrics).
         self.action_observers = self.delivery.action_observers
-        #: Feature ``memory``: evictions and restores that ended, with their seconds.
-        self.memory_observers = self.requests.memory_observers
         #: Called on close (the metrics server).
         self.closers: list[Callable[[], None]] = []
         self.stopped = asyncio.Event()
@@ -172,7 +171,7 @@ class Daemon:
         self.requests.admin_gid = resolve_group(config.admin_group)
         self.admission.limits = config.connections
         self.delivery.apply(self.scheduler.reconfigure(config, self.now()))
-        self.state.restore_gpu_tq(self.scheduler)
+        self.delivery.apply(self.state.restore_gpu_tq(self.scheduler, self.now()))
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
         self.timers.note_change()  # pools, TQ or mode may read otherwise now
         self._warn_about_pools()

@@ -18,7 +18,7 @@ from nodeside.files import FileRefused, read_trusted_text
 from nodeside.limits import LimitError, shown_name, tq_seconds
 
 if TYPE_CHECKING:
-    from nodeside.scheduler.core import Scheduler
+    from nodeside.scheduler.core import Action, Scheduler
 
 log = logging.getLogger("kiwi.state")
 
@@ -42,11 +42,14 @@ class StateFile:
                      ", ".join(f"{k} {v}" for k, v in changes.items()))
         return config.with_runtime(**changes)
 
-    def restore_gpu_tq(self, scheduler: Scheduler) -> None:
-        """Put back the per-GPU TQs that ``apply`` read, on the GPUs the scheduler has."""
+    def restore_gpu_tq(self, scheduler: Scheduler, now: float) -> list[Action]:
+        """Put back the per-GPU TQs that ``apply`` read, on the GPUs the scheduler has, as the
+        admin's ``set_tq`` would (the actions that follow, for the shell to carry out)."""
+        actions: list[Action] = []
         for index, seconds in self._restored.get("gpu_tq", {}).items():
             if index in scheduler.gpus:
-                scheduler.gpus[index].tq_override = seconds
+                actions.extend(scheduler.set_tq(now, seconds, index))
+        return actions
 
     def save_from(self, scheduler: Scheduler) -> None:
         """Save the scheduler's runtime settings; a failure is logged, never raised."""

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from nodeside.evict import CHECKPOINT, MANAGED, VMM
 from nodeside.evict import checkpoint as api_module
@@ -51,6 +52,15 @@ class Running:
         return self.cancelled or self.given_up
 
 
+@dataclass(frozen=True)
+class EvictorChoice:
+    """What the daemon can carry out for a client: its evictor (``evict``), and whether the
+    checkpoint evictor reaches its process (the lines keep a record of it)."""
+
+    evict: str
+    reached: bool
+
+
 class CheckpointEvictor:
     def __init__(self, lines: EvictionLines, loop: asyncio.AbstractEventLoop, library: str,
                  lock_timeout: Callable[[], float],
@@ -70,35 +80,37 @@ class CheckpointEvictor:
 
     # -- registration ----------------------------------------------------------------------
 
-    def register(self, client: Client, requested: str | None,
-                 identity: ProcessIdentity | None = None) -> str:
-        """The evictor for a newly registered client: the one it asked for when this daemon
-        can carry it out, else managed, said in one log line. ``identity``: the process that
-        connected (``Peer.identity``); without it nobody is checkpointed. A ``vmm`` client
-        (feature ``memory``) pages itself; where the checkpoint API reaches its process (the
-        one that connected, of the peer's uid) it is recorded too, to be checkpointed when the
-        core asks (``Suspend``)."""
+    def choose(self, pid: int | None, uid: int | None, name: str, requested: str | None,
+               identity: ProcessIdentity | None = None) -> EvictorChoice:
+        """The evictor for a client about to register (the peer's ``pid`` and ``uid``): the
+        one it asked for when this daemon can carry it out, else managed, said in one log
+        line. ``identity``: the process that connected (``Peer.identity``); without it nobody
+        is checkpointed. A ``vmm`` client (feature ``memory``) pages itself; where the
+        checkpoint API reaches its process (the one that connected, of the peer's uid) it is
+        recorded too (``keep``), to be checkpointed when the core asks (``Suspend``)."""
         if requested == VMM:
-            if client.pid is not None and identity is not None and \
-                    identity.uid == client.uid and self._load_api() is None and \
-                    cannot_act_on(client.pid, client.uid) is None:
-                self.lines.register(client.id, client.pid, client.gpu, client.name, identity,
-                                    on_demand=True)
-            return VMM
+            reached = pid is not None and identity is not None and identity.uid == uid and \
+                self._load_api() is None and cannot_act_on(pid, uid) is None
+            return EvictorChoice(VMM, reached)
         missing = self._load_api() if requested == CHECKPOINT else None
-        evictor, why = choose(requested, client.pid, client.uid, missing)
+        evictor, why = choose(requested, pid, uid, missing)
         if evictor == CHECKPOINT:
             why = unbound(identity)
-            if why is None and identity is not None and identity.uid != client.uid:
-                why = f"the process runs as uid {identity.uid}, not as the peer's {client.uid}"
+            if why is None and identity is not None and identity.uid != uid:
+                why = f"the process runs as uid {identity.uid}, not as the peer's {uid}"
             if why is not None:
                 evictor = MANAGED
         if why is not None:
             log.warning("%s (pid %s) asked to be checkpointed; paging it as managed memory "
-                        "instead: %s", client.name, client.pid, why)
-        if evictor == CHECKPOINT and client.pid is not None:
-            self.lines.register(client.id, client.pid, client.gpu, client.name, identity)
-        return evictor
+                        "instead: %s", name, pid, why)
+        return EvictorChoice(evictor, evictor == CHECKPOINT and pid is not None)
+
+    def keep(self, client: Client, choice: EvictorChoice,
+             identity: ProcessIdentity | None = None) -> None:
+        """``client`` registered with ``choice``: the lines record a process they reach."""
+        if choice.reached and client.pid is not None:
+            self.lines.register(client.id, client.pid, client.gpu, client.name, identity,
+                                on_demand=choice.evict == VMM)
 
     def _load_api(self) -> str | None:
         if self._api is None and self._api_missing is None:

@@ -165,4 +165,54 @@ class Uncounted:
         self.why = why
 
 
-Action = Grant | Drop | Revoke | Released | Pause | Resume | Evict | Suspend | Refuse | Uncounted
+@dataclass(init=False, unsafe_hash=True)
+class Restored:
+    """Feature ``memory``: a client granted after an eviction has all its memory back on the
+    GPU, ``seconds`` after that grant (the metrics' restore time)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    seconds: Final[float]
+
+    def __init__(self, client: str, gpu: int, seconds: float) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.seconds = seconds
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Evicted:
+    """Feature ``memory``: a client's eviction ended, its memory in host memory: ``nbytes``
+    moved, in ``seconds`` as the client measured them (None: it did not say)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    seconds: Final[float | None]
+    nbytes: Final[int]
+
+    def __init__(self, client: str, gpu: int, seconds: float | None, nbytes: int) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.seconds = seconds
+        self.nbytes = nbytes
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Suspended:
+    """Feature ``memory``: the checkpoint a ``Suspend`` asked for is done; ``nbytes`` of the
+    client's memory are in host memory now."""
+
+    client: Final[str]
+    gpu: Final[int]
+    nbytes: Final[int]
+
+    def __init__(self, client: str, gpu: int, nbytes: int) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.nbytes = nbytes
+
+
+#: What the core says to do or reports. The last three only report (the metrics observe them):
+#: the shell learns what the core changed from them, never by reading its fields.
+Action = Grant | Drop | Revoke | Released | Pause | Resume | Evict | Suspend | Refuse | Uncounted \
+    | Restored | Evicted | Suspended

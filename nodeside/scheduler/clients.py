@@ -12,10 +12,15 @@ asked fails loudly in tests instead of quietly corrupting the queue::
 
 The status document shows three words (docs/interfaces.md section 5): DROPPING is still "holding".
 
-Where a client's memory is (``model.RESIDENCIES``: on the GPU, moving out, in host memory, moving
-in) is a state of its own, beside the hold, kept for clients that speak the ``memory`` feature
-and moved only by the residency component (residency.py), as the hold is moved only by the
-turns (turns.py).
+Where a client's memory is (``model.Residency``: on the GPU, moving out, in host memory, moving
+in) is a state of its own, beside the hold, kept for clients that speak the ``memory`` feature,
+with its own table (``RESIDENCY_MOVES``), written only through ``Client.settle`` and only by the
+residency component (residency.py), as the hold is moved only by the turns (turns.py). In
+short: resident memory is asked out (evicting) and lands in host memory (evicted), or falls back
+(resident) when it could not leave; a grant brings evicted memory back in (restoring) until
+nothing is left in host memory (resident).
+
+What an eviction under way has heard, and why one failed, is its ``Eviction`` record.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from nodeside.model import RESIDENT
+from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING, Residency
 
-__all__ = ["TRANSITIONS", "Client", "Hold", "HoldState", "IllegalTransition", "WaitingFor"]
+__all__ = ["RESIDENCY_MOVES", "TRANSITIONS", "Client", "Eviction", "Hold", "HoldState",
+           "IllegalTransition", "WaitingFor"]
 
 
 class HoldState(Enum):
@@ -68,10 +74,29 @@ _MOVES: list[tuple[HoldState, HoldState]] = [
 assert set(_MOVES) == TRANSITIONS
 
 
+#: Every legal move of a client's memory; staying where it is is no move, and always legal.
+RESIDENCY_MOVES: frozenset[tuple[Residency, Residency]] = frozenset({
+    (RESIDENT, EVICTING),    # asked to evict or checkpointed for room, or released evicting
+    (RESIDENT, EVICTED),     # evicted of its own accord
+    (EVICTING, EVICTED),     # its way out, or its checkpoint, ended
+    (EVICTING, RESIDENT),    # it could not evict (failed, stalled, its checkpoint failed)
+    (EVICTING, RESTORING),   # granted before its way out ended
+    (EVICTED, RESTORING),    # granted: it moves back in
+    (EVICTED, RESIDENT),     # back without a grant (mode off), or it holds no GPU memory
+    (EVICTED, EVICTING),     # checkpointed for room
+    (RESTORING, RESIDENT),   # restored: nothing left in host memory
+    (RESTORING, EVICTED),    # its restore rolled back, or it evicted again
+    (RESTORING, EVICTING),   # released evicting before its restore ended
+})
+#: The table as a list of its pairs, looked through by identity (as ``_MOVES``).
+_RESIDENCY_MOVES: list[tuple[Residency, Residency]] = sorted(RESIDENCY_MOVES, key=str)
+
+
 class IllegalTransition(Exception):  # not RuntimeError: mypyc compiles Exception subclasses only
     """The rules tried a move the table does not allow: a scheduler bug, never a peer's."""
 
-    def __init__(self, client: str, before: HoldState, after: HoldState) -> None:
+    def __init__(self, client: str, before: HoldState | Residency,
+                 after: HoldState | Residency) -> None:
         super().__init__(f"client {client}: {before.value} -> {after.value} is not a legal move")
         self.before = before
         self.after = after
@@ -121,6 +146,49 @@ class WaitingFor:
     action: str
 
 
+@dataclass(init=False)  # compiled, a dataclass's __init__ stays interpreted
+class Eviction:
+    """What the scheduler knows of a memory client's evictions (residency.py): since when its
+    memory is where it is, the way out under way, why the last one failed, when it was last
+    asked. Written by the residency component only."""
+
+    #: When its memory reached where it is now (its residency's last move; None: registered
+    #: there). An evicted client's second stage (checkpoint) counts from then; a restore's
+    #: length is measured from it.
+    since: float | None
+    #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
+    asked_at: float | None
+    #: While on that way out: whether it reported since it was asked (its way out began: never
+    #: checkpointed from then on), and when it last made progress (a report of PROGRESS_BYTES
+    #: fewer on the GPU). Its ``evict_timeout`` runs from its last progress, else from the ask.
+    began: bool
+    progress_at: float | None
+    #: A checkpoint was asked for (and not yet undone by a grant).
+    checkpoint: bool
+    #: Why it could not evict (its ``evicted`` said ``failed``, it made no progress in time, or
+    #: a checkpoint failed); it is not asked again, and what NVML does not vouch for of its
+    #: memory no longer counts against others' room, until its next grant.
+    failed: str | None
+    #: When it was last asked to evict (``Evict`` or ``Suspend`` for room): the next request
+    #: waits ``evict_interval`` (a TQ for a waiter of lower priority than it).
+    last_asked: float | None
+
+    def __init__(self) -> None:
+        self.since = None
+        self.asked_at = None
+        self.began = False
+        self.progress_at = None
+        self.checkpoint = False
+        self.failed = None
+        self.last_asked = None
+
+    def asked(self, now: float | None) -> None:
+        """Asked to evict at ``now`` (None: the way out is over): nothing heard since."""
+        self.asked_at = now
+        self.began = False
+        self.progress_at = None
+
+
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply
 class Client:
     id: str
@@ -159,8 +227,8 @@ class Client:
     #: It speaks the ``memory`` feature: its resident memory counts, and it may be asked to
     #: evict while idle.
     memory: bool = False
-    #: ``model.RESIDENCIES``: where its memory is.
-    residency: str = RESIDENT
+    #: Where its memory is; moved only by ``settle``.
+    residency: Residency = RESIDENT
     #: Bytes on the GPU and in host memory, as it reported them (its claims: residency.py
     #: counts NVML's figure instead wherever NVML vouches for the process).
     resident_bytes: int = 0
@@ -178,28 +246,10 @@ class Client:
     waiting_for: WaitingFor | None = None
     #: When it last held the GPU (least recently used is asked to evict first).
     last_used: float = 0.0
-    #: When it was asked to evict (or released with ``evicting``), while it is on its way out.
-    evict_asked_at: float | None = None
-    #: While on that way out: whether it reported since it was asked (its way out began: never
-    #: checkpointed from then on), and when it last made progress (a report of PROGRESS_BYTES
-    #: fewer on the GPU). Its ``evict_timeout`` runs from its last progress, else from the ask.
-    evict_began: bool = False
-    evict_progress_at: float | None = None
-    #: When it was last asked to evict (``Evict`` or ``Suspend`` for room): the next request
-    #: waits ``evict_interval`` (a TQ for a waiter of lower priority than it).
-    evict_last_asked: float | None = None
-    #: When its memory reached host memory; the second stage (checkpoint) counts from then.
-    evicted_at: float | None = None
-    #: Why it could not evict (its ``evicted`` said ``failed``, it made no progress in time, or
-    #: a checkpoint failed); it is not asked again, and what NVML does not vouch for of its
-    #: memory no longer counts against others' room, until its next grant.
-    evict_failed: str | None = None
-    #: The daemon's checkpoint evictor can reach its process (set by the shell).
+    #: Its evictions: the way out under way, why one failed (residency.py).
+    eviction: Eviction = field(default_factory=Eviction)
+    #: The daemon's checkpoint evictor can reach its process (set when it registers).
     checkpointable: bool = False
-    #: A checkpoint was asked for (and not yet undone by a grant).
-    checkpoint_asked: bool = False
-    #: When its restore began (its grant after an eviction), while it restores.
-    restoring_since: float | None = None
     # -- what its waits cost others (fair eviction, residency.py) ----------------------------
     #: Evictions asked for it since its last grant (or cancel), and in all (metrics).
     room_asked: int = 0
@@ -232,6 +282,24 @@ class Client:
                 self.hold_state = to
                 return
         raise IllegalTransition(self.id, before, to)
+
+    def settle(self, to: Residency, now: float | None) -> None:
+        """Move its memory to ``to`` at ``now``, or raise IllegalTransition; staying where it
+        is changes nothing."""
+        before = self.residency
+        if before is to:
+            return
+        for source, target in _RESIDENCY_MOVES:
+            if source is before and target is to:
+                self.residency = to
+                self.eviction.since = now
+                return
+        raise IllegalTransition(self.id, before, to)
+
+    @property
+    def evict_failed(self) -> str | None:
+        """Why it could not evict (the status document's ``evict_failed``)."""
+        return self.eviction.failed
 
     @property
     def preemptible(self) -> bool:

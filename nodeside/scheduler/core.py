@@ -42,22 +42,25 @@ that change it, and hands each event to the one that takes it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import final
+from typing import Final, final
 
 from nodeside.config import SchedulerConfig
-from nodeside.model import Pool
+from nodeside.model import MemoryFigures, Pool, Registration
 from nodeside.scheduler.actions import (
     Action,
     Drop,
     Evict,
+    Evicted,
     Grant,
     Pause,
     Refuse,
     Released,
+    Restored,
     Resume,
     Revoke,
     SchedulerError,
     Suspend,
+    Suspended,
     Uncounted,
 )
 from nodeside.scheduler.choosing import PoolsPolicy
@@ -67,7 +70,7 @@ from nodeside.scheduler.membership import Membership
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.pools import preemption_off_reason
 from nodeside.scheduler.queries import Queries
-from nodeside.scheduler.residency import Residency
+from nodeside.scheduler.residency import ResidencyRules
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.state import (
     PRIORITY_RANK,
@@ -84,9 +87,14 @@ from nodeside.scheduler.view import PolicyView
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
-__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "GpuSpec", "GpuState", "Grant",
-           "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released", "Resume",
-           "Revoke", "Scheduler", "SchedulerError", "Suspend", "Uncounted", "WaitingFor"]
+__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "Evicted", "GpuSpec", "GpuState",
+           "Grant", "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released",
+           "Restored", "Resume", "Revoke", "Scheduler", "SchedulerError", "Suspend", "Suspended",
+           "Uncounted", "WaitingFor"]
+
+
+#: A report that says nothing of where the memory is.
+NOTHING_SAID: Final = MemoryFigures()
 
 
 @final
@@ -98,7 +106,7 @@ class Scheduler:
         self._state = state = NodeState(config, gpus, now)
         room = Room(state)
         taking = TakingTurns(state)
-        self._residency = residency = Residency(state)
+        self._residency = residency = ResidencyRules(state)
         self._turns = turns = Turns(state, room, taking, residency)
         self._membership = Membership(state, turns)
         self._controls = Controls(state, turns)
@@ -158,29 +166,20 @@ class Scheduler:
 
     # -- clients joining and leaving (membership.py) --------------------------------------
 
-    def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
-                 priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
-                 kind: str = "client", labels: Mapping[str, str] | None = None,
-                 working_set: int | None = None, gids: Iterable[int] = (),
-                 display_name: str | None = None, user: str | None = None,
-                 evict: str = "managed", gpu_uuid: str | None = None,
-                 namespace: str | None = None, pausable: bool = False) -> Client:
+    def register(self, now: float, registration: Registration) -> Client:
         """A new client (``Membership.register`` says how its claims are judged)."""
-        return self._membership.register(
-            now, name=name, gpu=gpu, pool=pool, priority=priority, pid=pid, uid=uid, kind=kind,
-            labels=labels, working_set=working_set, gids=gids, display_name=display_name,
-            user=user, evict=evict, gpu_uuid=gpu_uuid, namespace=namespace, pausable=pausable)
+        return self._membership.register(now, registration)
 
-    def track_memory(self, client_id: str, *, resident: int | None = None,
-                     host: int | None = None, shadow: int | None = None,
+    def track_memory(self, client_id: str, figures: MemoryFigures | None = None, *,
                      checkpointable: bool = False) -> None:
         """The client speaks the ``memory`` feature (residency.py): its resident memory counts
-        from now on, and while idle it may be asked to evict. ``resident`` and ``host``: where
-        its memory already is (``shadow``: host memory it keeps for evictions);
-        ``checkpointable``: the daemon's checkpoint evictor reaches its process (the daemon
-        refuses a ``resident`` larger than the GPU before it registers the client)."""
-        self._residency.track(self._state.client(client_id), resident, host, shadow,
-                              checkpointable)
+        from now on, and while idle it may be asked to evict. ``figures``: where its memory
+        already is; ``checkpointable``: the daemon's checkpoint evictor reaches its process
+        (the daemon refuses a ``resident`` larger than the GPU before it registers the
+        client)."""
+        said = figures or NOTHING_SAID
+        self._residency.track(self._state.client(client_id), said.resident, said.host,
+                              said.shadow, checkpointable)
 
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""
@@ -210,24 +209,27 @@ class Scheduler:
         return self._turns.release(self._state.client(client_id), now, evict_first, evicting)
 
     def report_working_set(self, now: float, client_id: str, nbytes: int,
-                           evictable: int | None = None, *, resident: int | None = None,
-                           host: int | None = None, shadow: int | None = None
-                           ) -> list[Action]:
-        """The client's working set; with the ``memory`` feature also its bytes on the GPU and
-        in host memory now (progress of an eviction, or the end of a restore: ``host`` 0), and
-        the host memory it keeps for evictions (``shadow``)."""
+                           figures: MemoryFigures | None = None, *,
+                           evictable: int | None = None) -> list[Action]:
+        """The client's working set (``evictable``: how much of it could leave the GPU); with
+        the ``memory`` feature also where its memory is now (``figures``: progress of an
+        eviction, or the end of a restore: ``host`` 0)."""
+        said = figures or NOTHING_SAID
         return self._turns.report_working_set(self._state.client(client_id), nbytes, evictable,
-                                              now, resident, host, shadow)
+                                              now, said.resident, said.host, said.shadow)
 
     # -- resident memory (residency.py) ---------------------------------------------------
 
-    def evicted(self, now: float, client_id: str, *, resident: int | None = None,
-                host: int | None = None, shadow: int | None = None,
-                failed: str | None = None) -> list[Action]:
-        """An eviction ended (``failed``: it could not; it is checkpointed where the daemon
-        reaches it, else not asked again until its next grant)."""
+    def evicted(self, now: float, client_id: str, figures: MemoryFigures | None = None, *,
+                failed: str | None = None, seconds: float | None = None,
+                moved: int | None = None) -> list[Action]:
+        """An eviction ended, its memory where ``figures`` say (``failed``: it could not; it is
+        checkpointed where the daemon reaches it, else not asked again until its next grant);
+        ``Evicted`` says what it moved (``moved`` bytes in ``seconds``, as the client says)."""
         client = self._state.client(client_id)
-        actions = self._residency.evicted(client, resident, host, failed, now, shadow)
+        said = figures or NOTHING_SAID
+        actions = self._residency.evicted(client, said.resident, said.host, failed, now,
+                                          said.shadow, seconds, moved)
         return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
 
     def checkpointed(self, now: float, client_id: str, error: str | None = None,
@@ -239,10 +241,6 @@ class Scheduler:
             return []
         actions = self._residency.checkpointed(client, error, now, memory_free)
         return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
-
-    def count_evicted_bytes(self, nbytes: int) -> None:
-        """Bytes an eviction moved to host memory (its ``evicted``), for the metrics."""
-        self._state.counts["evicted_bytes"] += nbytes
 
     def memory_seen(self, now: float, used: Mapping[str, int | None]) -> list[Action]:
         """NVML's per-process used memory, by client id, where the daemon reads it (None: NVML

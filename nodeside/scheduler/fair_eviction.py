@@ -35,7 +35,7 @@ MIN_BACKOFF: Final = 1.0
 
 def may_ask_at(victim: Client, waiter: Client, interval: float, tq: float) -> float:
     """When ``victim`` may next be asked to evict for ``waiter`` (0: it never was)."""
-    last = victim.evict_last_asked
+    last = victim.eviction.last_asked
     if last is None:
         return 0.0
     if waiter.preemptible and not victim.preemptible:
@@ -45,7 +45,7 @@ def may_ask_at(victim: Client, waiter: Client, interval: float, tq: float) -> fl
 
 def asked(victim: Client, waiter: Client, now: float) -> None:
     """``victim`` was asked to evict for ``waiter`` now."""
-    victim.evict_last_asked = now
+    victim.eviction.last_asked = now
     waiter.room_asked += 1
     waiter.evictions_asked += 1
 

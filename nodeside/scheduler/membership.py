@@ -7,10 +7,10 @@ turns.py) and tells the policy. A pool the config does not name lives as long as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import final
 
 from nodeside import protocol as p
+from nodeside.model import Registration
 from nodeside.scheduler.access import judge
 from nodeside.scheduler.actions import Action, SchedulerError
 from nodeside.scheduler.node import NodeState
@@ -27,39 +27,34 @@ class Membership:
         self.state = state
         self.turns = turns
 
-    def register(self, now: float, *, name: str, gpu: int = 0, pool: str = "default",
-                 priority: str = "NORMAL", pid: int | None = None, uid: int | None = None,
-                 kind: str = "client", labels: Mapping[str, str] | None = None,
-                 working_set: int | None = None, gids: Iterable[int] = (),
-                 display_name: str | None = None, user: str | None = None,
-                 evict: str = "managed", gpu_uuid: str | None = None,
-                 namespace: str | None = None, pausable: bool = False) -> Client:
-        """A new client. ``uid`` and ``gids`` are the peer's credentials, read by the shell from
-        the socket, never from what the client says: the access policy judges the claimed pool
-        and priority by them, and by ``namespace``, its pod's namespace as the shell verified
-        it (None: not in a pod, or not verified). A downgraded claim leaves its reason in
-        ``Client.warning``. ``pausable``: it honours ``Pause`` and ``Resume`` (taking turns).
+    def register(self, now: float, registration: Registration) -> Client:
+        """A new client. Its ``uid``, ``gids`` and ``namespace`` are the peer's credentials as
+        the shell verified them, never what the client says: the access policy judges the
+        claimed pool and priority by them (a ``namespace`` of None: not in a pod, or not
+        verified). A downgraded claim leaves its reason in ``Client.warning``. ``pausable``: it
+        honours ``Pause`` and ``Resume`` (taking turns).
         """
-        gpu = self._gpu_named(gpu, gpu_uuid)
-        if priority not in PRIORITY_RANK:
+        r = registration
+        gpu = self._gpu_named(r.gpu, r.gpu_uuid)
+        if r.priority not in PRIORITY_RANK:
             raise SchedulerError(p.E_INVALID, f"priority must be one of {', '.join(p.PRIORITIES)}")
-        if not pool:
+        if not r.pool:
             raise SchedulerError(p.E_INVALID, "pool must be a non-empty name")
-        if evict not in EVICT_MODES:
+        if r.evict not in EVICT_MODES:
             raise SchedulerError(p.E_INVALID, f"evict must be one of {', '.join(EVICT_MODES)}")
-        gids = tuple(gids)
+        gids = tuple(r.gids)
         try:
-            verdict = judge(self.state.config.access, uid=uid, gids=gids, pool=pool,
-                            priority=priority, namespace=namespace)
+            verdict = judge(self.state.config.access, uid=r.uid, gids=gids, pool=r.pool,
+                            priority=r.priority, namespace=r.namespace)
         except PermissionError as exc:
             raise SchedulerError(p.E_PERMISSION, str(exc)) from None
         state = self.state
-        client = Client(id=f"c{next(state.ids)}", name=name, gpu=gpu, pool=verdict.pool,
-                        priority=verdict.priority, pid=pid, uid=uid, gids=gids, kind=kind,
-                        labels=dict(labels or {}), working_set=working_set,
-                        registered_at=now, display_name=display_name or name, user=user,
-                        evict=evict, warning=verdict.warning, namespace=namespace,
-                        pausable=pausable)
+        client = Client(id=f"c{next(state.ids)}", name=r.name, gpu=gpu, pool=verdict.pool,
+                        priority=verdict.priority, pid=r.pid, uid=r.uid, gids=gids, kind=r.kind,
+                        labels=dict(r.labels), working_set=r.working_set,
+                        registered_at=now, display_name=r.display_name or r.name, user=r.user,
+                        evict=r.evict, warning=verdict.warning, namespace=r.namespace,
+                        pausable=r.pausable)
         state.clients[client.id] = client
         state.pool_members[client.pool] = state.pool_members.get(client.pool, 0) + 1
         return client

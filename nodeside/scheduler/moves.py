@@ -38,6 +38,7 @@ class Moves:
         gpu.history.opened(client, now)
         if client.memory:
             granted(client, now)
+            gpu.ledger.book(client)  # it holds: its need counts now, not its idle bytes
         else:  # its use cannot be seen: only a memory client's grants are judged
             client.room_asked = 0
         # The policy still sees when it asked: a request that went on after a drop is told
@@ -91,6 +92,7 @@ class Moves:
         if client.memory:
             client.last_used = now
             fair_eviction.hold_ended(client, now, self.state.config.evict_interval)
+            gpu.ledger.book(client)  # idle again: what it has counts against others' room
         held = now - hold.granted_at
         client.gpu_seconds += held
         gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held

@@ -67,7 +67,8 @@ class NodeState(PolicyView):
         config = self.config
         self.preemption = preemption_enabled(config.pools)
         self.capped = any(pool.cap < 1.0 for pool in config.pools.values())
-        self.reserve = config.memory_reserve
+        for gpu in self.gpus.values():
+            gpu.ledger.reserve = config.memory_reserve
         self.grace = config.grace
 
     def configure(self, config: SchedulerConfig) -> None:

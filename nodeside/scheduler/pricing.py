@@ -54,8 +54,9 @@ def switch_cost(view: PolicyView, gpu: GpuState, leaving: Client, coming: Client
         if any(s is None for s in sizes):
             return 0.0  # nothing known to price: the first quantum alone applies
         return sum(s or 0 for s in sizes) / bandwidth
-    room = capacity - settings.memory_reserve
+    ledger = gpu.ledger
+    room = capacity - ledger.reserve
     need = [capacity if c.working_set is None else c.working_set for c in (leaving, coming)]
-    if sum(need) <= room:
+    if not ledger.excess(sum(need)):
         return 0.0
     return sum(min(n, room) for n in need) / bandwidth

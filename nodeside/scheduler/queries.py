@@ -11,7 +11,7 @@ import math
 from typing import Final, final
 
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import Residency
+from nodeside.scheduler.residency import ResidencyRules
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.state import Client, GpuState, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -26,7 +26,7 @@ class Queries:
     """The questions asked between events; ``next_deadline`` keeps its answer meanwhile."""
 
     def __init__(self, state: NodeState, room: Room, turns: Turns, taking: TakingTurns,
-                 residency: Residency) -> None:
+                 residency: ResidencyRules) -> None:
         self.state = state
         self.room = room
         self.turns = turns
@@ -127,7 +127,7 @@ class Queries:
         candidate = state.choice.pick(gpu, now)
         if candidate is None:
             return False
-        if gpu.memory_clients and self.residency.shortfall(gpu, candidate) > \
+        if gpu.memory_clients and gpu.ledger.shortfall(candidate) > \
                 self.residency.coming(gpu, candidate):
             return False  # it waits for evictions, whose reports are events
         light_first = state.choice.light_first

@@ -14,7 +14,6 @@ from typing import Any
 
 from nodeside.scheduler.core import PRIORITY_RANK, Client, GpuState, Scheduler
 from nodeside.scheduler.pools import entitlements
-from nodeside.scheduler.room import fits_together
 
 GiB = 1024**3
 
@@ -168,9 +167,10 @@ def _room_note(scheduler: Scheduler, gpu: GpuState, head: Client) -> str | None:
         return "the GPU's memory is unknown (no NVML, no --gpu-memory): mode auto serializes"
     if head.working_set is None:
         return "its working set is unknown, so it needs the whole GPU"
-    if fits_together(gpu, [*gpu.holders.values(), head], scheduler.config.memory_reserve):
+    ledger = gpu.ledger
+    if ledger.fits([*gpu.holders.values(), head]):
         return None
     used = sum(h.working_set or capacity for h in gpu.holders.values())
-    free = max(0, capacity - scheduler.config.memory_reserve - used)
+    free = max(0, capacity - ledger.reserve - used)
     return (f"does not fit beside the holders: needs {head.working_set / GiB:.1f} GiB, "
             f"{free / GiB:.1f} GiB free")

@@ -28,6 +28,11 @@ stop inside the driver with half its memory moved): like one the evictor cannot 
 taken as unable to evict. When the room cannot be made at all, the waiter is refused, told who
 holds the memory. An evicted client idle for ``checkpoint_after`` is checkpointed too (its
 context is freed).
+
+Every move of a residency goes through ``Client.settle`` (its table is in clients.py), and what an
+eviction under way has heard is the client's ``Eviction`` record; each change of a client's
+figures is booked in its GPU's ledger (ledger.py), which answers every "does it fit". What ended
+is reported to the shell as an action: ``Restored``, ``Evicted``, ``Suspended`` (a checkpoint).
 """
 
 from __future__ import annotations
@@ -38,8 +43,18 @@ from nodeside import protocol as p
 from nodeside.formats import size
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler import fair_eviction
-from nodeside.scheduler.actions import Action, Evict, SchedulerError, Suspend, Uncounted
+from nodeside.scheduler.actions import (
+    Action,
+    Evict,
+    Evicted,
+    Restored,
+    SchedulerError,
+    Suspend,
+    Suspended,
+    Uncounted,
+)
 from nodeside.scheduler.clients import WaitingFor
+from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 
@@ -54,48 +69,16 @@ PROGRESS_BYTES = 64 << 20
 RESTORES_AS_ROOM_COMES = ("vmm",)
 
 
-def occupies(client: Client) -> int:
-    """Bytes ``client`` keeps on its GPU now, on the best evidence: NVML's figure for its
-    process where the daemon reads one, else its own report."""
-    nvml = client.nvml_bytes
-    return client.resident_bytes if nvml is None else nvml
-
-
-def counted(client: Client) -> int:
-    """Bytes of an idle ``client`` that count against others' room: its evidence; but a claim
-    NVML does not vouch for counts nothing once the client could not evict (until its next
-    grant), nor once it has evicted (what it says is left, no eviction frees)."""
-    nvml = client.nvml_bytes
-    if nvml is not None:
-        return nvml
-    if client.evict_failed is not None or client.residency == EVICTED:
-        return 0
-    return client.resident_bytes
-
-
-def holding(client: Client) -> bool:
-    state = client.hold_state
-    return state is HoldState.HOLDING or state is HoldState.DROPPING
-
-
-def need(client: Client) -> int:
-    """What a client needs on the GPU to work: its working set, or its resident bytes where
-    larger (an unknown working set counts as what it has)."""
-    working_set = client.working_set
-    resident = occupies(client)
-    return resident if working_set is None or resident > working_set else working_set
-
-
 def granted(client: Client, now: float) -> None:
     """A memory client was granted: what it waited for is over; evicted, it moves back in.
     Whatever it could not evict before, its memory counts again from now on."""
     fair_eviction.granted(client, need(client), occupies(client))
     client.waiting_for = None
-    client.checkpoint_asked = False
-    client.evict_failed = None
-    if client.residency == EVICTED or client.residency == EVICTING:
-        client.residency = RESTORING
-        client.restoring_since = now
+    eviction = client.eviction
+    eviction.checkpoint = False
+    eviction.failed = None
+    if client.residency is EVICTED or client.residency is EVICTING:
+        client.settle(RESTORING, now)
 
 
 def check_claim(gpu: GpuState, resident: int | None, what: str) -> None:
@@ -107,7 +90,7 @@ def check_claim(gpu: GpuState, resident: int | None, what: str) -> None:
 
 
 @final
-class Residency:
+class ResidencyRules:
     """Each memory client's residency and bytes, and the evictions a grant waits for."""
 
     def __init__(self, state: NodeState) -> None:
@@ -127,30 +110,36 @@ class Residency:
         client.host_bytes = host or 0
         client.shadow_bytes = shadow or 0
         if client.host_bytes and not client.resident_bytes:
-            client.residency = EVICTED
-        self.state.gpus[client.gpu].memory_clients[client.id] = client
+            client.settle(EVICTED, None)  # registered there: no second stage counts yet
+        gpu = self.state.gpus[client.gpu]
+        gpu.memory_clients[client.id] = client
+        gpu.ledger.book(client)
 
     def forget(self, client: Client) -> None:
         gpu = self.state.gpus[client.gpu]
         gpu.memory_clients.pop(client.id, None)
+        gpu.ledger.forget(client)
         for other in gpu.memory_clients.values():
             if other.waiting_for is not None and other.waiting_for.client == client.id:
                 other.waiting_for = None
 
     def report(self, client: Client, resident: int | None, host: int | None,
-               shadow: int | None = None, now: float = 0.0) -> None:
-        """A ``working_set`` report with figures: progress of an eviction or of a restore.
-        A report never makes a client that could not evict evictable again (only its next
-        grant does): saying its figures again cannot start another's wait over."""
-        if client.residency == EVICTING and client.evict_asked_at is not None:
+               shadow: int | None = None, now: float = 0.0) -> list[Action]:
+        """A ``working_set`` report with figures: progress of an eviction or of a restore
+        (``Restored`` once nothing is left in host memory). A report never makes a client
+        that could not evict evictable again (only its next grant does): saying its figures
+        again cannot start another's wait over."""
+        actions: list[Action] = []
+        eviction = client.eviction
+        if client.residency is EVICTING and eviction.asked_at is not None:
             # Its deadline follows its progress, from the ask: each report of PROGRESS_BYTES
             # fewer on the GPU (or none). A report that moves nothing puts nothing off, the
             # first one included (a liar saying its figures once more gains nothing), but it
             # says the way out began: from then on it is never checkpointed.
             if resident is not None and (
                     resident <= client.resident_bytes - PROGRESS_BYTES or not resident):
-                client.evict_progress_at = now
-            client.evict_began = True
+                eviction.progress_at = now
+            eviction.began = True
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -159,20 +148,29 @@ class Residency:
         if host is not None:
             client.host_bytes = host
             client.memory_source = "shim"
-        if client.residency == RESTORING and (host == 0 or (
+        if client.residency is RESTORING and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
-            client.residency = RESIDENT
-            client.restoring_since = None
+            began = eviction.since
+            client.settle(RESIDENT, now)
             self.state.counts["restores"] += 1
-        elif client.residency == EVICTED and resident:
-            client.residency = RESIDENT  # it came back without a grant (mode off)
+            if began is not None:
+                actions.append(Restored(client.id, client.gpu, now - began))
+        elif client.residency is EVICTED and resident:
+            client.settle(RESIDENT, now)  # it came back without a grant (mode off)
         self._seen(client)
+        self._book(client)
+        return actions
 
     def nvml_seen(self, client: Client, nbytes: int | None) -> None:
         """NVML's per-process used memory of ``client``'s process (None: NVML cannot vouch
         for it)."""
         client.nvml_bytes = nbytes
         self._seen(client)
+        self._book(client)
+
+    def _book(self, client: Client) -> None:
+        """Whatever changed of ``client``'s memory, its GPU's ledger books it."""
+        self.state.gpus[client.gpu].ledger.book(client)
 
     def _seen(self, client: Client) -> None:
         if client.nvml_bytes is not None:
@@ -183,12 +181,24 @@ class Residency:
             fair_eviction.seen(client, occupies(client))
 
     def evicted(self, client: Client, resident: int | None, host: int | None,
-                failed: str | None, now: float, shadow: int | None = None) -> list[Action]:
-        """An eviction ended (``evicted``), asked or of the client's own accord. One that
-        failed is checkpointed where the daemon reaches the process, else given up on."""
+                failed: str | None, now: float, shadow: int | None = None,
+                seconds: float | None = None, moved: int | None = None) -> list[Action]:
+        """An eviction ended (``evicted``), asked or of the client's own accord: ``Evicted``
+        with what it moved (``moved`` bytes in ``seconds``, as it says). One that failed is
+        checkpointed where the daemon reaches the process, else given up on."""
+        actions = self._evicted(client, resident, host, failed, now, shadow)
+        self._book(client)
+        if failed is None:
+            nbytes = moved or 0
+            self.state.counts["evicted_bytes"] += nbytes
+            actions.append(Evicted(client.id, client.gpu, seconds, nbytes))
+        return actions
+
+    def _evicted(self, client: Client, resident: int | None, host: int | None,
+                 failed: str | None, now: float, shadow: int | None) -> list[Action]:
         check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
-        _asked_to_evict(client, None)
+        client.eviction.asked(None)
         if shadow is not None:
             client.shadow_bytes = shadow
         if resident is not None:
@@ -199,30 +209,31 @@ class Residency:
             client.memory_source = "shim"
         self._seen(client)
         if failed is not None:
-            client.restoring_since = None
-            if asked == RESTORING:
+            if asked is RESTORING:
                 # A restore that ran out of memory rolled back: its memory is in host memory,
                 # and it asks for the GPU again when it needs it.
-                client.residency = EVICTED
+                client.settle(EVICTED, now)
                 return []
-            client.residency = RESIDENT
-            return self._could_not_evict(client, failed, "failed")
-        client.evict_failed = None
-        client.residency = EVICTED
-        client.evicted_at = now
+            client.settle(RESIDENT, now)
+            return self._could_not_evict(client, failed, "failed", now)
+        client.eviction.failed = None
+        client.settle(EVICTED, now)
+        client.eviction.since = now  # evicted again: the second stage counts from now
         return []
 
-    def _could_not_evict(self, client: Client, why: str, reason: str) -> list[Action]:
+    def _could_not_evict(self, client: Client, why: str, reason: str,
+                         now: float) -> list[Action]:
         """``client`` could not move its memory out (``why``): checkpointed where the daemon's
         evictor reaches it and it is between two moves; else not asked again until its next
         grant, and what only its claim says it holds no longer counts against others' room.
         Never checkpointed in the middle of its own way out (it reported since it was asked):
         the process would stop inside the driver with half its memory moved, and hang."""
         gpu = self.state.gpus[client.gpu]
-        if client.checkpointable and not client.checkpoint_asked and not client.evict_began:
-            client.checkpoint_asked = True
-            client.residency = EVICTING
-            _asked_to_evict(client, None)
+        eviction = client.eviction
+        if client.checkpointable and not eviction.checkpoint and not eviction.began:
+            eviction.checkpoint = True
+            client.settle(EVICTING, now)
+            eviction.asked(None)
             self._count(client, reason)
             for waiter in gpu.waiters.values():
                 if waiter.waiting_for is not None and waiter.waiting_for.client == client.id:
@@ -230,17 +241,18 @@ class Residency:
                         client.id, client.display_name, occupies(client), "checkpoint")
             return [Suspend(client.id, gpu.spec.index, reason)]
         before = counted(client)
-        client.evict_failed = why
-        client.residency = RESIDENT
-        _asked_to_evict(client, None)
+        eviction.failed = why
+        client.settle(RESIDENT, now)
+        eviction.asked(None)
         if before and not counted(client):
             return [Uncounted(client.id, gpu.spec.index, before, why)]
         return []
 
     def released_evicting(self, client: Client, now: float) -> None:
-        """A holder released with ``evicting``: its memory is on its way out."""
-        client.residency = EVICTING
-        _asked_to_evict(client, now)
+        """A holder released with ``evicting``: its memory is on its way out (booked when
+        its hold ends)."""
+        client.settle(EVICTING, now)
+        client.eviction.asked(now)
         self._count(client, "release")
 
     def _count(self, client: Client, reason: str) -> None:
@@ -253,47 +265,35 @@ class Residency:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
         memory, or (``error``) it could not be moved; ``memory_free``: the process holds no
         GPU memory at all (the driver knows no CUDA process by its pid), whatever it says."""
-        _asked_to_evict(client, None)
+        actions = self._checkpointed(client, error, now, memory_free)
+        self._book(client)
+        return actions
+
+    def _checkpointed(self, client: Client, error: str | None, now: float,
+                      memory_free: bool) -> list[Action]:
+        eviction = client.eviction
+        eviction.asked(None)
         if memory_free:
             # Counted as holding none, whatever it reports, until its next grant.
             client.resident_bytes = 0
             if client.nvml_bytes is not None:
                 client.nvml_bytes = 0
-            client.evict_failed = f"holds no GPU memory ({error})" if error else \
+            eviction.failed = f"holds no GPU memory ({error})" if error else \
                 "holds no GPU memory"
-            client.residency = RESIDENT
+            client.settle(RESIDENT, now)
             return []
         if error is not None:
-            return self._could_not_evict(client, f"checkpoint failed: {error}", "checkpoint")
-        client.host_bytes += occupies(client)
+            return self._could_not_evict(client, f"checkpoint failed: {error}", "checkpoint",
+                                         now)
+        moved = occupies(client)
+        client.host_bytes += moved
         client.resident_bytes = 0
         if client.nvml_bytes is not None:
             client.nvml_bytes = 0
-        client.residency = EVICTED
-        if client.evicted_at is None:
-            client.evicted_at = now
-        return []
+        client.settle(EVICTED, now)  # already there (the second stage): since stays
+        return [Suspended(client.id, client.gpu, moved)]
 
     # -- the room a grant needs ---------------------------------------------------------------
-
-    def shortfall(self, gpu: GpuState, candidate: Client, reserved: int = 0) -> int:
-        """Bytes missing on ``gpu`` for ``candidate`` to work beside every resident client
-        (and ``reserved`` bytes kept for someone else); 0 when it fits or when the GPU's
-        capacity or the candidate's working set is unknown."""
-        capacity = gpu.spec.memory_total
-        if capacity is None or candidate.working_set is None:
-            return 0
-        others = reserved
-        for holder in gpu.holders.values():
-            if holder is not candidate:
-                others += need(holder) if holder.memory else (holder.working_set or 0)
-        for client in gpu.memory_clients.values():
-            if client is not candidate and not holding(client):
-                others += counted(client)
-        # Capped by what the others have there: a working set larger than the card on its own
-        # is granted once nobody else's memory is left (as before the memory feature), rather
-        # than waiting for room that no eviction can make.
-        return min(others, max(0, need(candidate) + others - (capacity - self.state.reserve)))
 
     def coming(self, gpu: GpuState, candidate: Client) -> int:
         """Bytes on their way out of ``gpu`` (clients told to evict, or released ``evicting``,
@@ -301,9 +301,7 @@ class Residency:
         restore waits for room chunk by chunk (``handoff_overlap``), else none."""
         if not self.state.config.handoff_overlap or candidate.evict not in RESTORES_AS_ROOM_COMES:
             return 0
-        return sum(occupies(c) for c in gpu.memory_clients.values()
-                   if c is not candidate and not holding(c) and c.residency == EVICTING
-                   and c.evict_failed is None)
+        return gpu.ledger.outgoing_except(candidate)
 
     def make_room(self, gpu: GpuState, candidate: Client, short: int,
                   now: float) -> tuple[list[Action], str | None]:
@@ -319,13 +317,14 @@ class Residency:
         for client in gpu.memory_clients.values():
             if client is candidate or holding(client) or not counted(client):
                 continue
-            if client.residency == EVICTING and client.evict_failed is None:
+            eviction = client.eviction
+            if client.residency is EVICTING and eviction.failed is None:
                 on_the_way.append(client)
-            elif client.evict_failed is None and (
-                    (client.residency == RESIDENT and (
+            elif eviction.failed is None and (
+                    (client.residency is RESIDENT and (
                         client.evict in PAGES_ITSELF or client.checkpointable))
-                    or (client.residency == EVICTED and client.checkpointable
-                        and not client.checkpoint_asked)):
+                    or (client.residency is EVICTED and client.checkpointable
+                        and not eviction.checkpoint)):
                 # Evictable; as often as fair_eviction.py allows, for this waiter.
                 at = max(fair_eviction.may_ask_at(client, candidate, config.evict_interval,
                                                   tq), candidate.may_ask_from)
@@ -355,6 +354,7 @@ class Residency:
             missing -= nbytes
             on_the_way.append(client)
             actions.append(self._ask(gpu, client, candidate, nbytes, now))
+            gpu.ledger.book(client)
         if missing > 0:
             gpu.evict_retry_at = retry_at  # the rest may be asked then
         self._wait_for(candidate, on_the_way or later)
@@ -363,24 +363,24 @@ class Residency:
     def _ask(self, gpu: GpuState, client: Client, candidate: Client, nbytes: int,
              now: float) -> Action:
         """Ask ``client`` to evict ``nbytes`` for ``candidate``, and keep the books."""
-        _asked_to_evict(client, now)
+        client.eviction.asked(now)
         fair_eviction.asked(client, candidate, now)
         self.state.counts["evictions"] += 1
         self._count(client, "room")
         by = gpu.evictions_by
         by[candidate.priority] = by.get(candidate.priority, 0) + 1
-        if client.residency == RESIDENT and client.evict in PAGES_ITSELF:
-            client.residency = EVICTING
+        if client.residency is RESIDENT and client.evict in PAGES_ITSELF:
+            client.settle(EVICTING, now)
             return Evict(client.id, gpu.spec.index, nbytes, candidate.display_name)
-        client.residency = EVICTING
-        client.checkpoint_asked = True
+        client.settle(EVICTING, now)
+        client.eviction.checkpoint = True
         return Suspend(client.id, gpu.spec.index, "room")
 
     def _wait_for(self, candidate: Client, on_the_way: list[Client]) -> None:
         first = max(on_the_way, key=counted)
         candidate.waiting_for = WaitingFor(
             first.id, first.display_name, counted(first),
-            "checkpoint" if first.checkpoint_asked else "evict")
+            "checkpoint" if first.eviction.checkpoint else "evict")
 
     def _no_room(self, gpu: GpuState, candidate: Client, short: int,
                  stuck: list[Client]) -> str:
@@ -402,11 +402,12 @@ class Residency:
             at = self._stalled_at(client)
             if at is not None and now >= at:
                 actions.extend(self._could_not_evict(
-                    client, _stall(client, config.evict_timeout), "timeout"))
+                    client, _stall(client, config.evict_timeout), "timeout", now))
+                gpu.ledger.book(client)
                 continue
             at = self._second_stage_at(client)
             if at is not None and now >= at:
-                client.checkpoint_asked = True
+                client.eviction.checkpoint = True
                 self._count(client, "idle")
                 actions.append(Suspend(client.id, gpu.spec.index, "idle"))
         return actions
@@ -428,33 +429,27 @@ class Residency:
 
     def _second_stage_at(self, client: Client) -> float | None:
         after = self.state.config.checkpoint_after
-        if after <= 0 or not client.checkpointable or client.checkpoint_asked or \
-                client.residency != EVICTED or client.evicted_at is None or \
+        since = client.eviction.since
+        if after <= 0 or not client.checkpointable or client.eviction.checkpoint or \
+                client.residency is not EVICTED or since is None or \
                 client.hold_state is not HoldState.IDLE:
             return None
-        return client.evicted_at + after
-
-
-def _asked_to_evict(client: Client, now: float | None) -> None:
-    """``client`` was asked to evict at ``now`` (None: its way out is over): nothing heard of it
-    since."""
-    client.evict_asked_at = now
-    client.evict_began = False
-    client.evict_progress_at = None
+        return since + after
 
 
 def _evict_due(client: Client, evict_timeout: float) -> float | None:
     """When a client on its way out has made no progress for ``evict_timeout``: counted from
     its last progress since it was asked, or from the ask; None when no deadline runs."""
-    asked = client.evict_asked_at
-    if client.residency != EVICTING or asked is None or client.checkpoint_asked:
+    eviction = client.eviction
+    asked = eviction.asked_at
+    if client.residency is not EVICTING or asked is None or eviction.checkpoint:
         return None
-    progress = client.evict_progress_at
+    progress = eviction.progress_at
     return (asked if progress is None else progress) + evict_timeout
 
 
 def _stall(client: Client, evict_timeout: float) -> str:
     """Why ``client``'s eviction is given up on, as the log and its status say."""
-    if client.evict_began:
+    if client.eviction.began:
         return f"made no progress evicting for {evict_timeout:g} s (evict_timeout)"
     return f"did not begin to evict within {evict_timeout:g} s (evict_timeout)"

@@ -1,13 +1,14 @@
 """The GPU's room: which working sets fit side by side in one GPU's memory, and who must evict.
 
-``fits_together`` is the arithmetic, a pure function of the clients asked about. ``Room`` is the
-component the rules consult (turns.py for grants, preemption, quanta and drops, queries.py for
-deadlines): it answers with the node's reserve and mode, and the rules decide what to do with the
-answers (grant beside, drop with ``evict``, ask an overgrown holder's neighbours to leave). A
-client whose working set is unknown, or a GPU whose capacity is unknown, needs the whole GPU.
+``Room`` is the component the rules consult (turns.py for grants, preemption, quanta and drops,
+queries.py for deadlines): it answers with the node's mode and each GPU's ledger (ledger.py,
+which holds the one fit function and the idle memory clients' bytes), and the rules decide what
+to do with the answers (grant beside, drop with ``evict``, ask an overgrown holder's neighbours
+to leave). A client whose working set is unknown, or a GPU whose capacity is unknown, needs the
+whole GPU.
 
 The holders' working sets are counted here; for clients that speak the ``memory`` feature the
-idle clients' resident memory counts too (residency.py keeps it, and a grant that does not fit
+idle clients' resident memory counts too (the ledger books it, and a grant that does not fit
 beside it asks idle clients to evict first, ``Residency.make_room``).
 """
 
@@ -17,22 +18,7 @@ from collections.abc import Iterable
 from typing import final
 
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import holding, occupies
 from nodeside.scheduler.state import Client, GpuState, HoldState
-
-
-def fits_together(gpu: GpuState, clients: list[Client], reserve: int) -> bool:
-    """Do these clients' working sets fit on ``gpu`` at once, ``reserve`` bytes kept free?"""
-    capacity = gpu.spec.memory_total
-    if capacity is None:
-        return len(clients) <= 1
-    # A plain loop, not any() and sum() over generators: asked on every handoff.
-    need = 0
-    for client in clients:
-        if client.working_set is None:
-            return len(clients) <= 1
-        need += client.working_set
-    return need <= capacity - reserve
 
 
 def leaving(gpu: GpuState) -> list[Client]:
@@ -46,14 +32,14 @@ def staying(gpu: GpuState) -> list[Client]:
 
 @final
 class Room:
-    """What fits where on the node, with its memory reserve and mode."""
+    """What fits where on the node, in its mode: each GPU's ledger answers."""
 
     def __init__(self, state: NodeState) -> None:
         self.state = state
 
     def fits_beside(self, gpu: GpuState, newcomers: list[Client]) -> bool:
         """Would ``newcomers`` fit beside ``gpu``'s holders?"""
-        return fits_together(gpu, [*gpu.holders.values(), *newcomers], self.state.reserve)
+        return gpu.ledger.fits([*gpu.holders.values(), *newcomers])
 
     def room_after(self, gpu: GpuState, claimant: Client, gone: Iterable[Client]) -> bool:
         """Would ``claimant`` be granted once ``gone`` have left? (In mode on, only once
@@ -62,7 +48,7 @@ class Room:
         rest = [h for h in gpu.holders.values() if h not in gone]
         if self.state.mode == "on":
             return not rest
-        return fits_together(gpu, [*rest, claimant], self.state.reserve)
+        return gpu.ledger.fits([*rest, claimant])
 
     def evict_needed(self, gpu: GpuState, leaver: Client, incoming: Client | None) -> bool:
         """Must ``leaver`` move its memory out? Only when ``incoming`` needs the room."""
@@ -72,11 +58,10 @@ class Room:
         together = [h for h in gpu.holders.values() if h is not leaver and h is not incoming]
         together.append(incoming)
         together.append(leaver)
-        reserve = self.state.reserve
-        if gpu.memory_clients:  # the idle clients' resident memory takes room too
-            reserve += sum(occupies(c) for c in gpu.memory_clients.values()
-                           if c is not incoming and c is not leaver and not holding(c))
-        return not fits_together(gpu, together, reserve)
+        ledger = gpu.ledger
+        # The idle clients' memory takes room too (none booked unless some speak the feature).
+        beside = ledger.idle_except(incoming, leaver) if ledger.idle_total else 0
+        return not ledger.fits(together, beside)
 
     def overcommitted(self, gpu: GpuState, keep: Client) -> list[Client]:
         """Holders to ask to leave, longest-running first, until the rest fits beside ``keep``.
@@ -84,11 +69,10 @@ class Room:
         Happens when a holder's working set grows (side by side was granted on the sizes
         reported then) and when the mode turns auto while several hold.
         """
-        reserve = self.state.reserve
         going: list[Client] = []
         for holder in gpu.holders.values():
             rest = [h for h in staying(gpu) if h not in going]
-            if fits_together(gpu, rest, reserve):
+            if gpu.ledger.fits(rest):
                 break
             if holder is keep or holder.hold_state is not HoldState.HOLDING:
                 continue

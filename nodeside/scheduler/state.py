@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from nodeside.scheduler.clients import TRANSITIONS, Client, Hold, HoldState, IllegalTransition
 from nodeside.scheduler.history import HolderHistory
+from nodeside.scheduler.ledger import Ledger
 from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
@@ -31,6 +32,8 @@ class GpuState:
     def __init__(self, spec: GpuSpec, tq_override: float | None, now: float) -> None:
         self.spec = spec
         self.holders: dict[str, Client] = {}  # in grant order
+        #: What fits in its memory: the idle memory clients' bytes and the one fit function.
+        self.ledger = Ledger(spec.memory_total, self.holders)
         self.waiters = WaitQueue()
         self.meter = ShareMeter(0.0, now)
         #: Recent holds, whole and named, for the status document's timeline (history.py).
@@ -47,7 +50,8 @@ class GpuState:
         #: that must not fall when a client goes away. See Scheduler.pool_gpu_seconds.
         self.pool_seconds: dict[str, float] = {}
         #: Clients on this GPU that speak the ``memory`` feature (residency.py): their resident
-        #: memory counts in every "does it fit". Empty, the rules are those of holders only.
+        #: memory counts in every "does it fit" (booked in the ledger). Empty, the rules are
+        #: those of holders only.
         self.memory_clients: dict[str, Client] = {}
         #: Evictions asked on this GPU, by reason: ``room`` (for a grant), ``release`` (a holder
         #: released ``evicting``), ``timeout``, ``failed``, ``checkpoint`` and ``idle``

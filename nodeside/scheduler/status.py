@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from nodeside.scheduler.core import Client, Scheduler
+from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.report import pool_reports
-from nodeside.scheduler.residency import counted, holding, need, occupies
 
 STATUS_VERSION = 1
 
@@ -94,7 +94,7 @@ def build_status(scheduler: Scheduler, now: float,
         if client.memory:
             waiting_for = client.waiting_for
             entry.update({
-                "residency": client.residency,
+                "residency": client.residency.value,
                 "resident_bytes": occupies(client),
                 "counted_bytes": counted(client),
                 "evict_failed": client.evict_failed,

@@ -19,7 +19,6 @@ import math
 from typing import Final, final
 
 from nodeside import protocol as p
-from nodeside.model import EVICTING
 from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import (
     Action,
@@ -31,9 +30,10 @@ from nodeside.scheduler.actions import (
     SchedulerError,
 )
 from nodeside.scheduler.choosing import within_pool
+from nodeside.scheduler.ledger import counted, need, outgoing_bytes
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.residency import Residency, check_claim, counted, holding, need
+from nodeside.scheduler.residency import ResidencyRules, check_claim
 from nodeside.scheduler.room import Room, leaving, staying
 from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
@@ -49,7 +49,7 @@ class Turns:
     """The hold events, and the scheduling rules that follow every event."""
 
     def __init__(self, state: NodeState, room: Room, taking: TakingTurns,
-                 residency: Residency) -> None:
+                 residency: ResidencyRules) -> None:
         self.state = state
         self.room = room
         self.taking = taking
@@ -124,9 +124,10 @@ class Turns:
             check_claim(gpu, resident, "working_set.resident")
         client.working_set = nbytes
         client.evictable = evictable
-        if client.memory:
-            self.residency.report(client, resident, host, shadow, now)
-        return [*self._relieve_overcommit(gpu, client, now), *self.schedule(gpu, now)]
+        reported = self.residency.report(client, resident, host, shadow, now) \
+            if client.memory else []
+        return [*reported, *self._relieve_overcommit(gpu, client, now),
+                *self.schedule(gpu, now)]
 
     def free(self, client: Client, now: float) -> None:
         """``client`` is leaving the node: whatever it held or waited for is free, at once
@@ -208,7 +209,7 @@ class Turns:
                     or self._held_back(gpu, candidate, now))):
                 break
             if memory:
-                short = self.residency.shortfall(gpu, candidate)
+                short = gpu.ledger.shortfall(candidate)
                 # A client whose restore waits for room chunk by chunk counts what is on its
                 # way out as room: its way in overlaps the other's way out.
                 if short > self.residency.coming(gpu, candidate):
@@ -250,8 +251,7 @@ class Turns:
         state = self.state
         actions: list[Action] = []
         # What it needs beyond the room already on its way out: what the others may not take.
-        coming = sum(counted(c) for c in gpu.memory_clients.values()
-                     if c.residency == EVICTING and c.evict_failed is None and not holding(c))
+        coming = gpu.ledger.outgoing_total
         wanted = need(parked) - counted(parked) if parked.memory else (parked.working_set or 0)
         reserved = max(0, wanted - coming)
         mode = state.mode
@@ -261,7 +261,7 @@ class Turns:
                 break
             if waiter is parked or choice.over_maximum(gpu, waiter.pool, now):
                 continue
-            if waiter.residency == EVICTING and waiter.evict_failed is None:
+            if outgoing_bytes(waiter):
                 # Its memory is the room on its way out: its grant would take it back, and
                 # the parked waiter would starve while its cells come and go.
                 continue
@@ -275,7 +275,7 @@ class Turns:
             # holds now (the room being made is for what others hold too much of).
             adds = max(0, need(waiter) - counted(waiter)) if waiter.memory \
                 else (waiter.working_set or 0)
-            if adds and self.residency.shortfall(gpu, waiter, reserved):
+            if adds and gpu.ledger.shortfall(waiter, reserved):
                 continue
             actions.append(self._moves.grant(gpu, waiter, now))
         return actions

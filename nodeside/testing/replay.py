@@ -34,6 +34,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nodeside.model import Registration
 from nodeside.scheduler.core import (
     Action,
     Drop,
@@ -138,9 +139,9 @@ class Replay(SpanLog):
     def add(self, name: str, *, pool: str = "default", priority: str = "NORMAL", gpu: int = 0,
             working_set: int | None = None, complies: bool = True,
             pausable: bool = False) -> Worker:
-        client = self.scheduler.register(self.now, name=name, gpu=gpu, pool=pool,
-                                         priority=priority, working_set=working_set,
-                                         pausable=pausable)
+        client = self.scheduler.register(self.now, Registration(
+            name=name, gpu=gpu, pool=pool, priority=priority, working_set=working_set,
+            pausable=pausable))
         worker = Worker(client.id, name, pool, gpu, working_set=working_set, complies=complies)
         self.workers[client.id] = worker
         return worker

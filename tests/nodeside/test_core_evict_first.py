@@ -12,6 +12,7 @@ import pytest
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, GpuSpec, Grant, Released, Revoke, Scheduler
 
 GiB = 1 << 30
@@ -29,8 +30,8 @@ def grants(actions: list) -> list[str]:
 
 def holding_with_a_waiter(s: Scheduler, held: int, wanted: int) -> tuple[str, str]:
     """A holds the GPU with ``held`` bytes; B, wanting ``wanted`` bytes, waits."""
-    a = s.register(0.0, name="A", working_set=held)
-    b = s.register(0.0, name="B", working_set=wanted)
+    a = s.register(0.0, Registration(name="A", working_set=held))
+    b = s.register(0.0, Registration(name="B", working_set=wanted))
     assert grants(s.acquire(1.0, a.id)) == [a.id]
     assert s.acquire(2.0, b.id) == []
     return a.id, b.id
@@ -60,7 +61,7 @@ def test_the_drain_goes_to_the_waiter_it_was_made_for() -> None:
     s = make()
     a, b = holding_with_a_waiter(s, 10 * GiB, 10 * GiB)
     s.release(3.0, a, evict_first=True)
-    c = s.register(3.1, name="C", working_set=1 * GiB, priority="HIGH")
+    c = s.register(3.1, Registration(name="C", working_set=1 * GiB, priority="HIGH"))
     assert s.acquire(3.2, c.id) == []
     assert grants(s.release(3.5, a))[0] == b
 
@@ -75,7 +76,7 @@ def test_a_waiter_that_fits_beside_is_granted_at_once_without_eviction() -> None
 
 def test_with_nobody_waiting_the_release_is_immediate_and_keeps_the_memory() -> None:
     s = make()
-    a = s.register(0.0, name="A", working_set=10 * GiB)
+    a = s.register(0.0, Registration(name="A", working_set=10 * GiB))
     s.acquire(1.0, a.id)
     assert s.release(2.0, a.id, evict_first=True) == [Released(a.id, evict=False)]
     assert s.clients[a.id].state == "idle"

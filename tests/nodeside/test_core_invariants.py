@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nodeside.config import SchedulerConfig
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, GpuSpec, Grant, HoldState, Revoke, Scheduler
 
 TQ = 1.0
@@ -35,7 +36,7 @@ class RoundRobin(RuleBasedStateMachine):
 
     @rule(stubborn=st.booleans())
     def register(self, stubborn: bool) -> None:
-        client = self.s.register(self.now, name="x")
+        client = self.s.register(self.now, Registration(name="x"))
         self.alive.add(client.id)
         if stubborn:
             self.stubborn.add(client.id)

@@ -18,7 +18,7 @@ from test_core_residency import of, used
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
-from nodeside.model import EVICTING, RESIDENT
+from nodeside.model import EVICTING, RESIDENT, MemoryFigures, Registration
 from nodeside.scheduler.core import (
     Evict,
     GpuSpec,
@@ -27,6 +27,7 @@ from nodeside.scheduler.core import (
     Scheduler,
     SchedulerError,
     Suspend,
+    Suspended,
     Uncounted,
 )
 
@@ -44,7 +45,7 @@ def make(capacity: int = 16 * GiB, mode: str = "on", interval: float = INTERVAL)
 
 def plain(s: Scheduler, name: str, working_set: int | None = None) -> str:
     """A client without the ``memory`` feature (the Python client)."""
-    return s.register(0.0, name=name, working_set=working_set).id
+    return s.register(0.0, Registration(name=name, working_set=working_set)).id
 
 
 # -- N4b: a waiter for room never blocks the queue --------------------------------------------
@@ -116,10 +117,10 @@ def test_the_wait_for_one_eviction_ends_once_and_re_reports_do_not_arm_another()
     s.acquire(2.0, waiter)
     # The liar says its figures again and again: no progress, the deadline stands.
     for t in (4.0, 8.0, 11.9):
-        s.report_working_set(t, liar, 12 * GiB, resident=12 * GiB, host=0)
+        s.report_working_set(t, liar, 12 * GiB, MemoryFigures(resident=12 * GiB, host=0))
     actions = s.tick(2.0 + TIMEOUT)
     assert of(Uncounted, actions) and Grant(waiter, 0, TQ) in actions
-    s.report_working_set(13.0, liar, 12 * GiB, resident=12 * GiB, host=0)
+    s.report_working_set(13.0, liar, 12 * GiB, MemoryFigures(resident=12 * GiB, host=0))
     s.release(14.0, waiter)
     # The next waiter is not held for the liar again: it is granted at once, nobody asked.
     assert s.acquire(15.0, second) == [Grant(second, 0, TQ)]
@@ -133,8 +134,8 @@ def test_an_eviction_that_makes_progress_is_not_given_up_on() -> None:
     left = 12 * GiB
     for t in (9.0, 16.0, 23.0):  # 1 GiB every 7 s: slow, but on its way
         left -= GiB
-        assert not of(Uncounted, s.report_working_set(t, mover, 12 * GiB, resident=left,
-                                                      host=12 * GiB - left))
+        moving = MemoryFigures(resident=left, host=12 * GiB - left)
+        assert not of(Uncounted, s.report_working_set(t, mover, 12 * GiB, moving))
         assert not of(Uncounted, s.tick(t + TIMEOUT - 0.1))
     assert s.clients[mover].residency == EVICTING
     assert of(Uncounted, s.tick(23.0 + TIMEOUT))
@@ -145,7 +146,7 @@ def test_a_byte_at_a_time_is_no_progress() -> None:
     mover, waiter = kernel(s, "mover", 12 * GiB), kernel(s, "nb", 12 * GiB)
     used(s, mover, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
-    s.report_working_set(9.0, mover, 12 * GiB, resident=12 * GiB - 4096, host=4096)
+    s.report_working_set(9.0, mover, 12 * GiB, MemoryFigures(resident=12 * GiB - 4096, host=4096))
     assert of(Uncounted, s.tick(2.0 + TIMEOUT))
 
 
@@ -173,7 +174,7 @@ def test_a_resident_claim_larger_than_the_gpu_is_refused() -> None:
     liar = kernel(s, "liar", GiB)
     used(s, liar, 1.0, GiB)
     with pytest.raises(SchedulerError) as refused:
-        s.report_working_set(2.0, liar, GiB, resident=1 << 50, host=0)
+        s.report_working_set(2.0, liar, GiB, MemoryFigures(resident=1 << 50, host=0))
     assert refused.value.code == p.E_INVALID and "more than GPU 0 has" in str(refused.value)
     assert s.clients[liar].resident_bytes == GiB
 
@@ -186,7 +187,7 @@ def test_a_failed_eviction_the_daemon_reaches_is_checkpointed() -> None:
     s.acquire(2.0, waiter)
     assert of(Suspend, s.evicted(3.0, holder, failed="no host memory")) == \
         [Suspend(holder, 0, "failed")]
-    assert s.checkpointed(5.0, holder) == [Grant(waiter, 0, TQ)]
+    assert of(Grant, s.checkpointed(5.0, holder)) == [Grant(waiter, 0, TQ)]
 
 
 def test_a_process_that_holds_no_gpu_memory_counts_as_none_until_it_holds_again() -> None:
@@ -199,7 +200,7 @@ def test_a_process_that_holds_no_gpu_memory_counts_as_none_until_it_holds_again(
     actions = s.checkpointed(13.0, liar, "the driver knows no CUDA process 42",
                              memory_free=True)
     assert actions == [Grant(waiter, 0, TQ)]
-    s.report_working_set(14.0, liar, 12 * GiB, resident=12 * GiB, host=0)
+    s.report_working_set(14.0, liar, 12 * GiB, MemoryFigures(resident=12 * GiB, host=0))
     s.release(15.0, waiter)
     assert s.acquire(16.0, second) == [Grant(second, 0, TQ)]
 
@@ -210,7 +211,7 @@ def test_an_uncounted_client_waits_for_room_for_its_next_work() -> None:
     used(s, liar, 1.0, 12 * GiB)
     s.acquire(2.0, waiter)
     s.tick(2.0 + TIMEOUT)
-    s.report_working_set(13.0, waiter, 6 * GiB, resident=6 * GiB, host=0)
+    s.report_working_set(13.0, waiter, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     s.release(14.0, waiter)
     # Its own 12 GiB claim and the waiter's 6 do not fit in 16: it waits for the room.
     assert of(Evict, s.acquire(15.0, liar)) == [Evict(waiter, 0, 6 * GiB, "liar")]
@@ -224,10 +225,10 @@ def test_an_evicted_client_that_nvml_still_shows_is_counted_and_checkpointed() -
     keeper = kernel(s, "keeper", 6 * GiB, checkpointable=True)
     waiter = kernel(s, "nb", 4 * GiB)
     used(s, keeper, 1.0, 6 * GiB)
-    s.evicted(2.0, keeper, resident=0, host=6 * GiB)
+    s.evicted(2.0, keeper, MemoryFigures(resident=0, host=6 * GiB))
     s.memory_seen(3.0, {keeper: 6 * GiB, waiter: 0})
     assert s.acquire(4.0, waiter) == [Suspend(keeper, 0, "room")]
-    assert s.checkpointed(5.0, keeper) == [Grant(waiter, 0, TQ)]
+    assert s.checkpointed(5.0, keeper) == [Suspended(keeper, 0, 6 * GiB), Grant(waiter, 0, TQ)]
 
 
 def test_an_evicted_client_that_nvml_still_shows_gets_the_waiter_refused_when_unreachable(
@@ -235,7 +236,7 @@ def test_an_evicted_client_that_nvml_still_shows_gets_the_waiter_refused_when_un
     s = make(capacity=8 * GiB)
     keeper, waiter = kernel(s, "keeper", 6 * GiB), kernel(s, "nb", 4 * GiB)
     used(s, keeper, 1.0, 6 * GiB)
-    s.evicted(2.0, keeper, resident=0, host=6 * GiB)
+    s.evicted(2.0, keeper, MemoryFigures(resident=0, host=6 * GiB))
     s.memory_seen(3.0, {keeper: 6 * GiB, waiter: 0})
     [refused] = of(Refuse, s.acquire(4.0, waiter))
     assert refused.client == waiter and "keeper (6.0 GiB" in refused.message
@@ -248,10 +249,10 @@ def test_one_client_is_asked_to_evict_at_most_once_per_evict_interval() -> None:
     victim, a, b = (kernel(s, n, 8 * GiB) for n in ("victim", "a", "b"))
     used(s, victim, 1.0, 8 * GiB)
     assert of(Evict, s.acquire(2.0, a)) == [Evict(victim, 0, 8 * GiB, "a")]
-    s.evicted(2.5, victim, resident=0, host=8 * GiB)
-    s.report_working_set(3.0, a, 8 * GiB, resident=8 * GiB, host=0)
+    s.evicted(2.5, victim, MemoryFigures(resident=0, host=8 * GiB))
+    s.report_working_set(3.0, a, 8 * GiB, MemoryFigures(resident=8 * GiB, host=0))
     s.release(3.0, a)
-    s.evicted(3.1, a, resident=0, host=8 * GiB)  # of its own accord
+    s.evicted(3.1, a, MemoryFigures(resident=0, host=8 * GiB))  # of its own accord
     used(s, victim, 3.5, 8 * GiB)  # the victim's next cell brings it back
     assert not of(Evict, s.acquire(4.5, b))  # it was asked at 2.0: not again before 7.0
     assert s.next_deadline(4.5) == 7.0
@@ -263,10 +264,10 @@ def test_a_low_waiter_moves_a_normal_kernel_out_at_most_once_a_tq() -> None:
     victim, low = kernel(s, "victim", 8 * GiB), kernel(s, "low", 8 * GiB, priority="LOW")
     used(s, victim, 1.0, 8 * GiB)
     assert of(Evict, s.acquire(2.0, low))
-    s.evicted(2.5, victim, resident=0, host=8 * GiB)
-    s.report_working_set(3.0, low, 8 * GiB, resident=8 * GiB, host=0)
+    s.evicted(2.5, victim, MemoryFigures(resident=0, host=8 * GiB))
+    s.report_working_set(3.0, low, 8 * GiB, MemoryFigures(resident=8 * GiB, host=0))
     s.release(3.0, low)
-    s.evicted(3.2, low, resident=0, host=8 * GiB)  # of its own accord, say
+    s.evicted(3.2, low, MemoryFigures(resident=0, host=8 * GiB))  # of its own accord, say
     used(s, victim, 4.0, 8 * GiB)  # the victim's next cell brings it back
     assert not of(Evict, s.acquire(10.0, low))
     assert s.next_deadline(10.0) == 2.0 + TQ
@@ -278,7 +279,7 @@ def test_a_grant_others_evicted_for_and_not_used_makes_the_next_wait_ask_later()
     victim, taker = kernel(s, "victim", 8 * GiB), kernel(s, "taker", 8 * GiB)
     used(s, victim, 1.0, 8 * GiB)
     s.acquire(2.0, taker)
-    s.evicted(2.5, victim, resident=0, host=8 * GiB)
+    s.evicted(2.5, victim, MemoryFigures(resident=0, host=8 * GiB))
     assert s.clients[taker].state == "holding"
     s.release(2.6, taker)  # it never touched the GPU: nothing resident seen
     used(s, victim, 3.0, 8 * GiB)
@@ -287,7 +288,7 @@ def test_a_grant_others_evicted_for_and_not_used_makes_the_next_wait_ask_later()
     assert s.next_deadline(7.2) == pytest.approx(7.6)
     assert of(Evict, s.tick(7.6)) == [Evict(victim, 0, 8 * GiB, "taker")]
     # A second unused one doubles the wait.
-    s.evicted(8.0, victim, resident=0, host=8 * GiB)
+    s.evicted(8.0, victim, MemoryFigures(resident=0, host=8 * GiB))
     s.release(8.1, taker)
     assert s.clients[taker].may_ask_from == pytest.approx(8.1 + 10.0)
 
@@ -311,9 +312,9 @@ def test_a_used_grant_clears_the_backoff() -> None:
     assert s.clients[taker].unused_room == 1
     s.tick(5.0)
     assert of(Evict, s.acquire(5.0, taker)) == []  # the victim is on its way out already
-    s.evicted(5.5, victim, resident=0, host=8 * GiB)
+    s.evicted(5.5, victim, MemoryFigures(resident=0, host=8 * GiB))
     assert s.clients[taker].state == "holding"
-    s.report_working_set(6.0, taker, 8 * GiB, resident=8 * GiB, host=0)
+    s.report_working_set(6.0, taker, 8 * GiB, MemoryFigures(resident=8 * GiB, host=0))
     s.release(7.0, taker)
     assert (s.clients[taker].unused_room, s.clients[taker].may_ask_from) == (0, 0.0)
 

@@ -8,7 +8,7 @@ nobody is moving out, are waited for as before.
 from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
-from nodeside.model import EVICTING
+from nodeside.model import EVICTING, MemoryFigures, Registration
 from nodeside.scheduler.core import Drop, Evict, GpuSpec, Grant, Released, Scheduler
 
 GiB = 1 << 30
@@ -21,14 +21,14 @@ def make(overlap: bool = True) -> Scheduler:
 
 
 def client(s: Scheduler, name: str, working_set: int, evict: str = "vmm") -> str:
-    c = s.register(0.0, name=name, working_set=working_set, evict=evict)
-    s.track_memory(c.id, resident=0, host=0, checkpointable=False)
+    c = s.register(0.0, Registration(name=name, working_set=working_set, evict=evict))
+    s.track_memory(c.id, MemoryFigures(resident=0, host=0), checkpointable=False)
     return c.id
 
 
 def filled(s: Scheduler, c: str, now: float, nbytes: int) -> None:
     assert Grant(c, 0, 30.0) in s.acquire(now, c)
-    s.report_working_set(now, c, nbytes, resident=nbytes, host=0)
+    s.report_working_set(now, c, nbytes, MemoryFigures(resident=nbytes, host=0))
     s.release(now + 1.0, c)
 
 
@@ -45,7 +45,7 @@ def test_a_vmm_waiter_is_granted_when_the_holder_releases_evicting() -> None:
     s = make()
     a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
-    s.report_working_set(1.0, a, 6 * GiB, resident=6 * GiB, host=0)
+    s.report_working_set(1.0, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     assert s.acquire(2.0, b) == []
     drops = [x for x in s.tick(31.0) if isinstance(x, Drop)]
     assert drops and drops[0].evict

@@ -11,16 +11,19 @@ that do not speak the feature are scheduled as before.
 from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
-from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
+from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING, MemoryFigures, Registration
 from nodeside.scheduler.core import (
     Drop,
     Evict,
+    Evicted,
     GpuSpec,
     Grant,
     Refuse,
     Released,
+    Restored,
     Scheduler,
     Suspend,
+    Suspended,
     Uncounted,
     WaitingFor,
 )
@@ -38,15 +41,16 @@ def make(capacity: int | None = 10 * GiB, mode: str = "on") -> Scheduler:
 
 def client(s: Scheduler, name: str, working_set: int, *, priority: str = "NORMAL",
            checkpointable: bool = False, evict: str = "vmm") -> str:
-    c = s.register(0.0, name=name, working_set=working_set, priority=priority, evict=evict)
-    s.track_memory(c.id, resident=0, host=0, checkpointable=checkpointable)
+    c = s.register(0.0, Registration(name=name, working_set=working_set, priority=priority,
+                                     evict=evict))
+    s.track_memory(c.id, MemoryFigures(resident=0, host=0), checkpointable=checkpointable)
     return c.id
 
 
 def used(s: Scheduler, c: str, now: float, nbytes: int) -> None:
     """``c`` holds the GPU and fills its working set, then gives it back (stays resident)."""
     assert Grant(c, 0, 30.0) in s.acquire(now, c)
-    s.report_working_set(now, c, nbytes, resident=nbytes, host=0)
+    s.report_working_set(now, c, nbytes, MemoryFigures(resident=nbytes, host=0))
     s.release(now + 1.0, c)
 
 
@@ -64,10 +68,10 @@ def test_an_idle_client_is_asked_to_evict_before_a_grant_that_does_not_fit() -> 
     assert s.clients[b].state == "waiting" and s.clients[a].residency == EVICTING
     assert s.clients[b].waiting_for == WaitingFor(a, "nbA", 6 * GiB, "evict")
     # Progress: 4 GiB out, 2 GiB still on the GPU: 2 + 6 fits in 10, the grant goes out now.
-    assert s.report_working_set(5.5, a, 6 * GiB, resident=2 * GiB, host=4 * GiB) == \
+    assert s.report_working_set(5.5, a, 6 * GiB, MemoryFigures(resident=2 * GiB, host=4 * GiB)) == \
         [Grant(b, 0, 30.0)]
     assert s.clients[b].waiting_for is None
-    s.evicted(6.0, a, resident=0, host=6 * GiB)
+    s.evicted(6.0, a, MemoryFigures(resident=0, host=6 * GiB))
     assert s.clients[a].residency == EVICTED and s.clients[a].host_bytes == 6 * GiB
 
 
@@ -90,7 +94,7 @@ def test_low_goes_first_then_the_least_recently_used_and_only_as_much_as_is_miss
     used(s, low, 9.0, 3 * GiB)
     # 9 GiB resident, 6 wanted, 12 there: 3 GiB missing, one eviction is enough.
     assert s.acquire(20.0, newcomer) == [Evict(low, 0, 3 * GiB, "new")]
-    s.evicted(21.0, low, resident=0, host=3 * GiB)
+    s.evicted(21.0, low, MemoryFigures(resident=0, host=3 * GiB))
     # Now it fits: granted; nobody else was asked.
     assert s.clients[newcomer].state == "holding"
     assert s.clients[old].residency == RESIDENT and s.clients[recent].residency == RESIDENT
@@ -109,7 +113,7 @@ def test_a_holder_is_never_asked_to_evict() -> None:
     s = make(capacity=10 * GiB, mode="auto")
     a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
-    s.report_working_set(1.0, a, 6 * GiB, resident=6 * GiB, host=0)
+    s.report_working_set(1.0, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     actions = s.acquire(2.0, b)
     assert not of(Evict, actions) and s.clients[b].state == "waiting"
 
@@ -118,14 +122,15 @@ def test_a_release_with_evicting_ends_the_hold_and_counts_the_memory_until_it_is
     s = make()
     a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
-    s.report_working_set(1.0, a, 6 * GiB, resident=6 * GiB, host=0)
+    s.report_working_set(1.0, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     assert s.acquire(2.0, b) == []
     drops = of(Drop, s.tick(31.0))
     assert drops and drops[0].evict
     actions = s.release(31.5, a, evicting=True)
     assert actions == [Released(a, evict=True)]
     assert s.clients[a].residency == EVICTING and s.clients[b].state == "waiting"
-    assert s.report_working_set(31.7, a, 6 * GiB, resident=1 * GiB, host=5 * GiB) == \
+    assert s.report_working_set(31.7, a, 6 * GiB,
+                                MemoryFigures(resident=1 * GiB, host=5 * GiB)) == \
         [Grant(b, 0, 30.0)]
 
 
@@ -133,10 +138,10 @@ def test_an_evicted_client_restores_on_its_grant_until_a_report_says_host_zero()
     s = make()
     a = client(s, "nbA", 6 * GiB)
     used(s, a, 1.0, 6 * GiB)
-    s.evicted(3.0, a, resident=0, host=6 * GiB)
+    s.evicted(3.0, a, MemoryFigures(resident=0, host=6 * GiB))
     assert Grant(a, 0, 30.0) in s.acquire(4.0, a)
     assert s.clients[a].residency == RESTORING
-    s.report_working_set(4.5, a, 6 * GiB, resident=6 * GiB, host=0)
+    s.report_working_set(4.5, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     assert s.clients[a].residency == RESIDENT
 
 
@@ -168,7 +173,7 @@ def test_a_silent_client_whose_memory_nvml_shows_gets_the_waiter_refused() -> No
     assert len(refused) == 1 and refused[0].client == b and "nbA" in refused[0].message
     assert s.clients[b].state == "idle" and s.clients[a].evict_failed
     # Saying its figures again does not make it evictable: the next waiter hears at once.
-    s.report_working_set(20.0, a, 6 * GiB, resident=6 * GiB, host=0)
+    s.report_working_set(20.0, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     assert s.clients[a].evict_failed
     assert [r.client for r in of(Refuse, s.acquire(21.0, b))] == [b]
 
@@ -181,7 +186,7 @@ def test_a_silent_client_the_daemon_reaches_is_checkpointed() -> None:
     s.acquire(5.0, b)
     assert s.tick(5.0 + TIMEOUT) == [Suspend(a, 0, "timeout")]
     assert s.clients[b].waiting_for == WaitingFor(a, "nbA", 6 * GiB, "checkpoint")
-    assert s.checkpointed(20.0, a) == [Grant(b, 0, 30.0)]
+    assert s.checkpointed(20.0, a) == [Suspended(a, 0, 6 * GiB), Grant(b, 0, 30.0)]
     assert s.clients[a].residency == EVICTED and s.clients[a].host_bytes == 6 * GiB
 
 
@@ -197,13 +202,14 @@ def test_a_way_out_that_makes_progress_is_never_cut_short_by_its_deadline() -> N
     moved_at = 5.0
     for resident in (5.75, 5.5, 5.25, 5.0, 4.75):  # 9 s between reports, 45 s in all
         moved_at += TIMEOUT - 1.0
-        assert s.report_working_set(moved_at, a, 6 * GiB, resident=int(resident * GiB),
-                                    host=6 * GiB - int(resident * GiB)) == []
+        assert s.report_working_set(moved_at, a, 6 * GiB,
+                                    MemoryFigures(resident=int(resident * GiB),
+                                                  host=6 * GiB - int(resident * GiB))) == []
         assert s.next_deadline(moved_at) == moved_at + TIMEOUT
         assert s.tick(moved_at + TIMEOUT - 0.5) == []
     assert s.clients[a].residency == EVICTING and s.clients[a].evict_failed is None
-    assert s.report_working_set(moved_at + 1.0, a, 6 * GiB, resident=4 * GiB,
-                                host=2 * GiB) == [Grant(b, 0, 30.0)]
+    half_out = MemoryFigures(resident=4 * GiB, host=2 * GiB)
+    assert s.report_working_set(moved_at + 1.0, a, 6 * GiB, half_out) == [Grant(b, 0, 30.0)]
 
 
 def test_a_way_out_that_stalls_midway_is_given_up_not_checkpointed() -> None:
@@ -215,7 +221,7 @@ def test_a_way_out_that_stalls_midway_is_given_up_not_checkpointed() -> None:
     b = client(s, "nbB", 6 * GiB)
     used(s, a, 1.0, 6 * GiB)
     s.acquire(5.0, b)
-    s.report_working_set(6.0, a, 6 * GiB, resident=5 * GiB, host=1 * GiB)
+    s.report_working_set(6.0, a, 6 * GiB, MemoryFigures(resident=5 * GiB, host=1 * GiB))
     assert s.tick(6.0 + TIMEOUT - 0.1) == []
     actions = s.tick(6.0 + TIMEOUT)
     assert not of(Suspend, actions)
@@ -234,7 +240,7 @@ def test_reports_that_move_nothing_do_not_put_the_deadline_off() -> None:
     used(s, a, 1.0, 6 * GiB)
     s.acquire(5.0, b)
     for at in (7.0, 9.0, 11.0, 13.0):  # the first says its way out began; none moves a byte
-        s.report_working_set(at, a, 6 * GiB, resident=6 * GiB, host=0)
+        s.report_working_set(at, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
     assert s.next_deadline(13.0) == 5.0 + TIMEOUT
     actions = s.tick(5.0 + TIMEOUT)
     assert not of(Suspend, actions) and Grant(b, 0, 30.0) in actions
@@ -254,7 +260,7 @@ def test_the_room_that_cannot_be_made_is_refused_at_once() -> None:
     s = make(mode="auto")
     a, b = client(s, "nbA", 4 * GiB), client(s, "nbB", 8 * GiB)
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
-    s.report_working_set(1.0, a, 4 * GiB, resident=4 * GiB, host=0)
+    s.report_working_set(1.0, a, 4 * GiB, MemoryFigures(resident=4 * GiB, host=0))
     s.memory_seen(1.5, {a: 4 * GiB, b: 0})
     s.release(2.0, a)
     s.evicted(3.0, a, failed="pinned allocations")
@@ -266,7 +272,7 @@ def test_a_failed_eviction_only_claimed_stops_counting_and_the_waiter_is_granted
     s = make(mode="auto")
     a, b = client(s, "nbA", 4 * GiB), client(s, "nbB", 8 * GiB)
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
-    s.report_working_set(1.0, a, 4 * GiB, resident=4 * GiB, host=0)
+    s.report_working_set(1.0, a, 4 * GiB, MemoryFigures(resident=4 * GiB, host=0))
     s.release(2.0, a)
     assert s.evicted(3.0, a, failed="pinned allocations") == \
         [Uncounted(a, 0, 4 * GiB, "pinned allocations")]
@@ -278,9 +284,9 @@ def test_a_client_without_the_feature_is_granted_into_the_room_there_is_not_refu
     """It would never hear a refusal (an event of the feature's) and wait for good."""
     s = make(mode="auto")
     a = client(s, "nbA", 4 * GiB)
-    b = s.register(0.0, name="b", working_set=8 * GiB).id
+    b = s.register(0.0, Registration(name="b", working_set=8 * GiB)).id
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
-    s.report_working_set(1.0, a, 4 * GiB, resident=4 * GiB, host=0)
+    s.report_working_set(1.0, a, 4 * GiB, MemoryFigures(resident=4 * GiB, host=0))
     s.release(2.0, a)
     s.evicted(3.0, a, failed="pinned allocations")
     actions = s.acquire(4.0, b)
@@ -291,7 +297,7 @@ def test_an_evicted_idle_client_is_checkpointed_after_checkpoint_after() -> None
     s = make()
     a = client(s, "nbA", 6 * GiB, checkpointable=True)
     used(s, a, 1.0, 6 * GiB)
-    s.evicted(3.0, a, resident=0, host=6 * GiB)
+    s.evicted(3.0, a, MemoryFigures(resident=0, host=6 * GiB))
     assert s.next_deadline(3.0) == 3.0 + AFTER
     assert s.tick(3.0 + AFTER) == [Suspend(a, 0, "idle")]
     assert s.tick(4.0 + AFTER) == []
@@ -308,9 +314,46 @@ def test_nvml_counts_where_it_sees_more() -> None:
 
 def test_clients_without_the_feature_are_scheduled_as_before() -> None:
     s = make()
-    a = s.register(0.0, name="a", working_set=6 * GiB).id
-    b = s.register(0.0, name="b", working_set=6 * GiB).id
+    a = s.register(0.0, Registration(name="a", working_set=6 * GiB)).id
+    b = s.register(0.0, Registration(name="b", working_set=6 * GiB)).id
     assert Grant(a, 0, 30.0) in s.acquire(1.0, a)
     s.release(2.0, a)
     assert s.acquire(3.0, b) == [Grant(b, 0, 30.0)]
     assert not s.gpus[0].memory_clients
+
+
+def test_the_core_reports_an_eviction_that_ended_with_what_it_moved() -> None:
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    assert of(Evict, s.acquire(5.0, b))
+    actions = s.evicted(6.0, a, MemoryFigures(resident=0, host=6 * GiB), seconds=0.9, moved=6 * GiB)
+    assert of(Evicted, actions) == [Evicted(a, 0, 0.9, 6 * GiB)]
+    assert s.counts["evicted_bytes"] == 6 * GiB
+    # One that failed moved nothing and reports no eviction.
+    assert of(Evicted, s.evicted(7.0, b, failed="out of host memory")) == []
+
+
+def test_the_core_reports_a_restore_that_ended_with_its_seconds_since_the_grant() -> None:
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    s.acquire(5.0, b)
+    s.evicted(6.0, a, MemoryFigures(resident=0, host=6 * GiB))
+    s.release(7.0, b)
+    assert Grant(a, 0, 30.0) in s.acquire(8.0, a)
+    halfway = MemoryFigures(resident=3 * GiB, host=3 * GiB)
+    assert of(Restored, s.report_working_set(8.5, a, 6 * GiB, halfway)) == []
+    restored = s.report_working_set(9.5, a, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    assert of(Restored, restored) == [Restored(a, 0, 1.5)]
+    assert s.clients[a].residency == RESIDENT
+
+
+def test_the_core_reports_a_checkpoint_that_ended_with_the_bytes_it_moved() -> None:
+    s = make()
+    a, b = client(s, "nbA", 6 * GiB, checkpointable=True, evict="checkpoint"), \
+        client(s, "nbB", 6 * GiB)
+    used(s, a, 1.0, 6 * GiB)
+    assert of(Suspend, s.acquire(5.0, b))
+    assert of(Suspended, s.checkpointed(6.0, a)) == [Suspended(a, 0, 6 * GiB)]
+    assert s.clients[a].residency == EVICTED

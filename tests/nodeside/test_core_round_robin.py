@@ -9,6 +9,7 @@ import pytest
 
 from nodeside import protocol as p
 from nodeside.config import SchedulerConfig
+from nodeside.model import Registration
 from nodeside.scheduler.core import (
     Drop,
     GpuSpec,
@@ -37,8 +38,8 @@ def drops(actions: list) -> list[Drop]:
 
 def test_seed_timeline_t0_to_t4() -> None:
     s = make()
-    a = s.register(0.0, name="A")
-    b = s.register(0.0, name="B")
+    a = s.register(0.0, Registration(name="A"))
+    b = s.register(0.0, Registration(name="B"))
     # T0-T1: A does CPU work, B is idle; nothing happens.
     assert s.next_deadline(5.0) is None
     # T1: A asks; nobody holds, so it is granted at once for one quantum.
@@ -67,14 +68,14 @@ def test_seed_timeline_t0_to_t4() -> None:
 
 def test_request_with_no_holder_is_granted_at_once_for_one_quantum() -> None:
     s = make()
-    a = s.register(0.0, name="A")
+    a = s.register(0.0, Registration(name="A"))
     assert s.acquire(1.0, a.id) == [Grant(a.id, 0, TQ)]
     assert s.quantum_remaining(0, 11.0) == pytest.approx(TQ - 10.0)
 
 
 def test_waiters_are_served_in_request_order() -> None:
     s = make()
-    holder, *waiters = (s.register(0.0, name=n) for n in "HXYZ")
+    holder, *waiters = (s.register(0.0, Registration(name=n)) for n in "HXYZ")
     s.acquire(0.0, holder.id)
     for i, w in enumerate(waiters):
         s.acquire(1.0 + i, w.id)
@@ -91,7 +92,7 @@ def test_waiters_are_served_in_request_order() -> None:
 
 def test_holder_that_asks_again_joins_the_tail() -> None:
     s = make()
-    a, b, c = (s.register(0.0, name=n) for n in "ABC")
+    a, b, c = (s.register(0.0, Registration(name=n)) for n in "ABC")
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     s.acquire(2.0, c.id)
@@ -103,7 +104,7 @@ def test_holder_that_asks_again_joins_the_tail() -> None:
 
 def test_early_release_hands_over_at_once() -> None:
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     actions = s.release(2.0, a.id)
@@ -113,7 +114,7 @@ def test_early_release_hands_over_at_once() -> None:
 
 def test_quantum_end_with_nobody_waiting_renews_silently() -> None:
     s = make()
-    a = s.register(0.0, name="A")
+    a = s.register(0.0, Registration(name="A"))
     s.acquire(0.0, a.id)
     assert s.next_deadline(0.0) is None  # nothing is due: no timer runs for a lone holder
     # Two and a half quanta later the holder still holds, in its third quantum.
@@ -125,7 +126,7 @@ def test_a_newcomer_waits_for_the_lone_holders_current_quantum_to_end() -> None:
     # The seed's timeline: B asks while A holds; B waits for A's quantum to elapse. A has
     # held alone for more than one quantum; its quantum was renewed, with no tick, at TQ.
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     assert drops(s.acquire(TQ + 1, b.id)) == []
     deadline = s.next_deadline(TQ + 1)
@@ -135,7 +136,7 @@ def test_a_newcomer_waits_for_the_lone_holders_current_quantum_to_end() -> None:
 
 def test_a_newcomer_at_a_renewal_waits_a_whole_quantum() -> None:
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     assert drops(s.acquire(3 * TQ, b.id)) == []
     assert s.next_deadline(3 * TQ) == pytest.approx(4 * TQ)
@@ -144,14 +145,15 @@ def test_a_newcomer_at_a_renewal_waits_a_whole_quantum() -> None:
 def test_a_lone_holders_quanta_keep_their_grid_when_another_gpu_ticks() -> None:
     # GPU 1's deadlines tick GPU 0 too; that must not move GPU 0's lone holder's quanta.
     s = make(gpus=2)
-    a = s.register(0.0, name="A", gpu=0)
+    a = s.register(0.0, Registration(name="A", gpu=0))
     s.acquire(0.0, a.id)  # A's quanta: [0, TQ], [TQ, 2 TQ], [2 TQ, 3 TQ], ...
-    c, d = s.register(0.0, name="C", gpu=1), s.register(0.0, name="D", gpu=1)
+    c = s.register(0.0, Registration(name="C", gpu=1))
+    d = s.register(0.0, Registration(name="D", gpu=1))
     s.acquire(0.5 * TQ, c.id)
     s.acquire(1.0 * TQ, d.id)
     assert s.next_deadline(1.0 * TQ) == pytest.approx(1.5 * TQ)
     s.tick(1.5 * TQ)  # ticks GPU 0 halfway through A's second quantum
-    b = s.register(0.0, name="B", gpu=0)
+    b = s.register(0.0, Registration(name="B", gpu=0))
     s.acquire(2.2 * TQ, b.id)
     deadlines = [a.hold.quantum_start + TQ]
     assert deadlines == [pytest.approx(3 * TQ)]
@@ -159,7 +161,7 @@ def test_a_lone_holders_quanta_keep_their_grid_when_another_gpu_ticks() -> None:
 
 def test_mode_off_withdraws_drops_so_a_later_request_revokes_nobody() -> None:
     s = make(grace=5.0)
-    a, b, c = (s.register(0.0, name=n) for n in "ABC")
+    a, b, c = (s.register(0.0, Registration(name=n)) for n in "ABC")
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     assert [d.client for d in drops(s.tick(s.next_deadline(1.0)))] == [a.id]
@@ -176,7 +178,7 @@ def test_mode_off_withdraws_drops_so_a_later_request_revokes_nobody() -> None:
 
 def test_drop_is_sent_once_per_quantum() -> None:
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     assert len(drops(s.tick(TQ))) == 1
@@ -185,7 +187,7 @@ def test_drop_is_sent_once_per_quantum() -> None:
 
 def test_holder_ignoring_a_drop_is_revoked_after_the_grace_period() -> None:
     s = make(grace=5.0)
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     s.tick(TQ)
@@ -199,7 +201,7 @@ def test_holder_ignoring_a_drop_is_revoked_after_the_grace_period() -> None:
 
 def test_dead_holder_frees_the_gpu_for_the_next_waiter() -> None:
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     assert grants(s.unregister(2.0, a.id)) == [b.id]
@@ -208,7 +210,7 @@ def test_dead_holder_frees_the_gpu_for_the_next_waiter() -> None:
 
 def test_dead_waiter_is_never_granted() -> None:
     s = make()
-    a, b, c = (s.register(0.0, name=n) for n in "ABC")
+    a, b, c = (s.register(0.0, Registration(name=n)) for n in "ABC")
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     s.acquire(2.0, c.id)
@@ -218,7 +220,7 @@ def test_dead_waiter_is_never_granted() -> None:
 
 def test_release_while_waiting_cancels_the_request() -> None:
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     assert s.release(2.0, b.id) == [Released(b.id, evict=False)]
@@ -228,13 +230,13 @@ def test_release_while_waiting_cancels_the_request() -> None:
 
 def test_release_when_idle_is_a_no_op() -> None:
     s = make()
-    a = s.register(0.0, name="A")
+    a = s.register(0.0, Registration(name="A"))
     assert s.release(1.0, a.id) == [Released(a.id, evict=False)]
 
 
 def test_acquire_while_holding_answers_grant_again() -> None:
     s = make()
-    a = s.register(0.0, name="A")
+    a = s.register(0.0, Registration(name="A"))
     s.acquire(0.0, a.id)
     assert grants(s.acquire(1.0, a.id)) == [a.id]
     assert s.clients[a.id].hold.granted_at == 0.0
@@ -242,7 +244,7 @@ def test_acquire_while_holding_answers_grant_again() -> None:
 
 def test_mode_off_grants_every_request_at_once() -> None:
     s = make(mode="off")
-    clients = [s.register(0.0, name=str(i)) for i in range(5)]
+    clients = [s.register(0.0, Registration(name=str(i))) for i in range(5)]
     for i, c in enumerate(clients):
         assert s.acquire(float(i), c.id) == [Grant(c.id, 0, None)]
     assert len(s.gpus[0].holders) == 5
@@ -251,7 +253,7 @@ def test_mode_off_grants_every_request_at_once() -> None:
 
 def test_turning_on_while_several_hold_drops_all_but_one_and_serializes() -> None:
     s = make(mode="off")
-    a, b, c = (s.register(0.0, name=n) for n in "ABC")
+    a, b, c = (s.register(0.0, Registration(name=n)) for n in "ABC")
     for t, x in enumerate((a, b, c)):
         s.acquire(float(t), x.id)
     actions = s.set_mode(10.0, "on")
@@ -269,7 +271,7 @@ def test_turning_on_while_several_hold_drops_all_but_one_and_serializes() -> Non
 
 def test_turning_off_grants_every_waiter() -> None:
     s = make()
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     assert grants(s.set_mode(2.0, "off")) == [b.id]
@@ -277,7 +279,7 @@ def test_turning_off_grants_every_waiter() -> None:
 
 def test_tq_change_applies_to_the_running_quantum_from_its_start() -> None:
     s = make(tq=30.0)
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     s.set_tq(5.0, 10.0)
@@ -287,7 +289,7 @@ def test_tq_change_applies_to_the_running_quantum_from_its_start() -> None:
 
 def test_tq_shortened_below_the_time_already_held_ends_the_quantum_now() -> None:
     s = make(tq=30.0)
-    a, b = s.register(0.0, name="A"), s.register(0.0, name="B")
+    a, b = s.register(0.0, Registration(name="A")), s.register(0.0, Registration(name="B"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     assert drops(s.set_tq(20.0, 5.0))[0].client == a.id
@@ -295,8 +297,8 @@ def test_tq_shortened_below_the_time_already_held_ends_the_quantum_now() -> None
 
 def test_per_gpu_tq_and_independent_queues() -> None:
     s = make(gpus=2)
-    a = s.register(0.0, name="A", gpu=0)
-    b = s.register(0.0, name="B", gpu=1)
+    a = s.register(0.0, Registration(name="A", gpu=0))
+    b = s.register(0.0, Registration(name="B", gpu=1))
     assert grants(s.acquire(0.0, a.id)) == [a.id]
     assert grants(s.acquire(0.0, b.id)) == [b.id]
     s.set_tq(0.0, 2.0, gpu=1)
@@ -306,7 +308,7 @@ def test_per_gpu_tq_and_independent_queues() -> None:
 def test_bad_requests_raise_typed_errors() -> None:
     s = make()
     with pytest.raises(SchedulerError) as gpu:
-        s.register(0.0, name="A", gpu=3)
+        s.register(0.0, Registration(name="A", gpu=3))
     assert gpu.value.code == p.E_INVALID
     with pytest.raises(SchedulerError):
         s.set_mode(0.0, "sideways")
@@ -319,7 +321,7 @@ def test_bad_requests_raise_typed_errors() -> None:
 
 def test_a_waiter_that_cancels_and_asks_again_goes_behind_those_who_asked_meanwhile() -> None:
     s = make()
-    holder, a, b, c = (s.register(0.0, name=n) for n in ("H", "A", "B", "C"))
+    holder, a, b, c = (s.register(0.0, Registration(name=n)) for n in ("H", "A", "B", "C"))
     s.acquire(1.0, holder.id)
     s.acquire(2.0, a.id)
     s.acquire(3.0, b.id)

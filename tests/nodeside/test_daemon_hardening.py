@@ -89,6 +89,17 @@ def test_an_oversized_name_is_refused_with_limit_and_the_connection_stays(
     assert conn.read() == {"op": "pong", "seq": 2}
 
 
+def test_an_evictor_nobody_knows_is_refused_as_invalid_and_nothing_is_registered(
+        daemon: DaemonProcess) -> None:
+    conn = Raw(daemon)
+    conn.sendall(p.encode(p.REGISTER, seq=1, name="nb", evict="teleport"))
+    reply = conn.read()
+    assert (reply["code"], reply["seq"]) == (p.E_INVALID, 1), reply
+    assert "evict must be one of" in reply["message"]
+    with Client(socket_path=daemon.socket) as watcher:
+        assert "nb" not in [c["name"] for c in watcher.status()["clients"]]
+
+
 @pytest.mark.parametrize("line, code", [
     (b'{"op":"set_tq","tq":NaN}\n', p.E_MALFORMED),
     (b'{"op":"set_tq","tq":1e999}\n', p.E_MALFORMED),

@@ -17,6 +17,7 @@ from nodeside.evict.lines import (
     EvictionLines,
     Restore,
 )
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, GpuSpec, Grant, Released, Revoke, Scheduler
 
 GiB = 1 << 30
@@ -32,7 +33,7 @@ def lines(scheduler: Scheduler) -> EvictionLines:
     """Lines with one checkpointed client, c1 (pid 101), and a managed one, c2."""
     lines = EvictionLines(scheduler)
     for name in ("ckpt", "managed"):
-        scheduler.register(0.0, name=name, working_set=6 * GiB)
+        scheduler.register(0.0, Registration(name=name, working_set=6 * GiB))
     lines.register("c1", 101, 0, "ckpt")
     return lines
 
@@ -181,7 +182,7 @@ def test_a_job_whose_client_went_away_ends_quietly_and_frees_the_line(
 
 def test_a_queued_job_for_a_client_that_went_away_is_skipped(
         lines: EvictionLines, scheduler: Scheduler) -> None:
-    scheduler.register(0.0, name="ckpt2")
+    scheduler.register(0.0, Registration(name="ckpt2"))
     lines.register("c3", 103, 0, "ckpt2")
     first = evicted(lines)
     assert lines.take([Released("c3", evict=True), Grant("c2", 0, 1.0)]) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
 from nodeside.evict.lines import CHECKPOINTED, Checkpoint, Checkpointed, EvictionLines
+from nodeside.model import Registration
 from nodeside.scheduler.core import GpuSpec, Grant, Released, Scheduler, Suspend
 
 GiB = 1 << 30
@@ -14,7 +15,7 @@ GiB = 1 << 30
 
 def lines_with_a_vmm_client() -> EvictionLines:
     scheduler = Scheduler(SchedulerConfig(), [GpuSpec(0, memory_total=8 * GiB)], 0.0)
-    scheduler.register(0.0, name="vmm", working_set=6 * GiB, evict="vmm")  # c1
+    scheduler.register(0.0, Registration(name="vmm", working_set=6 * GiB, evict="vmm"))  # c1
     lines = EvictionLines(scheduler)
     lines.register("c1", 101, 0, "vmm", on_demand=True)
     return lines

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodeside.config import SchedulerConfig
+from nodeside.model import Registration
 from nodeside.scheduler.core import (
     Client,
     GpuSpec,
@@ -60,8 +61,8 @@ def test_every_state_can_get_back_to_idle() -> None:
 
 def test_dropping_a_holder_twice_raises_instead_of_doing_nothing() -> None:
     s = Scheduler(SchedulerConfig(tq=1.0), [GpuSpec(0)], now=0.0)
-    a = s.register(0.0, name="a")
-    b = s.register(0.0, name="b")
+    a = s.register(0.0, Registration(name="a"))
+    b = s.register(0.0, Registration(name="b"))
     s.acquire(0.0, a.id)
     s.acquire(0.0, b.id)
     s.tick(1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from nodeside.config import from_mapping
 from nodeside.daemon.pause_watch import GRACE, THRESHOLD, PauseWatch, Sample
+from nodeside.model import Registration
 from nodeside.scheduler.core import GpuSpec, Scheduler
 
 GiB = 1 << 30
@@ -18,7 +19,7 @@ def turns() -> Scheduler:
 
 
 def holding(sched: Scheduler, name: str, pid: int, now: float):
-    client = sched.register(now, name=name, pid=pid, working_set=GiB, pausable=True)
+    client = sched.register(now, Registration(name=name, pid=pid, working_set=GiB, pausable=True))
     sched.acquire(now, client.id)
     return client
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
 from nodeside.daemon.process_memory import by_client
+from nodeside.model import MemoryFigures, Registration
 from nodeside.scheduler.core import GpuSpec, Scheduler
 
 GiB = 1 << 30
@@ -16,8 +17,8 @@ def node(*clients: tuple[str, int | None, int]) -> tuple[Scheduler, dict[str, st
     s = Scheduler(SchedulerConfig(), [GpuSpec(0, memory_total=16 * GiB)], 0.0)
     ids = {}
     for name, pid, resident in clients:
-        c = s.register(0.0, name=name, pid=pid, evict="vmm")
-        s.track_memory(c.id, resident=resident, host=0)
+        c = s.register(0.0, Registration(name=name, pid=pid, evict="vmm"))
+        s.track_memory(c.id, MemoryFigures(resident=resident, host=0))
         ids[name] = c.id
     return s, ids
 

@@ -6,6 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nodeside.config import from_mapping
+from nodeside.model import Registration
 from nodeside.scheduler.core import Client, GpuSpec, Scheduler
 from nodeside.scheduler.queue import WaitQueue
 
@@ -53,7 +54,7 @@ def test_a_pool_waits_exactly_while_one_of_its_clients_waits(ops) -> None:
 
 def test_a_fifo_queue_answers_positions_as_the_head_is_granted() -> None:
     s = Scheduler(from_mapping({"tq": 1.0}), [GpuSpec(0)], 0.0)
-    clients = [s.register(0.0, name=f"k{n}") for n in range(6)]
+    clients = [s.register(0.0, Registration(name=f"k{n}")) for n in range(6)]
     for client in clients:
         s.acquire(0.0, client.id)
     assert [s.queue_position(c.id, 0.0) for c in clients] == [None, 1, 2, 3, 4, 5]
@@ -83,13 +84,13 @@ def test_positions_across_pools_equal_the_rebuilt_order(pools, waiters, held, ca
     s = Scheduler(from_mapping({"tq": 1.0, "pools": pools}), [GpuSpec(0)], 0.0)
     now = 0.0
     for pool, seconds in held:  # some history, so that shares differ
-        c = s.register(now, name="h", pool=pool)
+        c = s.register(now, Registration(name="h", pool=pool))
         s.acquire(now, c.id)
         now += seconds
         s.release(now, c.id)
-    holder = s.register(now, name="holder", pool=holder_pool)
+    holder = s.register(now, Registration(name="holder", pool=holder_pool))
     s.acquire(now, holder.id)
-    ids = [s.register(now, name=f"w{n}", pool=pool, priority=priority).id
+    ids = [s.register(now, Registration(name=f"w{n}", pool=pool, priority=priority)).id
            for n, (pool, priority) in enumerate(waiters)]
     for client in ids:
         s.acquire(now, client)
@@ -105,10 +106,10 @@ def test_pools_tied_in_urgency_take_turns_by_place_then_request_order() -> None:
     pools = {"a": {"guarantee": 0.0, "weight": 1, "maximum": -1},
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     s = Scheduler(from_mapping({"tq": 1.0, "pools": pools}), [GpuSpec(0)], 0.0)
-    holder = s.register(0.0, name="holder", pool="c")
+    holder = s.register(0.0, Registration(name="holder", pool="c"))
     s.acquire(0.0, holder.id)
     arrivals = [("a", "NORMAL"), ("b", "NORMAL"), ("b", "NORMAL"), ("a", "HIGH"), ("a", "LOW")]
-    clients = [s.register(0.0, name=f"{pool}{n}", pool=pool, priority=priority)
+    clients = [s.register(0.0, Registration(name=f"{pool}{n}", pool=pool, priority=priority))
                for n, (pool, priority) in enumerate(arrivals)]
     for client in clients:
         s.acquire(0.0, client.id)
@@ -125,12 +126,12 @@ def test_a_pool_tied_at_an_earlier_place_goes_first() -> None:
     pools = {"a": {"guarantee": 0.0, "weight": 1, "maximum": -1},
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     s = Scheduler(from_mapping({"tq": 1.0, "window": 50.0, "pools": pools}), [GpuSpec(0)], 0.0)
-    used = s.register(0.0, name="used", pool="b")
+    used = s.register(0.0, Registration(name="used", pool="b"))
     s.acquire(10.0, used.id)
     s.release(11.0, used.id)
-    holder = s.register(49.0, name="holder", pool="c")
+    holder = s.register(49.0, Registration(name="holder", pool="c"))
     s.acquire(49.0, holder.id)
-    clients = [s.register(49.0, name=name, pool=name[0]) for name in
+    clients = [s.register(49.0, Registration(name=name, pool=name[0])) for name in
                ("a0", "a1", "a2", "b0", "b1")]
     for client in clients:
         s.acquire(49.0, client.id)

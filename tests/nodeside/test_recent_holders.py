@@ -4,6 +4,7 @@ view draws the same timeline whenever it starts looking."""
 from __future__ import annotations
 
 from nodeside.config import from_mapping
+from nodeside.model import Registration
 from nodeside.scheduler.core import GpuSpec, Scheduler
 from nodeside.scheduler.history import KEEP_SECONDS, MAX_SPANS
 from nodeside.scheduler.status import build_status
@@ -20,8 +21,8 @@ def spans(doc: dict, gpu: int = 0) -> list[tuple]:
 
 def test_holds_that_ended_before_anyone_looked_are_in_the_document_with_their_names():
     s = scheduler()
-    a = s.register(0.0, name="k-a", display_name="kiwi-demo.ipynb", user="alice")
-    b = s.register(0.0, name="k-b", display_name="kiwi-demo-partner.ipynb")
+    a = s.register(0.0, Registration(name="k-a", display_name="kiwi-demo.ipynb", user="alice"))
+    b = s.register(0.0, Registration(name="k-b", display_name="kiwi-demo-partner.ipynb"))
     s.acquire(10.0, a.id)
     s.acquire(12.0, b.id)  # waits behind a
     s.release(25.0, a.id)  # b is granted at once
@@ -35,8 +36,8 @@ def test_holds_that_ended_before_anyone_looked_are_in_the_document_with_their_na
 
 def test_a_hold_still_open_has_no_end_and_a_client_that_left_keeps_its_name():
     s = scheduler()
-    gone = s.register(0.0, name="gone", display_name="closed.ipynb")
-    stays = s.register(0.0, name="stays", display_name="open.ipynb")
+    gone = s.register(0.0, Registration(name="gone", display_name="closed.ipynb"))
+    stays = s.register(0.0, Registration(name="stays", display_name="open.ipynb"))
     s.acquire(1.0, gone.id)
     s.unregister(3.0, gone.id)  # its kernel died while holding
     s.acquire(4.0, stays.id)
@@ -45,7 +46,7 @@ def test_a_hold_still_open_has_no_end_and_a_client_that_left_keeps_its_name():
 
 def test_old_holds_are_forgotten_and_the_history_stays_bounded():
     s = scheduler()
-    c = s.register(0.0, name="busy")
+    c = s.register(0.0, Registration(name="busy"))
     for i in range(MAX_SPANS + 10):
         s.acquire(float(i), c.id)
         s.release(i + 0.5, c.id)
@@ -58,8 +59,8 @@ def test_old_holds_are_forgotten_and_the_history_stays_bounded():
 
 def test_each_gpu_has_its_own_history():
     s = scheduler(gpus=2)
-    a = s.register(0.0, name="a", gpu=0)
-    b = s.register(0.0, name="b", gpu=1)
+    a = s.register(0.0, Registration(name="a", gpu=0))
+    b = s.register(0.0, Registration(name="b", gpu=1))
     s.acquire(1.0, a.id)
     s.acquire(2.0, b.id)
     doc = build_status(s, 3.0)
@@ -71,7 +72,7 @@ def test_a_holds_times_say_how_long_ago_and_keep_their_first_names():
     """``started_ago``/``ended_ago`` say what the figures are; ``started``/``ended`` (their first
     names, docs/interfaces.md section 10) carry the same figures for older readers."""
     s = scheduler()
-    a = s.register(0.0, name="k-a")
+    a = s.register(0.0, Registration(name="k-a"))
     s.acquire(10.0, a.id)
     s.release(20.0, a.id)
     (span,) = build_status(s, 30.0)["gpus"][0]["recent_holders"]

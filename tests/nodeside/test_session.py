@@ -22,6 +22,7 @@ from nodeside.config import SchedulerConfig, from_mapping
 from nodeside.daemon.peer import Peer
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.session import Outcome, Session
+from nodeside.model import Registration
 from nodeside.scheduler.core import GpuSpec, Grant, Pause, Released, Scheduler
 
 ADMIN = os.getuid()
@@ -221,7 +222,7 @@ def test_a_line_over_the_limit_is_answered_once_then_nothing_more() -> None:
 def test_the_node_refuses_clients_past_its_bound() -> None:
     rules = node()
     for i in range(limits.MAX_CLIENTS):
-        rules.scheduler.register(0.0, name=f"c{i}")
+        rules.scheduler.register(0.0, Registration(name=f"c{i}"))
     session = connect(rules)
     (reply,) = replies(say(session, p.encode(p.REGISTER, name="one too many")))
     assert reply["code"] == p.E_LIMIT and str(limits.MAX_CLIENTS) in reply["message"]

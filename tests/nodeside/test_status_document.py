@@ -7,6 +7,7 @@ import pytest
 from status_fixtures import GiB, memory_status, sample_status
 
 from nodeside.config import from_mapping
+from nodeside.model import MemoryFigures, Registration
 from nodeside.protocol import document
 from nodeside.protocol.render import typescript
 from nodeside.scheduler.core import GpuSpec, Scheduler, SchedulerError
@@ -26,9 +27,9 @@ def entry(doc: dict, name: str) -> dict:
 
 def test_client_entries_carry_display_name_user_and_evict():
     s = scheduler()
-    s.register(0.0, name="k1", display_name="work/train.ipynb", user="alice",
-               evict="checkpoint")
-    s.register(0.0, name="k2")
+    s.register(0.0, Registration(name="k1", display_name="work/train.ipynb", user="alice",
+                                 evict="checkpoint"))
+    s.register(0.0, Registration(name="k2"))
     doc = build_status(s, 0.0)
     assert {k: entry(doc, "k1")[k] for k in ("display_name", "user", "evict")} == {
         "display_name": "work/train.ipynb", "user": "alice", "evict": "checkpoint"}
@@ -38,13 +39,13 @@ def test_client_entries_carry_display_name_user_and_evict():
 
 def test_an_unknown_evict_kind_is_refused():
     with pytest.raises(SchedulerError, match="evict must be one of"):
-        scheduler().register(0.0, name="k", evict="swap")
+        scheduler().register(0.0, Registration(name="k", evict="swap"))
 
 
 def test_a_non_admin_sees_names_and_states_but_not_others_pids_or_labels():
     s = scheduler()
-    mine = s.register(0.0, name="mine", pid=10, uid=1000, labels={"pod": "a"})
-    s.register(0.0, name="theirs", pid=20, uid=2000, labels={"pod": "b"})
+    mine = s.register(0.0, Registration(name="mine", pid=10, uid=1000, labels={"pod": "a"}))
+    s.register(0.0, Registration(name="theirs", pid=20, uid=2000, labels={"pod": "b"}))
     s.acquire(0.0, mine.id)
     doc = build_status(s, 0.0, viewer_admin=False, viewer_uid=1000)
     theirs = entry(doc, "theirs")
@@ -57,15 +58,15 @@ def test_a_non_admin_sees_names_and_states_but_not_others_pids_or_labels():
 
 def test_a_client_may_name_its_gpu_by_uuid():
     s = scheduler(gpus=[GpuSpec(0, uuid="GPU-aaa"), GpuSpec(1, uuid="GPU-bbb")])
-    assert s.register(0.0, name="k", gpu=0, gpu_uuid="GPU-bbb").gpu == 1
+    assert s.register(0.0, Registration(name="k", gpu=0, gpu_uuid="GPU-bbb")).gpu == 1
     with pytest.raises(SchedulerError, match="no GPU GPU-ccc"):
-        s.register(0.0, name="k", gpu_uuid="GPU-ccc")
+        s.register(0.0, Registration(name="k", gpu_uuid="GPU-ccc"))
 
 
 def test_a_pool_waiting_below_its_guarantee_is_marked_by_the_daemon():
     s = scheduler({"tq": 5.0, "pools": POOLS})
-    a = s.register(0.0, name="a", pool="training")
-    b = s.register(0.0, name="b", pool="simulation")
+    a = s.register(0.0, Registration(name="a", pool="training"))
+    b = s.register(0.0, Registration(name="b", pool="simulation"))
     s.acquire(0.0, a.id)
     s.acquire(1.0, b.id)
     pools = {p["name"]: p for p in build_status(s, 2.0)["pools"]}
@@ -79,7 +80,7 @@ def test_a_lone_pool_whose_clients_take_turns_is_not_marked_below_its_guarantee(
     nobody else uses the GPU, and the holder is not preemptible, so the guarantee gets the
     waiter nothing; the panel must not say "below its guarantee: it goes first"."""
     s = scheduler({"tq": 5.0})
-    a, b = s.register(0.0, name="a"), s.register(0.0, name="b")
+    a, b = s.register(0.0, Registration(name="a")), s.register(0.0, Registration(name="b"))
     s.acquire(0.0, a.id)
     s.release(1.0, a.id)  # then the GPU idles: the pool's share of its time is low
     s.acquire(30.0, a.id)
@@ -91,7 +92,7 @@ def test_a_lone_pool_whose_clients_take_turns_is_not_marked_below_its_guarantee(
 
 def test_the_pools_entries_are_the_pools_report():
     s = scheduler({"tq": 5.0, "pools": POOLS})
-    a = s.register(0.0, name="a", pool="training")
+    a = s.register(0.0, Registration(name="a", pool="training"))
     s.acquire(0.0, a.id)
     (training,) = [p for p in build_status(s, 1.0)["pools"] if p["name"] == "training"]
     for key in ("name", "guarantee", "weight", "maximum", "share", "clients", "entitlement",
@@ -103,7 +104,7 @@ def test_the_pools_entries_are_the_pools_report():
 
 def test_configured_pools_names_the_configs_pools_and_not_the_ones_clients_made_up():
     s = scheduler({"tq": 1.0, "pools": POOLS})
-    s.register(0.0, name="a", pool="made-up")
+    s.register(0.0, Registration(name="a", pool="made-up"))
     doc = build_status(s, 0.0)
     assert doc["configured_pools"] == ["simulation", "training"]
     assert "made-up" in {p["name"] for p in doc["pools"]}  # it exists, but is not configured
@@ -111,7 +112,7 @@ def test_configured_pools_names_the_configs_pools_and_not_the_ones_clients_made_
 
 def test_configured_pools_is_empty_when_the_config_has_no_pools():
     s = scheduler()
-    s.register(0.0, name="a", pool="anything")
+    s.register(0.0, Registration(name="a", pool="anything"))
     assert build_status(s, 0.0)["configured_pools"] == []
 
 
@@ -140,9 +141,9 @@ def test_the_memory_keys_are_there_exactly_for_clients_that_speak_memory_and_the
     scheduler = Scheduler(from_mapping({"tq": 30.0}),
                           [GpuSpec(0, memory_total=80 * GiB), GpuSpec(1, memory_total=80 * GiB)],
                           0.0)
-    old = scheduler.register(0.0, name="old", pid=101, gpu=0)
-    new = scheduler.register(0.0, name="new", pid=102, gpu=1)
-    scheduler.track_memory(new.id, resident=2 * GiB, host=0)
+    old = scheduler.register(0.0, Registration(name="old", pid=101, gpu=0))
+    new = scheduler.register(0.0, Registration(name="new", pid=102, gpu=1))
+    scheduler.track_memory(new.id, MemoryFigures(resident=2 * GiB, host=0))
     doc = build_status(scheduler, 1.0, host_budget=64 * GiB)
     client_keys = {k.name for k in document.CLIENT.keys if k.added_by == "memory"}
     gpu_keys = {k.name for k in document.GPU.keys if k.added_by == "memory"}

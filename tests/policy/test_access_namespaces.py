@@ -26,6 +26,7 @@ from nodeside.daemon.kube import (
     in_cluster_or_why_not,
     list_namespaces,
 )
+from nodeside.model import Registration
 from nodeside.scheduler.access import judge
 
 TEAM_A_POD = "1234abcd-5678-90ef-1234-567890abcdef"
@@ -206,9 +207,9 @@ def test_the_verified_namespace_is_in_the_status_and_hidden_like_labels_from_oth
     from nodeside.scheduler.status import build_status
 
     s = make_scheduler()
-    s.register(0.0, name="mine", uid=1000, namespace="team-a")
-    s.register(0.0, name="theirs", uid=2000, namespace="team-b")
-    s.register(0.0, name="unverified", uid=1000)
+    s.register(0.0, Registration(name="mine", uid=1000, namespace="team-a"))
+    s.register(0.0, Registration(name="theirs", uid=2000, namespace="team-b"))
+    s.register(0.0, Registration(name="unverified", uid=1000))
     admin = {c["name"]: c["namespace"] for c in build_status(s, 0.0)["clients"]}
     assert admin == {"mine": "team-a", "theirs": "team-b", "unverified": None}
     viewer = build_status(s, 0.0, viewer_admin=False, viewer_uid=1000)

@@ -3,6 +3,7 @@ quanta when they do not; drops say whether the memory must move out."""
 
 from policy_helpers import GiB, greedy, kinds, make_scheduler
 
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, Grant
 from nodeside.testing import Replay
 
@@ -15,7 +16,7 @@ def auto(**extra):
 
 def test_holders_run_side_by_side_while_their_working_sets_fit():
     sched = auto()
-    a, b = (sched.register(0.0, name=n, working_set=7 * GiB) for n in "ab")
+    a, b = (sched.register(0.0, Registration(name=n, working_set=7 * GiB)) for n in "ab")
     assert kinds(sched.acquire(0.0, a.id)) == [("Grant", a.id)]
     assert kinds(sched.acquire(0.1, b.id)) == [("Grant", b.id)]
     assert list(sched.gpus[0].holders) == [a.id, b.id]
@@ -23,16 +24,17 @@ def test_holders_run_side_by_side_while_their_working_sets_fit():
 
 def test_the_reserve_is_kept_free():
     sched = auto()
-    a = sched.register(0.0, name="a", working_set=8 * GiB)
-    b = sched.register(0.0, name="b", working_set=8 * GiB)  # 16 GiB: fits the GPU, not the rest
+    a = sched.register(0.0, Registration(name="a", working_set=8 * GiB))
+    # 16 GiB together: they fit the GPU, not what is left beside the reserve.
+    b = sched.register(0.0, Registration(name="b", working_set=8 * GiB))
     sched.acquire(0.0, a.id)
     assert sched.acquire(0.0, b.id) == []
 
 
 def test_a_client_with_unknown_working_set_needs_the_whole_gpu():
     sched = auto()
-    known = sched.register(0.0, name="known", working_set=1 * GiB)
-    unknown = sched.register(0.0, name="unknown")
+    known = sched.register(0.0, Registration(name="known", working_set=1 * GiB))
+    unknown = sched.register(0.0, Registration(name="unknown"))
     sched.acquire(0.0, known.id)
     assert sched.acquire(0.0, unknown.id) == []
     # Once it reports a size that fits, it joins at once.
@@ -41,7 +43,7 @@ def test_a_client_with_unknown_working_set_needs_the_whole_gpu():
 
 def test_unknown_gpu_capacity_serializes_like_mode_on():
     sched = make_scheduler({"tq": 1.0, "mode": "auto"}, memory=None)
-    a, b = (sched.register(0.0, name=n, working_set=GiB) for n in "ab")
+    a, b = (sched.register(0.0, Registration(name=n, working_set=GiB)) for n in "ab")
     sched.acquire(0.0, a.id)
     assert sched.acquire(0.0, b.id) == []
 
@@ -70,8 +72,8 @@ def test_contenders_that_do_not_fit_are_serialized_by_quanta_then_concurrency_re
 
 def test_drop_says_evict_when_the_next_holder_needs_the_room():
     sched = make_scheduler({"tq": 1.0}, memory=GPU)  # mode on: a quantum drop
-    a = sched.register(0.0, name="a", working_set=10 * GiB)
-    b = sched.register(0.0, name="b", working_set=10 * GiB)
+    a = sched.register(0.0, Registration(name="a", working_set=10 * GiB))
+    b = sched.register(0.0, Registration(name="b", working_set=10 * GiB))
     sched.acquire(0.0, a.id)
     sched.acquire(0.1, b.id)
     (drop,) = sched.tick(1.0)
@@ -80,8 +82,8 @@ def test_drop_says_evict_when_the_next_holder_needs_the_room():
 
 def test_drop_says_stay_when_the_next_holder_fits_beside():
     sched = make_scheduler({"tq": 1.0}, memory=GPU)
-    a = sched.register(0.0, name="a", working_set=4 * GiB)
-    b = sched.register(0.0, name="b", working_set=4 * GiB)
+    a = sched.register(0.0, Registration(name="a", working_set=4 * GiB))
+    b = sched.register(0.0, Registration(name="b", working_set=4 * GiB))
     sched.acquire(0.0, a.id)
     sched.acquire(0.1, b.id)
     (drop,) = sched.tick(1.0)
@@ -92,7 +94,7 @@ def test_drop_says_stay_when_the_next_holder_fits_beside():
 
 def test_a_holder_that_grows_past_the_room_makes_the_others_leave_and_evict():
     sched = auto()
-    a, b = (sched.register(0.0, name=n, working_set=4 * GiB) for n in "ab")
+    a, b = (sched.register(0.0, Registration(name=n, working_set=4 * GiB)) for n in "ab")
     sched.acquire(0.0, a.id)
     sched.acquire(0.0, b.id)
     actions = sched.report_working_set(0.5, b.id, 14 * GiB)
@@ -116,10 +118,10 @@ def test_a_capped_pool_side_by_side_is_served_while_its_holders_use_less_than_it
     sched = auto(window=10.0, pools={
         "training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
         "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}})
-    first = [sched.register(0.0, name=f"{pool}-{n}", pool=pool, working_set=GiB)
+    first = [sched.register(0.0, Registration(name=f"{pool}-{n}", pool=pool, working_set=GiB))
              for pool in ("training", "simulation") for n in range(2)]
     for client in first:
         assert kinds(sched.acquire(0.0, client.id)) == [("Grant", client.id)]
-    late = sched.register(5.0, name="training-late", pool="training", working_set=GiB)
+    late = sched.register(5.0, Registration(name="training-late", pool="training", working_set=GiB))
     assert kinds(sched.acquire(5.0, late.id)) == [("Grant", late.id)]
     assert sched.shares(0, 5.0)["training"] == 0.5

@@ -12,6 +12,7 @@ from policy_helpers import SEED_POOLS, GiB, greedy, kinds, make_scheduler
 from test_policy_properties import AnyContention, pool_configs
 
 from nodeside.config import ConfigError, from_mapping
+from nodeside.model import Registration
 from nodeside.scheduler.core import Action, Drop, Grant
 from nodeside.scheduler.interactive import JUMP_QUANTUM
 from nodeside.scheduler.pools import entitlements
@@ -69,8 +70,8 @@ def test_a_cell_that_ends_as_a_drop_arrives_is_over():
     asks again much later, that is a new request; the 10 s it used are history (half-life
     30 s), not a request still in progress counted in full."""
     sched = make_scheduler({"tq": 30.0, **INTERACTIVE})
-    a = sched.register(0.0, name="A")
-    b = sched.register(0.0, name="B")
+    a = sched.register(0.0, Registration(name="A"))
+    b = sched.register(0.0, Registration(name="B"))
     sched.acquire(0.0, a.id)
     assert ("Drop", a.id) in kinds(sched.acquire(10.0, b.id))
     sched.release(10.0, a.id)
@@ -125,8 +126,8 @@ def test_a_low_request_never_cuts_a_quantum_short():
 def test_a_quantum_is_cut_short_only_when_moving_memory_pays(bandwidth, cut_at):
     sched = make_scheduler({"tq": 30.0, "memory_reserve": 0, **INTERACTIVE,
                             "interactive": {"link_bandwidth": bandwidth}}, memory=40 * GiB)
-    a = sched.register(0.0, name="A", working_set=30 * GiB)
-    b = sched.register(0.0, name="B", working_set=30 * GiB)
+    a = sched.register(0.0, Registration(name="A", working_set=30 * GiB))
+    b = sched.register(0.0, Registration(name="B", working_set=30 * GiB))
     sched.acquire(0.0, a.id)
     assert sched.acquire(1.0, b.id) == []
     deadline = sched.next_deadline(1.0)
@@ -145,8 +146,8 @@ def test_guarantees_come_before_least_attained_service():
     pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     sched = make_scheduler({"tq": 1.0, "window": 100.0, "pools": pools, **INTERACTIVE})
-    a1 = sched.register(0.0, name="a1", pool="a")
-    b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
+    a1 = sched.register(0.0, Registration(name="a1", pool="a"))
+    b1, b2, b3 = (sched.register(0.0, Registration(name=f"b{i}", pool="b")) for i in (1, 2, 3))
     sched.acquire(0.0, a1.id)
     sched.release(5.0, a1.id)
     sched.acquire(5.0, b3.id)  # b3 has used 2 s, a1 5 s, both 15 s ago
@@ -166,8 +167,9 @@ def test_a_light_request_goes_once_ahead_of_a_heavier_request_owed_its_guarantee
     pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools, **INTERACTIVE})
-    a1 = sched.register(0.0, name="a1", pool="a")
-    b1, b2, b3, b4 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3, 4))
+    a1 = sched.register(0.0, Registration(name="a1", pool="a"))
+    b1, b2, b3, b4 = (sched.register(0.0, Registration(name=f"b{i}", pool="b"))
+                      for i in (1, 2, 3, 4))
     sched.acquire(0.0, a1.id)
     sched.release(20.0, a1.id)
     sched.acquire(20.0, b1.id)
@@ -190,9 +192,9 @@ def test_a_low_request_never_cuts_the_quantum_of_a_light_request_that_went_ahead
     pools = {"a": {"guarantee": 0.5, "weight": 1, "maximum": -1},
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools, **INTERACTIVE})
-    a1 = sched.register(0.0, name="a1", pool="a")
-    low = sched.register(0.0, name="low", pool="a", priority="LOW")
-    b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
+    a1 = sched.register(0.0, Registration(name="a1", pool="a"))
+    low = sched.register(0.0, Registration(name="low", pool="a", priority="LOW"))
+    b1, b2, b3 = (sched.register(0.0, Registration(name=f"b{i}", pool="b")) for i in (1, 2, 3))
     sched.acquire(0.0, a1.id)
     sched.release(20.0, a1.id)
     sched.acquire(20.0, b1.id)
@@ -209,8 +211,8 @@ def test_a_low_request_never_cuts_the_quantum_of_a_light_request_that_went_ahead
 
 def test_a_low_holder_is_preempted_at_once_under_interactive():
     sched = make_scheduler({"tq": 5.0, "window": 10.0, "pools": SEED_POOLS, **INTERACTIVE})
-    low = sched.register(0.0, name="low", pool="training", priority="LOW")
-    sim = sched.register(0.0, name="sim", pool="simulation")
+    low = sched.register(0.0, Registration(name="low", pool="training", priority="LOW"))
+    sim = sched.register(0.0, Registration(name="sim", pool="simulation"))
     sched.acquire(0.0, low.id)
     out = sched.acquire(1.0, sim.id)
     assert [(type(a).__name__, a.client, getattr(a, "reason", None)) for a in out] == [
@@ -344,8 +346,8 @@ def test_a_request_that_goes_on_after_a_drop_keeps_its_work_however_long_it_wait
     done what it did (attained.py decides by when it asked, not when it was granted: the
     core tells the policy of a grant before it forgets when the request came)."""
     sched = make_scheduler({"mode": "on", "policy": "interactive", "tq": 10.0})
-    trainer = sched.register(0.0, name="trainer")
-    other = sched.register(0.0, name="other")
+    trainer = sched.register(0.0, Registration(name="trainer"))
+    other = sched.register(0.0, Registration(name="other"))
     sched.acquire(0.0, trainer.id)
     [drop] = sched.acquire(1.0, other.id)  # a light request: the trainer's quantum is cut
     assert drop.client == trainer.id

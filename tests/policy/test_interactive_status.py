@@ -12,13 +12,14 @@ from policy_helpers import make_scheduler
 from support import client_state, wait_for_status
 
 from nodeside.client import Client
+from nodeside.model import Registration
 from nodeside.scheduler.status import build_status
 
 
 def test_the_status_document_says_which_policy_runs_and_why_the_next_holder_is_next():
     sched = make_scheduler({"tq": 30.0, "policy": "interactive"})
-    trainer = sched.register(0.0, name="trainer")
-    newcomer = sched.register(0.0, name="newcomer", priority="LOW")
+    trainer = sched.register(0.0, Registration(name="trainer"))
+    newcomer = sched.register(0.0, Registration(name="newcomer", priority="LOW"))
     sched.acquire(0.0, trainer.id)
     doc = build_status(sched, 1.0)
     assert doc["policy"] == "interactive"
@@ -31,7 +32,8 @@ def test_the_status_document_says_which_policy_runs_and_why_the_next_holder_is_n
 
 def test_the_status_document_says_why_a_short_request_goes_first():
     sched = make_scheduler({"tq": 30.0, "policy": "interactive"})
-    trainer, heavy, light = (sched.register(0.0, name=n) for n in ("trainer", "heavy", "light"))
+    trainer, heavy, light = (sched.register(0.0, Registration(name=n))
+                             for n in ("trainer", "heavy", "light"))
     sched.acquire(0.0, heavy.id)
     sched.release(20.0, heavy.id)  # heavy used 20 s
     sched.acquire(20.0, trainer.id)
@@ -45,7 +47,7 @@ def test_the_status_document_says_why_a_short_request_goes_first():
 
 def test_round_robin_is_named_in_the_status_document():
     sched = make_scheduler({"tq": 30.0})
-    a, b = sched.register(0.0, name="a"), sched.register(0.0, name="b")
+    a, b = sched.register(0.0, Registration(name="a")), sched.register(0.0, Registration(name="b"))
     sched.acquire(0.0, a.id)
     sched.acquire(0.0, b.id)
     doc = build_status(sched, 1.0)
@@ -84,8 +86,8 @@ def test_the_status_document_says_when_a_light_request_goes_ahead_of_a_pools_rul
              "b": {"guarantee": 0.0, "weight": 1, "maximum": -1}}
     sched = make_scheduler({"tq": 30.0, "window": 300.0, "pools": pools,
                             "policy": "interactive"})
-    a1 = sched.register(0.0, name="a1", pool="a")
-    b1, b2, b3 = (sched.register(0.0, name=f"b{i}", pool="b") for i in (1, 2, 3))
+    a1 = sched.register(0.0, Registration(name="a1", pool="a"))
+    b1, b2, b3 = (sched.register(0.0, Registration(name=f"b{i}", pool="b")) for i in (1, 2, 3))
     for client, start, end in ((a1, 0.0, 20.0), (b3, 20.0, 22.0), (b1, 22.0, 60.0)):
         sched.acquire(start, client.id)
         sched.release(end, client.id)

@@ -9,6 +9,7 @@ from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodeside.metrics import Metrics, start_server
+from nodeside.model import Registration
 from nodeside.testing import Replay
 
 
@@ -91,7 +92,7 @@ def test_pool_seconds_do_not_fall_when_a_client_leaves(contended):
 
 def test_working_set_gauge():
     sched = make_scheduler(memory=16 * GiB)
-    sched.register(0.0, name="k", working_set=3 * GiB)
+    sched.register(0.0, Registration(name="k", working_set=3 * GiB))
     got = scrape(Metrics(sched, clock=lambda: 0.0, pod_labels=True))
     assert got[("kiwi_client_working_set_bytes", (("client", "k"), ("gpu", "0"),
                 ("namespace", ""), ("pod", ""), ("pool", "default")))] == 3 * GiB
@@ -101,7 +102,7 @@ def test_working_set_gauge():
 def test_drop_to_grant_histogram_measures_from_the_drop_to_the_next_grant():
     sched = make_scheduler({"tq": 1.0})
     metrics = Metrics(sched, clock=lambda: 2.0)
-    a, b = (sched.register(0.0, name=n) for n in "ab")
+    a, b = (sched.register(0.0, Registration(name=n)) for n in "ab")
     metrics.observe(sched.acquire(0.0, a.id), 0.0)
     metrics.observe(sched.acquire(0.5, b.id), 0.5)
     metrics.observe(sched.tick(1.0), 1.0)  # drop to a
@@ -113,7 +114,7 @@ def test_drop_to_grant_histogram_measures_from_the_drop_to_the_next_grant():
 
 def test_metrics_are_served_over_http_off_the_loop_and_built_on_it():
     sched = make_scheduler()
-    sched.register(0.0, name="k")
+    sched.register(0.0, Registration(name="k"))
     metrics = Metrics(sched, clock=lambda: 0.0)
 
     def get(url: str) -> tuple[int, bytes]:

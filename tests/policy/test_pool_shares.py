@@ -5,6 +5,7 @@ import pytest
 from policy_helpers import SEED_POOLS, greedy, make_scheduler
 
 from nodeside.limits import MAX_SHARE_INTERVALS
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, Grant
 from nodeside.scheduler.pools import ShareMeter
 from nodeside.testing import Replay
@@ -56,10 +57,10 @@ def test_a_pool_without_maximum_alone_keeps_the_gpu_without_drops():
 
 def test_within_a_pool_high_before_normal_before_low():
     sched = make_scheduler({"tq": 1.0})
-    holder = sched.register(0.0, name="holder")
-    low = sched.register(0.0, name="low", priority="LOW")
-    normal = sched.register(0.0, name="normal", priority="NORMAL")
-    high = sched.register(0.0, name="high", priority="HIGH")
+    holder = sched.register(0.0, Registration(name="holder"))
+    low = sched.register(0.0, Registration(name="low", priority="LOW"))
+    normal = sched.register(0.0, Registration(name="normal", priority="NORMAL"))
+    high = sched.register(0.0, Registration(name="high", priority="HIGH"))
     sched.acquire(0.0, holder.id)
     for client in (low, normal, high):  # asked in the reverse of their priority
         sched.acquire(0.1, client.id)
@@ -78,7 +79,8 @@ def test_within_a_pool_high_before_normal_before_low():
 
 def test_within_a_level_request_order():
     sched = make_scheduler({"tq": 1.0})
-    holder, first, second = (sched.register(0.0, name=n) for n in ("h", "first", "second"))
+    holder, first, second = (sched.register(0.0, Registration(name=n))
+                             for n in ("h", "first", "second"))
     sched.acquire(0.0, holder.id)
     sched.acquire(0.2, second.id)
     sched.acquire(0.1, first.id)  # the later call, but clients are ordered by request
@@ -113,12 +115,12 @@ def test_a_pool_held_at_its_maximum_is_served_again_once_its_share_falls():
 
 def test_the_queue_shows_the_client_a_drop_was_sent_for_as_next():
     sched = make_scheduler({"tq": 1.0, "pools": SEED_POOLS})
-    holder = sched.register(0.0, name="holder", pool="simulation")
-    first = sched.register(0.0, name="first", pool="simulation")
+    holder = sched.register(0.0, Registration(name="holder", pool="simulation"))
+    first = sched.register(0.0, Registration(name="first", pool="simulation"))
     sched.acquire(0.0, holder.id)
     sched.acquire(0.1, first.id)
     sched.tick(1.0)  # quantum over: the holder is asked to drop for `first`
-    late = sched.register(1.1, name="late", pool="simulation", priority="HIGH")
+    late = sched.register(1.1, Registration(name="late", pool="simulation", priority="HIGH"))
     sched.acquire(1.1, late.id)
     assert [c.name for c in sched.queue(0, 1.2)] == ["first", "late"]
 
@@ -129,8 +131,8 @@ def test_share_history_stays_bounded_over_100000_holds_with_no_status_reader():
     pools = {"training": {"guarantee": 0.3, "weight": 1, "maximum": -1},
              "simulation": {"guarantee": 0.5, "weight": 3, "maximum": -1}}
     sched = make_scheduler({"tq": 30.0, "pools": pools})
-    a = sched.register(0.0, name="a", pool="training")
-    b = sched.register(0.0, name="b", pool="simulation", priority="LOW")
+    a = sched.register(0.0, Registration(name="a", pool="training"))
+    b = sched.register(0.0, Registration(name="b", pool="simulation", priority="LOW"))
     now = 0.0
     for _ in range(50_000):  # two holds a round, alternating pools: nothing is back to back
         for client in (a, b):
@@ -143,7 +145,7 @@ def test_share_history_stays_bounded_over_100000_holds_with_no_status_reader():
 
 def test_share_history_is_trimmed_as_holds_close():
     sched = make_scheduler({"tq": 1.0, "window": 20.0})
-    a = sched.register(0.0, name="a")
+    a = sched.register(0.0, Registration(name="a"))
     for n in range(1000):  # a 0.5 s hold every second, for 1000 s
         sched.acquire(float(n), a.id)
         sched.release(n + 0.5, a.id)
@@ -182,10 +184,10 @@ def test_pools_that_came_and_went_leave_nothing_behind():
     pools = {"training": {"guarantee": 0.5, "weight": 1, "maximum": -1},
              "simulation": {"guarantee": 0.5, "weight": 1, "maximum": -1}}
     sched = make_scheduler({"tq": 1.0, "window": 20.0, "pools": pools})
-    trainer = sched.register(0.0, name="trainer", pool="training")
+    trainer = sched.register(0.0, Registration(name="trainer", pool="training"))
     now = 0.0
     for n in range(10_000):
-        client = sched.register(now, name=f"k{n}", pool=f"made-up-{n}")
+        client = sched.register(now, Registration(name=f"k{n}", pool=f"made-up-{n}"))
         sched.acquire(now, client.id)
         now += 0.01
         sched.release(now, client.id)
@@ -195,7 +197,7 @@ def test_pools_that_came_and_went_leave_nothing_behind():
         sched.release(now + second + 0.5, trainer.id)
     later = now + 60.0  # past the share window of every made-up pool's hold
     sched.unregister(later - 9.0, trainer.id)  # a configured pool keeps its counter
-    stayer = sched.register(later - 5.0, name="stayer", pool="made-up-stays")
+    stayer = sched.register(later - 5.0, Registration(name="stayer", pool="made-up-stays"))
     sched.acquire(later - 5.0, stayer.id)
     sched.release(later - 4.0, stayer.id)
     assert set(sched.pool_gpu_seconds(0, later)) == {"training", "made-up-stays"}

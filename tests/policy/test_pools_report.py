@@ -4,6 +4,7 @@ the reason a stuck pool is stuck."""
 import pytest
 from policy_helpers import SEED_POOLS, GiB, greedy, make_scheduler
 
+from nodeside.model import Registration
 from nodeside.scheduler.report import pool_reports
 from nodeside.testing import Replay
 
@@ -30,7 +31,8 @@ def test_report_lists_configured_pools_with_their_settings_and_share(seed_schedu
 
 def test_report_names_waiting_clients_in_queue_order():
     sched = make_scheduler({"tq": 1.0})
-    holder, first, second = (sched.register(0.0, name=n) for n in ("holder", "first", "second"))
+    holder, first, second = (sched.register(0.0, Registration(name=n))
+                             for n in ("holder", "first", "second"))
     for client in (holder, first, second):
         sched.acquire(0.0, client.id)
     (default,) = pool_reports(sched, 0.5)
@@ -55,8 +57,8 @@ def test_a_pool_below_guarantee_with_preemption_off_says_why():
     pools = {"training": {"guarantee": 0.3, "weight": 1, "maximum": 0.7},
              "simulation": {"guarantee": 0.5}}
     sched = make_scheduler({"tq": 5.0, "pools": pools})
-    low = sched.register(0.0, name="low", pool="training", priority="LOW")
-    waiting = sched.register(0.0, name="waiting", pool="simulation")
+    low = sched.register(0.0, Registration(name="low", pool="training", priority="LOW"))
+    waiting = sched.register(0.0, Registration(name="waiting", pool="simulation"))
     sched.acquire(0.0, low.id)
     sched.acquire(1.0, waiting.id)
     stuck = by_name(sched, 1.0)["simulation"].stuck
@@ -66,8 +68,8 @@ def test_a_pool_below_guarantee_with_preemption_off_says_why():
 
 def test_a_pool_below_guarantee_behind_a_non_preemptible_holder_says_nothing_preemptible():
     sched = make_scheduler({"tq": 5.0, "pools": SEED_POOLS})
-    a = sched.register(0.0, name="a", pool="training")
-    b = sched.register(0.0, name="b", pool="simulation")
+    a = sched.register(0.0, Registration(name="a", pool="training"))
+    b = sched.register(0.0, Registration(name="b", pool="simulation"))
     sched.acquire(0.0, a.id)
     sched.acquire(1.0, b.id)
     assert "nothing preemptible" in by_name(sched, 1.0)["simulation"].stuck
@@ -75,8 +77,8 @@ def test_a_pool_below_guarantee_behind_a_non_preemptible_holder_says_nothing_pre
 
 def test_a_pool_whose_requests_are_low_is_told_they_never_preempt():
     sched = make_scheduler({"tq": 5.0, "pools": SEED_POOLS})
-    a = sched.register(0.0, name="a", pool="training", priority="LOW")
-    b = sched.register(0.0, name="b", pool="simulation", priority="LOW")
+    a = sched.register(0.0, Registration(name="a", pool="training", priority="LOW"))
+    b = sched.register(0.0, Registration(name="b", pool="simulation", priority="LOW"))
     sched.acquire(0.0, a.id)
     sched.acquire(1.0, b.id)
     assert "LOW (preemptible)" in by_name(sched, 1.0)["simulation"].stuck
@@ -84,9 +86,9 @@ def test_a_pool_whose_requests_are_low_is_told_they_never_preempt():
 
 def test_auto_mode_says_what_does_not_fit():
     sched = make_scheduler({"tq": 1.0, "mode": "auto"}, memory=16 * GiB)
-    a = sched.register(0.0, name="a", working_set=10 * GiB)
-    b = sched.register(0.0, name="b", working_set=8 * GiB)
-    c = sched.register(0.0, name="c")
+    a = sched.register(0.0, Registration(name="a", working_set=10 * GiB))
+    b = sched.register(0.0, Registration(name="b", working_set=8 * GiB))
+    c = sched.register(0.0, Registration(name="c"))
     sched.acquire(0.0, a.id)
     sched.acquire(0.0, b.id)
     stuck = by_name(sched, 0.1)["default"].stuck
@@ -98,7 +100,7 @@ def test_auto_mode_says_what_does_not_fit():
 
 def test_pools_named_only_by_clients_are_reported_too():
     sched = make_scheduler({"pools": SEED_POOLS})
-    sched.register(0.0, name="x", pool="research")
+    sched.register(0.0, Registration(name="x", pool="research"))
     reports = by_name(sched, 0.0)
     assert reports["research"].guarantee == 0.0 and reports["research"].clients == 1
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 from policy_helpers import SEED_POOLS, make_scheduler
 
 from nodeside.config import from_mapping
+from nodeside.model import Registration
 
 
 def test_a_maximum_added_by_a_reload_holds_a_pool_back_at_once() -> None:
     scheduler = make_scheduler({"window": 10})
-    client = scheduler.register(0.0, name="t", pool="training")
+    client = scheduler.register(0.0, Registration(name="t", pool="training"))
     scheduler.acquire(0.0, client.id)
     gpu = scheduler.gpus[0]
     assert not scheduler.capped

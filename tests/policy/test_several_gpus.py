@@ -3,14 +3,15 @@
 import pytest
 from policy_helpers import greedy, kinds, make_scheduler
 
+from nodeside.model import Registration
 from nodeside.scheduler.core import SchedulerError
 from nodeside.testing import Replay
 
 
 def test_each_gpu_has_its_own_holder_and_queue():
     sched = make_scheduler({"tq": 1.0}, gpus=2)
-    a0, b0 = (sched.register(0.0, name=n, gpu=0) for n in ("a0", "b0"))
-    a1 = sched.register(0.0, name="a1", gpu=1)
+    a0, b0 = (sched.register(0.0, Registration(name=n, gpu=0)) for n in ("a0", "b0"))
+    a1 = sched.register(0.0, Registration(name="a1", gpu=1))
     assert kinds(sched.acquire(0.0, a0.id)) == [("Grant", a0.id)]
     assert sched.acquire(0.0, b0.id) == []
     assert kinds(sched.acquire(0.0, a1.id)) == [("Grant", a1.id)]  # GPU 1 is free
@@ -42,7 +43,7 @@ def test_set_tq_for_one_gpu_leaves_the_others():
 def test_a_gpu_the_node_lacks_is_refused():
     sched = make_scheduler(gpus=2)
     with pytest.raises(SchedulerError, match="no GPU 2"):
-        sched.register(0.0, name="x", gpu=2)
+        sched.register(0.0, Registration(name="x", gpu=2))
     with pytest.raises(SchedulerError, match="no GPU 5"):
         sched.set_tq(0.0, 1.0, gpu=5)
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from policy_helpers import GiB, greedy, make_scheduler
 
 from nodeside import protocol as p
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, Grant
 from nodeside.scheduler.status import build_status
 from nodeside.testing import Replay
@@ -78,8 +79,8 @@ def test_the_training_run_is_held_back_during_the_light_turn_then_comes_back_bes
 
 def test_a_waiter_held_back_is_told_why():
     sched = make_scheduler(AUTO_INTERACTIVE, memory=40 * GiB)
-    trainer = sched.register(0.0, name="trainer", working_set=8 * GiB)
-    person = sched.register(0.0, name="person", working_set=2 * GiB)
+    trainer = sched.register(0.0, Registration(name="trainer", working_set=8 * GiB))
+    person = sched.register(0.0, Registration(name="person", working_set=2 * GiB))
     sched.acquire(0.0, trainer.id)
     [grant, drop] = sched.acquire(100.0, person.id)
     assert (type(grant), grant.client, type(drop), drop.client) == (
@@ -191,8 +192,9 @@ def test_a_holder_leaving_in_its_first_tq_is_no_reason_to_look_again():
     aside: one already asked to leave, with nobody waiting, leaves the daemon nothing to look
     again for but its grace."""
     sched = make_scheduler({**AUTO_INTERACTIVE, "grace": 20}, memory=40 * GiB)
-    trainer = sched.register(0.0, name="trainer", working_set=8 * GiB)
-    explorer = sched.register(0.0, name="explorer", priority="LOW", working_set=8 * GiB)
+    trainer = sched.register(0.0, Registration(name="trainer", working_set=8 * GiB))
+    explorer = sched.register(0.0, Registration(name="explorer", priority="LOW",
+                                                working_set=8 * GiB))
     sched.acquire(0.0, trainer.id)
     [grant] = sched.acquire(100.0, explorer.id)  # a LOW request shares, cutting nothing
     assert grant.client == explorer.id

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from policy_helpers import GiB, greedy, kinds, make_scheduler
 
+from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, Resume, Scheduler
 from nodeside.scheduler.state import HoldState
 from nodeside.scheduler.status import build_status
@@ -32,7 +33,7 @@ def scheduler(config: dict | None = None) -> Scheduler:
 
 
 def holding(sched: Scheduler, name: str, now: float, *, pausable: bool = True):
-    client = sched.register(now, name=name, working_set=GiB, pausable=pausable)
+    client = sched.register(now, Registration(name=name, working_set=GiB, pausable=pausable))
     actions = sched.acquire(now, client.id)
     return client, actions
 
@@ -114,8 +115,10 @@ def test_a_holder_paused_a_whole_tq_is_owed_a_turn_that_nobody_cuts_short():
 
 def test_the_share_meter_charges_only_the_holder_at_work():
     sched = scheduler({"pools": {"a": {"guarantee": 0.5}, "b": {"guarantee": 0.5}}})
-    trainer = sched.register(0.0, name="trainer", pool="a", working_set=GiB, pausable=True)
-    person = sched.register(0.0, name="person", pool="b", working_set=GiB, pausable=True)
+    trainer = sched.register(0.0, Registration(name="trainer", pool="a", working_set=GiB,
+                                               pausable=True))
+    person = sched.register(0.0, Registration(name="person", pool="b", working_set=GiB,
+                                              pausable=True))
     sched.acquire(0.0, trainer.id)
     sched.acquire(10.0, person.id)  # from 10 s on only the person works
     # Ten seconds of the GPU's time each; charged 1/2 each while side by side (the driver
