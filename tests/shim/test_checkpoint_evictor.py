@@ -59,7 +59,9 @@ def test_auto_chooses_checkpoint_when_the_device_has_no_vmm_and_the_driver_and_d
     w = kernel(workload, scheduler, checkpoint_dir, evict="auto", FAKE_CUDA_NO_VMM="1")
     w.call("d.alloc(4096)")
     assert w.stats()["evict"] == "checkpoint"
-    assert client_of(scheduler, w)["evict"] == "checkpoint"
+    # The shim registers on its own thread: the daemon hears it a moment later.
+    until_client(scheduler, w, lambda c: c.get("evict") == "checkpoint",
+                 what="the daemon to hear the checkpoint evictor")
     assert w.log.calls("cuMemAlloc_v2") and not w.log.calls("cuMemAllocManaged")
 
 
@@ -69,9 +71,10 @@ def test_auto_chooses_managed_when_the_device_has_no_vmm_and_the_driver_no_check
                FAKE_CUDA_NO_VMM="1")
     w.call("d.alloc(4096)")
     assert w.stats()["evict"] == "managed"
-    assert client_of(scheduler, w)["evict"] == "managed"
+    until_client(scheduler, w, lambda c: c.get("evict") == "managed",
+                 what="the daemon to hear the managed evictor")
     assert w.log.calls("cuMemAllocManaged")
-    said = [line for line in w.stderr if "paging this process as managed memory" in line]
+    said = w.said("paging this process as managed memory")
     assert len(said) == 1 and "no checkpoint API" in said[0]
 
 

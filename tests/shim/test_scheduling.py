@@ -601,7 +601,7 @@ def test_the_shim_registers_the_uuid_of_its_gpu(scheduler, workload) -> None:
                  NVIDIA_VISIBLE_DEVICES="")
     w.call("d.alloc(1024)")
     wait_for_status(scheduler.socket, lambda doc: row_in(doc, w), what="the shim to register")
-    register = next(line for line in w.stderr if '"op":"register"' in line)
+    register = w.said('"op":"register"')[0]  # stderr is read on a thread of its own
     assert '"gpu_uuid":"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"' in register
     assert w.stats()["gpu_uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
 
