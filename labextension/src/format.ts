@@ -10,7 +10,7 @@ import {
   TENTHS_BELOW,
   UNKNOWN_SIZE
 } from './formats.generated';
-import type { KernelStanding } from './model';
+import type { KernelStanding } from './views';
 import type { IClientStatus, IWaitingFor, SchedulerMode } from './tokens';
 
 /** Half away from zero, to `places` decimals: the rounding nodeside/formats.py spells out. */

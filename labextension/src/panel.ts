@@ -3,17 +3,15 @@
  * are built once and kept, so a redraw never steals focus from a half-typed TQ.
  */
 
-import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { ITranslator, TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
-import { KiwiRequestError } from './api';
+import { SchedulerControls } from './controls';
 import { el } from './dom';
 import {
   describeClientMemory,
   describeMemory,
   describeMemorySource,
-  describeMode,
   describePool,
   describeResidency,
   describeResidentMemory,
@@ -22,9 +20,10 @@ import {
   formatSeconds,
   splitName
 } from './format';
-import { IGpuMemoryView, IGpuView, IPoolView, ITimelineEntry, KiwiModel } from './model';
+import { KiwiModel } from './model';
 import { INvmlGpu } from './nvml';
-import { ISchedulerChange, SchedulerMode } from './tokens';
+import { ISchedulerChange } from './tokens';
+import type { IGpuMemoryView, IGpuView, IPoolView, ITimelineEntry } from './views';
 
 export interface IKiwiPanelOptions {
   model: KiwiModel;
@@ -33,23 +32,20 @@ export interface IKiwiPanelOptions {
   changeScheduler: (change: ISchedulerChange) => Promise<void>;
 }
 
-const MODES: SchedulerMode[] = ['on', 'off', 'auto'];
-
 export class KiwiPanel extends Widget {
   constructor(options: IKiwiPanelOptions) {
     super();
     this._model = options.model;
     this._trans = options.translator.load('kiwi_jupyter');
-    this._changeScheduler = options.changeScheduler;
     this.id = 'jp-kiwi-panel';
     this.addClass('jp-Kiwi-panel');
     this.title.caption = this._trans.__('Kiwi GPU');
 
     this._body = el('div', 'jp-Kiwi-body');
-    this._controls = this._buildControls();
+    this._controls = new SchedulerControls(this._model, this._trans, options.changeScheduler);
     this.node.append(
       el('header', 'jp-Kiwi-header', el('h2', 'jp-Kiwi-title', this._trans.__('Kiwi GPU'))),
-      this._controls,
+      this._controls.node,
       this._body
     );
     this._model.changed.connect(this._render, this);
@@ -78,8 +74,8 @@ export class KiwiPanel extends Widget {
   private _render(): void {
     const now = Date.now() / 1000;
     const model = this._model;
-    this._controls.hidden = !(this._canWrite && model.reachable);
-    this._syncControls();
+    this._controls.node.hidden = !(this._canWrite && model.reachable);
+    this._controls.sync();
     const parts: HTMLElement[] = [];
     this._shownLabels = model.reachable ? model.labels(now) : [];
     if (!model.loaded) {
@@ -399,112 +395,11 @@ export class KiwiPanel extends Widget {
     return bar;
   }
 
-  private _buildControls(): HTMLElement {
-    const mode = el('select', 'jp-Kiwi-modeSelect jp-mod-styled');
-    for (const value of MODES) {
-      const option = el('option', '', value.toUpperCase());
-      option.value = value;
-      mode.append(option);
-    }
-    // The mode is the node's, every notebook's on it: nothing is sent until Set, and Set asks
-    // first (a mistaken OFF would let every kernel on the node at the GPU at once).
-    const setMode = el('button', 'jp-Kiwi-modeButton jp-mod-styled jp-mod-accept', this._trans.__('Set'));
-    setMode.addEventListener('click', () => void this._confirmMode(mode.value as SchedulerMode));
-
-    const tq = el('input', 'jp-Kiwi-tqInput jp-mod-styled');
-    tq.type = 'number';
-    tq.min = '0.01';
-    tq.step = 'any';
-    const setTq = el('button', 'jp-Kiwi-tqButton jp-mod-styled jp-mod-accept', this._trans.__('Set'));
-    const submitTq = () => {
-      const seconds = Number(tq.value);
-      if (!(seconds > 0)) {
-        this._message.textContent = this._trans.__('The time quantum must be a positive number of seconds.');
-        return;
-      }
-      void this._apply({ tq: seconds });
-    };
-    setTq.addEventListener('click', submitTq);
-    tq.addEventListener('keydown', event => {
-      if (event.key === 'Enter') {
-        submitTq();
-      }
-    });
-
-    this._modeSelect = mode;
-    this._tqInput = tq;
-    this._message = el('p', 'jp-Kiwi-controlMessage');
-    return el(
-      'section',
-      'jp-Kiwi-controls',
-      el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set mode')), mode, setMode),
-      el('div', 'jp-Kiwi-field', el('span', 'jp-Kiwi-label', this._trans.__('Set TQ (s)')), tq, setTq),
-      this._message
-    );
-  }
-
-  /** Show the daemon's values in the controls, unless the user is editing them. */
-  private _syncControls(): void {
-    const active = document.activeElement;
-    const mode = this._model.mode;
-    if (mode !== null && active !== this._modeSelect && !this._pending) {
-      this._modeSelect.value = mode;
-    }
-    const tq = this._model.tq;
-    if (tq !== null && active !== this._tqInput) {
-      this._tqInput.value = String(tq);
-    }
-  }
-
-  /** Ask before changing the mode of every notebook on the node; apply it if confirmed. */
-  private async _confirmMode(mode: SchedulerMode): Promise<void> {
-    if (mode === this._model.mode) {
-      return;
-    }
-    const clients = this._model.clientCount;
-    const result = await showDialog({
-      title: this._trans.__('Turn the Kiwi scheduler %1?', mode.toUpperCase()),
-      body: this._trans.__(
-        'This changes the scheduler for every notebook on this node (%1 registered now), not only yours. %2',
-        clients,
-        describeMode(mode, this._trans)
-      ),
-      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: this._trans.__('Turn %1', mode.toUpperCase()) })]
-    });
-    if (result.button.accept) {
-      await this._apply({ mode });
-    } else {
-      this._syncControls();
-    }
-  }
-
-  private async _apply(change: ISchedulerChange): Promise<void> {
-    this._pending = true;
-    this._message.textContent = '';
-    try {
-      await this._changeScheduler(change);
-    } catch (error) {
-      const status = error instanceof KiwiRequestError ? error.status : 0;
-      this._message.textContent =
-        status === 403
-          ? this._trans.__('Not allowed: %1', (error as Error).message)
-          : this._trans.__('The change failed: %1', (error as Error).message);
-    } finally {
-      this._pending = false;
-      this._syncControls();
-    }
-  }
-
   private _model: KiwiModel;
   private _trans: TranslationBundle;
-  private _changeScheduler: (change: ISchedulerChange) => Promise<void>;
   private _body: HTMLElement;
-  private _controls: HTMLElement;
-  private _modeSelect!: HTMLSelectElement;
-  private _tqInput!: HTMLInputElement;
-  private _message!: HTMLElement;
+  private _controls: SchedulerControls;
   private _canWrite = false;
   private _shownLabels: string[] = [];
-  private _pending = false;
   private _ticker: ReturnType<typeof setInterval>;
 }
