@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeside import protocol as p
 from nodeside.config import from_mapping
@@ -115,3 +117,20 @@ def test_a_cut_is_charged_but_not_taken_for_what_a_document_costs() -> None:
     meter.charge((1000, None), 0.008, 0.0)
     meter.charge((1001, None), 0.0001, 0.0, built=False)
     assert meter.last_cost == 0.008
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 63), st.integers(0, 50),
+                          st.floats(1e-4, 0.05), st.booleans()), min_size=1, max_size=300))
+def test_what_all_groups_take_together_stays_within_the_nodes_burst_and_share(asks) -> None:
+    """Whatever groups ask, when and at what cost (built or only cut), the meter lets them take
+    no more than the node's burst plus its share of the time passed, past one request's cost."""
+    meter = StatusMeter()
+    now, charged, largest = 0.0, 0.0, 0.0
+    for group, step_ms, cost, built in asks:
+        now += step_ms / 1000
+        if meter.owed((group, None), now) == 0:
+            meter.charge((group, None), cost, now, built)
+            charged += cost
+            largest = max(largest, cost)
+        assert charged <= BURST + TOTAL_SHARE * now + largest + 1e-9
