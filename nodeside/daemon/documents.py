@@ -3,22 +3,25 @@
 Building the document walks every client, and with a couple of thousand clients it costs tens of
 milliseconds of the loop that also hands the GPU over. Two rules keep that cost bounded:
 
-* **Kept.** The encoded document is kept for each kind of viewer (admins; each other uid, who
-  sees less) and served again, with only the request's ``seq`` spliced in, until something it
-  shows changes: a request that changes the scheduler's state, a deadline, a client gone, a
-  reload (the shell's ``generation``), the checkpoint evictor's states (their lines'
-  ``version``), or ``MAX_AGE`` seconds, after which what counts down (``quantum_remaining``,
-  ``gpu_seconds``, NVML's memory) is read afresh. A document served is never older than the
-  last change the peer could have seen.
-* **Metered.** What building costs is charged to the group that asked (a uid, and within it a
-  pod: every Jupyter pod runs as one uid), from a bucket that fills at the group's part of
-  ``TOTAL_SHARE`` of a second per second (shared by the groups that asked lately, never past
-  ``SHARE``), up to its part of ``BURST`` seconds (and never less than a document costs). A
-  group whose bucket does not hold what the last document cost has its connection's next
-  request wait until it does (``StatusMeter``). The parts add up to the node's share, and a
-  newcomer starts with its part only, so peers that flood status requests slow themselves,
-  however many uids or pods they are and however many come at once, never the handoffs of
-  others.
+* **Built once, cut per viewer.** The document is built once per change, as an admin sees it,
+  and encoded in parts; what each kind of viewer (admins; each other uid, who sees less) is
+  served is cut from those parts (``_Built``): its own uid's entries whole, the others' as
+  others see them, byte for byte what building it for that viewer alone gives. The cut is kept
+  and served again, with only the request's ``seq`` spliced in, until something it shows
+  changes: a request that changes the scheduler's state, a deadline, a client gone, a reload
+  (the shell's ``generation``), the checkpoint evictor's states (their lines' ``version``), or
+  ``MAX_AGE`` seconds, after which what counts down (``quantum_remaining``, ``gpu_seconds``,
+  NVML's memory) is read afresh. A document served is never older than the last change the
+  peer could have seen. However many uids read, a change costs one build.
+* **Metered.** What building or cutting costs is charged to the group that asked (a uid, and
+  within it a pod: every Jupyter pod runs as one uid), from a bucket that fills at the group's
+  part of ``TOTAL_SHARE`` of a second per second (shared by the groups that asked lately, never
+  past ``SHARE``), up to its part of ``BURST`` seconds (and never less than a document costs),
+  and from the node's bucket, which fills at ``TOTAL_SHARE`` up to ``BURST``. A group whose
+  bucket, or the node's, does not hold what the last document cost has its connection's next
+  request wait until it does (``StatusMeter``). A newcomer's part is credit the node's bucket
+  already counts, so peers that flood status requests slow themselves, however many uids or
+  pods they are and however many come at once, never the handoffs of others.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from nodeside.daemon.pause_watch import PauseWatch
 from nodeside.daemon.status_line import status_line
 from nodeside.evict.lines import EvictionLines
 from nodeside.scheduler.core import Scheduler
-from nodeside.scheduler.status import build_status
+from nodeside.scheduler.status import as_others_see, build_status, gpus_as_others_see, sees_whole
 
 #: Seconds a kept document is served while nothing it shows changed.
 MAX_AGE: Final = 0.1
@@ -52,13 +55,60 @@ Viewer = tuple[bool, int | None]
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
-class _Kept:
-    __slots__ = ("version", "built_at", "body")
+class _Built:
+    """One build of the document, as an admin sees it, and the cuts served from it.
 
-    def __init__(self, version: tuple[int, int], built_at: float, body: bytes) -> None:
+    The document is encoded in parts: each top-level key's member once, and each client's
+    entry on its own, whole and (built on the first non-admin's request) as others see it. A
+    viewer's cut joins those parts: what differs between viewers is which entries are whole,
+    and why a GPU is blocked (without a pid for non-admins)."""
+
+    __slots__ = ("version", "built_at", "document", "uids", "members", "whole", "others",
+                 "cuts")
+
+    def __init__(self, version: tuple[int, int], built_at: float, document: dict[str, Any],
+                 uids: list[int | None]) -> None:
         self.version = version
         self.built_at = built_at
-        self.body = body
+        self.document = document
+        #: Each client entry's uid, in the entries' order.
+        self.uids = uids
+        #: Each client's entry, encoded whole.
+        self.whole = [_ENCODER.encode(entry).encode() for entry in document["clients"]]
+        #: The encoded ``"key":value`` of every top-level key, in the document's order.
+        self.members = {key: _clients_member(self.whole) if key == "clients"
+                        else _member(key, value) for key, value in document.items()}
+        #: Each client's entry, and the GPUs' member, as non-admins of other uids see them.
+        self.others: tuple[list[bytes], bytes] | None = None
+        #: viewer -> its encoded document.
+        self.cuts: dict[Viewer, bytes] = {}
+
+    def cut(self, viewer: Viewer, evictions: EvictionLines | None) -> bytes:
+        """The encoded document as ``viewer`` sees it: byte for byte what ``build_status``
+        gives for it alone."""
+        admin, uid = viewer
+        if admin:
+            return b"{" + b",".join(self.members.values()) + b"}"
+        if self.others is None:
+            self.others = ([_ENCODER.encode(as_others_see(entry)).encode()
+                            for entry in self.document["clients"]],
+                           _member("gpus", gpus_as_others_see(self.document["gpus"], evictions)))
+        whole, (others, gpus) = self.whole, self.others
+        entries = [whole[i] if sees_whole(False, uid, owner) else others[i]
+                   for i, owner in enumerate(self.uids)]
+        members = {**self.members, "gpus": gpus, "clients": _clients_member(entries)}
+        return b"{" + b",".join(members.values()) + b"}"
+
+    def document_for(self, viewer: Viewer, evictions: EvictionLines | None) -> dict[str, Any]:
+        """The document as ``viewer`` sees it, as values (for the rare reply too large whole)."""
+        admin, uid = viewer
+        if admin:
+            return self.document
+        return {**self.document,
+                "gpus": gpus_as_others_see(self.document["gpus"], evictions),
+                "clients": [entry if sees_whole(False, uid, owner) else as_others_see(entry)
+                            for entry, owner in zip(self.document["clients"], self.uids,
+                                                    strict=True)]}
 
 
 class StatusDocuments:
@@ -71,7 +121,9 @@ class StatusDocuments:
         self.pauses = PauseWatch()
         #: The host's memory, read once: no host figure the document shows exceeds it.
         self.host_total = host_total()
-        self._kept: dict[Viewer, _Kept] = {}
+        self._built: _Built | None = None
+        #: Documents built since the daemon started (the cuts are not builds).
+        self.builds = 0
 
     def document(self, now: float, viewer: Viewer | None = None) -> dict[str, Any]:
         """The document as ``viewer`` may see it (None: everything), built now."""
@@ -97,33 +149,56 @@ class StatusDocuments:
                 held += max(client.host_bytes, client.shadow_bytes)
         return evictions_budget(held) if any_memory else None
 
+    def _current(self, now: float, generation: int) -> _Built | None:
+        """The document built since the last change it shows, if there is one."""
+        built = self._built
+        if built is None or built.version != self._version(generation) or \
+                now - built.built_at >= MAX_AGE:
+            return None
+        return built
+
     def kept(self, viewer: Viewer, seq: int | None, now: float,
              generation: int) -> bytes | None:
-        """The status reply for ``viewer`` from its kept document, if nothing it shows changed
-        since (``generation``: the shell's count of changes, ``Requests.generation``)."""
-        kept = self._kept.get(viewer)
-        if kept is None or kept.version != self._version(generation) or \
-                now - kept.built_at >= MAX_AGE:
-            return None
-        return _reply(kept.body, seq)
+        """The status reply for ``viewer`` already cut from the kept document, if nothing it
+        shows changed since (``generation``: the shell's count of changes,
+        ``Requests.generation``)."""
+        built = self._current(now, generation)
+        body = built.cuts.get(viewer) if built is not None else None
+        return None if body is None else _reply(body, seq)
 
     def build(self, viewer: Viewer, seq: int | None, now: float,
-              generation: int) -> tuple[bytes, float]:
-        """The status reply for ``viewer``, built now and kept; and what building it cost."""
+              generation: int) -> tuple[bytes, float, bool]:
+        """The status reply for ``viewer``: cut from the kept document, built now if something
+        it shows changed; what that cost, and whether the document was built."""
         started = time.perf_counter()
-        document = self.document(now, viewer)
-        body = _ENCODER.encode(document).encode()
+        built = self._current(now, generation)
+        fresh = built is None
+        if built is None:
+            document = self.document(now)
+            uids = [client.uid for client in self.scheduler.clients.values()]
+            built = self._built = _Built(self._version(generation), now, document, uids)
+            self.builds += 1
+        body = built.cut(viewer, self.lines)
         line = _reply(body, seq)
         if len(line) > p.MAX_REPLY_BYTES:  # too large whole: the one place that trims it
-            self._kept.pop(viewer, None)
-            return status_line(document, seq), time.perf_counter() - started
-        if len(self._kept) > 256 and viewer not in self._kept:
-            self._kept.clear()  # viewers are uids: a few per node, but never without bound
-        self._kept[viewer] = _Kept(self._version(generation), now, body)
-        return line, time.perf_counter() - started
+            line = status_line(built.document_for(viewer, self.lines), seq)
+        else:
+            if len(built.cuts) >= 256:
+                built.cuts.clear()  # viewers are uids: a few per node, but never without bound
+            built.cuts[viewer] = body
+        return line, time.perf_counter() - started, fresh
 
     def _version(self, generation: int) -> tuple[int, int]:
         return generation, self.lines.version if self.lines is not None else 0
+
+
+def _member(key: str, value: Any) -> bytes:
+    """``"key":value`` as it reads inside the encoded document."""
+    return _ENCODER.encode({key: value})[1:-1].encode()
+
+
+def _clients_member(entries: list[bytes]) -> bytes:
+    return b'"clients":[' + b",".join(entries) + b"]"
 
 
 def _reply(body: bytes, seq: int | None) -> bytes:
@@ -152,6 +227,11 @@ class StatusMeter:
         self._active_checked = 0.0
         #: What the last document built cost: what the next one is expected to.
         self.last_cost = 0.0
+        #: The node's bucket, which every group's charges come out of too (seconds left, when
+        #: counted; None: full): what a newcomer's part lets it take is credit already counted
+        #: here, so however many groups come, all of them together take at most ``burst`` at
+        #: once and ``total_share`` over time.
+        self._pool: tuple[float, float] | None = None
 
     def _part(self, now: float) -> tuple[float, float, float]:
         """Each group's rate and burst now (its part of the node's), and what its bucket must
@@ -185,16 +265,28 @@ class StatusMeter:
                 self._forget_full(now, rate, burst)
             self._buckets[group] = (burst, now)
         left = self._left(group, now, rate, burst, need)
-        return (need - left) / rate if left < need else 0.0
+        wait = (need - left) / rate if left < need else 0.0
+        pool = self._pool_left(now, need)
+        return max(wait, (need - pool) / self.total_share if pool < need else 0.0)
 
-    def charge(self, group: Group, seconds: float, now: float) -> None:
-        """Charge ``seconds`` of building to ``group``: its next waits until its bucket holds
-        a document's worth again."""
+    def _pool_left(self, now: float, need: float) -> float:
+        cap = max(self.burst, need)
+        if self._pool is None:
+            return cap
+        left, at = self._pool
+        return min(cap, left + (now - at) * self.total_share)
+
+    def charge(self, group: Group, seconds: float, now: float, built: bool = True) -> None:
+        """Charge ``seconds`` spent on ``group``'s status request to it and to the node: its
+        next waits until both buckets hold a document's worth again. ``built``: a document
+        was built (its cost is what the next one is expected to cost), not only cut."""
         if not seconds:
             return
         rate, burst, need = self._part(now)
         self._buckets[group] = (self._left(group, now, rate, burst, need) - seconds, now)
-        self.last_cost = seconds
+        self._pool = (self._pool_left(now, need) - seconds, now)
+        if built:
+            self.last_cost = seconds
 
     def _forget_full(self, now: float, rate: float, burst: float) -> None:
         for group, (left, at) in list(self._buckets.items()):

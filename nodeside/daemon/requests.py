@@ -413,8 +413,8 @@ class Requests(Rules):
                                   "their share of the daemon's time; they wait %.1f s [FD=%d]",
                                   uid, wait, session.peer.fd)
             return Outcome(wait=wait)
-        line, cost = self.documents.build(viewer, seq, now, self.generation)
-        self.meter.charge(group, cost, now)
+        line, cost, built = self.documents.build(viewer, seq, now, self.generation)
+        self.meter.charge(group, cost, now, built)
         return Outcome([line])
 
     def _pod(self, session: Session) -> str | None:

@@ -106,11 +106,8 @@ def build_status(scheduler: Scheduler, now: float,
                     "client": waiting_for.client, "name": waiting_for.name,
                     "bytes": waiting_for.bytes, "action": waiting_for.action},
             })
-        if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
-            entry["pid"] = None
-            entry["namespace"] = None  # as hidden as the labels it was verified against
-            del entry["labels"]
-        clients.append(entry)
+        clients.append(entry if sees_whole(viewer_admin, viewer_uid, client.uid)
+                       else as_others_see(entry))
     pools = sorted(pool_reports(scheduler, now, queues), key=lambda r: r.name)
     return {
         "version": STATUS_VERSION,
@@ -125,6 +122,29 @@ def build_status(scheduler: Scheduler, now: float,
         "preemption": scheduler.preemption,
         "preemption_off_reason": scheduler.preemption_off_reason,
     }
+
+
+def sees_whole(viewer_admin: bool, viewer_uid: int | None, client_uid: int | None) -> bool:
+    """Does this viewer see a client's entry whole? Admins see every one; another viewer only
+    those of its own uid."""
+    return viewer_admin or (viewer_uid is not None and client_uid == viewer_uid)
+
+
+def as_others_see(entry: dict[str, Any]) -> dict[str, Any]:
+    """A client's entry as a viewer of another uid sees it: without its pid, labels (a pod's
+    name, a path) and the namespace verified against them. The keys keep their order."""
+    cut = {**entry, "pid": None, "namespace": None}
+    del cut["labels"]
+    return cut
+
+
+def gpus_as_others_see(gpus: list[dict[str, Any]],
+                       evictions: Evictions | None) -> list[dict[str, Any]]:
+    """The GPUs' entries of an admin's document as a non-admin sees them: why one is blocked,
+    without the pid."""
+    if evictions is None:
+        return gpus
+    return [{**gpu, "evict_blocked": evictions.blocked(gpu["index"], False)} for gpu in gpus]
 
 
 def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
