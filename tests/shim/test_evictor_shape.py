@@ -100,3 +100,61 @@ def test_the_size_rule_finds_a_file_grown_past_500_lines(copy: Path) -> None:
     slabs = copy / "mechanisms" / "vmm_slabs.c"
     slabs.write_text(slabs.read_text() + "\n" * 500)
     assert list(files_over_500_lines(copy)) == ["mechanisms/vmm_slabs.c"]
+
+
+# ---- one table of allocations, one lock for its figures ------------------------------------
+
+#: A table of allocation records: a static array of pointers to them (a hash table's buckets).
+ALLOCATION_TABLE = re.compile(r"^static struct (vmm_)?allocation \*(\w+)\[", re.M)
+#: A write of a working-set figure (memory.h): the bytes by kind, the count of allocations.
+FIGURE_WRITE = re.compile(
+    r"\b(kiwi_(managed|vmm|mapped|pinned)_bytes|allocation_count)\s*(\+\+|--|[-+]?=(?!=))"
+    r"|\*kiwi_bytes_of\([^)]*\)\s*[-+]?=")
+LOCK = re.compile(r"^(?:static )?pthread_mutex_t (\w+)", re.M)
+
+
+def allocation_tables(shim: Path) -> dict[str, str]:
+    """file: the table, for every table of allocation records in the shim."""
+    return {f"{path.relative_to(shim).as_posix()}:{m.group(2)}": m.group(0)
+            for path in sorted(shim.rglob("*.c")) for m in ALLOCATION_TABLE.finditer(code_of(path))}
+
+
+def figure_locks(shim: Path) -> dict[str, list[str]]:
+    """file: the mutexes it defines, for every file that writes a working-set figure."""
+    return {path.relative_to(shim).as_posix(): LOCK.findall(code)
+            for path in sorted(shim.rglob("*.c"))
+            if FIGURE_WRITE.search(code := code_of(path))}
+
+
+def test_the_shim_keeps_one_table_of_allocations() -> None:
+    """memory.c's table holds every allocation, the vmm evictor's placements hanging off its
+    records; vmm_reuse.c's index holds only frees pending on a stream (memory no longer the
+    program's, filed for its stream's next allocation)."""
+    assert sorted(allocation_tables(SHIM)) == ["mechanisms/memory.c:table",
+                                               "mechanisms/vmm_reuse.c:filed"]
+
+
+def test_the_figures_are_counted_under_one_lock() -> None:
+    """The working set's figures are written in memory.c and limit.c only, under the one lock
+    memory.c defines (limit.c defines none)."""
+    assert figure_locks(SHIM) == {"mechanisms/limit.c": [],
+                                  "mechanisms/memory.c": ["kiwi_table_lock"]}
+
+
+def test_the_order_of_the_locks_is_written_where_the_table_lock_is_declared() -> None:
+    header = (SHIM / "mechanisms" / "memory.h").read_text()
+    order = re.search(r"in the order they are taken.*?\*/", header, re.S)
+    assert order, "memory.h says no order of the locks"
+    names = ["paging lock", "kiwi_vmm_lock", "kiwi_table_lock"]
+    at = [order.group(0).find(name) for name in names]
+    assert -1 not in at and at == sorted(at), order.group(0)
+
+
+def test_the_rules_find_a_second_table_and_a_second_lock(copy: Path) -> None:
+    allocations = copy / "mechanisms" / "vmm_allocations.c"
+    allocations.write_text(allocations.read_text() + (
+        "\nstatic struct vmm_allocation *by_address[4096];\n"
+        "static pthread_mutex_t figures_lock = PTHREAD_MUTEX_INITIALIZER;\n"
+        "static void count(size_t n) { kiwi_mapped_bytes += n; }\n"))
+    assert "mechanisms/vmm_allocations.c:by_address" in allocation_tables(copy)
+    assert figure_locks(copy)["mechanisms/vmm_allocations.c"] == ["figures_lock"]

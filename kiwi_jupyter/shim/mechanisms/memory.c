@@ -4,6 +4,8 @@
  * daemon knows whether two holders fit side by side) and the list of ranges the pager moves.
  * The application's own VMM handles (cuMemCreate) cannot be moved: they are counted, and
  * reported as not evictable; so is memory the vmm evictor maps that had to be pinned in place.
+ * The vmm evictor keeps no table of its own: its placement of an allocation hangs off the
+ * allocation's record here (memory.h says how, and in which order the locks are taken).
  * Whenever the totals change the client hears of it as news (news.c), never by a call: it reads
  * the totals when it next wakes.
  */
@@ -42,17 +44,15 @@ static size_t bucket(uint64_t key, enum allocation_kind kind)
 
 /* ---- table ---------------------------------------------------------------------------- */
 
-void kiwi_memory_track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
-                       CUdevice device, bool pooled)
+/* A new record in the table; false when out of host memory. */
+static bool record(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                   CUdevice device, bool pooled, struct vmm_allocation *placement)
 {
     struct allocation *a = malloc(sizeof *a);
-    if (!a) {
-        /* The allocation still works; it is only missing from the pager's list. */
-        kiwi_warn("out of host memory tracking an allocation of %zu bytes", size);
-        return;
-    }
+    if (!a)
+        return false;
     *a = (struct allocation){.key = key, .size = size, .kind = kind, .ctx = ctx,
-                             .device = device, .pooled = pooled};
+                             .device = device, .pooled = pooled, .placement = placement};
     pthread_mutex_lock(&kiwi_table_lock);
     size_t b = bucket(key, kind);
     a->next = table[b];
@@ -61,6 +61,22 @@ void kiwi_memory_track(uint64_t key, size_t size, enum allocation_kind kind, CUc
     generation++;
     pthread_mutex_unlock(&kiwi_table_lock);
     kiwi_news_post(KIWI_NEWS_WORKING_SET);
+    return true;
+}
+
+void kiwi_memory_track(uint64_t key, size_t size, enum allocation_kind kind, CUcontext ctx,
+                       CUdevice device, bool pooled)
+{
+    /* Without a record the allocation still works; it is only missing from the pager's list. */
+    if (!record(key, size, kind, ctx, device, pooled, NULL))
+        kiwi_warn("out of host memory tracking an allocation of %zu bytes", size);
+}
+
+bool kiwi_memory_track_placement(uint64_t key, size_t size, CUcontext ctx, CUdevice device,
+                                 struct vmm_allocation *placement)
+{
+    /* Here the record is the only place the allocation is kept: without it, no allocation. */
+    return record(key, size, MAPPED, ctx, device, false, placement);
 }
 
 /* Under kiwi_table_lock: the record of an allocation not already being freed, or NULL. */
@@ -105,12 +121,54 @@ struct allocation *kiwi_memory_begin_free(uint64_t key, unsigned kinds)
     return a;
 }
 
-void kiwi_memory_pin(uint64_t key)
+struct vmm_allocation *kiwi_memory_placement(uint64_t key)
 {
     pthread_mutex_lock(&kiwi_table_lock);
-    struct allocation *a = find(key, MAPPED);
-    if (a)
-        a->pinned = true;
+    struct vmm_allocation *placement = NULL;
+    for (struct allocation *a = table[bucket(key, MAPPED)]; a && !placement; a = a->next)
+        if (a->key == key && a->kind == MAPPED)
+            placement = a->placement;
+    pthread_mutex_unlock(&kiwi_table_lock);
+    return placement;
+}
+
+/* Under kiwi_table_lock: whether this very record is still in the table (the end of its
+ * context forgets records being freed too). */
+static bool listed(const struct allocation *record)
+{
+    for (const struct allocation *a = table[bucket(record->key, record->kind)]; a; a = a->next)
+        if (a == record)
+            return true;
+    return false;
+}
+
+struct vmm_allocation *kiwi_memory_unplace(struct allocation *record)
+{
+    pthread_mutex_lock(&kiwi_table_lock);
+    struct vmm_allocation *placement = listed(record) ? record->placement : NULL;
+    if (placement)
+        record->placement = NULL;
+    pthread_mutex_unlock(&kiwi_table_lock);
+    return placement;
+}
+
+bool kiwi_memory_replace(struct allocation *record, struct vmm_allocation *placement)
+{
+    pthread_mutex_lock(&kiwi_table_lock);
+    bool kept = listed(record) && !record->placement;
+    if (kept)
+        record->placement = placement;
+    pthread_mutex_unlock(&kiwi_table_lock);
+    return kept;
+}
+
+void kiwi_memory_each_placement(void (*visit)(struct allocation *record, void *arg), void *arg)
+{
+    pthread_mutex_lock(&kiwi_table_lock);
+    for (size_t b = 0; b < BUCKETS; b++)
+        for (struct allocation *a = table[b]; a; a = a->next)
+            if (a->kind == MAPPED && a->placement)
+                visit(a, arg);
     pthread_mutex_unlock(&kiwi_table_lock);
 }
 

@@ -1,6 +1,20 @@
 /* The table of allocations, entry by entry: for the entry points that allocate and free
  * (interpose/alloc.c, alloc_async.c, free.c), and for memory.c and limit.c, which share its
  * locks and counts. shim.h declares what the rest of the shim reads of it.
+ *
+ * It is the shim's one table of allocations: every allocation the interposer sees has one
+ * record here, keyed by its address (or VMM handle), whatever evictor made it. The vmm
+ * evictor's own facts of an allocation (where it is placed: its region or slab units, its pool,
+ * buffer id, a pending free's event) hang off its record as its placement (struct
+ * vmm_allocation, vmm.h); the vmm files keep no table of their own and find an allocation by
+ * its record (kiwi_memory_placement). One lock, kiwi_table_lock, guards the records and the
+ * figures counted from them; a placement is attached and taken off with kiwi_vmm_lock held
+ * too, so either lock is enough to read it.
+ *
+ * The locks, in the order they are taken (never the reverse):
+ *   the paging lock (memory.c) -> the contexts' (contexts.c), the captures' (captures.c)
+ *   -> kiwi_vmm_lock (vmm_regions.c) -> kiwi_table_lock (memory.c)
+ * kiwi_table_lock is innermost: nothing is called with it held that takes another lock.
  */
 #ifndef KIWI_MEMORY_H
 #define KIWI_MEMORY_H
@@ -13,6 +27,8 @@
 enum allocation_kind { MANAGED, VMM, DEVICE, MAPPED };
 #define KIND(kind) (1u << (kind))
 
+struct vmm_allocation;
+
 struct allocation {
     struct allocation *next;
     uint64_t key; /* device pointer, or VMM handle */
@@ -24,6 +40,10 @@ struct allocation {
                      vmm_allocations.c): counted, not evictable */
     CUcontext ctx;
     CUdevice device;
+    /* MAPPED: the vmm evictor's placement of it (vmm.h); NULL once the vmm evictor took it back
+     * (a free under way, or its context ended). Written under kiwi_vmm_lock and
+     * kiwi_table_lock both. */
+    struct vmm_allocation *placement;
 };
 
 /* ---- memory.c ---------------------------------------------------------------------------- */
@@ -39,8 +59,20 @@ void kiwi_memory_end_free(struct allocation *a, CUresult result);
  * into a graph): kept, and done by kiwi_memory_free_deferred. False when no more can wait. */
 bool kiwi_memory_defer_free(CUdeviceptr dptr);
 
-/* The MAPPED allocation at key stays where it is from now on: not evictable. */
-void kiwi_memory_pin(uint64_t key);
+/* The vmm evictor's side of the table, all under kiwi_vmm_lock (memory.c takes
+ * kiwi_table_lock inside it). track_placement: a new MAPPED record at key carrying placement
+ * (false: out of host memory, and nothing recorded). placement: that of the MAPPED allocation
+ * at key (one being freed too), or NULL. unplace: record's placement, taken off it for its free
+ * (NULL when it has none, or the record went with its context); replace: put back on it (a free
+ * that failed; false when the record went). each_placement: visit called, with
+ * kiwi_table_lock held, for every MAPPED record with a placement; it may pin the record or take
+ * its placement off, and must call nothing that locks. */
+bool kiwi_memory_track_placement(uint64_t key, size_t size, CUcontext ctx, CUdevice device,
+                                 struct vmm_allocation *placement);
+struct vmm_allocation *kiwi_memory_placement(uint64_t key);
+struct vmm_allocation *kiwi_memory_unplace(struct allocation *record);
+bool kiwi_memory_replace(struct allocation *record, struct vmm_allocation *placement);
+void kiwi_memory_each_placement(void (*visit)(struct allocation *record, void *arg), void *arg);
 /* MAPPED allocations are counted by what they take on the card, not by the bytes asked for: the
  * vmm evictor reserves each region (one allocation's, or a slab of small ones: whole granules)
  * with kiwi_memory_reserve(..., MAPPED) as it takes it, and gives it back with
@@ -48,7 +80,8 @@ void kiwi_memory_pin(uint64_t key);
  * ones pinned in place changed by bytes: */
 void kiwi_memory_pinned(int64_t bytes);
 
-/* The locks around the table (memory.c says how they are used), and what it counts. */
+/* The lock around the table and the figures (the one lock for them: the order of the locks is
+ * at the top of this file; memory.c says how they are used), and what it counts. */
 extern pthread_mutex_t kiwi_table_lock;
 /* Under kiwi_table_lock: bytes by kind (kiwi_vmm_bytes: VMM and DEVICE), and of the MAPPED
  * bytes those pinned in place. */

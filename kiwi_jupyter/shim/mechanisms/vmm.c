@@ -9,7 +9,7 @@
  * one granule, in units of VMM_UNIT. The addresses stay reserved for the allocation's life, so
  * pointers, tensors and captured CUDA graphs stay valid across evictions.
  *
- * This file places each allocation (vmm_allocations.c keeps them by address): in a slab
+ * This file places each allocation (kept in the shim's one table, memory.c): in a slab
  * (vmm_slabs.c), a region kept for reuse (vmm_cache.c), a pending free of its own stream
  * (vmm_reuse.c) or a new region (vmm_regions.c); and ends what a context held. Frees are
  * vmm_frees.c's.
@@ -185,10 +185,18 @@ CUresult kiwi_vmm_allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevi
         a->pool = order ? order->pool : NULL;
         a->stream_ordered = order != NULL;
         a->buffer_id = next_buffer_id++;
+        /* Into the one table (the working set grows), under this lock, so that no question
+         * about the address finds it placed and not yet recorded. */
+        if (!kiwi_memory_track_placement(a->ptr, size, ctx, device, a)) {
+            kiwi_vmm_release(a); /* frees a */
+            a = NULL;
+            result = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (result == CUDA_SUCCESS) {
         *backing = backing_of(a);
         if (*backing != KIWI_VMM_BACKED)
             atomic_store(&kiwi_vmm_all_backed, false);
-        kiwi_vmm_table_insert(a);
         kiwi_vmm_count_in_pool(a->pool, (int64_t)size, (int64_t)size);
         *dptr = a->ptr;
         if (!reused)
@@ -211,7 +219,7 @@ void kiwi_vmm_forget_context(CUcontext ctx)
     pthread_mutex_lock(&kiwi_vmm_lock);
     /* Its allocations went with it: their memory goes too (the driver frees cuMemAlloc'd
      * memory with its context; VMM memory outlives contexts, so the shim frees it itself). */
-    kiwi_vmm_table_forget(ctx);
+    kiwi_vmm_allocations_forget(ctx);
     kiwi_vmm_pending_forget(ctx);
     kiwi_vmm_cache_forget(ctx);
     kiwi_vmm_contexts_forget(ctx);
@@ -222,12 +230,11 @@ void kiwi_vmm_forget_context(CUcontext ctx)
 void kiwi_vmm_after_fork(void)
 {
     /* A forked child owns none of its parent's device memory, and no thread of its: what the
-     * parent's tables hold is left behind unfreed, as memory.c leaves its records. */
+     * parent's lists hold is left behind unfreed, as memory.c leaves its records. */
     pthread_mutex_init(&kiwi_vmm_lock, NULL);
     kiwi_vmm_regions_after_fork();
     kiwi_vmm_slabs_after_fork();
     kiwi_vmm_cache_after_fork();
-    kiwi_vmm_table_after_fork();
     kiwi_vmm_frees_after_fork();
     kiwi_vmm_reuse_after_fork();
     kiwi_vmm_contexts_after_fork();

@@ -16,7 +16,8 @@
  *   vmm_residency.c where the memory is: on the card, in host memory, in shadows
  *   vmm_frees.c    frees: synchronized, stream-ordered (pending until their event), or
  *                  deferred past a capture
- *   vmm_allocations.c the program's allocations by address, and what goes when one does
+ *   vmm_allocations.c the program's allocations (kept in memory.c's table), and what goes
+ *                  when one does
  *   vmm_cache.c    regions kept mapped for reuse after their last allocation went
  *   vmm_regions.c  regions of reserved address space cut into chunks: made, backed, destroyed
  *   vmm_slabs.c    slabs: small allocations in units of one granule's region
@@ -118,7 +119,8 @@ struct vmm_stream {
 
 /* One allocation the program made: a region of its own, or units of a slab. */
 struct vmm_allocation {
-    struct vmm_allocation *next; /* in its hash bucket, or in the list of pending frees */
+    /* in the list of pending frees, or of a context's allocations going */
+    struct vmm_allocation *next;
     struct vmm_allocation *prev; /* in the list of pending frees */
     CUdeviceptr ptr;
     size_t size;
@@ -272,10 +274,11 @@ void kiwi_vmm_builder_after_fork(void);
 
 /* ---- vmm_regions.c ----------------------------------------------------------------------- */
 
-/* The lock around the regions, the allocations and every count the vmm files keep; a move holds
- * it throughout. Taken after the paging lock (memory.c), the contexts' lock (contexts.c) and, by
- * the builder, the captures' (captures.c). The table of allocations' lock (kiwi_table_lock,
- * memory.c) is taken inside it, never around it. */
+/* The lock around the regions, the placements of allocations and every count the vmm files
+ * keep; a move holds it throughout. Taken after the paging lock (memory.c), the contexts' lock
+ * (contexts.c) and, by the builder, the captures' (captures.c). The one table of allocations'
+ * lock (kiwi_table_lock, memory.c) is taken inside it, never around it: memory.h holds the
+ * whole order. */
 extern pthread_mutex_t kiwi_vmm_lock;
 /* Under kiwi_vmm_lock: the first region (every region follows by next). A variable, so that
  * the builder below reads the list without calling up. */
@@ -354,19 +357,17 @@ void kiwi_vmm_cache_after_fork(void);
 
 /* ---- vmm_allocations.c ------------------------------------------------------------------- */
 
-/* Under kiwi_vmm_lock: the table of live allocations by start: in, found, taken out (NULL when
- * none). */
-void kiwi_vmm_table_insert(struct vmm_allocation *a);
-struct vmm_allocation *kiwi_vmm_table_find(CUdeviceptr ptr);
-struct vmm_allocation *kiwi_vmm_table_take(CUdeviceptr ptr);
-/* Under kiwi_vmm_lock: the memory of an allocation (out of the table) goes: its units, or its
- * region; and the record. */
+/* The live allocations are kept in the shim's one table (memory.c), each as the placement of
+ * its record (memory.h: kiwi_memory_track_placement, _placement, _unplace, _replace and
+ * _each_placement), under kiwi_vmm_lock. */
+/* Under kiwi_vmm_lock: the memory of an allocation (taken off its record) goes: its units, or
+ * its region; and the placement. */
 void kiwi_vmm_release(struct vmm_allocation *a);
 /* Under kiwi_vmm_lock: r stays where it is from now on (why: for the log). */
 void kiwi_vmm_pin(struct vmm_region *r, const char *why);
-/* Under kiwi_vmm_lock: ctx ended: its live allocations go. */
-void kiwi_vmm_table_forget(CUcontext ctx);
-void kiwi_vmm_table_after_fork(void);
+/* Under kiwi_vmm_lock: ctx ended: its live allocations go (their records stay, for the
+ * context's end to forget: interpose/context.c). */
+void kiwi_vmm_allocations_forget(CUcontext ctx);
 
 /* ---- vmm_frees.c ------------------------------------------------------------------------- */
 

@@ -20,10 +20,10 @@ static struct vmm_allocation *allocation_at(CUdeviceptr ptr)
     if (!r)
         return NULL;
     if (!r->slab)
-        return kiwi_vmm_table_find(r->va);
+        return kiwi_memory_placement(r->va);
     size_t unit = (ptr - r->va) / VMM_UNIT, first = kiwi_vmm_slab_start_before(r, unit);
     struct vmm_allocation *a =
-        first < r->unit_count ? kiwi_vmm_table_find(r->va + first * VMM_UNIT) : NULL;
+        first < r->unit_count ? kiwi_memory_placement(r->va + first * VMM_UNIT) : NULL;
     return a && unit < a->first_unit + a->unit_count && ptr - a->ptr < a->size ? a : NULL;
 }
 

@@ -35,7 +35,6 @@ static CUresult allocate(CUdeviceptr *dptr, size_t size, CUcontext ctx, CUdevice
         return kiwi_device_allocate_instead(dptr, size, ctx, device, result);
     if (result != CUDA_SUCCESS)
         return result;
-    kiwi_memory_track(*dptr, size, MAPPED, ctx, device, false); /* the working set grows */
     if (backing != KIWI_VMM_WAITS)
         return CUDA_SUCCESS;
     result = kiwi_room_wait(size);

@@ -85,11 +85,11 @@ void kiwi_vmm_pending_finish(void)
     kiwi_vmm_reclaim(false);
 }
 
-/* The allocation at ptr, out of the table; or NULL. */
-static struct vmm_allocation *take_locked(CUdeviceptr ptr)
+/* The placement of the allocation being freed, taken off its record; or NULL. */
+static struct vmm_allocation *take_locked(struct allocation *record)
 {
     pthread_mutex_lock(&kiwi_vmm_lock);
-    struct vmm_allocation *a = kiwi_vmm_table_take(ptr);
+    struct vmm_allocation *a = kiwi_memory_unplace(record);
     if (!a)
         pthread_mutex_unlock(&kiwi_vmm_lock);
     return a; /* locked when found */
@@ -119,8 +119,8 @@ CUresult kiwi_vmm_free(struct allocation *record)
             return result;
         }
     }
-    struct vmm_allocation *a = take_locked(ptr);
-    if (!a) { /* the shim's table had it, this one not: its context went meanwhile */
+    struct vmm_allocation *a = take_locked(record);
+    if (!a) { /* its record has no placement: its context went meanwhile */
         kiwi_memory_end_free(record, CUDA_SUCCESS);
         return CUDA_SUCCESS;
     }
@@ -139,10 +139,9 @@ CUresult kiwi_vmm_free(struct allocation *record)
 
 CUresult kiwi_vmm_free_async(struct allocation *record, CUstream stream, bool capturing)
 {
-    CUdeviceptr ptr = (CUdeviceptr)record->key;
     CUcontext ctx = NULL;
     kiwi_pager_driver.ctx_get(&ctx);
-    struct vmm_allocation *a = take_locked(ptr);
+    struct vmm_allocation *a = take_locked(record);
     if (!a) {
         kiwi_memory_end_free(record, CUDA_SUCCESS);
         return CUDA_SUCCESS;
@@ -174,9 +173,11 @@ CUresult kiwi_vmm_free_async(struct allocation *record, CUstream stream, bool ca
         if (result == CUDA_SUCCESS) {
             kiwi_vmm_count_in_pool(a->pool, 0, -(int64_t)a->size);
             kiwi_vmm_release(a);
-        } else {
+        } else if (kiwi_memory_replace(record, a)) {
             kiwi_vmm_count_in_pool(a->pool, (int64_t)a->size, 0);
-            kiwi_vmm_table_insert(a);
+        } else { /* its record went with its context meanwhile: so does the memory */
+            kiwi_vmm_count_in_pool(a->pool, 0, -(int64_t)a->size);
+            kiwi_vmm_release(a);
         }
     }
     pthread_mutex_unlock(&kiwi_vmm_lock);
