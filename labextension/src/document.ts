@@ -90,6 +90,13 @@ export interface IGpuStatus {
    * the host's MemTotal (a process's cgroup may allow less); null where that cannot be read.
    */
   host_budget?: number | null;
+  /**
+   * Pinned host memory its clients keep (shadows, staging): part of `host_bytes` the host's
+   * OS cannot page.
+   */
+  pinned_bytes?: number;
+  /** Bytes its clients keep in spill files on the node's disk. */
+  spill_bytes?: number;
 }
 
 /** One scheduling client: a kernel registers under its Jupyter kernel id as `name`. */
@@ -159,6 +166,17 @@ export interface IClientStatus {
    * `host_bytes` while evicted).
    */
   shadow_bytes?: number;
+  /** The tier its memory is in: the GPU, host memory, the node's disk, or moving between two. */
+  tier?: 'gpu' | 'host' | 'disk' | 'moving';
+  /** Bytes in its spill files now. */
+  disk_bytes?: number;
+  /** Of `host_bytes` and `shadow_bytes`, the bytes that are pinned. */
+  pinned_bytes?: number;
+  /**
+   * Why its last move between host memory and disk failed (a full or failing disk: the memory
+   * stayed where it was). Null: nothing failed.
+   */
+  tier_failed?: string | null;
   /**
    * Where `resident_bytes` comes from: NVML wherever it vouches for the process, else its
    * reports.
