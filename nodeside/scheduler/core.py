@@ -197,7 +197,8 @@ class Scheduler:
     # -- a client's requests, and time passing (turns.py) ---------------------------------
 
     def acquire(self, now: float, client_id: str) -> list[Action]:
-        return self._turns.acquire(self._state.client(client_id), now)
+        actions = self._turns.acquire(self._state.client(client_id), now)
+        return self._tiers_due(actions, now) if self._tiers.clients else actions
 
     def release(self, now: float, client_id: str, *, evict_first: bool = False,
                 evicting: bool = False) -> list[Action]:
@@ -215,7 +216,8 @@ class Scheduler:
         its way out; the hold ends now and its resident bytes count until its reports and
         ``evicted`` bring them down, so the way out and the next holder's way in overlap.
         """
-        return self._turns.release(self._state.client(client_id), now, evict_first, evicting)
+        actions = self._turns.release(self._state.client(client_id), now, evict_first, evicting)
+        return self._tiers_due(actions, now) if self._tiers.clients else actions
 
     def report_working_set(self, now: float, client_id: str, nbytes: int,
                            figures: MemoryFigures | None = None, *,
