@@ -264,8 +264,11 @@ class Scheduler:
         """A move between host memory and disk ended (``failed``: it could not)."""
         client = self._state.client(client_id)
         actions = self._tiers.moved(client, tier, host, disk, moved, seconds, failed, now)
-        self._state.gpus[client.gpu].ledger.book(client)
-        return self._tiers_due(actions, now)
+        gpu = self._state.gpus[client.gpu]
+        gpu.ledger.book(client)
+        self._tiers_due(actions, now)
+        # Host room a grant's evictions waited for may be there now, on any GPU.
+        return [*actions, *self._turns.schedule_all(now)]
 
     def tier_figures(self, client_id: str, disk: int | None, pinned: int | None) -> None:
         """A report's ``disk`` and ``pinned``: the progress of a move, recorded (the status

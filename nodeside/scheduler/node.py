@@ -59,6 +59,11 @@ class NodeState(PolicyView):
         #: gives none; ``host_budget`` is the one the rules use (tiers.py).
         self.measured_host_budget: int | None = None
         self.host_budget: int | None = None
+        #: The clients that speak ``tiers``, by id (tiers.py keeps it; empty: no host planning).
+        self.tiered: dict[str, Client] = {}
+        #: Host memory a grant's evictions wait for beyond the budget's headroom: spills are
+        #: asked to free it (residency.py sets it, tiers.py reads it).
+        self.host_wanted = 0
         self.read_config()
         self.choice: PoolsPolicy = POLICIES[config.policy](self)
         self.resize_windows()

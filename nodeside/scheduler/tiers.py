@@ -69,6 +69,39 @@ def host_use(client: Client) -> int:
     return max(client.host_bytes, ahead)
 
 
+def host_headroom(state: NodeState) -> int | None:
+    """Bytes of the host budget no client takes (negative: over it; None: no budget)."""
+    budget = state.host_budget
+    if budget is None:
+        return None
+    used = 0
+    for client in state.clients.values():
+        if client.memory:
+            used += host_use(client)
+    return budget - used
+
+
+def host_needed(client: Client, nbytes: int) -> int:
+    """New host memory an eviction of ``nbytes`` of ``client`` takes: what its pinned memory
+    made ahead (beyond its host copy) does not hold already."""
+    return max(0, nbytes - max(0, host_use(client) - client.host_bytes))
+
+
+def spills_pending(state: NodeState) -> bool:
+    """Some ``tiers`` client is spilling, or could be asked to (idle, evicted, in host memory,
+    nothing under way, no failure standing)."""
+    for client in state.tiered.values():
+        tiering = client.tiering
+        if tiering is None:
+            continue
+        if tiering.moving == SPILL or (
+                client.hold_state is HoldState.IDLE and client.residency is EVICTED
+                and client.host_bytes > 0 and tiering.moving is None
+                and tiering.failed_at is None):
+            return True
+    return False
+
+
 @final
 class TierRules:
     """Every ``tiers`` client's host memory and disk, against the node's host budget."""
@@ -76,7 +109,7 @@ class TierRules:
     def __init__(self, state: NodeState) -> None:
         self.state = state
         #: The clients that speak ``tiers``, by id: nothing here is asked while it is empty.
-        self.clients: dict[str, Client] = {}
+        self.clients: dict[str, Client] = state.tiered
 
     # -- what clients say -----------------------------------------------------------------
 
@@ -166,7 +199,8 @@ class TierRules:
             elif tiering.moving is None and client.host_bytes:
                 tiering.intent = not self._fetch_gpu(client, actions)
         spill_after = self.state.config.spill_after
-        excess = self.excess()
+        excess = self.excess() + self.state.host_wanted
+        self.state.host_wanted = 0  # the grant waiting says it again on its next pass
         for client in self._spillable():
             since = client.eviction.since
             idle_long = spill_after > 0 and since is not None and since + spill_after <= now
@@ -193,14 +227,8 @@ class TierRules:
 
     def excess(self) -> int:
         """Bytes by which the node's host use exceeds its budget (0: within it, or none)."""
-        budget = self.state.host_budget
-        if budget is None:
-            return 0
-        used = 0
-        for client in self.state.clients.values():
-            if client.memory:
-                used += host_use(client)
-        return max(0, used - budget)
+        headroom = host_headroom(self.state)
+        return 0 if headroom is None else max(0, -headroom)
 
     def plan_pins(self) -> list[Action]:
         """Each ``tiers`` client's pin budget (see the module's comment), told where changed."""

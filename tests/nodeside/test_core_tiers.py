@@ -11,13 +11,14 @@ share what the host budget leaves among the clients on the GPU, most recently us
 from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
-from nodeside.model import EVICTED, MemoryFigures, Registration
+from nodeside.model import EVICTED, RESIDENT, MemoryFigures, Registration
 from nodeside.scheduler.core import (
     Evict,
     Fetch,
     GpuSpec,
     Grant,
     PinBudget,
+    Refuse,
     Scheduler,
     SchedulerError,
     Spill,
@@ -176,3 +177,30 @@ def test_a_move_needs_the_tiers_feature_and_a_known_tier() -> None:
         except SchedulerError:
             continue
         raise AssertionError("accepted")
+
+
+def test_an_eviction_waits_for_spills_to_make_host_room_and_then_goes_out() -> None:
+    s = make(capacity=10 * GiB, host_budget=8 * GiB, spill_after=0)
+    a, b, c = (client(s, n, 6 * GiB) for n in ("nbA", "nbB", "nbC"))
+    evicted_at(s, a, 10.0, 6 * GiB)  # 6 of 8 GiB of host memory taken
+    assert of(Spill, s.tick(11.0)) == []
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    s.release(21.0, b)
+    # c needs b's 6 GiB moved out: 2 GiB of headroom, so a spills first and b waits to be asked.
+    actions = s.acquire(30.0, c)
+    assert of(Evict, actions) == [] and of(Spill, actions) == [Spill(a, 0, None, "budget")]
+    assert s.clients[c].state == "waiting"
+    actions = s.tier_moved(35.0, a, "disk", host=0, disk=6 * GiB)
+    assert of(Evict, actions) == [Evict(b, 0, 6 * GiB, "nbC")]
+
+
+def test_an_eviction_the_host_budget_cannot_hold_is_refused_with_the_reason() -> None:
+    s = make(capacity=10 * GiB, host_budget=4 * GiB, spill_after=0)
+    b, c = client(s, "nbB", 6 * GiB), client(s, "nbC", 6 * GiB)
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    s.release(21.0, b)
+    refused = of(Refuse, s.acquire(30.0, c))
+    assert len(refused) == 1 and "host budget (4.0 GiB) has 4.0 GiB left" in refused[0].message
+    assert s.clients[b].residency is RESIDENT

@@ -1,9 +1,9 @@
 """The ``tiers`` feature against the real daemon on a real Unix socket, with Python client
 sessions (``nodeside.protocol.client_session``) speaking it.
 
-Two kernels on a GPU with room for one, and a host budget smaller than one's memory: the one
-evicted is asked to spill at once (the budget runs short), reports its progress and ends with
-``tier_moved``; the status document shows its tier, its disk and the node's budget. An
+Kernels on a GPU with room for one, and a host budget with room for one evicted: the next
+eviction waits while the evicted one spills (it reports its progress and ends with
+``tier_moved``); the status document shows its tier, its disk and the node's budget. An
 ``intent`` from a connection of the kernel's uid brings it back to host memory at once, and on
 to the GPU only once the holder's memory is gone; a name no client of the uid has is refused.
 """
@@ -79,14 +79,23 @@ class Kernel:
         self.sock.close()
 
 
-@pytest.fixture
-def budget4(start_daemon, tmp_path: Path) -> DaemonProcess:
-    """One GPU of 10 GiB, a host budget of 4 GiB, nothing spilled for idling alone."""
+def start(start_daemon, tmp_path: Path, settings: str) -> DaemonProcess:
     config = tmp_path / "kiwi.yaml"
-    config.write_text("memory_reserve: 0\nevict_timeout: 30\nhost_budget: 4GiB\n"
-                      "spill_after: 0\n")
+    config.write_text("memory_reserve: 0\nevict_timeout: 30\n" + settings)
     return start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory", "10GiB",
                         "--config", str(config))
+
+
+@pytest.fixture
+def budget8(start_daemon, tmp_path: Path) -> DaemonProcess:
+    """One GPU of 10 GiB, a host budget of 8 GiB, nothing spilled for idling alone."""
+    return start(start_daemon, tmp_path, "host_budget: 8GiB\nspill_after: 0\n")
+
+
+@pytest.fixture
+def spill_at_once(start_daemon, tmp_path: Path) -> DaemonProcess:
+    """One GPU of 10 GiB; an evicted kernel is spilled as soon as the daemon's timer fires."""
+    return start(start_daemon, tmp_path, "host_budget: 64GiB\nspill_after: 0.01\n")
 
 
 def used(kernel: Kernel, nbytes: int) -> None:
@@ -98,56 +107,71 @@ def used(kernel: Kernel, nbytes: int) -> None:
     kernel.flush()
 
 
-def test_a_short_host_budget_spills_and_an_intent_brings_the_memory_back(budget4) -> None:
-    a, b = Kernel(budget4, "nbA", 6 * GiB), Kernel(budget4, "nbB", 6 * GiB)
-    assert a.ready.registered["pin_budget"] <= 4 * GiB  # its share of the host budget
+def evict(kernel: Kernel, nbytes: int) -> None:
+    kernel.take(lambda e: isinstance(e, ev.EvictAsked))
+    assert kernel.reply(kernel.session.evicted(resident=0, host=nbytes, moved=nbytes,
+                                               seconds=0.1))["op"] == p.OK
+
+
+def test_evictions_wait_for_a_spill_and_an_intent_brings_the_memory_back(budget8) -> None:
+    a, b, c = (Kernel(budget8, name, 6 * GiB) for name in ("nbA", "nbB", "nbC"))
+    assert a.ready.registered["pin_budget"] <= 8 * GiB  # its share of the host budget
     used(a, 6 * GiB)
     b.session.ask()
     b.flush()
-    a.take(lambda e: isinstance(e, ev.EvictAsked))
-    assert a.reply(a.session.evicted(resident=0, host=6 * GiB, moved=6 * GiB,
-                                     seconds=0.1))["op"] == p.OK
+    evict(a, 6 * GiB)
     b.take(lambda e: isinstance(e, ev.Granted))
-    # 6 GiB in host memory, 4 allowed: a is asked to spill, and nothing else of it moves.
+    assert b.reply(b.session.report_working_set(6 * GiB, resident=6 * GiB, host=0))["op"] \
+        == p.OK
+    b.session.release()
+    b.flush()
+    # c needs b's 6 GiB moved out; the budget has 2 GiB left: a is asked to spill first, and
+    # b is asked to evict only once a's memory is on disk.
+    c.session.ask()
+    c.flush()
     spill = a.take(lambda e: isinstance(e, ev.SpillAsked))
     assert spill.nbytes is None and a.me()["tier"] == "moving"
+    assert not [e for e in b.inbox if isinstance(e, ev.EvictAsked)]
     assert a.reply(a.session.report_working_set(6 * GiB, resident=0, host=3 * GiB,
                                                 disk=3 * GiB))["op"] == p.OK
     assert a.reply(a.session.tier_moved("disk", host=0, disk=6 * GiB, moved=6 * GiB,
                                         seconds=0.5))["op"] == p.OK
+    evict(b, 6 * GiB)
+    c.take(lambda e: isinstance(e, ev.Granted))
     mine = a.me()
     assert (mine["tier"], mine["disk_bytes"], mine["host_bytes"], mine["tier_failed"]) == \
         ("disk", 6 * GiB, 0, None)
-    gpu = b.gpu()
-    assert (gpu["spill_bytes"], gpu["host_budget"]) == (6 * GiB, 4 * GiB)
-    assert b.me()["tier"] == "gpu"
+    gpu = c.gpu()
+    assert (gpu["spill_bytes"], gpu["host_budget"]) == (6 * GiB, 8 * GiB)
+    assert c.me()["tier"] == "gpu"
+    assert c.reply(c.session.report_working_set(6 * GiB, resident=6 * GiB, host=0))["op"] \
+        == p.OK
 
     # The Jupyter server, as the same uid: a cell of nbA is about to run.
-    server = Kernel(budget4, None, features=(p.FEATURE_TIERS,))
+    server = Kernel(budget8, None, features=(p.FEATURE_TIERS,))
     assert server.reply(server.session.intent("nbA"))["op"] == p.OK
     assert a.take(lambda e: isinstance(e, ev.FetchAsked)).tier == "host"
     refused = server.reply(server.session.intent("nobody"))
     assert (refused["op"], refused["code"]) == (p.ERROR, p.E_INVALID)
-    # Back in host memory; b holds 6 of 10 GiB, so a's 6 wait: no fetch to the GPU, nobody
-    # asked to evict, b keeps the GPU.
+    # Back in host memory; c holds 6 of 10 GiB, so a's 6 wait: no fetch to the GPU, nobody
+    # asked to evict, c keeps the GPU.
     assert a.reply(a.session.tier_moved("host", host=6 * GiB, disk=0, moved=6 * GiB,
                                         seconds=0.5))["op"] == p.OK
     assert not [e for e in a.inbox if isinstance(e, ev.FetchAsked)]
-    assert not [e for e in b.inbox if isinstance(e, (ev.EvictAsked, ev.DropAsked))]
-    assert b.me()["state"] == "holding"
-    b.close()  # b's memory is gone: the intent waiting is acted on
+    assert not [e for e in c.inbox if isinstance(e, (ev.EvictAsked, ev.DropAsked))]
+    assert c.me()["state"] == "holding"
+    c.close()  # c's memory is gone: the intent waiting is acted on
     assert a.take(lambda e: isinstance(e, ev.FetchAsked)).tier == "gpu"
 
 
-def test_a_failed_spill_is_shown_and_a_move_needs_the_feature(budget4) -> None:
-    a, b = Kernel(budget4, "nbA", 6 * GiB), Kernel(budget4, "nbB", 6 * GiB)
-    plain = Kernel(budget4, "nbC", 0, features=(p.FEATURE_MEMORY,))
+def test_a_failed_spill_is_shown_and_a_move_needs_the_feature(spill_at_once) -> None:
+    a, b = Kernel(spill_at_once, "nbA", 6 * GiB), Kernel(spill_at_once, "nbB", 6 * GiB)
+    plain = Kernel(spill_at_once, "nbC", 0, features=(p.FEATURE_MEMORY,))
     used(a, 6 * GiB)
     b.session.ask()
     b.flush()
-    a.take(lambda e: isinstance(e, ev.EvictAsked))
-    a.reply(a.session.evicted(resident=0, host=6 * GiB, moved=6 * GiB, seconds=0.1))
-    a.take(lambda e: isinstance(e, ev.SpillAsked))
+    evict(a, 6 * GiB)
+    a.take(lambda e: isinstance(e, ev.SpillAsked))  # idle past spill_after: the daemon's timer
     assert a.reply(a.session.tier_moved("host", host=6 * GiB, disk=0,
                                         failed="spill_dir: no space left"))["op"] == p.OK
     mine = a.me()
