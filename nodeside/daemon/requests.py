@@ -21,7 +21,7 @@ from nodeside.daemon.memory_reports import HOLDING, IDLE, MOVING, Figures, Memor
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
-from nodeside.daemon.tier_requests import TierRequests, byte_figure
+from nodeside.daemon.tier_requests import TierRequests, byte_figure, said_seconds
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
@@ -382,9 +382,7 @@ class Requests(Rules):
         client = self.scheduler.clients[client_id]
         figures = (byte_figure(msg, "resident"), self._host(msg, "host"), self._host(msg, "shadow"))
         self._check_nvml_soon(client, figures[0])
-        seconds = msg.get("seconds")  # as the client measured its way out: sane ones only
-        took = float(seconds) if isinstance(seconds, (int, float)) and \
-            not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
+        took = said_seconds(msg.get("seconds"))  # as the client measured its way out
         actions = self.scheduler.evicted(now, client_id, MemoryFigures(
                                              *figures, disk=byte_figure(msg, "disk")),
                                          failed=failed, seconds=took,

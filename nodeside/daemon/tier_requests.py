@@ -58,9 +58,7 @@ class TierRequests:
         failed = msg.get("failed")
         failed = None if failed is None else limits.short_text(failed, "tier_moved.failed")
         to = limits.short_text(msg.get("tier"), "tier_moved.tier")
-        seconds = msg.get("seconds")  # as the client measured its move: sane ones only
-        took = float(seconds) if isinstance(seconds, (int, float)) and \
-            not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
+        took = said_seconds(msg.get("seconds"))
         actions = self.scheduler.tier_moved(
             now, client_id, to, byte_figure(msg, "host"), byte_figure(msg, "disk"),
             moved=byte_figure(msg, "moved"), seconds=took, failed=failed)
@@ -92,6 +90,12 @@ class TierRequests:
         acted = bool(actions)
         return Outcome([p.encode(p.OK, seq=seq), *actions], reschedule=acted, changed=acted,
                        gpus=tuple({c.gpu for c in targets}) if acted else ())
+
+
+def said_seconds(seconds: Any) -> float | None:
+    """How long a move took, as the client measured it: sane figures only (None otherwise)."""
+    return float(seconds) if isinstance(seconds, (int, float)) and \
+        not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
 
 
 def byte_figure(msg: dict[str, Any], key: str) -> int | None:
