@@ -85,9 +85,11 @@ export interface IGpuStatus {
   /** Host memory held by its evicted clients (at most what the host has). */
   host_bytes?: number;
   /**
-   * Host memory evicted memory may take on this node: what it holds (its clients'
-   * `host_bytes`, or their `shadow_bytes` where larger) plus the host's MemAvailable, at most
-   * the host's MemTotal (a process's cgroup may allow less); null where that cannot be read.
+   * Host memory evicted memory may take on this node: the node's host budget where the daemon
+   * plans with one (the config's `host_budget`, or where a client speaks `tiers`); otherwise
+   * what it holds (its clients' `host_bytes`, or their `shadow_bytes` where larger) plus the
+   * host's MemAvailable; at most the host's MemTotal (a process's cgroup may allow less);
+   * null where that cannot be read.
    */
   host_budget?: number | null;
   /**

@@ -123,11 +123,13 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
         nullable=True, added_by="memory"),
     Key("host_bytes", "int", "Host memory held by its evicted clients (at most what the host "
                              "has).", added_by="memory"),
-    Key("host_budget", "int", "Host memory evicted memory may take on this node: what it "
-                              "holds (its clients' `host_bytes`, or their `shadow_bytes` "
-                              "where larger) plus the host's MemAvailable, at most the host's "
-                              "MemTotal (a process's cgroup may allow less); null where that "
-                              "cannot be read.",
+    Key("host_budget", "int", "Host memory evicted memory may take on this node: the node's "
+                              "host budget where the daemon plans with one (the config's "
+                              "`host_budget`, or where a client speaks `tiers`); otherwise "
+                              "what it holds (its clients' `host_bytes`, or their "
+                              "`shadow_bytes` where larger) plus the host's MemAvailable; at "
+                              "most the host's MemTotal (a process's cgroup may allow less); "
+                              "null where that cannot be read.",
         nullable=True, added_by="memory"),
     Key("pinned_bytes", "int", "Pinned host memory its clients keep (shadows, staging): part "
                                "of `host_bytes` the host's OS cannot page.", added_by="tiers"),
