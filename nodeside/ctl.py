@@ -21,8 +21,9 @@ from nodeside.memory_words import (
     gpu_memory_words,
     human_bytes,
     keeps_memory,
+    memory_place_word,
     memory_use_words,
-    residency_word,
+    tier_failed_words,
     waiting_for_words,
 )
 from nodeside.names import current_user, names_by_id, shorten, state_word, who
@@ -129,17 +130,26 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append("")
         head = (f"{'CLIENT':<36} {'ID':<6} {'POOL':<12} {'PRIORITY':<8} {'STATE':<8} "
                 f"{'GPU TIME':>10}")
+        shows_disk = any("disk_bytes" in c for c in doc["clients"])
         if shows_memory:
             head += f" {'MEMORY':<14} {'ON GPU':>10} {'IN HOST':>10}"
+            if shows_disk:
+                head += f" {'ON DISK':>10}"
         lines.append(head)
         for c in doc["clients"]:
             row = (f"{who(c, 36, viewer):<36} {c['id']:<6} {shorten(c['pool'], 12):<12} "
                    f"{c['priority']:<8} {state_word(c):<8} "
                    f"{seconds(c['gpu_seconds']):>10}")
             if shows_memory and "residency" in c:
-                row += (f" {residency_word(c):<14} {human_bytes(c.get('resident_bytes')):>10} "
+                row += (f" {memory_place_word(c):<14} "
+                        f"{human_bytes(c.get('resident_bytes')):>10} "
                         f"{human_bytes(c.get('host_bytes')):>10}")
+                if shows_disk:
+                    row += f" {human_bytes(c.get('disk_bytes', 0)):>10}"
             lines.append(row)
+            failed = tier_failed_words(c)
+            if failed is not None:
+                lines.append(f"  {failed}")
     return "\n".join(lines)
 
 

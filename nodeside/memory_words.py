@@ -3,7 +3,9 @@ waits for, as every text view says them (``kiwictl status``, ``%kiwi status``, t
 
 The words are fixed with the status document's keys (docs/protocol.md, the status document):
 ``resident`` is "on GPU", ``evicting`` "moving out", ``evicted`` "in host memory" and
-``restoring`` "moving in". The panel says the same in TypeScript (labextension/src/format.ts).
+``restoring`` "moving in"; a tier (feature ``tiers``) ``gpu`` "on GPU", ``host`` "in host
+memory", ``disk`` "on disk", ``moving`` "moving". The panel says the same in TypeScript
+(labextension/src/format.ts).
 A document from a daemon that keeps no resident memory has none of these keys, and every
 function here then says nothing (None), so the views show what they showed before.
 """
@@ -21,6 +23,15 @@ RESIDENCY_WORDS: dict[str, str] = {
     "evicting": "moving out",
     "evicted": "in host memory",
     "restoring": "moving in",
+}
+
+
+#: What people read for each tier of the status document (feature ``tiers``).
+TIER_WORDS: dict[str, str] = {
+    "gpu": "on GPU",
+    "host": "in host memory",
+    "disk": "on disk",
+    "moving": "moving",
 }
 
 
@@ -54,6 +65,24 @@ def residency_word(client: dict[str, Any]) -> str:
     """``on GPU``, ``moving out``, ``in host memory`` or ``moving in``; empty when not said."""
     residency = str(client.get("residency") or "")
     return RESIDENCY_WORDS.get(residency, residency)
+
+
+def memory_place_word(client: dict[str, Any]) -> str:
+    """Where a client's memory is in a word: its tier where the document says one (``on
+    disk``), else its residency; with ``(move failed)`` while its last move to or from disk
+    failed (the reason: ``tier_failed_words``)."""
+    place = client.get("tier")
+    if place is None:
+        return residency_word(client)
+    word = TIER_WORDS.get(str(place), str(place))
+    return f"{word} (move failed)" if client.get("tier_failed") else word
+
+
+def tier_failed_words(client: dict[str, Any]) -> str | None:
+    """Why a client's last move between host memory and disk failed: ``could not move to or
+    from disk: no space left``; None when none failed."""
+    failed = client.get("tier_failed")
+    return None if not failed else f"could not move to or from disk: {failed}"
 
 
 def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = None,
@@ -90,4 +119,8 @@ def gpu_memory_words(gpu: dict[str, Any]) -> str | None:
     host = human_bytes(gpu.get("host_bytes", 0))
     in_host = (f"{host} in host memory (no limit set)" if budget is None
                else f"{host} of {human_bytes(budget)} in host memory")
-    return f"{on_gpu}, {in_host}"
+    tiers = ""
+    if "spill_bytes" in gpu:  # feature ``tiers``
+        tiers = (f" ({human_bytes(gpu.get('pinned_bytes', 0))} pinned), "
+                 f"{human_bytes(gpu['spill_bytes'])} on disk")
+    return f"{on_gpu}, {in_host}{tiers}"

@@ -85,11 +85,20 @@ export interface IGpuStatus {
   /** Host memory held by its evicted clients (at most what the host has). */
   host_bytes?: number;
   /**
-   * Host memory evicted memory may take on this node: what it holds (its clients'
-   * `host_bytes`, or their `shadow_bytes` where larger) plus the host's MemAvailable, at most
-   * the host's MemTotal (a process's cgroup may allow less); null where that cannot be read.
+   * Host memory evicted memory may take on this node: the node's host budget where the daemon
+   * plans with one (the config's `host_budget`, or where a client speaks `tiers`); otherwise
+   * what it holds (its clients' `host_bytes`, or their `shadow_bytes` where larger) plus the
+   * host's MemAvailable; at most the host's MemTotal (a process's cgroup may allow less);
+   * null where that cannot be read.
    */
   host_budget?: number | null;
+  /**
+   * Pinned host memory its clients keep (shadows, staging): part of `host_bytes` the host's
+   * OS cannot page.
+   */
+  pinned_bytes?: number;
+  /** Bytes its clients keep in spill files on the node's disk. */
+  spill_bytes?: number;
 }
 
 /** One scheduling client: a kernel registers under its Jupyter kernel id as `name`. */
@@ -159,6 +168,17 @@ export interface IClientStatus {
    * `host_bytes` while evicted).
    */
   shadow_bytes?: number;
+  /** The tier its memory is in: the GPU, host memory, the node's disk, or moving between two. */
+  tier?: 'gpu' | 'host' | 'disk' | 'moving';
+  /** Bytes in its spill files now. */
+  disk_bytes?: number;
+  /** Of `host_bytes` and `shadow_bytes`, the bytes that are pinned. */
+  pinned_bytes?: number;
+  /**
+   * Why its last move between host memory and disk failed (a full or failing disk: the memory
+   * stayed where it was). Null: nothing failed.
+   */
+  tier_failed?: string | null;
   /**
    * Where `resident_bytes` comes from: NVML wherever it vouches for the process, else its
    * reports.

@@ -19,7 +19,8 @@ from typing import Final
 from nodeside.protocol.messages import EVICTORS, MODES, PRIORITIES
 
 __all__ = ["CLIENT", "CLIENT_STATES", "DOCUMENT", "GPU", "HELD_SPAN", "MEMORY_SOURCES", "MODES",
-           "PARTS", "POOL", "POOL_GPU", "RESIDENCIES", "WAITING_FOR", "Key", "Part", "part"]
+           "PARTS", "POOL", "POOL_GPU", "RESIDENCIES", "TIERS", "WAITING_FOR", "Key", "Part",
+           "part"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Key:
     #: daemon), "server" (the Jupyter server extension), "status_line" (a document too long);
     #: "memory": ``build_status``, for clients that speak the ``memory`` feature (and the GPUs
     #: they are on); "pause_watch" (the daemon, where NVML samples each process's use of the
-    #: GPU).
+    #: GPU); "tiers": ``build_status``, for clients that speak the ``tiers`` feature.
     added_by: str = ""
 
 
@@ -75,6 +76,10 @@ HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of
 #: Where a client's memory is (feature ``memory``): on the GPU, moving out, in host memory,
 #: moving in. ``nodeside.model`` names each for the scheduler.
 RESIDENCIES: Final[tuple[str, ...]] = ("resident", "evicting", "evicted", "restoring")
+
+#: Which tier a client's memory is in (feature ``tiers``): the GPU, host memory, the node's
+#: disk, or moving between two of them.
+TIERS: Final[tuple[str, ...]] = ("gpu", "host", "disk", "moving")
 
 #: Where a client's resident bytes come from.
 MEMORY_SOURCES: Final[tuple[str, ...]] = ("shim", "nvml", "working_set")
@@ -118,12 +123,18 @@ GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (
         nullable=True, added_by="memory"),
     Key("host_bytes", "int", "Host memory held by its evicted clients (at most what the host "
                              "has).", added_by="memory"),
-    Key("host_budget", "int", "Host memory evicted memory may take on this node: what it "
-                              "holds (its clients' `host_bytes`, or their `shadow_bytes` "
-                              "where larger) plus the host's MemAvailable, at most the host's "
-                              "MemTotal (a process's cgroup may allow less); null where that "
-                              "cannot be read.",
+    Key("host_budget", "int", "Host memory evicted memory may take on this node: the node's "
+                              "host budget where the daemon plans with one (the config's "
+                              "`host_budget`, or where a client speaks `tiers`); otherwise "
+                              "what it holds (its clients' `host_bytes`, or their "
+                              "`shadow_bytes` where larger) plus the host's MemAvailable; at "
+                              "most the host's MemTotal (a process's cgroup may allow less); "
+                              "null where that cannot be read.",
         nullable=True, added_by="memory"),
+    Key("pinned_bytes", "int", "Pinned host memory its clients keep (shadows, staging): part "
+                               "of `host_bytes` the host's OS cannot page.", added_by="tiers"),
+    Key("spill_bytes", "int", "Bytes its clients keep in spill files on the node's disk.",
+        added_by="tiers"),
 ))
 
 CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers under its "
@@ -177,6 +188,14 @@ CLIENT: Final = Part("IClientStatus", "One scheduling client: a kernel registers
     Key("shadow_bytes", "int", "Host memory it keeps for its evictions (the vmm evictor's "
                                "shadows, made ahead; they hold `host_bytes` while evicted).",
         added_by="memory"),
+    Key("tier", "str", "The tier its memory is in: the GPU, host memory, the node's disk, or "
+                       "moving between two.", values=TIERS, added_by="tiers"),
+    Key("disk_bytes", "int", "Bytes in its spill files now.", added_by="tiers"),
+    Key("pinned_bytes", "int", "Of `host_bytes` and `shadow_bytes`, the bytes that are pinned.",
+        added_by="tiers"),
+    Key("tier_failed", "str", "Why its last move between host memory and disk failed (a full "
+                              "or failing disk: the memory stayed where it was). Null: nothing "
+                              "failed.", nullable=True, added_by="tiers"),
     Key("memory_source", "str", "Where `resident_bytes` comes from: NVML wherever it vouches "
                                 "for the process, else its reports.", values=MEMORY_SOURCES,
         added_by="memory"),

@@ -78,6 +78,9 @@ def _f(name: str, type: str, doc: str = "", *, required: bool = False) -> Field:
 
 
 _GPU = _f("gpu", "int", "the GPU's index")
+DISK_DOC: Final = "`tiers` feature: bytes in its spill files on the node's disk now"
+PINNED_DOC: Final = ("`tiers` feature: bytes of its host memory that are pinned (shadows and "
+                     "staging), counted in `host` and in `shadow`")
 SHADOW_DOC: Final = ("`memory` feature: host memory the client keeps for its evictions (the "
                      "vmm evictor's shadows, made ahead; they hold what is evicted), in bytes; "
                      "the daemon counts it as host memory evictions already have")
@@ -110,6 +113,7 @@ MESSAGES: Final[tuple[Message, ...]] = (
                               "restart learns where memory is)"),
         _f("host", "int", "`memory` feature: bytes it has in host memory already"),
         _f("shadow", "int", SHADOW_DOC),
+        _f("disk", "int", "`tiers` feature: bytes it has in spill files already"),
     ), doc="`registered`: become a scheduling client; a connection registers at most once"),
     Message("ACQUIRE", "acquire", "request",
             doc="`grant` if granted now, else `waiting` with `position` (1-based); the `grant` "
@@ -130,17 +134,38 @@ MESSAGES: Final[tuple[Message, ...]] = (
         _f("resident", "int", "`memory` feature: bytes on the GPU now"),
         _f("host", "int", "`memory` feature: bytes in host memory now; 0 ends a restore"),
         _f("shadow", "int", SHADOW_DOC),
+        _f("disk", "int", DISK_DOC),
+        _f("pinned", "int", PINNED_DOC),
     ), doc="`ok`"),
     Message("EVICTED", "evicted", "request", (
         _f("resident", "int", "bytes still on the GPU"),
         _f("host", "int", "bytes in host memory now"),
         _f("shadow", "int", SHADOW_DOC),
+        _f("disk", "int", DISK_DOC),
         _f("moved", "int", "bytes this eviction moved"),
         _f("seconds", "number", "how long it took"),
         _f("failed", "str", "why it could not evict (instead of the figures); the client is "
                             "not asked again until its next report"),
     ), doc="`ok`; `memory` feature: an eviction ended, asked (`evict`) or of the client's own "
            "accord"),
+    Message("TIER_MOVED", "tier_moved", "request", (
+        _f("tier", "str", "where its evicted memory is now: `host` or `disk`"),
+        _f("host", "int", "bytes in host memory now"),
+        _f("disk", "int", DISK_DOC),
+        _f("moved", "int", "bytes this move moved"),
+        _f("seconds", "number", "how long it took"),
+        _f("failed", "str", "why it could not move (a full or failing disk): the memory stayed "
+                            "where it was, nothing is lost"),
+    ), doc="`ok`; `tiers` feature: a move between host memory and disk ended, asked (`spill`, "
+           "`fetch`) or of the client's own accord"),
+    Message("INTENT", "intent", "request", (
+        _f("name", "str", "the kernel's client key, as it registered", required=True),
+        _f("reason", "str", "`execute` (a cell is about to run) or `front` (its notebook was "
+                            "brought to the front)"),
+    ), doc="`ok`; `tiers` feature: a hint that a kernel of this peer's uid is about to work; "
+           "the daemon starts bringing its memory a tier closer (`fetch`). A hint never takes "
+           "the GPU from a holder and never evicts anyone; `invalid` for a name no client of "
+           "this uid has"),
     Message("STATUS", "status", "request",
             doc="`status` with field `status`: the status document ([interfaces.md](interfaces.md) "
                 "section 5); besides the contract's keys, `configured_pools` (the names the "
@@ -220,6 +245,24 @@ MESSAGES: Final[tuple[Message, ...]] = (
                        "`vmm`): move your memory to host memory now; report progress in "
                        "`working_set` and the end in `evicted`. A holder gets `drop` with "
                        "`evict` instead"),
+    Message("SPILL", "spill", "daemon", (
+        _GPU,
+        _f("bytes", "int", "host memory to free; absent: all of it"),
+    ), event=True, doc="`tiers` feature, only to an idle client whose memory is in host memory: "
+                       "move it to your spill files now; report progress in `working_set` and "
+                       "the end in `tier_moved`"),
+    Message("FETCH", "fetch", "daemon", (
+        _GPU,
+        _f("tier", "str", "`host`: from disk to host memory; `gpu`: on to the GPU, where "
+                          "there is room for it now"),
+    ), event=True, doc="`tiers` feature, a hint to an idle client: it is about to work, bring "
+                       "its memory a tier closer; the end in `tier_moved` (`host`) or in "
+                       "`working_set` with `host` 0 (`gpu`)"),
+    Message("PIN_BUDGET", "pin_budget", "daemon", (
+        _f("pin_budget", "int", "bytes", required=True),
+    ), event=True, doc="`tiers` feature: the most host memory the client may keep pinned ahead "
+                       "from now on; over it, unpin or drop the shadows of memory that is on "
+                       "the GPU and report `working_set`"),
     Message("CHANGED", "changed", "daemon", event=True,
             doc="only to connections whose `hello` asked for `changes`: the status document "
                 "reads otherwise now; ask for it with `status`"),
@@ -230,7 +273,8 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("OK", "ok", "daemon", (
         _f("mode", "str", "after `set_mode` and `set_tq`"),
         _f("tq", "number", "likewise"),
-    ), answers=("working_set", "evicted", "set_mode", "set_tq"), doc="done"),
+    ), answers=("working_set", "evicted", "tier_moved", "intent", "set_mode", "set_tq"),
+        doc="done"),
     Message("PONG", "pong", "daemon", answers=("ping",), doc="alive"),
     Message("STATUS_REPLY", "status", "daemon", (
         _f("status", "object", "the status document"),
@@ -238,8 +282,8 @@ MESSAGES: Final[tuple[Message, ...]] = (
     Message("ERROR", "error", "daemon", (
         _f("code", "str", "one of the codes below"),
         _f("message", "str", "for people"),
-    ), answers=("hello", "register", "acquire", "release", "working_set", "evicted", "status",
-                "set_mode", "set_tq", "ping"), event=True,
+    ), answers=("hello", "register", "acquire", "release", "working_set", "evicted",
+                "tier_moved", "intent", "status", "set_mode", "set_tq", "ping"), event=True,
         doc="the request was refused; without a `seq` when the line had none or could not "
             "be read"),
 )
@@ -277,6 +321,9 @@ FEATURES: Final[tuple[Word, ...]] = (
     Word("FEATURE_MEMORY", "memory", "resident memory: `evict` events, the `evicted` request, "
                                      "`resident`/`host` in `register` and `working_set`, "
                                      "`release` with `evicting`, `error` `room` events"),
+    Word("FEATURE_TIERS", "tiers", "memory tiers (with `memory`): `spill`, `fetch` and "
+                                   "`pin_budget` events, the `tier_moved` and `intent` requests, "
+                                   "`disk`/`pinned` figures"),
 )
 
 REASONS: Final[tuple[Word, ...]] = (

@@ -48,6 +48,13 @@ WORKING_SET: Final = "working_set"
 #: Answered with `ok`; `memory` feature: an eviction ended, asked (`evict`) or of the client's
 #: own accord
 EVICTED: Final = "evicted"
+#: Answered with `ok`; `tiers` feature: a move between host memory and disk ended, asked
+#: (`spill`, `fetch`) or of the client's own accord
+TIER_MOVED: Final = "tier_moved"
+#: Answered with `ok`; `tiers` feature: a hint that a kernel of this peer's uid is about to
+#: work; the daemon starts bringing its memory a tier closer (`fetch`). A hint never takes the
+#: GPU from a holder and never evicts anyone; `invalid` for a name no client of this uid has
+INTENT: Final = "intent"
 #: Answered with `status` with field `status`: the status document
 #: ([interfaces.md](interfaces.md) section 5); besides the contract's keys, `configured_pools`
 #: (the names the config's `pools:` section gives, sorted; empty when it gives none: any other
@@ -61,7 +68,8 @@ SET_TQ: Final = "set_tq"
 #: Answered with `pong`: liveness and benchmarks
 PING: Final = "ping"
 REQUESTS: Final = frozenset({
-    HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, EVICTED, STATUS, SET_MODE, SET_TQ, PING
+    HELLO, REGISTER, ACQUIRE, RELEASE, WORKING_SET, EVICTED, TIER_MOVED, INTENT, STATUS,
+    SET_MODE, SET_TQ, PING
 })
 #: Each request's fields as (name, type, required), the types those of messages.TYPES: what
 #: wire.check_request checks.
@@ -82,6 +90,7 @@ REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
         ("resident", "int", False),
         ("host", "int", False),
         ("shadow", "int", False),
+        ("disk", "int", False),
     ),
     RELEASE: (
         ("evict_first", "bool", False),
@@ -94,15 +103,27 @@ REQUEST_FIELDS: Final[dict[str, tuple[tuple[str, str, bool], ...]]] = {
         ("resident", "int", False),
         ("host", "int", False),
         ("shadow", "int", False),
+        ("disk", "int", False),
+        ("pinned", "int", False),
     ),
     EVICTED: (
         ("resident", "int", False),
         ("host", "int", False),
         ("shadow", "int", False),
+        ("disk", "int", False),
         ("moved", "int", False),
         ("seconds", "number", False),
         ("failed", "str", False),
     ),
+    TIER_MOVED: (
+        ("tier", "str", False),
+        ("host", "int", False),
+        ("disk", "int", False),
+        ("moved", "int", False),
+        ("seconds", "number", False),
+        ("failed", "str", False),
+    ),
+    INTENT: (("name", "str", True), ("reason", "str", False)),
     SET_MODE: (("mode", "str", True),),
     SET_TQ: (("tq", "number", True), ("gpu", "int", False)),
 }
@@ -137,12 +158,21 @@ RESUME: Final = "resume"
 #: your memory to host memory now; report progress in `working_set` and the end in `evicted`. A
 #: holder gets `drop` with `evict` instead.
 EVICT: Final = "evict"
+#: Event: `tiers` feature, only to an idle client whose memory is in host memory: move it to
+#: your spill files now; report progress in `working_set` and the end in `tier_moved`.
+SPILL: Final = "spill"
+#: Event: `tiers` feature, a hint to an idle client: it is about to work, bring its memory a
+#: tier closer; the end in `tier_moved` (`host`) or in `working_set` with `host` 0 (`gpu`).
+FETCH: Final = "fetch"
+#: Event: `tiers` feature: the most host memory the client may keep pinned ahead from now on;
+#: over it, unpin or drop the shadows of memory that is on the GPU and report `working_set`.
+PIN_BUDGET: Final = "pin_budget"
 #: Event: only to connections whose `hello` asked for `changes`: the status document reads
 #: otherwise now; ask for it with `status`.
 CHANGED: Final = "changed"
 #: Event: the scheduler's mode or TQ changed (sent to every connection).
 MODE: Final = "mode"
-#: Reply to working_set, evicted, set_mode, set_tq: done.
+#: Reply to working_set, evicted, tier_moved, intent, set_mode, set_tq: done.
 OK: Final = "ok"
 #: Reply to ping: alive.
 PONG: Final = "pong"
@@ -194,8 +224,11 @@ FEATURE_CHANGES: Final = "changes"
 #: resident memory: `evict` events, the `evicted` request, `resident`/`host` in `register` and
 #: `working_set`, `release` with `evicting`, `error` `room` events
 FEATURE_MEMORY: Final = "memory"
+#: memory tiers (with `memory`): `spill`, `fetch` and `pin_budget` events, the `tier_moved` and
+#: `intent` requests, `disk`/`pinned` figures
+FEATURE_TIERS: Final = "tiers"
 #: Every feature; a client that asks for none hears nothing new.
-FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES, FEATURE_MEMORY})
+FEATURES: Final = frozenset({FEATURE_POSITION, FEATURE_CHANGES, FEATURE_MEMORY, FEATURE_TIERS})
 
 # -- why a holder is asked to drop the GPU (drop, revoked) -----------------------------------------
 
@@ -223,10 +256,11 @@ __all__ = [
     "ACQUIRE", "CHANGED", "DEFAULT_POOL", "DEFAULT_PRIORITY", "DEFAULT_SOCKET", "DROP", "ERROR",
     "EVICT", "EVICTED", "EVICTORS", "E_INVALID", "E_LIMIT", "E_MALFORMED", "E_PERMISSION",
     "E_ROOM", "E_STATE", "E_TOO_LARGE", "E_UNKNOWN_OP", "E_VERSION", "FATAL_ERRORS", "FEATURES",
-    "FEATURE_CHANGES", "FEATURE_MEMORY", "FEATURE_POSITION", "GRANT", "HELLO",
-    "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE", "MODES", "OK", "PAUSE", "PING", "PONG",
-    "PRIORITIES", "REASONS", "REASON_GRACE", "REASON_MAXIMUM", "REASON_MODE", "REASON_PREEMPT",
-    "REASON_QUANTUM", "REASON_RELEASE", "REASON_ROOM", "REGISTER", "REGISTERED", "RELEASE",
-    "RELEASED", "REQUESTS", "REQUEST_FIELDS", "RESUME", "REVOKED", "SET_MODE", "SET_TQ",
-    "STATUS", "STATUS_REPLY", "VERSION", "WAITING", "WELCOME", "WORKING_SET"
+    "FEATURE_CHANGES", "FEATURE_MEMORY", "FEATURE_POSITION", "FEATURE_TIERS", "FETCH", "GRANT",
+    "HELLO", "INTENT", "MAX_REPLY_BYTES", "MAX_REQUEST_BYTES", "MODE", "MODES", "OK", "PAUSE",
+    "PING", "PIN_BUDGET", "PONG", "PRIORITIES", "REASONS", "REASON_GRACE", "REASON_MAXIMUM",
+    "REASON_MODE", "REASON_PREEMPT", "REASON_QUANTUM", "REASON_RELEASE", "REASON_ROOM",
+    "REGISTER", "REGISTERED", "RELEASE", "RELEASED", "REQUESTS", "REQUEST_FIELDS", "RESUME",
+    "REVOKED", "SET_MODE", "SET_TQ", "SPILL", "STATUS", "STATUS_REPLY", "TIER_MOVED", "VERSION",
+    "WAITING", "WELCOME", "WORKING_SET"
 ]

@@ -57,6 +57,7 @@ from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
+from nodeside.scheduler.tiers import host_headroom, host_needed, spills_pending
 
 #: Evictors under which the client moves its own memory out when told ``evict``.
 PAGES_ITSELF = ("managed", "vmm")
@@ -148,7 +149,8 @@ class ResidencyRules:
         if host is not None:
             client.host_bytes = host
             client.memory_source = "shim"
-        if client.residency is RESTORING and (host == 0 or (
+        on_disk = client.tiering is not None and client.tiering.disk > 0
+        if client.residency is RESTORING and not on_disk and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
             began = eviction.since
             client.settle(RESIDENT, now)
@@ -347,18 +349,43 @@ class ResidencyRules:
         missing = short - coming
         evictable.sort(key=lambda c: (c.hold_state is HoldState.WAITING,
                                       -PRIORITY_RANK[c.priority], c.last_used))
+        chosen: list[Client] = []
         for client in evictable:
             if missing <= 0:
                 break
-            nbytes = counted(client)
-            missing -= nbytes
+            missing -= counted(client)
+            chosen.append(client)
+        refused = self._host_room(candidate, chosen)
+        if refused is not None or (chosen and self.state.host_wanted):
+            return [], refused  # spills make the host room first (tiers.py)
+        for client in chosen:
             on_the_way.append(client)
-            actions.append(self._ask(gpu, client, candidate, nbytes, now))
+            actions.append(self._ask(gpu, client, candidate, counted(client), now))
             gpu.ledger.book(client)
         if missing > 0:
             gpu.evict_retry_at = retry_at  # the rest may be asked then
         self._wait_for(candidate, on_the_way or later)
         return actions, None
+
+    def _host_room(self, candidate: Client, chosen: list[Client]) -> str | None:
+        """Where the node plans its host memory (feature ``tiers``): the host memory the
+        evictions ``chosen`` take must fit in the host budget's headroom. Short, spills are to
+        make it (``host_wanted``) and the evictions wait; with nothing to spill the waiter is
+        refused, saying why (None: not refused)."""
+        state = self.state
+        state.host_wanted = 0
+        headroom = host_headroom(state)
+        if not chosen or not state.tiered or headroom is None:
+            return None
+        needed = sum(host_needed(c, counted(c)) for c in chosen)
+        if needed <= headroom:
+            return None
+        if spills_pending(state):
+            state.host_wanted = needed - max(0, headroom)
+            return None
+        return (f"{candidate.display_name} needs {size(needed)} of host memory moved out of "
+                f"its way, and the node's host budget ({size(state.host_budget)}) has "
+                f"{size(max(0, headroom))} left, with nothing more to spill to disk")
 
     def _ask(self, gpu: GpuState, client: Client, candidate: Client, nbytes: int,
              now: float) -> Action:

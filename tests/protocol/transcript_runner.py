@@ -14,7 +14,8 @@ A transcript (``transcripts/*.jsonl``) is one JSON object a line, each a step:
   ``yield`` (releases of its own accord with ``evict_first``), ``requeue``; and for the
   ``memory`` feature: ``report`` (says its working set and where its memory is),
   ``release_evicting`` (gives a hold back on a drop with ``evict``, the memory on its way out),
-  ``evicted`` (a move out ended).
+  ``evicted`` (a move out ended); for ``tiers``: ``spilled`` and ``fetched`` (a move to disk,
+  or back to host memory, ended), ``intent`` (the Jupyter server's hint).
 - ``receive``: one line from the daemon, written as the object it encodes. A string value
   ``"$name"`` is a seq bound earlier; when the client sent that request without a seq, the key
   is left out, as the daemon would.
@@ -69,10 +70,11 @@ class Implementation(Protocol):
 class PythonSession:
     """``ClientSession``, registering, asking for position events like ``Client``; and for
     ``memory``, as the shim does (the transcripts' daemon does not serve it: both clients then
-    speak without it, which is what they hold)."""
+    speak without it, which is what they hold); ``tiers`` where a transcript's hello asks for
+    it (``asked_features``)."""
 
-    def __init__(self) -> None:
-        self.session = ClientSession(features=["position", "memory"])
+    def __init__(self, features: tuple[str, ...] = ("position", "memory")) -> None:
+        self.session = ClientSession(features=features)
 
     def call(self, name: str) -> None:
         session = self.session
@@ -80,9 +82,13 @@ class PythonSession:
                  "lost": session.connection_lost, "ask": session.ask,
                  "release": session.release, "cancel": session.cancel,
                  "yield": session.release_evicting_first, "requeue": session.requeue,
-                 "report": lambda: session.report_working_set(0, resident=0, host=0),
+                 "report": lambda: session.report_working_set(0, resident=0, host=0, disk=0,
+                                                              pinned=0),
                  "release_evicting": lambda: session.release(evicting=True),
-                 "evicted": lambda: session.evicted(resident=0, host=0, moved=0, seconds=0.0)}
+                 "evicted": lambda: session.evicted(resident=0, host=0, moved=0, seconds=0.0),
+                 "spilled": lambda: session.tier_moved("disk", host=0, disk=0),
+                 "fetched": lambda: session.tier_moved("host", host=0, disk=0),
+                 "intent": lambda: session.intent("transcript")}
         calls[name]()
 
     def receive(self, line: bytes) -> None:
@@ -158,6 +164,15 @@ def steps(name: str) -> list[tuple[str, int, dict[str, Any]]]:
         else:
             out.append((name, number, step))
     return out
+
+
+def asked_features(name: str) -> tuple[str, ...]:
+    """The features the transcript's first hello asks for."""
+    for _, _, step in steps(name):
+        for pattern in step.get("sent", []):
+            if pattern.get("op") == "hello":
+                return tuple(pattern.get("features") or ())
+    return ()
 
 
 def run(name: str, implementation: Implementation) -> None:

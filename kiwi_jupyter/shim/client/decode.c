@@ -81,6 +81,7 @@ static const char *const feature_words[KIWI_FEATURE_WORDS] = {
     KIWI_FEATURE_POSITION,
     KIWI_FEATURE_CHANGES,
     KIWI_FEATURE_MEMORY,
+    KIWI_FEATURE_TIERS,
 };
 
 /* The features a list names, as bits; a feature this version does not know is left out. */
@@ -171,6 +172,20 @@ enum kiwi_decoded kiwi_message_decode(const char *line, struct kiwi_message *out
         typed = typed && read_int(line, "gpu", &m->gpu, has, KIWI_HAS_GPU);
         typed = typed && read_int(line, "bytes", &m->bytes, has, KIWI_HAS_BYTES);
         typed = typed && read_text(line, "for", TEXT(m->for_name), has, KIWI_HAS_FOR);
+    } else if (strcmp(out->op_name, KIWI_OP_SPILL) == 0) {
+        out->op = KIWI_DAEMON_SPILL;
+        struct kiwi_msg_spill *m = &out->spill;
+        typed = typed && read_int(line, "gpu", &m->gpu, has, KIWI_HAS_GPU);
+        typed = typed && read_int(line, "bytes", &m->bytes, has, KIWI_HAS_BYTES);
+    } else if (strcmp(out->op_name, KIWI_OP_FETCH) == 0) {
+        out->op = KIWI_DAEMON_FETCH;
+        struct kiwi_msg_fetch *m = &out->fetch;
+        typed = typed && read_int(line, "gpu", &m->gpu, has, KIWI_HAS_GPU);
+        typed = typed && read_text(line, "tier", TEXT(m->tier), has, KIWI_HAS_TIER);
+    } else if (strcmp(out->op_name, KIWI_OP_PIN_BUDGET) == 0) {
+        out->op = KIWI_DAEMON_PIN_BUDGET;
+        struct kiwi_msg_pin_budget *m = &out->pin_budget;
+        typed = typed && read_int(line, "pin_budget", &m->pin_budget, has, KIWI_HAS_PIN_BUDGET);
     } else if (strcmp(out->op_name, KIWI_OP_CHANGED) == 0) {
         out->op = KIWI_DAEMON_CHANGED;
     } else if (strcmp(out->op_name, KIWI_OP_MODE) == 0) {

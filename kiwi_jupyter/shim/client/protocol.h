@@ -40,6 +40,8 @@
 #define KIWI_OP_RELEASE "release" /* request */
 #define KIWI_OP_WORKING_SET "working_set" /* request */
 #define KIWI_OP_EVICTED "evicted" /* request */
+#define KIWI_OP_TIER_MOVED "tier_moved" /* request */
+#define KIWI_OP_INTENT "intent" /* request */
 #define KIWI_OP_STATUS "status" /* request */
 #define KIWI_OP_SET_MODE "set_mode" /* request */
 #define KIWI_OP_SET_TQ "set_tq" /* request */
@@ -54,6 +56,9 @@
 #define KIWI_OP_PAUSE "pause" /* event */
 #define KIWI_OP_RESUME "resume" /* event */
 #define KIWI_OP_EVICT "evict" /* event */
+#define KIWI_OP_SPILL "spill" /* event */
+#define KIWI_OP_FETCH "fetch" /* event */
+#define KIWI_OP_PIN_BUDGET "pin_budget" /* event */
 #define KIWI_OP_CHANGED "changed" /* event */
 #define KIWI_OP_MODE "mode" /* event */
 #define KIWI_OP_OK "ok" /* reply */
@@ -67,6 +72,7 @@
 #define KIWI_FIELD_CLIENT "client"
 #define KIWI_FIELD_CODE "code"
 #define KIWI_FIELD_DAEMON "daemon"
+#define KIWI_FIELD_DISK "disk"
 #define KIWI_FIELD_DISPLAY_NAME "display_name"
 #define KIWI_FIELD_EVICT "evict"
 #define KIWI_FIELD_EVICT_FIRST "evict_first"
@@ -89,6 +95,7 @@
 #define KIWI_FIELD_OP "op"
 #define KIWI_FIELD_PAUSABLE "pausable"
 #define KIWI_FIELD_PIN_BUDGET "pin_budget"
+#define KIWI_FIELD_PINNED "pinned"
 #define KIWI_FIELD_POOL "pool"
 #define KIWI_FIELD_POSITION "position"
 #define KIWI_FIELD_PRIORITY "priority"
@@ -101,6 +108,7 @@
 #define KIWI_FIELD_SHADOW "shadow"
 #define KIWI_FIELD_SOFTWARE "software"
 #define KIWI_FIELD_STATUS "status"
+#define KIWI_FIELD_TIER "tier"
 #define KIWI_FIELD_TQ "tq"
 #define KIWI_FIELD_VERSION "version"
 #define KIWI_FIELD_WARNING "warning"
@@ -144,6 +152,7 @@ static inline bool kiwi_error_fatal(const char *code)
 #define KIWI_FEATURE_POSITION "position"
 #define KIWI_FEATURE_CHANGES "changes"
 #define KIWI_FEATURE_MEMORY "memory"
+#define KIWI_FEATURE_TIERS "tiers"
 
 /* ---- why a holder is asked to drop the GPU --------------------------------------------------- */
 
@@ -259,6 +268,9 @@ enum kiwi_daemon_op {
     KIWI_DAEMON_PAUSE,
     KIWI_DAEMON_RESUME,
     KIWI_DAEMON_EVICT,
+    KIWI_DAEMON_SPILL,
+    KIWI_DAEMON_FETCH,
+    KIWI_DAEMON_PIN_BUDGET,
     KIWI_DAEMON_CHANGED,
     KIWI_DAEMON_MODE,
     KIWI_DAEMON_OK,
@@ -288,15 +300,17 @@ enum kiwi_daemon_op {
 #define KIWI_HAS_GRACE (1ull << 17)
 #define KIWI_HAS_BYTES (1ull << 18)
 #define KIWI_HAS_FOR (1ull << 19)
-#define KIWI_HAS_STATUS (1ull << 20)
-#define KIWI_HAS_CODE (1ull << 21)
-#define KIWI_HAS_MESSAGE (1ull << 22)
+#define KIWI_HAS_TIER (1ull << 20)
+#define KIWI_HAS_STATUS (1ull << 21)
+#define KIWI_HAS_CODE (1ull << 22)
+#define KIWI_HAS_MESSAGE (1ull << 23)
 
 /* The features a welcome lists, as bits of its features member. */
 #define KIWI_FEATURE_BIT_POSITION (1u << 0)
 #define KIWI_FEATURE_BIT_CHANGES (1u << 1)
 #define KIWI_FEATURE_BIT_MEMORY (1u << 2)
-#define KIWI_FEATURE_WORDS 3
+#define KIWI_FEATURE_BIT_TIERS (1u << 3)
+#define KIWI_FEATURE_WORDS 4
 
 struct kiwi_msg_welcome {
     int64_t version; /* the protocol version */
@@ -360,6 +374,21 @@ struct kiwi_msg_evict {
     char for_name[256]; /* the display name of who needs the room */
 };
 
+struct kiwi_msg_spill {
+    int64_t gpu; /* the GPU's index */
+    int64_t bytes; /* host memory to free; absent: all of it */
+};
+
+struct kiwi_msg_fetch {
+    int64_t gpu; /* the GPU's index */
+    /* host: from disk to host memory; gpu: on to the GPU, where there is room for it now */
+    char tier[32];
+};
+
+struct kiwi_msg_pin_budget {
+    int64_t pin_budget; /* bytes */
+};
+
 struct kiwi_msg_mode {
     char mode[8];
     double tq; /* seconds */
@@ -393,6 +422,9 @@ struct kiwi_message {
         struct kiwi_msg_pause pause;
         struct kiwi_msg_resume resume;
         struct kiwi_msg_evict evict;
+        struct kiwi_msg_spill spill;
+        struct kiwi_msg_fetch fetch;
+        struct kiwi_msg_pin_budget pin_budget;
         struct kiwi_msg_mode mode;
         struct kiwi_msg_ok ok;
         struct kiwi_msg_error error;

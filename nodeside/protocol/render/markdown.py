@@ -64,7 +64,8 @@ def reasons() -> str:
 _ADDED_BY = {"evictor": "the checkpoint evictor", "server": "the Jupyter server only",
              "status_line": "only when the document had to be cut",
              "pause_watch": "the daemon where NVML samples each process",
-             "memory": "the daemon where clients speak the `memory` feature"}
+             "memory": "the daemon where clients speak the `memory` feature",
+             "tiers": "the daemon where clients speak the `tiers` feature"}
 
 
 def _key(key: d.Key) -> tuple[str, ...]:
