@@ -4,9 +4,11 @@
  * the file. WORKERS threads take the blocks in turn (block k is worker k mod WORKERS's), so
  * that several writes or reads are in flight at once, as an NVMe disk needs to reach its speed.
  * Each worker gathers its block's bytes from the segments into an aligned buffer of its own
- * (direct I/O takes no other; the copy runs at memory speed, far above a disk's), checksums
- * them, and writes the block padded to whole KIWI_SPILL_ALIGN; the way back reads the block,
- * checks it (a mismatch is read again, RETRIES times, then fails) and scatters it into the
+ * (direct I/O takes no other), unless one segment holds the whole block, aligned (the usual
+ * case: shadows are huge-page aligned), which is transferred in place (where the kernel takes
+ * the memory: the driver's own pinned memory may be refused with EFAULT); checksums them, and
+ * writes the block padded to whole KIWI_SPILL_ALIGN; the way back reads the block, checks it
+ * (a mismatch is read again, RETRIES times, then fails) and scatters it into the
  * segments that ask for it. The first failure stops every worker; the file is synced once all
  * blocks are written, and only then does the caller free the host memory.
  */
@@ -144,16 +146,38 @@ static int transfer(struct job *job, unsigned char *buffer, uint64_t size, uint6
     return 0;
 }
 
+/* The host memory of the block at [start, start + length) where one segment holds all of it,
+ * aligned as direct I/O wants: transferred in place, without the staging copy; else NULL. */
+static unsigned char *in_place(const struct job *job, uint64_t start, uint64_t length)
+{
+    size_t i = first_after(job, start);
+    if (i == job->count || length != aligned_length(length))
+        return NULL;
+    const struct kiwi_spill_segment *s = &job->segments[i];
+    unsigned char *host = (unsigned char *)s->host + (start - s->offset);
+    bool whole = s->offset <= start && s->offset + s->size >= start + length;
+    return whole && (uintptr_t)host % KIWI_SPILL_ALIGN == 0 ? host : NULL;
+}
+
 static void write_block(struct job *job, unsigned char *buffer, size_t k)
 {
     uint64_t start = k * KIWI_SPILL_BLOCK, length = job->file->length - start;
     if (length > KIWI_SPILL_BLOCK)
         length = KIWI_SPILL_BLOCK;
-    exchange(job, buffer, start, length);
     uint64_t padded = aligned_length(length);
-    memset(buffer + length, 0, padded - length);
-    job->file->checksums[k] = kiwi_crc32c(0, buffer, length);
-    int error = transfer(job, buffer, padded, start);
+    unsigned char *host = in_place(job, start, length);
+    if (!host) {
+        exchange(job, buffer, start, length);
+        memset(buffer + length, 0, padded - length);
+    }
+    job->file->checksums[k] = kiwi_crc32c(0, host ? host : buffer, length);
+    int error = host ? transfer(job, host, padded, start) : EFAULT;
+    if (error == EFAULT && host) { /* the kernel refused the memory: staged */
+        exchange(job, buffer, start, length);
+        memset(buffer + length, 0, padded - length);
+    }
+    if (error == EFAULT)
+        error = transfer(job, buffer, padded, start);
     if (error)
         fail(job, "writing", k, error);
 }
@@ -164,13 +188,18 @@ static void read_block(struct job *job, unsigned char *buffer, size_t k)
     if (length > KIWI_SPILL_BLOCK)
         length = KIWI_SPILL_BLOCK;
     uint64_t padded = aligned_length(length);
+    unsigned char *host = in_place(job, start, length);
     for (int attempt = 0;; attempt++) {
-        int error = transfer(job, buffer, padded, start);
+        int error = host ? transfer(job, host, padded, start) : EFAULT;
+        if (error == EFAULT && host) /* the kernel refused the memory: staged from now on */
+            host = NULL;
+        if (error == EFAULT)
+            error = transfer(job, buffer, padded, start);
         if (error) {
             fail(job, "reading", k, error);
             return;
         }
-        if (kiwi_crc32c(0, buffer, length) == job->file->checksums[k])
+        if (kiwi_crc32c(0, host ? host : buffer, length) == job->file->checksums[k])
             break;
         if (attempt == RETRIES) {
             fail(job, "a checksum mismatch, read three times, in", k, EBADMSG);
@@ -178,7 +207,8 @@ static void read_block(struct job *job, unsigned char *buffer, size_t k)
         }
         kiwi_warn("block %zu of a spill file does not match its checksum; reading it again", k);
     }
-    exchange(job, buffer, start, length);
+    if (!host)
+        exchange(job, buffer, start, length);
 }
 
 /* A read needs only the blocks some segment overlaps. */
