@@ -1,7 +1,7 @@
 /* Faults in the disk under the spill directory, for the disk tier's tests (test_spill.py):
- * preloaded beside the shim, it wraps pwrite and pread (the shim's only transfers to spill
- * files) and, for files under FAULT_IO_DIR only, follows FAULT_IO_PLAN, a comma-separated list
- * of
+ * preloaded first (before a sanitizer's runtime too), it takes pwrite and pread (the shim's
+ * only transfers to spill files), makes them as system calls of its own, and for files under
+ * FAULT_IO_DIR only follows FAULT_IO_PLAN, a comma-separated list of
  *
  *     write:N:ERROR    the Nth write fails with ERROR (ENOSPC or EIO)
  *     read:N:ERROR     the Nth read likewise
@@ -9,20 +9,25 @@
  *     write:N:hang     the Nth write touches FAULT_IO_MARK and never returns (a kill -9 test)
  *
  * counting from 1, writes and reads apart, over the whole process. Never shipped: the tests
- * build it (shim_harness.build_fault_io).
+ * build it (test_spill.py's fault_io fixture).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-typedef ssize_t (*transfer_fn)(int, void *, size_t, off_t);
+/* The transfer itself, by system call: no dlsym, which the shim (and a sanitizer) replace, and
+ * no symbol lookup that a sanitizer's interceptor could route past this library. */
+static ssize_t real(long call, int fd, void *buffer, size_t size, off_t offset)
+{
+    return syscall(call, fd, buffer, size, offset);
+}
 
 static atomic_long writes, reads;
 
@@ -64,17 +69,16 @@ static const char *planned(const char *op, long count, char *action)
     return NULL;
 }
 
-static ssize_t faulty(const char *op, atomic_long *counter, const char *symbol, int fd,
+static ssize_t faulty(const char *op, atomic_long *counter, long call, int fd,
                       void *buffer, size_t size, off_t offset)
 {
-    transfer_fn real = (transfer_fn)dlsym(RTLD_NEXT, symbol);
     if (!under_dir(fd))
-        return real(fd, buffer, size, offset);
+        return real(call, fd, buffer, size, offset);
     long count = atomic_fetch_add(counter, 1) + 1;
     char planned_action[32];
     const char *action = planned(op, count, planned_action);
     if (!action)
-        return real(fd, buffer, size, offset);
+        return real(call, fd, buffer, size, offset);
     if (strcmp(action, "ENOSPC") == 0 || strcmp(action, "EIO") == 0) {
         errno = strcmp(action, "EIO") == 0 ? EIO : ENOSPC;
         return -1;
@@ -87,7 +91,7 @@ static ssize_t faulty(const char *op, atomic_long *counter, const char *symbol, 
         for (;;)
             pause();
     }
-    ssize_t n = real(fd, buffer, size, offset);
+    ssize_t n = real(call, fd, buffer, size, offset);
     if (strcmp(action, "corrupt") == 0 && n > 0)
         ((unsigned char *)buffer)[n / 2] ^= 0x5A;
     return n;
@@ -95,20 +99,20 @@ static ssize_t faulty(const char *op, atomic_long *counter, const char *symbol, 
 
 ssize_t pwrite(int fd, const void *buffer, size_t size, off_t offset)
 {
-    return faulty("write", &writes, "pwrite", fd, (void *)buffer, size, offset);
+    return faulty("write", &writes, SYS_pwrite64, fd, (void *)buffer, size, offset);
 }
 
 ssize_t pwrite64(int fd, const void *buffer, size_t size, off_t offset)
 {
-    return faulty("write", &writes, "pwrite64", fd, (void *)buffer, size, offset);
+    return faulty("write", &writes, SYS_pwrite64, fd, (void *)buffer, size, offset);
 }
 
 ssize_t pread(int fd, void *buffer, size_t size, off_t offset)
 {
-    return faulty("read", &reads, "pread", fd, buffer, size, offset);
+    return faulty("read", &reads, SYS_pread64, fd, buffer, size, offset);
 }
 
 ssize_t pread64(int fd, void *buffer, size_t size, off_t offset)
 {
-    return faulty("read", &reads, "pread64", fd, buffer, size, offset);
+    return faulty("read", &reads, SYS_pread64, fd, buffer, size, offset);
 }
