@@ -12,7 +12,7 @@ import pytest
 from conformance_build import ConformanceBuild
 from shim.shim_harness import SANITIZER_REPORT
 from support import scaled
-from transcript_runner import HERE, PythonSession, TranscriptFailed, run
+from transcript_runner import HERE, PythonSession, TranscriptFailed, asked_features, run
 
 #: Included by others, and run through them.
 BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl",
@@ -22,7 +22,7 @@ TRANSCRIPTS = sorted(p.name for p in HERE.glob("*.jsonl") if p.name not in BUILD
 
 @pytest.mark.parametrize("name", TRANSCRIPTS)
 def test_the_python_client_session_follows_the_transcript(name: str) -> None:
-    run(name, PythonSession())
+    run(name, PythonSession(asked_features(name)))
 
 
 def test_a_transcript_fails_where_the_client_does_other_than_it_says() -> None:
@@ -36,7 +36,7 @@ def test_a_transcript_fails_where_the_client_does_other_than_it_says() -> None:
             super().receive(line)
 
     with pytest.raises(TranscriptFailed, match=r"grant_crossing_a_cancel.jsonl:5: state HOLDING"):
-        run("grant_crossing_a_cancel.jsonl", Grabs())
+        run("grant_crossing_a_cancel.jsonl", Grabs(asked_features("grant_crossing_a_cancel.jsonl")))
 
 
 @pytest.fixture(scope="module")

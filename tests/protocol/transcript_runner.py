@@ -69,10 +69,11 @@ class Implementation(Protocol):
 class PythonSession:
     """``ClientSession``, registering, asking for position events like ``Client``; and for
     ``memory``, as the shim does (the transcripts' daemon does not serve it: both clients then
-    speak without it, which is what they hold)."""
+    speak without it, which is what they hold); the features a transcript's hello asks for
+    (``asked_features``: the shim asks for ``tiers`` too)."""
 
-    def __init__(self) -> None:
-        self.session = ClientSession(features=["position", "memory"])
+    def __init__(self, features: tuple[str, ...] = ("position", "memory")) -> None:
+        self.session = ClientSession(features=list(features))
 
     def call(self, name: str) -> None:
         session = self.session
@@ -158,6 +159,15 @@ def steps(name: str) -> list[tuple[str, int, dict[str, Any]]]:
         else:
             out.append((name, number, step))
     return out
+
+
+def asked_features(name: str) -> tuple[str, ...]:
+    """The features the transcript's first hello asks for."""
+    for _, _, step in steps(name):
+        for pattern in step.get("sent", []):
+            if pattern.get("op") == "hello":
+                return tuple(pattern.get("features") or ())
+    return ()
 
 
 def run(name: str, implementation: Implementation) -> None:
