@@ -59,6 +59,8 @@ BENCHMARKS = {
                             "shim.stream_alloc", ("--callgrind",), ("--steps", "5")),
     "shim_link": Benchmark("CUDA shim: the vmm evictor on the fake driver's modelled link",
                            "shim.modelled_link", (), ("--gib", "0.25")),
+    "shim_spill": Benchmark("CUDA shim: the disk tier against dd's direct I/O (fake driver)",
+                            "shim.spill", (), ("--mib", "256")),
 }
 
 

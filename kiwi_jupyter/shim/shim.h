@@ -118,6 +118,7 @@ struct kiwi_config {
     enum kiwi_evict_copy evict_copy; /* KIWI_EVICT_COPY: off, pinned or pageable (copy_out.c) */
     uint64_t pin_budget;     /* KIWI_VMM_PIN_BUDGET: host memory the vmm evictor may keep pinned
                                 until the daemon says; 0 = a quarter of the host's memory */
+    char spill_dir[256];     /* KIWI_SPILL_DIR: the disk tier's files (spill_files.c) */
     char cgroup_dir[256];    /* KIWI_CGROUP_DIR: the cgroup directory whose memory limit applies
                                 (tests); "" = the process's own (cgroup.c) */
     char socket_path[108];   /* KIWI_SOCKET */
@@ -350,6 +351,7 @@ struct kiwi_residency {
     uint64_t shadow_pinned;
     uint64_t staging;       /* the vmm evictor's pinned staging ring, for chunks without one */
     uint64_t pin_budget;    /* what it may keep pinned (the daemon's word, or its own) */
+    uint64_t disk;          /* evicted, and in spill files on disk rather than host memory */
     double seconds_pinning; /* spent making shadows, off the switch path */
 };
 
@@ -405,6 +407,8 @@ struct kiwi_evictor {
     /* Moves the working set to host memory or back and waits (kiwi_pager_move); NULL: the shim
      * moves nothing, the daemon does from outside. */
     void (*move)(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
+    /* The disk tier's moves (kiwi_pager_tier); NULL: it has none. */
+    void (*tier)(enum kiwi_page_direction direction, uint64_t bytes, struct kiwi_transfer *moved);
     void (*residency)(struct kiwi_residency *out); /* where the memory is now */
     /* Whether an eviction would free more than the table's evictable memory (memory kept
      * mapped for reuse); whether memory is away, a restore due before any work. */
@@ -449,6 +453,10 @@ const struct kiwi_evictor *kiwi_pager_allocator(void);
  * not moved either way, and discarded on the way out where it can be. The checkpoint evictor
  * moves nothing here: the daemon does, from outside. */
 void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved);
+/* The disk tier: evicted memory from host memory to spill files (out: bytes at least, 0 all) or
+ * back (in), and waits; moved->failed says why not (the memory stayed where it was). */
+void kiwi_pager_tier(enum kiwi_page_direction direction, uint64_t bytes,
+                     struct kiwi_transfer *moved);
 /* Where the memory is now (kiwi_residency). */
 void kiwi_pager_residency(struct kiwi_residency *out);
 /* Whether an eviction would free anything on the card: evictable memory, or under vmm memory

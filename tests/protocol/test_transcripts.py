@@ -39,7 +39,7 @@ def test_a_transcript_fails_where_the_client_does_other_than_it_says() -> None:
             super().receive(line)
 
     with pytest.raises(TranscriptFailed, match=r"grant_crossing_a_cancel.jsonl:5: state HOLDING"):
-        run("grant_crossing_a_cancel.jsonl", Grabs())
+        run("grant_crossing_a_cancel.jsonl", Grabs(asked_features("grant_crossing_a_cancel.jsonl")))
 
 
 @pytest.fixture(scope="module")

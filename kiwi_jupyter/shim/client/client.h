@@ -107,6 +107,7 @@ struct kiwi_client {
         kiwi_line_sink sink;
         bool position_events; /* hello feature "position": the latest welcome listed it */
         bool memory_feature;  /* hello feature "memory" (residency.c): likewise */
+        bool tiers_feature;   /* hello feature "tiers" (tiers.c): likewise */
         bool compatible;      /* register said managed where vmm was chosen: the daemon
                                  predates vmm */
     } session;
@@ -187,6 +188,8 @@ bool kiwi_session_ready(struct kiwi_client *c);
 /* Whether the daemon of this ready session speaks of where memory is (the hello feature
  * `memory`: residency.c). */
 bool kiwi_session_memory(struct kiwi_client *c);
+/* The daemon hears the tiers: `disk` and `pinned` figures, `tier_moved` (tiers.c). */
+bool kiwi_session_tiers(struct kiwi_client *c);
 /* The connection ended (outage.c). */
 void kiwi_session_closed(struct kiwi_client *c);
 
@@ -222,6 +225,17 @@ void kiwi_way_out_act(struct kiwi_client *c);
 /* On a grant, before the restore: waits for the way out under way to end, and carries it out. */
 void kiwi_way_out_join(struct kiwi_client *c);
 void kiwi_way_out_after_fork(void);
+
+/* ---- tiers.c ----------------------------------------------------------------------------- */
+
+/* A `spill`, `fetch` or `pin_budget` event (the tiers feature): a move between host memory and
+ * disk, or on to the card, handed to a thread of its own; the budget passed on. */
+void kiwi_tiers_on_event(struct kiwi_client *c, const struct kiwi_message *msg);
+/* The comm thread's turn: the move's progress reported, its end sent (`tier_moved`). */
+void kiwi_tiers_act(struct kiwi_client *c);
+/* On a grant, before the restore: waits for a move under way to end, and carries it out. */
+void kiwi_tiers_join(struct kiwi_client *c);
+void kiwi_tiers_after_fork(void);
 
 /* ---- room.c ------------------------------------------------------------------------------ */
 
@@ -364,6 +378,8 @@ bool kiwi_json_number(const char *line, const char *key, double *out);
 bool kiwi_json_quote(char *buf, size_t size, const char *text);
 /* Appends the memory feature's figures, `resident`, `host` and `shadow`, to a request's fields. */
 void kiwi_json_residency(char *fields, size_t size, const struct kiwi_residency *where);
+/* Appends the tiers feature's figures: `disk`, and `pinned` (shadows and the staging ring). */
+void kiwi_json_tiers(char *fields, size_t size, const struct kiwi_residency *where);
 
 /* ---- decode.c (generated from the protocol's table) ------------------------------------- */
 

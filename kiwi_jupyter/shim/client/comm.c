@@ -75,6 +75,7 @@ static void report_news(struct kiwi_client *c)
 static void act(struct kiwi_client *c)
 {
     kiwi_way_out_act(c);
+    kiwi_tiers_act(c);
     kiwi_release_act_deferred(c);
     /* Allocations that wait for room: the daemon makes the room a grant needs for the working
      * set it has heard, so the report goes before the ask (room.c asks, or requeues); one the

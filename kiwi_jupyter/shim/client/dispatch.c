@@ -74,6 +74,7 @@ static void on_grant(struct kiwi_client *c, const struct kiwi_message *grant)
      * before this grant, so it does end), and the daemon hears its `evicted` before the
      * restore's report. */
     kiwi_way_out_join(c);
+    kiwi_tiers_join(c); /* a spill or fetch under way ends first; the restore brings the rest */
     /* Restored on every grant, not only after an eviction of ours: while other processes held
      * the GPU the driver may have pushed pages out on its own, to make room for theirs. */
     struct kiwi_working_set ws;
@@ -168,6 +169,9 @@ static void dispatch(struct kiwi_client *c, const struct kiwi_message *msg)
         on_grant(c, msg);
     } else if (msg->op == KIWI_DAEMON_EVICT) {
         on_evict(c);
+    } else if (msg->op == KIWI_DAEMON_SPILL || msg->op == KIWI_DAEMON_FETCH ||
+               msg->op == KIWI_DAEMON_PIN_BUDGET) {
+        kiwi_tiers_on_event(c, msg);
     } else if (msg->op == KIWI_DAEMON_PAUSE || msg->op == KIWI_DAEMON_RESUME) {
         on_turn(c, msg->op == KIWI_DAEMON_PAUSE);
     } else if (msg->op == KIWI_DAEMON_WAITING) {

@@ -162,5 +162,8 @@ void kiwi_registration_fields(char *fields, size_t size, uint64_t working_set, b
         struct kiwi_residency where;
         kiwi_pager_residency(&where);
         kiwi_json_residency(fields, size, &where);
+        if (where.disk) /* only a daemon that sent `spill` had it spilled: it knows the word */
+            snprintf(fields + strlen(fields), size - strlen(fields),
+                     ",\"" KIWI_FIELD_DISK "\":%llu", (unsigned long long)where.disk);
     }
 }

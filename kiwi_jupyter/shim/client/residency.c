@@ -22,12 +22,14 @@ static void send_working_set(struct kiwi_client *c, const struct kiwi_residency 
 {
     struct kiwi_working_set ws;
     kiwi_memory_working_set(&ws);
-    char fields[256];
+    char fields[512];
     snprintf(fields, sizeof fields,
              "\"" KIWI_FIELD_BYTES "\":%llu,\"" KIWI_FIELD_EVICTABLE "\":%llu",
              (unsigned long long)ws.bytes, (unsigned long long)ws.evictable);
     if (where)
         kiwi_json_residency(fields, sizeof fields, where);
+    if (where && kiwi_session_tiers(c))
+        kiwi_json_tiers(fields, sizeof fields, where);
     kiwi_session_request(c, KIWI_OP_WORKING_SET, fields);
     c->last_report = kiwi_now();
 }
@@ -79,8 +81,10 @@ void kiwi_residency_evicted(struct kiwi_client *c, const struct kiwi_transfer *m
         return;
     struct kiwi_residency where;
     kiwi_pager_residency(&where);
-    char fields[320] = "";
+    char fields[640] = "";
     kiwi_json_residency(fields, sizeof fields, &where);
+    if (kiwi_session_tiers(c))
+        kiwi_json_tiers(fields, sizeof fields, &where);
     size_t n = strlen(fields);
     if (failed) {
         snprintf(fields + n, sizeof fields - n, ",\"" KIWI_FIELD_FAILED "\":");

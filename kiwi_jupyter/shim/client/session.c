@@ -49,6 +49,11 @@ bool kiwi_session_memory(struct kiwi_client *c)
     return c->session.memory_feature && c->session.phase == KIWI_PHASE_READY;
 }
 
+bool kiwi_session_tiers(struct kiwi_client *c)
+{
+    return c->session.tiers_feature && kiwi_session_memory(c);
+}
+
 bool kiwi_session_welcomed(struct kiwi_client *c)
 {
     return c->session.phase == KIWI_PHASE_REGISTERING || c->session.phase == KIWI_PHASE_READY;
@@ -61,7 +66,8 @@ void kiwi_session_connect(struct kiwi_client *c)
      * and lets the waiting line show the place in the queue without asking for the status. */
     send_line(c, "{\"op\":\"" KIWI_OP_HELLO "\",\"version\":" KIWI_TEXT(KIWI_PROTOCOL_VERSION)
               ",\"software\":\"kiwi-shim " KIWI_SHIM_VERSION "\",\"features\":[\""
-              KIWI_FEATURE_POSITION "\",\"" KIWI_FEATURE_MEMORY "\"]}");
+              KIWI_FEATURE_POSITION "\",\"" KIWI_FEATURE_MEMORY "\",\"" KIWI_FEATURE_TIERS
+              "\"]}");
 }
 
 void kiwi_session_closed(struct kiwi_client *c)
@@ -88,6 +94,7 @@ static void welcomed(struct kiwi_client *c, const struct kiwi_message *welcome)
 {
     c->session.position_events = welcome->welcome.features & KIWI_FEATURE_BIT_POSITION;
     c->session.memory_feature = welcome->welcome.features & KIWI_FEATURE_BIT_MEMORY;
+    c->session.tiers_feature = welcome->welcome.features & KIWI_FEATURE_BIT_TIERS;
     c->session.phase = KIWI_PHASE_REGISTERING;
     c->session.compatible = false;
     send_register(c);

@@ -53,6 +53,7 @@ static void after_fork_child(void)
     c->policy_closed = closed;
     c->policy_timeout = timeout;
     kiwi_way_out_after_fork();
+    kiwi_tiers_after_fork();
     kiwi_room_after_fork();
     atomic_store(&started, false);
     if (!getenv("KIWI_CLIENT_NAME") || !*getenv("KIWI_CLIENT_NAME"))

@@ -226,6 +226,14 @@ bool kiwi_json_quote(char *buf, size_t size, const char *text)
     return true;
 }
 
+void kiwi_json_tiers(char *fields, size_t size, const struct kiwi_residency *where)
+{
+    size_t n = strlen(fields);
+    snprintf(fields + n, size - n, ",\"" KIWI_FIELD_DISK "\":%llu,\"" KIWI_FIELD_PINNED "\":%llu",
+             (unsigned long long)where->disk,
+             (unsigned long long)(where->shadow_pinned + where->staging));
+}
+
 void kiwi_json_residency(char *fields, size_t size, const struct kiwi_residency *where)
 {
     size_t n = strlen(fields);

@@ -180,6 +180,9 @@ static void load(void)
                   "memory instead", budget);
         kiwi_cfg.pin_budget = 0;
     }
+    /* Local disk, and not a tmpfs (/tmp often is one: spilling there would fill host memory). */
+    copy(kiwi_cfg.spill_dir, sizeof kiwi_cfg.spill_dir,
+         env("KIWI_SPILL_DIR", "/var/tmp/kiwi-spill"));
     copy(kiwi_cfg.cgroup_dir, sizeof kiwi_cfg.cgroup_dir, env("KIWI_CGROUP_DIR", ""));
     copy(kiwi_cfg.socket_path, sizeof kiwi_cfg.socket_path,
          env("KIWI_SOCKET", "/var/run/kiwi/scheduler.sock"));

@@ -227,6 +227,22 @@ void kiwi_pager_move(enum kiwi_page_direction direction, struct kiwi_transfer *m
     moved->progress_arg = progress_arg;
 }
 
+void kiwi_pager_tier(enum kiwi_page_direction direction, uint64_t bytes,
+                     struct kiwi_transfer *moved)
+{
+    void (*progress)(const struct kiwi_residency *, void *) = moved->progress;
+    void *progress_arg = moved->progress_arg;
+    const struct kiwi_evictor *evictor = kiwi_pager_evictor();
+    if (evictor->tier) {
+        evictor->tier(direction, bytes, moved);
+    } else {
+        *moved = (struct kiwi_transfer){0};
+        moved->failed = "no disk tier: the evictor is not vmm";
+    }
+    moved->progress = progress;
+    moved->progress_arg = progress_arg;
+}
+
 void kiwi_pager_residency(struct kiwi_residency *out)
 {
     *out = (struct kiwi_residency){0};

@@ -8,6 +8,8 @@
  *                  maps each again at its address and copies it back, or rolls back
  *   vmm_ipc.c      legacy IPC: a region exported as file descriptors and pinned; another
  *                  process's opened here
+ *   vmm_spill.c    the disk tier: what an eviction left in host shadows, to spill files and
+ *                  back (spill.h), chunk by chunk, the shadows freed only once written
  *   vmm_staging.c  copies of chunks without a pinned shadow, through a ring of pinned buffers
  *                  and threads that copy between them and the pageable shadows
  *   vmm.c          an allocation placed: in a slab, a cached region, its stream's pending free
@@ -41,6 +43,7 @@
 
 #include "memory.h"
 #include "pager.h"
+#include "spill.h"
 
 /* Allocations smaller than this share slabs of one granule (2 MiB on current GPUs). */
 #define VMM_SLAB_LIMIT ((size_t)1 << 20)
@@ -77,6 +80,10 @@ struct vmm_chunk {
     struct vmm_shadow shadow;
     struct vmm_piece *pieces; /* what its shadow holds while it is away; NULL: nothing */
     size_t piece_count;
+    /* While away, its pieces are in this spill file instead (end to end from spill_offset of
+     * its stream) and it has no shadow; NULL: in its shadow (vmm_spill.c). */
+    struct kiwi_spill_file *spilled;
+    uint64_t spill_offset;
 };
 
 /* A region shared through legacy IPC (vmm_ipc.c): each chunk exported as a file descriptor,
@@ -420,6 +427,17 @@ bool kiwi_vmm_staging_end(void);
 /* (memory.h declares kiwi_vmm_ipc_export, _import and _close, pager.h its after-fork; it calls
  * vmm_addresses.c and vmm_allocations.c, never the reverse: a region's export is closed with
  * the region, in vmm_regions.c.) */
+
+/* ---- vmm_spill.c ------------------------------------------------------------------------ */
+
+/* The vmm evictor's disk tier (struct kiwi_evictor's tier). */
+void kiwi_vmm_tier(enum kiwi_page_direction direction, uint64_t bytes,
+                   struct kiwi_transfer *moved);
+/* Under kiwi_vmm_lock, as a restore begins: every chunk on disk read back into a shadow; false
+ * (moved->failed says why) when one could not be: those stay on disk, nothing is lost. */
+bool kiwi_vmm_unspill_locked(struct kiwi_transfer *moved);
+/* Under kiwi_vmm_lock: the chunk goes (its region does), and with it its part of a spill file. */
+void kiwi_vmm_spill_forget(struct vmm_chunk *c);
 
 /* ---- vmm_move.c -------------------------------------------------------------------------- */
 

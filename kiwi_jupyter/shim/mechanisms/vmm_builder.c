@@ -281,7 +281,7 @@ static struct plan next_step(void)
             continue;
         for (int i = 0; i < r->chunk_count; i++) {
             const struct vmm_chunk *c = &r->chunks[i];
-            bool wants = c->shadow.kind == SHADOW_NONE ||
+            bool wants = (c->shadow.kind == SHADOW_NONE && !c->spilled) ||
                          (c->shadow.kind == SHADOW_PAGEABLE && c->resident);
             if (!wants)
                 continue;
@@ -358,7 +358,7 @@ static void place(const struct plan *p, struct vmm_shadow *made)
     struct vmm_region *r = region_with_serial(p->serial);
     struct vmm_chunk *c = r && p->index < r->chunk_count ? &r->chunks[p->index] : NULL;
     bool wanted = c && !r->pinned && c->size == made->size &&
-                  (c->shadow.kind == SHADOW_NONE ||
+                  ((c->shadow.kind == SHADOW_NONE && !c->spilled) ||
                    (c->shadow.kind == SHADOW_PAGEABLE && c->resident));
     if (!wanted) {
         kiwi_vmm_spare_put(made);
@@ -395,6 +395,7 @@ static void *build(void *unused)
     (void)unused;
     pthread_mutex_lock(&kiwi_vmm_lock);
     wait_for_the_daemons_word();
+    bool dropped = false; /* since the last idle */
     for (;;) {
         if (atomic_load(&moving)) {
             pthread_cond_wait(&shadow_work, &kiwi_vmm_lock);
@@ -402,6 +403,11 @@ static void *build(void *unused)
         }
         struct plan p = next_step();
         if (p.step == NOTHING) {
+            if (dropped) { /* the daemon hears the pinned bytes go down; lock-free: news.c */
+                kiwi_news_set(KIWI_NEWS_WORKING_SET);
+                kiwi_news_wake();
+            }
+            dropped = false;
             idle();
             continue;
         }
@@ -412,6 +418,7 @@ static void *build(void *unused)
                 continue;
             }
         }
+        dropped = dropped || p.step == DROP;
         if (p.step == DROP && !kiwi_vmm_shadow_pinned(&p.dropped)) {
             kiwi_vmm_shadow_free(&p.dropped); /* pageable: no driver call */
             continue;

@@ -109,6 +109,7 @@ const struct kiwi_evictor kiwi_vmm_evictor = {
     .allocate_managed = kiwi_managed_allocate,
     .allocate_ordered = allocate_ordered,
     .move = move,
+    .tier = kiwi_vmm_tier,
     .residency = kiwi_vmm_residency,
     .movable = kiwi_vmm_movable,
     .away = kiwi_vmm_away,

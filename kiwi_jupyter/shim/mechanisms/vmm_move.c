@@ -439,7 +439,7 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     m.staging = kiwi_vmm_staging_begin();
     if (direction == KIWI_PAGE_OUT)
         evict(&m, contexts, context_count, ranges, count);
-    else
+    else if (kiwi_vmm_unspill_locked(moved)) /* what is on disk comes to host memory first */
         restore(&m, contexts, context_count);
     kiwi_vmm_recount_backed();
     struct kiwi_residency after;

@@ -131,6 +131,7 @@ void kiwi_vmm_destroy_region(struct vmm_region *r)
             kiwi_log("unmapping %zu bytes at 0x%llx failed", c->size,
                      (unsigned long long)(r->va + c->offset));
         kiwi_vmm_spare_put(&c->shadow);
+        kiwi_vmm_spill_forget(c);
         free(c->pieces);
     }
     CUresult result = kiwi_vmm_driver.address_free(r->va, r->size);
@@ -199,6 +200,12 @@ void kiwi_vmm_regions_after_fork(void)
                 close(r->export->chunk_fds[i]);
         if (r->export)
             close(r->export->manifest);
+        /* and the spill files: a DataLoader worker would hold their blocks on disk */
+        for (int i = 0; i < r->chunk_count; i++)
+            if (r->chunks[i].spilled && r->chunks[i].spilled->fd >= 0) {
+                close(r->chunks[i].spilled->fd);
+                r->chunks[i].spilled->fd = -1;
+            }
     }
     kiwi_vmm_first_region = last_region = NULL;
     kiwi_vmm_evicted = false;

@@ -22,8 +22,9 @@ static void count_residency(struct kiwi_residency *out)
             const struct vmm_chunk *c = &r->chunks[i];
             if (c->resident)
                 out->resident += c->size;
+            uint64_t *where = c->spilled ? &out->disk : &out->host;
             for (size_t p = 0; !c->resident && p < c->piece_count; p++)
-                out->host += c->pieces[p].size;
+                *where += c->pieces[p].size;
             out->shadow += c->shadow.size;
             if (kiwi_vmm_shadow_pinned(&c->shadow))
                 out->shadow_pinned += c->shadow.size;
