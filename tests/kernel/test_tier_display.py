@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from status_fixtures import memory_status
+from status_fixtures import memory_status, tiered_status
 
 from kiwi_jupyter.kernel.status_view import StatusTable
 from kiwi_jupyter.kernel.wait_view import describe_wait
@@ -20,19 +20,7 @@ GiB = 2**30
 
 
 def tiered(**c3: Any) -> dict[str, Any]:
-    """The memory fixture (tests/status_fixtures.py) from a daemon with tiers: nbD (c4) spilled
-    20 GiB to disk; c3, the waiting kernel, as the test says."""
-    document = memory_status()
-    tiers = {"c1": {"tier": "moving", "disk_bytes": 0, "pinned_bytes": 14 * GiB},
-             "c2": {"tier": "gpu", "disk_bytes": 0, "pinned_bytes": 0},
-             "c3": {"tier": "gpu", "disk_bytes": 0, "pinned_bytes": 0, **c3},
-             "c4": {"tier": "disk", "disk_bytes": 20 * GiB, "host_bytes": 0,
-                    "pinned_bytes": 0}}
-    for client in document["clients"]:
-        client.update({"tier_failed": None, **tiers[client["id"]]})
-    for gpu in document["gpus"]:
-        gpu.update(host_bytes=14 * GiB, pinned_bytes=14 * GiB, spill_bytes=20 * GiB)
-    return document
+    return tiered_status(**c3)
 
 
 def test_every_tier_of_the_document_has_its_words() -> None:
