@@ -73,6 +73,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.state",
     "nodeside.scheduler.status",
     "nodeside.scheduler.taking_turns",
+    "nodeside.scheduler.tiers",
     "nodeside.scheduler.turns",
     "nodeside.scheduler.view",
     "nodeside.daemon.changes",
@@ -89,6 +90,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.daemon.session",
     "nodeside.daemon.shell",
     "nodeside.daemon.status_line",
+    "nodeside.daemon.tier_requests",
     "nodeside.daemon.timers",
     "nodeside.evict.lines",
 )

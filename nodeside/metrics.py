@@ -36,13 +36,24 @@ from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from nodeside.errors import DaemonError
-from nodeside.scheduler.core import Action, Drop, Evicted, Grant, Restored, Revoke, Scheduler
+from nodeside.scheduler.core import (
+    Action,
+    Drop,
+    Evicted,
+    Fetch,
+    Grant,
+    Restored,
+    Revoke,
+    Scheduler,
+    Spill,
+    TierMoved,
+)
 from nodeside.scheduler.ledger import occupies
 from nodeside.scheduler.pools import entitlements
 
@@ -210,6 +221,26 @@ class SchedulerCollector(Collector):
                                                         "client back on the GPU).",
                                        value=sched.counts.get("restores", 0))
         yield from (resident, evicted, evictions, by_priority, asked, moved, restores)
+        yield from self._tiers(sched)
+
+    def _tiers(self, sched: Scheduler) -> Iterator[Metric]:
+        """Feature ``tiers``: the node's host budget, each client's pinned and spilled bytes."""
+        if sched.host_budget is not None:
+            yield GaugeMetricFamily("kiwi_host_budget_bytes", "Host memory the node's clients "
+                                    "may take for evicted memory, pinned shadows and staging.",
+                                    value=sched.host_budget)
+        pinned = GaugeMetricFamily("kiwi_pinned_bytes", "Bytes of the client's host memory "
+                                   "pinned now (shadows and staging).", labels=["gpu", "client"])
+        spilled = GaugeMetricFamily("kiwi_spilled_bytes", "Bytes of the client's memory in "
+                                    "spill files on the node's disk now.",
+                                    labels=["gpu", "client"])
+        for client in sched.clients.values():
+            tiering = client.tiering
+            if tiering is not None:
+                labels = [str(client.gpu), client.name]
+                pinned.add_metric(labels, tiering.pinned)
+                spilled.add_metric(labels, tiering.disk)
+        yield from (pinned, spilled)
 
 
 class Metrics:
@@ -236,6 +267,17 @@ class Metrics:
             "kiwi_restore_seconds", "From granting an evicted client to its report that nothing "
                                     "is left in host memory.",
             ["gpu"], buckets=HANDOFF_BUCKETS, registry=self.registry)
+        self.spills = Counter("kiwi_spills", "Spills to disk asked: idle (past spill_after), "
+                              "budget (the host budget ran short).", ["gpu", "reason"],
+                              registry=self.registry)
+        self.fetches = Counter("kiwi_fetches", "Fetches asked on intent, by the tier the "
+                               "memory is brought to.", ["gpu", "tier"], registry=self.registry)
+        self.tier_moves = Counter("kiwi_tier_moves", "Moves between host memory and disk that "
+                                  "ended, by where to and outcome (ok, failed).",
+                                  ["gpu", "tier", "outcome"], registry=self.registry)
+        self.tier_moved_bytes = Counter("kiwi_tier_moved_bytes", "Bytes moves between host "
+                                        "memory and disk moved, by where to.", ["gpu", "tier"],
+                                        registry=self.registry)
 
     def observe(self, actions: Iterable[Action], now: float) -> None:
         """Call with every list of actions the scheduler returns, at the time it returned it."""
@@ -249,6 +291,15 @@ class Metrics:
                 self.restore.labels(str(action.gpu)).observe(action.seconds)
             elif isinstance(action, Evicted) and action.seconds is not None:
                 self.eviction.labels(str(action.gpu)).observe(action.seconds)
+            elif isinstance(action, Spill):
+                self.spills.labels(str(action.gpu), action.reason).inc()
+            elif isinstance(action, Fetch):
+                self.fetches.labels(str(action.gpu), action.tier).inc()
+            elif isinstance(action, TierMoved):
+                gpu = str(action.gpu)
+                self.tier_moves.labels(gpu, action.tier, "ok" if action.failed is None
+                                       else "failed").inc()
+                self.tier_moved_bytes.labels(gpu, action.tier).inc(action.nbytes)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

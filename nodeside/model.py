@@ -193,3 +193,6 @@ class MemoryFigures:
     resident: int | None = None
     host: int | None = None
     shadow: int | None = None
+    #: Feature ``tiers``: bytes in its spill files, and of its host memory pinned.
+    disk: int | None = None
+    pinned: int | None = None

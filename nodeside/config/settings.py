@@ -51,9 +51,17 @@ class SchedulerConfig:
     checkpoint_after: float = 600.0
     #: Bytes of host memory each client with the ``memory`` feature may keep pinned ahead for its
     #: evictions (the vmm evictor's shadows and staging ring), told in ``registered``; None: the
-    #: client's own default (a quarter of the host's memory, within its cgroup's limit). The
-    #: node-wide host budget is to divide this among clients (issue 42).
+    #: client's own default (a quarter of the host's memory, within its cgroup's limit). With
+    #: a host budget, clients that speak ``tiers`` are given their share of it (tiers.py) and
+    #: never more than this.
     pin_budget: int | None = None
+    #: Bytes of host memory the node's clients may take for evicted memory, pinned shadows and
+    #: spill staging together (feature ``tiers``); None: what MemAvailable allows when the
+    #: daemon starts, less a margin (hostmem.py).
+    host_budget: int | None = None
+    #: Seconds an evicted client stays idle before its host copy is spilled to disk (feature
+    #: ``tiers``); 0: only when the host budget runs short.
+    spill_after: float = 600.0
     #: A ``vmm`` client is granted while the room it lacks is still on its way out (clients
     #: told to evict, or released ``evicting``): its restore maps chunk by chunk as the card
     #: frees them, so its way in overlaps the other's way out, each direction on its own copy

@@ -8,8 +8,10 @@ what they let go is sent, the jobs they ask for are started, and what they let g
 comes back here. Feature ``memory``: an ``Evict`` is the ``evict`` event, a ``Refuse`` an
 ``error`` event with code ``room``, an ``Uncounted`` a log line naming the client, and a
 ``Suspend`` goes to the lines (a checkpoint), whose result goes back to the scheduler
-(``Checkpointed``). A grant's line is cached: it is the same
-few bytes every time, and encoding it would be work in the middle of a handoff.
+(``Checkpointed``). Feature ``tiers``: ``Spill``, ``Fetch`` and ``PinBudget`` are the ``spill``,
+``fetch`` and ``pin_budget`` events; a failed ``TierMoved`` a log line. A grant's line is
+cached: it is the same few bytes every time, and encoding it would be work in the middle of a
+handoff.
 """
 
 from __future__ import annotations
@@ -31,16 +33,20 @@ from nodeside.scheduler.core import (
     Drop,
     Evict,
     Evicted,
+    Fetch,
     Grant,
     Pause,
+    PinBudget,
     Refuse,
     Released,
     Restored,
     Resume,
     Revoke,
     Scheduler,
+    Spill,
     Suspend,
     Suspended,
+    TierMoved,
     Uncounted,
 )
 
@@ -168,6 +174,24 @@ class Delivery:
                 self.carry(lines.take([action]))
             else:
                 self.carry([Checkpointed(action.client, "no checkpoint evictor runs")])
+        elif isinstance(action, Spill):
+            log.info("Asking %s to spill %s to disk (%s)", self.name(action.client),
+                     "its host memory" if action.nbytes is None else size(action.nbytes),
+                     "idle" if action.reason == "idle" else "the host budget runs short")
+            if conn is not None:
+                conn.send(p.encode(p.SPILL, gpu=action.gpu, bytes=action.nbytes))
+        elif isinstance(action, Fetch):
+            log.info("Asking %s to bring its memory to the %s (an intent)",
+                     self.name(action.client), "GPU" if action.tier == "gpu" else "host")
+            if conn is not None:
+                conn.send(p.encode(p.FETCH, gpu=action.gpu, tier=action.tier))
+        elif isinstance(action, PinBudget):
+            if conn is not None:
+                conn.send(p.encode(p.PIN_BUDGET, pin_budget=action.nbytes))
+        elif isinstance(action, TierMoved):
+            if action.failed is not None:
+                log.warning("%s could not move its memory to %s: %s", self.name(action.client),
+                            action.tier, action.failed)
         elif isinstance(action, (Restored, Evicted, Suspended)):
             pass  # reports: nothing to send (the metrics observe them, ``observe``)
 

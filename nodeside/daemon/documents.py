@@ -87,9 +87,15 @@ class StatusDocuments:
         return document
 
     def _host_budget(self) -> int | None:
-        """The host memory evicted clients may take, read only where some client speaks the
-        ``memory`` feature (the document shows it for their GPUs only). Shadows made ahead
-        are host memory evictions have already: MemAvailable no longer counts them."""
+        """The host memory evicted clients may take: the node's host budget where configured
+        or where some client speaks ``tiers`` (the daemon plans with it); otherwise read only
+        where some client speaks the ``memory`` feature (the document shows it for their GPUs
+        only). Shadows made ahead are host memory evictions have already: MemAvailable no
+        longer counts them."""
+        scheduler = self.scheduler
+        if scheduler.host_budget is not None and (scheduler.config.host_budget is not None
+                                                  or scheduler.plans_host):
+            return scheduler.host_budget  # the one the daemon plans with
         held, any_memory = 0, False
         for client in self.scheduler.clients.values():
             if client.memory:

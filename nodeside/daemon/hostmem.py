@@ -116,3 +116,18 @@ def evictions_budget(held: int, proc: Path = PROC) -> int | None:
     (Each process's cgroup may allow less: ``room_for`` says so per eviction.)"""
     available = host_available(proc)
     return None if available is None else held + available
+
+
+#: What the default host budget leaves the host: the larger of a floor and a share of its
+#: memory (the OS, the kernels' own pageable memory, the page cache the spill files go through).
+MARGIN_FLOOR = 4 << 30
+MARGIN_SHARE = 0.1
+
+
+def default_host_budget(proc: Path = PROC) -> int | None:
+    """The node's host budget where the config gives none (feature ``tiers``): MemAvailable
+    when the daemon starts, less a margin; None where the host's figures cannot be read."""
+    available, total = host_available(proc), host_total(proc)
+    if available is None or total is None:
+        return None
+    return max(0, available - max(MARGIN_FLOOR, int(total * MARGIN_SHARE)))

@@ -21,6 +21,7 @@ from nodeside.daemon.memory_reports import HOLDING, IDLE, MOVING, Figures, Memor
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
+from nodeside.daemon.tier_requests import TierRequests, byte_figure
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
@@ -43,11 +44,12 @@ from nodeside.scheduler.state import EVICT_MODES
 log = logging.getLogger("kiwi.daemon")
 
 #: Requests after which the scheduler's next deadline cannot have moved.
-_NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING, p.WORKING_SET})
+_NO_RESCHEDULE = frozenset({p.HELLO, p.REGISTER, p.STATUS, p.PING, p.WORKING_SET, p.INTENT})
 #: Requests after which the status document reads the same (every other one may change it:
 #: a client came, asked, gave back, or the mode or TQ moved). A working set (or memory) report
 #: says so itself when the scheduler heard it (memory_reports.py, working_sets.py).
-_NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING, p.WORKING_SET})
+#: An intent says so itself when the scheduler acted on it (tier_requests.py).
+_NO_CHANGE = frozenset({p.HELLO, p.STATUS, p.PING, p.WORKING_SET, p.INTENT})
 
 
 class Requests(Rules):
@@ -82,10 +84,13 @@ class Requests(Rules):
         #: Asks for NVML's per-process figures to be read again soon (process_memory.py): a
         #: client reported less than NVML last counted for it, an eviction's progress.
         self.nvml_soon: Callable[[], None] | None = None
+        #: The ``tiers`` feature's requests and figures.
+        self.tiers = TierRequests(scheduler, self.is_admin)
         #: Each request's handler, looked up once rather than by name on every request.
         self._handlers: dict[str, Callable[[Session, dict[str, Any], int | None, float],
                                            Outcome]] = {
-            op: getattr(self, f"_on_{op}") for op in p.REQUESTS}
+            op: getattr(self.tiers if op in (p.TIER_MOVED, p.INTENT) else self, f"_on_{op}")
+            for op in p.REQUESTS}
 
     def dispatch(self, session: Session, op: str, msg: dict[str, Any], seq: int | None,
                  now: float) -> Outcome:
@@ -158,7 +163,7 @@ class Requests(Rules):
         if memory:  # refused before anything is kept: no more than its GPU has
             gpu = self.scheduler.gpus.get(self.registrations.placement(msg))
             if gpu is not None:
-                check_claim(gpu, _bytes(msg, "resident"), "register.resident")
+                check_claim(gpu, byte_figure(msg, "resident"), "register.resident")
         peer = session.peer
         asked = msg.get("evict")
         choice = None
@@ -173,9 +178,11 @@ class Requests(Rules):
             self.evictor.keep(client, choice, peer.identity)
         if memory:
             self.scheduler.track_memory(
-                client.id, MemoryFigures(_bytes(msg, "resident"), self._host(msg, "host"),
+                client.id, MemoryFigures(byte_figure(msg, "resident"), self._host(msg, "host"),
                                          self._host(msg, "shadow")),
                 checkpointable=self.lines is not None and client.id in self.lines.records)
+        tiered = self.tiers.registered(client.id, msg) \
+            if memory and p.FEATURE_TIERS in session.features else []
         log.info("Registered %s as %s (pid %s, pool %s, priority %s, GPU %d) [FD=%d]",
                  label(client.name, client.display_name, client.user), client.id, client.pid,
                  client.pool, client.priority, client.gpu, session.peer.fd)
@@ -187,8 +194,8 @@ class Requests(Rules):
                                  pool=client.pool if client.warning else None,
                                  priority=client.priority if client.warning else None,
                                  warning=client.warning, evict=client.evict,
-                                 pin_budget=self.scheduler.config.pin_budget if memory
-                                 else None)],
+                                 pin_budget=self.tiers.pin_budget(client.id) if memory
+                                 else None), *tiered],
                        client_id=client.id, label=client.name)
 
     def forget(self, client_id: str) -> None:
@@ -196,6 +203,7 @@ class Requests(Rules):
         self.registrations.forget(client_id)
         self.working_sets.forget(client_id)
         self.memory_reports.forget(client_id)
+        self.tiers.forget(client_id)
 
     # -- the GPU --------------------------------------------------------------------------
 
@@ -295,13 +303,15 @@ class Requests(Rules):
         client = self.scheduler.clients[client_id]
         figures: Figures | None = None
         if p.FEATURE_MEMORY in session.features:
-            figures = (_bytes(msg, "resident"), self._host(msg, "host"),
+            figures = (byte_figure(msg, "resident"), self._host(msg, "host"),
                        self._host(msg, "shadow"))
             if figures == (None, None, None):
                 figures = None
             else:  # a claim of more than the GPU has is refused here, not damped
                 check_claim(self.scheduler.gpus[client.gpu], figures[0], "working_set.resident")
                 self._check_nvml_soon(client, figures[0])
+            if p.FEATURE_TIERS in session.features:
+                self.tiers.figures(client, msg)
         damper = self.working_sets
         heard = damper.report(client_id, nbytes, evictable, now)
         if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer
@@ -370,14 +380,15 @@ class Requests(Rules):
         failed = msg.get("failed")
         failed = None if failed is None else limits.short_text(failed, "evicted.failed")
         client = self.scheduler.clients[client_id]
-        figures = (_bytes(msg, "resident"), self._host(msg, "host"), self._host(msg, "shadow"))
+        figures = (byte_figure(msg, "resident"), self._host(msg, "host"), self._host(msg, "shadow"))
         self._check_nvml_soon(client, figures[0])
         seconds = msg.get("seconds")  # as the client measured its way out: sane ones only
         took = float(seconds) if isinstance(seconds, (int, float)) and \
             not isinstance(seconds, bool) and 0 <= seconds < 86_400 else None
-        actions = self.scheduler.evicted(now, client_id, MemoryFigures(*figures),
+        actions = self.scheduler.evicted(now, client_id, MemoryFigures(
+                                             *figures, disk=byte_figure(msg, "disk")),
                                          failed=failed, seconds=took,
-                                         moved=_bytes(msg, "moved"))
+                                         moved=byte_figure(msg, "moved"))
         self.memory_reports.heard(client_id, figures, now)
         if failed is not None:
             log.warning("%s (%s) could not evict: %s",
@@ -386,7 +397,7 @@ class Requests(Rules):
 
     def _host(self, msg: dict[str, Any], key: str) -> int | None:
         """A host memory figure a client says: no more than the host has (issue 40, N3)."""
-        value = _bytes(msg, key)
+        value = byte_figure(msg, key)
         total = self.documents.host_total
         return value if value is None or total is None else min(value, total)
 
@@ -395,7 +406,6 @@ class Requests(Rules):
         if nvml is not None and resident is not None and resident < nvml and \
                 self.nvml_soon is not None:
             self.nvml_soon()
-
 
     # -- looking and steering -------------------------------------------------------------
 
@@ -480,11 +490,6 @@ class Requests(Rules):
                                   session.peer.fd)
             raise SchedulerError(p.E_PERMISSION, f"Permission denied: only root, the "
                                  f"scheduler's user and the admin group may {what}")
-
-
-def _bytes(msg: dict[str, Any], key: str) -> int | None:
-    value = msg.get(key)
-    return None if value is None else limits.byte_count(value, key)
 
 
 def _registered(session: Session) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 from nodeside import __version__
 from nodeside.config import ConfigError
 from nodeside.config import load as load_config
+from nodeside.daemon import hostmem
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import Connection
 from nodeside.daemon.kube import PodNamespaces
@@ -62,6 +63,8 @@ class Daemon:
             if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         config = self.state.apply(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
+        if config.host_budget is None:  # the core does no I/O: the host is read here
+            self.scheduler.measured_host_budget(hostmem.default_host_budget())
         # Nobody has registered yet: nothing follows that the shell would carry out.
         self.state.restore_gpu_tq(self.scheduler, self.now())
         #: Suspends and resumes processes registered with evict "checkpoint"; every action

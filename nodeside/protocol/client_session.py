@@ -42,7 +42,7 @@ SOFTWARE = f"nodeside.client {__version__}"
 #: The answer to an ``evict`` read while holding (it crossed a grant): ``evicted`` with this.
 HOLDING_NO_EVICT = "holding the GPU: a drop moves its memory"
 #: ``register``'s fields that say where memory is (feature ``memory``).
-_MEMORY_FIELDS = frozenset({"resident", "host", "shadow"})
+_MEMORY_FIELDS = frozenset({"resident", "host", "shadow", "disk"})
 
 
 class Phase(Enum):
@@ -75,6 +75,8 @@ class ClientSession:
         self.mode: str | None = None
         self.tq: float | None = None
         self.client_id: str | None = None
+        #: Feature ``tiers``: the pin budget the daemon last told (None: none told).
+        self.pin_budget: int | None = None
         #: The last drop request (reason, evict, grace); None until one comes.
         self.last_drop: dict[str, Any] | None = None
         #: The working set to register with, and to report again if it changed meanwhile.
@@ -155,31 +157,58 @@ class ClientSession:
         return seq
 
     def report_working_set(self, nbytes: int, evictable: int | None = None, *,
-                           resident: int | None = None, host: int | None = None) -> int | None:
+                           resident: int | None = None, host: int | None = None,
+                           disk: int | None = None, pinned: int | None = None) -> int | None:
         """Keep the working set for the next register; on a ready registered connection also
         report it now, returning the request's seq. ``resident`` and ``host`` (feature
-        ``memory``): where the client's memory is now; left out where the daemon does not
-        serve the feature."""
+        ``memory``), ``disk`` and ``pinned`` (feature ``tiers``): where the client's memory is
+        now; left out where the daemon does not serve the feature."""
         self.working_set = nbytes
         if self.phase is not Phase.READY or self._registration is None:
             return None
         if p.FEATURE_MEMORY not in self.features:
             resident = host = None
+        if p.FEATURE_TIERS not in self.features:
+            disk = pinned = None
         return self.request(p.WORKING_SET, bytes=int(nbytes), evictable=evictable,
-                            resident=resident, host=host)
+                            resident=resident, host=host, disk=disk, pinned=pinned)
 
     def evicted(self, *, resident: int, host: int, moved: int, seconds: float,
-                failed: str | None = None) -> int | None:
+                failed: str | None = None, disk: int | None = None) -> int | None:
         """Feature ``memory``: a move out ended (asked with ``evict``, after a release
         ``evicting``, or of the client's own accord), with where the memory is now, what moved
         and how long it took; or why it could not move (``failed``). Returns the request's
         seq; None, nothing sent, where the daemon does not serve the feature."""
         if self.phase is not Phase.READY or p.FEATURE_MEMORY not in self.features:
             return None
+        if p.FEATURE_TIERS not in self.features:
+            disk = None
         if failed is not None:
-            return self.request(p.EVICTED, resident=resident, host=host, failed=failed)
-        return self.request(p.EVICTED, resident=resident, host=host, moved=moved,
+            return self.request(p.EVICTED, resident=resident, host=host, disk=disk,
+                                failed=failed)
+        return self.request(p.EVICTED, resident=resident, host=host, disk=disk, moved=moved,
                             seconds=round(max(seconds, 0.0), 6))
+
+    def tier_moved(self, tier: str, *, host: int, disk: int, moved: int = 0,
+                   seconds: float = 0.0, failed: str | None = None) -> int | None:
+        """Feature ``tiers``: a move between host memory and disk ended (asked with ``spill``
+        or ``fetch``, or of the client's own accord), its memory now in ``tier``; or why it
+        could not move (``failed``: the memory stayed where it was). Returns the request's
+        seq; None, nothing sent, where the daemon does not serve the feature."""
+        if self.phase is not Phase.READY or p.FEATURE_TIERS not in self.features:
+            return None
+        if failed is not None:
+            return self.request(p.TIER_MOVED, tier=tier, host=host, disk=disk, failed=failed)
+        return self.request(p.TIER_MOVED, tier=tier, host=host, disk=disk, moved=moved,
+                            seconds=round(max(seconds, 0.0), 6))
+
+    def intent(self, name: str, reason: str = "execute") -> int | None:
+        """Feature ``tiers`` (the Jupyter server's side): the kernel registered as ``name``
+        is about to work (``reason``: execute, front). Returns the request's seq; None,
+        nothing sent, where the daemon does not serve the feature."""
+        if self.phase is not Phase.READY or p.FEATURE_TIERS not in self.features:
+            return None
+        return self.request(p.INTENT, name=name, reason=reason)
 
     # -- the hold -------------------------------------------------------------------------
 
@@ -316,6 +345,7 @@ class ClientSession:
         self.phase = Phase.READY
         self.client_id = registered.get("client")
         self.tq = registered.get("tq", self.tq)
+        self.pin_budget = _budget(registered.get("pin_budget"))
         if self.wanted:
             # Asked without a seq: its answer (waiting or grant) reads as an event would.
             self._move(Hold.ASKING)
@@ -406,6 +436,17 @@ class ClientSession:
                     self._ignored.add(self._send_numbered(p.EVICTED, failed=HOLDING_NO_EVICT))
                 return []
             return [ev.EvictAsked(message)]
+        if op == p.SPILL or op == p.FETCH:
+            # Only to an idle client: one that holds (a grant crossed it) says at once that it
+            # cannot move now, so that the daemon does not wait for a move that never comes.
+            if state in (Hold.HOLDING, Hold.DROPPING, Hold.RELEASING):
+                self._ignored.add(self._send_numbered(p.TIER_MOVED, tier="host",
+                                                      failed=HOLDING_NO_EVICT))
+                return []
+            return [ev.SpillAsked(message) if op == p.SPILL else ev.FetchAsked(message)]
+        if op == p.PIN_BUDGET:
+            self.pin_budget = _budget(message.get("pin_budget"))
+            return [ev.PinBudgetSet(message)]
         if op == p.MODE:
             self.mode, self.tq = message.get("mode"), message.get("tq")
             return [ev.ModeChanged(message)]
@@ -424,3 +465,8 @@ class ClientSession:
                 return [ev.AskRefused(message)]
             return [ev.DaemonError(message)]
         return []
+
+
+def _budget(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None

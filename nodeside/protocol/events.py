@@ -93,6 +93,38 @@ class EvictAsked(Event):
         return str(self.message.get("for") or "")
 
 
+class SpillAsked(Event):
+    """Feature ``tiers``: the daemon asks this idle evicted client to move its host copy to
+    its spill files (``message`` has gpu, and bytes where not all of it); it reports as it goes
+    and ends with ``tier_moved``."""
+
+    __slots__ = ()
+
+    @property
+    def nbytes(self) -> int | None:
+        nbytes = self.message.get("bytes")
+        return nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) else None
+
+
+class FetchAsked(Event):
+    """Feature ``tiers``: a hint that this idle client is about to work: bring its memory to
+    ``tier`` ("host": from disk, ending in ``tier_moved``; "gpu": on to the GPU, ending in a
+    ``working_set`` with ``host`` 0)."""
+
+    __slots__ = ()
+
+    @property
+    def tier(self) -> str:
+        return str(self.message.get("tier") or "")
+
+
+class PinBudgetSet(Event):
+    """Feature ``tiers``: the most host memory this client may keep pinned from now on
+    (``ClientSession.pin_budget`` has it)."""
+
+    __slots__ = ()
+
+
 class Revoked(Event):
     """The daemon took the GPU back. ``held``: the session held it until now (otherwise the
     revocation crossed a release of ours, and changes nothing)."""

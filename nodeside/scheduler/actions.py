@@ -212,7 +212,77 @@ class Suspended:
         self.nbytes = nbytes
 
 
-#: What the core says to do or reports. The last three only report (the metrics observe them):
+@dataclass(init=False, unsafe_hash=True)
+class Spill:
+    """Feature ``tiers``: an idle evicted client is asked to move ``nbytes`` of its host copy
+    (None: all of it) to its spill files (tiers.py), because ``reason``: "idle" (past
+    ``spill_after``) or "budget" (the host budget runs short)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    nbytes: Final[int | None]
+    reason: Final[str]
+
+    def __init__(self, client: str, gpu: int, nbytes: int | None, reason: str) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.nbytes = nbytes
+        self.reason = reason
+
+
+@dataclass(init=False, unsafe_hash=True)
+class Fetch:
+    """Feature ``tiers``: an idle client is about to work (an intent): bring its memory to
+    ``tier`` ("host": from disk; "gpu": on to the GPU, where it fits now)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    tier: Final[str]
+
+    def __init__(self, client: str, gpu: int, tier: str) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.tier = tier
+
+
+@dataclass(init=False, unsafe_hash=True)
+class PinBudget:
+    """Feature ``tiers``: the most host memory the client may keep pinned from now on."""
+
+    client: Final[str]
+    gpu: Final[int]
+    nbytes: Final[int]
+
+    def __init__(self, client: str, gpu: int, nbytes: int) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.nbytes = nbytes
+
+
+@dataclass(init=False, unsafe_hash=True)
+class TierMoved:
+    """Feature ``tiers``: a move between host memory and disk ended, to ``tier`` (``failed``:
+    it could not; its memory stayed where it was): ``nbytes`` in ``seconds`` as the client
+    says (the metrics)."""
+
+    client: Final[str]
+    gpu: Final[int]
+    tier: Final[str]
+    nbytes: Final[int]
+    seconds: Final[float | None]
+    failed: Final[str | None]
+
+    def __init__(self, client: str, gpu: int, tier: str, nbytes: int, seconds: float | None,
+                 failed: str | None) -> None:
+        self.client = client
+        self.gpu = gpu
+        self.tier = tier
+        self.nbytes = nbytes
+        self.seconds = seconds
+        self.failed = failed
+
+
+#: What the core says to do or reports. The last four only report (the metrics observe them):
 #: the shell learns what the core changed from them, never by reading its fields.
 Action = Grant | Drop | Revoke | Released | Pause | Resume | Evict | Suspend | Refuse | Uncounted \
-    | Restored | Evicted | Suspended
+    | Spill | Fetch | PinBudget | Restored | Evicted | Suspended | TierMoved

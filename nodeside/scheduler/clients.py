@@ -32,7 +32,7 @@ from enum import Enum
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING, Residency
 
 __all__ = ["RESIDENCY_MOVES", "TRANSITIONS", "Client", "Eviction", "Hold", "HoldState",
-           "IllegalTransition", "WaitingFor"]
+           "IllegalTransition", "Tiering", "WaitingFor"]
 
 
 class HoldState(Enum):
@@ -189,6 +189,35 @@ class Eviction:
         self.progress_at = None
 
 
+class Tiering:
+    """What the scheduler knows of a ``tiers`` client's host memory and disk (tiers.py): its
+    spill files, pinned bytes, the move between host and disk under way, why the last failed,
+    the pin budget it was told, and an intent waiting for room."""
+
+    #: Bytes in its spill files, and of its host memory pinned (as it reported them).
+    disk: int
+    pinned: int
+    #: The move it was asked for and has not ended: "spill" or "fetch" (None: none).
+    moving: str | None
+    #: Why its last move between host memory and disk failed; it is not asked to spill again
+    #: until a report changes its figures (``failed_at``: the figures it failed with).
+    failed: str | None
+    failed_at: tuple[int, int] | None
+    #: The pin budget it was last told (None: not yet).
+    pin_budget: int | None
+    #: A hint that it is about to work came while its memory could not come to the GPU yet.
+    intent: bool
+
+    def __init__(self) -> None:
+        self.disk = 0
+        self.pinned = 0
+        self.moving = None
+        self.failed = None
+        self.failed_at = None
+        self.pin_budget = None
+        self.intent = False
+
+
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply
 class Client:
     id: str
@@ -250,6 +279,8 @@ class Client:
     eviction: Eviction = field(default_factory=Eviction)
     #: The daemon's checkpoint evictor can reach its process (set when it registers).
     checkpointable: bool = False
+    #: Its host memory and disk (feature ``tiers``; None: it does not speak it).
+    tiering: Tiering | None = None
     # -- what its waits cost others (fair eviction, residency.py) ----------------------------
     #: Evictions asked for it since its last grant (or cancel), and in all (metrics).
     room_asked: int = 0

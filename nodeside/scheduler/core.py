@@ -51,16 +51,20 @@ from nodeside.scheduler.actions import (
     Drop,
     Evict,
     Evicted,
+    Fetch,
     Grant,
     Pause,
+    PinBudget,
     Refuse,
     Released,
     Restored,
     Resume,
     Revoke,
     SchedulerError,
+    Spill,
     Suspend,
     Suspended,
+    TierMoved,
     Uncounted,
 )
 from nodeside.scheduler.choosing import PoolsPolicy
@@ -82,15 +86,16 @@ from nodeside.scheduler.state import (
     IllegalTransition,
 )
 from nodeside.scheduler.taking_turns import TakingTurns
+from nodeside.scheduler.tiers import TierRules
 from nodeside.scheduler.turns import Turns
 from nodeside.scheduler.view import PolicyView
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
-__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "Evicted", "GpuSpec", "GpuState",
-           "Grant", "Hold", "HoldState", "IllegalTransition", "Pause", "Refuse", "Released",
-           "Restored", "Resume", "Revoke", "Scheduler", "SchedulerError", "Suspend", "Suspended",
-           "Uncounted", "WaitingFor"]
+__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "Evicted", "Fetch", "GpuSpec",
+           "GpuState", "Grant", "Hold", "HoldState", "IllegalTransition", "Pause", "PinBudget",
+           "Refuse", "Released", "Restored", "Resume", "Revoke", "Scheduler", "SchedulerError",
+           "Spill", "Suspend", "Suspended", "TierMoved", "Uncounted", "WaitingFor"]
 
 
 #: A report that says nothing of where the memory is.
@@ -112,6 +117,7 @@ class Scheduler:
         self._controls = Controls(state, turns)
         self._queries = Queries(state, room, turns, taking, residency)
         self._taking = taking
+        self._tiers = TierRules(state)
         # The same dicts as the state's, for ever: read here without a call.
         self.gpus: dict[int, GpuState] = state.gpus
         self.clients: dict[str, Client] = state.clients
@@ -183,7 +189,10 @@ class Scheduler:
 
     def unregister(self, now: float, client_id: str) -> list[Action]:
         """The client's connection is gone: free whatever it held or waited for, at once."""
-        return self._membership.unregister(now, client_id)
+        client = self._state.clients.get(client_id)
+        if client is not None:
+            self._tiers.forget(client)
+        return self._tiers_due(self._membership.unregister(now, client_id), now)
 
     # -- a client's requests, and time passing (turns.py) ---------------------------------
 
@@ -215,8 +224,12 @@ class Scheduler:
         the ``memory`` feature also where its memory is now (``figures``: progress of an
         eviction, or the end of a restore: ``host`` 0)."""
         said = figures or NOTHING_SAID
-        return self._turns.report_working_set(self._state.client(client_id), nbytes, evictable,
-                                              now, said.resident, said.host, said.shadow)
+        client = self._state.client(client_id)
+        if client.tiering is not None:  # before a restore's end is judged: disk counts too
+            self._tiers.report(client, said.disk, said.pinned, said.host)
+        actions = self._turns.report_working_set(client, nbytes, evictable, now, said.resident,
+                                                 said.host, said.shadow)
+        return self._tiers_due(actions, now)
 
     # -- resident memory (residency.py) ---------------------------------------------------
 
@@ -228,9 +241,61 @@ class Scheduler:
         ``Evicted`` says what it moved (``moved`` bytes in ``seconds``, as the client says)."""
         client = self._state.client(client_id)
         said = figures or NOTHING_SAID
+        if client.tiering is not None:
+            self._tiers.report(client, said.disk, None, said.host)
         actions = self._residency.evicted(client, said.resident, said.host, failed, now,
                                           said.shadow, seconds, moved)
-        return [*actions, *self._turns.schedule(self._state.gpus[client.gpu], now)]
+        actions.extend(self._turns.schedule(self._state.gpus[client.gpu], now))
+        return self._tiers_due(actions, now)
+
+    # -- memory tiers (tiers.py) ----------------------------------------------------------
+
+    def track_tiers(self, client_id: str, disk: int | None = None) -> list[Action]:
+        """The client speaks the ``tiers`` feature (with ``memory``; ``disk``: bytes in its
+        spill files already): its pin budget and spills are planned from now on."""
+        self._tiers.track(self._state.client(client_id), disk)
+        return self._tiers.plan_pins()
+
+    def tier_moved(self, now: float, client_id: str, tier: str, host: int | None = None,
+                   disk: int | None = None, *, moved: int | None = None,
+                   seconds: float | None = None, failed: str | None = None) -> list[Action]:
+        """A move between host memory and disk ended (``failed``: it could not)."""
+        client = self._state.client(client_id)
+        actions = self._tiers.moved(client, tier, host, disk, moved, seconds, failed, now)
+        self._state.gpus[client.gpu].ledger.book(client)
+        return self._tiers_due(actions, now)
+
+    def tier_figures(self, client_id: str, disk: int | None, pinned: int | None) -> None:
+        """A report's ``disk`` and ``pinned``: the progress of a move, recorded (the status
+        shows it; the next pass plans with it)."""
+        self._tiers.report(self._state.client(client_id), disk, pinned)
+
+    def intent(self, now: float, client_id: str, reason: str) -> list[Action]:
+        """A hint that the client is about to work (``reason``: execute, front)."""
+        return self._tiers.intent(self._state.client(client_id), reason, now)
+
+    def measured_host_budget(self, nbytes: int | None) -> list[Action]:
+        """The host budget the shell read (MemAvailable less a margin), where the config
+        gives none."""
+        state = self._state
+        state.measured_host_budget = nbytes
+        state.read_config()
+        return self._tiers.plan_pins()
+
+    @property
+    def host_budget(self) -> int | None:
+        """Host memory the node's clients may take (the status's ``host_budget``)."""
+        return self._state.host_budget
+
+    @property
+    def plans_host(self) -> bool:
+        """Some client speaks ``tiers``: the host budget is planned with."""
+        return bool(self._tiers.clients)
+
+    def _tiers_due(self, actions: list[Action], now: float) -> list[Action]:
+        if self._tiers.clients:
+            actions.extend(self._tiers.due(now))
+        return actions
 
     def checkpointed(self, now: float, client_id: str, error: str | None = None,
                      memory_free: bool = False) -> list[Action]:
@@ -257,8 +322,8 @@ class Scheduler:
         return actions
 
     def tick(self, now: float) -> list[Action]:
-        """Time has passed: end quanta, revoke holders past their grace."""
-        return self._turns.schedule_all(now)
+        """Time has passed: end quanta, revoke holders past their grace, spill."""
+        return self._tiers_due(self._turns.schedule_all(now), now)
 
     # -- the admin's controls (controls.py) -----------------------------------------------
 
@@ -271,13 +336,18 @@ class Scheduler:
 
     def reconfigure(self, config: SchedulerConfig, now: float) -> list[Action]:
         """Apply a reloaded config (SIGHUP) without dropping anyone."""
-        return self._controls.reconfigure(config, now)
+        return self._tiers_due(self._controls.reconfigure(config, now), now)
 
     # -- questions between events (queries.py) --------------------------------------------
 
     def next_deadline(self, now: float) -> float | None:
         """When ``tick`` must next be called, or None if nothing is due until the next event."""
-        return self._queries.next_deadline(now)
+        deadline = self._queries.next_deadline(now)
+        if not self._tiers.clients:
+            return deadline
+        spill = self._tiers.deadline()
+        return spill if deadline is None or (spill is not None and spill < deadline) \
+            else deadline
 
     def queue(self, gpu_index: int, now: float) -> list[Client]:
         """Waiters in the order they are expected to be granted, next first."""

@@ -55,6 +55,10 @@ class NodeState(PolicyView):
                        "evicted_bytes": 0}
         #: Events seen; a next deadline computed since the last one still holds.
         self.events = 0
+        #: The host budget the shell measured (MemAvailable less a margin), where the config
+        #: gives none; ``host_budget`` is the one the rules use (tiers.py).
+        self.measured_host_budget: int | None = None
+        self.host_budget: int | None = None
         self.read_config()
         self.choice: PoolsPolicy = POLICIES[config.policy](self)
         self.resize_windows()
@@ -70,6 +74,8 @@ class NodeState(PolicyView):
         for gpu in self.gpus.values():
             gpu.ledger.reserve = config.memory_reserve
         self.grace = config.grace
+        self.host_budget = config.host_budget if config.host_budget is not None \
+            else self.measured_host_budget
 
     def configure(self, config: SchedulerConfig) -> None:
         """Take a reloaded config: its pools, policy, per-GPU TQs and share window."""

@@ -148,7 +148,8 @@ class ResidencyRules:
         if host is not None:
             client.host_bytes = host
             client.memory_source = "shim"
-        if client.residency is RESTORING and (host == 0 or (
+        on_disk = client.tiering is not None and client.tiering.disk > 0
+        if client.residency is RESTORING and not on_disk and (host == 0 or (
                 host is None and resident is not None and client.host_bytes == 0)):
             began = eviction.since
             client.settle(RESIDENT, now)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from nodeside.scheduler.core import Client, Scheduler
 from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.report import pool_reports
+from nodeside.scheduler.tiers import tier
 
 STATUS_VERSION = 1
 
@@ -85,6 +86,12 @@ def build_status(scheduler: Scheduler, now: float,
                 "host_budget": None if host_budget is None
                 else _at_most(host_budget, host_total),
             })
+            tiered = [c.tiering for c in on_it if c.tiering is not None]
+            if tiered:
+                gpus[-1].update({
+                    "pinned_bytes": _at_most(sum(t.pinned for t in tiered), host_total),
+                    "spill_bytes": sum(t.disk for t in tiered),
+                })
     clients = []
     for client in scheduler.clients.values():
         entry = _client_entry(scheduler, client, positions.get(client.id), now)
@@ -106,6 +113,11 @@ def build_status(scheduler: Scheduler, now: float,
                     "client": waiting_for.client, "name": waiting_for.name,
                     "bytes": waiting_for.bytes, "action": waiting_for.action},
             })
+            tiering = client.tiering
+            if tiering is not None:
+                entry.update({"tier": tier(client), "disk_bytes": tiering.disk,
+                              "pinned_bytes": _at_most(tiering.pinned, host_total),
+                              "tier_failed": tiering.failed})
         if not viewer_admin and (viewer_uid is None or client.uid != viewer_uid):
             entry["pid"] = None
             entry["namespace"] = None  # as hidden as the labels it was verified against

@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "nodeside.scheduler.moves",
      "nodeside.scheduler.taking_turns", "nodeside.scheduler.turns",
      "nodeside.scheduler.membership", "nodeside.scheduler.controls",
-     "nodeside.scheduler.queries"),
+     "nodeside.scheduler.queries", "nodeside.scheduler.tiers"),
     # ... the facade the daemon holds ...
     ("nodeside.scheduler.core",),
     # ... and what reads it whole.

@@ -1,0 +1,276 @@
+"""Memory tiers (feature ``tiers``): the node's host budget, each client's pin budget, spills
+to disk and fetches back on intent.
+
+The host budget is the node's, one figure shared by every GPU (``NodeState.host_budget``: the
+config's ``host_budget``, else what the shell read of MemAvailable). Host use is counted over
+every ``memory`` client of the node (``host_use``): the host copies of evicted memory (pinned
+or pageable alike: ``host_bytes``) and the pinned shadows made ahead beyond them (``pinned``
+over ``host_bytes``, for clients that speak ``tiers``; ``shadow`` for those that do not).
+
+Pin budgets (``plan_pins``): what the budget leaves beside the host copies already there is
+shared out among the ``tiers`` clients whose memory is on the GPU, most recently used first
+(least recently used last), each up to what it has on the GPU and the config's ``pin_budget``;
+an evicted client keeps what its host copy pins. A budget is told only when it changes
+(``PinBudget``), so the sum told never exceeds the budget.
+
+Spills (``due``): an idle evicted client whose host copy has sat ``spill_after`` since its
+eviction ended is asked to ``spill`` ("idle"), and while host use exceeds the budget the idle
+evicted clients are asked too, longest idle first, until what they free covers the excess
+("budget"). A move that failed (``tier_failed``) is not asked again until a report changes the
+client's figures.
+
+Intents (``intent``): memory on disk is fetched to host memory at once; memory in host memory
+is fetched on to the GPU when the GPU's ledger says it fits beside the holders and what idle
+clients keep there, else the intent waits and is acted on when room appears (``due``). A hint
+never takes the GPU from a holder and never asks anyone to evict.
+
+Where a client's memory is (``tier``) follows from its residency and its figures; the move
+between host and disk under way is the client's ``Tiering.moving``, written only by ``_move``.
+"""
+
+from __future__ import annotations
+
+from typing import Final, final
+
+from nodeside import protocol as p
+from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
+from nodeside.scheduler.actions import Action, Fetch, PinBudget, SchedulerError, Spill, TierMoved
+from nodeside.scheduler.clients import Tiering
+from nodeside.scheduler.ledger import need
+from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.state import Client, HoldState
+
+#: The tiers a ``tier_moved`` may end in, and the moves a client may be asked for.
+MOVED_TO: Final = ("host", "disk")
+SPILL: Final = "spill"
+FETCH: Final = "fetch"
+#: Why an intent came: a cell is about to run, or its notebook came to the front (which only
+#: brings memory from disk to host memory: the kernel may not run anything yet).
+INTENT_REASONS: Final = ("execute", "front")
+
+
+def tier(client: Client) -> str:
+    """Where ``client``'s memory is: "gpu", "host", "disk" or "moving" (the status)."""
+    tiering = client.tiering
+    residency = client.residency
+    if (tiering is not None and tiering.moving is not None) or residency is EVICTING \
+            or residency is RESTORING:
+        return "moving"
+    if residency is EVICTED:
+        return "disk" if tiering is not None and tiering.disk and not client.host_bytes \
+            else "host"
+    return "gpu"
+
+
+def host_use(client: Client) -> int:
+    """Host memory ``client`` takes: its host copy, and pinned shadows made beyond it."""
+    tiering = client.tiering
+    ahead = client.shadow_bytes if tiering is None else tiering.pinned
+    return max(client.host_bytes, ahead)
+
+
+@final
+class TierRules:
+    """Every ``tiers`` client's host memory and disk, against the node's host budget."""
+
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
+        #: The clients that speak ``tiers``, by id: nothing here is asked while it is empty.
+        self.clients: dict[str, Client] = {}
+
+    # -- what clients say -----------------------------------------------------------------
+
+    def track(self, client: Client, disk: int | None) -> None:
+        """``client`` speaks ``tiers`` (its ``register`` may say it has spill files)."""
+        tiering = client.tiering = Tiering()
+        tiering.disk = disk or 0
+        self.clients[client.id] = client
+        if tiering.disk and client.residency is RESIDENT and not client.resident_bytes:
+            client.settle(EVICTED, None)  # registered with its memory on disk
+
+    def report(self, client: Client, disk: int | None, pinned: int | None,
+               host: int | None = None) -> None:
+        """A report's ``disk`` and ``pinned`` (and ``host``, which the residency rules book):
+        progress of a move. Figures that changed make a client whose move failed askable
+        again."""
+        tiering = client.tiering
+        if tiering is None:
+            return
+        if disk is not None:
+            tiering.disk = disk
+        if pinned is not None:
+            tiering.pinned = pinned
+        now_at = (client.host_bytes if host is None else host, tiering.disk)
+        if tiering.failed_at is not None and tiering.failed_at != now_at:
+            tiering.failed_at = None
+
+    def moved(self, client: Client, to: str, host: int | None, disk: int | None,
+              moved: int | None, seconds: float | None, failed: str | None,
+              now: float) -> list[Action]:
+        """A ``tier_moved``: the move ended (``failed``: the memory stayed where it was)."""
+        tiering = _tiering(client)
+        if to not in MOVED_TO:
+            raise SchedulerError(p.E_INVALID, f"tier must be one of {', '.join(MOVED_TO)}")
+        if host is not None:
+            client.host_bytes = host
+        if disk is not None:
+            tiering.disk = disk
+        self._move(tiering, None)
+        tiering.failed = failed
+        tiering.failed_at = None if failed is None else (client.host_bytes, tiering.disk)
+        actions: list[Action] = [TierMoved(client.id, client.gpu, to, moved or 0, seconds,
+                                           failed)]
+        if failed is None and to == "host" and tiering.intent and client.residency is EVICTED:
+            tiering.intent = not self._fetch_gpu(client, actions)  # else when room appears
+        return actions
+
+    def intent(self, client: Client, reason: str, now: float) -> list[Action]:
+        """A hint that ``client`` is about to work: bring its memory a tier closer."""
+        tiering = _tiering(client)
+        if reason not in INTENT_REASONS:
+            raise SchedulerError(p.E_INVALID, f"reason must be one of "
+                                 f"{', '.join(INTENT_REASONS)}")
+        if client.residency is not EVICTED or tiering.moving == FETCH:
+            return []  # on the GPU or on its way: nothing to bring
+        actions: list[Action] = []
+        where = tier(client)
+        if where == "disk" or (where == "moving" and tiering.moving == SPILL):
+            self._move(tiering, FETCH)
+            actions.append(Fetch(client.id, client.gpu, "host"))
+            tiering.intent = reason == "execute"  # on to the GPU once in host memory
+        elif reason == "execute":
+            tiering.intent = not self._fetch_gpu(client, actions)
+        return actions
+
+    def forget(self, client: Client) -> None:
+        self.clients.pop(client.id, None)
+
+    # -- the daemon's decisions -----------------------------------------------------------
+
+    def due(self, now: float) -> list[Action]:
+        """Spills due (``spill_after``, a host budget short), fetches whose room appeared and
+        pin budgets that changed."""
+        actions: list[Action] = []
+        if not self.clients:
+            return actions
+        for client in self.clients.values():
+            tiering = client.tiering
+            if tiering is None:
+                continue
+            if tiering.moving is not None and client.hold_state is not HoldState.IDLE:
+                self._move(tiering, None)  # granted: its restore brings everything back
+            if not tiering.intent:
+                continue
+            if client.residency is not EVICTED:
+                tiering.intent = False  # it came back, by a grant or a fetch
+            elif tiering.moving is None and client.host_bytes:
+                tiering.intent = not self._fetch_gpu(client, actions)
+        spill_after = self.state.config.spill_after
+        excess = self.excess()
+        for client in self._spillable():
+            since = client.eviction.since
+            idle_long = spill_after > 0 and since is not None and since + spill_after <= now
+            if not idle_long and excess <= 0:
+                break  # longest idle first: the rest are idle for less
+            assert client.tiering is not None
+            self._move(client.tiering, SPILL)
+            actions.append(Spill(client.id, client.gpu, None, "idle" if idle_long
+                                 else "budget"))
+            excess -= client.host_bytes
+        actions.extend(self.plan_pins())
+        return actions
+
+    def deadline(self) -> float | None:
+        """When the next spill for being idle is due (None: none is)."""
+        spill_after = self.state.config.spill_after
+        if spill_after <= 0 or not self.clients:
+            return None
+        for client in self._spillable():
+            since = client.eviction.since
+            if since is not None:
+                return since + spill_after  # the longest idle is first
+        return None
+
+    def excess(self) -> int:
+        """Bytes by which the node's host use exceeds its budget (0: within it, or none)."""
+        budget = self.state.host_budget
+        if budget is None:
+            return 0
+        used = 0
+        for client in self.state.clients.values():
+            if client.memory:
+                used += host_use(client)
+        return max(0, used - budget)
+
+    def plan_pins(self) -> list[Action]:
+        """Each ``tiers`` client's pin budget (see the module's comment), told where changed."""
+        budget = self.state.host_budget
+        if budget is None:
+            return []
+        cap = self.state.config.pin_budget
+        clients = list(self.clients.values())
+        left = budget
+        for client in self.state.clients.values():
+            if client.memory and client.residency is not RESIDENT:
+                left -= client.host_bytes  # host copies already there, pinned or not
+        planned: dict[str, int] = {}
+        for client in sorted(clients, key=lambda c: -c.last_used):
+            if client.residency is RESIDENT:
+                share = max(0, min(left, need(client)))
+                left -= share
+            else:
+                share = client.host_bytes
+            planned[client.id] = share if cap is None else min(share, cap)
+        actions: list[Action] = []
+        for client in clients:
+            tiering = client.tiering
+            assert tiering is not None
+            if tiering.pin_budget != planned[client.id]:
+                tiering.pin_budget = planned[client.id]
+                actions.append(PinBudget(client.id, client.gpu, planned[client.id]))
+        return actions
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _spillable(self) -> list[Client]:
+        """Idle evicted ``tiers`` clients with a host copy and nothing under way, longest
+        idle first, leaving out those whose move failed until their figures change."""
+        found = []
+        for client in self.clients.values():
+            tiering = client.tiering
+            if tiering is not None and client.hold_state is HoldState.IDLE and \
+                    client.residency is EVICTED and client.host_bytes > 0 and \
+                    tiering.moving is None and tiering.failed_at is None and \
+                    not tiering.intent:
+                found.append(client)
+        found.sort(key=lambda c: (c.eviction.since or 0.0, c.last_used))
+        return found
+
+    def _fits(self, client: Client) -> bool:
+        """Its memory fits on its GPU now beside the holders and idle clients' counted bytes
+        (the capacity unknown: never, a hint takes no chances)."""
+        ledger = self.state.gpus[client.gpu].ledger
+        room = ledger.room
+        if room is None:
+            return False
+        wanted = max(need(client), client.host_bytes)
+        return ledger.holders_need(client) + ledger.idle_except(client) + wanted <= room
+
+    def _fetch_gpu(self, client: Client, actions: list[Action]) -> bool:
+        """Ask for its memory on the GPU where it fits now; False: not yet."""
+        if not self._fits(client):
+            return False
+        actions.append(Fetch(client.id, client.gpu, "gpu"))
+        return True
+
+    @staticmethod
+    def _move(tiering: Tiering, to: str | None) -> None:
+        """The one place a move between host and disk starts or ends."""
+        tiering.moving = to
+
+
+def _tiering(client: Client) -> Tiering:
+    tiering = client.tiering
+    if tiering is None:
+        raise SchedulerError(p.E_STATE, "this needs the tiers feature (hello)")
+    return tiering

@@ -1,0 +1,178 @@
+"""Memory tiers in the sans-I/O core (feature ``tiers``), with an injected clock.
+
+An idle evicted client is asked to spill its host copy to disk once it has been evicted for
+``spill_after``, or sooner while the node's host use exceeds its budget (longest idle first); a
+move that failed is shown and not asked again until the client's figures change. An intent
+brings memory a tier closer: disk to host at once, host to GPU when it fits beside the holders,
+else when room appears, and never by taking the GPU or asking anyone to evict. Pin budgets
+share what the host budget leaves among the clients on the GPU, most recently used first.
+"""
+
+from __future__ import annotations
+
+from nodeside.config import SchedulerConfig
+from nodeside.model import EVICTED, MemoryFigures, Registration
+from nodeside.scheduler.core import (
+    Evict,
+    Fetch,
+    GpuSpec,
+    Grant,
+    PinBudget,
+    Scheduler,
+    SchedulerError,
+    Spill,
+    TierMoved,
+)
+from nodeside.scheduler.tiers import tier
+
+GiB = 1 << 30
+AFTER = 600.0
+
+
+def make(capacity: int | None = 10 * GiB, host_budget: int | None = None,
+         spill_after: float = AFTER, pin_budget: int | None = None) -> Scheduler:
+    config = SchedulerConfig(tq=30.0, mode="on", memory_reserve=0, checkpoint_after=0,
+                             host_budget=host_budget, spill_after=spill_after,
+                             pin_budget=pin_budget)
+    return Scheduler(config, [GpuSpec(0, memory_total=capacity)], now=0.0)
+
+
+def client(s: Scheduler, name: str, working_set: int, *, tiers: bool = True) -> str:
+    c = s.register(0.0, Registration(name=name, working_set=working_set, evict="vmm"))
+    s.track_memory(c.id, MemoryFigures(resident=0, host=0))
+    if tiers:
+        s.track_tiers(c.id)
+    return c.id
+
+
+def evicted_at(s: Scheduler, c: str, now: float, nbytes: int) -> list:
+    """``c`` held the GPU, filled ``nbytes`` and was evicted to host memory at ``now``."""
+    assert Grant(c, 0, 30.0) in s.acquire(now - 2.0, c)
+    s.report_working_set(now - 2.0, c, nbytes, MemoryFigures(resident=nbytes, host=0))
+    s.release(now - 1.0, c, evicting=True)
+    return s.evicted(now, c, MemoryFigures(resident=0, host=nbytes))
+
+
+def of(kind: type, actions: list) -> list:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_an_evicted_client_idle_for_spill_after_is_asked_to_spill() -> None:
+    s = make()
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    assert tier(s.clients[a]) == "host"
+    assert s.next_deadline(11.0) == 10.0 + AFTER
+    assert of(Spill, s.tick(10.0 + AFTER - 1.0)) == []
+    assert of(Spill, s.tick(10.0 + AFTER)) == [Spill(a, 0, None, "idle")]
+    assert tier(s.clients[a]) == "moving"
+    assert of(Spill, s.tick(10.0 + AFTER + 5.0)) == []  # asked once, not on every tick
+    # Progress, then the end: its memory is on disk, nothing of it in host memory.
+    s.tier_figures(a, 2 * GiB, None)
+    actions = s.tier_moved(700.0, a, "disk", host=0, disk=4 * GiB, moved=4 * GiB, seconds=3.0)
+    assert TierMoved(a, 0, "disk", 4 * GiB, 3.0, None) in actions
+    assert tier(s.clients[a]) == "disk" and s.clients[a].residency is EVICTED
+
+
+def test_a_failed_spill_is_shown_and_not_asked_again_until_the_figures_change() -> None:
+    s = make()
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    assert of(Spill, s.tick(10.0 + AFTER)) == [Spill(a, 0, None, "idle")]
+    s.tier_moved(611.0, a, "host", host=4 * GiB, disk=0, failed="disk full")
+    tiering = s.clients[a].tiering
+    assert tiering is not None and tiering.failed == "disk full"
+    assert tier(s.clients[a]) == "host"
+    assert of(Spill, s.tick(2000.0)) == []
+    assert of(Spill, s.report_working_set(2001.0, a, 4 * GiB, MemoryFigures(
+        resident=0, host=4 * GiB))) == []  # the same figures again: still not asked
+    assert of(Spill, s.report_working_set(2002.0, a, 4 * GiB, MemoryFigures(
+        resident=0, host=3 * GiB))) == [Spill(a, 0, None, "idle")]
+
+
+def test_a_short_host_budget_spills_the_longest_idle_first_and_only_as_many_as_needed() -> None:
+    s = make(capacity=20 * GiB, host_budget=7 * GiB, spill_after=0)
+    a, b, c = (client(s, n, 4 * GiB) for n in ("nbA", "nbB", "nbC"))
+    assert of(Spill, evicted_at(s, a, 10.0, 3 * GiB)) == []
+    assert of(Spill, evicted_at(s, b, 20.0, 3 * GiB)) == []
+    # 9 GiB in host memory, 2 over the budget: the longest idle (a) frees 3, enough.
+    assert of(Spill, evicted_at(s, c, 30.0, 3 * GiB)) == [Spill(a, 0, None, "budget")]
+    assert s.next_deadline(31.0) is None  # spill_after 0: never for idling alone
+
+
+def test_an_intent_brings_memory_from_disk_then_on_to_the_gpu_where_it_fits() -> None:
+    s = make()
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    s.tick(10.0 + AFTER)
+    s.tier_moved(620.0, a, "disk", host=0, disk=4 * GiB)
+    assert s.intent(700.0, a, "execute") == [Fetch(a, 0, "host")]
+    assert s.intent(700.5, a, "execute") == []  # on its way already
+    actions = s.tier_moved(705.0, a, "host", host=4 * GiB, disk=0, moved=4 * GiB, seconds=2.0)
+    assert of(Fetch, actions) == [Fetch(a, 0, "gpu")]
+
+
+def test_a_front_intent_brings_memory_from_disk_only() -> None:
+    s = make()
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    assert s.intent(20.0, a, "front") == []  # in host memory: a notebook in view runs nothing
+    s.tick(10.0 + AFTER)
+    s.tier_moved(620.0, a, "disk", host=0, disk=4 * GiB)
+    assert s.intent(700.0, a, "front") == [Fetch(a, 0, "host")]
+    assert of(Fetch, s.tier_moved(705.0, a, "host", host=4 * GiB, disk=0)) == []
+
+
+def test_an_intent_never_takes_room_and_waits_for_it() -> None:
+    s = make(capacity=10 * GiB)
+    a, b = client(s, "nbA", 6 * GiB), client(s, "nbB", 6 * GiB)
+    evicted_at(s, a, 10.0, 6 * GiB)
+    assert Grant(b, 0, 30.0) in s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    # b holds 6 of 10 GiB: a's 6 do not fit beside; the hint asks nobody to evict.
+    actions = s.intent(30.0, a, "execute")
+    assert actions == [] and of(Evict, s.tick(31.0)) == []
+    assert s.clients[b].state == "holding"
+    # b goes away: the room appears, and the intent waiting is acted on.
+    assert of(Fetch, s.unregister(40.0, b)) == [Fetch(a, 0, "gpu")]
+
+
+def test_the_restore_of_a_client_on_disk_ends_only_when_nothing_is_left_on_disk() -> None:
+    s = make()
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    s.tick(10.0 + AFTER)
+    s.tier_moved(620.0, a, "disk", host=0, disk=4 * GiB)
+    s.acquire(700.0, a)
+    s.report_working_set(701.0, a, 4 * GiB, MemoryFigures(resident=GiB, host=0, disk=3 * GiB))
+    assert tier(s.clients[a]) == "moving"
+    s.report_working_set(702.0, a, 4 * GiB, MemoryFigures(resident=4 * GiB, host=0, disk=0))
+    assert tier(s.clients[a]) == "gpu"
+
+
+def test_pin_budgets_share_the_host_budget_most_recently_used_first() -> None:
+    s = make(capacity=40 * GiB, host_budget=10 * GiB)
+    a, b, c = (client(s, n, 6 * GiB) for n in ("nbA", "nbB", "nbC"))
+    for now, who in ((10.0, a), (20.0, b), (30.0, c)):
+        s.acquire(now, who)
+        s.report_working_set(now, who, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+        s.release(now + 1.0, who)
+    actions = s.tick(40.0)
+    told = {x.client: x.nbytes for x in of(PinBudget, actions)}
+    budgets = {k: s.clients[k].tiering.pin_budget for k in (a, b, c)}  # type: ignore[union-attr]
+    assert budgets == {c: 6 * GiB, b: 4 * GiB, a: 0}
+    assert all(told.get(k, budgets[k]) == budgets[k] for k in budgets)
+    assert sum(budgets.values()) <= 10 * GiB
+
+
+def test_a_move_needs_the_tiers_feature_and_a_known_tier() -> None:
+    s = make()
+    a = client(s, "nbA", 4 * GiB, tiers=False)
+    b = client(s, "nbB", 4 * GiB)
+    for call in (lambda: s.tier_moved(1.0, a, "disk"), lambda: s.intent(1.0, a, "execute"),
+                 lambda: s.tier_moved(1.0, b, "tape"), lambda: s.intent(1.0, b, "whim")):
+        try:
+            call()
+        except SchedulerError:
+            continue
+        raise AssertionError("accepted")
