@@ -3,10 +3,9 @@ waits for, as every text view says them (``kiwictl status``, ``%kiwi status``, t
 
 The words are fixed with the status document's keys (docs/protocol.md, the status document):
 ``resident`` is "on GPU", ``evicting`` "moving out", ``evicted`` "in host memory" and
-``restoring`` "moving in"; with the ``tiers`` feature a client's ``tier`` is ``gpu`` "on GPU",
-``host`` "in host memory", ``disk`` "on disk" and ``moving`` "moving between tiers". The panel
-says the same in TypeScript (labextension/src/format.ts; ``TIER_WORDS`` reaches it through
-labextension/src/formats.generated.ts).
+``restoring`` "moving in"; a tier (feature ``tiers``) ``gpu`` "on GPU", ``host`` "in host
+memory", ``disk`` "on disk", ``moving`` "moving". The panel says the same in TypeScript
+(labextension/src/format.ts).
 A document from a daemon that keeps no resident memory has none of these keys, and every
 function here then says nothing (None), so the views show what they showed before.
 """
@@ -26,12 +25,13 @@ RESIDENCY_WORDS: dict[str, str] = {
     "restoring": "moving in",
 }
 
+
 #: What people read for each tier of the status document (feature ``tiers``).
 TIER_WORDS: dict[str, str] = {
     "gpu": "on GPU",
     "host": "in host memory",
     "disk": "on disk",
-    "moving": "moving between tiers",
+    "moving": "moving",
 }
 
 
@@ -67,31 +67,22 @@ def residency_word(client: dict[str, Any]) -> str:
     return RESIDENCY_WORDS.get(residency, residency)
 
 
-def tier_words(client: dict[str, Any]) -> str | None:
-    """Where a client's memory is, by tier: ``on GPU``, ``in host memory (24.0 GiB, 8.0 GiB
-    pinned)``, ``on disk (24.0 GiB)``, ``moving between tiers``; None for a document without
-    tiers (then ``residency_word`` says it)."""
-    tier = client.get("tier")
-    if not tier:
-        return None
-    word = TIER_WORDS.get(str(tier), str(tier))
-    if tier == "host":
-        pinned = client.get("pinned_bytes") or 0
-        held = size(client.get("host_bytes", 0))
-        return f"{word} ({held}, {size(pinned)} pinned)" if pinned else f"{word} ({held})"
-    if tier == "disk":
-        return f"{word} ({size(client.get('disk_bytes', 0))})"
-    return word
+def memory_place_word(client: dict[str, Any]) -> str:
+    """Where a client's memory is in a word: its tier where the document says one (``on
+    disk``), else its residency; with ``(move failed)`` while its last move to or from disk
+    failed (the reason: ``tier_failed_words``)."""
+    place = client.get("tier")
+    if place is None:
+        return residency_word(client)
+    word = TIER_WORDS.get(str(place), str(place))
+    return f"{word} (move failed)" if client.get("tier_failed") else word
 
 
 def tier_failed_words(client: dict[str, Any]) -> str | None:
-    """Why a client's last move between host memory and disk failed, as a view says it: ``its
-    move to or from disk failed: the disk is full (its memory stayed where it was)``; None
-    when nothing failed."""
+    """Why a client's last move between host memory and disk failed: ``could not move to or
+    from disk: no space left``; None when none failed."""
     failed = client.get("tier_failed")
-    if not failed:
-        return None
-    return f"its move to or from disk failed: {failed} (its memory stayed where it was)"
+    return None if not failed else f"could not move to or from disk: {failed}"
 
 
 def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = None,
@@ -118,9 +109,7 @@ def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = 
 def gpu_memory_words(gpu: dict[str, Any]) -> str | None:
     """A GPU's resident total against its capacity and the host RAM its evicted clients hold
     against the budget: ``27.0 GiB of 80.0 GiB on the GPU, 24.0 GiB of 64.0 GiB in host
-    memory``; with tiers, what of it is pinned and what its clients spilled to disk too
-    (``..., 24.0 GiB of 64.0 GiB in host memory (8.0 GiB pinned), 100.0 GiB on disk``); None
-    for a document without them."""
+    memory``; None for a document without them."""
     if "resident_bytes" not in gpu:
         return None
     capacity, budget = gpu.get("capacity"), gpu.get("host_budget")
@@ -130,9 +119,25 @@ def gpu_memory_words(gpu: dict[str, Any]) -> str | None:
     host = human_bytes(gpu.get("host_bytes", 0))
     in_host = (f"{host} in host memory (no limit set)" if budget is None
                else f"{host} of {human_bytes(budget)} in host memory")
-    if "spill_bytes" not in gpu:
-        return f"{on_gpu}, {in_host}"
-    pinned = gpu.get("pinned_bytes") or 0
-    if pinned:
-        in_host += f" ({human_bytes(pinned)} pinned)"
-    return f"{on_gpu}, {in_host}, {human_bytes(gpu['spill_bytes'])} on disk"
+    tiers = ""
+    if "spill_bytes" in gpu:  # feature ``tiers``
+        tiers = (f" ({human_bytes(gpu.get('pinned_bytes', 0))} pinned), "
+                 f"{human_bytes(gpu['spill_bytes'])} on disk")
+    return f"{on_gpu}, {in_host}{tiers}"
+
+
+def tier_words(client: dict[str, Any]) -> str | None:
+    """Where a client's memory is by tier, with its bytes there: ``on GPU``, ``in host memory
+    (24.0 GiB, 8.0 GiB pinned)``, ``on disk (24.0 GiB)``, ``moving``; None for a document
+    without tiers. The panel writes the same (its examples: ``nodeside.formats``)."""
+    tier = client.get("tier")
+    if not tier:
+        return None
+    word = TIER_WORDS.get(str(tier), str(tier))
+    if tier == "host":
+        pinned = client.get("pinned_bytes") or 0
+        held = human_bytes(client.get("host_bytes", 0))
+        return f"{word} ({held}, {human_bytes(pinned)} pinned)" if pinned else f"{word} ({held})"
+    if tier == "disk":
+        return f"{word} ({human_bytes(client.get('disk_bytes', 0))})"
+    return word

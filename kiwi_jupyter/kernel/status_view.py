@@ -12,12 +12,11 @@ from typing import Any
 from nodeside.formats import seconds
 from nodeside.headline import scheduler_headline
 from nodeside.memory_words import (
-    TIER_WORDS,
     gpu_memory_words,
     human_bytes,
     keeps_memory,
+    memory_place_word,
     memory_use_words,
-    residency_word,
     tier_failed_words,
     waiting_for_words,
 )
@@ -89,9 +88,7 @@ class StatusTable:
     def _memory_cells(client: dict[str, Any]) -> list[str]:
         if "residency" not in client:
             return ["", "", ""]
-        # The tier says more than the residency where the daemon has tiers: "on disk".
-        where = TIER_WORDS.get(str(client.get("tier")), "") or residency_word(client)
-        return [where, human_bytes(client.get("resident_bytes")),
+        return [memory_place_word(client), human_bytes(client.get("resident_bytes")),
                 human_bytes(client.get("host_bytes"))]
 
     @staticmethod

@@ -310,7 +310,7 @@ export type Tier = NonNullable<IClientStatus['tier']>;
 /**
  * Where a kernel's memory is by tier, in the words kiwictl and %kiwi use too (`tier_words` in
  * nodeside/memory_words.py): "on GPU", "in host memory (24.0 GiB, 8.0 GiB pinned)",
- * "on disk (3.0 GiB)", "moving between tiers".
+ * "on disk (3.0 GiB)", "moving".
  */
 export function describeTier(
   kernel: { tier: Tier; hostBytes: number; pinnedBytes: number; diskBytes: number },
@@ -320,7 +320,7 @@ export function describeTier(
     case 'gpu':
       return trans.__('on GPU');
     case 'moving':
-      return trans.__('moving between tiers');
+      return trans.__('moving');
     case 'disk':
       return trans.__('on disk (%1)', formatBytes(kernel.diskBytes));
     case 'host':
@@ -332,7 +332,7 @@ export function describeTier(
 
 /** Why a kernel's last move between host memory and disk failed (`tier_failed_words`). */
 export function describeTierFailed(reason: string, trans: TranslationBundle): string {
-  return trans.__('its move to or from disk failed: %1 (its memory stayed where it was)', reason);
+  return trans.__('could not move to or from disk: %1', reason);
 }
 
 /** The node's host memory beyond the budget line: "14.0 GiB pinned, 20.0 GiB on disk". */

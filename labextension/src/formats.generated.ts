@@ -67,12 +67,12 @@ export const SIZE_EXAMPLES: [number | null, string][] = [
 ];
 
 /** What people read for each tier of the status document (nodeside/memory_words.py). */
-export const TIER_WORDS: Record<string, string> = {"gpu": "on GPU", "host": "in host memory", "disk": "on disk", "moving": "moving between tiers"};
+export const TIER_WORDS: Record<string, string> = {"gpu": "on GPU", "host": "in host memory", "disk": "on disk", "moving": "moving"};
 
 /** [a client's tier keys, as every view writes where its memory is] */
 export const TIER_EXAMPLES: [Record<string, string | number>, string][] = [
   [{"tier": "gpu"}, "on GPU"],
-  [{"tier": "moving"}, "moving between tiers"],
+  [{"tier": "moving"}, "moving"],
   [{"tier": "host", "host_bytes": 25769803776}, "in host memory (24.0 GiB)"],
   [{"tier": "host", "host_bytes": 25769803776, "pinned_bytes": 8589934592}, "in host memory (24.0 GiB, 8.0 GiB pinned)"],
   [{"tier": "disk", "disk_bytes": 3221225472}, "on disk (3.0 GiB)"],

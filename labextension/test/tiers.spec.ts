@@ -60,7 +60,7 @@ describe('the panel writes a tier as every text view', () => {
 
   it('says why a move failed and that nothing was lost', () => {
     expect(describeTierFailed('no space left on the disk', trans)).toBe(
-      'its move to or from disk failed: no space left on the disk (its memory stayed where it was)'
+      'could not move to or from disk: no space left on the disk'
     );
   });
 });

@@ -50,3 +50,16 @@ def test_the_notebook_asks_for_room_for_its_spill_files_without_a_limit() -> Non
     _, container = _notebook_pod()
     assert "ephemeral-storage" in container["resources"]["requests"]
     assert "ephemeral-storage" not in container["resources"]["limits"]
+
+
+def test_the_configmaps_tier_keys_are_valid_config_once_uncommented() -> None:
+    from nodeside.config import from_mapping
+
+    configmap = Path(__file__).resolve().parents[2] / "nodeside" / "deploy" / "configmap.yaml"
+    [doc] = [d for d in yaml.safe_load_all(configmap.read_text()) if d]
+    text = doc["data"]["config.yaml"]
+    shown = [line.split("#", 1)[1].strip() for line in text.splitlines()
+             if line.strip().startswith(("#   host_budget:", "#   spill_after:"))]
+    assert len(shown) == 2
+    config = from_mapping({**yaml.safe_load(text), **yaml.safe_load("\n".join(shown))})
+    assert config.host_budget is not None and config.spill_after is not None

@@ -39,12 +39,12 @@ def test_a_kernel_in_host_memory_says_how_much_of_it_is_pinned() -> None:
 def test_kiwi_status_shows_each_kernels_tier_and_its_bytes_on_disk() -> None:
     lines = StatusTable(tiered(), me="c3").text().splitlines()
     table = lines[lines.index("") + 1:]
-    assert table[0].endswith("memory                on GPU    in host   on disk")
+    assert table[0].endswith("memory   on GPU    in host   on disk")
     assert [line[line.index("managed") + 9:] for line in table[1:]] == [
-        "moving between tiers  10.0 GiB  14.0 GiB  0 B",
-        "on GPU                40.0 GiB  0 B       0 B",
-        "on GPU                0 B       0 B       0 B  <- this kernel",
-        "on disk               0 B       0 B       20.0 GiB",
+        "moving   10.0 GiB  14.0 GiB  0 B",
+        "on GPU   40.0 GiB  0 B       0 B",
+        "on GPU   0 B       0 B       0 B  <- this kernel",
+        "on disk  0 B       0 B       20.0 GiB",
     ]
 
 
@@ -57,8 +57,7 @@ def test_the_gpus_host_memory_says_what_is_pinned_and_what_is_on_disk() -> None:
 
 def test_a_failed_move_is_said_with_its_reason() -> None:
     document = tiered(tier="host", host_bytes=6 * GiB, tier_failed="no space left on the disk")
-    words = "its move to or from disk failed: no space left on the disk (its memory stayed " \
-            "where it was)"
+    words = "could not move to or from disk: no space left on the disk"
     assert tier_failed_words(document["clients"][2]) == words
     assert f"nbC.ipynb: {words}" in StatusTable(document).text().splitlines()
     assert describe_wait(document, "c3", 3.4).split(" · ")[2:4] == [
