@@ -70,8 +70,10 @@ class DaemonLink:
         self._hints_lock = threading.Lock()
         self._hints_queued = 0
         self._hints_paused_until = 0.0
-        #: Hints sent, and dropped (queue full, daemon away), since the server started.
+        #: Hints the daemon took, refused (a kernel it does not know), and dropped (queue
+        #: full, daemon away), since the server started.
         self.hints_sent = 0
+        self.hints_refused = 0
         self.hints_dropped = 0
 
     async def status(self) -> dict[str, Any]:
@@ -160,6 +162,8 @@ class DaemonLink:
                 self.hints_dropped += 1
             log.debug("Kiwi: no hint for %s: %s", name, exc)
         except KiwiError as exc:  # a kernel the daemon does not know (yet), an older daemon
+            with self._hints_lock:
+                self.hints_refused += 1
             log.debug("Kiwi: the daemon refused the hint for %s: %s", name, exc)
         else:
             with self._hints_lock:

@@ -8,23 +8,28 @@ sends, and what; the daemon's handling of ``intent`` is the daemon's own tests'.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hint_recorder import HintRecorder, intents, recording
 from jupyter_server.auth.authorizer import Authorizer
 from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
-from kiwiserver import kiwi_app, kiwi_config
-from support import short_tmpdir
+from kiwiserver import kiwi_app, kiwi_config, wait_status
+from support import scaled, short_tmpdir
 from tornado.httpclient import HTTPClientError
 
+import kiwi_jupyter
 from kiwi_jupyter.server.intents import FrontHints
 
 V1 = "v1.kernel.websocket.jupyter.org"
+KIWI_SPEC = Path(kiwi_jupyter.__file__).parent / "kernel" / "spec"
 
 
 @pytest.fixture
@@ -233,3 +238,49 @@ def test_a_user_flipping_tabs_sends_at_most_one_front_hint_a_second_per_kernel()
         hints.hint("b")
         now[0] += 0.3
     assert link.hints == [("a", "front"), ("b", "front")] * 2
+
+
+class TestWithARealDaemon:
+    """The names the server hints by are those kernels register under: a real daemon takes a
+    hint for a Kiwi kernel (its Jupyter kernel id) and refuses one for a kernel it never
+    heard of, and the cell runs either way."""
+
+    @pytest.fixture
+    def jp_server_config(self, kiwi_daemon: Any, jp_data_dir: Any) -> dict:
+        # The package's kernelspec, where this test's isolated Jupyter looks for kernelspecs.
+        spec = jp_data_dir / "kernels" / "kiwi"
+        spec.mkdir(parents=True)
+        shipped = json.loads((KIWI_SPEC / "kernel.json").read_text())
+        (spec / "kernel.json").write_text(json.dumps({**shipped, "argv": [
+            sys.executable, *shipped["argv"][1:]]}))  # this venv's Python
+        return kiwi_config(socket=kiwi_daemon.socket, embedded_scheduler=False)
+
+    async def test_a_kiwi_kernels_cell_is_hinted_by_the_name_it_registered(
+            self, jp_fetch: Any, jp_ws_fetch: Any, jp_serverapp: Any) -> None:
+        response = await jp_fetch("api", "kernels", method="POST",
+                                  body=json.dumps({"name": "kiwi"}))
+        kernel = str(json.loads(response.body)["id"])
+        await wait_status(jp_fetch, lambda s: any(c["name"] == kernel for c in s["clients"]),
+                          timeout=60)
+        link = kiwi_app(jp_serverapp).link
+        reply = await run_cell(jp_ws_fetch, kernel, "1 + 1")
+        assert reply["status"] == "ok"
+        await wait_until(lambda: link.hints_sent == 1)
+
+    async def test_a_kernel_the_daemon_never_heard_of_is_refused_quietly(
+            self, jp_fetch: Any, jp_ws_fetch: Any, jp_serverapp: Any) -> None:
+        kernel = await start_kernel(jp_fetch)  # a plain python3 kernel: never registers
+        link = kiwi_app(jp_serverapp).link
+        reply = await run_cell(jp_ws_fetch, kernel, "1 + 1")
+        assert reply["status"] == "ok"
+        await wait_until(lambda: link.hints_refused == 1)
+        assert link.hints_sent == 0
+
+
+async def wait_until(done: Any, timeout: float = 10.0) -> None:
+    """Until ``done()``: the link's worker answers on its own thread, with no event to await."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + scaled(timeout)
+    while not done():
+        assert loop.time() < deadline, "never happened"
+        await asyncio.sleep(0.02)
