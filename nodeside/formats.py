@@ -98,11 +98,19 @@ SIZE_EXAMPLES: tuple[float | None, ...] = (
     3 * 2**30, 24 * 2**30, 80 * 2**30, 2**40, 5 * 2**50)
 
 
+#: Clients whose tier the panel must write as ``nodeside.memory_words.tier_words`` does.
+TIER_EXAMPLES: tuple[dict[str, object], ...] = (
+    {"tier": "gpu"}, {"tier": "moving"}, {"tier": "host", "host_bytes": 24 * 2**30},
+    {"tier": "host", "host_bytes": 24 * 2**30, "pinned_bytes": 8 * 2**30},
+    {"tier": "disk", "disk_bytes": 3 * 2**30}, {"tier": "disk", "disk_bytes": 0})
+
+
 def panel_module() -> str:
     """The TypeScript the panel imports: constants and examples, made by this module."""
-    from nodeside import names
+    # Imported here: both build on this module's sizes and names.
+    from nodeside import memory_words, names
 
-    def table(examples: Sequence[float | None], write: object) -> str:
+    def table(examples: Sequence[object], write: object) -> str:
         rows = ",\n".join(f"  [{json.dumps(x)}, {json.dumps(write(x))}]"  # type: ignore[operator]
                           for x in examples)
         return f"[\n{rows}\n]"
@@ -129,6 +137,13 @@ export const SECONDS_EXAMPLES: [number | null, string][] = {table(SECONDS_EXAMPL
 
 /** [bytes, as every view writes them] */
 export const SIZE_EXAMPLES: [number | null, string][] = {table(SIZE_EXAMPLES, size)};
+
+/** What people read for each tier of the status document (nodeside/memory_words.py). */
+export const TIER_WORDS: Record<string, string> = {json.dumps(memory_words.TIER_WORDS)};
+
+/** [a client's tier keys, as every view writes where its memory is] */
+export const TIER_EXAMPLES: [Record<string, string | number>, string][] = {
+    table(TIER_EXAMPLES, memory_words.tier_words)};
 
 /** [[name, display name, user, viewer], as every view names the client] */
 export const LABEL_EXAMPLES: [[string, string | null, string | null, string | null], string][] = [

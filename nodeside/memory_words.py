@@ -124,3 +124,20 @@ def gpu_memory_words(gpu: dict[str, Any]) -> str | None:
         tiers = (f" ({human_bytes(gpu.get('pinned_bytes', 0))} pinned), "
                  f"{human_bytes(gpu['spill_bytes'])} on disk")
     return f"{on_gpu}, {in_host}{tiers}"
+
+
+def tier_words(client: dict[str, Any]) -> str | None:
+    """Where a client's memory is by tier, with its bytes there: ``on GPU``, ``in host memory
+    (24.0 GiB, 8.0 GiB pinned)``, ``on disk (24.0 GiB)``, ``moving``; None for a document
+    without tiers. The panel writes the same (its examples: ``nodeside.formats``)."""
+    tier = client.get("tier")
+    if not tier:
+        return None
+    word = TIER_WORDS.get(str(tier), str(tier))
+    if tier == "host":
+        pinned = client.get("pinned_bytes") or 0
+        held = human_bytes(client.get("host_bytes", 0))
+        return f"{word} ({held}, {human_bytes(pinned)} pinned)" if pinned else f"{word} ({held})"
+    if tier == "disk":
+        return f"{word} ({human_bytes(client.get('disk_bytes', 0))})"
+    return word

@@ -116,6 +116,30 @@ def memory_status(names: tuple[str, str, str, str] = ("kernel-a", "kernel-b", "k
     return document
 
 
+#: Each client's tier keys in ``tiered_status`` (feature ``tiers``, issue 42).
+TIERS = {
+    "c1": {"tier": "moving", "disk_bytes": 0, "pinned_bytes": 14 * GiB},
+    "c2": {"tier": "gpu", "disk_bytes": 0, "pinned_bytes": 0},
+    "c3": {"tier": "gpu", "disk_bytes": 0, "pinned_bytes": 0},
+    "c4": {"tier": "disk", "disk_bytes": 20 * GiB, "host_bytes": 0, "pinned_bytes": 0},
+}
+
+
+def tiered_status(names: tuple[str, str, str, str] = ("kernel-a", "kernel-b", "kernel-c",
+                                                      "kernel-d"),
+                  **c3: Any) -> dict[str, Any]:
+    """``memory_status`` from a daemon with tiers (its keys laid on as for the memory keys):
+    nbA moving (14 GiB pinned), nbD spilled its 20 GiB to disk, nbC as ``c3`` says (on the
+    GPU otherwise); the GPU's 14 GiB in host memory all pinned, 20 GiB on disk."""
+    document = memory_status(names)
+    for client in document["clients"]:
+        tiers = {**TIERS[client["id"]], **(c3 if client["id"] == "c3" else {})}
+        client.update({"tier_failed": None, **tiers})
+    for gpu in document["gpus"]:
+        gpu.update({"host_bytes": 14 * GiB, "pinned_bytes": 14 * GiB, "spill_bytes": 20 * GiB})
+    return document
+
+
 def panel_fixture() -> str:
     """What ``labextension/test/status.generated.ts`` must read: the sample as the server
     extension serves it (``reachable`` added)."""

@@ -15,8 +15,9 @@ from nodeside.memory_words import (
     gpu_memory_words,
     human_bytes,
     keeps_memory,
+    memory_place_word,
     memory_use_words,
-    residency_word,
+    tier_failed_words,
     waiting_for_words,
 )
 from nodeside.names import current_user, names_by_id, state_word, who
@@ -32,6 +33,8 @@ _CLIENT_COLUMNS = ("client", "pool", "priority", "state", "queue", "GPU time", "
                    "evict")
 #: Where each client's memory is, from a daemon that keeps resident memory (issue 31).
 _MEMORY_COLUMNS = ("memory", "on GPU", "in host")
+#: Where each client's memory is by tier, from a daemon with host and disk tiers (issue 42).
+_TIER_COLUMNS = ("on disk",)
 
 
 def evict_cell(client: dict[str, Any]) -> str:
@@ -49,12 +52,14 @@ class StatusTable:
         self.document = document
         self.me = me  # this kernel's client id, when registered
         self.memory = keeps_memory(document)
+        self.tiers = any("tier" in c for c in document.get("clients", []))
         #: Whose view it is: their own kernels need no "(user)" (``nodeside.names.label``).
         self.viewer = viewer if viewer is not None else current_user()
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return _CLIENT_COLUMNS + (_MEMORY_COLUMNS if self.memory else ())
+        return _CLIENT_COLUMNS + (_MEMORY_COLUMNS if self.memory else ()) + \
+            (_TIER_COLUMNS if self.memory and self.tiers else ())
 
     def _client_rows(self) -> list[tuple[bool, list[str]]]:
         rows = []
@@ -73,6 +78,7 @@ class StatusTable:
                         human_bytes(c.get("working_set")),
                         evict_cell(c),
                         *(self._memory_cells(c) if self.memory else ()),
+                        *(self._tier_cells(c) if self.memory and self.tiers else ()),
                     ],
                 )
             )
@@ -82,8 +88,12 @@ class StatusTable:
     def _memory_cells(client: dict[str, Any]) -> list[str]:
         if "residency" not in client:
             return ["", "", ""]
-        return [residency_word(client), human_bytes(client.get("resident_bytes")),
+        return [memory_place_word(client), human_bytes(client.get("resident_bytes")),
                 human_bytes(client.get("host_bytes"))]
+
+    @staticmethod
+    def _tier_cells(client: dict[str, Any]) -> list[str]:
+        return [human_bytes(client["disk_bytes"]) if "disk_bytes" in client else ""]
 
     def _gpu_lines(self) -> list[str]:
         names = names_by_id(self.document, NAME_WIDTH, self.viewer)
@@ -107,6 +117,9 @@ class StatusTable:
             waiting = waiting_for_words(client, self.document, NAME_WIDTH, self.viewer)
             if waiting is not None:
                 lines.append(f"{names.get(client['id'], client['id'])} is {waiting}")
+            failed = tier_failed_words(client)
+            if failed is not None:
+                lines.append(f"{names.get(client['id'], client['id'])}: {failed}")
         return lines
 
     def _pool_lines(self) -> list[str]:

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.status_view import NAME_WIDTH, Document
 from nodeside.formats import seconds
-from nodeside.memory_words import keeps_memory, waiting_for_words
+from nodeside.memory_words import (
+    keeps_memory,
+    tier_failed_words,
+    tier_words,
+    waiting_for_words,
+)
 from nodeside.names import current_user, names_by_id
 
 #: Where this kernel stands, asked for while the line is shown: a status document, or None when
@@ -72,6 +77,12 @@ def describe_wait(document: Document | None, me: str | None, waited: float,
     waiting = waiting_for_words(mine, document, NAME_WIDTH, viewer) if mine else None
     if waiting is not None:
         parts.append(waiting)
+    tier = tier_words(mine) if mine else None
+    if tier is not None and mine and mine.get("tier") != "gpu":
+        parts.append(f"its memory is {tier}")
+    failed = tier_failed_words(mine) if mine else None
+    if failed is not None:
+        parts.append(failed)
     names = names_by_id(document, NAME_WIDTH, viewer)
     holders = [names.get(h, h) for h in gpu.get("holders", [])] if gpu else []
     if holders:

@@ -24,7 +24,13 @@ from kiwi_jupyter.server.embedded import (
     daemon_answers,
     default_command,
 )
-from kiwi_jupyter.server.handlers import NvmlHandler, SchedulerHandler, StatusHandler
+from kiwi_jupyter.server.handlers import (
+    IntentHandler,
+    NvmlHandler,
+    SchedulerHandler,
+    StatusHandler,
+)
+from kiwi_jupyter.server.intents import FrontHints, hinting
 from kiwi_jupyter.server.link import DaemonLink
 from kiwi_jupyter.server.nvml import GpuReadings
 from kiwi_jupyter.server.terminals import keep_on_terminal_path, with_on_path
@@ -165,6 +171,14 @@ class KiwiExtension(ExtensionApp):
         config=True,
         help="Seconds to wait for the daemon's answer before reporting it unreachable.",
     )
+    hint_on_execute = Bool(
+        True,
+        config=True,
+        help="""Tell the daemon when a cell is sent to a kernel (request `intent`, reason
+        `execute`), as the server forwards it, so that the daemon starts bringing the
+        kernel's memory back from host memory or disk before the cell's first GPU call. The
+        hint never waits for the daemon nor holds the cell back.""",
+    )
 
     def initialize_settings(self) -> None:
         self._saved_socket_env = os.environ.get("KIWI_SOCKET")
@@ -211,7 +225,14 @@ class KiwiExtension(ExtensionApp):
         self.nvml = GpuReadings()
         self.settings.update({"kiwi_link": self.link, "kiwi_watch": self.watch,
                               "kiwi_long_poll_timeout": self.long_poll_timeout,
-                              "kiwi_nvml": self.nvml, "kiwi_extension": self})
+                              "kiwi_nvml": self.nvml, "kiwi_extension": self,
+                              "kiwi_front_hints": FrontHints(self.link)})
+        connection_class = self.settings.get("kernel_websocket_connection_class")
+        if self.hint_on_execute and connection_class is not None:
+            # Whichever class the server uses (its own, a gateway's, a user's): a cell's
+            # execute_request passes through it on its way to the kernel.
+            self.settings["kernel_websocket_connection_class"] = hinting(connection_class,
+                                                                         self.link)
 
     @property
     def scripts(self) -> str:
@@ -224,6 +245,7 @@ class KiwiExtension(ExtensionApp):
                 (r"/kiwi/api/status", StatusHandler),
                 (r"/kiwi/api/scheduler", SchedulerHandler),
                 (r"/kiwi/api/nvml", NvmlHandler),
+                (r"/kiwi/api/intent", IntentHandler),
             ]
         )
 

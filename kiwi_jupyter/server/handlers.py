@@ -13,6 +13,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
+from kiwi_jupyter.server.intents import FrontHints
 from kiwi_jupyter.server.link import DaemonLink, DaemonUnavailable
 from kiwi_jupyter.server.nvml import GpuReadings
 from kiwi_jupyter.server.watch import StatusWatch
@@ -118,23 +119,50 @@ class SchedulerHandler(KiwiHandler):
             raise web.HTTPError(503, str(exc)) from exc
         self.finish(json.dumps(await self.link.status()))
 
-
     def _body(self) -> Any:
-        """The request's JSON body. Read here rather than with ``get_json_body``, which logs a
-        traceback for a body that is not JSON (and fails on one that is not UTF-8): a bad body
-        is the client's mistake, answered 400, and the access log's line is all that is said."""
-        raw = self.request.body
-        if not raw:
-            return None
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            why = "the body is not UTF-8 text"
-        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            why = "the body is not JSON"
-        # As the reason only: tornado logs an error's message as a line of its own, and the
-        # access log's line says it already.
-        raise web.HTTPError(400, reason=why)
+        return json_body(self.request.body)
+
+
+class IntentHandler(KiwiHandler):
+    """``POST kiwi/api/intent`` with ``{"kernel": KERNEL_ID}``: the panel brought the kernel's
+    notebook to the front. The server hints the daemon (``intent`` with reason ``front``), at
+    most once a second per kernel, and answers 202 at once with ``{"hinted": bool}`` (false:
+    hinted within the second, or the daemon is away). Allowed to whoever may execute in the
+    server's kernels: a hint moves only that kernel's memory, and only closer."""
+
+    auth_resource = "kernels"
+
+    @web.authenticated
+    @authorized("execute")
+    async def post(self) -> None:
+        body = json_body(self.request.body)
+        kernel = body.get("kernel") if isinstance(body, dict) else None
+        if not isinstance(kernel, str) or not kernel:
+            raise web.HTTPError(400, 'send a JSON object with "kernel": a kernel id')
+        if kernel not in self.kernel_manager:
+            # Only this server's kernels: the daemon would refuse any other name anyway, and
+            # a kernel id must not become a way to probe the daemon for other users' names.
+            raise web.HTTPError(404, f"no kernel {kernel[:64]!r} runs in this server")
+        hints: FrontHints = self.settings["kiwi_front_hints"]
+        self.set_status(202)
+        self.finish(json.dumps({"hinted": hints.hint(kernel)}))
+
+
+def json_body(raw: bytes) -> Any:
+    """A request's JSON body. Read here rather than with ``get_json_body``, which logs a
+    traceback for a body that is not JSON (and fails on one that is not UTF-8): a bad body is the
+    client's mistake, answered 400, and the access log's line is all that is said."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        why = "the body is not UTF-8 text"
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        why = "the body is not JSON"
+    # As the reason only: tornado logs an error's message as a line of its own, and the
+    # access log's line says it already.
+    raise web.HTTPError(400, reason=why)
 
 
 def _parse_change(body: Any) -> tuple[str | None, float | None]:

@@ -64,6 +64,15 @@ export function changeScheduler(change: ISchedulerChange): Promise<IStatusDocume
   });
 }
 
+/** Tell the server a kernel's notebook came to the front (front.ts): `hinted` false when it
+ * hinted within the last second or the daemon is away. */
+export function hintFront(kernelId: string): Promise<{ hinted: boolean }> {
+  return request<{ hinted: boolean }>('kiwi/api/intent', {
+    method: 'POST',
+    body: JSON.stringify({ kernel: kernelId })
+  });
+}
+
 /**
  * Whether the server's authorizer lets this user write resource "kiwi". The server answers this
  * itself (`/api/me`), so the panel shows controls exactly to those whose POST would succeed.

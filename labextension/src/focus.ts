@@ -16,8 +16,15 @@ function sessionContextOf(widget: Widget | null): ISessionContext | null {
   return (widget as { sessionContext?: ISessionContext } | null)?.sessionContext ?? null;
 }
 
-/** Keep `model.kernelId` on the focused widget's kernel. */
-export function followFocusedKernel(model: KiwiModel, labShell: ILabShell | null): void {
+/**
+ * Keep `model.kernelId` on the focused widget's kernel; `onFront` hears the kernel of each
+ * widget brought to the front (FrontHints).
+ */
+export function followFocusedKernel(
+  model: KiwiModel,
+  labShell: ILabShell | null,
+  onFront?: (kernelId: string | null) => void
+): void {
   let watched: ISessionContext | null = null;
   const follow = () => {
     const context = sessionContextOf(labShell?.currentWidget ?? null);
@@ -28,7 +35,10 @@ export function followFocusedKernel(model: KiwiModel, labShell: ILabShell | null
     }
     model.kernelId = context?.session?.kernel?.id ?? null;
   };
-  labShell?.currentChanged.connect(follow);
+  labShell?.currentChanged.connect(() => {
+    follow();
+    onFront?.(model.kernelId);
+  });
   follow();
 }
 

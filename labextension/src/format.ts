@@ -304,6 +304,42 @@ export function describeResidency(residency: Residency, trans: TranslationBundle
   }
 }
 
+/** Which tier a client's memory is in (the status document's `tier`, feature `tiers`). */
+export type Tier = NonNullable<IClientStatus['tier']>;
+
+/**
+ * Where a kernel's memory is by tier, in the words kiwictl and %kiwi use too (`tier_words` in
+ * nodeside/memory_words.py): "on GPU", "in host memory (24.0 GiB, 8.0 GiB pinned)",
+ * "on disk (3.0 GiB)", "moving".
+ */
+export function describeTier(
+  kernel: { tier: Tier; hostBytes: number; pinnedBytes: number; diskBytes: number },
+  trans: TranslationBundle
+): string {
+  switch (kernel.tier) {
+    case 'gpu':
+      return trans.__('on GPU');
+    case 'moving':
+      return trans.__('moving');
+    case 'disk':
+      return trans.__('on disk (%1)', formatBytes(kernel.diskBytes));
+    case 'host':
+      return kernel.pinnedBytes > 0
+        ? trans.__('in host memory (%1, %2 pinned)', formatBytes(kernel.hostBytes), formatBytes(kernel.pinnedBytes))
+        : trans.__('in host memory (%1)', formatBytes(kernel.hostBytes));
+  }
+}
+
+/** Why a kernel's last move between host memory and disk failed (`tier_failed_words`). */
+export function describeTierFailed(reason: string, trans: TranslationBundle): string {
+  return trans.__('could not move to or from disk: %1', reason);
+}
+
+/** The node's host memory beyond the budget line: "14.0 GiB pinned, 20.0 GiB on disk". */
+export function describeSpill(spill: { pinned: number; spilled: number }, trans: TranslationBundle): string {
+  return trans.__('%1 pinned, %2 on disk', formatBytes(spill.pinned), formatBytes(spill.spilled));
+}
+
 /** A client's memory: "10.0 GiB on GPU, 14.0 GiB in host memory". */
 export function describeClientMemory(residentBytes: number, hostBytes: number, trans: TranslationBundle): string {
   return trans.__('%1 on GPU, %2 in host memory', formatBytes(residentBytes), formatBytes(hostBytes));

@@ -66,6 +66,19 @@ export const SIZE_EXAMPLES: [number | null, string][] = [
   [5629499534213120, "5120.0 TiB"]
 ];
 
+/** What people read for each tier of the status document (nodeside/memory_words.py). */
+export const TIER_WORDS: Record<string, string> = {"gpu": "on GPU", "host": "in host memory", "disk": "on disk", "moving": "moving"};
+
+/** [a client's tier keys, as every view writes where its memory is] */
+export const TIER_EXAMPLES: [Record<string, string | number>, string][] = [
+  [{"tier": "gpu"}, "on GPU"],
+  [{"tier": "moving"}, "moving"],
+  [{"tier": "host", "host_bytes": 25769803776}, "in host memory (24.0 GiB)"],
+  [{"tier": "host", "host_bytes": 25769803776, "pinned_bytes": 8589934592}, "in host memory (24.0 GiB, 8.0 GiB pinned)"],
+  [{"tier": "disk", "disk_bytes": 3221225472}, "on disk (3.0 GiB)"],
+  [{"tier": "disk", "disk_bytes": 0}, "on disk (0 B)"]
+];
+
 /** [[name, display name, user, viewer], as every view names the client] */
 export const LABEL_EXAMPLES: [[string, string | null, string | null, string | null], string][] = [
   [["3f2a9c1e-0b7d-4e55-9a61-5d2f7c8e9a01", "kiwi-demo.ipynb", "ada", "ada"], "kiwi-demo.ipynb"],

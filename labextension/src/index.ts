@@ -15,8 +15,9 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 
-import { canWriteKiwi, changeScheduler, fetchNvml, fetchStatus, waitForStatus } from './api';
+import { canWriteKiwi, changeScheduler, fetchNvml, fetchStatus, hintFront, waitForStatus } from './api';
 import { followFocusedKernel, labelKernelsBySession } from './focus';
+import { FrontHints } from './front';
 import { kiwiIcon } from './icon';
 import { KiwiModel } from './model';
 import { pollNvml } from './nvml';
@@ -63,7 +64,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       () => (panel.canWrite = false)
     );
 
-    followFocusedKernel(model, labShell);
+    const frontHints = new FrontHints(hintFront);
+    followFocusedKernel(model, labShell, kernelId => frontHints.front(kernelId));
     labelKernelsBySession(model, app.serviceManager.sessions);
 
     app.commands.addCommand(CommandIDs.openPanel, {

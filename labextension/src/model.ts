@@ -325,6 +325,13 @@ export class KiwiModel {
         residency: client.residency,
         residentBytes: client.resident_bytes ?? 0,
         hostBytes: client.host_bytes ?? 0,
+        tiers: client.tier === undefined ? null : {
+          tier: client.tier,
+          hostBytes: client.host_bytes ?? 0,
+          pinnedBytes: client.pinned_bytes ?? 0,
+          diskBytes: client.disk_bytes ?? 0,
+          failed: client.tier_failed ?? null
+        },
         source: client.memory_source ?? null,
         waitingFor: this._waitingForOf(client)
       });
@@ -334,6 +341,7 @@ export class KiwiModel {
       capacity: gpu.capacity ?? null,
       host: gpu.host_bytes ?? 0,
       hostBudget: gpu.host_budget ?? null,
+      spill: gpu.spill_bytes === undefined ? null : { pinned: gpu.pinned_bytes ?? 0, spilled: gpu.spill_bytes },
       kernels
     };
   }

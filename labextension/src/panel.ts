@@ -15,6 +15,9 @@ import {
   describePool,
   describeResidency,
   describeResidentMemory,
+  describeSpill,
+  describeTier,
+  describeTierFailed,
   describeWaitingFor,
   formatBytes,
   formatSeconds,
@@ -23,7 +26,7 @@ import {
 import { KiwiModel } from './model';
 import { INvmlGpu } from './nvml';
 import { ISchedulerChange } from './tokens';
-import type { IGpuMemoryView, IGpuView, IPoolView, ITimelineEntry } from './views';
+import type { IGpuMemoryView, IGpuView, IMemoryShare, IPoolView, ITimelineEntry } from './views';
 
 export interface IKiwiPanelOptions {
   model: KiwiModel;
@@ -228,6 +231,9 @@ export class KiwiPanel extends Widget {
       bar.append(segment);
     }
     box.append(bar, el('p', 'jp-Kiwi-detail jp-Kiwi-residentTotal', onGpu), el('p', 'jp-Kiwi-detail jp-Kiwi-hostTotal', inHost));
+    if (memory.spill !== null) {
+      box.append(el('p', 'jp-Kiwi-detail jp-Kiwi-spillTotal', describeSpill(memory.spill, this._trans)));
+    }
     const list = el('ul', 'jp-Kiwi-memoryList');
     for (const kernel of memory.kernels) {
       const item = el(
@@ -238,7 +244,7 @@ export class KiwiPanel extends Widget {
           'jp-Kiwi-memoryName',
           this._swatch(kernel.clientId),
           this._name(kernel.label),
-          el('span', 'jp-Kiwi-badge jp-Kiwi-residencyWord', describeResidency(kernel.residency, this._trans))
+          this._whereBadge(kernel)
         ),
         el('div', 'jp-Kiwi-detail jp-Kiwi-memoryFigures', describeClientMemory(kernel.residentBytes, kernel.hostBytes, this._trans))
       );
@@ -250,10 +256,21 @@ export class KiwiPanel extends Widget {
       if (kernel.waitingFor !== null) {
         item.append(el('div', 'jp-Kiwi-detail jp-Kiwi-waitingFor', describeWaitingFor(kernel.waitingFor, this._trans)));
       }
+      if (kernel.tiers?.failed) {
+        item.append(el('div', 'jp-Kiwi-detail jp-Kiwi-tierFailed', describeTierFailed(kernel.tiers.failed, this._trans)));
+      }
       list.append(item);
     }
     box.append(list);
     return box;
+  }
+
+  /** Where a kernel's memory is: its tier where the daemon has tiers, else its residency. */
+  private _whereBadge(kernel: IMemoryShare): HTMLElement {
+    if (kernel.tiers === null) {
+      return el('span', 'jp-Kiwi-badge jp-Kiwi-residencyWord', describeResidency(kernel.residency, this._trans));
+    }
+    return el('span', `jp-Kiwi-badge jp-Kiwi-tierWord jp-Kiwi-tier-${kernel.tiers.tier}`, describeTier(kernel.tiers, this._trans));
   }
 
   /** One GPU as NVML reads it on the server's machine, as jupyterlab-nvdashboard shows it. */

@@ -3,7 +3,7 @@
  * from the status document (model.ts). Types only.
  */
 
-import type { Residency, WaitingAction } from './format';
+import type { Residency, Tier, WaitingAction } from './format';
 
 /** Where this notebook's kernel stands with the GPU. */
 export type KernelStanding =
@@ -52,9 +52,21 @@ export interface IMemoryShare {
   residency: Residency;
   residentBytes: number;
   hostBytes: number;
+  /** Its tier and bytes by tier, from a daemon with tiers (issue 42); null from any other. */
+  tiers: IKernelTiers | null;
   /** Where the figures come from: 'shim', 'nvml' or 'working_set'; null when not said. */
   source: string | null;
   waitingFor: IWaitingForView | null;
+}
+
+/** Where one kernel's memory is by tier. */
+export interface IKernelTiers {
+  tier: Tier;
+  hostBytes: number;
+  pinnedBytes: number;
+  diskBytes: number;
+  /** Why its last move between host memory and disk failed; null: nothing failed. */
+  failed: string | null;
 }
 
 /** A GPU's memory from a daemon that keeps each kernel's resident memory. */
@@ -67,6 +79,8 @@ export interface IGpuMemoryView {
   host: number;
   /** The host RAM evicted memory may take; null: no limit set. */
   hostBudget: number | null;
+  /** Pinned host memory and bytes spilled to disk, from a daemon with tiers; else null. */
+  spill: { pinned: number; spilled: number } | null;
   /** Every kernel on the GPU, in the document's order. */
   kernels: IMemoryShare[];
 }

@@ -79,7 +79,8 @@ def test_kubeflow_poddefault_injects_valid_pod_environment():
                                     "env": pod_default["spec"]["env"]}]}}
     assert kubernetes_errors(pod) == []
     assert {e["name"] for e in pod_default["spec"]["env"]} == {
-        "KIWI_POOL", "KIWI_KAI_PRIORITY_CLASS", "KIWI_POD_NAME", "KIWI_POD_NAMESPACE"}
+        "KIWI_POOL", "KIWI_KAI_PRIORITY_CLASS", "KIWI_POD_NAME", "KIWI_POD_NAMESPACE",
+        "KIWI_SPILL_DIR"}
 
 
 def test_kustomization_lists_every_manifest_and_only_existing_ones():
