@@ -4,6 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+## pytest's worker processes in `make test` and `make sanitize` (pytest-xdist; 0 runs the tests
+## in the one process). Two keeps a 2-core CI machine busy while one worker waits on a daemon
+## or a kernel; each worker takes the next test as it finishes one (worksteal), so one long
+## test never leaves the other worker idle at the end.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 LAB_ARGS ?=
 
 .PHONY: help install lab test sanitize lint bench clean labextension jstest gpu-check gpu-wheels \
@@ -94,20 +100,20 @@ jstest: labextension/node_modules/.package-lock.json ## the panel's Jest tests
 ## The whole test suite: lint, types, then every test, then the shim's tests again under the
 ## sanitizers.
 test: install core lint labextension jstest ## the whole test suite: lint, Jest, pytest, the shim under the sanitizers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory sanitize
 
 ## The shim's tests (no GPU), and the protocol's transcripts against its C client, against
 ## sanitized builds: a memory error, undefined behaviour or a data race in the C code fails the
 ## test that caused it, with the sanitizer's report.
-## AddressSanitizer with UBSan, then ThreadSanitizer (about 1.5 and 3.5 minutes).
+## AddressSanitizer with UBSan, then ThreadSanitizer.
+SANITIZED_TESTS := tests/shim tests/protocol/test_transcripts.py tests/protocol/test_c_decoder.py \
+	tests/protocol/test_client_handle.py
 sanitize: install ## the shim's tests under AddressSanitizer, then ThreadSanitizer
-	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
-		tests/protocol/test_transcripts.py tests/protocol/test_c_decoder.py \
-		tests/protocol/test_client_handle.py
-	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q -m "not gpu" tests/shim \
-		tests/protocol/test_transcripts.py tests/protocol/test_c_decoder.py \
-		tests/protocol/test_client_handle.py
+	KIWI_TEST_SANITIZE=address $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not gpu" \
+		$(SANITIZED_TESTS)
+	KIWI_TEST_SANITIZE=thread $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not gpu" \
+		$(SANITIZED_TESTS)
 
 ## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py),
 ## from the formatters (nodeside/formats.py) and from the daemon's status document (the panel's

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator
 
 import pytest
-from support import DaemonProcess, short_tmpdir
+from run_builds import BuildOnce, builder
+from support import DaemonProcess, scaled, short_tmpdir
 
 
 def _gpu_present() -> bool:
@@ -23,6 +25,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # On several workers the tests marked slow go first, each otherwise in its place: a
+        # test of minutes that comes up last keeps one worker busy after the other has run out
+        # of tests (the pure core's child run, 3 minutes under load, ended a run alone).
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    stretch_the_timeout(config, items)
+
+
+def stretch_the_timeout(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """pyproject's per-test timeout (pytest-timeout) is a quiet machine's figure: stretched by
+    the load factor, as every deadline in the tests is (a test's way-out under ThreadSanitizer
+    beside a busy sibling worker outlasted a fixed 120 s). A --timeout or PYTEST_TIMEOUT given
+    for the run, and a test's own timeout mark, stand as they are."""
+    quiet = config.getini("timeout")
+    if not quiet or config.getoption("timeout", None) is not None or \
+            os.environ.get("PYTEST_TIMEOUT"):
+        return
+    limit = pytest.mark.timeout(scaled(float(quiet)))
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(limit)
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory: pytest.TempPathFactory) -> BuildOnce:
+    """build_once(name, build): a test artefact built once a run (run_builds.py)."""
+    own = tmp_path_factory.getbasetemp()
+    # A worker's base is <the run's base>/<worker id>: the run's base is shared by its workers.
+    return builder(own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own)
 
 
 @pytest.fixture

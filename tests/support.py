@@ -29,25 +29,27 @@ T = TypeVar("T")
 _SANITIZER_SLOWDOWN = {"address": 2.0, "thread": 5.0}
 
 
-def _load_factor() -> float:
-    """How much slower than a quiet machine this run may be: ``KIWI_TEST_SLOWDOWN`` when set,
-    else the load per core when the tests started (never below 1), times a sanitized shim's
-    own slowdown. A loaded 2-core machine runs a kernel's start-up several times slower; a
-    deadline that cannot stretch with it fails tests that are right."""
+def load_factor() -> float:
+    """How much slower than a quiet machine this run is now: ``KIWI_TEST_SLOWDOWN`` when set,
+    else the load per core (never below 1), times a sanitized shim's own slowdown. A loaded
+    2-core machine runs a kernel's start-up several times slower; a deadline that cannot
+    stretch with it fails tests that are right.
+
+    Read when a deadline is set, not once at the start: the load a run meets changes as it
+    goes (pytest-xdist's workers start together, before the one-minute load average has seen
+    any of them; other work on the machine comes and goes). The workers count as load from
+    the start."""
     explicit = os.environ.get("KIWI_TEST_SLOWDOWN")
     if explicit:
         return max(1.0, float(explicit))
-    load = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    load = max(1.0, max(os.getloadavg()[0], workers) / (os.cpu_count() or 1))
     return load * _SANITIZER_SLOWDOWN.get(os.environ.get("KIWI_TEST_SANITIZE", ""), 1.0)
 
 
-#: The one load factor every deadline in the tests is multiplied by.
-SLOWDOWN = _load_factor()
-
-
 def scaled(seconds: float) -> float:
-    """A deadline of ``seconds`` on a quiet machine, stretched by the load factor."""
-    return seconds * SLOWDOWN
+    """A deadline of ``seconds`` on a quiet machine, stretched by the load factor now."""
+    return seconds * load_factor()
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01,

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from run_builds import BuildOnce
 from shim.shim_harness import SANITIZER_OPTIONS, requested_sanitizer
 
 from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
@@ -26,12 +26,12 @@ class ConformanceBuild:
     env: dict[str, str]
 
 
-def build(tmp_path_factory: pytest.TempPathFactory) -> ConformanceBuild:
+def build(build_once: BuildOnce) -> ConformanceBuild:
     env, sanitize = dict(os.environ), None
     wanted = requested_sanitizer()
     if wanted is not None:
         sanitize, runtime = wanted
         env.update(LD_PRELOAD=runtime, **SANITIZER_OPTIONS)
-    library = compile_library(tmp_path_factory.mktemp("conformance") / LIBRARY_NAME,
-                              sanitize=sanitize, test_sources=[CONFORMANCE])
+    library = build_once("conformance", lambda directory: compile_library(
+        directory / LIBRARY_NAME, sanitize=sanitize, test_sources=[CONFORMANCE]))
     return ConformanceBuild(library, env)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from conformance_build import ConformanceBuild, build
+from run_builds import BuildOnce
 
 
 @pytest.fixture(scope="session")
-def conformance_build(tmp_path_factory: pytest.TempPathFactory) -> ConformanceBuild:
-    return build(tmp_path_factory)
+def conformance_build(build_once: BuildOnce) -> ConformanceBuild:
+    return build(build_once)

@@ -9,6 +9,7 @@ import pytest
 import shim_harness
 from fake_device import FakeCard
 from fake_process import FakeProcess
+from run_builds import BuildOnce
 from shim_harness import SANITIZER_OPTIONS, Workload, build_fake_cuda, requested_sanitizer
 from support import DaemonProcess, StatusEvents
 
@@ -17,7 +18,7 @@ from kiwi_jupyter.shim.build import LIBRARY_NAME, compile_library
 
 
 @pytest.fixture(scope="session")
-def shim_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shim_library(build_once: BuildOnce) -> Path:
     """The shim as shipped; with KIWI_TEST_SANITIZE=address (AddressSanitizer and
     UndefinedBehaviorSanitizer) or thread (ThreadSanitizer), a build under those (``make test``
     runs these tests all three ways)."""
@@ -25,15 +26,15 @@ def shim_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if wanted is None:
         return library_path()
     sanitize, runtime = wanted
-    library = compile_library(tmp_path_factory.mktemp("sanitized") / LIBRARY_NAME,
-                              sanitize=sanitize)
+    library = build_once("sanitized-shim", lambda directory: compile_library(
+        directory / LIBRARY_NAME, sanitize=sanitize))
     shim_harness.SANITIZER_RUNTIME = runtime
     return library
 
 
 @pytest.fixture(scope="session")
-def fake_cuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake_cuda(tmp_path_factory.mktemp("fakecuda"))
+def fake_cuda(build_once: BuildOnce) -> Path:
+    return build_once("fake-cuda", build_fake_cuda)
 
 
 WorkloadFactory = Callable[..., Workload]
@@ -92,13 +93,14 @@ def checkpointing(start_daemon, fake_cuda, checkpoint_dir):
 
 
 @pytest.fixture(scope="session")
-def model_fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def model_fake(build_once: BuildOnce, fake_cuda: Path) -> tuple[Path, dict[str, str]]:
     """The fake driver, sanitized as KIWI_TEST_SANITIZE says, and what its processes need."""
     wanted = requested_sanitizer()
     if wanted is None:
-        return build_fake_cuda(tmp_path_factory.mktemp("fake-model")), {}
+        return fake_cuda, {}
     sanitize, runtime = wanted
-    library = build_fake_cuda(tmp_path_factory.mktemp("fake-model"), sanitize)
+    library = build_once("fake-cuda-sanitized",
+                         lambda directory: build_fake_cuda(directory, sanitize))
     return library, {"LD_PRELOAD": runtime, **SANITIZER_OPTIONS}
 
 

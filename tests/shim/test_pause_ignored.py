@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from run_builds import BuildOnce
 from support import build_fake_nvml, wait_for, wait_for_status
 from test_turns import entry
 
@@ -23,9 +24,9 @@ TRAINED = 8.0
 
 
 @pytest.fixture(scope="session")
-def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fake_nvml(build_once: BuildOnce) -> Path:
     """A directory holding the fake libnvidia-ml.so.1."""
-    return build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
+    return build_once("fake-nvml", build_fake_nvml)
 
 
 @pytest.fixture
