@@ -70,7 +70,7 @@ MODULES: tuple[str, ...] = (
     "nodeside.scheduler.report",
     "nodeside.scheduler.residency",
     "nodeside.scheduler.room",
-    "nodeside.scheduler.state",
+    "nodeside.scheduler.gpu_state",
     "nodeside.scheduler.status",
     "nodeside.scheduler.taking_turns",
     "nodeside.scheduler.tiers",

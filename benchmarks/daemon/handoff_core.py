@@ -5,7 +5,7 @@
                                              [--callgrind-handoffs 500]
 
 `benchmarks/daemon/handoff.py` measures the handoff end to end, so its figures carry the machine's
-load and the event loop. This one drives the daemon's real per-request path (``Connection``,
+load and the event loop. This one drives the daemon's real per-request path (``DaemonConnection``,
 ``Session``, ``Requests``, the scheduler core, ``Delivery`` and the quantum timer's bookkeeping
 in the router's ``carry_out``) with N registered clients, every one waiting: the holder writes
 ``release`` and ``acquire`` in one write, as the C harness does, and the one granted next does
@@ -23,7 +23,7 @@ the same run:
   not move with the load: each is counted in two processes that differ only in the number of
   handoffs (``--callgrind-handoffs`` and three times that), so start-up and setup cancel out.
   With the compiled core, also those inside the daemon's request path alone (the compiled
-  ``Connection.data_received``, inclusive): the figure a change to the daemon moves, without
+  ``DaemonConnection.data_received``, inclusive): the figure a change to the daemon moves, without
   the garbage collector's passes and the loop around it, which make the whole process's count
   move by a few percent from run to run.
 """
@@ -159,7 +159,7 @@ def floor_clients(n: int, ring: Ring, sockets: list[socket.socket]) -> list[Peer
 def kiwi_clients(n: int, ring: Ring, sockets: list[socket.socket]) -> list[Peer]:
     # Imported here: the floor's processes (under callgrind) never load the daemon.
     from nodeside.config import SchedulerConfig
-    from nodeside.daemon.connection import Connection
+    from nodeside.daemon.connection import DaemonConnection
     from nodeside.daemon.server import Daemon, DaemonOptions
     from nodeside.scheduler.core import GpuSpec
 
@@ -167,7 +167,7 @@ def kiwi_clients(n: int, ring: Ring, sockets: list[socket.socket]) -> list[Peer]
                                   gpus=[GpuSpec(0, "logical GPU")]))
     peers: list[Peer] = []
     for i in range(n):
-        conn = Connection(daemon.router)
+        conn = DaemonConnection(daemon.router)
         conn.connection_made(Transport(ring, i, sockets[i]))  # type: ignore[arg-type]
         conn.data_received(b"".join(_hello_register_acquire(i)))
         peers.append(conn)
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> str:
         f"the lowest of {args.repeats} runs of {args.handoffs:,} handoffs"
         + (f", instructions from {args.callgrind_handoffs:,} and "
            f"{3 * args.callgrind_handoffs:,} handoffs under callgrind" if args.callgrind else "")
-        + (" (the request path: inside `Connection.data_received`, the compiled "
+        + (" (the request path: inside `DaemonConnection.data_received`, the compiled "
            f"`{REQUEST_PATH}`, inclusive)" if path else "")
         + f". 1-minute load average {load:.1f} before."
         + (" No instruction counts: valgrind is not installed." if without_valgrind else ""),

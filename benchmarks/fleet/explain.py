@@ -45,7 +45,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nodeside import protocol as p
-from nodeside.scheduler.core import PRIORITY_RANK, Action, Client, Drop, GpuState, Grant, HoldState
+from nodeside.scheduler.core import (
+    PRIORITY_RANK,
+    Action,
+    ClientRecord,
+    Drop,
+    GpuState,
+    Grant,
+    HoldState,
+)
 from nodeside.scheduler.interactive import CUT_RATIO, InteractivePolicy
 from nodeside.scheduler.turns import as_tail
 
@@ -169,7 +177,7 @@ class Explain:
             else:
                 self._pending.append((after, None, "", cell))
 
-    def _cause(self, replay: Replay, gpu: GpuState, waiter: Client, nxt: Client | None) -> str:
+    def _cause(self, replay: Replay, gpu: GpuState, waiter: ClientRecord, nxt: ClientRecord | None) -> str:
         policy = replay.scheduler.choice
         # The interactive policy's own measures, where it runs (None under round robin).
         las = policy if isinstance(policy, InteractivePolicy) else None
@@ -247,7 +255,7 @@ class Explain:
         }
 
 
-def _next(replay: Replay, gpu: GpuState) -> Client | None:
+def _next(replay: Replay, gpu: GpuState) -> ClientRecord | None:
     """Who the GPU goes to next: the one a drop promised, else the policy's pick."""
     for holder in gpu.holders.values():
         if holder.hold is not None and holder.hold.drop_incoming is not None:

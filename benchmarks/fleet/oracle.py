@@ -37,7 +37,7 @@ import nodeside
 from nodeside.compiled import PURE_ENV
 from nodeside.config import POLICY_INTERACTIVE
 from nodeside.scheduler.attained import AttainedService
-from nodeside.scheduler.core import PRIORITY_RANK, Client, GpuState, Scheduler
+from nodeside.scheduler.core import PRIORITY_RANK, ClientRecord, GpuState, Scheduler
 from nodeside.scheduler.interactive import InteractivePolicy
 from nodeside.scheduler.light import LightRequests
 from nodeside.scheduler.light_first import LightFirst
@@ -90,7 +90,7 @@ class ClairvoyantCuts(LightFirst):
         self.remaining = remaining
         self.low_cuts = low_cuts
 
-    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
+    def quantum(self, gpu: GpuState, holder: ClientRecord, winner: ClientRecord, tq: float,
                 now: float) -> float:
         if not self.low_cuts and PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
             return tq  # a LOW request never cuts a quantum short

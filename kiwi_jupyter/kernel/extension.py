@@ -34,13 +34,18 @@ from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.free_blocks import FreeBlocks
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, EagerArbiter
 from kiwi_jupyter.kernel.gpu_cells import GPU_LIBRARIES, may_use_gpu
-from kiwi_jupyter.kernel.gpu_shim import ShimArbiter, ShimEagerArbiter, ShimOffArbiter, load_shim
+from kiwi_jupyter.kernel.gpu_shim import (
+    ShimEagerArbiter,
+    ShimLazyArbiter,
+    ShimOffArbiter,
+    load_shim,
+)
 from kiwi_jupyter.kernel.identity import client_name, display_name
-from kiwi_jupyter.kernel.link import DaemonLink
+from kiwi_jupyter.kernel.link import KernelDaemonLink
 from nodeside.client.memory import PagesItself
 from nodeside.formats import seconds
 
-_loaded: KiwiExtension | None = None
+_loaded: KernelExtension | None = None
 
 
 def gate() -> None:
@@ -52,7 +57,7 @@ def gate() -> None:
         _loaded.gate()
 
 
-class KiwiExtension:
+class KernelExtension:
     """The extension's state in one kernel: settings, link to the daemon, the current mode."""
 
     def __init__(self, shell: Any) -> None:
@@ -63,7 +68,7 @@ class KiwiExtension:
         self.free_blocks = FreeBlocks(self.shim) if self.shim is not None else None
         # With the shim loaded the shim is the kernel's scheduling client, and the kernel's own
         # connection only reads status and sends admin requests.
-        self.link = DaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout(),
+        self.link = KernelDaemonLink(client_name(), reconnect_timeout=self._reconnect_timeout(),
                                register=self.shim is None, display_name=display_name())
         self.link.add_listener(self._on_event)
         self.config.observe(self._policy_changed, names=["failure_policy", "unreachable_timeout",
@@ -119,7 +124,7 @@ class KiwiExtension:
 
     def _arbiter_for(self, mode: str) -> Arbiter:
         if self.shim is not None:
-            kinds = {"eager": ShimEagerArbiter, "lazy": ShimArbiter, "off": ShimOffArbiter}
+            kinds = {"eager": ShimEagerArbiter, "lazy": ShimLazyArbiter, "off": ShimOffArbiter}
             return kinds[mode](self.link, self.config, self.shim, self.free_blocks)
         if mode == "lazy":
             print(f"kiwi: lazy mode needs the CUDA shim, but {self.shim_missing}; "
@@ -212,7 +217,7 @@ def load_ipython_extension(shell: Any) -> None:
     global _loaded
     if _loaded is not None:
         return
-    extension = KiwiExtension(shell)
+    extension = KernelExtension(shell)
     extension.install()
     _loaded = extension
 

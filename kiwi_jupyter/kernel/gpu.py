@@ -19,7 +19,7 @@ off        nothing                      nothing                             rele
 Who acquires depends on the shim. Without it (no GPU, or ``KIWI_SHIM=0``) the kernel's own
 ``Client`` does (``Arbiter``, ``EagerArbiter``), and lazy mode cannot work: the extension falls
 back to eager and says so. With the shim preloaded, the shim is the kernel's one scheduling
-client and every mode goes through its ctypes API (``ShimArbiter`` and its two siblings in
+client and every mode goes through its ctypes API (``ShimLazyArbiter`` and its two siblings in
 ``gpu_shim``, whose ``ShimGate`` states what they use of ``kiwi_jupyter.shim.Shim``): two clients
 for one kernel would queue behind each other.
 """
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
-from kiwi_jupyter.kernel.link import DaemonLink, SchedulerUnreachable
+from kiwi_jupyter.kernel.link import KernelDaemonLink, SchedulerUnreachable
 from kiwi_jupyter.kernel.wait_view import Document, Place, no_place
 from kiwi_jupyter.kernel.waiting import WaitingLine, Watcher
 from nodeside.formats import seconds
@@ -61,7 +61,7 @@ class Arbiter:
 
     mode = "off"
 
-    def __init__(self, link: DaemonLink, config: KiwiKernelConfig) -> None:
+    def __init__(self, link: KernelDaemonLink, config: KiwiKernelConfig) -> None:
         self.link = link
         self.config = config
         self.report = CellReport()

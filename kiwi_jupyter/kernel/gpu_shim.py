@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kiwi_jupyter.kernel.config import FAIL_CLOSED, KiwiKernelConfig
 from kiwi_jupyter.kernel.free_blocks import FreeBlocks, FreeRangesShim
 from kiwi_jupyter.kernel.gpu import Arbiter, CellReport, SchedulerUnavailable
-from kiwi_jupyter.kernel.link import DaemonLink
+from kiwi_jupyter.kernel.link import KernelDaemonLink
 from kiwi_jupyter.kernel.wait_view import Place
 
 
@@ -62,7 +62,7 @@ def load_shim() -> tuple[ShimGate | None, str]:
     return shim, ""
 
 
-class ShimArbiter(Arbiter):
+class ShimLazyArbiter(Arbiter):
     """Lazy mode: the shim takes the GPU at the cell's first CUDA call; the kernel frames cells.
 
     With the shim loaded, the shim is this kernel's scheduling client (registered under the
@@ -75,7 +75,7 @@ class ShimArbiter(Arbiter):
     #: Waiting happens in C; waiting in slices this long lets an interrupt reach Python.
     SLICE = 0.2
 
-    def __init__(self, link: DaemonLink, config: KiwiKernelConfig, shim: ShimGate,
+    def __init__(self, link: KernelDaemonLink, config: KiwiKernelConfig, shim: ShimGate,
                  free_blocks: FreeBlocks | None = None) -> None:
         super().__init__(link, config)
         self.shim = shim
@@ -160,7 +160,7 @@ class ShimArbiter(Arbiter):
         return client if isinstance(client, str) else None
 
 
-class ShimEagerArbiter(ShimArbiter):
+class ShimEagerArbiter(ShimLazyArbiter):
     """Eager mode with the shim loaded: the shim takes the GPU before the cell's code runs."""
 
     mode = "eager"
@@ -169,7 +169,7 @@ class ShimEagerArbiter(ShimArbiter):
         self.acquire()
 
 
-class ShimOffArbiter(ShimArbiter):
+class ShimOffArbiter(ShimLazyArbiter):
     """Mode off with the shim loaded: cells are not framed; only a hold taken by hand ends."""
 
     mode = "off"

@@ -36,7 +36,7 @@ class SchedulerUnreachable(ConnectionError):
         self.reason = reason
 
 
-class DaemonLink:
+class KernelDaemonLink:
     """The kernel's one scheduling client, registered under the kernel's name."""
 
     def __init__(self, name: str | None, *, socket_path: str | None = None,

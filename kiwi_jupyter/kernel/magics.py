@@ -18,7 +18,7 @@ from kiwi_jupyter.kernel.status_view import StatusTable
 from nodeside.limits import TQ_MAX, TQ_MIN, LimitError, tq_seconds
 
 if TYPE_CHECKING:
-    from kiwi_jupyter.kernel.extension import KiwiExtension
+    from kiwi_jupyter.kernel.extension import KernelExtension
     from nodeside.client import Client
 
 PRIORITIES = ("HIGH", "NORMAL", "LOW")
@@ -34,7 +34,7 @@ def complain(message: str) -> None:
 
 @magics_class
 class KiwiMagics(Magics):
-    def __init__(self, shell: Any, extension: KiwiExtension) -> None:
+    def __init__(self, shell: Any, extension: KernelExtension) -> None:
         super().__init__(shell)
         self.extension = extension
         self.magics["line"]["kiwi"] = self._with_live_help(self.magics["line"]["kiwi"])

@@ -31,7 +31,7 @@ from kiwi_jupyter.server.handlers import (
     StatusHandler,
 )
 from kiwi_jupyter.server.intents import FrontHints, hinting
-from kiwi_jupyter.server.link import DaemonLink
+from kiwi_jupyter.server.link import ServerDaemonLink
 from kiwi_jupyter.server.nvml import GpuReadings
 from kiwi_jupyter.server.terminals import keep_on_terminal_path, with_on_path
 from kiwi_jupyter.server.watch import StatusWatch
@@ -51,7 +51,7 @@ class KiwiExtension(ExtensionApp):
     embedded: EmbeddedScheduler | None = None
     #: Why the embedded scheduler is not running: its failed start, for the panel and the log.
     embedded_failure: str | None = None
-    link: DaemonLink | None = None
+    link: ServerDaemonLink | None = None
     watch: StatusWatch | None = None
     nvml: GpuReadings | None = None
     _watcher: asyncio.Task[None] | None = None
@@ -215,7 +215,7 @@ class KiwiExtension(ExtensionApp):
         if self.serverapp is not None:
             os.environ[NOTEBOOK_ROOT_ENV] = os.path.abspath(self.serverapp.root_dir)
             self._root_env_set = True
-        self.link = DaemonLink(
+        self.link = ServerDaemonLink(
             socket_path, max_age=self.status_max_age, timeout=self.daemon_timeout,
             absent_reason=lambda: self.embedded_failure,
         )

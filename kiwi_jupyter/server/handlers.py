@@ -14,7 +14,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
 from kiwi_jupyter.server.intents import FrontHints
-from kiwi_jupyter.server.link import DaemonLink, DaemonUnavailable
+from kiwi_jupyter.server.link import DaemonUnavailable, ServerDaemonLink
 from kiwi_jupyter.server.nvml import GpuReadings
 from kiwi_jupyter.server.watch import StatusWatch
 from nodeside.limits import LimitError, tq_seconds
@@ -28,8 +28,8 @@ class KiwiHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = AUTH_RESOURCE
 
     @property
-    def link(self) -> DaemonLink:
-        link: DaemonLink = self.settings["kiwi_link"]
+    def link(self) -> ServerDaemonLink:
+        link: ServerDaemonLink = self.settings["kiwi_link"]
         return link
 
 

@@ -7,7 +7,7 @@ of its wire formats) sends the hint as it forwards the message, so the daemon st
 the kernel's memory back while the message is still on its way. And the panel says when a
 notebook is brought to the front (``POST kiwi/api/intent``, ``IntentHandler``).
 
-A hint never waits for the daemon (``DaemonLink.hint`` queues it and returns) and never stops
+A hint never waits for the daemon (``ServerDaemonLink.hint`` queues it and returns) and never stops
 the message: whatever goes wrong here, the kernel gets its cell as before. Messages that do not
 pass through the server's websocket (a server-side execution extension talking to the kernel's
 ZMQ sockets itself) bring no hint: their kernels restore when their first GPU call asks.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kiwi_jupyter.server.link import DaemonLink
+from kiwi_jupyter.server.link import ServerDaemonLink
 
 log = logging.getLogger("kiwi_jupyter")
 
@@ -37,9 +37,9 @@ _V1 = "v1.kernel.websocket.jupyter.org"
 
 
 class FrontHints:
-    """``front`` hints for ``DaemonLink.hint``, at most one a ``FRONT_INTERVAL`` per kernel."""
+    """``front`` hints for ``ServerDaemonLink.hint``, at most one a ``FRONT_INTERVAL`` per kernel."""
 
-    def __init__(self, link: DaemonLink, *, interval: float = FRONT_INTERVAL,
+    def __init__(self, link: ServerDaemonLink, *, interval: float = FRONT_INTERVAL,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._link = link
         self._interval = interval
@@ -88,7 +88,7 @@ class HintOnExecute:
     the browser sends an ``execute`` hint just before it goes on to the kernel."""
 
     #: Set on the class ``hinting`` makes.
-    kiwi_link: DaemonLink
+    kiwi_link: ServerDaemonLink
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         try:
@@ -99,7 +99,7 @@ class HintOnExecute:
         super().handle_incoming_message(incoming_msg)  # type: ignore[misc]
 
 
-def hinting(connection_class: type, link: DaemonLink) -> type:
+def hinting(connection_class: type, link: ServerDaemonLink) -> type:
     """The server's kernel websocket connection class, hinting on each cell it forwards."""
     if issubclass(connection_class, HintOnExecute):
         return connection_class

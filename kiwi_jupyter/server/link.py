@@ -42,7 +42,7 @@ class DaemonUnavailable(Exception):
     """The daemon could not be reached or did not answer in time; the message says which."""
 
 
-class DaemonLink:
+class ServerDaemonLink:
     """Asynchronous access to one daemon socket for the request handlers."""
 
     def __init__(

@@ -23,7 +23,7 @@ from nodeside.limits import ConnectionLimits
 
 
 @dataclass
-class Verdict:
+class AdmissionVerdict:
     accepted: bool
     #: Connections to close to make room (the oldest that never registered).
     evicted: list[Session] = field(default_factory=list)
@@ -45,19 +45,19 @@ class Admission:
         self._due: list[tuple[float, int, Session]] = []
         self._order = itertools.count()
 
-    def admit(self, session: Session, now: float) -> Verdict:
+    def admit(self, session: Session, now: float) -> AdmissionVerdict:
         uid = session.peer.uid
-        verdict = Verdict(True)
+        verdict = AdmissionVerdict(True)
         if self.per_uid[uid] >= self.limits.per_uid:
             victim = next(iter(self._loose_by_uid.get(uid, ())), None)
             if victim is None:
-                return Verdict(False, reason=f"uid {uid} already has {self.limits.per_uid} "
+                return AdmissionVerdict(False, reason=f"uid {uid} already has {self.limits.per_uid} "
                                f"registered connections (connections.per_uid)")
             self._evict(victim, verdict)
         if self.total >= self.max_connections:
             victim = next(iter(self._loose), None)
             if victim is None:
-                return Verdict(False, evicted=verdict.evicted,
+                return AdmissionVerdict(False, evicted=verdict.evicted,
                                reason=f"the daemon holds {self.max_connections} registered "
                                f"connections, as many as its file descriptors allow")
             self._evict(victim, verdict)
@@ -115,6 +115,6 @@ class Admission:
     def next_check(self) -> float | None:
         return self._due[0][0] if self._due else None
 
-    def _evict(self, victim: Session, verdict: Verdict) -> None:
+    def _evict(self, victim: Session, verdict: AdmissionVerdict) -> None:
         verdict.evicted.append(victim)
         self.gone(victim)

@@ -23,7 +23,7 @@ from nodeside.daemon.session import Session
 from nodeside.limits import MAX_OWED_BYTES, REQUESTS_PER_TURN
 
 
-class Connection(asyncio.Protocol):
+class DaemonConnection(asyncio.Protocol):
     # Both made when the peer connects, once who it is is known (asyncio calls nothing else
     # of a protocol before ``connection_made``).
     session: Session

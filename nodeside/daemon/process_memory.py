@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from nodeside.daemon.gpus import nvml_handles
-from nodeside.scheduler.core import Action, Client, GpuSpec, Scheduler
+from nodeside.scheduler.core import Action, ClientRecord, GpuSpec, Scheduler
 
 log = logging.getLogger("kiwi.gpus")
 
@@ -78,7 +78,7 @@ def by_client(scheduler: Scheduler, read: Sequence[tuple[int, int, int | None]],
     """NVML's figures by the id of each memory client whose process NVML vouches for (None for
     the others); ``host_pids``: the daemon's pids are NVML's."""
     figures = {(gpu, pid): used for gpu, pid, used in read}
-    processes: dict[tuple[int, int], list[Client]] = {}
+    processes: dict[tuple[int, int], list[ClientRecord]] = {}
     out: dict[str, int | None] = {}
     for client in scheduler.clients.values():
         if client.memory:

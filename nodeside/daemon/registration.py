@@ -31,7 +31,7 @@ from nodeside import protocol as p
 from nodeside.daemon.peer import Peer, groups_of, user_name
 from nodeside.daemon.pods import pod_uid_of
 from nodeside.model import Registration
-from nodeside.scheduler.core import Client, Scheduler
+from nodeside.scheduler.core import ClientRecord, Scheduler
 
 #: (uid, pod or None): who a registration is counted under.
 Owner = tuple[int | None, str | None]
@@ -108,7 +108,7 @@ class Registrations:
         self.pod_of = pod_of
 
     def register(self, peer: Peer, msg: dict[str, Any], now: float,
-                 admin: bool = False, evict: str | None = None) -> Client:
+                 admin: bool = False, evict: str | None = None) -> ClientRecord:
         """Register ``peer`` as the request ``msg`` asks; LimitError or SchedulerError if not.
         ``admin``: the peer is one of the daemon's admins, not held to any share; ``evict``:
         the evictor the daemon can carry out for it (None: what it asked for)."""

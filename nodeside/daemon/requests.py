@@ -29,7 +29,7 @@ from nodeside.model import EVICTING, RESTORING, MemoryFigures
 from nodeside.names import label
 from nodeside.scheduler.core import (
     Action,
-    Client,
+    ClientRecord,
     Drop,
     Grant,
     Pause,
@@ -38,8 +38,8 @@ from nodeside.scheduler.core import (
     Scheduler,
     SchedulerError,
 )
+from nodeside.scheduler.gpu_state import EVICT_MODES
 from nodeside.scheduler.residency import check_claim
-from nodeside.scheduler.state import EVICT_MODES
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -338,7 +338,7 @@ class Requests(Rules):
         actions = self._tell(client, heard, figures, now)
         return Outcome([p.encode(p.OK, seq=seq), *actions], reschedule=True, changed=True)
 
-    def _tell(self, client: Client, heard: tuple[int, int | None], figures: Figures | None,
+    def _tell(self, client: ClientRecord, heard: tuple[int, int | None], figures: Figures | None,
               now: float) -> list[Action]:
         """Tell the scheduler a working set and, when some came, memory figures (a restore
         that ended comes back as ``Restored``, for the metrics)."""
@@ -399,7 +399,7 @@ class Requests(Rules):
         total = self.documents.host_total
         return value if value is None or total is None else min(value, total)
 
-    def _check_nvml_soon(self, client: Client, resident: int | None) -> None:
+    def _check_nvml_soon(self, client: ClientRecord, resident: int | None) -> None:
         nvml = client.nvml_bytes
         if nvml is not None and resident is not None and resident < nvml and \
                 self.nvml_soon is not None:

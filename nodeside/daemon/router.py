@@ -1,6 +1,6 @@
 """What a connection sees of the daemon: the router, and each connection's way out.
 
-A ``Connection`` (``connection.py``) moves one peer's bytes in and decides how much to answer
+A ``DaemonConnection`` (``connection.py``) moves one peer's bytes in and decides how much to answer
 at a time. Everything it sends goes through its ``Endpoint``, and everything that happens to it
 (opened, a request's outcome to carry out, the end of its turn, lost) it tells the ``Router``.
 The router knows every endpoint, by session and by registered client, and sends lines to them:

@@ -26,7 +26,7 @@ from nodeside.config import ConfigError
 from nodeside.config import load as load_config
 from nodeside.daemon import hostmem
 from nodeside.daemon.admission import Admission
-from nodeside.daemon.connection import Connection
+from nodeside.daemon.connection import DaemonConnection
 from nodeside.daemon.kube import PodNamespaces
 from nodeside.daemon.listen import listen
 from nodeside.daemon.lograte import RateLimitedLog
@@ -37,7 +37,7 @@ from nodeside.daemon.peer import resolve_group
 from nodeside.daemon.process_memory import watch as watch_process_memory
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.shell import Shell
-from nodeside.daemon.state import StateFile
+from nodeside.daemon.state_file import StateFile
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
 from nodeside.formats import size
@@ -78,7 +78,7 @@ class Daemon:
         self.requests = Requests(self.scheduler, resolve_group(config.admin_group),
                                  options.memory_used, self.evictor, self.pods.of)
         self.admission = Admission(config.connections, _connection_cap())
-        #: What every connection talks to (``Connection(daemon.router)``).
+        #: What every connection talks to (``DaemonConnection(daemon.router)``).
         self.router = Shell(self.requests, self.now, self.loop, self.admission, self.state,
                             self.evictor)
         self.delivery = self.router.delivery
@@ -110,7 +110,7 @@ class Daemon:
         path = self.socket_path
         router = self.router
         self._server = await listen(self.loop, path, self.scheduler.config,
-                                    lambda: Connection(router))
+                                    lambda: DaemonConnection(router))
         # "GPU 0 (logical GPU, size unknown)", not "GPUs 0 (...)", which reads as none.
         gpus = ", ".join(f"GPU {g.index} ({g.name}, {_size(g.memory_total)})"
                          for g in self.options.gpus)

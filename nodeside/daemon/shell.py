@@ -22,7 +22,7 @@ from nodeside.daemon.delivery import Delivery
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.router import Endpoint, Router
 from nodeside.daemon.session import Outcome
-from nodeside.daemon.state import StateFile
+from nodeside.daemon.state_file import StateFile
 from nodeside.daemon.timers import Timers
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.limits import MAX_OWED_BYTES_TOTAL
@@ -72,7 +72,7 @@ class Shell(Router):
     def carry_out(self, endpoint: Endpoint, outcome: Outcome) -> None:
         started = time.perf_counter() if outcome.handoff and \
             self.delivery.handoff_observers else None
-        delivery = self.delivery  # called on, not bound: see Connection._take_turn
+        delivery = self.delivery  # called on, not bound: see DaemonConnection._take_turn
         for item in outcome.out:
             if type(item) is bytes:
                 endpoint.send(item)

@@ -16,7 +16,7 @@ from typing import Any, Final
 from nodeside import limits
 from nodeside import protocol as p
 from nodeside.daemon.session import Outcome, Session
-from nodeside.scheduler.core import Client, Scheduler, SchedulerError
+from nodeside.scheduler.core import ClientRecord, Scheduler, SchedulerError
 from nodeside.scheduler.tiers import INTENT_REASONS
 
 #: Least seconds between two hints about one client that the scheduler hears.
@@ -42,7 +42,7 @@ class TierRequests:
             return tiering.pin_budget
         return self.scheduler.config.pin_budget
 
-    def figures(self, client: Client, msg: dict[str, Any]) -> None:
+    def figures(self, client: ClientRecord, msg: dict[str, Any]) -> None:
         """A ``working_set``'s ``disk`` and ``pinned``: recorded, never a scheduling pass of
         their own (the progress of a move; the move's end comes in ``tier_moved``)."""
         disk, pinned = byte_figure(msg, "disk"), byte_figure(msg, "pinned")

@@ -24,7 +24,7 @@ from nodeside.evict.identity import ProcessIdentity
 from nodeside.evict.jobs import Failure, ProcessChanged, failure, resume, suspend
 from nodeside.evict.lines import Checkpoint, EvictionLines, Item, Job
 from nodeside.evict.policy import cannot_act_on, choose, unbound
-from nodeside.scheduler.core import Client
+from nodeside.scheduler.core import ClientRecord
 
 log = logging.getLogger("kiwi.daemon")
 
@@ -105,7 +105,7 @@ class CheckpointEvictor:
                         "instead: %s", name, pid, why)
         return EvictorChoice(evictor, evictor == CHECKPOINT and pid is not None)
 
-    def keep(self, client: Client, choice: EvictorChoice,
+    def keep(self, client: ClientRecord, choice: EvictorChoice,
              identity: ProcessIdentity | None = None) -> None:
         """``client`` registered with ``choice``: the lines record a process they reach."""
         if choice.reached and client.pid is not None:

@@ -54,7 +54,7 @@ class Part:
     partial: bool = False
 
 
-#: A client's state in the document: DROPPING is still "holding" (scheduler/state.py).
+#: A client's state in the document: DROPPING is still "holding" (scheduler/gpu_state.py).
 CLIENT_STATES: Final[tuple[str, ...]] = ("idle", "waiting", "holding")
 
 HELD_SPAN: Final = Part("IHeldSpan", "One hold in the scheduler's own history of a GPU: times "

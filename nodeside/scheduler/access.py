@@ -25,7 +25,7 @@ from nodeside.model import ANY, REFUSE, AccessPolicy
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AccessVerdict:
     pool: str
     priority: str
     #: Why the claim was changed (downgrade), for the log and the client; None when it stood.
@@ -33,7 +33,7 @@ class Verdict:
 
 
 def judge(policy: AccessPolicy | None, *, uid: int | None, gids: Iterable[int], pool: str,
-          priority: str, namespace: str | None = None) -> Verdict:
+          priority: str, namespace: str | None = None) -> AccessVerdict:
     """The pool and priority a peer gets for its claim, or PermissionError saying why not.
 
     No policy: every claim stands (the daemon's behaviour before policies existed).
@@ -45,7 +45,7 @@ def judge(policy: AccessPolicy | None, *, uid: int | None, gids: Iterable[int], 
     """
     gids = tuple(gids)
     if policy is None or policy.allowed(uid, gids, pool, priority, namespace):
-        return Verdict(pool, priority)
+        return AccessVerdict(pool, priority)
     who = f"uid {uid}" if uid is not None else "this peer"
     if namespace is not None:
         who += f" in namespace {namespace}"
@@ -61,6 +61,6 @@ def judge(policy: AccessPolicy | None, *, uid: int | None, gids: Iterable[int], 
             continue
         below = [r for r in allowed if ranks.index(r) >= ranks.index(priority)]
         given = below[0] if below else allowed[-1]
-        return Verdict(candidate, given,
+        return AccessVerdict(candidate, given,
                        f"{refusal}: registered in pool {candidate!r} at {given} instead")
     raise PermissionError(f"{refusal}, and no pool is open to it")

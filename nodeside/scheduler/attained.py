@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from nodeside import protocol as p
 from nodeside.config import InteractiveSettings
-from nodeside.scheduler.state import Client
+from nodeside.scheduler.gpu_state import ClientRecord
 from nodeside.scheduler.view import PolicyView
 
 #: Seconds between a hold that ended by a drop and the client's next request within which the
@@ -36,7 +36,7 @@ class AttainedService:
         self._holding_since: dict[str, float] = {}
         #: Client id -> when its last hold ended by a drop, its request left open, and the client
         #: (``_settle`` reads when it asked again); gone with the client (``forget``).
-        self._dropped_at: dict[str, tuple[float, Client]] = {}
+        self._dropped_at: dict[str, tuple[float, ClientRecord]] = {}
 
     @property
     def settings(self) -> InteractiveSettings:
@@ -98,7 +98,7 @@ class AttainedService:
     def hold_starts(self, client_id: str, now: float) -> None:
         self._holding_since[client_id] = now
 
-    def hold_ends(self, client: Client, now: float) -> None:
+    def hold_ends(self, client: ClientRecord, now: float) -> None:
         """A hold ends. Given back when asked (a drop, a revocation), the request goes on; given
         back of the client's own accord (a cell ended), the next request starts afresh."""
         since = self._holding_since.pop(client.id, None)
@@ -112,7 +112,7 @@ class AttainedService:
         else:
             self._dropped_at[client.id] = (now, client)
 
-    def fresh(self, client: Client) -> bool:
+    def fresh(self, client: ClientRecord) -> bool:
         """Has ``client``'s request not held the GPU yet (no hold open, none before a drop)?"""
         self._settle(client.id)
         return client.id not in self._holding_since and client.id not in self._request

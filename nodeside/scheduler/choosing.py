@@ -22,15 +22,15 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from nodeside.model import POLICY_ROUND_ROBIN
+from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState
 from nodeside.scheduler.light_first import LightFirst
 from nodeside.scheduler.pools import entitlements
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
 from nodeside.scheduler.view import Event, PolicyView
 
 _EPS: Final = 1e-9
 
 
-def within_pool(client: Client) -> tuple[int, int]:
+def within_pool(client: ClientRecord) -> tuple[int, int]:
     """A pool's own order: priority, then request order."""
     return PRIORITY_RANK[client.priority], client.request_order
 
@@ -48,7 +48,7 @@ class PoolsPolicy:
     def __init__(self, view: PolicyView) -> None:
         self.view = view
 
-    def pick(self, gpu: GpuState, now: float, tail: Client | None = None) -> Client | None:
+    def pick(self, gpu: GpuState, now: float, tail: ClientRecord | None = None) -> ClientRecord | None:
         """The next client to serve on ``gpu``, or None (nobody waits, or only capped pools).
 
         ``tail`` is a holder whose quantum ended, competing as if it had just asked again.
@@ -76,7 +76,7 @@ class PoolsPolicy:
             return next(iter(heads.values()), None)
         ent = entitlements(self.view.pool(name) for name in contending_pools(gpu))
 
-        def urgency(c: Client) -> tuple[bool, float, int]:
+        def urgency(c: ClientRecord) -> tuple[bool, float, int]:
             # Guarantees come first: a non-preemptible request of a pool below its guarantee
             # goes before any split by weight.
             owed = self.below_guarantee(gpu, c, now)
@@ -84,7 +84,7 @@ class PoolsPolicy:
 
         return max(heads.values(), key=urgency)
 
-    def order(self, gpu: GpuState, now: float) -> list[Client]:
+    def order(self, gpu: GpuState, now: float) -> list[ClientRecord]:
         """The waiters in the order they can expect to be served (a prediction, next first).
 
         One pool: its own order. Several: each pool's j-th waiter (in its pool's order) is
@@ -102,7 +102,7 @@ class PoolsPolicy:
         ranked.sort(key=lambda entry: entry[:3])
         return [entry[3] for entry in ranked]
 
-    def position(self, gpu: GpuState, client: Client, now: float) -> int:
+    def position(self, gpu: GpuState, client: ClientRecord, now: float) -> int:
         """``client``'s 1-based place in ``order``, without building it.
 
         One pool: its place in the pool, O(1) while waiters leave from the head. Several: for
@@ -144,7 +144,7 @@ class PoolsPolicy:
 
         return urgency
 
-    def below_guarantee(self, gpu: GpuState, client: Client, now: float) -> bool:
+    def below_guarantee(self, gpu: GpuState, client: ClientRecord, now: float) -> bool:
         """Is ``client`` a non-preemptible request of a pool below its guarantee?
 
         As in KAI, the guarantee covers a pool's non-preemptible work: its LOW holds do not
@@ -169,7 +169,7 @@ class PoolsPolicy:
     def observe(self, event: Event) -> None:
         """Something happened (view.py's events); told only to a policy that ``observes``."""
 
-    def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
+    def reason(self, gpu: GpuState, nxt: ClientRecord, now: float) -> str:
         """Why ``nxt`` is the next holder, in words for the status document."""
         if len(gpu.waiters.pools()) > 1:
             return f"round robin: pool {nxt.pool} is furthest below its entitlement"

@@ -14,7 +14,7 @@ The status document shows three words (docs/interfaces.md section 5): DROPPING i
 
 Where a client's memory is (``model.Residency``: on the GPU, moving out, in host memory, moving
 in) is a state of its own, beside the hold, kept for clients that speak the ``memory`` feature,
-with its own table (``RESIDENCY_MOVES``), written only through ``Client.settle`` and only by the
+with its own table (``RESIDENCY_MOVES``), written only through ``ClientRecord.settle`` and only by the
 residency component (residency.py), as the hold is moved only by the turns (turns.py). In
 short: resident memory is asked out (evicting) and lands in host memory (evicted), or falls back
 (resident) when it could not leave; a grant brings evicted memory back in (restoring) until
@@ -31,7 +31,7 @@ from enum import Enum
 
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING, Residency
 
-__all__ = ["RESIDENCY_MOVES", "TRANSITIONS", "Client", "Eviction", "Hold", "HoldState",
+__all__ = ["RESIDENCY_MOVES", "TRANSITIONS", "ClientRecord", "Eviction", "Hold", "HoldState",
            "IllegalTransition", "Tiering", "WaitingFor"]
 
 
@@ -219,7 +219,7 @@ class Tiering:
 
 
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply
-class Client:
+class ClientRecord:
     id: str
     name: str
     gpu: int

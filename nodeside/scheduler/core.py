@@ -26,7 +26,7 @@ The rules, per GPU:
 Where each rule lives. ``Scheduler`` is a facade: it makes the node's state and the components
 that change it, and hands each event to the one that takes it.
 
-* ``node.NodeState``: the config, mode and TQ, the GPUs (state.py) and clients with their hold
+* ``node.NodeState``: the config, mode and TQ, the GPUs (gpu_state.py) and clients with their hold
   state (clients.py), the policy, the counters;
 * ``membership.Membership``: clients registering (claims judged by access.py) and leaving;
 * ``controls.Controls``: the admin's mode and TQ, a reloaded config;
@@ -70,21 +70,21 @@ from nodeside.scheduler.actions import (
 from nodeside.scheduler.choosing import PoolsPolicy
 from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.controls import Controls
-from nodeside.scheduler.membership import Membership
-from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.pools import preemption_off_reason
-from nodeside.scheduler.queries import Queries
-from nodeside.scheduler.residency import ResidencyRules
-from nodeside.scheduler.room import Room
-from nodeside.scheduler.state import (
+from nodeside.scheduler.gpu_state import (
     PRIORITY_RANK,
-    Client,
+    ClientRecord,
     GpuSpec,
     GpuState,
     Hold,
     HoldState,
     IllegalTransition,
 )
+from nodeside.scheduler.membership import Membership
+from nodeside.scheduler.node import NodeState
+from nodeside.scheduler.pools import preemption_off_reason
+from nodeside.scheduler.queries import Queries
+from nodeside.scheduler.residency import ResidencyRules
+from nodeside.scheduler.room import Room
 from nodeside.scheduler.taking_turns import TakingTurns
 from nodeside.scheduler.tiers import TierRules
 from nodeside.scheduler.turns import Turns
@@ -92,7 +92,7 @@ from nodeside.scheduler.view import PolicyView
 
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
-__all__ = ["PRIORITY_RANK", "Action", "Client", "Drop", "Evict", "Evicted", "Fetch", "GpuSpec",
+__all__ = ["PRIORITY_RANK", "Action", "ClientRecord", "Drop", "Evict", "Evicted", "Fetch", "GpuSpec",
            "GpuState", "Grant", "Hold", "HoldState", "IllegalTransition", "Pause", "PinBudget",
            "Refuse", "Released", "Restored", "Resume", "Revoke", "Scheduler", "SchedulerError",
            "Spill", "Suspend", "Suspended", "TierMoved", "Uncounted", "WaitingFor"]
@@ -120,7 +120,7 @@ class Scheduler:
         self._tiers = TierRules(state)
         # The same dicts as the state's, for ever: read here without a call.
         self.gpus: dict[int, GpuState] = state.gpus
-        self.clients: dict[str, Client] = state.clients
+        self.clients: dict[str, ClientRecord] = state.clients
         self.counts: dict[str, int] = state.counts
 
     # -- the node's state, as the shell and the status read it ----------------------------
@@ -172,7 +172,7 @@ class Scheduler:
 
     # -- clients joining and leaving (membership.py) --------------------------------------
 
-    def register(self, now: float, registration: Registration) -> Client:
+    def register(self, now: float, registration: Registration) -> ClientRecord:
         """A new client (``Membership.register`` says how its claims are judged)."""
         return self._membership.register(now, registration)
 
@@ -354,7 +354,7 @@ class Scheduler:
         return spill if deadline is None or (spill is not None and spill < deadline) \
             else deadline
 
-    def queue(self, gpu_index: int, now: float) -> list[Client]:
+    def queue(self, gpu_index: int, now: float) -> list[ClientRecord]:
         """Waiters in the order they are expected to be granted, next first."""
         return self._queries.queue(gpu_index, now)
 
@@ -368,7 +368,7 @@ class Scheduler:
     def quantum_remaining(self, gpu_index: int, now: float) -> float | None:
         return self._queries.quantum_remaining(gpu_index, now)
 
-    def gpu_seconds(self, client: Client, now: float) -> float:
+    def gpu_seconds(self, client: ClientRecord, now: float) -> float:
         return self._queries.gpu_seconds(client, now)
 
     def pool_gpu_seconds(self, gpu_index: int, now: float) -> dict[str, float]:
@@ -381,8 +381,8 @@ class Scheduler:
 
     # -- for the tests: a rule's parts, asked directly ------------------------------------
 
-    def _drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-              incoming: Client | None, evict: bool | None = None) -> list[Action]:
+    def _drop(self, gpu: GpuState, holder: ClientRecord, reason: str, now: float,
+              incoming: ClientRecord | None, evict: bool | None = None) -> list[Action]:
         return self._turns.drop(gpu, holder, reason, now, incoming, evict)
 
     def _compute_deadline(self, now: float) -> tuple[float | None, bool]:

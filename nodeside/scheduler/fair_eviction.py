@@ -18,14 +18,14 @@ working set of a few GiB. Three rules keep one client from charging that to othe
 
 Plain functions over the clients' own fields, sans I/O, with the time passed in; the metrics
 count evictions by the priority and the client that asked (``GpuState.evictions_by``,
-``Client.evictions_asked``).
+``ClientRecord.evictions_asked``).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from nodeside.scheduler.clients import Client
+from nodeside.scheduler.clients import ClientRecord
 
 #: Seconds a client that keeps wasting evictions waits at most before its next may ask.
 MAX_BACKOFF: Final = 600.0
@@ -33,7 +33,7 @@ MAX_BACKOFF: Final = 600.0
 MIN_BACKOFF: Final = 1.0
 
 
-def may_ask_at(victim: Client, waiter: Client, interval: float, tq: float) -> float:
+def may_ask_at(victim: ClientRecord, waiter: ClientRecord, interval: float, tq: float) -> float:
     """When ``victim`` may next be asked to evict for ``waiter`` (0: it never was)."""
     last = victim.eviction.last_asked
     if last is None:
@@ -43,14 +43,14 @@ def may_ask_at(victim: Client, waiter: Client, interval: float, tq: float) -> fl
     return last + interval
 
 
-def asked(victim: Client, waiter: Client, now: float) -> None:
+def asked(victim: ClientRecord, waiter: ClientRecord, now: float) -> None:
     """``victim`` was asked to evict for ``waiter`` now."""
     victim.eviction.last_asked = now
     waiter.room_asked += 1
     waiter.evictions_asked += 1
 
 
-def granted(client: Client, need: int, seen: int) -> None:
+def granted(client: ClientRecord, need: int, seen: int) -> None:
     """``client`` was granted, needing ``need`` bytes and holding ``seen`` now: its hold is
     watched for use (judged where others evicted for it)."""
     client.room_need = need
@@ -59,13 +59,13 @@ def granted(client: Client, need: int, seen: int) -> None:
     client.peak_bytes = seen
 
 
-def seen(client: Client, nbytes: int) -> None:
+def seen(client: ClientRecord, nbytes: int) -> None:
     """A holder was seen with ``nbytes`` on the GPU (a report, NVML)."""
     if nbytes > client.peak_bytes:
         client.peak_bytes = nbytes
 
 
-def hold_ended(client: Client, now: float, interval: float) -> None:
+def hold_ended(client: ClientRecord, now: float, interval: float) -> None:
     """``client``'s hold ended: a hold it used clears its backoff; one that others evicted for
     and that it did not use lengthens it."""
     need, made = client.room_need, client.room_made
@@ -77,7 +77,7 @@ def hold_ended(client: Client, now: float, interval: float) -> None:
         _wasted(client, now, interval)
 
 
-def wait_ended(client: Client, now: float, interval: float, cancelled: bool) -> None:
+def wait_ended(client: ClientRecord, now: float, interval: float, cancelled: bool) -> None:
     """``client`` stopped waiting without a grant: cancelled (others' evictions wasted), or
     refused (the daemon's doing, not the client's)."""
     if client.room_asked and cancelled:
@@ -85,7 +85,7 @@ def wait_ended(client: Client, now: float, interval: float, cancelled: bool) -> 
     client.room_asked = 0
 
 
-def _wasted(client: Client, now: float, interval: float) -> None:
+def _wasted(client: ClientRecord, now: float, interval: float) -> None:
     client.unused_room += 1
     base = max(interval, MIN_BACKOFF)
     client.may_ask_from = now + min(MAX_BACKOFF, base * 2.0 ** (client.unused_room - 1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from nodeside.scheduler.clients import Client
+from nodeside.scheduler.clients import ClientRecord
 
 #: Holds kept per GPU, newest last; the panel draws at most this many.
 MAX_SPANS: Final = 50
@@ -47,7 +47,7 @@ class HolderHistory:
 
     # The client itself, not a protocol of what it has: compiled, a protocol's attributes are
     # looked up by name, a native class's read in place (a grant on every handoff).
-    def opened(self, client: Client, now: float) -> None:
+    def opened(self, client: ClientRecord, now: float) -> None:
         """``client`` was granted the GPU at ``now``."""
         span = HeldSpan(client.id, client.name, client.display_name, client.user, now)
         spans = self._spans

@@ -38,11 +38,11 @@ from nodeside.config import InteractiveSettings
 from nodeside.model import POLICY_INTERACTIVE
 from nodeside.scheduler.attained import CUT_RATIO, GOES_ON_WITHIN, AttainedService
 from nodeside.scheduler.choosing import PoolsPolicy, contending_pools
+from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState
 from nodeside.scheduler.light import JUMP_QUANTUM, LightRequests, Ranking
 from nodeside.scheduler.light_first import LightFirst
 from nodeside.scheduler.pools import entitlements
 from nodeside.scheduler.pricing import COST_FACTOR
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
 from nodeside.scheduler.view import (
     Event,
     Gone,
@@ -114,7 +114,7 @@ class InteractivePolicy(PoolsPolicy, Ranking):
             self.light.forget(client.id)
             self._light_first().forget(client.id)
 
-    def _granted(self, gpu: GpuState, client: Client, now: float) -> None:
+    def _granted(self, gpu: GpuState, client: ClientRecord, now: float) -> None:
         self.service.granting(client.id)
         self.light.granted(gpu, client, now)  # before its hold counts: still fresh
         self.service.hold_starts(client.id, now)
@@ -131,28 +131,28 @@ class InteractivePolicy(PoolsPolicy, Ranking):
 
     # -- the order ------------------------------------------------------------------------
 
-    def starved(self, client: Client) -> bool:
+    def starved(self, client: ClientRecord) -> bool:
         return self.passed.get(client.id, 0) >= self.settings.pass_bound
 
-    def _key(self, client: Client, now: float) -> tuple[int, bool, float, int]:
+    def _key(self, client: ClientRecord, now: float) -> tuple[int, bool, float, int]:
         starved = self.starved(client)
         used = 0.0 if starved else self.service.attained(client.id, now)
         return _rank(client)[0], not starved, used, client.request_order
 
-    def heads(self, gpu: GpuState, now: float) -> dict[str, Client]:
-        heads: dict[str, Client] = {}
+    def heads(self, gpu: GpuState, now: float) -> dict[str, ClientRecord]:
+        heads: dict[str, ClientRecord] = {}
         for pool, first in gpu.waiters.heads().items():
             lane = [c for c in gpu.waiters.in_order(pool) if c.priority == first.priority]
             heads[pool] = min(lane, key=lambda c: self._key(c, now))
         return heads
 
-    def in_order(self, gpu: GpuState, pool: str, now: float) -> list[Client]:
+    def in_order(self, gpu: GpuState, pool: str, now: float) -> list[ClientRecord]:
         return sorted(gpu.waiters.in_order(pool), key=lambda c: self._key(c, now))
 
-    def before(self, tail: Client, head: Client, now: float) -> bool:
+    def before(self, tail: ClientRecord, head: ClientRecord, now: float) -> bool:
         return self._key(tail, now) < self._key(head, now)
 
-    def pick(self, gpu: GpuState, now: float, tail: Client | None = None) -> Client | None:
+    def pick(self, gpu: GpuState, now: float, tail: ClientRecord | None = None) -> ClientRecord | None:
         """As ``PoolsPolicy.pick`` (maximums, guarantees), with ``heads`` and ``before``
         ordering each pool by least attained service, ``by_rules`` between pools, and a light
         request going ahead of a pool's rule once (``light``)."""
@@ -166,8 +166,8 @@ class InteractivePolicy(PoolsPolicy, Ranking):
             return best
         return self.light.over(gpu, best, eligible, now) or best
 
-    def by_rules(self, gpu: GpuState, heads: Mapping[str, Client],
-                 now: float) -> tuple[Client | None, bool, list[Client]]:
+    def by_rules(self, gpu: GpuState, heads: Mapping[str, ClientRecord],
+                 now: float) -> tuple[ClientRecord | None, bool, list[ClientRecord]]:
         """The pools' heads not at their maximum, the winner among them, and whether a pool's
         rule chose it: a request owed its guarantee first; then a pool more than
         SHARE_TOLERANCE further below its entitlement than the pool least behind, the furthest
@@ -187,7 +187,7 @@ class InteractivePolicy(PoolsPolicy, Ranking):
         shortfall = {c.pool: ent.get(c.pool, 0.0) - shares.get(c.pool, 0.0) for c in eligible}
         least = min(shortfall.values())
 
-        def urgency(c: Client) -> tuple[bool, float, bool, float, int]:
+        def urgency(c: ClientRecord) -> tuple[bool, float, bool, float, int]:
             short = shortfall[c.pool] - least
             behind = short if short > SHARE_TOLERANCE else 0.0
             starved = self.starved(c)
@@ -202,7 +202,7 @@ class InteractivePolicy(PoolsPolicy, Ranking):
                 best, top = c, rank
         return best, bool(top[0] or top[1]), eligible
 
-    def order(self, gpu: GpuState, now: float) -> list[Client]:
+    def order(self, gpu: GpuState, now: float) -> list[ClientRecord]:
         """The expected order: each pool by least attained service, the pools interleaved by
         ``PoolsPolicy``'s prediction (least attained service between pools is not predicted:
         positions are a forecast, the grant order is ``pick``'s)."""
@@ -220,14 +220,14 @@ class InteractivePolicy(PoolsPolicy, Ranking):
             order.insert(0, light)
         return order
 
-    def position(self, gpu: GpuState, client: Client, now: float) -> int:
+    def position(self, gpu: GpuState, client: ClientRecord, now: float) -> int:
         return [c.id for c in self.order(gpu, now)].index(client.id) + 1
 
-    def _lane(self, gpu: GpuState, client: Client) -> list[Client]:
+    def _lane(self, gpu: GpuState, client: ClientRecord) -> list[ClientRecord]:
         return [w for w in gpu.waiters.in_order(client.pool)
                 if w.priority == client.priority and w.id != client.id]
 
-    def reason(self, gpu: GpuState, nxt: Client, now: float) -> str:
+    def reason(self, gpu: GpuState, nxt: ClientRecord, now: float) -> str:
         """Why ``nxt`` goes next, for the status document: the first rule that decided."""
         promised = {h.hold.drop_incoming for h in gpu.holders.values() if h.hold}
         if nxt.id in promised or gpu.promised == nxt.id:
@@ -256,5 +256,5 @@ class InteractivePolicy(PoolsPolicy, Ranking):
         return f"pool {nxt.pool} is furthest below its entitlement"
 
 
-def _rank(client: Client) -> tuple[int, int]:
+def _rank(client: ClientRecord) -> tuple[int, int]:
     return PRIORITY_RANK[client.priority], client.request_order

@@ -26,17 +26,17 @@ from __future__ import annotations
 from typing import final
 
 from nodeside.model import EVICTED, EVICTING
-from nodeside.scheduler.clients import Client, HoldState
+from nodeside.scheduler.clients import ClientRecord, HoldState
 
 
-def occupies(client: Client) -> int:
+def occupies(client: ClientRecord) -> int:
     """Bytes ``client`` keeps on its GPU now, on the best evidence: NVML's figure for its
     process where the daemon reads one, else its own report."""
     nvml = client.nvml_bytes
     return client.resident_bytes if nvml is None else nvml
 
 
-def counted(client: Client) -> int:
+def counted(client: ClientRecord) -> int:
     """Bytes of an idle ``client`` that count against others' room: its evidence; but a claim
     NVML does not vouch for counts nothing once the client could not evict (until its next
     grant), nor once it has evicted (what it says is left, no eviction frees)."""
@@ -48,12 +48,12 @@ def counted(client: Client) -> int:
     return client.resident_bytes
 
 
-def holding(client: Client) -> bool:
+def holding(client: ClientRecord) -> bool:
     state = client.hold_state
     return state is HoldState.HOLDING or state is HoldState.DROPPING
 
 
-def need(client: Client) -> int:
+def need(client: ClientRecord) -> int:
     """What a client needs on the GPU to work: its working set, or its resident bytes where
     larger (an unknown working set counts as what it has)."""
     working_set = client.working_set
@@ -61,13 +61,13 @@ def need(client: Client) -> int:
     return resident if working_set is None or resident > working_set else working_set
 
 
-def idle_bytes(client: Client) -> int:
+def idle_bytes(client: ClientRecord) -> int:
     """What ``client`` counts for in the idle clients' total: ``counted`` while idle, nothing
     while it holds (a holder counts its ``need``, asked of the holders themselves)."""
     return 0 if holding(client) else counted(client)
 
 
-def outgoing_bytes(client: Client) -> int:
+def outgoing_bytes(client: ClientRecord) -> int:
     """Of ``idle_bytes``, the bytes on their way out: it evicts, and has not failed."""
     if client.residency is not EVICTING or client.eviction.failed is not None:
         return 0
@@ -79,7 +79,7 @@ class Ledger:
     """One GPU's memory: capacity less reserve, the idle memory clients' booked bytes and
     those on their way out, and the fit function every rule asks."""
 
-    def __init__(self, capacity: int | None, holders: dict[str, Client]) -> None:
+    def __init__(self, capacity: int | None, holders: dict[str, ClientRecord]) -> None:
         #: The GPU's memory in bytes; None while unknown (then only one client fits at a time).
         self.capacity = capacity
         #: Bytes the node keeps free on every GPU (``memory_reserve``; NodeState sets it).
@@ -95,7 +95,7 @@ class Ledger:
 
     # -- the books ------------------------------------------------------------------------
 
-    def book(self, client: Client) -> None:
+    def book(self, client: ClientRecord) -> None:
         """Record ``client``'s figures as they are now (after any change to its bytes, its
         residency or its hold)."""
         key = client.id
@@ -106,13 +106,13 @@ class Ledger:
         self.outgoing_total += out - self.outgoing.get(key, 0)
         self.outgoing[key] = out
 
-    def forget(self, client: Client) -> None:
+    def forget(self, client: ClientRecord) -> None:
         """``client`` left the GPU: none of its bytes count any more."""
         key = client.id
         self.idle_total -= self.idle.pop(key, 0)
         self.outgoing_total -= self.outgoing.pop(key, 0)
 
-    def idle_except(self, one: Client | None, other: Client | None = None) -> int:
+    def idle_except(self, one: ClientRecord | None, other: ClientRecord | None = None) -> int:
         """The idle clients' counted bytes, leaving out ``one`` and ``other``."""
         total = self.idle_total
         if one is not None:
@@ -121,7 +121,7 @@ class Ledger:
             total -= self.idle.get(other.id, 0)
         return total
 
-    def outgoing_except(self, one: Client | None) -> int:
+    def outgoing_except(self, one: ClientRecord | None) -> int:
         """Bytes on their way out, leaving out ``one``'s."""
         total = self.outgoing_total
         if one is not None:
@@ -142,7 +142,7 @@ class Ledger:
         room = self.room
         return 0 if room is None or wanted <= room else wanted - room
 
-    def fits(self, clients: list[Client], beside: int = 0) -> bool:
+    def fits(self, clients: list[ClientRecord], beside: int = 0) -> bool:
         """Do these clients' working sets fit at once, ``beside`` bytes others keep? A client
         whose working set is unknown, or a GPU whose capacity is, needs the whole GPU."""
         if self.capacity is None:
@@ -155,7 +155,7 @@ class Ledger:
             wanted += client.working_set
         return self.excess(wanted) == 0
 
-    def holders_need(self, but: Client | None) -> int:
+    def holders_need(self, but: ClientRecord | None) -> int:
         """What the holders other than ``but`` need on the GPU (a holder without the memory
         feature: its working set, 0 while unknown)."""
         total = 0
@@ -164,7 +164,7 @@ class Ledger:
                 total += need(holder) if holder.memory else (holder.working_set or 0)
         return total
 
-    def shortfall(self, candidate: Client, reserved: int = 0) -> int:
+    def shortfall(self, candidate: ClientRecord, reserved: int = 0) -> int:
         """Bytes missing for ``candidate`` to work beside every holder and every idle client's
         counted memory (and ``reserved`` bytes kept for someone else); 0 when it fits or when
         the GPU's capacity or the candidate's working set is unknown."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from nodeside.scheduler.attained import CUT_RATIO, AttainedService
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
+from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState
 
 #: Seconds a light request that went ahead of a pool's rule (a guarantee owed, a pool behind its
 #: entitlement) may hold before the request it went ahead of is served.
@@ -25,16 +25,16 @@ JUMP_QUANTUM = 5.0
 class Ranking(Protocol):
     """The policy's order, which this rule bends once (``InteractivePolicy``'s)."""
 
-    def heads(self, gpu: GpuState, now: float) -> dict[str, Client]:
+    def heads(self, gpu: GpuState, now: float) -> dict[str, ClientRecord]:
         """Each pool's next waiter in the policy's own order."""
         ...
 
-    def before(self, tail: Client, head: Client, now: float) -> bool:
+    def before(self, tail: ClientRecord, head: ClientRecord, now: float) -> bool:
         """Does ``tail`` go before ``head`` within their pool?"""
         ...
 
-    def by_rules(self, gpu: GpuState, heads: Mapping[str, Client],
-                 now: float) -> tuple[Client | None, bool, list[Client]]:
+    def by_rules(self, gpu: GpuState, heads: Mapping[str, ClientRecord],
+                 now: float) -> tuple[ClientRecord | None, bool, list[ClientRecord]]:
         """The winner among ``heads``, whether a pool's rule chose it, and the eligible."""
         ...
 
@@ -52,13 +52,13 @@ class LightRequests:
         self._jumpers: set[str] = set()
         #: GPU index -> the holder that last gave it back for a drop: it still contends for the
         #: grant that follows, which it asks again for once it is done giving back.
-        self._left: dict[int, Client] = {}
+        self._left: dict[int, ClientRecord] = {}
 
     def went_ahead(self, holder_id: str) -> bool:
         """Does ``holder_id`` hold for having gone ahead of another pool's request?"""
         return holder_id in self._jumpers
 
-    def granted(self, gpu: GpuState, client: Client, now: float) -> None:
+    def granted(self, gpu: GpuState, client: ClientRecord, now: float) -> None:
         """``client`` is granted ``gpu`` (before its hold counts: still fresh)."""
         over = self._gone_ahead_of(gpu, client, now)
         index = gpu.spec.index
@@ -68,7 +68,7 @@ class LightRequests:
             self._jumped.add((index, over))
             self._jumpers.add(client.id)
 
-    def hold_ends(self, client: Client) -> None:
+    def hold_ends(self, client: ClientRecord) -> None:
         hold = client.hold
         if hold is not None and hold.drop_incoming is not None:
             self._left[client.gpu] = client
@@ -78,8 +78,8 @@ class LightRequests:
         for index in [i for i, c in self._left.items() if c.id == client_id]:
             del self._left[index]
 
-    def over(self, gpu: GpuState, best: Client, eligible: list[Client],
-             now: float) -> Client | None:
+    def over(self, gpu: GpuState, best: ClientRecord, eligible: list[ClientRecord],
+             now: float) -> ClientRecord | None:
         """The request that goes ahead of ``best``, which a pool's rule chose, if any: a fresh
         request of another pool (it has not held yet), of no lower priority, that used at most
         CUT_RATIO of ``best``'s GPU time; none if one went ahead of ``best``'s pool since that
@@ -94,7 +94,7 @@ class LightRequests:
         return min(light, key=lambda c: (service.attained(c.id, now), c.request_order),
                    default=None)
 
-    def going_ahead(self, gpu: GpuState, now: float) -> Client | None:
+    def going_ahead(self, gpu: GpuState, now: float) -> ClientRecord | None:
         """The waiter that would go ahead of a pool's rule if the GPU were free now, if any."""
         ranking = self.ranking
         best, by_rule, eligible = ranking.by_rules(gpu, ranking.heads(gpu, now), now)
@@ -102,7 +102,7 @@ class LightRequests:
             return None
         return self.over(gpu, best, eligible, now)
 
-    def _gone_ahead_of(self, gpu: GpuState, client: Client, now: float) -> str | None:
+    def _gone_ahead_of(self, gpu: GpuState, client: ClientRecord, now: float) -> str | None:
         """The pool whose request ``client``'s grant (now) went ahead of as a light request,
         if it did: ``pick``'s contest again, with the holder that just gave the GPU back for a
         drop still in it (it asks again once it is done giving back)."""

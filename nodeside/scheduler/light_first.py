@@ -46,8 +46,8 @@ from typing import Final
 
 from nodeside.scheduler import pricing
 from nodeside.scheduler.attained import CUT_RATIO, AttainedService
+from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState, HoldState
 from nodeside.scheduler.light import LightRequests
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 from nodeside.scheduler.view import PolicyView
 
 _EPS: Final = 1e-9
@@ -67,7 +67,7 @@ class LightFirst:
 
     # -- mode on: a quantum cut short ------------------------------------------------------
 
-    def quantum(self, gpu: GpuState, holder: Client, winner: Client, tq: float,
+    def quantum(self, gpu: GpuState, holder: ClientRecord, winner: ClientRecord, tq: float,
                 now: float) -> float:
         """How long ``holder``'s quantum is, ``winner`` being who would go next."""
         return pricing.quantum(self.view, self.service, self.light, gpu, holder, winner, tq, now)
@@ -84,7 +84,7 @@ class LightFirst:
 
     # -- mode auto: stepping aside ---------------------------------------------------------
 
-    def light_beside(self, light: Client, heavy: Client, now: float) -> bool:
+    def light_beside(self, light: ClientRecord, heavy: ClientRecord, now: float) -> bool:
         if PRIORITY_RANK[light.priority] > PRIORITY_RANK[heavy.priority]:
             return False
         service = self.service
@@ -92,7 +92,7 @@ class LightFirst:
         # Two that used nothing yet are equals, not light and heavy.
         return used > 0.0 and service.attained(light.id, now) <= CUT_RATIO * used
 
-    def in_turn(self, gpu: GpuState, tq: float, now: float) -> list[Client]:
+    def in_turn(self, gpu: GpuState, tq: float, now: float) -> list[ClientRecord]:
         """Holders in their turn: in the first TQ of their hold, and not asked to leave."""
         return [h for h in gpu.holders.values() if h.hold_state is HoldState.HOLDING
                 and h.hold is not None and now - h.hold.granted_at < tq - _EPS]
@@ -106,7 +106,7 @@ class LightFirst:
         tq = self.view.tq_for(gpu.spec.index)
         return len(gpu.holders) > 1 and bool(self.in_turn(gpu, tq, now))
 
-    def holds_back(self, gpu: GpuState, client: Client, now: float) -> bool:
+    def holds_back(self, gpu: GpuState, client: ClientRecord, now: float) -> bool:
         """Mode auto: is ``client``'s request, which fits, held back from being granted beside
         the holders: heavy beside a light holder in its turn, and waiting for less than a TQ?"""
         if self.view.mode != "auto":
@@ -114,7 +114,7 @@ class LightFirst:
         tq = self.view.tq_for(gpu.spec.index)
         return not self._waited_a_turn(client, tq, now) and self._heavy(gpu, client, tq, now)
 
-    def granted(self, gpu: GpuState, client: Client, now: float) -> None:
+    def granted(self, gpu: GpuState, client: ClientRecord, now: float) -> None:
         """``client`` was granted. In mode auto, if it is heavy beside a holder in its turn, it
         was let through for having waited a TQ: it is not asked to step aside for a TQ."""
         if self.view.mode != "auto":
@@ -123,8 +123,8 @@ class LightFirst:
         if self._heavy(gpu, client, tq, now):
             self._let_through[client.id] = now
 
-    def steps_aside_for(self, gpu: GpuState, holder: Client, waiter: Client | None, tq: float,
-                        now: float) -> Client | None:
+    def steps_aside_for(self, gpu: GpuState, holder: ClientRecord, waiter: ClientRecord | None, tq: float,
+                        now: float) -> ClientRecord | None:
         """The light client ``holder`` steps aside for now, if any: a light holder in its turn
         or ``waiter`` (the policy's next), once ``holder``'s quantum for it is over."""
         hold = holder.hold
@@ -144,11 +144,11 @@ class LightFirst:
     def forget(self, client_id: str) -> None:
         self._let_through.pop(client_id, None)
 
-    def _heavy(self, gpu: GpuState, client: Client, tq: float, now: float) -> bool:
+    def _heavy(self, gpu: GpuState, client: ClientRecord, tq: float, now: float) -> bool:
         return any(self.light_beside(h, client, now) for h in self.in_turn(gpu, tq, now)
                    if h is not client)
 
     @staticmethod
-    def _waited_a_turn(client: Client, tq: float, now: float) -> bool:
+    def _waited_a_turn(client: ClientRecord, tq: float, now: float) -> bool:
         asked = client.requested_at
         return asked is not None and now - asked >= tq - _EPS

@@ -13,8 +13,8 @@ from nodeside import protocol as p
 from nodeside.model import Registration
 from nodeside.scheduler.access import judge
 from nodeside.scheduler.actions import Action, SchedulerError
+from nodeside.scheduler.gpu_state import EVICT_MODES, PRIORITY_RANK, ClientRecord
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.state import EVICT_MODES, PRIORITY_RANK, Client
 from nodeside.scheduler.turns import Turns
 from nodeside.scheduler.view import Gone
 
@@ -27,11 +27,11 @@ class Membership:
         self.state = state
         self.turns = turns
 
-    def register(self, now: float, registration: Registration) -> Client:
+    def register(self, now: float, registration: Registration) -> ClientRecord:
         """A new client. Its ``uid``, ``gids`` and ``namespace`` are the peer's credentials as
         the shell verified them, never what the client says: the access policy judges the
         claimed pool and priority by them (a ``namespace`` of None: not in a pod, or not
-        verified). A downgraded claim leaves its reason in ``Client.warning``. ``pausable``: it
+        verified). A downgraded claim leaves its reason in ``ClientRecord.warning``. ``pausable``: it
         honours ``Pause`` and ``Resume`` (taking turns).
         """
         r = registration
@@ -49,7 +49,7 @@ class Membership:
         except PermissionError as exc:
             raise SchedulerError(p.E_PERMISSION, str(exc)) from None
         state = self.state
-        client = Client(id=f"c{next(state.ids)}", name=r.name, gpu=gpu, pool=verdict.pool,
+        client = ClientRecord(id=f"c{next(state.ids)}", name=r.name, gpu=gpu, pool=verdict.pool,
                         priority=verdict.priority, pid=r.pid, uid=r.uid, gids=gids, kind=r.kind,
                         labels=dict(r.labels), working_set=r.working_set,
                         registered_at=now, display_name=r.display_name or r.name, user=r.user,

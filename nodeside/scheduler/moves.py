@@ -1,7 +1,7 @@
 """The moves: every change of a hold, and the books kept with it.
 
 A grant, a drop, the end of a hold and the withdrawal of drops each change a client's hold
-state (through ``Client.move``, which checks the transition table in clients.py) and keep the
+state (through ``ClientRecord.move``, which checks the transition table in clients.py) and keep the
 books that go with it: the wait queue, the share meter, the events the policy learns from, the
 counters and the promise a drop makes to the holder it makes room for. Only ``Turns`` (turns.py)
 makes moves: it decides which one follows an event, and holds this object privately.
@@ -13,10 +13,10 @@ from typing import final
 
 from nodeside.scheduler import fair_eviction
 from nodeside.scheduler.actions import Action, Drop, Grant
+from nodeside.scheduler.gpu_state import ClientRecord, GpuState, Hold, HoldState
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.residency import granted
 from nodeside.scheduler.room import Room, leaving
-from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.view import Granted, HoldEnded
 
 
@@ -29,7 +29,7 @@ class Moves:
         self.room = room
         self.counts = state.counts
 
-    def grant(self, gpu: GpuState, client: Client, now: float) -> Grant:
+    def grant(self, gpu: GpuState, client: ClientRecord, now: float) -> Grant:
         client.move(HoldState.HOLDING)
         gpu.waiters.remove(client)
         client.hold = Hold(granted_at=now, quantum_start=now)
@@ -50,8 +50,8 @@ class Moves:
         self.counts["grants"] += 1
         return Grant(client.id, gpu.spec.index, self.state.quantum_of(gpu))
 
-    def drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-             incoming: Client | None, evict: bool | None = None) -> list[Action]:
+    def drop(self, gpu: GpuState, holder: ClientRecord, reason: str, now: float,
+             incoming: ClientRecord | None, evict: bool | None = None) -> list[Action]:
         holder.move(HoldState.DROPPING)
         hold = holder.hold
         assert hold is not None
@@ -73,7 +73,7 @@ class Moves:
             hold.drop_evict = False
         gpu.promised = None
 
-    def end_hold(self, client: Client, now: float) -> None:
+    def end_hold(self, client: ClientRecord, now: float) -> None:
         client.move(HoldState.IDLE)
         gpu = self.state.gpus[client.gpu]
         hold = client.hold
@@ -98,8 +98,8 @@ class Moves:
         gpu.pool_seconds[client.pool] = gpu.pool_seconds.get(client.pool, 0.0) + held
         client.hold = None
 
-    def evict_on_leave(self, gpu: GpuState, leaver: Client, now: float,
-                       incoming: Client | None = None) -> bool:
+    def evict_on_leave(self, gpu: GpuState, leaver: ClientRecord, now: float,
+                       incoming: ClientRecord | None = None) -> bool:
         """Must ``leaver`` move its memory out? Only when the next holder needs the room."""
         if incoming is None:
             incoming = self.state.choice.pick(gpu, now)

@@ -1,7 +1,7 @@
 """The node's state: what every part of the scheduler reads and the events change.
 
 One ``NodeState`` per scheduler: the config and what an admin changed since (mode, TQ), each GPU
-(``GpuState``: holders, waiters, share meter), each client (``Client``, with its hold), the
+(``GpuState``: holders, waiters, share meter), each client (``ClientRecord``, with its hold), the
 policy that chooses, the counters the metrics read, and the few numbers derived from the config
 once rather than on every event. The components (membership.py, controls.py, turns.py,
 taking_turns.py, room.py, queries.py) each take it explicitly; ``Scheduler`` (core.py) makes it
@@ -20,9 +20,9 @@ from nodeside.config import SchedulerConfig
 from nodeside.model import Pool
 from nodeside.scheduler.actions import SchedulerError
 from nodeside.scheduler.choosing import PoolsPolicy, contending_pools
+from nodeside.scheduler.gpu_state import ClientRecord, GpuSpec, GpuState
 from nodeside.scheduler.policies import POLICIES
 from nodeside.scheduler.pools import preemption_enabled
-from nodeside.scheduler.state import Client, GpuSpec, GpuState
 from nodeside.scheduler.view import PolicyView
 
 
@@ -39,7 +39,7 @@ class NodeState(PolicyView):
             self.gpus[spec.index] = GpuState(spec, config.gpu_tq.get(spec.index), now)
         if not self.gpus:
             raise ValueError("a scheduler needs at least one GPU")
-        self.clients: dict[str, Client] = {}
+        self.clients: dict[str, ClientRecord] = {}
         #: Registered clients by pool name. A pool the config does not name exists while it has
         #: clients: when its last one leaves, what the scheduler keeps by its name goes too, so
         #: peers registering under ever new names cannot grow the daemon.
@@ -60,7 +60,7 @@ class NodeState(PolicyView):
         self.measured_host_budget: int | None = None
         self.host_budget: int | None = None
         #: The clients that speak ``tiers``, by id (tiers.py keeps it; empty: no host planning).
-        self.tiered: dict[str, Client] = {}
+        self.tiered: dict[str, ClientRecord] = {}
         #: Host memory a grant's evictions wait for beyond the budget's headroom: spills are
         #: asked to free it (residency.py sets it, tiers.py reads it).
         self.host_wanted = 0
@@ -139,7 +139,7 @@ class NodeState(PolicyView):
         """``quantum`` for a GPU at hand."""
         return None if self.mode == "off" else self.tq_of(gpu)
 
-    def client(self, client_id: str) -> Client:
+    def client(self, client_id: str) -> ClientRecord:
         """A registered client, or the error a peer gets for naming one that is not."""
         try:
             return self.clients[client_id]

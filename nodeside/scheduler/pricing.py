@@ -11,8 +11,8 @@ pool's rule (``light``) holds for JUMP_QUANTUM at most.
 from __future__ import annotations
 
 from nodeside.scheduler.attained import CUT_RATIO, AttainedService
+from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState
 from nodeside.scheduler.light import JUMP_QUANTUM, LightRequests
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState
 from nodeside.scheduler.view import PolicyView
 
 #: A cut-short quantum lasts at least this many times the handoff's memory traffic, so that at
@@ -21,7 +21,7 @@ COST_FACTOR = 2.0
 
 
 def quantum(view: PolicyView, service: AttainedService, light: LightRequests, gpu: GpuState,
-            holder: Client, winner: Client, tq: float, now: float) -> float:
+            holder: ClientRecord, winner: ClientRecord, tq: float, now: float) -> float:
     """How long ``holder``'s quantum is, with ``winner`` the client that would go next:
     ``service`` says what each used, ``light`` whether the holder went ahead of a pool's rule."""
     if PRIORITY_RANK[winner.priority] > PRIORITY_RANK[holder.priority]:
@@ -44,7 +44,7 @@ def jump_quantum(tq: float, cost: float) -> float:
     return min(tq, max(JUMP_QUANTUM, COST_FACTOR * cost))
 
 
-def switch_cost(view: PolicyView, gpu: GpuState, leaving: Client, coming: Client) -> float:
+def switch_cost(view: PolicyView, gpu: GpuState, leaving: ClientRecord, coming: ClientRecord) -> float:
     """Seconds to move ``leaving``'s working set out and ``coming``'s in, if they must."""
     settings = view.settings
     capacity = gpu.spec.memory_total

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from typing import Final, final
 
+from nodeside.scheduler.gpu_state import ClientRecord, GpuState, HoldState
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.residency import ResidencyRules
 from nodeside.scheduler.room import Room
-from nodeside.scheduler.state import Client, GpuState, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
 from nodeside.scheduler.turns import Turns, current_quantum_start
 
@@ -134,7 +134,7 @@ class Queries:
         return not gpu.holders or (self.room.fits_beside(gpu, [candidate]) and not (
             light_first is not None and light_first.holds_back(gpu, candidate, now)))
 
-    def gpu_seconds(self, client: Client, now: float) -> float:
+    def gpu_seconds(self, client: ClientRecord, now: float) -> float:
         held = now - client.hold.granted_at if client.hold else 0.0
         return client.gpu_seconds + held
 
@@ -147,7 +147,7 @@ class Queries:
                 - holder.gpu_seconds
         return seconds
 
-    def queue(self, gpu_index: int, now: float) -> list[Client]:
+    def queue(self, gpu_index: int, now: float) -> list[ClientRecord]:
         """Waiters in the order they are expected to be granted, next first."""
         gpu = self.state.gpus[gpu_index]
         if not gpu.waiters:
@@ -174,14 +174,14 @@ class Queries:
         before = sum(choice.position(gpu, c, now) < place for c in promised)
         return len(promised) + place - before
 
-    def _promised(self, gpu: GpuState) -> list[Client]:
+    def _promised(self, gpu: GpuState) -> list[ClientRecord]:
         """Waiters that holders asked to drop were dropped for: they go first, in that order."""
         for holder in gpu.holders.values():
             if holder.hold is not None and holder.hold.drop_incoming is not None:
                 break
         else:
             return []  # nobody dropped for anyone (every waiting reply): no list to make
-        promised: list[Client] = []
+        promised: list[ClientRecord] = []
         for holder in gpu.holders.values():
             if holder.hold is not None and holder.hold.drop_incoming is not None:
                 waiter = gpu.waiters.get(holder.hold.drop_incoming)

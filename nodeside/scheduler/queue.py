@@ -15,7 +15,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator, ValuesView
 from typing import Final, final
 
-from nodeside.scheduler.clients import Client
+from nodeside.scheduler.clients import ClientRecord
 
 PRIORITY_RANK: Final = {"HIGH": 0, "NORMAL": 1, "LOW": 2}
 #: Ids a lane's front may pass before the list is cut down to those still behind it.
@@ -31,7 +31,7 @@ class Lane:
     __slots__ = ("members", "_ticket", "_arrivals", "_base", "_front", "_next", "_gone")
 
     def __init__(self) -> None:
-        self.members: dict[str, Client] = {}
+        self.members: dict[str, ClientRecord] = {}
         #: Each member's ticket: the number of its arrival in this lane.
         self._ticket: dict[str, int] = {}
         #: Ids in arrival order, the one at place i with ticket ``_base + i``; the members
@@ -46,7 +46,7 @@ class Lane:
         #: Tickets of members that left from behind the first one, sorted.
         self._gone: list[int] = []
 
-    def add(self, client: Client) -> None:
+    def add(self, client: ClientRecord) -> None:
         self.members[client.id] = client
         self._ticket[client.id] = self._next
         self._arrivals.append(client.id)
@@ -80,7 +80,7 @@ class Lane:
             front = 0
         self._front = front
 
-    def first(self) -> Client:
+    def first(self) -> ClientRecord:
         return self.members[self._arrivals[self._front]]
 
     def index(self, client_id: str) -> int:
@@ -108,7 +108,7 @@ class WaitQueue:
     __slots__ = ("_by_id", "_lanes", "_spare")
 
     def __init__(self) -> None:
-        self._by_id: dict[str, Client] = {}
+        self._by_id: dict[str, ClientRecord] = {}
         #: The lanes of each pool that waits (and of no other).
         self._lanes: dict[str, list[Lane]] = {}
         #: The empty lanes of pools that waited lately, kept for when they wait again: a queue
@@ -130,15 +130,15 @@ class WaitQueue:
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_id)
 
-    def get(self, client_id: str) -> Client | None:
+    def get(self, client_id: str) -> ClientRecord | None:
         return self._by_id.get(client_id)
 
-    def values(self) -> ValuesView[Client]:
+    def values(self) -> ValuesView[ClientRecord]:
         return self._by_id.values()
 
     # -- the lanes -------------------------------------------------------------------------
 
-    def add(self, client: Client) -> None:
+    def add(self, client: ClientRecord) -> None:
         self._by_id[client.id] = client
         lanes = self._lanes.get(client.pool)
         if lanes is None:
@@ -150,7 +150,7 @@ class WaitQueue:
             self._lanes[client.pool] = lanes
         lanes[PRIORITY_RANK[client.priority]].add(client)
 
-    def remove(self, client: Client) -> None:
+    def remove(self, client: ClientRecord) -> None:
         if client.id not in self._by_id:
             return
         del self._by_id[client.id]
@@ -164,7 +164,7 @@ class WaitQueue:
             self._spare.clear()
         self._spare[client.pool] = lanes
 
-    def sole_head(self) -> Client | None:
+    def sole_head(self) -> ClientRecord | None:
         """The next waiter when exactly one pool waits (the usual case); None otherwise.
         ``heads`` without the dict: asked on every handoff."""
         if len(self._lanes) != 1:
@@ -175,7 +175,7 @@ class WaitQueue:
                     return lane.first()
         return None
 
-    def heads(self) -> dict[str, Client]:
+    def heads(self) -> dict[str, ClientRecord]:
         """Each pool's next waiter (asked on every event: plain loops, no generators)."""
         heads = {}
         for pool, lanes in self._lanes.items():
@@ -196,11 +196,11 @@ class WaitQueue:
         """How many pools wait (no set built: asked for every waiting reply)."""
         return len(self._lanes)
 
-    def in_order(self, pool: str) -> list[Client]:
+    def in_order(self, pool: str) -> list[ClientRecord]:
         """A pool's waiters in the order it serves them: priority, then request order."""
         return [c for lane in self._lanes.get(pool, ()) for c in lane.members.values()]
 
-    def index_in_pool(self, client: Client) -> int:
+    def index_in_pool(self, client: ClientRecord) -> int:
         """0-based place of a waiter in its pool's order: O(1) in the common case."""
         lanes = self._lanes[client.pool]
         rank = PRIORITY_RANK[client.priority]
@@ -213,7 +213,7 @@ class WaitQueue:
     def pool_size(self, pool: str) -> int:
         return sum(len(lane) for lane in self._lanes.get(pool, ()))
 
-    def nth_in_pool(self, pool: str, index: int) -> Client:
+    def nth_in_pool(self, pool: str, index: int) -> ClientRecord:
         """The pool's waiter at a 0-based place (a walk within one lane: rarely needed)."""
         for lane in self._lanes[pool]:
             if index < len(lane):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeside.scheduler.core import PRIORITY_RANK, Client, GpuState, Scheduler
+from nodeside.scheduler.core import PRIORITY_RANK, ClientRecord, GpuState, Scheduler
 from nodeside.scheduler.pools import entitlements
 
 GiB = 1024**3
@@ -72,7 +72,7 @@ class PoolReport:
 
 
 def pool_reports(scheduler: Scheduler, now: float,
-                 queues: Mapping[int, list[Client]] | None = None) -> list[PoolReport]:
+                 queues: Mapping[int, list[ClientRecord]] | None = None) -> list[PoolReport]:
     """One report per pool: the configured ones, then any other pool a client named.
 
     ``queues``: each GPU's ``Scheduler.queue``, when the caller has it already.
@@ -90,7 +90,7 @@ def pool_reports(scheduler: Scheduler, now: float,
     return [_report(scheduler, name, now, queues, ent.get(name)) for name in names]
 
 
-def _report(scheduler: Scheduler, name: str, now: float, queues: Mapping[int, list[Client]],
+def _report(scheduler: Scheduler, name: str, now: float, queues: Mapping[int, list[ClientRecord]],
             entitlement: float | None) -> PoolReport:
     pool = scheduler.pool(name)
     members = [c for c in scheduler.clients.values() if c.pool == name]
@@ -129,7 +129,7 @@ def _on_gpu(scheduler: Scheduler, gpu: GpuState, name: str, now: float) -> PoolO
         below_guarantee=below)
 
 
-def stuck_reason(scheduler: Scheduler, gpu: GpuState, head: Client, now: float) -> str | None:
+def stuck_reason(scheduler: Scheduler, gpu: GpuState, head: ClientRecord, now: float) -> str | None:
     """Why ``head`` (its pool's next waiter on ``gpu``) waits, if not simply for its turn."""
     pool = scheduler.pool(head.pool)
     share = gpu.meter.shares(now, [pool.name])[pool.name]
@@ -161,7 +161,7 @@ def stuck_reason(scheduler: Scheduler, gpu: GpuState, head: Client, now: float) 
     return None
 
 
-def _room_note(scheduler: Scheduler, gpu: GpuState, head: Client) -> str | None:
+def _room_note(scheduler: Scheduler, gpu: GpuState, head: ClientRecord) -> str | None:
     capacity = gpu.spec.memory_total
     if capacity is None:
         return "the GPU's memory is unknown (no NVML, no --gpu-memory): mode auto serializes"

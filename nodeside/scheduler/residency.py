@@ -29,7 +29,7 @@ taken as unable to evict. When the room cannot be made at all, the waiter is ref
 holds the memory. An evicted client idle for ``checkpoint_after`` is checkpointed too (its
 context is freed).
 
-Every move of a residency goes through ``Client.settle`` (its table is in clients.py), and what an
+Every move of a residency goes through ``ClientRecord.settle`` (its table is in clients.py), and what an
 eviction under way has heard is the client's ``Eviction`` record; each change of a client's
 figures is booked in its GPU's ledger (ledger.py), which answers every "does it fit". What ended
 is reported to the shell as an action: ``Restored``, ``Evicted``, ``Suspended`` (a checkpoint).
@@ -54,9 +54,9 @@ from nodeside.scheduler.actions import (
     Uncounted,
 )
 from nodeside.scheduler.clients import WaitingFor
+from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState, HoldState
 from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.state import PRIORITY_RANK, Client, GpuState, HoldState
 from nodeside.scheduler.tiers import host_headroom, host_needed, spills_pending
 
 #: Evictors under which the client moves its own memory out when told ``evict``.
@@ -70,7 +70,7 @@ PROGRESS_BYTES = 64 << 20
 RESTORES_AS_ROOM_COMES = ("vmm",)
 
 
-def granted(client: Client, now: float) -> None:
+def granted(client: ClientRecord, now: float) -> None:
     """A memory client was granted: what it waited for is over; evicted, it moves back in.
     Whatever it could not evict before, its memory counts again from now on."""
     fair_eviction.granted(client, need(client), occupies(client))
@@ -99,7 +99,7 @@ class ResidencyRules:
 
     # -- what clients say -------------------------------------------------------------------
 
-    def track(self, client: Client, resident: int | None, host: int | None,
+    def track(self, client: ClientRecord, resident: int | None, host: int | None,
               shadow: int | None, checkpointable: bool) -> None:
         """``client`` speaks the ``memory`` feature (its ``register`` may say where its memory
         is already)."""
@@ -116,7 +116,7 @@ class ResidencyRules:
         gpu.memory_clients[client.id] = client
         gpu.ledger.book(client)
 
-    def forget(self, client: Client) -> None:
+    def forget(self, client: ClientRecord) -> None:
         gpu = self.state.gpus[client.gpu]
         gpu.memory_clients.pop(client.id, None)
         gpu.ledger.forget(client)
@@ -124,7 +124,7 @@ class ResidencyRules:
             if other.waiting_for is not None and other.waiting_for.client == client.id:
                 other.waiting_for = None
 
-    def report(self, client: Client, resident: int | None, host: int | None,
+    def report(self, client: ClientRecord, resident: int | None, host: int | None,
                shadow: int | None = None, now: float = 0.0) -> list[Action]:
         """A ``working_set`` report with figures: progress of an eviction or of a restore
         (``Restored`` once nothing is left in host memory). A report never makes a client
@@ -163,18 +163,18 @@ class ResidencyRules:
         self._book(client)
         return actions
 
-    def nvml_seen(self, client: Client, nbytes: int | None) -> None:
+    def nvml_seen(self, client: ClientRecord, nbytes: int | None) -> None:
         """NVML's per-process used memory of ``client``'s process (None: NVML cannot vouch
         for it)."""
         client.nvml_bytes = nbytes
         self._seen(client)
         self._book(client)
 
-    def _book(self, client: Client) -> None:
+    def _book(self, client: ClientRecord) -> None:
         """Whatever changed of ``client``'s memory, its GPU's ledger books it."""
         self.state.gpus[client.gpu].ledger.book(client)
 
-    def _seen(self, client: Client) -> None:
+    def _seen(self, client: ClientRecord) -> None:
         if client.nvml_bytes is not None:
             client.memory_source = "nvml"
         elif client.memory_source == "nvml":
@@ -182,7 +182,7 @@ class ResidencyRules:
         if holding(client):
             fair_eviction.seen(client, occupies(client))
 
-    def evicted(self, client: Client, resident: int | None, host: int | None,
+    def evicted(self, client: ClientRecord, resident: int | None, host: int | None,
                 failed: str | None, now: float, shadow: int | None = None,
                 seconds: float | None = None, moved: int | None = None) -> list[Action]:
         """An eviction ended (``evicted``), asked or of the client's own accord: ``Evicted``
@@ -196,7 +196,7 @@ class ResidencyRules:
             actions.append(Evicted(client.id, client.gpu, seconds, nbytes))
         return actions
 
-    def _evicted(self, client: Client, resident: int | None, host: int | None,
+    def _evicted(self, client: ClientRecord, resident: int | None, host: int | None,
                  failed: str | None, now: float, shadow: int | None) -> list[Action]:
         check_claim(self.state.gpus[client.gpu], resident, "evicted.resident")
         asked = client.residency
@@ -223,7 +223,7 @@ class ResidencyRules:
         client.eviction.since = now  # evicted again: the second stage counts from now
         return []
 
-    def _could_not_evict(self, client: Client, why: str, reason: str,
+    def _could_not_evict(self, client: ClientRecord, why: str, reason: str,
                          now: float) -> list[Action]:
         """``client`` could not move its memory out (``why``): checkpointed where the daemon's
         evictor reaches it and it is between two moves; else not asked again until its next
@@ -250,19 +250,19 @@ class ResidencyRules:
             return [Uncounted(client.id, gpu.spec.index, before, why)]
         return []
 
-    def released_evicting(self, client: Client, now: float) -> None:
+    def released_evicting(self, client: ClientRecord, now: float) -> None:
         """A holder released with ``evicting``: its memory is on its way out (booked when
         its hold ends)."""
         client.settle(EVICTING, now)
         client.eviction.asked(now)
         self._count(client, "release")
 
-    def _count(self, client: Client, reason: str) -> None:
+    def _count(self, client: ClientRecord, reason: str) -> None:
         books = self.state.gpus[client.gpu].evictions
         books[reason] = books.get(reason, 0) + 1
 
 
-    def checkpointed(self, client: Client, error: str | None, now: float,
+    def checkpointed(self, client: ClientRecord, error: str | None, now: float,
                      memory_free: bool = False) -> list[Action]:
         """The checkpoint evictor finished a ``Suspend``: the process's memory is in host
         memory, or (``error``) it could not be moved; ``memory_free``: the process holds no
@@ -271,7 +271,7 @@ class ResidencyRules:
         self._book(client)
         return actions
 
-    def _checkpointed(self, client: Client, error: str | None, now: float,
+    def _checkpointed(self, client: ClientRecord, error: str | None, now: float,
                       memory_free: bool) -> list[Action]:
         eviction = client.eviction
         eviction.asked(None)
@@ -297,7 +297,7 @@ class ResidencyRules:
 
     # -- the room a grant needs ---------------------------------------------------------------
 
-    def coming(self, gpu: GpuState, candidate: Client) -> int:
+    def coming(self, gpu: GpuState, candidate: ClientRecord) -> int:
         """Bytes on their way out of ``gpu`` (clients told to evict, or released ``evicting``,
         with no failure) that ``candidate`` may count as room already: all of them when its
         restore waits for room chunk by chunk (``handoff_overlap``), else none."""
@@ -305,14 +305,14 @@ class ResidencyRules:
             return 0
         return gpu.ledger.outgoing_except(candidate)
 
-    def make_room(self, gpu: GpuState, candidate: Client, short: int,
+    def make_room(self, gpu: GpuState, candidate: ClientRecord, short: int,
                   now: float) -> tuple[list[Action], str | None]:
         """Ask idle clients to evict ``short`` bytes for ``candidate``. Returns the actions and,
         when the room cannot be made whatever is asked, why (the waiter is refused)."""
-        on_the_way: list[Client] = []
-        evictable: list[Client] = []
-        later: list[Client] = []
-        stuck: list[Client] = []
+        on_the_way: list[ClientRecord] = []
+        evictable: list[ClientRecord] = []
+        later: list[ClientRecord] = []
+        stuck: list[ClientRecord] = []
         config = self.state.config
         tq = self.state.tq_for(gpu.spec.index)
         retry_at: float | None = None
@@ -349,7 +349,7 @@ class ResidencyRules:
         missing = short - coming
         evictable.sort(key=lambda c: (c.hold_state is HoldState.WAITING,
                                       -PRIORITY_RANK[c.priority], c.last_used))
-        chosen: list[Client] = []
+        chosen: list[ClientRecord] = []
         for client in evictable:
             if missing <= 0:
                 break
@@ -367,7 +367,7 @@ class ResidencyRules:
         self._wait_for(candidate, on_the_way or later)
         return actions, None
 
-    def _host_room(self, candidate: Client, chosen: list[Client]) -> str | None:
+    def _host_room(self, candidate: ClientRecord, chosen: list[ClientRecord]) -> str | None:
         """Where the node plans its host memory (feature ``tiers``): the host memory the
         evictions ``chosen`` take must fit in the host budget's headroom. Short, spills are to
         make it (``host_wanted``) and the evictions wait; with nothing to spill the waiter is
@@ -387,7 +387,7 @@ class ResidencyRules:
                 f"its way, and the node's host budget ({size(state.host_budget)}) has "
                 f"{size(max(0, headroom))} left, with nothing more to spill to disk")
 
-    def _ask(self, gpu: GpuState, client: Client, candidate: Client, nbytes: int,
+    def _ask(self, gpu: GpuState, client: ClientRecord, candidate: ClientRecord, nbytes: int,
              now: float) -> Action:
         """Ask ``client`` to evict ``nbytes`` for ``candidate``, and keep the books."""
         client.eviction.asked(now)
@@ -403,14 +403,14 @@ class ResidencyRules:
         client.eviction.checkpoint = True
         return Suspend(client.id, gpu.spec.index, "room")
 
-    def _wait_for(self, candidate: Client, on_the_way: list[Client]) -> None:
+    def _wait_for(self, candidate: ClientRecord, on_the_way: list[ClientRecord]) -> None:
         first = max(on_the_way, key=counted)
         candidate.waiting_for = WaitingFor(
             first.id, first.display_name, counted(first),
             "checkpoint" if first.eviction.checkpoint else "evict")
 
-    def _no_room(self, gpu: GpuState, candidate: Client, short: int,
-                 stuck: list[Client]) -> str:
+    def _no_room(self, gpu: GpuState, candidate: ClientRecord, short: int,
+                 stuck: list[ClientRecord]) -> str:
         holders = [*gpu.holders.values(), *stuck]
         who = ", ".join(f"{c.display_name} ({size(need(c) if holding(c) else counted(c))}"
                         f"{', ' + c.evict_failed if c.evict_failed else ''})" for c in holders)
@@ -450,11 +450,11 @@ class ResidencyRules:
                 best = at
         return best
 
-    def _stalled_at(self, client: Client) -> float | None:
+    def _stalled_at(self, client: ClientRecord) -> float | None:
         """When an eviction under way has gone ``evict_timeout`` without progress."""
         return _evict_due(client, self.state.config.evict_timeout)
 
-    def _second_stage_at(self, client: Client) -> float | None:
+    def _second_stage_at(self, client: ClientRecord) -> float | None:
         after = self.state.config.checkpoint_after
         since = client.eviction.since
         if after <= 0 or not client.checkpointable or client.eviction.checkpoint or \
@@ -464,7 +464,7 @@ class ResidencyRules:
         return since + after
 
 
-def _evict_due(client: Client, evict_timeout: float) -> float | None:
+def _evict_due(client: ClientRecord, evict_timeout: float) -> float | None:
     """When a client on its way out has made no progress for ``evict_timeout``: counted from
     its last progress since it was asked, or from the ask; None when no deadline runs."""
     eviction = client.eviction
@@ -475,7 +475,7 @@ def _evict_due(client: Client, evict_timeout: float) -> float | None:
     return (asked if progress is None else progress) + evict_timeout
 
 
-def _stall(client: Client, evict_timeout: float) -> str:
+def _stall(client: ClientRecord, evict_timeout: float) -> str:
     """Why ``client``'s eviction is given up on, as the log and its status say."""
     if client.eviction.began:
         return f"made no progress evicting for {evict_timeout:g} s (evict_timeout)"

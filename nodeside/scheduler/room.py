@@ -17,16 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import final
 
+from nodeside.scheduler.gpu_state import ClientRecord, GpuState, HoldState
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.state import Client, GpuState, HoldState
 
 
-def leaving(gpu: GpuState) -> list[Client]:
+def leaving(gpu: GpuState) -> list[ClientRecord]:
     """Holders already asked to drop: their room is on its way back."""
     return [h for h in gpu.holders.values() if h.hold_state is HoldState.DROPPING]
 
 
-def staying(gpu: GpuState) -> list[Client]:
+def staying(gpu: GpuState) -> list[ClientRecord]:
     return [h for h in gpu.holders.values() if h.hold_state is HoldState.HOLDING]
 
 
@@ -37,11 +37,11 @@ class Room:
     def __init__(self, state: NodeState) -> None:
         self.state = state
 
-    def fits_beside(self, gpu: GpuState, newcomers: list[Client]) -> bool:
+    def fits_beside(self, gpu: GpuState, newcomers: list[ClientRecord]) -> bool:
         """Would ``newcomers`` fit beside ``gpu``'s holders?"""
         return gpu.ledger.fits([*gpu.holders.values(), *newcomers])
 
-    def room_after(self, gpu: GpuState, claimant: Client, gone: Iterable[Client]) -> bool:
+    def room_after(self, gpu: GpuState, claimant: ClientRecord, gone: Iterable[ClientRecord]) -> bool:
         """Would ``claimant`` be granted once ``gone`` have left? (In mode on, only once
         nobody holds.)"""
         gone = list(gone)
@@ -50,7 +50,7 @@ class Room:
             return not rest
         return gpu.ledger.fits([*rest, claimant])
 
-    def evict_needed(self, gpu: GpuState, leaver: Client, incoming: Client | None) -> bool:
+    def evict_needed(self, gpu: GpuState, leaver: ClientRecord, incoming: ClientRecord | None) -> bool:
         """Must ``leaver`` move its memory out? Only when ``incoming`` needs the room."""
         if incoming is None:
             return False
@@ -63,13 +63,13 @@ class Room:
         beside = ledger.idle_except(incoming, leaver) if ledger.idle_total else 0
         return not ledger.fits(together, beside)
 
-    def overcommitted(self, gpu: GpuState, keep: Client) -> list[Client]:
+    def overcommitted(self, gpu: GpuState, keep: ClientRecord) -> list[ClientRecord]:
         """Holders to ask to leave, longest-running first, until the rest fits beside ``keep``.
 
         Happens when a holder's working set grows (side by side was granted on the sizes
         reported then) and when the mode turns auto while several hold.
         """
-        going: list[Client] = []
+        going: list[ClientRecord] = []
         for holder in gpu.holders.values():
             rest = [h for h in staying(gpu) if h not in going]
             if gpu.ledger.fits(rest):

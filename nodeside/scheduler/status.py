@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from nodeside.scheduler.core import Client, Scheduler
+from nodeside.scheduler.core import ClientRecord, Scheduler
 from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.report import pool_reports
 from nodeside.scheduler.tiers import tier
@@ -159,7 +159,7 @@ def gpus_as_others_see(gpus: list[dict[str, Any]],
     return [{**gpu, "evict_blocked": evictions.blocked(gpu["index"], False)} for gpu in gpus]
 
 
-def _client_entry(scheduler: Scheduler, client: Client, position: int | None,
+def _client_entry(scheduler: Scheduler, client: ClientRecord, position: int | None,
                   now: float) -> dict[str, Any]:
     return {
         "id": client.id,
@@ -189,7 +189,7 @@ def _at_most(nbytes: int, total: int | None) -> int:
     return nbytes if total is None else min(nbytes, total)
 
 
-def _resident(client: Client) -> int:
+def _resident(client: ClientRecord) -> int:
     """Bytes a client has on its GPU as the scheduler counts them (feature ``memory``), else a
     holder's working set."""
     if client.memory:

@@ -9,7 +9,7 @@ holder's memory stays where it is. A turn ends with a ``Pause`` to the holder le
 ``Resume`` to the one coming, one line each; the shim stops its process's launches on the
 first and lets them go on at the second (about 0.1 ms on the CPU's side, ``shim_turns``).
 
-The rules, per GPU, among its holders that can pause (``Client.pausable``: the shim can, a
+The rules, per GPU, among its holders that can pause (``ClientRecord.pausable``: the shim can, a
 plain Python client cannot) and are not leaving:
 
 - **One works at a time**; the others are paused, and hold on to the GPU and its memory.
@@ -35,9 +35,9 @@ from __future__ import annotations
 from typing import Final, final
 
 from nodeside.scheduler.actions import Action, Pause, Resume
+from nodeside.scheduler.gpu_state import ClientRecord, GpuState, Hold, HoldState
 from nodeside.scheduler.light_first import LightFirst
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.view import Paused, Resumed
 
 _EPS: Final = 1e-9
@@ -81,8 +81,8 @@ class TakingTurns:
             hold.owed_turn = owed
         return actions
 
-    def _next_turn(self, gpu: GpuState, takers: list[Client], turn: float,
-                   light_first: LightFirst, now: float) -> tuple[Client, bool]:
+    def _next_turn(self, gpu: GpuState, takers: list[ClientRecord], turn: float,
+                   light_first: LightFirst, now: float) -> tuple[ClientRecord, bool]:
         """Who works from now, and whether that turn is an owed one."""
         tq = self.state.tq_for(gpu.spec.index)
         working = [h for h in takers if not h.paused]
@@ -110,7 +110,7 @@ class TakingTurns:
         # Among equals the longest paused goes first, so equals alternate turn by turn.
         return min(equals, key=lambda h: _waiting_since(h, now)), False
 
-    def _pause(self, gpu: GpuState, holder: Client, now: float) -> Pause:
+    def _pause(self, gpu: GpuState, holder: ClientRecord, now: float) -> Pause:
         hold = _hold(holder)
         hold.turn_start = None
         hold.paused_since = now
@@ -122,7 +122,7 @@ class TakingTurns:
             choice.observe(Paused(gpu, holder, now))
         return Pause(holder.id, gpu.spec.index)
 
-    def _resume(self, gpu: GpuState, holder: Client, now: float, owed: bool) -> Resume:
+    def _resume(self, gpu: GpuState, holder: ClientRecord, now: float, owed: bool) -> Resume:
         hold = _hold(holder)
         hold.turn_start = now
         hold.paused_since = None
@@ -147,30 +147,30 @@ class TakingTurns:
         return min(starts) + turn if starts else None
 
 
-def _takers(gpu: GpuState) -> list[Client]:
+def _takers(gpu: GpuState) -> list[ClientRecord]:
     """The holders that take turns: those that can pause, and are not leaving."""
     return [h for h in gpu.holders.values() if h.pausable and h.hold_state is HoldState.HOLDING]
 
 
-def _hold(client: Client) -> Hold:
+def _hold(client: ClientRecord) -> Hold:
     hold = client.hold
     assert hold is not None
     return hold
 
 
-def _turn_started(client: Client) -> float:
+def _turn_started(client: ClientRecord) -> float:
     start = _hold(client).turn_start
     assert start is not None
     return start
 
 
-def _paused_since(client: Client) -> float:
+def _paused_since(client: ClientRecord) -> float:
     since = _hold(client).paused_since
     assert since is not None
     return since
 
 
-def _waiting_since(client: Client, now: float) -> tuple[float, int]:
+def _waiting_since(client: ClientRecord, now: float) -> tuple[float, int]:
     """For equals: the longest paused first, then a working one, then the earlier request."""
     since = _hold(client).paused_since
     return (since if since is not None else now), client.request_order

@@ -36,9 +36,9 @@ from nodeside import protocol as p
 from nodeside.model import EVICTED, EVICTING, RESIDENT, RESTORING
 from nodeside.scheduler.actions import Action, Fetch, PinBudget, SchedulerError, Spill, TierMoved
 from nodeside.scheduler.clients import Tiering
+from nodeside.scheduler.gpu_state import ClientRecord, HoldState
 from nodeside.scheduler.ledger import need
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.state import Client, HoldState
 
 #: The tiers a ``tier_moved`` may end in, and the moves a client may be asked for.
 MOVED_TO: Final = ("host", "disk")
@@ -49,7 +49,7 @@ FETCH: Final = "fetch"
 INTENT_REASONS: Final = ("execute", "front")
 
 
-def tier(client: Client) -> str:
+def tier(client: ClientRecord) -> str:
     """Where ``client``'s memory is: "gpu", "host", "disk" or "moving" (the status)."""
     tiering = client.tiering
     residency = client.residency
@@ -62,7 +62,7 @@ def tier(client: Client) -> str:
     return "gpu"
 
 
-def host_use(client: Client) -> int:
+def host_use(client: ClientRecord) -> int:
     """Host memory ``client`` takes: its host copy, and pinned shadows made beyond it."""
     tiering = client.tiering
     ahead = client.shadow_bytes if tiering is None else tiering.pinned
@@ -81,7 +81,7 @@ def host_headroom(state: NodeState) -> int | None:
     return budget - used
 
 
-def host_needed(client: Client, nbytes: int) -> int:
+def host_needed(client: ClientRecord, nbytes: int) -> int:
     """New host memory an eviction of ``nbytes`` of ``client`` takes: what its pinned memory
     made ahead (beyond its host copy) does not hold already."""
     return max(0, nbytes - max(0, host_use(client) - client.host_bytes))
@@ -109,11 +109,11 @@ class TierRules:
     def __init__(self, state: NodeState) -> None:
         self.state = state
         #: The clients that speak ``tiers``, by id: nothing here is asked while it is empty.
-        self.clients: dict[str, Client] = state.tiered
+        self.clients: dict[str, ClientRecord] = state.tiered
 
     # -- what clients say -----------------------------------------------------------------
 
-    def track(self, client: Client, disk: int | None) -> None:
+    def track(self, client: ClientRecord, disk: int | None) -> None:
         """``client`` speaks ``tiers`` (its ``register`` may say it has spill files)."""
         tiering = client.tiering = Tiering()
         tiering.disk = disk or 0
@@ -121,7 +121,7 @@ class TierRules:
         if tiering.disk and client.residency is RESIDENT and not client.resident_bytes:
             client.settle(EVICTED, None)  # registered with its memory on disk
 
-    def report(self, client: Client, disk: int | None, pinned: int | None,
+    def report(self, client: ClientRecord, disk: int | None, pinned: int | None,
                host: int | None = None) -> None:
         """A report's ``disk`` and ``pinned`` (and ``host``, which the residency rules book):
         progress of a move. Figures that changed make a client whose move failed askable
@@ -137,7 +137,7 @@ class TierRules:
         if tiering.failed_at is not None and tiering.failed_at != now_at:
             tiering.failed_at = None
 
-    def moved(self, client: Client, to: str, host: int | None, disk: int | None,
+    def moved(self, client: ClientRecord, to: str, host: int | None, disk: int | None,
               moved: int | None, seconds: float | None, failed: str | None,
               now: float) -> list[Action]:
         """A ``tier_moved``: the move ended (``failed``: the memory stayed where it was)."""
@@ -157,7 +157,7 @@ class TierRules:
             tiering.intent = not self._fetch_gpu(client, actions)  # else when room appears
         return actions
 
-    def intent(self, client: Client, reason: str, now: float) -> list[Action]:
+    def intent(self, client: ClientRecord, reason: str, now: float) -> list[Action]:
         """A hint that ``client`` is about to work: bring its memory a tier closer."""
         tiering = _tiering(client)
         if reason not in INTENT_REASONS:
@@ -175,7 +175,7 @@ class TierRules:
             tiering.intent = not self._fetch_gpu(client, actions)
         return actions
 
-    def forget(self, client: Client) -> None:
+    def forget(self, client: ClientRecord) -> None:
         self.clients.pop(client.id, None)
 
     # -- the daemon's decisions -----------------------------------------------------------
@@ -260,7 +260,7 @@ class TierRules:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _spillable(self) -> list[Client]:
+    def _spillable(self) -> list[ClientRecord]:
         """Idle evicted ``tiers`` clients with a host copy and nothing under way, longest
         idle first, leaving out those whose move failed until their figures change."""
         found = []
@@ -274,7 +274,7 @@ class TierRules:
         found.sort(key=lambda c: (c.eviction.since or 0.0, c.last_used))
         return found
 
-    def _fits(self, client: Client) -> bool:
+    def _fits(self, client: ClientRecord) -> bool:
         """Its memory fits on its GPU now beside the holders and idle clients' counted bytes
         (the capacity unknown: never, a hint takes no chances)."""
         ledger = self.state.gpus[client.gpu].ledger
@@ -284,7 +284,7 @@ class TierRules:
         wanted = max(need(client), client.host_bytes)
         return ledger.holders_need(client) + ledger.idle_except(client) + wanted <= room
 
-    def _fetch_gpu(self, client: Client, actions: list[Action]) -> bool:
+    def _fetch_gpu(self, client: ClientRecord, actions: list[Action]) -> bool:
         """Ask for its memory on the GPU where it fits now; False: not yet."""
         if not self._fits(client):
             return False
@@ -297,7 +297,7 @@ class TierRules:
         tiering.moving = to
 
 
-def _tiering(client: Client) -> Tiering:
+def _tiering(client: ClientRecord) -> Tiering:
     tiering = client.tiering
     if tiering is None:
         raise SchedulerError(p.E_STATE, "this needs the tiers feature (hello)")

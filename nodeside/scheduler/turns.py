@@ -30,12 +30,12 @@ from nodeside.scheduler.actions import (
     SchedulerError,
 )
 from nodeside.scheduler.choosing import within_pool
+from nodeside.scheduler.gpu_state import ClientRecord, GpuState, Hold, HoldState
 from nodeside.scheduler.ledger import counted, need, outgoing_bytes
 from nodeside.scheduler.moves import Moves
 from nodeside.scheduler.node import NodeState
 from nodeside.scheduler.residency import ResidencyRules, check_claim
 from nodeside.scheduler.room import Room, leaving, staying
-from nodeside.scheduler.state import Client, GpuState, Hold, HoldState
 from nodeside.scheduler.taking_turns import TakingTurns
 from nodeside.scheduler.view import Kept
 
@@ -58,7 +58,7 @@ class Turns:
 
     # -- a client's requests --------------------------------------------------------------
 
-    def acquire(self, client: Client, now: float) -> list[Action]:
+    def acquire(self, client: ClientRecord, now: float) -> list[Action]:
         state = self.state
         if client.hold_state is not HoldState.IDLE:
             # Asking again while holding is answered with the grant; while waiting, nothing.
@@ -73,7 +73,7 @@ class Turns:
         gpu.waiters.add(client)
         return self.schedule(gpu, now)
 
-    def release(self, client: Client, now: float, evict_first: bool,
+    def release(self, client: ClientRecord, now: float, evict_first: bool,
                 evicting: bool = False) -> list[Action]:
         """Give the GPU back, or cancel a wait (``Scheduler.release`` says what
         ``evict_first`` and ``evicting`` do)."""
@@ -113,7 +113,7 @@ class Turns:
         moves.end_hold(client, now)
         return [Released(client.id, evict=evict), *self.schedule(gpu, now)]
 
-    def report_working_set(self, client: Client, nbytes: int, evictable: int | None,
+    def report_working_set(self, client: ClientRecord, nbytes: int, evictable: int | None,
                            now: float, resident: int | None = None,
                            host: int | None = None, shadow: int | None = None
                            ) -> list[Action]:
@@ -129,7 +129,7 @@ class Turns:
         return [*reported, *self._relieve_overcommit(gpu, client, now),
                 *self.schedule(gpu, now)]
 
-    def free(self, client: Client, now: float) -> None:
+    def free(self, client: ClientRecord, now: float) -> None:
         """``client`` is leaving the node: whatever it held or waited for is free, at once
         (the caller schedules its GPU once the client is gone)."""
         if client.hold_state is HoldState.WAITING:
@@ -140,8 +140,8 @@ class Turns:
         if client.memory:
             self.residency.forget(client)
 
-    def drop(self, gpu: GpuState, holder: Client, reason: str, now: float,
-             incoming: Client | None, evict: bool | None = None) -> list[Action]:
+    def drop(self, gpu: GpuState, holder: ClientRecord, reason: str, now: float,
+             incoming: ClientRecord | None, evict: bool | None = None) -> list[Action]:
         """Ask ``holder`` to give ``gpu`` back now, for ``incoming``."""
         return self._moves.drop(gpu, holder, reason, now, incoming, evict)
 
@@ -241,7 +241,7 @@ class Turns:
                 actions.extend(turned)
         return actions
 
-    def _beside_room_wait(self, gpu: GpuState, parked: Client, now: float) -> list[Action]:
+    def _beside_room_wait(self, gpu: GpuState, parked: ClientRecord, now: float) -> list[Action]:
         """``parked`` waits for idle clients to make room: a waiter for room never blocks the
         queue. Those behind it whose grant needs no room go on meanwhile, in the order they
         would be served: in mode on while nobody holds; in mode auto each whose working set
@@ -280,7 +280,7 @@ class Turns:
             actions.append(self._moves.grant(gpu, waiter, now))
         return actions
 
-    def _refuse(self, gpu: GpuState, client: Client, why: str) -> Refuse:
+    def _refuse(self, gpu: GpuState, client: ClientRecord, why: str) -> Refuse:
         """The room ``client`` waits for cannot be made: it is idle again, and told why."""
         gpu.waiters.remove(client)
         client.move(HoldState.IDLE)
@@ -290,11 +290,11 @@ class Turns:
         self.state.counts["refusals"] += 1
         return Refuse(client.id, gpu.spec.index, why)
 
-    def _held_back(self, gpu: GpuState, client: Client, now: float) -> bool:
+    def _held_back(self, gpu: GpuState, client: ClientRecord, now: float) -> bool:
         light_first = self.state.choice.light_first
         return light_first is not None and light_first.holds_back(gpu, client, now)
 
-    def _keep_promise(self, gpu: GpuState, now: float) -> Client | None:
+    def _keep_promise(self, gpu: GpuState, now: float) -> ClientRecord | None:
         promised, gpu.promised = gpu.promised, None
         client = gpu.waiters.get(promised) if promised is not None else None
         choice = self.state.choice
@@ -333,7 +333,7 @@ class Turns:
             gone = leaving(gpu)
             if room.room_after(gpu, claimant, gone):
                 continue
-            chosen: list[Client] = []
+            chosen: list[ClientRecord] = []
             while victims and not room.room_after(gpu, claimant, [*gone, *chosen]):
                 chosen.append(victims.pop())  # the newest grant first: it has run the least
             if not room.room_after(gpu, claimant, [*gone, *chosen]):
@@ -344,7 +344,7 @@ class Turns:
                                                 incoming=claimant))
         return actions
 
-    def quantum_length(self, gpu: GpuState, holder: Client, now: float) -> float:
+    def quantum_length(self, gpu: GpuState, holder: ClientRecord, now: float) -> float:
         """The TQ, or less where the policy cuts the quantum short for the next holder."""
         state = self.state
         tq = state.tq_of(gpu)
@@ -413,7 +413,7 @@ class Turns:
             actions.extend(self._moves.drop(gpu, holder, p.REASON_QUANTUM, now, incoming=winner))
         return actions
 
-    def _step_aside(self, gpu: GpuState, holder: Client, light: Client,
+    def _step_aside(self, gpu: GpuState, holder: ClientRecord, light: ClientRecord,
                     now: float) -> list[Action]:
         """Mode auto, ``policy: interactive``: ``holder`` leaves the GPU's time to ``light``
         (light_first.py). Beside a light holder its memory stays: they fit, nothing needs the
@@ -424,7 +424,7 @@ class Turns:
             return self._moves.drop(gpu, holder, p.REASON_QUANTUM, now, incoming=light)
         return self._moves.drop(gpu, holder, p.REASON_QUANTUM, now, incoming=None, evict=False)
 
-    def _relieve_overcommit(self, gpu: GpuState, keep: Client | None, now: float,
+    def _relieve_overcommit(self, gpu: GpuState, keep: ClientRecord | None, now: float,
                             reason: str = p.REASON_ROOM) -> list[Action]:
         """Mode auto: the holders no longer fit together; ask some to leave until they do.
 
@@ -490,9 +490,9 @@ def current_quantum_start(hold: Hold, tq: float, now: float) -> float:
     return hold.quantum_start + math.floor((elapsed + _EPS) / tq) * tq
 
 
-def as_tail(holder: Client, order: int = TAIL_ORDER) -> Client:
+def as_tail(holder: ClientRecord, order: int = TAIL_ORDER) -> ClientRecord:
     """A stand-in for ``holder`` asking again now: same pool and priority, at the tail (the
     core's contest at a quantum's end; benchmarks ask the policy the same question)."""
-    return Client(id=holder.id, name=holder.name, gpu=holder.gpu, pool=holder.pool,
+    return ClientRecord(id=holder.id, name=holder.name, gpu=holder.gpu, pool=holder.pool,
                   priority=holder.priority, working_set=holder.working_set,
                   request_order=order)

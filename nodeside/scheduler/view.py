@@ -17,7 +17,7 @@ from typing import Protocol, final
 
 from nodeside.config import SchedulerConfig
 from nodeside.model import Pool
-from nodeside.scheduler.state import Client, GpuState
+from nodeside.scheduler.gpu_state import ClientRecord, GpuState
 
 __all__ = ["Event", "Gone", "Granted", "HoldEnded", "Kept", "Paused", "PolicyView", "Resumed"]
 
@@ -54,7 +54,7 @@ class PolicyView(Protocol):
 class Event:
     """Something that happened on ``gpu`` to ``client`` at ``now``, told to the policy."""
 
-    def __init__(self, gpu: GpuState, client: Client, now: float) -> None:
+    def __init__(self, gpu: GpuState, client: ClientRecord, now: float) -> None:
         self.gpu = gpu
         self.client = client
         self.now = now

@@ -5,7 +5,7 @@ deterministically and in milliseconds.
 ``Node`` builds the real ``Daemon`` (the same session, requests, scheduler, router, delivery and
 timers as ``kiwi-scheduler``) on an event loop whose clock is virtual: when nothing is ready to
 run, the loop does not wait, it moves its clock to the next timer. Each peer is a real
-``Connection`` on a ``Transport`` that hands the daemon's bytes to the test and the test's
+``DaemonConnection`` on a ``Transport`` that hands the daemon's bytes to the test and the test's
 bytes to the daemon, with the transport's own rules: a write buffer with high and low water
 marks that pause and resume the protocol's writing, and reading that the protocol pauses and
 resumes. The peer's credentials are real (the far end of a socket pair: this process, whose
@@ -32,7 +32,7 @@ from typing import Any
 
 from nodeside import protocol as p
 from nodeside.config import from_mapping
-from nodeside.daemon.connection import Connection
+from nodeside.daemon.connection import DaemonConnection
 from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.process_memory import Reader
 from nodeside.daemon.server import Daemon
@@ -48,7 +48,7 @@ class Transport(asyncio.Transport):
     reads it (that is the write buffer the protocol's backpressure watches); what the test
     sends reaches the protocol on the loop, and not while the protocol has paused reading."""
 
-    def __init__(self, loop: VirtualTimeLoop, protocol: Connection, sock: socket.socket) -> None:
+    def __init__(self, loop: VirtualTimeLoop, protocol: DaemonConnection, sock: socket.socket) -> None:
         super().__init__()
         self.loop = loop
         self.protocol = protocol
@@ -257,7 +257,7 @@ class Node:
         """A new connection, greeted unless ``hello`` is False."""
         ours, theirs = socket.socketpair()
         self._sockets += [ours, theirs]
-        protocol = Connection(self.daemon.router)
+        protocol = DaemonConnection(self.daemon.router)
         transport = Transport(self.loop, protocol, ours)
         protocol.connection_made(transport)
         peer = Peer(self, transport)

@@ -11,19 +11,19 @@ from hypothesis import strategies as st
 from nodeside.config import SchedulerConfig
 from nodeside.model import Registration
 from nodeside.scheduler.core import (
-    Client,
+    ClientRecord,
     GpuSpec,
     HoldState,
     IllegalTransition,
     Scheduler,
 )
-from nodeside.scheduler.state import TRANSITIONS
+from nodeside.scheduler.gpu_state import TRANSITIONS
 
 ALL_MOVES = list(itertools.product(HoldState, HoldState))
 
 
-def client_in(state: HoldState) -> Client:
-    return Client(id="c1", name="nb", gpu=0, pool="default", priority="NORMAL",
+def client_in(state: HoldState) -> ClientRecord:
+    return ClientRecord(id="c1", name="nb", gpu=0, pool="default", priority="NORMAL",
                   hold_state=state)
 
 

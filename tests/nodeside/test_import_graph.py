@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The scheduler, in tiers: what the rules read and return ...
     ("nodeside.scheduler", "nodeside.scheduler.actions", "nodeside.scheduler.clients",
      "nodeside.scheduler.queue", "nodeside.scheduler.meter", "nodeside.scheduler.pools",
-     "nodeside.scheduler.state", "nodeside.scheduler.access", "nodeside.scheduler.history",
+     "nodeside.scheduler.gpu_state", "nodeside.scheduler.access", "nodeside.scheduler.history",
      "nodeside.scheduler.ledger"),
     # ... the policies, which see the node only through ``view.PolicyView`` ...
     ("nodeside.scheduler.view", "nodeside.scheduler.attained", "nodeside.scheduler.light",

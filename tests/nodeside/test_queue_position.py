@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from nodeside.config import from_mapping
 from nodeside.model import Registration
-from nodeside.scheduler.core import Client, GpuSpec, Scheduler
+from nodeside.scheduler.core import ClientRecord, GpuSpec, Scheduler
 from nodeside.scheduler.queue import WaitQueue
 
 PRIORITIES = ["HIGH", "NORMAL", "LOW"]
@@ -24,7 +24,7 @@ def test_a_waiters_place_in_its_pool_equals_its_index_in_the_pools_order(ops) ->
         key = f"c{n}"
         if arrive and key not in inside:
             order += 1
-            inside[key] = Client(id=key, name=key, gpu=0, pool=pool, priority=priority,
+            inside[key] = ClientRecord(id=key, name=key, gpu=0, pool=pool, priority=priority,
                                  request_order=order)
             queue.add(inside[key])
         elif not arrive and key in inside:
@@ -41,7 +41,7 @@ def test_a_pool_waits_exactly_while_one_of_its_clients_waits(ops) -> None:
     for order, (arrive, n, priority, pool) in enumerate(ops):
         key = f"c{n}"
         if arrive and key not in inside:
-            inside[key] = Client(id=key, name=key, gpu=0, pool=pool, priority=priority,
+            inside[key] = ClientRecord(id=key, name=key, gpu=0, pool=pool, priority=priority,
                                  request_order=order)
             queue.add(inside[key])
         elif not arrive and key in inside:
@@ -151,7 +151,7 @@ def test_a_client_back_in_its_lane_is_served_after_those_who_came_meanwhile(ops)
     for order, (arrives, n) in enumerate(ops):
         present = [c for c in waiting if c.id == f"c{n}"]
         if arrives and not present:
-            waiting.append(Client(id=f"c{n}", name=f"c{n}", gpu=0, pool="a",
+            waiting.append(ClientRecord(id=f"c{n}", name=f"c{n}", gpu=0, pool="a",
                                   priority="NORMAL", request_order=order))
             queue.add(waiting[-1])
         elif not arrives and present:

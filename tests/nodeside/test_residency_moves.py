@@ -9,13 +9,13 @@ import pytest
 
 from nodeside.model import EVICTED, RESIDENCIES, RESIDENT, RESTORING, Residency
 from nodeside.scheduler.clients import RESIDENCY_MOVES
-from nodeside.scheduler.core import Client, IllegalTransition
+from nodeside.scheduler.core import ClientRecord, IllegalTransition
 
 ALL_MOVES = [(a, b) for a, b in itertools.product(Residency, Residency) if a is not b]
 
 
-def client_in(residency: Residency) -> Client:
-    return Client(id="c1", name="nb", gpu=0, pool="default", priority="NORMAL", memory=True,
+def client_in(residency: Residency) -> ClientRecord:
+    return ClientRecord(id="c1", name="nb", gpu=0, pool="default", priority="NORMAL", memory=True,
                   residency=residency)
 
 

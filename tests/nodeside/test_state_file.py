@@ -6,7 +6,7 @@ import json
 import logging
 
 from nodeside.config import SchedulerConfig
-from nodeside.daemon.state import StateFile
+from nodeside.daemon.state_file import StateFile
 from nodeside.scheduler.core import GpuSpec, Scheduler
 
 

@@ -144,7 +144,7 @@ def test_metrics_are_served_over_http_off_the_loop_and_built_on_it():
 def test_gpu_metrics_carry_the_uuid_that_joins_dcgm_exporters_metrics():
     from nodeside.config import from_mapping
     from nodeside.scheduler.core import Scheduler
-    from nodeside.scheduler.state import GpuSpec
+    from nodeside.scheduler.gpu_state import GpuSpec
 
     # NVML's UUID, exactly as dcgm-exporter puts it in its own `UUID` label.
     uuids = ["GPU-8f6b2a9e-1c3d-4e5f-9a0b-1c2d3e4f5a6b", "GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d"]

@@ -16,7 +16,7 @@ from policy_helpers import GiB, greedy, kinds, make_scheduler
 
 from nodeside.model import Registration
 from nodeside.scheduler.core import Drop, Resume, Scheduler
-from nodeside.scheduler.state import HoldState
+from nodeside.scheduler.gpu_state import HoldState
 from nodeside.scheduler.status import build_status
 from nodeside.testing import Replay
 

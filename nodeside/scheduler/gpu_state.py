@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nodeside.scheduler.clients import TRANSITIONS, Client, Hold, HoldState, IllegalTransition
+from nodeside.scheduler.clients import TRANSITIONS, ClientRecord, Hold, HoldState, IllegalTransition
 from nodeside.scheduler.history import HolderHistory
 from nodeside.scheduler.ledger import Ledger
 from nodeside.scheduler.pools import ShareMeter
 from nodeside.scheduler.queue import PRIORITY_RANK, WaitQueue
 
-__all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "Client", "GpuSpec", "GpuState",
+__all__ = ["EVICT_MODES", "PRIORITY_RANK", "TRANSITIONS", "ClientRecord", "GpuSpec", "GpuState",
            "Hold", "HoldState", "IllegalTransition", "WaitQueue"]
 
 EVICT_MODES = ("managed", "checkpoint", "vmm")
@@ -31,7 +31,7 @@ class GpuSpec:
 class GpuState:
     def __init__(self, spec: GpuSpec, tq_override: float | None, now: float) -> None:
         self.spec = spec
-        self.holders: dict[str, Client] = {}  # in grant order
+        self.holders: dict[str, ClientRecord] = {}  # in grant order
         #: What fits in its memory: the idle memory clients' bytes and the one fit function.
         self.ledger = Ledger(spec.memory_total, self.holders)
         self.waiters = WaitQueue()
@@ -52,7 +52,7 @@ class GpuState:
         #: Clients on this GPU that speak the ``memory`` feature (residency.py): their resident
         #: memory counts in every "does it fit" (booked in the ledger). Empty, the rules are
         #: those of holders only.
-        self.memory_clients: dict[str, Client] = {}
+        self.memory_clients: dict[str, ClientRecord] = {}
         #: Evictions asked on this GPU, by reason: ``room`` (for a grant), ``release`` (a holder
         #: released ``evicting``), ``timeout``, ``failed``, ``checkpoint`` and ``idle``
         #: (checkpoints after no progress, a failed eviction, a failed checkpoint, a long idle
