@@ -177,7 +177,8 @@ class Explain:
             else:
                 self._pending.append((after, None, "", cell))
 
-    def _cause(self, replay: Replay, gpu: GpuState, waiter: ClientRecord, nxt: ClientRecord | None) -> str:
+    def _cause(self, replay: Replay, gpu: GpuState, waiter: ClientRecord,
+               nxt: ClientRecord | None) -> str:
         policy = replay.scheduler.choice
         # The interactive policy's own measures, where it runs (None under round robin).
         las = policy if isinstance(policy, InteractivePolicy) else None

@@ -37,7 +37,8 @@ _V1 = "v1.kernel.websocket.jupyter.org"
 
 
 class FrontHints:
-    """``front`` hints for ``ServerDaemonLink.hint``, at most one a ``FRONT_INTERVAL`` per kernel."""
+    """``front`` hints for ``ServerDaemonLink.hint``, at most one a ``FRONT_INTERVAL`` per
+    kernel."""
 
     def __init__(self, link: ServerDaemonLink, *, interval: float = FRONT_INTERVAL,
                  clock: Callable[[], float] = time.monotonic) -> None:

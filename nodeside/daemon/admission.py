@@ -51,8 +51,9 @@ class Admission:
         if self.per_uid[uid] >= self.limits.per_uid:
             victim = next(iter(self._loose_by_uid.get(uid, ())), None)
             if victim is None:
-                return AdmissionVerdict(False, reason=f"uid {uid} already has {self.limits.per_uid} "
-                               f"registered connections (connections.per_uid)")
+                return AdmissionVerdict(
+                    False, reason=f"uid {uid} already has {self.limits.per_uid} "
+                                  f"registered connections (connections.per_uid)")
             self._evict(victim, verdict)
         if self.total >= self.max_connections:
             victim = next(iter(self._loose), None)

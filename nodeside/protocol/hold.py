@@ -1,8 +1,8 @@
 """A client's side of the hold: six states, and the one table of moves between them.
 
-The daemon keeps its own table (``nodeside/scheduler/gpu_state.py``); this one is what a client knows
-from what it sent and what it read, which is not the same thing: between a request and its answer
-the client does not know yet, and lines cross on the wire. Every client moves its hold only
+The daemon keeps its own table (``nodeside/scheduler/gpu_state.py``); this one is what a client
+knows from what it sent and what it read, which is not the same thing: between a request and its
+answer the client does not know yet, and lines cross on the wire. Every client moves its hold only
 through ``ClientSession``, which checks each move against ``MOVES``; the shim's C header carries
 the same table (generated), for its own ``kiwi_hold_move``::
 

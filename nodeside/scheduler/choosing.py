@@ -48,7 +48,8 @@ class PoolsPolicy:
     def __init__(self, view: PolicyView) -> None:
         self.view = view
 
-    def pick(self, gpu: GpuState, now: float, tail: ClientRecord | None = None) -> ClientRecord | None:
+    def pick(self, gpu: GpuState, now: float,
+             tail: ClientRecord | None = None) -> ClientRecord | None:
         """The next client to serve on ``gpu``, or None (nobody waits, or only capped pools).
 
         ``tail`` is a holder whose quantum ended, competing as if it had just asked again.

@@ -14,8 +14,8 @@ The status document shows three words (docs/interfaces.md section 5): DROPPING i
 
 Where a client's memory is (``model.Residency``: on the GPU, moving out, in host memory, moving
 in) is a state of its own, beside the hold, kept for clients that speak the ``memory`` feature,
-with its own table (``RESIDENCY_MOVES``), written only through ``ClientRecord.settle`` and only by the
-residency component (residency.py), as the hold is moved only by the turns (turns.py). In
+with its own table (``RESIDENCY_MOVES``), written only through ``ClientRecord.settle`` and only by
+the residency component (residency.py), as the hold is moved only by the turns (turns.py). In
 short: resident memory is asked out (evicting) and lands in host memory (evicted), or falls back
 (resident) when it could not leave; a grant brings evicted memory back in (restoring) until
 nothing is left in host memory (resident).

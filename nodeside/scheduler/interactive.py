@@ -152,7 +152,8 @@ class InteractivePolicy(PoolsPolicy, Ranking):
     def before(self, tail: ClientRecord, head: ClientRecord, now: float) -> bool:
         return self._key(tail, now) < self._key(head, now)
 
-    def pick(self, gpu: GpuState, now: float, tail: ClientRecord | None = None) -> ClientRecord | None:
+    def pick(self, gpu: GpuState, now: float,
+             tail: ClientRecord | None = None) -> ClientRecord | None:
         """As ``PoolsPolicy.pick`` (maximums, guarantees), with ``heads`` and ``before``
         ordering each pool by least attained service, ``by_rules`` between pools, and a light
         request going ahead of a pool's rule once (``light``)."""

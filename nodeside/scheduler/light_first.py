@@ -123,8 +123,8 @@ class LightFirst:
         if self._heavy(gpu, client, tq, now):
             self._let_through[client.id] = now
 
-    def steps_aside_for(self, gpu: GpuState, holder: ClientRecord, waiter: ClientRecord | None, tq: float,
-                        now: float) -> ClientRecord | None:
+    def steps_aside_for(self, gpu: GpuState, holder: ClientRecord, waiter: ClientRecord | None,
+                        tq: float, now: float) -> ClientRecord | None:
         """The light client ``holder`` steps aside for now, if any: a light holder in its turn
         or ``waiter`` (the policy's next), once ``holder``'s quantum for it is over."""
         hold = holder.hold

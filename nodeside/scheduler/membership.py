@@ -31,8 +31,8 @@ class Membership:
         """A new client. Its ``uid``, ``gids`` and ``namespace`` are the peer's credentials as
         the shell verified them, never what the client says: the access policy judges the
         claimed pool and priority by them (a ``namespace`` of None: not in a pod, or not
-        verified). A downgraded claim leaves its reason in ``ClientRecord.warning``. ``pausable``: it
-        honours ``Pause`` and ``Resume`` (taking turns).
+        verified). A downgraded claim leaves its reason in ``ClientRecord.warning``. ``pausable``:
+        it honours ``Pause`` and ``Resume`` (taking turns).
         """
         r = registration
         gpu = self._gpu_named(r.gpu, r.gpu_uuid)

@@ -44,7 +44,8 @@ def jump_quantum(tq: float, cost: float) -> float:
     return min(tq, max(JUMP_QUANTUM, COST_FACTOR * cost))
 
 
-def switch_cost(view: PolicyView, gpu: GpuState, leaving: ClientRecord, coming: ClientRecord) -> float:
+def switch_cost(view: PolicyView, gpu: GpuState, leaving: ClientRecord,
+                coming: ClientRecord) -> float:
     """Seconds to move ``leaving``'s working set out and ``coming``'s in, if they must."""
     settings = view.settings
     capacity = gpu.spec.memory_total

@@ -29,8 +29,8 @@ taken as unable to evict. When the room cannot be made at all, the waiter is ref
 holds the memory. An evicted client idle for ``checkpoint_after`` is checkpointed too (its
 context is freed).
 
-Every move of a residency goes through ``ClientRecord.settle`` (its table is in clients.py), and what an
-eviction under way has heard is the client's ``Eviction`` record; each change of a client's
+Every move of a residency goes through ``ClientRecord.settle`` (its table is in clients.py), and
+what an eviction under way has heard is the client's ``Eviction`` record; each change of a client's
 figures is booked in its GPU's ledger (ledger.py), which answers every "does it fit". What ended
 is reported to the shell as an action: ``Restored``, ``Evicted``, ``Suspended`` (a checkpoint).
 """

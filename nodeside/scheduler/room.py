@@ -41,7 +41,8 @@ class Room:
         """Would ``newcomers`` fit beside ``gpu``'s holders?"""
         return gpu.ledger.fits([*gpu.holders.values(), *newcomers])
 
-    def room_after(self, gpu: GpuState, claimant: ClientRecord, gone: Iterable[ClientRecord]) -> bool:
+    def room_after(self, gpu: GpuState, claimant: ClientRecord,
+                   gone: Iterable[ClientRecord]) -> bool:
         """Would ``claimant`` be granted once ``gone`` have left? (In mode on, only once
         nobody holds.)"""
         gone = list(gone)
@@ -50,7 +51,8 @@ class Room:
             return not rest
         return gpu.ledger.fits([*rest, claimant])
 
-    def evict_needed(self, gpu: GpuState, leaver: ClientRecord, incoming: ClientRecord | None) -> bool:
+    def evict_needed(self, gpu: GpuState, leaver: ClientRecord,
+                     incoming: ClientRecord | None) -> bool:
         """Must ``leaver`` move its memory out? Only when ``incoming`` needs the room."""
         if incoming is None:
             return False

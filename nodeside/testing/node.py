@@ -48,7 +48,8 @@ class Transport(asyncio.Transport):
     reads it (that is the write buffer the protocol's backpressure watches); what the test
     sends reaches the protocol on the loop, and not while the protocol has paused reading."""
 
-    def __init__(self, loop: VirtualTimeLoop, protocol: DaemonConnection, sock: socket.socket) -> None:
+    def __init__(self, loop: VirtualTimeLoop, protocol: DaemonConnection,
+                 sock: socket.socket) -> None:
         super().__init__()
         self.loop = loop
         self.protocol = protocol
