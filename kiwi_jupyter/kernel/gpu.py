@@ -19,9 +19,9 @@ off        nothing                      nothing                             rele
 Who acquires depends on the shim. Without it (no GPU, or ``KIWI_SHIM=0``) the kernel's own
 ``Client`` does (``Arbiter``, ``EagerArbiter``), and lazy mode cannot work: the extension falls
 back to eager and says so. With the shim preloaded, the shim is the kernel's one scheduling
-client and every mode goes through its ctypes API (``ShimLazyArbiter`` and its two siblings in
-``gpu_shim``, whose ``ShimGate`` states what they use of ``kiwi_jupyter.shim.Shim``): two clients
-for one kernel would queue behind each other.
+client and every mode goes through its ctypes API (in ``gpu_shim``: ``ShimOffArbiter``, and the
+lazy and eager arbiters built on it; its ``ShimGate`` states what they use of
+``kiwi_jupyter.shim.Shim``): two clients for one kernel would queue behind each other.
 """
 
 from __future__ import annotations

@@ -62,8 +62,9 @@ def load_shim() -> tuple[ShimGate | None, str]:
     return shim, ""
 
 
-class ShimLazyArbiter(Arbiter):
-    """Lazy mode: the shim takes the GPU at the cell's first CUDA call; the kernel frames cells.
+class ShimOffArbiter(Arbiter):
+    """Mode off with the shim loaded, and the base of the shim's other modes: cells are not
+    framed; a hold taken by hand goes through the shim, and only that hold ends with the cell.
 
     With the shim loaded, the shim is this kernel's scheduling client (registered under the
     kernel's id) and the kernel's own client only reads status and sends admin requests, so
@@ -71,7 +72,7 @@ class ShimLazyArbiter(Arbiter):
     gates the GPU work there and then), so a shim cell's closing lines are only about waiting.
     """
 
-    mode = "lazy"
+    mode = "off"
     #: Waiting happens in C; waiting in slices this long lets an interrupt reach Python.
     SLICE = 0.2
 
@@ -84,25 +85,10 @@ class ShimLazyArbiter(Arbiter):
         shim.set_policy(fail_closed=config.failure_policy == FAIL_CLOSED,
                         timeout=config.unreachable_timeout)
 
-    def begin_cell(self, gated: bool = False) -> None:
-        super().begin_cell(gated)
-        # ipykernel installs its SIGINT handler as each cell starts; the shim's goes in front
-        # of it, or Ctrl-C could not end a wait for the GPU inside a CUDA call.
-        self.shim.catch_interrupts()
-        self.shim.cell_begin()
-        self._before = self.shim.stats()
-        # The shim waits inside a CUDA call, in C: follow the cell to show the waiting line.
-        self.watcher.watch(probe=self._shim_waits)
-
     def end_cell(self) -> CellReport:
-        self.watcher.stop()
-        if self.free_blocks is not None:
-            self.free_blocks.tell()  # before the release, which may evict
-        self.release()
+        if self._acquired:
+            self.release()
         self.watcher.flush()
-        after = self.shim.stats()
-        self.report.waited += _grew(self._before, after, "seconds_waiting")
-        self.report.held = self.report.held or _grew(self._before, after, "grants") > 0
         return self.report
 
     def acquire(self) -> None:
@@ -160,6 +146,33 @@ class ShimLazyArbiter(Arbiter):
         return client if isinstance(client, str) else None
 
 
+class ShimLazyArbiter(ShimOffArbiter):
+    """Lazy mode: the shim takes the GPU at the cell's first CUDA call; the kernel frames cells."""
+
+    mode = "lazy"
+
+    def begin_cell(self, gated: bool = False) -> None:
+        super().begin_cell(gated)
+        # ipykernel installs its SIGINT handler as each cell starts; the shim's goes in front
+        # of it, or Ctrl-C could not end a wait for the GPU inside a CUDA call.
+        self.shim.catch_interrupts()
+        self.shim.cell_begin()
+        self._before = self.shim.stats()
+        # The shim waits inside a CUDA call, in C: follow the cell to show the waiting line.
+        self.watcher.watch(probe=self._shim_waits)
+
+    def end_cell(self) -> CellReport:
+        self.watcher.stop()
+        if self.free_blocks is not None:
+            self.free_blocks.tell()  # before the release, which may evict
+        self.release()
+        self.watcher.flush()
+        after = self.shim.stats()
+        self.report.waited += _grew(self._before, after, "seconds_waiting")
+        self.report.held = self.report.held or _grew(self._before, after, "grants") > 0
+        return self.report
+
+
 class ShimEagerArbiter(ShimLazyArbiter):
     """Eager mode with the shim loaded: the shim takes the GPU before the cell's code runs."""
 
@@ -167,21 +180,6 @@ class ShimEagerArbiter(ShimLazyArbiter):
 
     def gate(self) -> None:
         self.acquire()
-
-
-class ShimOffArbiter(ShimLazyArbiter):
-    """Mode off with the shim loaded: cells are not framed; only a hold taken by hand ends."""
-
-    mode = "off"
-
-    def begin_cell(self, gated: bool = False) -> None:
-        Arbiter.begin_cell(self, gated)  # not the shim's: this mode does not frame cells
-
-    def end_cell(self) -> CellReport:
-        if self._acquired:
-            self.release()
-        self.watcher.flush()
-        return self.report
 
 
 def _grew(before: Mapping[str, Any], after: Mapping[str, Any], counter: str) -> float:
