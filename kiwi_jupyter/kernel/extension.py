@@ -42,6 +42,7 @@ from kiwi_jupyter.kernel.gpu_shim import (
 )
 from kiwi_jupyter.kernel.identity import client_name, display_name
 from kiwi_jupyter.kernel.link import KernelDaemonLink
+from kiwi_jupyter.kernel.magics import KiwiMagics
 from nodeside.client.memory import PagesItself
 from nodeside.formats import seconds
 
@@ -84,8 +85,6 @@ class KernelExtension:
     # ---- wiring -----------------------------------------------------------------------
 
     def install(self) -> None:
-        from kiwi_jupyter.kernel.magics import KiwiMagics
-
         events = self.shell.events
         events.register("pre_run_cell", self.pre_run_cell)
         events.register("post_run_cell", self.post_run_cell)

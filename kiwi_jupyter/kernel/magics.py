@@ -6,22 +6,41 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from kiwi_jupyter.kernel.config import MODES
-from kiwi_jupyter.kernel.link import SchedulerUnreachable
+from kiwi_jupyter.kernel.gpu import Arbiter
+from kiwi_jupyter.kernel.link import KernelDaemonLink, SchedulerUnreachable
 from kiwi_jupyter.kernel.pool_choice import pool_note, unknown_pool
 from kiwi_jupyter.kernel.status_view import StatusTable
 from nodeside.limits import TQ_MAX, TQ_MIN, LimitError, tq_seconds
 
 if TYPE_CHECKING:
-    from kiwi_jupyter.kernel.extension import KernelExtension
     from nodeside.client import Client
 
 PRIORITIES = ("HIGH", "NORMAL", "LOW")
+
+
+class SteeredKernel(Protocol):
+    """What ``%kiwi`` steers of the IPython extension (``KernelExtension``, which registers
+    these magics): stated here so that the magics need not import the extension back."""
+
+    link: KernelDaemonLink
+    arbiter: Arbiter
+
+    @property
+    def shim(self) -> object | None:
+        """The CUDA shim, when it is preloaded in this kernel."""
+
+    @property
+    def mode(self) -> str:
+        """The arbiter's mode: ``eager``, ``lazy`` or ``off``."""
+
+    def set_mode(self, mode: str) -> str:
+        """Switch the kernel to ``mode``; the mode it is in now."""
 
 
 def say(message: str) -> None:
@@ -34,7 +53,7 @@ def complain(message: str) -> None:
 
 @magics_class
 class KiwiMagics(Magics):
-    def __init__(self, shell: Any, extension: KernelExtension) -> None:
+    def __init__(self, shell: Any, extension: SteeredKernel) -> None:
         super().__init__(shell)
         self.extension = extension
         self.magics["line"]["kiwi"] = self._with_live_help(self.magics["line"]["kiwi"])

@@ -11,7 +11,7 @@ import {
   UNKNOWN_SIZE
 } from './formats.generated';
 import type { KernelStanding } from './views';
-import type { IClientStatus, IWaitingFor, SchedulerMode } from './tokens';
+import type { Residency, SchedulerMode, Tier, WaitingAction } from './tokens';
 
 /** Half away from zero, to `places` decimals: the rounding nodeside/formats.py spells out. */
 function roundTo(value: number, places = 0): number {
@@ -284,12 +284,6 @@ export function describeMode(mode: SchedulerMode, trans: TranslationBundle): str
   }
 }
 
-/** Where a client's memory is (the status document's `residency`). */
-export type Residency = NonNullable<IClientStatus['residency']>;
-
-/** What a waiting client waits for another to do (the document's `waiting_for.action`). */
-export type WaitingAction = IWaitingFor['action'];
-
 /** A residency in the words kiwictl and %kiwi use too: "on GPU", "moving out", ... */
 export function describeResidency(residency: Residency, trans: TranslationBundle): string {
   switch (residency) {
@@ -303,9 +297,6 @@ export function describeResidency(residency: Residency, trans: TranslationBundle
       return trans.__('moving in');
   }
 }
-
-/** Which tier a client's memory is in (the status document's `tier`, feature `tiers`). */
-export type Tier = NonNullable<IClientStatus['tier']>;
 
 /**
  * Where a kernel's memory is by tier, in the words kiwictl and %kiwi use too (`tier_words` in

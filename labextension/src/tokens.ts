@@ -17,7 +17,16 @@ export type {
   IWaitingFor,
   SchedulerMode
 } from './document';
-import type { SchedulerMode } from './document';
+import type { IClientStatus, IWaitingFor, SchedulerMode } from './document';
+
+/** Where a client's memory is (the status document's `residency`). */
+export type Residency = NonNullable<IClientStatus['residency']>;
+
+/** What a waiting client waits for another to do (the document's `waiting_for.action`). */
+export type WaitingAction = IWaitingFor['action'];
+
+/** Which tier a client's memory is in (the status document's `tier`, feature `tiers`). */
+export type Tier = NonNullable<IClientStatus['tier']>;
 
 /** `POST kiwi/api/scheduler`: either field or both. */
 export interface ISchedulerChange {

@@ -3,7 +3,7 @@
  * from the status document (model.ts). Types only.
  */
 
-import type { Residency, Tier, WaitingAction } from './format';
+import type { Residency, Tier, WaitingAction } from './tokens';
 
 /** Where this notebook's kernel stands with the GPU. */
 export type KernelStanding =

@@ -93,9 +93,10 @@ from nodeside.scheduler.view import PolicyView
 # The actions and the state types are part of this module's interface: the daemon and the tests
 # import them from here, the one place that says what the scheduler does.
 __all__ = ["PRIORITY_RANK", "Action", "ClientRecord", "Drop", "Evict", "Evicted", "Fetch",
-           "GpuSpec", "GpuState", "Grant", "Hold", "HoldState", "IllegalTransition", "Pause", "PinBudget",
-           "Refuse", "Released", "Restored", "Resume", "Revoke", "Scheduler", "SchedulerError",
-           "Spill", "Suspend", "Suspended", "TierMoved", "Uncounted", "WaitingFor"]
+           "GpuSpec", "GpuState", "Grant", "Hold", "HoldState", "IllegalTransition", "Pause",
+           "PinBudget", "Refuse", "Released", "Restored", "Resume", "Revoke", "Scheduler",
+           "SchedulerError", "Spill", "Suspend", "Suspended", "TierMoved", "Uncounted",
+           "WaitingFor"]
 
 
 #: A report that says nothing of where the memory is.

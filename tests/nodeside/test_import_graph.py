@@ -1,4 +1,5 @@
-"""The import graph of ``nodeside``: no module cycle, and no module importing one above it.
+"""The import graph of ``nodeside``: no module cycle, and no module importing one above it; and
+of ``kiwi_jupyter`` and the panel's TypeScript: no module cycle.
 
 The graph is read from the sources with ``ast``, every import counted: at the top of a module,
 inside a function (a lazy import) or under ``TYPE_CHECKING`` (a type still ties two modules
@@ -10,6 +11,7 @@ one above. A new module or package must be given its place in ``LAYERS``.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -67,10 +69,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 ALLOWED: Mapping[tuple[str, str], str] = {}
 
 
-def modules(root: Path) -> dict[str, Path]:
-    """Every module of the package under ``root``, by dotted name."""
+def modules(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of ``package`` under ``root``, by dotted name."""
     found = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -106,8 +108,8 @@ def imported(module: str, path: Path, known: Iterable[str]) -> set[str]:
     return found
 
 
-def graph(root: Path) -> dict[str, set[str]]:
-    found = modules(root)
+def graph(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
+    found = modules(root, package)
     return {module: imported(module, path, found) for module, path in found.items()}
 
 
@@ -143,6 +145,35 @@ def test_no_module_imports_one_of_a_layer_above_it(edges: dict[str, set[str]]) -
                     for module, imports in without_allowed(edges).items()
                     for target in imports if layer(target) > layer(module))
     assert upward == []
+
+
+def test_no_module_of_the_notebook_side_imports_itself_back_through_others() -> None:
+    assert cycles(graph(ROOT, "kiwi_jupyter")) == []
+
+
+#: ``import type { X } from './y'``, ``export { X } from './y'``: a panel file's imports of another.
+TS_IMPORT = re.compile(r"""^(?:import|export)\b[^;]*?\bfrom\s+'(\.[^']+)'""", re.M | re.S)
+
+
+def panel_graph(source: Path) -> dict[str, set[str]]:
+    """The panel's files (by name without ``.ts``) and the files each imports, types included:
+    a type still ties two files together."""
+    files = {path.relative_to(source).with_suffix("").as_posix(): path
+             for path in sorted(source.rglob("*.ts")) if not path.name.endswith(".d.ts")}
+    return {name: {(Path(name).parent / target).as_posix().removeprefix("./")
+                   for target in TS_IMPORT.findall(path.read_text())}
+            for name, path in files.items()}
+
+
+def test_no_file_of_the_panel_imports_itself_back_through_others() -> None:
+    assert cycles(panel_graph(ROOT / "labextension" / "src")) == []
+
+
+def test_a_cycle_through_a_type_import_of_the_panel_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.ts").write_text("import type { B } from './b';\n")
+    (tmp_path / "b.ts").write_text("import {\n  A\n} from './a';\nimport { x } from 'y';\n")
+    assert panel_graph(tmp_path) == {"a": {"b"}, "b": {"a"}}
+    assert cycles(panel_graph(tmp_path)) == [["a", "b"]]
 
 
 def test_every_allowed_exception_is_still_needed(edges: dict[str, set[str]]) -> None:
