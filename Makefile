@@ -116,13 +116,13 @@ sanitize: install ## the shim's tests under AddressSanitizer, then ThreadSanitiz
 		$(SANITIZED_TESTS)
 
 ## ruff and mypy, and the files made from the protocol's table (nodeside/protocol/messages.py),
-## from the formatters (nodeside/formats.py) and from the daemon's status document (the panel's
+## from the formatters (nodeside/formats_panel.py) and from the daemon's status document (the panel's
 ## fixture) read what those make now; every path the docs name exists (tests/doc_references.py).
 lint: $(VENV)/.lint-installed ## ruff, mypy, the generated files and the docs' references
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m nodeside.protocol.generate --check
-	$(BIN)/python -m nodeside.formats --check
+	$(BIN)/python -m nodeside.formats_panel --check
 	$(BIN)/python tests/status_fixtures.py --check
 	$(BIN)/python tests/doc_references.py --check
 	$(BIN)/python tests/shim_layout.py --check

@@ -57,8 +57,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # What the daemon uses besides the core, and the client, which uses none of it.
     ("nodeside.client", "nodeside.evict", "nodeside.metrics"),
     ("nodeside.daemon",),
-    # Commands over the rest.
-    ("nodeside.ctl", "nodeside.kai", "nodeside.deviceplugin"),
+    # Commands over the rest (the panel's copy of the formatters is written by one).
+    ("nodeside.ctl", "nodeside.kai", "nodeside.deviceplugin", "nodeside.formats_panel"),
     # What tests drive: the core and the daemon on virtual time; nothing of the product uses it.
     ("nodeside.testing",),
 )

@@ -80,7 +80,7 @@ def test_the_c_header_compiles_under_the_shims_warnings_and_holds_the_same_moves
 
 
 def test_the_panels_formats_are_what_nodeside_formats_writes() -> None:
-    from nodeside import formats
+    from nodeside import formats_panel
 
-    assert (formats.ROOT / formats.PANEL_FILE).read_text() == formats.panel_module(), \
-        "run python -m nodeside.formats"
+    assert (formats_panel.ROOT / formats_panel.PANEL_FILE).read_text() == \
+        formats_panel.panel_module(), "run python -m nodeside.formats_panel"
