@@ -9,9 +9,9 @@ over ``host_bytes``, for clients that speak ``tiers``; ``shadow`` for those that
 
 Pin budgets (``plan_pins``): what the budget leaves beside the host copies already there is
 shared out among the ``tiers`` clients whose memory is on the GPU, most recently used first
-(least recently used last), each up to what it has on the GPU and the config's ``pin_budget``;
-an evicted client keeps what its host copy pins. A budget is told only when it changes
-(``PinBudget``), so the sum told never exceeds the budget.
+(least recently used last), each up to what it has on the GPU (and its staging ring) and the
+config's ``pin_budget``; an evicted client keeps what its host copy pins. A budget is told only
+when it changes (``PinBudget``), so the sum told never exceeds the budget.
 
 Spills (``due``): an idle evicted client whose host copy has sat ``spill_after`` since its
 eviction ended is asked to ``spill`` ("idle"), and while host use exceeds the budget the idle
@@ -47,6 +47,10 @@ FETCH: Final = "fetch"
 #: Why an intent came: a cell is about to run, or its notebook came to the front (which only
 #: brings memory from disk to host memory: the kernel may not run anything yet).
 INTENT_REASONS: Final = ("execute", "front")
+#: What a kernel pins besides its shadows: the vmm evictor's staging ring (vmm_builder.c: two
+#: 16 MiB slots per copier thread, at most 8 copiers), counted in the pin budget it is told.
+#: A budget of just the working set would leave the last chunk's shadow unpinned.
+STAGING_RING: Final = 16 * 2 * 8 * 2**20
 
 
 def tier(client: ClientRecord) -> str:
@@ -244,7 +248,7 @@ class TierRules:
         planned: dict[str, int] = {}
         for client in sorted(clients, key=lambda c: -c.last_used):
             if client.residency is RESIDENT:
-                share = max(0, min(left, need(client)))
+                share = max(0, min(left, need(client) + STAGING_RING))
                 left -= share
             else:
                 share = client.host_bytes
