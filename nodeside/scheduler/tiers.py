@@ -10,8 +10,8 @@ over ``host_bytes``, for clients that speak ``tiers``; ``shadow`` for those that
 Pin budgets (``plan_pins``): what the budget leaves beside the host copies already there is
 shared out among the ``tiers`` clients whose memory is on the GPU, most recently used first
 (least recently used last), each up to what it has on the GPU (and its staging ring) and the
-config's ``pin_budget``; an evicted client keeps what its host copy pins. A budget is told only
-when it changes (``PinBudget``), so the sum told never exceeds the budget.
+config's ``pin_budget``; an evicted client keeps what its host copy pins, and its ring. A budget
+is told only when it changes (``PinBudget``), so the sum told never exceeds the budget.
 
 Spills (``due``): an idle evicted client whose host copy has sat ``spill_after`` since its
 eviction ended is asked to ``spill`` ("idle"), and while host use exceeds the budget the idle
@@ -250,8 +250,10 @@ class TierRules:
             if client.residency is RESIDENT:
                 share = max(0, min(left, need(client) + STAGING_RING))
                 left -= share
-            else:
-                share = client.host_bytes
+            else:  # its host copy, which it keeps pinned where it is, and its ring
+                ring = max(0, min(left, STAGING_RING))
+                left -= ring
+                share = client.host_bytes + ring
             planned[client.id] = share if cap is None else min(share, cap)
         actions: list[Action] = []
         for client in clients:

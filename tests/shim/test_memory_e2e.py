@@ -271,7 +271,7 @@ def test_the_status_document_and_kiwictl_show_the_shims_figures(
         capture_output=True, text=True, timeout=scaled(30), check=True).stdout
     rows = {k.name: next(line for line in shown.splitlines() if line.startswith(k.name))
             for k in (a, b)}
-    assert re.search(r"\bin host memory +0 B +32\.0 MiB$", rows[a.name]), shown
-    assert re.search(r"\bon GPU +32\.0 MiB +0 B$", rows[b.name]), shown
+    assert re.search(r"\bin host memory +0 B +32\.0 MiB +0 B$", rows[a.name]), shown
+    assert re.search(r"\bon GPU +32\.0 MiB +0 B +0 B$", rows[b.name]), shown
     capacity = f"{(RESERVE + ROOM_FOR_ONE) / MiB:.1f} MiB"
     assert f"memory: 32.0 MiB of {capacity} on the GPU, 32.0 MiB" in shown, shown

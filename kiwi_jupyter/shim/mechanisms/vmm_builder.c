@@ -6,9 +6,8 @@
  * 12: unbounded, a pod was OOM-killed by its own builder, and a host's RAM was pinned for every
  * kernel's whole working set, forever):
  *
- * - the pin budget: the daemon's (`pin_budget` in `registered`), else KIWI_VMM_PIN_BUDGET, else
- *   a quarter of the host's memory. The node-wide host budget (issue 42) is the daemon's to
- *   divide among its clients; until it does, each process stays within its own default;
+ * - the pin budget: the daemon's (`pin_budget` in `registered` and its events), within the
+ *   kernel's own: KIWI_VMM_PIN_BUDGET, else a quarter of the host's memory;
  * - the process's own cgroup (cgroup.c): a pinning must leave its memory limit MARGIN (a
  *   sixteenth of the limit, at least 64 MiB) of room; when the room falls under half that,
  *   shadows are dropped;
@@ -74,14 +73,15 @@ static const char *said; /* the last reason pinning stopped, said once */
 
 /* ---- the budget ------------------------------------------------------------------------- */
 
+/* The daemon's word within the kernel's own: neither raises the other. */
 static uint64_t budget(void)
 {
-    if (daemon_budget)
-        return daemon_budget;
-    if (kiwi_cfg.pin_budget)
-        return kiwi_cfg.pin_budget;
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 0;
+    uint64_t own = kiwi_cfg.pin_budget;
+    if (!own) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        own = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 0;
+    }
+    return daemon_budget && daemon_budget < own ? daemon_budget : own;
 }
 
 void kiwi_vmm_pin_budget(uint64_t bytes)
