@@ -238,12 +238,15 @@ class Node:
     daemon reads NVML's (the peers' pid is this process's)."""
 
     def __init__(self, *, gpus: int = 1, gpu_memory: int | None = None,
-                 process_memory: Reader | None = None, **settings: Any) -> None:
+                 process_memory: Reader | None = None,
+                 cuda_library: str = "/nonexistent/libcuda.so.1", **settings: Any) -> None:
         self.loop = VirtualTimeLoop()
+        # No CUDA driver for the checkpoint evictor unless a test names one: by its soname the
+        # daemon would find whatever driver this process loaded before (a test's fake one).
         options = DaemonOptions(socket="/nonexistent/kiwi.sock", config=from_mapping(settings),
                                 gpus=[GpuSpec(i, "logical GPU", None, gpu_memory)
                                       for i in range(gpus)],
-                                process_memory=process_memory)
+                                process_memory=process_memory, cuda_library=cuda_library)
         self.daemon: Daemon = self.loop.run_until_complete(_make(options))
         self.daemon.start_watches()
         self.settle()

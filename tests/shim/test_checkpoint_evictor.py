@@ -150,7 +150,9 @@ def test_a_holder_that_ignores_a_drop_is_revoked_by_a_forced_checkpoint(
         impatient.acquire(timeout=20)
         # Granted only once the lock got past the running work and the checkpoint was done.
         assert checkpoint_state(scheduler, w) == "checkpointed"
-        assert slow.done()
+        # The launch ended in the driver before the lock; its answer crosses the workload's
+        # pipe to this process's reader thread, which a busy machine may run a moment later.
+        wait_for(slow.done, what="the slow launch's answer")
         impatient.release()
     scheduler.wait_log(rf"Revoked \S+ \(c\d+, pid {w.process.pid}\) by a forced checkpoint")
     wait_for(lambda: w.stats()["revokes"] == 1, what="the revoked event")
