@@ -247,7 +247,7 @@ class TierRules:
                 left -= client.host_bytes  # host copies already there, pinned or not
         planned: dict[str, int] = {}
         for client in sorted(clients, key=lambda c: -c.last_used):
-            if client.residency is RESIDENT:
+            if client.residency is not EVICTED:  # on the GPU, or moving: its pins serve the move
                 share = max(0, min(left, need(client) + STAGING_RING))
                 left -= share
             else:  # its host copy, which it keeps pinned where it is, and its ring
