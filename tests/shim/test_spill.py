@@ -143,12 +143,7 @@ def test_a_spill_moves_host_memory_to_unnamed_files_and_a_grant_restores_it(
 
 def test_fetch_host_reads_the_spill_back_into_host_memory(daemon, kernel) -> None:
     w = kernel()
-    pointers = filled(w)
-    evicted(w, daemon)
-    daemon.send(op="spill", gpu=0)
-    tier_moved(daemon)
-    daemon.send(op="fetch", gpu=0, tier="host")
-    back = tier_moved(daemon, 2)
+    pointers, back = spilled_then_fetched(w, daemon)
     assert "failed" not in back, back["failed"]
     assert (back["tier"], back["host"], back["disk"], back["moved"]) == (
         "host", COUNT * SIZE, 0, COUNT * SIZE)
@@ -229,15 +224,21 @@ def test_a_failing_write_leaves_the_memory_in_host_memory(daemon, kernel, spill_
     assert intact(w, pointers)
 
 
-def test_a_failing_read_keeps_the_memory_on_disk_and_the_next_read_brings_it(
-        daemon, kernel) -> None:
-    w = kernel("read:1:EIO")
+def spilled_then_fetched(w, daemon) -> tuple[list[int], dict]:
+    """w's memory filled, evicted, spilled, and asked back to host memory: its pointers, and
+    the fetch's `tier_moved`."""
     pointers = filled(w)
     evicted(w, daemon)
     daemon.send(op="spill", gpu=0)
     tier_moved(daemon)
     daemon.send(op="fetch", gpu=0, tier="host")
-    failed = tier_moved(daemon, 2)
+    return pointers, tier_moved(daemon, 2)
+
+
+def test_a_failing_read_keeps_the_memory_on_disk_and_the_next_read_brings_it(
+        daemon, kernel) -> None:
+    w = kernel("read:1:EIO")
+    pointers, failed = spilled_then_fetched(w, daemon)
     assert "Input/output error" in failed["failed"]
     assert (failed["tier"], failed["host"], failed["disk"]) == ("disk", 0, COUNT * SIZE)
     assert intact(w, pointers)  # the grant's restore reads it again
@@ -245,12 +246,7 @@ def test_a_failing_read_keeps_the_memory_on_disk_and_the_next_read_brings_it(
 
 def test_a_corrupt_block_is_read_again(daemon, kernel) -> None:
     w = kernel("read:1-2:corrupt")
-    pointers = filled(w)
-    evicted(w, daemon)
-    daemon.send(op="spill", gpu=0)
-    tier_moved(daemon)
-    daemon.send(op="fetch", gpu=0, tier="host")
-    back = tier_moved(daemon, 2)
+    pointers, back = spilled_then_fetched(w, daemon)
     assert "failed" not in back and back["tier"] == "host"
     assert "does not match its checksum" in "".join(w.stderr)
     assert intact(w, pointers)
