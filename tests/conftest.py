@@ -56,10 +56,31 @@ def build_once(tmp_path_factory: pytest.TempPathFactory) -> BuildOnce:
     return builder(own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own)
 
 
+#: The daemons a test started, for its failure report.
+STARTED_DAEMONS = pytest.StashKey[list[DaemonProcess]]()
+#: The lines of each daemon's log a failure report shows (its end: what led to the failure).
+LOG_LINES_ON_FAILURE = 150
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failed test's report ends with the log of each daemon it started: a run on CI, on a
+    clean clone, is read off its output alone, and a deadline missed there says nothing of
+    what the daemon decided meanwhile."""
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        for daemon in item.stash.get(STARTED_DAEMONS, []):
+            lines = daemon.log().splitlines()[-LOG_LINES_ON_FAILURE:]
+            report.sections.append((f"daemon log ({daemon.socket}), its last lines",
+                                    "\n".join(lines)))
+    return report
+
+
 @pytest.fixture
-def start_daemon() -> Iterator[Callable[..., DaemonProcess]]:
+def start_daemon(request: pytest.FixtureRequest) -> Iterator[Callable[..., DaemonProcess]]:
     """Start ``kiwi-scheduler`` processes with the given flags; all are killed afterwards."""
     started: list[DaemonProcess] = []
+    request.node.stash[STARTED_DAEMONS] = started
 
     def start(*args: str) -> DaemonProcess:
         daemon = DaemonProcess(short_tmpdir(), *args)
