@@ -421,6 +421,8 @@ CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUd
                            size_t size);
 /* Waits until every copy staged is done, both halves; false when one failed. */
 bool kiwi_vmm_staging_end(void);
+/* The bytes the ring's slots hold in all, as the move that began last uses them. */
+uint64_t kiwi_vmm_staging_bytes(void);
 
 /* ---- vmm_ipc.c --------------------------------------------------------------------------- */
 

@@ -48,6 +48,7 @@ struct flight {
     int index;
     CUevent event;
     CUstream stream;
+    uint64_t staged; /* of its bytes, those that hold slots of the staging ring */
 };
 
 struct mover {
@@ -61,6 +62,7 @@ struct mover {
     struct kiwi_residency before;
     int failures;
     bool staging; /* the ring is there: chunks without a pinned shadow copy through it */
+    uint64_t ring_bytes, staged_in_flight; /* the ring's slots, and what chunks in flight hold */
     struct kiwi_transfer *moved;
 };
 
@@ -181,6 +183,7 @@ static void retire_oldest(struct mover *m)
     struct flight *f = &m->window[m->oldest];
     m->oldest = (m->oldest + 1) % WINDOW;
     m->in_flight--;
+    m->staged_in_flight -= f->staged;
     struct vmm_chunk *c = &f->region->chunks[f->index];
     CUresult result = CUDA_SUCCESS;
     if (f->event) {
@@ -204,6 +207,31 @@ static void retire_oldest(struct mover *m)
     report(m);
 }
 
+/* The chunks in flight whose copies are done, off the card (and reported) before the next
+ * chunk is queued: queuing may wait (for the staging ring, for the driver), and the daemon's
+ * evict_timeout runs from the last report it heard. */
+static void retire_finished(struct mover *m)
+{
+    while (m->in_flight) {
+        struct flight *f = &m->window[m->oldest];
+        if (!f->event || kiwi_vmm_driver.event_query(f->event) != CUDA_SUCCESS)
+            return;
+        retire_oldest(m);
+    }
+}
+
+/* Room in the staging ring for a chunk's staged bytes, by taking the oldest chunks off first
+ * (each waits for its copy out of the card, not for the ring's copiers). Queued into a full
+ * ring, the chunk would wait there for slots while the chunks before it, long done, were
+ * neither released nor reported: through a ring smaller than the working set, a slow link's
+ * way out reported nothing until all but the last chunks were queued, and the daemon
+ * checkpointed it in the middle for making no progress. */
+static void make_room_in_ring(struct mover *m, uint64_t staged)
+{
+    while (m->in_flight && m->staged_in_flight + staged > m->ring_bytes)
+        retire_oldest(m);
+}
+
 /* One chunk: its live pieces copied out and the chunk queued to be taken off; or, with
  * nothing live, taken off at once. */
 static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, int index,
@@ -223,12 +251,17 @@ static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, 
     }
     if (c->shadow.kind == SHADOW_NONE) /* the builder is behind, or past its budget */
         c->shadow = kiwi_vmm_shadow_pageable(c->size);
+    retire_finished(m);
     if (m->in_flight == WINDOW)
         retire_oldest(m);
+    bool staged = m->staging && !kiwi_vmm_shadow_pinned(&c->shadow);
+    uint64_t live_bytes = 0;
+    for (size_t p = 0; p < c->piece_count; p++)
+        live_bytes += c->pieces[p].size;
+    if (staged)
+        make_room_in_ring(m, live_bytes);
     CUstream stream = next_stream(l);
     bool copied = c->shadow.kind != SHADOW_NONE && make_current(m, r->ctx);
-    bool staged = m->staging && !kiwi_vmm_shadow_pinned(&c->shadow);
-    uint64_t bytes = 0;
     for (size_t p = 0; copied && p < c->piece_count; p++) {
         const struct vmm_piece *piece = &c->pieces[p];
         unsigned char *to = (unsigned char *)c->shadow.host + piece->offset;
@@ -236,7 +269,6 @@ static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, 
         copied = (staged ? kiwi_vmm_stage_out(r->ctx, stream, from, to, piece->size)
                          : kiwi_pager_driver.copy_to_host(to, from, piece->size, stream)) ==
                  CUDA_SUCCESS;
-        bytes += piece->size;
     }
     if (!copied) {
         kiwi_warn("copying %zu bytes at 0x%llx to host memory failed; they stay on the card",
@@ -254,9 +286,11 @@ static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, 
         kiwi_vmm_event_give(r->ctx, event);
         event = NULL; /* retire_oldest waits for the whole stream instead */
     }
-    m->window[(m->oldest + m->in_flight) % WINDOW] = (struct flight){r, index, event, stream};
+    m->window[(m->oldest + m->in_flight) % WINDOW] =
+        (struct flight){r, index, event, stream, staged ? live_bytes : 0};
     m->in_flight++;
-    m->bytes += bytes;
+    m->staged_in_flight += staged ? live_bytes : 0;
+    m->bytes += live_bytes;
 }
 
 static void evict(struct mover *m, struct context *contexts, int context_count,
@@ -437,6 +471,7 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     pthread_mutex_lock(&kiwi_vmm_lock);
     kiwi_vmm_builder_quiet(); /* a pinning under way holds the driver: the move waits it out */
     m.staging = kiwi_vmm_staging_begin();
+    m.ring_bytes = m.staging ? kiwi_vmm_staging_bytes() : 0;
     if (direction == KIWI_PAGE_OUT)
         evict(&m, contexts, context_count, ranges, count);
     else if (kiwi_vmm_unspill_locked(moved)) /* what is on disk comes to host memory first */

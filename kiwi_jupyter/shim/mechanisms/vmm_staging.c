@@ -280,6 +280,14 @@ CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUd
     return result;
 }
 
+uint64_t kiwi_vmm_staging_bytes(void)
+{
+    pthread_mutex_lock(&lock);
+    uint64_t bytes = (uint64_t)slot_count * slot_size;
+    pthread_mutex_unlock(&lock);
+    return bytes;
+}
+
 bool kiwi_vmm_staging_end(void)
 {
     pthread_mutex_lock(&lock);
