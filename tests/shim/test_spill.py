@@ -196,6 +196,30 @@ def test_a_smaller_pin_budget_unpins_shadows_of_memory_on_the_card(daemon, kerne
     assert intact(w, pointers)
 
 
+def test_a_pin_budget_during_a_way_out_never_holds_up_the_kernels_word(
+        daemon, kernel, tmp_path) -> None:
+    # The way out waits inside the driver at its first unmap, holding the evictor's lock; the
+    # daemon's pin_budget comes meanwhile. The comm thread took that lock to set the budget and
+    # said nothing more until the way out ended: no progress report, no ask for the GPU (the
+    # daemon checkpointed such a kernel in the middle of its move for making no progress).
+    gate = tmp_path / "unmap-may-go"
+    w = kernel(FAKE_CUDA_UNMAP_GATE=str(gate), KIWI_SHIM_LOG="1")
+    pointers = filled(w)
+    daemon.wait_op("release")
+    daemon.send(op="evict", gpu=0, bytes=COUNT * SIZE, **{"for": "nbB.ipynb"})
+    wait_for(lambda: w.log.calls("cuMemcpyDtoHAsync_v2"), what="the way out's first copies")
+    daemon.send(op="pin_budget", pin_budget=4 * MiB)
+    wait_for(lambda: any(f"pin budget: {4 * MiB} bytes" in line for line in w.stderr),
+             what="the comm thread to take the budget while the way out is held")
+    w.call("shim.cell_begin()")  # and the cell still asks for the GPU through it
+    daemon.wait_op("acquire")
+    assert not daemon.messages("evicted")  # still held in the driver
+    gate.touch()
+    assert "failed" not in daemon.wait_op("evicted")
+    wait_for(lambda: w.stats()["pin_budget"] == 4 * MiB, what="the new budget taken")
+    assert intact(w, pointers)  # granted at once by this daemon: restored
+
+
 def test_a_spill_while_holding_is_refused_with_a_reason(daemon, kernel) -> None:
     w = kernel()
     w.call(f"d.alloc({SIZE})")

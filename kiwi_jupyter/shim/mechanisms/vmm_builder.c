@@ -2,9 +2,8 @@
  *
  * A copy engine reaches the link's speed only from and to pinned memory, and pinning is slow
  * (vmm_shadows.c), so a thread of the evictor's own pins shadows as chunks appear, oldest region
- * first, and keeps them across evictions. What it may pin is bounded (issue 39, defects 2c and
- * 12: unbounded, a pod was OOM-killed by its own builder, and a host's RAM was pinned for every
- * kernel's whole working set, forever):
+ * first, and keeps them across evictions, within bounds (unbounded, a pod was OOM-killed by its
+ * own builder, and a host's RAM was pinned for every kernel's whole working set, forever):
  *
  * - the pin budget: the daemon's (`pin_budget` in `registered` and its events), within the
  *   kernel's own: KIWI_VMM_PIN_BUDGET, else a quarter of the host's memory;
@@ -65,8 +64,9 @@ static pthread_cond_t quiet = PTHREAD_COND_INITIALIZER; /* no pinning or unpinni
 static bool started, stalled, busy;
 static atomic_bool moving;
 static double seconds_pinning;
-static uint64_t daemon_budget; /* 0 until the daemon says, or when it has no word */
-static bool heard;             /* the daemon answered `register`, or it is not worth waiting */
+/* Set without kiwi_vmm_lock (kiwi_vmm_pin_budget). */
+static _Atomic uint64_t daemon_budget; /* 0 until the daemon says, or when it has no word */
+static atomic_bool heard; /* the daemon answered `register`, or it is not worth waiting */
 static struct vmm_shadow ring;
 static size_t ring_slot;
 static const char *said; /* the last reason pinning stopped, said once */
@@ -81,24 +81,22 @@ static uint64_t budget(void)
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         own = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 0;
     }
-    return daemon_budget && daemon_budget < own ? daemon_budget : own;
+    uint64_t daemons = atomic_load(&daemon_budget);
+    return daemons && daemons < own ? daemons : own;
 }
 
+/* On the comm thread, never waiting for kiwi_vmm_lock: a move holds it throughout, and the comm
+ * thread sends its progress (waiting, it sent none: the kernel was checkpointed mid-move). */
 void kiwi_vmm_pin_budget(uint64_t bytes)
 {
-    pthread_mutex_lock(&kiwi_vmm_lock);
-    daemon_budget = bytes;
-    heard = true;
-    kiwi_vmm_shadows_changed();
-    pthread_mutex_unlock(&kiwi_vmm_lock);
+    atomic_store(&daemon_budget, bytes);
+    atomic_store(&heard, true);
+    if (pthread_mutex_trylock(&kiwi_vmm_lock) == 0) {
+        kiwi_vmm_shadows_changed();
+        pthread_mutex_unlock(&kiwi_vmm_lock);
+    }
     if (bytes)
         kiwi_log("the daemon's pin budget: %llu bytes", (unsigned long long)bytes);
-}
-
-int kiwi_vmm_copiers(void)
-{
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus < 4 ? 1 : cpus / 2 > 8 ? 8 : (int)(cpus / 2);
 }
 
 static size_t ring_slots(void)
@@ -385,9 +383,10 @@ static void wait_for_the_daemons_word(void)
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += DAEMONS_WORD_SECONDS;
-    while (!heard && pthread_cond_timedwait(&shadow_work, &kiwi_vmm_lock, &until) == 0)
+    while (!atomic_load(&heard) &&
+           pthread_cond_timedwait(&shadow_work, &kiwi_vmm_lock, &until) == 0)
         ;
-    heard = true;
+    atomic_store(&heard, true);
 }
 
 static void *build(void *unused)
@@ -491,7 +490,8 @@ void kiwi_vmm_builder_after_fork(void)
     pthread_cond_init(&quiet, NULL);
     spares = NULL;
     spare_bytes = 0;
-    started = stalled = busy = heard = false;
+    started = stalled = busy = false;
+    atomic_store(&heard, false);
     atomic_store(&moving, false);
     seconds_pinning = 0;
     ring = (struct vmm_shadow){NULL, 0, SHADOW_NONE};

@@ -280,6 +280,12 @@ CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUd
     return result;
 }
 
+int kiwi_vmm_copiers(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus < 4 ? 1 : cpus / 2 > 8 ? 8 : (int)(cpus / 2);
+}
+
 uint64_t kiwi_vmm_staging_bytes(void)
 {
     pthread_mutex_lock(&lock);
