@@ -22,7 +22,11 @@ two rules:
   256 MiB of an eviction, however soon): an eviction's way out overlaps the next way in, and a
   client can buy no more passes than its memory has such steps.
 
-The first report is heard at once, and so are the figures an ``evicted`` carries (``heard``).
+The first report is heard at once, and so are the figures an ``evicted`` carries (``heard``),
+and a way out's first report (``STARTING``), its figures unchanged or not: from then on the
+way out is never checkpointed (residency.py). Damped as unchanged, it waited for the first
+chunk out, and a first chunk slower than ``evict_timeout`` had the process checkpointed in
+the middle of its move.
 ``report`` answers what to tell the scheduler now (or nothing), ``due`` what has waited long
 enough, and ``next_due`` when the shell should ask again.
 """
@@ -44,6 +48,8 @@ Figures = tuple[int | None, int | None, int | None]
 IDLE: Final = "idle"
 HOLDING: Final = "holding"
 MOVING: Final = "moving"
+#: Asked to move its memory out, and not heard since: its way out's first word.
+STARTING: Final = "starting"
 
 
 def merged(old: Figures, new: Figures) -> Figures:
@@ -58,13 +64,16 @@ class MemoryReports(Damper[Figures]):
 
     def report(self, client_id: str, figures: Figures, stands: str,
                now: float) -> Figures | None:
-        """A client reported ``figures``; ``stands``: ``IDLE``, ``HOLDING`` or ``MOVING`` (an
-        eviction or a restore of its memory under way). What the scheduler should hear now,
-        or None (see ``next_due``)."""
+        """A client reported ``figures``; ``stands``: ``IDLE``, ``HOLDING``, ``MOVING`` (an
+        eviction or a restore of its memory under way) or ``STARTING``. What the scheduler
+        should hear now, or None (see ``next_due``)."""
         state = self._clients.get(client_id)
         if state is None:
             self._clients[client_id] = Heard(figures, now)
             return figures
+        if stands == STARTING:
+            self.heard(client_id, figures, now)
+            return state.heard
         latest = state.latest = merged(state.latest, figures)
         heard_resident, resident = state.heard[0], latest[0]
         if resident is not None and (heard_resident is None or resident <= heard_resident):

@@ -17,7 +17,7 @@ from nodeside import __version__, limits
 from nodeside import protocol as p
 from nodeside.daemon.documents import StatusDocuments, StatusMeter
 from nodeside.daemon.lograte import RateLimitedLog
-from nodeside.daemon.memory_reports import HOLDING, IDLE, MOVING, Figures, MemoryReports
+from nodeside.daemon.memory_reports import HOLDING, IDLE, MOVING, STARTING, Figures, MemoryReports
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
@@ -324,7 +324,8 @@ class Requests(Rules):
                                       session.label, client_id, session.peer.uid, damper.hold,
                                       session.peer.fd)
         if figures is not None:
-            stands = MOVING if client.residency is EVICTING or client.residency is RESTORING \
+            stands = (STARTING if not client.eviction.began else MOVING) \
+                if client.residency is EVICTING else MOVING if client.residency is RESTORING \
                 else (HOLDING if client.state == "holding" else IDLE)
             figures = self.memory_reports.report(client_id, figures, stands, now)
             if figures is None:

@@ -202,6 +202,26 @@ def test_an_idle_client_that_does_not_answer_stops_counting_and_the_waiter_is_gr
     assert a.me()["residency"] == "resident"
 
 
+def test_a_way_outs_first_report_is_heard_though_its_figures_are_unchanged(
+        start_daemon, tmp_path) -> None:
+    """The shim reports as its way out starts, before a byte has moved: the same figures the
+    daemon has. Damped as unchanged, the daemon went on thinking the way out never began, and
+    a first chunk slower than evict_timeout had the process checkpointed mid-move; heard, the
+    way out that stalls is only given up on (never checkpointed in the middle)."""
+    daemon = start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory",
+                          "10GiB", "--config", config(tmp_path, memory_reserve=0,
+                                                      evict_timeout=0.5))
+    a, b = Line(daemon, "nbA", 6 * GiB), Line(daemon, "nbB", 6 * GiB)
+    used(a, 6 * GiB)
+    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    assert a.event()["op"] == p.EVICT
+    assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
+    assert b.event()["op"] == p.GRANT
+    daemon.wait_log(r"nbA\.ipynb \(\w+\) \(c1\) made no progress evicting for 0\.5 s "
+                    r"\(evict_timeout\)")
+    assert "did not begin to evict" not in daemon.log()
+
+
 def test_without_the_feature_the_protocol_is_todays(gpu10) -> None:
     old = Line(gpu10, "old", 6 * GiB, memory=False, evict="managed")
     assert "residency" not in old.me()
