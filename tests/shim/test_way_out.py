@@ -12,6 +12,9 @@ a way out at its first unmap.
 - A way out that reports progress is never checkpointed in the middle of it (its deadline
   follows its reports), and its kernel goes on afterwards: before, the daemon checkpointed it
   from outside at 2 s, its move blocked inside the driver, and its next GPU work hung for good.
+  So too when its shadows are not pinned and it goes through the staging ring: there each chunk
+  queued waited for the ring's slots before the chunks done were reported, and the first
+  report came after the deadline.
 - The way out runs on a thread of its own: while it is held in the driver, a cell of the same
   kernel still asks the daemon for the GPU.
 - A vmm cell asks for the GPU as it begins while its memory is away, so the restore starts at
@@ -25,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_device import FakeCard
 from support import DaemonProcess, StatusEvents, scaled
 from test_memory_e2e import Kernel
@@ -37,6 +41,8 @@ REPORTED = 256 * MiB
 #: and a smaller handle proves the same moves.
 CHUNK = 32 * MiB if os.environ.get("KIWI_TEST_SANITIZE") else REPORTED
 RESERVE = 512 * MiB  #: the daemon's default memory_reserve
+#: The shim's staging ring (vmm_builder.c), pinned within the kernel's pin budget before shadows.
+RING = 256 * MiB
 
 
 def working_set(chunk: int) -> int:
@@ -85,9 +91,12 @@ def pair(checkpointing, tmp_path: Path, workload, card: FakeCard, watch, config:
     return daemon, events, a, b
 
 
+@pytest.mark.parametrize("shadows", ["pinned", "staged"])
 def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middle(
-        checkpointing, tmp_path, workload, card, watch) -> None:
+        checkpointing, tmp_path, workload, card, watch, shadows) -> None:
     evict_timeout, link = slow_link()
+    if shadows == "staged":  # a pin budget of the ring and a little: no chunk's shadow pinned
+        link["KIWI_VMM_PIN_BUDGET"] = f"{(RING + REPORTED // 4) // MiB}MiB"
     daemon, events, a, b = pair(checkpointing, tmp_path, workload, card, watch,
                                 f"evict_timeout: {evict_timeout:g}\n", REPORTED, **link)
     # b's grant asks a (idle) to move out; its way out lasts 1.8 evict_timeouts, and reports
@@ -97,6 +106,8 @@ def test_a_slow_way_out_that_reports_progress_is_never_checkpointed_in_the_middl
         lambda d: client(d, a)["residency"] == "evicted" and d, timeout=30,
         what="a's way out to end")
     assert client(document, a)["checkpoint_state"] == "running"
+    # Pinned: the ring and every chunk's shadow; staged: no chunk's.
+    assert (client(document, a)["pinned_bytes"] < RING + REPORTED) == (shadows == "staged")
     assert f"pid {a.pid})" not in daemon.log()  # the daemon never checkpointed it
     assert (a.card.used_by(a.pid), a.card.processes()[a.pid].checkpointed) == (0, 0)
     stats = a.w.stats()
