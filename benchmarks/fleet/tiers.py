@@ -29,7 +29,10 @@ Where the model simplifies (the product does more):
 
 * Pinned shadows made ahead for resident kernels (pin budgets) are not modelled: in the
   product they come out of what host copies leave, so they never push use over the budget,
-  and evicting a kernel with its shadows pinned ahead needs no new host memory.
+  and evicting a kernel with its shadows pinned ahead needs no new host memory. But the
+  daemon today counts the others' pins ahead against an eviction's headroom and never lowers
+  them for it: an eviction can be refused while the host budget is held by shadows of memory
+  that is on the card. The model's figures are the product's once pins yield to evictions.
 * The product fetches on intent at once and then spills others for the excess; the model
   spills first and fetches when they are written, so host use never passes the budget.
 * An intent never fetches host -> GPU ahead of the grant (the product does when the GPU has
