@@ -28,6 +28,9 @@ What it reports, each against a floor measured in the same run:
 * Each pool's share error: during sustained contention (both pools contending for a GPU for at
   least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
   (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
+* With a host budget (``tiers``): refusals for host memory, cells failed after the shim's
+  room timeout (apart from the finished ones), spills, fetches, restores from disk and the
+  peak of host use.
 * GPUs an exclusive one-GPU-per-notebook assignment needs for the same fleet (one each), and the
   peak number of notebooks in a GPU burst at once (what even a perfect dynamic assignment of
   whole GPUs would need).

@@ -30,6 +30,9 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
   nobody's work. The two moves follow each other (out + in), as today's evictors do them; a
   link named with ``+overlap`` (``gen5+overlap``) runs them at once, as a chunked evictor
   would: max(out, in) and one chunk.
+* Host memory (``tiers``, only where a run asks): the node's host budget holds evicted working
+  sets until they spill to a disk tier; each cell's execute request is a hint
+  (``tiers.HostTiers``).
 * Holders side by side (mode auto) share the GPU's time (``co_run`` 1.0): with k of them
   working, each does 1/k of a second's work per second. Without MPS a GPU time-slices between
   processes, so compute-bound cells side by side each run at about 1/k speed; cells too small
