@@ -15,10 +15,12 @@ Gen5 (55 GB/s, measured on the H100). Each count of notebooks per GPU replays, s
   against (the simulator's target, ``seeds.TARGET_LONG``).
 
 The first two run the key policy, mode auto, interactive, TQ 30 s, 1 s turns, with the work of
-holders side by side at the co_run the H100 measured (0.901). A count is **carried** where every
-seed meets the simulator's interactive targets (``seeds``): short cells' mean slowdown at most
-2x, long cells' at most 1.10x the base's, and no cell failed (a cell whose room was refused for
-the shim's 300 s: host memory could not hold the evictions it needed).
+holders side by side at the co_run the H100 measured (0.901). A count is **carried** where the
+simulator's interactive targets (``seeds``) are met on the mean over the seeds, as the fleet's
+other tables judge them: short cells' mean slowdown at most 2x and long cells' at most 1.10x the
+base's; and no cell failed on any seed (a cell whose room was refused for the shim's 300 s: host
+memory could not hold the evictions it needed). The seeds meeting the targets one by one are
+counted beside.
 """
 
 from __future__ import annotations
@@ -94,12 +96,16 @@ def meets(figures: dict, base: dict) -> bool:
 
 
 def carried(results: dict[str, dict[int, dict[int, dict]]], variant: str) -> int:
-    """The most notebooks per GPU at which every seed meets the targets, every count below
+    """The most notebooks per GPU carried (the module's docstring), every count below
     included (0: none)."""
     most = 0
     for n in sorted(results[variant]):
-        by_seed = results[variant][n]
-        if not all(meets(by_seed[s], results["base"][n][s]) for s in by_seed):
+        by_seed, base = results[variant][n], results["base"][n]
+        short = statistics.fmean(r["short_slowdown_mean"] for r in by_seed.values())
+        long = statistics.fmean(r["long_slowdown_mean"] / base[s]["long_slowdown_mean"]
+                                for s, r in by_seed.items())
+        failed = sum(r["tiers"]["failed_cells"] for r in by_seed.values())
+        if failed or short > TARGET_SHORT or long > TARGET_LONG:
             break
         most = n
     return most
@@ -147,7 +153,7 @@ def table(node: Node, results: dict[str, dict[int, dict[int, dict]]], hours: flo
                      + " |")
     host, disk = carried(results, "host"), carried(results, "disk")
     ratio = f"{disk / host:.2f}x" if host else "(host RAM only carries none)"
-    lines += ["", f"Carried at the targets (short <= {TARGET_SHORT:g}x, long <= "
-              f"{TARGET_LONG:.2f}x round robin, no cell failed, every seed): host RAM only "
-              f"{host} notebooks per GPU, host + disk {disk}: {ratio}."]
+    lines += ["", f"Carried at the targets (on the mean over the seeds: short <= "
+              f"{TARGET_SHORT:g}x, long <= {TARGET_LONG:.2f}x round robin; no cell failed on "
+              f"any seed): host RAM only {host} notebooks per GPU, host + disk {disk}: {ratio}."]
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from policy_helpers import GiB, make_scheduler
 
 from benchmarks.fleet.cli import main
 from benchmarks.fleet.runs import run
+from benchmarks.fleet.tier_sweep import carried
 from benchmarks.fleet.tiers import HostTiers, TierSetting, default_budget
 from nodeside.testing import Replay
 
@@ -221,3 +222,23 @@ def test_the_tier_sweep_prints_what_each_node_carries(capsys):
     assert "| host RAM only | short cells' mean slowdown |" in out
     assert "| host + disk | seeds meeting the targets |" in out
     assert "Carried at the targets" in out
+
+
+def figures(short: float, long: float = 1.0, failed: int = 0) -> dict:
+    return {"short_slowdown_mean": short, "long_slowdown_mean": long,
+            "tiers": {"failed_cells": failed}}
+
+
+def test_a_count_is_carried_on_the_seeds_mean_and_only_while_no_cell_failed():
+    base = {n: {1: figures(9.0), 2: figures(9.0)} for n in (4, 6, 8)}
+    results = {"base": base,
+               # One seed over 2x, the mean within: carried; then a failed cell: not.
+               "disk": {4: {1: figures(1.2), 2: figures(2.6)}, 6: {1: figures(1.5),
+                        2: figures(1.5, failed=1)}, 8: {1: figures(1.1), 2: figures(1.1)}},
+               # The long cells' mean past 1.10x round robin's at 6: 4 is the most.
+               "host": {4: {1: figures(1.2), 2: figures(1.2)}, 6: {1: figures(1.2, 1.3),
+                        2: figures(1.2, 1.0)}, 8: {1: figures(1.1), 2: figures(1.1)}}}
+    assert carried(results, "disk") == 4
+    assert carried(results, "host") == 4
+    results["host"][6][1] = figures(1.2, 1.1)
+    assert carried(results, "host") == 8
