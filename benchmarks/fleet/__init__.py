@@ -16,5 +16,8 @@ and is no part of the product: nothing here is compiled into the daemon or shipp
 - references and variants: ``oracle`` (a clairvoyant policy), ``hints`` (it on hinted
   estimates), ``turns`` (holders taking turns at several switch costs), ``memory`` (handoffs
   whose way out and way in overlap, as a chunked evictor's would);
+- the node's host memory: ``tiers`` (host RAM as a budget, spills to a disk tier, restores on
+  intent, the daemon's rules in the memory model), ``tier_sweep`` (notebooks per GPU carried,
+  host RAM only against host + disk, ``--tiers``);
 - ``timeline``: the timelines in docs/.
 """

@@ -5,6 +5,8 @@
                                [--link gen5]
     python -m benchmarks.fleet --seeds 1-20 [--jobs N] [--oracle] [--hints] [--turns]
                                [--overlap] [--link gen5]
+    python -m benchmarks.fleet --tiers [--host-gib 256] [--gpus 8] [--gpu-gib 80]
+                               [--per-gpu 6,8,10] [--seeds 1-2] [--hours 2] [--jobs N]
 
 ``--oracle`` adds a clairvoyant reference, a policy that knows each cell's length
 (``oracle``): how far any real policy could get under the same rules. ``--hints`` adds
@@ -13,7 +15,8 @@ a hint from the kernel could buy. ``--turns`` adds the run of holders taking tur
 ``interactive.turns``) at several costs of a switch (``turns``). ``--overlap`` adds beside each
 run that moves memory its twin with each handoff's way out and way in overlapped, as a chunked
 evictor would run them, and the table of what that gains (``memory``); ``--link`` puts every
-run that moves memory on one host link.
+run that moves memory on one host link. ``--tiers`` instead sweeps notebooks per GPU on a node
+whose host RAM is a budget, with and without the disk tier (``tier_sweep``, ``tiers``).
 
 What a run replays and reports is ``runs``'s; ``--seeds`` is ``seeds``'s.
 """
@@ -30,6 +33,8 @@ from benchmarks.fleet.memory import OVERLAPPED, gains, on_link, twins_only, with
 from benchmarks.fleet.report import explain_table, side_by_side
 from benchmarks.fleet.runs import ORACLE_RUNS, RUNS, run
 from benchmarks.fleet.seeds import parse_seeds, replay_pure, replay_seeds, summary
+from benchmarks.fleet.tier_sweep import Node, sweep, table
+from benchmarks.fleet.tiers import NVME_READ, NVME_WRITE, SPILL_AFTER
 from benchmarks.fleet.turns import TURN_RUNS
 from benchmarks.fleet.workload import GPU_MEMORY
 
@@ -45,8 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--notebooks", type=int, default=20)
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--hours", type=float, default=8.0)
+    parser.add_argument("--gpus", type=int, help="GPUs replayed (default 2; with --tiers 8)")
+    parser.add_argument("--hours", type=float, help="simulated hours (default 8; with "
+                        "--tiers 2)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the figures here (with "
                         "--seeds: each run's, seed by seed)")
@@ -78,7 +84,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--co-run", type=_fraction, default=1.0, metavar="FRACTION",
                         help="the GPU's work holders side by side get done together, as "
                              "benchmarks.shim.gpu_corun measures it (default 1.0: sharing is free)")
+    tiers = parser.add_argument_group("host budget and disk tier (--tiers)")
+    tiers.add_argument("--tiers", action="store_true",
+                       help="instead: notebooks per GPU carried at the interactive targets, "
+                            "host RAM only against host + disk (tier_sweep)")
+    tiers.add_argument("--host-gib", type=float, default=256.0,
+                       help="host RAM the GPUs share (the daemon's default budget of it)")
+    tiers.add_argument("--gpu-gib", type=float, default=80.0, help="each GPU's memory")
+    tiers.add_argument("--per-gpu", type=parse_seeds, default=[6, 8, 10, 12, 14, 16],
+                       metavar="6,8,10", help="the notebooks per GPU swept")
+    tiers.add_argument("--nvme-read", type=float, default=NVME_READ / 1e9, metavar="GB/s")
+    tiers.add_argument("--nvme-write", type=float, default=NVME_WRITE / 1e9, metavar="GB/s")
+    tiers.add_argument("--spill-after", type=float, default=SPILL_AFTER, metavar="SECONDS")
     args = parser.parse_args(argv)
+    if args.tiers:
+        node = Node(args.gpus or 8, args.gpu_gib, args.host_gib, args.link or "gen5",
+                    args.nvme_read * 1e9, args.nvme_write * 1e9, args.spill_after)
+        hours = args.hours or 2.0
+        swept = sweep(node, args.per_gpu, args.seeds or [args.seed], hours, args.jobs)
+        print(table(node, swept, hours))
+        if args.json:
+            args.json.write_text(json.dumps(swept, indent=2))
+        return
+    args.gpus, args.hours = args.gpus or 2, args.hours or 8.0
     pure = [*(ORACLE_RUNS if args.oracle else ()), *(HINT_RUNS if args.hints else ())]
     if args.co_run != 1.0:
         print(f"Holders side by side get {args.co_run:g} of the GPU's work done together "

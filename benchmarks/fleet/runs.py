@@ -28,6 +28,9 @@ What it reports, each against a floor measured in the same run:
 * Each pool's share error: during sustained contention (both pools contending for a GPU for at
   least ten quanta), how far each pool's fraction of that GPU's time is from its entitlement
   (0.35 / 0.65). Shorter episodes are decided by who holds the current quantum, not by shares.
+* With a host budget (``tiers``): refusals for host memory, cells failed after the shim's
+  room timeout (apart from the finished ones), spills, fetches, restores from disk and the
+  peak of host use.
 * GPUs an exclusive one-GPU-per-notebook assignment needs for the same fleet (one each), and the
   peak number of notebooks in a GPU burst at once (what even a perfect dynamic assignment of
   whole GPUs would need).
@@ -45,6 +48,7 @@ from benchmarks.fleet.explain import Explain
 from benchmarks.fleet.hints import HintModel, install_hinted
 from benchmarks.fleet.oracle import ORACLES, install
 from benchmarks.fleet.switching import model_of
+from benchmarks.fleet.tiers import HostTiers, TierSetting
 from benchmarks.fleet.turns import KEY_TURNS, TurnRun
 from benchmarks.fleet.workload import (
     GPU_MEMORY,
@@ -68,7 +72,7 @@ SHORT_CELL = 10.0
 def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         mode: str = "on", memory: int | None = GPU_MEMORY, tq: float = 30.0,
         policy: str = "round-robin", link: str = "gen4", tuning: dict | None = None,
-        explain: bool = False, co_run: float = 1.0) -> dict:
+        explain: bool = False, co_run: float = 1.0, tiers: TierSetting | None = None) -> dict:
     """One replay of the fleet; ``link`` names the host link (``none``: no switching costs;
     ``gen5+overlap``: a handoff's moves overlapped, ``workload.parse_link``);
     ``explain`` adds where short cells' waiting went (``explain``); ``co_run`` is the
@@ -76,7 +80,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     A ``policy`` in ``oracle.ORACLES`` is the clairvoyant reference, one named
     ``hints:...`` the reference on hinted estimates (``hints``); both on the pure Python
     core only. One named ``turns:...`` is ``interactive`` with holders taking turns
-    (``turns``)."""
+    (``turns``). ``tiers`` gives the node a host budget and a disk tier (``tiers``): cells
+    refused room past the shim's timeout fail, and are counted apart from the finished."""
     workload = Workload(co_run=co_run)
     duration = hours * 3600.0
     started = time.perf_counter()
@@ -90,7 +95,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
     replay, cells, contention = build_fleet(
         notebooks, gpus, seed, workload, mode, memory, tq,
         POLICY_INTERACTIVE if reference or turns else policy, bandwidth, tuning, open_cells,
-        overlap)
+        overlap, tiers)
     if hints is not None:
         install_hinted(replay, open_cells, seed, hints)
     elif low_cuts is not None:
@@ -104,7 +109,8 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         replay.observers.append(explainer.observe)
     replay.run_until(duration)
     wall = time.perf_counter() - started
-    finished = [c for c in cells if c.end is not None and c.end <= duration]
+    ended = [c for c in cells if c.end is not None and c.end <= duration]
+    finished = [c for c in ended if not c.failed]
     offered = sum(c.burst for c in cells if c.start < duration)
     held = sum(min(s.end if s.end is not None else duration, duration) - s.start
                for s in replay.spans if s.start < duration)
@@ -137,7 +143,7 @@ def run(notebooks: int = 20, gpus: int = 2, hours: float = 8.0, seed: int = 1,
         "utilization": busy / (duration * gpus),
         "switching_loss": switching / (duration * gpus),
         "moved_gib": (model.moved_bytes / GiB) if (model := model_of(replay)) else 0.0,
-        **_switches(replay),
+        **_switches(replay), **_tiers(replay, len(ended) - len(finished)),
         "held_gpu_seconds_per_gpu_second": held / (duration * gpus),
         "served_fraction": (held - switching) / offered if offered else 1.0,
         "wait_mean_s": statistics.fmean(waits), "wait_p95_s": percentile(waits, 95),
@@ -172,6 +178,21 @@ def _switches(replay: Replay) -> dict:
             "switch_p95_s": percentile(switches, 95) if switches else 0.0,
             "evicted_gib": model.evicted_bytes / GiB if model else 0.0,
             "restored_gib": model.restored_bytes / GiB if model else 0.0}
+
+
+def _tiers(replay: Replay, failed: int) -> dict:
+    """The host budget and disk tier's figures (``tiers``), where the run has them."""
+    model = model_of(replay)
+    if not isinstance(model, HostTiers):
+        return {}
+    budget = model.tiers.budget
+    return {"tiers": {
+        "node": model.tiers.name, "failed_cells": failed,
+        "host_budget_gib": budget / GiB if budget is not None else math.inf,
+        "peak_host_gib": model.peak_host / GiB, "spilled_gib": model.spilled_bytes / GiB,
+        **model.counts, "refused_workers": sum(1 for w in replay.workers.values()
+                                               if w.refusals),
+        "reasons": model.reasons}}
 
 
 def _mean_or_nan(values: list[float]) -> float:

@@ -96,21 +96,30 @@ class Residency:
         """
         working_set = min(working_set, self.capacity)
         restored = working_set if client in self.on_host else 0
+        victims = self.victims(client, working_set, keep)
         self.on_host.discard(client)
         self.resident.pop(client, None)
-        evicted = 0
-        used = sum(self.resident.values())
-        for other in list(self.resident):
+        for other in victims:
+            del self.resident[other]
+            self.on_host.add(other)
+        self.resident[client] = working_set
+        return sum(victims.values()), restored
+
+    def victims(self, client: str, working_set: int, keep: Collection[str] = ()
+                ) -> dict[str, int]:
+        """Whose working sets ``admit`` would move to host for ``client``, and their bytes,
+        moving nothing: the least recently used first, never one in ``keep``."""
+        working_set = min(working_set, self.capacity)
+        used = sum(v for c, v in self.resident.items() if c != client)
+        chosen: dict[str, int] = {}
+        for other, size in self.resident.items():
             if used + working_set <= self.capacity:
                 break
-            if other in keep:
+            if other in keep or other == client:
                 continue
-            moved = self.resident.pop(other)
-            self.on_host.add(other)
-            evicted += moved
-            used -= moved
-        self.resident[client] = working_set
-        return evicted, restored
+            chosen[other] = size
+            used -= size
+        return chosen
 
     def free_for(self, client: str) -> int:
         """Bytes free for ``client``'s working set before anything moves."""
@@ -144,8 +153,9 @@ class SwitchingModel:
     switches: list[float] = field(default_factory=list)
 
     def grant_cost(self, gpu: int, client: str, working_set: int,
-                   keep: Collection[str] = ()) -> float:
-        """Seconds the GPU spends moving memory before ``client`` can work."""
+                   keep: Collection[str] = ()) -> float | None:
+        """Seconds the GPU spends moving memory before ``client`` can work (never None here:
+        host memory without limit makes any room; ``tiers.HostTiers`` may refuse)."""
         residency = self.gpus.setdefault(gpu, Residency(self.capacity))
         free = residency.free_for(client)
         evicted, restored = residency.admit(client, working_set, keep)

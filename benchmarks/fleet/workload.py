@@ -30,6 +30,9 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
   nobody's work. The two moves follow each other (out + in), as today's evictors do them; a
   link named with ``+overlap`` (``gen5+overlap``) runs them at once, as a chunked evictor
   would: max(out, in) and one chunk.
+* Host memory (``tiers``, only where a run asks): the node's host budget holds evicted working
+  sets until they spill to a disk tier; each cell's execute request is a hint
+  (``tiers.HostTiers``).
 * Holders side by side (mode auto) share the GPU's time (``co_run`` 1.0): with k of them
   working, each does 1/k of a second's work per second. Without MPS a GPU time-slices between
   processes, so compute-bound cells side by side each run at about 1/k speed; cells too small
@@ -39,12 +42,15 @@ The workload model (assumptions, chosen to be stated and varied, not measured he
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks.fleet.shares import Contention
 from benchmarks.fleet.switching import PCIE_GEN4, PCIE_GEN5, SwitchingModel
+from benchmarks.fleet.tiers import HostTiers, TierSetting
 from nodeside.config import from_mapping
 from nodeside.scheduler.core import GpuSpec, Scheduler
 from nodeside.testing import Replay, Worker
@@ -98,6 +104,8 @@ class Cell:
     priority: str = "NORMAL"
     #: Seconds its work took beyond its burst by sharing the GPU's time with holders beside it.
     shared: float = 0.0
+    #: Its GPU calls failed: refused room past the shim's room timeout (``Replay``).
+    failed: bool = False
 
     @property
     def wait(self) -> float:
@@ -108,11 +116,12 @@ class Cell:
 def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: str,
                 memory: int | None, tq: float, policy: str = "round-robin",
                 bandwidth: float | None = None, tuning: dict | None = None,
-                open_cells: dict[str, Cell] | None = None, overlap: bool = False
-                ) -> tuple[Replay, list[Cell], Contention]:
+                open_cells: dict[str, Cell] | None = None, overlap: bool = False,
+                tiers: TierSetting | None = None) -> tuple[Replay, list[Cell], Contention]:
     """The fleet, ready to run; ``open_cells`` (if given) maps each client id to its GPU cell
     in progress, for observers that explain the waits; ``overlap`` runs each handoff's moves
-    at once (``switching.switch_seconds``)."""
+    at once (``switching.switch_seconds``); ``tiers`` puts the node's host budget and disk
+    tier in the memory model (``tiers.HostTiers``), each cell's execute request a hint."""
     rng = random.Random(seed)
     sizes = random.Random(seed + 1)  # its own stream: the same traces in every mode
     settings = {"tq": tq, "mode": mode, "pools": POOLS}
@@ -123,11 +132,17 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
                                    **(tuning or {})}
     config = from_mapping(settings)
     sched = Scheduler(config, [GpuSpec(i, memory_total=memory) for i in range(gpus)], 0.0)
-    switching = None
+    switching: SwitchingModel | None = None
     if bandwidth is not None and memory is not None:
         switching = SwitchingModel(memory - config.memory_reserve, bandwidth, overlap=overlap)
+        if tiers is not None:
+            switching = HostTiers(switching.capacity, bandwidth, overlap=overlap, tiers=tiers)
     replay = Replay(sched, release_delay=workload.release_delay, switching=switching,
                     co_run=workload.co_run)
+    intent = None
+    if isinstance(switching, HostTiers):
+        switching.clock = lambda: replay.now
+        intent = switching.intent
     contention = Contention(min_length=10 * tq)
     replay.observers.append(contention.observe)
     cells: list[Cell] = []
@@ -143,23 +158,27 @@ def build_fleet(notebooks: int, gpus: int, seed: int, workload: Workload, mode: 
         worker = replay.add(f"nb{n:02d}", pool=pool, priority=priority, gpu=(n // 2) % gpus,
                             working_set=size if memory else None, pausable=True)
         _start_notebook(replay, worker, rng, workload, cells, priority,
-                        {} if open_cells is None else open_cells)
+                        {} if open_cells is None else open_cells, intent)
     return replay, cells, contention
 
 
 def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workload,
-                    cells: list[Cell], priority: str, open_cells: dict[str, Cell]) -> None:
+                    cells: list[Cell], priority: str, open_cells: dict[str, Cell],
+                    intent: Callable[[str], None] | None = None) -> None:
     shared_before = 0.0  # the worker's record of time lost sharing runs on from cell to cell
+    failed_before = 0
 
     def next_cell(now: float) -> None:
-        nonlocal shared_before
+        nonlocal shared_before, failed_before
         start = now + rng.lognormvariate(_mu(w.think_median), w.think_sigma)
         if rng.random() < w.away_probability:
             start += rng.lognormvariate(_mu(w.away_median), w.away_sigma)
+        if intent is not None:  # the execute request, before the kernel runs the cell
+            replay.at(start, functools.partial(intent, worker.id))
         if rng.random() < w.gpu_cell_probability:
             burst = min(rng.lognormvariate(_mu(w.burst_median), w.burst_sigma), w.burst_cap)
             cell = Cell(worker.name, worker.pool, worker.gpu, start, burst, priority=priority)
-            shared_before = worker.shared
+            shared_before, failed_before = worker.shared, worker.failed
             open_cells[worker.id] = cell
             cells.append(cell)
             replay.burst(worker, burst, when=start)
@@ -172,6 +191,7 @@ def _start_notebook(replay: Replay, worker: Worker, rng: random.Random, w: Workl
         if cell is not None:
             cell.end = now
             cell.shared = worker.shared - shared_before
+            cell.failed = worker.failed > failed_before
         next_cell(now)
 
     worker.on_done = done

@@ -19,7 +19,13 @@ it each works at full speed, which flatters running side by side. A holder the s
 With ``switching`` (a ``MemoryMoves``: the simulator's model of the host link, say) a grant
 whose working set must be moved in (or others' moved out to make room) starts working only when
 that is done: the seconds it takes are in the hold (the scheduler cannot tell them apart) but
-are nobody's work, and each span says how many there were.
+are nobody's work, and each span says how many there were. A grant whose room the model says
+cannot be made (``grant_cost`` answers None: host memory for the evictions is short, say) is
+played as the daemon refuses such a waiter (error ``room``) and the shim answers it: the GPU goes
+straight back, the worker asks again after 1 s, doubling to 16 s, and after ``room_timeout``
+seconds of refusals its burst fails (the cell's GPU calls get ``CUDA_ERROR_OUT_OF_MEMORY``;
+``Worker.failed``). The daemon would refuse the waiter without granting it; here the grant
+lasts no time at all.
 
 The spans it records, and what is measured from them, are ``SpanLog`` (spans.py).
 """
@@ -47,6 +53,12 @@ from nodeside.scheduler.core import (
 )
 from nodeside.testing.spans import Span, SpanLog
 
+#: The shim's retries after a refusal for room: 1 s, doubling to 16 s (client/room.c), and
+#: how long it goes on before the calls fail (``KIWI_ROOM_TIMEOUT``'s default).
+ROOM_RETRY_FIRST = 1.0
+ROOM_RETRY_MOST = 16.0
+ROOM_TIMEOUT = 300.0
+
 # A tick whose deadline does not move forward this many times in a row is a core bug (a rule
 # that asks to be woken at a time it then does nothing about), not a slow simulation.
 _STUCK_LIMIT = 10_000
@@ -59,9 +71,9 @@ class MemoryMoves(Protocol):
     capacity: int
 
     def grant_cost(self, gpu: int, client: str, working_set: int,
-                   keep: Collection[str] = ()) -> float:
+                   keep: Collection[str] = ()) -> float | None:
         """Seconds the GPU spends moving memory before ``client`` can work (``keep``: the
-        holders beside it, whose memory stays)."""
+        holders beside it, whose memory stays); None: the room cannot be made (refused)."""
 
     def used(self, gpu: int, client: str) -> None:
         """``client``'s hold of ``gpu`` ended."""
@@ -94,6 +106,13 @@ class Worker:
     waits: list[float] = field(default_factory=list)  # seconds from request to each grant
     requested_at: float | None = None
     bursts_done: int = 0
+    #: Grants refused for room (``MemoryMoves.grant_cost`` None), and bursts given up on
+    #: after ``Replay.room_timeout`` seconds of them.
+    refusals: int = 0
+    failed: int = 0
+    refused_in_a_row: int = 0
+    #: When the current burst was first refused (None: it was not, or was granted since).
+    refused_since: float | None = None
 
     def left(self, now: float) -> float:
         """GPU seconds of the current burst still to do at ``now`` (its work in a hold starts
@@ -114,7 +133,8 @@ class Worker:
 class Replay(SpanLog):
     def __init__(self, scheduler: Scheduler, now: float = 0.0, *,
                  release_delay: float = 0.0, switching: MemoryMoves | None = None,
-                 co_run: float | None = None, resume_cost: float = 0.0) -> None:
+                 co_run: float | None = None, resume_cost: float = 0.0,
+                 room_timeout: float = ROOM_TIMEOUT) -> None:
         if co_run is not None and not 0.0 < co_run <= 1.0:
             raise ValueError(f"co_run is a fraction of the GPU's work in (0, 1], not {co_run}")
         self.scheduler = scheduler
@@ -123,6 +143,7 @@ class Replay(SpanLog):
         self.switching = switching
         self.co_run = co_run
         self.resume_cost = resume_cost
+        self.room_timeout = room_timeout
         self.workers: dict[str, Worker] = {}
         self.spans: list[Span] = []  # holds
         self.wait_spans: list[Span] = []  # from a request to its grant
@@ -290,10 +311,14 @@ class Replay(SpanLog):
             if worker is None:
                 continue
             if isinstance(action, Grant) and worker.holding_since is None:
+                switching = self._switch_cost(worker, action.gpu)
+                if switching is None:
+                    self._refused(worker)
+                    continue
                 if worker.requested_at is not None:
                     worker.waits.append(self.now - worker.requested_at)
                 worker.requested_at = None
-                switching = self._switch_cost(worker, action.gpu)
+                worker.refused_since, worker.refused_in_a_row = None, 0
                 worker.holding_since = self.now + switching
                 worker.rate = 1.0
                 worker.paused = False
@@ -333,7 +358,32 @@ class Replay(SpanLog):
         for observe in self.observers:
             observe(self, actions)
 
-    def _switch_cost(self, worker: Worker, gpu: int) -> float:
+    def _refused(self, worker: Worker) -> None:
+        """The room for ``worker``'s grant cannot be made: it gives the GPU back at once and
+        asks again later, or its burst fails (the module's docstring)."""
+        worker.refusals += 1
+        worker.refused_in_a_row += 1
+        since = worker.refused_since = (self.now if worker.refused_since is None
+                                        else worker.refused_since)
+        self._close_span(worker.id, self._open_waits)
+        worker.requested_at = None
+        self._apply(self.scheduler.release(self.now, worker.id))
+        if self.now - since >= self.room_timeout:
+            worker.refused_since, worker.refused_in_a_row = None, 0
+            worker.remaining = 0.0
+            worker.failed += 1
+            if worker.on_done is not None:
+                worker.on_done(worker, self.now)
+            return
+        delay = min(ROOM_RETRY_MOST, ROOM_RETRY_FIRST * 2 ** min(worker.refused_in_a_row - 1, 8))
+        self.at(self.now + delay, functools.partial(self._ask_again, worker))
+
+    def _ask_again(self, worker: Worker) -> None:
+        if worker.id in self.workers and worker.holding_since is None \
+                and worker.requested_at is None and worker.remaining > 0:
+            self._request(worker)
+
+    def _switch_cost(self, worker: Worker, gpu: int) -> float | None:
         if self.switching is None:
             return 0.0
         beside = [c for c in self.scheduler.gpus[gpu].holders if c != worker.id]
