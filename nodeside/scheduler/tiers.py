@@ -91,19 +91,22 @@ def host_needed(client: ClientRecord, nbytes: int) -> int:
     return max(0, nbytes - max(0, host_use(client) - client.host_bytes))
 
 
-def spills_pending(state: NodeState) -> bool:
-    """Some ``tiers`` client is spilling, or could be asked to (idle, evicted, in host memory,
-    nothing under way, no failure standing)."""
+def spill_source(state: NodeState) -> ClientRecord | None:
+    """The ``tiers`` client whose spill makes host room: one spilling now, else the one to be
+    asked next (idle, evicted, in host memory, nothing under way, no failure standing; the
+    longest idle first). None: nobody can spill."""
+    askable: list[ClientRecord] = []
     for client in state.tiered.values():
         tiering = client.tiering
         if tiering is None:
             continue
-        if tiering.moving == SPILL or (
-                client.hold_state is HoldState.IDLE and client.residency is EVICTED
-                and client.host_bytes > 0 and tiering.moving is None
-                and tiering.failed_at is None):
-            return True
-    return False
+        if tiering.moving == SPILL:
+            return client
+        if client.hold_state is HoldState.IDLE and client.residency is EVICTED \
+                and client.host_bytes > 0 and tiering.moving is None \
+                and tiering.failed_at is None:
+            askable.append(client)
+    return min(askable, key=lambda c: (c.eviction.since or 0.0, c.last_used), default=None)
 
 
 @final

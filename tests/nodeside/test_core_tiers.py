@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
 from nodeside.model import EVICTED, RESIDENT, MemoryFigures, Registration
+from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.core import (
     Evict,
     Fetch,
@@ -24,6 +25,7 @@ from nodeside.scheduler.core import (
     Spill,
     TierMoved,
 )
+from nodeside.scheduler.status import build_status
 from nodeside.scheduler.tiers import STAGING_RING, tier
 
 GiB = 1 << 30
@@ -194,6 +196,22 @@ def test_an_eviction_waits_for_spills_to_make_host_room_and_then_goes_out() -> N
     assert s.clients[c].state == "waiting"
     actions = s.tier_moved(35.0, a, "disk", host=0, disk=6 * GiB)
     assert of(Evict, actions) == [Evict(b, 0, 6 * GiB, "nbC")]
+
+
+def test_a_waiter_whose_evictions_wait_for_a_spill_says_so() -> None:
+    s = make(capacity=10 * GiB, host_budget=8 * GiB, spill_after=0)
+    a, b, c = (client(s, n, 6 * GiB) for n in ("nbA", "nbB", "nbC"))
+    evicted_at(s, a, 10.0, 6 * GiB)
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    s.release(21.0, b)
+    s.acquire(30.0, c)
+    assert s.clients[c].waiting_for == WaitingFor(a, "nbA", 6 * GiB, "spill")
+    waiter = next(e for e in build_status(s, 31.0)["clients"] if e["id"] == c)
+    assert waiter["waiting_for"] == {"client": a, "name": "nbA", "bytes": 6 * GiB,
+                                     "action": "spill"}
+    s.tier_moved(35.0, a, "disk", host=0, disk=6 * GiB)  # b is asked to evict now
+    assert s.clients[c].waiting_for == WaitingFor(b, "nbB", 6 * GiB, "evict")
 
 
 def test_an_eviction_the_host_budget_cannot_hold_is_refused_with_the_reason() -> None:
