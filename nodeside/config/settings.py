@@ -56,8 +56,8 @@ class SchedulerConfig:
     #: never more than this.
     pin_budget: int | None = None
     #: Bytes of host memory the node's clients may take for evicted memory, pinned shadows and
-    #: spill staging together (feature ``tiers``); None: what MemAvailable allows when the
-    #: daemon starts, less a margin (hostmem.py).
+    #: spill staging together (feature ``tiers``); None: measured, what they take already plus
+    #: MemAvailable less a margin, read again every 30 s (hostmem.py, tiers.py).
     host_budget: int | None = None
     #: Seconds an evicted client stays idle before its host copy is spilled to disk (feature
     #: ``tiers``); 0: only when the host budget runs short.

@@ -86,7 +86,7 @@ from nodeside.scheduler.queries import Queries
 from nodeside.scheduler.residency import ResidencyRules
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.taking_turns import TakingTurns
-from nodeside.scheduler.tiers import TierRules
+from nodeside.scheduler.tiers import HOST_READ_FRESH, TierRules, host_used
 from nodeside.scheduler.turns import Turns
 from nodeside.scheduler.view import PolicyView
 
@@ -280,13 +280,26 @@ class Scheduler:
         """A hint that the client is about to work (``reason``: execute, front)."""
         return self._tiers.intent(self._state.client(client_id), reason, now)
 
-    def measured_host_budget(self, nbytes: int | None) -> list[Action]:
-        """The host budget the shell read (MemAvailable less a margin), where the config
-        gives none."""
+    def host_memory_read(self, now: float, free: int | None) -> list[Action]:
+        """The shell read the host's memory: ``free`` is MemAvailable less the margin (None:
+        unreadable; negative: the host is short of its margin). The measured budget is Kiwi's
+        own counted host use, which MemAvailable no longer counts, plus ``free``: the clients'
+        own growth does not shrink it, the host's other tenants' does (a configured
+        ``host_budget`` stays as configured). What the new budget changes is decided at once:
+        spills, pin budgets, waiting evictions."""
         state = self._state
-        state.measured_host_budget = nbytes
+        state.host_read_at = now
+        state.measured_host_budget = None if free is None \
+            else max(0, host_used(state) + free)
         state.read_config()
-        return self._tiers.plan_pins()
+        return self.tick(now)
+
+    def host_budget_stale(self, now: float) -> bool:
+        """The budget planned with is the measured one, some client speaks ``tiers``, and
+        the last read is older than ``HOST_READ_FRESH``: read again before deciding."""
+        state = self._state
+        return bool(self._tiers.clients) and state.config.host_budget is None and (
+            state.host_read_at is None or now - state.host_read_at >= HOST_READ_FRESH)
 
     @property
     def host_budget(self) -> int | None:

@@ -2,7 +2,9 @@
 to disk and fetches back on intent.
 
 The host budget is the node's, one figure shared by every GPU (``NodeState.host_budget``: the
-config's ``host_budget``, else what the shell read of MemAvailable). Host use is counted over
+config's ``host_budget``, else measured: Kiwi's own counted host use plus what the shell last
+read of MemAvailable less a margin, read every ``HOST_READ_EVERY`` seconds and before an
+acquire when older than ``HOST_READ_FRESH``). Host use is counted over
 every ``memory`` client of the node (``host_use``): the host copies of evicted memory (pinned
 or pageable alike: ``host_bytes``) and the pinned shadows made ahead beyond them (``pinned``
 over ``host_bytes``, for clients that speak ``tiers``; ``shadow`` for those that do not).
@@ -51,6 +53,10 @@ INTENT_REASONS: Final = ("execute", "front")
 #: 16 MiB slots per copier thread, at most 8 copiers), counted in the pin budget it is told.
 #: A budget of just the working set would leave the last chunk's shadow unpinned.
 STAGING_RING: Final = 16 * 2 * 8 * 2**20
+#: A measured host budget older than this is read again before a decision that plans with it
+#: (an acquire); the shell reads it every ``HOST_READ_EVERY`` seconds besides.
+HOST_READ_FRESH: Final = 5.0
+HOST_READ_EVERY: Final = 30.0
 
 
 def tier(client: ClientRecord) -> str:
@@ -73,16 +79,19 @@ def host_use(client: ClientRecord) -> int:
     return max(client.host_bytes, ahead)
 
 
-def host_headroom(state: NodeState) -> int | None:
-    """Bytes of the host budget no client takes (negative: over it; None: no budget)."""
-    budget = state.host_budget
-    if budget is None:
-        return None
+def host_used(state: NodeState) -> int:
+    """Host memory the node's memory clients take, as they count it (``host_use``)."""
     used = 0
     for client in state.clients.values():
         if client.memory:
             used += host_use(client)
-    return budget - used
+    return used
+
+
+def host_headroom(state: NodeState) -> int | None:
+    """Bytes of the host budget no client takes (negative: over it; None: no budget)."""
+    budget = state.host_budget
+    return None if budget is None else budget - host_used(state)
 
 
 def host_needed(client: ClientRecord, nbytes: int) -> int:
