@@ -312,7 +312,7 @@ class Requests(Rules):
                 check_claim(self.scheduler.gpus[client.gpu], figures[0], "working_set.resident")
                 self._check_nvml_soon(client, figures[0])
             if p.FEATURE_TIERS in session.features:
-                self.tiers.figures(client, msg)
+                self.tiers.figures(client, msg, now)
         damper = self.working_sets
         heard = damper.report(client_id, nbytes, evictable, now)
         if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer

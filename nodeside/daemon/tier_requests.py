@@ -56,12 +56,12 @@ class TierRequests:
             return tiering.pin_budget
         return self.scheduler.config.pin_budget
 
-    def figures(self, client: ClientRecord, msg: dict[str, Any]) -> None:
+    def figures(self, client: ClientRecord, msg: dict[str, Any], now: float) -> None:
         """A ``working_set``'s ``disk`` and ``pinned``: recorded, never a scheduling pass of
         their own (the progress of a move; the move's end comes in ``tier_moved``)."""
         disk, pinned = byte_figure(msg, "disk"), byte_figure(msg, "pinned")
         if disk is not None or pinned is not None:
-            self.scheduler.tier_figures(client.id, disk, pinned)
+            self.scheduler.tier_figures(client.id, disk, pinned, now)
 
     def forget(self, client_id: str) -> None:
         self._hinted.pop(client_id, None)

@@ -229,7 +229,7 @@ class Scheduler:
         said = figures or NOTHING_SAID
         client = self._state.client(client_id)
         if client.tiering is not None:  # before a restore's end is judged: disk counts too
-            self._tiers.report(client, said.disk, said.pinned, said.host)
+            self._tiers.report(client, said.disk, said.pinned, said.host, now)
         actions = self._turns.report_working_set(client, nbytes, evictable, now, said.resident,
                                                  said.host, said.shadow)
         return self._tiers_due(actions, now)
@@ -271,10 +271,11 @@ class Scheduler:
         # Host room a grant's evictions waited for may be there now, on any GPU.
         return [*actions, *self._turns.schedule_all(now)]
 
-    def tier_figures(self, client_id: str, disk: int | None, pinned: int | None) -> None:
+    def tier_figures(self, client_id: str, disk: int | None, pinned: int | None,
+                     now: float | None = None) -> None:
         """A report's ``disk`` and ``pinned``: the progress of a move, recorded (the status
         shows it; the next pass plans with it)."""
-        self._tiers.report(self._state.client(client_id), disk, pinned)
+        self._tiers.report(self._state.client(client_id), disk, pinned, now=now)
 
     def intent(self, now: float, client_id: str, reason: str) -> list[Action]:
         """A hint that the client is about to work (``reason``: execute, front)."""
@@ -342,7 +343,9 @@ class Scheduler:
 
     def tick(self, now: float) -> list[Action]:
         """Time has passed: end quanta, revoke holders past their grace, spill."""
-        return self._tiers_due(self._turns.schedule_all(now), now)
+        actions = self._tiers.stalled(now) if self._tiers.clients else []
+        actions.extend(self._turns.schedule_all(now))  # after: a move given up counts no more
+        return self._tiers_due(actions, now)
 
     # -- the admin's controls (controls.py) -----------------------------------------------
 
@@ -364,7 +367,7 @@ class Scheduler:
         deadline = self._queries.next_deadline(now)
         if not self._tiers.clients:
             return deadline
-        spill = self._tiers.deadline()
+        spill = self._tiers.deadline(now)
         return spill if deadline is None or (spill is not None and spill < deadline) \
             else deadline
 

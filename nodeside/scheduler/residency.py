@@ -355,7 +355,7 @@ class ResidencyRules:
                 break
             missing -= counted(client)
             chosen.append(client)
-        refused = self._host_room(candidate, chosen)
+        refused = self._host_room(candidate, chosen, now)
         if refused is not None or (chosen and self.state.host_wanted):
             return [], refused  # spills make the host room first (tiers.py)
         for client in chosen:
@@ -367,7 +367,8 @@ class ResidencyRules:
         self._wait_for(candidate, on_the_way or later)
         return actions, None
 
-    def _host_room(self, candidate: ClientRecord, chosen: list[ClientRecord]) -> str | None:
+    def _host_room(self, candidate: ClientRecord, chosen: list[ClientRecord],
+                   now: float) -> str | None:
         """Where the node plans its host memory (feature ``tiers``): the host memory the
         evictions ``chosen`` take must fit in the host budget's headroom. Short, spills are to
         make it (``host_wanted``) and the evictions wait, the waiter ``waiting_for`` the spill;
@@ -380,7 +381,7 @@ class ResidencyRules:
         needed = sum(host_needed(c, counted(c)) for c in chosen)
         if needed <= headroom:
             return None
-        spiller = spill_source(state)
+        spiller = spill_source(state, now)
         if spiller is not None:
             state.host_wanted = needed - max(0, headroom)
             candidate.waiting_for = WaitingFor(spiller.id, spiller.display_name,
