@@ -103,6 +103,8 @@ def waiting_for_words(client: dict[str, Any], document: dict[str, Any] | None = 
         return f"waiting for {name} to be checkpointed ({size} to host memory)"
     if action == "restore":
         return f"waiting for {name} to move {size} back onto the GPU"
+    if action == "spill":
+        return f"waiting for {name} to move {size} to disk (the host memory budget is full)"
     return f"waiting for {name} to move {size} to host memory"
 
 

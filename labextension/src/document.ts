@@ -39,7 +39,12 @@ export interface IWaitingFor {
   name: string;
   /** How much it moves. */
   bytes: number;
-  action: 'evict' | 'checkpoint' | 'restore';
+  /**
+   * What it does: `evict` or `checkpoint` (to host memory), `restore` (back onto the GPU),
+   * `spill` (from host memory to disk: the node's host budget cannot hold the evictions the
+   * waiter needs until it has).
+   */
+  action: 'evict' | 'checkpoint' | 'restore' | 'spill';
 }
 
 /** One GPU as the daemon reports it. */

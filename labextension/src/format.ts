@@ -363,6 +363,8 @@ export function describeWaitingFor(
       return trans.__('waiting for %1 to move %2 back onto the GPU', waiting.label, size);
     case 'evict':
       return trans.__('waiting for %1 to move %2 to host memory', waiting.label, size);
+    case 'spill':
+      return trans.__('waiting for %1 to move %2 to disk (the host memory budget is full)', waiting.label, size);
   }
 }
 

@@ -100,6 +100,9 @@ describe('the words of memory', () => {
       'waiting for nbA.ipynb to be checkpointed (24.0 GiB to host memory)'
     );
     expect(describeWaitingFor({ ...waiting, action: 'restore' }, trans)).toBe('waiting for nbA.ipynb to move 24.0 GiB back onto the GPU');
+    expect(describeWaitingFor({ ...waiting, action: 'spill' }, trans)).toBe(
+      'waiting for nbA.ipynb to move 24.0 GiB to disk (the host memory budget is full)'
+    );
   });
 
   it("says the GPU's totals, and what it does not know", () => {

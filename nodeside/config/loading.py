@@ -162,6 +162,8 @@ _PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "pin_budget": ("pin_budget", parse_size),
     "host_budget": ("host_budget", parse_size),
     "spill_after": ("spill_after", lambda value: parse_seconds_or_never(value, "spill_after")),
+    "tier_timeout": ("tier_timeout",
+                     lambda value: parse_seconds_or_never(value, "tier_timeout")),
     "handoff_overlap": ("handoff_overlap", _parse_switch),
     "evict_timeout": ("evict_timeout", lambda value: parse_tq(value, "evict_timeout")),
     "evict_interval": ("evict_interval", lambda value: parse_seconds_or_never(

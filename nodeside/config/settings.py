@@ -56,12 +56,17 @@ class SchedulerConfig:
     #: never more than this.
     pin_budget: int | None = None
     #: Bytes of host memory the node's clients may take for evicted memory, pinned shadows and
-    #: spill staging together (feature ``tiers``); None: what MemAvailable allows when the
-    #: daemon starts, less a margin (hostmem.py).
+    #: spill staging together (feature ``tiers``); None: measured, what they take already plus
+    #: MemAvailable less a margin, read again every 30 s (hostmem.py, tiers.py).
     host_budget: int | None = None
     #: Seconds an evicted client stays idle before its host copy is spilled to disk (feature
     #: ``tiers``); 0: only when the host budget runs short.
     spill_after: float = 600.0
+    #: Seconds a spill or a fetch (feature ``tiers``) may go without progress (its disk figure
+    #: moving by 64 MiB) before it is given up: its ``tier_failed`` says so, the host budget
+    #: stops counting on it, and it is not asked to move again for a backoff (this long, twice
+    #: that after the next give-up, up to eight times); 0: never given up.
+    tier_timeout: float = 300.0
     #: A ``vmm`` client is granted while the room it lacks is still on its way out (clients
     #: told to evict, or released ``evicting``): its restore maps chunk by chunk as the card
     #: frees them, so its way in overlaps the other's way out, each direction on its own copy

@@ -18,6 +18,7 @@ from pathlib import Path
 from nodeside.formats import size
 
 PROC = Path("/proc")
+MEMINFO = PROC / "meminfo"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -31,26 +32,32 @@ class HostRoom:
 
 def host_available(proc: Path = PROC) -> int | None:
     """MemAvailable from /proc/meminfo, in bytes; None where it cannot be read."""
-    return _meminfo("MemAvailable:", proc)
+    return _meminfo("MemAvailable:", proc / "meminfo")
 
 
 def host_total(proc: Path = PROC) -> int | None:
     """MemTotal from /proc/meminfo, in bytes: more than this, no client has in host memory,
     whatever it says. None where it cannot be read."""
-    return _meminfo("MemTotal:", proc)
+    return _meminfo("MemTotal:", proc / "meminfo")
 
 
-def _meminfo(key: str, proc: Path) -> int | None:
+def _meminfo(key: str, meminfo: Path) -> int | None:
+    return _meminfo_figures(meminfo, (key,))[0]
+
+
+def _meminfo_figures(meminfo: Path, keys: tuple[str, ...]) -> list[int | None]:
+    """The figures of ``keys`` ("MemAvailable:") in bytes, read at once; None for each that
+    cannot be read."""
+    found: dict[str, int] = {}
     try:
-        text = (proc / "meminfo").read_text()
+        text = meminfo.read_text()
     except OSError:
-        return None
+        return [None] * len(keys)
     for line in text.splitlines():
-        if line.startswith(key):
-            fields = line.split()
-            if len(fields) >= 2 and fields[1].isdigit():
-                return int(fields[1]) * 1024
-    return None
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] in keys and fields[1].isdigit():
+            found[fields[0]] = int(fields[1]) * 1024
+    return [found.get(key) for key in keys]
 
 
 def cgroup_of(pid: int, proc: Path = PROC) -> str | None:
@@ -124,10 +131,13 @@ MARGIN_FLOOR = 4 << 30
 MARGIN_SHARE = 0.1
 
 
-def default_host_budget(proc: Path = PROC) -> int | None:
-    """The node's host budget where the config gives none (feature ``tiers``): MemAvailable
-    when the daemon starts, less a margin; None where the host's figures cannot be read."""
-    available, total = host_available(proc), host_total(proc)
+def host_free(meminfo: Path = MEMINFO) -> int | None:
+    """What the host has for the node's host budget beyond what Kiwi's clients take already
+    (feature ``tiers``; the core adds their counted use): MemAvailable less a margin, negative
+    where the host is short of the margin (Kiwi's clients then give memory back); None where
+    the host's figures cannot be read. Read again and again: the host's other tenants come and
+    go."""
+    available, total = _meminfo_figures(meminfo, ("MemAvailable:", "MemTotal:"))
     if available is None or total is None:
         return None
-    return max(0, available - max(MARGIN_FLOOR, int(total * MARGIN_SHARE)))
+    return available - max(MARGIN_FLOOR, int(total * MARGIN_SHARE))

@@ -23,7 +23,7 @@ from nodeside.config import (
     parse_tq,
 )
 from nodeside.daemon.gpus import discover
-from nodeside.daemon.hostmem import PROC
+from nodeside.daemon.hostmem import MEMINFO, PROC
 from nodeside.daemon.kube import PodSource, in_cluster_or_why_not
 from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.process_memory import nvml_process_memory
@@ -70,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "whoever reaches the metrics port)")
     parser.add_argument("--log-level", default=os.environ.get("KIWI_LOG_LEVEL", "INFO"),
                         type=str.upper, choices=["DEBUG", "INFO", "WARN", "WARNING", "ERROR"])
-    # For tests only, so hidden: a fake /proc keyed by real peer pids, and a stand-in API
-    # server on plain HTTP without a token (docs/policy.md, "Namespaces").
+    # For tests only, so hidden: a fake /proc keyed by real peer pids, a meminfo whose
+    # MemAvailable a test moves, and a stand-in API server on plain HTTP without a token
+    # (docs/policy.md, "Namespaces").
     parser.add_argument("--proc-root", type=Path, default=PROC, help=argparse.SUPPRESS)
+    parser.add_argument("--meminfo", type=Path, default=MEMINFO, help=argparse.SUPPRESS)
     parser.add_argument("--kube-api", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version",
                         version=f"kiwi-scheduler {__version__}, scheduler core {core()}")
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                             memory_used=memory_used, config_file=args.config,
                             overrides=overrides, state_file=args.state_file,
                             cuda_library=args.cuda_library, pods=pods, pods_off=pods_off,
-                            proc_root=args.proc_root,
+                            proc_root=args.proc_root, meminfo=args.meminfo,
                             process_utilization=nvml_reader(gpus),
                             process_memory=nvml_process_memory(gpus))
     try:

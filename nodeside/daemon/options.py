@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeside.config import SchedulerConfig
-from nodeside.daemon.hostmem import PROC
+from nodeside.daemon.hostmem import MEMINFO, PROC
 from nodeside.daemon.kube import PodSource
 from nodeside.scheduler.core import GpuSpec
 
@@ -38,6 +38,8 @@ class DaemonOptions:
     pods_off: str | None = None
     #: Where peers' ``<pid>/cgroup`` files are read. Only tests point it elsewhere.
     proc_root: Path = PROC
+    #: Where the host's MemAvailable is read for the host budget. Only tests point it elsewhere.
+    meminfo: Path = MEMINFO
     #: Reads each process's use of each GPU as NVML samples it (utilization.py), for the pause
     #: watch (pause_watch.py); None where NVML cannot.
     process_utilization: Callable[[], Sequence[tuple[int, int, float, int]]] | None = None

@@ -213,9 +213,10 @@ class Requests(Rules):
 
     def _acquire(self, session: Session, seq: int | None, now: float) -> Outcome:
         client_id = _registered(session)
+        fresh = self.tiers.host_memory_if_stale(now)  # the acquire may plan with the budget
         actions = self.scheduler.acquire(now, client_id)
         reply, position = self._granted_or_waiting(client_id, actions, seq, now)
-        out: list[bytes | Action] = [reply]
+        out: list[bytes | Action] = [reply, *fresh]
         out.extend(actions)
         return Outcome(out, gpus=(self.scheduler.clients[client_id].gpu,), told=True,
                        position=position)
@@ -311,7 +312,7 @@ class Requests(Rules):
                 check_claim(self.scheduler.gpus[client.gpu], figures[0], "working_set.resident")
                 self._check_nvml_soon(client, figures[0])
             if p.FEATURE_TIERS in session.features:
-                self.tiers.figures(client, msg)
+                self.tiers.figures(client, msg, now)
         damper = self.working_sets
         heard = damper.report(client_id, nbytes, evictable, now)
         if heard is None:  # it waits (or changes nothing): the shell arms the damper's timer

@@ -24,7 +24,6 @@ from typing import Any
 from nodeside import __version__
 from nodeside.config import ConfigError
 from nodeside.config import load as load_config
-from nodeside.daemon import hostmem
 from nodeside.daemon.admission import Admission
 from nodeside.daemon.connection import DaemonConnection
 from nodeside.daemon.kube import PodNamespaces
@@ -63,8 +62,6 @@ class Daemon:
             if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         config = self.state.apply(options.config)
         self.scheduler = Scheduler(config, options.gpus, self.now())
-        if config.host_budget is None:  # the core does no I/O: the host is read here
-            self.scheduler.measured_host_budget(hostmem.default_host_budget())
         # Nobody has registered yet: nothing follows that the shell would carry out.
         self.state.restore_gpu_tq(self.scheduler, self.now())
         #: Suspends and resumes processes registered with evict "checkpoint"; every action
@@ -77,6 +74,9 @@ class Daemon:
         self.pods = PodNamespaces(options.pods, options.proc_root)
         self.requests = Requests(self.scheduler, resolve_group(config.admin_group),
                                  options.memory_used, self.evictor, self.pods.of)
+        self.requests.tiers.meminfo = options.meminfo
+        # Nobody has registered yet: nothing follows that the shell would carry out.
+        self.requests.tiers.read_host_memory(self.now())
         self.admission = Admission(config.connections, _connection_cap())
         #: What every connection talks to (``DaemonConnection(daemon.router)``).
         self.router = Shell(self.requests, self.now, self.loop, self.admission, self.state,
@@ -123,7 +123,9 @@ class Daemon:
         self.start_watches()
 
     def start_watches(self) -> None:
-        """Read NVML's per-process figures from now on, where the options give readers."""
+        """Read the host's memory from now on, and NVML's per-process figures where the options
+        give readers."""
+        self.timers.arm_host_reads()
         read = self.options.process_utilization
         if read is not None:
             self._pause_watch = self.loop.create_task(
@@ -174,6 +176,7 @@ class Daemon:
         self.requests.admin_gid = resolve_group(config.admin_group)
         self.admission.limits = config.connections
         self.delivery.apply(self.scheduler.reconfigure(config, self.now()))
+        self.delivery.apply(self.requests.tiers.read_host_memory(self.now()))
         self.delivery.apply(self.state.restore_gpu_tq(self.scheduler, self.now()))
         log.info("Config reloaded from %s", self.options.config_file or "defaults")
         self.timers.note_change()  # pools, TQ or mode may read otherwise now

@@ -1,5 +1,6 @@
 """The requests of the ``tiers`` feature: ``tier_moved`` from a kernel, ``intent`` from the
-Jupyter server; and the ``disk``/``pinned`` figures ``register`` and ``working_set`` carry.
+Jupyter server; the ``disk``/``pinned`` figures ``register`` and ``working_set`` carry; and the
+host's MemAvailable, read for the measured host budget.
 
 ``Requests`` (requests.py) hands these here. A hint is cheap to send and must stay cheap to
 receive: an ``intent`` is answered ``ok`` whatever it changed, and one for a client hinted in
@@ -11,10 +12,12 @@ slows nobody but itself.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from nodeside import limits
 from nodeside import protocol as p
+from nodeside.daemon.hostmem import MEMINFO, host_free
 from nodeside.daemon.session import Outcome, Session
 from nodeside.scheduler.core import ClientRecord, Scheduler, SchedulerError
 from nodeside.scheduler.tiers import INTENT_REASONS
@@ -29,6 +32,17 @@ class TierRequests:
         self.is_admin = is_admin
         #: When each client was last hinted (a client's key goes with it: ``forget``).
         self._hinted: dict[str, float] = {}
+        #: Where the host's MemAvailable is read (tests point it at a file of their own).
+        self.meminfo: Path = MEMINFO
+
+    def read_host_memory(self, now: float) -> list[Any]:
+        """MemAvailable read again: the measured host budget kept current (tiers.py)."""
+        return list(self.scheduler.host_memory_read(now, host_free(self.meminfo)))
+
+    def host_memory_if_stale(self, now: float) -> list[Any]:
+        """Before a decision that plans with the host budget: read again if the last read is
+        old (none, where the budget is configured or nobody speaks ``tiers``)."""
+        return self.read_host_memory(now) if self.scheduler.host_budget_stale(now) else []
 
     def registered(self, client_id: str, msg: dict[str, Any]) -> list[Any]:
         """A ``tiers`` client registered (``disk``: spill files it has already)."""
@@ -42,12 +56,12 @@ class TierRequests:
             return tiering.pin_budget
         return self.scheduler.config.pin_budget
 
-    def figures(self, client: ClientRecord, msg: dict[str, Any]) -> None:
+    def figures(self, client: ClientRecord, msg: dict[str, Any], now: float) -> None:
         """A ``working_set``'s ``disk`` and ``pinned``: recorded, never a scheduling pass of
         their own (the progress of a move; the move's end comes in ``tier_moved``)."""
         disk, pinned = byte_figure(msg, "disk"), byte_figure(msg, "pinned")
         if disk is not None or pinned is not None:
-            self.scheduler.tier_figures(client.id, disk, pinned)
+            self.scheduler.tier_figures(client.id, disk, pinned, now)
 
     def forget(self, client_id: str) -> None:
         self._hinted.pop(client_id, None)

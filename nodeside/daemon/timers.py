@@ -1,10 +1,11 @@
 """The daemon's timers: the scheduler's next deadline, the connection deadlines, and the rounds
 of queue-position and ``changed`` events.
 
-Five timers on the event loop, each armed from a sans-I/O answer: the scheduler's
+Six timers on the event loop, five armed from a sans-I/O answer: the scheduler's
 ``next_deadline`` (a quantum's end, a drop's grace), ``Admission.next_check`` (hello and idle
 limits), ``WorkingSetDamper.next_due`` (a working set that waited its turn), ``PositionNotices``
-and ``ChangeNotices`` (when the next round of events is due). When one fires, this file asks the
+and ``ChangeNotices`` (when the next round of events is due), and the host's memory read every
+``HOST_READ_EVERY`` seconds. When one fires, this file asks the
 same object what is due and sends it through the router. The
 time is the daemon's clock (the loop's), so a test on a virtual-time loop runs them all in
 milliseconds.
@@ -24,6 +25,7 @@ from nodeside.daemon.positions import PositionNotices
 from nodeside.daemon.requests import Requests
 from nodeside.daemon.router import CHANGED_EVENT, POSITION_EVENT, Router
 from nodeside.scheduler.core import Scheduler
+from nodeside.scheduler.tiers import HOST_READ_EVERY
 
 
 class Timers:
@@ -46,11 +48,30 @@ class Timers:
         self._sweep_at: float | None = None
         self._working_sets: asyncio.TimerHandle | None = None
         self._working_sets_at: float | None = None
+        self._host_reads: asyncio.TimerHandle | None = None
 
     def close(self) -> None:
-        for timer in (self._deadline, self._sweep, self._working_sets):
+        for timer in (self._deadline, self._sweep, self._working_sets, self._host_reads):
             if timer is not None:
                 timer.cancel()
+
+    # -- the host's memory --------------------------------------------------------------------
+
+    def arm_host_reads(self) -> None:
+        """Read MemAvailable every ``HOST_READ_EVERY`` seconds: the measured host budget follows
+        what the host's other tenants take (tiers.py)."""
+        self._host_reads = self.loop.call_later(HOST_READ_EVERY, self._on_host_read)
+
+    def _on_host_read(self) -> None:
+        budget = self.scheduler.host_budget
+        actions = self.requests.tiers.read_host_memory(self.now())
+        self.delivery.apply(actions)
+        self.arm_deadline()
+        if actions:
+            self.queues_moved(self.scheduler.gpus)
+        if actions or self.scheduler.host_budget != budget:
+            self.note_change()
+        self.arm_host_reads()
 
     # -- the scheduler's deadline -------------------------------------------------------------
 

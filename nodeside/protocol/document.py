@@ -89,7 +89,10 @@ WAITING_FOR: Final = Part("IWaitingFor", "What a waiter waits for besides its tu
     Key("client", "str", "The client id of who moves the memory.", always=True),
     Key("name", "str", "Its display name.", always=True),
     Key("bytes", "int", "How much it moves.", always=True),
-    Key("action", "str", always=True, values=("evict", "checkpoint", "restore")),
+    Key("action", "str", "What it does: `evict` or `checkpoint` (to host memory), `restore` "
+                         "(back onto the GPU), `spill` (from host memory to disk: the node's "
+                         "host budget cannot hold the evictions the waiter needs until it has).",
+        always=True, values=("evict", "checkpoint", "restore", "spill")),
 ))
 
 GPU: Final = Part("IGpuStatus", "One GPU as the daemon reports it.", (

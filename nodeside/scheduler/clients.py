@@ -207,6 +207,15 @@ class Tiering:
     pin_budget: int | None
     #: A hint that it is about to work came while its memory could not come to the GPU yet.
     intent: bool
+    #: While a move is under way: when it began or last made progress, and its disk figure
+    #: then (``tier_timeout`` runs from there).
+    progress_at: float | None
+    progress_disk: int
+    #: After a move given up for want of progress: no move is asked of it before
+    #: ``retry_at``; ``backoff`` is how long the last give-up waits (0: none since a move
+    #: ended).
+    retry_at: float | None
+    backoff: float
 
     def __init__(self) -> None:
         self.disk = 0
@@ -216,6 +225,10 @@ class Tiering:
         self.failed_at = None
         self.pin_budget = None
         self.intent = False
+        self.progress_at = None
+        self.progress_disk = 0
+        self.retry_at = None
+        self.backoff = 0.0
 
 
 @dataclass(eq=False)  # one object per client: compared by identity, and cheaply

@@ -86,7 +86,7 @@ from nodeside.scheduler.queries import Queries
 from nodeside.scheduler.residency import ResidencyRules
 from nodeside.scheduler.room import Room
 from nodeside.scheduler.taking_turns import TakingTurns
-from nodeside.scheduler.tiers import TierRules
+from nodeside.scheduler.tiers import HOST_READ_FRESH, TierRules, host_used
 from nodeside.scheduler.turns import Turns
 from nodeside.scheduler.view import PolicyView
 
@@ -229,7 +229,7 @@ class Scheduler:
         said = figures or NOTHING_SAID
         client = self._state.client(client_id)
         if client.tiering is not None:  # before a restore's end is judged: disk counts too
-            self._tiers.report(client, said.disk, said.pinned, said.host)
+            self._tiers.report(client, said.disk, said.pinned, said.host, now)
         actions = self._turns.report_working_set(client, nbytes, evictable, now, said.resident,
                                                  said.host, said.shadow)
         return self._tiers_due(actions, now)
@@ -271,22 +271,36 @@ class Scheduler:
         # Host room a grant's evictions waited for may be there now, on any GPU.
         return [*actions, *self._turns.schedule_all(now)]
 
-    def tier_figures(self, client_id: str, disk: int | None, pinned: int | None) -> None:
+    def tier_figures(self, client_id: str, disk: int | None, pinned: int | None,
+                     now: float | None = None) -> None:
         """A report's ``disk`` and ``pinned``: the progress of a move, recorded (the status
         shows it; the next pass plans with it)."""
-        self._tiers.report(self._state.client(client_id), disk, pinned)
+        self._tiers.report(self._state.client(client_id), disk, pinned, now=now)
 
     def intent(self, now: float, client_id: str, reason: str) -> list[Action]:
         """A hint that the client is about to work (``reason``: execute, front)."""
         return self._tiers.intent(self._state.client(client_id), reason, now)
 
-    def measured_host_budget(self, nbytes: int | None) -> list[Action]:
-        """The host budget the shell read (MemAvailable less a margin), where the config
-        gives none."""
+    def host_memory_read(self, now: float, free: int | None) -> list[Action]:
+        """The shell read the host's memory: ``free`` is MemAvailable less the margin (None:
+        unreadable; negative: the host is short of its margin). The measured budget is Kiwi's
+        own counted host use, which MemAvailable no longer counts, plus ``free``: the clients'
+        own growth does not shrink it, the host's other tenants' does (a configured
+        ``host_budget`` stays as configured). What the new budget changes is decided at once:
+        spills, pin budgets, waiting evictions."""
         state = self._state
-        state.measured_host_budget = nbytes
+        state.host_read_at = now
+        state.measured_host_budget = None if free is None \
+            else max(0, host_used(state) + free)
         state.read_config()
-        return self._tiers.plan_pins()
+        return self.tick(now)
+
+    def host_budget_stale(self, now: float) -> bool:
+        """The budget planned with is the measured one, some client speaks ``tiers``, and
+        the last read is older than ``HOST_READ_FRESH``: read again before deciding."""
+        state = self._state
+        return bool(self._tiers.clients) and state.config.host_budget is None and (
+            state.host_read_at is None or now - state.host_read_at >= HOST_READ_FRESH)
 
     @property
     def host_budget(self) -> int | None:
@@ -329,7 +343,9 @@ class Scheduler:
 
     def tick(self, now: float) -> list[Action]:
         """Time has passed: end quanta, revoke holders past their grace, spill."""
-        return self._tiers_due(self._turns.schedule_all(now), now)
+        actions = self._tiers.stalled(now) if self._tiers.clients else []
+        actions.extend(self._turns.schedule_all(now))  # after: a move given up counts no more
+        return self._tiers_due(actions, now)
 
     # -- the admin's controls (controls.py) -----------------------------------------------
 
@@ -351,7 +367,7 @@ class Scheduler:
         deadline = self._queries.next_deadline(now)
         if not self._tiers.clients:
             return deadline
-        spill = self._tiers.deadline()
+        spill = self._tiers.deadline(now)
         return spill if deadline is None or (spill is not None and spill < deadline) \
             else deadline
 

@@ -55,9 +55,12 @@ class NodeState(PolicyView):
                        "evicted_bytes": 0}
         #: Events seen; a next deadline computed since the last one still holds.
         self.events = 0
-        #: The host budget the shell measured (MemAvailable less a margin), where the config
-        #: gives none; ``host_budget`` is the one the rules use (tiers.py).
+        #: The host budget measured (Kiwi's own host use plus MemAvailable less a margin, at
+        #: the shell's last read), where the config gives none; ``host_budget`` is the one the
+        #: rules use (tiers.py).
         self.measured_host_budget: int | None = None
+        #: When the shell last read the host's memory (None: never).
+        self.host_read_at: float | None = None
         self.host_budget: int | None = None
         #: The clients that speak ``tiers``, by id (tiers.py keeps it; empty: no host planning).
         self.tiered: dict[str, ClientRecord] = {}

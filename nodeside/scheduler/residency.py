@@ -57,7 +57,7 @@ from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.gpu_state import PRIORITY_RANK, ClientRecord, GpuState, HoldState
 from nodeside.scheduler.ledger import counted, holding, need, occupies
 from nodeside.scheduler.node import NodeState
-from nodeside.scheduler.tiers import host_headroom, host_needed, spills_pending
+from nodeside.scheduler.tiers import host_headroom, host_needed, spill_source
 
 #: Evictors under which the client moves its own memory out when told ``evict``.
 PAGES_ITSELF = ("managed", "vmm")
@@ -355,7 +355,7 @@ class ResidencyRules:
                 break
             missing -= counted(client)
             chosen.append(client)
-        refused = self._host_room(candidate, chosen)
+        refused = self._host_room(candidate, chosen, now)
         if refused is not None or (chosen and self.state.host_wanted):
             return [], refused  # spills make the host room first (tiers.py)
         for client in chosen:
@@ -367,11 +367,12 @@ class ResidencyRules:
         self._wait_for(candidate, on_the_way or later)
         return actions, None
 
-    def _host_room(self, candidate: ClientRecord, chosen: list[ClientRecord]) -> str | None:
+    def _host_room(self, candidate: ClientRecord, chosen: list[ClientRecord],
+                   now: float) -> str | None:
         """Where the node plans its host memory (feature ``tiers``): the host memory the
         evictions ``chosen`` take must fit in the host budget's headroom. Short, spills are to
-        make it (``host_wanted``) and the evictions wait; with nothing to spill the waiter is
-        refused, saying why (None: not refused)."""
+        make it (``host_wanted``) and the evictions wait, the waiter ``waiting_for`` the spill;
+        with nothing to spill the waiter is refused, saying why (None: not refused)."""
         state = self.state
         state.host_wanted = 0
         headroom = host_headroom(state)
@@ -380,8 +381,11 @@ class ResidencyRules:
         needed = sum(host_needed(c, counted(c)) for c in chosen)
         if needed <= headroom:
             return None
-        if spills_pending(state):
+        spiller = spill_source(state, now)
+        if spiller is not None:
             state.host_wanted = needed - max(0, headroom)
+            candidate.waiting_for = WaitingFor(spiller.id, spiller.display_name,
+                                               spiller.host_bytes, "spill")
             return None
         return (f"{candidate.display_name} needs {size(needed)} of host memory moved out of "
                 f"its way, and the node's host budget ({size(state.host_budget)}) has "

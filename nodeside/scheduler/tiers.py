@@ -2,7 +2,9 @@
 to disk and fetches back on intent.
 
 The host budget is the node's, one figure shared by every GPU (``NodeState.host_budget``: the
-config's ``host_budget``, else what the shell read of MemAvailable). Host use is counted over
+config's ``host_budget``, else measured: Kiwi's own counted host use plus what the shell last
+read of MemAvailable less a margin, read every ``HOST_READ_EVERY`` seconds and before an
+acquire when older than ``HOST_READ_FRESH``). Host use is counted over
 every ``memory`` client of the node (``host_use``): the host copies of evicted memory (pinned
 or pageable alike: ``host_bytes``) and the pinned shadows made ahead beyond them (``pinned``
 over ``host_bytes``, for clients that speak ``tiers``; ``shadow`` for those that do not).
@@ -51,6 +53,16 @@ INTENT_REASONS: Final = ("execute", "front")
 #: 16 MiB slots per copier thread, at most 8 copiers), counted in the pin budget it is told.
 #: A budget of just the working set would leave the last chunk's shadow unpinned.
 STAGING_RING: Final = 16 * 2 * 8 * 2**20
+#: A measured host budget older than this is read again before a decision that plans with it
+#: (an acquire); the shell reads it every ``HOST_READ_EVERY`` seconds besides.
+HOST_READ_FRESH: Final = 5.0
+HOST_READ_EVERY: Final = 30.0
+#: Bytes a move's disk figure must change by to count as progress (the shim reports after each
+#: batch): a client cannot hold a waiter by moving a byte at a time.
+TIER_PROGRESS_BYTES: Final = 64 << 20
+#: A move given up waits ``tier_timeout`` before the next is asked, twice that after the next
+#: give-up, and so on up to this many times ``tier_timeout``.
+BACKOFF_MOST: Final = 8
 
 
 def tier(client: ClientRecord) -> str:
@@ -73,16 +85,19 @@ def host_use(client: ClientRecord) -> int:
     return max(client.host_bytes, ahead)
 
 
-def host_headroom(state: NodeState) -> int | None:
-    """Bytes of the host budget no client takes (negative: over it; None: no budget)."""
-    budget = state.host_budget
-    if budget is None:
-        return None
+def host_used(state: NodeState) -> int:
+    """Host memory the node's memory clients take, as they count it (``host_use``)."""
     used = 0
     for client in state.clients.values():
         if client.memory:
             used += host_use(client)
-    return budget - used
+    return used
+
+
+def host_headroom(state: NodeState) -> int | None:
+    """Bytes of the host budget no client takes (negative: over it; None: no budget)."""
+    budget = state.host_budget
+    return None if budget is None else budget - host_used(state)
 
 
 def host_needed(client: ClientRecord, nbytes: int) -> int:
@@ -91,19 +106,22 @@ def host_needed(client: ClientRecord, nbytes: int) -> int:
     return max(0, nbytes - max(0, host_use(client) - client.host_bytes))
 
 
-def spills_pending(state: NodeState) -> bool:
-    """Some ``tiers`` client is spilling, or could be asked to (idle, evicted, in host memory,
-    nothing under way, no failure standing)."""
+def spill_source(state: NodeState, now: float) -> ClientRecord | None:
+    """The ``tiers`` client whose spill makes host room: one spilling now, else the one to be
+    asked next (idle, evicted, in host memory, nothing under way, no failure standing, not
+    backing off; the longest idle first). None: nobody can spill."""
+    askable: list[ClientRecord] = []
     for client in state.tiered.values():
         tiering = client.tiering
         if tiering is None:
             continue
-        if tiering.moving == SPILL or (
-                client.hold_state is HoldState.IDLE and client.residency is EVICTED
-                and client.host_bytes > 0 and tiering.moving is None
-                and tiering.failed_at is None):
-            return True
-    return False
+        if tiering.moving == SPILL:
+            return client
+        if client.hold_state is HoldState.IDLE and client.residency is EVICTED \
+                and client.host_bytes > 0 and tiering.moving is None \
+                and tiering.failed_at is None and not _backing_off(tiering, now):
+            askable.append(client)
+    return min(askable, key=lambda c: (c.eviction.since or 0.0, c.last_used), default=None)
 
 
 @final
@@ -126,10 +144,11 @@ class TierRules:
             client.settle(EVICTED, None)  # registered with its memory on disk
 
     def report(self, client: ClientRecord, disk: int | None, pinned: int | None,
-               host: int | None = None) -> None:
+               host: int | None = None, now: float | None = None) -> None:
         """A report's ``disk`` and ``pinned`` (and ``host``, which the residency rules book):
-        progress of a move. Figures that changed make a client whose move failed askable
-        again."""
+        progress of a move (its ``tier_timeout`` runs again from ``now`` once the disk figure
+        moved by ``TIER_PROGRESS_BYTES``). Figures that changed make a client whose move failed
+        askable again."""
         tiering = client.tiering
         if tiering is None:
             return
@@ -137,6 +156,9 @@ class TierRules:
             tiering.disk = disk
         if pinned is not None:
             tiering.pinned = pinned
+        if now is not None and tiering.moving is not None and \
+                abs(tiering.disk - tiering.progress_disk) >= TIER_PROGRESS_BYTES:
+            tiering.progress_at, tiering.progress_disk = now, tiering.disk
         now_at = (client.host_bytes if host is None else host, tiering.disk)
         if tiering.failed_at is not None and tiering.failed_at != now_at:
             tiering.failed_at = None
@@ -152,7 +174,9 @@ class TierRules:
             client.host_bytes = host
         if disk is not None:
             tiering.disk = disk
-        self._move(tiering, None)
+        self._move(tiering, None, now)
+        if failed is None:
+            tiering.backoff, tiering.retry_at = 0.0, None
         tiering.failed = failed
         tiering.failed_at = None if failed is None else (client.host_bytes, tiering.disk)
         actions: list[Action] = [TierMoved(client.id, client.gpu, to, moved or 0, seconds,
@@ -172,7 +196,7 @@ class TierRules:
         actions: list[Action] = []
         where = tier(client)
         if where == "disk" or (where == "moving" and tiering.moving == SPILL):
-            self._move(tiering, FETCH)
+            self._move(tiering, FETCH, now)
             actions.append(Fetch(client.id, client.gpu, "host"))
             tiering.intent = reason == "execute"  # on to the GPU once in host memory
         elif reason == "execute":
@@ -183,6 +207,31 @@ class TierRules:
         self.clients.pop(client.id, None)
 
     # -- the daemon's decisions -----------------------------------------------------------
+
+    def stalled(self, now: float) -> list[Action]:
+        """Moves without progress for ``tier_timeout``, given up: the client's ``tier_failed``
+        says so, nothing counts on the move any more (a waiter's evictions no longer wait for
+        it), and it is asked no spill before its backoff ends."""
+        timeout = self.state.config.tier_timeout
+        actions: list[Action] = []
+        if timeout <= 0:
+            return actions
+        for client in self.clients.values():
+            tiering = client.tiering
+            if tiering is None or tiering.moving is None or tiering.progress_at is None or \
+                    now < tiering.progress_at + timeout:
+                continue
+            what = tiering.moving
+            self._move(tiering, None, now)
+            tiering.backoff = timeout if tiering.backoff <= 0 \
+                else min(2 * tiering.backoff, BACKOFF_MOST * timeout)
+            tiering.retry_at = now + tiering.backoff
+            tiering.failed = (f"the {what} made no progress for {timeout:g} s and was given up; "
+                              f"none is asked for {tiering.backoff:g} s")
+            tiering.failed_at = None
+            actions.append(TierMoved(client.id, client.gpu, "disk" if what == FETCH else "host",
+                                     0, None, tiering.failed))
+        return actions
 
     def due(self, now: float) -> list[Action]:
         """Spills due (``spill_after``, a host budget short), fetches whose room appeared and
@@ -195,7 +244,7 @@ class TierRules:
             if tiering is None:
                 continue
             if tiering.moving is not None and client.hold_state is not HoldState.IDLE:
-                self._move(tiering, None)  # granted: its restore brings everything back
+                self._move(tiering, None, now)  # granted: its restore brings everything back
             if not tiering.intent:
                 continue
             if client.residency is not EVICTED:
@@ -205,29 +254,41 @@ class TierRules:
         spill_after = self.state.config.spill_after
         excess = self.excess() + self.state.host_wanted
         self.state.host_wanted = 0  # the grant waiting says it again on its next pass
-        for client in self._spillable():
+        for client in self._spillable(now):
             since = client.eviction.since
             idle_long = spill_after > 0 and since is not None and since + spill_after <= now
             if not idle_long and excess <= 0:
                 break  # longest idle first: the rest are idle for less
             assert client.tiering is not None
-            self._move(client.tiering, SPILL)
+            self._move(client.tiering, SPILL, now)
             actions.append(Spill(client.id, client.gpu, None, "idle" if idle_long
                                  else "budget"))
             excess -= client.host_bytes
         actions.extend(self.plan_pins())
         return actions
 
-    def deadline(self) -> float | None:
-        """When the next spill for being idle is due (None: none is)."""
-        spill_after = self.state.config.spill_after
-        if spill_after <= 0 or not self.clients:
+    def deadline(self, now: float) -> float | None:
+        """When the next spill for being idle is due, a move runs out of ``tier_timeout`` or
+        a backoff ends (None: none of them)."""
+        if not self.clients:
             return None
-        for client in self._spillable():
-            since = client.eviction.since
-            if since is not None:
-                return since + spill_after  # the longest idle is first
-        return None
+        config = self.state.config
+        due: float | None = None
+        for client in self.clients.values():
+            tiering = client.tiering
+            if tiering is None:
+                continue
+            if config.tier_timeout > 0 and tiering.moving is not None and \
+                    tiering.progress_at is not None:
+                due = _earlier(due, tiering.progress_at + config.tier_timeout)
+            if _backing_off(tiering, now):
+                due = _earlier(due, tiering.retry_at)
+        if config.spill_after > 0:
+            for client in self._spillable(now):
+                since = client.eviction.since
+                if since is not None:
+                    return _earlier(due, since + config.spill_after)  # the longest idle first
+        return due
 
     def excess(self) -> int:
         """Bytes by which the node's host use exceeds its budget (0: within it, or none)."""
@@ -266,16 +327,17 @@ class TierRules:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _spillable(self) -> list[ClientRecord]:
+    def _spillable(self, now: float) -> list[ClientRecord]:
         """Idle evicted ``tiers`` clients with a host copy and nothing under way, longest
-        idle first, leaving out those whose move failed until their figures change."""
+        idle first, leaving out those whose move failed until their figures change and those
+        backing off from a move given up."""
         found = []
         for client in self.clients.values():
             tiering = client.tiering
             if tiering is not None and client.hold_state is HoldState.IDLE and \
                     client.residency is EVICTED and client.host_bytes > 0 and \
                     tiering.moving is None and tiering.failed_at is None and \
-                    not tiering.intent:
+                    not tiering.intent and not _backing_off(tiering, now):
                 found.append(client)
         found.sort(key=lambda c: (c.eviction.since or 0.0, c.last_used))
         return found
@@ -298,9 +360,21 @@ class TierRules:
         return True
 
     @staticmethod
-    def _move(tiering: Tiering, to: str | None) -> None:
+    def _move(tiering: Tiering, to: str | None, now: float) -> None:
         """The one place a move between host and disk starts or ends."""
         tiering.moving = to
+        tiering.progress_at = None if to is None else now
+        tiering.progress_disk = tiering.disk
+
+
+def _backing_off(tiering: Tiering, now: float) -> bool:
+    return tiering.retry_at is not None and tiering.retry_at > now
+
+
+def _earlier(at: float | None, other: float | None) -> float | None:
+    if at is None:
+        return other
+    return at if other is None or at <= other else other
 
 
 def _tiering(client: ClientRecord) -> Tiering:

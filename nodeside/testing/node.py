@@ -28,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 from nodeside import protocol as p
 from nodeside.config import from_mapping
 from nodeside.daemon.connection import DaemonConnection
+from nodeside.daemon.hostmem import MEMINFO
 from nodeside.daemon.options import DaemonOptions
 from nodeside.daemon.process_memory import Reader
 from nodeside.daemon.server import Daemon
@@ -235,18 +237,21 @@ class Node:
     """A ``Daemon`` on a virtual-time loop. Settings are the config file's (``tq``, ``grace``,
     ``mode``, ``pools``, ``connections``...); ``gpus`` and ``gpu_memory`` as on the command
     line; ``process_memory``: NVML's per-process used memory as a test makes it, read as the
-    daemon reads NVML's (the peers' pid is this process's)."""
+    daemon reads NVML's (the peers' pid is this process's); ``meminfo``: the file the host's
+    MemAvailable is read from."""
 
     def __init__(self, *, gpus: int = 1, gpu_memory: int | None = None,
                  process_memory: Reader | None = None,
-                 cuda_library: str = "/nonexistent/libcuda.so.1", **settings: Any) -> None:
+                 cuda_library: str = "/nonexistent/libcuda.so.1", meminfo: Path = MEMINFO,
+                 **settings: Any) -> None:
         self.loop = VirtualTimeLoop()
         # No CUDA driver for the checkpoint evictor unless a test names one: by its soname the
         # daemon would find whatever driver this process loaded before (a test's fake one).
         options = DaemonOptions(socket="/nonexistent/kiwi.sock", config=from_mapping(settings),
                                 gpus=[GpuSpec(i, "logical GPU", None, gpu_memory)
                                       for i in range(gpus)],
-                                process_memory=process_memory, cuda_library=cuda_library)
+                                process_memory=process_memory, cuda_library=cuda_library,
+                                meminfo=meminfo)
         self.daemon: Daemon = self.loop.run_until_complete(_make(options))
         self.daemon.start_watches()
         self.settle()

@@ -141,6 +141,7 @@ def test_the_waiting_line_asks_once_while_nothing_can_change_without_an_event() 
     ("evict", "waiting for nbA.ipynb to move 24.0 GiB to host memory"),
     ("checkpoint", "waiting for nbA.ipynb to be checkpointed (24.0 GiB to host memory)"),
     ("restore", "waiting for nbA.ipynb to move 24.0 GiB back onto the GPU"),
+    ("spill", "waiting for nbA.ipynb to move 24.0 GiB to disk (the host memory budget is full)"),
 ])
 def test_each_action_a_kernel_may_wait_for_in_words(action: str, words: str) -> None:
     waiter = {"waiting_for": {"client": "c1", "name": "nbA.ipynb", "bytes": 24 * 2**30,

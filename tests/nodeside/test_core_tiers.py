@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from nodeside.config import SchedulerConfig
 from nodeside.model import EVICTED, RESIDENT, MemoryFigures, Registration
+from nodeside.scheduler.clients import WaitingFor
 from nodeside.scheduler.core import (
     Evict,
     Fetch,
@@ -24,17 +25,20 @@ from nodeside.scheduler.core import (
     Spill,
     TierMoved,
 )
+from nodeside.scheduler.status import build_status
 from nodeside.scheduler.tiers import STAGING_RING, tier
 
 GiB = 1 << 30
+MiB = 1 << 20
 AFTER = 600.0
 
 
 def make(capacity: int | None = 10 * GiB, host_budget: int | None = None,
-         spill_after: float = AFTER, pin_budget: int | None = None) -> Scheduler:
+         spill_after: float = AFTER, pin_budget: int | None = None,
+         tier_timeout: float = 300.0) -> Scheduler:
     config = SchedulerConfig(tq=30.0, mode="on", memory_reserve=0, checkpoint_after=0,
                              host_budget=host_budget, spill_after=spill_after,
-                             pin_budget=pin_budget)
+                             pin_budget=pin_budget, tier_timeout=tier_timeout)
     return Scheduler(config, [GpuSpec(0, memory_total=capacity)], now=0.0)
 
 
@@ -98,7 +102,8 @@ def test_a_short_host_budget_spills_the_longest_idle_first_and_only_as_many_as_n
     assert of(Spill, evicted_at(s, b, 20.0, 3 * GiB)) == []
     # 9 GiB in host memory, 2 over the budget: the longest idle (a) frees 3, enough.
     assert of(Spill, evicted_at(s, c, 30.0, 3 * GiB)) == [Spill(a, 0, None, "budget")]
-    assert s.next_deadline(31.0) is None  # spill_after 0: never for idling alone
+    # spill_after 0: never for idling alone; only a's spill may run out of tier_timeout.
+    assert s.next_deadline(31.0) == 30.0 + 300.0
 
 
 def test_an_intent_brings_memory_from_disk_then_on_to_the_gpu_where_it_fits() -> None:
@@ -196,6 +201,22 @@ def test_an_eviction_waits_for_spills_to_make_host_room_and_then_goes_out() -> N
     assert of(Evict, actions) == [Evict(b, 0, 6 * GiB, "nbC")]
 
 
+def test_a_waiter_whose_evictions_wait_for_a_spill_says_so() -> None:
+    s = make(capacity=10 * GiB, host_budget=8 * GiB, spill_after=0)
+    a, b, c = (client(s, n, 6 * GiB) for n in ("nbA", "nbB", "nbC"))
+    evicted_at(s, a, 10.0, 6 * GiB)
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    s.release(21.0, b)
+    s.acquire(30.0, c)
+    assert s.clients[c].waiting_for == WaitingFor(a, "nbA", 6 * GiB, "spill")
+    waiter = next(e for e in build_status(s, 31.0)["clients"] if e["id"] == c)
+    assert waiter["waiting_for"] == {"client": a, "name": "nbA", "bytes": 6 * GiB,
+                                     "action": "spill"}
+    s.tier_moved(35.0, a, "disk", host=0, disk=6 * GiB)  # b is asked to evict now
+    assert s.clients[c].waiting_for == WaitingFor(b, "nbB", 6 * GiB, "evict")
+
+
 def test_an_eviction_the_host_budget_cannot_hold_is_refused_with_the_reason() -> None:
     s = make(capacity=10 * GiB, host_budget=4 * GiB, spill_after=0)
     b, c = client(s, "nbB", 6 * GiB), client(s, "nbC", 6 * GiB)
@@ -205,3 +226,60 @@ def test_an_eviction_the_host_budget_cannot_hold_is_refused_with_the_reason() ->
     refused = of(Refuse, s.acquire(30.0, c))
     assert len(refused) == 1 and "host budget (4.0 GiB) has 4.0 GiB left" in refused[0].message
     assert s.clients[b].residency is RESIDENT
+
+
+def test_a_spill_without_progress_for_tier_timeout_is_given_up_and_shown() -> None:
+    s = make(spill_after=AFTER, tier_timeout=60.0)
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    assert of(Spill, s.tick(10.0 + AFTER)) == [Spill(a, 0, None, "idle")]
+    assert s.next_deadline(10.0 + AFTER) == 10.0 + AFTER + 60.0
+    # 128 MiB on disk at 640: the timeout runs from there.
+    s.report_working_set(640.0, a, 4 * GiB, MemoryFigures(resident=0, host=4 * GiB - 128 * MiB,
+                                                          disk=128 * MiB))
+    assert of(TierMoved, s.tick(699.0)) == [] and tier(s.clients[a]) == "moving"
+    given_up = of(TierMoved, s.tick(700.0))
+    assert len(given_up) == 1 and given_up[0].failed is not None
+    assert "made no progress for 60 s" in given_up[0].failed
+    assert tier(s.clients[a]) == "host"
+    entry = next(e for e in build_status(s, 700.0)["clients"] if e["id"] == a)
+    assert "made no progress for 60 s and was given up" in entry["tier_failed"]
+
+
+def test_a_move_given_up_is_not_asked_again_before_its_backoff_which_doubles() -> None:
+    s = make(spill_after=AFTER, tier_timeout=60.0)
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    s.tick(610.0)  # asked to spill; never reports
+    assert of(TierMoved, s.tick(670.0))  # given up; backoff 60 s
+    assert s.next_deadline(670.0) == 730.0
+    assert of(Spill, s.tick(729.0)) == []
+    assert of(Spill, s.tick(730.0)) == [Spill(a, 0, None, "idle")]
+    assert of(TierMoved, s.tick(790.0))  # given up again; backoff 120 s
+    assert of(Spill, s.tick(909.0)) == []
+    assert of(Spill, s.tick(910.0)) == [Spill(a, 0, None, "idle")]
+
+
+def test_a_spill_given_up_no_longer_holds_the_evictions_that_waited_for_it() -> None:
+    s = make(capacity=10 * GiB, host_budget=8 * GiB, spill_after=0, tier_timeout=60.0)
+    a, b, c = (client(s, n, 6 * GiB) for n in ("nbA", "nbB", "nbC"))
+    evicted_at(s, a, 10.0, 6 * GiB)
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0))
+    s.release(21.0, b)
+    assert of(Spill, s.acquire(30.0, c)) == [Spill(a, 0, None, "budget")]
+    assert s.clients[c].waiting_for is not None and s.clients[c].waiting_for.action == "spill"
+    # a's disk hangs: nothing else can spill, so c is told the room cannot be made.
+    refused = of(Refuse, s.tick(90.0))
+    assert len(refused) == 1 and refused[0].client == c
+    assert "nothing more to spill to disk" in refused[0].message
+    assert s.clients[b].residency is RESIDENT
+
+
+def test_a_tier_timeout_of_0_never_gives_a_move_up() -> None:
+    s = make(spill_after=AFTER, tier_timeout=0)
+    a = client(s, "nbA", 4 * GiB)
+    evicted_at(s, a, 10.0, 4 * GiB)
+    s.tick(610.0)
+    assert s.next_deadline(610.0) is None
+    assert of(TierMoved, s.tick(10**6)) == [] and tier(s.clients[a]) == "moving"

@@ -20,6 +20,7 @@ import pytest
 from support import DaemonProcess, scaled
 
 from nodeside import protocol as p
+from nodeside.memory_words import waiting_for_words
 from nodeside.protocol import events as ev
 from nodeside.protocol.client_session import ClientSession
 
@@ -162,6 +163,28 @@ def test_evictions_wait_for_a_spill_and_an_intent_brings_the_memory_back(budget8
     assert c.me()["state"] == "holding"
     c.close()  # c's memory is gone: the intent waiting is acted on
     assert a.take(lambda e: isinstance(e, ev.FetchAsked)).tier == "gpu"
+
+
+def test_a_kernel_whose_evictions_wait_for_a_spill_says_so(budget8) -> None:
+    a, b, c = (Kernel(budget8, name, 6 * GiB) for name in ("nbA", "nbB", "nbC"))
+    used(a, 6 * GiB)
+    b.session.ask()
+    b.flush()
+    evict(a, 6 * GiB)
+    b.take(lambda e: isinstance(e, ev.Granted))
+    assert b.reply(b.session.report_working_set(6 * GiB, resident=6 * GiB, host=0))["op"] \
+        == p.OK
+    b.session.release()
+    b.flush()
+    c.session.ask()
+    c.flush()
+    a.take(lambda e: isinstance(e, ev.SpillAsked))
+    status = c.reply(c.session.request(p.STATUS))["status"]
+    waiter = next(e for e in status["clients"] if e["id"] == c.session.client_id)
+    assert waiter["waiting_for"] == {"client": a.session.client_id, "name": "nbA.ipynb",
+                                     "bytes": 6 * GiB, "action": "spill"}
+    assert waiting_for_words(waiter, status, viewer=waiter.get("user")) == \
+        "waiting for nbA.ipynb to move 6.0 GiB to disk (the host memory budget is full)"
 
 
 def test_a_failed_spill_is_shown_and_a_move_needs_the_feature(spill_at_once) -> None:

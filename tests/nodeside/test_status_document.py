@@ -160,4 +160,4 @@ def test_the_panel_reads_what_a_kernel_waits_for_as_one_object_of_its_own_part()
     types = typescript.render()
     assert "  waiting_for?: IWaitingFor | null;" in types
     assert "export interface IWaitingFor {" in types
-    assert "  action: 'evict' | 'checkpoint' | 'restore';" in types
+    assert "  action: 'evict' | 'checkpoint' | 'restore' | 'spill';" in types

@@ -6,6 +6,12 @@
  * thread does beyond the decisions is left out: no release sequence after a drop (the gate, the
  * pager), no idle release, no asking for threads waiting at the gate (there are none).
  *
+ * Moves between tiers (tiers.c) are the client's own decisions too, made on an account of where
+ * its memory is (`held`: evicted, 1 GiB in host memory at the start) instead of the pager's; a
+ * move begins where tiers.c begins it and ends where the transcript says so (`spilled`,
+ * `fetched`, `restored`), nothing moved in between. A transcript ends a move before a grant:
+ * the grant waits for it (kiwi_tiers_join), and here nothing else would end it.
+ *
  * A process whose client has started cannot use them, and one that used them never starts its
  * client: the two would share the one hold.
  *
@@ -24,6 +30,54 @@ static bool usable;
 static struct kiwi_client client;
 static char sent[1 << 16];
 static size_t sent_length;
+
+/* Where the transcripts' client's memory is, and the move under way (tiers.c asks it). */
+static struct kiwi_residency held;
+static enum kiwi_tier_move moving;
+
+static void held_residency(struct kiwi_residency *out)
+{
+    *out = held;
+}
+
+static bool held_away(void)
+{
+    return held.host || held.disk;
+}
+
+static bool held_begin(enum kiwi_tier_move move, uint64_t bytes)
+{
+    (void)bytes;
+    moving = move;
+    return true;
+}
+
+static const struct kiwi_tier_mover held_mover = {
+    .residency = held_residency,
+    .away = held_away,
+    .begin = held_begin,
+};
+
+/* The move under way ended, as `move` would: the account follows it. */
+static void move_ended(enum kiwi_tier_move move)
+{
+    if (moving != move)
+        return; /* not the one under way: nothing moved */
+    if (move == KIWI_TIER_SPILL) {
+        held.disk += held.host;
+        held.host = 0;
+    } else if (move == KIWI_TIER_FETCH_HOST) {
+        held.host += held.disk;
+        held.disk = 0;
+    } else if (move == KIWI_TIER_FETCH_GPU) {
+        held.resident += held.host;
+        held.host = 0;
+    }
+    moving = KIWI_TIER_NONE;
+    struct kiwi_transfer moved = {0};
+    kiwi_tiers_ended(&moved);
+    kiwi_tiers_act(&client);
+}
 
 static bool keep(struct kiwi_client *c, const char *line)
 {
@@ -53,6 +107,9 @@ KIWI_EXPORT void kiwi_conformance_reset(void)
     kiwi_gate_close();
     pthread_mutex_unlock(&kiwi_lock);
     kiwi_session_send_to(&client, keep);
+    held = (struct kiwi_residency){.host = 1u << 30};
+    moving = KIWI_TIER_NONE;
+    kiwi_tiers_set_mover(&client, &held_mover);
     sent_length = 0;
     sent[0] = '\0';
 }
@@ -113,6 +170,12 @@ KIWI_EXPORT int kiwi_conformance_call(const char *call)
     } else if (strcmp(call, "evicted") == 0) { /* a way out's end, nothing moved */
         struct kiwi_transfer moved = {0};
         kiwi_residency_evicted(&client, &moved, NULL);
+    } else if (strcmp(call, "spilled") == 0) { /* a spill's end, its worker's word */
+        move_ended(KIWI_TIER_SPILL);
+    } else if (strcmp(call, "fetched") == 0) { /* a fetch from disk's end */
+        move_ended(KIWI_TIER_FETCH_HOST);
+    } else if (strcmp(call, "restored") == 0) { /* a fetch to the card's end */
+        move_ended(KIWI_TIER_FETCH_GPU);
     } else {
         return -1;
     }

@@ -12,15 +12,17 @@ import pytest
 from conformance_build import ConformanceBuild
 from shim.shim_harness import SANITIZER_REPORT
 from support import scaled
-from transcript_runner import HERE, PythonSession, TranscriptFailed, asked_features, run
+from transcript_runner import HERE, PythonSession, TranscriptFailed, asked_features, calls, run
 
 #: Included by others, and run through them.
 BUILDING_BLOCKS = {"ready.jsonl", "holding.jsonl",
                    "ready_memory.jsonl", "holding_memory.jsonl", "ready_tiers.jsonl"}
 TRANSCRIPTS = sorted(p.name for p in HERE.glob("*.jsonl") if p.name not in BUILDING_BLOCKS)
-#: The shim's C client speaks ``tiers`` with issue 42's shim side (the tiers-shim slice), which
-#: also runs these transcripts against it: until then only the Python session follows them.
-SHIM_TRANSCRIPTS = [name for name in TRANSCRIPTS if not name.startswith("tiers_")]
+#: The shim's C client follows them all, but those of the Jupyter server's requests
+#: (``intent``, sent over the Python session by kiwi_jupyter/server/intents.py): a kernel never
+#: hints at itself.
+SERVER_CALLS = {"intent"}
+SHIM_TRANSCRIPTS = [name for name in TRANSCRIPTS if not calls(name) & SERVER_CALLS]
 
 
 @pytest.mark.parametrize("name", TRANSCRIPTS)

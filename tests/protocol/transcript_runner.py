@@ -88,6 +88,8 @@ class PythonSession:
                  "evicted": lambda: session.evicted(resident=0, host=0, moved=0, seconds=0.0),
                  "spilled": lambda: session.tier_moved("disk", host=0, disk=0),
                  "fetched": lambda: session.tier_moved("host", host=0, disk=0),
+                 "restored": lambda: session.report_working_set(0, resident=0, host=0, disk=0,
+                                                                pinned=0),
                  "intent": lambda: session.intent("transcript")}
         calls[name]()
 
@@ -164,6 +166,11 @@ def steps(name: str) -> list[tuple[str, int, dict[str, Any]]]:
         else:
             out.append((name, number, step))
     return out
+
+
+def calls(name: str) -> set[str]:
+    """The calls the transcript's steps make."""
+    return {step["call"] for _, _, step in steps(name) if "call" in step}
 
 
 def asked_features(name: str) -> tuple[str, ...]:

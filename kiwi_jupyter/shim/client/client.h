@@ -53,6 +53,25 @@ enum kiwi_phase {
 };
 
 struct kiwi_client;
+
+/* The moves between tiers (tiers.c) a `spill` or `fetch` asks for. */
+enum kiwi_tier_move {
+    KIWI_TIER_NONE,
+    KIWI_TIER_SPILL,      /* host memory -> spill files */
+    KIWI_TIER_FETCH_HOST, /* spill files -> host memory */
+    KIWI_TIER_FETCH_GPU,  /* host memory -> the card, without holding the GPU */
+};
+/* Where the client's memory is, and who moves it between tiers: the process's pager, moved on
+ * tiers.c's worker thread (a handle's default), or the conformance entry points' account of
+ * it, moved when a transcript says the move ended. */
+struct kiwi_tier_mover {
+    void (*residency)(struct kiwi_residency *out);
+    bool (*away)(void); /* memory moved out is still away */
+    /* Under tiers.c's lock: makes the move, whose end is posted with kiwi_tiers_ended; false
+     * when it cannot begin. */
+    bool (*begin)(enum kiwi_tier_move move, uint64_t bytes);
+};
+
 /* Where the session's lines go (link.c's kiwi_link_send, or the conformance buffer). */
 typedef bool (*kiwi_line_sink)(struct kiwi_client *c, const char *line);
 
@@ -123,6 +142,7 @@ struct kiwi_client {
         bool evict;
         bool quiesced; /* the answer to evict_first: steps 1 and 2 are done */
     } dropped;
+    const struct kiwi_tier_mover *tier_mover; /* NULL: the process's (tiers.c) */
     bool evict_asked;    /* an `evict` read, for kiwi_comm_handle_line to carry out */
     double last_report;  /* when the last working set report went (residency.c) */
     double report_wait;  /* a report held back by the rate limit: the seconds until it may go */
@@ -236,6 +256,12 @@ void kiwi_tiers_act(struct kiwi_client *c);
 /* On a grant, before the restore: waits for a move under way to end, and carries it out. */
 void kiwi_tiers_join(struct kiwi_client *c);
 void kiwi_tiers_after_fork(void);
+/* The move under way ended (moved->failed: why not; the memory stayed where it was): the
+ * worker's word, or a mover's without a thread of its own. */
+void kiwi_tiers_ended(const struct kiwi_transfer *moved);
+/* Who moves c's memory between tiers from now on (NULL: the process's); forgets any move under
+ * way, so only before any begins. */
+void kiwi_tiers_set_mover(struct kiwi_client *c, const struct kiwi_tier_mover *mover);
 
 /* ---- room.c ------------------------------------------------------------------------------ */
 

@@ -18,12 +18,10 @@
 
 #include "client.h"
 
-enum tier_move { TIER_NONE, TIER_SPILL, TIER_FETCH_HOST, TIER_FETCH_GPU };
-
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static bool thread_started;
-static enum tier_move wanted, running, finished;
+static enum kiwi_tier_move wanted, running, finished;
 static uint64_t wanted_bytes; /* a spill's: at least this much; 0 all */
 static struct kiwi_transfer result;
 static struct kiwi_residency progress;
@@ -39,45 +37,80 @@ static void on_progress(const struct kiwi_residency *now, void *unused)
     kiwi_news_wake();
 }
 
+/* Under lock: the move under way ended; the comm thread carries it out (kiwi_tiers_act). */
+static void post_end(const struct kiwi_transfer *moved)
+{
+    result = *moved;
+    finished = running;
+    running = wanted = KIWI_TIER_NONE;
+    pthread_cond_broadcast(&changed);
+}
+
 static void *worker(void *unused)
 {
     (void)unused;
     pthread_mutex_lock(&lock);
     for (;;) {
-        while (wanted == TIER_NONE)
+        while (wanted == KIWI_TIER_NONE)
             pthread_cond_wait(&changed, &lock);
         running = wanted;
         uint64_t bytes = wanted_bytes;
-        wanted = TIER_NONE;
+        wanted = KIWI_TIER_NONE;
         pthread_mutex_unlock(&lock);
         struct kiwi_transfer moved = {.progress = on_progress};
-        if (running == TIER_FETCH_GPU)
+        if (running == KIWI_TIER_FETCH_GPU)
             kiwi_pager_move(KIWI_PAGE_IN, &moved);
         else
-            kiwi_pager_tier(running == TIER_SPILL ? KIWI_PAGE_OUT : KIWI_PAGE_IN, bytes, &moved);
+            kiwi_pager_tier(running == KIWI_TIER_SPILL ? KIWI_PAGE_OUT : KIWI_PAGE_IN, bytes,
+                            &moved);
         pthread_mutex_lock(&lock);
-        result = moved;
-        finished = running;
-        running = TIER_NONE;
-        pthread_cond_broadcast(&changed);
+        post_end(&moved);
         kiwi_news_wake();
     }
     return NULL;
 }
 
-/* Hands a move to the worker; false when one is under way or there is no thread for it. */
-static bool start(enum tier_move move, uint64_t bytes)
+/* Under lock: the worker takes the move wanted; false when there is no thread for it. */
+static bool wake_worker(enum kiwi_tier_move move, uint64_t bytes)
+{
+    (void)move;
+    (void)bytes;
+    if (!thread_started)
+        thread_started = kiwi_thread_start(worker);
+    if (thread_started)
+        pthread_cond_broadcast(&changed);
+    return thread_started;
+}
+
+/* The process's: the pager's memory, moved on the worker's thread. */
+static const struct kiwi_tier_mover worker_mover = {
+    .residency = kiwi_pager_residency,
+    .away = kiwi_pager_away,
+    .begin = wake_worker,
+};
+
+static const struct kiwi_tier_mover *mover(const struct kiwi_client *c)
+{
+    return c->tier_mover ? c->tier_mover : &worker_mover;
+}
+
+static bool busy_locked(void)
+{
+    return wanted != KIWI_TIER_NONE || running != KIWI_TIER_NONE || finished != KIWI_TIER_NONE;
+}
+
+/* Hands a move to the mover; false when one is under way or it cannot begin. */
+static bool start(struct kiwi_client *c, enum kiwi_tier_move move, uint64_t bytes)
 {
     pthread_mutex_lock(&lock);
-    bool busy = wanted != TIER_NONE || running != TIER_NONE || finished != TIER_NONE;
-    if (!busy && !thread_started)
-        thread_started = kiwi_thread_start(worker);
-    bool started = !busy && thread_started;
+    bool started = !busy_locked();
     if (started) {
         wanted = move;
         wanted_bytes = bytes;
         progress_new = false;
-        pthread_cond_broadcast(&changed);
+        started = mover(c)->begin(move, bytes);
+        if (!started)
+            wanted = KIWI_TIER_NONE;
     }
     pthread_mutex_unlock(&lock);
     return started;
@@ -86,17 +119,38 @@ static bool start(enum tier_move move, uint64_t bytes)
 static bool busy(void)
 {
     pthread_mutex_lock(&lock);
-    bool moving = wanted != TIER_NONE || running != TIER_NONE || finished != TIER_NONE;
+    bool moving = busy_locked();
     pthread_mutex_unlock(&lock);
     return moving;
+}
+
+void kiwi_tiers_ended(const struct kiwi_transfer *moved)
+{
+    pthread_mutex_lock(&lock);
+    if (running == KIWI_TIER_NONE)
+        running = wanted; /* a mover without a thread of its own never took it */
+    if (running != KIWI_TIER_NONE)
+        post_end(moved);
+    pthread_mutex_unlock(&lock);
+}
+
+void kiwi_tiers_set_mover(struct kiwi_client *c, const struct kiwi_tier_mover *to)
+{
+    pthread_mutex_lock(&lock);
+    wanted = running = finished = KIWI_TIER_NONE;
+    progress_new = false;
+    pthread_mutex_unlock(&lock);
+    c->tier_mover = to;
 }
 
 /* `tier_moved`: where the evicted memory is now, and what the move did or why it failed. */
 static void send_tier_moved(struct kiwi_client *c, const char *tier,
                             const struct kiwi_transfer *moved, const char *failed)
 {
+    if (!kiwi_session_tiers(c))
+        return; /* a daemon without the feature asked for no move, and knows no tier_moved */
     struct kiwi_residency where;
-    kiwi_pager_residency(&where);
+    mover(c)->residency(&where);
     char fields[768];
     snprintf(fields, sizeof fields,
              "\"" KIWI_FIELD_TIER "\":\"%s\",\"" KIWI_FIELD_HOST "\":%llu,\"" KIWI_FIELD_DISK
@@ -131,21 +185,24 @@ static void on_spill(struct kiwi_client *c, const struct kiwi_message *msg)
 {
     const char *why = cannot_move(c);
     struct kiwi_residency where;
-    kiwi_pager_residency(&where);
+    mover(c)->residency(&where);
     if (!why && !where.host)
         why = "nothing of it is in host memory";
     uint64_t bytes = msg->has & KIWI_HAS_BYTES && msg->spill.bytes > 0 ? (uint64_t)msg->spill.bytes
                                                                         : 0;
-    if (!why && !start(TIER_SPILL, bytes))
+    if (!why && !start(c, KIWI_TIER_SPILL, bytes))
         why = "no thread for the spill";
     if (why) {
         send_tier_moved(c, where.disk ? "disk" : "host", NULL, why);
         return;
     }
-    kiwi_residency_progress(&where, c); /* the spill began: the daemon hears it at once */
+    /* The spill began: the daemon hears it at the comm thread's next turn, which comes at
+     * once (the rate limit of reports aside). */
+    kiwi_news_set(KIWI_NEWS_WORKING_SET);
 }
 
-/* A hint: where it cannot be taken, it is dropped (the grant's restore brings everything). */
+/* A hint: where it cannot be taken, the daemon hears why at once (it counts the fetch as under
+ * way until a `tier_moved`); the grant's restore brings everything. */
 static void on_fetch(struct kiwi_client *c, const struct kiwi_message *msg)
 {
     bool to_gpu = strcmp(msg->fetch.tier, "gpu") == 0;
@@ -154,19 +211,23 @@ static void on_fetch(struct kiwi_client *c, const struct kiwi_message *msg)
                   msg->fetch.tier);
         return;
     }
-    if (cannot_move(c))
-        return;
     struct kiwi_residency where;
-    kiwi_pager_residency(&where);
+    mover(c)->residency(&where);
+    const char *why = cannot_move(c);
+    if (why) {
+        send_tier_moved(c, where.disk ? "disk" : "host", NULL, why);
+        return;
+    }
     if (!to_gpu && !where.disk) {
         send_tier_moved(c, "host", NULL, NULL); /* nothing on disk: there already */
         return;
     }
-    if (to_gpu && !kiwi_pager_away()) {
+    if (to_gpu && !mover(c)->away()) {
         kiwi_news_set(KIWI_NEWS_WORKING_SET);
         return;
     }
-    start(to_gpu ? TIER_FETCH_GPU : TIER_FETCH_HOST, 0);
+    if (!start(c, to_gpu ? KIWI_TIER_FETCH_GPU : KIWI_TIER_FETCH_HOST, 0))
+        send_tier_moved(c, where.disk ? "disk" : "host", NULL, "no thread for the fetch");
 }
 
 void kiwi_tiers_on_event(struct kiwi_client *c, const struct kiwi_message *msg)
@@ -185,13 +246,13 @@ void kiwi_tiers_on_event(struct kiwi_client *c, const struct kiwi_message *msg)
 
 /* The comm thread: what the worker posted, sent and counted. */
 static void carry_out(struct kiwi_client *c, bool progressed, const struct kiwi_residency *now,
-                      enum tier_move ended, const struct kiwi_transfer *moved)
+                      enum kiwi_tier_move ended, const struct kiwi_transfer *moved)
 {
-    if (progressed && ended == TIER_NONE)
+    if (progressed && ended == KIWI_TIER_NONE)
         kiwi_residency_progress(now, c);
-    if (ended == TIER_NONE)
+    if (ended == KIWI_TIER_NONE)
         return;
-    if (ended == TIER_FETCH_GPU) {
+    if (ended == KIWI_TIER_FETCH_GPU) {
         if (!moved->failed) {
             pthread_mutex_lock(&kiwi_lock);
             c->stats.evicted = false;
@@ -204,16 +265,16 @@ static void carry_out(struct kiwi_client *c, bool progressed, const struct kiwi_
                       "restores", moved->failed);
         }
         struct kiwi_residency where;
-        kiwi_pager_residency(&where);
+        mover(c)->residency(&where);
         kiwi_residency_progress(&where, c); /* `host` 0 ends it */
         return;
     }
     /* where the move went, or where it stayed */
-    bool on_disk = (ended == TIER_SPILL) != (moved->failed != NULL);
+    bool on_disk = (ended == KIWI_TIER_SPILL) != (moved->failed != NULL);
     send_tier_moved(c, on_disk ? "disk" : "host", moved, moved->failed);
 }
 
-static void take(bool *progressed, struct kiwi_residency *now, enum tier_move *ended,
+static void take(bool *progressed, struct kiwi_residency *now, enum kiwi_tier_move *ended,
                  struct kiwi_transfer *moved)
 {
     *progressed = progress_new;
@@ -221,14 +282,14 @@ static void take(bool *progressed, struct kiwi_residency *now, enum tier_move *e
     progress_new = false;
     *ended = finished;
     *moved = result;
-    finished = TIER_NONE;
+    finished = KIWI_TIER_NONE;
 }
 
 void kiwi_tiers_act(struct kiwi_client *c)
 {
     bool progressed;
     struct kiwi_residency now;
-    enum tier_move ended;
+    enum kiwi_tier_move ended;
     struct kiwi_transfer moved;
     pthread_mutex_lock(&lock);
     take(&progressed, &now, &ended, &moved);
@@ -239,11 +300,11 @@ void kiwi_tiers_act(struct kiwi_client *c)
 void kiwi_tiers_join(struct kiwi_client *c)
 {
     pthread_mutex_lock(&lock);
-    while (wanted != TIER_NONE || running != TIER_NONE)
+    while (wanted != KIWI_TIER_NONE || running != KIWI_TIER_NONE)
         pthread_cond_wait(&changed, &lock);
     bool progressed;
     struct kiwi_residency now;
-    enum tier_move ended;
+    enum kiwi_tier_move ended;
     struct kiwi_transfer moved;
     take(&progressed, &now, &ended, &moved);
     pthread_mutex_unlock(&lock);
@@ -255,5 +316,5 @@ void kiwi_tiers_after_fork(void)
     pthread_mutex_init(&lock, NULL);
     pthread_cond_init(&changed, NULL);
     thread_started = progress_new = false;
-    wanted = running = finished = TIER_NONE;
+    wanted = running = finished = KIWI_TIER_NONE;
 }
