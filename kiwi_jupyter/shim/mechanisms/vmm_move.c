@@ -23,6 +23,8 @@
  * growing the restore is rolled back: every chunk it mapped is taken off again, the shadows
  * untouched, and moved->failed says why; nothing is left half mapped, and the next grant tries
  * again. Chunks without a pinned shadow go through the staging ring both ways (vmm_staging.c).
+ * Chunks on disk come straight from their spill file through the ring (vmm_spill.c), mapped as
+ * the file's stream reaches them; they leave the file only once the restore has ended well.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -50,7 +52,16 @@ struct flight {
     CUstream stream;
 };
 
+struct mapped {
+    struct vmm_region *region;
+    int index;
+};
+
 struct mover {
+    struct context *contexts;
+    int context_count;
+    struct mapped *done; /* what a restore mapped, to take off again if it fails */
+    size_t done_count;
     struct lanes lanes[16];
     int lane_count;
     CUcontext current;
@@ -309,11 +320,6 @@ static void evict(struct mover *m, struct context *contexts, int context_count,
 
 /* ---- in ---------------------------------------------------------------------------------- */
 
-struct mapped {
-    struct vmm_region *region;
-    int index;
-};
-
 /* A restore's copies are all done, the staged ones too; false when one failed. */
 static bool copies_done(struct mover *m)
 {
@@ -322,11 +328,11 @@ static bool copies_done(struct mover *m)
 }
 
 /* Takes off again what a failed restore mapped: nothing is left half there. */
-static void roll_back(struct mover *m, struct mapped *done, size_t count)
+static void roll_back(struct mover *m)
 {
     copies_done(m); /* copies into those chunks may be in flight */
-    for (size_t i = 0; i < count; i++)
-        kiwi_vmm_unmap_chunk(done[i].region->va, &done[i].region->chunks[done[i].index]);
+    for (size_t i = 0; i < m->done_count; i++)
+        kiwi_vmm_unmap_chunk(m->done[i].region->va, &m->done[i].region->chunks[m->done[i].index]);
 }
 
 /* The card had no room for a chunk: waits while its free memory grows (another process's
@@ -350,6 +356,31 @@ static bool room_grew(void)
     return false;
 }
 
+/* Maps a chunk back (its context current), waiting for room while the room grows; counted as
+ * mapped by the restore. */
+static CUresult map_back(struct mover *m, struct vmm_region *r, int index)
+{
+    struct vmm_chunk *c = &r->chunks[index];
+    CUresult result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    while (result == CUDA_ERROR_OUT_OF_MEMORY && room_grew())
+        result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    if (result == CUDA_SUCCESS)
+        m->done[m->done_count++] = (struct mapped){r, index};
+    return result;
+}
+
+/* The disk's way in reaches a chunk (kiwi_vmm_reach_fn): mapped, its copies on its context's
+ * first lane (one stream per context: each cell of the ring has one event). */
+static CUresult reach_chunk(void *mover, struct vmm_region *r, int index, CUstream *stream)
+{
+    struct mover *m = mover;
+    if (!make_current(m, r->ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct lanes *l = lanes_of(m, m->contexts, m->context_count, r->ctx);
+    *stream = l ? l->stream[0] : NULL;
+    return r->chunks[index].resident ? CUDA_SUCCESS : map_back(m, r, index);
+}
+
 /* Maps a chunk back and queues the copy of what its shadow holds; the result of the first
  * call that failed. */
 static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, int index)
@@ -357,9 +388,7 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
     struct vmm_chunk *c = &r->chunks[index];
     if (!make_current(m, r->ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    CUresult result = kiwi_vmm_map_chunk(r->va, c, r->device);
-    while (result == CUDA_ERROR_OUT_OF_MEMORY && room_grew())
-        result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    CUresult result = map_back(m, r, index);
     if (result != CUDA_SUCCESS || !c->piece_count)
         return result;
     CUstream stream = l ? next_stream(l) : NULL;
@@ -377,46 +406,48 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
     return result;
 }
 
-static void restore(struct mover *m, struct context *contexts, int context_count)
+static void restore(struct mover *m)
 {
-    size_t capacity = 0, count = 0;
+    size_t capacity = 0;
     for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next)
         capacity += (size_t)r->chunk_count;
-    struct mapped *done = capacity ? malloc(capacity * sizeof *done) : NULL;
-    CUresult result = capacity && !done ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    m->done = capacity ? malloc(capacity * sizeof *m->done) : NULL;
+    CUresult result = capacity && !m->done ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
     for (struct vmm_region *r = kiwi_vmm_first_region; r && result == CUDA_SUCCESS; r = r->next) {
         struct lanes *l = NULL;
         for (int i = 0; i < r->chunk_count && result == CUDA_SUCCESS; i++) {
-            if (r->chunks[i].resident)
+            struct vmm_chunk *c = &r->chunks[i];
+            if (c->resident)
                 continue;
             if (!l)
-                l = lanes_of(m, contexts, context_count, r->ctx);
-            result = restore_chunk(m, l, r, i);
-            if (r->chunks[i].resident)
-                done[count++] = (struct mapped){r, i};
+                l = lanes_of(m, m->contexts, m->context_count, r->ctx);
+            result = c->spilled ? kiwi_vmm_unspill_to_card(c->spilled, reach_chunk, m, &m->bytes,
+                                                           &m->moved->failed)
+                                : restore_chunk(m, l, r, i);
         }
     }
     if (result == CUDA_SUCCESS && !copies_done(m))
         result = CUDA_ERROR_UNKNOWN;
     if (result != CUDA_SUCCESS) {
-        roll_back(m, done, count);
+        roll_back(m);
         m->bytes = 0;
-        m->moved->failed = result == CUDA_ERROR_OUT_OF_MEMORY
-                               ? "restore: out of memory"
-                               : "restore: the driver refused to map or copy back";
+        if (!m->moved->failed) /* else a spill file's read failed, and says why */
+            m->moved->failed = result == CUDA_ERROR_OUT_OF_MEMORY
+                                   ? "restore: out of memory"
+                                   : "restore: the driver refused to map or copy back";
         kiwi_warn("%s (CUDA error %d): rolled back, nothing of this process is on the card; "
                   "the next grant tries again", m->moved->failed, result);
-        free(done);
-        return;
     }
-    for (size_t i = 0; i < count; i++) {
-        struct vmm_chunk *c = &done[i].region->chunks[done[i].index];
+    for (size_t i = 0; result == CUDA_SUCCESS && i < m->done_count; i++) {
+        struct vmm_chunk *c = &m->done[i].region->chunks[m->done[i].index];
+        kiwi_vmm_spill_forget(c); /* it came from its spill file: no longer needed there */
         free(c->pieces);
         c->pieces = NULL;
         c->piece_count = 0;
     }
-    free(done);
-    kiwi_vmm_evicted = false;
+    free(m->done);
+    if (result == CUDA_SUCCESS)
+        kiwi_vmm_evicted = false;
 }
 
 void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
@@ -432,15 +463,16 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     struct context *contexts = kiwi_contexts_lock(&context_count);
     CUcontext caller = NULL;
     kiwi_pager_driver.ctx_get(&caller);
-    struct mover m = {.moved = moved, .current = caller};
+    struct mover m = {.moved = moved, .current = caller, .contexts = contexts,
+                      .context_count = context_count};
     kiwi_vmm_moving(true);
     pthread_mutex_lock(&kiwi_vmm_lock);
     kiwi_vmm_builder_quiet(); /* a pinning under way holds the driver: the move waits it out */
     m.staging = kiwi_vmm_staging_begin();
     if (direction == KIWI_PAGE_OUT)
         evict(&m, contexts, context_count, ranges, count);
-    else if (kiwi_vmm_unspill_locked(moved)) /* what is on disk comes to host memory first */
-        restore(&m, contexts, context_count);
+    else if (m.staging || kiwi_vmm_unspill_locked(moved)) /* no ring: to host memory first */
+        restore(&m);
     kiwi_vmm_recount_backed();
     struct kiwi_residency after;
     kiwi_vmm_residency_locked(&after); /* a reader that did not wait gets the move's end */
