@@ -4,7 +4,8 @@
  * FAULT_IO_DIR only follows FAULT_IO_PLAN, a comma-separated list of
  *
  *     write:N:ERROR    the Nth write fails with ERROR (ENOSPC or EIO)
- *     read:N:ERROR     the Nth read likewise
+ *     read:N:ERROR     the Nth read likewise (or EFAULT: the kernel refused the memory, as
+ *                      it may the driver's own pinned memory for a direct transfer)
  *     read:N-M:corrupt reads N to M return their bytes with one flipped
  *     write:N:hang     the Nth write touches FAULT_IO_MARK and never returns (a kill -9 test;
  *                      read:N:hang likewise)
@@ -123,8 +124,9 @@ static ssize_t faulty(const char *op, atomic_long *counter, long call, int fd,
         errno = error;
         return n;
     }
-    if (strcmp(action, "ENOSPC") == 0 || strcmp(action, "EIO") == 0) {
-        errno = strcmp(action, "EIO") == 0 ? EIO : ENOSPC;
+    if (strcmp(action, "ENOSPC") == 0 || strcmp(action, "EIO") == 0 ||
+        strcmp(action, "EFAULT") == 0) {
+        errno = strcmp(action, "EIO") == 0 ? EIO : strcmp(action, "EFAULT") == 0 ? EFAULT : ENOSPC;
         return -1;
     }
     if (strcmp(action, "hang") == 0) {

@@ -377,8 +377,9 @@ def test_a_restore_from_disk_copies_each_block_to_the_card_while_the_next_are_re
     copies = intervals(w.log.path, "link engine=to-device")
     assert len(reads) == CHUNKS * CHUNK // (4 * MiB)  # each block read once
     assert min(start for start, _ in copies) < max(end for _, end in reads)
-    took = max(end for _, end in reads + copies) - min(start for start, _ in reads)
-    assert took < covered(reads) + covered(copies)  # less than the two in series
+    # The disk and the link were busy at once: together less than the two in series (the CPU's
+    # own time between them, which a busy machine stretches, left out).
+    assert covered(reads + copies) < covered(reads) + covered(copies)
 
 
 def vm_kib(pid: int, field: str) -> int:
@@ -416,6 +417,17 @@ def test_a_failing_read_rolls_a_restore_to_the_card_back_and_the_next_grant_rest
     assert launched.result(timeout=30) == 0
     assert card.used_by(w.process.pid) == CHUNKS * CHUNK
     assert marks_intact(w, pointers)
+
+
+def test_a_ring_the_kernel_refuses_for_a_direct_read_is_filled_through_a_buffer(
+        daemon, kernel, tmp_path) -> None:
+    io_log = tmp_path / "io.log"
+    w = kernel("read:1:EFAULT", FAULT_IO_LOG=str(io_log))
+    pointers = spilled(w, daemon)
+    assert marks_intact(w, pointers)
+    # The refused read is not logged (it moved nothing); its block is read again elsewhere.
+    assert len(intervals(io_log, "pread")) == CHUNKS * CHUNK // (4 * MiB)
+    assert not [m for m in daemon.messages("evicted") if "failed" in m]
 
 
 def test_a_block_corrupt_once_is_read_again_on_the_way_to_the_card(daemon, kernel) -> None:
