@@ -406,6 +406,17 @@ def test_a_restore_from_disk_takes_no_more_host_memory_than_the_staging_ring(
     assert grew <= CHUNKS * CHUNK + ring + 16 * MiB, grew
 
 
+def test_without_a_staging_ring_a_restore_from_disk_goes_through_host_memory(
+        daemon, kernel) -> None:
+    w = kernel(KIWI_VMM_SHADOW="pageable")  # nothing pinned: no ring to stream through
+    pointers = filled(w)
+    evicted(w, daemon)
+    daemon.send(op="spill", gpu=0)
+    assert "failed" not in tier_moved(daemon)
+    assert w.stats()["host_staging"] == 0
+    assert intact(w, pointers)
+
+
 def test_a_failing_read_rolls_a_restore_to_the_card_back_and_the_next_grant_restores(
         daemon, kernel, card) -> None:
     w = kernel("read:2:EIO")

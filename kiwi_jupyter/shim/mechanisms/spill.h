@@ -63,8 +63,10 @@ bool kiwi_spill_read(struct kiwi_spill_file *file, const struct kiwi_spill_segme
                      size_t count, char *why, size_t why_size);
 /* Reads block (of KIWI_SPILL_BLOCK) of the stream into into (aligned to KIWI_SPILL_ALIGN, room
  * for a whole block), checked and read again as above; false with *why when it could not be.
- * Any thread, several at once (a restore from disk, vmm_staging.c). */
+ * Where the kernel refuses into's memory for a direct read, through *bounce (an aligned block,
+ * made at the first need, the caller's to keep or free). Any thread, several at once (a restore
+ * from disk, vmm_staging.c). */
 bool kiwi_spill_read_block(struct kiwi_spill_file *file, size_t block, unsigned char *into,
-                           char *why, size_t why_size);
+                           unsigned char **bounce, char *why, size_t why_size);
 
 #endif

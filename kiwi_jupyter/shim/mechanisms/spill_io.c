@@ -321,12 +321,10 @@ bool kiwi_spill_read(struct kiwi_spill_file *file, const struct kiwi_spill_segme
 }
 
 bool kiwi_spill_read_block(struct kiwi_spill_file *file, size_t block, unsigned char *into,
-                           char *why, size_t why_size)
+                           unsigned char **bounce, char *why, size_t why_size)
 {
-    /* The thread's own, for memory the kernel refuses (kept: the same threads read again). */
-    static __thread unsigned char *bounce;
     unsigned char *landed = NULL;
-    int error = read_checked(file, block, into, &bounce, &landed);
+    int error = read_checked(file, block, into, bounce, &landed);
     if (error)
         snprintf(why, why_size, "%s block %zu of a spill file: %s", read_failure(error), block,
                  strerror(error));

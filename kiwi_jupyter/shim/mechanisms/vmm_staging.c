@@ -100,6 +100,9 @@ static void prefault(unsigned char *host, size_t size)
 static void *copy_slots(void *unused)
 {
     (void)unused;
+    /* A block's way in where the kernel refuses the ring for direct reads (made then; kept, as
+     * the thread is: the next restore's reads meet the same ring). */
+    unsigned char *bounce = NULL;
     pthread_mutex_lock(&lock);
     for (;;) {
         struct slot *s = work_for_copier();
@@ -112,7 +115,8 @@ static void *copy_slots(void *unused)
         bool ok = true, unread = false;
         char why[sizeof disk_failure];
         if (s->file) {
-            unread = !kiwi_spill_read_block(s->file, s->block, s->buffer, why, sizeof why);
+            unread = !kiwi_spill_read_block(s->file, s->block, s->buffer, &bounce, why,
+                                            sizeof why);
         } else if (s->state == OUT_QUEUED) {
             prefault(s->host, s->size); /* while the copy to the slot is still on its way */
             ok = !s->event || kiwi_vmm_driver.event_synchronize(s->event) == CUDA_SUCCESS;
