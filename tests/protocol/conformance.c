@@ -284,9 +284,9 @@ static bool discard(struct kiwi_client *c, const char *line)
 static bool holding(struct kiwi_client *c)
 {
     pthread_mutex_lock(&kiwi_lock);
-    bool held = c->stats.hold == KIWI_HOLD_HOLDING;
+    bool now = c->stats.hold == KIWI_HOLD_HOLDING;
     pthread_mutex_unlock(&kiwi_lock);
-    return held;
+    return now;
 }
 
 /* Two clients, each a handle on this stack, driven apart: what one is told moves its own hold

@@ -4,12 +4,18 @@
  * FAULT_IO_DIR only follows FAULT_IO_PLAN, a comma-separated list of
  *
  *     write:N:ERROR    the Nth write fails with ERROR (ENOSPC or EIO)
- *     read:N:ERROR     the Nth read likewise
+ *     read:N:ERROR     the Nth read likewise (or EFAULT: the kernel refused the memory, as
+ *                      it may the driver's own pinned memory for a direct transfer)
  *     read:N-M:corrupt reads N to M return their bytes with one flipped
- *     write:N:hang     the Nth write touches FAULT_IO_MARK and never returns (a kill -9 test)
+ *     write:N:hang     the Nth write touches FAULT_IO_MARK and never returns (a kill -9 test;
+ *                      read:N:hang likewise)
+ *     read:N-M:delay:MS reads N to M take MS milliseconds more (a slow disk)
  *
- * counting from 1, writes and reads apart, over the whole process. Never shipped: the tests
- * build it (test_spill.py's fault_io fixture).
+ * counting from 1, writes and reads apart, over the whole process. With FAULT_IO_LOG naming a
+ * file, each transfer there appends a line "pread offset=O bytes=B start=S end=E" (or pwrite;
+ * S and E in ns of CLOCK_MONOTONIC, the clock of the fake driver's link lines), so a test can
+ * line the disk up against the link. Never shipped: the tests build it (test_spill.py's
+ * fault_io fixture).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -20,6 +26,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The transfer itself, by system call: no dlsym, which the shim (and a sanitizer) replace, and
@@ -30,6 +37,31 @@ static ssize_t real(long call, int fd, void *buffer, size_t size, off_t offset)
 }
 
 static atomic_long writes, reads;
+
+static long long monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* One line for a transfer that ran from start to now, in one write (threads append at once). */
+static void log_transfer(long call, off_t offset, ssize_t n, long long start)
+{
+    const char *path = getenv("FAULT_IO_LOG");
+    if (!path || !*path)
+        return;
+    char line[160];
+    int length = snprintf(line, sizeof line, "%s offset=%lld bytes=%zd start=%lld end=%lld\n",
+                          call == SYS_pread64 ? "pread" : "pwrite", (long long)offset, n, start,
+                          monotonic_ns());
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    ssize_t written = write(fd, line, (size_t)length);
+    (void)written; /* a lost line fails the test that reads it, not this transfer */
+    close(fd);
+}
 
 /* Whether fd is a file under FAULT_IO_DIR (an unnamed one reads "<dir>/#123 (deleted)"). */
 static int under_dir(int fd)
@@ -74,13 +106,27 @@ static ssize_t faulty(const char *op, atomic_long *counter, long call, int fd,
 {
     if (!under_dir(fd))
         return real(call, fd, buffer, size, offset);
+    long long start = monotonic_ns();
     long count = atomic_fetch_add(counter, 1) + 1;
     char planned_action[32];
     const char *action = planned(op, count, planned_action);
-    if (!action)
-        return real(call, fd, buffer, size, offset);
-    if (strcmp(action, "ENOSPC") == 0 || strcmp(action, "EIO") == 0) {
-        errno = strcmp(action, "EIO") == 0 ? EIO : ENOSPC;
+    long delay_ms = 0;
+    if (action && sscanf(action, "delay:%ld", &delay_ms) == 1) {
+        struct timespec pause = {delay_ms / 1000, delay_ms % 1000 * 1000000L};
+        while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
+            ;
+        action = NULL;
+    }
+    if (!action) {
+        ssize_t n = real(call, fd, buffer, size, offset);
+        int error = errno;
+        log_transfer(call, offset, n, start);
+        errno = error;
+        return n;
+    }
+    if (strcmp(action, "ENOSPC") == 0 || strcmp(action, "EIO") == 0 ||
+        strcmp(action, "EFAULT") == 0) {
+        errno = strcmp(action, "EIO") == 0 ? EIO : strcmp(action, "EFAULT") == 0 ? EFAULT : ENOSPC;
         return -1;
     }
     if (strcmp(action, "hang") == 0) {

@@ -12,6 +12,7 @@ from fault_io.c, a test library preloaded beside the shim; nothing of it ships.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -323,6 +324,175 @@ def test_kill_9_mid_spill_leaves_no_file(daemon, kernel, spill_dir, tmp_path) ->
     open_files = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
     assert [f for f in open_files if f.startswith(str(uid_dir(spill_dir)))]
     assert not list(uid_dir(spill_dir).iterdir())  # it has no name, even now
+    os.kill(pid, signal.SIGKILL)
+    w.process.wait()
+    assert not list(uid_dir(spill_dir).iterdir())
+
+
+# ---- a restore from disk to the card: disk -> the staging ring -> GPU, pipelined ---------------
+
+#: Four chunks of 16 MiB: sixteen spill blocks, each its own read and its own copy to the card.
+CHUNK = 16 * MiB
+CHUNKS = 4
+
+
+def marked(w) -> list[int]:
+    """CHUNKS allocations of CHUNK, a pattern at each one's start and end (the rest zeros: all of
+    it live, copied both ways), then idle; once the staging ring is pinned (a restore from disk
+    goes through it)."""
+    pointers = [w.call(f"d.alloc({CHUNK})") for _ in range(CHUNKS)]
+    assert w.call("d.launch()") == 0
+    for i, ptr in enumerate(pointers):
+        assert w.call(f"d.write({ptr}, {pattern(i, 64)!r})") == 0
+        assert w.call(f"d.write({ptr + CHUNK - 64}, {pattern(i + 7, 64)!r})") == 0
+    wait_for(lambda: w.stats()["host_staging"] > 0, what="the staging ring pinned")
+    w.call("shim.release()")
+    return pointers
+
+
+def marks_intact(w, pointers: list[int]) -> bool:
+    return all(holds(w, ptr, pattern(i, 64)) and holds(w, ptr + CHUNK - 64, pattern(i + 7, 64))
+               for i, ptr in enumerate(pointers))
+
+
+def spilled(w, daemon: ScriptedDaemon) -> list[int]:
+    """w's marked memory evicted and spilled whole: its pointers."""
+    pointers = marked(w)
+    daemon.wait_op("release")
+    daemon.send(op="evict", gpu=0, bytes=CHUNKS * CHUNK, **{"for": "nbB.ipynb"})
+    assert "failed" not in daemon.wait_op("evicted")
+    daemon.send(op="spill", gpu=0)
+    moved = tier_moved(daemon)
+    assert "failed" not in moved and moved["disk"] == CHUNKS * CHUNK, moved
+    return pointers
+
+
+def intervals(log: Path, kind: str) -> list[tuple[int, int]]:
+    """(start, end) in ns of each line of kind in a log of fault_io.c's or the fake link's."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [(int(re.search(r"start=(\d+)", line)[1]), int(re.search(r"end=(\d+)", line)[1]))
+            for line in lines if line.startswith(kind)]
+
+
+def covered(spans: list[tuple[int, int]]) -> int:
+    """How long (ns) at least one of spans is under way."""
+    total, reached = 0, 0
+    for start, end in sorted(spans):
+        total += max(0, end - max(start, reached))
+        reached = max(reached, end)
+    return total
+
+
+def failed_restore(daemon: ScriptedDaemon) -> Message:
+    """The `evicted` with which the shim gave a grant back after its restore failed."""
+    return daemon.wait_for(lambda m: m["op"] == "evicted" and "failed" in m,
+                           what="the failed restore's report")
+
+
+def test_a_restore_from_disk_copies_each_block_to_the_card_while_the_next_are_read(
+        daemon, kernel, tmp_path) -> None:
+    io_log = tmp_path / "io.log"
+    # A slow disk (50 ms a block) and a slow link (4 MiB in 21 ms): in series, 0.2 + 0.34 s.
+    w = kernel("read:1-100000:delay:50", FAULT_IO_LOG=str(io_log), FAKE_CUDA_LINK_GBPS="0.2")
+    pointers = spilled(w, daemon)
+    w.log.clear()
+    assert marks_intact(w, pointers)  # the grant restores, from disk
+    reads = intervals(io_log, "pread")
+    copies = intervals(w.log.path, "link engine=to-device")
+    assert len(reads) == CHUNKS * CHUNK // (4 * MiB)  # each block read once
+    assert min(start for start, _ in copies) < max(end for _, end in reads)
+    # The disk and the link were busy at once: together less than the two in series (the CPU's
+    # own time between them, which a busy machine stretches, left out).
+    assert covered(reads + copies) < covered(reads) + covered(copies)
+
+
+def vm_kib(pid: int, field: str) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.M)[1])
+
+
+@pytest.mark.skipif(os.environ.get("KIWI_TEST_SANITIZE") == "thread",
+                    reason="ThreadSanitizer's shadow of every byte copied counts in the RSS")
+def test_a_restore_from_disk_takes_no_more_host_memory_than_the_staging_ring(
+        daemon, kernel) -> None:
+    # A pin budget of 128 MiB: a ring of 32 MiB, whatever the CPUs (vmm_builder.c).
+    w = kernel(KIWI_VMM_PIN_BUDGET=str(128 * MiB))
+    pointers = spilled(w, daemon)
+    ring = w.stats()["host_staging"]
+    assert ring == 32 * MiB
+    pid = w.process.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak RSS starts again from here
+    before = vm_kib(pid, "VmRSS") * 1024
+    assert marks_intact(w, pointers)
+    # The fake card's memory is the process's own: the restored bytes count once in its RSS,
+    # and the ring; through host shadows, the whole set would count twice.
+    grew = vm_kib(pid, "VmHWM") * 1024 - before
+    assert grew <= CHUNKS * CHUNK + ring + 16 * MiB, grew
+
+
+def test_without_a_staging_ring_a_restore_from_disk_goes_through_host_memory(
+        daemon, kernel) -> None:
+    w = kernel(KIWI_VMM_SHADOW="pageable")  # nothing pinned: no ring to stream through
+    pointers = filled(w)
+    evicted(w, daemon)
+    daemon.send(op="spill", gpu=0)
+    assert "failed" not in tier_moved(daemon)
+    assert w.stats()["host_staging"] == 0
+    assert intact(w, pointers)
+
+
+def test_a_failing_read_rolls_a_restore_to_the_card_back_and_the_next_grant_restores(
+        daemon, kernel, card) -> None:
+    w = kernel("read:2:EIO")
+    pointers = spilled(w, daemon)
+    launched = w.start("d.launch()")  # the grant's restore fails; the next grant's does not
+    failed = failed_restore(daemon)
+    assert "reading block" in failed["failed"] and "Input/output error" in failed["failed"]
+    assert (failed["resident"], failed["disk"]) == (0, CHUNKS * CHUNK)
+    assert launched.result(timeout=30) == 0
+    assert card.used_by(w.process.pid) == CHUNKS * CHUNK
+    assert marks_intact(w, pointers)
+
+
+def test_a_ring_the_kernel_refuses_for_a_direct_read_is_filled_through_a_buffer(
+        daemon, kernel, tmp_path) -> None:
+    io_log = tmp_path / "io.log"
+    w = kernel("read:1:EFAULT", FAULT_IO_LOG=str(io_log))
+    pointers = spilled(w, daemon)
+    assert marks_intact(w, pointers)
+    # The refused read is not logged (it moved nothing); its block is read again elsewhere.
+    assert len(intervals(io_log, "pread")) == CHUNKS * CHUNK // (4 * MiB)
+    assert not [m for m in daemon.messages("evicted") if "failed" in m]
+
+
+def test_a_block_corrupt_once_is_read_again_on_the_way_to_the_card(daemon, kernel) -> None:
+    w = kernel("read:3:corrupt")
+    pointers = spilled(w, daemon)
+    assert marks_intact(w, pointers)
+    assert "does not match its checksum" in "".join(w.stderr)
+    assert not [m for m in daemon.messages("evicted") if "failed" in m]
+
+
+def test_a_block_that_stays_corrupt_fails_the_restore_and_leaves_the_card_empty(
+        daemon, kernel, card) -> None:
+    w = kernel("read:1-100000:corrupt")
+    spilled(w, daemon)
+    w.start("d.launch()")  # never returns: each grant's restore fails the same way
+    failed = failed_restore(daemon)
+    assert "checksum mismatch" in failed["failed"]
+    assert (failed["resident"], failed["disk"]) == (0, CHUNKS * CHUNK)
+    assert card.used_by(w.process.pid) == 0
+
+
+def test_kill_9_mid_restore_leaves_no_file(
+        daemon, kernel, card, spill_dir, tmp_path) -> None:
+    mark = tmp_path / "reading"
+    w = kernel("read:5:hang", FAULT_IO_MARK=str(mark))
+    spilled(w, daemon)
+    w.start("d.launch()")
+    wait_for(mark.exists, what="the restore's fifth read")
+    pid = w.process.pid
+    wait_for(lambda: card.used_by(pid) > 0, what="the first chunks on the card, mid-restore")
     os.kill(pid, signal.SIGKILL)
     w.process.wait()
     assert not list(uid_dir(spill_dir).iterdir())

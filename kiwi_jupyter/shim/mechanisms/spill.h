@@ -6,7 +6,8 @@
  *                  remains after the process ends however it ends, and each block's checksum
  *   spill_io.c     a stream of host memory written to one file and read back, in large aligned
  *                  blocks by a few threads at once, each block checksummed (CRC32C) on the way
- *                  out and checked on the way back
+ *                  out and checked on the way back; or one block at a time, into memory
+ *                  of the caller's (a restore's staging ring)
  *
  * A spill file holds one stream: segments of host memory laid end to end from offset 0, cut
  * into blocks of KIWI_SPILL_BLOCK; a reader asks for any of the segments back by their offsets.
@@ -60,5 +61,12 @@ bool kiwi_spill_write(struct kiwi_spill_file *file, const struct kiwi_spill_segm
  * when a read failed or a block stayed corrupt (what was read in may be partial). */
 bool kiwi_spill_read(struct kiwi_spill_file *file, const struct kiwi_spill_segment *segments,
                      size_t count, char *why, size_t why_size);
+/* Reads block (of KIWI_SPILL_BLOCK) of the stream into into (aligned to KIWI_SPILL_ALIGN, room
+ * for a whole block), checked and read again as above; false with *why when it could not be.
+ * Where the kernel refuses into's memory for a direct read, through *bounce (an aligned block,
+ * made at the first need, the caller's to keep or free). Any thread, several at once (a restore
+ * from disk, vmm_staging.c). */
+bool kiwi_spill_read_block(struct kiwi_spill_file *file, size_t block, unsigned char *into,
+                           unsigned char **bounce, char *why, size_t why_size);
 
 #endif

@@ -104,43 +104,44 @@ static uint64_t aligned_length(uint64_t length)
 }
 
 /* A filesystem may take O_DIRECT at open and refuse it at the first transfer: the file goes
- * on buffered (kiwi_spill_write syncs it), once, whichever worker finds it first. */
-static bool direct_refused(struct job *job)
+ * on buffered (kiwi_spill_write syncs it), once, whichever thread finds it first. */
+static pthread_mutex_t direct_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool direct_refused(struct kiwi_spill_file *file)
 {
-    pthread_mutex_lock(&job->lock);
-    bool retry = !job->file->direct; /* another worker made it buffered: once more */
-    if (job->file->direct) {
-        int flags = fcntl(job->file->fd, F_GETFL);
-        retry = flags >= 0 && fcntl(job->file->fd, F_SETFL, flags & ~O_DIRECT) == 0;
-        job->file->direct = false;
+    pthread_mutex_lock(&direct_lock);
+    bool retry = !file->direct; /* another thread made it buffered: once more */
+    if (file->direct) {
+        int flags = fcntl(file->fd, F_GETFL);
+        retry = flags >= 0 && fcntl(file->fd, F_SETFL, flags & ~O_DIRECT) == 0;
+        file->direct = false;
         if (retry)
             kiwi_log("spill files in %s: the filesystem refused a direct transfer; buffered "
                      "writes and fdatasync instead", kiwi_cfg.spill_dir);
     }
-    pthread_mutex_unlock(&job->lock);
+    pthread_mutex_unlock(&direct_lock);
     return retry;
 }
 
 /* The whole of [buffer, buffer + size) at offset, short transfers continued; 0 or an errno. */
-static int transfer(struct job *job, unsigned char *buffer, uint64_t size, uint64_t offset)
+static int transfer(struct kiwi_spill_file *file, bool writing, unsigned char *buffer,
+                    uint64_t size, uint64_t offset)
 {
     bool buffered_tried = false;
     for (uint64_t done = 0; done < size;) {
-        ssize_t n = job->writing ? pwrite(job->file->fd, buffer + done, size - done,
-                                          (off_t)(offset + done))
-                                 : pread(job->file->fd, buffer + done, size - done,
-                                         (off_t)(offset + done));
+        ssize_t n = writing ? pwrite(file->fd, buffer + done, size - done, (off_t)(offset + done))
+                            : pread(file->fd, buffer + done, size - done, (off_t)(offset + done));
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && errno == EINVAL && !buffered_tried) {
             buffered_tried = true;
-            if (direct_refused(job))
+            if (direct_refused(file))
                 continue;
         }
         if (n < 0)
             return errno;
         if (n == 0)
-            return job->writing ? ENOSPC : EIO; /* a read past the end: the file was cut */
+            return writing ? ENOSPC : EIO; /* a read past the end: the file was cut */
         done += (uint64_t)n;
     }
     return 0;
@@ -159,11 +160,16 @@ static unsigned char *in_place(const struct job *job, uint64_t start, uint64_t l
     return whole && (uintptr_t)host % KIWI_SPILL_ALIGN == 0 ? host : NULL;
 }
 
+/* The stream's bytes in block k: KIWI_SPILL_BLOCK, the last block's fewer. */
+static uint64_t block_length(const struct kiwi_spill_file *file, size_t k)
+{
+    uint64_t length = file->length - k * KIWI_SPILL_BLOCK;
+    return length > KIWI_SPILL_BLOCK ? KIWI_SPILL_BLOCK : length;
+}
+
 static void write_block(struct job *job, unsigned char *buffer, size_t k)
 {
-    uint64_t start = k * KIWI_SPILL_BLOCK, length = job->file->length - start;
-    if (length > KIWI_SPILL_BLOCK)
-        length = KIWI_SPILL_BLOCK;
+    uint64_t start = k * KIWI_SPILL_BLOCK, length = block_length(job->file, k);
     uint64_t padded = aligned_length(length);
     unsigned char *host = in_place(job, start, length);
     if (!host) {
@@ -171,43 +177,61 @@ static void write_block(struct job *job, unsigned char *buffer, size_t k)
         memset(buffer + length, 0, padded - length);
     }
     job->file->checksums[k] = kiwi_crc32c(0, host ? host : buffer, length);
-    int error = host ? transfer(job, host, padded, start) : EFAULT;
+    int error = host ? transfer(job->file, job->writing, host, padded, start) : EFAULT;
     if (error == EFAULT && host) { /* the kernel refused the memory: staged */
         exchange(job, buffer, start, length);
         memset(buffer + length, 0, padded - length);
     }
     if (error == EFAULT)
-        error = transfer(job, buffer, padded, start);
+        error = transfer(job->file, job->writing, buffer, padded, start);
     if (error)
         fail(job, "writing", k, error);
 }
 
-static void read_block(struct job *job, unsigned char *buffer, size_t k)
+/* Reads block k (padded to whole KIWI_SPILL_ALIGN) into into, or where there is none or the
+ * kernel refuses that memory for a direct read (EFAULT), into *bounce (an aligned block, made
+ * when first needed); checks it against its checksum and reads it again, RETRIES times, when
+ * it does not match. 0 or an errno (EBADMSG: it stayed corrupt); *landed: where it is. */
+static int read_checked(struct kiwi_spill_file *file, size_t k, unsigned char *into,
+                        unsigned char **bounce, unsigned char **landed)
 {
-    uint64_t start = k * KIWI_SPILL_BLOCK, length = job->file->length - start;
-    if (length > KIWI_SPILL_BLOCK)
-        length = KIWI_SPILL_BLOCK;
-    uint64_t padded = aligned_length(length);
-    unsigned char *host = in_place(job, start, length);
+    uint64_t start = k * KIWI_SPILL_BLOCK, length = block_length(file, k);
+    unsigned char *at = into;
     for (int attempt = 0;; attempt++) {
-        int error = host ? transfer(job, host, padded, start) : EFAULT;
-        if (error == EFAULT && host) /* the kernel refused the memory: staged from now on */
-            host = NULL;
-        if (error == EFAULT)
-            error = transfer(job, buffer, padded, start);
-        if (error) {
-            fail(job, "reading", k, error);
-            return;
+        int error = at ? transfer(file, false, at, aligned_length(length), start) : EFAULT;
+        if (error == EFAULT && (!at || at != *bounce)) { /* staged from now on */
+            void *made = *bounce;
+            if (!made && posix_memalign(&made, KIWI_SPILL_ALIGN, KIWI_SPILL_BLOCK) != 0)
+                return ENOMEM;
+            at = *bounce = made;
+            error = transfer(file, false, at, aligned_length(length), start);
         }
-        if (kiwi_crc32c(0, host ? host : buffer, length) == job->file->checksums[k])
-            break;
-        if (attempt == RETRIES) {
-            fail(job, "a checksum mismatch, read three times, in", k, EBADMSG);
-            return;
+        if (error)
+            return error;
+        if (kiwi_crc32c(0, at, length) == file->checksums[k]) {
+            *landed = at;
+            return 0;
         }
+        if (attempt == RETRIES)
+            return EBADMSG;
         kiwi_warn("block %zu of a spill file does not match its checksum; reading it again", k);
     }
-    if (!host)
+}
+
+/* What failed of a block's read, for fail's reason. */
+static const char *read_failure(int error)
+{
+    return error == EBADMSG ? "a checksum mismatch, read three times, in" : "reading";
+}
+
+static void read_block(struct job *job, unsigned char *buffer, size_t k)
+{
+    uint64_t start = k * KIWI_SPILL_BLOCK, length = block_length(job->file, k);
+    unsigned char *landed = NULL;
+    int error = read_checked(job->file, k, in_place(job, start, length), &buffer, &landed);
+    if (error)
+        fail(job, read_failure(error), k, error);
+    else if (landed == buffer)
         exchange(job, buffer, start, length);
 }
 
@@ -294,4 +318,17 @@ bool kiwi_spill_read(struct kiwi_spill_file *file, const struct kiwi_spill_segme
     struct job job = {.file = file, .segments = segments, .count = count, .writing = false,
                       .why = why, .why_size = why_size};
     return run(&job);
+}
+
+bool kiwi_spill_read_block(struct kiwi_spill_file *file, size_t block, unsigned char *into,
+                           unsigned char **bounce, char *why, size_t why_size)
+{
+    unsigned char *landed = NULL;
+    int error = read_checked(file, block, into, bounce, &landed);
+    if (error)
+        snprintf(why, why_size, "%s block %zu of a spill file: %s", read_failure(error), block,
+                 strerror(error));
+    else if (landed != into)
+        memcpy(into, landed, block_length(file, block));
+    return !error;
 }

@@ -9,7 +9,8 @@
  *   vmm_ipc.c      legacy IPC: a region exported as file descriptors and pinned; another
  *                  process's opened here
  *   vmm_spill.c    the disk tier: what an eviction left in host shadows, to spill files and
- *                  back (spill.h), chunk by chunk, the shadows freed only once written
+ *                  back (spill.h), chunk by chunk, the shadows freed only once written; a
+ *                  restore's chunks on disk straight to the card through the staging ring
  *   vmm_staging.c  copies of chunks without a pinned shadow, through a ring of pinned buffers
  *                  and threads that copy between them and the pageable shadows
  *   vmm.c          an allocation placed: in a slab, a cached region, its stream's pending free
@@ -147,6 +148,11 @@ struct vmm_allocation {
 };
 
 /* ---- vmm_chunks.c ------------------------------------------------------------------------ */
+
+/* The parts of a chunk [start, start + size) that live ranges (sorted, disjoint) cover, as
+ * pieces relative to start, those close together merged; how many (0: none, or no memory). */
+size_t kiwi_vmm_live_pieces(const struct kiwi_range *live, size_t count, CUdeviceptr start,
+                            size_t size, struct vmm_piece **out);
 
 typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
 typedef CUresult (*address_free_fn)(CUdeviceptr, size_t);
@@ -419,6 +425,17 @@ CUresult kiwi_vmm_stage_out(CUcontext ctx, CUstream stream, CUdeviceptr from, vo
                             size_t size);
 CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUdeviceptr to,
                            size_t size);
+/* What a restore from disk does with each block once it is in a cell of the ring, in the move's
+ * thread: queues its copies to the card, and says on which stream (of ctx, current) the last of
+ * them went, for the event that frees the cell. */
+typedef CUresult (*kiwi_vmm_deliver_fn)(void *arg, size_t block, const unsigned char *bytes,
+                                        CUcontext *ctx, CUstream *stream);
+/* Under kiwi_vmm_lock, in a restore: blocks (in stream order) of file read into the ring's cells,
+ * several at once, each delivered as it is in; false with *why when a block could not be read,
+ * or *result when a delivery failed (what was queued is done by kiwi_vmm_staging_end). */
+bool kiwi_vmm_stage_from_disk(struct kiwi_spill_file *file, const size_t *blocks, size_t count,
+                              kiwi_vmm_deliver_fn deliver, void *arg, CUresult *result,
+                              char *why, size_t why_size);
 /* Waits until every copy staged is done, both halves; false when one failed. */
 bool kiwi_vmm_staging_end(void);
 /* The bytes the ring's slots hold in all, as the move that began last uses them. */
@@ -438,6 +455,16 @@ void kiwi_vmm_tier(enum kiwi_page_direction direction, uint64_t bytes,
 /* Under kiwi_vmm_lock, as a restore begins: every chunk on disk read back into a shadow; false
  * (moved->failed says why) when one could not be: those stay on disk, nothing is lost. */
 bool kiwi_vmm_unspill_locked(struct kiwi_transfer *moved);
+/* How a restore reaches a chunk for the disk's way in: its context current, mapped at its
+ * address if it is not (waiting for room as the restore does), and the stream its copies go on. */
+typedef CUresult (*kiwi_vmm_reach_fn)(void *mover, struct vmm_region *r, int index,
+                                      CUstream *stream);
+/* Under kiwi_vmm_lock, in a restore with the staging ring: the chunks in file straight to the
+ * card, disk -> ring -> GPU, pipelined (vmm_staging.c); *bytes counts what was queued. They keep
+ * their file until the restore ends well (kiwi_vmm_spill_forget): a failure leaves them on disk.
+ * CUDA_SUCCESS, or the first failure (*why set when it was a read's). */
+CUresult kiwi_vmm_unspill_to_card(struct kiwi_spill_file *file, kiwi_vmm_reach_fn reach,
+                                  void *mover, uint64_t *bytes, const char **why);
 /* Under kiwi_vmm_lock: the chunk goes (its region does), and with it its part of a spill file. */
 void kiwi_vmm_spill_forget(struct vmm_chunk *c);
 

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vmm.h"
@@ -239,4 +240,42 @@ void kiwi_vmm_chunks_after_fork(void)
 {
     pthread_mutex_init(&peers_lock, NULL);
     memset(peers, 0, sizeof peers); /* the child enables its own peers in its own contexts */
+}
+
+/* Pieces closer than this are copied as one, the gap with them: a copy costs some
+ * microseconds of its own (tens of KiB at the link's speed), and the restore writes a gap's
+ * bytes where nothing was live, in memory that holds nothing yet. Less than the 2 MiB a block of
+ * the framework's free cache is at least, so those are never copied so. */
+#define MERGE_GAP ((size_t)64 << 10)
+
+/* The parts of [start, start + size) that live ranges (sorted, disjoint) cover, as pieces
+ * relative to start, those side by side (or less than MERGE_GAP apart) merged into one: a dense
+ * slab of small allocations goes as one copy, not one per allocation. Returns how many (0 and
+ * NULL when none, or out of host memory). */
+size_t kiwi_vmm_live_pieces(const struct kiwi_range *live, size_t count, CUdeviceptr start,
+                            size_t size, struct vmm_piece **out)
+{
+    *out = NULL;
+    size_t low = kiwi_ranges_after(live, count, start);
+    size_t first = low ? low - 1 : 0, n = 0;
+    CUdeviceptr end = start + size;
+    for (size_t i = first; i < count && live[i].ptr < end; i++)
+        n += live[i].ptr + live[i].size > start;
+    struct vmm_piece *pieces = n ? malloc(n * sizeof *pieces) : NULL;
+    if (!pieces)
+        return 0;
+    size_t k = 0;
+    for (size_t i = first; i < count && live[i].ptr < end; i++) {
+        CUdeviceptr from = live[i].ptr > start ? live[i].ptr : start;
+        CUdeviceptr to = live[i].ptr + live[i].size < end ? live[i].ptr + live[i].size : end;
+        if (to <= from)
+            continue;
+        struct vmm_piece *last = k ? &pieces[k - 1] : NULL;
+        if (last && from - start - (last->offset + last->size) < MERGE_GAP)
+            last->size = to - start - last->offset;
+        else
+            pieces[k++] = (struct vmm_piece){from - start, to - from};
+    }
+    *out = pieces;
+    return k;
 }

@@ -23,6 +23,8 @@
  * growing the restore is rolled back: every chunk it mapped is taken off again, the shadows
  * untouched, and moved->failed says why; nothing is left half mapped, and the next grant tries
  * again. Chunks without a pinned shadow go through the staging ring both ways (vmm_staging.c).
+ * Chunks on disk come straight from their spill file through the ring (vmm_spill.c), mapped as
+ * the file's stream reaches them; they leave the file only once the restore has ended well.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -51,7 +53,16 @@ struct flight {
     uint64_t staged; /* of its bytes, those that hold slots of the staging ring */
 };
 
+struct mapped {
+    struct vmm_region *region;
+    int index;
+};
+
 struct mover {
+    struct context *contexts;
+    int context_count;
+    struct mapped *done; /* what a restore mapped, to take off again if it fails */
+    size_t done_count;
     struct lanes lanes[16];
     int lane_count;
     CUcontext current;
@@ -125,44 +136,6 @@ static int by_address(const void *a, const void *b)
 {
     CUdeviceptr x = ((const struct kiwi_range *)a)->ptr, y = ((const struct kiwi_range *)b)->ptr;
     return x < y ? -1 : x > y;
-}
-
-/* Pieces closer than this are copied as one, the gap with them: a copy costs some
- * microseconds of its own (tens of KiB at the link's speed), and the restore writes a gap's
- * bytes where nothing was live, in memory that holds nothing yet. Less than the 2 MiB a block of
- * the framework's free cache is at least, so those are never copied so. */
-#define MERGE_GAP ((size_t)64 << 10)
-
-/* The parts of [start, start + size) that live ranges (sorted, disjoint) cover, as pieces
- * relative to start, those side by side (or less than MERGE_GAP apart) merged into one: a dense
- * slab of small allocations goes as one copy, not one per allocation. Returns how many (0 and
- * NULL when none, or out of host memory). */
-static size_t live_pieces(const struct kiwi_range *live, size_t count, CUdeviceptr start,
-                          size_t size, struct vmm_piece **out)
-{
-    *out = NULL;
-    size_t low = kiwi_ranges_after(live, count, start);
-    size_t first = low ? low - 1 : 0, n = 0;
-    CUdeviceptr end = start + size;
-    for (size_t i = first; i < count && live[i].ptr < end; i++)
-        n += live[i].ptr + live[i].size > start;
-    struct vmm_piece *pieces = n ? malloc(n * sizeof *pieces) : NULL;
-    if (!pieces)
-        return 0;
-    size_t k = 0;
-    for (size_t i = first; i < count && live[i].ptr < end; i++) {
-        CUdeviceptr from = live[i].ptr > start ? live[i].ptr : start;
-        CUdeviceptr to = live[i].ptr + live[i].size < end ? live[i].ptr + live[i].size : end;
-        if (to <= from)
-            continue;
-        struct vmm_piece *last = k ? &pieces[k - 1] : NULL;
-        if (last && from - start - (last->offset + last->size) < MERGE_GAP)
-            last->size = to - start - last->offset;
-        else
-            pieces[k++] = (struct vmm_piece){from - start, to - from};
-    }
-    *out = pieces;
-    return k;
 }
 
 /* Another KIWI_PROGRESS_BYTES off the card since the last report: where the memory is now. */
@@ -239,7 +212,8 @@ static void evict_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, 
 {
     struct vmm_chunk *c = &r->chunks[index];
     free(c->pieces);
-    c->piece_count = live_pieces(live, live_count, r->va + c->offset, c->size, &c->pieces);
+    c->piece_count =
+        kiwi_vmm_live_pieces(live, live_count, r->va + c->offset, c->size, &c->pieces);
     if (!c->piece_count) {
         if (kiwi_vmm_unmap_chunk(r->va, c) == CUDA_SUCCESS) {
             m->released += c->size;
@@ -343,11 +317,6 @@ static void evict(struct mover *m, struct context *contexts, int context_count,
 
 /* ---- in ---------------------------------------------------------------------------------- */
 
-struct mapped {
-    struct vmm_region *region;
-    int index;
-};
-
 /* A restore's copies are all done, the staged ones too; false when one failed. */
 static bool copies_done(struct mover *m)
 {
@@ -356,11 +325,11 @@ static bool copies_done(struct mover *m)
 }
 
 /* Takes off again what a failed restore mapped: nothing is left half there. */
-static void roll_back(struct mover *m, struct mapped *done, size_t count)
+static void roll_back(struct mover *m)
 {
     copies_done(m); /* copies into those chunks may be in flight */
-    for (size_t i = 0; i < count; i++)
-        kiwi_vmm_unmap_chunk(done[i].region->va, &done[i].region->chunks[done[i].index]);
+    for (size_t i = 0; i < m->done_count; i++)
+        kiwi_vmm_unmap_chunk(m->done[i].region->va, &m->done[i].region->chunks[m->done[i].index]);
 }
 
 /* The card had no room for a chunk: waits while its free memory grows (another process's
@@ -384,6 +353,31 @@ static bool room_grew(void)
     return false;
 }
 
+/* Maps a chunk back (its context current), waiting for room while the room grows; counted as
+ * mapped by the restore. */
+static CUresult map_back(struct mover *m, struct vmm_region *r, int index)
+{
+    struct vmm_chunk *c = &r->chunks[index];
+    CUresult result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    while (result == CUDA_ERROR_OUT_OF_MEMORY && room_grew())
+        result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    if (result == CUDA_SUCCESS)
+        m->done[m->done_count++] = (struct mapped){r, index};
+    return result;
+}
+
+/* The disk's way in reaches a chunk (kiwi_vmm_reach_fn): mapped, its copies on its context's
+ * first lane (one stream per context: each cell of the ring has one event). */
+static CUresult reach_chunk(void *mover, struct vmm_region *r, int index, CUstream *stream)
+{
+    struct mover *m = mover;
+    if (!make_current(m, r->ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct lanes *l = lanes_of(m, m->contexts, m->context_count, r->ctx);
+    *stream = l ? l->stream[0] : NULL;
+    return r->chunks[index].resident ? CUDA_SUCCESS : map_back(m, r, index);
+}
+
 /* Maps a chunk back and queues the copy of what its shadow holds; the result of the first
  * call that failed. */
 static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_region *r, int index)
@@ -391,9 +385,7 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
     struct vmm_chunk *c = &r->chunks[index];
     if (!make_current(m, r->ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    CUresult result = kiwi_vmm_map_chunk(r->va, c, r->device);
-    while (result == CUDA_ERROR_OUT_OF_MEMORY && room_grew())
-        result = kiwi_vmm_map_chunk(r->va, c, r->device);
+    CUresult result = map_back(m, r, index);
     if (result != CUDA_SUCCESS || !c->piece_count)
         return result;
     CUstream stream = l ? next_stream(l) : NULL;
@@ -411,46 +403,48 @@ static CUresult restore_chunk(struct mover *m, struct lanes *l, struct vmm_regio
     return result;
 }
 
-static void restore(struct mover *m, struct context *contexts, int context_count)
+static void restore(struct mover *m)
 {
-    size_t capacity = 0, count = 0;
+    size_t capacity = 0;
     for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next)
         capacity += (size_t)r->chunk_count;
-    struct mapped *done = capacity ? malloc(capacity * sizeof *done) : NULL;
-    CUresult result = capacity && !done ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    m->done = capacity ? malloc(capacity * sizeof *m->done) : NULL;
+    CUresult result = capacity && !m->done ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
     for (struct vmm_region *r = kiwi_vmm_first_region; r && result == CUDA_SUCCESS; r = r->next) {
         struct lanes *l = NULL;
         for (int i = 0; i < r->chunk_count && result == CUDA_SUCCESS; i++) {
-            if (r->chunks[i].resident)
+            struct vmm_chunk *c = &r->chunks[i];
+            if (c->resident)
                 continue;
             if (!l)
-                l = lanes_of(m, contexts, context_count, r->ctx);
-            result = restore_chunk(m, l, r, i);
-            if (r->chunks[i].resident)
-                done[count++] = (struct mapped){r, i};
+                l = lanes_of(m, m->contexts, m->context_count, r->ctx);
+            result = c->spilled ? kiwi_vmm_unspill_to_card(c->spilled, reach_chunk, m, &m->bytes,
+                                                           &m->moved->failed)
+                                : restore_chunk(m, l, r, i);
         }
     }
     if (result == CUDA_SUCCESS && !copies_done(m))
         result = CUDA_ERROR_UNKNOWN;
     if (result != CUDA_SUCCESS) {
-        roll_back(m, done, count);
+        roll_back(m);
         m->bytes = 0;
-        m->moved->failed = result == CUDA_ERROR_OUT_OF_MEMORY
-                               ? "restore: out of memory"
-                               : "restore: the driver refused to map or copy back";
+        if (!m->moved->failed) /* else a spill file's read failed, and says why */
+            m->moved->failed = result == CUDA_ERROR_OUT_OF_MEMORY
+                                   ? "restore: out of memory"
+                                   : "restore: the driver refused to map or copy back";
         kiwi_warn("%s (CUDA error %d): rolled back, nothing of this process is on the card; "
                   "the next grant tries again", m->moved->failed, result);
-        free(done);
-        return;
     }
-    for (size_t i = 0; i < count; i++) {
-        struct vmm_chunk *c = &done[i].region->chunks[done[i].index];
+    for (size_t i = 0; result == CUDA_SUCCESS && i < m->done_count; i++) {
+        struct vmm_chunk *c = &m->done[i].region->chunks[m->done[i].index];
+        kiwi_vmm_spill_forget(c); /* it came from its spill file: no longer needed there */
         free(c->pieces);
         c->pieces = NULL;
         c->piece_count = 0;
     }
-    free(done);
-    kiwi_vmm_evicted = false;
+    free(m->done);
+    if (result == CUDA_SUCCESS)
+        kiwi_vmm_evicted = false;
 }
 
 void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *moved)
@@ -466,7 +460,8 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     struct context *contexts = kiwi_contexts_lock(&context_count);
     CUcontext caller = NULL;
     kiwi_pager_driver.ctx_get(&caller);
-    struct mover m = {.moved = moved, .current = caller};
+    struct mover m = {.moved = moved, .current = caller, .contexts = contexts,
+                      .context_count = context_count};
     kiwi_vmm_moving(true);
     pthread_mutex_lock(&kiwi_vmm_lock);
     kiwi_vmm_builder_quiet(); /* a pinning under way holds the driver: the move waits it out */
@@ -474,8 +469,8 @@ void kiwi_vmm_move(enum kiwi_page_direction direction, struct kiwi_transfer *mov
     m.ring_bytes = m.staging ? kiwi_vmm_staging_bytes() : 0;
     if (direction == KIWI_PAGE_OUT)
         evict(&m, contexts, context_count, ranges, count);
-    else if (kiwi_vmm_unspill_locked(moved)) /* what is on disk comes to host memory first */
-        restore(&m, contexts, context_count);
+    else if (m.staging || kiwi_vmm_unspill_locked(moved)) /* no ring: to host memory first */
+        restore(&m);
     kiwi_vmm_recount_backed();
     struct kiwi_residency after;
     kiwi_vmm_residency_locked(&after); /* a reader that did not wait gets the move's end */

@@ -9,11 +9,19 @@
  * shadows are untouched and its file is dropped, the batches before it stay on disk; nothing
  * is lost either way. Each batch done is reported (host down, disk up).
  *
- * In (the daemon's `fetch` with tier host, or a restore that finds chunks on disk): each chunk
- * on disk gets a pageable shadow (pinning is slow, and the staging ring copies from pageable
- * ones at the link's speed: vmm_staging.c), and its file's blocks are read back and checked. A
- * chunk whose file could not be read stays on disk, its new shadow freed. A chunk on disk has
- * no shadow, and the builder makes it none (vmm_builder.c): it is to hold no host memory.
+ * Back to host memory (the daemon's `fetch` with tier host; or a restore without the staging
+ * ring): each chunk on disk gets a pageable shadow (pinning is slow, and the staging ring copies
+ * from pageable ones at the link's speed: vmm_staging.c), and its file's blocks are read back
+ * and checked. A chunk whose file could not be read stays on disk, its new shadow freed. A chunk
+ * on disk has no shadow, and the builder makes it none (vmm_builder.c): it is to hold no host
+ * memory.
+ *
+ * Straight to the card (a restore, with the ring: kiwi_vmm_unspill_to_card): a file's blocks
+ * are read into the ring's cells, several at once, and each block's bytes are copied on to the
+ * addresses of the pieces it holds as soon as it is in, the chunks mapped as the stream reaches
+ * them; no shadow is made, so the host memory a restore takes is the ring's. The chunks keep
+ * their file until the whole restore has ended well: one that fails is rolled back and its
+ * memory is still on disk.
  *
  * Both hold kiwi_vmm_lock throughout, as a move does, and say so (kiwi_vmm_moving): the
  * builder pins nothing meanwhile, and readers of the figures take the last counted ones.
@@ -179,6 +187,140 @@ static bool unspill_file(struct kiwi_spill_file *file, struct batch *b, struct k
     }
     moved->bytes += b->bytes;
     return true;
+}
+
+/* ---- straight to the card ----------------------------------------------------------------- */
+
+/* One piece of a chunk on disk: where it is in its file's stream, and where on the card. */
+struct target {
+    struct vmm_region *region;
+    int index;
+    uint64_t offset, size;
+    CUdeviceptr to;
+};
+
+struct way_in {
+    struct target *targets; /* in stream order */
+    size_t count, next;     /* next: the first not wholly copied yet */
+    kiwi_vmm_reach_fn reach;
+    void *mover;
+    uint64_t *bytes;
+};
+
+static int by_offset(const void *a, const void *b)
+{
+    uint64_t x = ((const struct target *)a)->offset, y = ((const struct target *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+/* The pieces of the chunks in file, in stream order (the order they were written in); false:
+ * out of host memory. */
+static bool targets_of(struct kiwi_spill_file *file, struct way_in *w)
+{
+    size_t capacity = 0;
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next)
+        for (int i = 0; i < r->chunk_count; i++)
+            capacity += r->chunks[i].spilled == file ? r->chunks[i].piece_count : 0;
+    w->targets = capacity ? malloc(capacity * sizeof *w->targets) : NULL;
+    if (capacity && !w->targets)
+        return false;
+    for (struct vmm_region *r = kiwi_vmm_first_region; r; r = r->next) {
+        for (int i = 0; i < r->chunk_count; i++) {
+            struct vmm_chunk *c = &r->chunks[i];
+            uint64_t offset = c->spill_offset;
+            for (size_t p = 0; c->spilled == file && p < c->piece_count; p++) {
+                w->targets[w->count++] = (struct target){
+                    r, i, offset, c->pieces[p].size, r->va + c->offset + c->pieces[p].offset};
+                offset += c->pieces[p].size;
+            }
+        }
+    }
+    qsort(w->targets, w->count, sizeof *w->targets, by_offset);
+    return true;
+}
+
+/* The blocks the targets overlap, in order, each once; false: out of host memory. */
+static bool blocks_of(const struct way_in *w, size_t **blocks, size_t *count)
+{
+    *count = 0;
+    *blocks = w->count ? malloc(w->count * 2 * sizeof **blocks) : NULL;
+    size_t capacity = w->count * 2;
+    for (size_t i = 0; i < w->count; i++) {
+        const struct target *t = &w->targets[i];
+        for (size_t k = t->offset / KIWI_SPILL_BLOCK;
+             t->size && k <= (t->offset + t->size - 1) / KIWI_SPILL_BLOCK; k++) {
+            if (*count && (*blocks)[*count - 1] >= k)
+                continue;
+            if (*count == capacity) {
+                size_t *grown = realloc(*blocks, (capacity *= 2) * sizeof *grown);
+                if (!grown) {
+                    free(*blocks);
+                    *blocks = NULL;
+                    return false;
+                }
+                *blocks = grown;
+            }
+            (*blocks)[(*count)++] = k;
+        }
+    }
+    return !w->count || *blocks;
+}
+
+/* Block k's bytes (in a cell of the ring) copied on to the pieces it holds, each chunk reached
+ * (mapped) first; the last copy's stream and context, for the cell's event. A block holding
+ * pieces of two contexts waits for the first context's copies (rare: the cell has one event). */
+static CUresult deliver(void *arg, size_t k, const unsigned char *bytes, CUcontext *ctx,
+                        CUstream *stream)
+{
+    struct way_in *w = arg;
+    uint64_t start = k * KIWI_SPILL_BLOCK, end = start + KIWI_SPILL_BLOCK;
+    CUresult result = CUDA_SUCCESS;
+    for (size_t i = w->next; i < w->count && w->targets[i].offset < end; i++) {
+        const struct target *t = &w->targets[i];
+        CUstream on = NULL;
+        result = w->reach(w->mover, t->region, t->index, &on);
+        if (result == CUDA_SUCCESS && *ctx && *ctx != t->region->ctx)
+            result = kiwi_pager_driver.stream_sync(*stream);
+        if (result != CUDA_SUCCESS)
+            return result;
+        uint64_t from = t->offset > start ? t->offset : start;
+        uint64_t to = t->offset + t->size < end ? t->offset + t->size : end;
+        result = kiwi_pager_driver.copy_to_device(t->to + (from - t->offset),
+                                                  bytes + (from - start), to - from, on);
+        if (result != CUDA_SUCCESS)
+            return result;
+        *w->bytes += to - from;
+        *ctx = t->region->ctx;
+        *stream = on;
+        if (to == t->offset + t->size)
+            w->next = i + 1;
+    }
+    return result;
+}
+
+CUresult kiwi_vmm_unspill_to_card(struct kiwi_spill_file *file, kiwi_vmm_reach_fn reach,
+                                  void *mover, uint64_t *bytes, const char **why)
+{
+    struct way_in w = {.reach = reach, .mover = mover, .bytes = bytes};
+    size_t *blocks = NULL, count = 0;
+    CUresult result = CUDA_SUCCESS;
+    if (!targets_of(file, &w) || !blocks_of(&w, &blocks, &count)) {
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (!kiwi_vmm_stage_from_disk(file, blocks, count, deliver, &w, &result, failure,
+                                         sizeof failure)) {
+        *why = failure;
+        result = CUDA_ERROR_UNKNOWN;
+    }
+    /* Chunks of the file with nothing to copy (no pieces) are still to be mapped. */
+    for (struct vmm_region *r = kiwi_vmm_first_region; r && result == CUDA_SUCCESS; r = r->next)
+        for (int i = 0; i < r->chunk_count && result == CUDA_SUCCESS; i++) {
+            CUstream unused;
+            if (r->chunks[i].spilled == file && !r->chunks[i].resident)
+                result = reach(mover, r, i, &unused);
+        }
+    free(blocks);
+    free(w.targets);
+    return result;
 }
 
 /* The first chunk on disk whose file is not known to fail (after: the files that did). */

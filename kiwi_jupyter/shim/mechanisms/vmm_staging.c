@@ -1,5 +1,5 @@
-/* Copies between the card and pageable shadows at the link's speed, through a ring of pinned
- * buffers (issue 39, defect 3).
+/* Copies between the card and pageable shadows (or spill files, on the way in) at the link's
+ * speed, through a ring of pinned buffers (issue 39, defect 3).
  *
  * A copy to or from pageable memory is staged by the driver through buffers of its own, and
  * synchronous: 5-15 GB/s, one copy at a time, where the link does 55 GB/s from pinned memory.
@@ -13,11 +13,21 @@
  * copy engines work from pinned memory, and the CPU's copies (kiwi_vmm_copiers threads, half
  * the CPUs, at most 8) run beside them, a slot or more ahead.
  *
+ * A restore from disk (kiwi_vmm_stage_from_disk) goes through the same ring, cut for it into
+ * cells of one spill block (KIWI_SPILL_BLOCK) instead of slots: a copier reads a block straight
+ * into a cell (direct I/O into the pinned ring; spill_io.c stages it where the kernel refuses
+ * that memory) and checks it, several blocks in flight (at least READS_IN_FLIGHT copiers,
+ * whatever the CPUs), and the move queues the cell's copies to the card as soon as it is
+ * filled, in order, while the next blocks are read; the cell is read into again only once the
+ * event after those copies has completed. So a restore from disk holds no more host memory
+ * than the ring, and the disk and the link work at once.
+ *
  * Only the move's thread queues work here (it holds kiwi_vmm_lock throughout), and the copiers
  * never take that lock: they need only the driver's event synchronization and memory.
  */
 #define _GNU_SOURCE
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -25,11 +35,13 @@
 #include "vmm.h"
 
 #define MAX_SLOTS 32
+/* A disk wants several reads in flight to reach its speed: this many copiers at least. */
+#define READS_IN_FLIGHT 4
 
 enum slot_state {
     FREE,
     OUT_QUEUED,  /* its copy from the card is queued; a copier takes it on to the host */
-    IN_FILLING,  /* a copier fills it from the host */
+    IN_FILLING,  /* a copier fills it from the host, or from a spill file */
     IN_FILLED,   /* filled: its copy to the card may be queued */
     IN_QUEUED,   /* its copy to the card is queued: free once its event has completed */
 };
@@ -42,6 +54,9 @@ struct slot {
     CUcontext event_ctx;
     unsigned char *host; /* the pageable side */
     size_t size;
+    struct kiwi_spill_file *file; /* filled from block `block` of this file instead; NULL: host */
+    size_t block;
+    bool unread; /* its block could not be read (why: disk_failure) */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -49,10 +64,13 @@ static pthread_cond_t work = PTHREAD_COND_INITIALIZER;  /* for the copiers */
 static pthread_cond_t moved = PTHREAD_COND_INITIALIZER; /* for the move: a slot changed */
 static struct slot slots[MAX_SLOTS];
 static int slot_count;
-static size_t slot_size;
+static size_t slot_size;       /* the ring's slots; cut_size: what the slots are cut to now */
+static size_t cut_size;
 static unsigned char *ring_at; /* the ring the slots are cut from */
+static size_t ring_bytes;
 static int copiers;
 static bool failed;
+static char disk_failure[512]; /* the first block of a restore from disk that was not read */
 
 /* ---- the copiers --------------------------------------------------------------------------- */
 
@@ -82,6 +100,9 @@ static void prefault(unsigned char *host, size_t size)
 static void *copy_slots(void *unused)
 {
     (void)unused;
+    /* A block's way in where the kernel refuses the ring for direct reads (made then; kept, as
+     * the thread is: the next restore's reads meet the same ring). */
+    unsigned char *bounce = NULL;
     pthread_mutex_lock(&lock);
     for (;;) {
         struct slot *s = work_for_copier();
@@ -91,8 +112,12 @@ static void *copy_slots(void *unused)
         }
         s->taken = true;
         pthread_mutex_unlock(&lock);
-        bool ok = true;
-        if (s->state == OUT_QUEUED) {
+        bool ok = true, unread = false;
+        char why[sizeof disk_failure];
+        if (s->file) {
+            unread = !kiwi_spill_read_block(s->file, s->block, s->buffer, &bounce, why,
+                                            sizeof why);
+        } else if (s->state == OUT_QUEUED) {
             prefault(s->host, s->size); /* while the copy to the slot is still on its way */
             ok = !s->event || kiwi_vmm_driver.event_synchronize(s->event) == CUDA_SUCCESS;
             if (ok)
@@ -103,15 +128,18 @@ static void *copy_slots(void *unused)
         pthread_mutex_lock(&lock);
         s->taken = false;
         s->state = s->state == OUT_QUEUED ? FREE : IN_FILLED;
+        s->unread = unread;
+        if (unread && !disk_failure[0])
+            snprintf(disk_failure, sizeof disk_failure, "%s", why);
         failed = failed || !ok;
         pthread_cond_broadcast(&moved);
     }
     return NULL;
 }
 
-static void start_copiers(void)
+static void start_copiers(int wanted)
 {
-    for (int wanted = kiwi_vmm_copiers(); copiers < wanted; copiers++)
+    for (; copiers < wanted; copiers++)
         if (!kiwi_thread_start(copy_slots))
             break;
 }
@@ -126,7 +154,7 @@ static void after_fork(void)
     pthread_cond_init(&work, NULL);
     pthread_cond_init(&moved, NULL);
     slot_count = 0;
-    slot_size = 0;
+    slot_size = cut_size = ring_bytes = 0;
     ring_at = NULL;
     copiers = 0;
     failed = false;
@@ -147,16 +175,51 @@ bool kiwi_vmm_staging_begin(void)
     pthread_mutex_lock(&lock);
     if (ring_at != ring.host) { /* every slot is free between moves */
         ring_at = ring.host;
+        ring_bytes = ring.size;
         slot_size = slot;
-        slot_count = (int)(ring.size / slot);
-        slot_count = slot_count > MAX_SLOTS ? MAX_SLOTS : slot_count;
-        for (int i = 0; i < slot_count; i++)
-            slots[i] = (struct slot){.buffer = ring_at + (size_t)i * slot, .state = FREE};
+        cut_size = 0;
+        slot_count = 0;
     }
-    start_copiers();
+    start_copiers(kiwi_vmm_copiers());
     bool usable = copiers > 0;
     pthread_mutex_unlock(&lock);
     return usable;
+}
+
+/* Under lock: every slot free, its copies done (one that failed sets failed), and its event
+ * back to its context's spares (a context that ends takes them along). */
+static void settle(void)
+{
+    for (int i = 0; i < slot_count; i++) {
+        struct slot *s = &slots[i];
+        while (s->state == OUT_QUEUED || s->state == IN_FILLING || s->state == IN_FILLED)
+            pthread_cond_wait(&moved, &lock);
+        if (s->state == IN_QUEUED) {
+            pthread_mutex_unlock(&lock);
+            bool ok = !s->event || kiwi_vmm_driver.event_synchronize(s->event) == CUDA_SUCCESS;
+            pthread_mutex_lock(&lock);
+            failed = failed || !ok;
+            s->state = FREE;
+        }
+        if (s->event) {
+            kiwi_vmm_event_give(s->event_ctx, s->event);
+            s->event = NULL;
+        }
+    }
+}
+
+/* Under lock: the ring cut into slots of size (the staging's own, or a spill block's cells),
+ * once the slots it was cut into are free. */
+static void cut(size_t size)
+{
+    if (size == cut_size || !ring_at)
+        return;
+    settle();
+    size_t count = ring_bytes / size;
+    slot_count = count > MAX_SLOTS ? MAX_SLOTS : (int)count;
+    for (int i = 0; i < slot_count; i++)
+        slots[i] = (struct slot){.buffer = ring_at + (size_t)i * size, .state = FREE};
+    cut_size = size;
 }
 
 /* Under lock: s's event, made in ctx (a slot's last one was perhaps another context's). */
@@ -219,6 +282,7 @@ CUresult kiwi_vmm_stage_out(CUcontext ctx, CUstream stream, CUdeviceptr from, vo
 {
     CUresult result = CUDA_SUCCESS;
     pthread_mutex_lock(&lock);
+    cut(slot_size);
     for (size_t done = 0; done < size && result == CUDA_SUCCESS;) {
         size_t n = size - done < slot_size ? size - done : slot_size;
         struct slot *s = free_slot(true);
@@ -227,6 +291,7 @@ CUresult kiwi_vmm_stage_out(CUcontext ctx, CUstream stream, CUdeviceptr from, vo
             break;
         follow(s, ctx, stream);
         s->host = (unsigned char *)to + done;
+        s->file = NULL;
         s->size = n;
         s->state = OUT_QUEUED;
         pthread_cond_signal(&work);
@@ -245,12 +310,14 @@ CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUd
     size_t asked = 0, queued = 0;
     CUresult result = CUDA_SUCCESS;
     pthread_mutex_lock(&lock);
+    cut(slot_size);
     while (queued < size && result == CUDA_SUCCESS) {
         while (asked < size && count < slot_count) {
             struct slot *s = free_slot(count == 0);
             if (!s)
                 break;
             s->host = (unsigned char *)from + asked;
+            s->file = NULL;
             s->size = size - asked < slot_size ? size - asked : slot_size;
             s->state = IN_FILLING;
             filling[(first + count++) % MAX_SLOTS] = s;
@@ -280,6 +347,66 @@ CUresult kiwi_vmm_stage_in(CUcontext ctx, CUstream stream, const void *from, CUd
     return result;
 }
 
+bool kiwi_vmm_stage_from_disk(struct kiwi_spill_file *file, const size_t *blocks, size_t count,
+                              kiwi_vmm_deliver_fn deliver, void *arg, CUresult *result,
+                              char *why, size_t why_size)
+{
+    struct slot *reading[MAX_SLOTS]; /* in the order of blocks: delivered in that order */
+    int first = 0, pending = 0;
+    size_t asked = 0, delivered = 0;
+    bool unread = false;
+    *result = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    cut(KIWI_SPILL_BLOCK);
+    start_copiers(READS_IN_FLIGHT);
+    disk_failure[0] = '\0';
+    while (delivered < count && !unread && *result == CUDA_SUCCESS && slot_count > 0) {
+        while (asked < count && pending < slot_count) {
+            struct slot *s = free_slot(pending == 0);
+            if (!s)
+                break;
+            *s = (struct slot){.buffer = s->buffer, .event = s->event, .event_ctx = s->event_ctx,
+                               .state = IN_FILLING, .file = file, .block = blocks[asked++]};
+            reading[(first + pending++) % MAX_SLOTS] = s;
+            pthread_cond_signal(&work);
+        }
+        struct slot *s = reading[first];
+        while (s->state != IN_FILLED)
+            pthread_cond_wait(&moved, &lock);
+        first = (first + 1) % MAX_SLOTS;
+        pending--;
+        unread = s->unread;
+        CUcontext ctx = NULL;
+        CUstream stream = NULL;
+        if (!unread) { /* the copiers need the lock meanwhile; this cell is the move's alone */
+            pthread_mutex_unlock(&lock);
+            *result = deliver(arg, s->block, s->buffer, &ctx, &stream);
+            pthread_mutex_lock(&lock);
+        }
+        bool queued = !unread && *result == CUDA_SUCCESS;
+        if (queued)
+            follow(s, ctx, stream);
+        s->state = queued ? IN_QUEUED : FREE;
+        s->file = NULL;
+        delivered++;
+    }
+    while (pending > 0) { /* a read or a copy failed: the blocks read meanwhile are dropped */
+        struct slot *s = reading[first];
+        while (s->state != IN_FILLED)
+            pthread_cond_wait(&moved, &lock);
+        s->state = FREE;
+        s->file = NULL;
+        first = (first + 1) % MAX_SLOTS;
+        pending--;
+    }
+    if (unread)
+        snprintf(why, why_size, "%s", disk_failure);
+    else if (!slot_count)
+        snprintf(why, why_size, "the staging ring is smaller than a spill block");
+    pthread_mutex_unlock(&lock);
+    return !unread && slot_count > 0;
+}
+
 int kiwi_vmm_copiers(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -289,7 +416,8 @@ int kiwi_vmm_copiers(void)
 uint64_t kiwi_vmm_staging_bytes(void)
 {
     pthread_mutex_lock(&lock);
-    uint64_t bytes = (uint64_t)slot_count * slot_size;
+    size_t count = slot_size ? ring_bytes / slot_size : 0; /* the staging's own cut */
+    uint64_t bytes = (uint64_t)(count > MAX_SLOTS ? MAX_SLOTS : count) * slot_size;
     pthread_mutex_unlock(&lock);
     return bytes;
 }
@@ -297,25 +425,9 @@ uint64_t kiwi_vmm_staging_bytes(void)
 bool kiwi_vmm_staging_end(void)
 {
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < slot_count; i++) {
-        struct slot *s = &slots[i];
-        while (s->state == OUT_QUEUED || s->state == IN_FILLING || s->state == IN_FILLED)
-            pthread_cond_wait(&moved, &lock);
-        if (s->state == IN_QUEUED) {
-            pthread_mutex_unlock(&lock);
-            bool ok = !s->event || kiwi_vmm_driver.event_synchronize(s->event) == CUDA_SUCCESS;
-            pthread_mutex_lock(&lock);
-            failed = failed || !ok;
-            s->state = FREE;
-        }
-        if (s->event) { /* back to its context's spares: a context that ends takes them along */
-            kiwi_vmm_event_give(s->event_ctx, s->event);
-            s->event = NULL;
-        }
-    }
+    settle();
     bool ok = !failed;
     failed = false;
     pthread_mutex_unlock(&lock);
     return ok;
 }
-
