@@ -378,8 +378,8 @@ class ResidencyRules:
         if not chosen or not state.tiered or headroom is None:
             return None
         needed = sum(host_needed(c, counted(c)) for c in chosen)
-        if needed <= headroom:
-            return None
+        if needed <= 0 or needed <= headroom:
+            return None  # into shadows pinned already: nothing more of the budget, even over it
         if spills_pending(state):
             state.host_wanted = needed - max(0, headroom)
             return None

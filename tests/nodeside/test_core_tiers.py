@@ -205,3 +205,17 @@ def test_an_eviction_the_host_budget_cannot_hold_is_refused_with_the_reason() ->
     refused = of(Refuse, s.acquire(30.0, c))
     assert len(refused) == 1 and "host budget (4.0 GiB) has 4.0 GiB left" in refused[0].message
     assert s.clients[b].residency is RESIDENT
+
+
+def test_an_eviction_into_shadows_already_pinned_is_never_refused_for_host_room() -> None:
+    """Its host copy is the memory it pinned ahead: it takes nothing more of the budget, even
+    while pins over the budget wait to be given back (the 8-kernel benchmark's refusal that
+    "needs 0 B of host memory")."""
+    s = make(capacity=10 * GiB, host_budget=4 * GiB, spill_after=0)
+    b, c = client(s, "nbB", 6 * GiB), client(s, "nbC", 6 * GiB)
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0,
+                                                         pinned=6 * GiB + STAGING_RING))
+    s.release(21.0, b)
+    actions = s.acquire(30.0, c)
+    assert of(Refuse, actions) == [] and of(Evict, actions) == [Evict(b, 0, 6 * GiB, "nbC")]
