@@ -48,8 +48,6 @@ class Stall:
     seconds: float
     #: From the cell's execute request to the first GPU call's return.
     from_execute: float
-    #: Bytes on the card when the first GPU call asked (brought back by the hint's fetch).
-    ahead: int
 
 
 def evict_for_a_passer_by(socket: str, shim: str, extra: dict[str, str], round_: int,
@@ -72,12 +70,11 @@ def stall(kernel: Worker, control: ControlClient, hinted: bool, lead: float) -> 
     if hinted:
         control.request(p.INTENT, name=NAME, reason="execute")
     time.sleep(max(0.0, executed + lead - time.monotonic()))  # the cell's own work first
-    ahead = kernel("stats")["resident"]
     kernel("cell_begin")
     seconds = kernel("poke")
     returned = time.monotonic()
     kernel("release")
-    return Stall(hinted, float(seconds), returned - executed, int(ahead))
+    return Stall(hinted, float(seconds), returned - executed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,10 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     hinted_span = statistics.median(s.from_execute for s in stalls if s.hinted)
     hidden = (1 - hinted / without if without > 0 else 0.0) + 0.0  # no "-0%"
     say("| round | hint | execute request to the first GPU call's return (s) | the call's stall "
-        "(s) | on the card when it asked |", "| --- | --- | --- | --- | --- |")
+        "(s) |", "| --- | --- | --- | --- |")
     for i, s in enumerate(stalls, 1):
-        say(f"| {i} | {'yes' if s.hinted else 'no'} | {s.from_execute:.3f} | {s.seconds:.3f} | "
-            f"{s.ahead / GiB:.2f} GiB |")
+        say(f"| {i} | {'yes' if s.hinted else 'no'} | {s.from_execute:.3f} | {s.seconds:.3f} |")
     ok = intact and hidden >= TARGET_HIDDEN
     say("", f"The median stall without the hint {without:.3f} s ({without / restore:.2f} x the "
         f"floor's restore), with it {hinted:.3f} s: the hint hides {hidden:.0%} of it (target: "
