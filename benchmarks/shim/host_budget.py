@@ -85,7 +85,7 @@ class HostWatch:
     def _read(self, document: dict[str, Any]) -> None:
         self.documents += 1
         gpu = document["gpus"][0]
-        self.budget = gpu.get("host_budget") or 0
+        self.budget = gpu.get("host_budget") or self.budget  # None once every kernel left
         used = copies = 0
         for client in document["clients"]:
             used += max(client["host_bytes"], client.get("pinned_bytes") or 0)
