@@ -61,6 +61,10 @@ BENCHMARKS = {
                            "shim.modelled_link", (), ("--gib", "0.25")),
     "shim_spill": Benchmark("CUDA shim: the disk tier against dd's direct I/O (fake driver)",
                             "shim.spill", (), ("--mib", "256")),
+    "shim_intent": Benchmark("CUDA shim: restore on intent on the modelled link (fake driver)",
+                             "shim.restore_on_intent", (), ("--gib", "0.25")),
+    "shim_budget": Benchmark("CUDA shim: kernels taking turns within a host budget (fake driver)",
+                             "shim.host_budget", (), ("--kernels", "4", "--mib", "16")),
 }
 
 

@@ -109,21 +109,45 @@ def say(*lines: str) -> None:
         print(line, flush=True)
 
 
-def fake_env(directory: str, card: Path, link: float, pin: float, nbytes: int
-             ) -> dict[str, str]:
-    """The workers' fake driver: the shared card, the link, pinning's speed; and device memory
-    kept for reuse once written (a GPU's needs no page faults, which the fake's would cost
-    inside the link's time)."""
-    return {"LD_LIBRARY_PATH": directory, "FAKE_CUDA_DEVICE": str(card),
+def fake_env(directory: str, link: float, pin: float, nbytes: int) -> dict[str, str]:
+    """The workers' fake driver: a card shared by all (``directory/card``) with room for four
+    working sets of ``nbytes`` and 4 GiB, the link, pinning's speed; and device memory kept
+    for reuse once written (a GPU's needs no page faults, which the fake's would cost inside
+    the link's time)."""
+    return {"LD_LIBRARY_PATH": directory, "FAKE_CUDA_DEVICE": str(Path(directory) / "card"),
+            "FAKE_CUDA_TOTAL": str(card_total(nbytes)),
             "FAKE_CUDA_LINK_GBPS": str(link), "FAKE_CUDA_PIN_GBPS": str(pin),
             "FAKE_CUDA_BACKING_CACHE": str(nbytes + 512 * MiB),
             "KIWI_EVICTORS_BACKEND": "driver"}
+
+
+def card_total(nbytes: int) -> int:
+    return 4 * nbytes + 4 * GiB
 
 
 def pinned(w: Worker, nbytes: int) -> None:
     """Until w's shadows are pinned (the builder's progress shows only in the figures)."""
     while w("stats")["host_shadow_pinned"] < nbytes:
         time.sleep(0.05)
+
+
+def filled(socket: str, shim: str, name: str, nbytes: int, extra: dict[str, str],
+           pinned_ahead: bool = True) -> Worker:
+    """A shimmed worker that filled a working set of ``nbytes`` in one cell and is idle, its
+    shadows pinned where ``pinned_ahead``."""
+    w = Worker(socket, shim, "vmm", name, "off", extra)
+    w("cell_begin")
+    w("fill", bytes=nbytes)
+    w("release")
+    if pinned_ahead:
+        pinned(w, nbytes)
+    return w
+
+
+def evicted(w: Worker) -> None:
+    """Until w's way out has ended (a grant may reach the other after its first report)."""
+    while not w("stats")["evicted"]:
+        time.sleep(0.01)
 
 
 def floor(directory: str, nbytes: int, link: float) -> dict[str, float]:
@@ -136,13 +160,14 @@ def floor(directory: str, nbytes: int, link: float) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def daemon(directory: str, gpu_memory: int, overlap: bool) -> Iterator[str]:
-    """The real daemon for one phase, told the card is gpu_memory bytes (nothing in reserve)."""
+def daemon(directory: str, gpu_memory: int, overlap: bool, more: str = "") -> Iterator[str]:
+    """The real daemon for one phase, told the card is gpu_memory bytes (nothing in reserve);
+    ``more``: further lines of its config."""
     config = Path(directory) / "kiwi.yaml"
     # A way out of several GiB on a slow modelled link takes longer than the default 10 s the
     # daemon gives an eviction to end (it does not yet follow the eviction's progress).
     config.write_text(f"handoff_overlap: {'true' if overlap else 'false'}\nmemory_reserve: 0\n"
-                      "evict_timeout: 600\n")
+                      f"evict_timeout: 600\n{more}")
     process, socket = start_daemon(directory, "--tq", "0.05", "--grace", "120", "--gpus", "1",
                                    "--gpu-memory", str(gpu_memory), "--config", str(config))
     try:
@@ -157,15 +182,10 @@ def moves(socket: str, shim: str, nbytes: int, extra: dict[str, str],
     """ROUNDS evictions and restores of one working set: a worker fills it and holds; another,
     small, takes the GPU (the daemon is told the two do not fit: the first is evicted); the
     first's check brings it back."""
-    a = Worker(socket, shim, "vmm", "link-a", "off", extra)
+    a = filled(socket, shim, "link-a", nbytes, extra, pinned_ahead)
     b = Worker(socket, shim, "vmm", "link-b", "off", extra)
     rounds = []
     try:
-        a("cell_begin")
-        a("fill", bytes=nbytes)
-        a("release")
-        if pinned_ahead:
-            pinned(a, nbytes)
         b("cell_begin")
         b("small", bytes=2 * MiB)  # with a's, one more than the daemon is told fits
         for round_ in range(1, ROUNDS + 1):
@@ -175,20 +195,19 @@ def moves(socket: str, shim: str, nbytes: int, extra: dict[str, str],
             before = a("stats")
             b("touch")  # a is asked to evict for it
             b("release")
-            while not a("stats")["evicted"]:
-                time.sleep(0.01)
-            evicted = a("stats")
+            evicted(a)
+            away = a("stats")
             a("cell_begin")
             checked = a("check")  # a comes back first
             a("release")
             after = a("stats")
-            out_bytes = evicted["bytes_evicted"] - before["bytes_evicted"]
-            in_bytes = after["bytes_restored"] - evicted["bytes_restored"]
+            out_bytes = away["bytes_evicted"] - before["bytes_evicted"]
+            in_bytes = after["bytes_restored"] - away["bytes_restored"]
             rounds.append(Move(
-                out_rate=out_bytes / max(1e-9, evicted["seconds_evicting"]
+                out_rate=out_bytes / max(1e-9, away["seconds_evicting"]
                                          - before["seconds_evicting"]),
                 in_rate=in_bytes / max(1e-9, after["seconds_restoring"]
-                                       - evicted["seconds_restoring"]),
+                                       - away["seconds_restoring"]),
                 intact=checked["intact"]))
         return rounds
     finally:
@@ -199,15 +218,10 @@ def moves(socket: str, shim: str, nbytes: int, extra: dict[str, str],
 def switches(socket: str, shim: str, nbytes: int, extra: dict[str, str],
              total: int) -> list[Switch]:
     """Two working sets on a card with room for one and a chunk, taking turns."""
-    pair = [Worker(socket, shim, "vmm", f"switch-{name}", "off", extra) for name in "ab"]
+    # Each fills its set while the card still has room for both.
+    pair = [filled(socket, shim, f"switch-{name}", nbytes, extra) for name in "ab"]
     results = []
     try:
-        for w in pair:  # each fills its set while the card still has room for both
-            w("cell_begin")
-            w("fill", bytes=nbytes)
-            w("release")
-        for w in pair:
-            pinned(w, nbytes)
         room = nbytes + 256 * MiB  # the card's room from now on: one set and a chunk
         for w in pair:
             w("env", name="FAKE_CUDA_OTHERS_USED", value=str(total - room))
@@ -217,8 +231,7 @@ def switches(socket: str, shim: str, nbytes: int, extra: dict[str, str],
             newcomer("cell_begin")
             seconds = newcomer("poke")
             newcomer("release")
-            while not leaver("stats")["evicted"]:
-                time.sleep(0.01)
+            evicted(leaver)
             newcomer_after, leaver_after = newcomer("stats"), leaver("stats")
             results.append(Switch(
                 seconds=seconds,
@@ -256,10 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.link_gbps:g} GB/s each way (pageable: a fifth), pinning "
             f"{args.pin_gbps:g} GB/s; the floor, the fake link's own pinned cuMemcpy: D->H "
             f"{rate['to_host'] / 1e9:.2f} GB/s, H->D {rate['to_device'] / 1e9:.2f} GB/s.", "")
-        total = 4 * nbytes + 4 * GiB
+        total = card_total(nbytes)
         card = Path(directory) / "card"
-        extra = {**fake_env(directory, card, args.link_gbps, args.pin_gbps, nbytes),
-                 "FAKE_CUDA_TOTAL": str(total)}
+        extra = fake_env(directory, args.link_gbps, args.pin_gbps, nbytes)
         say("| shadows | evict GB/s (vs floor) | worst | restore GB/s (vs floor) | worst "
             "| intact |", "| --- | --- | --- | --- | --- | --- |")
         ok = True

@@ -16,8 +16,10 @@ two rules:
   next cell, which then asks for the GPU with a working set that speaks for it at once; a
   figure that swings up and down is noise, and every fit the scheduler judges (which holder
   must evict when it leaves, who is asked to evict) would swing with it. A holder's figures are
-  metered only. While its memory is moving (an eviction or a restore under way) the figures are
-  progress, heard as soon as the meter allows, and at once when the resident bytes moved by
+  metered only. While its memory is moving (an eviction or a restore under way, or an idle
+  client with memory in host memory coming back without a grant: a ``fetch`` to the GPU on an
+  intent) the figures are progress, heard as soon as the meter allows, and at once when the
+  resident bytes moved by
   ``PROGRESS_BYTES`` since the last figure heard (the protocol lets a client report each
   256 MiB of an eviction, however soon): an eviction's way out overlaps the next way in, and a
   client can buy no more passes than its memory has such steps.
@@ -36,6 +38,8 @@ from __future__ import annotations
 from typing import Final
 
 from nodeside.daemon.working_sets import HOLD, Damper, Heard
+from nodeside.model import EVICTING, RESTORING
+from nodeside.scheduler.clients import ClientRecord
 from nodeside.scheduler.residency import PROGRESS_BYTES
 
 #: Least seconds between two reports of one client's figures that the scheduler hears.
@@ -50,6 +54,20 @@ HOLDING: Final = "holding"
 MOVING: Final = "moving"
 #: Asked to move its memory out, and not heard since: its way out's first word.
 STARTING: Final = "starting"
+
+
+def standing(client: ClientRecord) -> str:
+    """Where ``client``'s memory stands for the rules above. An idle client with memory in host
+    memory whose resident bytes rise is bringing it back (a ``fetch`` to the GPU), not
+    allocating ahead: heard late, the room it takes back would count for nobody, and a grant in
+    between would put two working sets on a card with room for one."""
+    if client.residency is EVICTING:
+        return MOVING if client.eviction.began else STARTING
+    if client.residency is RESTORING:
+        return MOVING
+    if client.state == "holding":
+        return HOLDING
+    return MOVING if client.host_bytes else IDLE
 
 
 def merged(old: Figures, new: Figures) -> Figures:

@@ -17,7 +17,7 @@ from nodeside import __version__, limits
 from nodeside import protocol as p
 from nodeside.daemon.documents import StatusDocuments, StatusMeter
 from nodeside.daemon.lograte import RateLimitedLog
-from nodeside.daemon.memory_reports import HOLDING, IDLE, MOVING, STARTING, Figures, MemoryReports
+from nodeside.daemon.memory_reports import Figures, MemoryReports, standing
 from nodeside.daemon.peer import is_admin
 from nodeside.daemon.registration import Registrations
 from nodeside.daemon.session import Outcome, Rules, Session
@@ -25,7 +25,7 @@ from nodeside.daemon.tier_requests import TierRequests, byte_figure, said_second
 from nodeside.daemon.working_sets import WorkingSetDamper
 from nodeside.evict.evictor import CheckpointEvictor
 from nodeside.evict.lines import EvictionLines
-from nodeside.model import EVICTING, RESTORING, MemoryFigures
+from nodeside.model import MemoryFigures
 from nodeside.names import label
 from nodeside.scheduler.core import (
     Action,
@@ -325,10 +325,7 @@ class Requests(Rules):
                                       session.label, client_id, session.peer.uid, damper.hold,
                                       session.peer.fd)
         if figures is not None:
-            stands = (STARTING if not client.eviction.began else MOVING) \
-                if client.residency is EVICTING else MOVING if client.residency is RESTORING \
-                else (HOLDING if client.state == "holding" else IDLE)
-            figures = self.memory_reports.report(client_id, figures, stands, now)
+            figures = self.memory_reports.report(client_id, figures, standing(client), now)
             if figures is None:
                 self.working_sets_waiting = True
         if heard is None and figures is None:

@@ -355,10 +355,11 @@ class ResidencyRules:
                 break
             missing -= counted(client)
             chosen.append(client)
-        refused = self._host_room(candidate, chosen, now)
-        if refused is not None or (chosen and self.state.host_wanted):
+        going, refused = self._host_room(candidate, chosen, on_the_way, now)
+        if refused is not None or not going and chosen:
             return [], refused  # spills make the host room first (tiers.py)
-        for client in chosen:
+        # Of those chosen, those the host room holds now: the rest on a later pass.
+        for client in going:
             on_the_way.append(client)
             actions.append(self._ask(gpu, client, candidate, counted(client), now))
             gpu.ledger.book(client)
@@ -368,28 +369,41 @@ class ResidencyRules:
         return actions, None
 
     def _host_room(self, candidate: ClientRecord, chosen: list[ClientRecord],
-                   now: float) -> str | None:
+                   on_the_way: list[ClientRecord],
+                   now: float) -> tuple[list[ClientRecord], str | None]:
         """Where the node plans its host memory (feature ``tiers``): the host memory the
-        evictions ``chosen`` take must fit in the host budget's headroom. Short, spills are to
-        make it (``host_wanted``) and the evictions wait, the waiter ``waiting_for`` the spill;
-        with nothing to spill the waiter is refused, saying why (None: not refused)."""
+        evictions take (``chosen``, and what those ``on_the_way`` have still to move) must fit
+        in the host budget's headroom. Short, spills make it (``host_wanted``), the waiter
+        ``waiting_for`` them; with nothing to spill, as many go as the headroom holds (the rest
+        once their host copies can spill); with none, the waiter is refused, saying why.
+        Returns the evictions to ask now, and the refusal (None: none)."""
         state = self.state
         state.host_wanted = 0
         headroom = host_headroom(state)
         if not chosen or not state.tiered or headroom is None:
-            return None
-        needed = sum(host_needed(c, counted(c)) for c in chosen)
-        if needed <= headroom:
-            return None
+            return chosen, None
+        headroom -= sum(host_needed(c, counted(c)) for c in on_the_way)
+        needs = [host_needed(c, counted(c)) for c in chosen]
+        needed = sum(needs)
+        if needed <= 0 or needed <= headroom:
+            return chosen, None  # into shadows pinned already: nothing more of the budget
         spiller = spill_source(state, now)
         if spiller is not None:
             state.host_wanted = needed - max(0, headroom)
             candidate.waiting_for = WaitingFor(spiller.id, spiller.display_name,
                                                spiller.host_bytes, "spill")
-            return None
-        return (f"{candidate.display_name} needs {size(needed)} of host memory moved out of "
-                f"its way, and the node's host budget ({size(state.host_budget)}) has "
-                f"{size(max(0, headroom))} left, with nothing more to spill to disk")
+            return [], None
+        going: list[ClientRecord] = []
+        for client, nbytes in zip(chosen, needs, strict=True):
+            if nbytes > headroom:
+                break
+            going.append(client)
+            headroom -= nbytes
+        if going:
+            return going, None
+        return [], (f"{candidate.display_name} needs {size(needed)} of host memory moved out "
+                    f"of its way, and the node's host budget ({size(state.host_budget)}) has "
+                    f"{size(max(0, headroom))} left, with nothing more to spill to disk")
 
     def _ask(self, gpu: GpuState, client: ClientRecord, candidate: ClientRecord, nbytes: int,
              now: float) -> Action:

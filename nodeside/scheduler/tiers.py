@@ -252,7 +252,7 @@ class TierRules:
             elif tiering.moving is None and client.host_bytes:
                 tiering.intent = not self._fetch_gpu(client, actions)
         spill_after = self.state.config.spill_after
-        excess = self.excess() + self.state.host_wanted
+        excess = self.excess() + self.state.host_wanted - self._spilling()
         self.state.host_wanted = 0  # the grant waiting says it again on its next pass
         for client in self._spillable(now):
             since = client.eviction.since
@@ -326,6 +326,11 @@ class TierRules:
         return actions
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _spilling(self) -> int:
+        """Host bytes the spills under way are freeing: asked for once, not again."""
+        return sum(c.host_bytes for c in self.clients.values()
+                   if c.tiering is not None and c.tiering.moving == SPILL)
 
     def _spillable(self, now: float) -> list[ClientRecord]:
         """Idle evicted ``tiers`` clients with a host copy and nothing under way, longest

@@ -283,3 +283,41 @@ def test_a_tier_timeout_of_0_never_gives_a_move_up() -> None:
     s.tick(610.0)
     assert s.next_deadline(610.0) is None
     assert of(TierMoved, s.tick(10**6)) == [] and tier(s.clients[a]) == "moving"
+
+
+def test_an_eviction_into_shadows_already_pinned_is_never_refused_for_host_room() -> None:
+    """Its host copy is the memory it pinned ahead: it takes nothing more of the budget, even
+    while pins over the budget wait to be given back (the 8-kernel benchmark's refusal that
+    "needs 0 B of host memory")."""
+    s = make(capacity=10 * GiB, host_budget=4 * GiB, spill_after=0)
+    b, c = client(s, "nbB", 6 * GiB), client(s, "nbC", 6 * GiB)
+    s.acquire(20.0, b)
+    s.report_working_set(20.0, b, 6 * GiB, MemoryFigures(resident=6 * GiB, host=0,
+                                                         pinned=6 * GiB + STAGING_RING))
+    s.release(21.0, b)
+    actions = s.acquire(30.0, c)
+    assert of(Refuse, actions) == [] and of(Evict, actions) == [Evict(b, 0, 6 * GiB, "nbC")]
+
+
+def test_evictions_the_host_budget_holds_only_one_by_one_go_out_between_spills() -> None:
+    """Three idle clients on the card, host room for two working sets and nothing evicted yet
+    (so nothing to spill): two are asked now, the third once a spill made room; the waiter is
+    never refused (the 4-kernel host-budget test's first turn was, again and again)."""
+    s = make(capacity=10 * GiB, host_budget=4 * GiB, spill_after=0)
+    idle = [client(s, f"nb{i}", 2 * GiB) for i in range(3)]
+    for i, c in enumerate(idle):
+        s.report_working_set(float(i), c, 2 * GiB, MemoryFigures(resident=2 * GiB, host=0))
+    w = client(s, "nbW", 10 * GiB)
+    actions = s.acquire(10.0, w)
+    assert of(Refuse, actions) == []
+    asked = [e.client for e in of(Evict, actions)]
+    assert asked == idle[:2] and s.clients[w].state == "waiting"
+    actions = []
+    for c in asked:
+        actions += s.evicted(11.0, c, MemoryFigures(resident=0, host=2 * GiB))
+    spills = of(Spill, actions)
+    assert len(spills) == 1 and of(Evict, actions) == []  # the third waits for the host room
+    actions = s.tier_moved(12.0, spills[0].client, "disk", host=0, disk=2 * GiB)
+    assert of(Evict, actions) == [Evict(idle[2], 0, 2 * GiB, "nbW")]
+    s.evicted(13.0, idle[2], MemoryFigures(resident=0, host=2 * GiB))
+    assert s.clients[w].state == "holding"

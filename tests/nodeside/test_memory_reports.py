@@ -94,3 +94,22 @@ def test_a_flood_of_memory_reports_costs_the_daemon_no_scheduling_pass_each() ->
         node.sleep(0.1)
         assert state.events - before <= 4
         assert node.daemon.scheduler.clients[flooder.client_id].resident_bytes == GiB + 1999
+
+
+def test_an_idle_clients_memory_coming_back_from_host_memory_is_heard_at_once() -> None:
+    """A ``fetch`` to the GPU brings an idle client's memory back without a grant: its rise is
+    progress, not an allocation ahead. Damped, the room it took back counted for nobody, and
+    the next grant put two working sets on a card with room for one (the restore-on-intent
+    benchmark waited for good for an eviction that was never asked)."""
+    with Node(tq=30, gpu_memory=16 * GiB) as node:
+        kernel = node.client("kernel", features=[p.FEATURE_MEMORY], working_set=8 * GiB,
+                             resident=0, host=8 * GiB)
+        record = node.daemon.scheduler.clients[kernel.client_id]
+        assert record.residency.value == "evicted"
+        # Its way out's end, heard at once (a first report); the fetch ends a meter later.
+        kernel.request(p.WORKING_SET, bytes=8 * GiB, resident=0, host=8 * GiB)
+        node.sleep(INTERVAL)
+        kernel.request(p.WORKING_SET, bytes=8 * GiB, resident=8 * GiB, host=0)
+        node.sleep(INTERVAL / 10)
+        assert (record.resident_bytes, record.host_bytes) == (8 * GiB, 0)
+        assert record.residency.value == "resident"
