@@ -42,6 +42,8 @@
 #ifndef KIWI_VMM_H
 #define KIWI_VMM_H
 
+#include <unistd.h>
+
 #include "memory.h"
 #include "pager.h"
 #include "spill.h"
@@ -279,8 +281,13 @@ struct vmm_shadow kiwi_vmm_spare_take(size_t size);
 void kiwi_vmm_spare_put(struct vmm_shadow *shadow);
 /* Under kiwi_vmm_lock: the staging ring (SHADOW_NONE until it is pinned), and its slots' size. */
 struct vmm_shadow kiwi_vmm_ring(size_t *slot);
-/* How many threads copy between the ring and pageable shadows (vmm_staging.c). */
-int kiwi_vmm_copiers(void);
+/* How many threads copy between the ring and pageable shadows (vmm_staging.c): the builder
+ * sizes the ring by it, so it lives here, below both. */
+static inline int kiwi_vmm_copiers(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus < 4 ? 1 : cpus / 2 > 8 ? 8 : (int)(cpus / 2);
+}
 /* Under kiwi_vmm_lock: adds the spares, the ring, the budget and the time pinning took. */
 void kiwi_vmm_builder_count(struct kiwi_residency *out);
 void kiwi_vmm_builder_after_fork(void);

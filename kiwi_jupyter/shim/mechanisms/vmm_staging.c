@@ -407,12 +407,6 @@ bool kiwi_vmm_stage_from_disk(struct kiwi_spill_file *file, const size_t *blocks
     return !unread && slot_count > 0;
 }
 
-int kiwi_vmm_copiers(void)
-{
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus < 4 ? 1 : cpus / 2 > 8 ? 8 : (int)(cpus / 2);
-}
-
 uint64_t kiwi_vmm_staging_bytes(void)
 {
     pthread_mutex_lock(&lock);
