@@ -8,6 +8,7 @@ when each copy had its engine (CLOCK_MONOTONIC, the same clock in both processes
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -57,11 +58,18 @@ def test_the_way_in_overlaps_the_way_out_and_waits_for_each_chunks_room(
     a.log.clear()
     b.log.clear()
     assert a.call("d.launch()", timeout=60) == 0
-    assert a.stats()["restore_failures"] == 0  # it waited for the room, never rolled back
+    # It waited for the room, never rolled back: the card's free memory grew within the shim's
+    # patience (3 s, vmm_move.c) at every step. Under a sanitizer beside a second worker, the
+    # room has been seen to stop growing for longer than that (2026-11-29, CI's ThreadSanitizer
+    # run: one roll-back); the roll-back and the retry at the next grant are then the designed
+    # answer. That run checks the C code's memory and races; the plain run checks this timing.
+    rolled_back = a.stats()["restore_failures"]
+    assert rolled_back == 0 or (os.environ.get("KIWI_TEST_SANITIZE") and rolled_back == 1)
     assert all(holds(a, ptr + CHUNK - 64, pattern(i, 64)) for i, ptr in enumerate(mine))
     wait_for(lambda: b.stats()["evicted"] and card.used_by(b.process.pid) == 0,
              what="b's way out to end")
     way_in, way_out = reservations(a, "to-device"), reservations(b, "to-host")
-    assert len(way_in) == CHUNKS and len(way_out) == CHUNKS
+    assert len(way_in) >= CHUNKS if rolled_back else len(way_in) == CHUNKS
+    assert len(way_out) == CHUNKS
     # a's first copy to the card had its engine before b's last copy to the host was over.
     assert min(start for start, _ in way_in) < max(end for _, end in way_out)
