@@ -179,17 +179,24 @@ def test_a_release_with_evicting_hands_over_once_enough_is_out(gpu10) -> None:
     assert b.event()["op"] == p.GRANT
 
 
-def test_an_idle_client_that_does_not_answer_stops_counting_and_the_waiter_is_granted(
-        start_daemon, tmp_path) -> None:
-    """Only its claim says it holds the memory (no NVML here): after evict_timeout without
-    progress the claim stops counting, the log names it, and saying its figures again does not
-    make the next waiter wait for it (issue 40, N1 and N4b)."""
+def idle_asked_to_evict(start_daemon, tmp_path) -> tuple[DaemonProcess, Line, Line]:
+    """A daemon whose evict_timeout is 0.5 s, nbA idle with 6 GiB on a 10 GiB GPU, and nbB
+    waiting for the room: nbA is being asked to evict."""
     daemon = start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory",
                           "10GiB", "--config", config(tmp_path, memory_reserve=0,
                                                       evict_timeout=0.5))
     a, b = Line(daemon, "nbA", 6 * GiB), Line(daemon, "nbB", 6 * GiB)
     used(a, 6 * GiB)
     assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    return daemon, a, b
+
+
+def test_an_idle_client_that_does_not_answer_stops_counting_and_the_waiter_is_granted(
+        start_daemon, tmp_path) -> None:
+    """Only its claim says it holds the memory (no NVML here): after evict_timeout without
+    progress the claim stops counting, the log names it, and saying its figures again does not
+    make the next waiter wait for it (issue 40, N1 and N4b)."""
+    daemon, a, b = idle_asked_to_evict(start_daemon, tmp_path)
     assert a.event()["op"] == p.EVICT  # and a says nothing more
     assert b.event()["op"] == p.GRANT
     daemon.wait_log(r"nbA\.ipynb \(\w+\) \(c1\) did not begin to evict within 0\.5 s "
@@ -208,12 +215,7 @@ def test_a_way_outs_first_report_is_heard_though_its_figures_are_unchanged(
     daemon has. Damped as unchanged, the daemon went on thinking the way out never began, and
     a first chunk slower than evict_timeout had the process checkpointed mid-move; heard, the
     way out that stalls is only given up on (never checkpointed in the middle)."""
-    daemon = start_daemon("--tq", "30", "--grace", "30", "--gpus", "1", "--gpu-memory",
-                          "10GiB", "--config", config(tmp_path, memory_reserve=0,
-                                                      evict_timeout=0.5))
-    a, b = Line(daemon, "nbA", 6 * GiB), Line(daemon, "nbB", 6 * GiB)
-    used(a, 6 * GiB)
-    assert b.request(p.ACQUIRE)["op"] == p.WAITING
+    daemon, a, b = idle_asked_to_evict(start_daemon, tmp_path)
     assert a.event()["op"] == p.EVICT
     assert a.request(p.WORKING_SET, bytes=6 * GiB, resident=6 * GiB, host=0)["op"] == p.OK
     assert b.event()["op"] == p.GRANT

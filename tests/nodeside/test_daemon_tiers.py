@@ -114,9 +114,8 @@ def evict(kernel: Kernel, nbytes: int) -> None:
                                                seconds=0.1))["op"] == p.OK
 
 
-def test_evictions_wait_for_a_spill_and_an_intent_brings_the_memory_back(budget8) -> None:
-    a, b, c = (Kernel(budget8, name, 6 * GiB) for name in ("nbA", "nbB", "nbC"))
-    assert a.ready.registered["pin_budget"] <= 8 * GiB  # its share of the host budget
+def evicted_for_b(a: Kernel, b: Kernel) -> None:
+    """a's 6 GiB moved to host memory for b, which used the GPU, says its 6 GiB and is idle."""
     used(a, 6 * GiB)
     b.session.ask()
     b.flush()
@@ -126,6 +125,12 @@ def test_evictions_wait_for_a_spill_and_an_intent_brings_the_memory_back(budget8
         == p.OK
     b.session.release()
     b.flush()
+
+
+def test_evictions_wait_for_a_spill_and_an_intent_brings_the_memory_back(budget8) -> None:
+    a, b, c = (Kernel(budget8, name, 6 * GiB) for name in ("nbA", "nbB", "nbC"))
+    assert a.ready.registered["pin_budget"] <= 8 * GiB  # its share of the host budget
+    evicted_for_b(a, b)
     # c needs b's 6 GiB moved out; the budget has 2 GiB left: a is asked to spill first, and
     # b is asked to evict only once a's memory is on disk.
     c.session.ask()
@@ -167,15 +172,7 @@ def test_evictions_wait_for_a_spill_and_an_intent_brings_the_memory_back(budget8
 
 def test_a_kernel_whose_evictions_wait_for_a_spill_says_so(budget8) -> None:
     a, b, c = (Kernel(budget8, name, 6 * GiB) for name in ("nbA", "nbB", "nbC"))
-    used(a, 6 * GiB)
-    b.session.ask()
-    b.flush()
-    evict(a, 6 * GiB)
-    b.take(lambda e: isinstance(e, ev.Granted))
-    assert b.reply(b.session.report_working_set(6 * GiB, resident=6 * GiB, host=0))["op"] \
-        == p.OK
-    b.session.release()
-    b.flush()
+    evicted_for_b(a, b)
     c.session.ask()
     c.flush()
     a.take(lambda e: isinstance(e, ev.SpillAsked))
